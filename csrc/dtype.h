@@ -1,0 +1,51 @@
+// dtypes: dense element types and GGUF block types share one id space, GGML's, so a GGUF
+// tensor's type id is its vllmx dtype. Later quant types slot into kTypeTraits by id.
+#pragma once
+#include <cstdint>
+
+namespace vllmx {
+
+enum class DType : int32_t {
+  F32 = 0,
+  F16 = 1,
+  Q4_0 = 2,
+  Q4_1 = 3,
+  Q5_0 = 6,
+  Q5_1 = 7,
+  Q8_0 = 8,
+  Q8_1 = 9,  // activations only (for the *_1 weight types)
+  Q2_K = 10,
+  Q3_K = 11,
+  Q4_K = 12,
+  Q5_K = 13,
+  Q6_K = 14,
+  Q8_K = 15,
+  I8 = 24,
+  I16 = 25,
+  I32 = 26,
+  I64 = 27,
+  F64 = 28,
+  BF16 = 30,
+  U8 = 100,  // raw bytes (not a GGML type)
+  U64 = 101,
+};
+
+struct TypeTraits {
+  const char* name;
+  int64_t block_size;  // elements per block (1 for dense types)
+  int64_t type_size;   // bytes per block
+  bool quantized;
+  bool supported;      // vllmx has kernels for it
+};
+
+constexpr int kMaxDType = 128;
+const TypeTraits& type_traits(DType t);
+inline const char* dtype_name(DType t) { return type_traits(t).name; }
+inline bool is_quantized(DType t) { return type_traits(t).quantized; }
+// Bytes in a row of n elements (n must be a multiple of the block size).
+inline int64_t row_bytes(DType t, int64_t n) {
+  const TypeTraits& tt = type_traits(t);
+  return n / tt.block_size * tt.type_size;
+}
+
+}  // namespace vllmx

@@ -1,0 +1,84 @@
+// RMSNorm and vLLM's fused residual-add + RMSNorm. Rows are independent and each row's sum is
+// taken in a fixed order, so a row's result never depends on the batch around it.
+#include <cmath>
+
+#include "ops.h"
+
+namespace vllmx {
+
+namespace {
+
+void check_norm_args(const char* op, const Tensor& x, const Tensor& w) {
+  check_dtype(x, DType::F32, op, "x");
+  check_dtype(w, DType::F32, op, "weight");
+  check_ndim(x, 2, op, "x");
+  check_ndim(w, 1, op, "weight");
+  check(w.shape[0] == x.shape[1], op, "weight " + w.str() + " does not match x " + x.str());
+}
+
+// Sum of squares with 8 independent accumulators (vectorises; fixed order per row).
+inline float sum_squares(const float* x, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += x[i + j] * x[i + j];
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) s += x[i] * x[i];
+  return s;
+}
+
+inline void norm_row(float* out, const float* x, const float* w, int64_t n, float eps) {
+  const float inv = 1.0f / std::sqrt(sum_squares(x, n) / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * inv * w[i];
+}
+
+inline void norm_row_reference(float* out, const float* x, const float* w, int64_t n, float eps) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+  const float inv = static_cast<float>(1.0 / std::sqrt(s / static_cast<double>(n) + eps));
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * inv * w[i];
+}
+
+}  // namespace
+
+void rms_norm(const Tensor& out, const Tensor& x, const Tensor& w, float eps, bool reference) {
+  check_norm_args("rms_norm", x, w);
+  check_dtype(out, DType::F32, "rms_norm", "out");
+  check(out.ndim == 2 && out.shape[0] == x.shape[0] && out.shape[1] == x.shape[1], "rms_norm",
+        "out " + out.str() + " does not match x " + x.str());
+  const int64_t rows = x.shape[0], n = x.shape[1];
+  const float* xp = x.ptr<float>();
+  const float* wp = w.ptr<float>();
+  float* op = out.ptr<float>();
+#pragma omp parallel for if (rows > 4) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    if (reference)
+      norm_row_reference(op + r * n, xp + r * n, wp, n, eps);
+    else
+      norm_row(op + r * n, xp + r * n, wp, n, eps);
+  }
+}
+
+void fused_add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w, float eps,
+                        bool reference) {
+  check_norm_args("fused_add_rms_norm", x, w);
+  check_dtype(residual, DType::F32, "fused_add_rms_norm", "residual");
+  check(residual.ndim == 2 && residual.shape[0] == x.shape[0] && residual.shape[1] == x.shape[1],
+        "fused_add_rms_norm", "residual " + residual.str() + " does not match x " + x.str());
+  const int64_t rows = x.shape[0], n = x.shape[1];
+  float* xp = x.ptr<float>();
+  float* rp = residual.ptr<float>();
+  const float* wp = w.ptr<float>();
+#pragma omp parallel for if (rows > 4) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* xr = xp + r * n;
+    float* rr = rp + r * n;
+    for (int64_t i = 0; i < n; ++i) rr[i] += xr[i];
+    if (reference)
+      norm_row_reference(xr, rr, wp, n, eps);
+    else
+      norm_row(xr, rr, wp, n, eps);
+  }
+}
+
+}  // namespace vllmx

@@ -1,0 +1,64 @@
+// The native CPU ops. Every op validates its arguments (std::invalid_argument naming the op
+// and shapes) and has a scalar reference twin, selected by `reference = true`, that the tests
+// compare the fast path against. Activations are f32, row-major, contiguous.
+#pragma once
+#include <cstdint>
+
+#include "tensor.h"
+
+namespace vllmx {
+
+// out[T, H] (f32) = table[ids[t]] for ids (i32 [T]); table [V, H] is f32/f16/bf16 or any
+// supported block type (rows are dequantized).
+void embedding(const Tensor& out, const Tensor& ids, const Tensor& table, bool reference);
+
+// Dequantizes a whole tensor of n elements (rows of blocks) into f32.
+void dequantize(const Tensor& out, const Tensor& src, bool reference);
+// Quantizes f32 [rows, n] to a block type (Q8_0, Q8_1 for now: the activation formats).
+void quantize(const Tensor& out, const Tensor& src, bool reference);
+
+// out[T, N] = x[T, K] @ w[N, K]^T (+ bias[N]). w: f32/f16/bf16 or a block type; for block
+// types x is quantized to 8-bit blocks and the dot products are integer (llama.cpp's scheme).
+void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+            bool reference);
+
+// out = x / rms(x) * w over the last dim. x, out: f32 [T, H]; w: f32 [H].
+void rms_norm(const Tensor& out, const Tensor& x, const Tensor& w, float eps, bool reference);
+// vLLM's fused op: residual += x; x = rms_norm(residual) * w (both in place).
+void fused_add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w, float eps,
+                        bool reference);
+
+// Rotates q [T, nq * D] and k [T, nk * D] in place by positions (i32 [T]) using
+// cos_sin_cache (f32 [max_pos, rot_dim]: rot_dim/2 cosines then rot_dim/2 sines), the first
+// rot_dim dims of each head, neox (rotate halves) or gptj (rotate interleaved pairs) layout.
+void rotary(const Tensor& positions, const Tensor& q, const Tensor& k, const Tensor& cos_sin_cache,
+            int64_t head_size, bool is_neox, bool reference);
+
+// out[T, I] = silu(x[:, :I]) * x[:, I:] for x [T, 2I].
+void silu_and_mul(const Tensor& out, const Tensor& x, bool reference);
+
+// Writes key/value (f32 [T, nkv * D]) into the paged caches (f16/bf16/f32
+// [num_blocks, block_size, nkv, D]) at slot_mapping (i32 [T]; slot < 0 is skipped).
+void write_kv_cache(const Tensor& key, const Tensor& value, const Tensor& key_cache,
+                    const Tensor& value_cache, const Tensor& slot_mapping, bool reference);
+
+// Varlen causal attention over the paged cache. q: f32 [T, nq * D]; out like q. Sequence b owns
+// query rows query_start_loc[b] .. query_start_loc[b+1] (i32 [B + 1]); its context holds
+// seq_lens[b] tokens (i32 [B]), the queries being the last ones, so query i of a sequence with
+// q_len queries sees context positions [0, seq_len - q_len + i]. block_table: i32 [B, max_blocks].
+// sliding_window <= 0 means none; logits_soft_cap <= 0 means none.
+void paged_attention(const Tensor& out, const Tensor& q, const Tensor& key_cache,
+                     const Tensor& value_cache, const Tensor& block_table,
+                     const Tensor& query_start_loc, const Tensor& seq_lens, float scale,
+                     int64_t sliding_window, float logits_soft_cap, bool reference);
+
+// Samples one token per row of logits (f32 [B, V], modified in place). Per row:
+// temperature (f32 [B], 0 = greedy), top_k (i32 [B], <= 0 = off), top_p (f32 [B], 1 = off),
+// min_p (f32 [B], 0 = off), rng_state (u64 [B, 2]: the row's own generator, advanced in place).
+// out_ids: i32 [B]; out_logprobs (optional f32 [B]): log-prob of the chosen token under the
+// unmodified logits.
+void sample(const Tensor& out_ids, const Tensor& out_logprobs, const Tensor& logits,
+            const Tensor& temperature, const Tensor& top_k, const Tensor& top_p,
+            const Tensor& min_p, const Tensor& rng_state, bool reference);
+
+}  // namespace vllmx

@@ -1,0 +1,57 @@
+// A non-owning tensor view. Memory is owned by the caller (numpy arrays on the Python side,
+// memory-mapped files for weights). Strides are in elements for dense dtypes; quantized
+// tensors are row-major with rows of whole blocks, so only the row stride (in bytes) matters.
+#pragma once
+#include <cstdint>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "dtype.h"
+
+namespace vllmx {
+
+constexpr int kMaxDims = 4;
+
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::F32;
+  int ndim = 0;
+  int64_t shape[kMaxDims] = {0, 0, 0, 0};
+  int64_t stride[kMaxDims] = {0, 0, 0, 0};  // elements (dense) / bytes of a row (quantized, dim 0)
+
+  bool defined() const { return data != nullptr; }
+  int64_t size(int d) const { return shape[d < 0 ? d + ndim : d]; }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; ++i) n *= shape[i];
+    return n;
+  }
+  template <typename T>
+  T* ptr() const { return static_cast<T*>(data); }
+  std::string str() const {
+    std::ostringstream s;
+    s << dtype_name(dtype) << "[";
+    for (int i = 0; i < ndim; ++i) s << (i ? ", " : "") << shape[i];
+    s << "]";
+    return s.str();
+  }
+};
+
+// Argument checks throw std::invalid_argument (a ValueError in Python) naming the op and shapes.
+[[noreturn]] inline void fail(const char* op, const std::string& what) {
+  throw std::invalid_argument(std::string(op) + ": " + what);
+}
+inline void check(bool ok, const char* op, const std::string& what) {
+  if (!ok) fail(op, what);
+}
+inline void check_dtype(const Tensor& t, DType d, const char* op, const char* name) {
+  if (t.dtype != d)
+    fail(op, std::string(name) + " must be " + dtype_name(d) + ", got " + t.str());
+}
+inline void check_ndim(const Tensor& t, int nd, const char* op, const char* name) {
+  if (t.ndim != nd)
+    fail(op, std::string(name) + " must have " + std::to_string(nd) + " dims, got " + t.str());
+}
+
+}  // namespace vllmx

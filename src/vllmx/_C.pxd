@@ -1,0 +1,53 @@
+# Declarations of the native core (csrc/). Every op raises ValueError (std::invalid_argument)
+# naming the op and the shapes on bad arguments.
+from libc.stdint cimport int32_t, int64_t
+from libcpp cimport bool
+
+cdef extern from "dtype.h" namespace "vllmx":
+    cpdef enum class DType(int32_t):
+        F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
+        I8, I16, I32, I64, F64, BF16, U8, U64
+    cdef struct TypeTraits:
+        const char* name
+        int64_t block_size
+        int64_t type_size
+        bool quantized
+        bool supported
+    const TypeTraits& type_traits(DType t)
+
+cdef extern from "tensor.h" namespace "vllmx":
+    cdef struct Tensor:
+        void* data
+        DType dtype
+        int ndim
+        int64_t shape[4]
+        int64_t stride[4]
+
+cdef extern from "cpu_features.h" namespace "vllmx":
+    cdef struct CpuFeatures:
+        bool avx2
+        bool avx512
+        bool avx512_vnni
+        bool avx512_bf16
+        bool avx_vnni
+    const CpuFeatures& cpu_features()
+    void c_set_num_threads "vllmx::set_num_threads"(int)
+    int c_get_num_threads "vllmx::get_num_threads"()
+
+cdef extern from "ops.h" namespace "vllmx" nogil:
+    void embedding(const Tensor&, const Tensor&, const Tensor&, bool) except +
+    void dequantize(const Tensor&, const Tensor&, bool) except +
+    void quantize(const Tensor&, const Tensor&, bool) except +
+    void linear(const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool) except +
+    void rms_norm(const Tensor&, const Tensor&, const Tensor&, float, bool) except +
+    void fused_add_rms_norm(const Tensor&, const Tensor&, const Tensor&, float, bool) except +
+    void rotary(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t, bool,
+                bool) except +
+    void silu_and_mul(const Tensor&, const Tensor&, bool) except +
+    void write_kv_cache(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                        const Tensor&, bool) except +
+    void paged_attention(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         const Tensor&, const Tensor&, const Tensor&, float, int64_t, float,
+                         bool) except +
+    void sample(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                const Tensor&, const Tensor&, const Tensor&, bool) except +

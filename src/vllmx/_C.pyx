@@ -1,0 +1,170 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+# distutils: language = c++
+"""Thin bindings over the native core. Arguments are numpy arrays; bf16 tensors travel as
+uint16 arrays and quantized tensors as uint8 arrays of whole blocks, with their dtype id
+(GGML's numbering) given explicitly. The GIL is released around every native call."""
+cimport numpy as cnp
+from libc.stdint cimport int64_t, uint64_t
+
+import numpy as np
+
+cnp.import_array()
+
+_NP_DTYPES = {
+    np.dtype(np.float32): DType.F32,
+    np.dtype(np.float16): DType.F16,
+    np.dtype(np.int32): DType.I32,
+    np.dtype(np.int64): DType.I64,
+    np.dtype(np.uint8): DType.U8,
+    np.dtype(np.uint64): DType.U64,
+}
+
+
+cdef Tensor as_tensor(object a, int dtype=-1) except *:
+    """A view of a C-contiguous numpy array; `dtype` overrides the numpy dtype (bf16, blocks).
+    A quantized tensor is a uint8 array [rows, row_bytes]; its shape is reported in elements."""
+    cdef Tensor t
+    cdef cnp.ndarray arr
+    cdef int i
+    cdef int64_t bs, ts
+    if a is None:
+        t.data = NULL
+        t.ndim = 0
+        return t
+    arr = <cnp.ndarray?>a
+    if not cnp.PyArray_IS_C_CONTIGUOUS(arr):
+        raise ValueError(f"expected a C-contiguous array, got strides {a.strides}")
+    if arr.ndim > 4:
+        raise ValueError(f"at most 4 dims, got shape {a.shape}")
+    if dtype < 0:
+        try:
+            t.dtype = _NP_DTYPES[arr.dtype]
+        except KeyError:
+            raise ValueError(f"unsupported numpy dtype {arr.dtype}") from None
+    else:
+        t.dtype = <DType>dtype
+    t.data = cnp.PyArray_DATA(arr)
+    t.ndim = arr.ndim
+    for i in range(arr.ndim):
+        t.shape[i] = arr.shape[i]
+    bs = type_traits(t.dtype).block_size
+    ts = type_traits(t.dtype).type_size
+    if type_traits(t.dtype).quantized:
+        if arr.dtype != np.uint8:
+            raise ValueError(f"{type_traits(t.dtype).name.decode()} data must be uint8 blocks")
+        if arr.shape[arr.ndim - 1] % ts != 0:
+            raise ValueError(
+                f"{type_traits(t.dtype).name.decode()}: row of {arr.shape[arr.ndim - 1]} bytes "
+                f"is not a whole number of {ts}-byte blocks")
+        t.shape[arr.ndim - 1] = arr.shape[arr.ndim - 1] // ts * bs
+    elif dtype >= 0 and arr.itemsize != ts:
+        raise ValueError(f"{type_traits(t.dtype).name.decode()} needs {ts}-byte items, "
+                         f"got {arr.dtype}")
+    # Row-major strides in elements (bytes per row for block types, in stride[0..ndim-2]).
+    if arr.ndim > 0:
+        t.stride[arr.ndim - 1] = 1
+        for i in range(arr.ndim - 2, -1, -1):
+            t.stride[i] = arr.strides[i] if type_traits(t.dtype).quantized else arr.strides[i] // arr.itemsize
+    return t
+
+
+def type_info(int dtype):
+    """(name, block_size, type_size, quantized, supported) of a dtype id."""
+    cdef TypeTraits tt = type_traits(<DType>dtype)
+    return tt.name.decode(), tt.block_size, tt.type_size, tt.quantized, tt.supported
+
+
+def cpu_info():
+    cdef CpuFeatures f = cpu_features()
+    return {"avx2": f.avx2, "avx512": f.avx512, "avx512_vnni": f.avx512_vnni,
+            "avx512_bf16": f.avx512_bf16, "avx_vnni": f.avx_vnni}
+
+
+def set_num_threads(int n):
+    """Threads for the native ops (n <= 0: all cores)."""
+    c_set_num_threads(n)
+
+
+def get_num_threads():
+    return c_get_num_threads()
+
+
+def op_embedding(out, ids, table, int table_dtype=-1, bint reference=False):
+    cdef Tensor o = as_tensor(out), i = as_tensor(ids), w = as_tensor(table, table_dtype)
+    with nogil:
+        embedding(o, i, w, reference)
+
+
+def op_dequantize(out, src, int src_dtype, bint reference=False):
+    cdef Tensor o = as_tensor(out), s = as_tensor(src, src_dtype)
+    with nogil:
+        dequantize(o, s, reference)
+
+
+def op_quantize(out, int out_dtype, src, bint reference=False):
+    cdef Tensor o = as_tensor(out, out_dtype), s = as_tensor(src)
+    with nogil:
+        quantize(o, s, reference)
+
+
+def op_linear(out, x, w, int w_dtype=-1, bias=None, bint reference=False):
+    cdef Tensor o = as_tensor(out), xt = as_tensor(x), wt = as_tensor(w, w_dtype)
+    cdef Tensor b = as_tensor(bias)
+    with nogil:
+        linear(o, xt, wt, b, reference)
+
+
+def op_rms_norm(out, x, w, float eps, bint reference=False):
+    cdef Tensor o = as_tensor(out), xt = as_tensor(x), wt = as_tensor(w)
+    with nogil:
+        rms_norm(o, xt, wt, eps, reference)
+
+
+def op_fused_add_rms_norm(x, residual, w, float eps, bint reference=False):
+    cdef Tensor xt = as_tensor(x), r = as_tensor(residual), wt = as_tensor(w)
+    with nogil:
+        fused_add_rms_norm(xt, r, wt, eps, reference)
+
+
+def op_rotary(positions, q, k, cos_sin_cache, int64_t head_size, bint is_neox,
+              bint reference=False):
+    cdef Tensor p = as_tensor(positions), qt = as_tensor(q), kt = as_tensor(k)
+    cdef Tensor c = as_tensor(cos_sin_cache)
+    with nogil:
+        rotary(p, qt, kt, c, head_size, is_neox, reference)
+
+
+def op_silu_and_mul(out, x, bint reference=False):
+    cdef Tensor o = as_tensor(out), xt = as_tensor(x)
+    with nogil:
+        silu_and_mul(o, xt, reference)
+
+
+def op_write_kv_cache(key, value, key_cache, value_cache, slot_mapping, int cache_dtype=-1,
+                      bint reference=False):
+    cdef Tensor k = as_tensor(key), v = as_tensor(value)
+    cdef Tensor kc = as_tensor(key_cache, cache_dtype), vc = as_tensor(value_cache, cache_dtype)
+    cdef Tensor s = as_tensor(slot_mapping)
+    with nogil:
+        write_kv_cache(k, v, kc, vc, s, reference)
+
+
+def op_paged_attention(out, q, key_cache, value_cache, block_table, query_start_loc, seq_lens,
+                       float scale, int64_t sliding_window=0, float logits_soft_cap=0.0,
+                       int cache_dtype=-1, bint reference=False):
+    cdef Tensor o = as_tensor(out), qt = as_tensor(q)
+    cdef Tensor kc = as_tensor(key_cache, cache_dtype), vc = as_tensor(value_cache, cache_dtype)
+    cdef Tensor bt = as_tensor(block_table), qsl = as_tensor(query_start_loc)
+    cdef Tensor sl = as_tensor(seq_lens)
+    with nogil:
+        paged_attention(o, qt, kc, vc, bt, qsl, sl, scale, sliding_window, logits_soft_cap,
+                        reference)
+
+
+def op_sample(out_ids, out_logprobs, logits, temperature, top_k, top_p, min_p, rng_state,
+              bint reference=False):
+    cdef Tensor o = as_tensor(out_ids), lp = as_tensor(out_logprobs), l = as_tensor(logits)
+    cdef Tensor t = as_tensor(temperature), tk = as_tensor(top_k), tp = as_tensor(top_p)
+    cdef Tensor mp = as_tensor(min_p), r = as_tensor(rng_state)
+    with nogil:
+        sample(o, lp, l, t, tk, tp, mp, r, reference)

@@ -1,0 +1,56 @@
+"""The `vllmx` command: `vllmx generate [PROMPT]` (more subcommands come with the server)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from vllmx import LLM, SamplingParams
+
+    llm = LLM(args.model, seed=args.seed or 0, max_model_len=args.max_model_len,
+              num_threads=args.threads)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                            top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    if args.chat:
+        out = llm.chat([{"role": "user", "content": args.prompt}], params, use_tqdm=False)
+    else:
+        out = llm.generate(args.prompt, params, use_tqdm=False)
+    print(out[0].outputs[0].text)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from vllmx.loader.model_source import DEFAULT_MODEL
+
+    parser = argparse.ArgumentParser(prog="vllmx")
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="complete one prompt and print the text")
+    g.add_argument("prompt", nargs="?", default="The capital of France is")
+    g.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"checkpoint dir, .gguf file or built-in alias (default {DEFAULT_MODEL})")
+    g.add_argument("--max-tokens", type=int, default=32)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    g.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+                        format="%(levelname)s vllmx: %(message)s")
+    try:
+        if args.command == "generate":
+            return _generate(args)
+    except ValueError as e:
+        print(f"vllmx: error: {e}", file=sys.stderr)
+        return 2
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Engine configuration: vLLM's config names and defaults."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ModelConfig:
+    model: str  # as given by the user
+    path: str = ""  # resolved local directory or .gguf file
+    tokenizer: str | None = None
+    skip_tokenizer_init: bool = False
+    seed: int = 0
+    max_model_len: int | None = None
+    generation_config: str = "auto"  # "auto": the model's generation_config.json; "vllm": none
+    hf_config: dict[str, Any] = field(default_factory=dict)
+    gen_config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.path.endswith(".gguf")
+
+    @property
+    def architectures(self) -> list[str]:
+        return list(self.hf_config.get("architectures") or [])
+
+    def load_hf_config(self) -> None:
+        cfg_path = os.path.join(self.path, "config.json")
+        with open(cfg_path) as f:
+            self.hf_config = json.load(f)
+        gen_path = os.path.join(self.path, "generation_config.json")
+        if self.generation_config == "auto" and os.path.exists(gen_path):
+            with open(gen_path) as f:
+                self.gen_config = json.load(f)
+
+    def finalize_max_model_len(self) -> None:
+        limit = int(self.hf_config.get("max_position_embeddings") or 2048)
+        if self.max_model_len is None:
+            self.max_model_len = limit
+        elif self.max_model_len > limit:
+            raise ValueError(
+                f"max_model_len={self.max_model_len} is greater than the model's context length "
+                f"(max_position_embeddings={limit})"
+            )
+
+    def eos_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for src in (self.gen_config.get("eos_token_id"), self.hf_config.get("eos_token_id")):
+            if isinstance(src, int):
+                ids.add(src)
+            elif isinstance(src, list):
+                ids.update(int(i) for i in src)
+        return ids
+
+
+@dataclass
+class CacheConfig:
+    block_size: int = 16
+    kv_cache_dtype: str = "auto"  # auto | float16 | bfloat16 | float32 (auto: f16, f32 models f32)
+    kv_cache_memory_bytes: int | None = None
+    num_gpu_blocks_override: int | None = None
+    # CPU default when neither of the above is set: this fraction of RAM, at most 4 GiB
+    # (vLLM's CPU default KV space), and never more than max_num_seqs full-length sequences.
+    cpu_kv_cache_fraction: float = 0.25
+    num_blocks: int = 0  # decided at start-up
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 0
+
+
+@dataclass
+class ParallelConfig:
+    num_threads: int | None = None  # OpenMP threads; None: all cores
+
+
+@dataclass
+class VllmxConfig:
+    model_config: ModelConfig
+    cache_config: CacheConfig
+    scheduler_config: SchedulerConfig
+    parallel_config: ParallelConfig

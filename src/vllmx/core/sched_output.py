@@ -1,0 +1,45 @@
+"""What the scheduler tells the model runner each step (vLLM V1's SchedulerOutput)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllmx.sampling_params import SamplingParams
+
+
+@dataclass
+class NewRequestData:
+    """A request the runner has not seen (or is resuming after preemption): all its tokens."""
+
+    req_id: str
+    token_ids: list[int]
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+    num_prompt_tokens: int
+
+
+@dataclass
+class CachedRequestData:
+    """Requests the runner already holds: their new blocks and progress."""
+
+    req_ids: list[str] = field(default_factory=list)
+    new_block_ids: list[list[int]] = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: CachedRequestData
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    finished_req_ids: set[str]
+    preempted_req_ids: set[str] = field(default_factory=set)
+
+
+@dataclass
+class ModelRunnerOutput:
+    req_ids: list[str]
+    sampled_token_ids: dict[str, int]  # only requests that reached the end of their tokens
+    sampled_logprobs: dict[str, float]

@@ -1,0 +1,211 @@
+"""LLMEngine: requests in, RequestOutputs out, one scheduler step at a time."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from vllmx import _C
+from vllmx.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmxConfig
+from vllmx.core.scheduler import Scheduler
+from vllmx.engine.output_processor import OutputProcessor
+from vllmx.engine.request import Request, RequestStatus
+from vllmx.loader import DEFAULT_MODEL, load_model
+from vllmx.ops import F16, F32
+from vllmx.outputs import RequestOutput
+from vllmx.sampling_params import SamplingParams
+from vllmx.worker.model_runner import ModelRunner
+
+logger = logging.getLogger("vllmx")
+
+_KV_DTYPES = {"float16": F16, "half": F16, "float32": F32, "float": F32, "bfloat16": 30}
+
+
+@dataclass
+class EngineArgs:
+    model: str = DEFAULT_MODEL
+    tokenizer: str | None = None
+    skip_tokenizer_init: bool = False
+    seed: int = 0
+    max_model_len: int | None = None
+    generation_config: str = "auto"
+    block_size: int = 16
+    kv_cache_dtype: str = "auto"
+    kv_cache_memory_bytes: int | None = None
+    num_gpu_blocks_override: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    num_threads: int | None = None
+
+    def create_engine_config(self) -> VllmxConfig:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in _KV_DTYPES:
+            raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of auto, "
+                             f"{', '.join(_KV_DTYPES)}")
+        return VllmxConfig(
+            ModelConfig(self.model, tokenizer=self.tokenizer,
+                        skip_tokenizer_init=self.skip_tokenizer_init, seed=self.seed,
+                        max_model_len=self.max_model_len,
+                        generation_config=self.generation_config),
+            CacheConfig(self.block_size, self.kv_cache_dtype, self.kv_cache_memory_bytes,
+                        self.num_gpu_blocks_override),
+            SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens),
+            ParallelConfig(self.num_threads))
+
+
+def _total_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 << 30
+
+
+class LLMEngine:
+    def __init__(self, config: VllmxConfig):
+        self.config = config
+        mc, cc, sc = config.model_config, config.cache_config, config.scheduler_config
+        if config.parallel_config.num_threads:
+            _C.set_num_threads(config.parallel_config.num_threads)
+        t0 = time.perf_counter()
+        self.model, self.tokenizer = load_model(mc)
+        sc.max_model_len = mc.max_model_len
+        self.eos_token_ids = mc.eos_token_ids()
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        self.kv_caches, self.cache_dtype = self._allocate_kv_cache()
+        self.scheduler = Scheduler(sc, cc)
+        self.model_runner = ModelRunner(self.model, self.kv_caches, self.cache_dtype,
+                                        cc.block_size, sc.max_num_batched_tokens,
+                                        sc.max_num_seqs, mc.max_model_len, mc.seed)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._next_id = 0
+        logger.info("loaded %s in %.2fs", mc.path, time.perf_counter() - t0)
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
+        return cls(args.create_engine_config())
+
+    def _allocate_kv_cache(self):
+        mc, cc, sc = self.config.model_config, self.config.cache_config, self.config.scheduler_config
+        hf = self.model.config
+        if cc.kv_cache_dtype == "auto":  # f16 by default; an f32 checkpoint keeps f32
+            f32_model = mc.hf_config.get("torch_dtype", mc.hf_config.get("dtype")) == "float32"
+            dtype = F32 if (f32_model and not mc.is_gguf) else F16
+        else:
+            dtype = _KV_DTYPES[cc.kv_cache_dtype]
+        itemsize = 4 if dtype == F32 else 2
+        nkv, hd, layers = hf["num_key_value_heads"], hf["head_dim"], hf["num_hidden_layers"]
+        block_bytes = 2 * layers * cc.block_size * nkv * hd * itemsize
+        if cc.num_gpu_blocks_override:
+            num_blocks = cc.num_gpu_blocks_override
+        elif cc.kv_cache_memory_bytes:
+            num_blocks = cc.kv_cache_memory_bytes // block_bytes
+        else:
+            budget = min(4 << 30, int(_total_memory_bytes() * cc.cpu_kv_cache_fraction))
+            per_seq = -(-mc.max_model_len // cc.block_size)
+            num_blocks = min(budget // block_bytes, per_seq * sc.max_num_seqs)
+        if num_blocks * cc.block_size < mc.max_model_len:
+            raise ValueError(
+                f"the KV cache holds {num_blocks} blocks of {cc.block_size} tokens "
+                f"({num_blocks * cc.block_size} tokens), fewer than max_model_len="
+                f"{mc.max_model_len}; raise kv_cache_memory_bytes or lower max_model_len")
+        cc.num_blocks = num_blocks
+        np_dtype = np.float32 if dtype == F32 else np.uint16
+        shape = (num_blocks, cc.block_size, nkv, hd)
+        # np.zeros maps lazily: pages are committed as blocks are first written.
+        caches = [(np.zeros(shape, np_dtype), np.zeros(shape, np_dtype)) for _ in range(layers)]
+        logger.info("KV cache: %d blocks x %d tokens (%s, %.1f MiB), max_model_len %d",
+                    num_blocks, cc.block_size, {F16: "f16", F32: "f32", 30: "bf16"}[dtype],
+                    num_blocks * block_bytes / 2**20, mc.max_model_len)
+        return caches, dtype
+
+    # -- requests -------------------------------------------------------------------------
+    def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            if "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+        if not isinstance(prompt, str):
+            raise ValueError(f"prompt must be a str or a dict, got {type(prompt).__name__}")
+        if self.tokenizer is None:
+            raise ValueError("text prompts need a tokenizer; with skip_tokenizer_init=True pass "
+                             "{'prompt_token_ids': [...]}")
+        return prompt, self.tokenizer.encode(prompt)
+
+    def add_request(self, request_id: str | None, prompt, params: SamplingParams | None = None,
+                    arrival_time: float | None = None) -> str:
+        params = params or SamplingParams()
+        if params.n != 1:
+            raise ValueError("n > 1 is not supported yet; submit the prompt n times with seeds")
+        text, ids = self._tokenize(prompt)
+        mc = self.config.model_config
+        if not ids:
+            raise ValueError("the prompt is empty (0 tokens)")
+        vocab = self.model.vocab_size
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} is out of vocabulary (size {vocab})")
+        if len(ids) >= mc.max_model_len:
+            raise ValueError(
+                f"the prompt ({len(ids)} tokens) is longer than the model's context: "
+                f"max_model_len is {mc.max_model_len}, which must also hold at least one "
+                f"generated token")
+        if params.detokenize and self.tokenizer is None and (params.stop or False):
+            raise ValueError("stop strings need a tokenizer (skip_tokenizer_init=True)")
+        params.all_stop_token_ids = set(self.eos_token_ids)
+        if request_id is None:
+            request_id = str(self._next_id)
+            self._next_id += 1
+        if request_id in self.scheduler.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        req = Request(request_id, ids, params, text, arrival_time)
+        self.scheduler.add_request(req)
+        self.output_processor.add_request(req)
+        return request_id
+
+    def abort_request(self, request_ids) -> None:
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+        for r in request_ids:
+            self.output_processor.abort(r)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.scheduler.get_num_unfinished_requests()
+
+    def step(self) -> list[RequestOutput]:
+        so = self.scheduler.schedule()
+        if so.total_num_scheduled_tokens == 0:
+            if self.scheduler.has_unfinished_requests() and not self.scheduler.running:
+                raise RuntimeError("scheduler made no progress with requests waiting")
+            return []
+        now = time.time()
+        for req_id in so.num_scheduled_tokens:
+            r = self.scheduler.requests[req_id]
+            r.metrics.first_scheduled_time = r.metrics.first_scheduled_time or now
+        runner_out = self.model_runner.execute_model(so)
+        updated = self.scheduler.update_from_output(so, runner_out)
+        outputs = []
+        now = time.time()
+        for req in updated:
+            req.metrics.first_token_time = req.metrics.first_token_time or now
+            req.metrics.last_token_time = now
+            out, stop_str = self.output_processor.process(req)
+            if stop_str is not None and not req.is_finished():
+                self.scheduler.finish_requests([req.request_id], RequestStatus.FINISHED_STOPPED)
+            if req.is_finished() or (out is not None and out.finished):
+                req.metrics.finished_time = now
+            if out is not None:
+                outputs.append(out)
+        return outputs

@@ -1,0 +1,37 @@
+"""Paged attention layer: writes this step's keys/values into the layer's cache blocks, then
+attends over the block table (prefill chunks and decodes in one varlen call)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from vllmx import ops
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: np.ndarray  # i32 [T]
+    block_table: np.ndarray  # i32 [B, max_blocks]
+    query_start_loc: np.ndarray  # i32 [B + 1]
+    seq_lens: np.ndarray  # i32 [B]
+    kv_caches: list[tuple[np.ndarray, np.ndarray]]  # per layer (key_cache, value_cache)
+    cache_dtype: int
+
+
+class Attention:
+    def __init__(self, layer_idx: int, num_heads: int, num_kv_heads: int, head_size: int,
+                 scale: float, sliding_window: int = 0, logits_soft_cap: float = 0.0):
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_size = num_heads, num_kv_heads, head_size
+        self.scale = scale
+        self.sliding_window = sliding_window or 0
+        self.logits_soft_cap = logits_soft_cap or 0.0
+
+    def __call__(self, q, k, v, md: AttentionMetadata) -> np.ndarray:
+        key_cache, value_cache = md.kv_caches[self.layer_idx]
+        ops.write_kv_cache(k, v, key_cache, value_cache, md.slot_mapping, md.cache_dtype)
+        return ops.paged_attention(q, key_cache, value_cache, md.block_table, md.query_start_loc,
+                                   md.seq_lens, self.scale, md.cache_dtype, self.sliding_window,
+                                   self.logits_soft_cap)

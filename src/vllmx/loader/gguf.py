@@ -1,0 +1,85 @@
+"""GGUF files through the `gguf` package: hyperparameters become an HF-style config, tensors
+stay in their block format (memory-mapped), the tokenizer comes from the metadata."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from gguf import GGUFReader
+
+from vllmx.loader.gguf_metadata import read_gguf_metadata
+from vllmx.ops import BF16, Weight, dtype_name, is_supported
+
+
+def gguf_to_hf_config(meta: dict[str, Any]) -> dict[str, Any]:
+    """The HF `config.json` fields that the model code reads, from GGUF metadata."""
+    arch = meta.get("general.architecture")
+    if arch is None:
+        raise ValueError("GGUF file has no general.architecture")
+
+    def get(key, default=None):
+        return meta.get(f"{arch}.{key}", default)
+
+    num_heads = get("attention.head_count")
+    hidden = get("embedding_length")
+    vocab = get("vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
+    cfg: dict[str, Any] = {
+        "gguf_architecture": arch,
+        "hidden_size": hidden,
+        "intermediate_size": get("feed_forward_length"),
+        "num_hidden_layers": get("block_count"),
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": get("attention.head_count_kv", num_heads),
+        "head_dim": get("attention.key_length", hidden // num_heads if num_heads else None),
+        "rms_norm_eps": get("attention.layer_norm_rms_epsilon", 1e-6),
+        "rope_theta": get("rope.freq_base", 10000.0),
+        "max_position_embeddings": get("context_length", 2048),
+        "vocab_size": vocab,
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+        "sliding_window": get("attention.sliding_window"),
+    }
+    if isinstance(cfg["num_key_value_heads"], list):
+        raise ValueError(f"GGUF {arch}: per-layer head counts are not supported")
+    rot = get("rope.dimension_count")
+    if rot and cfg["head_dim"] and rot != cfg["head_dim"]:
+        cfg["partial_rotary_factor"] = rot / cfg["head_dim"]
+    scaling = get("rope.scaling.type")
+    if scaling in ("linear", "yarn"):
+        cfg["rope_scaling"] = {
+            "rope_type": scaling,
+            "factor": get("rope.scaling.factor", 1.0),
+            "original_max_position_embeddings": get("rope.scaling.original_context_length"),
+        }
+    return cfg
+
+
+def load_gguf(path: str) -> tuple[dict[str, Any], dict[str, Weight]]:
+    """(metadata, tensors by GGUF name). Tensor shapes are [rows, cols] (PyTorch order)."""
+    try:
+        reader = GGUFReader(path)
+    except Exception as e:  # the gguf package raises assorted errors on bad files
+        raise ValueError(f"{path}: not a readable GGUF file ({e})") from e
+    meta = read_gguf_metadata(reader)
+    weights: dict[str, Weight] = {}
+    for t in reader.tensors:
+        dtype = int(t.tensor_type)
+        if not is_supported(dtype):
+            raise ValueError(
+                f"{path}: tensor {t.name!r} has GGUF type {t.tensor_type.name}, which vllmx "
+                f"does not support yet"
+            )
+        shape = tuple(int(n) for n in reversed(t.shape.tolist()))  # ggml lists dims fastest-first
+        data = t.data
+        if dtype == BF16:
+            data = data.view(np.uint16)
+        if data.dtype == np.uint8:  # blocks: rows of bytes
+            data = data.reshape(int(np.prod(shape[:-1], dtype=np.int64)), -1)
+        else:
+            data = data.reshape(shape)
+        weights[t.name] = Weight(data, dtype, shape)
+    return meta, weights
+
+
+__all__ = ["gguf_to_hf_config", "load_gguf", "dtype_name"]

@@ -1,0 +1,3 @@
+from vllmx.models.registry import ModelRegistry, get_model_class
+
+__all__ = ["ModelRegistry", "get_model_class"]

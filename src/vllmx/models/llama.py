@@ -1,0 +1,154 @@
+"""The Llama family: Llama 2/3 (llama3 rope scaling), SmolLM2, Mistral, Qwen2 (qkv bias) and
+Qwen3 (q/k norm). The differences are flags read from the checkpoint: a bias tensor present,
+q/k norm weights present, tied embeddings when there is no lm_head."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vllmx import ops
+from vllmx.layers.attention import Attention, AttentionMetadata
+from vllmx.layers.linear import Linear, concat_rows
+from vllmx.layers.norm import RMSNorm
+from vllmx.layers.rotary import RotaryEmbedding
+from vllmx.ops import Weight
+
+# GGUF tensor names → HF names (per layer names use {i}).
+GGUF_TO_HF = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+    "blk.{i}.attn_norm": "model.layers.{i}.input_layernorm",
+    "blk.{i}.attn_q": "model.layers.{i}.self_attn.q_proj",
+    "blk.{i}.attn_k": "model.layers.{i}.self_attn.k_proj",
+    "blk.{i}.attn_v": "model.layers.{i}.self_attn.v_proj",
+    "blk.{i}.attn_output": "model.layers.{i}.self_attn.o_proj",
+    "blk.{i}.attn_q_norm": "model.layers.{i}.self_attn.q_norm",
+    "blk.{i}.attn_k_norm": "model.layers.{i}.self_attn.k_norm",
+    "blk.{i}.ffn_norm": "model.layers.{i}.post_attention_layernorm",
+    "blk.{i}.ffn_gate": "model.layers.{i}.mlp.gate_proj",
+    "blk.{i}.ffn_up": "model.layers.{i}.mlp.up_proj",
+    "blk.{i}.ffn_down": "model.layers.{i}.mlp.down_proj",
+}
+
+
+def gguf_name_to_hf(name: str) -> str:
+    base, _, suffix = name.rpartition(".")
+    parts = base.split(".")
+    if parts[0] == "blk":
+        key, i = "blk.{i}." + ".".join(parts[2:]), parts[1]
+    else:
+        key, i = base, ""
+    if key not in GGUF_TO_HF:
+        return name
+    return GGUF_TO_HF[key].format(i=i) + "." + suffix
+
+
+class LlamaDecoderLayer:
+    def __init__(self, i: int, cfg: dict, w: dict[str, Weight], rope: RotaryEmbedding):
+        p = f"model.layers.{i}."
+        eps = cfg["rms_norm_eps"]
+        self.num_heads = cfg["num_attention_heads"]
+        self.num_kv_heads = cfg["num_key_value_heads"]
+        self.head_dim = cfg["head_dim"]
+
+        def proj(name):
+            return Linear(w[p + name + ".weight"], w.get(p + name + ".bias"))
+
+        self.q_proj, self.k_proj = proj("self_attn.q_proj"), proj("self_attn.k_proj")
+        self.v_proj, self.o_proj = proj("self_attn.v_proj"), proj("self_attn.o_proj")
+        self.q_norm = self.k_norm = None
+        if p + "self_attn.q_norm.weight" in w:  # Qwen3
+            self.q_norm = RMSNorm(w[p + "self_attn.q_norm.weight"], eps)
+            self.k_norm = RMSNorm(w[p + "self_attn.k_norm.weight"], eps)
+        self.rope = rope
+        self.attn = Attention(i, self.num_heads, self.num_kv_heads, self.head_dim,
+                              self.head_dim**-0.5, cfg.get("attn_sliding_window", 0))
+        self.gate_up_proj = Linear(concat_rows([w[p + "mlp.gate_proj.weight"],
+                                                w[p + "mlp.up_proj.weight"]]))
+        self.down_proj = Linear(w[p + "mlp.down_proj.weight"])
+        self.input_layernorm = RMSNorm(w[p + "input_layernorm.weight"], eps)
+        self.post_attention_layernorm = RMSNorm(w[p + "post_attention_layernorm.weight"], eps)
+
+    def self_attn(self, positions, h, md: AttentionMetadata):
+        t, d = h.shape[0], self.head_dim
+        q, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)
+        if self.q_norm is not None:
+            q = self.q_norm(q.reshape(t * self.num_heads, d)).reshape(t, -1)
+            k = self.k_norm(k.reshape(t * self.num_kv_heads, d)).reshape(t, -1)
+        self.rope(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, md))
+
+    def __call__(self, positions, h, residual, md: AttentionMetadata):
+        if residual is None:
+            residual = h
+            h = self.input_layernorm(h)
+        else:
+            h, residual = self.input_layernorm(h, residual)
+        h = self.self_attn(positions, h, md)
+        h, residual = self.post_attention_layernorm(h, residual)
+        h = self.down_proj(ops.silu_and_mul(self.gate_up_proj(h)))
+        return h, residual
+
+
+class LlamaForCausalLM:
+    def __init__(self, cfg: dict, weights: dict[str, Weight]):
+        cfg = dict(cfg)
+        is_gguf = "gguf_architecture" in cfg
+        if is_gguf:
+            weights = {gguf_name_to_hf(k): v for k, v in weights.items()}
+        cfg.setdefault("head_dim", None)
+        if not cfg["head_dim"]:
+            cfg["head_dim"] = cfg["hidden_size"] // cfg["num_attention_heads"]
+        cfg["num_key_value_heads"] = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+        cfg.setdefault("rms_norm_eps", 1e-6)
+        archs = cfg.get("architectures") or []
+        window = cfg.get("sliding_window")
+        use_window = ("MistralForCausalLM" in archs or cfg.get("use_sliding_window")
+                      or cfg.get("gguf_architecture") == "mistral")
+        cfg["attn_sliding_window"] = int(window) if (window and use_window) else 0
+        self.config = cfg
+        self._check_weights(weights)
+
+        head_dim = cfg["head_dim"]
+        rotary_dim = int(head_dim * cfg.get("partial_rotary_factor", 1.0))
+        # llama.cpp stores Llama Q/K un-permuted (Meta's interleaved layout): GPT-J style rope.
+        is_neox = not (is_gguf and cfg["gguf_architecture"] in ("llama", "mistral"))
+        freq_factors = weights.get("rope_freqs.weight")
+        rope_scaling = cfg.get("rope_scaling") or (cfg.get("rope_parameters") or None)
+        if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) == "default":
+            rope_scaling = None
+        theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 1e4)
+        self.rope = RotaryEmbedding(
+            head_dim, rotary_dim, int(cfg.get("max_position_embeddings") or 2048), float(theta),
+            is_neox, rope_scaling,
+            None if freq_factors is None else freq_factors.to_float32().reshape(-1))
+        self.embed_tokens = weights["model.embed_tokens.weight"]
+        self.layers = [LlamaDecoderLayer(i, cfg, weights, self.rope)
+                       for i in range(cfg["num_hidden_layers"])]
+        self.norm = RMSNorm(weights["model.norm.weight"], cfg["rms_norm_eps"])
+        self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
+        self.vocab_size = self.lm_head.weight.shape[0]
+
+    def _check_weights(self, weights: dict[str, Weight]) -> None:
+        needed = ["model.embed_tokens.weight", "model.norm.weight"]
+        for i in range(self.config["num_hidden_layers"]):
+            needed += [f"model.layers.{i}.{n}.weight" for n in (
+                "input_layernorm", "post_attention_layernorm", "self_attn.q_proj",
+                "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                "mlp.up_proj", "mlp.down_proj")]
+        missing = [n for n in needed if n not in weights]
+        if missing:
+            raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
+
+    def forward(self, input_ids: np.ndarray, positions: np.ndarray,
+                md: AttentionMetadata) -> np.ndarray:
+        h = ops.embedding(input_ids, self.embed_tokens)
+        residual = None
+        for layer in self.layers:
+            h, residual = layer(positions, h, residual, md)
+        h, _ = self.norm(h, residual)
+        return h
+
+    def compute_logits(self, hidden: np.ndarray) -> np.ndarray:
+        return self.lm_head(np.ascontiguousarray(hidden))

@@ -1,0 +1,43 @@
+"""Architecture name → model class, by HF `architectures` and by GGUF `general.architecture`."""
+
+from __future__ import annotations
+
+from vllmx.models.llama import LlamaForCausalLM
+
+_HF_ARCHS = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": LlamaForCausalLM,
+    "Qwen3ForCausalLM": LlamaForCausalLM,
+}
+_GGUF_ARCHS = {
+    "llama": LlamaForCausalLM,
+    "mistral": LlamaForCausalLM,
+    "qwen2": LlamaForCausalLM,
+    "qwen3": LlamaForCausalLM,
+}
+
+
+class ModelRegistry:
+    @staticmethod
+    def get_supported_archs() -> list[str]:
+        return sorted(_HF_ARCHS) + sorted(f"gguf:{a}" for a in _GGUF_ARCHS)
+
+
+def get_model_class(hf_config: dict):
+    gguf_arch = hf_config.get("gguf_architecture")
+    if gguf_arch is not None:
+        if gguf_arch not in _GGUF_ARCHS:
+            raise ValueError(
+                f"GGUF architecture {gguf_arch!r} is not supported; supported: "
+                f"{', '.join(sorted(_GGUF_ARCHS))}"
+            )
+        return _GGUF_ARCHS[gguf_arch]
+    archs = hf_config.get("architectures") or []
+    for arch in archs:
+        if arch in _HF_ARCHS:
+            return _HF_ARCHS[arch]
+    raise ValueError(
+        f"model architecture {archs or 'missing from config.json'} is not supported; supported: "
+        f"{', '.join(sorted(_HF_ARCHS))}"
+    )

@@ -1,0 +1,104 @@
+"""The one Python facade over the native ops (`vllmx._C`). Model code calls these, never the
+backend directly. Activations are float32 numpy arrays; weights are `Weight`s."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from vllmx import _C
+
+# dtype ids: GGML's numbering, shared by dense and block types (csrc/dtype.h).
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, BF16 = 0, 1, 2, 3, 6, 7, 8, 9, 30
+
+
+def dtype_name(dtype: int) -> str:
+    return _C.type_info(dtype)[0]
+
+
+def is_supported(dtype: int) -> bool:
+    return bool(_C.type_info(dtype)[4])
+
+
+@dataclass(frozen=True)
+class Weight:
+    """A weight as stored: `data` is the raw array (float32/float16, uint16 for bf16, uint8
+    rows of blocks for quantized types), `dtype` its id, `shape` the logical shape."""
+
+    data: np.ndarray
+    dtype: int
+    shape: tuple[int, ...]
+
+    @staticmethod
+    def from_numpy(a: np.ndarray) -> Weight:
+        a = np.ascontiguousarray(a)
+        dtype = {np.dtype(np.float32): F32, np.dtype(np.float16): F16}[a.dtype]
+        return Weight(a, dtype, tuple(a.shape))
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+    def to_float32(self) -> np.ndarray:
+        """Dequantized/upcast copy (for small tensors such as norms and biases)."""
+        if self.dtype == F32:
+            return np.ascontiguousarray(self.data, dtype=np.float32).reshape(self.shape)
+        rows = int(np.prod(self.shape[:-1])) if len(self.shape) > 1 else 1
+        out = np.empty((rows, self.shape[-1]), dtype=np.float32)
+        _C.op_dequantize(out, self.data.reshape(rows, -1), self.dtype)
+        return out.reshape(self.shape)
+
+
+def embedding(ids: np.ndarray, table: Weight) -> np.ndarray:
+    out = np.empty((ids.shape[0], table.shape[1]), dtype=np.float32)
+    _C.op_embedding(out, ids, table.data, table.dtype)
+    return out
+
+
+def linear(x: np.ndarray, w: Weight, bias: np.ndarray | None = None) -> np.ndarray:
+    out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
+    _C.op_linear(out, x, w.data, w.dtype, bias)
+    return out
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    out = np.empty_like(x)
+    _C.op_rms_norm(out, x, w, eps)
+    return out
+
+
+def fused_add_rms_norm(x: np.ndarray, residual: np.ndarray, w: np.ndarray, eps: float) -> None:
+    """In place: residual += x; x = rms_norm(residual) * w."""
+    _C.op_fused_add_rms_norm(x, residual, w, eps)
+
+
+def rotary(positions, q, k, cos_sin_cache, head_size: int, is_neox: bool) -> None:
+    _C.op_rotary(positions, q, k, cos_sin_cache, head_size, is_neox)
+
+
+def silu_and_mul(x: np.ndarray) -> np.ndarray:
+    out = np.empty((x.shape[0], x.shape[1] // 2), dtype=np.float32)
+    _C.op_silu_and_mul(out, x)
+    return out
+
+
+def write_kv_cache(key, value, key_cache, value_cache, slot_mapping, cache_dtype: int) -> None:
+    _C.op_write_kv_cache(key, value, key_cache, value_cache, slot_mapping, cache_dtype)
+
+
+def paged_attention(q, key_cache, value_cache, block_table, query_start_loc, seq_lens,
+                    scale: float, cache_dtype: int, sliding_window: int = 0,
+                    logits_soft_cap: float = 0.0) -> np.ndarray:
+    out = np.empty_like(q)
+    _C.op_paged_attention(out, q, key_cache, value_cache, block_table, query_start_loc,
+                          seq_lens, scale, sliding_window, logits_soft_cap, cache_dtype)
+    return out
+
+
+def sample(logits, temperature, top_k, top_p, min_p, rng_state):
+    """Token ids (int32 [B]) and their log-probs under the raw logits (float32 [B])."""
+    ids = np.empty(logits.shape[0], dtype=np.int32)
+    logprobs = np.empty(logits.shape[0], dtype=np.float32)
+    _C.op_sample(ids, logprobs, logits, temperature, top_k, top_p, min_p, rng_state)
+    return ids, logprobs

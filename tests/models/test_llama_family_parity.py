@@ -1,0 +1,77 @@
+"""Token parity of the Llama family against transformers (float32 on the CPU), for tiny
+random checkpoints in f32 and bf16 safetensors and as F32 GGUF."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from tests.models.parity import check_positions, log_softmax, vllmx_prompt_logits
+from tests.models.tiny_checkpoints import GGUF_ARCH, VOCAB, make_checkpoint, write_gguf
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+FAMILIES = ["llama", "llama3", "mistral", "qwen2", "qwen3"]
+NUM_PROMPTS, MAX_TOKENS, DELTA = 8, 32, 0.01
+# Prompts the tests do not choose: a fresh seed per run, printed on failure.
+SEED = int.from_bytes(os.urandom(4), "little")
+
+
+@pytest.fixture(scope="module")
+def ckpt_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("tiny"))
+
+
+def random_prompts(rng) -> list[list[int]]:
+    lens = rng.integers(3, 40, size=NUM_PROMPTS)
+    lens[0] = 70  # longer than mistral's sliding window (24) and llama3's original context (32)
+    return [rng.integers(3, VOCAB, size=n).tolist() for n in lens]
+
+
+def run_parity(model_path: str, hf_path: str, kv_cache_dtype: str = "auto"):
+    from vllmx import LLM, SamplingParams
+
+    rng = np.random.default_rng(SEED)
+    prompts = random_prompts(rng)
+    llm = LLM(model_path, skip_tokenizer_init=True, kv_cache_dtype=kv_cache_dtype)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
+    oracle = transformers.AutoModelForCausalLM.from_pretrained(hf_path, dtype=torch.float32).eval()
+    for prompt, out in zip(prompts, outs):
+        toks = out.outputs[0].token_ids
+        assert len(toks) == MAX_TOKENS
+        with torch.no_grad():
+            logits = oracle(torch.tensor([prompt + toks])).logits[0].double().numpy()
+        lp = log_softmax(logits)
+        report = check_positions(lp[len(prompt) - 1: -1], toks, DELTA)
+        assert report.failed == 0, f"{model_path} (seed {SEED}, prompt len {len(prompt)}): {report}"
+    return llm, prompts, oracle
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_parity_f32(family, ckpt_dir):
+    path = make_checkpoint(family, "float32", ckpt_dir)
+    llm, prompts, oracle = run_parity(path, path)
+    # Prompt logits match the oracle's within 1e-3 relative (f32 weights, f32 KV cache).
+    for prompt in prompts[:3]:
+        mine = vllmx_prompt_logits(llm, prompt)
+        with torch.no_grad():
+            ref = oracle(torch.tensor([prompt])).logits[0].double().numpy()
+        rel = np.abs(mine - ref).max() / np.abs(ref).max()
+        assert rel < 1e-3, f"{family} prompt logits rel. error {rel:.3g} (seed {SEED})"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_parity_bf16(family, ckpt_dir):
+    path = make_checkpoint(family, "bfloat16", ckpt_dir)
+    run_parity(path, path)  # oracle: the same bf16 weights, upcast to f32
+
+
+@pytest.mark.parametrize("family", sorted(GGUF_ARCH))
+def test_parity_gguf_f32(family, ckpt_dir):
+    path = make_checkpoint(family, "float32", ckpt_dir)
+    gguf_path = write_gguf(path, family, os.path.join(ckpt_dir, f"{family}.gguf"))
+    run_parity(gguf_path, path)

@@ -1,0 +1,132 @@
+"""Tiny random checkpoints of each supported family, written by transformers (safetensors)
+and converted to GGUF with the `gguf` package's writer the way llama.cpp's converter lays
+tensors out (Llama Q/K un-permuted to Meta's interleaved layout)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+VOCAB = 512
+
+
+def family_configs():
+    import transformers as tf
+
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  bos_token_id=1, eos_token_id=2)
+    return {
+        "llama": tf.LlamaConfig(**common),
+        "llama3": tf.LlamaConfig(**common, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32}),
+        "mistral": tf.MistralConfig(**common, sliding_window=24),
+        "qwen2": tf.Qwen2Config(**common),
+        "qwen3": tf.Qwen3Config(**{**common, "head_dim": 32}, tie_word_embeddings=True),
+    }
+
+
+GGUF_ARCH = {"llama": "llama", "llama3": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+
+def make_checkpoint(family: str, dtype: str, out_dir: str) -> str:
+    import torch
+    import transformers as tf
+
+    cfg = family_configs()[family]
+    torch.manual_seed(1234)
+    model = tf.AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():  # random init leaves near-uniform logits; widen them a little
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.mul_(4.0)
+    model = model.to(getattr(torch, dtype))
+    path = os.path.join(out_dir, f"{family}-{dtype}")
+    model.save_pretrained(path)
+    return path
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def _llama3_rope_factors(rope: dict, head_dim: int) -> np.ndarray:
+    import math
+
+    freqs = 1.0 / (rope["rope_theta"] ** (np.arange(0, head_dim, 2) / head_dim))
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old = rope["original_max_position_embeddings"]
+    out = []
+    for f in freqs:
+        wavelen = 2 * math.pi / f
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, dtype=np.float32)
+
+
+def write_gguf(hf_dir: str, family: str, out_path: str) -> str:
+    """An F32 GGUF of a tiny checkpoint (no tokenizer: tests run on token ids)."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        cfg = json.load(f)
+    arch = GGUF_ARCH[family]
+    sd = load_file(os.path.join(hf_dir, "model.safetensors"))
+    w = gguf.GGUFWriter(out_path, arch)
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // nh
+    rope = cfg.get("rope_parameters") or {}
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(nh)
+    w.add_head_count_kv(nkv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(rope.get("rope_theta", 10000.0))
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_vocab_size(cfg["vocab_size"])
+    if rope.get("rope_type") == "llama3":  # llama.cpp stores llama3 scaling as frequency factors
+        w.add_tensor("rope_freqs.weight", _llama3_rope_factors(rope, head_dim))
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    per_layer = {
+        "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+        "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+        "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    }
+    for name, t in sd.items():
+        t = np.ascontiguousarray(t.astype(np.float32))
+        if name.startswith("model.layers."):
+            parts = name.split(".")
+            i, rest, suffix = parts[2], ".".join(parts[3:-1]), parts[-1]
+            if arch == "llama" and rest == "self_attn.q_proj":
+                t = _permute(t, nh)
+            elif arch == "llama" and rest == "self_attn.k_proj":
+                t = _permute(t, nkv)
+            gname = f"blk.{i}.{per_layer[rest]}.{suffix}"
+        else:
+            gname = names[name]
+        w.add_tensor(gname, t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out_path

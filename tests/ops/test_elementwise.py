@@ -1,0 +1,123 @@
+"""rms_norm, fused_add_rms_norm, rotary, silu_and_mul and embedding against numpy float64."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vllmx import _C
+
+rng = np.random.default_rng()
+
+
+def rel_err(a, b) -> float:
+    return float(np.abs(np.asarray(a, np.float64) - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+@pytest.mark.parametrize("reference", [False, True])
+@pytest.mark.parametrize("shape", [(1, 64), (7, 576), (33, 1000)])
+def test_rms_norm(shape, reference):
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal(shape[1]).astype(np.float32)
+    out = np.empty_like(x)
+    _C.op_rms_norm(out, x, w, 1e-5, reference)
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-5) * w
+    assert rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_fused_add_rms_norm(reference):
+    x = rng.standard_normal((9, 256)).astype(np.float32)
+    r = rng.standard_normal((9, 256)).astype(np.float32)
+    w = rng.standard_normal(256).astype(np.float32)
+    s64 = x.astype(np.float64) + r
+    ref = s64 / np.sqrt((s64**2).mean(-1, keepdims=True) + 1e-6) * w
+    _C.op_fused_add_rms_norm(x, r, w, 1e-6, reference)
+    assert rel_err(r, s64) < 1e-6
+    assert rel_err(x, ref) < 1e-5
+
+
+def test_rms_norm_rows_are_batch_invariant():
+    x = rng.standard_normal((17, 576)).astype(np.float32)
+    w = rng.standard_normal(576).astype(np.float32)
+    full = np.empty_like(x)
+    _C.op_rms_norm(full, x, w, 1e-5)
+    one = np.empty_like(x[5:6])
+    _C.op_rms_norm(one, np.ascontiguousarray(x[5:6]), w, 1e-5)
+    assert np.array_equal(full[5], one[0])
+
+
+def rope_ref(x, pos, cos, sin, head, rot, neox):
+    x = x.astype(np.float64).reshape(x.shape[0], -1, head).copy()
+    c, s = cos[pos][:, None, :], sin[pos][:, None, :]
+    half = rot // 2
+    if neox:
+        a, b = x[..., :half].copy(), x[..., half:rot].copy()
+        x[..., :half], x[..., half:rot] = a * c - b * s, b * c + a * s
+    else:
+        a, b = x[..., 0:rot:2].copy(), x[..., 1:rot:2].copy()
+        x[..., 0:rot:2], x[..., 1:rot:2] = a * c - b * s, b * c + a * s
+    return x.reshape(x.shape[0], -1)
+
+
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("head,rot", [(64, 64), (128, 64), (80, 80)])
+def test_rotary(neox, head, rot):
+    t, nq, nk, max_pos = 11, 4, 2, 300
+    inv = 1.0 / (10000 ** (np.arange(0, rot, 2) / rot))
+    freqs = np.outer(np.arange(max_pos), inv)
+    cache = np.concatenate([np.cos(freqs), np.sin(freqs)], 1).astype(np.float32)
+    pos = rng.integers(0, max_pos, t).astype(np.int32)
+    q = rng.standard_normal((t, nq * head)).astype(np.float32)
+    k = rng.standard_normal((t, nk * head)).astype(np.float32)
+    c64, s64 = cache[:, : rot // 2].astype(np.float64), cache[:, rot // 2:].astype(np.float64)
+    q_ref = rope_ref(q, pos, c64, s64, head, rot, neox)
+    k_ref = rope_ref(k, pos, c64, s64, head, rot, neox)
+    _C.op_rotary(pos, q, k, cache, head, neox)
+    assert rel_err(q, q_ref) < 1e-5 and rel_err(k, k_ref) < 1e-5
+
+
+def test_rotary_rejects_position_outside_cache():
+    cache = rng.standard_normal((8, 16)).astype(np.float32)
+    q = rng.standard_normal((1, 32)).astype(np.float32)
+    with pytest.raises(ValueError, match="position 8 outside the rotary cache"):
+        _C.op_rotary(np.array([8], np.int32), q, q.copy(), cache, 16, True)
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_silu_and_mul(reference):
+    x = (rng.standard_normal((5, 2 * 300)) * 4).astype(np.float32)
+    out = np.empty((5, 300), np.float32)
+    _C.op_silu_and_mul(out, x, reference)
+    g, u = x[:, :300].astype(np.float64), x[:, 300:].astype(np.float64)
+    assert rel_err(out, g / (1 + np.exp(-g)) * u) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "q8_0", "q4_1"])
+def test_embedding(dtype):
+    import gguf
+
+    table = rng.standard_normal((50, 64)).astype(np.float32)
+    ids = rng.integers(0, 50, 13).astype(np.int32)
+    if dtype == "f32":
+        data, dt, ref = table, 0, table
+    elif dtype == "f16":
+        data, dt, ref = table.astype(np.float16), 1, table.astype(np.float16).astype(np.float64)
+    elif dtype == "bf16":
+        bits = (table.view(np.uint32) >> 16).astype(np.uint16)  # truncation is a valid bf16
+        data, dt = bits, 30
+        ref = (bits.astype(np.uint32) << 16).view(np.float32)
+    else:
+        qt = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_1": gguf.GGMLQuantizationType.Q4_1}[dtype]
+        data, dt = gguf.quants.quantize(table, qt), int(qt)
+        ref = gguf.quants.dequantize(data, qt)
+    out = np.empty((13, 64), np.float32)
+    _C.op_embedding(out, ids, data, dt)
+    assert np.array_equal(out, np.asarray(ref, np.float32)[ids])
+
+
+def test_embedding_rejects_out_of_vocab_id():
+    out = np.empty((1, 8), np.float32)
+    with pytest.raises(ValueError, match="token id 9 out of range"):
+        _C.op_embedding(out, np.array([9], np.int32), np.ones((4, 8), np.float32))

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Developer build: compiles vllmx._C into build/dev and copies it next to the sources, so that
+# `PYTHONPATH=src pytest` runs against the tree. Serialised with a lock (two cores, many hands).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+exec 9>/tmp/vllmx-build.lock
+flock 9
+if [[ ! -f build/dev/build.ninja ]]; then
+  cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DPython_EXECUTABLE="$(command -v python3)" >/dev/null
+fi
+ninja -C build/dev
+cp -f build/dev/_C*.so src/vllmx/
