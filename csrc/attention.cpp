@@ -423,7 +423,7 @@ void paged_attention(const Tensor& out, const Tensor& q, const Tensor& key_cache
   if (reference) {
     path = 2;
   } else {
-#if VLLMX_X86
+#if VLLMX_X86 && !defined(VLLMX_TEST_NO_AVX512)
     if (cpu_features().avx512) path = 1;
 #endif
   }

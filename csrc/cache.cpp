@@ -113,8 +113,13 @@ ConvertFn pick_convert(bool reference) {
   if (reference) return convert_row_scalar;
 #if VLLMX_X86
   const CpuFeatures& f = cpu_features();
+  // VLLMX_TEST_NO_AVX512 / _NO_AVX2: test builds that exercise the narrower paths.
+#ifndef VLLMX_TEST_NO_AVX512
   if (f.avx512) return convert_row_avx512;
+#endif
+#ifndef VLLMX_TEST_NO_AVX2
   if (f.avx2) return convert_row_avx2;
+#endif
 #endif
   return convert_row_scalar;
 }

@@ -235,7 +235,7 @@ VLLMX_TARGET_AVX512 int64_t pick_avx512(const float* w, int64_t n, double target
 #endif
 
 Kernels pick_kernels() {
-#if VLLMX_X86
+#if VLLMX_X86 && !defined(VLLMX_TEST_NO_AVX512)
   if (cpu_features().avx512)
     return {max_avx512, first_eq_avx512, exp_sum_avx512, exp_store_avx512, pick_avx512,
             next_above_avx512};

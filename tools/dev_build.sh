@@ -10,4 +10,8 @@ if [[ ! -f build/dev/build.ninja ]]; then
     -DPython_EXECUTABLE="$(command -v python3)" >/dev/null
 fi
 ninja -C build/dev
-cp -f build/dev/_C*.so src/vllmx/
+# Copy then rename: overwriting a loaded .so in place crashes the processes using it.
+for so in build/dev/_C*.so; do
+  cp -f "$so" "src/vllmx/.$(basename "$so").tmp"
+  mv -f "src/vllmx/.$(basename "$so").tmp" "src/vllmx/$(basename "$so")"
+done

@@ -97,6 +97,7 @@ def spm_model(tmp_path_factory):
         normalization_rule_name="identity",
         remove_extra_whitespaces=False,
         add_dummy_prefix=True,
+        split_by_whitespace=False,
         user_defined_symbols=SPM_USER_DEFINED,
         unk_id=0,
         bos_id=1,

@@ -1,0 +1,174 @@
+"""The LLM API on tiny checkpoints: prompt forms, batching through the paged cache, sampling
+settings, and clear ValueErrors for bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tests.models.tiny_checkpoints import VOCAB, make_checkpoint
+
+pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> str:
+    return make_checkpoint("llama", "float32", str(tmp_path_factory.mktemp("api")))
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama):
+    from vllmx import LLM
+
+    # A small pool and budget so that chunked prefill and preemption both happen.
+    return LLM(tiny_llama, skip_tokenizer_init=True, num_gpu_blocks_override=40, block_size=16,
+               max_num_batched_tokens=64, max_num_seqs=8)
+
+
+def greedy(max_tokens=24):
+    from vllmx import SamplingParams
+
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def test_batched_equals_alone(llm):
+    """Greedy tokens of each request are the same alone and batched, with chunked prefill
+    (budget 64 < prompt 150) and preemption (40 blocks cannot hold all 8 at full length)."""
+    rng = np.random.default_rng()
+    prompts = [{"prompt_token_ids": rng.integers(3, VOCAB, n).tolist()}
+               for n in (150, 5, 40, 77, 12, 3, 100, 60)]
+    batched = llm.generate(prompts, greedy())
+    assert llm.llm_engine.scheduler.num_preemptions > 0
+    for p, out in zip(prompts, batched):
+        alone = llm.generate([p], greedy())[0]
+        assert out.outputs[0].token_ids == alone.outputs[0].token_ids
+        assert out.prompt_token_ids == p["prompt_token_ids"]
+        assert out.finished and out.outputs[0].finish_reason == "length"
+    assert llm.llm_engine.scheduler.kv_cache_manager.num_free_blocks == 40
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(llm):
+    from vllmx import SamplingParams
+
+    rng = np.random.default_rng()
+    prompts = [{"prompt_token_ids": rng.integers(3, VOCAB, 20).tolist()} for _ in range(4)]
+    sp = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, max_tokens=16, seed=7,
+                        ignore_eos=True)
+    a = llm.generate(prompts, sp)
+    b = llm.generate(prompts[2:3], sp)
+    assert a[2].outputs[0].token_ids == b[0].outputs[0].token_ids
+    unseeded = llm.generate(prompts[:1] * 2, SamplingParams(temperature=1.0, max_tokens=16,
+                                                             ignore_eos=True))
+    assert unseeded[0].outputs[0].token_ids != unseeded[1].outputs[0].token_ids
+
+
+def test_stop_token_ids_and_min_tokens(llm):
+    from vllmx import SamplingParams
+
+    p = {"prompt_token_ids": [5, 6, 7, 8, 9]}
+    toks = llm.generate([p], greedy(12))[0].outputs[0].token_ids
+    stop = toks[3]
+    first = toks.index(stop)
+    out = llm.generate([p], SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop],
+                                           ignore_eos=True))[0].outputs[0]
+    assert out.token_ids == toks[: first + 1]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+    out = llm.generate([p], SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop],
+                                           min_tokens=first + 2, ignore_eos=True))[0].outputs[0]
+    assert stop not in out.token_ids[: first + 2]
+
+
+def test_text_prompt_without_tokenizer_is_rejected(llm):
+    with pytest.raises(ValueError, match="prompt_token_ids"):
+        llm.generate("hello", greedy())
+
+
+def test_prompt_longer_than_context_is_rejected(llm):
+    with pytest.raises(ValueError, match="max_model_len"):
+        llm.generate([{"prompt_token_ids": [3] * 600}], greedy())
+
+
+def test_out_of_vocab_token_is_rejected(llm):
+    with pytest.raises(ValueError, match="out of vocabulary"):
+        llm.generate([{"prompt_token_ids": [3, VOCAB + 5]}], greedy())
+
+
+def test_missing_model_path():
+    from vllmx import LLM
+
+    with pytest.raises(ValueError, match="not found"):
+        LLM("/nonexistent/model-dir")
+
+
+def test_unknown_architecture(tiny_llama, tmp_path):
+    import shutil
+
+    from vllmx import LLM
+
+    d = tmp_path / "weird"
+    shutil.copytree(tiny_llama, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["architectures"] = ["FancyNewForCausalLM"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="FancyNewForCausalLM"):
+        LLM(str(d), skip_tokenizer_init=True)
+
+
+def test_unsupported_gguf_block_type(tmp_path):
+    import gguf
+
+    from vllmx import LLM
+
+    path = str(tmp_path / "q2k.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(1)
+    # 4 rows of one Q2_K block each (84 bytes); gguf cannot quantize Q2_K, the bytes are random
+    data = np.random.default_rng().integers(0, 256, (4, 84), dtype=np.uint8)
+    w.add_tensor("token_embd.weight", data, raw_dtype=gguf.GGMLQuantizationType.Q2_K)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="Q2_K"):
+        LLM(path, skip_tokenizer_init=True)
+
+
+def test_unknown_gguf_architecture(tmp_path):
+    import gguf
+
+    from vllmx import LLM
+
+    path = str(tmp_path / "mamba.gguf")
+    w = gguf.GGUFWriter(path, "mamba")
+    w.add_tensor("token_embd.weight", np.ones((4, 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="mamba"):
+        LLM(path, skip_tokenizer_init=True)
+
+
+def test_bad_sampling_params():
+    from vllmx import SamplingParams
+
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=-1)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0)
+    with pytest.raises(ValueError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+
+
+def test_import_does_not_load_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, vllmx; from vllmx import LLM, SamplingParams; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
