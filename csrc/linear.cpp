@@ -22,6 +22,8 @@
 
 #include "cpu_features.h"
 #include "half.h"
+#include <omp.h>
+
 #include "ops.h"
 #include "quant.h"
 
@@ -222,11 +224,18 @@ void for_tiles(int64_t T, int64_t N, int64_t w_row_bytes, int64_t granule, bool 
   int64_t tn = std::max<int64_t>(granule, kTileWBytes / std::max<int64_t>(w_row_bytes, 1));
   tn = (tn + granule - 1) / granule * granule;
   const int64_t tt = T == 1 ? 1 : kTileT;
-  const int64_t n_tiles_n = (N + tn - 1) / tn;
   const int64_t n_tiles_t = (T + tt - 1) / tt;
+  // Cheap calls stay on the calling thread; others get at least one tile per thread (decode
+  // GEMVs are often smaller than one L2 tile, and must still use every core).
+  const bool big = parallel && T * N * w_row_bytes > (1 << 16);
+  const int64_t threads = big ? omp_get_max_threads() : 1;
+  if (big && (N + tn - 1) / tn * n_tiles_t < threads) {
+    const int64_t want_n = (threads + n_tiles_t - 1) / n_tiles_t;
+    tn = std::max<int64_t>(granule, ((N + want_n - 1) / want_n + granule - 1) / granule * granule);
+  }
+  const int64_t n_tiles_n = (N + tn - 1) / tn;
   const int64_t total = n_tiles_n * n_tiles_t;
-  // Cheap calls stay on the calling thread.
-  const bool par = parallel && T * N * w_row_bytes > (1 << 18) && total > 1;
+  const bool par = big && total > 1;
 #pragma omp parallel for schedule(static) if (par)
   for (int64_t i = 0; i < total; ++i) {
     const int64_t bn = i / n_tiles_t, bt = i % n_tiles_t;
