@@ -72,10 +72,11 @@ class LLM:
     def _run_engine(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         engine = self.llm_engine
         done: dict[str, RequestOutput] = {}
+        wanted = set(ids)
         show = use_tqdm and len(ids) >= 8 and sys.stderr.isatty()
         while engine.has_unfinished_requests():
             for out in engine.step():
-                if out.finished:
+                if out.finished and out.request_id in wanted:
                     done[out.request_id] = out
                     if show:
                         print(f"\rProcessed prompts: {len(done)}/{len(ids)}", end="",

@@ -40,12 +40,27 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     g.add_argument("-v", "--verbose", action="store_true")
+    c = sub.add_parser("chat", help="interactive chat with history (reads lines from stdin)")
+    c.add_argument("--model", default=DEFAULT_MODEL)
+    c.add_argument("--system", default=None, help="a system prompt")
+    c.add_argument("--max-tokens", type=int, default=256)
+    c.add_argument("--temperature", type=float, default=0.7)
+    c.add_argument("--top-p", type=float, default=0.95)
+    c.add_argument("--top-k", type=int, default=0)
+    c.add_argument("--seed", type=int, default=None)
+    c.add_argument("--max-model-len", type=int, default=None)
+    c.add_argument("--threads", type=int, default=None)
+    c.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(levelname)s vllmx: %(message)s")
     try:
         if args.command == "generate":
             return _generate(args)
+        if args.command == "chat":
+            from vllmx.cli.chat import run_chat
+
+            return run_chat(args)
     except ValueError as e:
         print(f"vllmx: error: {e}", file=sys.stderr)
         return 2

@@ -39,7 +39,23 @@ class SchedulerOutput:
 
 
 @dataclass
+class TokenLogprobs:
+    """Logprobs at one position: the chosen token first, then the top-k (vLLM's order), each
+    with its log-prob under the model's raw distribution; `rank` is the chosen token's rank
+    (1 = most likely)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    rank: int
+
+
+@dataclass
 class ModelRunnerOutput:
     req_ids: list[str]
     sampled_token_ids: dict[str, int]  # only requests that reached the end of their tokens
-    sampled_logprobs: dict[str, float]
+    sampled_logprobs: dict[str, float]  # log-prob of each sampled token (raw distribution)
+    # For requests with SamplingParams.logprobs set: the sampled position's TokenLogprobs.
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    # For requests with prompt_logprobs set, once their prefill completes: one entry per prompt
+    # token (None for the first, which has no prediction).
+    prompt_logprobs: dict[str, list[TokenLogprobs | None]] = field(default_factory=dict)

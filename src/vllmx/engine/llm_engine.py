@@ -12,7 +12,7 @@ import numpy as np
 from vllmx import _C
 from vllmx.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmxConfig
 from vllmx.core.scheduler import Scheduler
-from vllmx.engine.output_processor import OutputProcessor
+from vllmx.engine.output_processor import OutputProcessor, ParentRequest
 from vllmx.engine.request import Request, RequestStatus
 from vllmx.loader import DEFAULT_MODEL, load_model
 from vllmx.ops import F16, F32
@@ -141,11 +141,32 @@ class LLMEngine:
         return prompt, self.tokenizer.encode(prompt)
 
     def add_request(self, request_id: str | None, prompt, params: SamplingParams | None = None,
-                    arrival_time: float | None = None) -> str:
+                    arrival_time: float | None = None, priority: int = 0) -> str:
+        """Queues a request (n > 1 fans out into n child requests); returns its id."""
         params = params or SamplingParams()
-        if params.n != 1:
-            raise ValueError("n > 1 is not supported yet; submit the prompt n times with seeds")
         text, ids = self._tokenize(prompt)
+        self._validate(ids, params)
+        if request_id is None:
+            request_id = str(self._next_id)
+            self._next_id += 1
+        if request_id in self.scheduler.requests or request_id in self.output_processor.parents:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        params.all_stop_token_ids = set(self.eos_token_ids)
+        if params.n == 1:
+            self._add(Request(request_id, ids, params, text, arrival_time), priority)
+            return request_id
+        parent = ParentRequest(request_id, params)
+        for i in range(params.n):
+            child = Request(f"{i}_{request_id}", ids, parent.child_params(i), text, arrival_time)
+            self._add(child, priority, i, parent)
+        return request_id
+
+    def _add(self, req: Request, priority: int, index: int = 0, parent=None) -> None:
+        req.priority = priority
+        self.scheduler.add_request(req)
+        self.output_processor.add_request(req, index, parent)
+
+    def _validate(self, ids: list[int], params: SamplingParams) -> None:
         mc = self.config.model_config
         if not ids:
             raise ValueError("the prompt is empty (0 tokens)")
@@ -158,25 +179,28 @@ class LLMEngine:
                 f"the prompt ({len(ids)} tokens) is longer than the model's context: "
                 f"max_model_len is {mc.max_model_len}, which must also hold at least one "
                 f"generated token")
-        if params.detokenize and self.tokenizer is None and (params.stop or False):
-            raise ValueError("stop strings need a tokenizer (skip_tokenizer_init=True)")
-        params.all_stop_token_ids = set(self.eos_token_ids)
-        if request_id is None:
-            request_id = str(self._next_id)
-            self._next_id += 1
-        if request_id in self.scheduler.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        req = Request(request_id, ids, params, text, arrival_time)
-        self.scheduler.add_request(req)
-        self.output_processor.add_request(req)
-        return request_id
+        if params.stop and (self.tokenizer is None or not params.detokenize):
+            raise ValueError("stop strings need a tokenizer and detokenize=True")
 
-    def abort_request(self, request_ids) -> None:
+    def _child_ids(self, request_id: str) -> list[str]:
+        parent = self.output_processor.parents.get(request_id)
+        return sorted(parent.unfinished) if parent is not None else [request_id]
+
+    def abort_request(self, request_ids) -> list[RequestOutput]:
+        """Aborts requests (by the ids add_request returned); returns their final outputs."""
         if isinstance(request_ids, str):
             request_ids = [request_ids]
-        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
-        for r in request_ids:
-            self.output_processor.abort(r)
+        outputs = []
+        for rid in request_ids:
+            for cid in self._child_ids(rid):
+                req = self.scheduler.requests.get(cid)
+                if req is None:
+                    continue
+                self.scheduler.finish_requests([cid], RequestStatus.FINISHED_ABORTED)
+                out = self.output_processor.abort(req)
+                if out is not None:
+                    outputs.append(out)
+        return outputs
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -201,7 +225,10 @@ class LLMEngine:
         for req in updated:
             req.metrics.first_token_time = req.metrics.first_token_time or now
             req.metrics.last_token_time = now
-            out, stop_str = self.output_processor.process(req)
+            out, stop_str = self.output_processor.process(
+                req, runner_out.logprobs.get(req.request_id),
+                runner_out.sampled_logprobs.get(req.request_id, 0.0),
+                runner_out.prompt_logprobs.get(req.request_id))
             if stop_str is not None and not req.is_finished():
                 self.scheduler.finish_requests([req.request_id], RequestStatus.FINISHED_STOPPED)
             if req.is_finished() or (out is not None and out.finished):

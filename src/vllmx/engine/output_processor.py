@@ -1,79 +1,162 @@
-"""Engine requests → RequestOutputs: detokenization, stop strings, output kinds."""
+"""Engine requests → vLLM's RequestOutputs: incremental detokenization, stop strings,
+logprobs with decoded tokens, output kinds (cumulative / delta / final only), and the
+aggregation of n > 1 samples of one prompt (a parent request with n children)."""
 
 from __future__ import annotations
 
+from vllmx.core.sched_output import TokenLogprobs
+from vllmx.engine.detokenizer import IncrementalDetokenizer
 from vllmx.engine.request import Request
-from vllmx.outputs import CompletionOutput, RequestOutput
-from vllmx.sampling_params import RequestOutputKind
+from vllmx.outputs import CompletionOutput, Logprob, RequestOutput
+from vllmx.sampling_params import RequestOutputKind, SamplingParams
+
+
+class ParentRequest:
+    """One user request with n > 1: its children are engine requests f"{i}_{request_id}"."""
+
+    def __init__(self, request_id: str, params: SamplingParams):
+        self.request_id = request_id
+        self.params = params
+        self.unfinished: set[str] = set()
+        self.final: dict[int, CompletionOutput] = {}
+
+    def child_params(self, index: int) -> SamplingParams:
+        from dataclasses import replace
+
+        seed = None if self.params.seed is None else self.params.seed + index
+        return replace(self.params, n=1, seed=seed)
 
 
 class RequestState:
-    def __init__(self, request: Request, tokenizer):
+    def __init__(self, request: Request, tokenizer, index: int = 0,
+                 parent: ParentRequest | None = None):
         self.request = request
         self.tokenizer = tokenizer
-        self.text = ""
+        self.index = index
+        self.parent = parent
+        self.detokenizer = IncrementalDetokenizer(tokenizer, request.sampling_params,
+                                                  request.prompt_token_ids)
+        self.num_detokenized = 0
         self.sent_tokens = 0
         self.sent_text = 0
-        self.stop_str: str | None = None
+        self.logprobs: list[dict[int, Logprob]] = []
+        self.cumulative_logprob = 0.0
+        self.prompt_logprobs: list | None = None
+        self.prompt_logprobs_sent = False
 
-    def detokenize(self) -> None:
-        """Re-decodes the output and checks stop strings on the text that is new."""
-        sp = self.request.sampling_params
-        if self.tokenizer is None or not sp.detokenize:
+    def _decode_token(self, token_id: int) -> str | None:
+        if self.tokenizer is None or not self.request.sampling_params.detokenize:
+            return None
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def to_dict(self, lp: TokenLogprobs) -> dict[int, Logprob]:
+        ranks = {}
+        out: dict[int, Logprob] = {}
+        for j, (tok, val) in enumerate(zip(lp.token_ids, lp.logprobs)):
+            if tok in out:
+                continue
+            ranks[tok] = lp.rank if j == 0 else j
+            out[tok] = Logprob(val, ranks[tok], self._decode_token(tok))
+        return out
+
+    def add_logprobs(self, lp: TokenLogprobs | None, sampled_logprob: float) -> None:
+        if getattr(self.request.sampling_params, "logprobs", None) is None:
             return
-        prev = len(self.text)
-        text = self.tokenizer.decode(self.request.output_token_ids,
-                                     skip_special_tokens=sp.skip_special_tokens)
-        if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
-            text = text.rstrip("\ufffd")
-            prev = min(prev, len(text))
-        self.text = text
-        if sp.stop and self.stop_str is None:
-            longest = max(len(s) for s in sp.stop)
-            start = max(0, prev - longest + 1)
-            for s in sp.stop:
-                idx = self.text.find(s, start)
-                if idx >= 0:
-                    self.stop_str = s
-                    self.text = self.text[: idx + len(s) if sp.include_stop_str_in_output else idx]
-                    break
+        self.cumulative_logprob += sampled_logprob
+        if lp is not None:
+            self.logprobs.append(self.to_dict(lp))
+
+    def set_prompt_logprobs(self, entries: list[TokenLogprobs | None]) -> None:
+        self.prompt_logprobs = [None if e is None else self.to_dict(e) for e in entries]
 
 
 class OutputProcessor:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.states: dict[str, RequestState] = {}
+        self.parents: dict[str, ParentRequest] = {}
 
-    def add_request(self, request: Request) -> None:
-        self.states[request.request_id] = RequestState(request, self.tokenizer)
+    def add_request(self, request: Request, index: int = 0,
+                    parent: ParentRequest | None = None) -> None:
+        self.states[request.request_id] = RequestState(request, self.tokenizer, index, parent)
+        if parent is not None:
+            self.parents[parent.request_id] = parent
+            parent.unfinished.add(request.request_id)
 
-    def process(self, request: Request) -> tuple[RequestOutput | None, str | None]:
-        """The output to hand out for this request now (None for FINAL_ONLY while running),
-        and the stop string that matched, if any (the caller finishes the request)."""
+    def process(self, request: Request, logprobs: TokenLogprobs | None = None,
+                sampled_logprob: float = 0.0,
+                prompt_logprobs: list | None = None) -> tuple[RequestOutput | None, str | None]:
+        """Takes the request's new token(s); returns the output to hand out now (None when
+        nothing is due) and the stop string that matched, if any (the caller then finishes
+        the request)."""
         state = self.states[request.request_id]
-        state.detokenize()
-        finished = request.is_finished() or state.stop_str is not None
-        sp = request.sampling_params
-        if sp.output_kind == RequestOutputKind.FINAL_ONLY and not finished:
-            return None, state.stop_str
-        if finished:
-            self.states.pop(request.request_id, None)
-        token_ids = request.output_token_ids
-        text = state.text
+        if prompt_logprobs is not None:
+            state.set_prompt_logprobs(prompt_logprobs)
+        state.add_logprobs(logprobs, sampled_logprob)
+        new_tokens = request.output_token_ids[state.num_detokenized:]
+        state.num_detokenized = request.num_output_tokens
+        stop_str = state.detokenizer.update(new_tokens, request.num_output_tokens)
+        finished = request.is_finished() or stop_str is not None
+        if stop_str is not None and not request.is_finished():
+            request.stop_reason = stop_str
+        return self._make_output(state, finished), stop_str
+
+    def abort(self, request: Request) -> RequestOutput | None:
+        """The final output of an aborted request (finish_reason "abort")."""
+        state = self.states.get(request.request_id)
+        if state is None:
+            return None
+        return self._make_output(state, True)
+
+    def _completion(self, state: RequestState, finished: bool) -> CompletionOutput:
+        req, sp = state.request, state.request.sampling_params
+        text = state.detokenizer.get_text(finished)
+        token_ids = req.output_token_ids
+        logprobs = state.logprobs if getattr(sp, "logprobs", None) is not None else None
         if sp.output_kind == RequestOutputKind.DELTA:
             token_ids = token_ids[state.sent_tokens:]
             text = text[state.sent_text:]
-        state.sent_tokens, state.sent_text = len(request.output_token_ids), len(state.text)
-        finish_reason = "stop" if state.stop_str is not None else request.get_finished_reason()
-        stop_reason = state.stop_str if state.stop_str is not None else request.stop_reason
-        completion = CompletionOutput(
-            index=0, text=text, token_ids=list(token_ids),
-            cumulative_logprob=float(sum(request.output_logprobs)),
-            finish_reason=finish_reason, stop_reason=stop_reason)
-        return RequestOutput(
-            request_id=request.request_id, prompt=request.prompt,
-            prompt_token_ids=request.prompt_token_ids, prompt_logprobs=None,
-            outputs=[completion], finished=finished, metrics=request.metrics), state.stop_str
+            if logprobs is not None:
+                logprobs = logprobs[state.sent_tokens:]
+        state.sent_tokens = req.num_output_tokens
+        state.sent_text = len(state.detokenizer.get_text(finished))
+        stop_str = state.detokenizer.stop_str
+        finish_reason = ("stop" if stop_str is not None else req.get_finished_reason()) if finished else None
+        return CompletionOutput(
+            index=state.index, text=text, token_ids=list(token_ids),
+            cumulative_logprob=state.cumulative_logprob if getattr(sp, "logprobs", None) is not None else None,
+            logprobs=logprobs, finish_reason=finish_reason,
+            stop_reason=(stop_str if stop_str is not None else req.stop_reason) if finished else None)
 
-    def abort(self, request_id: str) -> None:
-        self.states.pop(request_id, None)
+    def _make_output(self, state: RequestState, finished: bool) -> RequestOutput | None:
+        req, sp = state.request, state.request.sampling_params
+        if sp.output_kind == RequestOutputKind.FINAL_ONLY and not finished:
+            return None
+        completion = self._completion(state, finished)
+        if finished:
+            self.states.pop(req.request_id, None)
+        request_id, outputs, all_finished = req.request_id, [completion], finished
+        parent = state.parent
+        if parent is not None:
+            request_id = parent.request_id
+            if finished:
+                parent.unfinished.discard(req.request_id)
+            all_finished = not parent.unfinished
+            if sp.output_kind == RequestOutputKind.FINAL_ONLY:
+                parent.final[state.index] = completion
+                if not all_finished:
+                    return None
+                outputs = [parent.final[i] for i in sorted(parent.final)]
+            if all_finished:
+                self.parents.pop(parent.request_id, None)
+        prompt_logprobs = None
+        if state.prompt_logprobs is not None and not state.prompt_logprobs_sent:
+            prompt_logprobs = state.prompt_logprobs
+            if sp.output_kind == RequestOutputKind.DELTA:
+                state.prompt_logprobs_sent = True
+        elif state.prompt_logprobs is not None and sp.output_kind != RequestOutputKind.DELTA:
+            prompt_logprobs = state.prompt_logprobs
+        return RequestOutput(
+            request_id=request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
+            prompt_logprobs=prompt_logprobs, outputs=outputs, finished=all_finished,
+            num_cached_tokens=getattr(req, "num_cached_tokens", 0), metrics=req.metrics)

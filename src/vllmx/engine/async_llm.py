@@ -1,0 +1,135 @@
+"""AsyncLLM: the engine behind an asyncio interface (what the server uses). The step loop
+runs in its own thread; native ops release the GIL, so the event loop keeps serving while a
+step runs. Requests and aborts reach the loop through a command queue, outputs come back
+through one asyncio.Queue per request."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+from collections.abc import AsyncIterator
+
+from vllmx.engine.llm_engine import EngineArgs, LLMEngine
+from vllmx.outputs import RequestOutput
+from vllmx.sampling_params import SamplingParams
+
+logger = logging.getLogger("vllmx")
+
+
+class EngineDeadError(RuntimeError):
+    pass
+
+
+class AsyncLLM:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._commands: collections.deque = collections.deque()
+        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._wake = threading.Condition()
+        self._shutdown = False
+        self.dead_error: BaseException | None = None
+        self._next_id = 0
+        self._thread = threading.Thread(target=self._run, name="vllmx-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> AsyncLLM:
+        return cls(LLMEngine.from_engine_args(args))
+
+    @property
+    def errored(self) -> bool:
+        return self.dead_error is not None or not self._thread.is_alive()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    async def generate(self, prompt, sampling_params: SamplingParams | None = None,
+                       request_id: str | None = None,
+                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """Outputs of one request as they come; aborts the request if the caller stops early."""
+        if self.errored:
+            raise EngineDeadError(f"the engine has stopped: {self.dead_error}")
+        params = sampling_params or SamplingParams()
+        text, ids = self.engine._tokenize(prompt)  # bad input raises here, in the caller
+        self.engine._validate(ids, params)
+        if request_id is None:
+            request_id = f"async-{self._next_id}"
+            self._next_id += 1
+        if request_id in self._queues:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[request_id] = (asyncio.get_running_loop(), queue)
+        self._submit(("add", request_id, {"prompt": text, "prompt_token_ids": ids}, params,
+                      priority))
+        finished = False
+        try:
+            while True:
+                out = await queue.get()
+                if isinstance(out, BaseException):
+                    raise out
+                finished = out.finished
+                yield out
+                if finished:
+                    break
+        finally:
+            self._queues.pop(request_id, None)
+            if not finished:  # the caller went away (e.g. a client disconnected): free its blocks
+                self._submit(("abort", request_id))
+
+    async def abort(self, request_id: str) -> None:
+        self._submit(("abort", request_id))
+
+    def shutdown(self) -> None:
+        with self._wake:
+            self._shutdown = True
+            self._wake.notify()
+        self._thread.join(timeout=10)
+
+    # -- the engine thread ----------------------------------------------------------------
+    def _submit(self, command: tuple) -> None:
+        with self._wake:
+            self._commands.append(command)
+            self._wake.notify()
+
+    def _deliver(self, request_id: str, item) -> None:
+        entry = self._queues.get(request_id)
+        if entry is not None:
+            loop, queue = entry
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def _apply_commands(self) -> None:
+        while self._commands:
+            cmd = self._commands.popleft()
+            if cmd[0] == "add":
+                _, rid, prompt, params, priority = cmd
+                try:
+                    self.engine.add_request(rid, prompt, params, priority=priority)
+                except Exception as e:  # reaches the caller's generate()
+                    self._deliver(rid, e)
+            else:
+                for out in self.engine.abort_request(cmd[1]):
+                    self._deliver(out.request_id, out)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._wake:
+                    while (not self._shutdown and not self._commands
+                           and not self.engine.has_unfinished_requests()):
+                        self._wake.wait()
+                    if self._shutdown:
+                        return
+                    self._apply_commands()
+                if not self.engine.has_unfinished_requests():
+                    continue
+                for out in self.engine.step():
+                    self._deliver(out.request_id, out)
+        except BaseException as e:  # the engine is dead: fail every waiting request
+            logger.exception("engine step failed")
+            self.dead_error = e
+            err = EngineDeadError(f"the engine has stopped: {type(e).__name__}: {e}")
+            for rid in list(self._queues):
+                self._deliver(rid, err)
