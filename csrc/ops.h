@@ -61,4 +61,37 @@ void sample(const Tensor& out_ids, const Tensor& out_logprobs, const Tensor& log
             const Tensor& temperature, const Tensor& top_k, const Tensor& top_p,
             const Tensor& min_p, const Tensor& rng_state, bool reference);
 
+// vLLM V1's built-in logits processors, applied in place to logits (f32 [B, V]) in vLLM's order:
+// allowed_token_ids, bad words, sparse additions (logit_bias; -inf for ids banned by
+// min_tokens), then penalties. Each group is optional (leave its indptr undefined). All lists are
+// CSR: an i32 indptr [rows + 1] into flat i32 lists of token ids.
+struct LogitsProcessorArgs {
+  // Row b keeps only allowed_ids[allowed_indptr[b] .. allowed_indptr[b + 1]); no entries: no mask.
+  Tensor allowed_indptr, allowed_ids;
+  // Row b's bad words are words bad_words_indptr[b] .. [b + 1); word w is the token list
+  // bad_word_tokens[bad_word_token_indptr[w] .. [w + 1]). output_tail(_indptr): the end of each
+  // row's output (at least the longest word's length - 1 tokens, when there are that many).
+  Tensor bad_words_indptr, bad_word_token_indptr, bad_word_tokens, output_tail_indptr, output_tail;
+  // logits[b, bias_ids[j]] += bias_values[j] (f32).
+  Tensor bias_indptr, bias_ids, bias_values;
+  // The distinct tokens of row b's prompt and output, with output_counts (i32) their counts in
+  // the output; repetition / frequency / presence penalties: f32 [B].
+  Tensor penalty_indptr, penalty_ids, output_counts;
+  Tensor repetition_penalty, frequency_penalty, presence_penalty;
+};
+void apply_logits_processors(const Tensor& logits, const LogitsProcessorArgs& args,
+                             bool reference);
+
+// Log-probabilities under log_softmax(logits) (f32 [N, V], NaN ignored), per row n:
+// out_token_logprob[n] (f32 [N]) of token_ids[n] (i32 [N]); where num_logprobs[n] (i32 [N]) >= 0,
+// out_rank[n] (i32 [N]) = 1 + #tokens with a strictly greater logit, and the num_logprobs[n] most
+// probable tokens in out_top_ids / out_top_logprobs (i32 / f32 [N, K], descending, lower id first
+// on ties; the rest of the row -1 / -inf). num_logprobs[n] < 0: rank 0, no top list. The top
+// arrays may be left undefined when no row asks for any (K = 0).
+void compute_logprobs(const Tensor& out_token_logprob, const Tensor& out_rank,
+                      const Tensor& out_top_ids, const Tensor& out_top_logprobs,
+                      const Tensor& logits, const Tensor& token_ids, const Tensor& num_logprobs,
+                      bool reference);
+
+
 }  // namespace vllmx

@@ -1,4 +1,5 @@
-// sample: one token per row of logits, rows independent and run in parallel.
+// sample: one token per row of logits, rows independent and run in parallel; and
+// compute_logprobs (at the end of the file), which shares the row kernels.
 //
 // Per row b:
 //   temperature == 0 -> greedy: argmax, lowest index on ties (NaN logits are ignored); the
@@ -84,6 +85,7 @@ struct Kernels {
   double (*exp_store)(float* w, const float* x, int64_t n, float t, float m, float min_p);
   int64_t (*pick)(const float* w, int64_t n, double target);       // inverse CDF, -1 if none
   int64_t (*next_above)(const float* w, int64_t i, int64_t n, float thr);  // first j >= i, w > thr
+  int64_t (*count_above)(const float* x, int64_t n, float thr);            // #{i: x[i] > thr}
 };
 
 float max_scalar(const float* x, int64_t n) {
@@ -131,6 +133,11 @@ int64_t next_above_scalar(const float* w, int64_t i, int64_t n, float thr) {
   for (; i < n; ++i)
     if (w[i] > thr) return i;
   return n;
+}
+int64_t count_above_scalar(const float* x, int64_t n, float thr) {
+  int64_t c = 0;
+  for (int64_t i = 0; i < n; ++i) c += x[i] > thr;
+  return c;
 }
 
 #if VLLMX_X86
@@ -207,6 +214,16 @@ VLLMX_TARGET_AVX512 int64_t next_above_avx512(const float* w, int64_t i, int64_t
   }
   return n;
 }
+VLLMX_TARGET_AVX512 int64_t count_above_avx512(const float* x, int64_t n, float thr) {
+  const __m512 vt = _mm512_set1_ps(thr);
+  int64_t c = 0;
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = tail_mask(n - i);
+    c += __builtin_popcount(
+        _mm512_mask_cmp_ps_mask(k, _mm512_maskz_loadu_ps(k, x + i), vt, _CMP_GT_OQ));
+  }
+  return c;
+}
 VLLMX_TARGET_AVX512 int64_t pick_avx512(const float* w, int64_t n, double target) {
   double cum = 0;
   int64_t last = -1;
@@ -237,11 +254,11 @@ VLLMX_TARGET_AVX512 int64_t pick_avx512(const float* w, int64_t n, double target
 Kernels pick_kernels() {
 #if VLLMX_X86 && !defined(VLLMX_TEST_NO_AVX512)
   if (cpu_features().avx512)
-    return {max_avx512, first_eq_avx512, exp_sum_avx512, exp_store_avx512, pick_avx512,
-            next_above_avx512};
+    return {max_avx512,  first_eq_avx512,   exp_sum_avx512,    exp_store_avx512,
+            pick_avx512, next_above_avx512, count_above_avx512};
 #endif
-  return {max_scalar, first_eq_scalar, exp_sum_scalar, exp_store_scalar, pick_scalar,
-          next_above_scalar};
+  return {max_scalar,  first_eq_scalar,   exp_sum_scalar,   exp_store_scalar,
+          pick_scalar, next_above_scalar, count_above_scalar};
 }
 
 struct RowParams {
@@ -546,6 +563,152 @@ void sample(const Tensor& out_ids, const Tensor& out_logprobs, const Tensor& log
           lp = l[tok] - (m + std::log(K.exp_sum(l, V, m)));
         }
         lps[b] = static_cast<float>(lp);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// compute_logprobs: log_softmax of the raw logits, the given token's log-prob and rank, and the
+// top-k. Fast path: vectorised max / exp-sum / count, streaming heap (or partial selection) for
+// the top-k. Reference twin: double precision, full sort.
+namespace {
+
+constexpr const char* kLpOp = "compute_logprobs";
+
+inline float nan_to_ninf(float x) { return x == x ? x : -kInf; }
+
+void top_k_fast(const Kernels& K, const float* l, int64_t V, int64_t k, std::vector<Cand>& c) {
+  c.clear();
+  if (k <= 1024) {
+    int64_t i = 0;
+    for (; i < V && static_cast<int64_t>(c.size()) < k; ++i)
+      c.push_back({nan_to_ninf(l[i]), static_cast<int32_t>(i)});
+    std::make_heap(c.begin(), c.end(), before);  // front: the worst-ranked member
+    float thr = c.front().w;
+    for (i = K.next_above(l, i, V, thr); i < V; i = K.next_above(l, i + 1, V, thr)) {
+      std::pop_heap(c.begin(), c.end(), before);
+      c.back() = {l[i], static_cast<int32_t>(i)};
+      std::push_heap(c.begin(), c.end(), before);
+      thr = c.front().w;
+    }
+  } else {
+    c.resize(static_cast<size_t>(V));
+    for (int64_t i = 0; i < V; ++i) c[i] = {nan_to_ninf(l[i]), static_cast<int32_t>(i)};
+    if (k < V) std::nth_element(c.begin(), c.begin() + (k - 1), c.end(), before);
+    c.resize(static_cast<size_t>(k));
+  }
+  std::sort(c.begin(), c.end(), before);
+}
+
+void check_rows(const Tensor& t, DType d, int64_t N, const char* name) {
+  check_dtype(t, d, kLpOp, name);
+  check(t.ndim == 1 && t.shape[0] == N, kLpOp,
+        std::string(name) + " " + t.str() + " must have one entry per row (" +
+            std::to_string(N) + ")");
+}
+
+}  // namespace
+
+void compute_logprobs(const Tensor& out_token_logprob, const Tensor& out_rank,
+                      const Tensor& out_top_ids, const Tensor& out_top_logprobs,
+                      const Tensor& logits, const Tensor& token_ids, const Tensor& num_logprobs,
+                      bool reference) {
+  check_dtype(logits, DType::F32, kLpOp, "logits");
+  check_ndim(logits, 2, kLpOp, "logits");
+  const int64_t N = logits.shape[0], V = logits.shape[1];
+  check(V > 0 || N == 0, kLpOp, "logits " + logits.str() + " has an empty vocabulary");
+  check(V <= std::numeric_limits<int32_t>::max(), kLpOp, "vocabulary too large");
+  check_rows(out_token_logprob, DType::F32, N, "out_token_logprob");
+  check_rows(out_rank, DType::I32, N, "out_rank");
+  check_rows(token_ids, DType::I32, N, "token_ids");
+  check_rows(num_logprobs, DType::I32, N, "num_logprobs");
+  check(out_top_ids.defined() == out_top_logprobs.defined(), kLpOp,
+        "out_top_ids and out_top_logprobs are given together");
+  int64_t Kmax = 0;
+  if (out_top_ids.defined()) {
+    check_dtype(out_top_ids, DType::I32, kLpOp, "out_top_ids");
+    check_dtype(out_top_logprobs, DType::F32, kLpOp, "out_top_logprobs");
+    check(out_top_ids.ndim == 2 && out_top_ids.shape[0] == N && out_top_logprobs.ndim == 2 &&
+              out_top_logprobs.shape[0] == N &&
+              out_top_logprobs.shape[1] == out_top_ids.shape[1],
+          kLpOp, "out_top_ids " + out_top_ids.str() + " and out_top_logprobs " +
+                     out_top_logprobs.str() + " must both be [" + std::to_string(N) + ", K]");
+    Kmax = out_top_ids.shape[1];
+  }
+  const int32_t* tok = token_ids.ptr<int32_t>();
+  const int32_t* nl = num_logprobs.ptr<int32_t>();
+  for (int64_t n = 0; n < N; ++n) {
+    check(tok[n] >= 0 && tok[n] < V, kLpOp,
+          "token_ids[" + std::to_string(n) + "] = " + std::to_string(tok[n]) +
+              " is outside the vocabulary of " + std::to_string(V));
+    check(std::min<int64_t>(nl[n], V) <= Kmax, kLpOp,
+          "num_logprobs[" + std::to_string(n) + "] = " + std::to_string(nl[n]) +
+              " exceeds the K of the top arrays (" + std::to_string(Kmax) + ")");
+  }
+  if (N == 0) return;
+  const float* lg = logits.ptr<float>();
+  const int64_t ls = logits.stride[0];
+  float* out_lp = out_token_logprob.ptr<float>();
+  int32_t* out_r = out_rank.ptr<int32_t>();
+  int32_t* top_ids = Kmax ? out_top_ids.ptr<int32_t>() : nullptr;
+  float* top_lps = Kmax ? out_top_logprobs.ptr<float>() : nullptr;
+  const Kernels K = pick_kernels();
+#pragma omp parallel if (N > 1)
+  {
+    std::vector<Cand> c;
+    std::vector<int32_t> order;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t n = 0; n < N; ++n) {
+      const float* l = lg + n * ls;
+      const int64_t k = std::min<int64_t>(nl[n], V);
+      const float x = l[tok[n]];
+      double lse;
+      if (reference) {
+        double m = -std::numeric_limits<double>::infinity();
+        for (int64_t i = 0; i < V; ++i)
+          if (l[i] > m) m = l[i];
+        double s = 0;
+        for (int64_t i = 0; i < V; ++i)
+          if (l[i] == l[i]) s += std::exp(l[i] - m);
+        lse = m + std::log(s);
+      } else {
+        const float m = K.max(l, V);
+        lse = m + std::log(K.exp_sum(l, V, m));
+      }
+      out_lp[n] = static_cast<float>(x - lse);
+      if (k < 0) {
+        out_r[n] = 0;
+      } else if (reference) {
+        int64_t above = 0;
+        for (int64_t i = 0; i < V; ++i) above += l[i] > x;
+        out_r[n] = static_cast<int32_t>(1 + above);
+      } else {
+        out_r[n] = static_cast<int32_t>(1 + K.count_above(l, V, x));
+      }
+      int64_t filled = 0;
+      if (k > 0) {
+        if (reference) {
+          order.resize(static_cast<size_t>(V));
+          for (int64_t i = 0; i < V; ++i) order[i] = static_cast<int32_t>(i);
+          std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+            return nan_to_ninf(l[a]) > nan_to_ninf(l[b]);
+          });
+          for (; filled < k; ++filled) {
+            top_ids[n * Kmax + filled] = order[filled];
+            top_lps[n * Kmax + filled] = static_cast<float>(l[order[filled]] - lse);
+          }
+        } else {
+          top_k_fast(K, l, V, k, c);
+          for (; filled < k; ++filled) {
+            top_ids[n * Kmax + filled] = c[filled].i;
+            top_lps[n * Kmax + filled] = static_cast<float>(l[c[filled].i] - lse);
+          }
+        }
+      }
+      for (int64_t j = filled; j < Kmax; ++j) {
+        top_ids[n * Kmax + j] = -1;
+        top_lps[n * Kmax + j] = -kInf;
       }
     }
   }

@@ -51,3 +51,15 @@ cdef extern from "ops.h" namespace "vllmx" nogil:
                          bool) except +
     void sample(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                 const Tensor&, const Tensor&, const Tensor&, bool) except +
+
+cdef extern from "ops.h" namespace "vllmx" nogil:
+    cdef struct LogitsProcessorArgs:
+        Tensor allowed_indptr, allowed_ids
+        Tensor bad_words_indptr, bad_word_token_indptr, bad_word_tokens
+        Tensor output_tail_indptr, output_tail
+        Tensor bias_indptr, bias_ids, bias_values
+        Tensor penalty_indptr, penalty_ids, output_counts
+        Tensor repetition_penalty, frequency_penalty, presence_penalty
+    void apply_logits_processors(const Tensor&, const LogitsProcessorArgs&, bool) except +
+    void compute_logprobs(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                          const Tensor&, const Tensor&, const Tensor&, bool) except +

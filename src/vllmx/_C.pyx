@@ -168,3 +168,45 @@ def op_sample(out_ids, out_logprobs, logits, temperature, top_k, top_p, min_p, r
     cdef Tensor mp = as_tensor(min_p), r = as_tensor(rng_state)
     with nogil:
         sample(o, lp, l, t, tk, tp, mp, r, reference)
+
+
+def op_apply_logits_processors(logits, allowed_indptr=None, allowed_ids=None,
+                               bad_words_indptr=None, bad_word_token_indptr=None,
+                               bad_word_tokens=None, output_tail_indptr=None, output_tail=None,
+                               bias_indptr=None, bias_ids=None, bias_values=None,
+                               penalty_indptr=None, penalty_ids=None, output_counts=None,
+                               repetition_penalty=None, frequency_penalty=None,
+                               presence_penalty=None, bint reference=False):
+    """In place over logits (f32 [B, V]); each group (CSR lists) is optional. See csrc/ops.h."""
+    cdef Tensor l = as_tensor(logits)
+    cdef LogitsProcessorArgs a
+    a.allowed_indptr = as_tensor(allowed_indptr)
+    a.allowed_ids = as_tensor(allowed_ids)
+    a.bad_words_indptr = as_tensor(bad_words_indptr)
+    a.bad_word_token_indptr = as_tensor(bad_word_token_indptr)
+    a.bad_word_tokens = as_tensor(bad_word_tokens)
+    a.output_tail_indptr = as_tensor(output_tail_indptr)
+    a.output_tail = as_tensor(output_tail)
+    a.bias_indptr = as_tensor(bias_indptr)
+    a.bias_ids = as_tensor(bias_ids)
+    a.bias_values = as_tensor(bias_values)
+    a.penalty_indptr = as_tensor(penalty_indptr)
+    a.penalty_ids = as_tensor(penalty_ids)
+    a.output_counts = as_tensor(output_counts)
+    a.repetition_penalty = as_tensor(repetition_penalty)
+    a.frequency_penalty = as_tensor(frequency_penalty)
+    a.presence_penalty = as_tensor(presence_penalty)
+    with nogil:
+        apply_logits_processors(l, a, reference)
+
+
+def op_compute_logprobs(out_token_logprob, out_rank, out_top_ids, out_top_logprobs, logits,
+                        token_ids, num_logprobs, bint reference=False):
+    cdef Tensor olp = as_tensor(out_token_logprob), orank = as_tensor(out_rank)
+    cdef Tensor oti = as_tensor(out_top_ids), otl = as_tensor(out_top_logprobs)
+    cdef Tensor l = as_tensor(logits), t = as_tensor(token_ids), k = as_tensor(num_logprobs)
+    with nogil:
+        compute_logprobs(olp, orank, oti, otl, l, t, k, reference)
+
+
+include "block_pool.pxi"

@@ -67,6 +67,7 @@ class CacheConfig:
     # (vLLM's CPU default KV space), and never more than max_num_seqs full-length sequences.
     cpu_kv_cache_fraction: float = 0.25
     num_blocks: int = 0  # decided at start-up
+    enable_prefix_caching: bool = True  # reuse the KV of full blocks shared by prompts (APC)
 
 
 @dataclass
@@ -74,6 +75,7 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     max_model_len: int = 0
+    policy: str = "fcfs"  # "fcfs" | "priority" (Request.priority, lower first; ties by arrival)
 
 
 @dataclass

@@ -27,6 +27,9 @@ class LLM:
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
+    def reset_prefix_cache(self) -> bool:
+        return self.llm_engine.reset_prefix_cache()
+
     def get_default_sampling_params(self) -> SamplingParams:
         """SamplingParams with the model's generation_config defaults, as vLLM does."""
         gen = self.llm_engine.config.model_config.gen_config

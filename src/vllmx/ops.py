@@ -96,9 +96,31 @@ def paged_attention(q, key_cache, value_cache, block_table, query_start_loc, seq
     return out
 
 
-def sample(logits, temperature, top_k, top_p, min_p, rng_state):
-    """Token ids (int32 [B]) and their log-probs under the raw logits (float32 [B])."""
+def sample(logits, temperature, top_k, top_p, min_p, rng_state, with_logprobs: bool = True):
+    """Token ids (int32 [B]) and their log-probs under the given logits (float32 [B]; None
+    without with_logprobs). rng_state (uint64 [B, 2]) is advanced in place."""
     ids = np.empty(logits.shape[0], dtype=np.int32)
-    logprobs = np.empty(logits.shape[0], dtype=np.float32)
+    logprobs = np.empty(logits.shape[0], dtype=np.float32) if with_logprobs else None
     _C.op_sample(ids, logprobs, logits, temperature, top_k, top_p, min_p, rng_state)
     return ids, logprobs
+
+
+def apply_logits_processors(logits: np.ndarray, **groups: np.ndarray) -> None:
+    """In place over logits (float32 [B, V]): allowed_token_ids, bad words, logit bias (and
+    min_tokens bans), penalties; each group as CSR int32 arrays (see csrc/ops.h)."""
+    _C.op_apply_logits_processors(logits, **groups)
+
+
+def compute_logprobs(logits: np.ndarray, token_ids: np.ndarray, num_logprobs: np.ndarray):
+    """Per row of log_softmax(logits): the log-prob of token_ids[n] (float32 [N]), its rank
+    (int32 [N]; 0 where num_logprobs[n] < 0) and the num_logprobs[n] most probable tokens
+    (int32 / float32 [N, K], K = the largest count; padded with -1 / -inf)."""
+    n, vocab = logits.shape
+    k = min(int(num_logprobs.max()), vocab) if n else 0
+    token_logprob = np.empty(n, dtype=np.float32)
+    rank = np.empty(n, dtype=np.int32)
+    top_ids = np.empty((n, max(k, 0)), dtype=np.int32)
+    top_logprobs = np.empty((n, max(k, 0)), dtype=np.float32)
+    _C.op_compute_logprobs(token_logprob, rank, top_ids if k > 0 else None,
+                           top_logprobs if k > 0 else None, logits, token_ids, num_logprobs)
+    return token_logprob, rank, top_ids, top_logprobs

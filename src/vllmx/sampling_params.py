@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
+
+logger = logging.getLogger("vllmx")
+
+_SAMPLING_EPS = 1e-5  # temperatures below this are greedy
+_MAX_TEMP = 1e-2  # smaller positive temperatures are raised to this (vLLM: avoids inf / nan)
+_STRUCTURED = "structured output is not supported yet"
 
 
 class RequestOutputKind(IntEnum):
@@ -12,9 +21,19 @@ class RequestOutputKind(IntEnum):
     FINAL_ONLY = 2  # one output, when the request finishes
 
 
+class SamplingType(IntEnum):
+    GREEDY = 0
+    RANDOM = 1
+    RANDOM_SEED = 2
+
+
 @dataclass
 class SamplingParams:
     n: int = 1
+    best_of: int | None = None  # removed in vLLM V1: any value other than None/n is an error
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1: off
@@ -22,51 +41,211 @@ class SamplingParams:
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     max_tokens: int | None = 16
     min_tokens: int = 0
+    logprobs: int | None = None  # top-k per output token (plus the sampled one); -1: whole vocab
+    prompt_logprobs: int | None = None  # the same for every prompt token
     detokenize: bool = True
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
+    truncate_prompt_tokens: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: Any = None
+    guided_decoding: Any = None  # vLLM's older name for structured_outputs
+    logit_bias: dict[int, float] | None = None  # token id -> bias, clamped to [-100, 100]
+    allowed_token_ids: list[int] | None = None
+    extra_args: dict[str, Any] | None = None
+    # Prompt logprobs need every prompt position computed: a prefix-cache hit must not skip any.
+    skip_reading_prefix_cache: bool | None = None
     # Filled by the engine: the model's EOS ids (from generation_config / tokenizer).
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
+    # Filled by update_from_tokenizer (or directly, without a tokenizer): bad_words as token ids.
+    _bad_words_token_ids: list[list[int]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        if self.structured_outputs is not None or self.guided_decoding is not None:
+            raise NotImplementedError(_STRUCTURED)
+        if self.truncate_prompt_tokens is not None and (
+                self.truncate_prompt_tokens == 0 or self.truncate_prompt_tokens < -1):
+            raise ValueError(f"truncate_prompt_tokens must be >= 1 or -1, got "
+                             f"{self.truncate_prompt_tokens}")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError(
+                f"best_of is not supported (vLLM V1 removed it), got best_of={self.best_of}; "
+                f"use n to get several outputs")
+        if 0 < self.temperature < _MAX_TEMP:
+            logger.warning("temperature %s is less than %s, which may cause numerical errors "
+                           "nan or inf in tensors. We have maxed it out to %s.",
+                           self.temperature, _MAX_TEMP, _MAX_TEMP)
+            self.temperature = _MAX_TEMP
+        if self.seed == -1:
+            self.seed = None
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.stop_token_ids = list(dict.fromkeys(self.stop_token_ids or []))
+        self.bad_words = list(dict.fromkeys(self.bad_words or []))
+        if self.logprobs is True:
+            self.logprobs = 1
+        if self.prompt_logprobs is True:
+            self.prompt_logprobs = 1
         if self.top_k == -1:
             self.top_k = 0
-        self._verify()
+        if self.logit_bias is not None:
+            self.logit_bias = _convert_logit_bias(self.logit_bias)
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = list(self.allowed_token_ids)
+        self._verify_args()
+        if self.temperature < _SAMPLING_EPS:  # greedy: the filters are no-ops
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+            if self.n > 1:
+                raise ValueError(f"n must be 1 when using greedy sampling, got {self.n}.")
+        if self.skip_reading_prefix_cache is None:
+            self.skip_reading_prefix_cache = self.prompt_logprobs is not None
 
-    def _verify(self) -> None:
-        if not isinstance(self.n, int) or self.n < 1:
+    def _verify_args(self) -> None:
+        if not isinstance(self.n, int):
+            raise ValueError(f"n must be an int, but is of type {type(self.n)}")  # noqa: TRY004
+        if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}.")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            raise ValueError(
+                f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
+        if not math.isfinite(self.repetition_penalty):
+            raise ValueError(
+                f"repetition_penalty must be a finite number, got {self.repetition_penalty}.")
+        if self.repetition_penalty <= 0.0:
+            raise ValueError(
+                f"repetition_penalty must be greater than zero, got {self.repetition_penalty}.")
+        if not math.isfinite(self.temperature):
+            raise ValueError(f"temperature must be a finite number, got {self.temperature}.")
         if self.temperature < 0.0:
             raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
-        if self.top_k < 0:
+        if self.top_k < -1:
             raise ValueError(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.")
+        if not isinstance(self.top_k, int):
+            raise ValueError(  # noqa: TRY004
+                f"top_k must be an integer, got {type(self.top_k).__name__}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
         if self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.")
+            raise ValueError(
+                f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(
                 f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
-                f"got {self.min_tokens}."
-            )
+                f"got {self.min_tokens}.")
+        if self.logprobs is not None and self.logprobs != -1 and self.logprobs < 0:
+            raise ValueError(f"logprobs must be non-negative or -1, got {self.logprobs}.")
+        if (self.prompt_logprobs is not None and self.prompt_logprobs != -1
+                and self.prompt_logprobs < 0):
+            raise ValueError(
+                f"prompt_logprobs must be non-negative or -1, got {self.prompt_logprobs}.")
+        if not all(isinstance(t, int) for t in self.stop_token_ids):
+            raise ValueError(
+                f"stop_token_ids must contain only integers, got {self.stop_token_ids}.")
         if any(not s for s in self.stop):
             raise ValueError("stop cannot contain an empty string.")
         if self.stop and not self.detokenize:
-            raise ValueError("stop strings are only supported when detokenize is True.")
+            raise ValueError("stop strings are only supported when detokenize is True. "
+                             "Set detokenize=True to use stop.")
+        if any(not w for w in self.bad_words):
+            raise ValueError(
+                f"bad_words cannot contain an empty string. Got bad_words={self.bad_words}")
+        if self.allowed_token_ids is not None:
+            if len(self.allowed_token_ids) == 0:
+                raise ValueError("allowed_token_ids is not None and empty!")
+            if not all(isinstance(t, int) for t in self.allowed_token_ids):
+                raise ValueError(
+                    f"allowed_token_ids must contain only integers, got "
+                    f"{self.allowed_token_ids}.")
 
+    # -- set up by the engine ------------------------------------------------------------------
+    def update_from_tokenizer(self, tokenizer) -> None:
+        """Tokenizes bad_words (vLLM's rule: each word as is and with a leading space, the
+        latter kept when it gives a different first token and the same length)."""
+        if not self.bad_words:
+            return
+        ids: list[list[int]] = []
+        for word in self.bad_words:
+            for prefix in ("", " "):
+                tokens = list(tokenizer.encode(prefix + word.lstrip(), add_special_tokens=False))
+                if not tokens:
+                    if not prefix:
+                        raise ValueError("bad_words entries must tokenize to at least one token.")
+                    continue
+                if not prefix or (tokens[0] != ids[-1][0] and len(tokens) == len(ids[-1])):
+                    ids.append(tokens)
+        self._bad_words_token_ids = ids
+
+    def verify_token_ids(self, vocab_size: int) -> None:
+        """Checks every token id the request names (and the logprob counts) against the
+        model's vocabulary; ValueError naming the offending ids."""
+        def bad(ids):
+            return [t for t in ids if not 0 <= t < vocab_size]
+
+        if b := bad(self.stop_token_ids):
+            raise ValueError(f"token_id(s) {b} in stop_token_ids contain out-of-vocab token "
+                             f"ids. Vocabulary size: {vocab_size}")
+        if self.logit_bias and (b := bad(self.logit_bias)):
+            raise ValueError(f"token_id(s) {b} in logit_bias contain out-of-vocab token ids. "
+                             f"Vocabulary size: {vocab_size}")
+        if self.allowed_token_ids is not None and (b := bad(self.allowed_token_ids)):
+            raise ValueError(f"allowed_token_ids contains out-of-vocab token id! token_id(s) "
+                             f"{b}, vocabulary size: {vocab_size}")
+        if self._bad_words_token_ids and (
+                b := bad([t for w in self._bad_words_token_ids for t in w])):
+            raise ValueError(f"The model vocabulary size is {vocab_size}, but the following "
+                             f"tokens were specified as bad: {b}. All token id values should "
+                             f"be integers satisfying: 0 <= token_id < {vocab_size}.")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and k > vocab_size:
+                what = "sample logprobs" if name == "logprobs" else "prompt logprobs"
+                raise ValueError(f"Requested {what} of {k}, which is greater than max "
+                                 f"allowed: {vocab_size}")
+
+    # -- derived -----------------------------------------------------------------------------
     @property
     def greedy(self) -> bool:
-        return self.temperature < 1e-5
+        return self.temperature < _SAMPLING_EPS
+
+    @property
+    def sampling_type(self) -> SamplingType:
+        if self.greedy:
+            return SamplingType.GREEDY
+        return SamplingType.RANDOM if self.seed is None else SamplingType.RANDOM_SEED
+
+    @property
+    def bad_words_token_ids(self) -> list[list[int]] | None:
+        return self._bad_words_token_ids
+
+    @property
+    def has_penalties(self) -> bool:
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)
+
+
+def _convert_logit_bias(logit_bias: dict) -> dict[int, float]:
+    out: dict[int, float] = {}
+    invalid = []
+    for token, bias in logit_bias.items():
+        try:
+            token_id = int(token)
+        except (ValueError, TypeError):
+            invalid.append(token)
+            continue
+        out[token_id] = min(100.0, max(-100.0, float(bias)))
+    if invalid:
+        raise ValueError(f"logit_bias contains key(s) that cannot be converted to integer "
+                         f"token IDs: {invalid!r}")
+    return out

@@ -172,3 +172,14 @@ def test_import_does_not_load_torch():
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(llm):
+    from vllmx import SamplingParams
+
+    prompt = list(range(3, 103))
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, truncate_prompt_tokens=20)
+    out = llm.generate([{"prompt_token_ids": prompt}], sp)[0]
+    assert out.prompt_token_ids == prompt[-20:]
+    assert out.outputs[0].token_ids == llm.generate([{"prompt_token_ids": prompt[-20:]}],
+                                                    greedy(8))[0].outputs[0].token_ids

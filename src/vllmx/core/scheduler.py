@@ -1,15 +1,17 @@
 """vLLM V1's scheduling rule: every request has num_computed_tokens and each step tries to
 catch it up. Running requests go first, then waiting ones, within a token budget
 (max_num_batched_tokens) and a concurrency cap (max_num_seqs). One rule covers prefill,
-chunked prefill and decode. When blocks run out, the newest running request is preempted
-(its blocks freed, recomputed later)."""
+chunked prefill, decode and prefix caching (a waiting request starts at its prefix hit). When
+blocks run out a running request is preempted (its blocks freed but left cached, recomputed
+later): the newest under FCFS, the lowest-priority one under the priority policy."""
 
 from __future__ import annotations
 
-from collections import deque
+import itertools
 
 from vllmx.config import CacheConfig, SchedulerConfig
-from vllmx.core.kv_cache_manager import KVCacheManager
+from vllmx.core.kv_cache_manager import KVCacheManager, PrefixCacheStats, cdiv
+from vllmx.core.request_queue import FCFSRequestQueue, PriorityRequestQueue
 from vllmx.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                      SchedulerOutput)
 from vllmx.engine.request import Request, RequestStatus
@@ -18,42 +20,83 @@ from vllmx.engine.request import Request, RequestStatus
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig):
         self.config = scheduler_config
-        self.kv_cache_manager = KVCacheManager(cache_config.num_blocks, cache_config.block_size)
+        if scheduler_config.policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling policy must be 'fcfs' or 'priority', got "
+                             f"{scheduler_config.policy!r}")
+        self.block_size = cache_config.block_size
+        self.num_blocks = cache_config.num_blocks
+        # A request can never hold more tokens than the whole pool.
+        capacity = cache_config.num_blocks * cache_config.block_size
+        self.max_model_len = min(scheduler_config.max_model_len or capacity, capacity)
+        self.kv_cache_manager = KVCacheManager(cache_config.num_blocks, cache_config.block_size,
+                                               cache_config.enable_prefix_caching,
+                                               self.max_model_len)
         self.requests: dict[str, Request] = {}
-        self.waiting: deque[Request] = deque()
+        self._arrival_order: dict[str, int] = {}  # breaks priority ties between equal times
+        self._counter = itertools.count()
+        self.waiting = (PriorityRequestQueue(self._priority_key)
+                        if scheduler_config.policy == "priority" else FCFSRequestQueue())
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
 
+    def _priority_key(self, req: Request) -> tuple:
+        return req.priority, req.metrics.arrival_time, self._arrival_order[req.request_id]
+
     def add_request(self, request: Request) -> None:
+        n = request.num_prompt_tokens
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        if n == 0:
+            raise ValueError("the prompt is empty (0 tokens)")
+        if self.config.max_model_len and n >= self.config.max_model_len:
+            raise ValueError(f"the prompt ({n} tokens) does not fit max_model_len="
+                             f"{self.config.max_model_len} with at least one generated token")
+        if cdiv(n + 1, self.block_size) > self.num_blocks:
+            raise ValueError(
+                f"the prompt ({n} tokens) plus one generated token needs "
+                f"{cdiv(n + 1, self.block_size)} KV blocks of {self.block_size} tokens, but the "
+                f"KV cache has only {self.num_blocks} blocks in all; it could never be scheduled")
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        self._arrival_order[request.request_id] = next(self._counter)
+        self.waiting.add_request(request)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(len(self.waiting) or self.running)
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.waiting) + len(self.running)
 
     def schedule(self) -> SchedulerOutput:
+        kv = self.kv_cache_manager
         budget = self.config.max_num_batched_tokens
         num_scheduled: dict[str, int] = {}
         new_reqs: list[NewRequestData] = []
         cached = CachedRequestData()
         preempted: set[str] = set()
 
+        # Running requests first (decodes and unfinished chunked prefills), in order.
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            new_blocks = self.kv_cache_manager.allocate_slots(req, num_new)
+            if num_new <= 0:
+                i += 1
+                continue
+            new_blocks = kv.allocate_slots(req, num_new)
             while new_blocks is None:
-                victim = self.running.pop()  # the newest running request
+                victim = self._pick_victim()
+                if self.running.index(victim) < i:  # scheduled earlier in this step: undo it
+                    budget += num_scheduled.pop(victim.request_id)
+                    j = cached.req_ids.index(victim.request_id)
+                    del cached.req_ids[j], cached.new_block_ids[j], cached.num_computed_tokens[j]
+                    i -= 1
+                self.running.remove(victim)
                 self._preempt(victim)
                 preempted.add(victim.request_id)
                 if victim is req:
                     break
-                new_blocks = self.kv_cache_manager.allocate_slots(req, num_new)
+                new_blocks = kv.allocate_slots(req, num_new)
             if new_blocks is None:
                 break
             num_scheduled[req.request_id] = num_new
@@ -63,43 +106,54 @@ class Scheduler:
             cached.num_computed_tokens.append(req.num_computed_tokens)
             i += 1
 
-        while (self.waiting and budget > 0 and not preempted
+        # Then waiting ones (new and preempted), each starting at its prefix-cache hit.
+        while (len(self.waiting) and budget > 0 and not preempted
                and len(self.running) < self.config.max_num_seqs):
-            req = self.waiting[0]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            if self.kv_cache_manager.allocate_slots(req, num_new) is None:
+            req = self.waiting.peek_request()
+            hit_blocks, num_hit = kv.get_computed_blocks(req)
+            num_new = min(req.num_tokens - num_hit, budget)
+            if kv.allocate_slots(req, num_new, hit_blocks) is None:
                 break
-            self.waiting.popleft()
+            self.waiting.pop_request()
+            if req.status == RequestStatus.WAITING:  # first admission (not a resumption)
+                req.num_cached_tokens = num_hit
             req.status = RequestStatus.RUNNING
+            req.num_computed_tokens = num_hit
             self.running.append(req)
             num_scheduled[req.request_id] = num_new
             budget -= num_new
             new_reqs.append(NewRequestData(
                 req.request_id, list(req.all_token_ids), req.sampling_params,
-                list(self.kv_cache_manager.get_block_ids(req.request_id)),
-                req.num_computed_tokens, req.num_prompt_tokens))
+                list(kv.get_block_ids(req.request_id)), num_hit, req.num_prompt_tokens))
 
         out = SchedulerOutput(new_reqs, cached, num_scheduled,
                               sum(num_scheduled.values()), self.finished_req_ids, preempted)
         self.finished_req_ids = set()
         return out
 
+    def _pick_victim(self) -> Request:
+        if self.config.policy == "priority":
+            return max(self.running, key=self._priority_key)
+        return self.running[-1]  # the newest running request
+
     def _preempt(self, req: Request) -> None:
-        self.kv_cache_manager.free(req)
+        self.kv_cache_manager.free(req)  # its computed full blocks stay cached for the resume
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(req)
+        self.waiting.prepend_request(req)
 
     def update_from_output(self, so: SchedulerOutput, out: ModelRunnerOutput) -> list[Request]:
-        """Advances the scheduled requests; returns those that got a new token."""
+        """Advances the scheduled requests, caches their blocks that became full, and returns
+        those that got a new token."""
         updated = []
         for req_id, n in so.num_scheduled_tokens.items():
             req = self.requests.get(req_id)
             if req is None or req.is_finished():
                 continue
             req.num_computed_tokens += n
+            self.kv_cache_manager.cache_blocks(req, req.num_computed_tokens)
             token = out.sampled_token_ids.get(req_id)
             if token is None:
                 continue
@@ -109,6 +163,14 @@ class Scheduler:
             if req.is_finished():
                 self._free(req)
         return updated
+
+    def reset_prefix_cache(self) -> bool:
+        """Forgets every cached block; False (nothing done) while any request holds blocks."""
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats:
+        """Prefix-cache queries and hits (tokens) since the last call."""
+        return self.kv_cache_manager.make_prefix_cache_stats()
 
     def _check_stop(self, req: Request, token: int) -> None:
         sp = req.sampling_params
@@ -121,7 +183,7 @@ class Scheduler:
                 req.stop_reason = token
                 return
         if (sp.max_tokens is not None and req.num_output_tokens >= sp.max_tokens) or (
-                req.num_tokens >= self.config.max_model_len):
+                req.num_tokens >= self.max_model_len):
             req.status = RequestStatus.FINISHED_LENGTH_CAPPED
 
     def finish_requests(self, req_ids, status: RequestStatus) -> None:
@@ -133,7 +195,7 @@ class Scheduler:
             if req.status == RequestStatus.RUNNING:
                 self.running.remove(req)
             else:
-                self.waiting.remove(req)
+                self.waiting.remove_request(req)
             req.status = status
             self._free(req)
 
@@ -143,3 +205,4 @@ class Scheduler:
         self.kv_cache_manager.free(req)
         self.finished_req_ids.add(req.request_id)
         del self.requests[req.request_id]
+        self._arrival_order.pop(req.request_id, None)

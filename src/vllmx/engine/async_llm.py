@@ -54,6 +54,7 @@ class AsyncLLM:
             raise EngineDeadError(f"the engine has stopped: {self.dead_error}")
         params = sampling_params or SamplingParams()
         text, ids = self.engine._tokenize(prompt)  # bad input raises here, in the caller
+        ids = self.engine._truncate(ids, params)
         self.engine._validate(ids, params)
         if request_id is None:
             request_id = f"async-{self._next_id}"

@@ -39,6 +39,8 @@ class EngineArgs:
     num_gpu_blocks_override: int | None = None
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
+    enable_prefix_caching: bool = True
+    scheduling_policy: str = "fcfs"  # or "priority"
     num_threads: int | None = None
 
     def create_engine_config(self) -> VllmxConfig:
@@ -47,14 +49,19 @@ class EngineArgs:
         if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in _KV_DTYPES:
             raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of auto, "
                              f"{', '.join(_KV_DTYPES)}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got "
+                             f"{self.scheduling_policy!r}")
         return VllmxConfig(
             ModelConfig(self.model, tokenizer=self.tokenizer,
                         skip_tokenizer_init=self.skip_tokenizer_init, seed=self.seed,
                         max_model_len=self.max_model_len,
                         generation_config=self.generation_config),
             CacheConfig(self.block_size, self.kv_cache_dtype, self.kv_cache_memory_bytes,
-                        self.num_gpu_blocks_override),
-            SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens),
+                        self.num_gpu_blocks_override,
+                        enable_prefix_caching=self.enable_prefix_caching),
+            SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens,
+                            policy=self.scheduling_policy),
             ParallelConfig(self.num_threads))
 
 
@@ -141,10 +148,12 @@ class LLMEngine:
         return prompt, self.tokenizer.encode(prompt)
 
     def add_request(self, request_id: str | None, prompt, params: SamplingParams | None = None,
-                    arrival_time: float | None = None, priority: int = 0) -> str:
+                    arrival_time: float | None = None, priority: int = 0,
+                    cache_salt: str | None = None) -> str:
         """Queues a request (n > 1 fans out into n child requests); returns its id."""
         params = params or SamplingParams()
         text, ids = self._tokenize(prompt)
+        ids = self._truncate(ids, params)
         self._validate(ids, params)
         if request_id is None:
             request_id = str(self._next_id)
@@ -153,20 +162,31 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         params.all_stop_token_ids = set(self.eos_token_ids)
         if params.n == 1:
-            self._add(Request(request_id, ids, params, text, arrival_time), priority)
+            self._add(Request(request_id, ids, params, text, arrival_time, priority, cache_salt))
             return request_id
         parent = ParentRequest(request_id, params)
         for i in range(params.n):
-            child = Request(f"{i}_{request_id}", ids, parent.child_params(i), text, arrival_time)
-            self._add(child, priority, i, parent)
+            child = Request(f"{i}_{request_id}", ids, parent.child_params(i), text, arrival_time,
+                            priority, cache_salt)
+            self._add(child, i, parent)
         return request_id
 
-    def _add(self, req: Request, priority: int, index: int = 0, parent=None) -> None:
-        req.priority = priority
+    def _add(self, req: Request, index: int = 0, parent=None) -> None:
         self.scheduler.add_request(req)
         self.output_processor.add_request(req, index, parent)
 
+    def _truncate(self, ids: list[int], params: SamplingParams) -> list[int]:
+        """vLLM's truncate_prompt_tokens: keep the last k prompt tokens (-1: max_model_len)."""
+        k = params.truncate_prompt_tokens
+        if k is None:
+            return ids
+        if k == -1:
+            k = self.config.model_config.max_model_len - 1
+        return ids[-k:]
+
     def _validate(self, ids: list[int], params: SamplingParams) -> None:
+        """Checks a request before it is queued (also used by AsyncLLM in the caller's thread);
+        tokenizes bad_words once, before n > 1 copies the params."""
         mc = self.config.model_config
         if not ids:
             raise ValueError("the prompt is empty (0 tokens)")
@@ -181,6 +201,12 @@ class LLMEngine:
                 f"generated token")
         if params.stop and (self.tokenizer is None or not params.detokenize):
             raise ValueError("stop strings need a tokenizer and detokenize=True")
+        if params.bad_words:
+            if self.tokenizer is None:
+                raise ValueError("bad_words need a tokenizer (skip_tokenizer_init=True was "
+                                 "given); pass token ids through logit_bias instead")
+            params.update_from_tokenizer(self.tokenizer)
+        params.verify_token_ids(vocab)
 
     def _child_ids(self, request_id: str) -> list[str]:
         parent = self.output_processor.parents.get(request_id)
@@ -201,6 +227,10 @@ class LLMEngine:
                 if out is not None:
                     outputs.append(out)
         return outputs
+
+    def reset_prefix_cache(self) -> bool:
+        """Drops every cached prefix block; False (nothing dropped) while requests hold blocks."""
+        return self.scheduler.reset_prefix_cache()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

@@ -60,7 +60,7 @@ class RequestState:
         return out
 
     def add_logprobs(self, lp: TokenLogprobs | None, sampled_logprob: float) -> None:
-        if getattr(self.request.sampling_params, "logprobs", None) is None:
+        if self.request.sampling_params.logprobs is None:
             return
         self.cumulative_logprob += sampled_logprob
         if lp is not None:
@@ -112,7 +112,7 @@ class OutputProcessor:
         req, sp = state.request, state.request.sampling_params
         text = state.detokenizer.get_text(finished)
         token_ids = req.output_token_ids
-        logprobs = state.logprobs if getattr(sp, "logprobs", None) is not None else None
+        logprobs = state.logprobs if sp.logprobs is not None else None
         if sp.output_kind == RequestOutputKind.DELTA:
             token_ids = token_ids[state.sent_tokens:]
             text = text[state.sent_text:]
@@ -124,7 +124,7 @@ class OutputProcessor:
         finish_reason = ("stop" if stop_str is not None else req.get_finished_reason()) if finished else None
         return CompletionOutput(
             index=state.index, text=text, token_ids=list(token_ids),
-            cumulative_logprob=state.cumulative_logprob if getattr(sp, "logprobs", None) is not None else None,
+            cumulative_logprob=state.cumulative_logprob if sp.logprobs is not None else None,
             logprobs=logprobs, finish_reason=finish_reason,
             stop_reason=(stop_str if stop_str is not None else req.stop_reason) if finished else None)
 
@@ -159,4 +159,4 @@ class OutputProcessor:
         return RequestOutput(
             request_id=request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
             prompt_logprobs=prompt_logprobs, outputs=outputs, finished=all_finished,
-            num_cached_tokens=getattr(req, "num_cached_tokens", 0), metrics=req.metrics)
+            num_cached_tokens=req.num_cached_tokens, metrics=req.metrics)

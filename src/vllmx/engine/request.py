@@ -32,8 +32,11 @@ FINISH_REASONS = {
 class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int],
                  sampling_params: SamplingParams, prompt: str | None = None,
-                 arrival_time: float | None = None):
+                 arrival_time: float | None = None, priority: int = 0,
+                 cache_salt: str | None = None):
         self.request_id = request_id
+        self.priority = priority  # lower is scheduled first (SchedulerConfig.policy="priority")
+        self.cache_salt = cache_salt  # extra key of the first block's hash (prefix caching)
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
@@ -44,6 +47,8 @@ class Request:
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
         self.num_preemptions = 0
+        self.num_cached_tokens = 0  # prefix-cache hit at first admission (RequestOutput's)
+        self.block_hashes: list[bytes] = []  # of its full blocks, extended as tokens grow
         self.metrics = RequestMetrics(arrival_time=arrival_time or time.time())
 
     @property

@@ -8,10 +8,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vllmx import ops
-from vllmx.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from vllmx.core.sched_output import (
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+    TokenLogprobs,
+)
 from vllmx.layers.attention import AttentionMetadata
+from vllmx.layers.sampler import RequestSamplingState, Sampler, SamplingMetadata
 from vllmx.sampling_params import SamplingParams
+
+# Prompt positions whose logits (for prompt_logprobs) are computed at once: bounds the memory.
+_PROMPT_LOGITS_CHUNK = 256
 
 _MASK = np.uint64((1 << 64) - 1)
 
@@ -40,6 +48,9 @@ class CachedRequestState:
     num_computed_tokens: int
     num_prompt_tokens: int
     rng_state: np.ndarray
+    sampling: RequestSamplingState | None = None  # created at the first sampling step
+    # prompt_logprobs being gathered across prefill chunks: entry i is prompt token i's.
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
     @property
     def num_output_tokens(self) -> int:
@@ -56,6 +67,7 @@ class ModelRunner:
         self.max_blocks_per_req = -(-max_model_len // block_size)
         self.requests: dict[str, CachedRequestState] = {}
         self.global_rng = np.random.default_rng(seed)
+        self.sampler = Sampler()
         t, b = max_num_batched_tokens, max_num_seqs
         self.input_ids = np.zeros(t, dtype=np.int32)
         self.positions = np.zeros(t, dtype=np.int32)
@@ -93,6 +105,8 @@ class ModelRunner:
         t = 0
         logits_rows: list[int] = []
         sample_ids: list[str] = []
+        # (request, first hidden row, prompt positions start .. last - 1) for prompt_logprobs
+        prompt_rows: list[tuple[CachedRequestState, int, int, int]] = []
         for b, req_id in enumerate(req_ids):
             state = self.requests[req_id]
             n = so.num_scheduled_tokens[req_id]
@@ -105,6 +119,11 @@ class ModelRunner:
             self.slot_mapping[t:t + n] = blocks[pos // bs] * bs + pos % bs
             self.block_table[b, :len(blocks)] = blocks
             self.seq_lens[b] = end
+            if state.sampling_params.prompt_logprobs is not None and state.num_output_tokens == 0:
+                # position p predicts prompt token p + 1
+                last = min(end, state.num_prompt_tokens - 1)
+                if last > start:
+                    prompt_rows.append((state, t, start, last))
             t += n
             self.query_start_loc[b + 1] = t
             if end == len(state.token_ids):  # caught up: this step samples the next token
@@ -115,42 +134,47 @@ class ModelRunner:
                                self.query_start_loc[:nb + 1], self.seq_lens[:nb],
                                self.kv_caches, self.cache_dtype)
         hidden = self.model.forward(self.input_ids[:t], self.positions[:t], md)
+        out = ModelRunnerOutput(req_ids, {}, {})
+        for state, row, start, last in prompt_rows:
+            self._gather_prompt_logprobs(state, hidden, row, start, last)
         if not sample_ids:
-            return ModelRunnerOutput(req_ids, {}, {})
+            return out
         logits = self.model.compute_logits(hidden[logits_rows])
-        ids, logprobs = self._sample(logits, sample_ids)
-        for req_id, tok in zip(sample_ids, ids.tolist()):
-            self.requests[req_id].token_ids.append(tok)
-        return ModelRunnerOutput(req_ids, dict(zip(sample_ids, ids.tolist())),
-                                 dict(zip(sample_ids, logprobs.tolist())))
+        states = [self.requests[r] for r in sample_ids]
+        smd = self._sampling_metadata(states, logits.shape[1])
+        sampled = self.sampler(logits, smd)
+        for i, (state, tok) in enumerate(zip(states, sampled.sampled_token_ids.tolist())):
+            req_id = state.req_id
+            state.rng_state = smd.rng_state[i].copy()
+            if state.sampling_params.prompt_logprobs is not None and state.num_output_tokens == 0:
+                out.prompt_logprobs[req_id] = (state.prompt_logprobs
+                                               or [None] * state.num_prompt_tokens)
+                state.prompt_logprobs = None
+            state.token_ids.append(tok)
+            out.sampled_token_ids[req_id] = tok
+            out.sampled_logprobs[req_id] = float(sampled.sampled_logprobs[i])
+            if sampled.logprobs[i] is not None:
+                out.logprobs[req_id] = sampled.logprobs[i]
+        return out
 
-    def _sample(self, logits: np.ndarray, req_ids: list[str]):
-        n = len(req_ids)
-        temperature = np.empty(n, dtype=np.float32)
-        top_k = np.empty(n, dtype=np.int32)
-        top_p = np.empty(n, dtype=np.float32)
-        min_p = np.empty(n, dtype=np.float32)
-        rng = np.empty((n, 2), dtype=np.uint64)
-        raw = None
-        for i, req_id in enumerate(req_ids):
-            state = self.requests[req_id]
-            sp = state.sampling_params
-            temperature[i] = 0.0 if sp.greedy else sp.temperature
-            top_k[i], top_p[i], min_p[i] = sp.top_k, sp.top_p, sp.min_p
-            rng[i] = state.rng_state
-            if state.num_output_tokens < sp.min_tokens:  # EOS and stop ids cannot end it yet
-                if raw is None:
-                    raw = logits.copy()
-                banned = set(sp.stop_token_ids)
-                if not sp.ignore_eos:
-                    banned |= sp.all_stop_token_ids
-                banned = [b for b in banned if 0 <= b < logits.shape[1]]
-                logits[i, banned] = -np.inf
-        ids, logprobs = ops.sample(logits, temperature, top_k, top_p, min_p, rng)
-        if raw is not None:  # logprobs refer to the model's distribution, before masking
-            m = raw.max(axis=1, keepdims=True)
-            lse = (m + np.log(np.exp(raw - m).sum(axis=1, keepdims=True)))[:, 0]
-            logprobs = raw[np.arange(n), ids] - lse
-        for i, req_id in enumerate(req_ids):
-            self.requests[req_id].rng_state = rng[i].copy()
-        return ids, logprobs
+    @staticmethod
+    def _sampling_metadata(states: list[CachedRequestState], vocab: int) -> SamplingMetadata:
+        for s in states:
+            if s.sampling is None:
+                s.sampling = RequestSamplingState(s.sampling_params, vocab)
+        return SamplingMetadata.build(
+            [s.sampling_params for s in states], [s.sampling for s in states],
+            [s.token_ids for s in states], [s.num_prompt_tokens for s in states],
+            [s.rng_state for s in states], vocab)
+
+    def _gather_prompt_logprobs(self, state: CachedRequestState, hidden: np.ndarray, row: int,
+                                start: int, last: int) -> None:
+        """Prompt logprobs of tokens start + 1 .. last (from hidden rows row ..)."""
+        if state.prompt_logprobs is None:
+            state.prompt_logprobs = [None] * state.num_prompt_tokens
+        k = state.sampling_params.prompt_logprobs
+        for c in range(start, last, _PROMPT_LOGITS_CHUNK):
+            e = min(last, c + _PROMPT_LOGITS_CHUNK)
+            logits = self.model.compute_logits(hidden[row + c - start:row + e - start])
+            targets = np.asarray(state.token_ids[c + 1:e + 1], dtype=np.int32)
+            state.prompt_logprobs[c + 1:e + 1] = self.sampler.prompt_logprobs(logits, targets, k)

@@ -1,0 +1,222 @@
+"""The sampler (vLLM V1's Sampler): logits of one batch -> next tokens and logprobs.
+
+One step is three native calls over the whole batch: `apply_logits_processors` (allowed ids,
+bad words, min_tokens bans, logit_bias, penalties; skipped when no row needs any),
+`sample` (temperature, min_p, top_k, top_p, per-request generator) and, when logprobs are
+wanted, `compute_logprobs` over the raw logits (vLLM's default logprobs_mode="raw_logprobs").
+
+Per-request state that grows with the sequence (the distinct prompt / output tokens and their
+output counts, for penalties) is kept incrementally in `RequestSamplingState`, so building the
+batch's arrays costs O(new tokens + distinct tokens), not O(sequence length x vocab)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from vllmx import ops
+from vllmx.core.sched_output import TokenLogprobs
+from vllmx.sampling_params import SamplingParams
+
+_EMPTY_I32 = np.zeros(0, dtype=np.int32)
+
+
+class RequestSamplingState:
+    """What the sampler keeps per request: its fixed arrays (allowed ids, bias, bans, bad
+    words) and the incremental token counts for penalties."""
+
+    def __init__(self, sp: SamplingParams, vocab_size: int):
+        def ids(xs):
+            return np.array([t for t in xs if 0 <= t < vocab_size], dtype=np.int32)
+
+        self.allowed = ids(sp.allowed_token_ids) if sp.allowed_token_ids else None
+        bias = {t: b for t, b in (sp.logit_bias or {}).items() if 0 <= t < vocab_size}
+        self.bias_ids = np.fromiter(bias.keys(), dtype=np.int32, count=len(bias))
+        self.bias_values = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
+        banned = set(sp.stop_token_ids or [])
+        if not sp.ignore_eos:
+            banned |= sp.all_stop_token_ids
+        ban = ids(sorted(banned)) if sp.min_tokens > 0 else _EMPTY_I32
+        # logit_bias, then -inf for the ids min_tokens bans (while it does): one sparse add
+        self.bias_ban_ids = np.concatenate([self.bias_ids, ban])
+        self.bias_ban_values = np.concatenate(
+            [self.bias_values, np.full(len(ban), -np.inf, dtype=np.float32)])
+        self.bad_words = [w for w in (sp.bad_words_token_ids or [])
+                          if w and all(0 <= t < vocab_size for t in w)]
+        self.bad_words_flat = np.array([t for w in self.bad_words for t in w], dtype=np.int32)
+        self.bad_words_lens = [len(w) for w in self.bad_words]
+        self.max_bad_prefix = max(self.bad_words_lens, default=1) - 1
+        self.penalties = sp.has_penalties
+        # Distinct tokens of the prompt and output (ids / output counts in [:num_distinct]).
+        self._index: dict[int, int] = {}
+        self.penalty_ids = np.zeros(64, dtype=np.int32)
+        self.output_counts = np.zeros(64, dtype=np.int32)
+        self.num_distinct = 0
+        self._num_seen = 0  # tokens of the request counted so far
+
+    def update_counts(self, token_ids: list[int], num_prompt_tokens: int) -> None:
+        """Counts the tokens appended since the last call (prompt tokens count 0)."""
+        for pos in range(self._num_seen, len(token_ids)):
+            t = token_ids[pos]
+            j = self._index.get(t)
+            if j is None:
+                j = self.num_distinct
+                if j == len(self.penalty_ids):
+                    self.penalty_ids = np.resize(self.penalty_ids, 2 * j)
+                    self.output_counts = np.resize(self.output_counts, 2 * j)
+                self._index[t] = j
+                self.penalty_ids[j] = t
+                self.output_counts[j] = 0
+                self.num_distinct += 1
+            if pos >= num_prompt_tokens:
+                self.output_counts[j] += 1
+        self._num_seen = len(token_ids)
+
+
+def _csr(rows: list[np.ndarray], dtype=np.int32) -> tuple[np.ndarray, np.ndarray]:
+    indptr = np.zeros(len(rows) + 1, dtype=np.int32)
+    np.cumsum([len(r) for r in rows], out=indptr[1:])
+    flat = np.concatenate(rows).astype(dtype, copy=False) if rows else np.zeros(0, dtype)
+    return indptr, np.ascontiguousarray(flat)
+
+
+@dataclass
+class SamplingMetadata:
+    """The batch's sampling inputs as arrays, one row per request being sampled."""
+
+    temperature: np.ndarray  # f32 [B]; 0 = greedy
+    top_k: np.ndarray  # i32 [B]; 0 = off
+    top_p: np.ndarray  # f32 [B]
+    min_p: np.ndarray  # f32 [B]
+    rng_state: np.ndarray  # u64 [B, 2]: the requests' generators (copied; advanced by sample)
+    num_logprobs: np.ndarray  # i32 [B]: top-k wanted per row (vocab size for -1), -1 = none
+    # Keyword arrays for ops.apply_logits_processors; empty when no row needs processing.
+    processors: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, params: list[SamplingParams], states: list[RequestSamplingState],
+              token_ids: list[list[int]], num_prompt_tokens: list[int],
+              rng_states: list[np.ndarray], vocab_size: int) -> SamplingMetadata:
+        """From each request's params, sampler state, tokens so far and generator state."""
+        n = len(params)
+        temperature = np.empty(n, dtype=np.float32)
+        top_k = np.empty(n, dtype=np.int32)
+        top_p = np.empty(n, dtype=np.float32)
+        min_p = np.empty(n, dtype=np.float32)
+        num_logprobs = np.full(n, -1, dtype=np.int32)
+        rng = np.empty((n, 2), dtype=np.uint64)
+        for i, sp in enumerate(params):
+            temperature[i] = 0.0 if sp.greedy else sp.temperature
+            top_k[i], top_p[i], min_p[i] = sp.top_k, sp.top_p, sp.min_p
+            rng[i] = rng_states[i]
+            if sp.logprobs is not None:
+                num_logprobs[i] = vocab_size if sp.logprobs == -1 else min(sp.logprobs,
+                                                                           vocab_size)
+        md = cls(temperature, top_k, top_p, min_p, rng, num_logprobs)
+        md.processors = _processor_arrays(params, states, token_ids, num_prompt_tokens)
+        return md
+
+
+def _processor_arrays(params, states, token_ids, num_prompt_tokens) -> dict[str, np.ndarray]:
+    n = len(params)
+    allowed = [_EMPTY_I32] * n
+    words, word_lens, tails = [_EMPTY_I32] * n, [[] for _ in range(n)], [_EMPTY_I32] * n
+    bias_ids, bias_vals = [_EMPTY_I32] * n, [np.zeros(0, np.float32)] * n
+    pen_ids, pen_counts = [_EMPTY_I32] * n, [_EMPTY_I32] * n
+    rep = np.ones(n, dtype=np.float32)
+    freq = np.zeros(n, dtype=np.float32)
+    pres = np.zeros(n, dtype=np.float32)
+    any_allowed = any_words = any_bias = any_pen = False
+    for i, (sp, st) in enumerate(zip(params, states)):
+        num_output = len(token_ids[i]) - num_prompt_tokens[i]
+        if st.allowed is not None:
+            allowed[i] = st.allowed
+            any_allowed = True
+        if st.bad_words:
+            words[i], word_lens[i] = st.bad_words_flat, st.bad_words_lens
+            k = min(st.max_bad_prefix, num_output)
+            tails[i] = np.array(token_ids[i][len(token_ids[i]) - k:], dtype=np.int32)
+            any_words = True
+        nb = len(st.bias_ban_ids) if num_output < sp.min_tokens else len(st.bias_ids)
+        if nb:
+            bias_ids[i], bias_vals[i] = st.bias_ban_ids[:nb], st.bias_ban_values[:nb]
+            any_bias = True
+        if st.penalties:
+            st.update_counts(token_ids[i], num_prompt_tokens[i])
+            pen_ids[i] = st.penalty_ids[:st.num_distinct]
+            pen_counts[i] = st.output_counts[:st.num_distinct]
+            rep[i], freq[i], pres[i] = (sp.repetition_penalty, sp.frequency_penalty,
+                                        sp.presence_penalty)
+            any_pen = True
+    out: dict[str, np.ndarray] = {}
+    if any_allowed:
+        out["allowed_indptr"], out["allowed_ids"] = _csr(allowed)
+    if any_words:
+        out["bad_words_indptr"] = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum([len(w) for w in word_lens], out=out["bad_words_indptr"][1:])
+        lens = [x for w in word_lens for x in w]
+        out["bad_word_token_indptr"] = np.zeros(len(lens) + 1, dtype=np.int32)
+        np.cumsum(lens, out=out["bad_word_token_indptr"][1:])
+        out["bad_word_tokens"] = np.ascontiguousarray(np.concatenate(words), dtype=np.int32)
+        out["output_tail_indptr"], out["output_tail"] = _csr(tails)
+    if any_bias:
+        out["bias_indptr"], out["bias_ids"] = _csr(bias_ids)
+        out["bias_values"] = np.ascontiguousarray(np.concatenate(bias_vals), dtype=np.float32)
+    if any_pen:
+        out["penalty_indptr"], out["penalty_ids"] = _csr(pen_ids)
+        out["output_counts"] = np.ascontiguousarray(np.concatenate(pen_counts), dtype=np.int32)
+        out["repetition_penalty"], out["frequency_penalty"] = rep, freq
+        out["presence_penalty"] = pres
+    return out
+
+
+@dataclass
+class SamplerOutput:
+    sampled_token_ids: np.ndarray  # i32 [B]
+    sampled_logprobs: np.ndarray  # f32 [B]: under the raw logits
+    logprobs: list[TokenLogprobs | None]  # rows that asked for logprobs
+
+
+def token_logprobs(token_ids, token_logprob, rank, top_ids, top_logprobs,
+                   num_logprobs) -> list[TokenLogprobs | None]:
+    """TokenLogprobs per row (the token first, then its row's top-k), None where not wanted."""
+    out: list[TokenLogprobs | None] = []
+    for i, k in enumerate(num_logprobs.tolist()):
+        if k < 0:
+            out.append(None)
+            continue
+        out.append(TokenLogprobs([int(token_ids[i])] + top_ids[i, :k].tolist(),
+                                 [float(token_logprob[i])] + top_logprobs[i, :k].tolist(),
+                                 int(rank[i])))
+    return out
+
+
+class Sampler:
+    def __call__(self, logits: np.ndarray, md: SamplingMetadata) -> SamplerOutput:
+        """Samples one token per row; `logits` (f32 [B, V]) may be modified in place."""
+        raw = logits
+        if md.processors:
+            raw = logits.copy()  # logprobs refer to the model's distribution
+            ops.apply_logits_processors(logits, **md.processors)
+        want_logprobs = bool((md.num_logprobs >= 0).any())
+        fused = not md.processors and not want_logprobs
+        ids, lps = ops.sample(logits, md.temperature, md.top_k, md.top_p, md.min_p,
+                              md.rng_state, with_logprobs=fused)
+        if fused:
+            return SamplerOutput(ids, lps, [None] * len(ids))
+        lps, rank, top_ids, top_lps = ops.compute_logprobs(raw, ids, md.num_logprobs)
+        return SamplerOutput(ids, lps, token_logprobs(ids, lps, rank, top_ids, top_lps,
+                                                      md.num_logprobs))
+
+    @staticmethod
+    def prompt_logprobs(logits: np.ndarray, next_token_ids: np.ndarray,
+                        num_logprobs: int) -> list[TokenLogprobs]:
+        """TokenLogprobs of each row's next prompt token (logits: f32 [N, V] of N prompt
+        positions; num_logprobs: the request's prompt_logprobs, -1 = whole vocabulary)."""
+        n, vocab = logits.shape
+        k = vocab if num_logprobs == -1 else min(num_logprobs, vocab)
+        counts = np.full(n, k, dtype=np.int32)
+        ids = np.ascontiguousarray(next_token_ids, dtype=np.int32)
+        lps, rank, top_ids, top_lps = ops.compute_logprobs(logits, ids, counts)
+        return token_logprobs(ids, lps, rank, top_ids, top_lps, counts)
