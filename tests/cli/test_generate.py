@@ -31,3 +31,14 @@ def test_missing_model_is_a_clear_error():
     out = run_cli("generate", "hi", "--model", "/no/such/model.gguf")
     assert out.returncode == 2
     assert "not found" in out.stderr
+
+
+def test_chat_keeps_history(smollm2_gguf):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run(
+        [sys.executable, "-m", "vllmx.cli.main", "chat", "--model", smollm2_gguf,
+         "--temperature", "0", "--max-tokens", "8"],
+        input="Hello!\nWhat did I just say?\n/exit\n", capture_output=True, text=True, env=env,
+        timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert len([line for line in out.stdout.splitlines() if line.strip()]) >= 2

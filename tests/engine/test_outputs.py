@@ -139,3 +139,27 @@ def test_async_bad_input_raises_in_caller(llm):
         asyncio.run(main())
     finally:
         async_llm.shutdown()
+
+
+def test_logprobs_and_prompt_logprobs_shapes(llm):
+    from vllmx import SamplingParams
+
+    tok = llm.get_tokenizer()
+    sp = SamplingParams(temperature=0, max_tokens=6, logprobs=3, prompt_logprobs=2,
+                        ignore_eos=True)
+    out = llm.generate(PROMPTS[0], sp)[0]
+    comp = out.outputs[0]
+    assert len(comp.logprobs) == len(comp.token_ids) == 6
+    for tok_id, pos in zip(comp.token_ids, comp.logprobs):
+        assert tok_id in pos and 3 <= len(pos) <= 4
+        assert pos[tok_id].rank == 1  # greedy: the chosen token is the most likely
+        assert pos[tok_id].decoded_token == tok.decode([tok_id])
+        ranks = sorted(lp.rank for t, lp in pos.items())
+        assert ranks[:3] == [1, 1, 2] or ranks[:3] == [1, 2, 3]
+    assert abs(comp.cumulative_logprob - sum(p[t].logprob for t, p in
+                                             zip(comp.token_ids, comp.logprobs))) < 1e-4
+    assert len(out.prompt_logprobs) == len(out.prompt_token_ids)
+    assert out.prompt_logprobs[0] is None
+    for tok_id, pos in zip(out.prompt_token_ids[1:], out.prompt_logprobs[1:]):
+        assert tok_id in pos and 2 <= len(pos) <= 3
+        assert all(lp.logprob <= 0 for lp in pos.values())
