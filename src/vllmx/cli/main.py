@@ -1,4 +1,5 @@
-"""The `vllmx` command: `vllmx generate [PROMPT]` (more subcommands come with the server)."""
+"""The `vllmx` command: `vllmx serve [MODEL]` (the OpenAI-compatible server), `vllmx generate
+[PROMPT]`, `vllmx chat` and `vllmx bench serve`."""
 
 from __future__ import annotations
 
@@ -51,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--max-model-len", type=int, default=None)
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("-v", "--verbose", action="store_true")
+    from vllmx.cli.bench_serve import add_bench_parser
+    from vllmx.cli.serve import add_serve_parser
+
+    add_serve_parser(sub)
+    add_bench_parser(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(levelname)s vllmx: %(message)s")
@@ -61,6 +67,14 @@ def main(argv: list[str] | None = None) -> int:
             from vllmx.cli.chat import run_chat
 
             return run_chat(args)
+        if args.command == "serve":
+            from vllmx.cli.serve import run_serve
+
+            return run_serve(args)
+        if args.command == "bench":
+            from vllmx.cli.bench_serve import run_bench
+
+            return run_bench(args)
     except ValueError as e:
         print(f"vllmx: error: {e}", file=sys.stderr)
         return 2

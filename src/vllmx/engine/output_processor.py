@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from vllmx.core.sched_output import TokenLogprobs
 from vllmx.engine.detokenizer import IncrementalDetokenizer
-from vllmx.engine.request import Request
+from vllmx.engine.request import Request, RequestStatus
 from vllmx.outputs import CompletionOutput, Logprob, RequestOutput
 from vllmx.sampling_params import RequestOutputKind, SamplingParams
 
@@ -95,6 +95,9 @@ class OutputProcessor:
         state.add_logprobs(logprobs, sampled_logprob)
         new_tokens = request.output_token_ids[state.num_detokenized:]
         state.num_detokenized = request.num_output_tokens
+        if (request.status == RequestStatus.FINISHED_STOPPED and new_tokens
+                and not request.sampling_params.include_stop_str_in_output):
+            new_tokens = new_tokens[:-1]  # a stop token (EOS / stop_token_ids) adds no text
         stop_str = state.detokenizer.update(new_tokens, request.num_output_tokens)
         finished = request.is_finished() or stop_str is not None
         if stop_str is not None and not request.is_finished():

@@ -1,0 +1,128 @@
+"""`vllmx serve [MODEL]`: the OpenAI-compatible server, with vLLM's flag names. With no
+model it serves the built-in default (SmolLM2-135M-Instruct)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+
+logger = logging.getLogger("vllmx")
+
+
+def _memory_bytes(text: str) -> int:
+    """An int, optionally with a K/M/G/T suffix (binary: 1G = 2**30), as vLLM accepts."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    if t and t[-1] in units:
+        return int(float(t[:-1]) * units[t[-1]])
+    return int(t)
+
+
+def add_serve_parser(sub) -> argparse.ArgumentParser:
+    from vllmx.loader.model_source import DEFAULT_MODEL
+
+    p = sub.add_parser("serve", help="start the OpenAI-compatible HTTP server")
+    p.add_argument("model", nargs="?", default=None,
+                   help=f"checkpoint dir, .gguf file or built-in alias (default {DEFAULT_MODEL})")
+    p.add_argument("--model", dest="model_flag", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--host", default=None, help="host to bind (default: all interfaces)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=os.environ.get("VLLMX_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 (env VLLMX_API_KEY)")
+    p.add_argument("--served-model-name", nargs="+", default=None,
+                   help="the model name(s) the API accepts (default: MODEL)")
+    p.add_argument("--chat-template", default=None, help="a chat template file or string")
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=None)
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--kv-cache-memory-bytes", type=_memory_bytes, default=None,
+                   help="KV cache size, e.g. 2G (default: a share of RAM)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--generation-config", default="auto",
+                   help="'auto' (the model's generation_config.json), 'vllm' (none), or a dir")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--disable-log-requests", action="store_true")
+    p.add_argument("--disable-log-stats", action="store_true")
+    p.add_argument("--uvicorn-log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug", "trace"])
+    p.add_argument("--allowed-origins", nargs="+", default=None,
+                   help="CORS origins, e.g. '*' (default: no CORS)")
+    return p
+
+
+def engine_args_from(args: argparse.Namespace):
+    """EngineArgs from the flags; a flag this engine has no field for is a clear error."""
+    from vllmx.engine.llm_engine import EngineArgs
+    from vllmx.loader.model_source import DEFAULT_MODEL
+
+    if args.device == "cuda":
+        raise ValueError("--device cuda: this vllmx was not built with CUDA; use --device cpu")
+    fields = {f.name for f in dataclasses.fields(EngineArgs)}
+    kwargs = {"model": args.model_flag or args.model or DEFAULT_MODEL, "seed": args.seed,
+              "generation_config": args.generation_config}
+    optional = {"tokenizer": args.tokenizer, "max_model_len": args.max_model_len,
+                "max_num_seqs": args.max_num_seqs,
+                "max_num_batched_tokens": args.max_num_batched_tokens,
+                "enable_prefix_caching": args.enable_prefix_caching,
+                "block_size": args.block_size,
+                "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
+                "num_threads": args.threads}
+    for name, value in optional.items():
+        if value is None:
+            continue
+        if name not in fields:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag} is not supported by this engine yet (EngineArgs has no "
+                             f"{name!r})")
+        kwargs[name] = value
+    return EngineArgs(**kwargs)
+
+
+def load_chat_template(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    if "{" not in value:
+        raise ValueError(f"--chat-template {value!r} is neither a file nor a template")
+    return value
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from vllmx.engine.async_llm import AsyncLLM
+    from vllmx.server.app import build_app
+
+    logging.getLogger("vllmx").setLevel(logging.INFO)
+    engine_args = engine_args_from(args)
+    chat_template = load_chat_template(args.chat_template)
+    engine_client = AsyncLLM.from_engine_args(engine_args)
+    try:
+        app = build_app(engine_client, args.served_model_name or [engine_args.model],
+                        chat_template=chat_template, api_key=args.api_key,
+                        allowed_origins=args.allowed_origins,
+                        log_requests=not args.disable_log_requests,
+                        log_stats_interval=None if args.disable_log_stats else 10.0)
+        logger.info("serving %s on http://%s:%d/v1", engine_args.model, args.host or "0.0.0.0",
+                    args.port)
+        uvicorn.run(app, host=args.host or "0.0.0.0", port=args.port,
+                    log_level=args.uvicorn_log_level, timeout_keep_alive=5)
+    finally:
+        engine_client.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="vllmx")
+    add_serve_parser(parser.add_subparsers(dest="command", required=True))
+    sys.exit(run_serve(parser.parse_args()))

@@ -1,0 +1,215 @@
+"""The FastAPI app (vLLM's api_server): OpenAI routes under /v1, plus /health, /version,
+/tokenize, /detokenize and /metrics. Every error leaves in OpenAI's shape; a client that
+disconnects cancels its handler (non-streaming) or closes its stream, which aborts the engine
+request and frees its KV blocks at once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable
+from http import HTTPStatus
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+import vllmx
+from vllmx.server.errors import OpenAIError, error_response, from_exception, pydantic_message
+from vllmx.server.metrics import ServerMetrics, StatLogger
+from vllmx.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from vllmx.server.serving_chat import OpenAIServingChat
+from vllmx.server.serving_completion import OpenAIServingCompletion
+
+logger = logging.getLogger("vllmx")
+
+
+async def listen_for_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def run_cancellable(work: Awaitable, request: Request):
+    """Runs a handler until it finishes or the client disconnects (then cancels it, which
+    aborts its engine requests). Returns the handler's result, or None after a disconnect."""
+    handler = asyncio.ensure_future(work)
+    listener = asyncio.ensure_future(listen_for_disconnect(request))
+    try:
+        await asyncio.wait([handler, listener], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        listener.cancel()
+        if not handler.done():
+            handler.cancel()
+            await asyncio.gather(handler, return_exceptions=True)
+    if handler.cancelled():
+        return None
+    return handler.result()
+
+
+class SSEResponse(StreamingResponse):
+    """A stream that watches for the client's disconnect and closes its generator at once
+    (Starlette would only notice at the next write, and leave the generator to GC)."""
+
+    media_type = "text/event-stream"
+
+    async def __call__(self, scope, receive, send) -> None:
+        async def listen():
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        stream = asyncio.ensure_future(self.stream_response(send))
+        listener = asyncio.ensure_future(listen())
+        try:
+            await asyncio.wait([stream, listener], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (stream, listener):
+                t.cancel()
+            await asyncio.gather(stream, listener, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await self.body_iterator.aclose()
+        error = stream.exception() if stream.done() and not stream.cancelled() else None
+        if error is not None and not isinstance(error, OSError):  # OSError: the client left
+            raise error
+
+
+def build_app(engine_client, served_model_names: list[str] | None = None,
+              chat_template: str | None = None, api_key: str | None = None,
+              allowed_origins: list[str] | None = None, log_requests: bool = False,
+              log_stats_interval: float | None = 10.0) -> FastAPI:
+    """The app over an AsyncLLM. Several apps may share one AsyncLLM; each has its own
+    metrics registry."""
+    engine = engine_client.engine
+    model_path = engine.config.model_config.model
+    names = served_model_names or [model_path]
+    metrics = ServerMetrics(engine, names[0])
+    completion = OpenAIServingCompletion(engine_client, names, metrics, log_requests)
+    chat = OpenAIServingChat(engine_client, names, metrics, log_requests,
+                             chat_template=chat_template)
+    stat_logger = StatLogger(metrics, log_stats_interval or 10.0)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        task = asyncio.ensure_future(stat_logger.run()) if log_stats_interval else None
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+
+    app = FastAPI(title="vllmx", version=vllmx.__version__, lifespan=lifespan)
+    app.state.metrics, app.state.stat_logger = metrics, stat_logger
+    app.state.engine_client = engine_client
+    if allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=allowed_origins,
+                           allow_credentials=True, allow_methods=["*"], allow_headers=["*"])
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_, exc: RequestValidationError):
+        message, param = pydantic_message(exc.errors())
+        return error_response(message, HTTPStatus.BAD_REQUEST, param)
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(_, exc: OpenAIError):
+        return error_response(exc.message, exc.status, exc.param, exc.err_type)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_, exc: StarletteHTTPException):
+        return error_response(str(exc.detail), HTTPStatus(exc.status_code))
+
+    @app.exception_handler(Exception)
+    async def _internal_error(_, exc: Exception):
+        logger.exception("request failed")
+        err = from_exception(exc)
+        return error_response(err.message, err.status, err.param, err.err_type)
+
+    async def check_api_key(request: Request) -> None:
+        if api_key is not None and request.headers.get("Authorization") != f"Bearer {api_key}":
+            raise OpenAIError("Unauthorized", HTTPStatus.UNAUTHORIZED)
+
+    async def respond(work: Awaitable, request: Request) -> Response:
+        try:
+            result = await run_cancellable(work, request)
+        except Exception as e:  # one request fails, not the server
+            err = from_exception(e)
+            if err.status >= 500:
+                logger.exception("request failed")
+            return error_response(err.message, err.status, err.param, err.err_type)
+        if result is None:  # the client is gone
+            return Response(status_code=499)
+        if isinstance(result, AsyncIterator):
+            return SSEResponse(result)
+        return JSONResponse(result)
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
+
+    @v1.post("/completions")
+    async def create_completion(body: CompletionRequest, request: Request):
+        return await respond(completion.create_completion(
+            body, request.headers.get("X-Request-Id")), request)
+
+    @v1.post("/chat/completions")
+    async def create_chat_completion(body: ChatCompletionRequest, request: Request):
+        return await respond(chat.create_chat_completion(
+            body, request.headers.get("X-Request-Id")), request)
+
+    @v1.get("/models")
+    async def show_available_models():
+        mc = engine.config.model_config
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": int(time.time()), "owned_by": "vllmx",
+             "root": mc.path or mc.model, "parent": None, "max_model_len": completion.max_model_len,
+             "permission": []} for name in names]}
+
+    app.include_router(v1)
+
+    @app.get("/health")
+    async def health():
+        if engine_client.errored:
+            return error_response(f"the engine has stopped: {engine_client.dead_error}",
+                                  HTTPStatus.SERVICE_UNAVAILABLE)
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version():
+        return {"version": vllmx.__version__}
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        completion.check_model(body.model)
+        tok = completion.tokenizer
+        if hasattr(body, "messages"):
+            _, ids = chat.render(body)
+        else:
+            ids = tok.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        out = {"count": len(ids), "max_model_len": completion.max_model_len, "tokens": ids,
+               "token_strs": None}
+        if body.return_token_strs:
+            out["token_strs"] = tok.convert_ids_to_tokens(ids)
+        return out
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        completion.check_model(body.model)
+        vocab = engine.model.vocab_size
+        if bad := [t for t in body.tokens if not 0 <= t < vocab]:
+            raise OpenAIError(f"token id {bad[0]} is out of vocabulary (size {vocab})",
+                              param="tokens")
+        return {"prompt": completion.tokenizer.decode(body.tokens)}
+
+    @app.get("/metrics")
+    async def show_metrics():
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

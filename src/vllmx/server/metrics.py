@@ -1,0 +1,193 @@
+"""Prometheus metrics with vLLM's names (prefix `vllmx:`, label model_name), and the periodic
+one-line stats log. Scheduler state (running / waiting / KV usage / preemptions / prefix cache)
+is read from the engine at scrape time; per-request metrics are recorded as outputs stream
+through the server (`track`). Each app has its own CollectorRegistry."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from vllmx.outputs import RequestOutput
+
+logger = logging.getLogger("vllmx")
+
+_TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+_ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0]
+_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+FINISH_REASONS = ("stop", "length", "abort")
+
+disable_created_metrics()  # no *_created series, as vLLM
+
+
+class _SchedulerCollector:
+    """Gauges and counters that the scheduler keeps, read when /metrics is scraped."""
+
+    def __init__(self, engine, model_name: str):
+        self.engine = engine
+        self.model_name = model_name
+
+    def collect(self):
+        s = scheduler_stats(self.engine)
+        labels = [self.model_name]
+        for name, doc, value in (
+                ("num_requests_running", "Number of requests in model execution batches.",
+                 s["running"]),
+                ("num_requests_waiting", "Number of requests waiting to be processed.",
+                 s["waiting"]),
+                ("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                 s["kv_usage"])):
+            g = GaugeMetricFamily(f"vllmx:{name}", doc, labels=["model_name"])
+            g.add_metric(labels, value)
+            yield g
+        for name, doc, value in (
+                ("prefix_cache_queries",
+                 "Prefix cache queries, in terms of number of queried tokens.",
+                 s["prefix_queries"]),
+                ("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+                 s["prefix_hits"]),
+                ("num_preemptions", "Cumulative number of preemption from the engine.",
+                 s["preemptions"])):
+            c = CounterMetricFamily(f"vllmx:{name}", doc, labels=["model_name"])
+            c.add_metric(labels, value)
+            yield c
+
+
+def scheduler_stats(engine) -> dict:
+    sched = engine.scheduler
+    kv = sched.kv_cache_manager
+    pc = getattr(kv, "prefix_cache_stats", None)
+    return {
+        "running": len(sched.running),
+        "waiting": len(sched.waiting),
+        "kv_usage": float(kv.usage),
+        "prefix_queries": getattr(pc, "queries", 0),
+        "prefix_hits": getattr(pc, "hits", 0),
+        "preemptions": getattr(sched, "num_preemptions", 0),
+    }
+
+
+class ServerMetrics:
+    def __init__(self, engine, model_name: str):
+        self.engine = engine
+        self.model_name = model_name
+        self.registry = CollectorRegistry()
+        self.registry.register(_SchedulerCollector(engine, model_name))
+        labels = ["model_name"]
+        r = self.registry
+        self.prompt_tokens = Counter("vllmx:prompt_tokens", "Number of prefill tokens processed.",
+                                     labels, registry=r).labels(model_name)
+        self.generation_tokens = Counter("vllmx:generation_tokens",
+                                         "Number of generation tokens processed.", labels,
+                                         registry=r).labels(model_name)
+        success = Counter("vllmx:request_success", "Count of successfully processed requests.",
+                          ["model_name", "finished_reason"], registry=r)
+        self.request_success = {f: success.labels(model_name, f) for f in FINISH_REASONS}
+        self.ttft = Histogram("vllmx:time_to_first_token_seconds",
+                              "Histogram of time to first token in seconds.", labels,
+                              buckets=_TTFT_BUCKETS, registry=r).labels(model_name)
+        self.itl = Histogram("vllmx:inter_token_latency_seconds",
+                             "Histogram of inter-token latency in seconds.", labels,
+                             buckets=_ITL_BUCKETS, registry=r).labels(model_name)
+        self.e2e = Histogram("vllmx:e2e_request_latency_seconds",
+                             "Histogram of e2e request latency in seconds.", labels,
+                             buckets=_LATENCY_BUCKETS, registry=r).labels(model_name)
+        self.queue_time = Histogram("vllmx:request_queue_time_seconds",
+                                    "Histogram of time spent in WAITING phase for request.",
+                                    labels, buckets=_LATENCY_BUCKETS, registry=r).labels(model_name)
+        # Plain totals for the periodic log.
+        self.num_prompt_tokens = 0
+        self.num_generation_tokens = 0
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    async def track(self, outputs: AsyncIterator[RequestOutput],
+                    arrival_time: float) -> AsyncIterator[RequestOutput]:
+        """Passes a request's DELTA outputs through, recording its metrics on the way."""
+        first, finished = True, False
+        last_token_time: dict[int, float] = {}
+        try:
+            async for out in outputs:
+                now = time.time()
+                if first:
+                    first = False
+                    self.prompt_tokens.inc(len(out.prompt_token_ids))
+                    self.num_prompt_tokens += len(out.prompt_token_ids)
+                    self.ttft.observe(now - arrival_time)
+                for c in out.outputs:
+                    k = len(c.token_ids)
+                    if k:
+                        self.generation_tokens.inc(k)
+                        self.num_generation_tokens += k
+                        if c.index in last_token_time:
+                            self.itl.observe((now - last_token_time[c.index]) / k)
+                        last_token_time[c.index] = now
+                    if c.finish_reason in self.request_success:
+                        self.request_success[c.finish_reason].inc()
+                if out.finished:
+                    finished = True
+                    self.e2e.observe(now - arrival_time)
+                    m = out.metrics
+                    if m is not None and m.first_scheduled_time:
+                        self.queue_time.observe(max(0.0, m.first_scheduled_time - m.arrival_time))
+                yield out
+        finally:
+            if not finished:  # the client went away, or the request failed
+                self.request_success["abort"].inc()
+                await outputs.aclose()  # aborts the engine request now, not at GC
+
+
+class StatLogger:
+    """vLLM's LoggingStatLogger: every interval, one line of throughput and cache usage
+    (only while there is something to report)."""
+
+    def __init__(self, metrics: ServerMetrics, interval: float = 10.0):
+        self.metrics = metrics
+        self.interval = interval
+        self._last = (time.monotonic(), 0, 0, 0, 0)
+        self._was_busy = False
+
+    def log(self) -> str | None:
+        m = self.metrics
+        s = scheduler_stats(m.engine)
+        now = time.monotonic()
+        t0, p0, g0, q0, h0 = self._last
+        dt = max(now - t0, 1e-9)
+        prompt_tp = (m.num_prompt_tokens - p0) / dt
+        gen_tp = (m.num_generation_tokens - g0) / dt
+        dq, dh = s["prefix_queries"] - q0, s["prefix_hits"] - h0
+        self._last = (now, m.num_prompt_tokens, m.num_generation_tokens, s["prefix_queries"],
+                      s["prefix_hits"])
+        busy = bool(prompt_tp or gen_tp or s["running"] or s["waiting"])
+        if not busy and not self._was_busy:
+            return None
+        self._was_busy = busy
+        line = (f"Avg prompt throughput: {prompt_tp:.1f} tokens/s, Avg generation throughput: "
+                f"{gen_tp:.1f} tokens/s, Running: {s['running']} reqs, Waiting: {s['waiting']} "
+                f"reqs, KV cache usage: {100 * s['kv_usage']:.1f}%, Prefix cache hit rate: "
+                f"{100 * dh / dq if dq else 0.0:.1f}%")
+        logger.info(line)
+        return line
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                self.log()
+            except Exception:  # a stats hiccup must never take the server down
+                logger.exception("stats logging failed")

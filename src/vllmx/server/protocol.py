@@ -1,0 +1,146 @@
+"""Request bodies of the OpenAI API with vLLM's extra parameters (same names as
+vllm/entrypoints/openai/protocol.py). Responses are plain dicts built by the serving classes.
+
+Unknown fields are accepted and ignored with a warning, as vLLM does, so that clients sending
+newer OpenAI fields keep working; fields that are known but cannot be honoured yet (tools,
+non-text response_format, structured outputs, ...) are rejected by the serving code."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+logger = logging.getLogger("vllmx")
+
+
+class OpenAIBaseModel(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="after")
+    def _warn_extra(self):
+        if self.model_extra:
+            logger.warning("The following fields were present in the request but ignored: %s",
+                           sorted(self.model_extra))
+        return self
+
+
+class StreamOptions(OpenAIBaseModel):
+    include_usage: bool | None = True
+    continuous_usage_stats: bool | None = False
+
+
+class ResponseFormat(OpenAIBaseModel):
+    type: str
+    json_schema: dict[str, Any] | None = None
+
+
+class _SamplingFields(OpenAIBaseModel):
+    """Fields shared by completions and chat (OpenAI's, then vLLM's extra parameters)."""
+
+    model: str | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    n: int = 1
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    user: str | None = None
+    response_format: ResponseFormat | None = None
+    best_of: int | None = None
+    # vLLM's extra sampling parameters
+    use_beam_search: bool = False
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = None
+    prompt_logprobs: int | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    # vLLM's extra request parameters
+    priority: int = 0
+    request_id: str | None = None
+    # structured output (not supported yet: rejected when given)
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = None
+    max_tokens: int | None = 16
+    suffix: str | None = None
+    add_special_tokens: bool = True
+
+
+class ChatMessage(OpenAIBaseModel):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage]
+    logprobs: bool = False
+    top_logprobs: int | None = 0
+    max_tokens: int | None = Field(default=None, description="deprecated by OpenAI")
+    max_completion_tokens: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    # vLLM's extra chat parameters
+    echo: bool = False
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    documents: list[dict[str, str]] | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class TokenizeCompletionRequest(OpenAIBaseModel):
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool | None = False
+
+
+class TokenizeChatRequest(OpenAIBaseModel):
+    model: str | None = None
+    messages: list[ChatMessage]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    return_token_strs: bool | None = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+TokenizeRequest = TokenizeCompletionRequest | TokenizeChatRequest
+
+
+class DetokenizeRequest(OpenAIBaseModel):
+    model: str | None = None
+    tokens: list[int]
+
+
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+FinishReason = Literal["stop", "length", "abort"]

@@ -1,0 +1,232 @@
+"""POST /v1/chat/completions (vLLM's OpenAIServingChat): messages rendered with the chat
+template, one engine request with n choices, streamed as SSE or returned whole."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+
+from vllmx.outputs import Logprob
+from vllmx.server.errors import OpenAIError, from_exception, sse_error
+from vllmx.server.protocol import ROLES, ChatCompletionRequest, ChatMessage
+from vllmx.server.serving_engine import (
+    MAX_LOGPROBS,
+    OpenAIServing,
+    merge_async_iterators,
+    random_uuid,
+)
+
+
+def conversation(messages: list[ChatMessage]) -> list[dict]:
+    """Messages as the chat template sees them (text parts joined), with their roles checked."""
+    if not messages:
+        raise OpenAIError("messages must contain at least one message", param="messages")
+    out = []
+    for i, m in enumerate(messages):
+        if m.role not in ROLES:
+            raise OpenAIError(f"messages[{i}].role {m.role!r} is not one of {', '.join(ROLES)}",
+                              param=f"messages[{i}].role")
+        content = m.content
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise OpenAIError(f"messages[{i}]: content part of type {part.get('type')!r} "
+                                      f"is not supported (text only)",
+                                      param=f"messages[{i}].content")
+                texts.append(part["text"])
+            content = "\n".join(texts)
+        msg = {"role": m.role, "content": content}
+        for key in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
+            if getattr(m, key) is not None:
+                msg[key] = getattr(m, key)
+        out.append(msg)
+    return out
+
+
+def _token_bytes(token: str) -> list[int]:
+    return list(token.encode("utf-8", errors="replace"))
+
+
+class OpenAIServingChat(OpenAIServing):
+    def __init__(self, *args, chat_template: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.chat_template = chat_template
+
+    def render(self, request, tools=None) -> tuple[str, list[int]]:
+        """The prompt text and ids of a chat request (also used by /tokenize)."""
+        conv = conversation(request.messages)
+        if request.add_generation_prompt and request.continue_final_message:
+            raise OpenAIError("Cannot set both `continue_final_message` and "
+                              "`add_generation_prompt` to True.")
+        if request.continue_final_message and conv[-1]["role"] != "assistant":
+            raise OpenAIError("continue_final_message needs the last message to be the "
+                              "assistant's", param="continue_final_message")
+        if request.chat_template is not None:
+            raise OpenAIError("chat_template in the request is not allowed; start the server "
+                              "with --chat-template", param="chat_template")
+        try:
+            text = self.tokenizer.apply_chat_template(
+                conv, add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message, tokenize=False,
+                chat_template=self.chat_template, tools=tools,
+                documents=getattr(request, "documents", None),
+                **(request.chat_template_kwargs or {}))
+        except (ValueError, TypeError) as e:
+            raise OpenAIError(f"chat template error: {e}") from e
+        return text, self.tokenizer.encode(text, add_special_tokens=request.add_special_tokens)
+
+    async def create_chat_completion(self, request: ChatCompletionRequest,
+                                     request_id: str | None):
+        self.check_model(request.model)
+        self.check_unsupported(request)
+        tools = None
+        if request.tools:
+            if request.tool_choice != "none":
+                raise OpenAIError("tool calling is not supported yet; send tool_choice='none' to "
+                                  "only show the tools to the model", param="tools")
+            tools = request.tools
+        elif request.tool_choice not in (None, "none", "auto"):
+            raise OpenAIError("tool_choice needs tools", param="tool_choice")
+        top = request.top_logprobs
+        if top is not None and not 0 <= top <= MAX_LOGPROBS:
+            raise OpenAIError(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {top}",
+                              param="top_logprobs")
+        if top and not request.logprobs:
+            raise OpenAIError("when using `top_logprobs`, `logprobs` must be set to true.",
+                              param="top_logprobs")
+        text, ids = self.render(request, tools)
+        ids = self.truncate(ids, request.truncate_prompt_tokens)
+        max_tokens = request.max_completion_tokens or request.max_tokens
+        max_tokens = self.max_tokens_for(len(ids), max_tokens, "messages")
+        params = self.sampling_params(request, max_tokens,
+                                      (top or 0) if request.logprobs else None,
+                                      request.prompt_logprobs)
+        request_id = f"chatcmpl-{request.request_id or request_id or random_uuid()}"
+        merged = merge_async_iterators(self.generate(
+            {"prompt": text, "prompt_token_ids": ids}, params, request_id, request.priority))
+        created = int(time.time())
+        model = request.model or self.served_model_names[0]
+        echo = ""
+        if request.echo and request.messages and request.messages[-1].role == "assistant":
+            echo = conversation(request.messages[-1:])[0]["content"] or ""
+        if request.stream:
+            try:
+                first = await merged.__anext__()
+            except StopAsyncIteration:
+                first = None
+            except BaseException:
+                await merged.aclose()
+                raise
+            return self._stream(request, len(ids), merged, first, request_id, created, model,
+                                echo)
+        return await self._full(request, len(ids), merged, request_id, created, model, echo)
+
+    def _logprobs(self, request, token_ids: list[int],
+                  logprobs: list[dict[int, Logprob]] | None) -> dict | None:
+        if not request.logprobs:
+            return None
+        k = request.top_logprobs or 0
+        content = []
+        for tok_id, step in zip(token_ids, logprobs or []):
+            lp = step.get(tok_id)
+            token = self._decoded(tok_id, lp)
+            top = sorted((p.rank, t, p) for t, p in step.items()
+                         if p.rank is not None and p.rank <= k)
+            content.append({
+                "token": token, "logprob": max(lp.logprob, -9999.0) if lp else -9999.0,
+                "bytes": _token_bytes(token),
+                "top_logprobs": [{"token": self._decoded(t, p), "logprob": max(p.logprob, -9999.0),
+                                  "bytes": _token_bytes(self._decoded(t, p))}
+                                 for _, t, p in top]})
+        return {"content": content}
+
+    def _decoded(self, token_id: int, lp: Logprob | None) -> str:
+        if lp is not None and lp.decoded_token is not None:
+            return lp.decoded_token
+        return self.tokenizer.decode([token_id])
+
+    async def _full(self, request, num_prompt, merged, request_id, created, model,
+                    echo) -> dict:
+        choices: dict[int, dict] = {}
+        try:
+            async for _, out in merged:
+                for c in out.outputs:
+                    ch = choices.setdefault(c.index, {"text": [], "token_ids": [],
+                                                      "logprobs": [], "finish_reason": None,
+                                                      "stop_reason": None})
+                    ch["text"].append(c.text)
+                    ch["token_ids"].extend(c.token_ids)
+                    ch["logprobs"].extend(c.logprobs or [])
+                    if c.finish_reason is not None:
+                        ch["finish_reason"], ch["stop_reason"] = c.finish_reason, c.stop_reason
+        except Exception as e:
+            raise from_exception(e) from e
+        result, completion_tokens = [], 0
+        for idx in sorted(choices):
+            ch = choices[idx]
+            completion_tokens += len(ch["token_ids"])
+            result.append({
+                "index": idx,
+                "message": {"role": "assistant", "content": echo + "".join(ch["text"]),
+                            "reasoning_content": None, "tool_calls": []},
+                "logprobs": self._logprobs(request, ch["token_ids"], ch["logprobs"]),
+                "finish_reason": ch["finish_reason"], "stop_reason": ch["stop_reason"]})
+        return {"id": request_id, "object": "chat.completion", "created": created,
+                "model": model, "choices": result,
+                "usage": {"prompt_tokens": num_prompt, "completion_tokens": completion_tokens,
+                          "total_tokens": num_prompt + completion_tokens}}
+
+    async def _stream(self, request, num_prompt, merged, first, request_id, created, model,
+                      echo) -> AsyncIterator[str]:
+        opts = request.stream_options
+        include_usage = bool(opts and opts.include_usage)
+        continuous = bool(include_usage and opts.continuous_usage_stats)
+        num_tokens = [0] * request.n
+
+        def usage():
+            g = sum(num_tokens)
+            return {"prompt_tokens": num_prompt, "completion_tokens": g,
+                    "total_tokens": num_prompt + g}
+
+        def chunk(choices, with_usage=False) -> str:
+            body = {"id": request_id, "object": "chat.completion.chunk", "created": created,
+                    "model": model, "choices": choices}
+            if with_usage:
+                body["usage"] = usage()
+            return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+        try:
+            for i in range(request.n):
+                yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                              "logprobs": None, "finish_reason": None}], continuous)
+                if echo:
+                    yield chunk([{"index": i, "delta": {"content": echo}, "logprobs": None,
+                                  "finish_reason": None}], continuous)
+
+            async def outputs():
+                if first is not None:
+                    yield first
+                async for item in merged:
+                    yield item
+
+            async for _, out in outputs():
+                for c in out.outputs:
+                    num_tokens[c.index] += len(c.token_ids)
+                    logprobs = self._logprobs(request, c.token_ids, c.logprobs)
+                    if not c.text and c.finish_reason is None and not logprobs:
+                        continue
+                    delta = {"content": c.text} if c.text else {}
+                    yield chunk([{"index": c.index, "delta": delta, "logprobs": logprobs,
+                                  "finish_reason": c.finish_reason,
+                                  "stop_reason": c.stop_reason}], continuous)
+            if include_usage:
+                body = {"id": request_id, "object": "chat.completion.chunk",
+                        "created": created, "model": model, "choices": [], "usage": usage()}
+                yield f"data: {json.dumps(body)}\n\n"
+        except Exception as e:  # noqa: BLE001 - the stream ends with the error event
+            yield sse_error(e)
+        finally:
+            await merged.aclose()
+        yield "data: [DONE]\n\n"

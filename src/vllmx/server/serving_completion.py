@@ -1,0 +1,249 @@
+"""POST /v1/completions (vLLM's OpenAIServingCompletion): one engine request per prompt, n
+choices each (choice index = prompt index * n + sample index), streamed as SSE or returned
+whole."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+
+from vllmx.outputs import Logprob
+from vllmx.server.errors import OpenAIError, from_exception, sse_error
+from vllmx.server.protocol import CompletionRequest
+from vllmx.server.serving_engine import OpenAIServing, merge_async_iterators, random_uuid
+
+
+def _clamp(lp: float) -> float:
+    return max(lp, -9999.0)  # -inf is not JSON; OpenAI uses -9999
+
+
+class CompletionLogprobs:
+    """OpenAI's completion logprobs (tokens, token_logprobs, top_logprobs, text_offset), built
+    incrementally so that stream chunks carry only their part."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.text_offset = 0
+
+    def _text(self, token_id: int, lp: Logprob | None) -> str:
+        if lp is not None and lp.decoded_token is not None:
+            return lp.decoded_token
+        return self.tokenizer.decode([token_id])
+
+    def build(self, token_ids: list[int], logprobs: list[dict[int, Logprob] | None]) -> dict:
+        out = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
+        for token_id, step in zip(token_ids, logprobs):
+            if step is None:  # the first prompt token has no logprob
+                token = self._text(token_id, None)
+                out["token_logprobs"].append(None)
+                out["top_logprobs"].append(None)
+            else:
+                token = self._text(token_id, step.get(token_id))
+                lp = step.get(token_id)
+                out["token_logprobs"].append(_clamp(lp.logprob) if lp is not None else None)
+                out["top_logprobs"].append({self._text(t, p): _clamp(p.logprob)
+                                            for t, p in step.items()})
+            out["tokens"].append(token)
+            out["text_offset"].append(self.text_offset)
+            self.text_offset += len(token)
+        return out
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    async def create_completion(self, request: CompletionRequest, request_id: str | None):
+        """The response dict, or (streaming) an async iterator of SSE lines."""
+        self.check_model(request.model)
+        self.check_unsupported(request)
+        if request.suffix is not None:
+            raise OpenAIError("suffix is not currently supported", param="suffix")
+        prompts = self._prompts(request)
+        request_id = f"cmpl-{request.request_id or request_id or random_uuid()}"
+        want_logprobs = request.logprobs
+        prompt_logprobs = request.prompt_logprobs
+        if request.echo and want_logprobs is not None and prompt_logprobs is None:
+            prompt_logprobs = want_logprobs
+        engine_prompts, params = [], []
+        for text, ids in prompts:
+            max_tokens = self.max_tokens_for(len(ids), request.max_tokens, "prompt")
+            params.append(self.sampling_params(request, max_tokens, want_logprobs,
+                                               prompt_logprobs))
+            engine_prompts.append({"prompt": text, "prompt_token_ids": ids})
+        gens = [self.generate(p, sp, f"{request_id}-{i}" if len(prompts) > 1 else request_id,
+                              request.priority)
+                for i, (p, sp) in enumerate(zip(engine_prompts, params))]
+        merged = merge_async_iterators(*gens)
+        created = int(time.time())
+        model = request.model or self.served_model_names[0]
+        if request.stream:
+            try:
+                first = await merged.__anext__()  # request errors become a status, not a chunk
+            except StopAsyncIteration:
+                first = None
+            except BaseException:
+                await merged.aclose()
+                raise
+            return self._stream(request, prompts, merged, first, request_id, created, model)
+        return await self._full(request, prompts, merged, request_id, created, model)
+
+    def _prompts(self, request: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+        p = request.prompt
+        if isinstance(p, str):
+            items: list = [p]
+        elif not p:
+            raise OpenAIError("prompt must not be empty", param="prompt")
+        elif isinstance(p[0], int):
+            items = [p]
+        else:
+            items = list(p)
+        out = []
+        tok = self.engine_client.tokenizer
+        for item in items:
+            if isinstance(item, str):
+                if not item:
+                    raise OpenAIError("prompt must not be empty", param="prompt")
+                ids = self.tokenizer.encode(item, add_special_tokens=request.add_special_tokens)
+                text = item
+            else:
+                if not item:
+                    raise OpenAIError("prompt must not be empty", param="prompt")
+                ids = list(item)
+                text = tok.decode(ids) if tok is not None else None
+            ids = self.truncate(ids, request.truncate_prompt_tokens)
+            vocab = self.engine.model.vocab_size
+            if bad := [t for t in ids if not 0 <= t < vocab]:
+                raise OpenAIError(f"prompt token id {bad[0]} is out of vocabulary (size {vocab})",
+                                  param="prompt")
+            out.append((text, ids))
+        return out
+
+    def _prompt_part(self, request, prompt, final_prompt_logprobs, lp_builder):
+        """What echo puts before the generated text: the prompt text and its logprobs."""
+        text, ids = prompt
+        logprobs = None
+        if request.logprobs is not None:
+            plp = final_prompt_logprobs or [None] * len(ids)
+            logprobs = lp_builder.build(ids, plp)
+        return text or "", logprobs
+
+    async def _full(self, request, prompts, merged, request_id, created, model) -> dict:
+        n = request.n
+        choices: dict[int, dict] = {}
+        builders: dict[int, CompletionLogprobs] = {}
+        prompt_logprobs: dict[int, list] = {}
+        num_cached = 0
+        try:
+            async for i, out in merged:
+                if out.prompt_logprobs is not None:
+                    prompt_logprobs[i] = out.prompt_logprobs
+                num_cached = max(num_cached, out.num_cached_tokens)
+                for c in out.outputs:
+                    idx = i * n + c.index
+                    ch = choices.setdefault(idx, {"text": [], "token_ids": [], "logprobs": [],
+                                                  "finish_reason": None, "stop_reason": None})
+                    ch["text"].append(c.text)
+                    ch["token_ids"].extend(c.token_ids)
+                    if c.logprobs:
+                        ch["logprobs"].extend(c.logprobs)
+                    if c.finish_reason is not None:
+                        ch["finish_reason"], ch["stop_reason"] = c.finish_reason, c.stop_reason
+        except Exception as e:
+            raise from_exception(e) from e
+        result_choices = []
+        completion_tokens = 0
+        for idx in sorted(choices):
+            ch, i = choices[idx], idx // n
+            text = "".join(ch["text"])
+            logprobs = None
+            if request.logprobs is not None:
+                b = builders.setdefault(idx, CompletionLogprobs(self.tokenizer))
+                logprobs = {"text_offset": [], "token_logprobs": [], "tokens": [],
+                            "top_logprobs": []}
+                if request.echo:
+                    _, logprobs = self._prompt_part(request, prompts[i],
+                                                    prompt_logprobs.get(i), b)
+                gen = b.build(ch["token_ids"], ch["logprobs"])
+                for k in logprobs:
+                    logprobs[k] = logprobs[k] + gen[k]
+            if request.echo:
+                text = (prompts[i][0] or "") + text
+            completion_tokens += len(ch["token_ids"])
+            choice = {"index": idx, "text": text, "logprobs": logprobs,
+                      "finish_reason": ch["finish_reason"], "stop_reason": ch["stop_reason"]}
+            if request.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = _prompt_logprobs_json(prompt_logprobs.get(i))
+            result_choices.append(choice)
+        prompt_tokens = sum(len(ids) for _, ids in prompts)
+        return {"id": request_id, "object": "text_completion", "created": created,
+                "model": model, "choices": result_choices,
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                          "total_tokens": prompt_tokens + completion_tokens}}
+
+    async def _stream(self, request, prompts, merged, first, request_id, created,
+                      model) -> AsyncIterator[str]:
+        n = request.n
+        opts = request.stream_options
+        include_usage = bool(opts and opts.include_usage)
+        continuous = bool(include_usage and opts.continuous_usage_stats)
+        builders: dict[int, CompletionLogprobs] = {}
+        num_tokens: dict[int, int] = {}
+        echoed: set[int] = set()
+
+        def chunk(choices, usage=None) -> str:
+            body = {"id": request_id, "object": "text_completion", "created": created,
+                    "model": model, "choices": choices}
+            if usage is not None:
+                body["usage"] = usage
+            return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+        async def outputs():
+            if first is not None:
+                yield first
+            async for item in merged:
+                yield item
+
+        try:
+            async for i, out in outputs():
+                for c in out.outputs:
+                    idx = i * n + c.index
+                    b = builders.setdefault(idx, CompletionLogprobs(self.tokenizer))
+                    text, logprobs = c.text, None
+                    if request.echo and idx not in echoed:  # the prompt comes first
+                        echoed.add(idx)
+                        ptext, logprobs = self._prompt_part(request, prompts[i],
+                                                            out.prompt_logprobs, b)
+                        text = ptext + text
+                    if request.logprobs is not None:
+                        gen = b.build(c.token_ids, c.logprobs or [])
+                        logprobs = gen if logprobs is None else {
+                            k: logprobs[k] + gen[k] for k in gen}
+                    num_tokens[idx] = num_tokens.get(idx, 0) + len(c.token_ids)
+                    if not text and c.finish_reason is None and not logprobs:
+                        continue
+                    choice = {"index": idx, "text": text, "logprobs": logprobs,
+                              "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+                    usage = None
+                    if continuous:
+                        p = len(prompts[i][1])
+                        usage = {"prompt_tokens": p, "completion_tokens": num_tokens[idx],
+                                 "total_tokens": p + num_tokens[idx]}
+                    yield chunk([choice], usage)
+            if include_usage:
+                p = sum(len(ids) for _, ids in prompts)
+                g = sum(num_tokens.values())
+                yield chunk([], {"prompt_tokens": p, "completion_tokens": g,
+                                 "total_tokens": p + g})
+        except Exception as e:  # noqa: BLE001 - the stream ends with the error event
+            yield sse_error(e)
+        finally:
+            await merged.aclose()
+        yield "data: [DONE]\n\n"
+
+
+def _prompt_logprobs_json(plp) -> list | None:
+    if plp is None:
+        return None
+    return [None if step is None else
+            {str(t): {"logprob": _clamp(p.logprob), "rank": p.rank,
+                      "decoded_token": p.decoded_token} for t, p in step.items()}
+            for step in plp]

@@ -1,0 +1,208 @@
+"""What completions and chat share (vLLM's OpenAIServing): the model check, the request ->
+SamplingParams mapping, the context-length check, and running one or more engine requests
+with their outputs merged and their metrics recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from http import HTTPStatus
+
+from vllmx.outputs import RequestOutput
+from vllmx.sampling_params import RequestOutputKind, SamplingParams
+from vllmx.server.errors import OpenAIError
+from vllmx.server.metrics import ServerMetrics
+
+logger = logging.getLogger("vllmx")
+
+_PARAM_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
+# Neutral values: a field SamplingParams lacks may be dropped only when the request leaves it so.
+_NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+            "min_tokens": 0, "include_stop_str_in_output": False, "ignore_eos": False,
+            "skip_special_tokens": True, "spaces_between_special_tokens": True, "top_k": 0,
+            "min_p": 0.0, "bad_words": []}
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+
+
+def random_uuid() -> str:
+    return uuid.uuid4().hex
+
+
+class OpenAIServing:
+    def __init__(self, engine_client, served_model_names: list[str], metrics: ServerMetrics,
+                 log_requests: bool = True):
+        self.engine_client = engine_client
+        self.engine = engine_client.engine
+        self.served_model_names = served_model_names
+        self.metrics = metrics
+        self.log_requests = log_requests
+        mc = self.engine.config.model_config
+        self.max_model_len = min(mc.max_model_len,
+                                 getattr(self.engine.scheduler, "max_model_len", None)
+                                 or mc.max_model_len)
+        self.default_sampling = {k: mc.gen_config[k] for k in
+                                 ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
+                                 if mc.gen_config.get(k) is not None}
+        self.default_max_tokens = mc.gen_config.get("max_new_tokens")
+
+    @property
+    def tokenizer(self):
+        tok = self.engine_client.tokenizer
+        if tok is None:
+            raise OpenAIError("this server runs without a tokenizer (skip_tokenizer_init)")
+        return tok
+
+    # -- checks -----------------------------------------------------------------------------
+    def check_model(self, model: str | None) -> None:
+        if model and model not in self.served_model_names:
+            raise OpenAIError(f"The model `{model}` does not exist.", HTTPStatus.NOT_FOUND,
+                              param="model")
+
+    @staticmethod
+    def check_unsupported(request) -> None:
+        if request.use_beam_search:
+            raise OpenAIError("beam search is not supported yet", param="use_beam_search")
+        rf = request.response_format
+        if rf is not None and rf.type != "text":
+            raise OpenAIError(f"response_format of type {rf.type!r} is not supported yet "
+                              f"(structured output is not implemented); only "
+                              f"{{'type': 'text'}} is accepted", param="response_format")
+        for name in ("structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                     "guided_grammar"):
+            if getattr(request, name) is not None:
+                raise OpenAIError(f"{name} is not supported yet (structured output is not "
+                                  f"implemented)", param=name)
+        if request.stream_options is not None and not request.stream:
+            raise OpenAIError("Stream options can only be defined when `stream=True`.",
+                              param="stream_options")
+        if request.n < 1:
+            raise OpenAIError(f"n must be at least 1, got {request.n}.", param="n")
+
+    def truncate(self, ids: list[int], truncate_prompt_tokens: int | None) -> list[int]:
+        """vLLM's truncate_prompt_tokens: keep the last k prompt tokens (-1: max_model_len)."""
+        if truncate_prompt_tokens is None:
+            return ids
+        k = self.max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
+        if k < 1 or k > self.max_model_len:
+            raise OpenAIError(f"truncate_prompt_tokens must be -1 or in [1, max_model_len="
+                              f"{self.max_model_len}], got {truncate_prompt_tokens}",
+                              param="truncate_prompt_tokens")
+        return ids[-k:]
+
+    def max_tokens_for(self, num_prompt: int, max_tokens: int | None,
+                       what: str = "messages") -> int:
+        """The request's max_tokens, or what is left of the context; 400 when it cannot fit."""
+        if num_prompt >= self.max_model_len:
+            raise OpenAIError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your request has {num_prompt} input tokens. Please reduce the length of the "
+                f"input {what}.")
+        if max_tokens is None:
+            left = self.max_model_len - num_prompt
+            return min(left, self.default_max_tokens) if self.default_max_tokens else left
+        if max_tokens < 1:
+            raise OpenAIError(f"max_tokens must be at least 1, got {max_tokens}.",
+                              param="max_tokens")
+        if num_prompt + max_tokens > self.max_model_len:
+            raise OpenAIError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"you requested {num_prompt + max_tokens} tokens ({num_prompt} in the {what}, "
+                f"{max_tokens} in the completion). Please reduce the length of the {what} or "
+                f"completion.", param="max_tokens")
+        return max_tokens
+
+    # -- SamplingParams -----------------------------------------------------------------------
+    def sampling_params(self, request, max_tokens: int, logprobs: int | None,
+                        prompt_logprobs: int | None) -> SamplingParams:
+        for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise OpenAIError(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}",
+                                  param=name)
+        kwargs = dict(self.default_sampling)
+        requested = {
+            "n": request.n, "best_of": request.best_of,
+            "presence_penalty": request.presence_penalty,
+            "frequency_penalty": request.frequency_penalty,
+            "repetition_penalty": request.repetition_penalty,
+            "temperature": request.temperature, "top_p": request.top_p,
+            "top_k": request.top_k, "min_p": request.min_p, "seed": request.seed,
+            "stop": request.stop, "stop_token_ids": request.stop_token_ids,
+            "bad_words": request.bad_words,
+            "include_stop_str_in_output": request.include_stop_str_in_output,
+            "ignore_eos": request.ignore_eos, "max_tokens": max_tokens,
+            "min_tokens": request.min_tokens, "logprobs": logprobs,
+            "prompt_logprobs": prompt_logprobs,
+            "skip_special_tokens": request.skip_special_tokens,
+            "spaces_between_special_tokens": request.spaces_between_special_tokens,
+            "logit_bias": request.logit_bias, "allowed_token_ids": request.allowed_token_ids,
+        }
+        kwargs.update({k: v for k, v in requested.items() if v is not None})
+        for name in list(kwargs):
+            if name not in _PARAM_FIELDS:
+                if kwargs[name] == _NEUTRAL.get(name, object()):
+                    del kwargs[name]
+                else:
+                    raise OpenAIError(f"{name} is not supported by this server yet", param=name)
+        try:
+            params = SamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA)
+            tok = self.engine_client.tokenizer
+            if tok is not None and hasattr(params, "update_from_tokenizer"):
+                params.update_from_tokenizer(tok)
+            if hasattr(params, "verify_token_ids"):
+                params.verify_token_ids(self.engine.model.vocab_size)
+        except (ValueError, TypeError, NotImplementedError) as e:
+            raise OpenAIError(str(e)) from e
+        return params
+
+    # -- running requests ---------------------------------------------------------------------
+    def generate(self, prompt: dict, params: SamplingParams, request_id: str,
+                 priority: int) -> AsyncIterator[RequestOutput]:
+        if self.log_requests:
+            logger.info("Received request %s: prompt tokens %d, params %s", request_id,
+                        len(prompt["prompt_token_ids"]), params)
+        gen = self.engine_client.generate(prompt, params, request_id=request_id,
+                                          priority=priority)
+        return self.metrics.track(gen, time.time())
+
+
+async def merge_async_iterators(*iterators: AsyncIterator) -> AsyncIterator[tuple[int, object]]:
+    """(i, item) from several async iterators as items come. Closing (or cancelling) the
+    merged iterator cancels every producer, so each underlying request is aborted."""
+    if len(iterators) == 1:  # the common case: no tasks needed
+        try:
+            async for item in iterators[0]:
+                yield 0, item
+        finally:
+            await iterators[0].aclose()
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def drain(i: int, it: AsyncIterator) -> None:
+        try:
+            async for item in it:
+                await queue.put((i, item))
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            await queue.put((i, e))
+        finally:
+            await queue.put((i, done))
+
+    tasks = [asyncio.ensure_future(drain(i, it)) for i, it in enumerate(iterators)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

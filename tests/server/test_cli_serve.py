@@ -1,0 +1,55 @@
+"""`vllmx serve` as a user runs it: no model argument serves the built-in default."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(*args: str, **kw) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.Popen([sys.executable, "-m", "vllmx.cli.main", "serve", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def test_serve_default_model(smollm2_gguf):
+    port = _free_port()
+    proc = _run("--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
+                "--kv-cache-memory-bytes", "32M", "--api-key", "k", "--disable-log-requests")
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "server did not come up"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k")
+        assert client.models.list().data[0].id == "SmolLM2-135M-Instruct"
+        out = client.completions.create(model="SmolLM2-135M-Instruct",
+                                        prompt="The capital of France is", temperature=0,
+                                        max_tokens=4)
+        assert "Paris" in out.choices[0].text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_serve_flag_errors():
+    out = _run("--device", "cuda")
+    assert out.wait(timeout=60) == 2
+    assert "not built with CUDA" in out.stdout.read()

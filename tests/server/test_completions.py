@@ -1,0 +1,121 @@
+"""/v1/completions through the official openai client."""
+
+from __future__ import annotations
+
+from tests.server.conftest import MODEL
+
+PROMPT = "The capital of France is"
+
+
+def greedy(client, prompt=PROMPT, **kw):
+    return client.completions.create(model=MODEL, prompt=prompt, temperature=0,
+                                     max_tokens=kw.pop("max_tokens", 8), **kw)
+
+
+def test_completion_text_and_usage(client, engine_client):
+    out = greedy(client)
+    assert "Paris" in out.choices[0].text
+    assert out.object == "text_completion" and out.model == MODEL
+    assert out.choices[0].finish_reason == "length"
+    n_prompt = len(engine_client.tokenizer.encode(PROMPT))
+    assert out.usage.prompt_tokens == n_prompt
+    assert out.usage.completion_tokens == 8
+    assert out.usage.total_tokens == n_prompt + 8
+
+
+def test_stream_equals_full_and_usage(client):
+    full = greedy(client, max_tokens=12).choices[0].text
+    chunks = list(client.completions.create(
+        model=MODEL, prompt=PROMPT, temperature=0, max_tokens=12, stream=True,
+        stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == full
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+    assert all(c.usage is None for c in chunks[:-1])
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_continuous_usage_stats(client):
+    chunks = list(client.completions.create(
+        model=MODEL, prompt=PROMPT, temperature=0, max_tokens=6, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    counts = [c.usage.completion_tokens for c in chunks]
+    assert counts == sorted(counts) and counts[-1] == 6
+    assert all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens
+               for c in chunks)
+
+
+def test_n_choices_with_seed(client):
+    kw = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 6, "n": 3,
+          "temperature": 1.0, "seed": 7, "logprobs": 0}
+    a, b = client.completions.create(**kw), client.completions.create(**kw)
+    assert [c.index for c in a.choices] == [0, 1, 2]
+    assert [c.text for c in a.choices] == [c.text for c in b.choices]  # seeded
+    assert len({c.text for c in a.choices}) > 1  # the samples differ from each other
+    assert a.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in a.choices)
+
+
+def test_batch_of_prompts_matches_single(client):
+    prompts = ["The capital of France is", "1, 2, 3, 4,"]
+    batch = client.completions.create(model=MODEL, prompt=prompts, temperature=0, max_tokens=6)
+    single = [greedy(client, p, max_tokens=6).choices[0].text for p in prompts]
+    assert [c.text for c in sorted(batch.choices, key=lambda c: c.index)] == single
+
+
+def test_token_id_prompt(client, engine_client):
+    ids = engine_client.tokenizer.encode(PROMPT)
+    assert greedy(client, ids).choices[0].text == greedy(client).choices[0].text
+
+
+def test_logprobs(client):
+    out = greedy(client, logprobs=2, max_tokens=6).choices[0]
+    lp = out.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
+    assert "".join(lp.tokens) == out.text
+    for tok, val, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert val <= 0 and top[tok] == val
+        assert 2 <= len(top) <= 3
+        assert val == max(top.values())  # greedy picks the most likely token
+    offsets = [0]
+    for t in lp.tokens[:-1]:
+        offsets.append(offsets[-1] + len(t))
+    assert lp.text_offset == offsets
+
+
+def test_echo(client):
+    out = greedy(client, echo=True, max_tokens=4).choices[0].text
+    assert out.startswith(PROMPT) and out[len(PROMPT):] == greedy(
+        client, max_tokens=4).choices[0].text
+
+
+def test_stop_string(client):
+    text = greedy(client, "1, 2, 3, 4,", max_tokens=16).choices[0].text
+    assert " 7" in text
+    out = greedy(client, "1, 2, 3, 4,", max_tokens=16, stop=[" 7"]).choices[0]
+    assert out.text == text[:text.index(" 7")]
+    assert out.finish_reason == "stop" and out.model_extra["stop_reason"] == " 7"
+    inc = greedy(client, "1, 2, 3, 4,", max_tokens=16, stop=" 7",
+                 extra_body={"include_stop_str_in_output": True}).choices[0]
+    assert inc.text == text[:text.index(" 7") + 2]
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt="1, 2, 3, 4,", temperature=0, max_tokens=16, stop=[" 7"],
+        stream=True))
+    assert streamed == out.text
+
+
+def test_extra_body_params(client, engine_client):
+    base = greedy(client, max_tokens=8).choices[0]
+    out = greedy(client, max_tokens=8, extra_body={
+        "top_k": 5, "min_p": 0.05, "ignore_eos": True, "min_tokens": 8,
+        "skip_special_tokens": True, "priority": 0, "request_id": "my-id-1"})
+    assert out.id == "cmpl-my-id-1"
+    assert out.choices[0].text == base.text  # greedy: the filters change nothing
+    assert base.text.startswith(" Paris.")
+    dot = engine_client.tokenizer.encode(".", add_special_tokens=False)
+    assert len(dot) == 1
+    stopped = greedy(client, max_tokens=8, extra_body={"stop_token_ids": dot}).choices[0]
+    # As vLLM: the stop token's text is left out unless include_stop_str_in_output.
+    assert stopped.text == " Paris" and stopped.finish_reason == "stop"
+    kept = greedy(client, max_tokens=8, extra_body={"stop_token_ids": dot,
+                                                    "include_stop_str_in_output": True})
+    assert kept.choices[0].text == " Paris."
+    assert stopped.model_extra["stop_reason"] == dot[0]

@@ -1,0 +1,91 @@
+"""/v1/models, /health, /version, /tokenize, /detokenize, /metrics, --api-key."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+import vllmx
+from tests.server.conftest import MODEL, ServerThread
+from vllmx.server.app import build_app
+
+
+def test_models_version_health(client, server):
+    models = client.models.list().data
+    assert [m.id for m in models] == [MODEL]
+    assert models[0].model_extra["max_model_len"] == 512
+    assert httpx.get(f"{server.url}/version").json() == {"version": vllmx.__version__}
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_tokenize_detokenize(server, engine_client):
+    text = "Hello, world! Tokenize me."
+    r = httpx.post(f"{server.url}/tokenize", json={"model": MODEL, "prompt": text,
+                                                  "return_token_strs": True}).json()
+    assert r["tokens"] == engine_client.tokenizer.encode(text)
+    assert r["count"] == len(r["tokens"]) and r["max_model_len"] == 512
+    assert len(r["token_strs"]) == r["count"]
+    back = httpx.post(f"{server.url}/detokenize", json={"model": MODEL, "tokens": r["tokens"]})
+    assert back.json() == {"prompt": text}
+    bad = httpx.post(f"{server.url}/detokenize", json={"tokens": [10**9]})
+    assert bad.status_code == 400 and "vocabulary" in bad.json()["error"]["message"]
+    chat = httpx.post(f"{server.url}/tokenize", json={
+        "messages": [{"role": "user", "content": "hi"}]}).json()
+    ids = engine_client.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    assert chat["tokens"] == ids
+
+
+def test_metrics_after_traffic(client, server):
+    before = {name: server.metric(f"vllmx:{name}") for name in
+              ("prompt_tokens_total", "generation_tokens_total",
+               "time_to_first_token_seconds_count", "e2e_request_latency_seconds_count",
+               "request_queue_time_seconds_count", "inter_token_latency_seconds_count",
+               "prefix_cache_queries_total")}
+    length_before = server.metric("vllmx:request_success_total", finished_reason="length")
+    out = client.completions.create(model=MODEL, prompt="Metrics are", temperature=0,
+                                    max_tokens=5)
+    after = {name: server.metric(f"vllmx:{name}") for name in before}
+    assert after["prompt_tokens_total"] - before["prompt_tokens_total"] == out.usage.prompt_tokens
+    assert after["generation_tokens_total"] - before["generation_tokens_total"] == 5
+    for name in ("time_to_first_token_seconds_count", "e2e_request_latency_seconds_count",
+                 "request_queue_time_seconds_count"):
+        assert after[name] - before[name] == 1
+    assert after["inter_token_latency_seconds_count"] - before[
+        "inter_token_latency_seconds_count"] == 4
+    assert after["prefix_cache_queries_total"] >= before["prefix_cache_queries_total"]
+    assert server.metric("vllmx:request_success_total", finished_reason="length") == \
+        length_before + 1
+    text = server.metrics_text()
+    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
+                 "prefix_cache_hits_total", "num_preemptions_total"):
+        assert f'vllmx:{name}{{model_name="{MODEL}"}}' in text
+    assert server.metric("vllmx:num_requests_running") == 0
+
+
+def test_stat_logger_line(client, server):
+    client.completions.create(model=MODEL, prompt="Log me", temperature=0, max_tokens=3)
+    line = server.app.state.stat_logger.log()  # tokens since the last line: one is printed
+    assert "Avg generation throughput" in line and "Running: 0 reqs" in line
+    assert "KV cache usage: 0.0%" in line
+
+
+def test_api_key_protects_v1(engine_client):
+    with ServerThread(build_app(engine_client, [MODEL], api_key="sekrit",
+                                log_stats_interval=None)) as s:
+        bad = openai.OpenAI(base_url=f"{s.url}/v1", api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            bad.models.list()
+        good = openai.OpenAI(base_url=f"{s.url}/v1", api_key="sekrit", max_retries=0)
+        assert good.models.list().data[0].id == MODEL
+        assert httpx.get(f"{s.url}/health").status_code == 200  # outside /v1: open
+
+
+def test_cors(engine_client):
+    with ServerThread(build_app(engine_client, [MODEL], allowed_origins=["*"],
+                                log_stats_interval=None)) as s:
+        r = httpx.options(f"{s.url}/v1/models", headers={
+            "Origin": "http://example.com", "Access-Control-Request-Method": "GET"})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] in (
+            "*", "http://example.com")
