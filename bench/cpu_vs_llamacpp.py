@@ -35,7 +35,8 @@ class VllmxRunner:
     def __init__(self, model: str, threads: int):
         from vllmx import LLM, SamplingParams
 
-        self.llm = LLM(model, max_model_len=1024, num_threads=threads)
+        # No prefix caching: every timed prefill must compute the whole prompt.
+        self.llm = LLM(model, max_model_len=1024, num_threads=threads, enable_prefix_caching=False)
         self.sp = SamplingParams
 
     def prefill(self, ids: list[int]) -> float:

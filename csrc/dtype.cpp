@@ -31,6 +31,12 @@ constexpr std::array<TypeTraits, kMaxDType> make_table() {
   set(DType::I32, "I32", 1, 4, false, true);
   set(DType::I64, "I64", 1, 8, false, true);
   set(DType::F64, "F64", 1, 8, false, false);
+  // Same bytes per row as the block types they repack (repack.h).
+  set(DType::Q4_0_X16, "Q4_0_X16", 32, 18, true, true);
+  set(DType::Q4_1_X16, "Q4_1_X16", 32, 20, true, true);
+  set(DType::Q5_0_X16, "Q5_0_X16", 32, 22, true, true);
+  set(DType::Q5_1_X16, "Q5_1_X16", 32, 24, true, true);
+  set(DType::Q8_0_X16, "Q8_0_X16", 32, 34, true, true);
   set(DType::U8, "U8", 1, 1, false, true);
   set(DType::U64, "U64", 1, 8, false, true);
   return t;

@@ -26,6 +26,12 @@ enum class DType : int32_t {
   I64 = 27,
   F64 = 28,
   BF16 = 30,
+  // Block weights repacked into panels of 16 rows for the CPU kernels (repack.h); not GGML ids.
+  Q4_0_X16 = 64,
+  Q4_1_X16 = 65,
+  Q5_0_X16 = 66,
+  Q5_1_X16 = 67,
+  Q8_0_X16 = 68,
   U8 = 100,  // raw bytes (not a GGML type)
   U64 = 101,
 };

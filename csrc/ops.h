@@ -93,5 +93,10 @@ void compute_logprobs(const Tensor& out_token_logprob, const Tensor& out_rank,
                       const Tensor& logits, const Tensor& token_ids, const Tensor& num_logprobs,
                       bool reference);
 
+// Repacks a block weight w [N, K] (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0) into out, its packed dtype
+// (Q4_0_X16 ...) of the same shape and bytes: panels of 16 rows for the linear kernels
+// (layout in repack.h). linear() accepts either form and gives the same results up to f32
+// rounding; the packed form is faster where packed_is_fast().
+void repack_weight(const Tensor& out, const Tensor& w);
 
 }  // namespace vllmx

@@ -210,3 +210,4 @@ def op_compute_logprobs(out_token_logprob, out_rank, out_top_ids, out_top_logpro
 
 
 include "block_pool.pxi"
+include "repack.pxi"

@@ -62,6 +62,23 @@ def linear(x: np.ndarray, w: Weight, bias: np.ndarray | None = None) -> np.ndarr
     return out
 
 
+def repack_weight(w: Weight) -> Weight:
+    """A copy of a block weight in the packed layout of the CPU linear kernels (csrc/repack.h):
+    same shape and bytes, its own dtype id. Only `linear` reads packed weights (embedding and
+    dequantize need the original). Returns w itself where this CPU has no packed kernel for
+    its dtype, or where it has fewer than 16 rows."""
+    packed = _C.packed_dtype(w.dtype)
+    if packed < 0 or len(w.shape) != 2 or w.shape[0] < 16:
+        return w
+    src = np.ascontiguousarray(w.data).reshape(w.shape[0], -1)
+    # 64-byte aligned, so that the kernels' 64-byte loads of a panel never straddle lines.
+    buf = np.empty(src.nbytes + 64, np.uint8)
+    start = -buf.ctypes.data % 64
+    out = buf[start:start + src.nbytes].reshape(src.shape)
+    _C.op_repack_weight(out, src, w.dtype)
+    return Weight(out, packed, w.shape)
+
+
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     out = np.empty_like(x)
     _C.op_rms_norm(out, x, w, eps)

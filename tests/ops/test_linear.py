@@ -1,5 +1,6 @@
-"""linear: dense (f32/f16/bf16, f32 math) and GGUF block weights (8-bit activations, integer
-dots) against a float64 numpy reference; fast path vs scalar twin; batch invariance."""
+"""linear: dense (f32/f16/bf16, f32 math), GGUF block weights (8-bit activations, integer
+dots) and their repacked forms (csrc/repack.h) against a float64 numpy reference; fast path vs
+scalar twin; batch invariance."""
 import os
 import subprocess
 import sys
@@ -37,6 +38,14 @@ def make_x(rng, t, k):
     x *= np.exp(rng.uniform(-1, 1, (t, 1))).astype(np.float32)
     x[rng.random((t, k)) < 0.005] *= 10  # a few outliers, like real activations
     return x
+
+
+def repack(w, qtype):
+    """(packed array, packed dtype id) of a block weight; the layout exists on every CPU."""
+    pt = _C.packed_dtype(int(qtype), False)
+    out = np.empty_like(w)
+    _C.op_repack_weight(out, w, int(qtype))
+    return out, pt
 
 
 def run(x, w, qtype, bias=None, reference=False):
@@ -99,6 +108,30 @@ def test_linear_vs_numpy(qtype, t, k):
         assert rel(fast, ref.astype(np.float64)) < 1e-5
 
 
+@pytest.mark.parametrize("k", [64, 576])
+@pytest.mark.parametrize("t", [1, 3, 17, 64])
+@pytest.mark.parametrize("n", [7, 16, 37, 96, 203])
+@pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda q: q.name)
+def test_linear_packed_vs_numpy(qtype, n, t, k):
+    """Packed weights (panels of 16 rows + tail rows in block layout) give the block weights'
+    results up to f32 rounding; the packed kernel equals its scalar twin bit for bit."""
+    rng = np.random.default_rng([int(qtype), n, t, k, 7])
+    w, w64 = make_weight(rng, qtype, n, k)
+    wp, pt = repack(w, qtype)
+    x = make_x(rng, t, k)
+    bias = rng.standard_normal(n).astype(np.float32) * np.float32(0.1)
+    full = n // 16 * 16
+    for b in (None, bias):
+        want_q = quantized_product(x, w, w64, qtype) + (0 if b is None else b.astype(np.float64))
+        fast = run(x, wp, pt, b)
+        ref = run(x, wp, pt, b, reference=True)
+        assert rel(fast, want_q) < 1e-5
+        assert rel(ref, want_q) < 1e-5
+        assert np.array_equal(fast[:, :full].view(np.uint32), ref[:, :full].view(np.uint32))
+        # the tail rows run the block kernels: exactly what the unpacked weight gives
+        assert np.array_equal(fast[:, full:], run(x, w, qtype, b)[:, full:])
+
+
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda q: q.name)
 def test_linear_dense_k_tails(qtype):
     """K not a multiple of the SIMD width (dense) / odd block counts (blocks)."""
@@ -116,12 +149,15 @@ def test_linear_dense_k_tails(qtype):
         assert rel(run(x, w, qtype), run(x, w, qtype, reference=True).astype(np.float64)) < 1e-5
 
 
-@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda q: q.name)
-def test_batch_invariance(qtype):
+@pytest.mark.parametrize("qtype,packed", [pytest.param(q, False, id=q.name) for q in ALL_TYPES] +
+                         [pytest.param(q, True, id=q.name + "_X16") for q in BLOCK_TYPES])
+def test_batch_invariance(qtype, packed):
     """Row t of a batched call equals that row computed alone, bit for bit (threaded sizes)."""
     rng = np.random.default_rng(int(qtype) + 200)
     n, k = 515, 2048
     w, _ = make_weight(rng, qtype, n, k)
+    if packed:
+        w, qtype = repack(w, qtype)
     bias = rng.standard_normal(n).astype(np.float32)
     x = make_x(rng, 17, k)
     full = run(x, w, qtype, bias)
@@ -139,29 +175,54 @@ def test_batch_invariance(qtype):
     assert np.array_equal(r_full[2].view(np.uint32), r_one[0].view(np.uint32))
 
 
+@pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda q: q.name)
+def test_packed_batch_invariance_across_t(qtype):
+    """A row's output is the same bit for bit whatever T (1, 3, 17, 64) and whichever row it
+    is in, for panel and tail rows (n = 16 * 12 + 5), threaded and not."""
+    rng = np.random.default_rng(int(qtype) + 300)
+    n, k = 16 * 12 + 5, 1536
+    w, _ = make_weight(rng, qtype, n, k)
+    wp, pt = repack(w, qtype)
+    bias = rng.standard_normal(n).astype(np.float32)
+    x = make_x(rng, 64, k)
+    full = run(x, wp, pt, bias)
+    for t in (1, 3, 17):
+        for start in (0, 64 - t, 5):
+            part = run(x[start:start + t].copy(), wp, pt, bias)
+            assert np.array_equal(part.view(np.uint32), full[start:start + t].view(np.uint32))
+
+
 _ISA_SCRIPT = r"""
 import numpy as np, sys
 from gguf import GGMLQuantizationType as Q, quants
 from vllmx import _C
 rng = np.random.default_rng(5)
-for qt in [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]:
+PACKED = [(q, _C.packed_dtype(int(q), False)) for q in [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]]
+for qt in [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0] + PACKED:
+    qt, pt = qt if isinstance(qt, tuple) else (qt, None)
     for n, k, t in [(37, 2080, 5), (300, 1024, 1), (5, 96, 9)]:
         w32 = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
         if qt == Q.F32: w = w32
         elif qt == Q.F16: w = w32.astype(np.float16)
         elif qt == Q.BF16: w = (w32.view(np.uint32) >> 16).astype(np.uint16)
         else: w = quants.quantize(w32, qt)
+        dt = qt
+        if pt is not None:
+            wp = np.empty_like(w); _C.op_repack_weight(wp, w, int(qt)); w, dt = wp, pt
         x = rng.standard_normal((t, k)).astype(np.float32)
         outs = []
         for ref in (False, True):
             o = np.empty((t, n), np.float32)
-            _C.op_linear(o, x, w, int(qt), None, ref)
+            _C.op_linear(o, x, w, int(dt), None, ref)
             outs.append(o)
         err = np.abs(outs[0] - outs[1]).max() / np.abs(outs[1]).max()
-        assert err < 1e-5, (qt.name, n, k, t, err)
+        assert err < 1e-5, (int(dt), n, k, t, err)
+        if pt is not None:  # the packed kernel and its twin agree bit for bit (panel rows)
+            f = n // 16 * 16
+            assert np.array_equal(outs[0][:, :f], outs[1][:, :f]), (int(dt), "packed twin")
         o1 = np.empty((1, n), np.float32)
-        _C.op_linear(o1, x[t - 1:].copy(), w, int(qt), None, False)
-        assert np.array_equal(o1[0], outs[0][t - 1]), (qt.name, "batch invariance")
+        _C.op_linear(o1, x[t - 1:].copy(), w, int(dt), None, False)
+        assert np.array_equal(o1[0], outs[0][t - 1]), (int(dt), "batch invariance")
 for qt, ts in [(Q.Q8_0, 34), (Q.Q8_1, 36)]:
     x = rng.standard_normal((7, 256)).astype(np.float32) * 3
     x[0, :32] = rng.integers(-120, 120, 32) + 0.5; x[0, 0] = 127  # exact .5 ties (d = 1)

@@ -1,16 +1,34 @@
-"""Linear layers over weights kept in their stored format (f32/f16/bf16 or GGUF blocks)."""
+"""Linear layers over weights kept in their stored format (f32/f16/bf16 or GGUF blocks). Block
+weights are repacked once, here, into the layout of the CPU kernels (ops.repack_weight)."""
 
 from __future__ import annotations
+
+import weakref
 
 import numpy as np
 
 from vllmx import ops
 from vllmx.ops import Weight
 
+# Packed copies by id of the source array, so that Linears sharing a weight share one copy.
+_packed: dict[int, Weight] = {}
+
+
+def packed(weight: Weight) -> Weight:
+    key = id(weight.data)
+    hit = _packed.get(key)
+    if hit is not None:
+        return hit
+    p = ops.repack_weight(weight)
+    if p is not weight:
+        _packed[key] = p
+        weakref.finalize(weight.data, _packed.pop, key, None)
+    return p
+
 
 class Linear:
     def __init__(self, weight: Weight, bias: Weight | None = None):
-        self.weight = weight
+        self.weight = packed(weight)
         self.bias = None if bias is None else np.ascontiguousarray(bias.to_float32())
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
