@@ -100,3 +100,9 @@ void compute_logprobs(const Tensor& out_token_logprob, const Tensor& out_rank,
 void repack_weight(const Tensor& out, const Tensor& w);
 
 }  // namespace vllmx
+
+namespace vllmx {
+// out[T, I] = gelu(x[:, :I]) * x[:, I:] for x [T, 2I] (GeGLU); gelu is exact (erf) or, with
+// approximate_tanh, PyTorch's tanh approximation (gelu_pytorch_tanh).
+void gelu_and_mul(const Tensor& out, const Tensor& x, bool approximate_tanh, bool reference);
+}  // namespace vllmx

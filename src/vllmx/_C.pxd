@@ -63,3 +63,6 @@ cdef extern from "ops.h" namespace "vllmx" nogil:
     void apply_logits_processors(const Tensor&, const LogitsProcessorArgs&, bool) except +
     void compute_logprobs(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                           const Tensor&, const Tensor&, const Tensor&, bool) except +
+
+cdef extern from "ops.h" namespace "vllmx" nogil:
+    void gelu_and_mul(const Tensor&, const Tensor&, bool, bool) except +

@@ -211,3 +211,9 @@ def op_compute_logprobs(out_token_logprob, out_rank, out_top_ids, out_top_logpro
 
 include "block_pool.pxi"
 include "repack.pxi"
+
+
+def op_gelu_and_mul(out, x, bint approximate_tanh, bint reference=False):
+    cdef Tensor o = as_tensor(out), xt = as_tensor(x)
+    with nogil:
+        gelu_and_mul(o, xt, approximate_tanh, reference)

@@ -141,3 +141,12 @@ def compute_logprobs(logits: np.ndarray, token_ids: np.ndarray, num_logprobs: np
     _C.op_compute_logprobs(token_logprob, rank, top_ids if k > 0 else None,
                            top_logprobs if k > 0 else None, logits, token_ids, num_logprobs)
     return token_logprob, rank, top_ids, top_logprobs
+
+
+def gelu_and_mul(x: np.ndarray, approximate: str = "none") -> np.ndarray:
+    """GeGLU: gelu(x[:, :I]) * x[:, I:]; approximate is "none" (erf) or "tanh" (PyTorch's)."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu_and_mul: approximate must be 'none' or 'tanh', got {approximate!r}")
+    out = np.empty((x.shape[0], x.shape[1] // 2), dtype=np.float32)
+    _C.op_gelu_and_mul(out, x, approximate == "tanh")
+    return out

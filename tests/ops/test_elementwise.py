@@ -1,4 +1,4 @@
-"""rms_norm, fused_add_rms_norm, rotary, silu_and_mul and embedding against numpy float64."""
+"""rms_norm, fused_add_rms_norm, rotary, silu_and_mul, gelu_and_mul and embedding against numpy float64."""
 
 from __future__ import annotations
 
@@ -121,3 +121,33 @@ def test_embedding_rejects_out_of_vocab_id():
     out = np.empty((1, 8), np.float32)
     with pytest.raises(ValueError, match="token id 9 out of range"):
         _C.op_embedding(out, np.array([9], np.int32), np.ones((4, 8), np.float32))
+
+
+@pytest.mark.parametrize("reference", [False, True])
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_gelu_and_mul(approximate, reference):
+    import math
+
+    x = (rng.standard_normal((7, 2 * 300)) * 4).astype(np.float32)
+    out = np.empty((7, 300), np.float32)
+    _C.op_gelu_and_mul(out, x, approximate == "tanh", reference)
+    g, u = x[:, :300].astype(np.float64), x[:, 300:].astype(np.float64)
+    if approximate == "tanh":
+        cdf = 0.5 * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)))
+    else:
+        cdf = 0.5 * (1 + np.vectorize(math.erf)(g / math.sqrt(2)))
+    assert rel_err(out, g * cdf * u) < 1e-5
+
+
+def test_gelu_and_mul_forms_differ():
+    # gelu's two forms differ by up to ~5e-4 near |x| = 2: far above f32 rounding.
+    x = np.concatenate([np.linspace(-4, 4, 256), np.ones(256)]).astype(np.float32)[None, :]
+    tanh, erf = np.empty((1, 256), np.float32), np.empty((1, 256), np.float32)
+    _C.op_gelu_and_mul(tanh, x, True)
+    _C.op_gelu_and_mul(erf, x, False)
+    assert 1e-4 < np.abs(tanh - erf).max() < 1e-3
+
+
+def test_gelu_and_mul_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="gelu_and_mul"):
+        _C.op_gelu_and_mul(np.empty((3, 5), np.float32), np.zeros((3, 12), np.float32), True)

@@ -39,12 +39,20 @@ def gguf_to_hf_config(meta: dict[str, Any]) -> dict[str, Any]:
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
         "sliding_window": get("attention.sliding_window"),
+        "rope_local_base_freq": get("rope.freq_base_swa"),
+        "attn_logit_softcapping": get("attn_logit_softcapping"),
+        "final_logit_softcapping": get("final_logit_softcapping"),
     }
     if isinstance(cfg["num_key_value_heads"], list):
         raise ValueError(f"GGUF {arch}: per-layer head counts are not supported")
     rot = get("rope.dimension_count")
     if rot and cfg["head_dim"] and rot != cfg["head_dim"]:
         cfg["partial_rotary_factor"] = rot / cfg["head_dim"]
+    pattern = get("attention.sliding_window_pattern")  # a period, or per layer: True = sliding
+    if isinstance(pattern, list):
+        cfg["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
+    elif pattern:
+        cfg["sliding_window_pattern"] = int(pattern)
     scaling = get("rope.scaling.type")
     if scaling in ("linear", "yarn"):
         cfg["rope_scaling"] = {

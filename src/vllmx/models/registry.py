@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from vllmx.models.gemma3 import Gemma3ForCausalLM
 from vllmx.models.llama import LlamaForCausalLM
 
 _HF_ARCHS = {
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
 }
 _GGUF_ARCHS = {
+    "gemma3": Gemma3ForCausalLM,
     "llama": LlamaForCausalLM,
     "mistral": LlamaForCausalLM,
     "qwen2": LlamaForCausalLM,

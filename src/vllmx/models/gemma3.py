@@ -1,0 +1,213 @@
+"""Gemma 3 text models (Gemma3ForCausalLM; GGUF "gemma3"). Against the Llama family: GeGLU
+(tanh GELU), RMSNorm as x * (1 + w) (the +1 folded into the weight at load; llama.cpp's GGUF
+already holds w + 1), sandwich norms around attention and MLP, per-head q/k norm, attention
+scale query_pre_attn_scalar**-0.5, interleaved sliding-window and full-attention layers with
+their own rope base, embeddings scaled by sqrt(hidden_size), optional final logit soft cap."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from vllmx import ops
+from vllmx.layers.attention import Attention, AttentionMetadata
+from vllmx.layers.linear import Linear, concat_rows
+from vllmx.layers.norm import RMSNorm
+from vllmx.layers.rotary import RotaryEmbedding
+from vllmx.ops import Weight
+
+# GGUF tensor names → HF names (per layer names use {i}); llama.cpp's gemma3 names.
+GGUF_TO_HF = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "blk.{i}.attn_norm": "model.layers.{i}.input_layernorm",
+    "blk.{i}.attn_q": "model.layers.{i}.self_attn.q_proj",
+    "blk.{i}.attn_k": "model.layers.{i}.self_attn.k_proj",
+    "blk.{i}.attn_v": "model.layers.{i}.self_attn.v_proj",
+    "blk.{i}.attn_output": "model.layers.{i}.self_attn.o_proj",
+    "blk.{i}.attn_q_norm": "model.layers.{i}.self_attn.q_norm",
+    "blk.{i}.attn_k_norm": "model.layers.{i}.self_attn.k_norm",
+    "blk.{i}.post_attention_norm": "model.layers.{i}.post_attention_layernorm",
+    "blk.{i}.ffn_norm": "model.layers.{i}.pre_feedforward_layernorm",
+    "blk.{i}.post_ffw_norm": "model.layers.{i}.post_feedforward_layernorm",
+    "blk.{i}.ffn_gate": "model.layers.{i}.mlp.gate_proj",
+    "blk.{i}.ffn_up": "model.layers.{i}.mlp.up_proj",
+    "blk.{i}.ffn_down": "model.layers.{i}.mlp.down_proj",
+}
+_LAYER_TENSORS = (
+    "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+    "post_feedforward_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+    "self_attn.o_proj", "self_attn.q_norm", "self_attn.k_norm", "mlp.gate_proj", "mlp.up_proj",
+    "mlp.down_proj")
+# llama.cpp hard-codes these for gemma3 (its GGUFs carry neither): every 6th layer is global,
+# sliding layers use rope base 10000 without scaling.
+_GGUF_SLIDING_WINDOW_PATTERN = 6
+_LOCAL_ROPE_THETA = 10000.0
+
+
+def gguf_name_to_hf(name: str) -> str:
+    base, _, suffix = name.rpartition(".")
+    parts = base.split(".")
+    key, i = ("blk.{i}." + ".".join(parts[2:]), parts[1]) if parts[0] == "blk" else (base, "")
+    return GGUF_TO_HF[key].format(i=i) + "." + suffix if key in GGUF_TO_HF else name
+
+
+def layer_types(cfg: dict) -> list[str]:
+    """"sliding_attention" / "full_attention" per layer: config.json's layer_types, else the
+    older sliding_window_pattern (every pattern-th layer is global)."""
+    n = cfg["num_hidden_layers"]
+    if cfg.get("layer_types"):
+        return list(cfg["layer_types"])
+    pattern = (cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern")
+               or _GGUF_SLIDING_WINDOW_PATTERN)
+    return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
+
+
+def rope_parameters(cfg: dict) -> dict[str, dict]:
+    """Rope theta and scaling per layer type, from transformers 5's per-type rope_parameters or
+    the older rope_theta / rope_local_base_freq / rope_scaling (global layers only)."""
+    params = cfg.get("rope_parameters") or {}
+    if "full_attention" in params or "sliding_attention" in params:
+        full = dict(params.get("full_attention") or {})
+        sliding = dict(params.get("sliding_attention") or {})
+    else:
+        full = dict(cfg.get("rope_scaling") or {})
+        full["rope_theta"] = cfg.get("rope_theta") or params.get("rope_theta") or 1e6
+        sliding = {"rope_theta": cfg.get("rope_local_base_freq") or _LOCAL_ROPE_THETA}
+    full.setdefault("rope_theta", 1e6)
+    sliding.setdefault("rope_theta", _LOCAL_ROPE_THETA)
+    return {"full_attention": full, "sliding_attention": sliding}
+
+
+def _rope(head_dim: int, max_position: int, params: dict) -> RotaryEmbedding:
+    scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    if scaling.get("rope_type", scaling.get("type", "default")) == "default":
+        scaling = None
+    return RotaryEmbedding(head_dim, head_dim, max_position, float(params["rope_theta"]),
+                           True, scaling)
+
+
+def gemma_rms_norm(weight: Weight, eps: float, offset: float) -> RMSNorm:
+    """Gemma's x * (1 + w) as a plain RMSNorm over w + offset (exact in f32)."""
+    w = weight.to_float32().astype(np.float32) + np.float32(offset)
+    return RMSNorm(Weight.from_numpy(w), eps)
+
+
+class Gemma3DecoderLayer:
+    def __init__(self, i: int, cfg: dict, w: dict[str, Weight], rope: RotaryEmbedding,
+                 sliding_window: int):
+        p = f"model.layers.{i}."
+        eps, off = cfg["rms_norm_eps"], cfg["norm_offset"]
+        self.num_heads = cfg["num_attention_heads"]
+        self.num_kv_heads = cfg["num_key_value_heads"]
+        self.head_dim = cfg["head_dim"]
+
+        def norm(name):
+            return gemma_rms_norm(w[p + name + ".weight"], eps, off)
+
+        def proj(name):
+            return Linear(w[p + name + ".weight"], w.get(p + name + ".bias"))
+
+        self.q_proj, self.k_proj = proj("self_attn.q_proj"), proj("self_attn.k_proj")
+        self.v_proj, self.o_proj = proj("self_attn.v_proj"), proj("self_attn.o_proj")
+        self.q_norm, self.k_norm = norm("self_attn.q_norm"), norm("self_attn.k_norm")
+        self.rope = rope
+        self.attn = Attention(i, self.num_heads, self.num_kv_heads, self.head_dim,
+                              cfg["query_pre_attn_scalar"] ** -0.5, sliding_window)
+        self.gate_up_proj = Linear(concat_rows([w[p + "mlp.gate_proj.weight"],
+                                                w[p + "mlp.up_proj.weight"]]))
+        self.down_proj = Linear(w[p + "mlp.down_proj.weight"])
+        self.input_layernorm = norm("input_layernorm")
+        self.post_attention_layernorm = norm("post_attention_layernorm")
+        self.pre_feedforward_layernorm = norm("pre_feedforward_layernorm")
+        self.post_feedforward_layernorm = norm("post_feedforward_layernorm")
+
+    def self_attn(self, positions, h, md: AttentionMetadata):
+        t, d = h.shape[0], self.head_dim
+        q = self.q_norm(self.q_proj(h).reshape(t * self.num_heads, d)).reshape(t, -1)
+        k = self.k_norm(self.k_proj(h).reshape(t * self.num_kv_heads, d)).reshape(t, -1)
+        v = self.v_proj(h)
+        self.rope(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, md))
+
+    def __call__(self, positions, h, residual, md: AttentionMetadata):
+        # Sandwich norms; each residual add is fused into the norm that follows it.
+        if residual is None:
+            residual = h
+            h = self.input_layernorm(h)
+        else:
+            h, residual = self.input_layernorm(h, residual)
+        h = self.post_attention_layernorm(self.self_attn(positions, h, md))
+        h, residual = self.pre_feedforward_layernorm(h, residual)
+        h = ops.gelu_and_mul(self.gate_up_proj(h), "tanh")
+        h = self.post_feedforward_layernorm(self.down_proj(h))
+        return h, residual
+
+
+class Gemma3ForCausalLM:
+    def __init__(self, cfg: dict, weights: dict[str, Weight]):
+        cfg = dict(cfg)
+        is_gguf = "gguf_architecture" in cfg
+        if is_gguf:
+            weights = {gguf_name_to_hf(k): v for k, v in weights.items()}
+        cfg["num_key_value_heads"] = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+        cfg["head_dim"] = cfg.get("head_dim") or 256
+        cfg.setdefault("rms_norm_eps", 1e-6)
+        cfg["norm_offset"] = 0.0 if is_gguf else 1.0
+        if not cfg.get("query_pre_attn_scalar"):
+            # GGUF has no key for it; llama.cpp uses hidden / heads for the 27B (62 layers).
+            big = cfg["num_hidden_layers"] == 62
+            cfg["query_pre_attn_scalar"] = (cfg["hidden_size"] // cfg["num_attention_heads"]
+                                            if big else cfg["head_dim"])
+        # attn_logit_softcapping (a Gemma 2 field) is ignored: transformers' Gemma3Attention never
+        # applies it, and llama.cpp's converter rejects Gemma 3 checkpoints that set it.
+        act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+        if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+            raise ValueError(f"Gemma 3 with hidden_activation {act!r} is not supported")
+        cfg["layer_types"] = layer_types(cfg)
+        self.config = cfg
+        self._check_weights(weights)
+
+        max_pos = int(cfg.get("max_position_embeddings") or 2048)
+        ropes = {t: _rope(cfg["head_dim"], max_pos, p) for t, p in rope_parameters(cfg).items()}
+        window = int(cfg.get("sliding_window") or 0)
+        self.embed_tokens = weights["model.embed_tokens.weight"]
+        # transformers multiplies by sqrt(hidden) cast to the activation dtype (f32 here).
+        self.embed_scale = np.float32(math.sqrt(cfg["hidden_size"]))
+        self.layers = [
+            Gemma3DecoderLayer(i, cfg, weights, ropes[t], window if t == "sliding_attention" else 0)
+            for i, t in enumerate(cfg["layer_types"])]
+        self.norm = gemma_rms_norm(weights["model.norm.weight"], cfg["rms_norm_eps"],
+                                   cfg["norm_offset"])
+        self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
+        self.vocab_size = self.lm_head.weight.shape[0]
+        self.final_logit_softcapping = float(cfg.get("final_logit_softcapping") or 0.0)
+
+    def _check_weights(self, weights: dict[str, Weight]) -> None:
+        needed = ["model.embed_tokens.weight", "model.norm.weight"]
+        for i in range(self.config["num_hidden_layers"]):
+            needed += [f"model.layers.{i}.{n}.weight" for n in _LAYER_TENSORS]
+        missing = [n for n in needed if n not in weights]
+        if missing:
+            raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
+        if len(self.config["layer_types"]) != self.config["num_hidden_layers"]:
+            raise ValueError(f"layer_types has {len(self.config['layer_types'])} entries for "
+                             f"{self.config['num_hidden_layers']} layers")
+
+    def forward(self, input_ids: np.ndarray, positions: np.ndarray,
+                md: AttentionMetadata) -> np.ndarray:
+        h = ops.embedding(input_ids, self.embed_tokens)
+        h *= self.embed_scale
+        residual = None
+        for layer in self.layers:
+            h, residual = layer(positions, h, residual, md)
+        h, _ = self.norm(h, residual)
+        return h
+
+    def compute_logits(self, hidden: np.ndarray) -> np.ndarray:
+        logits = self.lm_head(np.ascontiguousarray(hidden))
+        cap = self.final_logit_softcapping
+        if cap > 0:
+            logits = np.tanh(logits / np.float32(cap)) * np.float32(cap)
+        return logits
