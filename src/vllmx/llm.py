@@ -11,6 +11,31 @@ from vllmx.outputs import RequestOutput
 from vllmx.sampling_params import RequestOutputKind, SamplingParams
 
 
+# vLLM's LLM arguments that have no counterpart here, with the values that mean what vLLM means
+# (anything else raises NotImplementedError instead of being ignored). The CPU backend computes
+# in float32 with weights in their stored format, which is dtype="auto".
+_VLLM_ONLY_ARGS = {
+    "dtype": ("auto", "float32"),
+    "tokenizer_mode": ("auto",),
+    "trust_remote_code": (False, True),  # vllmx never runs code from a checkpoint
+    "tensor_parallel_size": (1,),
+    "pipeline_parallel_size": (1,),
+    "data_parallel_size": (1,),
+    "quantization": (None, "gguf"),
+    "revision": (None,),
+    "tokenizer_revision": (None,),
+    "gpu_memory_utilization": (0.9,),
+    "swap_space": (0, 4),
+    "cpu_offload_gb": (0,),
+    "enforce_eager": (False, True),  # no graphs to capture on the CPU yet
+    "disable_log_stats": (False, True),
+    "disable_custom_all_reduce": (False,),
+    "distributed_executor_backend": (None,),
+    "enable_chunked_prefill": (None, True),  # always on, as in vLLM V1
+    "device": ("auto", "cpu"),
+}
+
+
 class LLM:
     """LLM(model).generate(prompts, SamplingParams(...)) -> list[RequestOutput].
 
@@ -19,6 +44,12 @@ class LLM:
     EngineArgs fields (vLLM's names: max_model_len, block_size, kv_cache_memory_bytes, ...)."""
 
     def __init__(self, model: str = DEFAULT_MODEL, **kwargs):
+        for name in [k for k in kwargs if k in _VLLM_ONLY_ARGS]:
+            value = kwargs.pop(name)
+            if value not in _VLLM_ONLY_ARGS[name]:
+                raise NotImplementedError(
+                    f"LLM({name}={value!r}) is not supported by vllmx yet; accepted values: "
+                    f"{', '.join(repr(v) for v in _VLLM_ONLY_ARGS[name])}")
         unknown = set(kwargs) - set(EngineArgs.__dataclass_fields__)
         if unknown:
             raise TypeError(f"LLM got unexpected arguments: {', '.join(sorted(unknown))}")

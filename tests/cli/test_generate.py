@@ -42,3 +42,10 @@ def test_chat_keeps_history(smollm2_gguf):
         timeout=300)
     assert out.returncode == 0, out.stderr
     assert len([line for line in out.stdout.splitlines() if line.strip()]) >= 2
+
+
+def test_bench_throughput(smollm2_gguf):
+    out = run_cli("bench", "throughput", "--model", smollm2_gguf, "--num-prompts", "4",
+                  "--input-len", "16", "--output-len", "4")
+    assert out.returncode == 0, out.stderr
+    assert "requests/s" in out.stdout and "output tokens/s" in out.stdout

@@ -183,3 +183,17 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(llm):
     assert out.prompt_token_ids == prompt[-20:]
     assert out.outputs[0].token_ids == llm.generate([{"prompt_token_ids": prompt[-20:]}],
                                                     greedy(8))[0].outputs[0].token_ids
+
+
+def test_vllm_arguments_are_honoured_or_refused(tiny_llama):
+    from vllmx import LLM
+
+    with pytest.raises(NotImplementedError, match="tensor_parallel_size=2"):
+        LLM(tiny_llama, skip_tokenizer_init=True, tensor_parallel_size=2)
+    with pytest.raises(NotImplementedError, match="dtype='bfloat16'"):
+        LLM(tiny_llama, skip_tokenizer_init=True, dtype="bfloat16")
+    with pytest.raises(TypeError, match="not_an_argument"):
+        LLM(tiny_llama, skip_tokenizer_init=True, not_an_argument=1)
+    llm = LLM(tiny_llama, skip_tokenizer_init=True, dtype="auto", tensor_parallel_size=1,
+              trust_remote_code=True, enforce_eager=True)
+    assert llm.generate([{"prompt_token_ids": [5, 6]}], greedy(4))[0].outputs[0].token_ids

@@ -249,9 +249,13 @@ def format_result(r: dict) -> str:
 
 # -- the command ----------------------------------------------------------------------------------
 def add_bench_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("bench", help="benchmarks (serve: an OpenAI-compatible server)")
-    s = p.add_subparsers(dest="bench_command", required=True).add_parser(
-        "serve", help="benchmark the online serving throughput and latency")
+    from vllmx.cli.bench_throughput import add_throughput_parser
+
+    p = sub.add_parser("bench", help="benchmarks: serve (an OpenAI-compatible server), "
+                                     "throughput (offline)")
+    bench_sub = p.add_subparsers(dest="bench_command", required=True)
+    add_throughput_parser(bench_sub)
+    s = bench_sub.add_parser("serve", help="benchmark the online serving throughput and latency")
     s.add_argument("--base-url", default=None, help="e.g. http://127.0.0.1:8000")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
@@ -286,6 +290,10 @@ def _first_model(base_url: str, api_key: str | None) -> str:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    if args.bench_command == "throughput":
+        from vllmx.cli.bench_throughput import run_throughput
+
+        return run_throughput(args)
     from vllmx.loader.model_source import resolve_model
     from vllmx.tokenizer import get_tokenizer
 

@@ -58,8 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     add_serve_parser(sub)
     add_bench_parser(sub)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
-                        format="%(levelname)s vllmx: %(message)s")
+    import vllmx  # noqa: F401  (sets up the "vllmx" logger: INFO to stderr, as vLLM does)
+
+    if args.command in ("generate", "chat") and not args.verbose:
+        logging.getLogger("vllmx").setLevel(logging.WARNING)  # only the text on stdout
     try:
         if args.command == "generate":
             return _generate(args)
