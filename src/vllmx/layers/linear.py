@@ -44,3 +44,35 @@ def concat_rows(weights: list[Weight]) -> Weight:
         raise ValueError(f"cannot fuse weights of dtypes {dtypes} and input sizes {ks}")
     data = np.concatenate([np.asarray(w.data) for w in weights], axis=0)
     return Weight(data, weights[0].dtype, (sum(w.shape[0] for w in weights), ks.pop()))
+
+
+class MergedLinear:
+    """Several projections of the same input as one matmul (vLLM's QKVParallelLinear /
+    MergedColumnParallelLinear): the input is quantized once and the weights stream in one
+    pass. Weights of different dtypes (e.g. a Q6_K v_proj beside Q4_K q/k in a Q4_K_M file)
+    cannot share a matmul; they run separately and their outputs are concatenated."""
+
+    def __init__(self, weights: list[Weight], biases: list[Weight | None]):
+        self.output_sizes = [w.shape[0] for w in weights]
+        bias = None
+        if any(b is not None for b in biases):
+            bias = Weight.from_numpy(np.concatenate([
+                np.zeros(n, np.float32) if b is None else b.to_float32().reshape(-1)
+                for n, b in zip(self.output_sizes, biases)]))
+        if len({w.dtype for w in weights}) == 1:
+            self.parts = [Linear(concat_rows(weights), bias)]
+        else:
+            self.parts = [Linear(w, b) for w, b in zip(weights, biases)]
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if len(self.parts) == 1:
+            return self.parts[0](x)
+        return np.concatenate([p(x) for p in self.parts], axis=1)
+
+    def split(self, out: np.ndarray) -> list[np.ndarray]:
+        """The projections' outputs as contiguous arrays (the native ops take contiguous rows)."""
+        pieces, start = [], 0
+        for n in self.output_sizes:
+            pieces.append(np.ascontiguousarray(out[:, start:start + n]))
+            start += n
+        return pieces

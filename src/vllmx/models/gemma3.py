@@ -12,7 +12,7 @@ import numpy as np
 
 from vllmx import ops
 from vllmx.layers.attention import Attention, AttentionMetadata
-from vllmx.layers.linear import Linear, concat_rows
+from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.norm import RMSNorm
 from vllmx.layers.rotary import RotaryEmbedding
 from vllmx.ops import Weight
@@ -106,17 +106,16 @@ class Gemma3DecoderLayer:
         def norm(name):
             return gemma_rms_norm(w[p + name + ".weight"], eps, off)
 
-        def proj(name):
-            return Linear(w[p + name + ".weight"], w.get(p + name + ".bias"))
-
-        self.q_proj, self.k_proj = proj("self_attn.q_proj"), proj("self_attn.k_proj")
-        self.v_proj, self.o_proj = proj("self_attn.v_proj"), proj("self_attn.o_proj")
+        qkv = [p + f"self_attn.{n}_proj" for n in "qkv"]
+        self.qkv_proj = MergedLinear([w[n + ".weight"] for n in qkv],
+                                     [w.get(n + ".bias") for n in qkv])
+        self.o_proj = Linear(w[p + "self_attn.o_proj.weight"], w.get(p + "self_attn.o_proj.bias"))
         self.q_norm, self.k_norm = norm("self_attn.q_norm"), norm("self_attn.k_norm")
         self.rope = rope
         self.attn = Attention(i, self.num_heads, self.num_kv_heads, self.head_dim,
                               cfg["query_pre_attn_scalar"] ** -0.5, sliding_window)
-        self.gate_up_proj = Linear(concat_rows([w[p + "mlp.gate_proj.weight"],
-                                                w[p + "mlp.up_proj.weight"]]))
+        self.gate_up_proj = MergedLinear([w[p + "mlp.gate_proj.weight"],
+                                          w[p + "mlp.up_proj.weight"]], [None, None])
         self.down_proj = Linear(w[p + "mlp.down_proj.weight"])
         self.input_layernorm = norm("input_layernorm")
         self.post_attention_layernorm = norm("post_attention_layernorm")
@@ -125,9 +124,9 @@ class Gemma3DecoderLayer:
 
     def self_attn(self, positions, h, md: AttentionMetadata):
         t, d = h.shape[0], self.head_dim
-        q = self.q_norm(self.q_proj(h).reshape(t * self.num_heads, d)).reshape(t, -1)
-        k = self.k_norm(self.k_proj(h).reshape(t * self.num_kv_heads, d)).reshape(t, -1)
-        v = self.v_proj(h)
+        q, k, v = self.qkv_proj.split(self.qkv_proj(h))
+        q = self.q_norm(q.reshape(t * self.num_heads, d)).reshape(t, -1)
+        k = self.k_norm(k.reshape(t * self.num_kv_heads, d)).reshape(t, -1)
         self.rope(positions, q, k)
         return self.o_proj(self.attn(q, k, v, md))
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from vllmx import ops
 from vllmx.layers.attention import Attention, AttentionMetadata
-from vllmx.layers.linear import Linear, concat_rows
+from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.norm import RMSNorm
 from vllmx.layers.rotary import RotaryEmbedding
 from vllmx.ops import Weight
@@ -52,11 +52,10 @@ class LlamaDecoderLayer:
         self.num_kv_heads = cfg["num_key_value_heads"]
         self.head_dim = cfg["head_dim"]
 
-        def proj(name):
-            return Linear(w[p + name + ".weight"], w.get(p + name + ".bias"))
-
-        self.q_proj, self.k_proj = proj("self_attn.q_proj"), proj("self_attn.k_proj")
-        self.v_proj, self.o_proj = proj("self_attn.v_proj"), proj("self_attn.o_proj")
+        qkv = [p + f"self_attn.{n}_proj" for n in "qkv"]
+        self.qkv_proj = MergedLinear([w[n + ".weight"] for n in qkv],
+                                     [w.get(n + ".bias") for n in qkv])
+        self.o_proj = Linear(w[p + "self_attn.o_proj.weight"], w.get(p + "self_attn.o_proj.bias"))
         self.q_norm = self.k_norm = None
         if p + "self_attn.q_norm.weight" in w:  # Qwen3
             self.q_norm = RMSNorm(w[p + "self_attn.q_norm.weight"], eps)
@@ -64,15 +63,15 @@ class LlamaDecoderLayer:
         self.rope = rope
         self.attn = Attention(i, self.num_heads, self.num_kv_heads, self.head_dim,
                               self.head_dim**-0.5, cfg.get("attn_sliding_window", 0))
-        self.gate_up_proj = Linear(concat_rows([w[p + "mlp.gate_proj.weight"],
-                                                w[p + "mlp.up_proj.weight"]]))
+        self.gate_up_proj = MergedLinear([w[p + "mlp.gate_proj.weight"],
+                                          w[p + "mlp.up_proj.weight"]], [None, None])
         self.down_proj = Linear(w[p + "mlp.down_proj.weight"])
         self.input_layernorm = RMSNorm(w[p + "input_layernorm.weight"], eps)
         self.post_attention_layernorm = RMSNorm(w[p + "post_attention_layernorm.weight"], eps)
 
     def self_attn(self, positions, h, md: AttentionMetadata):
         t, d = h.shape[0], self.head_dim
-        q, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)
+        q, k, v = self.qkv_proj.split(self.qkv_proj(h))
         if self.q_norm is not None:
             q = self.q_norm(q.reshape(t * self.num_heads, d)).reshape(t, -1)
             k = self.k_norm(k.reshape(t * self.num_kv_heads, d)).reshape(t, -1)
