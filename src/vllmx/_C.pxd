@@ -22,6 +22,7 @@ cdef extern from "tensor.h" namespace "vllmx":
         int ndim
         int64_t shape[4]
         int64_t stride[4]
+        int32_t device  # 0: CPU, 1: CUDA (a device pointer)
 
 cdef extern from "cpu_features.h" namespace "vllmx":
     cdef struct CpuFeatures:
@@ -66,3 +67,6 @@ cdef extern from "ops.h" namespace "vllmx" nogil:
 
 cdef extern from "ops.h" namespace "vllmx" nogil:
     void gelu_and_mul(const Tensor&, const Tensor&, bool, bool) except +
+
+cdef extern from "ops.h" namespace "vllmx" nogil:
+    void quantize_weight(const Tensor&, const Tensor&) except +

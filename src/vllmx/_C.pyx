@@ -217,3 +217,11 @@ def op_gelu_and_mul(out, x, bint approximate_tanh, bint reference=False):
     cdef Tensor o = as_tensor(out), xt = as_tensor(x)
     with nogil:
         gelu_and_mul(o, xt, approximate_tanh, reference)
+
+
+def op_quantize_weight(out, int out_dtype, src):
+    """f32 weights [rows, n] -> out (uint8 blocks [rows, row_bytes], float16 / uint16 for
+    F16 / BF16) with llama.cpp's reference quantizers (csrc/quantize_k.cpp)."""
+    cdef Tensor o = as_tensor(out, out_dtype), s = as_tensor(src)
+    with nogil:
+        quantize_weight(o, s)

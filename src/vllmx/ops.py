@@ -150,3 +150,33 @@ def gelu_and_mul(x: np.ndarray, approximate: str = "none") -> np.ndarray:
     out = np.empty((x.shape[0], x.shape[1] // 2), dtype=np.float32)
     _C.op_gelu_and_mul(out, x, approximate == "tanh")
     return out
+
+
+# Weight types `quantize_weight` writes (GGML ids): the k-quants and the 32-block types.
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
+QUANTIZE_TYPES = {"F32": F32, "F16": F16, "BF16": BF16, "Q4_0": Q4_0, "Q4_1": Q4_1,
+                  "Q5_0": Q5_0, "Q5_1": Q5_1, "Q8_0": Q8_0, "Q2_K": Q2_K, "Q3_K": Q3_K,
+                  "Q4_K": Q4_K, "Q5_K": Q5_K, "Q6_K": Q6_K}
+
+
+def quantize_weight(x: np.ndarray, dtype: int) -> np.ndarray:
+    """f32 weights [rows, n] in a GGUF type with llama.cpp's reference quantizers (bit-identical
+    to llama-quantize without an importance matrix): uint8 [rows, row_bytes] for block types,
+    float32 / float16 / uint16 (bf16) [rows, n] for dense ones. n must be a multiple of the
+    type's block size (32, or 256 for the k-quants)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2:
+        raise ValueError(f"quantize_weight: expected a 2-D array, got shape {x.shape}")
+    name, block_size, type_size, quantized, _ = _C.type_info(dtype)
+    if quantized:
+        if x.shape[1] % block_size:
+            raise ValueError(f"quantize_weight: rows of {x.shape[1]} values are not a multiple "
+                             f"of the {name} block size {block_size}")
+        out = np.empty((x.shape[0], x.shape[1] // block_size * type_size), np.uint8)
+    else:
+        np_dtype = {F32: np.float32, F16: np.float16, BF16: np.uint16}.get(dtype)
+        if np_dtype is None:
+            raise ValueError(f"quantize_weight: no quantizer for {name} (id {dtype})")
+        out = np.empty(x.shape, np_dtype)
+    _C.op_quantize_weight(out, dtype, x)
+    return out

@@ -122,17 +122,17 @@ def test_unsupported_gguf_block_type(tmp_path):
 
     from vllmx import LLM
 
-    path = str(tmp_path / "q2k.gguf")
+    path = str(tmp_path / "iq2xxs.gguf")
     w = gguf.GGUFWriter(path, "llama")
     w.add_block_count(1)
-    # 4 rows of one Q2_K block each (84 bytes); gguf cannot quantize Q2_K, the bytes are random
-    data = np.random.default_rng().integers(0, 256, (4, 84), dtype=np.uint8)
-    w.add_tensor("token_embd.weight", data, raw_dtype=gguf.GGMLQuantizationType.Q2_K)
+    # 4 rows of one IQ2_XXS block each (66 bytes; random bytes: only the type matters here)
+    data = np.random.default_rng().integers(0, 256, (4, 66), dtype=np.uint8)
+    w.add_tensor("token_embd.weight", data, raw_dtype=gguf.GGMLQuantizationType.IQ2_XXS)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(ValueError, match="Q2_K"):
+    with pytest.raises(ValueError, match="IQ2_XXS"):
         LLM(path, skip_tokenizer_init=True)
 
 

@@ -1,5 +1,5 @@
 """The `vllmx` command: `vllmx serve [MODEL]` (the OpenAI-compatible server), `vllmx generate
-[PROMPT]`, `vllmx chat` and `vllmx bench serve`."""
+[PROMPT]`, `vllmx chat`, `vllmx quantize` and `vllmx bench serve`."""
 
 from __future__ import annotations
 
@@ -53,10 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("-v", "--verbose", action="store_true")
     from vllmx.cli.bench_serve import add_bench_parser
+    from vllmx.cli.quantize import add_quantize_parser
     from vllmx.cli.serve import add_serve_parser
 
     add_serve_parser(sub)
     add_bench_parser(sub)
+    add_quantize_parser(sub)
     args = parser.parse_args(argv)
     import vllmx  # noqa: F401  (sets up the "vllmx" logger: INFO to stderr, as vLLM does)
 
@@ -73,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
             from vllmx.cli.serve import run_serve
 
             return run_serve(args)
+        if args.command == "quantize":
+            from vllmx.cli.quantize import run_quantize
+
+            return run_quantize(args)
         if args.command == "bench":
             from vllmx.cli.bench_serve import run_bench
 

