@@ -3,7 +3,6 @@
 // tensors are row-major with rows of whole blocks, so only the row stride (in bytes) matters.
 #pragma once
 #include <cstdint>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -31,12 +30,16 @@ struct Tensor {
   }
   template <typename T>
   T* ptr() const { return static_cast<T*>(data); }
+  // Plain string building (no iostreams: they are not safe in every translation unit we link,
+  // e.g. the CUDA ones, and cost a locale lookup per call).
   std::string str() const {
-    std::ostringstream s;
-    s << dtype_name(dtype) << "[";
-    for (int i = 0; i < ndim; ++i) s << (i ? ", " : "") << shape[i];
-    s << "]";
-    return s.str();
+    std::string s = dtype_name(dtype);
+    s += "[";
+    for (int i = 0; i < ndim; ++i) {
+      if (i) s += ", ";
+      s += std::to_string(shape[i]);
+    }
+    return s + "]";
   }
 };
 

@@ -5,8 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 exec 9>/tmp/vllmx-build.lock
 flock 9
-if [[ ! -f build/dev/build.ninja ]]; then
-  cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release \
+# CPU only (VLLMX_CUDA=OFF): CUDA compiles are slow (bench/gpu_check.sh builds with CUDA).
+if [[ ! -f build/dev/build.ninja ]] || ! grep -q '^VLLMX_CUDA:STRING=OFF' build/dev/CMakeCache.txt; then
+  cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DVLLMX_CUDA=OFF \
     -DPython_EXECUTABLE="$(command -v python3)" >/dev/null
 fi
 ninja -C build/dev

@@ -31,6 +31,8 @@ cdef Tensor as_tensor(object a, int dtype=-1) except *:
         t.data = NULL
         t.ndim = 0
         return t
+    if isinstance(a, DeviceArrayBase):
+        raise TypeError("a GPU DeviceArray was passed to a CPU op (use vllmx.ops.cuda_*)")
     arr = <cnp.ndarray?>a
     if not cnp.PyArray_IS_C_CONTIGUOUS(arr):
         raise ValueError(f"expected a C-contiguous array, got strides {a.strides}")
@@ -225,3 +227,6 @@ def op_quantize_weight(out, int out_dtype, src):
     cdef Tensor o = as_tensor(out, out_dtype), s = as_tensor(src)
     with nogil:
         quantize_weight(o, s)
+
+
+include "cuda.pxi"

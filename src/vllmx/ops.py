@@ -180,3 +180,84 @@ def quantize_weight(x: np.ndarray, dtype: int) -> np.ndarray:
         out = np.empty(x.shape, np_dtype)
     _C.op_quantize_weight(out, dtype, x)
     return out
+
+
+# ---- CUDA: the same ops over vllmx.device.DeviceArray (activations f32 / f16 / bf16) ----
+from vllmx.device import I32, DeviceArray
+
+
+def cuda_available() -> bool:
+    return _C.cuda_available()
+
+
+def _elements(a: DeviceArray) -> int:
+    """Elements in the last dim of a (bytes / block bytes * block size for block types)."""
+    _, block_size, type_size, quantized, _ = _C.type_info(a.dtype)
+    return a.shape[-1] // type_size * block_size if quantized else a.shape[-1]
+
+
+def cuda_embedding(ids: DeviceArray, table: DeviceArray, out_dtype: int | None = None):
+    """out [T, H] in out_dtype (default: the table's dtype if dense, else bf16)."""
+    if out_dtype is None:
+        out_dtype = table.dtype if table.dtype in (F32, F16, BF16) else BF16
+    out = DeviceArray.empty((ids.shape[0], _elements(table)), out_dtype)
+    _C.cuda_op_embedding(out, ids, table)
+    return out
+
+
+def cuda_linear(x: DeviceArray, w: DeviceArray, bias: DeviceArray | None = None) -> DeviceArray:
+    out = DeviceArray.empty((x.shape[0], w.shape[0]), x.dtype)
+    _C.cuda_op_linear(out, x, w, -1, bias)
+    return out
+
+
+def cuda_rms_norm(x: DeviceArray, w: DeviceArray, eps: float) -> DeviceArray:
+    out = DeviceArray.empty(x.shape, x.dtype)
+    _C.cuda_op_rms_norm(out, x, w, eps)
+    return out
+
+
+def cuda_fused_add_rms_norm(x: DeviceArray, residual: DeviceArray, w: DeviceArray,
+                            eps: float) -> None:
+    """In place: residual += x; x = rms_norm(residual) * w."""
+    _C.cuda_op_fused_add_rms_norm(x, residual, w, eps)
+
+
+def cuda_rotary(positions, q, k, cos_sin_cache, head_size: int, is_neox: bool) -> None:
+    _C.cuda_op_rotary(positions, q, k, cos_sin_cache, head_size, is_neox)
+
+
+def cuda_silu_and_mul(x: DeviceArray) -> DeviceArray:
+    out = DeviceArray.empty((x.shape[0], x.shape[1] // 2), x.dtype)
+    _C.cuda_op_silu_and_mul(out, x)
+    return out
+
+
+def cuda_gelu_and_mul(x: DeviceArray, approximate: str = "none") -> DeviceArray:
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu_and_mul: approximate must be 'none' or 'tanh', got {approximate!r}")
+    out = DeviceArray.empty((x.shape[0], x.shape[1] // 2), x.dtype)
+    _C.cuda_op_gelu_and_mul(out, x, approximate == "tanh")
+    return out
+
+
+def cuda_write_kv_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
+    _C.cuda_op_write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
+
+
+def cuda_paged_attention(q, key_cache, value_cache, block_table, query_start_loc, seq_lens,
+                         scale: float, sliding_window: int = 0,
+                         logits_soft_cap: float = 0.0) -> DeviceArray:
+    out = DeviceArray.empty(q.shape, q.dtype)
+    _C.cuda_op_paged_attention(out, q, key_cache, value_cache, block_table, query_start_loc,
+                               seq_lens, scale, sliding_window, logits_soft_cap)
+    return out
+
+
+def cuda_sample(logits, temperature, top_k, top_p, min_p, rng_state, with_logprobs: bool = True):
+    """Token ids (int32 [B]) and log-probs (float32 [B], or None) as DeviceArrays; rng_state
+    (uint64 [B, 2], on the GPU) is advanced in place. Same semantics as `sample`."""
+    ids = DeviceArray.empty((logits.shape[0],), I32)
+    logprobs = DeviceArray.empty((logits.shape[0],), F32) if with_logprobs else None
+    _C.cuda_op_sample(ids, logprobs, logits, temperature, top_k, top_p, min_p, rng_state)
+    return ids, logprobs

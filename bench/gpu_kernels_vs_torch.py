@@ -1,0 +1,117 @@
+"""vllmx's CUDA kernels vs PyTorch (cuBLAS / SDPA) on the same GPU in one run: bf16 linear at
+Llama-3-8B shapes over batch sizes, and paged decode / prefill attention vs SDPA on contiguous
+K/V. Prints time, TFLOP/s or GB/s, and the ratio (torch time / vllmx time: > 1 means faster).
+
+    python bench/gpu_kernels_vs_torch.py        (on a GPU machine; torch is the peer only)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+import torch
+
+from vllmx import _C
+from vllmx.device import DeviceArray
+
+BF16 = 30
+
+
+def timeit(fn, sync, iters=20):
+    for _ in range(3):
+        fn()
+    sync()
+    t = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync()
+    return (time.perf_counter() - t) / iters
+
+
+def bits_bf16(a: np.ndarray) -> np.ndarray:
+    return (a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def bench_linear(results):
+    rng = np.random.default_rng(0)
+    for n, k in [(4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096)]:
+        w32 = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
+        w = DeviceArray.from_numpy(bits_bf16(w32), BF16)
+        wt = torch.from_numpy(w32).to("cuda", torch.bfloat16)
+        for t in (1, 8, 32, 512, 4096):
+            x32 = rng.standard_normal((t, k)).astype(np.float32)
+            x = DeviceArray.from_numpy(bits_bf16(x32), BF16)
+            out = DeviceArray.empty((t, n), BF16)
+            xt = torch.from_numpy(x32).to("cuda", torch.bfloat16)
+            ours = timeit(lambda: _C.cuda_op_linear(out, x, w, BF16, None), _C.cuda_synchronize)
+            theirs = timeit(lambda: torch.nn.functional.linear(xt, wt), torch.cuda.synchronize)
+            flops = 2 * t * n * k
+            r = {"op": "linear_bf16", "N": n, "K": k, "T": t, "vllmx_ms": ours * 1e3,
+                 "torch_ms": theirs * 1e3, "vllmx_tflops": flops / ours / 1e12,
+                 "vllmx_weight_GBps": n * k * 2 / ours / 1e9, "ratio": theirs / ours}
+            results.append(r)
+            print(f"linear N={n:6d} K={k:5d} T={t:4d}: vllmx {ours*1e3:8.3f} ms "
+                  f"({r['vllmx_tflops']:6.1f} TFLOP/s, {r['vllmx_weight_GBps']:6.0f} GB/s w)  "
+                  f"torch {theirs*1e3:8.3f} ms  ratio {r['ratio']:.2f}")
+
+
+def bench_attention(results):
+    rng = np.random.default_rng(1)
+    nq, nkv, d, bs = 32, 8, 128, 16
+    for batch, ctx, qlen in [(1, 2048, 1), (32, 1024, 1), (32, 4096, 1), (1, 4096, 4096),
+                             (8, 1024, 1024)]:
+        nblk = batch * ((ctx + bs - 1) // bs)
+        kc32 = rng.standard_normal((nblk, bs, nkv, d)).astype(np.float32)
+        vc32 = rng.standard_normal((nblk, bs, nkv, d)).astype(np.float32)
+        kc = DeviceArray.from_numpy(bits_bf16(kc32), BF16)
+        vc = DeviceArray.from_numpy(bits_bf16(vc32), BF16)
+        per = (ctx + bs - 1) // bs
+        table = np.arange(nblk, dtype=np.int32).reshape(batch, per)
+        q32 = rng.standard_normal((batch * qlen, nq * d)).astype(np.float32)
+        q = DeviceArray.from_numpy(bits_bf16(q32), BF16)
+        out = DeviceArray.empty(q.shape, BF16)
+        qsl = DeviceArray.from_numpy(np.arange(batch + 1, dtype=np.int32) * qlen)
+        sl = DeviceArray.from_numpy(np.full(batch, ctx, np.int32))
+        bt = DeviceArray.from_numpy(table)
+        scale = d ** -0.5
+        ours = timeit(lambda: _C.cuda_op_paged_attention(out, q, kc, vc, bt, qsl, sl, scale, 0,
+                                                        0.0, BF16), _C.cuda_synchronize)
+        kt = torch.from_numpy(kc32.reshape(batch, ctx, nkv, d)).to("cuda", torch.bfloat16)
+        vt = torch.from_numpy(vc32.reshape(batch, ctx, nkv, d)).to("cuda", torch.bfloat16)
+        qt = torch.from_numpy(q32.reshape(batch, qlen, nq, d)).to("cuda", torch.bfloat16)
+        qt, kt, vt = qt.transpose(1, 2), kt.transpose(1, 2), vt.transpose(1, 2)
+        causal = qlen > 1
+
+        def sdpa():
+            torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
+                                                             enable_gqa=True)
+        theirs = timeit(sdpa, torch.cuda.synchronize)
+        r = {"op": "paged_attention_bf16", "batch": batch, "context": ctx, "q_len": qlen,
+             "heads": f"{nq}/{nkv}", "head_dim": d, "vllmx_ms": ours * 1e3,
+             "torch_sdpa_ms": theirs * 1e3, "kv_GBps": 2 * kc32.size * 2 / ours / 1e9,
+             "ratio": theirs / ours}
+        results.append(r)
+        print(f"attention batch={batch:2d} ctx={ctx:5d} q_len={qlen:4d}: vllmx {ours*1e3:8.3f} ms "
+              f"({r['kv_GBps']:6.0f} GB/s KV)  torch SDPA {theirs*1e3:8.3f} ms  "
+              f"ratio {r['ratio']:.2f}")
+
+
+def main():
+    if not _C.cuda_available():
+        raise SystemExit("no CUDA GPU")
+    results: list[dict] = []
+    bench_linear(results)
+    bench_attention(results)
+    dest = os.path.join(os.environ.get("OUT") or os.path.join(os.path.dirname(__file__), "results"),
+                        "gpu_kernels_vs_torch.json")
+    with open(dest, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                   "results": results}, f, indent=2)
+    print(f"wrote {dest}")
+
+
+if __name__ == "__main__":
+    main()

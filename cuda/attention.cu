@@ -1,0 +1,680 @@
+// paged_attention on the GPU: varlen causal attention over vLLM's flash-layout paged cache
+// [num_blocks, block_size, num_kv_heads, head_size], GQA, sliding window, logits soft cap.
+//
+// The query rows of one (sequence, kv head) are flattened as (token, head of the group), so the
+// G query heads sharing a kv head share every K/V tile load. A tile of 16 * WARPS such rows runs
+// FlashAttention-2 style (attend_rows): K/V tiles of 64 keys double-buffered by cp.async, S = QK^T
+// and O += PV on the tensor cores (mma.sync m16n8k16, f32 accumulate), online softmax in f32
+// registers (base-2 exponent).
+// - prefill_kernel: sequences with >= 2 queries, 4 warps per CTA; the CTAs' (sequence, row
+//   tile) list is built on the device by schedule_kernel, so the host never reads
+//   query_start_loc / seq_lens (no sync; the op can be captured in a CUDA graph).
+// - decode_kernel: sequences with exactly 1 query, 1 warp per CTA, the context split into up
+//   to max_splits partitions (flash-decoding); combine_kernel merges the partials by their
+//   log-sum-exp. A sequence whose context fits one partition writes its output directly.
+// - attention_generic_kernel: f32 caches or q/out, other head sizes, unaligned tensors; plain f32
+//   CUDA-core code, one CTA per (query row, head): the scalar twin.
+// All policy (which path, how many splits, scratch sizes) lives in plan_attention() on the host.
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <mutex>
+#include <string>
+#include <type_traits>
+
+#include "cuda_ops.h"
+#include "cuda_util.cuh"
+#include "mma.cuh"
+
+namespace vllmx::cuda {
+
+namespace {
+
+using namespace detail;
+
+constexpr const char* kOp = "paged_attention";
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kBN = 64;             // keys per K/V tile
+constexpr int kPrefillWarps = 4;    // prefill CTA: 64 query rows
+constexpr int kMinPartition = 128;  // decode: fewest keys worth a partition of their own
+constexpr int kMaxSplits = 128;
+constexpr int kGenericThreads = 128;
+constexpr int kGenericMaxD = 1024;
+
+struct AttnArgs {
+  const void* q;
+  void* out;
+  const void* kc;
+  const void* vc;
+  const int32_t* bt;
+  const int32_t* qsl;
+  const int32_t* seq_lens;
+  int64_t q_stride, out_stride, bt_stride;  // elements
+  int B, T, nq, nkv, G, D, block_size;
+  float scale, cap;  // cap > 0: soft cap
+  int window;        // > 0: sliding window
+  bool q_bf16, out_bf16;
+  // Split-KV decode scratch: part_o [B, nq, max_splits, D], part_lse [B, nq, max_splits].
+  int max_splits;
+  float* part_o;
+  float* part_lse;
+  // Prefill work list: tiles[i] = (sequence, first flattened row), *num_tiles entries.
+  int2* tiles;
+  int* num_tiles;
+};
+
+// Partition size and count for a decode context of n visible keys (used by the decode and the
+// combine kernels alike): at most max_splits partitions, whole K/V tiles, >= kMinPartition keys.
+__device__ __forceinline__ void split_plan(int n, int max_splits, int& part, int& nsplit) {
+  int per = (n + max_splits - 1) / max_splits;
+  per = (per + kBN - 1) / kBN * kBN;
+  part = max(per, kMinPartition);
+  nsplit = (n + part - 1) / part;
+}
+
+__device__ __forceinline__ int visible_lo(int pos, int window) {
+  return window > 0 ? max(0, pos - window + 1) : 0;
+}
+
+// ------------------------------------------------------------------ the tensor-core tile
+
+template <int D, int WARPS>
+constexpr int attn_smem_bytes() {
+  return (WARPS * 16 + 4 * kBN) * (D + 8) * 2;  // Q + 2 stages of K and V
+}
+
+// Rows row_start .. row_start + 16 * WARPS of (sequence b, kv head g) against keys
+// [kbeg, kend) (kbeg < kend). split < 0: normalized output to out; else partial output and its
+// log2-sum-exp to the split scratch.
+template <int D, typename KV, int WARPS>
+__device__ __forceinline__ void attend_rows(const AttnArgs& a, int b, int g, int row_start,
+                                            int q_len, int kbeg, int kend, int split) {
+  constexpr int NT = WARPS * 32, BM = WARPS * 16, LD = D + 8, CPR = D / 8;
+  constexpr bool kKvBf = std::is_same_v<KV, __nv_bfloat16>;
+  extern __shared__ uint4 attn_smem[];
+  KV* Qs = reinterpret_cast<KV*>(attn_smem);
+  KV* Ks = Qs + BM * LD;
+  KV* Vs = Ks + 2 * kBN * LD;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int G = a.G;
+  const int seq_len = a.seq_lens[b], q0 = a.qsl[b], ctx_start = seq_len - q_len;
+  const int R = q_len * G;
+
+  // Q tile -> shared memory, converted to the cache dtype (the mma takes one type).
+  for (int i = tid; i < BM * CPR; i += NT) {
+    const int r = i / CPR, c = i % CPR, f = row_start + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (f < R) {
+      const int tok = f / G, head = g * G + f % G;
+      const uint16_t* src = static_cast<const uint16_t*>(a.q) + (q0 + tok) * a.q_stride +
+                            static_cast<int64_t>(head) * D + c * 8;
+      v = *reinterpret_cast<const uint4*>(src);
+      if (a.q_bf16 != kKvBf) {
+        float f8[8];
+        unpack8(v, a.q_bf16, f8);
+        v = pack8(f8, kKvBf);
+      }
+    }
+    *reinterpret_cast<uint4*>(Qs + r * LD + c * 8) = v;
+  }
+
+  const KV* kc = static_cast<const KV*>(a.kc);
+  const KV* vc = static_cast<const KV*>(a.vc);
+  const int32_t* bt_row = a.bt + static_cast<int64_t>(b) * a.bt_stride;
+  // Keys past kend are zero-filled (never garbage: 0 * NaN would poison P @ V).
+  auto load_kv = [&](int k0, int st) {
+    for (int i = tid; i < kBN * CPR; i += NT) {
+      const int r = i / CPR, c = i % CPR, pos = k0 + r;
+      const bool ok = pos < kend;
+      int64_t off = 0;
+      if (ok) {
+        const int64_t blk = bt_row[pos / a.block_size];
+        off = ((blk * a.block_size + pos % a.block_size) * a.nkv + g) * D + c * 8;
+      }
+      cp_async16(Ks + (st * kBN + r) * LD + c * 8, kc + off, ok);
+      cp_async16(Vs + (st * kBN + r) * LD + c * 8, vc + off, ok);
+    }
+    cp_async_commit();
+  };
+
+  // This thread's two rows (lane / 4 and lane / 4 + 8 of its warp's 16).
+  int pos[2], lo[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int f = row_start + warp * 16 + lane / 4 + h * 8;
+    pos[h] = ctx_start + f / G;
+    lo[h] = visible_lo(pos[h], a.window);
+  }
+  // CTA-uniform bounds that let whole tiles skip the mask.
+  const int pos_first = ctx_start + row_start / G;
+  const int lo_last = visible_lo(ctx_start + min(R - 1, row_start + BM - 1) / G, a.window);
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[i][e] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  uint32_t qf[D / 16][4];
+  const float scale_log2 = a.scale * kLog2e;
+
+  const int ntiles = (kend - kbeg + kBN - 1) / kBN;
+  load_kv(kbeg, 0);
+  for (int t = 0; t < ntiles; ++t) {
+    const int st = t & 1, k0 = kbeg + t * kBN;
+    if (t + 1 < ntiles) {
+      load_kv(k0 + kBN, st ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (t == 0) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        ldmatrix_x4(qf[kk], Qs + (warp * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8);
+    }
+
+    // S = Q K^T for this warp's 16 rows x 64 keys.
+    float s[kBN / 8][4];
+#pragma unroll
+    for (int i = 0; i < kBN / 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[i][e] = 0.f;
+    const KV* kt = Ks + st * kBN * LD;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+      for (int np = 0; np < kBN / 16; ++np) {
+        uint32_t r4[4];
+        ldmatrix_x4(r4, kt + (np * 16 + lane % 8 + (lane / 16) * 8) * LD + kk * 16 +
+                            ((lane / 8) % 2) * 8);
+        mma16816<KV>(s[2 * np], qf[kk], r4[0], r4[1]);
+        mma16816<KV>(s[2 * np + 1], qf[kk], r4[2], r4[3]);
+      }
+
+    // Scale (base 2), soft cap, mask.
+    const bool need_mask =
+        k0 + kBN > kend || k0 + kBN - 1 > pos_first || (a.window > 0 && k0 < lo_last);
+#pragma unroll
+    for (int nt = 0; nt < kBN / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[nt][e];
+        x = a.cap > 0.f ? a.cap * tanhf(x * a.scale / a.cap) * kLog2e : x * scale_log2;
+        if (need_mask) {
+          const int col = k0 + nt * 8 + (lane % 4) * 2 + (e & 1), h = e / 2;
+          if (!(col < kend && col <= pos[h] && col >= lo[h])) x = -INFINITY;
+        }
+        s[nt][e] = x;
+      }
+
+    // Online softmax: a row's 64 scores sit in the 4 lanes of a quad.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < kBN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mnew = fmaxf(m[h], mx);
+      const float base = mnew == -INFINITY ? 0.f : mnew;  // a row with nothing visible yet
+      const float corr = exp2f(m[h] - base);
+      m[h] = mnew;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < kBN / 8; ++nt) {
+        s[nt][2 * h] = exp2f(s[nt][2 * h] - base);
+        s[nt][2 * h + 1] = exp2f(s[nt][2 * h + 1] - base);
+        sum += s[nt][2 * h] + s[nt][2 * h + 1];
+      }
+      l[h] = l[h] * corr + sum;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        o[dt][2 * h] *= corr;
+        o[dt][2 * h + 1] *= corr;
+      }
+    }
+
+    // O += P V: the S accumulators of two adjacent key octets are an A fragment.
+    const KV* vt = Vs + st * kBN * LD;
+#pragma unroll
+    for (int j = 0; j < kBN / 16; ++j) {
+      uint32_t pa[4];
+      pa[0] = F16Ops<KV>::pack2(s[2 * j][0], s[2 * j][1]);
+      pa[1] = F16Ops<KV>::pack2(s[2 * j][2], s[2 * j][3]);
+      pa[2] = F16Ops<KV>::pack2(s[2 * j + 1][0], s[2 * j + 1][1]);
+      pa[3] = F16Ops<KV>::pack2(s[2 * j + 1][2], s[2 * j + 1][3]);
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t r4[4];
+        ldmatrix_x4_trans(r4, vt + (j * 16 + lane % 8 + ((lane / 8) % 2) * 8) * LD + dp * 16 +
+                                  (lane / 16) * 8);
+        mma16816<KV>(o[2 * dp], pa, r4[0], r4[1]);
+        mma16816<KV>(o[2 * dp + 1], pa, r4[2], r4[3]);
+      }
+    }
+    __syncthreads();  // the next iteration's loads overwrite this stage
+  }
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int f = row_start + warp * 16 + lane / 4 + h * 8;
+    if (f >= R) continue;
+    const int tok = f / G, head = g * G + f % G;
+    const float inv = 1.f / l[h];
+    if (split < 0) {
+      uint16_t* dst = static_cast<uint16_t*>(a.out) + (q0 + tok) * a.out_stride +
+                      static_cast<int64_t>(head) * D;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        const int col = dt * 8 + (lane % 4) * 2;
+        *reinterpret_cast<uint32_t*>(dst + col) =
+            pack2_bits(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv, a.out_bf16);
+      }
+    } else {
+      const int64_t slot = (static_cast<int64_t>(b) * a.nq + head) * a.max_splits + split;
+      float* dst = a.part_o + slot * D;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        const int col = dt * 8 + (lane % 4) * 2;
+        *reinterpret_cast<float2*>(dst + col) =
+            make_float2(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
+      }
+      if (lane % 4 == 0) a.part_lse[slot] = m[h] + log2f(l[h]);
+    }
+  }
+}
+
+// ------------------------------------------------------------------ kernels
+
+// One CTA: prefix sum over sequences of their prefill row tiles (q_len >= 2).
+__global__ void __launch_bounds__(1024) schedule_kernel(AttnArgs a, int bm) {
+  __shared__ int warp_sums[32];
+  __shared__ int carry;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nwarps = blockDim.x / 32;
+  if (tid == 0) carry = 0;
+  __syncthreads();
+  for (int base = 0; base < a.B; base += blockDim.x) {
+    const int b = base + tid;
+    int cnt = 0, q_len = 0;
+    if (b < a.B) {
+      q_len = a.qsl[b + 1] - a.qsl[b];
+      if (q_len >= 2) cnt = (q_len * a.G + bm - 1) / bm;
+    }
+    int v = cnt;  // inclusive scan within the warp
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int n = __shfl_up_sync(0xffffffffu, v, o);
+      if (lane >= o) v += n;
+    }
+    if (lane == 31) warp_sums[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+      int ws = lane < nwarps ? warp_sums[lane] : 0;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int n = __shfl_up_sync(0xffffffffu, ws, o);
+        if (lane >= o) ws += n;
+      }
+      warp_sums[lane] = ws;
+    }
+    __syncthreads();
+    const int start = carry + (warp > 0 ? warp_sums[warp - 1] : 0) + v - cnt;
+    for (int i = 0; i < cnt; ++i) a.tiles[start + i] = make_int2(b, i * bm);
+    __syncthreads();
+    if (tid == 0) carry += warp_sums[nwarps - 1];
+    __syncthreads();
+  }
+  if (tid == 0) *a.num_tiles = carry;
+}
+
+template <int D, typename KV>
+__global__ void __launch_bounds__(kPrefillWarps * 32) prefill_kernel(AttnArgs a) {
+  if (static_cast<int>(blockIdx.x) >= *a.num_tiles) return;
+  const int2 tile = a.tiles[blockIdx.x];
+  const int b = tile.x, row_start = tile.y, g = blockIdx.y;
+  const int q_len = a.qsl[b + 1] - a.qsl[b];
+  const int ctx_start = a.seq_lens[b] - q_len;
+  const int R = q_len * a.G;
+  const int first_tok = row_start / a.G;
+  const int last_tok = min(R - 1, row_start + kPrefillWarps * 16 - 1) / a.G;
+  const int kbeg = visible_lo(ctx_start + first_tok, a.window);
+  const int kend = ctx_start + last_tok + 1;
+  attend_rows<D, KV, kPrefillWarps>(a, b, g, row_start, q_len, kbeg, kend, -1);
+}
+
+// grid (B, nkv * ceil(G / 16), max_splits), one warp each.
+template <int D, typename KV>
+__global__ void __launch_bounds__(32) decode_kernel(AttnArgs a) {
+  const int b = blockIdx.x, split = blockIdx.z;
+  const int row_tiles = (a.G + 15) / 16;
+  const int g = blockIdx.y / row_tiles, rt = blockIdx.y % row_tiles;
+  if (a.qsl[b + 1] - a.qsl[b] != 1) return;
+  const int pos = a.seq_lens[b] - 1;
+  if (pos < 0) return;
+  const int lo = visible_lo(pos, a.window);
+  int part, nsplit;
+  split_plan(pos - lo + 1, a.max_splits, part, nsplit);
+  if (split >= nsplit) return;
+  const int kbeg = lo + split * part, kend = min(kbeg + part, pos + 1);
+  attend_rows<D, KV, 1>(a, b, g, rt * 16, 1, kbeg, kend, nsplit > 1 ? split : -1);
+}
+
+// grid (B, nq): merges a decode row's partitions by their log2-sum-exp.
+__global__ void __launch_bounds__(128) combine_kernel(AttnArgs a) {
+  const int b = blockIdx.x, head = blockIdx.y;
+  if (a.qsl[b + 1] - a.qsl[b] != 1) return;
+  const int pos = a.seq_lens[b] - 1;
+  if (pos < 0) return;
+  const int lo = visible_lo(pos, a.window);
+  int part, nsplit;
+  split_plan(pos - lo + 1, a.max_splits, part, nsplit);
+  if (nsplit <= 1) return;
+  const int64_t slot0 = (static_cast<int64_t>(b) * a.nq + head) * a.max_splits;
+  float mx = -INFINITY;
+  for (int s = 0; s < nsplit; ++s) mx = fmaxf(mx, a.part_lse[slot0 + s]);
+  float wsum = 0.f;
+  for (int s = 0; s < nsplit; ++s) wsum += exp2f(a.part_lse[slot0 + s] - mx);
+  const float inv = 1.f / wsum;
+  uint16_t* dst = static_cast<uint16_t*>(a.out) + a.qsl[b] * a.out_stride +
+                  static_cast<int64_t>(head) * a.D;
+  for (int d = threadIdx.x; d < a.D; d += blockDim.x) {
+    float acc = 0.f;
+    for (int s = 0; s < nsplit; ++s)
+      acc += exp2f(a.part_lse[slot0 + s] - mx) * a.part_o[(slot0 + s) * a.D + d];
+    dst[d] = float_to_bits(acc * inv, a.out_bf16);
+  }
+}
+
+// dtype codes: GGML ids (0 f32, 1 f16, 30 bf16).
+__device__ __forceinline__ float load_any(const void* p, int64_t i, int code) {
+  if (code == 0) return static_cast<const float*>(p)[i];
+  return bits_to_float(static_cast<const uint16_t*>(p)[i], code == 30);
+}
+
+__device__ float block_reduce(float v, bool is_max, float* red) {
+  v = is_max ? warp_max(v) : warp_sum(v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // red is reused across calls
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float r = red[0];
+  for (int w = 1; w < kGenericThreads / 32; ++w) r = is_max ? fmaxf(r, red[w]) : r + red[w];
+  return r;
+}
+
+// grid (T, nq), kGenericThreads each; dynamic smem: D floats of q.
+__global__ void __launch_bounds__(kGenericThreads) attention_generic_kernel(AttnArgs a,
+                                                                           int cache_code,
+                                                                           int q_code,
+                                                                           int out_code) {
+  extern __shared__ float q_s[];
+  __shared__ float p_s[kGenericThreads];
+  __shared__ int64_t off_s[kGenericThreads];
+  __shared__ float red[kGenericThreads / 32];
+  const int t = blockIdx.x, head = blockIdx.y, tid = threadIdx.x, D = a.D;
+  // The sequence owning row t: the last b with qsl[b] <= t (qsl is non-decreasing).
+  int lo_b = 0, hi_b = a.B;  // invariant: qsl[lo_b] <= t < qsl[hi_b]
+  while (hi_b - lo_b > 1) {
+    const int mid = (lo_b + hi_b) / 2;
+    if (a.qsl[mid] <= t) lo_b = mid; else hi_b = mid;
+  }
+  const int b = lo_b, g = head / a.G;
+  const int q_len = a.qsl[b + 1] - a.qsl[b];
+  const int pos = a.seq_lens[b] - q_len + (t - a.qsl[b]);
+  const int lo = visible_lo(pos, a.window);
+  for (int d = tid; d < D; d += kGenericThreads)
+    q_s[d] = load_any(a.q, t * a.q_stride + static_cast<int64_t>(head) * D + d, q_code);
+  constexpr int kPer = kGenericMaxD / kGenericThreads;
+  float acc[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) acc[i] = 0.f;
+  float m = -INFINITY, l = 0.f;
+  const int32_t* bt_row = a.bt + static_cast<int64_t>(b) * a.bt_stride;
+  for (int k0 = lo; k0 <= pos; k0 += kGenericThreads) {
+    const int j = k0 + tid;
+    float s = -INFINITY;
+    __syncthreads();  // q_s written / p_s and off_s of the previous chunk consumed
+    if (j <= pos) {
+      const int64_t blk = bt_row[j / a.block_size];
+      const int64_t off = ((blk * a.block_size + j % a.block_size) * a.nkv + g) * D;
+      off_s[tid] = off;
+      float dot = 0.f;
+      for (int d = 0; d < D; ++d) dot = fmaf(q_s[d], load_any(a.kc, off + d, cache_code), dot);
+      s = dot * a.scale;
+      if (a.cap > 0.f) s = a.cap * tanhf(s / a.cap);
+    }
+    const float mnew = fmaxf(m, block_reduce(s, true, red));  // finite: key k0 is visible
+    const float p = j <= pos ? expf(s - mnew) : 0.f;
+    const float corr = expf(m - mnew);
+    p_s[tid] = p;
+    l = l * corr + block_reduce(p, false, red);
+    m = mnew;
+    __syncthreads();
+    const int n = min(kGenericThreads, pos - k0 + 1);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int d = tid + i * kGenericThreads;
+      if (d < D) {
+        float x = acc[i] * corr;
+        for (int jj = 0; jj < n; ++jj)
+          x = fmaf(p_s[jj], load_any(a.vc, off_s[jj] + d, cache_code), x);
+        acc[i] = x;
+      }
+    }
+  }
+  const float inv = 1.f / l;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int d = tid + i * kGenericThreads;
+    if (d >= D) continue;
+    const int64_t idx = t * a.out_stride + static_cast<int64_t>(head) * D + d;
+    if (out_code == 0)
+      static_cast<float*>(a.out)[idx] = acc[i] * inv;
+    else
+      static_cast<uint16_t*>(a.out)[idx] = float_to_bits(acc[i] * inv, out_code == 30);
+  }
+}
+
+// ------------------------------------------------------------------ host: plan and launch
+
+std::string i2s(int64_t v) { return std::to_string(v); }
+bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+struct AttnPlan {
+  bool tensor_cores = false;
+  int max_splits = 1;      // decode partitions per sequence at most
+  int prefill_tiles = 0;   // upper bound on prefill CTAs along x
+  size_t tiles_bytes = 0;  // scratch: tile list + its count
+  size_t part_bytes = 0;   // scratch: split partials
+};
+
+AttnPlan plan_attention(const Tensor& out, const Tensor& q, const Tensor& kc, int64_t T,
+                        int64_t B, int64_t nq, int64_t nkv, int64_t D, int64_t max_ctx,
+                        int64_t window) {
+  AttnPlan p;
+  const bool half_io = (q.dtype == DType::F16 || q.dtype == DType::BF16) &&
+                       (out.dtype == DType::F16 || out.dtype == DType::BF16);
+  const bool half_cache = kc.dtype == DType::F16 || kc.dtype == DType::BF16;
+  p.tensor_cores = half_io && half_cache && (D == 64 || D == 128) && aligned(q.data, 16) &&
+                   q.stride[0] % 8 == 0 && aligned(out.data, 4) && out.stride[0] % 2 == 0 &&
+                   aligned(kc.data, 16) && B <= 65535 && nkv * ((nq / nkv + 15) / 16) <= 65535;
+  if (!p.tensor_cores) return p;
+  const int64_t G = nq / nkv;
+  // Prefill CTAs: sum over sequences of ceil(q_len * G / 64) <= T * G / 64 + (sequences with
+  // q_len >= 2, at most T / 2).
+  const int64_t bm = kPrefillWarps * 16;
+  p.prefill_tiles = T >= 2 ? static_cast<int>((T * G + bm - 1) / bm + std::min(B, T / 2)) : 0;
+  p.tiles_bytes = (static_cast<size_t>(p.prefill_tiles) + 1) * sizeof(int2);
+  // Decode: enough partitions for about 4 one-warp CTAs per SM when every sequence decodes.
+  const int64_t base_ctas = std::max<int64_t>(1, B * nkv * ((G + 15) / 16));
+  const int64_t visible = window > 0 ? std::min(max_ctx, window) : max_ctx;
+  int64_t splits = (4 * num_sms() + base_ctas - 1) / base_ctas;
+  splits = std::min(splits, (visible + kMinPartition - 1) / kMinPartition);
+  p.max_splits = static_cast<int>(std::clamp<int64_t>(splits, 1, kMaxSplits));
+  if (p.max_splits > 1)
+    p.part_bytes = static_cast<size_t>(B) * nq * p.max_splits * (D + 1) * sizeof(float);
+  return p;
+}
+
+// Grow-only device scratch. A replaced buffer is never freed: a captured CUDA graph may still
+// point into it. Warm up with the largest batch before capturing.
+void* scratch(size_t bytes) {
+  static std::mutex mu;
+  static void* buf = nullptr;
+  static size_t cap = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  if (bytes > cap) {
+    cap = std::max(bytes, cap * 2);
+    buf = device_malloc(cap);
+  }
+  return buf;
+}
+
+template <int D, typename KV>
+void launch_tc(const AttnPlan& p, const AttnArgs& a, cudaStream_t s) {
+  constexpr int kPrefillSmem = attn_smem_bytes<D, kPrefillWarps>();
+  constexpr int kDecodeSmem = attn_smem_bytes<D, 1>();
+  static const bool smem_ok = (allow_smem(prefill_kernel<D, KV>, kPrefillSmem),
+                               allow_smem(decode_kernel<D, KV>, kDecodeSmem), true);
+  (void)smem_ok;
+  if (p.prefill_tiles > 0) {
+    schedule_kernel<<<1, 1024, 0, s>>>(a, kPrefillWarps * 16);
+    prefill_kernel<D, KV><<<dim3(p.prefill_tiles, a.nkv), kPrefillWarps * 32, kPrefillSmem, s>>>(a);
+  }
+  const dim3 grid(a.B, a.nkv * ((a.G + 15) / 16), p.max_splits);
+  decode_kernel<D, KV><<<grid, 32, kDecodeSmem, s>>>(a);
+  if (p.max_splits > 1) combine_kernel<<<dim3(a.B, a.nq), 128, 0, s>>>(a);
+}
+
+
+}  // namespace
+
+void paged_attention(const Tensor& out, const Tensor& q, const Tensor& key_cache,
+                     const Tensor& value_cache, const Tensor& block_table,
+                     const Tensor& query_start_loc, const Tensor& seq_lens, float scale,
+                     int64_t sliding_window, float logits_soft_cap) {
+  // Shapes and dtypes are checked here; the contents of block_table / query_start_loc /
+  // seq_lens live on the GPU and are trusted (reading them would need a host sync).
+  check(out.defined() && q.defined() && key_cache.defined() && value_cache.defined() &&
+            block_table.defined() && query_start_loc.defined() && seq_lens.defined(),
+        kOp, "missing tensor");
+  const DType qt = q.dtype;
+  check(qt == DType::F16 || qt == DType::BF16 || qt == DType::F32, kOp,
+        "q must be f16, bf16 or f32, got " + q.str());
+  check(out.dtype == qt, kOp, "out " + out.str() + " must have q's dtype (q " + q.str() + ")");
+  check_ndim(q, 2, kOp, "q");
+  check_ndim(out, 2, kOp, "out");
+  check(out.shape[0] == q.shape[0] && out.shape[1] == q.shape[1], kOp,
+        "out " + out.str() + " does not match q " + q.str());
+  check_ndim(key_cache, 4, kOp, "key_cache");
+  check_ndim(value_cache, 4, kOp, "value_cache");
+  const DType dt = key_cache.dtype;
+  check(dt == DType::F16 || dt == DType::BF16 || dt == DType::F32, kOp,
+        "cache dtype must be f16, bf16 or f32, got key_cache " + key_cache.str());
+  check(value_cache.dtype == dt, kOp,
+        "value_cache " + value_cache.str() + " does not match key_cache " + key_cache.str());
+  for (int d = 0; d < 4; ++d)
+    check(value_cache.shape[d] == key_cache.shape[d], kOp,
+          "value_cache " + value_cache.str() + " does not match key_cache " + key_cache.str());
+  check_dtype(block_table, DType::I32, kOp, "block_table");
+  check_ndim(block_table, 2, kOp, "block_table");
+  check_dtype(query_start_loc, DType::I32, kOp, "query_start_loc");
+  check_ndim(query_start_loc, 1, kOp, "query_start_loc");
+  check_dtype(seq_lens, DType::I32, kOp, "seq_lens");
+  check_ndim(seq_lens, 1, kOp, "seq_lens");
+  check_rows(out, kOp, "out");
+  check_rows(q, kOp, "q");
+  check_rows(block_table, kOp, "block_table");
+  check_on_device(key_cache, kOp, "key_cache");
+  check_on_device(value_cache, kOp, "value_cache");
+  check_on_device(query_start_loc, kOp, "query_start_loc");
+  check_on_device(seq_lens, kOp, "seq_lens");
+  for (const Tensor* c : {&key_cache, &value_cache}) {
+    const int64_t* sh = c->shape;
+    check(c->stride[3] == 1 && c->stride[2] == sh[3] && c->stride[1] == sh[2] * sh[3] &&
+              c->stride[0] == sh[1] * sh[2] * sh[3],
+          kOp, "the caches must be contiguous, got " + c->str());
+  }
+
+  const int64_t block_size = key_cache.shape[1], nkv = key_cache.shape[2], D = key_cache.shape[3];
+  check(block_size > 0 && nkv > 0 && D > 0 && D <= kGenericMaxD, kOp,
+        "bad cache shape " + key_cache.str() + " (head_size must be 1.." + i2s(kGenericMaxD) + ")");
+  const int64_t T = q.shape[0];
+  check(q.shape[1] % D == 0 && q.shape[1] > 0, kOp,
+        "q " + q.str() + " is not a whole number of heads of size " + i2s(D) + " (cache " +
+            key_cache.str() + ")");
+  const int64_t nq = q.shape[1] / D;
+  check(nq % nkv == 0, kOp,
+        "num query heads " + i2s(nq) + " (q " + q.str() + ") is not a multiple of num kv heads " +
+            i2s(nkv) + " (cache " + key_cache.str() + ")");
+  const int64_t B = seq_lens.shape[0];
+  check(query_start_loc.shape[0] == B + 1, kOp,
+        "query_start_loc " + query_start_loc.str() + " must have len(seq_lens) + 1 entries (" +
+            "seq_lens " + seq_lens.str() + ")");
+  check(block_table.shape[0] == B, kOp,
+        "block_table " + block_table.str() + " must have one row per sequence (seq_lens " +
+            seq_lens.str() + ")");
+  check(std::isfinite(scale), kOp, "scale must be finite");
+  check(std::isfinite(logits_soft_cap), kOp, "logits_soft_cap must be finite");
+  const int64_t max_ctx = block_table.shape[1] * block_size;
+  check(T < INT_MAX / std::max<int64_t>(1, nq) && max_ctx < INT_MAX && B < INT_MAX &&
+            nq < 65536,
+        kOp, "too large: q " + q.str() + ", block_table " + block_table.str());
+  if (T == 0 || B == 0) return;
+
+  AttnArgs a{};
+  a.q = q.data;
+  a.out = out.data;
+  a.kc = key_cache.data;
+  a.vc = value_cache.data;
+  a.bt = block_table.ptr<int32_t>();
+  a.qsl = query_start_loc.ptr<int32_t>();
+  a.seq_lens = seq_lens.ptr<int32_t>();
+  a.q_stride = q.stride[0];
+  a.out_stride = out.stride[0];
+  a.bt_stride = block_table.stride[0];
+  a.B = static_cast<int>(B);
+  a.T = static_cast<int>(T);
+  a.nq = static_cast<int>(nq);
+  a.nkv = static_cast<int>(nkv);
+  a.G = static_cast<int>(nq / nkv);
+  a.D = static_cast<int>(D);
+  a.block_size = static_cast<int>(block_size);
+  a.scale = scale;
+  a.cap = logits_soft_cap > 0 ? logits_soft_cap : 0.f;
+  a.window = sliding_window > 0 ? static_cast<int>(std::min<int64_t>(sliding_window, INT_MAX)) : 0;
+  a.q_bf16 = qt == DType::BF16;
+  a.out_bf16 = qt == DType::BF16;
+  cudaStream_t s = stream();
+
+  const AttnPlan p = plan_attention(out, q, key_cache, T, B, nq, nkv, D, max_ctx, a.window);
+  if (!p.tensor_cores) {
+    attention_generic_kernel<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(nq)),
+                               kGenericThreads, static_cast<size_t>(D) * sizeof(float), s>>>(
+        a, static_cast<int>(dt), static_cast<int>(qt), static_cast<int>(qt));
+    check_launch(kOp);
+    return;
+  }
+  char* buf = static_cast<char*>(scratch(p.tiles_bytes + p.part_bytes));
+  a.tiles = reinterpret_cast<int2*>(buf);
+  a.num_tiles = reinterpret_cast<int*>(buf + p.tiles_bytes - sizeof(int2));
+  a.max_splits = p.max_splits;
+  a.part_o = reinterpret_cast<float*>(buf + p.tiles_bytes);
+  a.part_lse = a.part_o + static_cast<size_t>(B) * nq * p.max_splits * D;
+  const bool bf_cache = dt == DType::BF16;
+  if (D == 64)
+    bf_cache ? launch_tc<64, __nv_bfloat16>(p, a, s) : launch_tc<64, __half>(p, a, s);
+  else
+    bf_cache ? launch_tc<128, __nv_bfloat16>(p, a, s) : launch_tc<128, __half>(p, a, s);
+  check_launch(kOp);
+}
+
+}  // namespace vllmx::cuda

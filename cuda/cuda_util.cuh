@@ -1,0 +1,83 @@
+// Shared by the .cu files: error checks, the op stream, dtype conversion and dispatch, and the
+// argument checks every CUDA op repeats (device, dtype, row-major rows).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "runtime.h"
+#include "tensor.h"
+
+namespace vllmx::cuda {
+
+// A failed CUDA call becomes std::runtime_error naming the call and CUDA's error string.
+inline void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(e) +
+                             " (" + cudaGetErrorName(e) + ")");
+}
+// After a kernel launch: a bad configuration shows up here (execution errors surface later).
+inline void check_launch(const char* kernel) { check_cuda(cudaGetLastError(), kernel); }
+
+inline cudaStream_t stream() { return static_cast<cudaStream_t>(current_stream()); }
+
+inline void check_on_device(const Tensor& t, const char* op, const char* name) {
+  if (t.defined() && t.device != kCUDA)
+    fail(op, std::string(name) + " " + t.str() + " is not on the GPU");
+}
+// Dense rows: the last dim contiguous (rows may be strided, like vLLM's q/k/v views).
+inline void check_rows(const Tensor& t, const char* op, const char* name) {
+  check_on_device(t, op, name);
+  if (t.ndim >= 1 && t.stride[t.ndim - 1] != 1 && t.shape[t.ndim - 1] > 1)
+    fail(op, std::string(name) + " " + t.str() + " must be contiguous in its last dim");
+}
+inline bool is_float_act(DType d) { return d == DType::F32 || d == DType::F16 || d == DType::BF16; }
+inline void check_act(const Tensor& t, const char* op, const char* name) {
+  if (!is_float_act(t.dtype))
+    fail(op, std::string(name) + " must be f32, f16 or bf16, got " + t.str());
+}
+
+// ---- element conversion (f32 math; stores round to nearest even) ----
+template <typename T>
+__device__ __forceinline__ float to_f32(T v);
+template <>
+__device__ __forceinline__ float to_f32<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ float to_f32<__half>(__half v) { return __half2float(v); }
+template <>
+__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// Calls f(T{}) with T the element type of a float dtype (f32 / f16 / bf16).
+template <typename F>
+void dispatch_float(DType d, const char* op, F&& f) {
+  switch (d) {
+    case DType::F32: f(float{}); break;
+    case DType::F16: f(__half{}); break;
+    case DType::BF16: f(__nv_bfloat16{}); break;
+    default: fail(op, std::string("unsupported dtype ") + dtype_name(d));
+  }
+}
+
+inline unsigned int blocks_for(int64_t n, int threads) {
+  const int64_t b = (n + threads - 1) / threads;
+  return static_cast<unsigned int>(b < 1 ? 1 : (b > 65535 * 16 ? 65535 * 16 : b));
+}
+
+}  // namespace vllmx::cuda

@@ -1,0 +1,551 @@
+// linear on the GPU: out[T, N] = x[T, K] @ w[N, K]^T (+ bias[N]), x/out bf16 or f16.
+//
+// Three kernel families, picked by plan_linear() on the host (the kernels hold no policy):
+// - gemv_kernel (T <= 8, decode): memory-bound; each CTA streams 4 weight rows with 16-byte
+//   loads (dense) or 8-element chunks of GGUF blocks dequantized in registers, f32 FMAs, then a
+//   warp + shared-memory reduction.
+// - gemm_kernel (T > 8): tensor cores (mma.sync m16n8k16, f32 accumulate) over a multistage
+//   cp.async pipeline. x tiles always arrive by cp.async; w tiles too when w has x's dtype,
+//   otherwise (the other 16-bit type, Q8_0/Q4_0/Q4_1) they are loaded into registers one tile
+//   ahead and dequantized into shared memory as x's dtype before the mma.
+// - linear_generic_kernel: one thread per output, any dtype mix (f32 x/out too) and any
+//   alignment; the scalar twin the fast paths fall back to.
+#include <algorithm>
+#include <string>
+#include <type_traits>
+
+#include "cuda_ops.h"
+#include "cuda_util.cuh"
+#include "mma.cuh"
+
+namespace vllmx::cuda {
+
+namespace {
+
+using namespace detail;
+
+constexpr const char* kOp = "linear";
+
+// How w is read, relative to x's 16-bit dtype.
+enum WKind : int { kWSame = 0, kWF16 = 1, kWBF16 = 2, kWQ8_0 = 3, kWQ4_0 = 4, kWQ4_1 = 5 };
+
+__host__ __device__ constexpr bool is_quant(int wk) { return wk >= kWQ8_0; }
+__host__ __device__ constexpr int block_bytes(int wk) {
+  return wk == kWQ8_0 ? 34 : wk == kWQ4_0 ? 18 : 20;
+}
+
+struct LinearArgs {
+  const void* x;
+  const void* w;
+  const void* bias;  // like out, or nullptr
+  void* out;
+  int T, N, K;
+  int64_t x_stride, out_stride;  // elements
+  int64_t w_stride;              // elements (dense) or bytes (block types)
+  bool pair_store;               // out rows allow 32-bit stores of two elements
+};
+
+// ------------------------------------------------------------------ w chunks (8 elements)
+// A chunk is w[n, k .. k + 8) with k a multiple of 8. raw holds what the global loads fetched;
+// chunk_to_float turns it into f32. For block types x = q * d (+ m), exactly like
+// gguf.quants.dequantize in f32.
+
+template <int WK>
+__device__ __forceinline__ uint4 load_chunk(const void* w, int64_t w_stride, int n, int k) {
+  if constexpr (!is_quant(WK)) {
+    const uint16_t* row = static_cast<const uint16_t*>(w) + n * w_stride;
+    return __ldg(reinterpret_cast<const uint4*>(row + k));
+  } else {
+    const uint8_t* blk =
+        static_cast<const uint8_t*>(w) + n * w_stride + (k / 32) * block_bytes(WK);
+    const int c = (k / 8) % 4;  // which 8 elements of the 32-element block
+    uint4 r;
+    if constexpr (WK == kWQ8_0) {  // d (f16), qs[32] (i8); 2-byte aligned
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(blk);
+      r.x = __ldg(h);
+      const uint16_t* q = h + 1 + c * 4;
+      r.y = __ldg(q) | (static_cast<uint32_t>(__ldg(q + 1)) << 16);
+      r.z = __ldg(q + 2) | (static_cast<uint32_t>(__ldg(q + 3)) << 16);
+    } else if constexpr (WK == kWQ4_0) {  // d, qs[16]: element j low nibble, j + 16 high
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(blk);
+      r.x = __ldg(h);
+      const uint16_t* q = h + 1 + (c & 1) * 4;
+      r.y = __ldg(q) | (static_cast<uint32_t>(__ldg(q + 1)) << 16);
+      r.z = __ldg(q + 2) | (static_cast<uint32_t>(__ldg(q + 3)) << 16);
+    } else {  // Q4_1: d, m, qs[16]; 4-byte aligned
+      const uint32_t* u = reinterpret_cast<const uint32_t*>(blk);
+      r.x = __ldg(u);
+      r.y = __ldg(u + 1 + (c & 1) * 2);
+      r.z = __ldg(u + 2 + (c & 1) * 2);
+    }
+    r.w = 0;
+    return r;
+  }
+}
+
+template <int WK>
+__device__ __forceinline__ void chunk_to_float(const uint4& r, int k, bool same_bf16,
+                                               float (&f)[8]) {
+  if constexpr (WK == kWSame) {
+    unpack8(r, same_bf16, f);
+  } else if constexpr (WK == kWF16 || WK == kWBF16) {
+    unpack8(r, WK == kWBF16, f);
+  } else {
+    const float d = __half2float(__ushort_as_half(static_cast<uint16_t>(r.x & 0xffff)));
+    if constexpr (WK == kWQ8_0) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        f[j] = d * static_cast<float>(static_cast<int8_t>((r.y >> (8 * j)) & 0xff));
+        f[4 + j] = d * static_cast<float>(static_cast<int8_t>((r.z >> (8 * j)) & 0xff));
+      }
+    } else {
+      const int shift = ((k / 8) % 4) >= 2 ? 4 : 0;
+      const float m =
+          WK == kWQ4_1 ? __half2float(__ushort_as_half(static_cast<uint16_t>(r.x >> 16))) : 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int q0 = ((r.y >> (8 * j)) >> shift) & 0xf;
+        const int q1 = ((r.z >> (8 * j)) >> shift) & 0xf;
+        if constexpr (WK == kWQ4_0) {
+          f[j] = static_cast<float>(q0 - 8) * d;
+          f[4 + j] = static_cast<float>(q1 - 8) * d;
+        } else {
+          f[j] = static_cast<float>(q0) * d + m;
+          f[4 + j] = static_cast<float>(q1) * d + m;
+        }
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ void store_out(const LinearArgs& a, bool bf, int t, int n, float v0,
+                                          float v1, bool two) {
+  uint16_t* o = static_cast<uint16_t*>(a.out) + t * a.out_stride + n;
+  if (a.bias != nullptr) {
+    const uint16_t* bp = static_cast<const uint16_t*>(a.bias) + n;
+    v0 += bits_to_float(bp[0], bf);
+    if (two) v1 += bits_to_float(bp[1], bf);
+  }
+  if (two && a.pair_store) {
+    *reinterpret_cast<uint32_t*>(o) = pack2_bits(v0, v1, bf);
+  } else {
+    o[0] = float_to_bits(v0, bf);
+    if (two) o[1] = float_to_bits(v1, bf);
+  }
+}
+
+// ------------------------------------------------------------------ GEMV (T <= MAXT)
+
+constexpr int kGemvRows = 4;
+constexpr int kGemvThreads = 128;
+
+template <typename T, int WK, int MAXT>
+__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(LinearArgs a) {
+  constexpr bool kBf = std::is_same_v<T, __nv_bfloat16>;
+  const int n0 = blockIdx.x * kGemvRows;
+  float acc[MAXT][kGemvRows];
+#pragma unroll
+  for (int t = 0; t < MAXT; ++t)
+#pragma unroll
+    for (int r = 0; r < kGemvRows; ++r) acc[t][r] = 0.f;
+
+  const int nchunks = a.K / 8;
+#pragma unroll 2
+  for (int c = threadIdx.x; c < nchunks; c += kGemvThreads) {
+    const int k = c * 8;
+    uint4 raw[kGemvRows];
+#pragma unroll
+    for (int r = 0; r < kGemvRows; ++r)
+      raw[r] = n0 + r < a.N ? load_chunk<WK>(a.w, a.w_stride, n0 + r, k) : make_uint4(0, 0, 0, 0);
+    float wf[kGemvRows][8];
+#pragma unroll
+    for (int r = 0; r < kGemvRows; ++r) chunk_to_float<WK>(raw[r], k, kBf, wf[r]);
+#pragma unroll
+    for (int t = 0; t < MAXT; ++t) {
+      if (t < a.T) {
+        const uint16_t* xr = static_cast<const uint16_t*>(a.x) + t * a.x_stride + k;
+        float xf[8];
+        unpack8(__ldg(reinterpret_cast<const uint4*>(xr)), kBf, xf);
+#pragma unroll
+        for (int r = 0; r < kGemvRows; ++r)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[t][r] = fmaf(xf[j], wf[r][j], acc[t][r]);
+      }
+    }
+  }
+
+  __shared__ float red[kGemvThreads / 32][MAXT * kGemvRows];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int t = 0; t < MAXT; ++t)
+#pragma unroll
+    for (int r = 0; r < kGemvRows; ++r) {
+      const float v = warp_sum(acc[t][r]);
+      if (lane == 0) red[warp][t * kGemvRows + r] = v;
+    }
+  __syncthreads();
+  for (int i = threadIdx.x; i < MAXT * kGemvRows; i += kGemvThreads) {
+    const int t = i / kGemvRows, n = n0 + i % kGemvRows;
+    if (t >= a.T || n >= a.N) continue;
+    float s = 0.f;
+#pragma unroll
+    for (int wi = 0; wi < kGemvThreads / 32; ++wi) s += red[wi][i];
+    store_out(a, kBf, t, n, s, 0.f, false);
+  }
+}
+
+// ------------------------------------------------------------------ GEMM (tensor cores)
+
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_>
+struct GemmConfig {
+  static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, STAGES = STAGES_;
+  static constexpr int kWarpsM = BM / WM, kWarpsN = BN / WN;
+  static constexpr int kThreads = kWarpsM * kWarpsN * 32;
+  static constexpr int MT = WM / 16, NT = WN / 8;
+  static constexpr int LDS = BK + 8;  // smem row stride in elements: conflict-free ldmatrix
+  static constexpr int kSmemBytes = STAGES * (BM + BN) * LDS * 2;
+  static constexpr int kAChunks = BM * BK / 8 / kThreads;  // 16-byte chunks per thread
+  static constexpr int kBChunks = BN * BK / 8 / kThreads;
+  static_assert(NT % 2 == 0 && BK % 32 == 0 && STAGES >= 2, "tile shape");
+  static_assert(BM * BK / 8 % kThreads == 0 && BN * BK / 8 % kThreads == 0, "tile loads");
+};
+using GemmLarge = GemmConfig<128, 128, 32, 64, 32, 4>;  // 8 warps, 80 KB smem
+using GemmSmall = GemmConfig<32, 64, 64, 32, 16, 4>;    // 4 warps, 54 KB smem (small T / N)
+
+template <typename T, int WK, class C>
+__global__ void __launch_bounds__(C::kThreads) gemm_kernel(LinearArgs a) {
+  constexpr bool kBf = std::is_same_v<T, __nv_bfloat16>;
+  constexpr int BM = C::BM, BN = C::BN, BK = C::BK, LDS = C::LDS, STAGES = C::STAGES;
+  constexpr int CPR = BK / 8;  // chunks per tile row
+  extern __shared__ uint4 gemm_smem[];
+  T* As = reinterpret_cast<T*>(gemm_smem);  // [STAGES][BM][LDS]
+  T* Bs = As + STAGES * BM * LDS;            // [STAGES][BN][LDS]
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int wm = warp / C::kWarpsN, wn = warp % C::kWarpsN;
+  const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+  const int KT = (a.K + BK - 1) / BK;
+  const T* xp = static_cast<const T*>(a.x);
+
+  auto load_a = [&](int kt, int st) {
+#pragma unroll
+    for (int i = 0; i < C::kAChunks; ++i) {
+      const int idx = tid + i * C::kThreads, row = idx / CPR, cc = idx % CPR;
+      const int gm = m0 + row, gk = kt * BK + cc * 8;
+      const bool ok = gm < a.T && gk < a.K;
+      cp_async16(As + (st * BM + row) * LDS + cc * 8, ok ? xp + gm * a.x_stride + gk : xp, ok);
+    }
+  };
+  // Same-dtype weights: cp.async like x.
+  auto load_b_async = [&](int kt, int st) {
+    const T* wp = static_cast<const T*>(a.w);
+#pragma unroll
+    for (int i = 0; i < C::kBChunks; ++i) {
+      const int idx = tid + i * C::kThreads, row = idx / CPR, cc = idx % CPR;
+      const int gn = n0 + row, gk = kt * BK + cc * 8;
+      const bool ok = gn < a.N && gk < a.K;
+      cp_async16(Bs + (st * BN + row) * LDS + cc * 8, ok ? wp + gn * a.w_stride + gk : wp, ok);
+    }
+  };
+  // Other weights: global -> registers (raw), later dequantized -> shared memory.
+  uint4 raw[C::kBChunks];
+  auto load_b_raw = [&](int kt) {
+#pragma unroll
+    for (int i = 0; i < C::kBChunks; ++i) {
+      const int idx = tid + i * C::kThreads, row = idx / CPR, cc = idx % CPR;
+      const int gn = n0 + row, gk = kt * BK + cc * 8;
+      raw[i] = gn < a.N && gk < a.K ? load_chunk<WK>(a.w, a.w_stride, gn, gk)
+                                    : make_uint4(0, 0, 0, 0);
+    }
+  };
+  auto store_b = [&](int kt, int st) {
+#pragma unroll
+    for (int i = 0; i < C::kBChunks; ++i) {
+      const int idx = tid + i * C::kThreads, row = idx / CPR, cc = idx % CPR;
+      const int gn = n0 + row, gk = kt * BK + cc * 8;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (gn < a.N && gk < a.K) {
+        float f[8];
+        chunk_to_float<WK>(raw[i], gk, kBf, f);
+        v = pack8(f, kBf);
+      }
+      *reinterpret_cast<uint4*>(Bs + (st * BN + row) * LDS + cc * 8) = v;
+    }
+  };
+
+  float acc[C::MT][C::NT][4];
+#pragma unroll
+  for (int i = 0; i < C::MT; ++i)
+#pragma unroll
+    for (int j = 0; j < C::NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+  // Prologue: tiles 0 .. STAGES-2.
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < KT) {
+      load_a(s, s);
+      if constexpr (WK == kWSame) {
+        load_b_async(s, s);
+      } else {
+        load_b_raw(s);
+        store_b(s, s);
+      }
+    }
+    cp_async_commit();
+  }
+  cp_async_wait<STAGES - 2>();
+  __syncthreads();
+
+  for (int kt = 0; kt < KT; ++kt) {
+    const int nk = kt + STAGES - 1, nst = nk % STAGES, st = kt % STAGES;
+    // Stage nst was last read in iteration kt - 1, behind the barrier that ended it.
+    if (nk < KT) {
+      load_a(nk, nst);
+      if constexpr (WK == kWSame)
+        load_b_async(nk, nst);
+      else
+        load_b_raw(nk);  // in flight during the mma below
+    }
+    cp_async_commit();
+
+    const T* at = As + st * BM * LDS;
+    const T* bt = Bs + st * BN * LDS;
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      uint32_t af[C::MT][4], bf[C::NT][2];
+#pragma unroll
+      for (int mt = 0; mt < C::MT; ++mt)
+        ldmatrix_x4(af[mt],
+                    at + (wm * C::WM + mt * 16 + lane % 16) * LDS + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+      for (int np = 0; np < C::NT / 2; ++np) {
+        uint32_t r[4];
+        ldmatrix_x4(r, bt + (wn * C::WN + np * 16 + lane % 8 + (lane / 16) * 8) * LDS + kk * 16 +
+                           ((lane / 8) % 2) * 8);
+        bf[2 * np][0] = r[0];
+        bf[2 * np][1] = r[1];
+        bf[2 * np + 1][0] = r[2];
+        bf[2 * np + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < C::NT; ++nt) mma16816<T>(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
+    }
+    if constexpr (WK != kWSame) {
+      if (nk < KT) store_b(nk, nst);
+    }
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+  }
+
+  // Epilogue: fragments -> out (+ bias), two adjacent columns per store.
+#pragma unroll
+  for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < C::NT; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + wm * C::WM + mt * 16 + lane / 4 + h * 8;
+        const int col = n0 + wn * C::WN + nt * 8 + (lane % 4) * 2;
+        if (row < a.T && col < a.N)
+          store_out(a, kBf, row, col, acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1], col + 1 < a.N);
+      }
+}
+
+// ------------------------------------------------------------------ generic (scalar twin)
+
+// dtype codes: GGML ids (0 f32, 1 f16, 30 bf16, 2 Q4_0, 3 Q4_1, 8 Q8_0).
+__device__ __forceinline__ float load_dense(const void* p, int64_t i, int code) {
+  if (code == 0) return static_cast<const float*>(p)[i];
+  return bits_to_float(static_cast<const uint16_t*>(p)[i], code == 30);
+}
+
+__device__ float load_w_elem(const void* w, int64_t w_stride, int code, int n, int k) {
+  if (code == 0 || code == 1 || code == 30) return load_dense(w, n * w_stride + k, code);
+  float f[8];
+  const int k8 = k / 8 * 8;
+  if (code == 8) {
+    chunk_to_float<kWQ8_0>(load_chunk<kWQ8_0>(w, w_stride, n, k8), k8, false, f);
+  } else if (code == 2) {
+    chunk_to_float<kWQ4_0>(load_chunk<kWQ4_0>(w, w_stride, n, k8), k8, false, f);
+  } else {
+    chunk_to_float<kWQ4_1>(load_chunk<kWQ4_1>(w, w_stride, n, k8), k8, false, f);
+  }
+  float v = f[0];
+#pragma unroll
+  for (int j = 1; j < 8; ++j)
+    if (k - k8 == j) v = f[j];
+  return v;
+}
+
+__global__ void linear_generic_kernel(LinearArgs a, int x_code, int w_code) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<int64_t>(a.T) * a.N) return;
+  const int t = static_cast<int>(i / a.N), n = static_cast<int>(i % a.N);
+  float acc = 0.f;
+  for (int k = 0; k < a.K; ++k)
+    acc = fmaf(load_dense(a.x, t * a.x_stride + k, x_code),
+               load_w_elem(a.w, a.w_stride, w_code, n, k), acc);
+  if (a.bias != nullptr) acc += load_dense(a.bias, n, x_code);
+  if (x_code == 0)
+    static_cast<float*>(a.out)[t * a.out_stride + n] = acc;
+  else
+    static_cast<uint16_t*>(a.out)[t * a.out_stride + n] = float_to_bits(acc, x_code == 30);
+}
+
+// ------------------------------------------------------------------ host: plan and launch
+
+enum class Path { kGeneric, kGemv, kGemmSmall, kGemmLarge };
+
+struct LinearPlan {
+  Path path = Path::kGeneric;
+  int wk = kWSame;
+  int max_t = 8;  // GEMV: rows handled by one launch's registers (1 or 8)
+};
+
+constexpr int kGemvMaxT = 8;
+
+bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+LinearPlan plan_linear(const Tensor& out, const Tensor& x, const Tensor& w, int64_t T,
+                       int64_t N, int64_t K) {
+  LinearPlan p;
+  const DType xt = x.dtype, wt = w.dtype;
+  if (xt == DType::F32) return p;
+  switch (wt) {
+    case DType::F16: p.wk = xt == DType::F16 ? kWSame : kWF16; break;
+    case DType::BF16: p.wk = xt == DType::BF16 ? kWSame : kWBF16; break;
+    case DType::Q8_0: p.wk = kWQ8_0; break;
+    case DType::Q4_0: p.wk = kWQ4_0; break;
+    case DType::Q4_1: p.wk = kWQ4_1; break;
+    default: return p;  // f32 weights: generic
+  }
+  // Vector paths read x (and dense w) in aligned 16-byte chunks of 8 elements.
+  bool ok = K % 8 == 0 && aligned(x.data, 16) && x.stride[0] % 8 == 0 && aligned(out.data, 2);
+  if (is_quant(p.wk))
+    ok = ok && aligned(w.data, 4) && w.stride[0] % 2 == 0 &&
+         (p.wk != kWQ4_1 || w.stride[0] % 4 == 0);
+  else
+    ok = ok && aligned(w.data, 16) && w.stride[0] % 8 == 0;
+  if (!ok || T > (int64_t{1} << 30) || N > (int64_t{1} << 30)) return p;
+  if (T <= kGemvMaxT) {
+    // GEMV streams w once; T = 1 gets its own instantiation (fewer registers, no row guards).
+    p.path = Path::kGemv;
+    p.max_t = T == 1 ? 1 : kGemvMaxT;
+    return p;
+  }
+  const int64_t large_ctas =
+      (T + GemmLarge::BM - 1) / GemmLarge::BM * ((N + GemmLarge::BN - 1) / GemmLarge::BN);
+  p.path = large_ctas >= num_sms() ? Path::kGemmLarge : Path::kGemmSmall;
+  return p;
+}
+
+template <typename T, int WK, class C>
+void launch_gemm(const LinearArgs& a, cudaStream_t s) {
+  static const bool smem_ok = (allow_smem(gemm_kernel<T, WK, C>, C::kSmemBytes), true);
+  (void)smem_ok;
+  const dim3 grid((a.N + C::BN - 1) / C::BN, (a.T + C::BM - 1) / C::BM);
+  gemm_kernel<T, WK, C><<<grid, C::kThreads, C::kSmemBytes, s>>>(a);
+}
+
+template <typename T, int WK>
+void launch_tc(const LinearPlan& p, const LinearArgs& a, cudaStream_t s) {
+  if (p.path == Path::kGemv) {
+    const dim3 grid((a.N + kGemvRows - 1) / kGemvRows);
+    // GEMV converts w to f32 by its own dtype: a same-dtype weight is read as that dtype.
+    constexpr int GK = WK == kWSame ? (std::is_same_v<T, __nv_bfloat16> ? kWBF16 : kWF16) : WK;
+    if (p.max_t == 1)
+      gemv_kernel<T, GK, 1><<<grid, kGemvThreads, 0, s>>>(a);
+    else
+      gemv_kernel<T, GK, kGemvMaxT><<<grid, kGemvThreads, 0, s>>>(a);
+  } else if (p.path == Path::kGemmLarge) {
+    launch_gemm<T, WK, GemmLarge>(a, s);
+  } else {
+    launch_gemm<T, WK, GemmSmall>(a, s);
+  }
+}
+
+template <typename T>
+void dispatch_wk(const LinearPlan& p, const LinearArgs& a, cudaStream_t s) {
+  constexpr int kOther = std::is_same_v<T, __nv_bfloat16> ? kWF16 : kWBF16;
+  switch (p.wk) {
+    case kWSame: launch_tc<T, kWSame>(p, a, s); break;
+    case kWQ8_0: launch_tc<T, kWQ8_0>(p, a, s); break;
+    case kWQ4_0: launch_tc<T, kWQ4_0>(p, a, s); break;
+    case kWQ4_1: launch_tc<T, kWQ4_1>(p, a, s); break;
+    default: launch_tc<T, kOther>(p, a, s); break;  // the other 16-bit dtype
+  }
+}
+
+std::string i2s(int64_t v) { return std::to_string(v); }
+
+
+}  // namespace
+
+void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  check(out.defined() && x.defined() && w.defined(), kOp, "missing tensor");
+  check_ndim(x, 2, kOp, "x");
+  check_ndim(out, 2, kOp, "out");
+  check_ndim(w, 2, kOp, "w");
+  check_rows(out, kOp, "out");
+  check_rows(x, kOp, "x");
+  check_rows(w, kOp, "w");
+  const DType xt = x.dtype, wt = w.dtype;
+  check(xt == DType::BF16 || xt == DType::F16 || xt == DType::F32, kOp,
+        "x must be bf16, f16 or f32, got " + x.str());
+  check(out.dtype == xt, kOp, "out " + out.str() + " must have x's dtype (x " + x.str() + ")");
+  check(wt == DType::F32 || wt == DType::F16 || wt == DType::BF16 || wt == DType::Q8_0 ||
+            wt == DType::Q4_0 || wt == DType::Q4_1,
+        kOp, std::string("unsupported weight dtype ") + dtype_name(wt) + " (id " +
+                 i2s(static_cast<int>(wt)) + ") for w " + w.str());
+  const int64_t T = x.shape[0], K = x.shape[1], N = w.shape[0];
+  check(w.shape[1] == K, kOp, "x " + x.str() + " and w " + w.str() + " disagree on K");
+  check(out.shape[0] == T && out.shape[1] == N, kOp,
+        "out " + out.str() + " must be [" + i2s(T) + ", " + i2s(N) + "] for x " + x.str() +
+            " and w " + w.str());
+  const int64_t bs = type_traits(wt).block_size;
+  check(K % bs == 0, kOp,
+        "K = " + i2s(K) + " of x " + x.str() + " is not a multiple of the " + dtype_name(wt) +
+            " block size " + i2s(bs));
+  if (bias.defined()) {
+    check_rows(bias, kOp, "bias");
+    check(bias.dtype == xt && bias.ndim == 1 && bias.shape[0] == N, kOp,
+          "bias " + bias.str() + " must be " + dtype_name(xt) + "[" + i2s(N) + "] for w " +
+              w.str());
+  }
+  check(T < (int64_t{1} << 31) && N < (int64_t{1} << 31) && K < (int64_t{1} << 31), kOp,
+        "too large: x " + x.str() + ", w " + w.str());
+  if (T == 0 || N == 0) return;
+
+  LinearArgs a;
+  a.x = x.data;
+  a.w = w.data;
+  a.bias = bias.defined() ? bias.data : nullptr;
+  a.out = out.data;
+  a.T = static_cast<int>(T);
+  a.N = static_cast<int>(N);
+  a.K = static_cast<int>(K);
+  a.x_stride = x.stride[0];
+  a.out_stride = out.stride[0];
+  a.w_stride = w.stride[0];
+  a.pair_store = out.stride[0] % 2 == 0 && aligned(out.data, 4);
+  cudaStream_t s = stream();
+
+  const LinearPlan p = plan_linear(out, x, w, T, N, K);
+  if (p.path == Path::kGeneric) {
+    const int64_t n = T * N;
+    const int threads = 128;
+    linear_generic_kernel<<<static_cast<unsigned>((n + threads - 1) / threads), threads, 0, s>>>(
+        a, static_cast<int>(xt), static_cast<int>(wt));
+  } else if (xt == DType::BF16) {
+    dispatch_wk<__nv_bfloat16>(p, a, s);
+  } else {
+    dispatch_wk<__half>(p, a, s);
+  }
+  check_launch(kOp);
+}
+
+}  // namespace vllmx::cuda

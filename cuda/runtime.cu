@@ -1,0 +1,200 @@
+// CUDA runtime glue: device probe, the caching allocator, copies and the op stream.
+//
+// cudart is linked statically; it loads libcuda on the first CUDA call, so nothing here runs
+// at import. available() turns "no driver" / "no device" into false instead of an error.
+//
+// Allocator: requests are rounded up to a size class (512 B minimum, then four classes per
+// power of two, so at most 25% waste) and a freed block goes back to its class's free list,
+// to be handed out again without cudaMalloc. All ops run on one stream, so a block freed on
+// the host can be reused at once: later work on the stream is ordered after earlier uses.
+// When cudaMalloc runs out of memory, the cached blocks are released and it is tried again.
+#include <bit>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "cuda_util.cuh"
+
+namespace vllmx::cuda {
+
+namespace {
+
+struct Allocator {
+  std::mutex mu;
+  std::unordered_map<size_t, std::vector<void*>> free_blocks;  // size class -> cached blocks
+  std::unordered_map<void*, size_t> live;                      // handed out -> size class
+  size_t allocated = 0, reserved = 0;
+
+  // Releases every cached block to the driver (mu held).
+  void release_cached() {
+    for (auto& [size, blocks] : free_blocks) {
+      for (void* p : blocks) {
+        cudaFree(p);
+        reserved -= size;
+      }
+    }
+    free_blocks.clear();
+  }
+};
+
+// Leaked on purpose: at process exit the CUDA runtime may be gone before static destructors run.
+Allocator& allocator() {
+  static Allocator* a = new Allocator;
+  return *a;
+}
+
+size_t size_class(size_t n) {
+  if (n <= 512) return 512;
+  const size_t step = std::max<size_t>(std::bit_floor(n) / 4, 512);
+  return (n + step - 1) / step * step;
+}
+
+struct Probe {
+  int count = 0;
+  cudaError_t error = cudaSuccess;
+};
+const Probe& probe() {
+  static const Probe p = [] {
+    Probe r;
+    r.error = cudaGetDeviceCount(&r.count);
+    if (r.error != cudaSuccess) {
+      r.count = 0;
+      cudaGetLastError();  // clear the sticky error of a failed probe
+    }
+    return r;
+  }();
+  return p;
+}
+
+void require_device(const char* what) {
+  const Probe& p = probe();
+  if (p.count > 0) return;
+  throw std::runtime_error(std::string(what) + ": no CUDA device is available (" +
+                           (p.error != cudaSuccess ? cudaGetErrorString(p.error)
+                                                   : "cudaGetDeviceCount found 0 devices") +
+                           ")");
+}
+
+}  // namespace
+
+bool built_with_cuda() { return true; }
+bool available() { return probe().count > 0; }
+int device_count() { return probe().count; }
+
+void set_device(int device) {
+  require_device("set_device");
+  if (device < 0 || device >= probe().count)
+    throw std::invalid_argument("set_device: device " + std::to_string(device) +
+                                " out of range [0, " + std::to_string(probe().count) + ")");
+  check_cuda(cudaSetDevice(device), "cudaSetDevice");
+}
+
+void* device_malloc(size_t bytes) {
+  require_device("device_malloc");
+  const size_t size = size_class(bytes);
+  Allocator& a = allocator();
+  std::lock_guard<std::mutex> lock(a.mu);
+  void* p = nullptr;
+  auto it = a.free_blocks.find(size);
+  if (it != a.free_blocks.end() && !it->second.empty()) {
+    p = it->second.back();
+    it->second.pop_back();
+  } else {
+    cudaError_t e = cudaMalloc(&p, size);
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      a.release_cached();
+      e = cudaMalloc(&p, size);
+    }
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      check_cuda(e, ("cudaMalloc(" + std::to_string(size) + " bytes; " +
+                     std::to_string(a.allocated) + " allocated, " + std::to_string(a.reserved) +
+                     " reserved)")
+                        .c_str());
+    }
+    a.reserved += size;
+  }
+  a.live.emplace(p, size);
+  a.allocated += size;
+  return p;
+}
+
+void device_free(void* ptr) {
+  if (ptr == nullptr) return;
+  Allocator& a = allocator();
+  std::lock_guard<std::mutex> lock(a.mu);
+  auto it = a.live.find(ptr);
+  if (it == a.live.end())
+    throw std::invalid_argument("device_free: pointer was not allocated by device_malloc");
+  const size_t size = it->second;
+  a.live.erase(it);
+  a.allocated -= size;
+  a.free_blocks[size].push_back(ptr);
+}
+
+size_t allocated_bytes() {
+  Allocator& a = allocator();
+  std::lock_guard<std::mutex> lock(a.mu);
+  return a.allocated;
+}
+
+size_t reserved_bytes() {
+  Allocator& a = allocator();
+  std::lock_guard<std::mutex> lock(a.mu);
+  return a.reserved;
+}
+
+void empty_cache() {
+  if (!available()) return;
+  Allocator& a = allocator();
+  std::lock_guard<std::mutex> lock(a.mu);
+  // Blocks in the free lists may still be read by queued work of earlier owners.
+  check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+  a.release_cached();
+}
+
+void* current_stream() {
+  static cudaStream_t s = [] {
+    require_device("current_stream");
+    cudaStream_t r = nullptr;
+    check_cuda(cudaStreamCreateWithFlags(&r, cudaStreamNonBlocking), "cudaStreamCreate");
+    return r;
+  }();
+  return s;
+}
+
+// Host <-> device copies wait for completion: host arrays may be freed right after.
+void memcpy_h2d(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()),
+             "cudaMemcpyAsync(host to device)");
+  check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize(after host to device)");
+}
+
+void memcpy_d2h(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()),
+             "cudaMemcpyAsync(device to host)");
+  check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize(after device to host)");
+}
+
+void memcpy_d2d(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()),
+             "cudaMemcpyAsync(device to device)");
+}
+
+void memset_d(void* dst, int value, size_t bytes) {
+  if (bytes == 0) return;
+  check_cuda(cudaMemsetAsync(dst, value, bytes, stream()), "cudaMemsetAsync");
+}
+
+void synchronize() { check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize"); }
+
+void mem_get_info(size_t* free_bytes, size_t* total_bytes) {
+  require_device("mem_get_info");
+  check_cuda(cudaMemGetInfo(free_bytes, total_bytes), "cudaMemGetInfo");
+}
+
+}  // namespace vllmx::cuda

@@ -1,0 +1,381 @@
+// sample on the GPU: one thread block per row of logits, the semantics of csrc/sampler.cpp
+// (read there): greedy = argmax with the lowest index on ties (NaN ignored, generator not
+// advanced); otherwise w = exp(l / t - max / t) with min_p applied, then top_k and top_p cuts
+// ranked by (weight descending, index ascending), then one inverse-CDF draw in index order using
+// exactly one output of the row's xoroshiro128++ generator. Same seed, same probabilities ->
+// same token as on the CPU (expf may differ from the CPU's in the last bit, which moves a draw
+// only when it lands that close to a boundary).
+//
+// How, without sorting the vocabulary: the weights are recomputed from the logits in each pass
+// (no scratch memory, so the op can be captured in a CUDA graph); top_k and top_p cuts come from
+// a 4-pass radix select over the float bits of the weights (8-bit digits, shared-memory
+// histograms); ties at the cut are resolved in index order by a block scan. Masses are summed in
+// 64-bit fixed point (w * 2^S with S chosen so that V weights cannot overflow), so every sum is
+// exact and independent of the order the threads add in: the result is deterministic.
+//
+// Parameters live on the GPU and are not validated here (a host check would need a sync); the
+// Python layer validates SamplingParams. logprobs: log_softmax of the raw logits at the token.
+#include <cfloat>
+#include <climits>
+#include <cmath>
+
+#include "cuda_ops.h"
+#include "cuda_util.cuh"
+
+namespace vllmx::cuda {
+
+namespace {
+
+constexpr int kT = 1024;  // threads per row
+constexpr int kWarps = kT / 32;
+
+// ---- generator (csrc/sampler.cpp) ----
+__device__ __forceinline__ uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+__device__ __forceinline__ uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+__device__ double uniform01(uint64_t* s) {
+  if (s[0] == 0 && s[1] == 0) {
+    uint64_t x = 0;
+    s[0] = splitmix64(x);
+    s[1] = splitmix64(x);
+  }
+  const uint64_t s0 = s[0];
+  uint64_t s1 = s[1];
+  const uint64_t result = rotl(s0 + s1, 17) + s0;
+  s1 ^= s0;
+  s[0] = rotl(s0, 49) ^ s1 ^ (s1 << 21);
+  s[1] = rotl(s1, 28);
+  return static_cast<double>(result >> 11) * 0x1.0p-53;
+}
+
+// ---- block primitives (every thread of the block calls them; all return the block result) ----
+template <typename T, typename Op>
+__device__ T block_reduce(T v, Op op) {
+  __shared__ T part[kWarps];
+  __syncthreads();
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  T r = part[0];
+  for (int w = 1; w < kWarps; ++w) r = op(r, part[w]);
+  return r;
+}
+struct Sum {
+  template <typename T>
+  __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct Max {
+  template <typename T>
+  __device__ T operator()(T a, T b) const { return a > b ? a : b; }
+};
+
+// Exclusive prefix sum over the threads in thread order.
+__device__ uint64_t block_exclusive_scan(uint64_t v) {
+  __shared__ uint64_t warp_total[kWarps];
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  uint64_t x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const uint64_t y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) warp_total[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    uint64_t t = warp_total[lane];
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const uint64_t y = __shfl_up_sync(0xffffffffu, t, o);
+      if (lane >= o) t += y;
+    }
+    warp_total[lane] = t;
+  }
+  __syncthreads();
+  return (warp == 0 ? 0 : warp_total[warp - 1]) + x - v;
+}
+
+// The first index i (in index order) at which sum_{j <= i} val(j) > target; -1 if none. Each
+// thread owns a contiguous segment, so the prefix follows index order exactly.
+template <typename Val>
+__device__ int64_t find_prefix_exceeds(int64_t V, Val val, uint64_t target) {
+  __shared__ int64_t found;
+  const int64_t seg = (V + kT - 1) / kT;
+  const int64_t begin = min(V, static_cast<int64_t>(threadIdx.x) * seg);
+  const int64_t end = min(V, begin + seg);
+  uint64_t local = 0;
+  for (int64_t i = begin; i < end; ++i) local += val(i);
+  if (threadIdx.x == 0) found = -1;
+  const uint64_t excl = block_exclusive_scan(local);  // (its barriers order the store above)
+  if (local > 0 && excl <= target && target - excl < local) {
+    uint64_t cum = excl;
+    for (int64_t i = begin; i < end; ++i) {
+      cum += val(i);
+      if (cum > target) {
+        found = i;
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  const int64_t r = found;
+  __syncthreads();
+  return r;
+}
+
+struct Row {
+  const float* l;
+  int64_t V;
+  float t, m, min_p;
+  float scale;  // 2^S: fixed-point mass = w * 2^S, truncated
+  __device__ float weight(int64_t i) const {
+    const float e = expf(l[i] / t - m);
+    return (e >= min_p && e != 0.0f) ? e : 0.0f;  // NaN -> 0
+  }
+  __device__ uint64_t fixed(float w) const { return static_cast<uint64_t>(w * scale); }
+};
+
+// The kept set so far: positive weights ranked at or before the cut (w, i); no cut: all.
+struct Cut {
+  float w;
+  int64_t i;  // -1: no cut
+  __device__ bool keeps(float x, int64_t j) const {
+    return x > 0.0f && (i < 0 || x > w || (x == w && j <= i));
+  }
+};
+
+// Radix select over the float bits of the kept weights, most significant digit first.
+// kByMass = false: the key of the need-th largest weight (need >= 1, <= the kept count).
+// kByMass = true: the largest key at which the mass of the weights with key >= it reaches
+// target (target < the kept mass); *mass_above gets the mass of weights with a larger key and
+// *ties the number of kept weights with exactly this key.
+template <bool kByMass>
+__device__ uint32_t radix_select(const Row& row, const Cut& kept, uint64_t need_or_target,
+                                 uint64_t* mass_above, uint32_t* ties) {
+  __shared__ unsigned int cnt[256];
+  __shared__ unsigned long long mass[256];
+  __shared__ uint32_t s_prefix;
+  __shared__ uint64_t s_rem, s_above;
+  __shared__ uint32_t s_ties;
+  if (threadIdx.x == 0) {
+    s_prefix = 0;
+    s_rem = need_or_target;
+    s_above = 0;
+  }
+  for (int pass = 0; pass < 4; ++pass) {
+    const int shift = 24 - 8 * pass;
+    const uint32_t hi_mask = pass == 0 ? 0u : ~0u << (shift + 8);
+    __syncthreads();
+    if (threadIdx.x < 256) {
+      cnt[threadIdx.x] = 0;
+      mass[threadIdx.x] = 0;
+    }
+    __syncthreads();
+    const uint32_t prefix = s_prefix;
+    for (int64_t i = threadIdx.x; i < row.V; i += kT) {
+      const float w = row.weight(i);
+      if (!kept.keeps(w, i)) continue;
+      const uint32_t key = __float_as_uint(w);
+      if ((key & hi_mask) != prefix) continue;
+      const uint32_t d = (key >> shift) & 0xFFu;
+      atomicAdd(&cnt[d], 1u);
+      if constexpr (kByMass) atomicAdd(&mass[d], static_cast<unsigned long long>(row.fixed(w)));
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const uint64_t rem = s_rem;
+      uint64_t above = 0;
+      int sel = -1, lowest = -1;
+      for (int d = 255; d >= 0; --d) {
+        if (cnt[d] == 0) continue;
+        lowest = d;
+        const uint64_t here = kByMass ? mass[d] : cnt[d];
+        if (above + here >= rem) {
+          sel = d;
+          break;
+        }
+        above += here;
+      }
+      if (sel < 0) sel = lowest;  // (rounding guard: keep the least-ranked bucket)
+      if (kByMass) {
+        s_rem = rem > above ? rem - above : 0;
+        s_above += above;
+      } else {
+        s_rem = rem - above;
+      }
+      s_prefix = prefix | (static_cast<uint32_t>(sel) << shift);
+      s_ties = cnt[sel];
+    }
+  }
+  __syncthreads();
+  const uint32_t key = s_prefix;
+  if (mass_above) *mass_above = kByMass ? s_above : s_rem;  // count mode: ties still needed
+  if (ties) *ties = s_ties;
+  __syncthreads();
+  return key;
+}
+
+__global__ void __launch_bounds__(kT) sample_kernel(
+    int32_t* out_ids, float* out_logprobs, const float* logits, int64_t V, int64_t ls,
+    const float* temperature, const int32_t* top_k, const float* top_p, const float* min_p,
+    uint64_t* rng_state, int shift) {
+  const int64_t b = blockIdx.x;
+  const float* l = logits + b * ls;
+
+  // Max and argmax (lowest index on ties; NaN never compares greater).
+  float best = -INFINITY;
+  int64_t arg = LLONG_MAX;
+  for (int64_t i = threadIdx.x; i < V; i += kT) {
+    const float v = l[i];
+    if (v > best || (v == best && i < arg)) {
+      best = v;
+      arg = i;
+    }
+  }
+  const float lmax = block_reduce(best, Max{});
+  arg = block_reduce(best == lmax ? arg : LLONG_MAX, [](int64_t a, int64_t c) {
+    return a < c ? a : c;
+  });
+  if (arg == LLONG_MAX) arg = 0;  // every logit NaN
+
+  int64_t token = arg;
+  const float t = temperature[b];
+  if (t > 0.0f && fabsf(lmax) < INFINITY) {
+    Row row{l, V, t, lmax / t, min_p[b], ldexpf(1.0f, shift)};
+    Cut kept{0.0f, -1};
+    // Total mass and candidate count.
+    uint64_t z = 0, n_pos = 0;
+    for (int64_t i = threadIdx.x; i < V; i += kT) {
+      const float w = row.weight(i);
+      z += row.fixed(w);
+      n_pos += w > 0.0f;
+    }
+    z = block_reduce(z, Sum{});
+    n_pos = block_reduce(n_pos, Sum{});
+
+    const int32_t k = top_k[b];
+    if (k > 0 && static_cast<uint64_t>(k) < n_pos) {
+      uint64_t need = 0;
+      const uint32_t key = radix_select<false>(row, kept, static_cast<uint64_t>(k), &need, nullptr);
+      const float tw = __uint_as_float(key);
+      const int64_t ti = find_prefix_exceeds(
+          V, [&](int64_t i) -> uint64_t { return row.weight(i) == tw; }, need - 1);
+      kept = Cut{tw, ti};
+      uint64_t zk = 0;
+      for (int64_t i = threadIdx.x; i < V; i += kT) {
+        const float w = row.weight(i);
+        if (kept.keeps(w, i)) zk += row.fixed(w);
+      }
+      z = block_reduce(zk, Sum{});
+    }
+
+    const float p = top_p[b];
+    if (p < 1.0f) {
+      const double target_d = ceil(static_cast<double>(p) * static_cast<double>(z));
+      const uint64_t target = static_cast<uint64_t>(target_d);
+      if (target < z) {
+        uint64_t above = 0;
+        uint32_t ties = 0;
+        const uint32_t key = radix_select<true>(row, kept, target, &above, &ties);
+        const float tw = __uint_as_float(key);
+        const uint64_t q = row.fixed(tw);
+        const uint64_t rest = target > above ? target - above : 0;
+        uint64_t j = q > 0 ? (rest + q - 1) / q : ties;
+        j = j < 1 ? 1 : (j > ties ? ties : j);
+        const Cut prev = kept;
+        const int64_t ti = find_prefix_exceeds(
+            V,
+            [&](int64_t i) -> uint64_t {
+              const float w = row.weight(i);
+              return w == tw && prev.keeps(w, i);
+            },
+            j - 1);
+        kept = Cut{tw, ti};
+        z = above + j * q;
+      }
+    }
+
+    // One draw, inverse CDF over the kept set in index order.
+    __shared__ double s_u;
+    if (threadIdx.x == 0) s_u = uniform01(rng_state + 2 * b);
+    __syncthreads();
+    const uint64_t target = static_cast<uint64_t>(floor(s_u * static_cast<double>(z)));
+    token = find_prefix_exceeds(
+        V,
+        [&](int64_t i) -> uint64_t {
+          const float w = row.weight(i);
+          return kept.keeps(w, i) ? row.fixed(w) : 0;
+        },
+        target < z ? target : z - 1);
+    if (token < 0) {  // (rounding guard) the last kept token
+      int64_t last = -1;
+      for (int64_t i = threadIdx.x; i < V; i += kT)
+        if (kept.keeps(row.weight(i), i)) last = i;
+      token = block_reduce(last, Max{});
+      if (token < 0) token = arg;
+    }
+  }
+
+  if (out_logprobs) {
+    double s = 0.0;
+    for (int64_t i = threadIdx.x; i < V; i += kT) {
+      const float v = l[i];
+      if (v == v) s += expf(v - lmax);
+    }
+    s = block_reduce(s, Sum{});
+    if (threadIdx.x == 0)
+      out_logprobs[b] = static_cast<float>(l[token] - (static_cast<double>(lmax) + log(s)));
+  }
+  if (threadIdx.x == 0) out_ids[b] = static_cast<int32_t>(token);
+}
+
+void check_vec(const Tensor& t, DType d, int64_t B, const char* name, const Tensor& logits) {
+  const char* op = "cuda.sample";
+  check_on_device(t, op, name);
+  check_dtype(t, d, op, name);
+  check(t.ndim == 1 && t.shape[0] == B, op,
+        std::string(name) + " " + t.str() + " must have one entry per row of logits " +
+            logits.str());
+}
+
+}  // namespace
+
+void sample(const Tensor& out_ids, const Tensor& out_logprobs, const Tensor& logits,
+            const Tensor& temperature, const Tensor& top_k, const Tensor& top_p,
+            const Tensor& min_p, const Tensor& rng_state) {
+  const char* op = "cuda.sample";
+  check_rows(logits, op, "logits");
+  check_dtype(logits, DType::F32, op, "logits");
+  check_ndim(logits, 2, op, "logits");
+  const int64_t B = logits.shape[0], V = logits.shape[1];
+  check(V > 0 || B == 0, op, "logits " + logits.str() + " has an empty vocabulary");
+  check(V <= INT32_MAX, op, "vocabulary too large");
+  check_vec(out_ids, DType::I32, B, "out_ids", logits);
+  if (out_logprobs.defined()) check_vec(out_logprobs, DType::F32, B, "out_logprobs", logits);
+  check_vec(temperature, DType::F32, B, "temperature", logits);
+  check_vec(top_k, DType::I32, B, "top_k", logits);
+  check_vec(top_p, DType::F32, B, "top_p", logits);
+  check_vec(min_p, DType::F32, B, "min_p", logits);
+  check_on_device(rng_state, op, "rng_state");
+  check_dtype(rng_state, DType::U64, op, "rng_state");
+  check(rng_state.ndim == 2 && rng_state.shape[0] == B && rng_state.shape[1] == 2, op,
+        "rng_state " + rng_state.str() + " must be [" + std::to_string(B) + ", 2]");
+  if (B == 0) return;
+  // Fixed-point scale: V weights <= 1 each sum below 2^62.
+  int log2v = 0;
+  while ((int64_t{1} << log2v) < V) ++log2v;
+  const int shift = 62 - log2v;
+  sample_kernel<<<static_cast<unsigned int>(B), kT, 0, stream()>>>(
+      out_ids.ptr<int32_t>(), out_logprobs.defined() ? out_logprobs.ptr<float>() : nullptr,
+      logits.ptr<float>(), V, logits.stride[0], temperature.ptr<float>(),
+      top_k.ptr<int32_t>(), top_p.ptr<float>(), min_p.ptr<float>(),
+      rng_state.ptr<uint64_t>(), shift);
+  check_launch("sample kernel");
+}
+
+}  // namespace vllmx::cuda

@@ -1,0 +1,314 @@
+# CUDA bindings (included at the end of _C.pyx): the runtime (device probe, caching allocator,
+# copies), DeviceBuffer (owned device bytes), DeviceArrayBase (a typed, shaped view of one; the
+# Python class vllmx.device.DeviceArray builds on it) and the cuda_op_* functions, which mirror
+# the CPU op_* ones but take device arrays. Where vllmx was built without CUDA, or no GPU is
+# present, cuda_available() is False and every op raises RuntimeError saying which.
+from libc.stdint cimport int32_t, uintptr_t
+
+cdef extern from "runtime.h" namespace "vllmx::cuda" nogil:
+    bint c_cuda_available "vllmx::cuda::available"() except +
+    bint c_cuda_built "vllmx::cuda::built_with_cuda"() except +
+    int c_cuda_device_count "vllmx::cuda::device_count"() except +
+    void c_cuda_set_device "vllmx::cuda::set_device"(int) except +
+    void* c_device_malloc "vllmx::cuda::device_malloc"(size_t) except +
+    void c_device_free "vllmx::cuda::device_free"(void*) except +
+    size_t c_allocated_bytes "vllmx::cuda::allocated_bytes"() except +
+    size_t c_reserved_bytes "vllmx::cuda::reserved_bytes"() except +
+    void c_empty_cache "vllmx::cuda::empty_cache"() except +
+    void c_memcpy_h2d "vllmx::cuda::memcpy_h2d"(void*, const void*, size_t) except +
+    void c_memcpy_d2h "vllmx::cuda::memcpy_d2h"(void*, const void*, size_t) except +
+    void c_memcpy_d2d "vllmx::cuda::memcpy_d2d"(void*, const void*, size_t) except +
+    void c_memset_d "vllmx::cuda::memset_d"(void*, int, size_t) except +
+    void c_cuda_synchronize "vllmx::cuda::synchronize"() except +
+    void c_mem_get_info "vllmx::cuda::mem_get_info"(size_t*, size_t*) except +
+
+cdef extern from "cuda_ops.h" namespace "vllmx::cuda" nogil:
+    void c_cuda_embedding "vllmx::cuda::embedding"(const Tensor&, const Tensor&,
+                                                   const Tensor&) except +
+    void c_cuda_rms_norm "vllmx::cuda::rms_norm"(const Tensor&, const Tensor&, const Tensor&,
+                                                 float) except +
+    void c_cuda_fused_add_rms_norm "vllmx::cuda::fused_add_rms_norm"(
+        const Tensor&, const Tensor&, const Tensor&, float) except +
+    void c_cuda_rotary "vllmx::cuda::rotary"(const Tensor&, const Tensor&, const Tensor&,
+                                             const Tensor&, int64_t, bint) except +
+    void c_cuda_silu_and_mul "vllmx::cuda::silu_and_mul"(const Tensor&, const Tensor&) except +
+    void c_cuda_gelu_and_mul "vllmx::cuda::gelu_and_mul"(const Tensor&, const Tensor&,
+                                                         bint) except +
+    void c_cuda_write_kv_cache "vllmx::cuda::write_kv_cache"(
+        const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) except +
+    void c_cuda_linear "vllmx::cuda::linear"(const Tensor&, const Tensor&, const Tensor&,
+                                             const Tensor&) except +
+    void c_cuda_paged_attention "vllmx::cuda::paged_attention"(
+        const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+        const Tensor&, const Tensor&, float, int64_t, float) except +
+    void c_cuda_sample "vllmx::cuda::sample"(const Tensor&, const Tensor&, const Tensor&,
+                                             const Tensor&, const Tensor&, const Tensor&,
+                                             const Tensor&, const Tensor&) except +
+
+
+cdef int _cuda_state = -1  # -1: not probed; 0: unavailable; 1: available
+
+
+def cuda_built():
+    """True where this vllmx._C was compiled with the CUDA backend."""
+    return c_cuda_built()
+
+
+def cuda_available():
+    """True where vllmx was built with CUDA and a driver and at least one GPU are present.
+    Never raises: no driver or no device is just False."""
+    global _cuda_state
+    if _cuda_state < 0:
+        _cuda_state = 1 if c_cuda_available() else 0
+    return _cuda_state == 1
+
+
+def cuda_device_count():
+    return c_cuda_device_count()
+
+
+cdef inline int _require_cuda() except -1:
+    if _cuda_state == 1 or cuda_available():
+        return 0
+    if not c_cuda_built():
+        raise RuntimeError("vllmx.cuda: vllmx was built without CUDA (reinstall with "
+                           "VLLMX_CUDA=1 and nvcc on the PATH)")
+    raise RuntimeError("vllmx.cuda: no CUDA GPU is available (no NVIDIA driver or no device)")
+
+
+def cuda_set_device(int device):
+    _require_cuda()
+    c_cuda_set_device(device)
+
+
+def cuda_synchronize():
+    """Waits for every op queued on vllmx's stream."""
+    _require_cuda()
+    with nogil:
+        c_cuda_synchronize()
+
+
+def cuda_memory_stats():
+    """{'allocated': live bytes handed out, 'reserved': bytes held from the driver}."""
+    return {"allocated": c_allocated_bytes(), "reserved": c_reserved_bytes()}
+
+
+def cuda_empty_cache():
+    """Returns the allocator's cached (free) blocks to the driver."""
+    with nogil:
+        c_empty_cache()
+
+
+def cuda_mem_get_info():
+    """(free, total) device memory in bytes."""
+    cdef size_t free_b = 0, total_b = 0
+    _require_cuda()
+    c_mem_get_info(&free_b, &total_b)
+    return free_b, total_b
+
+
+cdef class DeviceBuffer:
+    """nbytes of device memory from vllmx's caching allocator, returned to it when collected."""
+    cdef void* _ptr
+    cdef readonly size_t nbytes
+
+    def __cinit__(self, size_t nbytes):
+        self._ptr = NULL
+        self.nbytes = nbytes
+        _require_cuda()
+        with nogil:
+            self._ptr = c_device_malloc(nbytes)
+
+    def __dealloc__(self):
+        if self._ptr != NULL:
+            try:
+                c_device_free(self._ptr)
+            except Exception:
+                pass
+            self._ptr = NULL
+
+    @property
+    def ptr(self):
+        return <uintptr_t>self._ptr
+
+    cdef void* _checked(self, object a, size_t offset, bint writable) except NULL:
+        cdef cnp.ndarray arr = <cnp.ndarray?>a
+        if not cnp.PyArray_IS_C_CONTIGUOUS(arr):
+            raise ValueError("DeviceBuffer: host array must be C-contiguous")
+        if writable and not arr.flags.writeable:
+            raise ValueError("DeviceBuffer: host array is read-only")
+        if offset + <size_t>arr.nbytes > self.nbytes:
+            raise ValueError(f"DeviceBuffer: {arr.nbytes} bytes at offset {offset} exceed the "
+                             f"buffer of {self.nbytes} bytes")
+        return <char*>self._ptr + offset
+
+    def copy_from_host(self, a, size_t offset=0):
+        """Copies a C-contiguous numpy array's bytes into the buffer at offset (waits)."""
+        cdef void* dst = self._checked(a, offset, False)
+        cdef cnp.ndarray arr = a
+        cdef const void* src = cnp.PyArray_DATA(arr)
+        cdef size_t n = arr.nbytes
+        with nogil:
+            c_memcpy_h2d(dst, src, n)
+
+    def copy_to_host(self, a, size_t offset=0):
+        """Copies the buffer's bytes at offset into a C-contiguous numpy array (waits)."""
+        cdef void* src = self._checked(a, offset, True)
+        cdef cnp.ndarray arr = a
+        cdef void* dst = cnp.PyArray_DATA(arr)
+        cdef size_t n = arr.nbytes
+        with nogil:
+            c_memcpy_d2h(dst, src, n)
+
+    def copy_from_device(self, DeviceBuffer src, size_t nbytes, size_t dst_offset=0,
+                         size_t src_offset=0):
+        """Queues a device-to-device copy on vllmx's stream."""
+        if dst_offset + nbytes > self.nbytes or src_offset + nbytes > src.nbytes:
+            raise ValueError("DeviceBuffer.copy_from_device: range outside a buffer")
+        with nogil:
+            c_memcpy_d2d(<char*>self._ptr + dst_offset, <char*>src._ptr + src_offset, nbytes)
+
+    def fill_bytes(self, int value, size_t nbytes, size_t offset=0):
+        if offset + nbytes > self.nbytes:
+            raise ValueError("DeviceBuffer.fill_bytes: range outside the buffer")
+        with nogil:
+            c_memset_d(<char*>self._ptr + offset, value, nbytes)
+
+
+cdef class DeviceArrayBase:
+    """A C-contiguous array on the GPU: `buffer` bytes from `offset`, storage `shape` (the shape
+    of the matching host array: uint16 for bf16, uint8 rows of blocks for quantized types) and
+    `dtype` (GGML id). vllmx.device.DeviceArray adds the numpy-like methods."""
+    cdef public DeviceBuffer buffer
+    cdef public Py_ssize_t offset
+    cdef public int dtype
+    cdef public tuple shape
+
+
+cdef Tensor as_device_tensor(object a, int dtype=-1) except *:
+    """The Tensor view (device = kCUDA) of a DeviceArray; None gives an undefined tensor."""
+    cdef Tensor t
+    cdef DeviceArrayBase d
+    cdef int i, nd
+    cdef int64_t bs, ts, item, last
+    if a is None:
+        t.data = NULL
+        t.ndim = 0
+        return t
+    if not isinstance(a, DeviceArrayBase):
+        raise TypeError(f"expected a vllmx DeviceArray on the GPU, got {type(a).__name__} "
+                        f"(copy host arrays with DeviceArray.from_numpy)")
+    d = <DeviceArrayBase>a
+    nd = len(d.shape)
+    if nd > 4:
+        raise ValueError(f"at most 4 dims, got shape {d.shape}")
+    t.dtype = <DType>(dtype if dtype >= 0 else d.dtype)
+    t.device = 1  # kCUDA
+    t.data = <char*>d.buffer._ptr + d.offset
+    t.ndim = nd
+    bs = type_traits(t.dtype).block_size
+    ts = type_traits(t.dtype).type_size
+    item = 1 if type_traits(t.dtype).quantized else ts
+    for i in range(nd):
+        t.shape[i] = d.shape[i]
+    if type_traits(t.dtype).quantized and nd > 0:
+        last = d.shape[nd - 1]
+        if last % ts != 0:
+            raise ValueError(f"{type_traits(t.dtype).name.decode()}: row of {last} bytes is not "
+                             f"a whole number of {ts}-byte blocks")
+        t.shape[nd - 1] = last // ts * bs
+    # Row-major strides: elements for dense types, bytes per row for block types.
+    if nd > 0:
+        t.stride[nd - 1] = 1
+        last = 1
+        for i in range(nd - 1, 0, -1):
+            last *= d.shape[i]
+            t.stride[i - 1] = last
+    return t
+
+
+def cuda_op_embedding(out, ids, table, int table_dtype=-1):
+    _require_cuda()
+    cdef Tensor o = as_device_tensor(out), i = as_device_tensor(ids)
+    cdef Tensor w = as_device_tensor(table, table_dtype)
+    with nogil:
+        c_cuda_embedding(o, i, w)
+
+
+def cuda_op_linear(out, x, w, int w_dtype=-1, bias=None):
+    _require_cuda()
+    cdef Tensor o = as_device_tensor(out), xt = as_device_tensor(x)
+    cdef Tensor wt = as_device_tensor(w, w_dtype), b = as_device_tensor(bias)
+    with nogil:
+        c_cuda_linear(o, xt, wt, b)
+
+
+def cuda_op_rms_norm(out, x, w, float eps):
+    _require_cuda()
+    cdef Tensor o = as_device_tensor(out), xt = as_device_tensor(x), wt = as_device_tensor(w)
+    with nogil:
+        c_cuda_rms_norm(o, xt, wt, eps)
+
+
+def cuda_op_fused_add_rms_norm(x, residual, w, float eps):
+    _require_cuda()
+    cdef Tensor xt = as_device_tensor(x), r = as_device_tensor(residual)
+    cdef Tensor wt = as_device_tensor(w)
+    with nogil:
+        c_cuda_fused_add_rms_norm(xt, r, wt, eps)
+
+
+def cuda_op_rotary(positions, q, k, cos_sin_cache, int64_t head_size, bint is_neox):
+    _require_cuda()
+    cdef Tensor p = as_device_tensor(positions), qt = as_device_tensor(q)
+    cdef Tensor kt = as_device_tensor(k), c = as_device_tensor(cos_sin_cache)
+    with nogil:
+        c_cuda_rotary(p, qt, kt, c, head_size, is_neox)
+
+
+def cuda_op_silu_and_mul(out, x):
+    _require_cuda()
+    cdef Tensor o = as_device_tensor(out), xt = as_device_tensor(x)
+    with nogil:
+        c_cuda_silu_and_mul(o, xt)
+
+
+def cuda_op_gelu_and_mul(out, x, bint approximate_tanh):
+    _require_cuda()
+    cdef Tensor o = as_device_tensor(out), xt = as_device_tensor(x)
+    with nogil:
+        c_cuda_gelu_and_mul(o, xt, approximate_tanh)
+
+
+def cuda_op_write_kv_cache(key, value, key_cache, value_cache, slot_mapping, int cache_dtype=-1):
+    _require_cuda()
+    cdef Tensor k = as_device_tensor(key), v = as_device_tensor(value)
+    cdef Tensor kc = as_device_tensor(key_cache, cache_dtype)
+    cdef Tensor vc = as_device_tensor(value_cache, cache_dtype)
+    cdef Tensor s = as_device_tensor(slot_mapping)
+    with nogil:
+        c_cuda_write_kv_cache(k, v, kc, vc, s)
+
+
+def cuda_op_paged_attention(out, q, key_cache, value_cache, block_table, query_start_loc,
+                            seq_lens, float scale, int64_t sliding_window=0,
+                            float logits_soft_cap=0.0, int cache_dtype=-1):
+    _require_cuda()
+    cdef Tensor o = as_device_tensor(out), qt = as_device_tensor(q)
+    cdef Tensor kc = as_device_tensor(key_cache, cache_dtype)
+    cdef Tensor vc = as_device_tensor(value_cache, cache_dtype)
+    cdef Tensor bt = as_device_tensor(block_table), qsl = as_device_tensor(query_start_loc)
+    cdef Tensor sl = as_device_tensor(seq_lens)
+    with nogil:
+        c_cuda_paged_attention(o, qt, kc, vc, bt, qsl, sl, scale, sliding_window,
+                               logits_soft_cap)
+
+
+def cuda_op_sample(out_ids, out_logprobs, logits, temperature, top_k, top_p, min_p, rng_state):
+    _require_cuda()
+    cdef Tensor o = as_device_tensor(out_ids), lp = as_device_tensor(out_logprobs)
+    cdef Tensor l = as_device_tensor(logits), t = as_device_tensor(temperature)
+    cdef Tensor tk = as_device_tensor(top_k), tp = as_device_tensor(top_p)
+    cdef Tensor mp = as_device_tensor(min_p), r = as_device_tensor(rng_state)
+    with nogil:
+        c_cuda_sample(o, lp, l, t, tk, tp, mp, r)

@@ -1,0 +1,158 @@
+"""Arrays on the GPU. A DeviceArray is a typed, shaped, C-contiguous view of device bytes from
+vllmx's caching allocator; the cuda ops (`vllmx.ops.cuda_*`, `vllmx._C.cuda_op_*`) take them
+where the CPU ops take numpy arrays. Its `shape` is the shape of the matching host array:
+uint16 for bf16, uint8 rows of whole blocks for quantized types (GGML dtype ids throughout)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from vllmx import _C
+
+F32, F16, Q8_0, I32, I64, U8, BF16, U64 = 0, 1, 8, 26, 27, 100, 30, 101
+
+_FROM_NUMPY = {
+    np.dtype(np.float32): F32,
+    np.dtype(np.float16): F16,
+    np.dtype(np.int32): I32,
+    np.dtype(np.int64): I64,
+    np.dtype(np.uint8): U8,
+    np.dtype(np.uint64): U64,
+}
+_HOST_DTYPE = {F32: np.float32, F16: np.float16, BF16: np.uint16, I32: np.int32, I64: np.int64,
+               U8: np.uint8, U64: np.uint64}
+
+
+def host_dtype(dtype: int) -> np.dtype:
+    """The numpy dtype of a host copy: uint16 for bf16, uint8 for block types."""
+    if dtype in _HOST_DTYPE:
+        return np.dtype(_HOST_DTYPE[dtype])
+    name, _, _, quantized, _ = _C.type_info(dtype)
+    if quantized:
+        return np.dtype(np.uint8)
+    raise ValueError(f"no host dtype for {name} (id {dtype})")
+
+
+# (getattr: a stale _C built before the CUDA bindings still imports; its arrays just can't exist)
+class DeviceArray(getattr(_C, "DeviceArrayBase", object)):
+    """`buffer` (a _C.DeviceBuffer) bytes from `offset`, storage `shape`, `dtype` id."""
+
+    def __init__(self, buffer: _C.DeviceBuffer, dtype: int, shape: tuple[int, ...],
+                 offset: int = 0) -> None:
+        self.buffer = buffer
+        self.dtype = int(dtype)
+        self.shape = tuple(int(s) for s in shape)
+        self.offset = int(offset)
+        if self.offset + self.nbytes > buffer.nbytes:
+            raise ValueError(f"DeviceArray: {self.nbytes} bytes at offset {self.offset} exceed "
+                             f"a buffer of {buffer.nbytes} bytes")
+
+    # ---- construction ----
+    @staticmethod
+    def empty(shape: tuple[int, ...] | int, dtype: int) -> DeviceArray:
+        """Uninitialised device memory for `shape` (storage shape) of `dtype`."""
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        nbytes = math.prod(shape) * host_dtype(dtype).itemsize
+        return DeviceArray(_C.DeviceBuffer(nbytes), dtype, shape)
+
+    @staticmethod
+    def zeros(shape: tuple[int, ...] | int, dtype: int) -> DeviceArray:
+        a = DeviceArray.empty(shape, dtype)
+        a.buffer.fill_bytes(0, a.nbytes, a.offset)
+        return a
+
+    @staticmethod
+    def from_numpy(a: np.ndarray, dtype: int | None = None) -> DeviceArray:
+        """A device copy of a host array; dtype overrides numpy's (BF16 for uint16 arrays,
+        a block type for uint8 rows of blocks)."""
+        a = np.ascontiguousarray(a)
+        if dtype is None:
+            try:
+                dtype = _FROM_NUMPY[a.dtype]
+            except KeyError:
+                raise ValueError(f"DeviceArray.from_numpy: unsupported numpy dtype {a.dtype} "
+                                 f"(pass dtype= for bf16 or block types)") from None
+        elif host_dtype(dtype).itemsize != a.itemsize:
+            raise ValueError(f"DeviceArray.from_numpy: {_C.type_info(dtype)[0]} needs host "
+                             f"items of {host_dtype(dtype).itemsize} bytes, got {a.dtype}")
+        out = DeviceArray.empty(a.shape, dtype)
+        out.buffer.copy_from_host(a, out.offset)
+        return out
+
+    # ---- access ----
+    @property
+    def itemsize(self) -> int:
+        return host_dtype(self.dtype).itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.itemsize
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def ptr(self) -> int:
+        return self.buffer.ptr + self.offset
+
+    def numpy(self) -> np.ndarray:
+        """A host copy (waits for queued work on vllmx's stream)."""
+        out = np.empty(self.shape, host_dtype(self.dtype))
+        self.buffer.copy_to_host(out, self.offset)
+        return out
+
+    def copy_from(self, a: np.ndarray | DeviceArray) -> None:
+        """Overwrites this array's bytes with a host array or another device array's."""
+        if isinstance(a, DeviceArray):
+            if a.nbytes != self.nbytes:
+                raise ValueError(f"copy_from: {a.nbytes} bytes into {self.nbytes}")
+            self.buffer.copy_from_device(a.buffer, self.nbytes, self.offset, a.offset)
+            return
+        a = np.ascontiguousarray(a)
+        if a.nbytes != self.nbytes:
+            raise ValueError(f"copy_from: {a.nbytes} bytes into {self.nbytes}")
+        self.buffer.copy_from_host(a, self.offset)
+
+    # ---- views (same buffer) ----
+    def reshape(self, *shape: int) -> DeviceArray:
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        if -1 in shape:
+            known = math.prod(s for s in shape if s != -1)
+            shape = tuple(math.prod(self.shape) // known if s == -1 else s for s in shape)
+        if math.prod(shape) != math.prod(self.shape):
+            raise ValueError(f"cannot reshape {self.shape} to {shape}")
+        return DeviceArray(self.buffer, self.dtype, shape, self.offset)
+
+    def __getitem__(self, rows: slice | int) -> DeviceArray:
+        """Rows a[i] or a[i:j] (step 1): a view of the same buffer."""
+        n = self.shape[0]
+        row_bytes = self.nbytes // n if n else 0
+        if isinstance(rows, int):
+            i = rows + n if rows < 0 else rows
+            if not 0 <= i < n:
+                raise IndexError(f"row {rows} out of range for {n} rows")
+            return DeviceArray(self.buffer, self.dtype, self.shape[1:] or (1,),
+                               self.offset + i * row_bytes)
+        if not isinstance(rows, slice):
+            raise TypeError("DeviceArray supports row indices and row slices only")
+        start, stop, step = rows.indices(n)
+        if step != 1:
+            raise ValueError("DeviceArray row slices must have step 1")
+        stop = max(start, stop)
+        return DeviceArray(self.buffer, self.dtype, (stop - start,) + self.shape[1:],
+                           self.offset + start * row_bytes)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"DeviceArray({_C.type_info(self.dtype)[0]}, shape={self.shape})"
+
+
+def memory_stats() -> dict[str, int]:
+    """{'allocated', 'reserved'} bytes of vllmx's device allocator."""
+    return _C.cuda_memory_stats()

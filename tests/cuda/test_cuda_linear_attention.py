@@ -1,0 +1,352 @@
+"""CUDA linear and paged_attention (cuda/linear.cu, cuda/attention.cu) against the CPU ops and a
+float64 numpy reference on the same random inputs. bf16/f16 outputs: max error / max |reference|
+within the dtype's tolerance. Skipped without a GPU."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+from vllmx import _C
+
+
+def _cuda_ok() -> bool:
+    try:
+        return bool(_C.cuda_available()) and hasattr(_C, "cuda_op_linear")
+    except AttributeError:
+        return False
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _cuda_ok(), reason="needs a CUDA GPU")]
+
+F32, F16, BF16 = 0, 1, 30
+NAN_BITS = {F16: 0x7E00, BF16: 0x7FC0}
+TOL = {F16: 4e-3, BF16: 1e-2}  # rel. error (max-normalized) of a 16-bit output
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def device():
+    from vllmx.device import DeviceArray
+
+    return DeviceArray
+
+
+def to_dev(a: np.ndarray, dtype: int | None = None):
+    return device().from_numpy(np.ascontiguousarray(a), dtype=dtype)
+
+
+def nan_out(shape, dt: int):
+    """A device array of 16-bit NaNs: every element the op must write is checked."""
+    return to_dev(np.full(shape, NAN_BITS[dt], np.uint16), dt)
+
+
+def to_bits(x: np.ndarray, dt: int) -> np.ndarray:
+    """f32 -> the raw uint16 bits of f16 / bf16 (round to nearest even)."""
+    x = np.ascontiguousarray(x, np.float32)
+    if dt == F16:
+        return x.astype(np.float16).view(np.uint16)
+    u = x.view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bits(b: np.ndarray, dt: int) -> np.ndarray:
+    """Raw 16-bit bits -> float64 (exact)."""
+    b = np.asarray(b)
+    if dt == F16:
+        return b.view(np.float16).astype(np.float64)
+    return (b.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    got = np.asarray(got, np.float64)
+    assert np.isfinite(got).all(), "non-finite output (an element left unwritten?)"
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+# ---------------------------------------------------------------- linear
+
+
+def cuda_linear(x_bits, xdt, w, wdt, bias_bits=None):
+    out = nan_out((x_bits.shape[0], w.shape[0]), xdt)
+    b = None if bias_bits is None else to_dev(bias_bits, xdt)
+    _C.cuda_op_linear(out, to_dev(x_bits, xdt), to_dev(w, wdt), w_dtype=wdt, bias=b)
+    return from_bits(out.numpy(), xdt)
+
+
+def make_dense(rng, n, k, wdt):
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    bits = to_bits(w, wdt)
+    return bits, from_bits(bits, wdt)
+
+
+def make_block(rng, n, k, qtype):
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    w += np.float32(0.02) * rng.standard_normal((n, 1)).astype(np.float32)
+    blocks = quants.quantize(w, qtype)
+    return blocks, quants.dequantize(blocks, qtype).astype(np.float64)
+
+
+def make_x(rng, t, k, xdt):
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    x *= np.exp(rng.uniform(-1, 1, (t, 1))).astype(np.float32)
+    bits = to_bits(x, xdt)
+    return bits, from_bits(bits, xdt)
+
+
+T_SIZES = [1, 4, 8, 9, 37, 512]
+NK_SIZES = [(576, 576), (77, 1536), (1000, 64), (3, 4096)]
+
+
+@pytest.mark.parametrize("nk", NK_SIZES, ids=lambda s: f"N{s[0]}K{s[1]}")
+@pytest.mark.parametrize("t", T_SIZES)
+@pytest.mark.parametrize("xdt,wdt", [(BF16, BF16), (F16, F16), (BF16, F16), (F16, BF16)],
+                         ids=["bf16", "f16", "x_bf16_w_f16", "x_f16_w_bf16"])
+def test_linear_dense(xdt, wdt, t, nk):
+    n, k = nk
+    rng = np.random.default_rng([xdt, wdt, t, n, k])
+    w, w64 = make_dense(rng, n, k, wdt)
+    x, x64 = make_x(rng, t, k, xdt)
+    bias = to_bits(rng.standard_normal(n).astype(np.float32) * 0.1, xdt)
+    for b in (None, bias):
+        want = x64 @ w64.T + (0 if b is None else from_bits(b, xdt))
+        got = cuda_linear(x, xdt, w, wdt, b)
+        assert rel_err(got, want) < TOL[xdt]
+        # The CPU op on the same (upcast) inputs: f32 math.
+        cpu = np.empty((t, n), np.float32)
+        _C.op_linear(cpu, x64.astype(np.float32), w, wdt,
+                     None if b is None else from_bits(b, xdt).astype(np.float32))
+        assert rel_err(got, cpu.astype(np.float64)) < TOL[xdt]
+
+
+@pytest.mark.parametrize("t", [1, 37])
+def test_linear_dense_large_n(t):
+    """A vocabulary-sized projection (many GEMM tiles along N)."""
+    rng = np.random.default_rng(t)
+    n, k = 49152, 576
+    w, w64 = make_dense(rng, n, k, BF16)
+    x, x64 = make_x(rng, t, k, BF16)
+    assert rel_err(cuda_linear(x, BF16, w, BF16), x64 @ w64.T) < TOL[BF16]
+
+
+@pytest.mark.parametrize("k", [8, 24, 100, 72])
+@pytest.mark.parametrize("t", [1, 5, 20])
+def test_linear_odd_k(t, k):
+    """K not a multiple of 8 takes the generic kernel; multiples of 8 but not of the tile K
+    take the tensor-core paths with zero-filled tails."""
+    rng = np.random.default_rng([t, k])
+    w, w64 = make_dense(rng, 33, k, F16)
+    x, x64 = make_x(rng, t, k, F16)
+    assert rel_err(cuda_linear(x, F16, w, F16), x64 @ w64.T) < TOL[F16]
+
+
+@pytest.mark.parametrize("nk", [(576, 576), (130, 4096), (1536, 32)],
+                         ids=lambda s: f"N{s[0]}K{s[1]}")
+@pytest.mark.parametrize("t", T_SIZES)
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1], ids=lambda q: q.name)
+@pytest.mark.parametrize("xdt", [BF16, F16], ids=["bf16", "f16"])
+def test_linear_blocks(xdt, qtype, t, nk):
+    """Block weights are dequantized exactly (gguf's numbers); the activations are NOT quantized
+    on the GPU (unlike the CPU op), so the oracle is the f64 product of the dequantized weights."""
+    n, k = nk
+    rng = np.random.default_rng([xdt, int(qtype), t, n, k])
+    w, w64 = make_block(rng, n, k, qtype)
+    x, x64 = make_x(rng, t, k, xdt)
+    bias = to_bits(rng.standard_normal(n).astype(np.float32) * 0.1, xdt)
+    for b in (None, bias):
+        want = x64 @ w64.T + (0 if b is None else from_bits(b, xdt))
+        got = cuda_linear(x, xdt, w, int(qtype), b)
+        assert rel_err(got, want) < TOL[xdt]
+
+
+def test_linear_f32_activations_generic():
+    """f32 x/out run the generic kernel (any weight type)."""
+    rng = np.random.default_rng(3)
+    w, w64 = make_block(rng, 40, 96, Q.Q4_1)
+    x = rng.standard_normal((6, 96)).astype(np.float32)
+    out = to_dev(np.full((6, 40), np.nan, np.float32))
+    _C.cuda_op_linear(out, to_dev(x), to_dev(w, int(Q.Q4_1)), w_dtype=int(Q.Q4_1))
+    assert rel_err(out.numpy(), x.astype(np.float64) @ w64.T) < 1e-5
+
+
+def test_linear_bad_args():
+    x = to_dev(np.zeros((4, 64), np.uint16), BF16)
+    w = to_dev(np.zeros((8, 32), np.uint16), BF16)
+    out = nan_out((4, 8), BF16)
+    with pytest.raises(ValueError, match="linear"):
+        _C.cuda_op_linear(out, x, w, w_dtype=BF16)
+    w = to_dev(np.zeros((8, 64), np.uint16), BF16)
+    with pytest.raises(ValueError, match="linear"):
+        _C.cuda_op_linear(nan_out((4, 8), F16), x, w, w_dtype=BF16)  # out dtype != x dtype
+    with pytest.raises(ValueError, match="linear"):
+        _C.cuda_op_linear(nan_out((4, 9), BF16), x, w, w_dtype=BF16)
+
+
+# ---------------------------------------------------------------- paged attention
+
+
+def make_block_table(rng, seq_lens, num_blocks, block_size):
+    need = [(s + block_size - 1) // block_size for s in seq_lens]
+    assert sum(need) <= num_blocks
+    perm = rng.permutation(num_blocks).astype(np.int32)
+    bt = np.full((len(seq_lens), max(need + [1]) + 2), -1, np.int32)  # unused entries never read
+    o = 0
+    for b, n in enumerate(need):
+        bt[b, :n] = perm[o:o + n]
+        o += n
+    return bt
+
+
+def attention_reference(q64, k64, v64, bt, qsl, seq_lens, scale, window=0, cap=0.0):
+    """float64, vectorized per sequence. q64 [T, nq, D]; caches [blocks, bs, nkv, D]."""
+    _, bs, nkv, D = k64.shape
+    T, nq, _ = q64.shape
+    G = nq // nkv
+    out = np.zeros((T, nq, D))
+    for b in range(len(seq_lens)):
+        ql, L = int(qsl[b + 1] - qsl[b]), int(seq_lens[b])
+        if ql == 0:
+            continue
+        pos = np.arange(L)
+        slots = bt[b, pos // bs].astype(np.int64) * bs + pos % bs
+        K = np.repeat(k64.reshape(-1, nkv, D)[slots], G, axis=1)  # [L, nq, D]
+        V = np.repeat(v64.reshape(-1, nkv, D)[slots], G, axis=1)
+        qp = L - ql + np.arange(ql)  # absolute positions of the queries
+        s = np.einsum("thd,lhd->htl", q64[qsl[b]:qsl[b + 1]], K) * scale
+        if cap > 0:
+            s = cap * np.tanh(s / cap)
+        visible = pos[None, :] <= qp[:, None]
+        if window > 0:
+            visible &= pos[None, :] > qp[:, None] - window
+        s = np.where(visible[None], s, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        out[qsl[b]:qsl[b + 1]] = np.einsum("htl,lhd->thd", p, V)
+    return out
+
+
+def attention_case(seed, seqs, nq, nkv, D, qdt, cdt, block_size=16, q_scale=1.0):
+    """seqs: [(seq_len, q_len)]. Returns host arrays (bits) and their exact f64 values."""
+    rng = np.random.default_rng(seed)
+    seq_lens = np.array([s for s, _ in seqs], np.int32)
+    qsl = np.concatenate([[0], np.cumsum([ql for _, ql in seqs])]).astype(np.int32)
+    num_blocks = int(sum((s + block_size - 1) // block_size for s in seq_lens)) + 3
+    shape = (num_blocks, block_size, nkv, D)
+    kc = to_bits(rng.standard_normal(shape).astype(np.float32), cdt)
+    vc = to_bits(rng.standard_normal(shape).astype(np.float32), cdt)
+    q = to_bits(q_scale * rng.standard_normal((int(qsl[-1]), nq * D)).astype(np.float32), qdt)
+    bt = make_block_table(rng, seq_lens, num_blocks, block_size)
+    return q, kc, vc, bt, qsl, seq_lens
+
+
+def run_attention(case, nq, D, qdt, cdt, scale, window=0, cap=0.0):
+    q, kc, vc, bt, qsl, sl = case
+    out = nan_out(q.shape, qdt)
+    _C.cuda_op_paged_attention(out, to_dev(q, qdt), to_dev(kc, cdt), to_dev(vc, cdt),
+                               to_dev(bt), to_dev(qsl), to_dev(sl), scale,
+                               sliding_window=window, logits_soft_cap=cap, cache_dtype=cdt)
+    return from_bits(out.numpy(), qdt)
+
+
+def check_attention(seqs, heads, D, qdt=BF16, cdt=BF16, window=0, cap=0.0, block_size=16,
+                    seed=0, q_scale=1.0, cpu_oracle=True):
+    nq, nkv = heads
+    case = attention_case(seed, seqs, nq, nkv, D, qdt, cdt, block_size, q_scale)
+    q, kc, vc, bt, qsl, sl = case
+    scale = 1.0 / np.sqrt(D)
+    got = run_attention(case, nq, D, qdt, cdt, scale, window, cap)
+    q64 = from_bits(q, qdt)
+    want = attention_reference(q64.reshape(len(q), nq, D), from_bits(kc, cdt), from_bits(vc, cdt),
+                               bt, qsl, sl, scale, window, cap).reshape(len(q), nq * D)
+    tol = TOL[BF16] if BF16 in (qdt, cdt) else TOL[F16]
+    assert rel_err(got, want) < tol
+    if cpu_oracle:  # the CPU op on the same inputs (q upcast to f32; the same cache bits)
+        cpu = np.empty(q.shape, np.float32)
+        _C.op_paged_attention(cpu, q64.astype(np.float32), kc, vc, bt, qsl, sl, scale,
+                              sliding_window=window, logits_soft_cap=cap, cache_dtype=cdt)
+        assert rel_err(got, cpu.astype(np.float64)) < tol
+    return got
+
+
+DECODE = [(1, 1), (17, 1), (100, 1), (129, 1), (700, 1), (2500, 1), (5000, 1)]
+PREFILL = [(40, 40), (7, 7), (300, 300), (129, 129), (2, 2)]
+CHUNKED = [(90, 30), (64, 16), (130, 1), (20, 20), (47, 5), (2100, 64), (3000, 1)]
+HEADS = [(32, 8), (16, 8), (9, 3), (32, 1), (4, 4)]
+
+
+@pytest.mark.parametrize("kind,seqs", [("decode", DECODE), ("prefill", PREFILL),
+                                       ("chunked", CHUNKED)], ids=["decode", "prefill", "chunked"])
+@pytest.mark.parametrize("heads", HEADS, ids=lambda h: f"{h[0]}q{h[1]}kv")
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dt", [BF16, F16], ids=["bf16", "f16"])
+def test_attention(dt, D, heads, kind, seqs):
+    check_attention(seqs, heads, D, dt, dt, seed=D + heads[0])
+
+
+@pytest.mark.parametrize("window,cap", [(8, 0.0), (1, 0.0), (33, 0.0), (1000, 0.0), (0, 5.0),
+                                        (20, 30.0), (700, 50.0)])
+@pytest.mark.parametrize("D", [64, 128])
+def test_attention_window_softcap(D, window, cap):
+    seqs = CHUNKED + DECODE[:5] + [(2600, 1)]
+    check_attention(seqs, (16, 8), D, BF16, BF16, window, cap, seed=window, q_scale=3.0)
+
+
+@pytest.mark.parametrize("qdt,cdt", [(BF16, F16), (F16, BF16)],
+                         ids=["q_bf16_c_f16", "q_f16_c_bf16"])
+def test_attention_mixed_q_and_cache_dtypes(qdt, cdt):
+    check_attention(CHUNKED + DECODE, (16, 8), 128, qdt, cdt, seed=5)
+
+
+@pytest.mark.parametrize("block_size", [1, 7, 32])
+def test_attention_block_sizes(block_size):
+    check_attention(CHUNKED[:5] + DECODE[:5], (8, 2), 64, BF16, BF16, block_size=block_size)
+
+
+def test_attention_many_decode_rows():
+    """A large decode batch: the plan picks few (or no) splits per sequence."""
+    rng = np.random.default_rng(9)
+    seqs = [(int(n), 1) for n in rng.integers(1, 1500, 96)]
+    check_attention(seqs, (32, 8), 128, BF16, BF16, seed=9, cpu_oracle=False)
+
+
+def test_attention_zero_query_sequences():
+    check_attention([(10, 0), (50, 3), (20, 0), (30, 1), (5, 0)], (8, 2), 64, F16, F16)
+
+
+@pytest.mark.parametrize("D", [80, 256, 32])
+def test_attention_generic_head_sizes(D):
+    """Head sizes without a tensor-core kernel take the generic kernel (slower, still exact)."""
+    check_attention(CHUNKED[:5] + DECODE[:5], (8, 2), D, BF16, BF16, window=0, cap=0.0)
+    check_attention(CHUNKED[:5] + DECODE[:4], (9, 3), D, F16, F16, window=13, cap=4.0)
+
+
+def test_attention_f32_cache_and_q():
+    """f32 caches / activations take the generic kernel; f32 tolerance."""
+    nq, nkv, D = 8, 2, 64
+    case = attention_case(4, CHUNKED[:5] + DECODE[:5], nq, nkv, D, F16, F16)
+    q, kc, vc, bt, qsl, sl = case
+    q32 = from_bits(q, F16).astype(np.float32)
+    k32, v32 = from_bits(kc, F16).astype(np.float32), from_bits(vc, F16).astype(np.float32)
+    out = to_dev(np.full(q.shape, np.nan, np.float32))
+    scale = 0.125
+    _C.cuda_op_paged_attention(out, to_dev(q32), to_dev(k32), to_dev(v32), to_dev(bt),
+                               to_dev(qsl), to_dev(sl), scale, sliding_window=0,
+                               logits_soft_cap=0.0, cache_dtype=F32)
+    want = attention_reference(q32.astype(np.float64).reshape(len(q), nq, D),
+                               k32.astype(np.float64), v32.astype(np.float64), bt, qsl, sl,
+                               scale)
+    assert rel_err(out.numpy(), want.reshape(len(q), nq * D)) < 1e-5
+
+
+def test_attention_bad_args():
+    q, kc, vc, bt, qsl, sl = attention_case(1, [(10, 2)], 4, 2, 64, BF16, BF16)
+    args = [to_dev(kc, BF16), to_dev(vc, BF16), to_dev(bt), to_dev(qsl), to_dev(sl), 0.1]
+    with pytest.raises(ValueError, match="paged_attention"):  # 3 heads of 64 vs 2 kv heads
+        _C.cuda_op_paged_attention(nan_out((2, 192), BF16), to_dev(q[:, :192], BF16), *args)
+    with pytest.raises(ValueError, match="paged_attention"):  # out dtype != q dtype
+        _C.cuda_op_paged_attention(nan_out(q.shape, F16), to_dev(q, BF16), *args)
+    with pytest.raises(ValueError, match="paged_attention"):  # query_start_loc length
+        _C.cuda_op_paged_attention(nan_out(q.shape, BF16), to_dev(q, BF16), args[0], args[1],
+                                   args[2], to_dev(np.array([0, 1, 2], np.int32)), args[4], 0.1)

@@ -1,0 +1,345 @@
+"""CUDA ops against the CPU ops on the same random inputs (f32 / f16 / bf16 activations; the CPU
+op runs in f32 on the exactly upcast inputs), plus the allocator and DeviceArray views.
+Tolerances per TESTING.md: f32 < 1e-5 relative, f16/bf16 < 1e-2; dequantization and cache
+writes bit-exact; the sampler token for token."""
+import zlib
+
+import numpy as np
+import pytest
+
+from vllmx import _C
+from vllmx.device import BF16, F16, F32, I32, U64, DeviceArray
+
+pytestmark = pytest.mark.gpu
+
+Q4_0, Q4_1, Q8_0 = 2, 3, 8
+ACT = [F32, F16, BF16]
+TOL = {F32: 1e-5, F16: 1e-2, BF16: 1e-2}
+
+
+# ---- host conversions ----
+def to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bf16_bits(b: np.ndarray) -> np.ndarray:
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+def host(x: np.ndarray, dtype: int) -> np.ndarray:
+    """f32 values in dtype's host storage (rounded to nearest even)."""
+    if dtype == F32:
+        return np.ascontiguousarray(x, np.float32)
+    if dtype == F16:
+        return np.ascontiguousarray(x, np.float16)
+    return to_bf16_bits(x)
+
+
+def as_f32(a: np.ndarray, dtype: int) -> np.ndarray:
+    return from_bf16_bits(a) if dtype == BF16 else a.astype(np.float32)
+
+
+def dev(x: np.ndarray, dtype: int) -> DeviceArray:
+    return DeviceArray.from_numpy(host(x, dtype), dtype)
+
+
+def rounded(x: np.ndarray, dtype: int) -> np.ndarray:
+    """x as the dtype holds it, back in f32."""
+    return as_f32(host(x, dtype), dtype)
+
+
+def assert_close(got: np.ndarray, ref: np.ndarray, dtype: int, what: str = ""):
+    got = got.astype(np.float64)
+    ref = ref.astype(np.float64)
+    scale = max(np.abs(ref).max(), 1e-30)
+    err = np.abs(got - ref).max() / scale
+    assert err < TOL[dtype], f"{what}: max error {err:.3g} (relative to max |ref|) >= {TOL[dtype]}"
+
+
+@pytest.fixture
+def rng(request):
+    return np.random.default_rng(zlib.crc32(request.node.name.encode()))
+
+
+# ---- embedding ----
+def random_blocks(rng, rows, n, dtype):
+    nb = n // 32
+    if dtype == Q8_0:
+        blk = np.zeros((rows, nb, 34), np.uint8)
+        blk[..., 0:2] = rng.uniform(0.001, 0.05, (rows, nb)).astype(np.float16)[..., None].view(np.uint8)
+        blk[..., 2:] = rng.integers(0, 256, (rows, nb, 32), dtype=np.uint8)
+    elif dtype == Q4_0:
+        blk = np.zeros((rows, nb, 18), np.uint8)
+        blk[..., 0:2] = rng.uniform(0.001, 0.05, (rows, nb)).astype(np.float16)[..., None].view(np.uint8)
+        blk[..., 2:] = rng.integers(0, 256, (rows, nb, 16), dtype=np.uint8)
+    else:
+        blk = np.zeros((rows, nb, 20), np.uint8)
+        blk[..., 0:2] = rng.uniform(0.001, 0.05, (rows, nb)).astype(np.float16)[..., None].view(np.uint8)
+        blk[..., 2:4] = rng.uniform(-0.5, 0.5, (rows, nb)).astype(np.float16)[..., None].view(np.uint8)
+        blk[..., 4:] = rng.integers(0, 256, (rows, nb, 16), dtype=np.uint8)
+    return blk.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("out_dtype", ACT)
+@pytest.mark.parametrize("table_dtype", [F32, F16, BF16, Q8_0, Q4_0, Q4_1])
+def test_embedding(rng, table_dtype, out_dtype):
+    vocab, hidden, T = 300, 256, 37
+    if table_dtype in (Q8_0, Q4_0, Q4_1):
+        table = random_blocks(rng, vocab, hidden, table_dtype)
+    else:
+        table = host(rng.standard_normal((vocab, hidden)).astype(np.float32), table_dtype)
+    ids = rng.integers(0, vocab, T).astype(np.int32)
+    ref = np.empty((T, hidden), np.float32)
+    _C.op_embedding(ref, ids, table, table_dtype)
+    out = DeviceArray.empty((T, hidden), out_dtype)
+    _C.cuda_op_embedding(out, DeviceArray.from_numpy(ids), DeviceArray.from_numpy(table, table_dtype))
+    got = as_f32(out.numpy(), out_dtype)
+    if out_dtype == F32:
+        np.testing.assert_array_equal(got, ref)  # dequantization is bit-exact
+    else:
+        np.testing.assert_array_equal(got, rounded(ref, out_dtype))
+
+
+def test_embedding_out_of_range_ids_give_zero_rows(rng):
+    table = rng.standard_normal((10, 64)).astype(np.float32)
+    out = DeviceArray.empty((3, 64), F32)
+    _C.cuda_op_embedding(out, DeviceArray.from_numpy(np.array([1, -1, 10], np.int32)),
+                         DeviceArray.from_numpy(table))
+    got = out.numpy()
+    np.testing.assert_array_equal(got[0], table[1])
+    assert not got[1:].any()
+
+
+# ---- norms ----
+@pytest.mark.parametrize("w_act", [False, True])
+@pytest.mark.parametrize("dtype", ACT)
+@pytest.mark.parametrize("T,H", [(1, 64), (7, 1000), (33, 4096)])
+def test_rms_norm(rng, dtype, w_act, T, H):
+    x = rounded(rng.standard_normal((T, H)).astype(np.float32) * 3, dtype)
+    w_dtype = dtype if w_act else F32
+    w = rounded(rng.uniform(0.5, 1.5, H).astype(np.float32), w_dtype)
+    ref = np.empty_like(x)
+    _C.op_rms_norm(ref, x, w, 1e-6)
+    out = DeviceArray.empty(x.shape, dtype)
+    _C.cuda_op_rms_norm(out, dev(x, dtype), dev(w, w_dtype), 1e-6)
+    assert_close(as_f32(out.numpy(), dtype), ref, dtype, "rms_norm")
+
+
+@pytest.mark.parametrize("dtype", ACT)
+@pytest.mark.parametrize("T,H", [(1, 64), (9, 2048)])
+def test_fused_add_rms_norm(rng, dtype, T, H):
+    x = rounded(rng.standard_normal((T, H)).astype(np.float32), dtype)
+    res = rounded(rng.standard_normal((T, H)).astype(np.float32), dtype)
+    w = rng.uniform(0.5, 1.5, H).astype(np.float32)
+    ref_x, ref_r = x.copy(), res.copy()
+    _C.op_fused_add_rms_norm(ref_x, ref_r, w, 1e-5)
+    dx, dr = dev(x, dtype), dev(res, dtype)
+    _C.cuda_op_fused_add_rms_norm(dx, dr, dev(w, F32), 1e-5)
+    # The residual is the rounded sum, exactly.
+    np.testing.assert_array_equal(as_f32(dr.numpy(), dtype), rounded(ref_r, dtype))
+    assert_close(as_f32(dx.numpy(), dtype), ref_x, dtype, "fused_add_rms_norm x")
+
+
+# ---- rotary ----
+def cos_sin_cache(max_pos, rot_dim, base=10000.0):
+    inv = 1.0 / base ** (np.arange(0, rot_dim, 2) / rot_dim)
+    f = np.outer(np.arange(max_pos), inv)
+    return np.concatenate([np.cos(f), np.sin(f)], axis=1).astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype", ACT)
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("rot_dim", [64, 32])
+@pytest.mark.parametrize("with_k", [True, False])
+def test_rotary(rng, dtype, is_neox, rot_dim, with_k):
+    T, D, nq, nk, max_pos = 19, 64, 4, 2, 128
+    cache = cos_sin_cache(max_pos, rot_dim)
+    pos = rng.integers(0, max_pos, T).astype(np.int32)
+    q = rounded(rng.standard_normal((T, nq * D)).astype(np.float32), dtype)
+    k = rounded(rng.standard_normal((T, nk * D)).astype(np.float32), dtype)
+    rq, rk = q.copy(), k.copy()
+    _C.op_rotary(pos, rq, rk if with_k else None, cache, D, is_neox)
+    dq, dk = dev(q, dtype), dev(k, dtype)
+    _C.cuda_op_rotary(DeviceArray.from_numpy(pos), dq, dk if with_k else None,
+                      DeviceArray.from_numpy(cache), D, is_neox)
+    if dtype == F32:
+        np.testing.assert_array_equal(dq.numpy(), rq)  # same roundings as the CPU
+    assert_close(as_f32(dq.numpy(), dtype), rq, dtype, "rotary q")
+    assert_close(as_f32(dk.numpy(), dtype), rk if with_k else k, dtype, "rotary k")
+
+
+# ---- gated activations ----
+@pytest.mark.parametrize("dtype", ACT)
+@pytest.mark.parametrize("act", ["silu", "gelu", "gelu_tanh"])
+def test_act_and_mul(rng, dtype, act):
+    T, d = 13, 1000
+    x = rounded(rng.standard_normal((T, 2 * d)).astype(np.float32) * 2, dtype)
+    ref = np.empty((T, d), np.float32)
+    out = DeviceArray.empty((T, d), dtype)
+    if act == "silu":
+        _C.op_silu_and_mul(ref, x)
+        _C.cuda_op_silu_and_mul(out, dev(x, dtype))
+    else:
+        _C.op_gelu_and_mul(ref, x, act == "gelu_tanh")
+        _C.cuda_op_gelu_and_mul(out, dev(x, dtype), act == "gelu_tanh")
+    assert_close(as_f32(out.numpy(), dtype), ref, dtype, act)
+
+
+# ---- KV cache ----
+@pytest.mark.parametrize("cache_dtype", ACT)
+@pytest.mark.parametrize("dtype", ACT)
+def test_write_kv_cache(rng, dtype, cache_dtype):
+    num_blocks, block_size, nkv, D, T = 6, 16, 2, 64, 21
+    key = rounded(rng.standard_normal((T, nkv * D)).astype(np.float32), dtype)
+    value = rounded(rng.standard_normal((T, nkv * D)).astype(np.float32), dtype)
+    slots = rng.permutation(num_blocks * block_size)[:T].astype(np.int32)
+    slots[3] = -1  # padding: skipped
+    shape = (num_blocks, block_size, nkv, D)
+    init = host(rng.standard_normal(shape).astype(np.float32), cache_dtype)
+    kc, vc = init.copy(), init.copy()
+    _C.op_write_kv_cache(key, value, kc, vc, slots, cache_dtype)
+    dkc = DeviceArray.from_numpy(init, cache_dtype)
+    dvc = DeviceArray.from_numpy(init, cache_dtype)
+    _C.cuda_op_write_kv_cache(dev(key, dtype), dev(value, dtype), dkc, dvc,
+                              DeviceArray.from_numpy(slots))
+    np.testing.assert_array_equal(dkc.numpy(), kc)
+    np.testing.assert_array_equal(dvc.numpy(), vc)
+
+
+# ---- sampler ----
+def sample_both(logits, temperature, top_k=0, top_p=1.0, min_p=0.0, seed=0):
+    B = logits.shape[0]
+    t = np.full(B, temperature, np.float32)
+    k = np.full(B, top_k, np.int32)
+    p = np.full(B, top_p, np.float32)
+    m = np.full(B, min_p, np.float32)
+    state = np.random.default_rng(seed).integers(1, 2**63, size=(B, 2), dtype=np.uint64)
+    cpu_state = state.copy()
+    ids = np.empty(B, np.int32)
+    lps = np.empty(B, np.float32)
+    _C.op_sample(ids, lps, logits.copy(), t, k, p, m, cpu_state)
+    d_state = DeviceArray.from_numpy(state)
+    d_ids, d_lps = DeviceArray.empty(B, I32), DeviceArray.empty(B, F32)
+    _C.cuda_op_sample(d_ids, d_lps, DeviceArray.from_numpy(logits), DeviceArray.from_numpy(t),
+                      DeviceArray.from_numpy(k), DeviceArray.from_numpy(p),
+                      DeviceArray.from_numpy(m), d_state)
+    return (ids, lps, cpu_state), (d_ids.numpy(), d_lps.numpy(), d_state.numpy())
+
+
+@pytest.mark.parametrize("V", [7, 1000, 151936])
+def test_sample_greedy_matches_cpu(rng, V):
+    B = 16
+    logits = rng.standard_normal((B, V)).astype(np.float32) * 4
+    logits[1, [3, 5]] = logits[1].max() + 1  # a tie: the lower index wins
+    logits[2, 0] = np.nan
+    logits[3] = -np.inf
+    (ids, lps, s_cpu), (g_ids, g_lps, s_gpu) = sample_both(logits, 0.0)
+    np.testing.assert_array_equal(g_ids, ids)
+    assert g_ids[1] == 3
+    np.testing.assert_array_equal(s_gpu, s_cpu)  # greedy rows never advance the generator
+    ok = np.isfinite(lps)
+    np.testing.assert_allclose(g_lps[ok], lps[ok], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("V", [50, 32000])
+@pytest.mark.parametrize("params", [
+    {"temperature": 1.0},
+    {"temperature": 0.7, "min_p": 0.05},
+    {"temperature": 1.0, "top_k": 1},
+    {"temperature": 0.9, "top_k": 40},
+    {"temperature": 1.0, "top_p": 0.9},
+    {"temperature": 1.3, "top_k": 100, "top_p": 0.8},
+    {"temperature": 1.0, "top_k": 20, "top_p": 0.95, "min_p": 0.01},
+    {"temperature": 2.0, "top_p": 0.01},
+])
+def test_sample_seeded_matches_cpu(rng, V, params):
+    B = 128
+    logits = rng.standard_normal((B, V)).astype(np.float32) * 3
+    (ids, lps, s_cpu), (g_ids, g_lps, s_gpu) = sample_both(logits, seed=V, **params)
+    np.testing.assert_array_equal(g_ids, ids)
+    np.testing.assert_array_equal(s_gpu, s_cpu)  # one generator output per row
+    np.testing.assert_allclose(g_lps, lps, rtol=1e-5, atol=1e-5)
+
+
+def test_sample_ties_at_the_cuts_match_cpu(rng):
+    # Few distinct logit values: top_k and top_p cuts fall inside runs of equal weights.
+    B, V = 64, 4096
+    logits = rng.integers(0, 6, (B, V)).astype(np.float32)
+    for params in ({"top_k": 7}, {"top_p": 0.3}, {"top_k": 500, "top_p": 0.5}):
+        (ids, _, s_cpu), (g_ids, _, s_gpu) = sample_both(logits, 1.0, seed=7, **params)
+        np.testing.assert_array_equal(g_ids, ids, err_msg=str(params))
+        np.testing.assert_array_equal(s_gpu, s_cpu)
+
+
+def test_sample_deterministic_and_distribution(rng):
+    B, V = 4096, 8
+    logits = np.tile(np.log(np.array([0.4, 0.3, 0.1, 0.1, 0.05, 0.03, 0.01, 0.01], np.float32)),
+                     (B, 1))
+    (_, _, _), (g1, _, _) = sample_both(logits, 1.0, top_k=3, seed=3)
+    (_, _, _), (g2, _, _) = sample_both(logits, 1.0, top_k=3, seed=3)
+    np.testing.assert_array_equal(g1, g2)
+    assert set(np.unique(g1)) <= {0, 1, 2}
+    freq = np.bincount(g1, minlength=V)[:3] / B
+    np.testing.assert_allclose(freq, np.array([0.4, 0.3, 0.1]) / 0.8, atol=0.04)
+
+
+# ---- allocator and arrays ----
+def test_allocator_reuses_freed_blocks():
+    _C.cuda_synchronize()
+    base = _C.cuda_memory_stats()
+    a = DeviceArray.empty((1000, 1000), F32)  # 4 MB: a size class of its own
+    s1 = _C.cuda_memory_stats()
+    assert s1["allocated"] - base["allocated"] >= 4_000_000
+    assert s1["reserved"] >= s1["allocated"]
+    ptr = a.ptr
+    del a
+    s2 = _C.cuda_memory_stats()
+    assert s2["allocated"] == base["allocated"]
+    assert s2["reserved"] == s1["reserved"]  # cached, not returned
+    b = DeviceArray.empty((1000, 1000), F32)
+    assert b.ptr == ptr  # the cached block is handed out again
+    assert _C.cuda_memory_stats()["reserved"] == s1["reserved"]
+    del b
+    _C.cuda_empty_cache()
+    assert _C.cuda_memory_stats()["reserved"] < s1["reserved"]
+    free, total = _C.cuda_mem_get_info()
+    assert 0 < free <= total
+
+
+@pytest.mark.parametrize("dtype,np_dtype", [(F32, np.float32), (F16, np.float16),
+                                            (BF16, np.uint16), (I32, np.int32),
+                                            (U64, np.uint64)])
+def test_device_array_roundtrip_and_views(rng, dtype, np_dtype):
+    a = rng.integers(0, 1000, (6, 10)).astype(np_dtype)
+    d = DeviceArray.from_numpy(a, dtype)
+    np.testing.assert_array_equal(d.numpy(), a)
+    np.testing.assert_array_equal(d.reshape(3, 20).numpy(), a.reshape(3, 20))
+    np.testing.assert_array_equal(d[2:5].numpy(), a[2:5])
+    np.testing.assert_array_equal(d[4].numpy(), a[4])
+    v = d[1:3]
+    v.copy_from(np.zeros((2, 10), np_dtype))
+    a[1:3] = 0
+    np.testing.assert_array_equal(d.numpy(), a)
+
+
+def test_row_slice_view_feeds_an_op(rng):
+    x = rng.standard_normal((8, 128)).astype(np.float32)
+    w = np.ones(128, np.float32)
+    d = DeviceArray.from_numpy(x)
+    out = DeviceArray.empty((3, 128), F32)
+    _C.cuda_op_rms_norm(out, d[4:7], DeviceArray.from_numpy(w), 1e-6)
+    ref = np.empty((3, 128), np.float32)
+    _C.op_rms_norm(ref, np.ascontiguousarray(x[4:7]), w, 1e-6)
+    assert_close(out.numpy(), ref, F32)
+
+
+def test_bad_arguments_raise_value_errors():
+    x = DeviceArray.empty((4, 64), F32)
+    with pytest.raises(ValueError, match="rms_norm"):
+        _C.cuda_op_rms_norm(DeviceArray.empty((4, 32), F32), x,
+                            DeviceArray.from_numpy(np.ones(64, np.float32)), 1e-6)
+    with pytest.raises(TypeError, match="DeviceArray"):
+        _C.cuda_op_rms_norm(np.empty((4, 64), np.float32), x, x, 1e-6)
+    with pytest.raises(TypeError, match="CPU op"):
+        _C.op_rms_norm(np.empty((4, 64), np.float32), x, np.ones(64, np.float32), 1e-6)
