@@ -188,6 +188,40 @@ def test_chunked_equals_unchunked(window, cap):
     assert rel_err(whole, exp) < 1e-5
 
 
+@pytest.mark.parametrize("heads,D", [((9, 3), 64), ((4, 4), 80), ((16, 1), 64), ((32, 2), 48)])
+@pytest.mark.parametrize("window,cap", [(0, 0.0), (37, 0.0), (0, 4.0)])
+def test_decode_equals_prefill_row(heads, D, window, cap):
+    """Decoding token t after a prefill of t tokens gives, bit for bit, row t of one prefill of
+    t + 1 tokens: whatever tile of queries the row shared in the prefill, alone or batched."""
+    nq, nkv = heads
+    L = 150
+    rng = np.random.default_rng(nq * 100 + D + window)
+    kc, vc, cd = make_cache(rng, 12, nkv, D, "f16")
+    bt = make_block_table(rng, [L], 12)
+    q = (2 * rng.standard_normal((L, nq * D))).astype(np.float32)
+    scale = 1.0 / np.sqrt(D)
+    whole = run(q, kc, vc, bt, [0, L], [L], scale, cd, window, cap)
+    ts = [0, 1, 14, 15, 16, 17, 31, 32, 33, 47, 64, 100, 127, 128, 149]
+    # Every decode alone ...
+    for t in ts:
+        one = run(np.ascontiguousarray(q[t:t + 1]), kc, vc, bt, [0, 1], [t + 1], scale, cd,
+                  window, cap)
+        assert np.array_equal(one.view(np.uint32), whole[t:t + 1].view(np.uint32)), t
+    # ... and all of them as one decode batch (the same cache blocks, one row per sequence).
+    n = len(ts)
+    batch = run(np.ascontiguousarray(q[ts]), kc, vc, np.repeat(bt, n, axis=0),
+                np.arange(n + 1), [t + 1 for t in ts], scale, cd, window, cap)
+    assert np.array_equal(batch.view(np.uint32), whole[ts].view(np.uint32))
+    # A prefill of t tokens followed by a chunk of the rest, for a few split points.
+    for t in (1, 16, 45):
+        rest = run(np.ascontiguousarray(q[t:]), kc, vc, bt, [0, L - t], [L], scale, cd, window,
+                   cap)
+        assert np.array_equal(rest.view(np.uint32), whole[t:].view(np.uint32)), t
+    exp = reference(q, upcast(kc, "f16"), upcast(vc, "f16"), bt, np.array([0, L]), np.array([L]),
+                    scale, window, cap)
+    assert rel_err(whole, exp) < 1e-5
+
+
 def test_empty_and_zero_query_sequences():
     q, kc, vc, cd, bt, qsl, sl = scenario(3, [(10, 0), (20, 2), (5, 0)], 4, 2, 64, "f32")
     exp = reference(q, upcast(kc, "f32"), upcast(vc, "f32"), bt, qsl, sl, 0.1)
