@@ -46,8 +46,8 @@ def main() -> None:
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     args = ap.parse_args()
-    llm = LLM(args.model, max_model_len=288, max_num_seqs=6, max_num_batched_tokens=64,
-              num_gpu_blocks_override=18, block_size=16, num_threads=args.threads)
+    llm = LLM(args.model, max_model_len=320, max_num_seqs=6, max_num_batched_tokens=64,
+              num_gpu_blocks_override=20, block_size=16, num_threads=args.threads)
     reqs = make_requests(llm.get_tokenizer())
     prompts = [{"prompt_token_ids": ids} for ids, _ in reqs]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in reqs]
