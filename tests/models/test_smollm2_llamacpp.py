@@ -1,51 +1,18 @@
-"""SmolLM2-135M-Instruct Q4_1 against llama.cpp on the same file: identical tokenizer ids, and
-greedy tokens within 1.5 nats of llama.cpp's best at every position, >= 95% equal to its argmax."""
+"""SmolLM2-135M-Instruct Q4_1 against llama.cpp on the same file: identical tokenizer ids, and greedy
+tokens within 1.5 nats of llama.cpp's best at every position, >= 95% equal to its argmax."""
 
 from __future__ import annotations
 
-import os
-
-import numpy as np
 import pytest
 
-from tests.models.parity import check_positions, log_softmax
+from tests.models.llamacpp_parity import POOL, check_greedy_parity, load_pair
 
-llama_cpp = pytest.importorskip("llama_cpp")
-
-POOL = [
-    "The capital of France is",
-    "Once upon a time, in a small village by the sea,",
-    "def fibonacci(n):\n    ",
-    "The three primary colors are",
-    "Water boils at a temperature of",
-    "In 1969, Neil Armstrong",
-    "The best way to learn a new language is",
-    "Photosynthesis is the process by which",
-    "Here is a list of fruits: apple, banana,",
-    "The theory of relativity was developed by",
-    "To make a cup of tea, first",
-    "import numpy as np\nx = np.",
-    "The largest planet in our solar system is",
-    "My favourite book is",
-    "Question: What is 12 times 7?\nAnswer:",
-    "The quick brown fox",
-    "SELECT name, age FROM users WHERE",
-    "Les élèves ont mangé des crêpes à",
-    "The stock market fell sharply today after",
-    "A haiku about autumn:\n",
-]
-NUM_PROMPTS, MAX_TOKENS = 8, 32
-SEED = int.from_bytes(os.urandom(4), "little")  # prompts the test does not choose
+pytest.importorskip("llama_cpp")
 
 
 @pytest.fixture(scope="module")
 def models(smollm2_gguf):
-    from vllmx import LLM
-
-    vllmx_llm = LLM(smollm2_gguf, max_model_len=512)
-    ref = llama_cpp.Llama(smollm2_gguf, n_ctx=512, n_threads=os.cpu_count(), logits_all=True,
-                          verbose=False)
-    return vllmx_llm, ref
+    return load_pair(smollm2_gguf)
 
 
 def test_tokenizer_ids_match_llamacpp(models):
@@ -59,22 +26,4 @@ def test_tokenizer_ids_match_llamacpp(models):
 
 
 def test_greedy_parity_with_llamacpp(models):
-    from vllmx import SamplingParams
-
-    llm, ref = models
-    rng = np.random.default_rng(SEED)
-    prompts = [POOL[i] for i in rng.choice(len(POOL), NUM_PROMPTS, replace=False)]
-    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
-                                                ignore_eos=True))
-    strict = near = total = 0
-    for prompt, out in zip(prompts, outs):
-        ids = out.prompt_token_ids
-        toks = out.outputs[0].token_ids
-        assert len(toks) == MAX_TOKENS
-        ref.reset()
-        ref.eval(ids + toks)
-        logits = np.asarray(ref.scores[: len(ids) + len(toks)], dtype=np.float64)
-        report = check_positions(log_softmax(logits)[len(ids) - 1: -1], toks, 1.5)
-        assert report.failed == 0, f"{prompt!r} (seed {SEED}): {report}"
-        strict, near, total = strict + report.strict, near + report.near_tie, total + len(toks)
-    assert strict >= 0.95 * total, f"only {strict}/{total} positions strict (seed {SEED})"
+    check_greedy_parity(*models, num_prompts=8)
