@@ -11,7 +11,7 @@ void silu_and_mul(const Tensor& out, const Tensor& x, bool reference) {
   check_ndim(x, 2, op, "x");
   check_ndim(out, 2, op, "out");
   const int64_t rows = x.shape[0], d = out.shape[1];
-  check(out.shape[0] == rows && x.shape[1] == 2 * d, op,
+  VLLMX_CHECK(out.shape[0] == rows && x.shape[1] == 2 * d, op,
         "x " + x.str() + " must be [T, 2 * I] for out " + out.str());
   const float* xp = x.ptr<float>();
   float* op_ = out.ptr<float>();
@@ -42,7 +42,7 @@ void gelu_and_mul(const Tensor& out, const Tensor& x, bool approximate_tanh, boo
   check_ndim(x, 2, op, "x");
   check_ndim(out, 2, op, "out");
   const int64_t rows = x.shape[0], d = out.shape[1];
-  check(out.shape[0] == rows && x.shape[1] == 2 * d, op,
+  VLLMX_CHECK(out.shape[0] == rows && x.shape[1] == 2 * d, op,
         "x " + x.str() + " must be [T, 2 * I] for out " + out.str());
   const float* xp = x.ptr<float>();
   float* op_ = out.ptr<float>();

@@ -137,24 +137,24 @@ void write_kv_cache(const Tensor& key, const Tensor& value, const Tensor& key_ca
   check_dtype(slot_mapping, DType::I32, kOp, "slot_mapping");
   check_ndim(slot_mapping, 1, kOp, "slot_mapping");
   const DType dt = key_cache.dtype;
-  check(dt == DType::F16 || dt == DType::BF16 || dt == DType::F32, kOp,
+  VLLMX_CHECK(dt == DType::F16 || dt == DType::BF16 || dt == DType::F32, kOp,
         "cache dtype must be f16, bf16 or f32, got key_cache " + key_cache.str());
-  check(value_cache.dtype == dt, kOp,
+  VLLMX_CHECK(value_cache.dtype == dt, kOp,
         "value_cache " + value_cache.str() + " does not match key_cache " + key_cache.str());
   for (int d = 0; d < 4; ++d)
-    check(value_cache.shape[d] == key_cache.shape[d], kOp,
+    VLLMX_CHECK(value_cache.shape[d] == key_cache.shape[d], kOp,
           "value_cache " + value_cache.str() + " does not match key_cache " + key_cache.str());
   const int64_t num_blocks = key_cache.shape[0], block_size = key_cache.shape[1];
   const int64_t nkv = key_cache.shape[2], head_size = key_cache.shape[3];
   const int64_t row = nkv * head_size;
   const int64_t T = key.shape[0];
-  check(key.shape[1] == row && value.shape[0] == T && value.shape[1] == row, kOp,
+  VLLMX_CHECK(key.shape[1] == row && value.shape[0] == T && value.shape[1] == row, kOp,
         "key " + key.str() + " / value " + value.str() + " do not match the cache rows of " +
             key_cache.str() + " (expected [T, " + std::to_string(row) + "])");
-  check(slot_mapping.shape[0] == T, kOp,
+  VLLMX_CHECK(slot_mapping.shape[0] == T, kOp,
         "slot_mapping " + slot_mapping.str() + " does not match key " + key.str());
   if (T == 0) return;
-  check(key_cache.defined() && value_cache.defined() && key.defined() && value.defined() &&
+  VLLMX_CHECK(key_cache.defined() && value_cache.defined() && key.defined() && value.defined() &&
             slot_mapping.defined(),
         kOp, "missing tensor");
   const int32_t* slots = slot_mapping.ptr<int32_t>();

@@ -293,7 +293,7 @@ void for_tiles(int64_t T, int64_t N, int64_t w_row_bytes, int64_t granule, bool 
 void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
             bool reference) {
   const char* op = "linear";
-  check(out.defined() && x.defined() && w.defined(), op, "missing tensor");
+  VLLMX_CHECK(out.defined() && x.defined() && w.defined(), op, "missing tensor");
   check_dtype(x, DType::F32, op, "x");
   check_ndim(x, 2, op, "x");
   check_dtype(out, DType::F32, op, "out");

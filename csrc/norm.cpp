@@ -13,7 +13,7 @@ void check_norm_args(const char* op, const Tensor& x, const Tensor& w) {
   check_dtype(w, DType::F32, op, "weight");
   check_ndim(x, 2, op, "x");
   check_ndim(w, 1, op, "weight");
-  check(w.shape[0] == x.shape[1], op, "weight " + w.str() + " does not match x " + x.str());
+  VLLMX_CHECK(w.shape[0] == x.shape[1], op, "weight " + w.str() + " does not match x " + x.str());
 }
 
 // Sum of squares with 8 independent accumulators (vectorises; fixed order per row).
@@ -44,7 +44,7 @@ inline void norm_row_reference(float* out, const float* x, const float* w, int64
 void rms_norm(const Tensor& out, const Tensor& x, const Tensor& w, float eps, bool reference) {
   check_norm_args("rms_norm", x, w);
   check_dtype(out, DType::F32, "rms_norm", "out");
-  check(out.ndim == 2 && out.shape[0] == x.shape[0] && out.shape[1] == x.shape[1], "rms_norm",
+  VLLMX_CHECK(out.ndim == 2 && out.shape[0] == x.shape[0] && out.shape[1] == x.shape[1], "rms_norm",
         "out " + out.str() + " does not match x " + x.str());
   const int64_t rows = x.shape[0], n = x.shape[1];
   const float* xp = x.ptr<float>();
@@ -63,7 +63,7 @@ void fused_add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w
                         bool reference) {
   check_norm_args("fused_add_rms_norm", x, w);
   check_dtype(residual, DType::F32, "fused_add_rms_norm", "residual");
-  check(residual.ndim == 2 && residual.shape[0] == x.shape[0] && residual.shape[1] == x.shape[1],
+  VLLMX_CHECK(residual.ndim == 2 && residual.shape[0] == x.shape[0] && residual.shape[1] == x.shape[1],
         "fused_add_rms_norm", "residual " + residual.str() + " does not match x " + x.str());
   const int64_t rows = x.shape[0], n = x.shape[1];
   float* xp = x.ptr<float>();

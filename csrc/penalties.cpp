@@ -39,14 +39,14 @@ struct Csr {
 // Checks indptr (i32 [rows + 1], non-decreasing from 0) against a flat list of n entries.
 void check_indptr(const Tensor& indptr, int64_t rows, int64_t n, const char* name) {
   check_dtype(indptr, DType::I32, kOp, name);
-  check(indptr.ndim == 1 && indptr.shape[0] == rows + 1, kOp,
+  VLLMX_CHECK(indptr.ndim == 1 && indptr.shape[0] == rows + 1, kOp,
         std::string(name) + " " + indptr.str() + " must be [" + std::to_string(rows + 1) + "]");
   const int32_t* p = indptr.ptr<int32_t>();
-  check(p[0] == 0 && p[rows] == n, kOp,
+  VLLMX_CHECK(p[0] == 0 && p[rows] == n, kOp,
         std::string(name) + " must start at 0 and end at " + std::to_string(n) + " (got " +
             std::to_string(p[0]) + " .. " + std::to_string(p[rows]) + ")");
   for (int64_t b = 0; b < rows; ++b)
-    check(p[b] <= p[b + 1], kOp, std::string(name) + " must be non-decreasing");
+    VLLMX_CHECK(p[b] <= p[b + 1], kOp, std::string(name) + " must be non-decreasing");
 }
 
 int64_t flat_len(const Tensor& t, DType d, const char* name) {
@@ -58,7 +58,7 @@ int64_t flat_len(const Tensor& t, DType d, const char* name) {
 void check_ids(const Tensor& t, int64_t V, const char* name) {
   const int32_t* p = t.ptr<int32_t>();
   for (int64_t i = 0; i < t.shape[0]; ++i)
-    check(p[i] >= 0 && p[i] < V, kOp,
+    VLLMX_CHECK(p[i] >= 0 && p[i] < V, kOp,
           std::string(name) + " holds token id " + std::to_string(p[i]) +
               ", outside the vocabulary of " + std::to_string(V));
 }
@@ -158,7 +158,7 @@ void row_reference(float* l, int64_t V, int64_t b, const Args& a) {
 
 const float* penalty_vec(const Tensor& t, int64_t B, const char* name) {
   check_dtype(t, DType::F32, kOp, name);
-  check(t.ndim == 1 && t.shape[0] == B, kOp,
+  VLLMX_CHECK(t.ndim == 1 && t.shape[0] == B, kOp,
         std::string(name) + " " + t.str() + " must have one entry per row (" +
             std::to_string(B) + ")");
   return t.ptr<float>();
@@ -170,11 +170,11 @@ void apply_logits_processors(const Tensor& logits, const LogitsProcessorArgs& p,
   check_dtype(logits, DType::F32, kOp, "logits");
   check_ndim(logits, 2, kOp, "logits");
   const int64_t B = logits.shape[0], V = logits.shape[1];
-  check(V <= std::numeric_limits<int32_t>::max(), kOp, "vocabulary too large");
+  VLLMX_CHECK(V <= std::numeric_limits<int32_t>::max(), kOp, "vocabulary too large");
   Args a;
   a.allowed = csr_group(p.allowed_indptr, p.allowed_ids, B, V, "allowed_indptr", "allowed_ids");
   if (p.bad_words_indptr.defined()) {
-    check(p.bad_word_token_indptr.defined() && p.output_tail_indptr.defined(), kOp,
+    VLLMX_CHECK(p.bad_word_token_indptr.defined() && p.output_tail_indptr.defined(), kOp,
           "bad words need bad_word_token_indptr, bad_word_tokens and output_tail(_indptr)");
     const int64_t W = p.bad_word_token_indptr.defined() ? p.bad_word_token_indptr.shape[0] - 1 : 0;
     check_indptr(p.bad_words_indptr, B, W, "bad_words_indptr");
@@ -182,7 +182,7 @@ void apply_logits_processors(const Tensor& logits, const LogitsProcessorArgs& p,
     a.word_tokens = csr_group(p.bad_word_token_indptr, p.bad_word_tokens, W, V,
                               "bad_word_token_indptr", "bad_word_tokens");
     for (int64_t w = 0; w < W; ++w)
-      check(a.word_tokens.end(w) > a.word_tokens.begin(w), kOp,
+      VLLMX_CHECK(a.word_tokens.end(w) > a.word_tokens.begin(w), kOp,
             "bad word " + std::to_string(w) + " has no tokens");
     a.tail = csr_group(p.output_tail_indptr, p.output_tail, B, V, "output_tail_indptr",
                        "output_tail", false);
@@ -191,7 +191,7 @@ void apply_logits_processors(const Tensor& logits, const LogitsProcessorArgs& p,
   if (a.bias.on()) {
     const int64_t n = a.bias.indptr[B];
     if (n) {
-      check(p.bias_values.defined() && flat_len(p.bias_values, DType::F32, "bias_values") == n,
+      VLLMX_CHECK(p.bias_values.defined() && flat_len(p.bias_values, DType::F32, "bias_values") == n,
             kOp, "bias_values must be f32 [" + std::to_string(n) + "]");
       a.bias_values = p.bias_values.ptr<float>();
     }
@@ -200,7 +200,7 @@ void apply_logits_processors(const Tensor& logits, const LogitsProcessorArgs& p,
   if (a.pen.on()) {
     const int64_t n = a.pen.indptr[B];
     if (n) {
-      check(p.output_counts.defined() &&
+      VLLMX_CHECK(p.output_counts.defined() &&
                 flat_len(p.output_counts, DType::I32, "output_counts") == n,
             kOp, "output_counts must be i32 [" + std::to_string(n) + "]");
       a.counts = p.output_counts.ptr<int32_t>();
@@ -209,7 +209,7 @@ void apply_logits_processors(const Tensor& logits, const LogitsProcessorArgs& p,
     a.freq = penalty_vec(p.frequency_penalty, B, "frequency_penalty");
     a.pres = penalty_vec(p.presence_penalty, B, "presence_penalty");
     for (int64_t b = 0; b < B; ++b)
-      check(a.rep[b] > 0 && std::isfinite(a.rep[b]), kOp,
+      VLLMX_CHECK(a.rep[b] > 0 && std::isfinite(a.rep[b]), kOp,
             "repetition_penalty[" + std::to_string(b) + "] = " + std::to_string(a.rep[b]) +
                 " must be finite and > 0");
   }

@@ -359,15 +359,15 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
 
 void dequantize(const Tensor& out, const Tensor& src, bool reference) {
   const char* op = "dequantize";
-  check(src.defined() && out.defined(), op, "missing tensor");
+  VLLMX_CHECK(src.defined() && out.defined(), op, "missing tensor");
   ToFloatFn fn = row_converter(src.dtype, op);
   check_dtype(out, DType::F32, op, "out");
-  check(src.ndim >= 1, op, "src must have at least 1 dim, got " + src.str());
-  check(out.numel() == src.numel(),
+  VLLMX_CHECK(src.ndim >= 1, op, "src must have at least 1 dim, got " + src.str());
+  VLLMX_CHECK(out.numel() == src.numel(),
         op, "out " + out.str() + " and src " + src.str() + " differ in element count");
   const int64_t n = src.size(-1);
   const int64_t bs = type_traits(src.dtype).block_size;
-  check(n % bs == 0, op, "src " + src.str() + ": last dim is not a multiple of the block size");
+  VLLMX_CHECK(n % bs == 0, op, "src " + src.str() + ": last dim is not a multiple of the block size");
   const int64_t rows = n == 0 ? 0 : src.numel() / n;
   const int64_t step = row_step_bytes(src);
   const uint8_t* s = static_cast<const uint8_t*>(src.data);
@@ -382,19 +382,19 @@ void dequantize(const Tensor& out, const Tensor& src, bool reference) {
 
 void quantize(const Tensor& out, const Tensor& src, bool reference) {
   const char* op = "quantize";
-  check(src.defined() && out.defined(), op, "missing tensor");
+  VLLMX_CHECK(src.defined() && out.defined(), op, "missing tensor");
   check_dtype(src, DType::F32, op, "src");
   if (out.dtype != DType::Q8_0 && out.dtype != DType::Q8_1 && out.dtype != DType::Q8_K)
     fail(op, std::string("unsupported output dtype ") + dtype_name(out.dtype) + " (id " +
                  std::to_string(static_cast<int>(out.dtype)) + "); only Q8_0, Q8_1 and Q8_K");
-  check(src.ndim >= 1 && out.ndim == src.ndim, op,
+  VLLMX_CHECK(src.ndim >= 1 && out.ndim == src.ndim, op,
         "out " + out.str() + " and src " + src.str() + " differ in shape");
   for (int i = 0; i < src.ndim; ++i)
-    check(out.shape[i] == src.shape[i], op,
+    VLLMX_CHECK(out.shape[i] == src.shape[i], op,
           "out " + out.str() + " and src " + src.str() + " differ in shape");
   const int64_t n = src.size(-1);
   const int64_t bs = type_traits(out.dtype).block_size;
-  check(n % bs == 0, op,
+  VLLMX_CHECK(n % bs == 0, op,
         "src " + src.str() + ": last dim is not a multiple of " + std::to_string(bs));
   const QuantTraits* q = quant_traits(out.dtype);
   FromFloatFn fn = reference ? q->from_float_ref : q->from_float;

@@ -602,30 +602,30 @@ FromFloatFn weight_quantizer(DType t) {
 
 void quantize_weight(const Tensor& out, const Tensor& src) {
   const char* op = "quantize_weight";
-  check(src.defined() && out.defined(), op, "missing tensor");
+  VLLMX_CHECK(src.defined() && out.defined(), op, "missing tensor");
   check_dtype(src, DType::F32, op, "src");
   const FromFloatFn fn = weight_quantizer(out.dtype);
   if (fn == nullptr)
     fail(op, std::string("no quantizer for output dtype ") + dtype_name(out.dtype) + " (id " +
                  std::to_string(static_cast<int>(out.dtype)) + ")");
-  check(src.ndim >= 1 && out.ndim == src.ndim, op,
+  VLLMX_CHECK(src.ndim >= 1 && out.ndim == src.ndim, op,
         "out " + out.str() + " and src " + src.str() + " differ in shape");
   for (int i = 0; i < src.ndim; ++i)
-    check(out.shape[i] == src.shape[i], op,
+    VLLMX_CHECK(out.shape[i] == src.shape[i], op,
           "out " + out.str() + " and src " + src.str() + " differ in shape");
   const int64_t n = src.size(-1);
   const int64_t bs = type_traits(out.dtype).block_size;
-  check(n % bs == 0, op,
+  VLLMX_CHECK(n % bs == 0, op,
         "src " + src.str() + ": last dim is not a multiple of the " + dtype_name(out.dtype) +
             " block size " + std::to_string(bs));
   for (int i = 0; i + 1 < src.ndim; ++i)  // rows must be packed (a dim of 1 has any stride)
-    check(src.shape[i] == 1 || src.stride[i] == src.stride[i + 1] * src.shape[i + 1], op,
+    VLLMX_CHECK(src.shape[i] == 1 || src.stride[i] == src.stride[i + 1] * src.shape[i + 1], op,
           "src " + src.str() + " must be contiguous");
   const int64_t rows = n == 0 ? 0 : src.numel() / n;
   const int64_t obytes = row_bytes(out.dtype, n);
   const bool packed = !is_quantized(out.dtype) || out.ndim < 2 || out.shape[out.ndim - 2] == 1 ||
                       out.stride[out.ndim - 2] == obytes;
-  check(packed, op, "out " + out.str() + " must be contiguous");
+  VLLMX_CHECK(packed, op, "out " + out.str() + " must be contiguous");
   uint8_t* o = static_cast<uint8_t*>(out.data);
   const float* s = src.ptr<float>();
 #pragma omp parallel for schedule(dynamic, 4) if (rows * n > (1 << 15))

@@ -98,7 +98,7 @@ void repack_panel(const BaseLayout& L, const uint8_t* src, int64_t ws, int64_t n
 
 void repack_weight(const Tensor& out, const Tensor& w) {
   const char* op = "repack_weight";
-  check(out.defined() && w.defined(), op, "missing tensor");
+  VLLMX_CHECK(out.defined() && w.defined(), op, "missing tensor");
   const DType pt = packed_dtype(w.dtype);
   if (pt == DType::F32)
     fail(op, std::string("no packed layout for ") + w.str() +
@@ -111,7 +111,7 @@ void repack_weight(const Tensor& out, const Tensor& w) {
                  w.str());
   const int64_t N = w.shape[0], K = w.shape[1], nb = K / 32;
   const int64_t rb = row_bytes(w.dtype, K);
-  check(N <= 1 || (w.stride[0] == rb && out.stride[0] == rb), op,
+  VLLMX_CHECK(N <= 1 || (w.stride[0] == rb && out.stride[0] == rb), op,
         "w " + w.str() + " and out must have contiguous rows");
   const BaseLayout L = base_layout(w.dtype);
   const uint8_t* src = static_cast<const uint8_t*>(w.data);

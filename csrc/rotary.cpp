@@ -35,19 +35,19 @@ void rotary(const Tensor& positions, const Tensor& q, const Tensor& k, const Ten
   check_ndim(q, 2, op, "q");
   check_ndim(cache, 2, op, "cos_sin_cache");
   const int64_t t = positions.shape[0], rot_dim = cache.shape[1], max_pos = cache.shape[0];
-  check(head_size > 0 && q.shape[1] % head_size == 0, op,
+  VLLMX_CHECK(head_size > 0 && q.shape[1] % head_size == 0, op,
         "q " + q.str() + " is not a whole number of heads of " + std::to_string(head_size));
-  check(q.shape[0] == t, op, "q " + q.str() + " and positions " + positions.str() + " disagree");
-  check(rot_dim % 2 == 0 && rot_dim <= head_size, op,
+  VLLMX_CHECK(q.shape[0] == t, op, "q " + q.str() + " and positions " + positions.str() + " disagree");
+  VLLMX_CHECK(rot_dim % 2 == 0 && rot_dim <= head_size, op,
         "cos_sin_cache " + cache.str() + " rotary dim must be even and <= head_size");
   if (k.defined()) {
     check_dtype(k, DType::F32, op, "k");
-    check(k.ndim == 2 && k.shape[0] == t && k.shape[1] % head_size == 0, op,
+    VLLMX_CHECK(k.ndim == 2 && k.shape[0] == t && k.shape[1] % head_size == 0, op,
           "k " + k.str() + " must be [T, nk * head_size]");
   }
   const int32_t* pos = positions.ptr<int32_t>();
   for (int64_t i = 0; i < t; ++i)
-    check(pos[i] >= 0 && pos[i] < max_pos, op,
+    VLLMX_CHECK(pos[i] >= 0 && pos[i] < max_pos, op,
           "position " + std::to_string(pos[i]) + " outside the rotary cache of " +
               std::to_string(max_pos));
   const int64_t half = rot_dim / 2;

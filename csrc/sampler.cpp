@@ -491,7 +491,7 @@ int64_t sample_row_reference(const float* l, int64_t V, const RowParams& p, uint
 
 void check_vec(const Tensor& t, DType d, int64_t B, const char* name, const Tensor& logits) {
   check_dtype(t, d, kOp, name);
-  check(t.ndim == 1 && t.shape[0] == B, kOp,
+  VLLMX_CHECK(t.ndim == 1 && t.shape[0] == B, kOp,
         std::string(name) + " " + t.str() + " must have one entry per row of logits " +
             logits.str());
 }
@@ -504,8 +504,8 @@ void sample(const Tensor& out_ids, const Tensor& out_logprobs, const Tensor& log
   check_dtype(logits, DType::F32, kOp, "logits");
   check_ndim(logits, 2, kOp, "logits");
   const int64_t B = logits.shape[0], V = logits.shape[1];
-  check(V > 0 || B == 0, kOp, "logits " + logits.str() + " has an empty vocabulary");
-  check(V <= std::numeric_limits<int32_t>::max(), kOp, "vocabulary too large");
+  VLLMX_CHECK(V > 0 || B == 0, kOp, "logits " + logits.str() + " has an empty vocabulary");
+  VLLMX_CHECK(V <= std::numeric_limits<int32_t>::max(), kOp, "vocabulary too large");
   check_vec(out_ids, DType::I32, B, "out_ids", logits);
   if (out_logprobs.defined()) check_vec(out_logprobs, DType::F32, B, "out_logprobs", logits);
   check_vec(temperature, DType::F32, B, "temperature", logits);
@@ -513,7 +513,7 @@ void sample(const Tensor& out_ids, const Tensor& out_logprobs, const Tensor& log
   check_vec(top_p, DType::F32, B, "top_p", logits);
   check_vec(min_p, DType::F32, B, "min_p", logits);
   check_dtype(rng_state, DType::U64, kOp, "rng_state");
-  check(rng_state.ndim == 2 && rng_state.shape[0] == B && rng_state.shape[1] == 2, kOp,
+  VLLMX_CHECK(rng_state.ndim == 2 && rng_state.shape[0] == B && rng_state.shape[1] == 2, kOp,
         "rng_state " + rng_state.str() + " must be [" + std::to_string(B) + ", 2]");
   if (B == 0) return;
   const float* tp = temperature.ptr<float>();
@@ -521,12 +521,12 @@ void sample(const Tensor& out_ids, const Tensor& out_logprobs, const Tensor& log
   const float* pp = top_p.ptr<float>();
   const float* mp = min_p.ptr<float>();
   for (int64_t b = 0; b < B; ++b) {
-    check(std::isfinite(tp[b]) && tp[b] >= 0, kOp,
+    VLLMX_CHECK(std::isfinite(tp[b]) && tp[b] >= 0, kOp,
           "temperature[" + std::to_string(b) + "] = " + std::to_string(tp[b]) +
               " must be finite and >= 0");
-    check(pp[b] > 0 && pp[b] <= 1, kOp,
+    VLLMX_CHECK(pp[b] > 0 && pp[b] <= 1, kOp,
           "top_p[" + std::to_string(b) + "] = " + std::to_string(pp[b]) + " must be in (0, 1]");
-    check(mp[b] >= 0 && mp[b] <= 1, kOp,
+    VLLMX_CHECK(mp[b] >= 0 && mp[b] <= 1, kOp,
           "min_p[" + std::to_string(b) + "] = " + std::to_string(mp[b]) + " must be in [0, 1]");
   }
   const float* lg = logits.ptr<float>();
@@ -603,7 +603,7 @@ void top_k_fast(const Kernels& K, const float* l, int64_t V, int64_t k, std::vec
 
 void check_rows(const Tensor& t, DType d, int64_t N, const char* name) {
   check_dtype(t, d, kLpOp, name);
-  check(t.ndim == 1 && t.shape[0] == N, kLpOp,
+  VLLMX_CHECK(t.ndim == 1 && t.shape[0] == N, kLpOp,
         std::string(name) + " " + t.str() + " must have one entry per row (" +
             std::to_string(N) + ")");
 }
@@ -617,19 +617,19 @@ void compute_logprobs(const Tensor& out_token_logprob, const Tensor& out_rank,
   check_dtype(logits, DType::F32, kLpOp, "logits");
   check_ndim(logits, 2, kLpOp, "logits");
   const int64_t N = logits.shape[0], V = logits.shape[1];
-  check(V > 0 || N == 0, kLpOp, "logits " + logits.str() + " has an empty vocabulary");
-  check(V <= std::numeric_limits<int32_t>::max(), kLpOp, "vocabulary too large");
+  VLLMX_CHECK(V > 0 || N == 0, kLpOp, "logits " + logits.str() + " has an empty vocabulary");
+  VLLMX_CHECK(V <= std::numeric_limits<int32_t>::max(), kLpOp, "vocabulary too large");
   check_rows(out_token_logprob, DType::F32, N, "out_token_logprob");
   check_rows(out_rank, DType::I32, N, "out_rank");
   check_rows(token_ids, DType::I32, N, "token_ids");
   check_rows(num_logprobs, DType::I32, N, "num_logprobs");
-  check(out_top_ids.defined() == out_top_logprobs.defined(), kLpOp,
+  VLLMX_CHECK(out_top_ids.defined() == out_top_logprobs.defined(), kLpOp,
         "out_top_ids and out_top_logprobs are given together");
   int64_t Kmax = 0;
   if (out_top_ids.defined()) {
     check_dtype(out_top_ids, DType::I32, kLpOp, "out_top_ids");
     check_dtype(out_top_logprobs, DType::F32, kLpOp, "out_top_logprobs");
-    check(out_top_ids.ndim == 2 && out_top_ids.shape[0] == N && out_top_logprobs.ndim == 2 &&
+    VLLMX_CHECK(out_top_ids.ndim == 2 && out_top_ids.shape[0] == N && out_top_logprobs.ndim == 2 &&
               out_top_logprobs.shape[0] == N &&
               out_top_logprobs.shape[1] == out_top_ids.shape[1],
           kLpOp, "out_top_ids " + out_top_ids.str() + " and out_top_logprobs " +
@@ -639,10 +639,10 @@ void compute_logprobs(const Tensor& out_token_logprob, const Tensor& out_rank,
   const int32_t* tok = token_ids.ptr<int32_t>();
   const int32_t* nl = num_logprobs.ptr<int32_t>();
   for (int64_t n = 0; n < N; ++n) {
-    check(tok[n] >= 0 && tok[n] < V, kLpOp,
+    VLLMX_CHECK(tok[n] >= 0 && tok[n] < V, kLpOp,
           "token_ids[" + std::to_string(n) + "] = " + std::to_string(tok[n]) +
               " is outside the vocabulary of " + std::to_string(V));
-    check(std::min<int64_t>(nl[n], V) <= Kmax, kLpOp,
+    VLLMX_CHECK(std::min<int64_t>(nl[n], V) <= Kmax, kLpOp,
           "num_logprobs[" + std::to_string(n) + "] = " + std::to_string(nl[n]) +
               " exceeds the K of the top arrays (" + std::to_string(Kmax) + ")");
   }

@@ -47,9 +47,12 @@ struct Tensor {
 [[noreturn]] inline void fail(const char* op, const std::string& what) {
   throw std::invalid_argument(std::string(op) + ": " + what);
 }
-inline void check(bool ok, const char* op, const std::string& what) {
-  if (!ok) fail(op, what);
-}
+// VLLMX_CHECK(cond, op, message): the message is only built when the check fails (these run on
+// every op call, so a passing check must not allocate).
+#define VLLMX_CHECK(cond, op, what)       \
+  do {                                    \
+    if (!(cond)) ::vllmx::fail((op), (what)); \
+  } while (0)
 inline void check_dtype(const Tensor& t, DType d, const char* op, const char* name) {
   if (t.dtype != d)
     fail(op, std::string(name) + " must be " + dtype_name(d) + ", got " + t.str());

@@ -563,26 +563,26 @@ void paged_attention(const Tensor& out, const Tensor& q, const Tensor& key_cache
                      int64_t sliding_window, float logits_soft_cap) {
   // Shapes and dtypes are checked here; the contents of block_table / query_start_loc /
   // seq_lens live on the GPU and are trusted (reading them would need a host sync).
-  check(out.defined() && q.defined() && key_cache.defined() && value_cache.defined() &&
+  VLLMX_CHECK(out.defined() && q.defined() && key_cache.defined() && value_cache.defined() &&
             block_table.defined() && query_start_loc.defined() && seq_lens.defined(),
         kOp, "missing tensor");
   const DType qt = q.dtype;
-  check(qt == DType::F16 || qt == DType::BF16 || qt == DType::F32, kOp,
+  VLLMX_CHECK(qt == DType::F16 || qt == DType::BF16 || qt == DType::F32, kOp,
         "q must be f16, bf16 or f32, got " + q.str());
-  check(out.dtype == qt, kOp, "out " + out.str() + " must have q's dtype (q " + q.str() + ")");
+  VLLMX_CHECK(out.dtype == qt, kOp, "out " + out.str() + " must have q's dtype (q " + q.str() + ")");
   check_ndim(q, 2, kOp, "q");
   check_ndim(out, 2, kOp, "out");
-  check(out.shape[0] == q.shape[0] && out.shape[1] == q.shape[1], kOp,
+  VLLMX_CHECK(out.shape[0] == q.shape[0] && out.shape[1] == q.shape[1], kOp,
         "out " + out.str() + " does not match q " + q.str());
   check_ndim(key_cache, 4, kOp, "key_cache");
   check_ndim(value_cache, 4, kOp, "value_cache");
   const DType dt = key_cache.dtype;
-  check(dt == DType::F16 || dt == DType::BF16 || dt == DType::F32, kOp,
+  VLLMX_CHECK(dt == DType::F16 || dt == DType::BF16 || dt == DType::F32, kOp,
         "cache dtype must be f16, bf16 or f32, got key_cache " + key_cache.str());
-  check(value_cache.dtype == dt, kOp,
+  VLLMX_CHECK(value_cache.dtype == dt, kOp,
         "value_cache " + value_cache.str() + " does not match key_cache " + key_cache.str());
   for (int d = 0; d < 4; ++d)
-    check(value_cache.shape[d] == key_cache.shape[d], kOp,
+    VLLMX_CHECK(value_cache.shape[d] == key_cache.shape[d], kOp,
           "value_cache " + value_cache.str() + " does not match key_cache " + key_cache.str());
   check_dtype(block_table, DType::I32, kOp, "block_table");
   check_ndim(block_table, 2, kOp, "block_table");
@@ -599,33 +599,33 @@ void paged_attention(const Tensor& out, const Tensor& q, const Tensor& key_cache
   check_on_device(seq_lens, kOp, "seq_lens");
   for (const Tensor* c : {&key_cache, &value_cache}) {
     const int64_t* sh = c->shape;
-    check(c->stride[3] == 1 && c->stride[2] == sh[3] && c->stride[1] == sh[2] * sh[3] &&
+    VLLMX_CHECK(c->stride[3] == 1 && c->stride[2] == sh[3] && c->stride[1] == sh[2] * sh[3] &&
               c->stride[0] == sh[1] * sh[2] * sh[3],
           kOp, "the caches must be contiguous, got " + c->str());
   }
 
   const int64_t block_size = key_cache.shape[1], nkv = key_cache.shape[2], D = key_cache.shape[3];
-  check(block_size > 0 && nkv > 0 && D > 0 && D <= kGenericMaxD, kOp,
+  VLLMX_CHECK(block_size > 0 && nkv > 0 && D > 0 && D <= kGenericMaxD, kOp,
         "bad cache shape " + key_cache.str() + " (head_size must be 1.." + i2s(kGenericMaxD) + ")");
   const int64_t T = q.shape[0];
-  check(q.shape[1] % D == 0 && q.shape[1] > 0, kOp,
+  VLLMX_CHECK(q.shape[1] % D == 0 && q.shape[1] > 0, kOp,
         "q " + q.str() + " is not a whole number of heads of size " + i2s(D) + " (cache " +
             key_cache.str() + ")");
   const int64_t nq = q.shape[1] / D;
-  check(nq % nkv == 0, kOp,
+  VLLMX_CHECK(nq % nkv == 0, kOp,
         "num query heads " + i2s(nq) + " (q " + q.str() + ") is not a multiple of num kv heads " +
             i2s(nkv) + " (cache " + key_cache.str() + ")");
   const int64_t B = seq_lens.shape[0];
-  check(query_start_loc.shape[0] == B + 1, kOp,
+  VLLMX_CHECK(query_start_loc.shape[0] == B + 1, kOp,
         "query_start_loc " + query_start_loc.str() + " must have len(seq_lens) + 1 entries (" +
             "seq_lens " + seq_lens.str() + ")");
-  check(block_table.shape[0] == B, kOp,
+  VLLMX_CHECK(block_table.shape[0] == B, kOp,
         "block_table " + block_table.str() + " must have one row per sequence (seq_lens " +
             seq_lens.str() + ")");
-  check(std::isfinite(scale), kOp, "scale must be finite");
-  check(std::isfinite(logits_soft_cap), kOp, "logits_soft_cap must be finite");
+  VLLMX_CHECK(std::isfinite(scale), kOp, "scale must be finite");
+  VLLMX_CHECK(std::isfinite(logits_soft_cap), kOp, "logits_soft_cap must be finite");
   const int64_t max_ctx = block_table.shape[1] * block_size;
-  check(T < INT_MAX / std::max<int64_t>(1, nq) && max_ctx < INT_MAX && B < INT_MAX &&
+  VLLMX_CHECK(T < INT_MAX / std::max<int64_t>(1, nq) && max_ctx < INT_MAX && B < INT_MAX &&
             nq < 65536,
         kOp, "too large: q " + q.str() + ", block_table " + block_table.str());
   if (T == 0 || B == 0) return;

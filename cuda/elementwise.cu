@@ -207,7 +207,7 @@ int threads_for(int64_t n) {
 }
 
 void check_2d_like(const Tensor& out, const Tensor& x, const char* op) {
-  check(out.ndim == 2 && out.shape[0] == x.shape[0] && out.shape[1] == x.shape[1], op,
+  VLLMX_CHECK(out.ndim == 2 && out.shape[0] == x.shape[0] && out.shape[1] == x.shape[1], op,
         "out " + out.str() + " does not match x " + x.str());
 }
 
@@ -223,7 +223,7 @@ void embedding(const Tensor& out, const Tensor& ids, const Tensor& table) {
   check_ndim(ids, 1, op, "ids");
   check_ndim(table, 2, op, "table");
   const int64_t t = ids.shape[0], vocab = table.shape[0], hidden = table.shape[1];
-  check(out.ndim == 2 && out.shape[0] == t && out.shape[1] == hidden &&
+  VLLMX_CHECK(out.ndim == 2 && out.shape[0] == t && out.shape[1] == hidden &&
             (t == 0 || out.stride[0] == hidden),
         op, "out " + out.str() + " must be contiguous [" + std::to_string(t) + ", " +
                 std::to_string(hidden) + "] for table " + table.str());
@@ -233,7 +233,7 @@ void embedding(const Tensor& out, const Tensor& ids, const Tensor& table) {
     using To = decltype(o);
     To* op_ = out.ptr<To>();
     if (is_float_act(td)) {
-      check(table.stride[1] == 1, op, "table " + table.str() + " must be row-major");
+      VLLMX_CHECK(table.stride[1] == 1, op, "table " + table.str() + " must be row-major");
       dispatch_float(td, op, [&](auto w) {
         using Tt = decltype(w);
         embedding_dense_kernel<To, Tt><<<t, kThreads, 0, stream()>>>(
@@ -241,7 +241,7 @@ void embedding(const Tensor& out, const Tensor& ids, const Tensor& table) {
       });
     } else {
       const int64_t rb = table.stride[0];  // bytes per row of blocks
-      check(rb >= row_bytes(td, hidden), op, "table " + table.str() + " rows are too short");
+      VLLMX_CHECK(rb >= row_bytes(td, hidden), op, "table " + table.str() + " rows are too short");
       const uint8_t* tp = table.ptr<uint8_t>();
       const int32_t* ip = ids.ptr<int32_t>();
       switch (td) {
@@ -276,12 +276,12 @@ void norm_impl(const char* op, const Tensor& out_or_res, const Tensor& x, const 
   check_act(x, op, "x");
   check_ndim(x, 2, op, "x");
   check_ndim(w, 1, op, "weight");
-  check(w.shape[0] == x.shape[1], op, "weight " + w.str() + " does not match x " + x.str());
-  check(out_or_res.dtype == x.dtype, op,
+  VLLMX_CHECK(w.shape[0] == x.shape[1], op, "weight " + w.str() + " does not match x " + x.str());
+  VLLMX_CHECK(out_or_res.dtype == x.dtype, op,
         std::string(kFused ? "residual " : "out ") + out_or_res.str() + " must have x's dtype " +
             x.str());
   check_2d_like(out_or_res, x, op);
-  check(w.dtype == DType::F32 || w.dtype == x.dtype, op,
+  VLLMX_CHECK(w.dtype == DType::F32 || w.dtype == x.dtype, op,
         "weight " + w.str() + " must be f32 or x's dtype");
   const int64_t rows = x.shape[0], n = x.shape[1];
   if (rows == 0 || n == 0) return;
@@ -331,15 +331,15 @@ void rotary(const Tensor& positions, const Tensor& q, const Tensor& k, const Ten
   check_ndim(cos_sin_cache, 2, op, "cos_sin_cache");
   const int64_t t = positions.shape[0], rot_dim = cos_sin_cache.shape[1];
   const int64_t max_pos = cos_sin_cache.shape[0];
-  check(head_size > 0 && q.shape[1] % head_size == 0, op,
+  VLLMX_CHECK(head_size > 0 && q.shape[1] % head_size == 0, op,
         "q " + q.str() + " is not a whole number of heads of " + std::to_string(head_size));
-  check(q.shape[0] == t, op, "q " + q.str() + " and positions " + positions.str() + " disagree");
-  check(rot_dim % 2 == 0 && rot_dim <= head_size, op,
+  VLLMX_CHECK(q.shape[0] == t, op, "q " + q.str() + " and positions " + positions.str() + " disagree");
+  VLLMX_CHECK(rot_dim % 2 == 0 && rot_dim <= head_size, op,
         "cos_sin_cache " + cos_sin_cache.str() + " rotary dim must be even and <= head_size");
-  check(cos_sin_cache.stride[0] == rot_dim, op, "cos_sin_cache must be contiguous");
+  VLLMX_CHECK(cos_sin_cache.stride[0] == rot_dim, op, "cos_sin_cache must be contiguous");
   if (k.defined()) {
-    check(k.dtype == q.dtype, op, "k " + k.str() + " must have q's dtype " + q.str());
-    check(k.ndim == 2 && k.shape[0] == t && k.shape[1] % head_size == 0, op,
+    VLLMX_CHECK(k.dtype == q.dtype, op, "k " + k.str() + " must have q's dtype " + q.str());
+    VLLMX_CHECK(k.ndim == 2 && k.shape[0] == t && k.shape[1] % head_size == 0, op,
           "k " + k.str() + " must be [T, nk * head_size]");
   }
   if (t == 0 || rot_dim == 0) return;
@@ -361,11 +361,11 @@ void act_impl(const char* op, const Tensor& out, const Tensor& x) {
   check_rows(out, op, "out");
   check_rows(x, op, "x");
   check_act(x, op, "x");
-  check(out.dtype == x.dtype, op, "out " + out.str() + " must have x's dtype " + x.str());
+  VLLMX_CHECK(out.dtype == x.dtype, op, "out " + out.str() + " must have x's dtype " + x.str());
   check_ndim(x, 2, op, "x");
   check_ndim(out, 2, op, "out");
   const int64_t rows = x.shape[0], d = out.shape[1];
-  check(out.shape[0] == rows && x.shape[1] == 2 * d, op,
+  VLLMX_CHECK(out.shape[0] == rows && x.shape[1] == 2 * d, op,
         "x " + x.str() + " must be [T, 2 * I] for out " + out.str());
   if (rows * d == 0) return;
   dispatch_float(x.dtype, op, [&](auto v) {
@@ -397,7 +397,7 @@ void write_kv_cache(const Tensor& key, const Tensor& value, const Tensor& key_ca
   check_on_device(value_cache, op, "value_cache");
   check_on_device(slot_mapping, op, "slot_mapping");
   check_act(key, op, "key");
-  check(value.dtype == key.dtype, op, "value " + value.str() + " must have key's dtype");
+  VLLMX_CHECK(value.dtype == key.dtype, op, "value " + value.str() + " must have key's dtype");
   check_ndim(key, 2, op, "key");
   check_ndim(value, 2, op, "value");
   check_ndim(key_cache, 4, op, "key_cache");
@@ -405,23 +405,23 @@ void write_kv_cache(const Tensor& key, const Tensor& value, const Tensor& key_ca
   check_dtype(slot_mapping, DType::I32, op, "slot_mapping");
   check_ndim(slot_mapping, 1, op, "slot_mapping");
   const DType dt = key_cache.dtype;
-  check(is_float_act(dt), op,
+  VLLMX_CHECK(is_float_act(dt), op,
         "cache dtype must be f16, bf16 or f32, got key_cache " + key_cache.str());
-  check(value_cache.dtype == dt, op,
+  VLLMX_CHECK(value_cache.dtype == dt, op,
         "value_cache " + value_cache.str() + " does not match key_cache " + key_cache.str());
   for (int d = 0; d < 4; ++d)
-    check(value_cache.shape[d] == key_cache.shape[d], op,
+    VLLMX_CHECK(value_cache.shape[d] == key_cache.shape[d], op,
           "value_cache " + value_cache.str() + " does not match key_cache " + key_cache.str());
   const int64_t num_slots = key_cache.shape[0] * key_cache.shape[1];
   const int64_t row = key_cache.shape[2] * key_cache.shape[3];
   const int64_t T = key.shape[0];
-  check(key.shape[1] == row && value.shape[0] == T && value.shape[1] == row, op,
+  VLLMX_CHECK(key.shape[1] == row && value.shape[0] == T && value.shape[1] == row, op,
         "key " + key.str() + " / value " + value.str() + " do not match the cache rows of " +
             key_cache.str() + " (expected [T, " + std::to_string(row) + "])");
-  check(slot_mapping.shape[0] == T, op,
+  VLLMX_CHECK(slot_mapping.shape[0] == T, op,
         "slot_mapping " + slot_mapping.str() + " does not match key " + key.str());
   if (T == 0 || row == 0) return;
-  check(key_cache.data != value_cache.data, op, "key_cache and value_cache must be distinct");
+  VLLMX_CHECK(key_cache.data != value_cache.data, op, "key_cache and value_cache must be distinct");
   const int threads = threads_for(row / 2);
   dispatch_float(key.dtype, op, [&](auto a) {
     using TA = decltype(a);

@@ -486,7 +486,7 @@ std::string i2s(int64_t v) { return std::to_string(v); }
 }  // namespace
 
 void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
-  check(out.defined() && x.defined() && w.defined(), kOp, "missing tensor");
+  VLLMX_CHECK(out.defined() && x.defined() && w.defined(), kOp, "missing tensor");
   check_ndim(x, 2, kOp, "x");
   check_ndim(out, 2, kOp, "out");
   check_ndim(w, 2, kOp, "w");
@@ -494,29 +494,29 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b
   check_rows(x, kOp, "x");
   check_rows(w, kOp, "w");
   const DType xt = x.dtype, wt = w.dtype;
-  check(xt == DType::BF16 || xt == DType::F16 || xt == DType::F32, kOp,
+  VLLMX_CHECK(xt == DType::BF16 || xt == DType::F16 || xt == DType::F32, kOp,
         "x must be bf16, f16 or f32, got " + x.str());
-  check(out.dtype == xt, kOp, "out " + out.str() + " must have x's dtype (x " + x.str() + ")");
-  check(wt == DType::F32 || wt == DType::F16 || wt == DType::BF16 || wt == DType::Q8_0 ||
+  VLLMX_CHECK(out.dtype == xt, kOp, "out " + out.str() + " must have x's dtype (x " + x.str() + ")");
+  VLLMX_CHECK(wt == DType::F32 || wt == DType::F16 || wt == DType::BF16 || wt == DType::Q8_0 ||
             wt == DType::Q4_0 || wt == DType::Q4_1,
         kOp, std::string("unsupported weight dtype ") + dtype_name(wt) + " (id " +
                  i2s(static_cast<int>(wt)) + ") for w " + w.str());
   const int64_t T = x.shape[0], K = x.shape[1], N = w.shape[0];
-  check(w.shape[1] == K, kOp, "x " + x.str() + " and w " + w.str() + " disagree on K");
-  check(out.shape[0] == T && out.shape[1] == N, kOp,
+  VLLMX_CHECK(w.shape[1] == K, kOp, "x " + x.str() + " and w " + w.str() + " disagree on K");
+  VLLMX_CHECK(out.shape[0] == T && out.shape[1] == N, kOp,
         "out " + out.str() + " must be [" + i2s(T) + ", " + i2s(N) + "] for x " + x.str() +
             " and w " + w.str());
   const int64_t bs = type_traits(wt).block_size;
-  check(K % bs == 0, kOp,
+  VLLMX_CHECK(K % bs == 0, kOp,
         "K = " + i2s(K) + " of x " + x.str() + " is not a multiple of the " + dtype_name(wt) +
             " block size " + i2s(bs));
   if (bias.defined()) {
     check_rows(bias, kOp, "bias");
-    check(bias.dtype == xt && bias.ndim == 1 && bias.shape[0] == N, kOp,
+    VLLMX_CHECK(bias.dtype == xt && bias.ndim == 1 && bias.shape[0] == N, kOp,
           "bias " + bias.str() + " must be " + dtype_name(xt) + "[" + i2s(N) + "] for w " +
               w.str());
   }
-  check(T < (int64_t{1} << 31) && N < (int64_t{1} << 31) && K < (int64_t{1} << 31), kOp,
+  VLLMX_CHECK(T < (int64_t{1} << 31) && N < (int64_t{1} << 31) && K < (int64_t{1} << 31), kOp,
         "too large: x " + x.str() + ", w " + w.str());
   if (T == 0 || N == 0) return;
 

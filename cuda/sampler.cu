@@ -338,7 +338,7 @@ void check_vec(const Tensor& t, DType d, int64_t B, const char* name, const Tens
   const char* op = "cuda.sample";
   check_on_device(t, op, name);
   check_dtype(t, d, op, name);
-  check(t.ndim == 1 && t.shape[0] == B, op,
+  VLLMX_CHECK(t.ndim == 1 && t.shape[0] == B, op,
         std::string(name) + " " + t.str() + " must have one entry per row of logits " +
             logits.str());
 }
@@ -353,8 +353,8 @@ void sample(const Tensor& out_ids, const Tensor& out_logprobs, const Tensor& log
   check_dtype(logits, DType::F32, op, "logits");
   check_ndim(logits, 2, op, "logits");
   const int64_t B = logits.shape[0], V = logits.shape[1];
-  check(V > 0 || B == 0, op, "logits " + logits.str() + " has an empty vocabulary");
-  check(V <= INT32_MAX, op, "vocabulary too large");
+  VLLMX_CHECK(V > 0 || B == 0, op, "logits " + logits.str() + " has an empty vocabulary");
+  VLLMX_CHECK(V <= INT32_MAX, op, "vocabulary too large");
   check_vec(out_ids, DType::I32, B, "out_ids", logits);
   if (out_logprobs.defined()) check_vec(out_logprobs, DType::F32, B, "out_logprobs", logits);
   check_vec(temperature, DType::F32, B, "temperature", logits);
@@ -363,7 +363,7 @@ void sample(const Tensor& out_ids, const Tensor& out_logprobs, const Tensor& log
   check_vec(min_p, DType::F32, B, "min_p", logits);
   check_on_device(rng_state, op, "rng_state");
   check_dtype(rng_state, DType::U64, op, "rng_state");
-  check(rng_state.ndim == 2 && rng_state.shape[0] == B && rng_state.shape[1] == 2, op,
+  VLLMX_CHECK(rng_state.ndim == 2 && rng_state.shape[0] == B && rng_state.shape[1] == 2, op,
         "rng_state " + rng_state.str() + " must be [" + std::to_string(B) + ", 2]");
   if (B == 0) return;
   // Fixed-point scale: V weights <= 1 each sum below 2^62.
