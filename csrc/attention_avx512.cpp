@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "attention.h"
+#include "simd_math.h"
 #include "cpu_features.h"
 
 #if VLLMX_X86
@@ -30,24 +31,8 @@ namespace {
 
 constexpr int kPvRows = 6;  // rows x 4 chunks of 16 dims per P.V register tile
 
-// exp(x) for x <= 0 mostly (Cephes polynomial, ~1 ulp); inputs below -103 give ~0.
-VLLMX_TARGET_AVX512 inline __m512 exp512(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-103.0f));
-  x = _mm512_min_ps(x, _mm512_set1_ps(88.7f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  const __m512 r2 = _mm512_mul_ps(r, r);
-  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(y, n);
-}
+// exp(x) for x <= 0 mostly; inputs below -103 give ~0.
+VLLMX_TARGET_AVX512 inline __m512 exp512(__m512 x) { return vllmx::exp512(x, -103.0f); }
 
 // Sum of the 16 lanes in a fixed tree: (l, l+8), then (l, l+4), (l, l+2), (l, l+1).
 VLLMX_TARGET_AVX512 inline float hsum16(__m512 p) {

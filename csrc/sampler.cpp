@@ -40,6 +40,8 @@
 #endif
 
 #include "cpu_features.h"
+#include "rng.h"
+#include "simd_math.h"
 #include "ops.h"
 
 namespace vllmx {
@@ -51,30 +53,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // ---------------------------------------------------------------------------------------------
 // RNG
-inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-inline uint64_t splitmix64(uint64_t& x) {
-  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-inline uint64_t xoroshiro_next(uint64_t* s) {
-  if (s[0] == 0 && s[1] == 0) {
-    uint64_t x = 0;
-    s[0] = splitmix64(x);
-    s[1] = splitmix64(x);
-  }
-  const uint64_t s0 = s[0];
-  uint64_t s1 = s[1];
-  const uint64_t result = rotl(s0 + s1, 17) + s0;
-  s1 ^= s0;
-  s[0] = rotl(s0, 49) ^ s1 ^ (s1 << 21);
-  s[1] = rotl(s1, 28);
-  return result;
-}
-inline double uniform01(uint64_t* s) {
-  return static_cast<double>(xoroshiro_next(s) >> 11) * 0x1.0p-53;
-}
+using rng::uniform01;
 
 // ---------------------------------------------------------------------------------------------
 // Row kernels (scalar / AVX-512).
@@ -141,23 +120,7 @@ int64_t count_above_scalar(const float* x, int64_t n, float thr) {
 }
 
 #if VLLMX_X86
-VLLMX_TARGET_AVX512 inline __m512 exp512(__m512 x) {
-  // Cephes-style expf, ~1 ulp; x below -150 (and NaN) gives 0.
-  x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));
-  x = _mm512_min_ps(x, _mm512_set1_ps(88.7f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(y, n);
-}
+constexpr float kExpLo = -150.0f;  // exp512 underflows to 0 below this
 VLLMX_TARGET_AVX512 inline __mmask16 tail_mask(int64_t left) {
   return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1);
 }
@@ -187,7 +150,7 @@ VLLMX_TARGET_AVX512 double exp_sum_avx512(const float* x, int64_t n, float m) {
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 k = tail_mask(n - i);
     const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-kInf), k, x + i);
-    s = _mm512_add_pd(s, sum16_pd(exp512(_mm512_sub_ps(v, vm))));
+    s = _mm512_add_pd(s, sum16_pd(exp512(_mm512_sub_ps(v, vm), kExpLo)));
   }
   return _mm512_reduce_add_pd(s);
 }
@@ -198,7 +161,7 @@ VLLMX_TARGET_AVX512 double exp_store_avx512(float* w, const float* x, int64_t n,
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 k = tail_mask(n - i);
     const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-kInf), k, x + i);
-    __m512 e = exp512(_mm512_sub_ps(_mm512_div_ps(v, vt), vm));
+    __m512 e = exp512(_mm512_sub_ps(_mm512_div_ps(v, vt), vm), kExpLo);
     e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(e, vp, _CMP_GE_OQ), e);
     _mm512_mask_storeu_ps(w + i, k, e);
     s = _mm512_add_pd(s, sum16_pd(e));

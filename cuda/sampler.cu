@@ -21,6 +21,7 @@
 
 #include "cuda_ops.h"
 #include "cuda_util.cuh"
+#include "rng.h"
 
 namespace vllmx::cuda {
 
@@ -29,28 +30,7 @@ namespace {
 constexpr int kT = 1024;  // threads per row
 constexpr int kWarps = kT / 32;
 
-// ---- generator (csrc/sampler.cpp) ----
-__device__ __forceinline__ uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-__device__ __forceinline__ uint64_t splitmix64(uint64_t& x) {
-  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-__device__ double uniform01(uint64_t* s) {
-  if (s[0] == 0 && s[1] == 0) {
-    uint64_t x = 0;
-    s[0] = splitmix64(x);
-    s[1] = splitmix64(x);
-  }
-  const uint64_t s0 = s[0];
-  uint64_t s1 = s[1];
-  const uint64_t result = rotl(s0 + s1, 17) + s0;
-  s1 ^= s0;
-  s[0] = rotl(s0, 49) ^ s1 ^ (s1 << 21);
-  s[1] = rotl(s1, 28);
-  return static_cast<double>(result >> 11) * 0x1.0p-53;
-}
+using rng::uniform01;  // csrc/rng.h: the same stream as the CPU sampler
 
 // ---- block primitives (every thread of the block calls them; all return the block result) ----
 template <typename T, typename Op>
