@@ -36,6 +36,8 @@ bool built_with_cuda() { return false; }
 bool available() { return false; }
 int device_count() { return 0; }
 void set_device(int) { missing("set_device", "cuda/runtime.cu"); }
+std::string device_name() { missing("device_name", "cuda/runtime.cu"); }
+int device_capability() { missing("device_capability", "cuda/runtime.cu"); }
 void* device_malloc(size_t) { missing("device_malloc", "cuda/runtime.cu"); }
 void device_free(void* ptr) {
   if (ptr) missing("device_free", "cuda/runtime.cu");
@@ -47,6 +49,13 @@ void memcpy_h2d(void*, const void*, size_t) { missing("memcpy_h2d", "cuda/runtim
 void memcpy_d2h(void*, const void*, size_t) { missing("memcpy_d2h", "cuda/runtime.cu"); }
 void memcpy_d2d(void*, const void*, size_t) { missing("memcpy_d2d", "cuda/runtime.cu"); }
 void memset_d(void*, int, size_t) { missing("memset_d", "cuda/runtime.cu"); }
+void memcpy_2d_d2d(void*, size_t, const void*, size_t, size_t, size_t) {
+  missing("memcpy_2d_d2d", "cuda/runtime.cu");
+}
+void graph_capture_begin() { missing("graph_capture_begin", "cuda/runtime.cu"); }
+void* graph_capture_end() { missing("graph_capture_end", "cuda/runtime.cu"); }
+void graph_launch(void*) { missing("graph_launch", "cuda/runtime.cu"); }
+void graph_destroy(void*) {}
 void synchronize() { missing("synchronize", "cuda/runtime.cu"); }
 void* current_stream() { missing("current_stream", "cuda/runtime.cu"); }
 void mem_get_info(size_t*, size_t*) { missing("mem_get_info", "cuda/runtime.cu"); }

@@ -89,6 +89,31 @@ void set_device(int device) {
   check_cuda(cudaSetDevice(device), "cudaSetDevice");
 }
 
+namespace {
+int current_device() {
+  require_device("current device");
+  int d = 0;
+  check_cuda(cudaGetDevice(&d), "cudaGetDevice");
+  return d;
+}
+}  // namespace
+
+std::string device_name() {
+  cudaDeviceProp prop{};
+  check_cuda(cudaGetDeviceProperties(&prop, current_device()), "cudaGetDeviceProperties");
+  return prop.name;
+}
+
+int device_capability() {
+  const int d = current_device();
+  int major = 0, minor = 0;
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d),
+             "cudaDeviceGetAttribute");
+  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, d),
+             "cudaDeviceGetAttribute");
+  return major * 10 + minor;
+}
+
 void* device_malloc(size_t bytes) {
   require_device("device_malloc");
   const size_t size = size_class(bytes);
@@ -188,6 +213,37 @@ void memcpy_d2d(void* dst, const void* src, size_t bytes) {
 void memset_d(void* dst, int value, size_t bytes) {
   if (bytes == 0) return;
   check_cuda(cudaMemsetAsync(dst, value, bytes, stream()), "cudaMemsetAsync");
+}
+
+void memcpy_2d_d2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                   size_t height) {
+  if (width == 0 || height == 0) return;
+  check_cuda(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDeviceToDevice,
+                               stream()),
+             "cudaMemcpy2DAsync(device to device)");
+}
+
+void graph_capture_begin() {
+  check_cuda(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeRelaxed),
+             "cudaStreamBeginCapture");
+}
+
+void* graph_capture_end() {
+  cudaGraph_t graph = nullptr;
+  check_cuda(cudaStreamEndCapture(stream(), &graph), "cudaStreamEndCapture");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  check_cuda(e, "cudaGraphInstantiate");
+  return exec;
+}
+
+void graph_launch(void* exec) {
+  check_cuda(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec), stream()), "cudaGraphLaunch");
+}
+
+void graph_destroy(void* exec) {
+  if (exec != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec));
 }
 
 void synchronize() { check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize"); }

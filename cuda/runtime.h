@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace vllmx::cuda {
 
@@ -11,6 +12,9 @@ bool available();        // a driver and at least one device are present
 bool built_with_cuda();  // false where csrc/cuda_shim.cpp stands in (every op throws)
 int device_count();
 void set_device(int device);
+// The current device's name and compute capability (major * 10 + minor).
+std::string device_name();
+int device_capability();
 // Caching allocator: freed blocks are kept per size class and reused; no cudaMalloc/cudaFree
 // inside a step once warm (so steps can be captured in CUDA graphs).
 void* device_malloc(size_t bytes);
@@ -22,9 +26,20 @@ void memcpy_h2d(void* dst, const void* src, size_t bytes);
 void memcpy_d2h(void* dst, const void* src, size_t bytes);
 void memcpy_d2d(void* dst, const void* src, size_t bytes);
 void memset_d(void* dst, int value, size_t bytes);
+// height rows of width bytes from src (rows spitch apart) to dst (rows dpitch apart), queued on
+// the stream: a column slice of a row-major array in one copy.
+void memcpy_2d_d2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                   size_t height);
 void synchronize();
 // The stream every op launches on (one per process for now).
 void* current_stream();  // cudaStream_t
+// CUDA graphs of the op stream. Between begin and end every op is recorded, not run (relaxed
+// mode: the caching allocator may still cudaMalloc); end returns the instantiated executable
+// (a cudaGraphExec_t), which graph_launch replays on the stream over the same memory.
+void graph_capture_begin();
+void* graph_capture_end();
+void graph_launch(void* exec);
+void graph_destroy(void* exec);
 // Free and total device memory in bytes.
 void mem_get_info(size_t* free_bytes, size_t* total_bytes);
 

@@ -17,6 +17,8 @@ class ModelConfig:
     seed: int = 0
     max_model_len: int | None = None
     generation_config: str = "auto"  # "auto": the model's generation_config.json; "vllm": none
+    dtype: str = "auto"  # GPU activations: auto (checkpoint's bf16/f16, else bf16) | bfloat16 | float16
+    enforce_eager: bool = False  # GPU: no CUDA graphs for decode steps
     hf_config: dict[str, Any] = field(default_factory=dict)
     gen_config: dict[str, Any] = field(default_factory=dict)
 
@@ -66,6 +68,9 @@ class CacheConfig:
     # CPU default when neither of the above is set: this fraction of RAM, at most 4 GiB
     # (vLLM's CPU default KV space), and never more than max_num_seqs full-length sequences.
     cpu_kv_cache_fraction: float = 0.25
+    # GPU default: the KV cache takes what this fraction of the GPU's memory leaves after the
+    # weights and the profiled activations (vLLM's default 0.9).
+    gpu_memory_utilization: float = 0.9
     num_blocks: int = 0  # decided at start-up
     enable_prefix_caching: bool = True  # reuse the KV of full blocks shared by prompts (APC)
 
@@ -84,8 +89,14 @@ class ParallelConfig:
 
 
 @dataclass
+class DeviceConfig:
+    device: str = "auto"  # auto (cuda when a usable GPU is present) | cuda | cpu
+
+
+@dataclass
 class VllmxConfig:
     model_config: ModelConfig
     cache_config: CacheConfig
     scheduler_config: SchedulerConfig
     parallel_config: ParallelConfig
+    device_config: DeviceConfig = field(default_factory=DeviceConfig)

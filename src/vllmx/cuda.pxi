@@ -4,12 +4,15 @@
 # the CPU op_* ones but take device arrays. Where vllmx was built without CUDA, or no GPU is
 # present, cuda_available() is False and every op raises RuntimeError saying which.
 from libc.stdint cimport int32_t, uintptr_t
+from libcpp.string cimport string
 
 cdef extern from "runtime.h" namespace "vllmx::cuda" nogil:
     bint c_cuda_available "vllmx::cuda::available"() except +
     bint c_cuda_built "vllmx::cuda::built_with_cuda"() except +
     int c_cuda_device_count "vllmx::cuda::device_count"() except +
     void c_cuda_set_device "vllmx::cuda::set_device"(int) except +
+    string c_device_name "vllmx::cuda::device_name"() except +
+    int c_device_capability "vllmx::cuda::device_capability"() except +
     void* c_device_malloc "vllmx::cuda::device_malloc"(size_t) except +
     void c_device_free "vllmx::cuda::device_free"(void*) except +
     size_t c_allocated_bytes "vllmx::cuda::allocated_bytes"() except +
@@ -21,6 +24,12 @@ cdef extern from "runtime.h" namespace "vllmx::cuda" nogil:
     void c_memset_d "vllmx::cuda::memset_d"(void*, int, size_t) except +
     void c_cuda_synchronize "vllmx::cuda::synchronize"() except +
     void c_mem_get_info "vllmx::cuda::mem_get_info"(size_t*, size_t*) except +
+    void c_memcpy_2d_d2d "vllmx::cuda::memcpy_2d_d2d"(void*, size_t, const void*, size_t,
+                                                      size_t, size_t) except +
+    void c_graph_capture_begin "vllmx::cuda::graph_capture_begin"() except +
+    void* c_graph_capture_end "vllmx::cuda::graph_capture_end"() except +
+    void c_graph_launch "vllmx::cuda::graph_launch"(void*) except +
+    void c_graph_destroy "vllmx::cuda::graph_destroy"(void*) except +
 
 cdef extern from "cuda_ops.h" namespace "vllmx::cuda" nogil:
     void c_cuda_embedding "vllmx::cuda::embedding"(const Tensor&, const Tensor&,
@@ -99,6 +108,12 @@ def cuda_empty_cache():
         c_empty_cache()
 
 
+def cuda_device_info():
+    """(name, compute capability as major * 10 + minor) of the current device."""
+    _require_cuda()
+    return c_device_name().decode(), c_device_capability()
+
+
 def cuda_mem_get_info():
     """(free, total) device memory in bytes."""
     cdef size_t free_b = 0, total_b = 0
@@ -168,11 +183,58 @@ cdef class DeviceBuffer:
         with nogil:
             c_memcpy_d2d(<char*>self._ptr + dst_offset, <char*>src._ptr + src_offset, nbytes)
 
+    def copy_2d_from_device(self, DeviceBuffer src, size_t width, size_t height,
+                            size_t dst_offset, size_t dst_pitch, size_t src_offset,
+                            size_t src_pitch):
+        """Queues a copy of height rows of width bytes (pitches apart) on vllmx's stream."""
+        if height and (dst_offset + (height - 1) * dst_pitch + width > self.nbytes or
+                       src_offset + (height - 1) * src_pitch + width > src.nbytes):
+            raise ValueError("DeviceBuffer.copy_2d_from_device: range outside a buffer")
+        with nogil:
+            c_memcpy_2d_d2d(<char*>self._ptr + dst_offset, dst_pitch,
+                            <char*>src._ptr + src_offset, src_pitch, width, height)
+
     def fill_bytes(self, int value, size_t nbytes, size_t offset=0):
         if offset + nbytes > self.nbytes:
             raise ValueError("DeviceBuffer.fill_bytes: range outside the buffer")
         with nogil:
             c_memset_d(<char*>self._ptr + offset, value, nbytes)
+
+
+cdef class CudaGraph:
+    """A captured sequence of ops on vllmx's stream: `capture_begin()`, run the ops (they are
+    recorded, not executed), `capture_end()`; then `replay()` runs them again over the same
+    device memory. Buffers the ops used must stay alive (and in place) while the graph exists."""
+    cdef void* _exec
+    cdef bint _capturing
+
+    def __cinit__(self):
+        self._exec = NULL
+        self._capturing = False
+
+    def capture_begin(self):
+        _require_cuda()
+        if self._exec != NULL or self._capturing:
+            raise RuntimeError("CudaGraph: already captured")
+        c_graph_capture_begin()
+        self._capturing = True
+
+    def capture_end(self):
+        if not self._capturing:
+            raise RuntimeError("CudaGraph: capture_end without capture_begin")
+        self._capturing = False
+        self._exec = c_graph_capture_end()
+
+    def replay(self):
+        if self._exec == NULL:
+            raise RuntimeError("CudaGraph: nothing captured")
+        with nogil:
+            c_graph_launch(self._exec)
+
+    def __dealloc__(self):
+        if self._exec != NULL:
+            c_graph_destroy(self._exec)
+            self._exec = NULL
 
 
 cdef class DeviceArrayBase:

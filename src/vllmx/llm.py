@@ -12,10 +12,9 @@ from vllmx.sampling_params import RequestOutputKind, SamplingParams
 
 
 # vLLM's LLM arguments that have no counterpart here, with the values that mean what vLLM means
-# (anything else raises NotImplementedError instead of being ignored). The CPU backend computes
-# in float32 with weights in their stored format, which is dtype="auto".
+# (anything else raises NotImplementedError instead of being ignored). dtype, device,
+# gpu_memory_utilization and enforce_eager are EngineArgs fields.
 _VLLM_ONLY_ARGS = {
-    "dtype": ("auto", "float32"),
     "tokenizer_mode": ("auto",),
     "trust_remote_code": (False, True),  # vllmx never runs code from a checkpoint
     "tensor_parallel_size": (1,),
@@ -24,15 +23,12 @@ _VLLM_ONLY_ARGS = {
     "quantization": (None, "gguf"),
     "revision": (None,),
     "tokenizer_revision": (None,),
-    "gpu_memory_utilization": (0.9,),
     "swap_space": (0, 4),
     "cpu_offload_gb": (0,),
-    "enforce_eager": (False, True),  # no graphs to capture on the CPU yet
     "disable_log_stats": (False, True),
     "disable_custom_all_reduce": (False,),
     "distributed_executor_backend": (None,),
     "enable_chunked_prefill": (None, True),  # always on, as in vLLM V1
-    "device": ("auto", "cpu"),
 }
 
 

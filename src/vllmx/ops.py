@@ -1,5 +1,7 @@
 """The one Python facade over the native ops (`vllmx._C`). Model code calls these, never the
-backend directly. Activations are float32 numpy arrays; weights are `Weight`s."""
+backend directly. On the CPU activations are float32 numpy arrays and weights `Weight`s; on the
+GPU both are `vllmx.device.DeviceArray`s (activations bf16 / f16), and each op below sends a
+device array to its CUDA twin (`cuda_*`), so model code is the same for both."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vllmx import _C
+from vllmx.device import I32, DeviceArray
 
 # dtype ids: GGML's numbering, shared by dense and block types (csrc/dtype.h).
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, BF16 = 0, 1, 2, 3, 6, 7, 8, 9, 30
@@ -51,12 +54,16 @@ class Weight:
 
 
 def embedding(ids: np.ndarray, table: Weight) -> np.ndarray:
+    if isinstance(ids, DeviceArray):
+        return cuda_embedding(ids, table)
     out = np.empty((ids.shape[0], table.shape[1]), dtype=np.float32)
     _C.op_embedding(out, ids, table.data, table.dtype)
     return out
 
 
 def linear(x: np.ndarray, w: Weight, bias: np.ndarray | None = None) -> np.ndarray:
+    if isinstance(x, DeviceArray):
+        return cuda_linear(x, w, bias)
     out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
     _C.op_linear(out, x, w.data, w.dtype, bias)
     return out
@@ -80,6 +87,8 @@ def repack_weight(w: Weight) -> Weight:
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    if isinstance(x, DeviceArray):
+        return cuda_rms_norm(x, w, eps)
     out = np.empty_like(x)
     _C.op_rms_norm(out, x, w, eps)
     return out
@@ -87,26 +96,37 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 def fused_add_rms_norm(x: np.ndarray, residual: np.ndarray, w: np.ndarray, eps: float) -> None:
     """In place: residual += x; x = rms_norm(residual) * w."""
+    if isinstance(x, DeviceArray):
+        return cuda_fused_add_rms_norm(x, residual, w, eps)
     _C.op_fused_add_rms_norm(x, residual, w, eps)
 
 
 def rotary(positions, q, k, cos_sin_cache, head_size: int, is_neox: bool) -> None:
+    if isinstance(q, DeviceArray):
+        return cuda_rotary(positions, q, k, cos_sin_cache, head_size, is_neox)
     _C.op_rotary(positions, q, k, cos_sin_cache, head_size, is_neox)
 
 
 def silu_and_mul(x: np.ndarray) -> np.ndarray:
+    if isinstance(x, DeviceArray):
+        return cuda_silu_and_mul(x)
     out = np.empty((x.shape[0], x.shape[1] // 2), dtype=np.float32)
     _C.op_silu_and_mul(out, x)
     return out
 
 
 def write_kv_cache(key, value, key_cache, value_cache, slot_mapping, cache_dtype: int) -> None:
+    if isinstance(key, DeviceArray):  # the device caches carry their dtype
+        return cuda_write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
     _C.op_write_kv_cache(key, value, key_cache, value_cache, slot_mapping, cache_dtype)
 
 
 def paged_attention(q, key_cache, value_cache, block_table, query_start_loc, seq_lens,
                     scale: float, cache_dtype: int, sliding_window: int = 0,
                     logits_soft_cap: float = 0.0) -> np.ndarray:
+    if isinstance(q, DeviceArray):
+        return cuda_paged_attention(q, key_cache, value_cache, block_table, query_start_loc,
+                                    seq_lens, scale, sliding_window, logits_soft_cap)
     out = np.empty_like(q)
     _C.op_paged_attention(out, q, key_cache, value_cache, block_table, query_start_loc,
                           seq_lens, scale, sliding_window, logits_soft_cap, cache_dtype)
@@ -147,6 +167,8 @@ def gelu_and_mul(x: np.ndarray, approximate: str = "none") -> np.ndarray:
     """GeGLU: gelu(x[:, :I]) * x[:, I:]; approximate is "none" (erf) or "tanh" (PyTorch's)."""
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu_and_mul: approximate must be 'none' or 'tanh', got {approximate!r}")
+    if isinstance(x, DeviceArray):
+        return cuda_gelu_and_mul(x, approximate)
     out = np.empty((x.shape[0], x.shape[1] // 2), dtype=np.float32)
     _C.op_gelu_and_mul(out, x, approximate == "tanh")
     return out
@@ -182,8 +204,58 @@ def quantize_weight(x: np.ndarray, dtype: int) -> np.ndarray:
     return out
 
 
+def split_columns(x, sizes: list[int]) -> list:
+    """Contiguous copies of consecutive column ranges of x [T, sum(sizes)] (e.g. q, k, v out of
+    one fused projection): the native ops take contiguous rows."""
+    pieces, start = [], 0
+    if isinstance(x, DeviceArray):
+        t, width, item = x.shape[0], x.shape[1], x.itemsize
+        for n in sizes:
+            out = DeviceArray.empty((t, n), x.dtype)
+            out.buffer.copy_2d_from_device(x.buffer, n * item, t, out.offset, n * item,
+                                           x.offset + start * item, width * item)
+            pieces.append(out)
+            start += n
+        return pieces
+    for n in sizes:
+        pieces.append(np.ascontiguousarray(x[:, start:start + n]))
+        start += n
+    return pieces
+
+
+def concat_columns(xs: list):
+    """[T, sum(widths)] from arrays [T, width_i] side by side (the inverse of split_columns)."""
+    if not isinstance(xs[0], DeviceArray):
+        return np.concatenate(xs, axis=1)
+    t, item = xs[0].shape[0], xs[0].itemsize
+    width = sum(x.shape[1] for x in xs)
+    out, start = DeviceArray.empty((t, width), xs[0].dtype), 0
+    for x in xs:
+        n = x.shape[1]
+        out.buffer.copy_2d_from_device(x.buffer, n * item, t, out.offset + start * item,
+                                       width * item, x.offset, n * item)
+        start += n
+    return out
+
+
+def gather_rows(x, rows: np.ndarray, out_dtype: int | None = None):
+    """x[rows] (rows: host int array), contiguous; on the GPU optionally cast to out_dtype."""
+    if isinstance(x, DeviceArray):
+        ids = DeviceArray.from_numpy(np.ascontiguousarray(rows, dtype=np.int32))
+        return cuda_embedding(ids, x, out_dtype)
+    return np.ascontiguousarray(x[rows])
+
+
+def to_float32(x):
+    """Activations as f32: a device array is cast on the GPU (logits for the sampler)."""
+    if isinstance(x, DeviceArray):
+        if x.dtype == F32:
+            return x
+        return gather_rows(x, np.arange(x.shape[0], dtype=np.int32), F32)
+    return x
+
+
 # ---- CUDA: the same ops over vllmx.device.DeviceArray (activations f32 / f16 / bf16) ----
-from vllmx.device import I32, DeviceArray
 
 
 def cuda_available() -> bool:

@@ -190,10 +190,12 @@ def test_vllm_arguments_are_honoured_or_refused(tiny_llama):
 
     with pytest.raises(NotImplementedError, match="tensor_parallel_size=2"):
         LLM(tiny_llama, skip_tokenizer_init=True, tensor_parallel_size=2)
-    with pytest.raises(NotImplementedError, match="dtype='bfloat16'"):
-        LLM(tiny_llama, skip_tokenizer_init=True, dtype="bfloat16")
+    with pytest.raises(ValueError, match="dtype='bfloat16': the CPU backend computes in float32"):
+        LLM(tiny_llama, skip_tokenizer_init=True, dtype="bfloat16", device="cpu")
+    with pytest.raises(ValueError, match="gpu_memory_utilization must be in"):
+        LLM(tiny_llama, skip_tokenizer_init=True, gpu_memory_utilization=1.5)
     with pytest.raises(TypeError, match="not_an_argument"):
         LLM(tiny_llama, skip_tokenizer_init=True, not_an_argument=1)
     llm = LLM(tiny_llama, skip_tokenizer_init=True, dtype="auto", tensor_parallel_size=1,
-              trust_remote_code=True, enforce_eager=True)
+              trust_remote_code=True, enforce_eager=True, device="cpu")
     assert llm.generate([{"prompt_token_ids": [5, 6]}], greedy(4))[0].outputs[0].token_ids

@@ -48,7 +48,15 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--generation-config", default="auto",
                    help="'auto' (the model's generation_config.json), 'vllm' (none), or a dir")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="auto: the GPU when a usable one is present, else the CPU")
+    p.add_argument("--dtype", default="auto",
+                   help="GPU activations: auto (the checkpoint's bf16/f16, else bf16), bfloat16, "
+                        "float16; the CPU computes in float32")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="share of GPU memory for weights, activations and KV cache (default 0.9)")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="GPU: run decode steps eagerly (no CUDA graphs)")
     p.add_argument("--disable-log-requests", action="store_true")
     p.add_argument("--disable-log-stats", action="store_true")
     p.add_argument("--uvicorn-log-level", default="info",
@@ -63,11 +71,11 @@ def engine_args_from(args: argparse.Namespace):
     from vllmx.engine.llm_engine import EngineArgs
     from vllmx.loader.model_source import DEFAULT_MODEL
 
-    if args.device == "cuda":
-        raise ValueError("--device cuda: this vllmx was not built with CUDA; use --device cpu")
     fields = {f.name for f in dataclasses.fields(EngineArgs)}
     kwargs = {"model": args.model_flag or args.model or DEFAULT_MODEL, "seed": args.seed,
-              "generation_config": args.generation_config}
+              "generation_config": args.generation_config, "device": args.device,
+              "dtype": args.dtype, "gpu_memory_utilization": args.gpu_memory_utilization,
+              "enforce_eager": args.enforce_eager}
     optional = {"tokenizer": args.tokenizer, "max_model_len": args.max_model_len,
                 "max_num_seqs": args.max_num_seqs,
                 "max_num_batched_tokens": args.max_num_batched_tokens,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -10,15 +11,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from vllmx import _C
-from vllmx.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmxConfig
+from vllmx.config import (
+    CacheConfig,
+    DeviceConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    VllmxConfig,
+)
 from vllmx.core.scheduler import Scheduler
 from vllmx.engine.output_processor import OutputProcessor, ParentRequest
 from vllmx.engine.request import Request, RequestStatus
-from vllmx.loader import DEFAULT_MODEL, load_model
+from vllmx.layers.placement import Placement, placement
+from vllmx.loader import DEFAULT_MODEL, load_model, resolve_model
 from vllmx.ops import F16, F32
 from vllmx.outputs import RequestOutput
 from vllmx.sampling_params import SamplingParams
-from vllmx.worker.model_runner import ModelRunner
+from vllmx.worker import cuda_worker
+from vllmx.worker.model_runner import ModelRunner, cudagraph_capture_sizes
 
 logger = logging.getLogger("vllmx")
 
@@ -42,6 +52,10 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     scheduling_policy: str = "fcfs"  # or "priority"
     num_threads: int | None = None
+    device: str = "auto"  # auto | cuda | cpu
+    dtype: str = "auto"  # GPU activations; the CPU computes in float32
+    gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = False
 
     def create_engine_config(self) -> VllmxConfig:
         if self.block_size < 1:
@@ -52,17 +66,22 @@ class EngineArgs:
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got "
                              f"{self.scheduling_policy!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got "
+                             f"{self.gpu_memory_utilization}")
         return VllmxConfig(
             ModelConfig(self.model, tokenizer=self.tokenizer,
                         skip_tokenizer_init=self.skip_tokenizer_init, seed=self.seed,
                         max_model_len=self.max_model_len,
-                        generation_config=self.generation_config),
+                        generation_config=self.generation_config, dtype=self.dtype,
+                        enforce_eager=self.enforce_eager),
             CacheConfig(self.block_size, self.kv_cache_dtype, self.kv_cache_memory_bytes,
                         self.num_gpu_blocks_override,
-                        enable_prefix_caching=self.enable_prefix_caching),
+                        enable_prefix_caching=self.enable_prefix_caching,
+                        gpu_memory_utilization=self.gpu_memory_utilization),
             SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens,
                             policy=self.scheduling_policy),
-            ParallelConfig(self.num_threads))
+            ParallelConfig(self.num_threads), DeviceConfig(self.device))
 
 
 def _total_memory_bytes() -> int:
@@ -79,19 +98,100 @@ class LLMEngine:
         if config.parallel_config.num_threads:
             _C.set_num_threads(config.parallel_config.num_threads)
         t0 = time.perf_counter()
-        self.model, self.tokenizer = load_model(mc)
-        sc.max_model_len = mc.max_model_len
-        self.eos_token_ids = mc.eos_token_ids()
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            self.eos_token_ids.add(self.tokenizer.eos_token_id)
-        self.kv_caches, self.cache_dtype = self._allocate_kv_cache()
+        self.device = cuda_worker.resolve_device(config.device_config.device)
+        if self.device == "cuda":
+            self._init_cuda()
+        else:
+            if mc.dtype not in ("auto", "float32", "float"):
+                raise ValueError(f"dtype={mc.dtype!r}: the CPU backend computes in float32 "
+                                 f"(weights stay in their stored format); use dtype='auto'")
+            self.model, self.tokenizer = load_model(mc)
+            self._finish_model_config()
+            self.kv_caches, self.cache_dtype = self._allocate_kv_cache()
+            self.model_runner = ModelRunner(self.model, self.kv_caches, self.cache_dtype,
+                                            cc.block_size, sc.max_num_batched_tokens,
+                                            sc.max_num_seqs, mc.max_model_len, mc.seed)
         self.scheduler = Scheduler(sc, cc)
-        self.model_runner = ModelRunner(self.model, self.kv_caches, self.cache_dtype,
-                                        cc.block_size, sc.max_num_batched_tokens,
-                                        sc.max_num_seqs, mc.max_model_len, mc.seed)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._next_id = 0
         logger.info("loaded %s in %.2fs", mc.path, time.perf_counter() - t0)
+
+    def _finish_model_config(self) -> None:
+        mc = self.config.model_config
+        self.config.scheduler_config.max_model_len = mc.max_model_len
+        self.eos_token_ids = mc.eos_token_ids()
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+
+    def _init_cuda(self) -> None:
+        """Weights to the GPU, a profiled forward, the KV cache in what is left, then the
+        decode graphs; one log line says how much went where."""
+        mc, cc, sc = self.config.model_config, self.config.cache_config, self.config.scheduler_config
+        report = cuda_worker.StartupReport()
+        used0 = report.used()
+        path = resolve_model(mc.model)
+        hf = {}
+        if not path.endswith(".gguf"):  # the checkpoint's dtype decides dtype="auto"
+            with open(os.path.join(path, "config.json")) as f:
+                hf = json.load(f)
+        act = cuda_worker.activation_dtype(mc.dtype, hf)
+        with placement(Placement("cuda", act)):
+            self.model, self.tokenizer = load_model(mc)
+        self._finish_model_config()
+        used_weights = report.used() - used0
+        report.parts.append(f"weights {used_weights / 2**30:.2f} GiB")
+        hf = self.model.config
+        nkv, hd, layers = hf["num_key_value_heads"], hf["head_dim"], hf["num_hidden_layers"]
+        dtype = act if cc.kv_cache_dtype == "auto" else _KV_DTYPES[cc.kv_cache_dtype]
+        if dtype == F32:
+            raise ValueError("kv_cache_dtype float32 is not supported on the GPU")
+        self.cache_dtype = dtype
+        # Profile with a one-block cache (reads of block 0, writes skipped).
+        runner = ModelRunner(self.model,
+                             cuda_worker.allocate_kv_caches(1, cc.block_size, layers, nkv, hd,
+                                                            dtype),
+                             dtype, cc.block_size, sc.max_num_batched_tokens, sc.max_num_seqs,
+                             mc.max_model_len, mc.seed, device="cuda")
+        before = report.used()
+        cuda_worker.profile_run(runner, sc.max_num_batched_tokens, sc.max_num_seqs,
+                                mc.max_model_len)
+        report.parts.append(f"activations {(report.used() - before) / 2**30:.2f} GiB "
+                            f"(profiled at {sc.max_num_batched_tokens} tokens)")
+        block_bytes = 2 * layers * cc.block_size * nkv * hd * 2
+        if cc.num_gpu_blocks_override:
+            num_blocks = cc.num_gpu_blocks_override
+        elif cc.kv_cache_memory_bytes:
+            num_blocks = cc.kv_cache_memory_bytes // block_bytes
+        else:
+            budget = int(cc.gpu_memory_utilization * report.total) - report.used()
+            num_blocks = max(budget, 0) // block_bytes
+        if num_blocks * cc.block_size < mc.max_model_len:
+            raise ValueError(
+                f"the model does not fit: after {used_weights / 2**30:.2f} GiB of weights and "
+                f"the activations of a {sc.max_num_batched_tokens}-token step, "
+                f"gpu_memory_utilization={cc.gpu_memory_utilization} of "
+                f"{report.total / 2**30:.1f} GiB leaves {num_blocks} KV blocks "
+                f"({num_blocks * cc.block_size} tokens), fewer than max_model_len="
+                f"{mc.max_model_len}; lower max_model_len or max_num_batched_tokens, or raise "
+                f"gpu_memory_utilization")
+        cc.num_blocks = num_blocks
+        self.kv_caches = cuda_worker.allocate_kv_caches(num_blocks, cc.block_size, layers, nkv,
+                                                        hd, dtype)
+        runner.kv_caches = self.kv_caches
+        report.parts.append(f"KV cache {num_blocks * block_bytes / 2**30:.2f} GiB = "
+                            f"{num_blocks} blocks x {cc.block_size} tokens "
+                            f"({ {F16: 'f16', 30: 'bf16'}[dtype]})")
+        if mc.enforce_eager:
+            report.parts.append("CUDA graphs off (enforce_eager)")
+        else:
+            before, t0 = report.used(), time.perf_counter()
+            sizes = cudagraph_capture_sizes(min(sc.max_num_seqs, sc.max_num_batched_tokens))
+            runner.capture_cudagraphs(sizes)
+            report.parts.append(f"CUDA graphs for {len(sizes)} decode batch sizes up to "
+                                f"{sizes[-1]} ({(report.used() - before) / 2**20:.0f} MiB, "
+                                f"{time.perf_counter() - t0:.1f}s)")
+        self.model_runner = runner
+        report.log(_C.cuda_device_info()[0])
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:

@@ -1,5 +1,6 @@
-"""Linear layers over weights kept in their stored format (f32/f16/bf16 or GGUF blocks). Block
-weights are repacked once, here, into the layout of the CPU kernels (ops.repack_weight)."""
+"""Linear layers over weights kept in their stored format (f32/f16/bf16 or GGUF blocks). On the
+CPU block weights are repacked once, here, into the layout of the CPU kernels
+(ops.repack_weight); on the GPU weights are uploaded as the placement says (layers.placement)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import weakref
 import numpy as np
 
 from vllmx import ops
+from vllmx.device import DeviceArray
+from vllmx.layers import placement
 from vllmx.ops import Weight
 
 # Packed copies by id of the source array, so that Linears sharing a weight share one copy.
@@ -15,11 +18,16 @@ _packed: dict[int, Weight] = {}
 
 
 def packed(weight: Weight) -> Weight:
+    """The weight as the current device's linear kernels read it: shared by every Linear
+    built over the same source array (a tied embedding / lm_head is uploaded once)."""
     key = id(weight.data)
     hit = _packed.get(key)
     if hit is not None:
         return hit
-    p = ops.repack_weight(weight)
+    if placement.current().on_gpu:
+        p = placement.upload_weight(weight)
+    else:
+        p = ops.repack_weight(weight)
     if p is not weight:
         _packed[key] = p
         weakref.finalize(weight.data, _packed.pop, key, None)
@@ -28,8 +36,9 @@ def packed(weight: Weight) -> Weight:
 
 class Linear:
     def __init__(self, weight: Weight, bias: Weight | None = None):
-        self.weight = packed(weight)
-        self.bias = None if bias is None else np.ascontiguousarray(bias.to_float32())
+        self.weight = weight if isinstance(weight, DeviceArray) else packed(weight)
+        self.bias = None if bias is None else placement.upload_vector(
+            np.ascontiguousarray(bias.to_float32()).reshape(-1))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return ops.linear(x, self.weight, self.bias)
@@ -67,12 +76,8 @@ class MergedLinear:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if len(self.parts) == 1:
             return self.parts[0](x)
-        return np.concatenate([p(x) for p in self.parts], axis=1)
+        return ops.concat_columns([p(x) for p in self.parts])
 
     def split(self, out: np.ndarray) -> list[np.ndarray]:
         """The projections' outputs as contiguous arrays (the native ops take contiguous rows)."""
-        pieces, start = [], 0
-        for n in self.output_sizes:
-            pieces.append(np.ascontiguousarray(out[:, start:start + n]))
-            start += n
-        return pieces
+        return ops.split_columns(out, self.output_sizes)

@@ -3,12 +3,16 @@ from __future__ import annotations
 import numpy as np
 
 from vllmx import ops
+from vllmx.device import F32
+from vllmx.layers import placement
 from vllmx.ops import Weight
 
 
 class RMSNorm:
     def __init__(self, weight: Weight, eps: float):
-        self.weight = np.ascontiguousarray(weight.to_float32(), dtype=np.float32)
+        # f32 on every device: the CUDA kernel takes an f32 weight beside bf16 / f16 x.
+        self.weight = placement.upload_vector(
+            np.ascontiguousarray(weight.to_float32(), dtype=np.float32), F32)
         self.eps = eps
 
     def __call__(self, x: np.ndarray, residual: np.ndarray | None = None):

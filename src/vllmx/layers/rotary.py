@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 
 from vllmx import ops
+from vllmx.device import F32
+from vllmx.layers import placement
 
 
 def _inv_freq(base: float, rotary_dim: int) -> np.ndarray:
@@ -62,8 +64,8 @@ class RotaryEmbedding:
         freqs = np.outer(positions, inv_freq)
         if rope_type == "dynamic":
             freqs = np.concatenate([freqs, long_freqs])
-        self.cos_sin_cache = np.ascontiguousarray(
-            np.concatenate([np.cos(freqs), np.sin(freqs)], axis=1), dtype=np.float32)
+        self.cos_sin_cache = placement.upload_vector(np.ascontiguousarray(
+            np.concatenate([np.cos(freqs), np.sin(freqs)], axis=1), dtype=np.float32), F32)
 
     def __call__(self, positions: np.ndarray, q: np.ndarray, k: np.ndarray) -> None:
         ops.rotary(positions, q, k, self.cos_sin_cache, self.head_size, self.is_neox_style)

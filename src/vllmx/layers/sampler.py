@@ -17,6 +17,7 @@ import numpy as np
 
 from vllmx import ops
 from vllmx.core.sched_output import TokenLogprobs
+from vllmx.device import DeviceArray
 from vllmx.sampling_params import SamplingParams
 
 _EMPTY_I32 = np.zeros(0, dtype=np.int32)
@@ -194,7 +195,14 @@ def token_logprobs(token_ids, token_logprob, rank, top_ids, top_logprobs,
 
 class Sampler:
     def __call__(self, logits: np.ndarray, md: SamplingMetadata) -> SamplerOutput:
-        """Samples one token per row; `logits` (f32 [B, V]) may be modified in place."""
+        """Samples one token per row; `logits` (f32 [B, V]) may be modified in place. Device
+        logits are sampled on the GPU when no row needs processors or logprobs (the common
+        case), else copied to the host for the CPU path."""
+        if isinstance(logits, DeviceArray):
+            logits = ops.to_float32(logits)
+            if not md.processors and not (md.num_logprobs >= 0).any():
+                return self._sample_on_device(logits, md)
+            logits = logits.numpy()
         raw = logits
         if md.processors:
             raw = logits.copy()  # logprobs refer to the model's distribution
@@ -210,10 +218,22 @@ class Sampler:
                                                       md.num_logprobs))
 
     @staticmethod
+    def _sample_on_device(logits: DeviceArray, md: SamplingMetadata) -> SamplerOutput:
+        up = DeviceArray.from_numpy
+        rng = up(md.rng_state)
+        ids, lps = ops.cuda_sample(logits, up(md.temperature), up(md.top_k), up(md.top_p),
+                                   up(md.min_p), rng)
+        md.rng_state[:] = rng.numpy()  # the requests' generators advance as on the CPU
+        ids = ids.numpy()
+        return SamplerOutput(ids, lps.numpy(), [None] * len(ids))
+
+    @staticmethod
     def prompt_logprobs(logits: np.ndarray, next_token_ids: np.ndarray,
                         num_logprobs: int) -> list[TokenLogprobs]:
         """TokenLogprobs of each row's next prompt token (logits: f32 [N, V] of N prompt
         positions; num_logprobs: the request's prompt_logprobs, -1 = whole vocabulary)."""
+        if isinstance(logits, DeviceArray):
+            logits = ops.to_float32(logits).numpy()
         n, vocab = logits.shape
         k = vocab if num_logprobs == -1 else min(num_logprobs, vocab)
         counts = np.full(n, k, dtype=np.int32)

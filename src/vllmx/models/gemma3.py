@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from vllmx import ops
+from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.norm import RMSNorm
@@ -146,6 +147,9 @@ class Gemma3DecoderLayer:
 
 class Gemma3ForCausalLM:
     def __init__(self, cfg: dict, weights: dict[str, Weight]):
+        if placement.current().on_gpu:
+            # Its embedding scale, final soft cap and head_dim 256 have no CUDA path yet.
+            raise ValueError("Gemma 3 runs on the CPU only for now; use device='cpu'")
         cfg = dict(cfg)
         is_gguf = "gguf_architecture" in cfg
         if is_gguf:

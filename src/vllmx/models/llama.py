@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from vllmx import ops
+from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.norm import RMSNorm
@@ -122,7 +123,8 @@ class LlamaForCausalLM:
             head_dim, rotary_dim, int(cfg.get("max_position_embeddings") or 2048), float(theta),
             is_neox, rope_scaling,
             None if freq_factors is None else freq_factors.to_float32().reshape(-1))
-        self.embed_tokens = weights["model.embed_tokens.weight"]
+        self.embed_tokens = placement.upload_weight(weights["model.embed_tokens.weight"],
+                                                    "model.embed_tokens.weight")
         self.layers = [LlamaDecoderLayer(i, cfg, weights, self.rope)
                        for i in range(cfg["num_hidden_layers"])]
         self.norm = RMSNorm(weights["model.norm.weight"], cfg["rms_norm_eps"])
@@ -150,4 +152,5 @@ class LlamaForCausalLM:
         return h
 
     def compute_logits(self, hidden: np.ndarray) -> np.ndarray:
-        return self.lm_head(np.ascontiguousarray(hidden))
+        """Logits of contiguous hidden rows, in the activation dtype."""
+        return self.lm_head(hidden)

@@ -1,6 +1,8 @@
 """Turns a SchedulerOutput into one model forward over a mixed batch of prefill chunks and
-decodes, then samples. Per-step inputs live in persistent, preallocated buffers (sliced each
-step), so that a later step-capture can replay a decode step over the same memory."""
+decodes, then samples. Per-step inputs are built on the host in persistent, preallocated
+buffers (sliced each step). On the GPU they travel in one copy to a persistent device buffer,
+and pure decode steps replay a CUDA graph captured per batch-size bucket (vLLM's
+cudagraph_capture_sizes): no Python runs inside such a step's forward."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vllmx import ops
 from vllmx.core.sched_output import (
     ModelRunnerOutput,
     NewRequestData,
@@ -57,10 +60,21 @@ class CachedRequestState:
         return len(self.token_ids) - self.num_prompt_tokens
 
 
+def cudagraph_capture_sizes(max_num_seqs: int) -> list[int]:
+    """vLLM's default decode buckets: 1, 2, 4, then every multiple of 8, up to max_num_seqs
+    (at most 512); a batch runs in the smallest bucket that holds it."""
+    sizes = [s for s in [1, 2, 4] + list(range(8, 513, 8)) if s <= max_num_seqs]
+    if max_num_seqs <= 512 and max_num_seqs not in sizes:
+        sizes.append(max_num_seqs)
+    return sorted(sizes)
+
+
 class ModelRunner:
     def __init__(self, model, kv_caches, cache_dtype: int, block_size: int,
-                 max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, seed: int):
+                 max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, seed: int,
+                 device: str = "cpu"):
         self.model = model
+        self.device = device
         self.kv_caches = kv_caches
         self.cache_dtype = cache_dtype
         self.block_size = block_size
@@ -75,6 +89,81 @@ class ModelRunner:
         self.query_start_loc = np.zeros(b + 1, dtype=np.int32)
         self.seq_lens = np.zeros(b, dtype=np.int32)
         self.block_table = np.zeros((b, self.max_blocks_per_req), dtype=np.int32)
+        self.graphs: dict[int, tuple] = {}  # bucket -> (CudaGraph, its hidden-state output)
+        if device == "cuda":
+            from vllmx.device import I32, DeviceArray
+
+            # One host staging array and its device twin: [ids | positions | slots | qsl |
+            # seq_lens | block_table] packed by _stage, so a step's inputs are one copy.
+            n = 3 * t + 2 * b + 1 + b * self.max_blocks_per_req
+            self._staging = np.zeros(n, dtype=np.int32)
+            self._dev_staging = DeviceArray.empty((n,), I32)
+
+    # -- GPU: one input copy per step, CUDA graphs for decode ----------------------------
+    def _stage(self, t: int, nb: int) -> tuple:
+        """Copies the first t tokens / nb requests of the host inputs to the device in one
+        transfer; returns the device views (ids, positions, AttentionMetadata)."""
+        m = self.max_blocks_per_req
+        parts = [(self.input_ids, t), (self.positions, t), (self.slot_mapping, t),
+                 (self.query_start_loc, nb + 1), (self.seq_lens, nb),
+                 (self.block_table[:nb].reshape(-1), nb * m)]
+        views, off = [], 0
+        for host, n in parts:
+            self._staging[off:off + n] = host[:n]
+            views.append(self._dev_staging[off:off + n])
+            off += n
+        self._dev_staging[:off].copy_from(self._staging[:off])
+        ids, pos, slots, qsl, seq_lens, bt = views
+        md = AttentionMetadata(slots, bt.reshape(nb, m), qsl, seq_lens, self.kv_caches,
+                               self.cache_dtype)
+        return ids, pos, md
+
+    def _pad_decode(self, nb: int, size: int) -> None:
+        """Rows nb..size of a decode bucket: one token each, at position 0, whose KV write is
+        skipped (slot -1) and whose output is never read."""
+        self.input_ids[nb:size] = 0
+        self.positions[nb:size] = 0
+        self.slot_mapping[nb:size] = -1
+        self.seq_lens[nb:size] = 1
+        self.query_start_loc[nb + 1:size + 1] = self.query_start_loc[nb] + np.arange(
+            1, size - nb + 1, dtype=np.int32)
+        self.block_table[nb:size] = 0
+
+    def capture_cudagraphs(self, sizes: list[int]) -> None:
+        """Captures the decode forward for each batch size (largest first, so that grow-only
+        scratch buffers reach their final size before the smaller graphs bake them in)."""
+        from vllmx._C import CudaGraph, cuda_synchronize
+
+        self.query_start_loc[0] = 0
+        for size in sorted(sizes, reverse=True):
+            self._pad_decode(0, size)
+            ids, pos, md = self._stage(size, size)
+            self.model.forward(ids, pos, md)  # warm-up: the allocator and scratch settle
+            cuda_synchronize()
+            graph = CudaGraph()
+            graph.capture_begin()
+            try:
+                hidden = self.model.forward(ids, pos, md)
+            finally:
+                graph.capture_end()
+            self.graphs[size] = (graph, hidden)
+        cuda_synchronize()
+
+    def _forward(self, t: int, nb: int, decode_only: bool):
+        if self.device != "cuda":
+            md = AttentionMetadata(self.slot_mapping[:t], self.block_table[:nb],
+                                   self.query_start_loc[:nb + 1], self.seq_lens[:nb],
+                                   self.kv_caches, self.cache_dtype)
+            return self.model.forward(self.input_ids[:t], self.positions[:t], md)
+        size = next((s for s in sorted(self.graphs) if s >= nb), None) if decode_only else None
+        if size is None:
+            ids, pos, md = self._stage(t, nb)
+            return self.model.forward(ids, pos, md)
+        self._pad_decode(nb, size)
+        self._stage(size, size)
+        graph, hidden = self.graphs[size]
+        graph.replay()
+        return hidden
 
     def _add_request(self, new: NewRequestData) -> None:
         sp = new.sampling_params
@@ -130,16 +219,18 @@ class ModelRunner:
                 logits_rows.append(t - 1)
                 sample_ids.append(req_id)
         nb = len(req_ids)
-        md = AttentionMetadata(self.slot_mapping[:t], self.block_table[:nb],
-                               self.query_start_loc[:nb + 1], self.seq_lens[:nb],
-                               self.kv_caches, self.cache_dtype)
-        hidden = self.model.forward(self.input_ids[:t], self.positions[:t], md)
+        decode_only = t == nb == len(logits_rows) and not prompt_rows
+        hidden = self._forward(t, nb, decode_only)
         out = ModelRunnerOutput(req_ids, {}, {})
         for state, row, start, last in prompt_rows:
             self._gather_prompt_logprobs(state, hidden, row, start, last)
         if not sample_ids:
             return out
-        logits = self.model.compute_logits(hidden[logits_rows])
+        if logits_rows == list(range(len(logits_rows))):
+            rows = hidden[:len(logits_rows)]  # decode: the first rows, no gather
+        else:
+            rows = ops.gather_rows(hidden, np.asarray(logits_rows, dtype=np.int32))
+        logits = self.model.compute_logits(rows)
         states = [self.requests[r] for r in sample_ids]
         smd = self._sampling_metadata(states, logits.shape[1])
         sampled = self.sampler(logits, smd)
