@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -28,7 +29,7 @@ from vllmx.ops import F16, F32
 from vllmx.outputs import RequestOutput
 from vllmx.sampling_params import SamplingParams
 from vllmx.worker import cuda_worker
-from vllmx.worker.model_runner import ModelRunner, cudagraph_capture_sizes
+from vllmx.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("vllmx")
 
@@ -127,6 +128,8 @@ class LLMEngine:
         """Weights to the GPU, a profiled forward, the KV cache in what is left, then the
         decode graphs; one log line says how much went where."""
         mc, cc, sc = self.config.model_config, self.config.cache_config, self.config.scheduler_config
+        gc.collect()  # an earlier engine's device arrays go back to the pool, which is emptied
+        _C.cuda_empty_cache()
         report = cuda_worker.StartupReport()
         used0 = report.used()
         path = resolve_model(mc.model)
@@ -143,8 +146,6 @@ class LLMEngine:
         hf = self.model.config
         nkv, hd, layers = hf["num_key_value_heads"], hf["head_dim"], hf["num_hidden_layers"]
         dtype = act if cc.kv_cache_dtype == "auto" else _KV_DTYPES[cc.kv_cache_dtype]
-        if dtype == F32:
-            raise ValueError("kv_cache_dtype float32 is not supported on the GPU")
         self.cache_dtype = dtype
         # Profile with a one-block cache (reads of block 0, writes skipped).
         runner = ModelRunner(self.model,
@@ -157,7 +158,7 @@ class LLMEngine:
                                 mc.max_model_len)
         report.parts.append(f"activations {(report.used() - before) / 2**30:.2f} GiB "
                             f"(profiled at {sc.max_num_batched_tokens} tokens)")
-        block_bytes = 2 * layers * cc.block_size * nkv * hd * 2
+        block_bytes = 2 * layers * cc.block_size * nkv * hd * (4 if dtype == F32 else 2)
         if cc.num_gpu_blocks_override:
             num_blocks = cc.num_gpu_blocks_override
         elif cc.kv_cache_memory_bytes:
@@ -180,12 +181,12 @@ class LLMEngine:
         runner.kv_caches = self.kv_caches
         report.parts.append(f"KV cache {num_blocks * block_bytes / 2**30:.2f} GiB = "
                             f"{num_blocks} blocks x {cc.block_size} tokens "
-                            f"({ {F16: 'f16', 30: 'bf16'}[dtype]})")
+                            f"({ {F16: 'f16', F32: 'f32', 30: 'bf16'}[dtype]})")
         if mc.enforce_eager:
             report.parts.append("CUDA graphs off (enforce_eager)")
         else:
             before, t0 = report.used(), time.perf_counter()
-            sizes = cudagraph_capture_sizes(min(sc.max_num_seqs, sc.max_num_batched_tokens))
+            sizes = runner.cudagraph_sizes
             runner.capture_cudagraphs(sizes)
             report.parts.append(f"CUDA graphs for {len(sizes)} decode batch sizes up to "
                                 f"{sizes[-1]} ({(report.used() - before) / 2**20:.0f} MiB, "

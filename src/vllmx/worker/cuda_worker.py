@@ -52,22 +52,22 @@ def resolve_device(device: str) -> str:
 
 def activation_dtype(dtype: str, hf_config: dict) -> int:
     """vLLM's dtype='auto' on the GPU: the checkpoint's bf16 / f16, else bf16 (f32 and GGUF
-    checkpoints compute in bf16, as vLLM does for f32 ones)."""
+    checkpoints compute in bf16). dtype='float32' runs the kernels' f32 paths: exact and batch
+    invariant, but without tensor cores (a reference, not for speed)."""
     if dtype == "auto":
         stored = hf_config.get("torch_dtype", hf_config.get("dtype"))
         return F16 if stored in ("float16", "half") else BF16
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be auto, {', '.join(_DTYPES)}; got {dtype!r}")
-    if _DTYPES[dtype] == F32:
-        raise ValueError("dtype='float32' is not supported on the GPU (its kernels run bf16 and "
-                         "f16 on tensor cores); use dtype='bfloat16' or device='cpu'")
     return _DTYPES[dtype]
 
 
 def allocate_kv_caches(num_blocks: int, block_size: int, layers: int, nkv: int, head_dim: int,
                        dtype: int) -> list[tuple[DeviceArray, DeviceArray]]:
+    # Zeroed: the padded rows of a decode bucket read slot 0 of block 0 (and discard the result),
+    # which must not hold NaN bit patterns from whatever used the memory before.
     shape = (num_blocks, block_size, nkv, head_dim)
-    return [(DeviceArray.empty(shape, dtype), DeviceArray.empty(shape, dtype))
+    return [(DeviceArray.zeros(shape, dtype), DeviceArray.zeros(shape, dtype))
             for _ in range(layers)]
 
 

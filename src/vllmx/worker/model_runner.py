@@ -98,6 +98,7 @@ class ModelRunner:
             n = 3 * t + 2 * b + 1 + b * self.max_blocks_per_req
             self._staging = np.zeros(n, dtype=np.int32)
             self._dev_staging = DeviceArray.empty((n,), I32)
+            self.cudagraph_sizes = cudagraph_capture_sizes(min(b, t))
 
     # -- GPU: one input copy per step, CUDA graphs for decode ----------------------------
     def _stage(self, t: int, nb: int) -> tuple:
@@ -155,12 +156,16 @@ class ModelRunner:
                                    self.query_start_loc[:nb + 1], self.seq_lens[:nb],
                                    self.kv_caches, self.cache_dtype)
             return self.model.forward(self.input_ids[:t], self.positions[:t], md)
-        size = next((s for s in sorted(self.graphs) if s >= nb), None) if decode_only else None
+        size = next((s for s in self.cudagraph_sizes if s >= nb), None) if decode_only else None
         if size is None:
             ids, pos, md = self._stage(t, nb)
             return self.model.forward(ids, pos, md)
+        # A decode step runs padded to its bucket with or without graphs, so that both run the
+        # same kernels on the same shapes (enforce_eager gives the same tokens).
         self._pad_decode(nb, size)
-        self._stage(size, size)
+        ids, pos, md = self._stage(size, size)
+        if size not in self.graphs:
+            return self.model.forward(ids, pos, md)
         graph, hidden = self.graphs[size]
         graph.replay()
         return hidden
