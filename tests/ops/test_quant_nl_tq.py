@@ -2,6 +2,7 @@
 bit-exact with gguf.quants, linear against float64 numpy, scalar twin vs every SIMD level, batch
 invariance, embedding and the GGUF loader. Weights are fresh random block bytes each run (every
 code pattern occurs) with finite, moderate scales; the seed is in every failure message."""
+import inspect
 import os
 import subprocess
 import sys
@@ -17,14 +18,14 @@ from vllmx.loader.gguf import load_gguf
 TYPES = [Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4, Q.TQ1_0, Q.TQ2_0]
 # Byte offsets of each block's f16 scale fields (MXFP4's scale is the E8M0 byte 0).
 F16_FIELDS = {Q.IQ4_NL: [0], Q.IQ4_XS: [0], Q.TQ1_0: [52], Q.TQ2_0: [64], Q.MXFP4: []}
-# The activation type each pairs with (as in llama.cpp): (id, block size, block bytes).
+# The activation type each pairs with (as in llama.cpp), and its (block size, block bytes).
 ACT = {Q.IQ4_NL: Q.Q8_0, Q.MXFP4: Q.Q8_0, Q.IQ4_XS: Q.Q8_K, Q.TQ1_0: Q.Q8_K, Q.TQ2_0: Q.Q8_K}
 ACT_SIZE = {Q.Q8_0: (32, 34), Q.Q8_K: (256, 292)}
 
-_RAND_BLOCKS = r"""
+
 def rand_blocks(rng, qtype, rows, k):
-    '''Random blocks; f16 scales get a random sign and mantissa with an exponent of 2^-3..2^0,
-    E8M0 scales 2^-10..2^7 (finite, never zero).'''
+    """Random blocks; f16 scales get a random sign and mantissa with an exponent of 2^-3..2^0,
+    E8M0 scales 2^-10..2^7 (finite, never zero)."""
     bs, ts = quants.GGML_QUANT_SIZES[qtype]
     b = rng.integers(0, 256, size=(rows, k // bs, ts), dtype=np.uint8)
     for off in F16_FIELDS[qtype]:
@@ -32,8 +33,6 @@ def rand_blocks(rng, qtype, rows, k):
     if qtype == Q.MXFP4:
         b[..., 0] = rng.integers(118, 136, size=b.shape[:2])
     return b.reshape(rows, k // bs * ts)
-"""
-exec(_RAND_BLOCKS)
 
 
 class SeededRng:
@@ -234,7 +233,7 @@ def test_each_isa_matches_reference(isa):
     if not have[isa]:
         pytest.skip(f"CPU lacks {isa}")
     seed = int(np.random.SeedSequence().entropy % (1 << 63))
-    script = _ISA_SCRIPT.replace("RAND_BLOCKS", _RAND_BLOCKS).replace(
+    script = _ISA_SCRIPT.replace("RAND_BLOCKS", inspect.getsource(rand_blocks)).replace(
         "{F16_FIELDS}", "{" + ", ".join(f"Q.{q.name}: {v}" for q, v in F16_FIELDS.items()) + "}")
     env = dict(os.environ, VLLMX_ISA=isa)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the same vllmx as here
