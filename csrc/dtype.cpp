@@ -26,6 +26,11 @@ constexpr std::array<TypeTraits, kMaxDType> make_table() {
   set(DType::Q5_K, "Q5_K", 256, 176, true, true);
   set(DType::Q6_K, "Q6_K", 256, 210, true, true);
   set(DType::Q8_K, "Q8_K", 256, 292, true, false);
+  set(DType::IQ4_NL, "IQ4_NL", 32, 18, true, true);
+  set(DType::IQ4_XS, "IQ4_XS", 256, 136, true, true);
+  set(DType::TQ1_0, "TQ1_0", 256, 54, true, true);
+  set(DType::TQ2_0, "TQ2_0", 256, 66, true, true);
+  set(DType::MXFP4, "MXFP4", 32, 17, true, true);
   set(DType::I8, "I8", 1, 1, false, false);
   set(DType::I16, "I16", 1, 2, false, false);
   set(DType::I32, "I32", 1, 4, false, true);

@@ -20,12 +20,17 @@ enum class DType : int32_t {
   Q5_K = 13,
   Q6_K = 14,
   Q8_K = 15,
+  IQ4_NL = 20,  // 4-bit codes through a 16-entry non-linear table (quant_nl.h)
+  IQ4_XS = 23,
   I8 = 24,
   I16 = 25,
   I32 = 26,
   I64 = 27,
   F64 = 28,
   BF16 = 30,
+  TQ1_0 = 34,  // ternary (quant_tq.h)
+  TQ2_0 = 35,
+  MXFP4 = 39,  // OCP microscaling FP4: E2M1 codes, one E8M0 scale per 32 (quant_nl.h)
   // Block weights repacked into panels of 16 rows for the CPU kernels (repack.h); not GGML ids.
   Q4_0_X16 = 64,
   Q4_1_X16 = 65,

@@ -24,6 +24,8 @@
 #include "half.h"
 #include "ops.h"
 #include "quant_k.h"
+#include "quant_nl.h"
+#include "quant_tq.h"
 
 #if VLLMX_X86
 #include <immintrin.h>
@@ -311,6 +313,8 @@ struct QuantTable {
         vec_dot_q6_K_q8_K_ref, DType::Q8_K);
     set(DType::Q8_K, dequantize_row_q8_K, quantize_row_q8_K, quantize_row_q8_K_ref, nullptr,
         nullptr, DType::Q8_K);
+    register_quant_nl(t);  // IQ4_NL, IQ4_XS, MXFP4
+    register_quant_tq(t);  // TQ1_0, TQ2_0
   }
 };
 }  // namespace

@@ -6,7 +6,7 @@ safetensors checkpoint (laid out as llama.cpp's converter does) or from a higher
 Type choice per tensor, as llama-quantize: 1-D tensors (norms, biases, rope_freqs) stay F32;
 token_embd / output take --token-embedding-type / --output-tensor-type (default: --type);
 rows that are not whole blocks of the type fall back (Q4_K -> Q5_0, Q5_K -> Q5_1,
-Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0 where llama.cpp uses IQ4_NL, which vllmx cannot run) and to F16
+Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0 where llama.cpp uses IQ4_NL, which vllmx cannot write) and to F16
 where even 32-element blocks do not fit."""
 
 from __future__ import annotations
