@@ -23,6 +23,7 @@
 #include "cpu_features.h"
 #include "half.h"
 #include "ops.h"
+#include "quant_iq.h"
 #include "quant_k.h"
 
 #if VLLMX_X86
@@ -311,6 +312,14 @@ struct QuantTable {
         vec_dot_q6_K_q8_K_ref, DType::Q8_K);
     set(DType::Q8_K, dequantize_row_q8_K, quantize_row_q8_K, quantize_row_q8_K_ref, nullptr,
         nullptr, DType::Q8_K);
+    // i-quants IQ1_S..IQ3_S (quant_iq.h)
+    for (DType d : {DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S, DType::IQ3_XXS, DType::IQ3_S,
+                    DType::IQ1_S, DType::IQ1_M}) {
+      IqKernels k;
+      if (!iq2_kernels(d, &k) && !iq3_kernels(d, &k) && !iq1_kernels(d, &k)) continue;
+      set(d, k.to_float, nullptr, nullptr, k.vec_dot, k.vec_dot_ref, DType::Q8_K);
+      t[static_cast<int>(d)].vec_dot_rows = k.vec_dot_rows;
+    }
   }
 };
 }  // namespace
