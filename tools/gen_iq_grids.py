@@ -4,9 +4,8 @@ value map; init_grid() decodes them). The numbers are data, so they are generate
 
     python tools/gen_iq_grids.py            # rewrites csrc/iq_grids.h
 """
-from pathlib import Path
-
 from importlib.metadata import version
+from pathlib import Path
 
 import numpy as np
 from gguf import quants
