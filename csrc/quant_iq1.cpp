@@ -101,15 +101,17 @@ struct Iq1m {
   }
 #if VLLMX_X86
   VLLMX_TARGET_AVX2 static uint32_t group(const Block& b, int ib, __m256i& u, int& s0, int& s1) {
-    const int k = 4 * ib;
-    const __m256i g = _mm256_setr_epi64x(
-        static_cast<int64_t>(grid(b, k)), static_cast<int64_t>(grid(b, k + 1)),
-        static_cast<int64_t>(grid(b, k + 2)), static_cast<int64_t>(grid(b, k + 3)));
-    const __m256i shift = _mm256_setr_epi64x(shift8(neg(b, k)), shift8(neg(b, k + 1)),
-                                             shift8(neg(b, k + 2)), shift8(neg(b, k + 3)));
-    s0 = scale(b, 2 * ib);
-    s1 = scale(b, 2 * ib + 1);
-    return magnitudes(g, shift, u);
+    const uint8_t* q = b.qs + 4 * ib;
+    const int h = b.qh[2 * ib] | b.qh[2 * ib + 1] << 8;  // nibble l: entry 4 ib + l
+    auto g = [&](int l) {
+      return static_cast<int64_t>(iq1s_grid[q[l] | ((h >> (4 * l)) & 7) << 8]);
+    };
+    auto sh = [&](int l) { return shift8((h >> (4 * l + 3)) & 1); };
+    const __m256i shift = _mm256_setr_epi64x(sh(0), sh(1), sh(2), sh(3));
+    const int sc = word(b, ib / 2) >> (6 * (ib % 2));
+    s0 = 2 * (sc & 7) + 1;
+    s1 = 2 * ((sc >> 3) & 7) + 1;
+    return magnitudes(_mm256_setr_epi64x(g(0), g(1), g(2), g(3)), shift, u);
   }
 #endif
 };

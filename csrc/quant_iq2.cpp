@@ -110,10 +110,10 @@ struct Iq2s {
   }
 #if VLLMX_X86
   VLLMX_TARGET_AVX2 static uint32_t group(const Block& b, int ib, __m256i& u, int& s0, int& s1) {
-    u = _mm256_setr_epi64x(static_cast<int64_t>(iq2s_grid[index(b, 4 * ib)]),
-                           static_cast<int64_t>(iq2s_grid[index(b, 4 * ib + 1)]),
-                           static_cast<int64_t>(iq2s_grid[index(b, 4 * ib + 2)]),
-                           static_cast<int64_t>(iq2s_grid[index(b, 4 * ib + 3)]));
+    const uint8_t* q = b.qs + 4 * ib;
+    const int h = b.qh[ib] << 8;  // bits 8 + 2 l, 9 + 2 l: the high index bits of entry l
+    auto g = [&](int l) { return static_cast<int64_t>(iq2s_grid[q[l] | ((h >> (2 * l)) & 768)]); };
+    u = _mm256_setr_epi64x(g(0), g(1), g(2), g(3));
     s0 = 2 * nibble(b.scales, 2 * ib) + 1;
     s1 = 2 * nibble(b.scales, 2 * ib + 1) + 1;
     return load_u32(b.signs + 4 * ib);

@@ -86,12 +86,10 @@ struct Iq3s {
   }
 #if VLLMX_X86
   VLLMX_TARGET_AVX2 static uint32_t group(const Block& b, int ib, __m256i& u, int& s0, int& s1) {
-    const int k = 8 * ib;
-    u = _mm256_setr_epi32(
-        static_cast<int>(iq3s_grid[index(b, k)]), static_cast<int>(iq3s_grid[index(b, k + 1)]),
-        static_cast<int>(iq3s_grid[index(b, k + 2)]), static_cast<int>(iq3s_grid[index(b, k + 3)]),
-        static_cast<int>(iq3s_grid[index(b, k + 4)]), static_cast<int>(iq3s_grid[index(b, k + 5)]),
-        static_cast<int>(iq3s_grid[index(b, k + 6)]), static_cast<int>(iq3s_grid[index(b, k + 7)]));
+    const uint8_t* q = b.qs + 8 * ib;
+    const int h = b.qh[ib] << 8;  // bit 8 + j: the high index bit of entry j
+    auto g = [&](int j) { return static_cast<int>(iq3s_grid[q[j] | ((h >> j) & 256)]); };
+    u = _mm256_setr_epi32(g(0), g(1), g(2), g(3), g(4), g(5), g(6), g(7));
     s0 = s1 = scale(b, ib);
     return load_u32(b.signs + 4 * ib);
   }
