@@ -312,7 +312,7 @@ struct QuantTable {
         vec_dot_q6_K_q8_K_ref, DType::Q8_K);
     set(DType::Q8_K, dequantize_row_q8_K, quantize_row_q8_K, quantize_row_q8_K_ref, nullptr,
         nullptr, DType::Q8_K);
-    // i-quants IQ1_S..IQ3_S (quant_iq.h)
+    // IQ1/IQ2/IQ3 i-quants (quant_iq.h): each family picks its own SIMD kernels
     for (DType d : {DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S, DType::IQ3_XXS, DType::IQ3_S,
                     DType::IQ1_S, DType::IQ1_M}) {
       IqKernels k;
