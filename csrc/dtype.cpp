@@ -31,6 +31,13 @@ constexpr std::array<TypeTraits, kMaxDType> make_table() {
   set(DType::TQ1_0, "TQ1_0", 256, 54, true, true);
   set(DType::TQ2_0, "TQ2_0", 256, 66, true, true);
   set(DType::MXFP4, "MXFP4", 32, 17, true, true);
+  set(DType::IQ2_XXS, "IQ2_XXS", 256, 66, true, true);
+  set(DType::IQ2_XS, "IQ2_XS", 256, 74, true, true);
+  set(DType::IQ3_XXS, "IQ3_XXS", 256, 98, true, true);
+  set(DType::IQ1_S, "IQ1_S", 256, 50, true, true);
+  set(DType::IQ3_S, "IQ3_S", 256, 110, true, true);
+  set(DType::IQ2_S, "IQ2_S", 256, 82, true, true);
+  set(DType::IQ1_M, "IQ1_M", 256, 56, true, true);
   set(DType::I8, "I8", 1, 1, false, false);
   set(DType::I16, "I16", 1, 2, false, false);
   set(DType::I32, "I32", 1, 4, false, true);

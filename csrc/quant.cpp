@@ -23,6 +23,7 @@
 #include "cpu_features.h"
 #include "half.h"
 #include "ops.h"
+#include "quant_iq.h"
 #include "quant_k.h"
 #include "quant_nl.h"
 #include "quant_tq.h"
@@ -315,6 +316,14 @@ struct QuantTable {
         nullptr, DType::Q8_K);
     register_quant_nl(t);  // IQ4_NL, IQ4_XS, MXFP4
     register_quant_tq(t);  // TQ1_0, TQ2_0
+    // IQ1/IQ2/IQ3 i-quants (quant_iq.h): each family picks its own SIMD kernels
+    for (DType d : {DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S, DType::IQ3_XXS, DType::IQ3_S,
+                    DType::IQ1_S, DType::IQ1_M}) {
+      IqKernels k;
+      if (!iq2_kernels(d, &k) && !iq3_kernels(d, &k) && !iq1_kernels(d, &k)) continue;
+      set(d, k.to_float, nullptr, nullptr, k.vec_dot, k.vec_dot_ref, DType::Q8_K);
+      t[static_cast<int>(d)].vec_dot_rows = k.vec_dot_rows;
+    }
   }
 };
 }  // namespace

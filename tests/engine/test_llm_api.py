@@ -118,21 +118,49 @@ def test_unknown_architecture(tiny_llama, tmp_path):
 
 
 def test_unsupported_gguf_block_type(tmp_path):
+    """A tensor of a GGUF type id vllmx cannot run fails loudly, naming the id. Every block type
+    of the gguf package is supported, so the tensor gets id 4: Q4_2, long removed from ggml."""
+    import struct
+
     import gguf
 
     from vllmx import LLM
 
-    path = str(tmp_path / "iq2xxs.gguf")
-    w = gguf.GGUFWriter(path, "llama")
+    path = tmp_path / "q4_2.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(1)
-    # 4 rows of one IQ2_XXS block each (66 bytes; random bytes: only the type matters here)
-    data = np.random.default_rng().integers(0, 256, (4, 66), dtype=np.uint8)
-    w.add_tensor("token_embd.weight", data, raw_dtype=gguf.GGMLQuantizationType.IQ2_XXS)
+    data = np.zeros((4, 34), dtype=np.uint8)  # 4 rows of one Q8_0 block, retyped below
+    w.add_tensor("token_embd.weight", data, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(ValueError, match="IQ2_XXS"):
+    # Tensor info: name, n_dims (u32), dims (u64 each), type (u32), offset (u64).
+    b = bytearray(path.read_bytes())
+    at = b.index(b"token_embd.weight") + len(b"token_embd.weight")
+    type_at = at + 4 + 8 * struct.unpack_from("<I", b, at)[0]
+    assert struct.unpack_from("<I", b, type_at)[0] == int(gguf.GGMLQuantizationType.Q8_0)
+    struct.pack_into("<I", b, type_at, 4)
+    path.write_bytes(bytes(b))
+    with pytest.raises(ValueError, match=r"q4_2\.gguf.*\b4\b"):
+        LLM(str(path), skip_tokenizer_init=True)
+
+
+def test_unsupported_gguf_tensor_type(tmp_path):
+    """A type the gguf package knows but vllmx has no kernels for is named in the error."""
+    import gguf
+
+    from vllmx import LLM
+
+    path = str(tmp_path / "f64.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float64))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="F64"):
         LLM(path, skip_tokenizer_init=True)
 
 
