@@ -44,7 +44,8 @@ def bias_bits(rng, n: int, dt: int) -> np.ndarray:
 
 
 # N = 1000 and K = 1032 are not multiples of the 128/256-wide tiles or the 64-deep K step;
-# (8192, 256) at T >= 512 fills the H200's 132 SMs with 128x256 tiles (the large-tile config).
+# (8192, 256) at T = 1000 fills the H200's 132 SMs with 128x256 tiles (the large-tile config;
+# 256 tiles), every other case here takes 128x128 tiles.
 NK_SIZES = [(1000, 4096), (4096, 576), (8192, 256), (136, 1032)]
 
 
