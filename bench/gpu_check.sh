@@ -2,11 +2,12 @@
 # One call on the GPU machine: build vllmx._C with CUDA in place, run the GPU tests, then the GPU
 # benchmark where it exists. GPU time is scarce, so everything happens in this one script.
 #
-#   bash bench/gpu_check.sh            # sm_90 only (the H200); VLLMX_CUDA_ARCHS=80-real;90-real
+#   bash bench/gpu_check.sh            # sm_90a only (the H200); VLLMX_CUDA_ARCHS="80-real;90a-real"
 #   PYTEST_ARGS="-k sample" bash bench/gpu_check.sh
 #
 # The machine has Python 3.12 with torch, transformers, cython, scikit-build-core, cmake and ninja
-# but no internet: wheels it lacks (gguf, ...) travel in .whl/ and go to /tmp/site. Output goes to
+# but no internet: wheels it lacks (gguf, nvidia-cutlass for the sm_90a GEMM's headers, ...)
+# travel in .whl/ and go to /tmp/site, where CMake's Python finds them. Output goes to
 # stdout and, where $OUT is set (the device tool), to $OUT/gpu_check.log. Exit status: nonzero
 # when the build or any test fails.
 set -uo pipefail
@@ -29,10 +30,11 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 
-step "build (CUDA architectures ${VLLMX_CUDA_ARCHS:-90})"
+step "build (CUDA architectures ${VLLMX_CUDA_ARCHS:-90a})"
 mkdir -p build
 cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DVLLMX_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES="${VLLMX_CUDA_ARCHS:-90}" \
+  -DCMAKE_CUDA_ARCHITECTURES="${VLLMX_CUDA_ARCHS:-90a}" \
+  ${VLLMX_CUTLASS_DIR:+-DVLLMX_CUTLASS_DIR="$VLLMX_CUTLASS_DIR"} \
   -DPython_EXECUTABLE="$(command -v python3)" >build/gpu-configure.log 2>&1 \
   || { cat build/gpu-configure.log; exit 1; }
 ninja -C build/gpu -j "$(nproc)" || exit 1

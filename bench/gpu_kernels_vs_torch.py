@@ -3,10 +3,15 @@ Llama-3-8B shapes over batch sizes, and paged decode / prefill attention vs SDPA
 K/V. Prints time, TFLOP/s or GB/s, and the ratio (torch time / vllmx time: > 1 means faster).
 
     python bench/gpu_kernels_vs_torch.py        (on a GPU machine; torch is the peer only)
+    python bench/gpu_kernels_vs_torch.py --only linear --tokens 32,64,128,256,512,1024,4096
+
+Each linear case also checks vllmx's output against torch's (max error / max |torch|), so a
+fast wrong kernel shows up here too.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
@@ -35,27 +40,38 @@ def bits_bf16(a: np.ndarray) -> np.ndarray:
     return (a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
 
-def bench_linear(results):
+def linear_error(out: DeviceArray, ref: torch.Tensor) -> float:
+    """max |vllmx - torch| / max |torch| (both bf16 outputs of f32 accumulations)."""
+    got = torch.from_numpy(out.numpy().view(np.int16)).to("cuda").view(torch.bfloat16).float()
+    ref = ref.float()
+    return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
+def bench_linear(results, tokens):
     rng = np.random.default_rng(0)
     for n, k in [(4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096)]:
         w32 = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
         w = DeviceArray.from_numpy(bits_bf16(w32), BF16)
         wt = torch.from_numpy(w32).to("cuda", torch.bfloat16)
-        for t in (1, 8, 32, 512, 4096):
+        for t in tokens:
             x32 = rng.standard_normal((t, k)).astype(np.float32)
             x = DeviceArray.from_numpy(bits_bf16(x32), BF16)
             out = DeviceArray.empty((t, n), BF16)
             xt = torch.from_numpy(x32).to("cuda", torch.bfloat16)
             ours = timeit(lambda: _C.cuda_op_linear(out, x, w, BF16, None), _C.cuda_synchronize)
             theirs = timeit(lambda: torch.nn.functional.linear(xt, wt), torch.cuda.synchronize)
+            err = linear_error(out, torch.nn.functional.linear(xt, wt))
             flops = 2 * t * n * k
             r = {"op": "linear_bf16", "N": n, "K": k, "T": t, "vllmx_ms": ours * 1e3,
                  "torch_ms": theirs * 1e3, "vllmx_tflops": flops / ours / 1e12,
-                 "vllmx_weight_GBps": n * k * 2 / ours / 1e9, "ratio": theirs / ours}
+                 "torch_tflops": flops / theirs / 1e12,
+                 "vllmx_weight_GBps": n * k * 2 / ours / 1e9, "ratio": theirs / ours,
+                 "max_rel_err_vs_torch": err}
             results.append(r)
             print(f"linear N={n:6d} K={k:5d} T={t:4d}: vllmx {ours*1e3:8.3f} ms "
                   f"({r['vllmx_tflops']:6.1f} TFLOP/s, {r['vllmx_weight_GBps']:6.0f} GB/s w)  "
-                  f"torch {theirs*1e3:8.3f} ms  ratio {r['ratio']:.2f}")
+                  f"torch {theirs*1e3:8.3f} ms ({r['torch_tflops']:6.1f} TFLOP/s)  "
+                  f"ratio {r['ratio']:.2f}  err {err:.1e}{'  WRONG' if err > 1e-2 else ''}")
 
 
 def bench_attention(results):
@@ -100,11 +116,18 @@ def bench_attention(results):
 
 
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", choices=["linear", "attention"], help="run one of the two")
+    ap.add_argument("--tokens", default="1,8,32,512,4096",
+                    help="linear: comma-separated T (rows of x) to sweep")
+    args = ap.parse_args()
     if not _C.cuda_available():
         raise SystemExit("no CUDA GPU")
     results: list[dict] = []
-    bench_linear(results)
-    bench_attention(results)
+    if args.only in (None, "linear"):
+        bench_linear(results, [int(t) for t in args.tokens.split(",")])
+    if args.only in (None, "attention"):
+        bench_attention(results)
     dest = os.path.join(os.environ.get("OUT") or os.path.join(os.path.dirname(__file__), "results"),
                         "gpu_kernels_vs_torch.json")
     with open(dest, "w") as f:

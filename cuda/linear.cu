@@ -8,6 +8,9 @@
 //   cp.async pipeline. x tiles always arrive by cp.async; w tiles too when w has x's dtype,
 //   otherwise (the other 16-bit type, Q8_0/Q4_0/Q4_1) they are loaded into registers one tile
 //   ahead and dequantized into shared memory as x's dtype before the mma.
+// - sm90_gemm (cuda/gemm_sm90.cu, CUTLASS 3; builds with sm_90a only): on compute capability
+//   9.0, x and w of one 16-bit dtype, T >= kSm90MinT, TMA-friendly shapes. wgmma reaches several
+//   times the mma.sync kernel's rate on Hopper.
 // - linear_generic_kernel: one thread per output, any dtype mix (f32 x/out too) and any
 //   alignment; the scalar twin the fast paths fall back to.
 #include <algorithm>
@@ -16,6 +19,7 @@
 
 #include "cuda_ops.h"
 #include "cuda_util.cuh"
+#include "gemm_sm90.h"
 #include "mma.cuh"
 
 namespace vllmx::cuda {
@@ -398,17 +402,60 @@ __global__ void linear_generic_kernel(LinearArgs a, int x_code, int w_code) {
 
 // ------------------------------------------------------------------ host: plan and launch
 
-enum class Path { kGeneric, kGemv, kGemmSmall, kGemmLarge };
+enum class Path { kGeneric, kGemv, kGemmSmall, kGemmLarge, kSm90 };
 
 struct LinearPlan {
   Path path = Path::kGeneric;
   int wk = kWSame;
   int max_t = 8;  // GEMV: rows handled by one launch's registers (1 or 8)
+  Sm90Tile sm90_tile = Sm90Tile::k128x128;
 };
 
 constexpr int kGemvMaxT = 8;
 
+// Below this T the mma.sync kernels keep the small shapes: there a product is bound by streaming
+// w (about T FLOP per weight byte against the H200's ~200 FLOP/byte ridge), and their 32-row
+// tiles give up to 4x more CTAs to stream it with than CUTLASS's 128-row tiles, most of whose
+// rows would be padding. From 64 rows on, half a 128-row tile is real work and wgmma's rate
+// starts to count; the crossover is a guess to tune on the GPU (bench/gpu_kernels_vs_torch.py).
+constexpr int64_t kSm90MinT = 64;
+
 bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// The sm_90a cubin runs on compute capability 9.0 alone (read once per process; one device).
+bool is_sm90() {
+  static const bool v = [] {
+    int dev = 0, major = 0, minor = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+           major == 9 && minor == 0;
+  }();
+  return v;
+}
+
+// Whether the CUTLASS GEMM takes this product, and with which tile. TMA moves 16-byte rows: K, N
+// and every row stride a multiple of 8 elements, x, w and out 16-byte aligned.
+bool plan_sm90(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor& w, int64_t T,
+               int64_t N, int64_t K) {
+#ifdef VLLMX_WITH_SM90_GEMM
+  if (p.wk != kWSame || T < kSm90MinT || !is_sm90()) return false;
+  // (K == 0: a TMA tensor map has no empty dims.)
+  if (K == 0 || K % 8 != 0 || N % 8 != 0 || x.stride[0] % 8 != 0 || w.stride[0] % 8 != 0 ||
+      out.stride[0] % 8 != 0 || !aligned(x.data, 16) || !aligned(w.data, 16) ||
+      !aligned(out.data, 16))
+    return false;
+  // 128x256 tiles (weight tiles shared by a 2-CTA cluster along T) once they give every SM at
+  // least one tile; before that 128x128 tiles keep twice as many SMs busy.
+  const int64_t m_pairs = (T + 255) / 256, n_tiles256 = (N + 255) / 256;
+  p.sm90_tile = 2 * m_pairs * n_tiles256 >= num_sms() ? Sm90Tile::k128x256 : Sm90Tile::k128x128;
+  p.path = Path::kSm90;
+  return true;
+#else
+  (void)p, (void)out, (void)x, (void)w, (void)T, (void)N, (void)K;
+  return false;
+#endif
+}
 
 LinearPlan plan_linear(const Tensor& out, const Tensor& x, const Tensor& w, int64_t T,
                        int64_t N, int64_t K) {
@@ -437,6 +484,7 @@ LinearPlan plan_linear(const Tensor& out, const Tensor& x, const Tensor& w, int6
     p.max_t = T == 1 ? 1 : kGemvMaxT;
     return p;
   }
+  if (plan_sm90(p, out, x, w, T, N, K)) return p;
   const int64_t large_ctas =
       (T + GemmLarge::BM - 1) / GemmLarge::BM * ((N + GemmLarge::BN - 1) / GemmLarge::BN);
   p.path = large_ctas >= num_sms() ? Path::kGemmLarge : Path::kGemmSmall;
@@ -535,7 +583,11 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b
   cudaStream_t s = stream();
 
   const LinearPlan p = plan_linear(out, x, w, T, N, K);
-  if (p.path == Path::kGeneric) {
+  if (p.path == Path::kSm90) {
+    const Sm90GemmArgs g{x.data, w.data, a.bias, out.data, a.T, a.N, a.K, a.x_stride, a.w_stride,
+                         a.out_stride, xt == DType::BF16, num_sms()};
+    sm90_gemm(g, p.sm90_tile, s);
+  } else if (p.path == Path::kGeneric) {
     const int64_t n = T * N;
     const int threads = 128;
     linear_generic_kernel<<<static_cast<unsigned>((n + threads - 1) / threads), threads, 0, s>>>(

@@ -1,0 +1,40 @@
+// Dense bf16/f16 GEMM for Hopper (sm_90a) through CUTLASS 3: TMA loads, warp-specialized wgmma
+// (cooperative: two consumer warpgroups share a tile), a persistent tile scheduler, f32
+// accumulation and a fused per-column bias. cuda/linear.cu decides when and with which tile
+// (plan_linear); this header is the whole interface.
+//
+// cuda/gemm_sm90.cu is compiled only when the build targets sm_90a, and then defines
+// VLLMX_WITH_SM90_GEMM for linear.cu; elsewhere linear.cu never takes this path.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace vllmx::cuda {
+
+// out[T, N] = x[T, K] @ w[N, K]^T (+ bias[N]); x, w, bias, out all bf16 (or all f16), rows
+// contiguous in K (x, w) and N (out). TMA needs x, w, out 16-byte aligned and K, N and the three
+// row strides multiples of 8 elements (the caller checks). bias may be null; it is read element
+// by element, so it needs no alignment.
+struct Sm90GemmArgs {
+  const void* x;
+  const void* w;
+  const void* bias;
+  void* out;
+  int T, N, K;
+  int64_t x_stride, w_stride, out_stride;  // elements
+  bool bf16;                               // else f16
+  int num_sms;                             // the persistent grid's size
+};
+
+enum class Sm90Tile {
+  k128x128,  // cluster 1x2x1 (x tiles multicast to the pair): any T
+  k128x256,  // cluster 2x1x1 (w tiles multicast to the pair): many tiles (large T * N)
+};
+
+// Launches on stream s: no host sync, no allocation once warm (the persistent scheduler needs
+// no workspace; any CUTLASS asks for comes from a grow-only buffer). Throws std::runtime_error
+// naming the shapes when CUTLASS refuses the problem or the launch fails.
+void sm90_gemm(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
+
+}  // namespace vllmx::cuda

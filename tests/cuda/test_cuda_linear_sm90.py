@@ -1,0 +1,126 @@
+"""CUDA linear on the CUTLASS sm_90a GEMM (cuda/gemm_sm90.cu): bf16/f16 with T >= 64 on compute
+capability 9.0, against a float64 reference; and the shapes and pointers it must hand back to the
+older kernels (K or N not a multiple of 8, misaligned data). On other GPUs the same cases run
+the mma.sync kernels and must pass all the same. Skipped without a GPU."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.cuda.test_cuda_linear_attention import (
+    BF16,
+    F16,
+    TOL,
+    _cuda_ok,
+    cuda_linear,
+    from_bits,
+    make_dense,
+    make_x,
+    nan_out,
+    rel_err,
+    to_bits,
+    to_dev,
+)
+from vllmx import _C
+from vllmx.device import DeviceArray
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _cuda_ok(), reason="needs a CUDA GPU")]
+
+# Per element: the output's own rounding (half an ulp is 2^-9 for bf16, 2^-11 for f16) with
+# room to spare, plus a floor for outputs near zero, where f32 accumulation order shows.
+ELEM_REL = {BF16: 2.0**-7, F16: 2.0**-9}
+
+
+def check(got: np.ndarray, want: np.ndarray, dt: int) -> None:
+    assert rel_err(got, want) < TOL[dt]
+    bound = ELEM_REL[dt] * np.abs(want) + 1e-3 * np.abs(want).max()
+    bad = np.argwhere(np.abs(got - want) > bound)
+    assert bad.size == 0, (f"{len(bad)} elements off, first at (t, n) = {tuple(bad[0])}: "
+                           f"got {got[tuple(bad[0])]}, want {want[tuple(bad[0])]}")
+
+
+def bias_bits(rng, n: int, dt: int) -> np.ndarray:
+    return to_bits(rng.standard_normal(n).astype(np.float32) * 0.1, dt)
+
+
+# N = 1000 and K = 1032 are not multiples of the 128/256-wide tiles or the 64-deep K step;
+# (8192, 256) at T = 1000 fills the H200's 132 SMs with 128x256 tiles (the large-tile config;
+# 256 tiles), every other case here takes 128x128 tiles.
+NK_SIZES = [(1000, 4096), (4096, 576), (8192, 256), (136, 1032)]
+
+
+@pytest.mark.parametrize("nk", NK_SIZES, ids=lambda s: f"N{s[0]}K{s[1]}")
+@pytest.mark.parametrize("t", [64, 100, 512, 1000])
+@pytest.mark.parametrize("dt", [BF16, F16], ids=["bf16", "f16"])
+def test_linear_gemm(dt, t, nk):
+    n, k = nk
+    rng = np.random.default_rng([dt, t, n, k])
+    w, w64 = make_dense(rng, n, k, dt)
+    x, x64 = make_x(rng, t, k, dt)
+    b = bias_bits(rng, n, dt)
+    check(cuda_linear(x, dt, w, dt), x64 @ w64.T, dt)
+    check(cuda_linear(x, dt, w, dt, b), x64 @ w64.T + from_bits(b, dt), dt)
+
+
+@pytest.mark.parametrize("nk", [(1000, 4100), (1004, 4096), (77, 1536)],
+                         ids=lambda s: f"N{s[0]}K{s[1]}")
+@pytest.mark.parametrize("dt", [BF16, F16], ids=["bf16", "f16"])
+def test_linear_gemm_unaligned_shapes_fall_back(dt, nk):
+    """K or N not a multiple of 8 (TMA's 16-byte rows): the older kernels take the product."""
+    n, k = nk
+    rng = np.random.default_rng([dt, n, k])
+    w, w64 = make_dense(rng, n, k, dt)
+    x, x64 = make_x(rng, 200, k, dt)
+    b = bias_bits(rng, n, dt)
+    check(cuda_linear(x, dt, w, dt, b), x64 @ w64.T + from_bits(b, dt), dt)
+
+
+def at_offset(a: np.ndarray, dt: int, offset_bytes: int) -> DeviceArray:
+    """A device copy of `a` that starts offset_bytes into its buffer (not 16-byte aligned)."""
+    flat = np.zeros(a.size + 8, np.uint16)
+    flat[offset_bytes // 2:offset_bytes // 2 + a.size] = a.ravel()
+    buf = to_dev(flat, dt)
+    return DeviceArray(buf.buffer, dt, a.shape, buf.offset + offset_bytes)
+
+
+@pytest.mark.parametrize("which", ["x", "w", "out"])
+def test_linear_gemm_misaligned_pointer_falls_back(which):
+    """x, w or out 2 bytes past a 16-byte boundary: never handed to TMA, and still right."""
+    t, n, k, dt = 128, 256, 512, BF16
+    rng = np.random.default_rng(7)
+    w, w64 = make_dense(rng, n, k, dt)
+    x, x64 = make_x(rng, t, k, dt)
+    b = bias_bits(rng, n, dt)
+    xd = at_offset(x, dt, 2) if which == "x" else to_dev(x, dt)
+    wd = at_offset(w, dt, 2) if which == "w" else to_dev(w, dt)
+    out = (at_offset(np.full((t, n), 0x7FC0, np.uint16), dt, 2) if which == "out"
+           else nan_out((t, n), dt))
+    _C.cuda_op_linear(out, xd, wd, w_dtype=dt, bias=to_dev(b, dt))
+    check(from_bits(out.numpy(), dt), x64 @ w64.T + from_bits(b, dt), dt)
+
+
+def test_linear_gemm_rows_of_a_larger_batch():
+    """x and out as row slices of larger arrays (pointers offset by whole rows): same answer as
+    the whole product's rows."""
+    t, n, k, dt = 300, 512, 1024, BF16
+    rng = np.random.default_rng(11)
+    w, w64 = make_dense(rng, n, k, dt)
+    x, x64 = make_x(rng, t, k, dt)
+    out = nan_out((t, n), dt)
+    _C.cuda_op_linear(out[36:], to_dev(x, dt)[36:], to_dev(w, dt), w_dtype=dt)
+    check(from_bits(out.numpy()[36:], dt), x64[36:] @ w64.T, dt)
+
+
+def test_linear_gemm_repeat_is_deterministic():
+    """The persistent kernel gives bit-identical results call after call (no split-K races)."""
+    t, n, k, dt = 1000, 8192, 256, BF16
+    rng = np.random.default_rng(5)
+    w, _ = make_dense(rng, n, k, dt)
+    x, _ = make_x(rng, t, k, dt)
+    xd, wd = to_dev(x, dt), to_dev(w, dt)
+    outs = []
+    for _ in range(3):
+        out = nan_out((t, n), dt)
+        _C.cuda_op_linear(out, xd, wd, w_dtype=dt)
+        outs.append(out.numpy())
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
