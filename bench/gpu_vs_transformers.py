@@ -152,6 +152,17 @@ def vllmx_worker(path, batches, input_len, output_len, vocab) -> dict:
         t_total = fresh(output_len)
         llm.reset_prefix_cache()
         results[b] = summarize(b, input_len, output_len, t_prefill, t_total, total - free)
+        # The GPU time of one decode step (its CUDA graph replayed alone): the rest of a step's
+        # time is the host (scheduler, input copy, sampler, outputs).
+        graph = llm.llm_engine.model_runner.graphs.get(b)
+        if graph is not None:
+            _C.cuda_synchronize()
+            t = time.perf_counter()
+            for _ in range(20):
+                graph.replay()
+            _C.cuda_synchronize()
+            results[b]["graph_step_ms"] = (time.perf_counter() - t) / 20 * 1e3
+            results[b]["step_ms"] = 1e3 * b / results[b]["decode_tok_s"]
         print(f"  vllmx batch {b}: {results[b]}", flush=True)
     return results
 

@@ -4,9 +4,10 @@
 // at import. available() turns "no driver" / "no device" into false instead of an error.
 //
 // Allocator: requests are rounded up to a size class (512 B minimum, then four classes per
-// power of two, so at most 25% waste) and a freed block goes back to its class's free list,
-// to be handed out again without cudaMalloc. All ops run on one stream, so a block freed on
-// the host can be reused at once: later work on the stream is ordered after earlier uses.
+// power of two, so at most 25% waste; from 64 MiB on, 2 MiB steps) and a freed block goes back
+// to its class's free list, to be handed out again without cudaMalloc. All ops run on one
+// stream, so a block freed on the host can be reused at once: later work on the stream is
+// ordered after earlier uses.
 // When cudaMalloc runs out of memory, the cached blocks are released and it is tried again.
 #include <bit>
 #include <mutex>
@@ -45,6 +46,10 @@ Allocator& allocator() {
 
 size_t size_class(size_t n) {
   if (n <= 512) return 512;
+  // Large blocks (KV caches, weights) in 2 MiB steps: four classes per power of two would
+  // waste up to a quarter of a 2.5 GiB cache, and such blocks are rarely freed and reused.
+  constexpr size_t kLarge = size_t{64} << 20, kLargeStep = size_t{2} << 20;
+  if (n >= kLarge) return (n + kLargeStep - 1) / kLargeStep * kLargeStep;
   const size_t step = std::max<size_t>(std::bit_floor(n) / 4, 512);
   return (n + step - 1) / step * step;
 }

@@ -219,13 +219,39 @@ class Sampler:
 
     @staticmethod
     def _sample_on_device(logits: DeviceArray, md: SamplingMetadata) -> SamplerOutput:
-        up = DeviceArray.from_numpy
-        rng = up(md.rng_state)
-        ids, lps = ops.cuda_sample(logits, up(md.temperature), up(md.top_k), up(md.top_p),
-                                   up(md.min_p), rng)
-        md.rng_state[:] = rng.numpy()  # the requests' generators advance as on the CPU
-        ids = ids.numpy()
-        return SamplerOutput(ids, lps.numpy(), [None] * len(ids))
+        """One upload of the batch's parameters and generator states, the sampling kernel, one
+        download of the tokens, log-probs and advanced generators (each copy waits, so a step
+        pays two round trips, not eight)."""
+        from vllmx import _C
+        from vllmx.device import F32, I32, U64
+
+        b = len(md.temperature)
+        fields = [("rng", md.rng_state, U64), ("temperature", md.temperature, F32),
+                  ("top_k", md.top_k, I32), ("top_p", md.top_p, F32), ("min_p", md.min_p, F32),
+                  ("ids", None, I32), ("logprobs", None, F32)]
+        offsets, off = {}, 0
+        for name, host, _ in fields:
+            offsets[name] = off
+            off += -(-(16 * b if name == "rng" else 4 * b) // 8) * 8
+        staging = np.zeros(off, dtype=np.uint8)
+        for name, host, _ in fields:
+            if host is not None:
+                raw = np.ascontiguousarray(host).view(np.uint8).reshape(-1)
+                staging[offsets[name]:offsets[name] + raw.size] = raw
+        buf = _C.DeviceBuffer(off)
+        buf.copy_from_host(staging)
+        dev = {name: DeviceArray(buf, dt, (b, 2) if name == "rng" else (b,), offsets[name])
+               for name, _, dt in fields}
+        _C.cuda_op_sample(dev["ids"], dev["logprobs"], logits, dev["temperature"], dev["top_k"],
+                          dev["top_p"], dev["min_p"], dev["rng"])
+        buf.copy_to_host(staging)
+
+        def field(name, dtype, n):
+            return staging[offsets[name]:offsets[name] + n * np.dtype(dtype).itemsize].view(dtype)
+
+        md.rng_state[:] = field("rng", np.uint64, 2 * b).reshape(b, 2)
+        ids = field("ids", np.int32, b).copy()
+        return SamplerOutput(ids, field("logprobs", np.float32, b).copy(), [None] * b)
 
     @staticmethod
     def prompt_logprobs(logits: np.ndarray, next_token_ids: np.ndarray,

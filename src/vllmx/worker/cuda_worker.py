@@ -86,7 +86,7 @@ def profile_run(runner, num_tokens: int, num_seqs: int, max_model_len: int) -> N
     runner.query_start_loc[1:nb + 1] = np.cumsum(lens)
     runner.seq_lens[:nb] = lens
     runner.block_table[:nb] = 0
-    hidden = runner._forward(num_tokens, nb, decode_only=False)
+    hidden, _ = runner._forward(num_tokens, nb, decode_only=False)
     rows = hidden[:min(num_seqs, num_tokens)]
     from vllmx import ops
 

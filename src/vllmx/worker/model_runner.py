@@ -89,9 +89,9 @@ class ModelRunner:
         self.query_start_loc = np.zeros(b + 1, dtype=np.int32)
         self.seq_lens = np.zeros(b, dtype=np.int32)
         self.block_table = np.zeros((b, self.max_blocks_per_req), dtype=np.int32)
-        self.graphs: dict[int, tuple] = {}  # bucket -> (CudaGraph, its hidden-state output)
+        self.graphs = {}  # decode bucket -> the CudaGraph of its forward and logits
         if device == "cuda":
-            from vllmx.device import I32, DeviceArray
+            from vllmx.device import F32, I32, DeviceArray
 
             # One host staging array and its device twin: [ids | positions | slots | qsl |
             # seq_lens | block_table] packed by _stage, so a step's inputs are one copy.
@@ -99,6 +99,11 @@ class ModelRunner:
             self._staging = np.zeros(n, dtype=np.int32)
             self._dev_staging = DeviceArray.empty((n,), I32)
             self.cudagraph_sizes = cudagraph_capture_sizes(min(b, t))
+            # A decode bucket's f32 logits land here (graphs or not): one buffer for every
+            # bucket, allocated before any capture so that no graph's scratch overlaps it.
+            size = self.cudagraph_sizes[-1]
+            self._rows = DeviceArray.from_numpy(np.arange(size, dtype=np.int32))
+            self._decode_logits = DeviceArray.empty((size, model.vocab_size), F32)
 
     # -- GPU: one input copy per step, CUDA graphs for decode ----------------------------
     def _stage(self, t: int, nb: int) -> tuple:
@@ -130,8 +135,17 @@ class ModelRunner:
             1, size - nb + 1, dtype=np.int32)
         self.block_table[nb:size] = 0
 
+    def _decode_forward(self, size: int, ids, pos, md):
+        """A decode bucket's forward and f32 logits (into the shared _decode_logits rows): what
+        a graph captures, and what an eager decode step runs, so both give the same tokens."""
+        from vllmx import _C
+
+        hidden = self.model.forward(ids, pos, md)
+        _C.cuda_op_embedding(self._decode_logits[:size], self._rows[:size],
+                             self.model.compute_logits(hidden))
+
     def capture_cudagraphs(self, sizes: list[int]) -> None:
-        """Captures the decode forward for each batch size (largest first, so that grow-only
+        """Captures the decode step for each batch size (largest first, so that grow-only
         scratch buffers reach their final size before the smaller graphs bake them in)."""
         from vllmx._C import CudaGraph, cuda_synchronize
 
@@ -139,36 +153,37 @@ class ModelRunner:
         for size in sorted(sizes, reverse=True):
             self._pad_decode(0, size)
             ids, pos, md = self._stage(size, size)
-            self.model.forward(ids, pos, md)  # warm-up: the allocator and scratch settle
+            self._decode_forward(size, ids, pos, md)  # warm-up: the allocator and scratch settle
             cuda_synchronize()
             graph = CudaGraph()
             graph.capture_begin()
             try:
-                hidden = self.model.forward(ids, pos, md)
+                self._decode_forward(size, ids, pos, md)
             finally:
                 graph.capture_end()
-            self.graphs[size] = (graph, hidden)
+            self.graphs[size] = graph
         cuda_synchronize()
 
     def _forward(self, t: int, nb: int, decode_only: bool):
+        """(hidden states, f32 logits of the nb sampled rows or None to compute them)."""
         if self.device != "cuda":
             md = AttentionMetadata(self.slot_mapping[:t], self.block_table[:nb],
                                    self.query_start_loc[:nb + 1], self.seq_lens[:nb],
                                    self.kv_caches, self.cache_dtype)
-            return self.model.forward(self.input_ids[:t], self.positions[:t], md)
+            return self.model.forward(self.input_ids[:t], self.positions[:t], md), None
         size = next((s for s in self.cudagraph_sizes if s >= nb), None) if decode_only else None
         if size is None:
             ids, pos, md = self._stage(t, nb)
-            return self.model.forward(ids, pos, md)
+            return self.model.forward(ids, pos, md), None
         # A decode step runs padded to its bucket with or without graphs, so that both run the
         # same kernels on the same shapes (enforce_eager gives the same tokens).
         self._pad_decode(nb, size)
         ids, pos, md = self._stage(size, size)
-        if size not in self.graphs:
-            return self.model.forward(ids, pos, md)
-        graph, hidden = self.graphs[size]
-        graph.replay()
-        return hidden
+        if size in self.graphs:
+            self.graphs[size].replay()
+        else:
+            self._decode_forward(size, ids, pos, md)
+        return None, self._decode_logits[:nb]
 
     def _add_request(self, new: NewRequestData) -> None:
         sp = new.sampling_params
@@ -225,17 +240,18 @@ class ModelRunner:
                 sample_ids.append(req_id)
         nb = len(req_ids)
         decode_only = t == nb == len(logits_rows) and not prompt_rows
-        hidden = self._forward(t, nb, decode_only)
+        hidden, logits = self._forward(t, nb, decode_only)
         out = ModelRunnerOutput(req_ids, {}, {})
         for state, row, start, last in prompt_rows:
             self._gather_prompt_logprobs(state, hidden, row, start, last)
         if not sample_ids:
             return out
-        if logits_rows == list(range(len(logits_rows))):
-            rows = hidden[:len(logits_rows)]  # decode: the first rows, no gather
-        else:
-            rows = ops.gather_rows(hidden, np.asarray(logits_rows, dtype=np.int32))
-        logits = self.model.compute_logits(rows)
+        if logits is None:
+            if logits_rows == list(range(len(logits_rows))):
+                rows = hidden[:len(logits_rows)]  # decode: the first rows, no gather
+            else:
+                rows = ops.gather_rows(hidden, np.asarray(logits_rows, dtype=np.int32))
+            logits = self.model.compute_logits(rows)
         states = [self.requests[r] for r in sample_ids]
         smd = self._sampling_metadata(states, logits.shape[1])
         sampled = self.sampler(logits, smd)
