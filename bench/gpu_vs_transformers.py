@@ -121,6 +121,8 @@ def vllmx_worker(path, batches, input_len, output_len, vocab) -> dict:
     """Runs in its own process: vllmx on the saved checkpoint."""
     import logging
 
+    import numpy as np
+
     from vllmx import LLM, SamplingParams, _C
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -154,8 +156,20 @@ def vllmx_worker(path, batches, input_len, output_len, vocab) -> dict:
         results[b] = summarize(b, input_len, output_len, t_prefill, t_total, total - free)
         # The GPU time of one decode step (its CUDA graph replayed alone): the rest of a step's
         # time is the host (scheduler, input copy, sampler, outputs).
-        graph = llm.llm_engine.model_runner.graphs.get(b)
+        runner = llm.llm_engine.model_runner
+        graph = runner.graphs.get(b)
         if graph is not None:
+            # Restage a decode step of b sequences at mid-generation context (reads of the
+            # cache, writes skipped): the last real step may have been another bucket's layout.
+            ctx, bs = input_len + output_len // 2, runner.block_size
+            nblk = -(-ctx // bs)
+            runner.input_ids[:b] = 0
+            runner.positions[:b] = ctx - 1
+            runner.slot_mapping[:b] = -1
+            runner.seq_lens[:b] = ctx
+            runner.query_start_loc[:b + 1] = np.arange(b + 1)
+            runner.block_table[:b, :nblk] = np.arange(b * nblk).reshape(b, nblk)
+            runner._stage(b, b)
             _C.cuda_synchronize()
             t = time.perf_counter()
             for _ in range(20):

@@ -1,10 +1,10 @@
 // linear on the GPU: out[T, N] = x[T, K] @ w[N, K]^T (+ bias[N]), x/out bf16 or f16.
 //
 // Three kernel families, picked by plan_linear() on the host (the kernels hold no policy):
-// - gemv_kernel (T <= 8, decode): memory-bound; each CTA streams 4 weight rows with 16-byte
+// - gemv_kernel (T <= 4, decode): memory-bound; each CTA streams 4 weight rows with 16-byte
 //   loads (dense) or 8-element chunks of GGUF blocks dequantized in registers, f32 FMAs, then a
 //   warp + shared-memory reduction.
-// - gemm_kernel (T > 8): tensor cores (mma.sync m16n8k16, f32 accumulate) over a multistage
+// - gemm_kernel (T > 4): tensor cores (mma.sync m16n8k16, f32 accumulate) over a multistage
 //   cp.async pipeline. x tiles always arrive by cp.async; w tiles too when w has x's dtype,
 //   otherwise (the other 16-bit type, Q8_0/Q4_0/Q4_1) they are loaded into registers one tile
 //   ahead and dequantized into shared memory as x's dtype before the mma.
@@ -411,7 +411,9 @@ struct LinearPlan {
   Sm90Tile sm90_tile = Sm90Tile::k128x128;
 };
 
-constexpr int kGemvMaxT = 8;
+// GEMV up to 4 rows: beyond that its f32 FMAs (8 x 4 rows per 16-byte chunk) hold it far below
+// the copy bandwidth (T = 8 measured 1.0-2.1 TB/s on the H200), and the mma GEMM does better.
+constexpr int kGemvMaxT = 4;
 
 // Below this T the mma.sync kernels keep the small shapes: there a product is bound by streaming
 // w (about T FLOP per weight byte against the H200's ~200 FLOP/byte ridge), and their 32-row

@@ -343,3 +343,22 @@ def test_bad_arguments_raise_value_errors():
         _C.cuda_op_rms_norm(np.empty((4, 64), np.float32), x, x, 1e-6)
     with pytest.raises(TypeError, match="CPU op"):
         _C.op_rms_norm(np.empty((4, 64), np.float32), x, np.ones(64, np.float32), 1e-6)
+
+
+# ---- column split / concat (the fused q/k/v output into contiguous pieces) ----
+@pytest.mark.parametrize("dtype", ACT)
+@pytest.mark.parametrize("rows,sizes", [(1, [2048, 1024, 1024]), (37, [64, 32, 32]),
+                                        (5, [3, 5, 7])])  # odd widths: the byte-wise path
+def test_split_and_concat_columns_exact(dtype, rows, sizes):
+    from vllmx import ops
+
+    rng = np.random.default_rng()
+    x = host(rng.standard_normal((rows, sum(sizes))).astype(np.float32), dtype)
+    d = DeviceArray.from_numpy(x, dtype)
+    pieces = ops.split_columns(d, sizes)
+    start = 0
+    for piece, n in zip(pieces, sizes):
+        assert piece.shape == (rows, n)
+        np.testing.assert_array_equal(piece.numpy(), x[:, start:start + n])
+        start += n
+    np.testing.assert_array_equal(ops.concat_columns(pieces).numpy(), x)
