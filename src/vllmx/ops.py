@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vllmx import _C
-from vllmx.file_pages import release_file_pages
+from vllmx.pages import release_file_pages
 
 # dtype ids: GGML's numbering, shared by dense and block types (csrc/dtype.h).
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, BF16 = 0, 1, 2, 3, 6, 7, 8, 9, 30

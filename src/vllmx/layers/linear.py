@@ -8,7 +8,7 @@ import weakref
 import numpy as np
 
 from vllmx import ops
-from vllmx.file_pages import release_file_pages
+from vllmx.pages import release_file_pages
 from vllmx.ops import Weight
 
 # Packed copies by id of the source array, so that Linears sharing a weight share one copy.

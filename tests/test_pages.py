@@ -1,7 +1,7 @@
 """release_file_pages: the pages of a read-only file mapping leave this process's RSS (smaps'
 Rss of the mapping) and come back, with the same bytes, when read again; private mappings,
-anonymous arrays and partial pages are left alone. And after loading a GGUF model, the parts
-of the file that were repacked are no longer resident."""
+anonymous arrays and partial pages are left alone. After loading a GGUF model, the parts of the
+file that were repacked are no longer resident. lazy_zeros commits base pages as written."""
 
 import mmap
 import os
@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from vllmx.file_pages import release_file_pages
+from vllmx.pages import lazy_zeros, release_file_pages
 
 PAGE = mmap.PAGESIZE
 
@@ -25,6 +25,32 @@ def mapping_rss_kib(path: str) -> int:
             elif inside and head[0] == "Rss:":
                 total += int(head[1])
     return total
+
+
+def range_kib(a: np.ndarray, field: str = "Rss") -> int:
+    """A smaps field (KiB), summed over the mappings that overlap a's bytes."""
+    start, end, total, inside = a.ctypes.data, a.ctypes.data + a.nbytes, 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and not head[0].endswith(":"):
+                lo, hi = (int(x, 16) for x in head[0].split("-"))
+                inside = lo < end and start < hi
+            elif inside and head[0] == field + ":":
+                total += int(head[1])
+    return total
+
+
+def test_lazy_zeros_commits_only_written_base_pages():
+    a = lazy_zeros((64, 1 << 20), np.uint16)  # 128 MiB, like one layer's K cache
+    assert a.shape == (64, 1 << 20) and a.dtype == np.uint16 and a.flags.writeable
+    assert range_kib(a) <= 4
+    for row in (0, 17, 63):  # three written blocks, far apart
+        a[row, 1000:3000] = row + 1
+    # np.zeros would ask for transparent huge pages: 2 MiB per written block where available.
+    assert range_kib(a) <= 3 * 2 * PAGE // 1024
+    assert range_kib(a, "AnonHugePages") == 0
+    assert int(a[17].sum()) == 18 * 2000 and not a[1:17].any()
 
 
 @pytest.fixture
