@@ -44,7 +44,9 @@ def load_model(model_config: ModelConfig):
             tokenizer = Tokenizer.from_pretrained_dir(tok_path)
     model_config.finalize_max_model_len()
     meta = None  # the vocabulary lists are built into the tokenizer by now
-    model = model_cls(model_config.hf_config, weights)
+    # max_model_len bounds the positions, hence the rope caches the model builds.
+    model = model_cls({**model_config.hf_config, "max_model_len": model_config.max_model_len},
+                      weights)
     del weights  # what the model keeps it holds itself; a repacked original is freed
     trim_heap()
     return model, tokenizer
