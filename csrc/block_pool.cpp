@@ -50,6 +50,15 @@ void BlockPool::push_back(int32_t id) {
   ++num_free_;
 }
 
+void BlockPool::push_front(int32_t id) {
+  Block& b = blocks_[id];
+  b.prev = -1;
+  b.next = head_;
+  (head_ >= 0 ? blocks_[head_].prev : tail_) = id;
+  head_ = id;
+  ++num_free_;
+}
+
 void BlockPool::evict(int32_t id) {
   Block& b = blocks_[id];
   if (!b.cached) return;
@@ -97,9 +106,15 @@ void BlockPool::free_blocks(const std::vector<int32_t>& ids) {
                           "): double free");
     }
   }
+  std::vector<int32_t> uncached;
   for (int32_t id : ids) {
-    if (--blocks_[id].ref_cnt == 0) push_back(id);
+    if (--blocks_[id].ref_cnt > 0) continue;
+    if (blocks_[id].cached)
+      push_back(id);
+    else
+      uncached.push_back(id);
   }
+  for (auto it = uncached.rbegin(); it != uncached.rend(); ++it) push_front(*it);
 }
 
 int64_t BlockPool::cache_full_blocks(const std::vector<int32_t>& ids,

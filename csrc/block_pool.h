@@ -4,8 +4,9 @@
 //   - every block has a ref_cnt and, once it holds a full block of computed tokens, a 128-bit
 //     block hash (hash of parent hash + tokens + extra keys, computed in Python);
 //   - blocks with ref_cnt 0 sit in a free queue, an intrusive doubly-linked list in LRU order:
-//     allocation pops the head, freeing appends to the tail, and a cached free block that gets a
-//     prefix hit is unlinked from the middle in O(1);
+//     allocation pops the head, freeing appends a cached block to the tail (an uncached one,
+//     holding nothing to keep, goes to the head), and a cached free block that gets a prefix
+//     hit is unlinked from the middle in O(1);
 //   - a hash -> block map finds cached full blocks. A cached block that is popped for reuse is
 //     evicted then (its hash removed), lazily.
 // Errors throw std::invalid_argument naming the op; state is unchanged when an op throws.
@@ -44,9 +45,12 @@ class BlockPool {
   std::vector<int32_t> get_new_blocks(int64_t n);
   // ref_cnt += 1 for each block (a free one leaves the free queue: a prefix hit).
   void touch(const std::vector<int32_t>& ids);
-  // ref_cnt -= 1 for each block, in the given order; blocks reaching 0 are appended to the free
-  // queue's tail in that order (callers pass a request's blocks in reverse, so that the tail ends
-  // of sequences are evicted first).
+  // ref_cnt -= 1 for each block, in the given order; cached blocks reaching 0 are appended to the
+  // free queue's tail in that order (callers pass a request's blocks in reverse, so that the
+  // tail ends of sequences are evicted first). Uncached ones go to the head, in that order, to
+  // be reused before any cached block is evicted and before never-used blocks: the CPU KV cache
+  // is committed lazily, so its resident size stays that of the blocks in use at once, not of
+  // every block the pool ever cycled through (vLLM appends them to the tail too).
   void free_blocks(const std::vector<int32_t>& ids);
   // Registers ids[i] (in use, full, computed) under hashes[i]. A block already holding that hash
   // is skipped; a hash already mapped to another block is skipped (the duplicate stays
@@ -78,6 +82,7 @@ class BlockPool {
   void check_id(const char* op, int32_t id) const;
   void unlink(int32_t id);
   void push_back(int32_t id);
+  void push_front(int32_t id);
   void evict(int32_t id);
 
   std::vector<Block> blocks_;

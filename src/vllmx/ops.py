@@ -11,6 +11,7 @@ import numpy as np
 
 from vllmx import _C
 from vllmx.device import I32, DeviceArray
+from vllmx.pages import release_file_pages
 
 # dtype ids: GGML's numbering, shared by dense and block types (csrc/dtype.h).
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, BF16 = 0, 1, 2, 3, 6, 7, 8, 9, 30
@@ -69,11 +70,14 @@ def linear(x: np.ndarray, w: Weight, bias: np.ndarray | None = None) -> np.ndarr
     return out
 
 
+_REPACK_CHUNK_BYTES = 4 << 20
+
+
 def repack_weight(w: Weight) -> Weight:
     """A copy of a block weight in the packed layout of the CPU linear kernels (csrc/repack.h):
     same shape and bytes, its own dtype id. Only `linear` reads packed weights (embedding and
-    dequantize need the original). Returns w itself where this CPU has no packed kernel for
-    its dtype, or where it has fewer than 16 rows."""
+    dequantize need the original, which stays readable). Returns w itself where this CPU has no
+    packed kernel for its dtype, or where it has fewer than 16 rows."""
     packed = _C.packed_dtype(w.dtype)
     if packed < 0 or len(w.shape) != 2 or w.shape[0] < 16:
         return w
@@ -82,7 +86,14 @@ def repack_weight(w: Weight) -> Weight:
     buf = np.empty(src.nbytes + 64, np.uint8)
     start = -buf.ctypes.data % 64
     out = buf[start:start + src.nbytes].reshape(src.shape)
-    _C.op_repack_weight(out, src, w.dtype)
+    # Panels cover the bytes of their 16 rows, so whole panels repack independently: chunk by
+    # chunk, dropping the file pages of each source chunk (if mapped) once it is copied, so that
+    # the original and the copy are never both resident.
+    step = max(16, (_REPACK_CHUNK_BYTES // src.strides[0]) // 16 * 16)
+    for r in range(0, src.shape[0], step):
+        _C.op_repack_weight(out[r:r + step], src[r:r + step], w.dtype)
+        release_file_pages(src[r:r + step])
+    release_file_pages(src)  # the pages that straddle chunk boundaries
     return Weight(out, packed, w.shape)
 
 

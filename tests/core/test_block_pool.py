@@ -26,8 +26,24 @@ def test_refcounts_and_free_queue():
     pool.free_blocks([0])
     assert pool.ref_cnt(0) == 1 and pool.num_free_blocks == 2  # still in use
     pool.free_blocks([1, 0])  # a request's blocks, reversed: the tail end goes first
-    assert pool.free_block_ids() == [2, 3, 1, 0]
+    # Uncached: reused first (before never-used 2 and 3), so that few KV pages are ever touched.
+    assert pool.free_block_ids() == [1, 0, 2, 3]
     assert pool.num_free_blocks == 4
+
+
+def test_uncached_blocks_are_reused_before_fresh_and_cached_ones():
+    pool = BlockPool(100)
+    seen = set()
+    for i in range(50):  # requests of 1..5 blocks, one after another, none cached
+        blocks = pool.get_new_blocks(1 + i % 5)
+        seen.update(blocks)
+        pool.free_blocks(blocks[::-1])
+    assert seen == {0, 1, 2, 3, 4}  # never more blocks than were in use at once
+    blocks = pool.get_new_blocks(3)
+    pool.cache_full_blocks(blocks[:1], [h(0)])
+    pool.free_blocks(blocks[::-1])
+    head = pool.free_block_ids()
+    assert head[:2] == blocks[:0:-1] and head[-1] == blocks[0]  # the cached one: evicted last
 
 
 def test_lru_eviction_order_is_lazy():
@@ -50,7 +66,7 @@ def test_prefix_hit_removes_from_middle_and_returns_to_tail():
     blocks = pool.get_new_blocks(4)
     pool.cache_full_blocks([blocks[1]], [h(1)])
     pool.free_blocks(blocks[::-1])
-    assert pool.free_block_ids() == [3, 2, 1, 0]
+    assert pool.free_block_ids() == [3, 2, 0, 1]
     hit = pool.get_cached_block(h(1))
     pool.touch([hit])  # a hit on a free cached block: unlinked from the middle
     assert pool.free_block_ids() == [3, 2, 0] and pool.ref_cnt(1) == 1

@@ -27,6 +27,7 @@ from vllmx.layers.placement import Placement, placement
 from vllmx.loader import DEFAULT_MODEL, load_model, resolve_model
 from vllmx.ops import F16, F32
 from vllmx.outputs import RequestOutput
+from vllmx.pages import lazy_zeros
 from vllmx.sampling_params import SamplingParams
 from vllmx.worker import cuda_worker
 from vllmx.worker.model_runner import ModelRunner
@@ -225,8 +226,10 @@ class LLMEngine:
         cc.num_blocks = num_blocks
         np_dtype = np.float32 if dtype == F32 else np.uint16
         shape = (num_blocks, cc.block_size, nkv, hd)
-        # np.zeros maps lazily: pages are committed as blocks are first written.
-        caches = [(np.zeros(shape, np_dtype), np.zeros(shape, np_dtype)) for _ in range(layers)]
+        # Pages are committed as blocks are first written (and the block pool reuses freed
+        # blocks first), so an idle or lightly used cache costs little resident memory.
+        caches = [(lazy_zeros(shape, np_dtype), lazy_zeros(shape, np_dtype))
+                  for _ in range(layers)]
         logger.info("KV cache: %d blocks x %d tokens (%s, %.1f MiB), max_model_len %d",
                     num_blocks, cc.block_size, {F16: "f16", F32: "f32", 30: "bf16"}[dtype],
                     num_blocks * block_bytes / 2**20, mc.max_model_len)

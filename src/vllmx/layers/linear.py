@@ -11,6 +11,7 @@ import numpy as np
 from vllmx import ops
 from vllmx.device import DeviceArray
 from vllmx.layers import placement
+from vllmx.pages import release_file_pages
 from vllmx.ops import Weight
 
 # Packed copies by id of the source array, so that Linears sharing a weight share one copy.
@@ -52,6 +53,8 @@ def concat_rows(weights: list[Weight]) -> Weight:
     if len(dtypes) != 1 or len(ks) != 1:
         raise ValueError(f"cannot fuse weights of dtypes {dtypes} and input sizes {ks}")
     data = np.concatenate([np.asarray(w.data) for w in weights], axis=0)
+    for w in weights:  # only the copy is read from now on
+        release_file_pages(w.data)
     return Weight(data, weights[0].dtype, (sum(w.shape[0] for w in weights), ks.pop()))
 
 

@@ -30,17 +30,20 @@ def _llama3_inv_freq(inv_freq: np.ndarray, s: dict[str, Any]) -> np.ndarray:
 
 
 class RotaryEmbedding:
-    """Applies rope to q and k in place; `cos_sin_cache` is f32 [max_position, rotary_dim]."""
+    """Applies rope to q and k in place; `cos_sin_cache` is f32 [positions, rotary_dim].
+    num_positions: the positions the engine can reach (max_model_len), default all the scaling
+    defines; a 32k-context Gemma 3 would otherwise hold 64 MB of cache for a 1k max_model_len."""
 
     def __init__(self, head_size: int, rotary_dim: int, max_position: int, base: float,
                  is_neox_style: bool, rope_scaling: dict[str, Any] | None = None,
-                 freq_factors: np.ndarray | None = None):
+                 freq_factors: np.ndarray | None = None, num_positions: int | None = None):
         self.head_size = head_size
         self.is_neox_style = is_neox_style
         s = dict(rope_scaling or {})
         rope_type = s.get("rope_type", s.get("type", "default"))
         inv_freq = _inv_freq(base, rotary_dim)
-        positions = np.arange(max_position, dtype=np.float64)
+        n = (1 << 62) if num_positions is None else int(num_positions)  # rows to compute
+        positions = np.arange(min(n, max_position), dtype=np.float64)
         if freq_factors is not None:  # GGUF llama3: rope_freqs.weight divides the frequencies
             inv_freq = inv_freq / freq_factors.astype(np.float64)
         if rope_type in ("default", None):
@@ -56,9 +59,9 @@ class RotaryEmbedding:
             max_len = int(orig * factor)
             ntk_base = base * ((factor * max_len / orig) - (factor - 1)) ** (
                 rotary_dim / (rotary_dim - 2))
-            long_pos = np.arange(orig, max_len, dtype=np.float64)
+            long_pos = np.arange(orig, max(orig, min(max_len, n)), dtype=np.float64)
             long_freqs = np.outer(long_pos, _inv_freq(ntk_base, rotary_dim))
-            positions = np.arange(orig, dtype=np.float64)
+            positions = np.arange(min(orig, n), dtype=np.float64)
         else:
             raise ValueError(f"rope_scaling type {rope_type!r} is not supported yet")
         freqs = np.outer(positions, inv_freq)

@@ -6,10 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType
 
-from vllmx.loader.gguf_metadata import read_gguf_metadata
-from vllmx.ops import BF16, Weight, dtype_name, is_supported
+from vllmx import _C
+from vllmx.loader.gguf_file import GGUFFile
+from vllmx.ops import BF16, F16, F32, Weight, dtype_name, is_supported
+
+# Dense dtypes as numpy reads them (bf16 as its raw uint16); block types stay uint8 rows.
+_DENSE = {F32: "<f4", F16: "<f2", BF16: "<u2", 26: "<i4", 27: "<i8"}  # 26, 27: I32, I64
 
 
 def gguf_to_hf_config(meta: dict[str, Any]) -> dict[str, Any]:
@@ -64,30 +68,40 @@ def gguf_to_hf_config(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_gguf(path: str) -> tuple[dict[str, Any], dict[str, Weight]]:
-    """(metadata, tensors by GGUF name). Tensor shapes are [rows, cols] (PyTorch order)."""
+    """(metadata, tensors by GGUF name). Tensor shapes are [rows, cols] (PyTorch order); the
+    data are read-only views of the file's mapping."""
     try:
-        reader = GGUFReader(path)
-    except Exception as e:  # the gguf package raises assorted errors on bad files
-        raise ValueError(f"{path}: not a readable GGUF file ({e})") from e
-    meta = read_gguf_metadata(reader)
+        f = GGUFFile(path)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read the GGUF file ({e})") from e
     weights: dict[str, Weight] = {}
-    for t in reader.tensors:
-        dtype = int(t.tensor_type)
+    for t in f.tensors:
+        dtype = t.ggml_type
         if not is_supported(dtype):
             raise ValueError(
-                f"{path}: tensor {t.name!r} has GGUF type {t.tensor_type.name}, which vllmx "
-                f"does not support yet"
+                f"{path}: tensor {t.name!r} has GGUF type {_type_name(dtype)}, which vllmx does "
+                f"not support yet"
             )
-        shape = tuple(int(n) for n in reversed(t.shape.tolist()))  # ggml lists dims fastest-first
-        data = t.data
-        if dtype == BF16:
-            data = data.view(np.uint16)
-        if data.dtype == np.uint8:  # blocks: rows of bytes
-            data = data.reshape(int(np.prod(shape[:-1], dtype=np.int64)), -1)
+        shape = tuple(reversed(t.dims)) or (1,)  # ggml lists dims fastest-first
+        _, block_size, type_size, quantized, _ = _C.type_info(dtype)
+        n = int(np.prod(shape, dtype=np.int64))
+        if shape[-1] % block_size:
+            raise ValueError(f"{path}: tensor {t.name!r} has rows of {shape[-1]} elements, not a "
+                             f"multiple of the {dtype_name(dtype)} block size {block_size}")
+        nbytes = n // block_size * type_size
+        if quantized:  # rows of blocks
+            data = f.view(t.offset, nbytes).reshape(int(np.prod(shape[:-1], dtype=np.int64)), -1)
         else:
-            data = data.reshape(shape)
+            data = f.view(t.offset, nbytes, _DENSE[dtype]).reshape(shape)
         weights[t.name] = Weight(data, dtype, shape)
-    return meta, weights
+    return f.metadata, weights
+
+
+def _type_name(dtype: int) -> str:
+    try:
+        return GGMLQuantizationType(dtype).name
+    except ValueError:
+        return f"id {dtype}"
 
 
 __all__ = ["gguf_to_hf_config", "load_gguf", "dtype_name"]

@@ -81,12 +81,13 @@ def rope_parameters(cfg: dict) -> dict[str, dict]:
     return {"full_attention": full, "sliding_attention": sliding}
 
 
-def _rope(head_dim: int, max_position: int, params: dict) -> RotaryEmbedding:
+def _rope(head_dim: int, max_position: int, params: dict,
+          num_positions: int | None = None) -> RotaryEmbedding:
     scaling = {k: v for k, v in params.items() if k != "rope_theta"}
     if scaling.get("rope_type", scaling.get("type", "default")) == "default":
         scaling = None
     return RotaryEmbedding(head_dim, head_dim, max_position, float(params["rope_theta"]),
-                           True, scaling)
+                           True, scaling, num_positions=num_positions)
 
 
 def gemma_rms_norm(weight: Weight, eps: float, offset: float) -> RMSNorm:
@@ -173,7 +174,8 @@ class Gemma3ForCausalLM:
         self._check_weights(weights)
 
         max_pos = int(cfg.get("max_position_embeddings") or 2048)
-        ropes = {t: _rope(cfg["head_dim"], max_pos, p) for t, p in rope_parameters(cfg).items()}
+        ropes = {t: _rope(cfg["head_dim"], max_pos, p, cfg.get("max_model_len"))
+                 for t, p in rope_parameters(cfg).items()}
         window = int(cfg.get("sliding_window") or 0)
         self.embed_tokens = weights["model.embed_tokens.weight"]
         # transformers multiplies by sqrt(hidden) cast to the activation dtype (f32 here).

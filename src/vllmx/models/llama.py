@@ -122,7 +122,8 @@ class LlamaForCausalLM:
         self.rope = RotaryEmbedding(
             head_dim, rotary_dim, int(cfg.get("max_position_embeddings") or 2048), float(theta),
             is_neox, rope_scaling,
-            None if freq_factors is None else freq_factors.to_float32().reshape(-1))
+            None if freq_factors is None else freq_factors.to_float32().reshape(-1),
+            num_positions=cfg.get("max_model_len"))
         self.embed_tokens = placement.upload_weight(weights["model.embed_tokens.weight"],
                                                     "model.embed_tokens.weight")
         self.layers = [LlamaDecoderLayer(i, cfg, weights, self.rope)

@@ -194,7 +194,7 @@ class Tokenizer:
     @classmethod
     def from_gguf_metadata(cls, meta: dict[str, Any]) -> Tokenizer:
         """Build from the metadata dict of a GGUF file
-        (`vllmx.loader.gguf_metadata.read_gguf_metadata(gguf.GGUFReader(path))`)."""
+        (`vllmx.loader.gguf_file.GGUFFile(path).metadata`)."""
         v = build_gguf_tokenizer(meta)
         return cls(
             v.tokenizer,
@@ -209,11 +209,9 @@ class Tokenizer:
     @classmethod
     def from_gguf_file(cls, path: str | os.PathLike) -> Tokenizer:
         """Read a GGUF file's metadata and build its tokenizer."""
-        import gguf
+        from vllmx.loader.gguf_file import GGUFFile
 
-        from vllmx.loader.gguf_metadata import read_gguf_metadata
-
-        return cls.from_gguf_metadata(read_gguf_metadata(gguf.GGUFReader(str(path))))
+        return cls.from_gguf_metadata(GGUFFile(str(path)).metadata)
 
     # ------------------------------------------------------------------ properties
 

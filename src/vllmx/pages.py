@@ -1,0 +1,60 @@
+"""Page-level control of how much memory counts as resident: the pages of a weight in a
+read-only file mapping (a GGUF or safetensors file) dropped once its bytes live elsewhere, and
+zeroed buffers committed page by page as they are written (the CPU KV cache).
+
+Mapped file pages count in the process's RSS for as long as they stay mapped, so without
+release_file_pages a repacked model is resident twice. The file stays the source of truth:
+madvise(MADV_DONTNEED) on a read-only shared mapping only unmaps the pages, and a page read
+again later (an embedding row of a table tied to a repacked lm_head) is mapped back from the
+page cache. It changes how much of the file counts as resident, never what a read returns."""
+
+from __future__ import annotations
+
+import math
+import mmap
+
+import numpy as np
+
+
+def _read_only_mapping(a: np.ndarray) -> mmap.mmap | None:
+    """The mmap.mmap at the root of a's base chain (np.frombuffer or np.memmap), if read-only."""
+    base = a
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):  # np.frombuffer's base
+        base = base.obj
+    if not isinstance(base, mmap.mmap) or base.closed:
+        return None
+    with memoryview(base) as view:  # a private (ACCESS_COPY) mapping is writable: its pages
+        return base if view.readonly else None  # may hold data the file does not
+
+
+def release_file_pages(a: np.ndarray) -> int:
+    """Unmaps the whole pages of a's bytes from this process if `a` is a contiguous view of a
+    read-only file mapping; returns the bytes released (0 for anything else). The partial pages
+    at either end are kept, as a neighbouring tensor may still be read through them."""
+    mapping = _read_only_mapping(a)
+    if mapping is None or not a.flags.c_contiguous or a.nbytes == 0:
+        return 0
+    offset = a.ctypes.data - np.frombuffer(mapping, np.uint8, 1).ctypes.data
+    page = mmap.PAGESIZE
+    lo = -(-offset // page) * page
+    hi = (offset + a.nbytes) // page * page
+    if hi <= lo:
+        return 0
+    mapping.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+    return hi - lo
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """Zeros in a private anonymous mapping of their own, committed a base page at a time as
+    they are first written. np.zeros is lazy too, but numpy asks for transparent huge pages on
+    arrays of 4 MB and more, and then one written KV block commits 2 MB of its layer's cache."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes == 0:
+        return np.zeros(shape, dtype)
+    mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        mapping.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(mapping, dtype).reshape(shape)

@@ -1,0 +1,50 @@
+"""ops.repack_weight repacks a file-mapped weight chunk by chunk: the same bytes as one whole
+repack (chunk ends off panel and page boundaries, tail rows included), and none of the source's
+pages left resident afterwards, though the source still reads the same."""
+
+import mmap
+import os
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+from vllmx import _C, ops
+
+PAGE = mmap.PAGESIZE
+
+
+def mapping_rss_kib(path: str) -> int:
+    path, total, inside = os.path.realpath(path), 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(maxsplit=5)
+            if len(head) >= 5 and "-" in head[0] and not head[0].endswith(":"):
+                inside = len(head) == 6 and head[5].strip() == path
+            elif inside and head[0] == "Rss:":
+                total += int(head[1])
+    return total
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0], ids=lambda q: q.name)
+def test_chunked_repack_of_a_mapped_weight(qtype, tmp_path, monkeypatch):
+    if _C.packed_dtype(int(qtype)) < 0:
+        pytest.skip(f"no packed {qtype.name} kernel on this CPU")
+    n, k, skip = 203, 576, 1000  # 12 panels + 11 tail rows, starting mid-page
+    rng = np.random.default_rng(int(qtype))
+    blocks = quants.quantize(rng.standard_normal((n, k)).astype(np.float32), qtype)
+    path = str(tmp_path / "w.bin")
+    with open(path, "wb") as f:
+        f.write(b"\0" * skip + blocks.tobytes())
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    src = np.frombuffer(mm, np.uint8, blocks.nbytes, skip).reshape(blocks.shape)
+    whole = np.empty_like(blocks)
+    _C.op_repack_weight(whole, blocks, int(qtype))
+
+    monkeypatch.setattr(ops, "_REPACK_CHUNK_BYTES", 3 * 16 * blocks.shape[1] + 1)  # 48 rows
+    packed = ops.repack_weight(ops.Weight(src, int(qtype), (n, k)))
+    assert np.array_equal(packed.data, whole)
+    assert mapping_rss_kib(path) * 1024 <= 2 * PAGE  # at most the partial first and last page
+    assert np.array_equal(src, blocks)
