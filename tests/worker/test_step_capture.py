@@ -140,7 +140,7 @@ def run(model: str, enforce_eager: bool, prompts, params, **kw):
             sorted(engine.model_runner.step_tapes))
 
 
-def staggered(vocab: int, n: int, seed: int):
+def staggered(vocab: int, n: int, seed: int, max_tokens: int = 24):
     """n prompts whose max_tokens differ, so that the decode batch shrinks as they finish
     and grows again as waiting ones start (max_num_seqs below n)."""
     from vllmx import SamplingParams
@@ -148,9 +148,10 @@ def staggered(vocab: int, n: int, seed: int):
     r = np.random.default_rng(seed)
     prompts = [{"prompt_token_ids": r.integers(3, vocab, int(r.integers(3, 20))).tolist()}
                for _ in range(n)]
-    params = [SamplingParams(temperature=0, max_tokens=int(r.integers(2, 24)), ignore_eos=True)
+    params = [SamplingParams(temperature=0, max_tokens=int(r.integers(2, max_tokens)),
+                             ignore_eos=True)
               for _ in range(n)]
-    params[0] = SamplingParams(temperature=0.8, seed=7, max_tokens=30, ignore_eos=True)
+    params[0] = SamplingParams(temperature=0.8, seed=7, max_tokens=max_tokens + 6, ignore_eos=True)
     return prompts, params
 
 
@@ -171,8 +172,8 @@ def test_real_gguf_replay_equals_eager(fixture, request):
     """Quantized weights (packed Q4_1 / Q8_0 kernels; Gemma's Q4_K_M mixes types inside a
     projection, which takes the concat path)."""
     model = request.getfixturevalue(fixture)
-    prompts, params = staggered(1000, 6, seed=3)
-    kw = {"max_num_seqs": 4, "max_model_len": 256}
+    prompts, params = staggered(1000, 5, seed=3, max_tokens=10)
+    kw = {"max_num_seqs": 4, "max_model_len": 128}
     eager = run(model, True, prompts, params, **kw)
     replayed = run(model, False, prompts, params, **kw)
     assert len(replayed[2]) >= 2
