@@ -248,7 +248,7 @@ def concat_columns(xs: list):
 def scale_(x: np.ndarray, s: float) -> None:
     """In place: x *= s (f32), natively, so that a recorded step replays it."""
     if isinstance(x, DeviceArray):
-        raise ValueError("scale_: no CUDA kernel yet (host arrays only)")
+        raise TypeError("scale_: host arrays only (Gemma 3, its one user, runs on the CPU)")
     _C.op_scale(x, x, s)
 
 

@@ -104,7 +104,7 @@ def capture(forward, long_lived: LongLived) -> tuple[CapturedStep, np.ndarray]:
         _C.record_end()
     step = CapturedStep(tape, _pack(tape, out, long_lived))
     replayed = step.replay()
-    if not np.array_equal(replayed.view(np.uint32), out.view(np.uint32)):
+    if replayed.tobytes() != out.tobytes():  # bits, so that NaNs compare too
         raise RuntimeError("step capture: the replayed forward differs from the recorded one; "
                            "the forward changes an activation outside the native ops (numpy "
                            "work in place), which a tape cannot replay")
@@ -126,14 +126,14 @@ def _pack(tape: _C.StepTape, out: np.ndarray, long_lived: LongLived) -> np.ndarr
             r = _root(a)
             k = id(r)
             if k not in roots and k not in external:
-                if id(a) in read_ids:  # read before any op wrote it
-                    if not long_lived.contains(a):
-                        raise ValueError(
-                            f"step capture: op {i} ({name}) reads an array {a.shape} that no "
-                            f"earlier native op wrote and that is no weight, KV cache or runner "
-                            f"input: numpy work inside the forward would be frozen on replay")
+                if long_lived.contains(r):  # used in place, never moved
                     external[k] = r
                     continue
+                if id(a) in read_ids:  # read before any op wrote it
+                    raise ValueError(
+                        f"step capture: op {i} ({name}) reads an array {a.shape} that no "
+                        f"earlier native op wrote and that is no weight, KV cache or runner "
+                        f"input: numpy work inside the forward would be frozen on replay")
                 roots[k], first[k] = r, i
             if k in roots:
                 last[k] = i
@@ -161,15 +161,15 @@ def _plan(buffers: dict[int, tuple[int, int, int]]) -> tuple[dict[int, int], int
     offsets: dict[int, int] = {}
     size = 0
     for k in order:
-        f, l, n = buffers[k]
+        f, last, n = buffers[k]
         n = -(-n // _ALIGN) * _ALIGN
-        busy = sorted((o, e) for pf, pl, o, e in placed if pf <= l and f <= pl)
+        busy = sorted((o, e) for pf, pl, o, e in placed if pf <= last and f <= pl)
         off = 0
         for o, e in busy:
             if off + n <= o:
                 break
             off = max(off, e)
-        placed.append((f, l, off, off + n))
+        placed.append((f, last, off, off + n))
         offsets[k] = off
         size = max(size, off + n)
     return offsets, size
