@@ -2,7 +2,8 @@
 steps (enforce_eager=True), same model and threads, alternating in one run: batch-1 decode tok/s
 (128 tokens), output tok/s for 16 requests x 64 new tokens, and per decode step (batch 1 and
 16) the time of the model forward alone and of the whole engine step. The eager forward minus
-the replayed one is the Python (op dispatch, numpy allocation) that capture takes out.
+the replayed one is the Python (op dispatch, numpy allocation) that capture takes out. Writes
+JSON under bench/results/.
 
     python bench/cpu_step_capture.py [--model PATH_OR_ALIAS] [--threads 2] [--repeats 5]
 """
@@ -10,11 +11,19 @@ the replayed one is the Python (op dispatch, numpy allocation) that capture take
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import platform
 import statistics
 import time
 
-from cpu_vs_llamacpp_lib import VllmxRunner, make_prompt, throughput_prompts
+from cpu_vs_llamacpp_lib import (
+    VllmxRunner,
+    cpu_name,
+    git_commit,
+    make_prompt,
+    throughput_prompts,
+)
 
 
 class Runner(VllmxRunner):
@@ -33,7 +42,7 @@ class Runner(VllmxRunner):
         runner = engine.model_runner
         for i, p in enumerate(prompts):
             engine.add_request(f"s{i}", {"prompt_token_ids": p},
-                               self.sp(temperature=0, max_tokens=3 * reps, ignore_eos=True))
+                               self.sp(temperature=0, max_tokens=reps + 5, ignore_eos=True))
         for _ in range(3):  # prefills, then decode steps (the capture happens here)
             engine.step()
         nb = len(prompts)
@@ -85,6 +94,16 @@ def main() -> None:
     e, c = res["eager"], res["capture"]
     print(f"{'capture / eager':18}" + "".join(
         f"{statistics.median(c[k]) / statistics.median(e[k]):18.3f}" for k in keys))
+    medians = {n: {k: statistics.median(v) for k, v in d.items()} for n, d in res.items()}
+    out = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(),
+                       "python": platform.python_version()},
+           "commit": git_commit(), "model": os.path.basename(model), "threads": args.threads,
+           "repeats": args.repeats, "medians": medians, "runs": res}
+    dest = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                        f"cpu_step_capture_{os.path.basename(model)}_t{args.threads}.json")
+    with open(dest, "w") as f:
+        json.dump(out, f, indent=1)
+    print("wrote", dest)
 
 
 if __name__ == "__main__":
