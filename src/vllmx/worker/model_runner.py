@@ -3,7 +3,8 @@ decodes, then samples. Per-step inputs are built on the host in persistent, prea
 buffers (sliced each step). Pure decode steps run padded to a batch-size bucket (vLLM's
 cudagraph_capture_sizes) and replay that bucket's capture: a CUDA graph on the GPU (the inputs
 travel in one copy to a persistent device buffer), a native op tape on the CPU
-(worker/step_capture.py). No Python runs inside such a step's forward."""
+(worker/step_capture.py; the CPU pads only replayed steps). No Python runs inside such a
+step's forward."""
 
 from __future__ import annotations
 
