@@ -114,3 +114,13 @@ namespace vllmx {
 // parallel; each row is quantized on its own, so the result does not depend on the thread count.
 void quantize_weight(const Tensor& out, const Tensor& src);
 }  // namespace vllmx
+
+namespace vllmx {
+// out[:, out_col : out_col + n] = x[:, x_col : x_col + n] for row-major out [T, Wo] and x [T, Wx]
+// of one dense dtype: splits q/k/v out of a fused projection, joins projections that cannot
+// share a matmul. A plain copy, so it has no reference twin.
+void copy_columns(const Tensor& out, int64_t out_col, const Tensor& x, int64_t x_col,
+                  int64_t n);
+// out = x * s elementwise (f32; out may be x). Gemma's embedding scale.
+void scale(const Tensor& out, const Tensor& x, float s);
+}  // namespace vllmx

@@ -70,3 +70,7 @@ cdef extern from "ops.h" namespace "vllmx" nogil:
 
 cdef extern from "ops.h" namespace "vllmx" nogil:
     void quantize_weight(const Tensor&, const Tensor&) except +
+
+cdef extern from "ops.h" namespace "vllmx" nogil:
+    void copy_columns(const Tensor&, int64_t, const Tensor&, int64_t, int64_t) except +
+    void scale(const Tensor&, const Tensor&, float) except +

@@ -18,7 +18,7 @@ class ModelConfig:
     max_model_len: int | None = None
     generation_config: str = "auto"  # "auto": the model's generation_config.json; "vllm": none
     dtype: str = "auto"  # GPU activations: auto (checkpoint's bf16/f16, else bf16) | bfloat16 | float16
-    enforce_eager: bool = False  # GPU: no CUDA graphs for decode steps
+    enforce_eager: bool = False  # no decode step capture (CUDA graphs / CPU step tapes)
     hf_config: dict[str, Any] = field(default_factory=dict)
     gen_config: dict[str, Any] = field(default_factory=dict)
 

@@ -228,8 +228,10 @@ def split_columns(x, sizes: list[int]) -> list:
             pieces.append(out)
             start += n
         return pieces
-    for n in sizes:
-        pieces.append(np.ascontiguousarray(x[:, start:start + n]))
+    for n in sizes:  # a native copy, so that a recorded step (worker/step_capture.py) replays it
+        out = np.empty((x.shape[0], n), dtype=x.dtype)
+        _C.op_copy_columns(out, 0, x, start, n)
+        pieces.append(out)
         start += n
     return pieces
 
@@ -237,7 +239,12 @@ def split_columns(x, sizes: list[int]) -> list:
 def concat_columns(xs: list):
     """[T, sum(widths)] from arrays [T, width_i] side by side (the inverse of split_columns)."""
     if not isinstance(xs[0], DeviceArray):
-        return np.concatenate(xs, axis=1)
+        out = np.empty((xs[0].shape[0], sum(x.shape[1] for x in xs)), dtype=xs[0].dtype)
+        start = 0
+        for x in xs:
+            _C.op_copy_columns(out, start, x, 0, x.shape[1])
+            start += x.shape[1]
+        return out
     t, item = xs[0].shape[0], xs[0].itemsize
     width = sum(x.shape[1] for x in xs)
     out, start = DeviceArray.empty((t, width), xs[0].dtype), 0
@@ -247,6 +254,13 @@ def concat_columns(xs: list):
                                        width * item, x.offset, n * item)
         start += n
     return out
+
+
+def scale_(x: np.ndarray, s: float) -> None:
+    """In place: x *= s (f32), natively, so that a recorded step replays it."""
+    if isinstance(x, DeviceArray):
+        raise TypeError("scale_: host arrays only (Gemma 3, its one user, runs on the CPU)")
+    _C.op_scale(x, x, s)
 
 
 def gather_rows(x, rows: np.ndarray, out_dtype: int | None = None):

@@ -56,7 +56,7 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="share of GPU memory for weights, activations and KV cache (default 0.9)")
     p.add_argument("--enforce-eager", action="store_true",
-                   help="GPU: run decode steps eagerly (no CUDA graphs)")
+                   help="run decode steps eagerly (no CUDA graphs / CPU step tapes)")
     p.add_argument("--disable-log-requests", action="store_true")
     p.add_argument("--disable-log-stats", action="store_true")
     p.add_argument("--uvicorn-log-level", default="info",

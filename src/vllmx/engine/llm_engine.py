@@ -112,7 +112,8 @@ class LLMEngine:
             self.kv_caches, self.cache_dtype = self._allocate_kv_cache()
             self.model_runner = ModelRunner(self.model, self.kv_caches, self.cache_dtype,
                                             cc.block_size, sc.max_num_batched_tokens,
-                                            sc.max_num_seqs, mc.max_model_len, mc.seed)
+                                            sc.max_num_seqs, mc.max_model_len, mc.seed,
+                                            enforce_eager=mc.enforce_eager)
         self.scheduler = Scheduler(sc, cc)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._next_id = 0
@@ -187,7 +188,7 @@ class LLMEngine:
             report.parts.append("CUDA graphs off (enforce_eager)")
         else:
             before, t0 = report.used(), time.perf_counter()
-            sizes = runner.cudagraph_sizes
+            sizes = runner.decode_buckets
             runner.capture_cudagraphs(sizes)
             report.parts.append(f"CUDA graphs for {len(sizes)} decode batch sizes up to "
                                 f"{sizes[-1]} ({(report.used() - before) / 2**20:.0f} MiB, "

@@ -203,7 +203,7 @@ class Gemma3ForCausalLM:
     def forward(self, input_ids: np.ndarray, positions: np.ndarray,
                 md: AttentionMetadata) -> np.ndarray:
         h = ops.embedding(input_ids, self.embed_tokens)
-        h *= self.embed_scale
+        ops.scale_(h, self.embed_scale)
         residual = None
         for layer in self.layers:
             h, residual = layer(positions, h, residual, md)

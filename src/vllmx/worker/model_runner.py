@@ -1,8 +1,10 @@
 """Turns a SchedulerOutput into one model forward over a mixed batch of prefill chunks and
 decodes, then samples. Per-step inputs are built on the host in persistent, preallocated
-buffers (sliced each step). On the GPU they travel in one copy to a persistent device buffer,
-and pure decode steps replay a CUDA graph captured per batch-size bucket (vLLM's
-cudagraph_capture_sizes): no Python runs inside such a step's forward."""
+buffers (sliced each step). Pure decode steps run padded to a batch-size bucket (vLLM's
+cudagraph_capture_sizes) and replay that bucket's capture: a CUDA graph on the GPU (the inputs
+travel in one copy to a persistent device buffer), a native op tape on the CPU
+(worker/step_capture.py; the CPU pads only replayed steps). No Python runs inside such a
+step's forward."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from vllmx.core.sched_output import (
 from vllmx.layers.attention import AttentionMetadata
 from vllmx.layers.sampler import RequestSamplingState, Sampler, SamplingMetadata
 from vllmx.sampling_params import SamplingParams
+from vllmx.worker.step_capture import CapturedStep, LongLived, capture
 
 # Prompt positions whose logits (for prompt_logprobs) are computed at once: bounds the memory.
 _PROMPT_LOGITS_CHUNK = 256
@@ -72,7 +75,7 @@ def cudagraph_capture_sizes(max_num_seqs: int) -> list[int]:
 class ModelRunner:
     def __init__(self, model, kv_caches, cache_dtype: int, block_size: int,
                  max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, seed: int,
-                 device: str = "cpu"):
+                 device: str = "cpu", enforce_eager: bool = False):
         self.model = model
         self.device = device
         self.kv_caches = kv_caches
@@ -89,7 +92,14 @@ class ModelRunner:
         self.query_start_loc = np.zeros(b + 1, dtype=np.int32)
         self.seq_lens = np.zeros(b, dtype=np.int32)
         self.block_table = np.zeros((b, self.max_blocks_per_req), dtype=np.int32)
-        self.graphs = {}  # decode bucket -> the CudaGraph of its forward and logits
+        self.decode_buckets = cudagraph_capture_sizes(min(b, t))
+        self.graphs = {}  # GPU: decode bucket -> the CudaGraph of its forward and logits
+        # CPU: bucket -> its step tape, recorded the first time the bucket runs (a capture is
+        # one ordinary forward plus one replay, so nothing is spent on buckets never used).
+        # enforce_eager: none, as on the GPU (the engine then never calls capture_cudagraphs).
+        self.capture_decode = device != "cuda" and not enforce_eager
+        self.step_tapes: dict[int, CapturedStep] = {}
+        self._long_lived: LongLived | None = None
         if device == "cuda":
             from vllmx.device import F32, I32, DeviceArray
 
@@ -98,10 +108,9 @@ class ModelRunner:
             n = 3 * t + 2 * b + 1 + b * self.max_blocks_per_req
             self._staging = np.zeros(n, dtype=np.int32)
             self._dev_staging = DeviceArray.empty((n,), I32)
-            self.cudagraph_sizes = cudagraph_capture_sizes(min(b, t))
             # A decode bucket's f32 logits land here (graphs or not): one buffer for every
             # bucket, allocated before any capture so that no graph's scratch overlaps it.
-            size = self.cudagraph_sizes[-1]
+            size = self.decode_buckets[-1]
             self._rows = DeviceArray.from_numpy(np.arange(size, dtype=np.int32))
             self._decode_logits = DeviceArray.empty((size, model.vocab_size), F32)
 
@@ -164,14 +173,41 @@ class ModelRunner:
             self.graphs[size] = graph
         cuda_synchronize()
 
+    # -- CPU: host buffers as they are, step tapes for decode -------------------------------
+    def _host_forward(self, t: int, nb: int):
+        md = AttentionMetadata(self.slot_mapping[:t], self.block_table[:nb],
+                               self.query_start_loc[:nb + 1], self.seq_lens[:nb],
+                               self.kv_caches, self.cache_dtype)
+        return self.model.forward(self.input_ids[:t], self.positions[:t], md)
+
+    def _forward_cpu(self, t: int, nb: int, decode_only: bool):
+        size = self._bucket(nb) if decode_only and self.capture_decode else None
+        if size is None:
+            return self._host_forward(t, nb)
+        # Only replayed steps are padded: the CPU kernels compute each row on its own, so pad
+        # rows never change real ones and eager steps give the same bits unpadded
+        # (tests/worker/test_step_capture.py checks replay against eager bit for bit).
+        self._pad_decode(nb, size)
+        step = self.step_tapes.get(size)
+        if step is not None:
+            return step.replay()
+        if self._long_lived is None:
+            self._long_lived = LongLived(self.model, self.kv_caches, self.input_ids,
+                                         self.positions, self.slot_mapping,
+                                         self.query_start_loc, self.seq_lens, self.block_table)
+        step, hidden = capture(lambda: self._host_forward(size, size), self._long_lived)
+        self.step_tapes[size] = step
+        return hidden
+
+    def _bucket(self, nb: int) -> int | None:
+        """The smallest decode bucket that holds nb requests (None: above the largest)."""
+        return next((s for s in self.decode_buckets if s >= nb), None)
+
     def _forward(self, t: int, nb: int, decode_only: bool):
         """(hidden states, f32 logits of the nb sampled rows or None to compute them)."""
         if self.device != "cuda":
-            md = AttentionMetadata(self.slot_mapping[:t], self.block_table[:nb],
-                                   self.query_start_loc[:nb + 1], self.seq_lens[:nb],
-                                   self.kv_caches, self.cache_dtype)
-            return self.model.forward(self.input_ids[:t], self.positions[:t], md), None
-        size = next((s for s in self.cudagraph_sizes if s >= nb), None) if decode_only else None
+            return self._forward_cpu(t, nb, decode_only), None
+        size = self._bucket(nb) if decode_only else None
         if size is None:
             ids, pos, md = self._stage(t, nb)
             return self.model.forward(ids, pos, md), None

@@ -1,0 +1,175 @@
+"""CPU step capture: a decode forward recorded once per batch bucket as a native op tape
+(vllmx._C.StepTape, csrc/step_tape.h) and replayed in C++ with the GIL released: the CPU's
+counterpart of the CUDA graphs in model_runner.py.
+
+Recording runs the forward eagerly while every native op also appends itself to the tape. The
+capture then checks and packs what was recorded:
+- every array an op reads is either written earlier in the tape (an activation) or memory that
+  outlives the step (weights, KV caches, the runner's input buffers). Anything else was made by
+  numpy inside the forward, would be frozen at its recorded value, and fails the capture;
+- activations are packed into one arena by liveness (buffers whose lives do not overlap share
+  bytes), so a tape costs a few activations of its bucket, not the whole forward's;
+- one replay right away must give the recorded output bit for bit: numpy work done in place on
+  an activation (which replay would skip) fails the capture too.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+
+from vllmx import _C
+from vllmx.ops import Weight
+
+_ALIGN = 64  # arena offsets: a cache line, at least numpy's own alignment
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    """The array that owns a's memory (a view's base chain ends at it)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def host_arrays(*objs) -> list[np.ndarray]:
+    """The numpy arrays reachable from objs through attributes, lists, tuples and dicts (a model's
+    weights, norm weights, rope caches ...): the memory a captured forward may read as is."""
+    found: list[np.ndarray] = []
+    seen: set[int] = set()
+    stack = list(objs)
+    while stack:
+        o = stack.pop()
+        if id(o) in seen or o is None or isinstance(o, (str, bytes, int, float, bool)):
+            continue
+        seen.add(id(o))
+        if isinstance(o, np.ndarray):
+            found.append(o)
+        elif isinstance(o, Weight):
+            stack.append(o.data)
+        elif isinstance(o, dict):
+            stack.extend(o.values())
+        elif isinstance(o, (list, tuple)):
+            stack.extend(o)
+        elif hasattr(o, "__dict__") and type(o).__module__.startswith("vllmx."):
+            stack.extend(vars(o).values())
+    return found
+
+
+class LongLived:
+    """The address ranges of memory that outlives a step (the arrays reachable from objs: the
+    model's weights, the KV caches, the runner's input buffers), merged where they overlap (two
+    arrays over one mapped file), for "does this read lie inside one of them"."""
+
+    def __init__(self, *objs):
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        for s, n in sorted({(_addr(r), r.nbytes) for r in map(_root, host_arrays(*objs))}):
+            if self.ends and s <= self.ends[-1]:
+                self.ends[-1] = max(self.ends[-1], s + n)
+            else:
+                self.starts.append(s)
+                self.ends.append(s + n)
+
+    def contains(self, a: np.ndarray) -> bool:
+        lo = _addr(a)
+        i = bisect.bisect_right(self.starts, lo) - 1
+        return i >= 0 and lo + a.nbytes <= self.ends[i]
+
+
+class CapturedStep:
+    """A bucket's tape and the arena view its replay leaves the output in."""
+
+    def __init__(self, tape: _C.StepTape, output: np.ndarray):
+        self.tape = tape
+        self.output = output
+
+    def replay(self) -> np.ndarray:
+        self.tape.replay()
+        return self.output
+
+
+def capture(forward, long_lived: LongLived) -> tuple[CapturedStep, np.ndarray]:
+    """Runs forward() once while recording it; returns the checked, packed capture and the
+    forward's own (eager) output."""
+    tape = _C.StepTape()
+    _C.record_begin(tape)
+    try:
+        out = forward()
+    finally:
+        _C.record_end()
+    step = CapturedStep(tape, _pack(tape, out, long_lived))
+    replayed = step.replay()
+    if replayed.tobytes() != out.tobytes():  # bits, so that NaNs compare too
+        raise RuntimeError("step capture: the replayed forward differs from the recorded one; "
+                           "the forward changes an activation outside the native ops (numpy "
+                           "work in place), which a tape cannot replay")
+    return step, out
+
+
+def _pack(tape: _C.StepTape, out: np.ndarray, long_lived: LongLived) -> np.ndarray:
+    """Checks the recorded reads, moves every activation into one arena and returns the
+    output's view in it. Frees the recording's own arrays."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    roots: dict[int, np.ndarray] = {}
+    external: dict[int, np.ndarray] = {}
+    for i, (name, reads, writes) in enumerate(tape.calls):
+        read_ids = {id(a) for a in reads if a is not None}
+        for a in reads + writes:
+            if a is None:
+                continue
+            r = _root(a)
+            k = id(r)
+            if k not in roots and k not in external:
+                if long_lived.contains(r):  # used in place, never moved
+                    external[k] = r
+                    continue
+                if id(a) in read_ids:  # read before any op wrote it
+                    raise ValueError(
+                        f"step capture: op {i} ({name}) reads an array {a.shape} that no "
+                        f"earlier native op wrote and that is no weight, KV cache or runner "
+                        f"input: numpy work inside the forward would be frozen on replay")
+                roots[k], first[k] = r, i
+            if k in roots:
+                last[k] = i
+    out_root = _root(out)
+    if id(out_root) not in roots:
+        raise ValueError("step capture: the forward's output is not written by its native ops")
+    last[id(out_root)] = len(tape.calls)
+    offsets, size = _plan({k: (first[k], last[k], r.nbytes) for k, r in roots.items()})
+    arena = np.empty(size + _ALIGN, dtype=np.uint8)
+    base = -_addr(arena) % _ALIGN
+    for k, r in roots.items():
+        tape.relocate(_addr(r), r.nbytes, _addr(arena) + base + offsets[k])
+    start = base + offsets[id(out_root)] + _addr(out) - _addr(out_root)
+    output = arena[start:start + out.nbytes].view(out.dtype).reshape(out.shape)
+    tape.keep = [arena, *external.values()]
+    tape.calls = []
+    return output
+
+
+def _plan(buffers: dict[int, tuple[int, int, int]]) -> tuple[dict[int, int], int]:
+    """Arena offsets for buffers {key: (first op, last op, bytes)}: largest first, each at the
+    lowest aligned offset clear of every placed buffer alive at the same time."""
+    order = sorted(buffers, key=lambda k: -buffers[k][2])
+    placed: list[tuple[int, int, int, int]] = []  # (first, last, offset, end)
+    offsets: dict[int, int] = {}
+    size = 0
+    for k in order:
+        f, last, n = buffers[k]
+        n = -(-n // _ALIGN) * _ALIGN
+        busy = sorted((o, e) for pf, pl, o, e in placed if pf <= last and f <= pl)
+        off = 0
+        for o, e in busy:
+            if off + n <= o:
+                break
+            off = max(off, e)
+        placed.append((f, last, off, off + n))
+        offsets[k] = off
+        size = max(size, off + n)
+    return offsets, size

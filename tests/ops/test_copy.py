@@ -1,0 +1,54 @@
+"""copy_columns and scale (csrc/copy.cpp) against numpy: both are exact."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vllmx import _C, ops
+
+rng = np.random.default_rng()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.float16])
+def test_copy_columns(dtype):
+    x = rng.standard_normal((5, 40)).astype(dtype)
+    out = np.zeros((5, 30), dtype=dtype)
+    _C.op_copy_columns(out, 7, x, 11, 20)
+    expect = np.zeros_like(out)
+    expect[:, 7:27] = x[:, 11:31]
+    assert np.array_equal(out, expect)
+
+
+def test_split_and_concat_columns_round_trip():
+    x = rng.standard_normal((3, 64 + 16 + 16)).astype(np.float32)
+    q, k, v = ops.split_columns(x, [64, 16, 16])
+    assert np.array_equal(q, x[:, :64]) and np.array_equal(v, x[:, 80:])
+    assert q.flags.c_contiguous
+    assert np.array_equal(ops.concat_columns([q, k, v]), x)
+
+
+@pytest.mark.parametrize("bad", [(0, 35, 10), (25, 0, 10), (-1, 0, 3), (0, 0, -1)])
+def test_copy_columns_range_checked(bad):
+    out_col, x_col, n = bad
+    with pytest.raises(ValueError, match="copy_columns"):
+        _C.op_copy_columns(np.zeros((2, 30), np.float32), out_col, np.zeros((2, 40), np.float32),
+                           x_col, n)
+
+
+def test_copy_columns_rejects_mismatch():
+    with pytest.raises(ValueError, match="same rows"):
+        _C.op_copy_columns(np.zeros((2, 4), np.float32), 0, np.zeros((3, 4), np.float32), 0, 4)
+    with pytest.raises(ValueError, match="one dense dtype"):
+        _C.op_copy_columns(np.zeros((2, 4), np.float32), 0, np.zeros((2, 4), np.int32), 0, 4)
+
+
+def test_scale_matches_numpy_bit_for_bit():
+    x = rng.standard_normal((7, 33)).astype(np.float32)
+    s = np.float32(np.sqrt(640.0))
+    expect = x * s
+    out = np.empty_like(x)
+    _C.op_scale(out, x, s)
+    assert np.array_equal(out, expect)
+    ops.scale_(x, s)  # in place
+    assert np.array_equal(x, expect)
