@@ -366,7 +366,7 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b
   const int64_t xrow = row_bytes(xt, K);
   uint8_t* xqp = scratch(0, static_cast<size_t>(T * xrow));
   // Packed weights read the activations in their own layout too (repack.h).
-  const int64_t pxrow = packed ? packed_x_row_bytes(K) : 0;
+  const int64_t pxrow = packed ? packed_x_row_bytes(packed_base(wt), K) : 0;
   uint8_t* pxp = packed ? scratch(1, static_cast<size_t>(T * pxrow)) : nullptr;
   FromFloatFn quant = reference ? xq->from_float_ref : xq->from_float;
   VecDotFn dot = reference ? qt->vec_dot_ref : qt->vec_dot;
@@ -413,7 +413,7 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b
   // Packed: whole panels of kPackRows rows, each reused by every activation row of the tile
   // while it sits in L1; the rows past the last panel keep the block layout (rows_body).
   const PackedGemmFn gemm = packed_gemm(packed_base(wt), reference);
-  const int64_t panel_end = N / kPackRows * kPackRows, nb = K / 32;
+  const int64_t panel_end = N / kPackRows * kPackRows, nb = K / bs;
   auto packed_body = [&](int64_t t0, int64_t t1, int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < std::min(n1, panel_end); n += kPackRows)
       for (int64_t t = t0; t < t1; t += kPackedRows) {
