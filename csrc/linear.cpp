@@ -277,6 +277,12 @@ void for_tiles(int64_t T, int64_t N, int64_t w_row_bytes, int64_t granule, bool 
     const int64_t want_n = (threads + n_tiles_t - 1) / n_tiles_t;
     tn = std::max<int64_t>(granule, ((N + want_n - 1) / want_n + granule - 1) / granule * granule);
   }
+  if (big) {
+    // Tiles of equal size (to a granule): a short last column of tiles would leave the thread
+    // that gets it idle while the others finish (up to ~20% on 2 threads for N = 1024, 1536).
+    const int64_t n_tiles = (N + tn - 1) / tn;
+    tn = std::max<int64_t>(granule, ((N + n_tiles - 1) / n_tiles + granule - 1) / granule * granule);
+  }
   const int64_t n_tiles_n = (N + tn - 1) / tn;
   const int64_t total = n_tiles_n * n_tiles_t;
   const bool par = big && total > 1;
