@@ -278,21 +278,22 @@ VLLMX_TARGET_AVX512VNNI void gemm_k_vnni(const uint8_t* panel, int64_t nb, const
   }
 }
 
-// Up to kPackedRows rows, kKRows at a time (rows are independent: the split changes no bits).
-constexpr int kKRows = 4;
+// All kPackedRows rows in one kernel call: each super-block unpacked once for 8 rows measured
+// 3-8% faster than for 4 or 6 (Q4_K, Q6_K; Sapphire Rapids), register spills included.
+static_assert(kPackedRows == 8, "gemm_k_vnni_any handles up to 8 rows");
 
 template <int KIND>
 void gemm_k_vnni_any(const uint8_t* panel, int64_t nb, const uint8_t* x, int64_t xs, int nrows,
                      float* out, int64_t os, const float* bias) {
-  for (int t = 0; t < nrows; t += kKRows) {
-    const uint8_t* xt = x + t * xs;
-    float* ot = out + t * os;
-    switch (nrows - t < kKRows ? nrows - t : kKRows) {
-      case 1: gemm_k_vnni<KIND, 1>(panel, nb, xt, xs, ot, os, bias); break;
-      case 2: gemm_k_vnni<KIND, 2>(panel, nb, xt, xs, ot, os, bias); break;
-      case 3: gemm_k_vnni<KIND, 3>(panel, nb, xt, xs, ot, os, bias); break;
-      default: gemm_k_vnni<KIND, kKRows>(panel, nb, xt, xs, ot, os, bias); break;
-    }
+  switch (nrows) {
+    case 1: gemm_k_vnni<KIND, 1>(panel, nb, x, xs, out, os, bias); break;
+    case 2: gemm_k_vnni<KIND, 2>(panel, nb, x, xs, out, os, bias); break;
+    case 3: gemm_k_vnni<KIND, 3>(panel, nb, x, xs, out, os, bias); break;
+    case 4: gemm_k_vnni<KIND, 4>(panel, nb, x, xs, out, os, bias); break;
+    case 5: gemm_k_vnni<KIND, 5>(panel, nb, x, xs, out, os, bias); break;
+    case 6: gemm_k_vnni<KIND, 6>(panel, nb, x, xs, out, os, bias); break;
+    case 7: gemm_k_vnni<KIND, 7>(panel, nb, x, xs, out, os, bias); break;
+    default: gemm_k_vnni<KIND, 8>(panel, nb, x, xs, out, os, bias); break;
   }
 }
 #endif  // VLLMX_X86
