@@ -44,6 +44,9 @@ enum class DType : int32_t {
   Q5_0_X16 = 66,
   Q5_1_X16 = 67,
   Q8_0_X16 = 68,
+  Q4_K_X16 = 69,
+  Q5_K_X16 = 70,
+  Q6_K_X16 = 71,
   U8 = 100,  // raw bytes (not a GGML type)
   U64 = 101,
 };

@@ -277,6 +277,12 @@ void for_tiles(int64_t T, int64_t N, int64_t w_row_bytes, int64_t granule, bool 
     const int64_t want_n = (threads + n_tiles_t - 1) / n_tiles_t;
     tn = std::max<int64_t>(granule, ((N + want_n - 1) / want_n + granule - 1) / granule * granule);
   }
+  if (big) {
+    // Tiles of equal size (to a granule): a short last column of tiles would leave the thread
+    // that gets it idle while the others finish (up to ~20% on 2 threads for N = 1024, 1536).
+    const int64_t n_tiles = (N + tn - 1) / tn;
+    tn = std::max<int64_t>(granule, ((N + n_tiles - 1) / n_tiles + granule - 1) / granule * granule);
+  }
   const int64_t n_tiles_n = (N + tn - 1) / tn;
   const int64_t total = n_tiles_n * n_tiles_t;
   const bool par = big && total > 1;
@@ -366,7 +372,7 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b
   const int64_t xrow = row_bytes(xt, K);
   uint8_t* xqp = scratch(0, static_cast<size_t>(T * xrow));
   // Packed weights read the activations in their own layout too (repack.h).
-  const int64_t pxrow = packed ? packed_x_row_bytes(K) : 0;
+  const int64_t pxrow = packed ? packed_x_row_bytes(packed_base(wt), K) : 0;
   uint8_t* pxp = packed ? scratch(1, static_cast<size_t>(T * pxrow)) : nullptr;
   FromFloatFn quant = reference ? xq->from_float_ref : xq->from_float;
   VecDotFn dot = reference ? qt->vec_dot_ref : qt->vec_dot;
@@ -413,7 +419,7 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b
   // Packed: whole panels of kPackRows rows, each reused by every activation row of the tile
   // while it sits in L1; the rows past the last panel keep the block layout (rows_body).
   const PackedGemmFn gemm = packed_gemm(packed_base(wt), reference);
-  const int64_t panel_end = N / kPackRows * kPackRows, nb = K / 32;
+  const int64_t panel_end = N / kPackRows * kPackRows, nb = K / bs;
   auto packed_body = [&](int64_t t0, int64_t t1, int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < std::min(n1, panel_end); n += kPackRows)
       for (int64_t t = t0; t < t1; t += kPackedRows) {

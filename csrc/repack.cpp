@@ -19,6 +19,9 @@ DType packed_dtype(DType base) {
     case DType::Q5_0: return DType::Q5_0_X16;
     case DType::Q5_1: return DType::Q5_1_X16;
     case DType::Q8_0: return DType::Q8_0_X16;
+    case DType::Q4_K: return DType::Q4_K_X16;
+    case DType::Q5_K: return DType::Q5_K_X16;
+    case DType::Q6_K: return DType::Q6_K_X16;
     default: return DType::F32;
   }
 }
@@ -30,6 +33,9 @@ DType packed_base(DType t) {
     case DType::Q5_0_X16: return DType::Q5_0;
     case DType::Q5_1_X16: return DType::Q5_1;
     case DType::Q8_0_X16: return DType::Q8_0;
+    case DType::Q4_K_X16: return DType::Q4_K;
+    case DType::Q5_K_X16: return DType::Q5_K;
+    case DType::Q6_K_X16: return DType::Q6_K;
     default: return DType::F32;
   }
 }
@@ -102,29 +108,35 @@ void repack_weight(const Tensor& out, const Tensor& w) {
   const DType pt = packed_dtype(w.dtype);
   if (pt == DType::F32)
     fail(op, std::string("no packed layout for ") + w.str() +
-                 "; only Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights");
+                 "; only Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights");
   check_ndim(w, 2, op, "w");
   if (out.dtype != pt || out.ndim != 2 || out.shape[0] != w.shape[0] ||
       out.shape[1] != w.shape[1])
     fail(op, "out " + out.str() + " must be " + dtype_name(pt) + "[" +
                  std::to_string(w.shape[0]) + ", " + std::to_string(w.shape[1]) + "] for w " +
                  w.str());
-  const int64_t N = w.shape[0], K = w.shape[1], nb = K / 32;
+  const int64_t N = w.shape[0], K = w.shape[1], nb = K / type_traits(w.dtype).block_size;
   const int64_t rb = row_bytes(w.dtype, K);
   VLLMX_CHECK(N <= 1 || (w.stride[0] == rb && out.stride[0] == rb), op,
         "w " + w.str() + " and out must have contiguous rows");
   const BaseLayout L = base_layout(w.dtype);
+  const bool kq = is_k_quant(w.dtype);
   const uint8_t* src = static_cast<const uint8_t*>(w.data);
   uint8_t* dst = static_cast<uint8_t*>(out.data);
   const int64_t panels = N / kPackRows;
 #pragma omp parallel for schedule(static) if (N * rb > (1 << 20))
-  for (int64_t p = 0; p < panels; ++p)
-    repack_panel(L, src + p * kPackRows * rb, rb, nb, dst + p * kPackRows * rb);
+  for (int64_t p = 0; p < panels; ++p) {
+    const uint8_t* s = src + p * kPackRows * rb;
+    uint8_t* d = dst + p * kPackRows * rb;
+    if (kq) repack_panel_k(w.dtype, s, rb, nb, d);
+    else repack_panel(L, s, rb, nb, d);
+  }
   const int64_t done = panels * kPackRows * rb;
   std::memcpy(dst + done, src + done, static_cast<size_t>(N * rb - done));  // tail rows as is
 }
 
 void prepare_packed_x(DType base, const void* xblocks, int64_t K, uint8_t* dst) {
+  if (is_k_quant(base)) return prepare_packed_x_k(base, xblocks, K, dst);
   const int64_t nb = K / 32;
   int8_t* qs = reinterpret_cast<int8_t*>(dst);
   float* dx = reinterpret_cast<float*>(dst + K);

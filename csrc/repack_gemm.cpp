@@ -239,7 +239,7 @@ PackedGemmFn packed_gemm(DType base, bool reference) {
     case DType::Q5_0: return pick<kP5_0>(reference);
     case DType::Q5_1: return pick<kP5_1>(reference);
     case DType::Q8_0: return pick<kP8_0>(reference);
-    default: return nullptr;
+    default: return packed_gemm_k(base, reference);
   }
 }
 
