@@ -3,17 +3,8 @@
 //
 // No floating-point contraction in this file: `d * q + m` must round twice, as numpy does, and
 // the SIMD rounding trick below needs a separately rounded product.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+#include "kernel_pragmas.h"
 
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12 flags the deliberately undefined upper halves in _mm512_cast* / reduce intrinsics.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 #include "quant.h"
 
 #include <cmath>

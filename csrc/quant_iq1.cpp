@@ -5,17 +5,8 @@
 //          the four u16 scale words.
 // Dequantization rounds each weight as gguf.quants does, dl * (grid + delta) in f32 (the sum is
 // exact); the dot products use the integer form q = 8 grid +- 1 (quant_iq_kernel.h).
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+#include "kernel_pragmas.h"
 
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12 flags the deliberately undefined upper halves in _mm512_cast* / reduce intrinsics.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 #include "quant_iq_kernel.h"
 
 namespace vllmx {

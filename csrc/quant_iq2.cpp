@@ -2,17 +2,8 @@
 // scales s with w = d * (0.5 + s) / 4 * grid * sign = d / 8 * (2 s + 1) * (grid * sign).
 // Dequantization rounds each weight exactly as gguf.quants does: (db * grid) * sign with
 // db = d * (0.5 + s) * 0.25 in f32; the dot products use the integer form (quant_iq_kernel.h).
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+#include "kernel_pragmas.h"
 
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12 flags the deliberately undefined upper halves in _mm512_cast* / reduce intrinsics.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 #include "quant_iq_kernel.h"
 
 namespace vllmx {

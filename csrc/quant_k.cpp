@@ -2,17 +2,8 @@
 // and Q8_K activation quantization (llama.cpp's quantize_row_q8_K_ref, bit for bit).
 //
 // No floating-point contraction here: `dl * q - ml` must round twice, as numpy does.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+#include "kernel_pragmas.h"
 
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12 flags the deliberately undefined upper halves in _mm512_cast* / reduce intrinsics.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 #include "quant_k.h"
 
 #include <cmath>

@@ -11,17 +11,8 @@
 // per-group scales; u . y goes through maddubs (u <= 63, so pairs never saturate), the scales
 // through madd (AVX2 / AVX-512BW) or dpwssd (VNNI); the offsets and minimums through bsums.
 // The unpacked block is reused for up to kDotRows activation rows (vec_dot_rows).
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+#include "kernel_pragmas.h"
 
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12 flags the deliberately undefined upper halves in _mm512_cast* / reduce intrinsics.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 #include <cstring>
 #include <type_traits>
 

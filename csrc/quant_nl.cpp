@@ -3,11 +3,8 @@
 //
 // No floating-point contraction here: `dl * kv` and the lane sums must round as the SIMD paths
 // (and numpy) do.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+#include "kernel_pragmas.h"
+
 #include "quant_nl.h"
 
 #include "quant_k.h"

@@ -7,17 +7,8 @@
 // the 32-value types, one combine per super-block for IQ4_XS), so AVX2, AVX-512 and VNNI give
 // the scalar twin's bits, whatever the number of activation rows (batch invariance of linear).
 // Each unpacked weight block is reused for up to kDotRows activation rows.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+#include "kernel_pragmas.h"
 
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12 flags the deliberately undefined upper halves in _mm512_cast* / reduce intrinsics.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 #include <type_traits>
 
 #include "cpu_features.h"

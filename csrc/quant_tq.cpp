@@ -4,17 +4,8 @@
 // A block's dot is one exact int32, isum = sum t * y - sum y (the codes t are unsigned, so the
 // SIMD paths take maddubs / dpbusd directly and subtract Q8_K's bsums), turned into f32 by one
 // shared expression; every path and every row grouping gives the same bits.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+#include "kernel_pragmas.h"
 
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12 flags the deliberately undefined upper halves in _mm512_cast* / reduce intrinsics.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 #include "quant_tq.h"
 
 #include <cstring>

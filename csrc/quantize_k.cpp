@@ -4,11 +4,8 @@
 //
 // No floating-point contraction: the scale searches compare sums of products that llama.cpp's
 // scalar build rounds after every multiply; a fused multiply-add would pick other scales.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+#include "kernel_pragmas.h"
+
 #include <algorithm>
 #include <cfloat>
 #include <cmath>

@@ -5,15 +5,8 @@
 // result for a row never depends on how many activation rows share the call.
 //
 // No floating-point contraction here: the scalar twin must round exactly where the SIMD one does.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+#include "kernel_pragmas.h"
+
 #include <cmath>
 #include <cstring>
 

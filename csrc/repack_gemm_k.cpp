@@ -6,15 +6,8 @@
 // equals the vec_dot's bit for bit (quant_k_dot.cpp), whatever the number of rows in the call.
 //
 // No floating-point contraction here: the combine must round exactly where the vec_dot does.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+#include "kernel_pragmas.h"
+
 #include <cstring>
 
 #include "cpu_features.h"
