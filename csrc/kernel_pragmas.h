@@ -1,6 +1,6 @@
-// Included first by the block-type kernel files (quant*, repack_gemm*): their f32 arithmetic
-// must round exactly like their scalar twins and like gguf.quants (the tests compare bits), so
-// the compiler may not fuse a multiply and an add into an FMA the twin does not also use.
+// Included first by the SIMD kernel files (quant*, repack_gemm*, activation): their f32
+// arithmetic must round exactly like their scalar twins and like gguf.quants (the tests compare
+// bits), so the compiler may not fuse a multiply and an add into an FMA the twin does not use.
 #pragma once
 
 #if defined(__clang__)
