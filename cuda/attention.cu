@@ -296,6 +296,7 @@ __device__ __forceinline__ void attend_rows(const AttnArgs& a, int b, int g, int
 
 // One CTA: prefix sum over sequences of their prefill row tiles (q_len >= 2).
 __global__ void __launch_bounds__(1024) schedule_kernel(AttnArgs a, int bm) {
+  pdl_begin();
   __shared__ int warp_sums[32];
   __shared__ int carry;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nwarps = blockDim.x / 32;
@@ -337,6 +338,7 @@ __global__ void __launch_bounds__(1024) schedule_kernel(AttnArgs a, int bm) {
 
 template <int D, typename KV>
 __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_kernel(AttnArgs a) {
+  pdl_begin();
   if (static_cast<int>(blockIdx.x) >= *a.num_tiles) return;
   const int2 tile = a.tiles[blockIdx.x];
   const int b = tile.x, row_start = tile.y, g = blockIdx.y;
@@ -353,6 +355,7 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_kernel(AttnArgs a)
 // grid (B, nkv * ceil(G / 16), max_splits), one warp each.
 template <int D, typename KV>
 __global__ void __launch_bounds__(32) decode_kernel(AttnArgs a) {
+  pdl_begin();
   const int b = blockIdx.x, split = blockIdx.z;
   const int row_tiles = (a.G + 15) / 16;
   const int g = blockIdx.y / row_tiles, rt = blockIdx.y % row_tiles;
@@ -369,6 +372,7 @@ __global__ void __launch_bounds__(32) decode_kernel(AttnArgs a) {
 
 // grid (B, nq): merges a decode row's partitions by their log2-sum-exp.
 __global__ void __launch_bounds__(128) combine_kernel(AttnArgs a) {
+  pdl_begin();
   const int b = blockIdx.x, head = blockIdx.y;
   if (a.qsl[b + 1] - a.qsl[b] != 1) return;
   const int pos = a.seq_lens[b] - 1;
@@ -415,6 +419,7 @@ __global__ void __launch_bounds__(kGenericThreads) attention_generic_kernel(Attn
                                                                            int cache_code,
                                                                            int q_code,
                                                                            int out_code) {
+  pdl_begin();
   extern __shared__ float q_s[];
   __shared__ float p_s[kGenericThreads];
   __shared__ int64_t off_s[kGenericThreads];
@@ -546,12 +551,13 @@ void launch_tc(const AttnPlan& p, const AttnArgs& a, cudaStream_t s) {
                                allow_smem(decode_kernel<D, KV>, kDecodeSmem), true);
   (void)smem_ok;
   if (p.prefill_tiles > 0) {
-    schedule_kernel<<<1, 1024, 0, s>>>(a, kPrefillWarps * 16);
-    prefill_kernel<D, KV><<<dim3(p.prefill_tiles, a.nkv), kPrefillWarps * 32, kPrefillSmem, s>>>(a);
+    launch(schedule_kernel, 1, 1024, 0, s, a, kPrefillWarps * 16);
+    launch(prefill_kernel<D, KV>, dim3(p.prefill_tiles, a.nkv), kPrefillWarps * 32,
+           kPrefillSmem, s, a);
   }
   const dim3 grid(a.B, a.nkv * ((a.G + 15) / 16), p.max_splits);
-  decode_kernel<D, KV><<<grid, 32, kDecodeSmem, s>>>(a);
-  if (p.max_splits > 1) combine_kernel<<<dim3(a.B, a.nq), 128, 0, s>>>(a);
+  launch(decode_kernel<D, KV>, grid, 32, kDecodeSmem, s, a);
+  if (p.max_splits > 1) launch(combine_kernel, dim3(a.B, a.nq), 128, 0, s, a);
 }
 
 
@@ -657,9 +663,9 @@ void paged_attention(const Tensor& out, const Tensor& q, const Tensor& key_cache
 
   const AttnPlan p = plan_attention(out, q, key_cache, T, B, nq, nkv, D, max_ctx, a.window);
   if (!p.tensor_cores) {
-    attention_generic_kernel<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(nq)),
-                               kGenericThreads, static_cast<size_t>(D) * sizeof(float), s>>>(
-        a, static_cast<int>(dt), static_cast<int>(qt), static_cast<int>(qt));
+    launch(attention_generic_kernel, dim3(static_cast<unsigned>(T), static_cast<unsigned>(nq)),
+           kGenericThreads, static_cast<size_t>(D) * sizeof(float), s, a, static_cast<int>(dt),
+           static_cast<int>(qt), static_cast<int>(qt));
     check_launch(kOp);
     return;
   }

@@ -25,6 +25,37 @@ inline void check_launch(const char* kernel) { check_cuda(cudaGetLastError(), ke
 
 inline cudaStream_t stream() { return static_cast<cudaStream_t>(current_stream()); }
 
+// ---- programmatic dependent launch (Hopper) ----
+// A decode step is ~15 short dependent kernels per layer; between two of them the GPU drains
+// one grid and only then launches the next. Launched by launch() on sm_90, a kernel may be set
+// up while its predecessor drains: pdl_begin(), its first statement, waits until the
+// predecessor has finished and its writes are visible (so nothing is read or written early),
+// then lets the successor start launching. Elsewhere both are no-ops and launch() is <<<>>>.
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+bool pdl_supported();  // the current device is compute capability 9.0 or newer (runtime.cu)
+
+template <typename... KArgs, typename... Args>
+void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+            Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_supported() ? 1 : 0;
+  check_cuda(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...), "cudaLaunchKernelEx");
+}
+
 inline void check_on_device(const Tensor& t, const char* op, const char* name) {
   if (t.defined() && t.device != kCUDA)
     fail(op, std::string(name) + " " + t.str() + " is not on the GPU");

@@ -64,6 +64,7 @@ __device__ __forceinline__ float dequant(const uint8_t* row, int64_t e) {
 template <typename To, typename Tt>
 __global__ void embedding_dense_kernel(To* out, const int32_t* ids, const Tt* table,
                                        int64_t vocab, int64_t hidden, int64_t table_stride) {
+  pdl_begin();
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   To* o = out + t * hidden;
@@ -78,6 +79,7 @@ __global__ void embedding_dense_kernel(To* out, const int32_t* ids, const Tt* ta
 template <typename To, int kType>
 __global__ void embedding_quant_kernel(To* out, const int32_t* ids, const uint8_t* table,
                                        int64_t vocab, int64_t hidden, int64_t row_bytes) {
+  pdl_begin();
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   To* o = out + t * hidden;
@@ -94,6 +96,7 @@ __global__ void embedding_quant_kernel(To* out, const int32_t* ids, const uint8_
 template <typename T, typename W>
 __global__ void rms_norm_kernel(T* out, const T* x, const W* w, int64_t n, int64_t x_stride,
                                 int64_t out_stride, float eps) {
+  pdl_begin();
   const T* xr = x + blockIdx.x * x_stride;
   T* orow = out + blockIdx.x * out_stride;
   float ss = 0.0f;
@@ -112,6 +115,7 @@ __global__ void rms_norm_kernel(T* out, const T* x, const W* w, int64_t n, int64
 template <typename T, typename W>
 __global__ void fused_add_rms_norm_kernel(T* x, T* residual, const W* w, int64_t n,
                                           int64_t x_stride, int64_t r_stride, float eps) {
+  pdl_begin();
   T* xr = x + blockIdx.x * x_stride;
   T* rr = residual + blockIdx.x * r_stride;
   float ss = 0.0f;
@@ -139,6 +143,7 @@ template <typename T>
 __global__ void rotary_kernel(const int32_t* positions, T* q, T* k, const float* cache,
                               int64_t max_pos, int64_t rot_dim, int64_t head_size, int64_t nq,
                               int64_t nk, int64_t q_stride, int64_t k_stride, bool is_neox) {
+  pdl_begin();
   const int64_t t = blockIdx.x;
   const int32_t pos = positions[t];
   if (pos < 0 || pos >= max_pos) return;
@@ -173,6 +178,7 @@ __device__ __forceinline__ float activate(float g) {
 template <typename T, Act kAct>
 __global__ void act_and_mul_kernel(T* out, const T* x, int64_t rows, int64_t d, int64_t x_stride,
                                    int64_t out_stride) {
+  pdl_begin();
   const int64_t n = rows * d;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -187,6 +193,7 @@ template <typename TA, typename TC>
 __global__ void write_kv_cache_kernel(const TA* key, const TA* value, TC* key_cache,
                                       TC* value_cache, const int32_t* slots, int64_t row,
                                       int64_t num_slots, int64_t k_stride, int64_t v_stride) {
+  pdl_begin();
   const int64_t t = blockIdx.x;
   const int64_t s = slots[t];
   if (s < 0 || s >= num_slots) return;
@@ -236,7 +243,7 @@ void embedding(const Tensor& out, const Tensor& ids, const Tensor& table) {
       VLLMX_CHECK(table.stride[1] == 1, op, "table " + table.str() + " must be row-major");
       dispatch_float(td, op, [&](auto w) {
         using Tt = decltype(w);
-        embedding_dense_kernel<To, Tt><<<t, kThreads, 0, stream()>>>(
+        launch(embedding_dense_kernel<To, Tt>, t, kThreads, 0, stream(),
             op_, ids.ptr<int32_t>(), table.ptr<Tt>(), vocab, hidden, table.stride[0]);
       });
     } else {
@@ -246,16 +253,16 @@ void embedding(const Tensor& out, const Tensor& ids, const Tensor& table) {
       const int32_t* ip = ids.ptr<int32_t>();
       switch (td) {
         case DType::Q8_0:
-          embedding_quant_kernel<To, static_cast<int>(DType::Q8_0)>
-              <<<t, kThreads, 0, stream()>>>(op_, ip, tp, vocab, hidden, rb);
+          launch(embedding_quant_kernel<To, static_cast<int>(DType::Q8_0)>, t, kThreads, 0,
+                 stream(), op_, ip, tp, vocab, hidden, rb);
           break;
         case DType::Q4_0:
-          embedding_quant_kernel<To, static_cast<int>(DType::Q4_0)>
-              <<<t, kThreads, 0, stream()>>>(op_, ip, tp, vocab, hidden, rb);
+          launch(embedding_quant_kernel<To, static_cast<int>(DType::Q4_0)>, t, kThreads, 0,
+                 stream(), op_, ip, tp, vocab, hidden, rb);
           break;
         case DType::Q4_1:
-          embedding_quant_kernel<To, static_cast<int>(DType::Q4_1)>
-              <<<t, kThreads, 0, stream()>>>(op_, ip, tp, vocab, hidden, rb);
+          launch(embedding_quant_kernel<To, static_cast<int>(DType::Q4_1)>, t, kThreads, 0,
+                 stream(), op_, ip, tp, vocab, hidden, rb);
           break;
         default:
           fail(op, std::string("table dtype ") + dtype_name(td) +
@@ -288,21 +295,19 @@ void norm_impl(const char* op, const Tensor& out_or_res, const Tensor& x, const 
   const int threads = threads_for(n / 4);
   dispatch_float(x.dtype, op, [&](auto xv) {
     using T = decltype(xv);
-    auto launch = [&](auto wv) {
+    auto run = [&](auto wv) {
       using W = decltype(wv);
       if constexpr (kFused)
-        fused_add_rms_norm_kernel<T, W><<<rows, threads, 0, stream()>>>(
-            x.ptr<T>(), out_or_res.ptr<T>(), w.ptr<W>(), n, x.stride[0], out_or_res.stride[0],
-            eps);
+        launch(fused_add_rms_norm_kernel<T, W>, rows, threads, 0, stream(), x.ptr<T>(),
+               out_or_res.ptr<T>(), w.ptr<W>(), n, x.stride[0], out_or_res.stride[0], eps);
       else
-        rms_norm_kernel<T, W><<<rows, threads, 0, stream()>>>(
-            out_or_res.ptr<T>(), x.ptr<T>(), w.ptr<W>(), n, x.stride[0], out_or_res.stride[0],
-            eps);
+        launch(rms_norm_kernel<T, W>, rows, threads, 0, stream(), out_or_res.ptr<T>(), x.ptr<T>(),
+               w.ptr<W>(), n, x.stride[0], out_or_res.stride[0], eps);
     };
     if (w.dtype == DType::F32)
-      launch(float{});
+      run(float{});
     else
-      launch(T{});
+      run(T{});
   });
   check_launch(kFused ? "fused_add_rms_norm kernel" : "rms_norm kernel");
 }
@@ -347,7 +352,7 @@ void rotary(const Tensor& positions, const Tensor& q, const Tensor& k, const Ten
   const int threads = threads_for((nq + nk) * rot_dim / 2);
   dispatch_float(q.dtype, op, [&](auto v) {
     using T = decltype(v);
-    rotary_kernel<T><<<t, threads, 0, stream()>>>(
+    launch(rotary_kernel<T>, t, threads, 0, stream(),
         positions.ptr<int32_t>(), q.ptr<T>(), k.defined() ? k.ptr<T>() : nullptr,
         cos_sin_cache.ptr<float>(), max_pos, rot_dim, head_size, nq, nk, q.stride[0],
         k.defined() ? k.stride[0] : 0, is_neox);
@@ -370,7 +375,7 @@ void act_impl(const char* op, const Tensor& out, const Tensor& x) {
   if (rows * d == 0) return;
   dispatch_float(x.dtype, op, [&](auto v) {
     using T = decltype(v);
-    act_and_mul_kernel<T, kAct><<<blocks_for(rows * d, kThreads), kThreads, 0, stream()>>>(
+    launch(act_and_mul_kernel<T, kAct>, blocks_for(rows * d, kThreads), kThreads, 0, stream(),
         out.ptr<T>(), x.ptr<T>(), rows, d, x.stride[0], out.stride[0]);
   });
   check_launch(op);
@@ -427,7 +432,7 @@ void write_kv_cache(const Tensor& key, const Tensor& value, const Tensor& key_ca
     using TA = decltype(a);
     dispatch_float(dt, op, [&](auto c) {
       using TC = decltype(c);
-      write_kv_cache_kernel<TA, TC><<<T, threads, 0, stream()>>>(
+      launch(write_kv_cache_kernel<TA, TC>, T, threads, 0, stream(),
           key.ptr<TA>(), value.ptr<TA>(), key_cache.ptr<TC>(), value_cache.ptr<TC>(),
           slot_mapping.ptr<int32_t>(), row, num_slots, key.stride[0], value.stride[0]);
     });

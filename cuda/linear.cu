@@ -145,6 +145,7 @@ constexpr int kGemvThreads = 128;
 
 template <typename T, int WK, int MAXT>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(LinearArgs a) {
+  pdl_begin();
   constexpr bool kBf = std::is_same_v<T, __nv_bfloat16>;
   const int n0 = blockIdx.x * kGemvRows;
   float acc[MAXT][kGemvRows];
@@ -218,6 +219,7 @@ using GemmSmall = GemmConfig<32, 64, 64, 32, 16, 4>;    // 4 warps, 54 KB smem (
 
 template <typename T, int WK, class C>
 __global__ void __launch_bounds__(C::kThreads) gemm_kernel(LinearArgs a) {
+  pdl_begin();
   constexpr bool kBf = std::is_same_v<T, __nv_bfloat16>;
   constexpr int BM = C::BM, BN = C::BN, BK = C::BK, LDS = C::LDS, STAGES = C::STAGES;
   constexpr int CPR = BK / 8;  // chunks per tile row
@@ -386,6 +388,7 @@ __device__ float load_w_elem(const void* w, int64_t w_stride, int code, int n, i
 }
 
 __global__ void linear_generic_kernel(LinearArgs a, int x_code, int w_code) {
+  pdl_begin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<int64_t>(a.T) * a.N) return;
   const int t = static_cast<int>(i / a.N), n = static_cast<int>(i % a.N);
@@ -498,7 +501,7 @@ void launch_gemm(const LinearArgs& a, cudaStream_t s) {
   static const bool smem_ok = (allow_smem(gemm_kernel<T, WK, C>, C::kSmemBytes), true);
   (void)smem_ok;
   const dim3 grid((a.N + C::BN - 1) / C::BN, (a.T + C::BM - 1) / C::BM);
-  gemm_kernel<T, WK, C><<<grid, C::kThreads, C::kSmemBytes, s>>>(a);
+  launch(gemm_kernel<T, WK, C>, grid, C::kThreads, C::kSmemBytes, s, a);
 }
 
 template <typename T, int WK>
@@ -508,9 +511,9 @@ void launch_tc(const LinearPlan& p, const LinearArgs& a, cudaStream_t s) {
     // GEMV converts w to f32 by its own dtype: a same-dtype weight is read as that dtype.
     constexpr int GK = WK == kWSame ? (std::is_same_v<T, __nv_bfloat16> ? kWBF16 : kWF16) : WK;
     if (p.max_t == 1)
-      gemv_kernel<T, GK, 1><<<grid, kGemvThreads, 0, s>>>(a);
+      launch(gemv_kernel<T, GK, 1>, grid, kGemvThreads, 0, s, a);
     else
-      gemv_kernel<T, GK, kGemvMaxT><<<grid, kGemvThreads, 0, s>>>(a);
+      launch(gemv_kernel<T, GK, kGemvMaxT>, grid, kGemvThreads, 0, s, a);
   } else if (p.path == Path::kGemmLarge) {
     launch_gemm<T, WK, GemmLarge>(a, s);
   } else {
@@ -592,8 +595,8 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b
   } else if (p.path == Path::kGeneric) {
     const int64_t n = T * N;
     const int threads = 128;
-    linear_generic_kernel<<<static_cast<unsigned>((n + threads - 1) / threads), threads, 0, s>>>(
-        a, static_cast<int>(xt), static_cast<int>(wt));
+    launch(linear_generic_kernel, static_cast<unsigned>((n + threads - 1) / threads), threads, 0,
+           s, a, static_cast<int>(xt), static_cast<int>(wt));
   } else if (xt == DType::BF16) {
     dispatch_wk<__nv_bfloat16>(p, a, s);
   } else {

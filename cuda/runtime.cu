@@ -103,6 +103,11 @@ int current_device() {
 }
 }  // namespace
 
+bool pdl_supported() {
+  static const bool ok = device_capability() >= 90;
+  return ok;
+}
+
 std::string device_name() {
   cudaDeviceProp prop{};
   check_cuda(cudaGetDeviceProperties(&prop, current_device()), "cudaGetDeviceProperties");
@@ -226,6 +231,7 @@ namespace {
 // of latency, which the q/k/v split of every layer would pay three times per decode step.
 __global__ void copy_2d_kernel(char* dst, int64_t dpitch, const char* src, int64_t spitch,
                                int64_t width) {
+  pdl_begin();
   const char* s = src + blockIdx.x * spitch;
   char* d = dst + blockIdx.x * dpitch;
   if (((reinterpret_cast<uintptr_t>(s) | reinterpret_cast<uintptr_t>(d) | width) & 15) == 0) {
@@ -242,7 +248,7 @@ void memcpy_2d_d2d(void* dst, size_t dpitch, const void* src, size_t spitch, siz
   if (width == 0 || height == 0) return;
   if (height > 0x7fffffffu)
     throw std::invalid_argument("memcpy_2d_d2d: too many rows (" + std::to_string(height) + ")");
-  copy_2d_kernel<<<static_cast<unsigned>(height), 128, 0, stream()>>>(
+  launch(copy_2d_kernel, static_cast<unsigned>(height), 128, 0, stream(),
       static_cast<char*>(dst), static_cast<int64_t>(dpitch), static_cast<const char*>(src),
       static_cast<int64_t>(spitch), static_cast<int64_t>(width));
   check_cuda(cudaGetLastError(), "copy_2d kernel");

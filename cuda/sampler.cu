@@ -204,6 +204,7 @@ __global__ void __launch_bounds__(kT) sample_kernel(
     int32_t* out_ids, float* out_logprobs, const float* logits, int64_t V, int64_t ls,
     const float* temperature, const int32_t* top_k, const float* top_p, const float* min_p,
     uint64_t* rng_state, int shift) {
+  pdl_begin();
   const int64_t b = blockIdx.x;
   const float* l = logits + b * ls;
 
@@ -350,7 +351,7 @@ void sample(const Tensor& out_ids, const Tensor& out_logprobs, const Tensor& log
   int log2v = 0;
   while ((int64_t{1} << log2v) < V) ++log2v;
   const int shift = 62 - log2v;
-  sample_kernel<<<static_cast<unsigned int>(B), kT, 0, stream()>>>(
+  launch(sample_kernel, static_cast<unsigned int>(B), kT, 0, stream(),
       out_ids.ptr<int32_t>(), out_logprobs.defined() ? out_logprobs.ptr<float>() : nullptr,
       logits.ptr<float>(), V, logits.stride[0], temperature.ptr<float>(),
       top_k.ptr<int32_t>(), top_p.ptr<float>(), min_p.ptr<float>(),
