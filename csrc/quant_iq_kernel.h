@@ -20,6 +20,7 @@
 #include "half.h"
 #include "iq_grids.h"
 #include "quant_iq.h"
+#include "vec_dot_rows.h"
 
 #if VLLMX_X86
 #include <immintrin.h>
@@ -163,11 +164,9 @@ VLLMX_TARGET_AVX512 void vec_dot_512(int64_t n, const void* vw, const void* vx, 
   for (int r = 0; r < R; ++r) out[r * os] = T::kFactor * sumf[r];
 }
 
-using KernelFn = void (*)(int64_t, const void*, const void*, int64_t, float*, int64_t);
-
 // Level 1: AVX2; 2 and up: AVX-512BW (VNNI's dpbusd has no per-16 scale step to save here).
 template <class T, int L>
-constexpr KernelFn kernel(int R) {
+constexpr RowsKernelFn kernel(int R) {
   if constexpr (L == 1) {
     return R == 1 ? vec_dot_avx2<T, 1> : R == 2 ? vec_dot_avx2<T, 2>
          : R == 3 ? vec_dot_avx2<T, 3> : vec_dot_avx2<T, 4>;
@@ -178,17 +177,6 @@ constexpr KernelFn kernel(int R) {
 }
 static_assert(kDotRows == 4, "kernel() stamps out 1..4 rows");
 
-template <class T, int L>
-float vec_dot_one(int64_t n, const void* w, const void* x) {
-  float v;
-  kernel<T, L>(1)(n, w, x, 0, &v, 0);
-  return v;
-}
-template <class T, int L>
-void vec_dot_rows(int64_t n, const void* w, const void* x, int64_t xs, int nrows, float* out,
-                  int64_t os) {
-  kernel<T, L>(nrows < 1 ? 1 : nrows > kDotRows ? kDotRows : nrows)(n, w, x, xs, out, os);
-}
 #endif  // VLLMX_X86
 
 // The kernels of type T for this CPU (simd_level(), capped by VLLMX_ISA).
@@ -201,11 +189,11 @@ IqKernels kernels(ToFloatFn to_float) {
 #if VLLMX_X86
   const int level = simd_level();
   if (level >= 2) {
-    k.vec_dot = vec_dot_one<T, 2>;
-    k.vec_dot_rows = vec_dot_rows<T, 2>;
+    k.vec_dot = vec_dot_one<kernel<T, 2>>;
+    k.vec_dot_rows = vec_dot_rows<kernel<T, 2>>;
   } else if (level >= 1) {
-    k.vec_dot = vec_dot_one<T, 1>;
-    k.vec_dot_rows = vec_dot_rows<T, 1>;
+    k.vec_dot = vec_dot_one<kernel<T, 1>>;
+    k.vec_dot_rows = vec_dot_rows<kernel<T, 1>>;
   }
 #endif
   return k;

@@ -19,6 +19,7 @@
 #include "cpu_features.h"
 #include "half.h"
 #include "quant_k.h"
+#include "vec_dot_rows.h"
 
 #if VLLMX_X86
 #include <immintrin.h>
@@ -372,10 +373,8 @@ VLLMX_DEFINE_VEC_DOT_K_512(vec_dot_k_512, VLLMX_TARGET_AVX512, dot_scaled_512)
 VLLMX_DEFINE_VEC_DOT_K_512(vec_dot_k_512vnni, VLLMX_TARGET_AVX512VNNI, dot_scaled_512vnni)
 #undef VLLMX_DEFINE_VEC_DOT_K_512
 
-using KernelFn = void (*)(int64_t, const void*, const void*, int64_t, float*, int64_t);
-
 // Per weight type and SIMD level: the kernels for 1..kDotRows rows.
-template <class W, int L> constexpr KernelFn kernel(int R) {
+template <class W, int L> constexpr RowsKernelFn kernel(int R) {
   if constexpr (L == 1) {
     return R == 1 ? vec_dot_k_avx2<W, 1> : R == 2 ? vec_dot_k_avx2<W, 2>
          : R == 3 ? vec_dot_k_avx2<W, 3> : vec_dot_k_avx2<W, 4>;
@@ -389,32 +388,20 @@ template <class W, int L> constexpr KernelFn kernel(int R) {
 }
 static_assert(kDotRows == 4, "kernel() stamps out 1..4 rows");
 
-template <class W, int L>
-float vec_dot_one(int64_t n, const void* w, const void* x) {
-  float v;
-  kernel<W, L>(1)(n, w, x, 0, &v, 0);
-  return v;
-}
-template <class W, int L>
-void vec_dot_rows(int64_t n, const void* w, const void* x, int64_t xs, int nrows, float* out,
-                  int64_t os) {
-  kernel<W, L>(nrows < 1 ? 1 : nrows > kDotRows ? kDotRows : nrows)(n, w, x, xs, out, os);
-}
-
 template <class W>
 VecDotFn pick_k() {
   const int level = simd_level();
-  if (level >= 3) return vec_dot_one<W, 3>;
-  if (level >= 2) return vec_dot_one<W, 2>;
-  if (level >= 1) return vec_dot_one<W, 1>;
+  if (level >= 3) return vec_dot_one<kernel<W, 3>>;
+  if (level >= 2) return vec_dot_one<kernel<W, 2>>;
+  if (level >= 1) return vec_dot_one<kernel<W, 1>>;
   return nullptr;
 }
 template <class W>
 VecDotRowsFn pick_rows_k() {
   const int level = simd_level();
-  if (level >= 3) return vec_dot_rows<W, 3>;
-  if (level >= 2) return vec_dot_rows<W, 2>;
-  if (level >= 1) return vec_dot_rows<W, 1>;
+  if (level >= 3) return vec_dot_rows<kernel<W, 3>>;
+  if (level >= 2) return vec_dot_rows<kernel<W, 2>>;
+  if (level >= 1) return vec_dot_rows<kernel<W, 1>>;
   return nullptr;
 }
 

@@ -14,6 +14,7 @@
 #include "cpu_features.h"
 #include "quant_k.h"
 #include "quant_nl.h"
+#include "vec_dot_rows.h"
 
 #if VLLMX_X86
 #include <immintrin.h>
@@ -246,10 +247,8 @@ VLLMX_DEFINE_VEC_DOT_NL_512(vec_dot_nl32_512vnni, vec_dot_xs_512vnni, VLLMX_TARG
 
 // ---------------------------------------------------------------- the pick
 
-using KernelFn = void (*)(int64_t, const void*, const void*, int64_t, float*, int64_t);
-
 // Kernel for weight type T (a block struct, or block_iq4_xs), SIMD level L, R rows.
-template <class T, int L, int R> constexpr KernelFn kernel() {
+template <class T, int L, int R> constexpr RowsKernelFn kernel_for() {
   if constexpr (std::is_same_v<T, block_iq4_xs>) {
     if constexpr (L == 1) return vec_dot_xs_avx2<R>;
     else if constexpr (L == 2) return vec_dot_xs_512<R>;
@@ -260,36 +259,27 @@ template <class T, int L, int R> constexpr KernelFn kernel() {
     else return vec_dot_nl32_512vnni<T, R>;
   }
 }
-static_assert(kDotRows == 4, "vec_dot_rows stamps out 1..4 rows");
-
-template <class T, int L>
-float vec_dot_one(int64_t n, const void* w, const void* x) {
-  float v;
-  kernel<T, L, 1>()(n, w, x, 0, &v, 0);
-  return v;
+template <class T, int L> constexpr RowsKernelFn kernel(int R) {
+  return R == 1 ? kernel_for<T, L, 1>() : R == 2 ? kernel_for<T, L, 2>()
+       : R == 3 ? kernel_for<T, L, 3>() : kernel_for<T, L, 4>();
 }
-template <class T, int L>
-void vec_dot_rows(int64_t n, const void* w, const void* x, int64_t xs, int nrows, float* out,
-                  int64_t os) {
-  switch (nrows) {
-    case 1: kernel<T, L, 1>()(n, w, x, xs, out, os); break;
-    case 2: kernel<T, L, 2>()(n, w, x, xs, out, os); break;
-    case 3: kernel<T, L, 3>()(n, w, x, xs, out, os); break;
-    default: kernel<T, L, 4>()(n, w, x, xs, out, os); break;
-  }
-}
+static_assert(kDotRows == 4, "kernel() stamps out 1..4 rows");
 
 template <class T>
 VecDotFn pick_one() {
   const int level = simd_level();
-  return level >= 3 ? vec_dot_one<T, 3> : level == 2 ? vec_dot_one<T, 2>
-       : level == 1 ? vec_dot_one<T, 1> : nullptr;
+  return level >= 3   ? vec_dot_one<kernel<T, 3>>
+         : level == 2 ? vec_dot_one<kernel<T, 2>>
+         : level == 1 ? vec_dot_one<kernel<T, 1>>
+                      : nullptr;
 }
 template <class T>
 VecDotRowsFn pick_rows() {
   const int level = simd_level();
-  return level >= 3 ? vec_dot_rows<T, 3> : level == 2 ? vec_dot_rows<T, 2>
-       : level == 1 ? vec_dot_rows<T, 1> : nullptr;
+  return level >= 3   ? vec_dot_rows<kernel<T, 3>>
+         : level == 2 ? vec_dot_rows<kernel<T, 2>>
+         : level == 1 ? vec_dot_rows<kernel<T, 1>>
+                      : nullptr;
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "cpu_features.h"
 #include "half.h"
 #include "quant_k.h"
+#include "vec_dot_rows.h"
 
 #if VLLMX_X86
 #include <immintrin.h>
@@ -192,31 +193,16 @@ VLLMX_DEFINE_VEC_DOT_TQ_512(vec_dot_tq_512, VLLMX_TARGET_AVX512, dot_acc_512)
 VLLMX_DEFINE_VEC_DOT_TQ_512(vec_dot_tq_512vnni, VLLMX_TARGET_AVX512VNNI, dot_acc_512vnni)
 #undef VLLMX_DEFINE_VEC_DOT_TQ_512
 
-using KernelFn = void (*)(int64_t, const void*, const void*, int64_t, float*, int64_t);
-
-template <class W, int L, int R> constexpr KernelFn kernel() {
+template <class W, int L, int R> constexpr RowsKernelFn kernel_for() {
   if constexpr (L == 1) return vec_dot_tq_avx2<W, R>;
   else if constexpr (L == 2) return vec_dot_tq_512<W, R>;
   else return vec_dot_tq_512vnni<W, R>;
 }
-static_assert(kDotRows == 4, "vec_dot_rows stamps out 1..4 rows");
-
-template <class W, int L>
-float vec_dot_one(int64_t n, const void* w, const void* x) {
-  float v;
-  kernel<W, L, 1>()(n, w, x, 0, &v, 0);
-  return v;
+template <class W, int L> constexpr RowsKernelFn kernel(int R) {
+  return R == 1 ? kernel_for<W, L, 1>() : R == 2 ? kernel_for<W, L, 2>()
+       : R == 3 ? kernel_for<W, L, 3>() : kernel_for<W, L, 4>();
 }
-template <class W, int L>
-void vec_dot_rows(int64_t n, const void* w, const void* x, int64_t xs, int nrows, float* out,
-                  int64_t os) {
-  switch (nrows) {
-    case 1: kernel<W, L, 1>()(n, w, x, xs, out, os); break;
-    case 2: kernel<W, L, 2>()(n, w, x, xs, out, os); break;
-    case 3: kernel<W, L, 3>()(n, w, x, xs, out, os); break;
-    default: kernel<W, L, 4>()(n, w, x, xs, out, os); break;
-  }
-}
+static_assert(kDotRows == 4, "kernel() stamps out 1..4 rows");
 #endif  // VLLMX_X86
 
 template <class W>
@@ -228,14 +214,14 @@ void set_entry(QuantTraits& q, ToFloatFn to_float, VecDotFn ref) {
 #if VLLMX_X86
   const int level = simd_level();
   if (level >= 3) {
-    q.vec_dot = vec_dot_one<W, 3>;
-    q.vec_dot_rows = vec_dot_rows<W, 3>;
+    q.vec_dot = vec_dot_one<kernel<W, 3>>;
+    q.vec_dot_rows = vec_dot_rows<kernel<W, 3>>;
   } else if (level == 2) {
-    q.vec_dot = vec_dot_one<W, 2>;
-    q.vec_dot_rows = vec_dot_rows<W, 2>;
+    q.vec_dot = vec_dot_one<kernel<W, 2>>;
+    q.vec_dot_rows = vec_dot_rows<kernel<W, 2>>;
   } else if (level == 1) {
-    q.vec_dot = vec_dot_one<W, 1>;
-    q.vec_dot_rows = vec_dot_rows<W, 1>;
+    q.vec_dot = vec_dot_one<kernel<W, 1>>;
+    q.vec_dot_rows = vec_dot_rows<kernel<W, 1>>;
   }
 #endif
 }
