@@ -7,6 +7,7 @@
 // exact); the dot products use the integer form q = 8 grid +- 1 (quant_iq_kernel.h).
 #include "kernel_pragmas.h"
 
+#include "iq1_grids.h"
 #include "quant_iq_kernel.h"
 
 namespace vllmx {

@@ -4,6 +4,8 @@
 // db = d * (0.5 + s) * 0.25 in f32; the dot products use the integer form (quant_iq_kernel.h).
 #include "kernel_pragmas.h"
 
+#include "iq2_grids.h"
+#include "iq_ksigns.h"
 #include "quant_iq_kernel.h"
 
 namespace vllmx {

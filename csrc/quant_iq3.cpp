@@ -5,6 +5,8 @@
 // dot products use the integer form (quant_iq_kernel.h).
 #include "kernel_pragmas.h"
 
+#include "iq3_grids.h"
+#include "iq_ksigns.h"
 #include "quant_iq_kernel.h"
 
 namespace vllmx {

@@ -18,7 +18,6 @@
 
 #include "cpu_features.h"
 #include "half.h"
-#include "iq_grids.h"
 #include "quant_iq.h"
 #include "vec_dot_rows.h"
 
