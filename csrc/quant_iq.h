@@ -1,7 +1,8 @@
 // GGUF i-quants of the IQ1/IQ2/IQ3 families (llama.cpp layouts): 256-value super-blocks whose
 // weights are points of a fixed lattice (iq1_grids.h, iq2_grids.h, iq3_grids.h), 8 (IQ1/IQ2)
 // or 4 (IQ3) weights per grid index, with explicit sign bits (IQ2/IQ3) or a +-1/8 shift (IQ1)
-// and 3- or 4-bit sub-block scales. Like the k-quants they stay in block form and pair with Q8_K activations.
+// and 3- or 4-bit sub-block scales. Like the k-quants they stay in block form and pair with
+// Q8_K activations.
 //
 // Every weight is an integer times a per-block f32 factor: w = d * kFactor * scale[g] * q with
 // small integers scale (per 16 weights) and q (grid value * sign, or 8 * grid +- 1 for IQ1), so a
