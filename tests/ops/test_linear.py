@@ -1,14 +1,13 @@
 """linear: dense (f32/f16/bf16, f32 math), GGUF block weights (8-bit activations, integer
 dots) and their repacked forms (csrc/repack.h) against a float64 numpy reference; fast path vs
 scalar twin; batch invariance."""
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
+
+from simd_levels import SIMD_LEVELS, run_capped
 
 from vllmx import _C
 
@@ -233,18 +232,10 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "vnni"])
+@pytest.mark.parametrize("isa", SIMD_LEVELS)
 def test_simd_paths(isa):
     """Each SIMD level (capped with VLLMX_ISA) agrees with the scalar twin."""
-    info = _C.cpu_info()
-    have = {"scalar": True, "avx2": info["avx2"], "avx512": info["avx512"],
-            "vnni": info["avx512_vnni"]}
-    if not have[isa]:
-        pytest.skip(f"CPU lacks {isa}")
-    env = dict(os.environ, VLLMX_ISA=isa)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the same vllmx as here
-    r = subprocess.run([sys.executable, "-c", _ISA_SCRIPT], env=env, capture_output=True,
-                       text=True, timeout=300)
+    r = run_capped(isa, _ISA_SCRIPT)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
 
 

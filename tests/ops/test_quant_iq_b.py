@@ -4,13 +4,13 @@ scalar twin against every SIMD level, batch invariance, GGUF loading. gguf canno
 types, so weights are random block bytes with finite f16 scales, fresh each run (the seed is in
 every failure message): every grid index, sign pattern and scale occurs."""
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
+
+from simd_levels import SIMD_LEVELS, run_capped
 
 from vllmx import _C
 from vllmx.ops import Weight, embedding, linear
@@ -202,19 +202,11 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "vnni"])
+@pytest.mark.parametrize("isa", SIMD_LEVELS)
 def test_each_isa_matches_reference(isa):
     """Each SIMD level (capped with VLLMX_ISA) agrees with the scalar twin bit for bit."""
-    info = _C.cpu_info()
-    have = {"scalar": True, "avx2": info["avx2"], "avx512": info["avx512"],
-            "vnni": info["avx512_vnni"]}
-    if not have[isa]:
-        pytest.skip(f"CPU lacks {isa}")
     seed = fresh_seed()
-    env = dict(os.environ, VLLMX_ISA=isa)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the same vllmx as here
-    r = subprocess.run([sys.executable, "-c", _ISA_SCRIPT, os.path.dirname(__file__), str(seed)],
-                       env=env, capture_output=True, text=True, timeout=300, check=False)
+    r = run_capped(isa, _ISA_SCRIPT, os.path.dirname(__file__), str(seed))
     assert r.returncode == 0 and "ok" in r.stdout, f"seed {seed}: {r.stderr[-3000:]}"
 
 

@@ -3,14 +3,13 @@ Q8_K quantization bit-exact with llama.cpp's quantize_row_q8_K_ref (re-implement
 below), linear against float64 numpy, fast path vs scalar twin, batch invariance, and every
 SIMD level. gguf cannot quantize k-quants, so weights are random block bytes with finite f16
 scales (every quant bit pattern and scale value occurs)."""
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
+
+from simd_levels import SIMD_LEVELS, run_capped
 
 from vllmx import _C
 
@@ -234,16 +233,8 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "vnni"])
+@pytest.mark.parametrize("isa", SIMD_LEVELS)
 def test_each_isa_matches_reference(isa):
     """Each SIMD level (capped with VLLMX_ISA) agrees with the scalar twin bit for bit."""
-    info = _C.cpu_info()
-    have = {"scalar": True, "avx2": info["avx2"], "avx512": info["avx512"],
-            "vnni": info["avx512_vnni"]}
-    if not have[isa]:
-        pytest.skip(f"CPU lacks {isa}")
-    env = dict(os.environ, VLLMX_ISA=isa)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the same vllmx as here
-    r = subprocess.run([sys.executable, "-c", _ISA_SCRIPT], env=env, capture_output=True,
-                       text=True, timeout=300, check=False)
+    r = run_capped(isa, _ISA_SCRIPT)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]

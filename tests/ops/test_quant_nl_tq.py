@@ -4,13 +4,13 @@ invariance, embedding and the GGUF loader. Weights are fresh random block bytes 
 code pattern occurs) with finite, moderate scales; the seed is in every failure message."""
 import inspect
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter, quants
+
+from simd_levels import SIMD_LEVELS, run_capped
 
 from vllmx import _C, ops
 from vllmx.loader.gguf import load_gguf
@@ -224,21 +224,13 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "vnni"])
+@pytest.mark.parametrize("isa", SIMD_LEVELS)
 def test_each_isa_matches_reference(isa):
     """Each SIMD level (capped with VLLMX_ISA) agrees with the scalar twin bit for bit."""
-    info = _C.cpu_info()
-    have = {"scalar": True, "avx2": info["avx2"], "avx512": info["avx512"],
-            "vnni": info["avx512_vnni"]}
-    if not have[isa]:
-        pytest.skip(f"CPU lacks {isa}")
     seed = int(np.random.SeedSequence().entropy % (1 << 63))
     script = _ISA_SCRIPT.replace("RAND_BLOCKS", inspect.getsource(rand_blocks)).replace(
         "{F16_FIELDS}", "{" + ", ".join(f"Q.{q.name}: {v}" for q, v in F16_FIELDS.items()) + "}")
-    env = dict(os.environ, VLLMX_ISA=isa)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the same vllmx as here
-    r = subprocess.run([sys.executable, "-c", script, str(seed)], env=env, capture_output=True,
-                       text=True, timeout=300, check=False)
+    r = run_capped(isa, script, str(seed))
     assert r.returncode == 0 and "ok" in r.stdout, (seed, r.stderr[-3000:])
 
 

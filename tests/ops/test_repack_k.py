@@ -3,14 +3,13 @@ numpy byte for byte; linear over them equal to the k-quant vec_dot bit for bit f
 count (fast kernel and scalar twin, panel and tail rows), against float64 numpy, batch invariant,
 and at every SIMD level. gguf cannot quantize k-quants: weights are random block bytes with
 finite f16 scales, plus blocks of extreme quants (all bits clear / set)."""
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
+
+from simd_levels import SIMD_LEVELS, run_capped
 
 from vllmx import _C
 
@@ -190,16 +189,8 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "vnni"])
+@pytest.mark.parametrize("isa", SIMD_LEVELS)
 def test_each_isa_matches_vec_dot(isa):
     """Below VNNI the packed layout runs its scalar twin; every level gives the vec_dot's bits."""
-    info = _C.cpu_info()
-    have = {"scalar": True, "avx2": info["avx2"], "avx512": info["avx512"],
-            "vnni": info["avx512_vnni"]}
-    if not have[isa]:
-        pytest.skip(f"CPU lacks {isa}")
-    env = dict(os.environ, VLLMX_ISA=isa)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the same vllmx as here
-    r = subprocess.run([sys.executable, "-c", _ISA_SCRIPT], env=env, capture_output=True,
-                       text=True, timeout=300, check=False)
+    r = run_capped(isa, _ISA_SCRIPT)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
