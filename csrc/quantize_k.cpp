@@ -229,19 +229,35 @@ inline void set_scale_min_k4(int j, uint8_t ls, uint8_t lm, uint8_t* s) {
   }
 }
 
+// The value of largest magnitude (the first of equals), whose sign the symmetric 32-element
+// types keep: d = max / -8 (Q4_0) or / -16 (Q5_0).
+float signed_absmax(const float* x, int n) {
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < n; ++j) {
+    if (amax < std::fabs(x[j])) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  }
+  return max;
+}
+
+// The range the affine 32-element types (Q4_1, Q5_1) spread their levels over.
+void min_max(const float* x, int n, float* min, float* max) {
+  *min = FLT_MAX;
+  *max = -FLT_MAX;
+  for (int j = 0; j < n; ++j) {
+    if (x[j] < *min) *min = x[j];
+    if (x[j] > *max) *max = x[j];
+  }
+}
+
 // ---- 32-element block types ----
 
 void quantize_row_q4_0_ref(const float* x, void* vy, int64_t k) {
   block_q4_0* y = static_cast<block_q4_0*>(vy);
   for (int64_t i = 0; i < k / QK4_0; ++i, x += QK4_0) {
-    float amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < QK4_0; ++j) {
-      if (amax < std::fabs(x[j])) {
-        amax = std::fabs(x[j]);
-        max = x[j];
-      }
-    }
-    const float d = max / -8;
+    const float d = signed_absmax(x, QK4_0) / -8;
     const float id = d ? 1.0f / d : 0.0f;
     y[i].d = f32_to_f16(d);
     for (int j = 0; j < QK4_0 / 2; ++j) {
@@ -256,11 +272,8 @@ void quantize_row_q4_0_ref(const float* x, void* vy, int64_t k) {
 void quantize_row_q4_1_ref(const float* x, void* vy, int64_t k) {
   block_q4_1* y = static_cast<block_q4_1*>(vy);
   for (int64_t i = 0; i < k / QK4_1; ++i, x += QK4_1) {
-    float min = FLT_MAX, max = -FLT_MAX;
-    for (int j = 0; j < QK4_1; ++j) {
-      if (x[j] < min) min = x[j];
-      if (x[j] > max) max = x[j];
-    }
+    float min, max;
+    min_max(x, QK4_1, &min, &max);
     const float d = (max - min) / 15;
     const float id = d ? 1.0f / d : 0.0f;
     y[i].d = f32_to_f16(d);
@@ -278,14 +291,7 @@ void quantize_row_q4_1_ref(const float* x, void* vy, int64_t k) {
 void quantize_row_q5_0_ref(const float* x, void* vy, int64_t k) {
   block_q5_0* y = static_cast<block_q5_0*>(vy);
   for (int64_t i = 0; i < k / QK5_0; ++i, x += QK5_0) {
-    float amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < QK5_0; ++j) {
-      if (amax < std::fabs(x[j])) {
-        amax = std::fabs(x[j]);
-        max = x[j];
-      }
-    }
-    const float d = max / -16;
+    const float d = signed_absmax(x, QK5_0) / -16;
     const float id = d ? 1.0f / d : 0.0f;
     y[i].d = f32_to_f16(d);
     uint32_t qh = 0;
@@ -304,11 +310,8 @@ void quantize_row_q5_0_ref(const float* x, void* vy, int64_t k) {
 void quantize_row_q5_1_ref(const float* x, void* vy, int64_t k) {
   block_q5_1* y = static_cast<block_q5_1*>(vy);
   for (int64_t i = 0; i < k / QK5_1; ++i, x += QK5_1) {
-    float min = FLT_MAX, max = -FLT_MAX;
-    for (int j = 0; j < QK5_1; ++j) {
-      if (x[j] < min) min = x[j];
-      if (x[j] > max) max = x[j];
-    }
+    float min, max;
+    min_max(x, QK5_1, &min, &max);
     const float d = (max - min) / 31;
     const float id = d ? 1.0f / d : 0.0f;
     y[i].d = f32_to_f16(d);
