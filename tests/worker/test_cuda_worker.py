@@ -52,3 +52,23 @@ def test_llm_device_cuda_without_gpu_is_a_clear_error(monkeypatch, tmp_path):
     _fake_gpu(monkeypatch, available=False)
     with pytest.raises(ValueError, match="device='cuda': no CUDA GPU is available"):
         LLM(str(tmp_path), device="cuda")
+
+
+def test_dense_weights_convert_like_torch():
+    """Dense weights reach the GPU in the activation dtype: f32 -> bf16 rounds to nearest even,
+    bf16 -> f32 is exact, f16 goes through f32 (the host side of placement.upload_weight)."""
+    import numpy as np
+
+    from vllmx.layers.placement import _dense_as
+    from vllmx.ops import Weight
+
+    rng = np.random.default_rng()
+    x = (rng.standard_normal((16, 40)) * np.exp(rng.uniform(-30, 30, (16, 40)))).astype(np.float32)
+    u = x.view(np.uint32).astype(np.uint64)
+    rne = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    bf16 = _dense_as(Weight.from_numpy(x), BF16)
+    assert np.array_equal(bf16, rne)
+    back = _dense_as(Weight(bf16, BF16, bf16.shape), F32)
+    assert np.array_equal(back, (rne.astype(np.uint32) << 16).view(np.float32))
+    h = x.clip(-6e4, 6e4).astype(np.float16)
+    assert np.array_equal(_dense_as(Weight.from_numpy(h), F32), h.astype(np.float32))

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vllmx import _C
+from vllmx import _C, ops
 from vllmx.device import BF16, F16, F32, DeviceArray
 from vllmx.ops import Weight
 
@@ -28,7 +28,7 @@ class Placement:
 _current = Placement()
 
 # Weight types the CUDA linear and embedding kernels take (cuda/linear.cu, elementwise.cu).
-CUDA_WEIGHT_TYPES = {F32, F16, BF16, 2, 3, 8}  # + Q4_0, Q4_1, Q8_0
+CUDA_WEIGHT_TYPES = {F32, F16, BF16, ops.Q4_0, ops.Q4_1, ops.Q8_0}
 
 
 def current() -> Placement:
@@ -45,29 +45,18 @@ def placement(p: Placement):
         _current = old
 
 
-def f32_to_bf16_bits(a: np.ndarray) -> np.ndarray:
-    """f32 -> bf16 (round to nearest even, as torch does), as uint16 bits."""
-    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-    rounded = u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))
-    out = (rounded >> np.uint32(16)).astype(np.uint16)
-    nan = np.isnan(a)
-    if nan.any():
-        out[nan] = 0x7FC0
-    return out
-
-
-def _dense_as(a: np.ndarray, src_dtype: int, dtype: int) -> np.ndarray:
-    """A dense host array (f32 / f16 / bf16 bits) in dtype's host form."""
-    if src_dtype == dtype:
-        return np.ascontiguousarray(a)
-    if src_dtype == BF16:
-        a = (np.asarray(a, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
-    a = np.asarray(a, dtype=np.float32)
+def _dense_as(w: Weight, dtype: int) -> np.ndarray:
+    """A dense weight (f32 / f16 / bf16) as a 2-D host array of dtype: the native dequantize
+    upcasts, the native bf16 quantizer rounds to nearest even (as torch does)."""
+    rows = w.shape[0] if len(w.shape) > 1 else 1
+    if w.dtype == dtype:
+        return np.ascontiguousarray(w.data).reshape(rows, -1)
+    f32 = w.to_float32().reshape(rows, -1)
     if dtype == F32:
-        return np.ascontiguousarray(a)
+        return f32
     if dtype == F16:
-        return a.astype(np.float16)
-    return f32_to_bf16_bits(a)
+        return f32.astype(np.float16)
+    return ops.quantize_weight(f32, BF16)
 
 
 def upload_weight(w: Weight | DeviceArray, name: str = "weight") -> Weight | DeviceArray:
@@ -80,11 +69,10 @@ def upload_weight(w: Weight | DeviceArray, name: str = "weight") -> Weight | Dev
         raise ValueError(
             f"{name}: GGUF type {_C.type_info(w.dtype)[0]} has no CUDA kernel (CUDA runs bf16, "
             f"f16, f32, Q8_0, Q4_0 and Q4_1 weights); run this model with device='cpu'")
-    rows = w.shape[0] if len(w.shape) > 1 else 1
-    data = np.asarray(w.data).reshape(rows, -1)
     if w.dtype in (F32, F16, BF16):
-        return DeviceArray.from_numpy(_dense_as(data, w.dtype, p.dtype), p.dtype)
-    return DeviceArray.from_numpy(data, w.dtype)
+        return DeviceArray.from_numpy(_dense_as(w, p.dtype), p.dtype)
+    rows = w.shape[0] if len(w.shape) > 1 else 1
+    return DeviceArray.from_numpy(np.asarray(w.data).reshape(rows, -1), w.dtype)
 
 
 def upload_vector(a: np.ndarray, dtype: int | None = None) -> np.ndarray | DeviceArray:
@@ -94,4 +82,5 @@ def upload_vector(a: np.ndarray, dtype: int | None = None) -> np.ndarray | Devic
     if not p.on_gpu:
         return a
     dtype = p.dtype if dtype is None else dtype
-    return DeviceArray.from_numpy(_dense_as(np.asarray(a, np.float32), F32, dtype), dtype)
+    a = np.asarray(a, np.float32)
+    return DeviceArray.from_numpy(_dense_as(Weight.from_numpy(a), dtype).reshape(a.shape), dtype)

@@ -99,7 +99,7 @@ class StartupReport:
 
     def __init__(self):
         self.t0 = time.perf_counter()
-        self.free0, self.total = _C.cuda_mem_get_info()
+        self.total = _C.cuda_mem_get_info()[1]
         self.parts: list[str] = []
 
     def used(self) -> int:
