@@ -4,6 +4,7 @@
 #
 #   bash bench/gpu_check.sh            # sm_90a only (the H200); VLLMX_CUDA_ARCHS="80-real;90a-real"
 #   PYTEST_ARGS="-k sample" bash bench/gpu_check.sh
+#   SKIP_TESTS=1 SKIP_BENCH=1 PROFILE=1 bash bench/gpu_check.sh   # build + decode kernel profile
 #
 # The machine has Python 3.12 with torch, transformers, cython, scikit-build-core, cmake and ninja
 # but no internet: wheels it lacks (gguf, nvidia-cutlass for the sm_90a GEMM's headers, ...)
@@ -44,11 +45,14 @@ python3 -c "from vllmx import _C; print('cuda_built', _C.cuda_built(), 'cuda_ava
 _C.cuda_available(), 'devices', _C.cuda_device_count(), 'mem (free, total)', _C.cuda_mem_get_info())" \
   || exit 1
 
-step "GPU tests"
-# shellcheck disable=SC2086
-python3 -m pytest -m gpu tests/cuda -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} \
-  --junitxml="${OUT:-/tmp}/gpu_tests.xml"
-tests_rc=$?
+tests_rc=0
+if [[ -z "${SKIP_TESTS:-}" ]]; then
+  step "GPU tests"
+  # shellcheck disable=SC2086
+  python3 -m pytest -m gpu tests/cuda -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} \
+    --junitxml="${OUT:-/tmp}/gpu_tests.xml"
+  tests_rc=$?
+fi
 
 bench_rc=0
 if [[ -f bench/gpu_vs_transformers.py && -z "${SKIP_BENCH:-}" ]]; then
@@ -57,8 +61,14 @@ if [[ -f bench/gpu_vs_transformers.py && -z "${SKIP_BENCH:-}" ]]; then
   bench_rc=$?
 fi
 
+if [[ -n "${PROFILE:-}" ]]; then
+  step "decode profile"
+  # shellcheck disable=SC2086
+  python3 bench/gpu_decode_profile.py ${PROFILE_ARGS:-}
+fi
+
 step "summary"
-python3 - "${OUT:-/tmp}/gpu_tests.xml" <<'EOF'
+[[ -n "${SKIP_TESTS:-}" ]] || python3 - "${OUT:-/tmp}/gpu_tests.xml" <<'EOF'
 import sys
 import xml.etree.ElementTree as ET
 

@@ -57,6 +57,14 @@ void* graph_capture_end() { missing("graph_capture_end", "cuda/runtime.cu"); }
 void graph_launch(void*) { missing("graph_launch", "cuda/runtime.cu"); }
 void graph_destroy(void*) {}
 void synchronize() { missing("synchronize", "cuda/runtime.cu"); }
+void* host_alloc_pinned(size_t) { missing("host_alloc_pinned", "cuda/runtime.cu"); }
+void host_free_pinned(void*) {}
+void memcpy_h2d_async(void*, const void*, size_t) { missing("memcpy_h2d_async", "cuda/runtime.cu"); }
+void memcpy_d2h_async(void*, const void*, size_t) { missing("memcpy_d2h_async", "cuda/runtime.cu"); }
+void* event_create() { missing("event_create", "cuda/runtime.cu"); }
+void event_record(void*) { missing("event_record", "cuda/runtime.cu"); }
+void event_synchronize(void*) { missing("event_synchronize", "cuda/runtime.cu"); }
+void event_destroy(void*) {}
 void* current_stream() { missing("current_stream", "cuda/runtime.cu"); }
 void mem_get_info(size_t*, size_t*) { missing("mem_get_info", "cuda/runtime.cu"); }
 #endif
@@ -67,6 +75,10 @@ void embedding(const Tensor&, const Tensor&, const Tensor&) {
 }
 void rms_norm(const Tensor&, const Tensor&, const Tensor&, float) {
   missing("rms_norm", "cuda/elementwise.cu");
+}
+void add_rms_norm(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                  float) {
+  missing("add_rms_norm", "cuda/elementwise.cu");
 }
 void fused_add_rms_norm(const Tensor&, const Tensor&, const Tensor&, float) {
   missing("fused_add_rms_norm", "cuda/elementwise.cu");
@@ -81,11 +93,23 @@ void gelu_and_mul(const Tensor&, const Tensor&, bool) {
 void write_kv_cache(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
   missing("write_kv_cache", "cuda/elementwise.cu");
 }
+void qk_norm_rope_cache(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                        const Tensor&, float, const Tensor&, const Tensor&, const Tensor&, int64_t,
+                        int64_t, bool) {
+  missing("qk_norm_rope_cache", "cuda/elementwise.cu");
+}
 #endif
 
 #ifdef VLLMX_SHIM_LINEAR
 void linear(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
   missing("linear", "cuda/linear.cu");
+}
+void linear_act_and_mul(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int) {
+  missing("linear_act_and_mul", "cuda/linear.cu");
+}
+void rms_norm_linear(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                     float, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int) {
+  missing("rms_norm_linear", "cuda/linear.cu");
 }
 #endif
 

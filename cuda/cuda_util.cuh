@@ -106,6 +106,20 @@ void dispatch_float(DType d, const char* op, F&& f) {
   }
 }
 
+// ---- gated activations: act(gate) * up (silu_and_mul, gelu_and_mul, the gated GEMV) ----
+enum class Act : int { kSilu = 0, kGeluErf = 1, kGeluTanh = 2 };
+
+template <Act kAct>
+__device__ __forceinline__ float activate(float g) {
+  if constexpr (kAct == Act::kSilu) {
+    return g / (1.0f + expf(-g));
+  } else if constexpr (kAct == Act::kGeluErf) {
+    return 0.5f * g * (1.0f + erff(g * 0.7071067811865476f));
+  } else {
+    return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+  }
+}
+
 inline unsigned int blocks_for(int64_t n, int threads) {
   const int64_t b = (n + threads - 1) / threads;
   return static_cast<unsigned int>(b < 1 ? 1 : (b > 65535 * 16 ? 65535 * 16 : b));

@@ -4,6 +4,7 @@
 // live on the GPU (token ids, positions, slots) cannot be checked without a host sync, so the
 // kernels skip out-of-range entries instead: an embedding row of zeros, a token left unrotated,
 // a KV slot not written.
+#include <algorithm>
 #include <cmath>
 
 #include "cuda_ops.h"
@@ -61,6 +62,15 @@ __device__ __forceinline__ float dequant(const uint8_t* row, int64_t e) {
   }
 }
 
+// grid (rows, column slices): a row as wide as a vocabulary (logits cast to f32 for the
+// sampler) is spread over many CTAs, not looped over by one.
+__device__ __forceinline__ int64_t col0() {
+  return static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t col_step() {
+  return static_cast<int64_t>(gridDim.y) * blockDim.x;
+}
+
 template <typename To, typename Tt>
 __global__ void embedding_dense_kernel(To* out, const int32_t* ids, const Tt* table,
                                        int64_t vocab, int64_t hidden, int64_t table_stride) {
@@ -69,11 +79,11 @@ __global__ void embedding_dense_kernel(To* out, const int32_t* ids, const Tt* ta
   const int32_t id = ids[t];
   To* o = out + t * hidden;
   if (id < 0 || id >= vocab) {
-    for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = from_f32<To>(0.0f);
+    for (int64_t i = col0(); i < hidden; i += col_step()) o[i] = from_f32<To>(0.0f);
     return;
   }
   const Tt* row = table + id * table_stride;
-  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = from_f32<To>(to_f32(row[i]));
+  for (int64_t i = col0(); i < hidden; i += col_step()) o[i] = from_f32<To>(to_f32(row[i]));
 }
 
 template <typename To, int kType>
@@ -84,12 +94,11 @@ __global__ void embedding_quant_kernel(To* out, const int32_t* ids, const uint8_
   const int32_t id = ids[t];
   To* o = out + t * hidden;
   if (id < 0 || id >= vocab) {
-    for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = from_f32<To>(0.0f);
+    for (int64_t i = col0(); i < hidden; i += col_step()) o[i] = from_f32<To>(0.0f);
     return;
   }
   const uint8_t* row = table + id * row_bytes;
-  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x)
-    o[i] = from_f32<To>(dequant<kType>(row, i));
+  for (int64_t i = col0(); i < hidden; i += col_step()) o[i] = from_f32<To>(dequant<kType>(row, i));
 }
 
 // ---- rms_norm ----
@@ -110,24 +119,30 @@ __global__ void rms_norm_kernel(T* out, const T* x, const W* w, int64_t n, int64
     orow[i] = from_f32<T>(to_f32(xr[i]) * inv * to_f32(w[i]));
 }
 
-// residual += x (stored rounded to T); x = rms_norm(residual) * w. As in vLLM, the variance is
-// taken over the unrounded f32 sum and the normalisation reads the rounded residual.
+// res_out = x + res (stored rounded to T); out = rms_norm(res_out) * w. As in vLLM, the variance
+// is taken over the unrounded f32 sum and the normalisation reads the rounded residual. In place
+// (out == x, res_out == res: vLLM's fused_add_rms_norm) is safe: a thread only rewrites the
+// elements it has read.
 template <typename T, typename W>
-__global__ void fused_add_rms_norm_kernel(T* x, T* residual, const W* w, int64_t n,
-                                          int64_t x_stride, int64_t r_stride, float eps) {
+__global__ void fused_add_rms_norm_kernel(T* out, T* res_out, const T* x, const T* res,
+                                          const W* w, int64_t n, int64_t out_stride,
+                                          int64_t res_out_stride, int64_t x_stride,
+                                          int64_t res_stride, float eps) {
   pdl_begin();
-  T* xr = x + blockIdx.x * x_stride;
-  T* rr = residual + blockIdx.x * r_stride;
+  const T* xr = x + blockIdx.x * x_stride;
+  const T* rr = res + blockIdx.x * res_stride;
+  T* ro = res_out + blockIdx.x * res_out_stride;
+  T* orow = out + blockIdx.x * out_stride;
   float ss = 0.0f;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     const float v = to_f32(xr[i]) + to_f32(rr[i]);
     ss += v * v;
-    rr[i] = from_f32<T>(v);
+    ro[i] = from_f32<T>(v);
   }
   ss = block_sum(ss);  // (its barrier also orders the residual stores before the reads below)
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-    xr[i] = from_f32<T>(to_f32(rr[i]) * inv * to_f32(w[i]));
+    orow[i] = from_f32<T>(to_f32(ro[i]) * inv * to_f32(w[i]));
 }
 
 // ---- rotary ----
@@ -161,20 +176,69 @@ __global__ void rotary_kernel(const int32_t* positions, T* q, T* k, const float*
   }
 }
 
-// ---- gated activations ----
-enum class Act { kSilu, kGeluErf, kGeluTanh };
-
-template <Act kAct>
-__device__ __forceinline__ float activate(float g) {
-  if constexpr (kAct == Act::kSilu) {
-    return g / (1.0f + expf(-g));
-  } else if constexpr (kAct == Act::kGeluErf) {
-    return 0.5f * g * (1.0f + erff(g * 0.7071067811865476f));
-  } else {
-    return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+// ---- q/k norm + rope + KV-cache write, fused (the decode step's attention prologue) ----
+// One warp per head of a token's qkv row [q heads | k heads | v heads]: q and k heads are
+// rms-normed (when weights are given) and rotated, q heads go to q_out, k and v heads to their
+// cache slot. Each stage rounds to T exactly where the separate ops (rms_norm, rotary,
+// write_kv_cache) store, so the result matches them up to the order of the norm's f32 sum.
+template <typename T, typename TC, typename W>
+__global__ void qk_norm_rope_cache_kernel(T* q_out, const T* qkv, const int32_t* positions,
+                                          const float* cache, int64_t max_pos, int rot_dim,
+                                          const W* q_w, const W* k_w, float eps, TC* key_cache,
+                                          TC* value_cache, const int32_t* slots,
+                                          int64_t num_slots, int nq, int nkv, int D,
+                                          int64_t qkv_stride, int64_t q_stride, bool is_neox) {
+  pdl_begin();
+  extern __shared__ float qk_rows[];  // [warps][D]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int h = blockIdx.y * (blockDim.x / 32) + warp;
+  if (h >= nq + 2 * nkv) return;
+  const int64_t t = blockIdx.x;
+  const T* x = qkv + t * qkv_stride + static_cast<int64_t>(h) * D;
+  float* row = qk_rows + warp * D;
+  const bool is_v = h >= nq + nkv;
+  if (!is_v) {
+    const W* w = h < nq ? q_w : k_w;
+    float inv = 1.f;
+    if (w != nullptr) {
+      float ss = 0.f;
+      for (int i = lane; i < D; i += 32) {
+        const float v = to_f32(x[i]);
+        ss += v * v;
+      }
+      ss = warp_sum(ss);
+      inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
+    }
+    for (int i = lane; i < D; i += 32)
+      row[i] = w != nullptr ? to_f32(from_f32<T>(to_f32(x[i]) * inv * to_f32(w[i])))
+                            : to_f32(x[i]);
+    __syncwarp();
+    const int32_t pos = positions[t];
+    if (pos >= 0 && pos < max_pos) {
+      const int half = rot_dim / 2;
+      const float* cos = cache + static_cast<int64_t>(pos) * rot_dim;
+      for (int i = lane; i < half; i += 32) {
+        const int ia = is_neox ? i : 2 * i, ib = is_neox ? i + half : 2 * i + 1;
+        const float a = row[ia], b = row[ib], c = cos[i], s = cos[half + i];
+        row[ia] = to_f32(from_f32<T>(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s))));
+        row[ib] = to_f32(from_f32<T>(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s))));
+      }
+      __syncwarp();
+    }
+    if (h < nq) {
+      T* o = q_out + t * q_stride + static_cast<int64_t>(h) * D;
+      for (int i = lane; i < D; i += 32) o[i] = from_f32<T>(row[i]);
+      return;
+    }
   }
+  const int64_t slot = slots[t];
+  if (slot < 0 || slot >= num_slots) return;
+  const int kv = is_v ? h - nq - nkv : h - nq;
+  TC* dst = (is_v ? value_cache : key_cache) + (slot * nkv + kv) * D;
+  for (int i = lane; i < D; i += 32) dst[i] = from_f32<TC>(is_v ? to_f32(x[i]) : row[i]);
 }
 
+// ---- gated activations (activate(): cuda_util.cuh) ----
 template <typename T, Act kAct>
 __global__ void act_and_mul_kernel(T* out, const T* x, int64_t rows, int64_t d, int64_t x_stride,
                                    int64_t out_stride) {
@@ -236,6 +300,10 @@ void embedding(const Tensor& out, const Tensor& ids, const Tensor& table) {
                 std::to_string(hidden) + "] for table " + table.str());
   if (t == 0) return;
   const DType td = table.dtype;
+  // About 4 elements per thread; t <= 2^31 rows (grid x), <= 65535 slices (grid y).
+  const dim3 grid(static_cast<unsigned>(t),
+                  static_cast<unsigned>(std::min<int64_t>(65535, std::max<int64_t>(
+                      1, hidden / (4 * kThreads)))));
   dispatch_float(out.dtype, op, [&](auto o) {
     using To = decltype(o);
     To* op_ = out.ptr<To>();
@@ -243,7 +311,7 @@ void embedding(const Tensor& out, const Tensor& ids, const Tensor& table) {
       VLLMX_CHECK(table.stride[1] == 1, op, "table " + table.str() + " must be row-major");
       dispatch_float(td, op, [&](auto w) {
         using Tt = decltype(w);
-        launch(embedding_dense_kernel<To, Tt>, t, kThreads, 0, stream(),
+        launch(embedding_dense_kernel<To, Tt>, grid, kThreads, 0, stream(),
             op_, ids.ptr<int32_t>(), table.ptr<Tt>(), vocab, hidden, table.stride[0]);
       });
     } else {
@@ -253,15 +321,15 @@ void embedding(const Tensor& out, const Tensor& ids, const Tensor& table) {
       const int32_t* ip = ids.ptr<int32_t>();
       switch (td) {
         case DType::Q8_0:
-          launch(embedding_quant_kernel<To, static_cast<int>(DType::Q8_0)>, t, kThreads, 0,
+          launch(embedding_quant_kernel<To, static_cast<int>(DType::Q8_0)>, grid, kThreads, 0,
                  stream(), op_, ip, tp, vocab, hidden, rb);
           break;
         case DType::Q4_0:
-          launch(embedding_quant_kernel<To, static_cast<int>(DType::Q4_0)>, t, kThreads, 0,
+          launch(embedding_quant_kernel<To, static_cast<int>(DType::Q4_0)>, grid, kThreads, 0,
                  stream(), op_, ip, tp, vocab, hidden, rb);
           break;
         case DType::Q4_1:
-          launch(embedding_quant_kernel<To, static_cast<int>(DType::Q4_1)>, t, kThreads, 0,
+          launch(embedding_quant_kernel<To, static_cast<int>(DType::Q4_1)>, grid, kThreads, 0,
                  stream(), op_, ip, tp, vocab, hidden, rb);
           break;
         default:
@@ -274,20 +342,26 @@ void embedding(const Tensor& out, const Tensor& ids, const Tensor& table) {
 }
 
 namespace {
-template <bool kFused>
-void norm_impl(const char* op, const Tensor& out_or_res, const Tensor& x, const Tensor& w,
-               float eps) {
+// out = rms_norm(x (+ res)) * w; with res, res_out = x + res. out / res_out may alias x / res.
+void norm_impl(const char* op, const Tensor& out, const Tensor& res_out, const Tensor& x,
+               const Tensor& res, const Tensor& w, float eps) {
+  const bool fused = res.defined();
   check_rows(x, op, "x");
-  check_rows(out_or_res, op, kFused ? "residual" : "out");
+  check_rows(out, op, "out");
   check_on_device(w, op, "weight");
   check_act(x, op, "x");
   check_ndim(x, 2, op, "x");
   check_ndim(w, 1, op, "weight");
   VLLMX_CHECK(w.shape[0] == x.shape[1], op, "weight " + w.str() + " does not match x " + x.str());
-  VLLMX_CHECK(out_or_res.dtype == x.dtype, op,
-        std::string(kFused ? "residual " : "out ") + out_or_res.str() + " must have x's dtype " +
-            x.str());
-  check_2d_like(out_or_res, x, op);
+  VLLMX_CHECK(out.dtype == x.dtype, op, "out " + out.str() + " must have x's dtype " + x.str());
+  check_2d_like(out, x, op);
+  if (fused) {
+    for (const Tensor* t : {&res, &res_out}) {
+      check_rows(*t, op, "residual");
+      VLLMX_CHECK(t->dtype == x.dtype, op, "residual " + t->str() + " must have x's dtype " + x.str());
+      check_2d_like(*t, x, op);
+    }
+  }
   VLLMX_CHECK(w.dtype == DType::F32 || w.dtype == x.dtype, op,
         "weight " + w.str() + " must be f32 or x's dtype");
   const int64_t rows = x.shape[0], n = x.shape[1];
@@ -297,28 +371,34 @@ void norm_impl(const char* op, const Tensor& out_or_res, const Tensor& x, const 
     using T = decltype(xv);
     auto run = [&](auto wv) {
       using W = decltype(wv);
-      if constexpr (kFused)
-        launch(fused_add_rms_norm_kernel<T, W>, rows, threads, 0, stream(), x.ptr<T>(),
-               out_or_res.ptr<T>(), w.ptr<W>(), n, x.stride[0], out_or_res.stride[0], eps);
+      if (fused)
+        launch(fused_add_rms_norm_kernel<T, W>, rows, threads, 0, stream(), out.ptr<T>(),
+               res_out.ptr<T>(), x.ptr<T>(), res.ptr<T>(), w.ptr<W>(), n, out.stride[0],
+               res_out.stride[0], x.stride[0], res.stride[0], eps);
       else
-        launch(rms_norm_kernel<T, W>, rows, threads, 0, stream(), out_or_res.ptr<T>(), x.ptr<T>(),
-               w.ptr<W>(), n, x.stride[0], out_or_res.stride[0], eps);
+        launch(rms_norm_kernel<T, W>, rows, threads, 0, stream(), out.ptr<T>(), x.ptr<T>(),
+               w.ptr<W>(), n, x.stride[0], out.stride[0], eps);
     };
     if (w.dtype == DType::F32)
       run(float{});
     else
       run(T{});
   });
-  check_launch(kFused ? "fused_add_rms_norm kernel" : "rms_norm kernel");
+  check_launch(fused ? "fused_add_rms_norm kernel" : "rms_norm kernel");
 }
 }  // namespace
 
 void rms_norm(const Tensor& out, const Tensor& x, const Tensor& w, float eps) {
-  norm_impl<false>("cuda.rms_norm", out, x, w, eps);
+  norm_impl("cuda.rms_norm", out, Tensor{}, x, Tensor{}, w, eps);
 }
 
 void fused_add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w, float eps) {
-  norm_impl<true>("cuda.fused_add_rms_norm", residual, x, w, eps);
+  norm_impl("cuda.fused_add_rms_norm", x, residual, x, residual, w, eps);
+}
+
+void add_rms_norm(const Tensor& out, const Tensor& res_out, const Tensor& x, const Tensor& res,
+                  const Tensor& w, float eps) {
+  norm_impl("cuda.add_rms_norm", out, res_out, x, res, w, eps);
 }
 
 void rotary(const Tensor& positions, const Tensor& q, const Tensor& k, const Tensor& cos_sin_cache,
@@ -438,6 +518,86 @@ void write_kv_cache(const Tensor& key, const Tensor& value, const Tensor& key_ca
     });
   });
   check_launch("write_kv_cache kernel");
+}
+
+void qk_norm_rope_cache(const Tensor& q_out, const Tensor& qkv, const Tensor& positions,
+                        const Tensor& cos_sin_cache, const Tensor& q_norm, const Tensor& k_norm,
+                        float eps, const Tensor& key_cache, const Tensor& value_cache,
+                        const Tensor& slot_mapping, int64_t num_heads, int64_t num_kv_heads,
+                        bool is_neox) {
+  const char* op = "cuda.qk_norm_rope_cache";
+  check_rows(q_out, op, "q_out");
+  check_rows(qkv, op, "qkv");
+  check_act(qkv, op, "qkv");
+  check_ndim(qkv, 2, op, "qkv");
+  check_ndim(q_out, 2, op, "q_out");
+  for (const Tensor* t : {&positions, &cos_sin_cache, &key_cache, &value_cache, &slot_mapping})
+    check_on_device(*t, op, "an input");
+  check_dtype(positions, DType::I32, op, "positions");
+  check_dtype(slot_mapping, DType::I32, op, "slot_mapping");
+  check_dtype(cos_sin_cache, DType::F32, op, "cos_sin_cache");
+  check_ndim(cos_sin_cache, 2, op, "cos_sin_cache");
+  check_ndim(key_cache, 4, op, "key_cache");
+  check_ndim(value_cache, 4, op, "value_cache");
+  const int64_t T = qkv.shape[0], nkv = key_cache.shape[2], D = key_cache.shape[3];
+  const int64_t rot_dim = cos_sin_cache.shape[1];
+  VLLMX_CHECK(num_kv_heads == nkv && num_heads > 0 && num_heads % nkv == 0, op,
+        "num_heads " + std::to_string(num_heads) + " / num_kv_heads " +
+            std::to_string(num_kv_heads) + " do not fit key_cache " + key_cache.str());
+  VLLMX_CHECK(qkv.shape[1] == (num_heads + 2 * nkv) * D, op,
+        "qkv " + qkv.str() + " is not [T, (num_heads + 2 * num_kv_heads) * head_size] for " +
+            "the cache " + key_cache.str());
+  VLLMX_CHECK(q_out.dtype == qkv.dtype && q_out.shape[0] == T && q_out.shape[1] == num_heads * D,
+        op, "q_out " + q_out.str() + " must be [T, num_heads * head_size] of qkv's dtype");
+  VLLMX_CHECK(positions.shape[0] == T && slot_mapping.shape[0] == T, op,
+        "positions " + positions.str() + " / slot_mapping " + slot_mapping.str() +
+            " must have one entry per token of qkv " + qkv.str());
+  VLLMX_CHECK(rot_dim % 2 == 0 && rot_dim <= D && cos_sin_cache.stride[0] == rot_dim, op,
+        "cos_sin_cache " + cos_sin_cache.str() + ": rotary dim must be even, <= head_size");
+  VLLMX_CHECK(is_float_act(key_cache.dtype) && value_cache.dtype == key_cache.dtype &&
+            value_cache.shape[0] == key_cache.shape[0] && value_cache.shape[1] ==
+            key_cache.shape[1] && value_cache.shape[2] == nkv && value_cache.shape[3] == D &&
+            key_cache.data != value_cache.data,
+        op, "key_cache " + key_cache.str() + " / value_cache " + value_cache.str() +
+            " must be distinct caches of one float dtype and shape");
+  VLLMX_CHECK(q_norm.defined() == k_norm.defined(), op, "q_norm and k_norm go together");
+  if (q_norm.defined()) {
+    check_on_device(q_norm, op, "q_norm");
+    check_on_device(k_norm, op, "k_norm");
+    VLLMX_CHECK(q_norm.numel() == D && k_norm.numel() == D && q_norm.dtype == k_norm.dtype &&
+              (q_norm.dtype == DType::F32 || q_norm.dtype == qkv.dtype),
+          op, "q_norm " + q_norm.str() + " / k_norm " + k_norm.str() +
+              " must be [head_size] of f32 or qkv's dtype");
+  }
+  if (T == 0) return;
+  constexpr int kWarps = 4;
+  const int64_t heads = num_heads + 2 * nkv;
+  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>((heads + kWarps - 1) / kWarps));
+  const size_t smem = kWarps * D * sizeof(float);
+  const int64_t num_slots = key_cache.shape[0] * key_cache.shape[1];
+  dispatch_float(qkv.dtype, op, [&](auto xv) {
+    using T_ = decltype(xv);
+    dispatch_float(key_cache.dtype, op, [&](auto cv) {
+      using TC = decltype(cv);
+      auto run = [&](auto wv) {
+        using W = decltype(wv);
+        const W* qw = q_norm.defined() ? q_norm.ptr<W>() : nullptr;
+        const W* kw = k_norm.defined() ? k_norm.ptr<W>() : nullptr;
+        launch(qk_norm_rope_cache_kernel<T_, TC, W>, grid, kWarps * 32, smem, stream(),
+               q_out.ptr<T_>(), qkv.ptr<T_>(), positions.ptr<int32_t>(),
+               cos_sin_cache.ptr<float>(), cos_sin_cache.shape[0], static_cast<int>(rot_dim),
+               qw, kw, eps, key_cache.ptr<TC>(), value_cache.ptr<TC>(),
+               slot_mapping.ptr<int32_t>(), num_slots, static_cast<int>(num_heads),
+               static_cast<int>(nkv), static_cast<int>(D), qkv.stride[0], q_out.stride[0],
+               is_neox);
+      };
+      if (q_norm.defined() && q_norm.dtype == DType::F32)
+        run(float{});
+      else
+        run(T_{});
+    });
+  });
+  check_launch("qk_norm_rope_cache kernel");
 }
 
 }  // namespace vllmx::cuda

@@ -47,6 +47,13 @@ struct LinearArgs {
   int64_t x_stride, out_stride;  // elements
   int64_t w_stride;              // elements (dense) or bytes (block types)
   bool pair_store;               // out rows allow 32-bit stores of two elements
+  // GEMV only (rms_norm_linear): x is replaced by rms_norm(x + res) * norm_w, computed on the
+  // fly; CTA 0 writes x + res to res_out. norm_w nullptr: plain x.
+  const float* norm_w = nullptr;
+  const void* res = nullptr;  // or nullptr: no residual add
+  void* res_out = nullptr;    // with res
+  int64_t res_stride = 0, res_out_stride = 0;
+  float eps = 0.f;
 };
 
 // ------------------------------------------------------------------ w chunks (8 elements)
@@ -122,6 +129,11 @@ __device__ __forceinline__ void chunk_to_float(const uint4& r, int k, bool same_
   }
 }
 
+// v as a 16-bit store would round it, back in f32.
+__device__ __forceinline__ float round_to(float v, bool bf) {
+  return bits_to_float(float_to_bits(v, bf), bf);
+}
+
 __device__ __forceinline__ void store_out(const LinearArgs& a, bool bf, int t, int n, float v0,
                                           float v1, bool two) {
   uint16_t* o = static_cast<uint16_t*>(a.out) + t * a.out_stride + n;
@@ -143,25 +155,81 @@ __device__ __forceinline__ void store_out(const LinearArgs& a, bool bf, int t, i
 constexpr int kGemvRows = 4;
 constexpr int kGemvThreads = 128;
 
-template <typename T, int WK, int MAXT>
+// ACT < 0: out = x @ w^T, rows n0 .. n0 + 4 per CTA. ACT >= 0 (an Act, gated): w is [gate; up]
+// (2 * a.N rows) and out[:, j] = act(gate_j . x) * (up_j . x), each dot rounded to T first, as
+// linear followed by act_and_mul would store it; a CTA takes gate rows j0, j0 + 1 and the
+// matching up rows, so every row's sum runs in the same order as in the plain kernel.
+template <typename T, int WK, int MAXT, int ACT = -1>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(LinearArgs a) {
   pdl_begin();
   constexpr bool kBf = std::is_same_v<T, __nv_bfloat16>;
-  const int n0 = blockIdx.x * kGemvRows;
+  constexpr bool kGated = ACT >= 0;
+  const int n0 = blockIdx.x * (kGated ? kGemvRows / 2 : kGemvRows);
+  auto row_of = [&](int r) { return kGated ? n0 + (r & 1) + (r >> 1) * a.N : n0 + r; };
+  auto row_ok = [&](int r) { return (kGated ? n0 + (r & 1) : n0 + r) < a.N; };
+  const int nchunks = a.K / 8;
+
+  // Norm prologue: every CTA takes each row's sum of squares of x (+ res), as add_rms_norm
+  // does (the f32 sum of the unrounded values); the main loop then normalizes x chunks as it
+  // reads them, rounding where add_rms_norm stores. This costs a second read of x (L1 / L2),
+  // not a kernel launch.
+  float inv[MAXT];
+  if (a.norm_w != nullptr) {
+    __shared__ float ss_red[kGemvThreads / 32][MAXT];
+    float ss[MAXT];
+#pragma unroll
+    for (int t = 0; t < MAXT; ++t) ss[t] = 0.f;
+    const bool write_res = a.res_out != nullptr && blockIdx.x == 0;
+    for (int c = threadIdx.x; c < nchunks; c += kGemvThreads) {
+#pragma unroll
+      for (int t = 0; t < MAXT; ++t) {
+        if (t < a.T) {
+          float v[8];
+          unpack8(__ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) +
+                                                         t * a.x_stride + c * 8)), kBf, v);
+          if (a.res != nullptr) {
+            float r[8];
+            unpack8(__ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.res) +
+                                                           t * a.res_stride + c * 8)), kBf, r);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[j] += r[j];
+          }
+#pragma unroll
+          for (int j = 0; j < 8; ++j) ss[t] += v[j] * v[j];
+          if (write_res)
+            *reinterpret_cast<uint4*>(static_cast<uint16_t*>(a.res_out) + t * a.res_out_stride +
+                                      c * 8) = pack8(v, kBf);
+        }
+      }
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int t = 0; t < MAXT; ++t) {
+      const float v = warp_sum(ss[t]);
+      if (lane == 0) ss_red[warp][t] = v;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int t = 0; t < MAXT; ++t) {
+      float tot = 0.f;
+#pragma unroll
+      for (int wi = 0; wi < kGemvThreads / 32; ++wi) tot += ss_red[wi][t];
+      inv[t] = 1.0f / sqrtf(tot / static_cast<float>(a.K) + a.eps);
+    }
+  }
   float acc[MAXT][kGemvRows];
 #pragma unroll
   for (int t = 0; t < MAXT; ++t)
 #pragma unroll
     for (int r = 0; r < kGemvRows; ++r) acc[t][r] = 0.f;
 
-  const int nchunks = a.K / 8;
 #pragma unroll 2
   for (int c = threadIdx.x; c < nchunks; c += kGemvThreads) {
     const int k = c * 8;
     uint4 raw[kGemvRows];
 #pragma unroll
     for (int r = 0; r < kGemvRows; ++r)
-      raw[r] = n0 + r < a.N ? load_chunk<WK>(a.w, a.w_stride, n0 + r, k) : make_uint4(0, 0, 0, 0);
+      raw[r] = row_ok(r) ? load_chunk<WK>(a.w, a.w_stride, row_of(r), k) : make_uint4(0, 0, 0, 0);
     float wf[kGemvRows][8];
 #pragma unroll
     for (int r = 0; r < kGemvRows; ++r) chunk_to_float<WK>(raw[r], k, kBf, wf[r]);
@@ -171,6 +239,20 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(LinearArgs a) {
         const uint16_t* xr = static_cast<const uint16_t*>(a.x) + t * a.x_stride + k;
         float xf[8];
         unpack8(__ldg(reinterpret_cast<const uint4*>(xr)), kBf, xf);
+        if (a.norm_w != nullptr) {
+          if (a.res != nullptr) {
+            float r[8];
+            unpack8(__ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.res) +
+                                                           t * a.res_stride + k)), kBf, r);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) xf[j] = round_to(xf[j] + r[j], kBf);  // the residual
+          }
+          const float4 g0 = __ldg(reinterpret_cast<const float4*>(a.norm_w + k));
+          const float4 g1 = __ldg(reinterpret_cast<const float4*>(a.norm_w + k + 4));
+          const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+#pragma unroll
+          for (int j = 0; j < 8; ++j) xf[j] = round_to(xf[j] * inv[t] * g[j], kBf);
+        }
 #pragma unroll
         for (int r = 0; r < kGemvRows; ++r)
 #pragma unroll
@@ -189,13 +271,30 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(LinearArgs a) {
       if (lane == 0) red[warp][t * kGemvRows + r] = v;
     }
   __syncthreads();
-  for (int i = threadIdx.x; i < MAXT * kGemvRows; i += kGemvThreads) {
-    const int t = i / kGemvRows, n = n0 + i % kGemvRows;
-    if (t >= a.T || n >= a.N) continue;
-    float s = 0.f;
+  if constexpr (kGated) {
+    for (int i = threadIdx.x; i < MAXT * 2; i += kGemvThreads) {
+      const int t = i / 2, j = i % 2;
+      if (t >= a.T || n0 + j >= a.N) continue;
+      float gate = 0.f, up = 0.f;
 #pragma unroll
-    for (int wi = 0; wi < kGemvThreads / 32; ++wi) s += red[wi][i];
-    store_out(a, kBf, t, n, s, 0.f, false);
+      for (int wi = 0; wi < kGemvThreads / 32; ++wi) {
+        gate += red[wi][t * kGemvRows + j];
+        up += red[wi][t * kGemvRows + 2 + j];
+      }
+      gate = round_to(gate, kBf);
+      up = round_to(up, kBf);
+      static_cast<uint16_t*>(a.out)[t * a.out_stride + n0 + j] =
+          float_to_bits(activate<static_cast<Act>(ACT)>(gate) * up, kBf);
+    }
+  } else {
+    for (int i = threadIdx.x; i < MAXT * kGemvRows; i += kGemvThreads) {
+      const int t = i / kGemvRows, n = n0 + i % kGemvRows;
+      if (t >= a.T || n >= a.N) continue;
+      float s = 0.f;
+#pragma unroll
+      for (int wi = 0; wi < kGemvThreads / 32; ++wi) s += red[wi][i];
+      store_out(a, kBf, t, n, s, 0.f, false);
+    }
   }
 }
 
@@ -411,6 +510,7 @@ struct LinearPlan {
   Path path = Path::kGeneric;
   int wk = kWSame;
   int max_t = 8;  // GEMV: rows handled by one launch's registers (1 or 8)
+  int act = -1;   // GEMV: an Act to apply as act(gate) * up (linear_act_and_mul), or -1
   Sm90Tile sm90_tile = Sm90Tile::k128x128;
 };
 
@@ -504,16 +604,27 @@ void launch_gemm(const LinearArgs& a, cudaStream_t s) {
   launch(gemm_kernel<T, WK, C>, grid, C::kThreads, C::kSmemBytes, s, a);
 }
 
+template <typename T, int GK, int ACT>
+void launch_gemv(const LinearPlan& p, const LinearArgs& a, cudaStream_t s) {
+  const int rows = ACT >= 0 ? kGemvRows / 2 : kGemvRows;
+  const dim3 grid((a.N + rows - 1) / rows);
+  if (p.max_t == 1)
+    launch(gemv_kernel<T, GK, 1, ACT>, grid, kGemvThreads, 0, s, a);
+  else
+    launch(gemv_kernel<T, GK, kGemvMaxT, ACT>, grid, kGemvThreads, 0, s, a);
+}
+
 template <typename T, int WK>
 void launch_tc(const LinearPlan& p, const LinearArgs& a, cudaStream_t s) {
   if (p.path == Path::kGemv) {
-    const dim3 grid((a.N + kGemvRows - 1) / kGemvRows);
     // GEMV converts w to f32 by its own dtype: a same-dtype weight is read as that dtype.
     constexpr int GK = WK == kWSame ? (std::is_same_v<T, __nv_bfloat16> ? kWBF16 : kWF16) : WK;
-    if (p.max_t == 1)
-      launch(gemv_kernel<T, GK, 1>, grid, kGemvThreads, 0, s, a);
+    // Only SwiGLU (Llama, Qwen, Mistral) has a gated instantiation; plan_act() sends the
+    // others through linear + act_and_mul.
+    if (p.act == static_cast<int>(Act::kSilu))
+      launch_gemv<T, GK, static_cast<int>(Act::kSilu)>(p, a, s);
     else
-      launch(gemv_kernel<T, GK, kGemvMaxT>, grid, kGemvThreads, 0, s, a);
+      launch_gemv<T, GK, -1>(p, a, s);
   } else if (p.path == Path::kGemmLarge) {
     launch_gemm<T, WK, GemmLarge>(a, s);
   } else {
@@ -538,62 +649,66 @@ std::string i2s(int64_t v) { return std::to_string(v); }
 
 }  // namespace
 
-void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
-  VLLMX_CHECK(out.defined() && x.defined() && w.defined(), kOp, "missing tensor");
-  check_ndim(x, 2, kOp, "x");
-  check_ndim(out, 2, kOp, "out");
-  check_ndim(w, 2, kOp, "w");
-  check_rows(out, kOp, "out");
-  check_rows(x, kOp, "x");
-  check_rows(w, kOp, "w");
+namespace {
+
+// Checks a product x[T, K] @ w[N, K]^T (+ bias) into out [T, out_n] and fills its LinearArgs.
+LinearArgs linear_args(const char* op, const Tensor& out, const Tensor& x, const Tensor& w,
+                       const Tensor& bias, int64_t out_n) {
+  VLLMX_CHECK(out.defined() && x.defined() && w.defined(), op, "missing tensor");
+  check_ndim(x, 2, op, "x");
+  check_ndim(out, 2, op, "out");
+  check_ndim(w, 2, op, "w");
+  check_rows(out, op, "out");
+  check_rows(x, op, "x");
+  check_rows(w, op, "w");
   const DType xt = x.dtype, wt = w.dtype;
-  VLLMX_CHECK(xt == DType::BF16 || xt == DType::F16 || xt == DType::F32, kOp,
+  VLLMX_CHECK(xt == DType::BF16 || xt == DType::F16 || xt == DType::F32, op,
         "x must be bf16, f16 or f32, got " + x.str());
-  VLLMX_CHECK(out.dtype == xt, kOp, "out " + out.str() + " must have x's dtype (x " + x.str() + ")");
+  VLLMX_CHECK(out.dtype == xt, op, "out " + out.str() + " must have x's dtype (x " + x.str() + ")");
   VLLMX_CHECK(wt == DType::F32 || wt == DType::F16 || wt == DType::BF16 || wt == DType::Q8_0 ||
             wt == DType::Q4_0 || wt == DType::Q4_1,
-        kOp, std::string("unsupported weight dtype ") + dtype_name(wt) + " (id " +
+        op, std::string("unsupported weight dtype ") + dtype_name(wt) + " (id " +
                  i2s(static_cast<int>(wt)) + ") for w " + w.str());
   const int64_t T = x.shape[0], K = x.shape[1], N = w.shape[0];
-  VLLMX_CHECK(w.shape[1] == K, kOp, "x " + x.str() + " and w " + w.str() + " disagree on K");
-  VLLMX_CHECK(out.shape[0] == T && out.shape[1] == N, kOp,
-        "out " + out.str() + " must be [" + i2s(T) + ", " + i2s(N) + "] for x " + x.str() +
+  VLLMX_CHECK(w.shape[1] == K, op, "x " + x.str() + " and w " + w.str() + " disagree on K");
+  VLLMX_CHECK(out.shape[0] == T && out.shape[1] == out_n, op,
+        "out " + out.str() + " must be [" + i2s(T) + ", " + i2s(out_n) + "] for x " + x.str() +
             " and w " + w.str());
   const int64_t bs = type_traits(wt).block_size;
-  VLLMX_CHECK(K % bs == 0, kOp,
+  VLLMX_CHECK(K % bs == 0, op,
         "K = " + i2s(K) + " of x " + x.str() + " is not a multiple of the " + dtype_name(wt) +
             " block size " + i2s(bs));
   if (bias.defined()) {
-    check_rows(bias, kOp, "bias");
-    VLLMX_CHECK(bias.dtype == xt && bias.ndim == 1 && bias.shape[0] == N, kOp,
+    check_rows(bias, op, "bias");
+    VLLMX_CHECK(bias.dtype == xt && bias.ndim == 1 && bias.shape[0] == N, op,
           "bias " + bias.str() + " must be " + dtype_name(xt) + "[" + i2s(N) + "] for w " +
               w.str());
   }
-  VLLMX_CHECK(T < (int64_t{1} << 31) && N < (int64_t{1} << 31) && K < (int64_t{1} << 31), kOp,
+  VLLMX_CHECK(T < (int64_t{1} << 31) && N < (int64_t{1} << 31) && K < (int64_t{1} << 31), op,
         "too large: x " + x.str() + ", w " + w.str());
-  if (T == 0 || N == 0) return;
-
   LinearArgs a;
   a.x = x.data;
   a.w = w.data;
   a.bias = bias.defined() ? bias.data : nullptr;
   a.out = out.data;
   a.T = static_cast<int>(T);
-  a.N = static_cast<int>(N);
+  a.N = static_cast<int>(out_n);
   a.K = static_cast<int>(K);
   a.x_stride = x.stride[0];
   a.out_stride = out.stride[0];
   a.w_stride = w.stride[0];
   a.pair_store = out.stride[0] % 2 == 0 && aligned(out.data, 4);
-  cudaStream_t s = stream();
+  return a;
+}
 
-  const LinearPlan p = plan_linear(out, x, w, T, N, K);
+void run_linear(const LinearPlan& p, const LinearArgs& a, DType xt, DType wt) {
+  cudaStream_t s = stream();
   if (p.path == Path::kSm90) {
-    const Sm90GemmArgs g{x.data, w.data, a.bias, out.data, a.T, a.N, a.K, a.x_stride, a.w_stride,
+    const Sm90GemmArgs g{a.x, a.w, a.bias, a.out, a.T, a.N, a.K, a.x_stride, a.w_stride,
                          a.out_stride, xt == DType::BF16, num_sms()};
     sm90_gemm(g, p.sm90_tile, s);
   } else if (p.path == Path::kGeneric) {
-    const int64_t n = T * N;
+    const int64_t n = static_cast<int64_t>(a.T) * a.N;
     const int threads = 128;
     launch(linear_generic_kernel, static_cast<unsigned>((n + threads - 1) / threads), threads, 0,
            s, a, static_cast<int>(xt), static_cast<int>(wt));
@@ -603,6 +718,99 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b
     dispatch_wk<__half>(p, a, s);
   }
   check_launch(kOp);
+}
+
+}  // namespace
+
+void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  const LinearArgs a = linear_args(kOp, out, x, w, bias, w.defined() ? w.shape[0] : 0);
+  if (a.T == 0 || a.N == 0) return;
+  run_linear(plan_linear(out, x, w, a.T, a.N, a.K), a, x.dtype, w.dtype);
+}
+
+void linear_act_and_mul(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& tmp,
+                        int act) {
+  const char* op = "linear_act_and_mul";
+  VLLMX_CHECK(act >= 0 && act <= 2, op, "act must be 0 (silu), 1 (gelu) or 2 (gelu_tanh)");
+  VLLMX_CHECK(w.defined() && w.ndim == 2 && w.shape[0] % 2 == 0, op,
+        "w " + w.str() + " must be [2 * I, K]: gate rows, then up rows");
+  const int64_t I = w.shape[0] / 2;
+  LinearArgs a = linear_args(op, out, x, w, Tensor{}, I);
+  VLLMX_CHECK(tmp.defined() && tmp.dtype == x.dtype && tmp.ndim == 2 && tmp.shape[0] == a.T &&
+            tmp.shape[1] == 2 * I,
+        op, "tmp " + tmp.str() + " must be [T, 2 * I] of x's dtype (x " + x.str() + ")");
+  check_rows(tmp, op, "tmp");
+  if (a.T == 0 || I == 0) return;
+  LinearPlan p = plan_linear(tmp, x, w, a.T, 2 * I, a.K);
+  if (p.path == Path::kGemv && act == static_cast<int>(Act::kSilu)) {
+    p.act = act;  // one kernel: the gated GEMV
+    run_linear(p, a, x.dtype, w.dtype);
+    return;
+  }
+  linear(tmp, x, w, Tensor{});
+  if (act == static_cast<int>(Act::kSilu))
+    silu_and_mul(out, tmp);
+  else
+    gelu_and_mul(out, tmp, act == static_cast<int>(Act::kGeluTanh));
+}
+
+// rms_norm_linear fuses the norm into the GEMV up to this many weight elements (32 MB bf16).
+constexpr int64_t kNormFuseMaxElems = int64_t{16} << 20;
+
+void rms_norm_linear(const Tensor& out, const Tensor& res_out, const Tensor& x,
+                     const Tensor& residual, const Tensor& norm_w, float eps, const Tensor& w,
+                     const Tensor& bias, const Tensor& tmp_norm, const Tensor& tmp_act, int act) {
+  const char* op = "rms_norm_linear";
+  VLLMX_CHECK(act >= -1 && act <= 2, op, "act must be -1 (none), 0 (silu), 1 or 2 (gelu)");
+  VLLMX_CHECK(w.defined() && w.ndim == 2 && (act < 0 || w.shape[0] % 2 == 0), op,
+        "w " + w.str() + (act < 0 ? " must be 2-D" : " must be [2 * I, K]: gate, then up rows"));
+  VLLMX_CHECK(act < 0 || !bias.defined(), op, "a gated projection takes no bias");
+  const int64_t n_out = act < 0 ? w.shape[0] : w.shape[0] / 2;
+  LinearArgs a = linear_args(op, out, x, w, bias, n_out);
+  VLLMX_CHECK(norm_w.defined() && norm_w.dtype == DType::F32 && norm_w.ndim == 1 &&
+            norm_w.shape[0] == a.K,
+        op, "norm weight " + norm_w.str() + " must be f32 [" + i2s(a.K) + "]");
+  check_on_device(norm_w, op, "norm weight");
+  VLLMX_CHECK(residual.defined() == res_out.defined(), op, "residual and res_out go together");
+  for (const Tensor* t : {&residual, &res_out, &tmp_norm}) {
+    if (!t->defined()) continue;
+    check_rows(*t, op, "residual / tmp");
+    VLLMX_CHECK(t->dtype == x.dtype && t->ndim == 2 && t->shape[0] == a.T && t->shape[1] == a.K,
+          op, t->str() + " must be [T, K] like x " + x.str());
+  }
+  VLLMX_CHECK(tmp_norm.defined(), op, "tmp_norm is required (the unfused path writes it)");
+  VLLMX_CHECK(act < 0 || (tmp_act.defined() && tmp_act.dtype == x.dtype && tmp_act.ndim == 2 &&
+                          tmp_act.shape[0] == a.T && tmp_act.shape[1] == w.shape[0]),
+        op, "tmp_act " + tmp_act.str() + " must be [T, 2 * I] of x's dtype");
+  if (a.T == 0) return;
+  LinearPlan p = plan_linear(out, x, w, a.T, w.shape[0], a.K);
+  const bool gated_ok = act < 0 || act == static_cast<int>(Act::kSilu);
+  // Every CTA of the fused GEMV re-reads x, the residual and the norm weight (~1.5 bytes from
+  // L2 per weight byte at 4 rows a CTA): worth it where the product is short and launch-bound
+  // (Qwen3-0.6B's 8-13 MB projections), not where it streams hundreds of MB (Llama-3-8B's
+  // gate_up ran 25% slower fused on the H200).
+  const bool small = static_cast<int64_t>(w.shape[0]) * a.K <= kNormFuseMaxElems;
+  if (p.path == Path::kGemv && gated_ok && small && aligned(norm_w.data, 16) && a.K % 8 == 0 &&
+      (!residual.defined() || (aligned(residual.data, 16) && residual.stride[0] % 8 == 0 &&
+                               aligned(res_out.data, 16) && res_out.stride[0] % 8 == 0))) {
+    // One kernel: the norm in the GEMV's prologue (and the activation in its epilogue).
+    a.norm_w = norm_w.ptr<float>();
+    a.eps = eps;
+    if (residual.defined()) {
+      a.res = residual.data;
+      a.res_out = res_out.data;
+      a.res_stride = residual.stride[0];
+      a.res_out_stride = res_out.stride[0];
+    }
+    p.act = act;
+    if (n_out > 0) run_linear(p, a, x.dtype, w.dtype);
+    return;
+  }
+  add_rms_norm(tmp_norm, res_out, x, residual, norm_w, eps);
+  if (act < 0)
+    linear(out, tmp_norm, w, bias);
+  else
+    linear_act_and_mul(out, tmp_norm, w, tmp_act, act);
 }
 
 }  // namespace vllmx::cuda

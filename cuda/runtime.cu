@@ -279,6 +279,48 @@ void graph_destroy(void* exec) {
 
 void synchronize() { check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize"); }
 
+void* host_alloc_pinned(size_t bytes) {
+  require_device("host_alloc_pinned");
+  void* p = nullptr;
+  check_cuda(cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocDefault), "cudaHostAlloc");
+  return p;
+}
+
+void host_free_pinned(void* ptr) {
+  if (ptr != nullptr) cudaFreeHost(ptr);
+}
+
+void memcpy_h2d_async(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()),
+             "cudaMemcpyAsync(pinned host to device)");
+}
+
+void memcpy_d2h_async(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()),
+             "cudaMemcpyAsync(device to pinned host)");
+}
+
+void* event_create() {
+  require_device("event_create");
+  cudaEvent_t e = nullptr;
+  check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  return e;
+}
+
+void event_record(void* event) {
+  check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(event), stream()), "cudaEventRecord");
+}
+
+void event_synchronize(void* event) {
+  check_cuda(cudaEventSynchronize(static_cast<cudaEvent_t>(event)), "cudaEventSynchronize");
+}
+
+void event_destroy(void* event) {
+  if (event != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
 void mem_get_info(size_t* free_bytes, size_t* total_bytes) {
   require_device("mem_get_info");
   check_cuda(cudaMemGetInfo(free_bytes, total_bytes), "cudaMemGetInfo");

@@ -31,6 +31,18 @@ void memset_d(void* dst, int value, size_t bytes);
 void memcpy_2d_d2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
                    size_t height);
 void synchronize();
+// Page-locked host memory: a copy from / to it is queued on the stream and the host goes on
+// (pageable memory makes every copy wait for the GPU). The caller keeps the bytes unchanged /
+// unread until the stream has passed the copy (an event, or a synchronize).
+void* host_alloc_pinned(size_t bytes);
+void host_free_pinned(void* ptr);
+void memcpy_h2d_async(void* dst, const void* src, size_t bytes);
+void memcpy_d2h_async(void* dst, const void* src, size_t bytes);
+// Events on the stream: record marks the point the stream has reached; synchronize waits for it.
+void* event_create();
+void event_record(void* event);
+void event_synchronize(void* event);
+void event_destroy(void* event);
 // The stream every op launches on (one per process for now).
 void* current_stream();  // cudaStream_t
 // CUDA graphs of the op stream. Between begin and end every op is recorded, not run (relaxed

@@ -208,16 +208,28 @@ __global__ void __launch_bounds__(kT) sample_kernel(
   const int64_t b = blockIdx.x;
   const float* l = logits + b * ls;
 
-  // Max and argmax (lowest index on ties; NaN never compares greater).
+  // Max and argmax (lowest index on ties; NaN never compares greater). One CTA reads the whole
+  // row, so it reads it in 16-byte loads, several in flight per thread: a vocabulary of 150k
+  // read one float at a time is bound by the latency of each load (tens of microseconds).
   float best = -INFINITY;
   int64_t arg = LLONG_MAX;
-  for (int64_t i = threadIdx.x; i < V; i += kT) {
-    const float v = l[i];
+  auto consider = [&](float v, int64_t i) {
     if (v > best || (v == best && i < arg)) {
       best = v;
       arg = i;
     }
+  };
+  const bool vec = (reinterpret_cast<uintptr_t>(l) & 15) == 0;
+  const int64_t v4 = vec ? V / 4 : 0;
+#pragma unroll 4
+  for (int64_t c = threadIdx.x; c < v4; c += kT) {
+    const float4 q = __ldg(reinterpret_cast<const float4*>(l) + c);
+    consider(q.x, 4 * c);
+    consider(q.y, 4 * c + 1);
+    consider(q.z, 4 * c + 2);
+    consider(q.w, 4 * c + 3);
   }
+  for (int64_t i = 4 * v4 + threadIdx.x; i < V; i += kT) consider(l[i], i);
   const float lmax = block_reduce(best, Max{});
   arg = block_reduce(best == lmax ? arg : LLONG_MAX, [](int64_t a, int64_t c) {
     return a < c ? a : c;
@@ -304,10 +316,18 @@ __global__ void __launch_bounds__(kT) sample_kernel(
 
   if (out_logprobs) {
     double s = 0.0;
-    for (int64_t i = threadIdx.x; i < V; i += kT) {
-      const float v = l[i];
+    auto add = [&](float v) {
       if (v == v) s += expf(v - lmax);
+    };
+#pragma unroll 4
+    for (int64_t c = threadIdx.x; c < v4; c += kT) {
+      const float4 q = __ldg(reinterpret_cast<const float4*>(l) + c);
+      add(q.x);
+      add(q.y);
+      add(q.z);
+      add(q.w);
     }
+    for (int64_t i = 4 * v4 + threadIdx.x; i < V; i += kT) add(l[i]);
     s = block_reduce(s, Sum{});
     if (threadIdx.x == 0)
       out_logprobs[b] = static_cast<float>(l[token] - (static_cast<double>(lmax) + log(s)));

@@ -30,6 +30,14 @@ cdef extern from "runtime.h" namespace "vllmx::cuda" nogil:
     void* c_graph_capture_end "vllmx::cuda::graph_capture_end"() except +
     void c_graph_launch "vllmx::cuda::graph_launch"(void*) except +
     void c_graph_destroy "vllmx::cuda::graph_destroy"(void*) except +
+    void* c_host_alloc_pinned "vllmx::cuda::host_alloc_pinned"(size_t) except +
+    void c_host_free_pinned "vllmx::cuda::host_free_pinned"(void*) except +
+    void c_memcpy_h2d_async "vllmx::cuda::memcpy_h2d_async"(void*, const void*, size_t) except +
+    void c_memcpy_d2h_async "vllmx::cuda::memcpy_d2h_async"(void*, const void*, size_t) except +
+    void* c_event_create "vllmx::cuda::event_create"() except +
+    void c_event_record "vllmx::cuda::event_record"(void*) except +
+    void c_event_synchronize "vllmx::cuda::event_synchronize"(void*) except +
+    void c_event_destroy "vllmx::cuda::event_destroy"(void*) except +
 
 cdef extern from "cuda_ops.h" namespace "vllmx::cuda" nogil:
     void c_cuda_embedding "vllmx::cuda::embedding"(const Tensor&, const Tensor&,
@@ -45,8 +53,18 @@ cdef extern from "cuda_ops.h" namespace "vllmx::cuda" nogil:
                                                          bint) except +
     void c_cuda_write_kv_cache "vllmx::cuda::write_kv_cache"(
         const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) except +
+    void c_cuda_qk_norm_rope_cache "vllmx::cuda::qk_norm_rope_cache"(
+        const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+        float, const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t, bint) except +
     void c_cuda_linear "vllmx::cuda::linear"(const Tensor&, const Tensor&, const Tensor&,
                                              const Tensor&) except +
+    void c_cuda_linear_act_and_mul "vllmx::cuda::linear_act_and_mul"(
+        const Tensor&, const Tensor&, const Tensor&, const Tensor&, int) except +
+    void c_cuda_add_rms_norm "vllmx::cuda::add_rms_norm"(
+        const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, float) except +
+    void c_cuda_rms_norm_linear "vllmx::cuda::rms_norm_linear"(
+        const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, float,
+        const Tensor&, const Tensor&, const Tensor&, const Tensor&, int) except +
     void c_cuda_paged_attention "vllmx::cuda::paged_attention"(
         const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
         const Tensor&, const Tensor&, float, int64_t, float) except +
@@ -201,6 +219,79 @@ cdef class DeviceBuffer:
             c_memset_d(<char*>self._ptr + offset, value, nbytes)
 
 
+cdef class PinnedHostBuffer:
+    """nbytes of page-locked host memory. `array(dtype, n)` views it as numpy; copies between it
+    and a DeviceBuffer are queued on vllmx's stream without waiting, so the host must not touch
+    the bytes until the stream has passed the copy (CudaEvent / cuda_synchronize)."""
+    cdef void* _ptr
+    cdef readonly size_t nbytes
+
+    def __cinit__(self, size_t nbytes):
+        self._ptr = NULL
+        self.nbytes = nbytes
+        _require_cuda()
+        self._ptr = c_host_alloc_pinned(nbytes)
+
+    def __dealloc__(self):
+        if self._ptr != NULL:
+            c_host_free_pinned(self._ptr)
+            self._ptr = NULL
+
+    def array(self, dtype, Py_ssize_t n, size_t offset=0):
+        """A numpy view of n items of dtype at byte offset (it keeps this buffer alive)."""
+        dt = np.dtype(dtype)
+        if offset + <size_t>(n * dt.itemsize) > self.nbytes:
+            raise ValueError(f"PinnedHostBuffer: {n} x {dt} at {offset} exceed {self.nbytes} bytes")
+        cdef cnp.npy_intp dims[1]
+        dims[0] = n * dt.itemsize
+        cdef cnp.ndarray raw = cnp.PyArray_SimpleNewFromData(1, dims, cnp.NPY_UINT8,
+                                                             <char*>self._ptr + offset)
+        cnp.set_array_base(raw, self)
+        return raw.view(dt)
+
+    def copy_to_device(self, DeviceBuffer dst, size_t nbytes, size_t dst_offset=0,
+                       size_t src_offset=0):
+        """Queues nbytes from here to dst (no wait)."""
+        if src_offset + nbytes > self.nbytes or dst_offset + nbytes > dst.nbytes:
+            raise ValueError("PinnedHostBuffer.copy_to_device: range outside a buffer")
+        with nogil:
+            c_memcpy_h2d_async(<char*>dst._ptr + dst_offset, <char*>self._ptr + src_offset, nbytes)
+
+    def copy_from_device(self, DeviceBuffer src, size_t nbytes, size_t dst_offset=0,
+                         size_t src_offset=0):
+        """Queues nbytes from src to here (no wait: synchronize before reading them)."""
+        if dst_offset + nbytes > self.nbytes or src_offset + nbytes > src.nbytes:
+            raise ValueError("PinnedHostBuffer.copy_from_device: range outside a buffer")
+        with nogil:
+            c_memcpy_d2h_async(<char*>self._ptr + dst_offset, <char*>src._ptr + src_offset, nbytes)
+
+
+cdef class CudaEvent:
+    """A point on vllmx's stream: record() marks it, synchronize() waits until the GPU is past
+    it (a no-op before the first record)."""
+    cdef void* _event
+    cdef bint _recorded
+
+    def __cinit__(self):
+        _require_cuda()
+        self._event = c_event_create()
+        self._recorded = False
+
+    def record(self):
+        c_event_record(self._event)
+        self._recorded = True
+
+    def synchronize(self):
+        if self._recorded:
+            with nogil:
+                c_event_synchronize(self._event)
+
+    def __dealloc__(self):
+        if self._event != NULL:
+            c_event_destroy(self._event)
+            self._event = NULL
+
+
 cdef class CudaGraph:
     """A captured sequence of ops on vllmx's stream: `capture_begin()`, run the ops (they are
     recorded, not executed), `capture_end()`; then `replay()` runs them again over the same
@@ -305,6 +396,35 @@ def cuda_op_linear(out, x, w, int w_dtype=-1, bias=None):
         c_cuda_linear(o, xt, wt, b)
 
 
+def cuda_op_linear_act_and_mul(out, x, w, tmp, int act, int w_dtype=-1):
+    _require_cuda()
+    cdef Tensor o = as_device_tensor(out), xt = as_device_tensor(x)
+    cdef Tensor wt = as_device_tensor(w, w_dtype), tt = as_device_tensor(tmp)
+    with nogil:
+        c_cuda_linear_act_and_mul(o, xt, wt, tt, act)
+
+
+def cuda_op_rms_norm_linear(out, res_out, x, residual, norm_w, float eps, w, bias, tmp_norm,
+                            tmp_act, int act):
+    _require_cuda()
+    cdef Tensor o = as_device_tensor(out), ro = as_device_tensor(res_out)
+    cdef Tensor xt = as_device_tensor(x), r = as_device_tensor(residual)
+    cdef Tensor nw = as_device_tensor(norm_w), wt = as_device_tensor(w)
+    cdef Tensor b = as_device_tensor(bias), tn = as_device_tensor(tmp_norm)
+    cdef Tensor ta = as_device_tensor(tmp_act)
+    with nogil:
+        c_cuda_rms_norm_linear(o, ro, xt, r, nw, eps, wt, b, tn, ta, act)
+
+
+def cuda_op_add_rms_norm(out, res_out, x, residual, w, float eps):
+    _require_cuda()
+    cdef Tensor o = as_device_tensor(out), ro = as_device_tensor(res_out)
+    cdef Tensor xt = as_device_tensor(x), r = as_device_tensor(residual)
+    cdef Tensor wt = as_device_tensor(w)
+    with nogil:
+        c_cuda_add_rms_norm(o, ro, xt, r, wt, eps)
+
+
 def cuda_op_rms_norm(out, x, w, float eps):
     _require_cuda()
     cdef Tensor o = as_device_tensor(out), xt = as_device_tensor(x), wt = as_device_tensor(w)
@@ -350,6 +470,20 @@ def cuda_op_write_kv_cache(key, value, key_cache, value_cache, slot_mapping, int
     cdef Tensor s = as_device_tensor(slot_mapping)
     with nogil:
         c_cuda_write_kv_cache(k, v, kc, vc, s)
+
+
+def cuda_op_qk_norm_rope_cache(q_out, qkv, positions, cos_sin_cache, q_norm, k_norm, float eps,
+                               key_cache, value_cache, slot_mapping, int64_t num_heads,
+                               int64_t num_kv_heads, bint is_neox):
+    _require_cuda()
+    cdef Tensor qo = as_device_tensor(q_out), x = as_device_tensor(qkv)
+    cdef Tensor p = as_device_tensor(positions), c = as_device_tensor(cos_sin_cache)
+    cdef Tensor qn = as_device_tensor(q_norm), kn = as_device_tensor(k_norm)
+    cdef Tensor kc = as_device_tensor(key_cache), vc = as_device_tensor(value_cache)
+    cdef Tensor s = as_device_tensor(slot_mapping)
+    with nogil:
+        c_cuda_qk_norm_rope_cache(qo, x, p, c, qn, kn, eps, kc, vc, s, num_heads, num_kv_heads,
+                                  is_neox)
 
 
 def cuda_op_paged_attention(out, q, key_cache, value_cache, block_table, query_start_loc,

@@ -118,6 +118,41 @@ def rotary(positions, q, k, cos_sin_cache, head_size: int, is_neox: bool) -> Non
     _C.op_rotary(positions, q, k, cos_sin_cache, head_size, is_neox)
 
 
+_ACTS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
+
+
+def linear_act_and_mul(x, w: Weight, act: str = "silu"):
+    """act(x @ gate^T) * (x @ up^T) for w = [gate; up] (a merged gate_up_proj); act is "silu",
+    "gelu" (erf) or "gelu_tanh". On the GPU decode rows take one fused GEMV."""
+    if act not in _ACTS:
+        raise ValueError(f"linear_act_and_mul: act must be one of {sorted(_ACTS)}, got {act!r}")
+    if isinstance(x, DeviceArray):
+        return cuda_linear_act_and_mul(x, w, _ACTS[act])
+    h = linear(x, w)
+    return silu_and_mul(h) if act == "silu" else gelu_and_mul(
+        h, "tanh" if act == "gelu_tanh" else "none")
+
+
+def rms_norm_linear(x, residual, norm_w, eps: float, w: Weight, bias=None, act: str | None = None):
+    """A decoder layer's norm and the projection after it: h = x + residual (or x when residual
+    is None), y = rms_norm(h) * norm_w, out = linear(y, w, bias), or linear_act_and_mul(y, w,
+    act) when act is given. Returns (out, h), h being the residual stream from here on. On the
+    CPU the residual is updated in place (vLLM's fused_add_rms_norm); on the GPU decode rows take
+    one GEMV that normalizes x as it reads it."""
+    if act is not None and act not in _ACTS:
+        raise ValueError(f"rms_norm_linear: act must be one of {sorted(_ACTS)}, got {act!r}")
+    if isinstance(x, DeviceArray):
+        return cuda_rms_norm_linear(x, residual, norm_w, eps, w, bias,
+                                    -1 if act is None else _ACTS[act])
+    if residual is None:
+        h, residual = rms_norm(x, norm_w, eps), x
+    else:
+        fused_add_rms_norm(x, residual, norm_w, eps)
+        h = x
+    out = linear(h, w, bias) if act is None else linear_act_and_mul(h, w, act)
+    return out, residual
+
+
 def silu_and_mul(x: np.ndarray) -> np.ndarray:
     if isinstance(x, DeviceArray):
         return cuda_silu_and_mul(x)
@@ -130,6 +165,27 @@ def write_kv_cache(key, value, key_cache, value_cache, slot_mapping, cache_dtype
     if isinstance(key, DeviceArray):  # the device caches carry their dtype
         return cuda_write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
     _C.op_write_kv_cache(key, value, key_cache, value_cache, slot_mapping, cache_dtype)
+
+
+def qk_norm_rope_cache(qkv, positions, cos_sin_cache, is_neox: bool, q_norm, k_norm,
+                       eps: float, key_cache, value_cache, slot_mapping, cache_dtype: int,
+                       num_heads: int, num_kv_heads: int, head_size: int):
+    """The attention prologue: from qkv [T, (nq + 2 nkv) * D], q and k rms-normed per head
+    (q_norm / k_norm weights, or None for none) and rotated, k and v written to the cache slots;
+    returns q [T, nq * D]. On the GPU one kernel; on the CPU the separate native ops, which a
+    recorded step (worker/step_capture.py) replays."""
+    if isinstance(qkv, DeviceArray):
+        return cuda_qk_norm_rope_cache(qkv, positions, cos_sin_cache, is_neox, q_norm, k_norm, eps,
+                                       key_cache, value_cache, slot_mapping, num_heads,
+                                       num_kv_heads)
+    t, d = qkv.shape[0], head_size
+    q, k, v = split_columns(qkv, [num_heads * d, num_kv_heads * d, num_kv_heads * d])
+    if q_norm is not None:
+        q = rms_norm(q.reshape(t * num_heads, d), q_norm, eps).reshape(t, -1)
+        k = rms_norm(k.reshape(t * num_kv_heads, d), k_norm, eps).reshape(t, -1)
+    rotary(positions, q, k, cos_sin_cache, head_size, is_neox)
+    write_kv_cache(k, v, key_cache, value_cache, slot_mapping, cache_dtype)
+    return q
 
 
 def paged_attention(q, key_cache, value_cache, block_table, query_start_loc, seq_lens,
@@ -308,6 +364,25 @@ def cuda_linear(x: DeviceArray, w: DeviceArray, bias: DeviceArray | None = None)
     return out
 
 
+def cuda_linear_act_and_mul(x: DeviceArray, w: DeviceArray, act: int) -> DeviceArray:
+    n = w.shape[0]
+    out = DeviceArray.empty((x.shape[0], n // 2), x.dtype)
+    tmp = DeviceArray.empty((x.shape[0], n), x.dtype)  # used when the op runs unfused
+    _C.cuda_op_linear_act_and_mul(out, x, w, tmp, act)
+    return out
+
+
+def cuda_rms_norm_linear(x, residual, norm_w, eps, w, bias, act: int):
+    t, k, n = x.shape[0], x.shape[1], w.shape[0]
+    out = DeviceArray.empty((t, n if act < 0 else n // 2), x.dtype)
+    res_out = None if residual is None else DeviceArray.empty((t, k), x.dtype)
+    tmp_norm = DeviceArray.empty((t, k), x.dtype)  # the unfused path's buffers
+    tmp_act = DeviceArray.empty((t, n), x.dtype) if act >= 0 else None
+    _C.cuda_op_rms_norm_linear(out, res_out, x, residual, norm_w, eps, w, bias, tmp_norm,
+                               tmp_act, act)
+    return out, (x if residual is None else res_out)
+
+
 def cuda_rms_norm(x: DeviceArray, w: DeviceArray, eps: float) -> DeviceArray:
     out = DeviceArray.empty(x.shape, x.dtype)
     _C.cuda_op_rms_norm(out, x, w, eps)
@@ -340,6 +415,16 @@ def cuda_gelu_and_mul(x: DeviceArray, approximate: str = "none") -> DeviceArray:
 
 def cuda_write_kv_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
     _C.cuda_op_write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
+
+
+def cuda_qk_norm_rope_cache(qkv, positions, cos_sin_cache, is_neox, q_norm, k_norm, eps,
+                            key_cache, value_cache, slot_mapping, num_heads, num_kv_heads):
+    head_size = key_cache.shape[-1]
+    q = DeviceArray.empty((qkv.shape[0], num_heads * head_size), qkv.dtype)
+    _C.cuda_op_qk_norm_rope_cache(q, qkv, positions, cos_sin_cache, q_norm, k_norm, eps,
+                                  key_cache, value_cache, slot_mapping, num_heads, num_kv_heads,
+                                  is_neox)
+    return q
 
 
 def cuda_paged_attention(q, key_cache, value_cache, block_table, query_start_loc, seq_lens,

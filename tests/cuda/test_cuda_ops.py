@@ -285,6 +285,26 @@ def test_sample_deterministic_and_distribution(rng):
 
 
 # ---- allocator and arrays ----
+def test_pinned_host_buffer_queued_copies():
+    """Pinned staging: queued copies both ways, an event that waits for the upload."""
+    up, down = _C.PinnedHostBuffer(4096), _C.PinnedHostBuffer(4096)
+    a = up.array(np.int32, 1024)
+    a[:] = np.arange(1024, dtype=np.int32) * 7
+    d = _C.DeviceBuffer(4096)
+    up.copy_to_device(d, 4096)
+    ev = _C.CudaEvent()
+    ev.record()
+    ev.synchronize()
+    a[:] = -1  # the GPU has its copy: rewriting the staging array changes nothing there
+    down.copy_from_device(d, 4096)
+    _C.cuda_synchronize()
+    np.testing.assert_array_equal(down.array(np.int32, 1024), np.arange(1024) * 7)
+    with pytest.raises(ValueError, match="exceed"):
+        up.array(np.int64, 513)
+    with pytest.raises(ValueError, match="outside"):
+        up.copy_to_device(d, 4097)
+
+
 def test_allocator_reuses_freed_blocks():
     _C.cuda_synchronize()
     base = _C.cuda_memory_stats()

@@ -1,5 +1,6 @@
 """Paged attention layer: writes this step's keys/values into the layer's cache blocks, then
-attends over the block table (prefill chunks and decodes in one varlen call)."""
+attends over the block table (prefill chunks and decodes in one varlen call). `forward_qkv`
+starts from the fused qkv projection: per-head q/k norm, rope and the cache write are one op."""
 
 from __future__ import annotations
 
@@ -29,9 +30,15 @@ class Attention:
         self.sliding_window = sliding_window or 0
         self.logits_soft_cap = logits_soft_cap or 0.0
 
-    def __call__(self, q, k, v, md: AttentionMetadata) -> np.ndarray:
+    def forward_qkv(self, qkv, positions, rope, q_norm, k_norm, md: AttentionMetadata):
+        """qkv [T, (nq + 2 nkv) * D] -> attention output [T, nq * D]. q_norm / k_norm: RMSNorm
+        layers over a head (Qwen3, Gemma 3) or None."""
         key_cache, value_cache = md.kv_caches[self.layer_idx]
-        ops.write_kv_cache(k, v, key_cache, value_cache, md.slot_mapping, md.cache_dtype)
+        q = ops.qk_norm_rope_cache(
+            qkv, positions, rope.cos_sin_cache, rope.is_neox_style,
+            None if q_norm is None else q_norm.weight, None if k_norm is None else k_norm.weight,
+            1e-6 if q_norm is None else q_norm.eps, key_cache, value_cache, md.slot_mapping,
+            md.cache_dtype, self.num_heads, self.num_kv_heads, self.head_size)
         return ops.paged_attention(q, key_cache, value_cache, md.block_table, md.query_start_loc,
                                    md.seq_lens, self.scale, md.cache_dtype, self.sliding_window,
                                    self.logits_soft_cap)

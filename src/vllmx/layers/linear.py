@@ -44,6 +44,12 @@ class Linear:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return ops.linear(x, self.weight, self.bias)
 
+    def norm_proj(self, x, residual, norm, act: str | None = None):
+        """(self(norm(x + residual)), x + residual): ops.rms_norm_linear with this layer's
+        weight; norm is an RMSNorm layer."""
+        return ops.rms_norm_linear(x, residual, norm.weight, norm.eps, self.weight, self.bias,
+                                   act)
+
 
 def concat_rows(weights: list[Weight]) -> Weight:
     """One weight from several with the same input size and dtype (e.g. gate and up), so one
@@ -81,6 +87,19 @@ class MergedLinear:
             return self.parts[0](x)
         return ops.concat_columns([p(x) for p in self.parts])
 
-    def split(self, out: np.ndarray) -> list[np.ndarray]:
-        """The projections' outputs as contiguous arrays (the native ops take contiguous rows)."""
-        return ops.split_columns(out, self.output_sizes)
+    def act_and_mul(self, x: np.ndarray, act: str = "silu") -> np.ndarray:
+        """act(gate) * up of a [gate; up] projection (vLLM's gate_up_proj + SiluAndMul): one
+        op over the merged weight, which on the GPU is one GEMV for decode rows."""
+        if len(self.parts) == 1 and self.parts[0].bias is None:
+            return ops.linear_act_and_mul(x, self.parts[0].weight, act)
+        h = self(x)
+        return ops.silu_and_mul(h) if act == "silu" else ops.gelu_and_mul(
+            h, "tanh" if act == "gelu_tanh" else "none")
+
+    def norm_proj(self, x, residual, norm, act: str | None = None):
+        """norm(x, residual) then this projection (act: then act_and_mul), fused into one op
+        when the projections share one matmul; returns (out, residual)."""
+        if len(self.parts) == 1:
+            return self.parts[0].norm_proj(x, residual, norm, act)
+        h, residual = (norm(x), x) if residual is None else norm(x, residual)
+        return (self(h) if act is None else self.act_and_mul(h, act)), residual

@@ -194,6 +194,10 @@ def token_logprobs(token_ids, token_logprob, rank, top_ids, top_logprobs,
 
 
 class Sampler:
+    def __init__(self):
+        self._pinned = None  # GPU: the sampler's pinned staging and its device twin
+        self._device = None
+
     def __call__(self, logits: np.ndarray, md: SamplingMetadata) -> SamplerOutput:
         """Samples one token per row; `logits` (f32 [B, V]) may be modified in place. Device
         logits are sampled on the GPU when no row needs processors or logprobs (the common
@@ -217,11 +221,10 @@ class Sampler:
         return SamplerOutput(ids, lps, token_logprobs(ids, lps, rank, top_ids, top_lps,
                                                       md.num_logprobs))
 
-    @staticmethod
-    def _sample_on_device(logits: DeviceArray, md: SamplingMetadata) -> SamplerOutput:
-        """One upload of the batch's parameters and generator states, the sampling kernel, one
-        download of the tokens, log-probs and advanced generators (each copy waits, so a step
-        pays two round trips, not eight)."""
+    def _sample_on_device(self, logits: DeviceArray, md: SamplingMetadata) -> SamplerOutput:
+        """One queued upload of the batch's parameters and generator states (pinned memory),
+        the sampling kernel, one download of the tokens, log-probs and advanced generators:
+        the host waits once, for the download."""
         from vllmx import _C
         from vllmx.device import F32, I32, U64
 
@@ -233,18 +236,22 @@ class Sampler:
         for name, host, _ in fields:
             offsets[name] = off
             off += -(-(16 * b if name == "rng" else 4 * b) // 8) * 8
-        staging = np.zeros(off, dtype=np.uint8)
+        if self._pinned is None or self._pinned.nbytes < off:  # grow-only, kept across steps
+            self._pinned = _C.PinnedHostBuffer(2 * off)
+            self._device = _C.DeviceBuffer(2 * off)
+        staging = self._pinned.array(np.uint8, off)
         for name, host, _ in fields:
             if host is not None:
                 raw = np.ascontiguousarray(host).view(np.uint8).reshape(-1)
                 staging[offsets[name]:offsets[name] + raw.size] = raw
-        buf = _C.DeviceBuffer(off)
-        buf.copy_from_host(staging)
+        buf = self._device
+        self._pinned.copy_to_device(buf, offsets["ids"])
         dev = {name: DeviceArray(buf, dt, (b, 2) if name == "rng" else (b,), offsets[name])
                for name, _, dt in fields}
         _C.cuda_op_sample(dev["ids"], dev["logprobs"], logits, dev["temperature"], dev["top_k"],
                           dev["top_p"], dev["min_p"], dev["rng"])
-        buf.copy_to_host(staging)
+        self._pinned.copy_from_device(buf, off)
+        _C.cuda_synchronize()
 
         def field(name, dtype, n):
             return staging[offsets[name]:offsets[name] + n * np.dtype(dtype).itemsize].view(dtype)

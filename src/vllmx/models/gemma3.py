@@ -125,12 +125,8 @@ class Gemma3DecoderLayer:
         self.post_feedforward_layernorm = norm("post_feedforward_layernorm")
 
     def self_attn(self, positions, h, md: AttentionMetadata):
-        t, d = h.shape[0], self.head_dim
-        q, k, v = self.qkv_proj.split(self.qkv_proj(h))
-        q = self.q_norm(q.reshape(t * self.num_heads, d)).reshape(t, -1)
-        k = self.k_norm(k.reshape(t * self.num_kv_heads, d)).reshape(t, -1)
-        self.rope(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, md))
+        return self.o_proj(self.attn.forward_qkv(self.qkv_proj(h), positions, self.rope,
+                                                 self.q_norm, self.k_norm, md))
 
     def __call__(self, positions, h, residual, md: AttentionMetadata):
         # Sandwich norms; each residual add is fused into the norm that follows it.
@@ -141,7 +137,7 @@ class Gemma3DecoderLayer:
             h, residual = self.input_layernorm(h, residual)
         h = self.post_attention_layernorm(self.self_attn(positions, h, md))
         h, residual = self.pre_feedforward_layernorm(h, residual)
-        h = ops.gelu_and_mul(self.gate_up_proj(h), "tanh")
+        h = self.gate_up_proj.act_and_mul(h, "gelu_tanh")
         h = self.post_feedforward_layernorm(self.down_proj(h))
         return h, residual
 

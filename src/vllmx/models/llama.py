@@ -70,25 +70,14 @@ class LlamaDecoderLayer:
         self.input_layernorm = RMSNorm(w[p + "input_layernorm.weight"], eps)
         self.post_attention_layernorm = RMSNorm(w[p + "post_attention_layernorm.weight"], eps)
 
-    def self_attn(self, positions, h, md: AttentionMetadata):
-        t, d = h.shape[0], self.head_dim
-        q, k, v = self.qkv_proj.split(self.qkv_proj(h))
-        if self.q_norm is not None:
-            q = self.q_norm(q.reshape(t * self.num_heads, d)).reshape(t, -1)
-            k = self.k_norm(k.reshape(t * self.num_kv_heads, d)).reshape(t, -1)
-        self.rope(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, md))
-
     def __call__(self, positions, h, residual, md: AttentionMetadata):
-        if residual is None:
-            residual = h
-            h = self.input_layernorm(h)
-        else:
-            h, residual = self.input_layernorm(h, residual)
-        h = self.self_attn(positions, h, md)
-        h, residual = self.post_attention_layernorm(h, residual)
-        h = self.down_proj(ops.silu_and_mul(self.gate_up_proj(h)))
-        return h, residual
+        # Each norm runs with the projection after it (one GEMV on the GPU at decode).
+        qkv, residual = self.qkv_proj.norm_proj(h, residual, self.input_layernorm)
+        h = self.o_proj(self.attn.forward_qkv(qkv, positions, self.rope, self.q_norm,
+                                              self.k_norm, md))
+        h, residual = self.gate_up_proj.norm_proj(h, residual, self.post_attention_layernorm,
+                                                  act="silu")
+        return self.down_proj(h), residual
 
 
 class LlamaForCausalLM:

@@ -103,10 +103,17 @@ class ModelRunner:
         if device == "cuda":
             from vllmx.device import F32, I32, DeviceArray
 
+            from vllmx._C import CudaEvent, PinnedHostBuffer
+
             # One host staging array and its device twin: [ids | positions | slots | qsl |
-            # seq_lens | block_table] packed by _stage, so a step's inputs are one copy.
+            # seq_lens | block_table] packed by _stage, so a step's inputs are one copy. The
+            # host side is pinned: the copy is queued and the host goes on to launch the step;
+            # _staged marks when the GPU has read it, before the next step rewrites it.
             n = 3 * t + 2 * b + 1 + b * self.max_blocks_per_req
-            self._staging = np.zeros(n, dtype=np.int32)
+            self._pinned = PinnedHostBuffer(4 * n)
+            self._staging = self._pinned.array(np.int32, n)
+            self._staging[:] = 0
+            self._staged = CudaEvent()
             self._dev_staging = DeviceArray.empty((n,), I32)
             # A decode bucket's f32 logits land here (graphs or not): one buffer for every
             # bucket, allocated before any capture so that no graph's scratch overlaps it.
@@ -123,11 +130,13 @@ class ModelRunner:
                  (self.query_start_loc, nb + 1), (self.seq_lens, nb),
                  (self.block_table[:nb].reshape(-1), nb * m)]
         views, off = [], 0
+        self._staged.synchronize()  # the previous step's copy has left the staging array
         for host, n in parts:
             self._staging[off:off + n] = host[:n]
             views.append(self._dev_staging[off:off + n])
             off += n
-        self._dev_staging[:off].copy_from(self._staging[:off])
+        self._pinned.copy_to_device(self._dev_staging.buffer, 4 * off, self._dev_staging.offset)
+        self._staged.record()
         ids, pos, slots, qsl, seq_lens, bt = views
         md = AttentionMetadata(slots, bt.reshape(nb, m), qsl, seq_lens, self.kv_caches,
                                self.cache_dtype)

@@ -1,0 +1,155 @@
+"""Where a batch-1 decode step's GPU time goes: each kernel of the step's CUDA graph, timed by
+the CUDA profiler (CUPTI through torch.profiler, which records every kernel of the process,
+vllmx's included), and the gaps between them.
+
+Random bf16 models of the benchmark's shapes (bench/gpu_vs_transformers.py) with fewer layers
+(per-layer kernels are the same at any depth): the graph of a decode bucket is replayed at a
+1088-token context and the trace's kernels are grouped by name. Also the engine's own decode
+step (generate) against the graph replayed alone, i.e. the host's share.
+
+    python bench/gpu_decode_profile.py --models qwen3-0.6b llama-3-8b --layers 28 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_vs_transformers import SHAPES  # noqa: E402
+
+
+def short(name: str) -> str:
+    name = re.sub(r"<.*", "", name).replace("(anonymous namespace)", "anon")
+    name = re.sub(r"\(.*", "", name)
+    return name.split("::")[-1][:48]
+
+
+def profile(name: str, layers: int, batch: int, ctx: int, out_dir: str,
+            host_profile: bool = False) -> dict:
+    import numpy as np
+    import torch
+    import transformers
+
+    spec = dict(SHAPES[name], num_hidden_layers=layers)
+    arch = spec.pop("arch")
+    cfg = getattr(transformers, f"{arch}Config")(**spec, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(out_dir)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    del model
+    torch.cuda.empty_cache()
+
+    from vllmx import LLM, SamplingParams, _C
+
+    llm = LLM(out_dir, skip_tokenizer_init=True, device="cuda", max_model_len=ctx + 256,
+              max_num_seqs=max(batch, 8), gpu_memory_utilization=0.5)
+    rng = np.random.default_rng(0)
+    ps = [{"prompt_token_ids": rng.integers(3, spec["vocab_size"], ctx).tolist()}
+          for _ in range(batch)]
+    p1 = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    pn = SamplingParams(temperature=0, max_tokens=129, min_tokens=129, ignore_eos=True)
+    llm.generate(ps, p1)
+    times = []
+    for sp in (p1, pn, p1, pn):
+        llm.reset_prefix_cache()
+        t = time.perf_counter()
+        llm.generate(ps, sp)
+        times.append(time.perf_counter() - t)
+    engine_step_ms = (min(times[1], times[3]) - min(times[0], times[2])) / 128 * 1e3
+    if host_profile:  # where the host's share of a step goes (Python's own profiler)
+        import cProfile
+        import pstats
+
+        llm.reset_prefix_cache()
+        prof = cProfile.Profile()
+        prof.runcall(llm.generate, ps, pn)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+
+    runner = llm.llm_engine.model_runner
+    graph = runner.graphs[batch]
+    bs = runner.block_size
+    nblk = -(-ctx // bs)
+    runner.input_ids[:batch] = 0
+    runner.positions[:batch] = ctx - 1
+    runner.slot_mapping[:batch] = -1
+    runner.seq_lens[:batch] = ctx
+    runner.query_start_loc[:batch + 1] = np.arange(batch + 1)
+    runner.block_table[:batch, :nblk] = np.arange(batch * nblk).reshape(batch, nblk)
+    runner._stage(batch, batch)
+    for _ in range(5):
+        graph.replay()
+    _C.cuda_synchronize()
+    n = 50
+    t = time.perf_counter()
+    for _ in range(n):
+        graph.replay()
+    _C.cuda_synchronize()
+    graph_ms = (time.perf_counter() - t) / n * 1e3
+
+    reps = 5
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            graph.replay()
+        _C.cuda_synchronize()
+    path = os.path.join(out_dir, "trace.json")
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    kernels = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+                     key=lambda e: e["ts"])
+    per_step = len(kernels) // reps
+    step = kernels[-per_step:]  # the last replay
+    rows: dict[str, list] = {}
+    busy = 0.0
+    for i, e in enumerate(step):
+        gap = 0.0 if i == 0 else e["ts"] - (step[i - 1]["ts"] + step[i - 1]["dur"])
+        r = rows.setdefault(short(e["name"]), [0, 0.0, 0.0])
+        r[0] += 1
+        r[1] += e["dur"]
+        r[2] += gap
+        busy += e["dur"]
+    span = step[-1]["ts"] + step[-1]["dur"] - step[0]["ts"]
+    print(f"\n== {name}, {layers} layers, batch {batch}, context {ctx}: "
+          f"{weight_bytes / 1e9:.2f} GB of weights")
+    print(f"engine decode step {engine_step_ms:.3f} ms; graph replay {graph_ms:.3f} ms; "
+          f"traced span {span / 1e3:.3f} ms, kernels busy {busy / 1e3:.3f} ms, "
+          f"{per_step} kernels ({per_step / layers:.1f} per layer)")
+    print(f"{'kernel':48s} {'n':>4s} {'us each':>8s} {'us total':>9s} {'gap before':>10s}")
+    for k, (c, d, g) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
+        print(f"{k:48s} {c:4d} {d / c:8.2f} {d:9.1f} {g / c:10.2f}")
+    first = step[:per_step // layers + 2]
+    print("first layer in order: " + ", ".join(f"{short(e['name'])} {e['dur']:.1f}"
+                                                for e in first))
+    return {"engine_step_ms": engine_step_ms, "graph_ms": graph_ms, "span_ms": span / 1e3,
+            "busy_ms": busy / 1e3, "kernels": per_step,
+            "by_kernel": {k: {"n": c, "us": d, "gap_us": g} for k, (c, d, g) in rows.items()}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--layers", nargs="+", type=int, default=[28, 8])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--context", type=int, default=1088)
+    ap.add_argument("--host-profile", action="store_true", help="cProfile a generate call")
+    args = ap.parse_args()
+    report = {}
+    for name, layers in zip(args.models, args.layers):
+        with tempfile.TemporaryDirectory() as d:
+            report[name] = profile(name, layers, args.batch, args.context, d, args.host_profile)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "gpu_decode_profile.json"), "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
