@@ -90,14 +90,16 @@ __device__ __forceinline__ int visible_lo(int pos, int window) {
 // Keys [k0, k0 + ROWS) of kv head g of the sequence whose block-table row is bt_row -> stage
 // rows of Ks / Vs (row stride D + 8), by NT threads, one cp.async group. Keys at or past kend
 // are zero-filled (never garbage: 0 * NaN would poison P @ V).
+// Key `hole` is left alone (neither loaded nor zeroed): decode loads it separately.
 template <int D, int ROWS, int NT, typename KV>
 __device__ __forceinline__ void load_kv_tile(const AttnArgs& a, const int32_t* bt_row, int g,
-                                             int k0, int kend, KV* Ks, KV* Vs) {
+                                             int k0, int kend, KV* Ks, KV* Vs, int hole = -1) {
   constexpr int LD = D + 8, CPR = D / 8;
   const KV* kc = static_cast<const KV*>(a.kc);
   const KV* vc = static_cast<const KV*>(a.vc);
   for (int i = threadIdx.x; i < ROWS * CPR; i += NT) {
     const int r = i / CPR, c = i % CPR, pos = k0 + r;
+    if (pos == hole) continue;
     const bool ok = pos < kend;
     int64_t off = 0;
     if (ok) {
@@ -375,7 +377,6 @@ __host__ __device__ constexpr int dec_smem_bytes() {
 // grid (B, nkv * ceil(G / kDecMaxG), max_splits), kDecThreads each.
 template <int D, typename KV>
 __global__ void __launch_bounds__(kDecThreads) decode_kernel(AttnArgs a) {
-  pdl_begin();
   constexpr int LD = D + 8, CPR = D / 8;
   constexpr int KG = kDecThreads / CPR;        // P @ V: key groups (a thread: 8 dims of 1 group)
   constexpr int TPK = kDecThreads / kDecKeys;  // Q K^T: threads per key
@@ -412,7 +413,19 @@ __global__ void __launch_bounds__(kDecThreads) decode_kernel(AttnArgs a) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int32_t* bt_row = a.bt + static_cast<int64_t>(b) * a.bt_stride;
   const int ntiles = (kend - kbeg + kDecKeys - 1) / kDecKeys;
-  load_kv_tile<D, kDecKeys, kDecThreads>(a, bt_row, g, kbeg, kend, Ks, Vs);
+  // Before waiting for the previous kernel (PDL): the step's inputs (block table, lengths) were
+  // copied before any kernel ran, and every key but this step's own (pos, which the previous
+  // kernel writes) is already in the cache, so the first tile's loads start now.
+  load_kv_tile<D, kDecKeys, kDecThreads>(a, bt_row, g, kbeg, kend, Ks, Vs, pos);
+  pdl_begin();
+  if (pos < kbeg + kDecKeys && tid < CPR) {  // this step's key sits in the first tile
+    const int64_t off =
+        ((static_cast<int64_t>(bt_row[pos / a.block_size]) * a.block_size + pos % a.block_size) *
+             a.nkv + g) * D + tid * 8;
+    cp_async16(Ks + (pos - kbeg) * LD + tid * 8, static_cast<const KV*>(a.kc) + off, true);
+    cp_async16(Vs + (pos - kbeg) * LD + tid * 8, static_cast<const KV*>(a.vc) + off, true);
+  }
+  cp_async_commit();  // (an empty group elsewhere: the waits below count groups)
 
   // q of the group's heads (contiguous in the row) -> f32 in shared memory, 16-byte loads.
   const uint16_t* qrow = static_cast<const uint16_t*>(a.q) + q0 * a.q_stride +
@@ -730,12 +743,14 @@ AttnPlan plan_attention(const Tensor& out, const Tensor& q, const Tensor& kc, in
   const int64_t bm = kPrefillWarps * 16;
   p.prefill_tiles = T >= 2 ? static_cast<int>((T * G + bm - 1) / bm + std::min(B, T / 2)) : 0;
   p.tiles_bytes = (static_cast<size_t>(p.prefill_tiles) + 1) * sizeof(int2);
-  // Decode: enough partitions for about 2 CTAs per SM when every sequence decodes (a batch-1
-  // decode of 8 kv heads over 1k keys: 17 partitions of 64 keys, 136 CTAs).
+  // Decode: enough partitions for about 4 CTAs per SM when every sequence decodes (3 fit at a
+  // time; a CTA's tiles run one after another, so short partitions spread a large batch's
+  // context over more CTAs in flight). A batch-1 decode of 8 kv heads over 1k keys: 17
+  // partitions of 64 keys, 136 CTAs; batch 32: 5 partitions, 1280 CTAs.
   p.head_groups = static_cast<int>((G + kDecMaxG - 1) / kDecMaxG);
   const int64_t base_ctas = std::max<int64_t>(1, B * nkv * p.head_groups);
   const int64_t visible = window > 0 ? std::min(max_ctx, window) : max_ctx;
-  int64_t splits = (2 * num_sms() + base_ctas - 1) / base_ctas;
+  int64_t splits = (4 * num_sms() + base_ctas - 1) / base_ctas;
   splits = std::min(splits, (visible + kMinPartition - 1) / kMinPartition);
   p.max_splits = static_cast<int>(std::clamp<int64_t>(splits, 1, kMaxSplits));
   if (p.max_splits > 1)

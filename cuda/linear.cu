@@ -161,13 +161,23 @@ constexpr int kGemvThreads = 128;
 // matching up rows, so every row's sum runs in the same order as in the plain kernel.
 template <typename T, int WK, int MAXT, int ACT = -1>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(LinearArgs a) {
-  pdl_begin();
   constexpr bool kBf = std::is_same_v<T, __nv_bfloat16>;
   constexpr bool kGated = ACT >= 0;
   const int n0 = blockIdx.x * (kGated ? kGemvRows / 2 : kGemvRows);
   auto row_of = [&](int r) { return kGated ? n0 + (r & 1) + (r >> 1) * a.N : n0 + r; };
   auto row_ok = [&](int r) { return (kGated ? n0 + (r & 1) : n0 + r) < a.N; };
   const int nchunks = a.K / 8;
+  auto load_raw = [&](int c, uint4 (&raw)[kGemvRows]) {
+#pragma unroll
+    for (int r = 0; r < kGemvRows; ++r)
+      raw[r] = row_ok(r) ? load_chunk<WK>(a.w, a.w_stride, row_of(r), c * 8)
+                         : make_uint4(0, 0, 0, 0);
+  };
+  // The weights do not depend on the previous kernel: this thread's first chunk is requested
+  // before waiting for it (PDL), so a short product's loads overlap its predecessor's tail.
+  uint4 first[kGemvRows];
+  if (static_cast<int>(threadIdx.x) < nchunks) load_raw(threadIdx.x, first);
+  pdl_begin();
 
   // Norm prologue: every CTA takes each row's sum of squares of x (+ res), as add_rms_norm
   // does (the f32 sum of the unrounded values); the main loop then normalizes x chunks as it
@@ -223,13 +233,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(LinearArgs a) {
 #pragma unroll
     for (int r = 0; r < kGemvRows; ++r) acc[t][r] = 0.f;
 
-#pragma unroll 2
-  for (int c = threadIdx.x; c < nchunks; c += kGemvThreads) {
+  auto consume = [&](int c, const uint4 (&raw)[kGemvRows]) {
     const int k = c * 8;
-    uint4 raw[kGemvRows];
-#pragma unroll
-    for (int r = 0; r < kGemvRows; ++r)
-      raw[r] = row_ok(r) ? load_chunk<WK>(a.w, a.w_stride, row_of(r), k) : make_uint4(0, 0, 0, 0);
     float wf[kGemvRows][8];
 #pragma unroll
     for (int r = 0; r < kGemvRows; ++r) chunk_to_float<WK>(raw[r], k, kBf, wf[r]);
@@ -259,6 +264,13 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(LinearArgs a) {
           for (int j = 0; j < 8; ++j) acc[t][r] = fmaf(xf[j], wf[r][j], acc[t][r]);
       }
     }
+  };
+  if (static_cast<int>(threadIdx.x) < nchunks) consume(threadIdx.x, first);
+#pragma unroll 2
+  for (int c = threadIdx.x + kGemvThreads; c < nchunks; c += kGemvThreads) {
+    uint4 raw[kGemvRows];
+    load_raw(c, raw);
+    consume(c, raw);
   }
 
   __shared__ float red[kGemvThreads / 32][MAXT * kGemvRows];
