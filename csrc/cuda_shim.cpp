@@ -115,7 +115,7 @@ void rms_norm_linear(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
 
 #ifdef VLLMX_SHIM_ATTENTION
 void paged_attention(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                     const Tensor&, const Tensor&, float, int64_t, float) {
+                     const Tensor&, const Tensor&, float, int64_t, float, int64_t) {
   missing("paged_attention", "cuda/attention.cu");
 }
 #endif

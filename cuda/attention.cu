@@ -809,7 +809,7 @@ void launch_tc(const AttnPlan& p, const AttnArgs& a, cudaStream_t s) {
 void paged_attention(const Tensor& out, const Tensor& q, const Tensor& key_cache,
                      const Tensor& value_cache, const Tensor& block_table,
                      const Tensor& query_start_loc, const Tensor& seq_lens, float scale,
-                     int64_t sliding_window, float logits_soft_cap) {
+                     int64_t sliding_window, float logits_soft_cap, int64_t max_query_len) {
   // Shapes and dtypes are checked here; the contents of block_table / query_start_loc /
   // seq_lens live on the GPU and are trusted (reading them would need a host sync).
   VLLMX_CHECK(out.defined() && q.defined() && key_cache.defined() && value_cache.defined() &&
@@ -904,7 +904,11 @@ void paged_attention(const Tensor& out, const Tensor& q, const Tensor& key_cache
   a.out_bf16 = qt == DType::BF16;
   cudaStream_t s = stream();
 
-  const AttnPlan p = plan_attention(out, q, key_cache, T, B, nq, nkv, D, max_ctx, a.window);
+  AttnPlan p = plan_attention(out, q, key_cache, T, B, nq, nkv, D, max_ctx, a.window);
+  // vLLM's max_query_len (0: not known): a decode-only batch skips the prefill kernels, which
+  // otherwise run to find (on the device) that no sequence has two queries.
+  VLLMX_CHECK(max_query_len >= 0, kOp, "max_query_len must be >= 0 (0: unknown)");
+  if (max_query_len == 1) p.prefill_tiles = 0;
   if (!p.tensor_cores) {
     launch(attention_generic_kernel, dim3(static_cast<unsigned>(T), static_cast<unsigned>(nq)),
            kGenericThreads, static_cast<size_t>(D) * sizeof(float), s, a, static_cast<int>(dt),

@@ -53,7 +53,7 @@ void rms_norm_linear(const Tensor& out, const Tensor& res_out, const Tensor& x,
 void paged_attention(const Tensor& out, const Tensor& q, const Tensor& key_cache,
                      const Tensor& value_cache, const Tensor& block_table,
                      const Tensor& query_start_loc, const Tensor& seq_lens, float scale,
-                     int64_t sliding_window, float logits_soft_cap);
+                     int64_t sliding_window, float logits_soft_cap, int64_t max_query_len = 0);
 void sample(const Tensor& out_ids, const Tensor& out_logprobs, const Tensor& logits,
             const Tensor& temperature, const Tensor& top_k, const Tensor& top_p,
             const Tensor& min_p, const Tensor& rng_state);

@@ -67,7 +67,7 @@ cdef extern from "cuda_ops.h" namespace "vllmx::cuda" nogil:
         const Tensor&, const Tensor&, const Tensor&, const Tensor&, int) except +
     void c_cuda_paged_attention "vllmx::cuda::paged_attention"(
         const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-        const Tensor&, const Tensor&, float, int64_t, float) except +
+        const Tensor&, const Tensor&, float, int64_t, float, int64_t) except +
     void c_cuda_sample "vllmx::cuda::sample"(const Tensor&, const Tensor&, const Tensor&,
                                              const Tensor&, const Tensor&, const Tensor&,
                                              const Tensor&, const Tensor&) except +
@@ -488,7 +488,8 @@ def cuda_op_qk_norm_rope_cache(q_out, qkv, positions, cos_sin_cache, q_norm, k_n
 
 def cuda_op_paged_attention(out, q, key_cache, value_cache, block_table, query_start_loc,
                             seq_lens, float scale, int64_t sliding_window=0,
-                            float logits_soft_cap=0.0, int cache_dtype=-1):
+                            float logits_soft_cap=0.0, int cache_dtype=-1,
+                            int64_t max_query_len=0):
     _require_cuda()
     cdef Tensor o = as_device_tensor(out), qt = as_device_tensor(q)
     cdef Tensor kc = as_device_tensor(key_cache, cache_dtype)
@@ -497,7 +498,7 @@ def cuda_op_paged_attention(out, q, key_cache, value_cache, block_table, query_s
     cdef Tensor sl = as_device_tensor(seq_lens)
     with nogil:
         c_cuda_paged_attention(o, qt, kc, vc, bt, qsl, sl, scale, sliding_window,
-                               logits_soft_cap)
+                               logits_soft_cap, max_query_len)
 
 
 def cuda_op_sample(out_ids, out_logprobs, logits, temperature, top_k, top_p, min_p, rng_state):

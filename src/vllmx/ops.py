@@ -190,10 +190,12 @@ def qk_norm_rope_cache(qkv, positions, cos_sin_cache, is_neox: bool, q_norm, k_n
 
 def paged_attention(q, key_cache, value_cache, block_table, query_start_loc, seq_lens,
                     scale: float, cache_dtype: int, sliding_window: int = 0,
-                    logits_soft_cap: float = 0.0) -> np.ndarray:
+                    logits_soft_cap: float = 0.0, max_query_len: int = 0) -> np.ndarray:
+    """max_query_len: the longest query of the batch when known (1: decode only), else 0."""
     if isinstance(q, DeviceArray):
         return cuda_paged_attention(q, key_cache, value_cache, block_table, query_start_loc,
-                                    seq_lens, scale, sliding_window, logits_soft_cap)
+                                    seq_lens, scale, sliding_window, logits_soft_cap,
+                                    max_query_len)
     out = np.empty_like(q)
     _C.op_paged_attention(out, q, key_cache, value_cache, block_table, query_start_loc,
                           seq_lens, scale, sliding_window, logits_soft_cap, cache_dtype)
@@ -429,10 +431,11 @@ def cuda_qk_norm_rope_cache(qkv, positions, cos_sin_cache, is_neox, q_norm, k_no
 
 def cuda_paged_attention(q, key_cache, value_cache, block_table, query_start_loc, seq_lens,
                          scale: float, sliding_window: int = 0,
-                         logits_soft_cap: float = 0.0) -> DeviceArray:
+                         logits_soft_cap: float = 0.0, max_query_len: int = 0) -> DeviceArray:
     out = DeviceArray.empty(q.shape, q.dtype)
     _C.cuda_op_paged_attention(out, q, key_cache, value_cache, block_table, query_start_loc,
-                               seq_lens, scale, sliding_window, logits_soft_cap)
+                               seq_lens, scale, sliding_window, logits_soft_cap,
+                               max_query_len=max_query_len)
     return out
 
 

@@ -222,3 +222,27 @@ def test_rms_norm_linear_large_weight_is_the_separate_ops(rng):
                                DeviceArray.from_numpy(g), 1e-6, w, None,
                                DeviceArray.empty((T, K), BF16), DeviceArray.empty((T, n), BF16), 0)
     np.testing.assert_array_equal(out.numpy(), want)
+
+
+def test_decode_only_hint_skips_nothing_it_needs():
+    """max_query_len=1 (a decode-only step: no prefill kernels) gives the same bits as 0."""
+    seqs = [(1100, 1), (70, 1), (3000, 1), (1, 1)]
+    q, kc, vc, bt, qsl, sl = attention_case(4, seqs, 16, 8, 128, BF16, BF16)
+    outs = []
+    for hint in (0, 1):
+        out = DeviceArray.empty(q.shape, BF16)
+        _C.cuda_op_paged_attention(out, dev_bits(q), dev_bits(kc), dev_bits(vc),
+                                   DeviceArray.from_numpy(bt), DeviceArray.from_numpy(qsl),
+                                   DeviceArray.from_numpy(sl), 128**-0.5, 0, 0.0, BF16,
+                                   max_query_len=hint)
+        outs.append(out.numpy())
+    np.testing.assert_array_equal(outs[0], outs[1])
+    with pytest.raises(ValueError, match="max_query_len"):
+        _C.cuda_op_paged_attention(DeviceArray.empty(q.shape, BF16), dev_bits(q), dev_bits(kc),
+                                   dev_bits(vc), DeviceArray.from_numpy(bt),
+                                   DeviceArray.from_numpy(qsl), DeviceArray.from_numpy(sl),
+                                   0.1, 0, 0.0, BF16, max_query_len=-1)
+
+
+def dev_bits(a):
+    return DeviceArray.from_numpy(a, BF16)

@@ -19,6 +19,7 @@ class AttentionMetadata:
     seq_lens: np.ndarray  # i32 [B]
     kv_caches: list[tuple[np.ndarray, np.ndarray]]  # per layer (key_cache, value_cache)
     cache_dtype: int
+    max_query_len: int = 0  # the longest query when known (1: a decode-only step), else 0
 
 
 class Attention:
@@ -41,4 +42,4 @@ class Attention:
             md.cache_dtype, self.num_heads, self.num_kv_heads, self.head_size)
         return ops.paged_attention(q, key_cache, value_cache, md.block_table, md.query_start_loc,
                                    md.seq_lens, self.scale, md.cache_dtype, self.sliding_window,
-                                   self.logits_soft_cap)
+                                   self.logits_soft_cap, md.max_query_len)

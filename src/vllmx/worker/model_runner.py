@@ -114,6 +114,7 @@ class ModelRunner:
             self._staging = self._pinned.array(np.int32, n)
             self._staging[:] = 0
             self._staged = CudaEvent()
+            self._stage_views: dict[tuple, tuple] = {}  # decode buckets' device views
             self._dev_staging = DeviceArray.empty((n,), I32)
             # A decode bucket's f32 logits land here (graphs or not): one buffer for every
             # bucket, allocated before any capture so that no graph's scratch overlaps it.
@@ -122,25 +123,35 @@ class ModelRunner:
             self._decode_logits = DeviceArray.empty((size, model.vocab_size), F32)
 
     # -- GPU: one input copy per step, CUDA graphs for decode ----------------------------
-    def _stage(self, t: int, nb: int) -> tuple:
+    def _stage(self, t: int, nb: int, max_query_len: int = 0) -> tuple:
         """Copies the first t tokens / nb requests of the host inputs to the device in one
-        transfer; returns the device views (ids, positions, AttentionMetadata)."""
+        transfer; returns the device views (ids, positions, AttentionMetadata). max_query_len 1:
+        a decode bucket (its views are built once and kept)."""
         m = self.max_blocks_per_req
         parts = [(self.input_ids, t), (self.positions, t), (self.slot_mapping, t),
                  (self.query_start_loc, nb + 1), (self.seq_lens, nb),
                  (self.block_table[:nb].reshape(-1), nb * m)]
-        views, off = [], 0
+        off = 0
         self._staged.synchronize()  # the previous step's copy has left the staging array
         for host, n in parts:
             self._staging[off:off + n] = host[:n]
-            views.append(self._dev_staging[off:off + n])
             off += n
         self._pinned.copy_to_device(self._dev_staging.buffer, 4 * off, self._dev_staging.offset)
         self._staged.record()
-        ids, pos, slots, qsl, seq_lens, bt = views
-        md = AttentionMetadata(slots, bt.reshape(nb, m), qsl, seq_lens, self.kv_caches,
-                               self.cache_dtype)
-        return ids, pos, md
+        key = (t, nb, max_query_len)
+        staged = self._stage_views.get(key)
+        if staged is None:
+            views, off = [], 0
+            for _, n in parts:
+                views.append(self._dev_staging[off:off + n])
+                off += n
+            ids, pos, slots, qsl, seq_lens, bt = views
+            md = AttentionMetadata(slots, bt.reshape(nb, m), qsl, seq_lens, self.kv_caches,
+                                   self.cache_dtype, max_query_len)
+            staged = (ids, pos, md)
+            if max_query_len == 1:
+                self._stage_views[key] = staged
+        return staged
 
     def _pad_decode(self, nb: int, size: int) -> None:
         """Rows nb..size of a decode bucket: one token each, at position 0, whose KV write is
@@ -170,7 +181,7 @@ class ModelRunner:
         self.query_start_loc[0] = 0
         for size in sorted(sizes, reverse=True):
             self._pad_decode(0, size)
-            ids, pos, md = self._stage(size, size)
+            ids, pos, md = self._stage(size, size, max_query_len=1)
             self._decode_forward(size, ids, pos, md)  # warm-up: the allocator and scratch settle
             cuda_synchronize()
             graph = CudaGraph()
@@ -223,7 +234,7 @@ class ModelRunner:
         # A decode step runs padded to its bucket with or without graphs, so that both run the
         # same kernels on the same shapes (enforce_eager gives the same tokens).
         self._pad_decode(nb, size)
-        ids, pos, md = self._stage(size, size)
+        ids, pos, md = self._stage(size, size, max_query_len=1)
         if size in self.graphs:
             self.graphs[size].replay()
         else:
