@@ -21,7 +21,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_vs_transformers import SHAPES  # noqa: E402
+from gpu_vs_transformers import SHAPES, stage_decode  # noqa: E402
 
 
 def short(name: str) -> str:
@@ -75,15 +75,7 @@ def profile(name: str, layers: int, batch: int, ctx: int, out_dir: str,
 
     runner = llm.llm_engine.model_runner
     graph = runner.graphs[batch]
-    bs = runner.block_size
-    nblk = -(-ctx // bs)
-    runner.input_ids[:batch] = 0
-    runner.positions[:batch] = ctx - 1
-    runner.slot_mapping[:batch] = -1
-    runner.seq_lens[:batch] = ctx
-    runner.query_start_loc[:batch + 1] = np.arange(batch + 1)
-    runner.block_table[:batch, :nblk] = np.arange(batch * nblk).reshape(batch, nblk)
-    runner._stage(batch, batch)
+    stage_decode(runner, batch, ctx)
     for _ in range(5):
         graph.replay()
     _C.cuda_synchronize()

@@ -117,11 +117,24 @@ def summarize(b, input_len, output_len, t_prefill, t_total, peak):
             "prefill_s": t_prefill, "total_s": t_total, "peak_gib": peak / 2**30}
 
 
+def stage_decode(runner, b: int, ctx: int) -> None:
+    """Puts a decode step of b sequences at context ctx in the runner's device inputs (cache
+    reads over arbitrary blocks, KV writes skipped), for replaying bucket b's graph alone."""
+    import numpy as np
+
+    nblk = -(-ctx // runner.block_size)
+    runner.input_ids[:b] = 0
+    runner.positions[:b] = ctx - 1
+    runner.slot_mapping[:b] = -1
+    runner.seq_lens[:b] = ctx
+    runner.query_start_loc[:b + 1] = np.arange(b + 1)
+    runner.block_table[:b, :nblk] = np.arange(b * nblk).reshape(b, nblk)
+    runner._stage(b, b, max_query_len=1)
+
+
 def vllmx_worker(path, batches, input_len, output_len, vocab) -> dict:
     """Runs in its own process: vllmx on the saved checkpoint."""
     import logging
-
-    import numpy as np
 
     from vllmx import LLM, SamplingParams, _C
 
@@ -159,17 +172,9 @@ def vllmx_worker(path, batches, input_len, output_len, vocab) -> dict:
         runner = llm.llm_engine.model_runner
         graph = runner.graphs.get(b)
         if graph is not None:
-            # Restage a decode step of b sequences at mid-generation context (reads of the
-            # cache, writes skipped): the last real step may have been another bucket's layout.
-            ctx, bs = input_len + output_len // 2, runner.block_size
-            nblk = -(-ctx // bs)
-            runner.input_ids[:b] = 0
-            runner.positions[:b] = ctx - 1
-            runner.slot_mapping[:b] = -1
-            runner.seq_lens[:b] = ctx
-            runner.query_start_loc[:b + 1] = np.arange(b + 1)
-            runner.block_table[:b, :nblk] = np.arange(b * nblk).reshape(b, nblk)
-            runner._stage(b, b)
+            # Restage a decode step at mid-generation context: the last real step may have
+            # been another bucket's layout.
+            stage_decode(runner, b, input_len + output_len // 2)
             _C.cuda_synchronize()
             t = time.perf_counter()
             for _ in range(20):
