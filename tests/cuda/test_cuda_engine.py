@@ -127,6 +127,23 @@ def test_batched_equal_alone_on_gpu(tmp_path):
                 == batched_seeded[i].outputs[0].token_ids), f"seeded request {i}"
 
 
+def test_one_sequence_engine_on_gpu(checkpoints):
+    """max_num_seqs=1 with a short max_model_len: the start-up profile forms only the steps the
+    scheduler can (it once split max_num_batched_tokens over more sequences than that), and
+    each request gets the tokens it gets alone in the default engine."""
+    from vllmx import LLM, SamplingParams
+
+    rng = np.random.default_rng(SEED)
+    prompts = [{"prompt_token_ids": rng.integers(3, VOCAB, size=n).tolist()} for n in (80, 5, 33)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    one = LLM(checkpoints["qwen3"], skip_tokenizer_init=True, device="cuda", max_num_seqs=1,
+              max_model_len=96, kv_cache_memory_bytes=64 << 20).generate(prompts, params)
+    ref = _llm(checkpoints["qwen3"])
+    for p, o in zip(prompts, one):
+        assert len(o.outputs[0].token_ids) == 12
+        assert o.outputs[0].token_ids == ref.generate([p], params)[0].outputs[0].token_ids
+
+
 def test_cpu_and_gpu_sample_the_same_seeded_stream(checkpoints):
     """f32 on both devices: seeded sampling draws the same tokens (one xoroshiro128++ stream)."""
     from vllmx import LLM, SamplingParams

@@ -72,10 +72,11 @@ def allocate_kv_caches(num_blocks: int, block_size: int, layers: int, nkv: int, 
 
 
 def profile_run(runner, num_tokens: int, num_seqs: int, max_model_len: int) -> None:
-    """One forward of num_tokens prompt tokens (in as few sequences as max_model_len allows;
-    KV writes skipped, reads from block 0) plus logits for num_seqs rows: afterwards the
-    caching allocator holds what the largest step needs."""
+    """One forward of the largest step the scheduler can form: num_tokens prompt tokens (at
+    most num_seqs sequences of at most max_model_len each; KV writes skipped, reads from block
+    0) plus logits for num_seqs rows: afterwards the caching allocator holds what it needs."""
     per_seq = min(num_tokens, max_model_len)
+    num_tokens = min(num_tokens, num_seqs * per_seq)
     nb = -(-num_tokens // per_seq)
     lens = np.full(nb, per_seq, dtype=np.int32)
     lens[-1] = num_tokens - per_seq * (nb - 1)
