@@ -244,11 +244,14 @@ def main() -> int:
     out = json.dumps(report, indent=1)
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
     os.makedirs(here, exist_ok=True)
+    # A failed run keeps its report apart: it must not replace the last good results.
+    failed = any("error" in m for m in report["models"].values())
+    name = "gpu_vs_transformers.failed.json" if failed else "gpu_vs_transformers.json"
     for d in (here, os.environ.get("OUT")):
         if d:
-            with open(os.path.join(d, "gpu_vs_transformers.json"), "w") as f:
+            with open(os.path.join(d, name), "w") as f:
                 f.write(out)
-    return 0
+    return 1 if failed else 0
 
 
 def print_table(report) -> None:
