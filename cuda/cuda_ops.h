@@ -33,7 +33,9 @@ void qk_norm_rope_cache(const Tensor& q_out, const Tensor& qkv, const Tensor& po
                         const Tensor& slot_mapping, int64_t num_heads, int64_t num_kv_heads,
                         bool is_neox);
 // out[T, N] = x[T, K] @ w[N, K]^T (+ bias): w bf16/f16 (tensor cores), or Q8_0/Q4_0/Q4_1 blocks
-// (dequantized in registers). x/out bf16 or f16 (same dtype), bias like out.
+// (dequantized in registers). x/out bf16 or f16 (same dtype), bias like out. w is a weight: the
+// GEMV starts reading it before the previous kernel on the stream has finished (PDL), so it
+// must not be that kernel's output.
 void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias);
 // out[T, I] = act(x @ w[:I]^T) * (x @ w[I:]^T), w = [gate; up] (vLLM's merged gate_up_proj);
 // act 0 silu, 1 gelu (erf), 2 gelu (tanh). Decode rows with silu: one GEMV that applies the
