@@ -1,9 +1,7 @@
 // linear on the GPU: out[T, N] = x[T, K] @ w[N, K]^T (+ bias[N]), x/out bf16 or f16.
 //
-// Three kernel families, picked by plan_linear() on the host (the kernels hold no policy):
-// - gemv_kernel (T <= 4, decode): memory-bound; each CTA streams 4 weight rows with 16-byte
-//   loads (dense) or 8-element chunks of GGUF blocks dequantized in registers, f32 FMAs, then a
-//   warp + shared-memory reduction.
+// Kernel families, picked by plan_linear() on the host (the kernels hold no policy):
+// - gemv_kernel (cuda/gemv.cu; T <= 4, decode): memory-bound, streams w once.
 // - gemm_kernel (T > 4): tensor cores (mma.sync m16n8k16, f32 accumulate) over a multistage
 //   cp.async pipeline. x tiles always arrive by cp.async; w tiles too when w has x's dtype,
 //   otherwise (the other 16-bit type, Q8_0/Q4_0/Q4_1) they are loaded into registers one tile
@@ -20,6 +18,7 @@
 #include "cuda_ops.h"
 #include "cuda_util.cuh"
 #include "gemm_sm90.h"
+#include "linear.cuh"
 #include "mma.cuh"
 
 namespace vllmx::cuda {
@@ -27,288 +26,9 @@ namespace vllmx::cuda {
 namespace {
 
 using namespace detail;
+using namespace lin;
 
 constexpr const char* kOp = "linear";
-
-// How w is read, relative to x's 16-bit dtype.
-enum WKind : int { kWSame = 0, kWF16 = 1, kWBF16 = 2, kWQ8_0 = 3, kWQ4_0 = 4, kWQ4_1 = 5 };
-
-__host__ __device__ constexpr bool is_quant(int wk) { return wk >= kWQ8_0; }
-__host__ __device__ constexpr int block_bytes(int wk) {
-  return wk == kWQ8_0 ? 34 : wk == kWQ4_0 ? 18 : 20;
-}
-
-struct LinearArgs {
-  const void* x;
-  const void* w;
-  const void* bias;  // like out, or nullptr
-  void* out;
-  int T, N, K;
-  int64_t x_stride, out_stride;  // elements
-  int64_t w_stride;              // elements (dense) or bytes (block types)
-  bool pair_store;               // out rows allow 32-bit stores of two elements
-  // GEMV only (rms_norm_linear): x is replaced by rms_norm(x + res) * norm_w, computed on the
-  // fly; CTA 0 writes x + res to res_out. norm_w nullptr: plain x.
-  const float* norm_w = nullptr;
-  const void* res = nullptr;  // or nullptr: no residual add
-  void* res_out = nullptr;    // with res
-  int64_t res_stride = 0, res_out_stride = 0;
-  float eps = 0.f;
-};
-
-// ------------------------------------------------------------------ w chunks (8 elements)
-// A chunk is w[n, k .. k + 8) with k a multiple of 8. raw holds what the global loads fetched;
-// chunk_to_float turns it into f32. For block types x = q * d (+ m), exactly like
-// gguf.quants.dequantize in f32.
-
-template <int WK>
-__device__ __forceinline__ uint4 load_chunk(const void* w, int64_t w_stride, int n, int k) {
-  if constexpr (!is_quant(WK)) {
-    const uint16_t* row = static_cast<const uint16_t*>(w) + n * w_stride;
-    return __ldg(reinterpret_cast<const uint4*>(row + k));
-  } else {
-    const uint8_t* blk =
-        static_cast<const uint8_t*>(w) + n * w_stride + (k / 32) * block_bytes(WK);
-    const int c = (k / 8) % 4;  // which 8 elements of the 32-element block
-    uint4 r;
-    if constexpr (WK == kWQ8_0) {  // d (f16), qs[32] (i8); 2-byte aligned
-      const uint16_t* h = reinterpret_cast<const uint16_t*>(blk);
-      r.x = __ldg(h);
-      const uint16_t* q = h + 1 + c * 4;
-      r.y = __ldg(q) | (static_cast<uint32_t>(__ldg(q + 1)) << 16);
-      r.z = __ldg(q + 2) | (static_cast<uint32_t>(__ldg(q + 3)) << 16);
-    } else if constexpr (WK == kWQ4_0) {  // d, qs[16]: element j low nibble, j + 16 high
-      const uint16_t* h = reinterpret_cast<const uint16_t*>(blk);
-      r.x = __ldg(h);
-      const uint16_t* q = h + 1 + (c & 1) * 4;
-      r.y = __ldg(q) | (static_cast<uint32_t>(__ldg(q + 1)) << 16);
-      r.z = __ldg(q + 2) | (static_cast<uint32_t>(__ldg(q + 3)) << 16);
-    } else {  // Q4_1: d, m, qs[16]; 4-byte aligned
-      const uint32_t* u = reinterpret_cast<const uint32_t*>(blk);
-      r.x = __ldg(u);
-      r.y = __ldg(u + 1 + (c & 1) * 2);
-      r.z = __ldg(u + 2 + (c & 1) * 2);
-    }
-    r.w = 0;
-    return r;
-  }
-}
-
-template <int WK>
-__device__ __forceinline__ void chunk_to_float(const uint4& r, int k, bool same_bf16,
-                                               float (&f)[8]) {
-  if constexpr (WK == kWSame) {
-    unpack8(r, same_bf16, f);
-  } else if constexpr (WK == kWF16 || WK == kWBF16) {
-    unpack8(r, WK == kWBF16, f);
-  } else {
-    const float d = __half2float(__ushort_as_half(static_cast<uint16_t>(r.x & 0xffff)));
-    if constexpr (WK == kWQ8_0) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        f[j] = d * static_cast<float>(static_cast<int8_t>((r.y >> (8 * j)) & 0xff));
-        f[4 + j] = d * static_cast<float>(static_cast<int8_t>((r.z >> (8 * j)) & 0xff));
-      }
-    } else {
-      const int shift = ((k / 8) % 4) >= 2 ? 4 : 0;
-      const float m =
-          WK == kWQ4_1 ? __half2float(__ushort_as_half(static_cast<uint16_t>(r.x >> 16))) : 0.f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int q0 = ((r.y >> (8 * j)) >> shift) & 0xf;
-        const int q1 = ((r.z >> (8 * j)) >> shift) & 0xf;
-        if constexpr (WK == kWQ4_0) {
-          f[j] = static_cast<float>(q0 - 8) * d;
-          f[4 + j] = static_cast<float>(q1 - 8) * d;
-        } else {
-          f[j] = static_cast<float>(q0) * d + m;
-          f[4 + j] = static_cast<float>(q1) * d + m;
-        }
-      }
-    }
-  }
-}
-
-// v as a 16-bit store would round it, back in f32.
-__device__ __forceinline__ float round_to(float v, bool bf) {
-  return bits_to_float(float_to_bits(v, bf), bf);
-}
-
-__device__ __forceinline__ void store_out(const LinearArgs& a, bool bf, int t, int n, float v0,
-                                          float v1, bool two) {
-  uint16_t* o = static_cast<uint16_t*>(a.out) + t * a.out_stride + n;
-  if (a.bias != nullptr) {
-    const uint16_t* bp = static_cast<const uint16_t*>(a.bias) + n;
-    v0 += bits_to_float(bp[0], bf);
-    if (two) v1 += bits_to_float(bp[1], bf);
-  }
-  if (two && a.pair_store) {
-    *reinterpret_cast<uint32_t*>(o) = pack2_bits(v0, v1, bf);
-  } else {
-    o[0] = float_to_bits(v0, bf);
-    if (two) o[1] = float_to_bits(v1, bf);
-  }
-}
-
-// ------------------------------------------------------------------ GEMV (T <= MAXT)
-
-constexpr int kGemvRows = 4;
-constexpr int kGemvThreads = 128;
-
-// ACT < 0: out = x @ w^T, rows n0 .. n0 + 4 per CTA. ACT >= 0 (an Act, gated): w is [gate; up]
-// (2 * a.N rows) and out[:, j] = act(gate_j . x) * (up_j . x), each dot rounded to T first, as
-// linear followed by act_and_mul would store it; a CTA takes gate rows j0, j0 + 1 and the
-// matching up rows, so every row's sum runs in the same order as in the plain kernel.
-template <typename T, int WK, int MAXT, int ACT = -1>
-__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(LinearArgs a) {
-  constexpr bool kBf = std::is_same_v<T, __nv_bfloat16>;
-  constexpr bool kGated = ACT >= 0;
-  const int n0 = blockIdx.x * (kGated ? kGemvRows / 2 : kGemvRows);
-  auto row_of = [&](int r) { return kGated ? n0 + (r & 1) + (r >> 1) * a.N : n0 + r; };
-  auto row_ok = [&](int r) { return (kGated ? n0 + (r & 1) : n0 + r) < a.N; };
-  const int nchunks = a.K / 8;
-  auto load_raw = [&](int c, uint4 (&raw)[kGemvRows]) {
-#pragma unroll
-    for (int r = 0; r < kGemvRows; ++r)
-      raw[r] = row_ok(r) ? load_chunk<WK>(a.w, a.w_stride, row_of(r), c * 8)
-                         : make_uint4(0, 0, 0, 0);
-  };
-  // The weights do not depend on the previous kernel: this thread's first chunk is requested
-  // before waiting for it (PDL), so a short product's loads overlap its predecessor's tail.
-  uint4 first[kGemvRows];
-  if (static_cast<int>(threadIdx.x) < nchunks) load_raw(threadIdx.x, first);
-  pdl_begin();
-
-  // Norm prologue: every CTA takes each row's sum of squares of x (+ res), as add_rms_norm
-  // does (the f32 sum of the unrounded values); the main loop then normalizes x chunks as it
-  // reads them, rounding where add_rms_norm stores. This costs a second read of x (L1 / L2),
-  // not a kernel launch.
-  float inv[MAXT];
-  if (a.norm_w != nullptr) {
-    __shared__ float ss_red[kGemvThreads / 32][MAXT];
-    float ss[MAXT];
-#pragma unroll
-    for (int t = 0; t < MAXT; ++t) ss[t] = 0.f;
-    const bool write_res = a.res_out != nullptr && blockIdx.x == 0;
-    for (int c = threadIdx.x; c < nchunks; c += kGemvThreads) {
-#pragma unroll
-      for (int t = 0; t < MAXT; ++t) {
-        if (t < a.T) {
-          float v[8];
-          unpack8(__ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) +
-                                                         t * a.x_stride + c * 8)), kBf, v);
-          if (a.res != nullptr) {
-            float r[8];
-            unpack8(__ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.res) +
-                                                           t * a.res_stride + c * 8)), kBf, r);
-#pragma unroll
-            for (int j = 0; j < 8; ++j) v[j] += r[j];
-          }
-#pragma unroll
-          for (int j = 0; j < 8; ++j) ss[t] += v[j] * v[j];
-          if (write_res)
-            *reinterpret_cast<uint4*>(static_cast<uint16_t*>(a.res_out) + t * a.res_out_stride +
-                                      c * 8) = pack8(v, kBf);
-        }
-      }
-    }
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-#pragma unroll
-    for (int t = 0; t < MAXT; ++t) {
-      const float v = warp_sum(ss[t]);
-      if (lane == 0) ss_red[warp][t] = v;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int t = 0; t < MAXT; ++t) {
-      float tot = 0.f;
-#pragma unroll
-      for (int wi = 0; wi < kGemvThreads / 32; ++wi) tot += ss_red[wi][t];
-      inv[t] = 1.0f / sqrtf(tot / static_cast<float>(a.K) + a.eps);
-    }
-  }
-  float acc[MAXT][kGemvRows];
-#pragma unroll
-  for (int t = 0; t < MAXT; ++t)
-#pragma unroll
-    for (int r = 0; r < kGemvRows; ++r) acc[t][r] = 0.f;
-
-  auto consume = [&](int c, const uint4 (&raw)[kGemvRows]) {
-    const int k = c * 8;
-    float wf[kGemvRows][8];
-#pragma unroll
-    for (int r = 0; r < kGemvRows; ++r) chunk_to_float<WK>(raw[r], k, kBf, wf[r]);
-#pragma unroll
-    for (int t = 0; t < MAXT; ++t) {
-      if (t < a.T) {
-        const uint16_t* xr = static_cast<const uint16_t*>(a.x) + t * a.x_stride + k;
-        float xf[8];
-        unpack8(__ldg(reinterpret_cast<const uint4*>(xr)), kBf, xf);
-        if (a.norm_w != nullptr) {
-          if (a.res != nullptr) {
-            float r[8];
-            unpack8(__ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.res) +
-                                                           t * a.res_stride + k)), kBf, r);
-#pragma unroll
-            for (int j = 0; j < 8; ++j) xf[j] = round_to(xf[j] + r[j], kBf);  // the residual
-          }
-          const float4 g0 = __ldg(reinterpret_cast<const float4*>(a.norm_w + k));
-          const float4 g1 = __ldg(reinterpret_cast<const float4*>(a.norm_w + k + 4));
-          const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
-#pragma unroll
-          for (int j = 0; j < 8; ++j) xf[j] = round_to(xf[j] * inv[t] * g[j], kBf);
-        }
-#pragma unroll
-        for (int r = 0; r < kGemvRows; ++r)
-#pragma unroll
-          for (int j = 0; j < 8; ++j) acc[t][r] = fmaf(xf[j], wf[r][j], acc[t][r]);
-      }
-    }
-  };
-  if (static_cast<int>(threadIdx.x) < nchunks) consume(threadIdx.x, first);
-#pragma unroll 2
-  for (int c = threadIdx.x + kGemvThreads; c < nchunks; c += kGemvThreads) {
-    uint4 raw[kGemvRows];
-    load_raw(c, raw);
-    consume(c, raw);
-  }
-
-  __shared__ float red[kGemvThreads / 32][MAXT * kGemvRows];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-#pragma unroll
-  for (int t = 0; t < MAXT; ++t)
-#pragma unroll
-    for (int r = 0; r < kGemvRows; ++r) {
-      const float v = warp_sum(acc[t][r]);
-      if (lane == 0) red[warp][t * kGemvRows + r] = v;
-    }
-  __syncthreads();
-  if constexpr (kGated) {
-    for (int i = threadIdx.x; i < MAXT * 2; i += kGemvThreads) {
-      const int t = i / 2, j = i % 2;
-      if (t >= a.T || n0 + j >= a.N) continue;
-      float gate = 0.f, up = 0.f;
-#pragma unroll
-      for (int wi = 0; wi < kGemvThreads / 32; ++wi) {
-        gate += red[wi][t * kGemvRows + j];
-        up += red[wi][t * kGemvRows + 2 + j];
-      }
-      gate = round_to(gate, kBf);
-      up = round_to(up, kBf);
-      static_cast<uint16_t*>(a.out)[t * a.out_stride + n0 + j] =
-          float_to_bits(activate<static_cast<Act>(ACT)>(gate) * up, kBf);
-    }
-  } else {
-    for (int i = threadIdx.x; i < MAXT * kGemvRows; i += kGemvThreads) {
-      const int t = i / kGemvRows, n = n0 + i % kGemvRows;
-      if (t >= a.T || n >= a.N) continue;
-      float s = 0.f;
-#pragma unroll
-      for (int wi = 0; wi < kGemvThreads / 32; ++wi) s += red[wi][i];
-      store_out(a, kBf, t, n, s, 0.f, false);
-    }
-  }
-}
 
 // ------------------------------------------------------------------ GEMM (tensor cores)
 
@@ -526,10 +246,6 @@ struct LinearPlan {
   Sm90Tile sm90_tile = Sm90Tile::k128x128;
 };
 
-// GEMV up to 4 rows: beyond that its f32 FMAs (8 x 4 rows per 16-byte chunk) hold it far below
-// the copy bandwidth (T = 8 measured 1.0-2.1 TB/s on the H200), and the mma GEMM does better.
-constexpr int kGemvMaxT = 4;
-
 // Below this T the mma.sync kernels keep the small shapes: there a product is bound by streaming
 // w (about T FLOP per weight byte against the H200's ~200 FLOP/byte ridge), and their 32-row
 // tiles give up to 4x more CTAs to stream it with than CUTLASS's 128-row tiles, most of whose
@@ -616,27 +332,13 @@ void launch_gemm(const LinearArgs& a, cudaStream_t s) {
   launch(gemm_kernel<T, WK, C>, grid, C::kThreads, C::kSmemBytes, s, a);
 }
 
-template <typename T, int GK, int ACT>
-void launch_gemv(const LinearPlan& p, const LinearArgs& a, cudaStream_t s) {
-  const int rows = ACT >= 0 ? kGemvRows / 2 : kGemvRows;
-  const dim3 grid((a.N + rows - 1) / rows);
-  if (p.max_t == 1)
-    launch(gemv_kernel<T, GK, 1, ACT>, grid, kGemvThreads, 0, s, a);
-  else
-    launch(gemv_kernel<T, GK, kGemvMaxT, ACT>, grid, kGemvThreads, 0, s, a);
-}
-
 template <typename T, int WK>
 void launch_tc(const LinearPlan& p, const LinearArgs& a, cudaStream_t s) {
   if (p.path == Path::kGemv) {
     // GEMV converts w to f32 by its own dtype: a same-dtype weight is read as that dtype.
-    constexpr int GK = WK == kWSame ? (std::is_same_v<T, __nv_bfloat16> ? kWBF16 : kWF16) : WK;
-    // Only SwiGLU (Llama, Qwen, Mistral) has a gated instantiation; plan_act() sends the
-    // others through linear + act_and_mul.
-    if (p.act == static_cast<int>(Act::kSilu))
-      launch_gemv<T, GK, static_cast<int>(Act::kSilu)>(p, a, s);
-    else
-      launch_gemv<T, GK, -1>(p, a, s);
+    constexpr bool kBf = std::is_same_v<T, __nv_bfloat16>;
+    constexpr int GK = WK == kWSame ? (kBf ? kWBF16 : kWF16) : WK;
+    launch_gemv(a, kBf, GK, p.max_t, p.act == static_cast<int>(Act::kSilu), s);
   } else if (p.path == Path::kGemmLarge) {
     launch_gemm<T, WK, GemmLarge>(a, s);
   } else {
