@@ -21,7 +21,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_vs_transformers import SHAPES, stage_decode  # noqa: E402
+from gpu_vs_transformers import SHAPES, stage_decode
 
 
 def short(name: str) -> str:
@@ -47,7 +47,7 @@ def profile(name: str, layers: int, batch: int, ctx: int, out_dir: str,
     del model
     torch.cuda.empty_cache()
 
-    from vllmx import LLM, SamplingParams, _C
+    from vllmx import _C, LLM, SamplingParams
 
     llm = LLM(out_dir, skip_tokenizer_init=True, device="cuda", max_model_len=ctx + 256,
               max_num_seqs=max(batch, 8), gpu_memory_utilization=0.5)

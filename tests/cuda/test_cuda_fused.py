@@ -1,7 +1,10 @@
 """The fused CUDA ops of a decode step against the separate ops they replace, on random inputs:
-qk_norm_rope_cache (per-head q/k rms_norm + rotary + the KV-cache write) and linear_act_and_mul
-(gate_up projection + silu/gelu-and-mul), plus repeated split-KV decodes (the last partition
-merges, and leaves its counters ready for the next launch)."""
+qk_norm_rope_cache (per-head q/k rms_norm + rotary + the KV-cache write), linear_act_and_mul
+(gate_up projection + silu/gelu-and-mul) and rms_norm_linear (add + rms_norm + projection),
+plus repeated split-KV decodes (the last partition merges, and leaves its counters ready for
+the next launch) and the decode-only max_query_len hint."""
+import zlib
+
 import numpy as np
 import pytest
 
@@ -9,10 +12,25 @@ from vllmx import _C
 from vllmx.device import BF16, F16, F32, DeviceArray
 
 from .test_cuda_linear_attention import attention_case, run_attention
-from .test_cuda_ops import (Q4_0, Q4_1, Q8_0, as_f32, assert_close, cos_sin_cache, dev, host,
-                            random_blocks, rng, rounded)  # noqa: F401 (rng: fixture)
+from .test_cuda_ops import (
+    Q4_0,
+    Q4_1,
+    Q8_0,
+    as_f32,
+    assert_close,
+    cos_sin_cache,
+    dev,
+    host,
+    random_blocks,
+    rounded,
+)
 
 pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def rng(request):
+    return np.random.default_rng(zlib.crc32(request.node.name.encode()))
 
 
 def qkv_case(rng, T, nq, nkv, D, dtype, cache_dtype, rot_dim, max_pos, norm):

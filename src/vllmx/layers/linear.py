@@ -11,8 +11,8 @@ import numpy as np
 from vllmx import ops
 from vllmx.device import DeviceArray
 from vllmx.layers import placement
-from vllmx.pages import release_file_pages
 from vllmx.ops import Weight
+from vllmx.pages import release_file_pages
 
 # Packed copies by id of the source array, so that Linears sharing a weight share one copy.
 _packed: dict[int, Weight] = {}

@@ -101,9 +101,8 @@ class ModelRunner:
         self.step_tapes: dict[int, CapturedStep] = {}
         self._long_lived: LongLived | None = None
         if device == "cuda":
-            from vllmx.device import F32, I32, DeviceArray
-
             from vllmx._C import CudaEvent, PinnedHostBuffer
+            from vllmx.device import F32, I32, DeviceArray
 
             # One host staging array and its device twin: [ids | positions | slots | qsl |
             # seq_lens | block_table] packed by _stage, so a step's inputs are one copy. The
