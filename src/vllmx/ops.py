@@ -118,19 +118,30 @@ def rotary(positions, q, k, cos_sin_cache, head_size: int, is_neox: bool) -> Non
     _C.op_rotary(positions, q, k, cos_sin_cache, head_size, is_neox)
 
 
-_ACTS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
+_ACTS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}  # the CUDA ops' act codes
+
+
+def _act_code(op: str, act: str) -> int:
+    if act not in _ACTS:
+        raise ValueError(f"{op}: act must be one of {sorted(_ACTS)}, got {act!r}")
+    return _ACTS[act]
+
+
+def act_and_mul(x, act: str = "silu"):
+    """act(x[:, :I]) * x[:, I:] for act "silu", "gelu" (erf) or "gelu_tanh"."""
+    _act_code("act_and_mul", act)
+    if act == "silu":
+        return silu_and_mul(x)
+    return gelu_and_mul(x, "tanh" if act == "gelu_tanh" else "none")
 
 
 def linear_act_and_mul(x, w: Weight, act: str = "silu"):
     """act(x @ gate^T) * (x @ up^T) for w = [gate; up] (a merged gate_up_proj); act is "silu",
     "gelu" (erf) or "gelu_tanh". On the GPU decode rows take one fused GEMV."""
-    if act not in _ACTS:
-        raise ValueError(f"linear_act_and_mul: act must be one of {sorted(_ACTS)}, got {act!r}")
+    code = _act_code("linear_act_and_mul", act)
     if isinstance(x, DeviceArray):
-        return cuda_linear_act_and_mul(x, w, _ACTS[act])
-    h = linear(x, w)
-    return silu_and_mul(h) if act == "silu" else gelu_and_mul(
-        h, "tanh" if act == "gelu_tanh" else "none")
+        return cuda_linear_act_and_mul(x, w, code)
+    return act_and_mul(linear(x, w), act)
 
 
 def rms_norm_linear(x, residual, norm_w, eps: float, w: Weight, bias=None, act: str | None = None):
@@ -139,11 +150,9 @@ def rms_norm_linear(x, residual, norm_w, eps: float, w: Weight, bias=None, act: 
     act) when act is given. Returns (out, h), h being the residual stream from here on. On the
     CPU the residual is updated in place (vLLM's fused_add_rms_norm); on the GPU decode rows take
     one GEMV that normalizes x as it reads it."""
-    if act is not None and act not in _ACTS:
-        raise ValueError(f"rms_norm_linear: act must be one of {sorted(_ACTS)}, got {act!r}")
+    code = -1 if act is None else _act_code("rms_norm_linear", act)
     if isinstance(x, DeviceArray):
-        return cuda_rms_norm_linear(x, residual, norm_w, eps, w, bias,
-                                    -1 if act is None else _ACTS[act])
+        return cuda_rms_norm_linear(x, residual, norm_w, eps, w, bias, code)
     if residual is None:
         h, residual = rms_norm(x, norm_w, eps), x
     else:

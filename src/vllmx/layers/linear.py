@@ -92,9 +92,7 @@ class MergedLinear:
         op over the merged weight, which on the GPU is one GEMV for decode rows."""
         if len(self.parts) == 1 and self.parts[0].bias is None:
             return ops.linear_act_and_mul(x, self.parts[0].weight, act)
-        h = self(x)
-        return ops.silu_and_mul(h) if act == "silu" else ops.gelu_and_mul(
-            h, "tanh" if act == "gelu_tanh" else "none")
+        return ops.act_and_mul(self(x), act)
 
     def norm_proj(self, x, residual, norm, act: str | None = None):
         """norm(x, residual) then this projection (act: then act_and_mul), fused into one op
