@@ -147,11 +147,17 @@ __global__ void fused_add_rms_norm_kernel(T* out, T* res_out, const T* x, const 
 
 // ---- rotary ----
 // Bit-identical to csrc/rotary.cpp in f32 (explicit roundings: no FMA contraction).
+// (a, b) rotated by the angle whose cosine and sine are c, s (f32, before rounding to T).
+__device__ __forceinline__ float2 rope(float a, float b, float c, float s) {
+  return make_float2(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)),
+                     __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
+}
+
 template <typename T>
 __device__ __forceinline__ void rotate_pair(T* x, int64_t ia, int64_t ib, float c, float s) {
-  const float a = to_f32(x[ia]), b = to_f32(x[ib]);
-  x[ia] = from_f32<T>(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
-  x[ib] = from_f32<T>(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
+  const float2 r = rope(to_f32(x[ia]), to_f32(x[ib]), c, s);
+  x[ia] = from_f32<T>(r.x);
+  x[ib] = from_f32<T>(r.y);
 }
 
 template <typename T>
@@ -219,9 +225,9 @@ __global__ void qk_norm_rope_cache_kernel(T* q_out, const T* qkv, const int32_t*
       const float* cos = cache + static_cast<int64_t>(pos) * rot_dim;
       for (int i = lane; i < half; i += 32) {
         const int ia = is_neox ? i : 2 * i, ib = is_neox ? i + half : 2 * i + 1;
-        const float a = row[ia], b = row[ib], c = cos[i], s = cos[half + i];
-        row[ia] = to_f32(from_f32<T>(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s))));
-        row[ib] = to_f32(from_f32<T>(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s))));
+        const float2 r = rope(row[ia], row[ib], cos[i], cos[half + i]);
+        row[ia] = to_f32(from_f32<T>(r.x));
+        row[ib] = to_f32(from_f32<T>(r.y));
       }
       __syncwarp();
     }

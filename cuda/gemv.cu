@@ -25,6 +25,11 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(LinearArgs a) {
   auto row_of = [&](int r) { return kGated ? n0 + (r & 1) + (r >> 1) * a.N : n0 + r; };
   auto row_ok = [&](int r) { return (kGated ? n0 + (r & 1) : n0 + r) < a.N; };
   const int nchunks = a.K / 8;
+  // Elements k .. k + 8 of row t of an activation (x or the residual) as f32.
+  auto load_act = [&](const void* p, int64_t stride, int t, int k, float (&f)[8]) {
+    unpack8(__ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p) + t * stride +
+                                                  k)), kBf, f);
+  };
   auto load_raw = [&](int c, uint4 (&raw)[kGemvRows]) {
 #pragma unroll
     for (int r = 0; r < kGemvRows; ++r)
@@ -53,12 +58,10 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(LinearArgs a) {
       for (int t = 0; t < MAXT; ++t) {
         if (t < a.T) {
           float v[8];
-          unpack8(__ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) +
-                                                         t * a.x_stride + c * 8)), kBf, v);
+          load_act(a.x, a.x_stride, t, c * 8, v);
           if (a.res != nullptr) {
             float r[8];
-            unpack8(__ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.res) +
-                                                           t * a.res_stride + c * 8)), kBf, r);
+            load_act(a.res, a.res_stride, t, c * 8, r);
 #pragma unroll
             for (int j = 0; j < 8; ++j) v[j] += r[j];
           }
@@ -99,14 +102,12 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(LinearArgs a) {
 #pragma unroll
     for (int t = 0; t < MAXT; ++t) {
       if (t < a.T) {
-        const uint16_t* xr = static_cast<const uint16_t*>(a.x) + t * a.x_stride + k;
         float xf[8];
-        unpack8(__ldg(reinterpret_cast<const uint4*>(xr)), kBf, xf);
+        load_act(a.x, a.x_stride, t, k, xf);
         if (a.norm_w != nullptr) {
           if (a.res != nullptr) {
             float r[8];
-            unpack8(__ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.res) +
-                                                           t * a.res_stride + k)), kBf, r);
+            load_act(a.res, a.res_stride, t, k, r);
 #pragma unroll
             for (int j = 0; j < 8; ++j) xf[j] = round_to(xf[j] + r[j], kBf);  // the residual
           }

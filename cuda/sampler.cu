@@ -108,6 +108,24 @@ __device__ int64_t find_prefix_exceeds(int64_t V, Val val, uint64_t target) {
   return r;
 }
 
+// f(l[i], i) for this thread's share of the row l[0, V), in the same order every call. One CTA
+// reads the whole row, so it reads it in 16-byte loads, several in flight per thread: a
+// vocabulary of 150k read one float at a time is bound by the latency of each load (tens of
+// microseconds).
+template <typename F>
+__device__ __forceinline__ void scan_row(const float* l, int64_t V, F&& f) {
+  const int64_t v4 = (reinterpret_cast<uintptr_t>(l) & 15) == 0 ? V / 4 : 0;
+#pragma unroll 4
+  for (int64_t c = threadIdx.x; c < v4; c += kT) {
+    const float4 q = __ldg(reinterpret_cast<const float4*>(l) + c);
+    f(q.x, 4 * c);
+    f(q.y, 4 * c + 1);
+    f(q.z, 4 * c + 2);
+    f(q.w, 4 * c + 3);
+  }
+  for (int64_t i = 4 * v4 + threadIdx.x; i < V; i += kT) f(l[i], i);
+}
+
 struct Row {
   const float* l;
   int64_t V;
@@ -208,28 +226,15 @@ __global__ void __launch_bounds__(kT) sample_kernel(
   const int64_t b = blockIdx.x;
   const float* l = logits + b * ls;
 
-  // Max and argmax (lowest index on ties; NaN never compares greater). One CTA reads the whole
-  // row, so it reads it in 16-byte loads, several in flight per thread: a vocabulary of 150k
-  // read one float at a time is bound by the latency of each load (tens of microseconds).
+  // Max and argmax (lowest index on ties; NaN never compares greater).
   float best = -INFINITY;
   int64_t arg = LLONG_MAX;
-  auto consider = [&](float v, int64_t i) {
+  scan_row(l, V, [&](float v, int64_t i) {
     if (v > best || (v == best && i < arg)) {
       best = v;
       arg = i;
     }
-  };
-  const bool vec = (reinterpret_cast<uintptr_t>(l) & 15) == 0;
-  const int64_t v4 = vec ? V / 4 : 0;
-#pragma unroll 4
-  for (int64_t c = threadIdx.x; c < v4; c += kT) {
-    const float4 q = __ldg(reinterpret_cast<const float4*>(l) + c);
-    consider(q.x, 4 * c);
-    consider(q.y, 4 * c + 1);
-    consider(q.z, 4 * c + 2);
-    consider(q.w, 4 * c + 3);
-  }
-  for (int64_t i = 4 * v4 + threadIdx.x; i < V; i += kT) consider(l[i], i);
+  });
   const float lmax = block_reduce(best, Max{});
   arg = block_reduce(best == lmax ? arg : LLONG_MAX, [](int64_t a, int64_t c) {
     return a < c ? a : c;
@@ -316,18 +321,9 @@ __global__ void __launch_bounds__(kT) sample_kernel(
 
   if (out_logprobs) {
     double s = 0.0;
-    auto add = [&](float v) {
+    scan_row(l, V, [&](float v, int64_t) {
       if (v == v) s += expf(v - lmax);
-    };
-#pragma unroll 4
-    for (int64_t c = threadIdx.x; c < v4; c += kT) {
-      const float4 q = __ldg(reinterpret_cast<const float4*>(l) + c);
-      add(q.x);
-      add(q.y);
-      add(q.z);
-      add(q.w);
-    }
-    for (int64_t i = 4 * v4 + threadIdx.x; i < V; i += kT) add(l[i]);
+    });
     s = block_reduce(s, Sum{});
     if (threadIdx.x == 0)
       out_logprobs[b] = static_cast<float>(l[token] - (static_cast<double>(lmax) + log(s)));
