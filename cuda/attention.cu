@@ -17,7 +17,6 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
-#include <mutex>
 #include <string>
 #include <type_traits>
 
@@ -426,18 +425,10 @@ AttnPlan plan_attention(const Tensor& out, const Tensor& q, const Tensor& kc, in
   return p;
 }
 
-// Grow-only device scratch. A replaced buffer is never freed: a captured CUDA graph may still
-// point into it. Warm up with the largest batch before capturing.
+// The prefill tile list and the decode partials (runtime.h: GrowOnlyBuffer).
 void* scratch(size_t bytes) {
-  static std::mutex mu;
-  static void* buf = nullptr;
-  static size_t cap = 0;
-  std::lock_guard<std::mutex> lock(mu);
-  if (bytes > cap) {
-    cap = std::max(bytes, cap * 2);
-    buf = device_malloc(cap);
-  }
-  return buf;
+  static GrowOnlyBuffer buf;
+  return buf.get(bytes);
 }
 
 template <int D, typename KV>

@@ -8,7 +8,6 @@
 // one partition writes its output directly.
 #include <algorithm>
 #include <cmath>
-#include <mutex>
 #include <type_traits>
 
 #include "attention.cuh"
@@ -290,19 +289,10 @@ __global__ void __launch_bounds__(kDecThreads) decode_kernel(AttnArgs a) {
 
 }  // namespace
 
-// Grow-only zeroed counters (decode: partitions done per sequence and head group). Each launch
-// leaves them zero again; like scratch(), a replaced buffer is kept for graphs that point to it.
+// Decode: partitions done per sequence and head group; each launch leaves them zero again.
 int* done_counters(size_t n) {
-  static std::mutex mu;
-  static int* buf = nullptr;
-  static size_t cap = 0;
-  std::lock_guard<std::mutex> lock(mu);
-  if (n > cap) {
-    cap = std::max(n, cap * 2);
-    buf = static_cast<int*>(device_malloc(cap * sizeof(int)));
-    memset_d(buf, 0, cap * sizeof(int));
-  }
-  return buf;
+  static GrowOnlyBuffer buf(/*zeroed=*/true);
+  return static_cast<int*>(buf.get(n * sizeof(int)));
 }
 
 namespace {

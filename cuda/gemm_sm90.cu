@@ -6,7 +6,6 @@
 // column-major (also K-major: w's rows are B's columns), D = out [T, N] row-major. No C source
 // (ElementC = void); the epilogue computes acc + bias[n] in f32 and rounds once to bf16/f16.
 #include <algorithm>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -67,19 +66,11 @@ Stride row_stride(int64_t ld, int64_t rows) {
   return st;
 }
 
-// Grow-only workspace. A replaced buffer is never freed: a captured CUDA graph may still point
-// into it. (The persistent scheduler with this epilogue asks for none; this is for safety.)
+// The GEMM's workspace (runtime.h: GrowOnlyBuffer). The persistent scheduler with this
+// epilogue asks for none; this is for safety.
 void* workspace(size_t bytes) {
-  static std::mutex mu;
-  static void* buf = nullptr;
-  static size_t cap = 0;
-  if (bytes == 0) return nullptr;
-  std::lock_guard<std::mutex> lock(mu);
-  if (bytes > cap) {
-    cap = std::max(bytes, cap * 2);
-    buf = device_malloc(cap);
-  }
-  return buf;
+  static GrowOnlyBuffer buf;
+  return bytes == 0 ? nullptr : buf.get(bytes);
 }
 
 std::string shapes(const Sm90GemmArgs& a) {

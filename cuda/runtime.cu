@@ -9,6 +9,7 @@
 // stream, so a block freed on the host can be reused at once: later work on the stream is
 // ordered after earlier uses.
 // When cudaMalloc runs out of memory, the cached blocks are released and it is tried again.
+#include <algorithm>
 #include <bit>
 #include <mutex>
 #include <unordered_map>
@@ -223,6 +224,16 @@ void memcpy_d2d(void* dst, const void* src, size_t bytes) {
 void memset_d(void* dst, int value, size_t bytes) {
   if (bytes == 0) return;
   check_cuda(cudaMemsetAsync(dst, value, bytes, stream()), "cudaMemsetAsync");
+}
+
+void* GrowOnlyBuffer::get(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (bytes > cap_) {
+    cap_ = std::max(bytes, cap_ * 2);
+    buf_ = device_malloc(cap_);
+    if (zeroed_) memset_d(buf_, 0, cap_);
+  }
+  return buf_;
 }
 
 namespace {

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 namespace vllmx::cuda {
@@ -19,6 +20,21 @@ int device_capability();
 // inside a step once warm (so steps can be captured in CUDA graphs).
 void* device_malloc(size_t bytes);
 void device_free(void* ptr);
+// Device scratch that a kernel keeps between launches (split partials, counters, a GEMM
+// workspace): grows to the largest size asked for and never frees a replaced buffer, since a
+// captured CUDA graph may still point into it (warm up with the largest shapes before capture).
+// zeroed: every new buffer starts zero-filled (queued on the stream).
+class GrowOnlyBuffer {
+ public:
+  explicit GrowOnlyBuffer(bool zeroed = false) : zeroed_(zeroed) {}
+  void* get(size_t bytes);
+
+ private:
+  std::mutex mu_;
+  void* buf_ = nullptr;
+  size_t cap_ = 0;
+  bool zeroed_;
+};
 size_t allocated_bytes();  // live bytes handed out
 size_t reserved_bytes();   // held from the driver (live + cached)
 void empty_cache();
