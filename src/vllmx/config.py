@@ -19,6 +19,7 @@ class ModelConfig:
     generation_config: str = "auto"  # "auto": the model's generation_config.json; "vllm": none
     dtype: str = "auto"  # GPU activations: auto (checkpoint's bf16/f16, else bf16) | bfloat16 | float16
     enforce_eager: bool = False  # no decode step capture (CUDA graphs / CPU step tapes)
+    max_logprobs: int = 20  # most logprobs / prompt_logprobs per request (vLLM's); -1: all
     hf_config: dict[str, Any] = field(default_factory=dict)
     gen_config: dict[str, Any] = field(default_factory=dict)
 

@@ -26,7 +26,7 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_logprob: float | None
     logprobs: SampleLogprobs | None = None
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: int | str | None = None
 
     def finished(self) -> bool:
@@ -53,3 +53,5 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
     kv_transfer_params: dict | None = field(default=None, repr=False)
+    # With finish_reason "error": what made this request fail (the engine went on without it).
+    error: str | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -13,6 +14,11 @@ logger = logging.getLogger("vllmx")
 _SAMPLING_EPS = 1e-5  # temperatures below this are greedy
 _MAX_TEMP = 1e-2  # smaller positive temperatures are raised to this (vLLM: avoids inf / nan)
 _STRUCTURED = "structured output is not supported yet"
+# What the native sampler holds: counts and ids are int32, scales float32, seeds int64.
+_INT32_MAX = 2**31 - 1
+_INT64 = (-(2**63), 2**63 - 1)
+_FLOAT32_MAX = 3.4028234663852886e38
+_FLOAT32_MIN = 1.401298464324817e-45  # the smallest positive float32
 
 
 class RequestOutputKind(IntEnum):
@@ -94,10 +100,12 @@ class SamplingParams:
             self.prompt_logprobs = 1
         if self.top_k == -1:
             self.top_k = 0
+        if _is_int(self.top_k) and self.top_k > _INT32_MAX:
+            self.top_k = 0  # past any vocabulary: no top-k, as vLLM treats top_k >= vocab
         if self.logit_bias is not None:
             self.logit_bias = _convert_logit_bias(self.logit_bias)
-        if self.allowed_token_ids is not None:
-            self.allowed_token_ids = list(self.allowed_token_ids)
+        if self.allowed_token_ids is not None:  # a set: repeats would cost every step
+            self.allowed_token_ids = list(dict.fromkeys(self.allowed_token_ids))
         self._verify_args()
         if self.temperature < _SAMPLING_EPS:  # greedy: the filters are no-ops
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
@@ -107,64 +115,76 @@ class SamplingParams:
             self.skip_reading_prefix_cache = self.prompt_logprobs is not None
 
     def _verify_args(self) -> None:
-        if not isinstance(self.n, int):
-            raise ValueError(f"n must be an int, but is of type {type(self.n)}")  # noqa: TRY004
-        if self.n < 1:
+        for name in ("n", "top_k", "min_tokens"):
+            _check_int(name, getattr(self, name))
+        for name in ("max_tokens", "seed", "logprobs", "prompt_logprobs",
+                     "truncate_prompt_tokens"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name))
+        if not 1 <= self.n <= _INT32_MAX:
             raise ValueError(f"n must be at least 1, got {self.n}.")
-        if not -2.0 <= self.presence_penalty <= 2.0:
-            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
-        if not -2.0 <= self.frequency_penalty <= 2.0:
-            raise ValueError(
-                f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
-        if not math.isfinite(self.repetition_penalty):
-            raise ValueError(
-                f"repetition_penalty must be a finite number, got {self.repetition_penalty}.")
-        if self.repetition_penalty <= 0.0:
-            raise ValueError(
-                f"repetition_penalty must be greater than zero, got {self.repetition_penalty}.")
-        if not math.isfinite(self.temperature):
-            raise ValueError(f"temperature must be a finite number, got {self.temperature}.")
-        if self.temperature < 0.0:
-            raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if self.seed is not None and not _INT64[0] <= self.seed <= _INT64[1]:
+            raise ValueError(f"seed must be in [{_INT64[0]}, {_INT64[1]}] (int64), got "
+                             f"{self.seed}.")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = _check_float(name, getattr(self, name))
+            if not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {value}.")
+        rp = _check_float("repetition_penalty", self.repetition_penalty)
+        if rp <= 0.0:
+            raise ValueError(f"repetition_penalty must be greater than zero, got {rp}.")
+        if rp > _FLOAT32_MAX or _f32(rp) == 0.0:
+            raise ValueError(f"repetition_penalty must be in [{_FLOAT32_MIN:.7g}, "
+                             f"{_FLOAT32_MAX:.7g}] (a float32), got {rp}.")
+        t = _check_float("temperature", self.temperature)
+        if t < 0.0:
+            raise ValueError(f"temperature must be non-negative, got {t}.")
+        if t > _FLOAT32_MAX:
+            raise ValueError(f"temperature must be at most {_FLOAT32_MAX:.7g} (a float32), got "
+                             f"{t}.")
+        top_p = _check_float("top_p", self.top_p)
+        if not 0.0 < top_p <= 1.0 or _f32(top_p) == 0.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
         if self.top_k < -1:
             raise ValueError(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.")
-        if not isinstance(self.top_k, int):
-            raise ValueError(  # noqa: TRY004
-                f"top_k must be an integer, got {type(self.top_k).__name__}")
-        if not 0.0 <= self.min_p <= 1.0:
+        if not 0.0 <= _check_float("min_p", self.min_p) <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
-        if self.min_tokens < 0:
+        if self.max_tokens is not None and self.max_tokens > _INT32_MAX:
+            raise ValueError(f"max_tokens must be at most {_INT32_MAX}, got {self.max_tokens}.")
+        if not 0 <= self.min_tokens <= _INT32_MAX:
             raise ValueError(
                 f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(
                 f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
                 f"got {self.min_tokens}.")
-        if self.logprobs is not None and self.logprobs != -1 and self.logprobs < 0:
-            raise ValueError(f"logprobs must be non-negative or -1, got {self.logprobs}.")
-        if (self.prompt_logprobs is not None and self.prompt_logprobs != -1
-                and self.prompt_logprobs < 0):
-            raise ValueError(
-                f"prompt_logprobs must be non-negative or -1, got {self.prompt_logprobs}.")
-        if not all(isinstance(t, int) for t in self.stop_token_ids):
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and not -1 <= k <= _INT32_MAX:
+                raise ValueError(f"{name} must be non-negative or -1, got {k}.")
+        if (self.truncate_prompt_tokens is not None
+                and self.truncate_prompt_tokens > _INT32_MAX):
+            raise ValueError(f"truncate_prompt_tokens must be at most {_INT32_MAX}, got "
+                             f"{self.truncate_prompt_tokens}")
+        if not all(_is_int(t) for t in self.stop_token_ids):
             raise ValueError(
                 f"stop_token_ids must contain only integers, got {self.stop_token_ids}.")
+        if not all(isinstance(s, str) for s in self.stop):
+            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}.")
         if any(not s for s in self.stop):
             raise ValueError("stop cannot contain an empty string.")
         if self.stop and not self.detokenize:
             raise ValueError("stop strings are only supported when detokenize is True. "
                              "Set detokenize=True to use stop.")
-        if any(not w for w in self.bad_words):
+        if any(not isinstance(w, str) or not w for w in self.bad_words):
             raise ValueError(
                 f"bad_words cannot contain an empty string. Got bad_words={self.bad_words}")
         if self.allowed_token_ids is not None:
             if len(self.allowed_token_ids) == 0:
                 raise ValueError("allowed_token_ids is not None and empty!")
-            if not all(isinstance(t, int) for t in self.allowed_token_ids):
+            if not all(_is_int(t) for t in self.allowed_token_ids):
                 raise ValueError(
                     f"allowed_token_ids must contain only integers, got "
                     f"{self.allowed_token_ids}.")
@@ -213,6 +233,8 @@ class SamplingParams:
                 what = "sample logprobs" if name == "logprobs" else "prompt logprobs"
                 raise ValueError(f"Requested {what} of {k}, which is greater than max "
                                  f"allowed: {vocab_size}")
+        if self.top_k >= vocab_size:
+            self.top_k = 0  # the whole vocabulary: no top-k (vLLM's rule)
 
     # -- derived -----------------------------------------------------------------------------
     @property
@@ -235,16 +257,45 @@ class SamplingParams:
                 or self.repetition_penalty != 1.0)
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_int(name: str, value) -> None:
+    if not _is_int(value):
+        raise ValueError(f"{name} must be an integer, got {type(value).__name__} {value!r}.")
+
+
+def _check_float(name: str, value) -> float:
+    """value as a float; ValueError for non-numbers, NaN and infinities."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(  # noqa: TRY004 - vLLM raises ValueError for these
+            f"{name} must be a number, got {type(value).__name__} {value!r}.")
+    try:
+        value = float(value)
+    except OverflowError:  # an int past the largest double
+        raise ValueError(f"{name} must be a finite number, got {value}.") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}.")
+    return value
+
+
+def _f32(value: float) -> float:
+    """value rounded to float32 (what the native sampler sees)."""
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
 def _convert_logit_bias(logit_bias: dict) -> dict[int, float]:
     out: dict[int, float] = {}
     invalid = []
     for token, bias in logit_bias.items():
         try:
             token_id = int(token)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):
             invalid.append(token)
             continue
-        out[token_id] = min(100.0, max(-100.0, float(bias)))
+        # vLLM clamps biases to [-100, 100]; a NaN would poison the row, so it is an error.
+        out[token_id] = min(100.0, max(-100.0, _check_float(f"logit_bias[{token!r}]", bias)))
     if invalid:
         raise ValueError(f"logit_bias contains key(s) that cannot be converted to integer "
                          f"token IDs: {invalid!r}")

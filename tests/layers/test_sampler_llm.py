@@ -24,6 +24,7 @@ def llm(tiny_llama):
     from vllmx import LLM
 
     return LLM(tiny_llama, skip_tokenizer_init=True, num_gpu_blocks_override=64, block_size=16,
+               max_logprobs=-1,
                max_num_batched_tokens=64, max_num_seqs=8)
 
 

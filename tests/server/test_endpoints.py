@@ -38,15 +38,15 @@ def test_tokenize_detokenize(server, engine_client):
 
 
 def test_metrics_after_traffic(client, server):
-    before = {name: server.metric(f"vllmx:{name}") for name in
+    before = {name: server.metric(f"vllm:{name}") for name in
               ("prompt_tokens_total", "generation_tokens_total",
                "time_to_first_token_seconds_count", "e2e_request_latency_seconds_count",
                "request_queue_time_seconds_count", "inter_token_latency_seconds_count",
                "prefix_cache_queries_total")}
-    length_before = server.metric("vllmx:request_success_total", finished_reason="length")
+    length_before = server.metric("vllm:request_success_total", finished_reason="length")
     out = client.completions.create(model=MODEL, prompt="Metrics are", temperature=0,
                                     max_tokens=5)
-    after = {name: server.metric(f"vllmx:{name}") for name in before}
+    after = {name: server.metric(f"vllm:{name}") for name in before}
     assert after["prompt_tokens_total"] - before["prompt_tokens_total"] == out.usage.prompt_tokens
     assert after["generation_tokens_total"] - before["generation_tokens_total"] == 5
     for name in ("time_to_first_token_seconds_count", "e2e_request_latency_seconds_count",
@@ -55,13 +55,13 @@ def test_metrics_after_traffic(client, server):
     assert after["inter_token_latency_seconds_count"] - before[
         "inter_token_latency_seconds_count"] == 4
     assert after["prefix_cache_queries_total"] >= before["prefix_cache_queries_total"]
-    assert server.metric("vllmx:request_success_total", finished_reason="length") == \
+    assert server.metric("vllm:request_success_total", finished_reason="length") == \
         length_before + 1
     text = server.metrics_text()
     for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
                  "prefix_cache_hits_total", "num_preemptions_total"):
-        assert f'vllmx:{name}{{model_name="{MODEL}"}}' in text
-    assert server.metric("vllmx:num_requests_running") == 0
+        assert f'vllm:{name}{{model_name="{MODEL}"}}' in text
+    assert server.metric("vllm:num_requests_running") == 0
 
 
 def test_stat_logger_line(client, server):

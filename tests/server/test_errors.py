@@ -115,10 +115,10 @@ def test_duplicate_request_id_is_400(server):
                       json={**body, "max_tokens": 200, "ignore_eos": True}) as first:
         lines = first.iter_lines()  # kept: dropping it closes the connection (a disconnect)
         next(lines)
-        assert server.metric("vllmx:num_requests_running") == 1
+        assert server.metric("vllm:num_requests_running") == 1
         check_error(post(server, "/v1/completions", {**COMPLETION, "request_id": "dup"}), 400,
                     "already in use")
-    server.wait_for(lambda: server.metric("vllmx:num_requests_running") == 0)
+    server.wait_for(lambda: server.metric("vllm:num_requests_running") == 0)
 
 
 def test_server_keeps_serving(client):

@@ -61,8 +61,24 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--disable-log-stats", action="store_true")
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
-    p.add_argument("--allowed-origins", nargs="+", default=None,
-                   help="CORS origins, e.g. '*' (default: no CORS)")
+    p.add_argument("--max-logprobs", type=int, default=20,
+                   help="most logprobs / prompt_logprobs a request may ask for; -1: no limit "
+                        "(default 20, as vLLM)")
+    p.add_argument("--max-request-body-bytes", type=_memory_bytes, default=None,
+                   help="larger request bodies get 413, unread (default 16M)")
+    # CORS: vLLM's flags and defaults.
+    p.add_argument("--allowed-origins", nargs="+", default=["*"], help="CORS origins")
+    p.add_argument("--allowed-methods", nargs="+", default=["*"], help="CORS methods")
+    p.add_argument("--allowed-headers", nargs="+", default=["*"], help="CORS headers")
+    p.add_argument("--allow-credentials", action="store_true", help="CORS credentials")
+    # vLLM's drain shutdown flags; the default here is to drain (vLLM's is immediate) so that
+    # a rolling restart loses no request that can finish in time.
+    p.add_argument("--shutdown-mode", choices=["drain", "immediate"], default="drain",
+                   help="on SIGTERM: 'drain' stops accepting, lets the requests in flight "
+                        "finish (up to --shutdown-drain-timeout), then aborts the rest; "
+                        "'immediate' aborts them at once")
+    p.add_argument("--shutdown-drain-timeout", type=float, default=120.0,
+                   help="seconds a drain waits for the requests in flight (default 120)")
     return p
 
 
@@ -75,7 +91,7 @@ def engine_args_from(args: argparse.Namespace):
     kwargs = {"model": args.model_flag or args.model or DEFAULT_MODEL, "seed": args.seed,
               "generation_config": args.generation_config, "device": args.device,
               "dtype": args.dtype, "gpu_memory_utilization": args.gpu_memory_utilization,
-              "enforce_eager": args.enforce_eager}
+              "enforce_eager": args.enforce_eager, "max_logprobs": args.max_logprobs}
     optional = {"tokenizer": args.tokenizer, "max_model_len": args.max_model_len,
                 "max_num_seqs": args.max_num_seqs,
                 "max_num_batched_tokens": args.max_num_batched_tokens,
@@ -105,11 +121,43 @@ def load_chat_template(value: str | None) -> str | None:
     return value
 
 
+# After an engine fault: how long the requests in flight get to receive their error before
+# the process exits (non-zero), so that a supervisor restarts it within seconds.
+_DEAD_ENGINE_GRACE_S = 2.0
+
+
+class _Server:
+    """uvicorn's Server, plus what a model server needs on the way down: a signal starts a
+    drain (app.state.draining: /health 503, new requests 503) for at most the drain
+    timeout, and a dead engine stops the server at once."""
+
+    def __init__(self, app, config):
+        import uvicorn
+
+        app_state = app.state
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig, frame) -> None:
+                app_state.draining = True
+                super().handle_exit(sig, frame)
+
+        self.server = Server(config)
+
+    def engine_dead(self) -> None:  # called from the engine thread
+        timeout = self.server.config.timeout_graceful_shutdown
+        self.server.config.timeout_graceful_shutdown = min(timeout or _DEAD_ENGINE_GRACE_S,
+                                                           _DEAD_ENGINE_GRACE_S)
+        self.server.should_exit = True
+
+    def run(self) -> None:
+        self.server.run()
+
+
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from vllmx.engine.async_llm import AsyncLLM
-    from vllmx.server.app import build_app
+    from vllmx.server.app import DEFAULT_MAX_REQUEST_BODY_BYTES, build_app
 
     logging.getLogger("vllmx").setLevel(logging.INFO)
     engine_args = engine_args_from(args)
@@ -119,14 +167,26 @@ def run_serve(args: argparse.Namespace) -> int:
         app = build_app(engine_client, args.served_model_name or [engine_args.model],
                         chat_template=chat_template, api_key=args.api_key,
                         allowed_origins=args.allowed_origins,
+                        allowed_methods=args.allowed_methods,
+                        allowed_headers=args.allowed_headers,
+                        allow_credentials=args.allow_credentials,
+                        max_request_body_bytes=(args.max_request_body_bytes
+                                                or DEFAULT_MAX_REQUEST_BODY_BYTES),
                         log_requests=not args.disable_log_requests,
                         log_stats_interval=None if args.disable_log_stats else 10.0)
+        drain = args.shutdown_drain_timeout if args.shutdown_mode == "drain" else 0.0
+        server = _Server(app, uvicorn.Config(
+            app, host=args.host or "0.0.0.0", port=args.port, log_level=args.uvicorn_log_level,
+            timeout_keep_alive=5, timeout_graceful_shutdown=drain))
+        engine_client.dead_callbacks.append(server.engine_dead)
         logger.info("serving %s on http://%s:%d/v1", engine_args.model, args.host or "0.0.0.0",
                     args.port)
-        uvicorn.run(app, host=args.host or "0.0.0.0", port=args.port,
-                    log_level=args.uvicorn_log_level, timeout_keep_alive=5)
+        server.run()
     finally:
         engine_client.shutdown()
+    if engine_client.errored:
+        logger.error("exiting: the engine has stopped (%s)", engine_client.dead_error)
+        return 1
     return 0
 
 

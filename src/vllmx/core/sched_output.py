@@ -59,3 +59,6 @@ class ModelRunnerOutput:
     # For requests with prompt_logprobs set, once their prefill completes: one entry per prompt
     # token (None for the first, which has no prediction).
     prompt_logprobs: dict[str, list[TokenLogprobs | None]] = field(default_factory=dict)
+    # Requests that failed in this step on their own (req_id -> error): they were left out
+    # of the batch, or their results dropped; the scheduler finishes them with an error.
+    failed: dict[str, str] = field(default_factory=dict)

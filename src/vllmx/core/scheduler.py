@@ -146,11 +146,16 @@ class Scheduler:
 
     def update_from_output(self, so: SchedulerOutput, out: ModelRunnerOutput) -> list[Request]:
         """Advances the scheduled requests, caches their blocks that became full, and returns
-        those that got a new token."""
+        those that got a new token or failed (finished with FINISHED_ERROR, req.error set)."""
         updated = []
         for req_id, n in so.num_scheduled_tokens.items():
             req = self.requests.get(req_id)
             if req is None or req.is_finished():
+                continue
+            if req_id in out.failed:  # its KV was not written: none of its blocks is cached
+                req.error = out.failed[req_id]
+                self.finish_requests([req_id], RequestStatus.FINISHED_ERROR)
+                updated.append(req)
                 continue
             req.num_computed_tokens += n
             self.kv_cache_manager.cache_blocks(req, req.num_computed_tokens)

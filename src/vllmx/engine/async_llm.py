@@ -9,7 +9,7 @@ import asyncio
 import collections
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from vllmx.engine.llm_engine import EngineArgs, LLMEngine
 from vllmx.outputs import RequestOutput
@@ -19,7 +19,12 @@ logger = logging.getLogger("vllmx")
 
 
 class EngineDeadError(RuntimeError):
-    pass
+    """The engine loop has stopped: no request can run until the process is restarted."""
+
+
+class EngineGenerateError(RuntimeError):
+    """One request failed inside the engine (vLLM's name); the engine and the other requests
+    go on."""
 
 
 class AsyncLLM:
@@ -30,6 +35,8 @@ class AsyncLLM:
         self._wake = threading.Condition()
         self._shutdown = False
         self.dead_error: BaseException | None = None
+        # Called once, from the engine thread, when the loop dies (the server exits on it).
+        self.dead_callbacks: list[Callable[[], None]] = []
         self._next_id = 0
         self._thread = threading.Thread(target=self._run, name="vllmx-engine", daemon=True)
         self._thread.start()
@@ -53,9 +60,9 @@ class AsyncLLM:
         if self.errored:
             raise EngineDeadError(f"the engine has stopped: {self.dead_error}")
         params = sampling_params or SamplingParams()
-        text, ids = self.engine._tokenize(prompt)  # bad input raises here, in the caller
-        ids = self.engine._truncate(ids, params)
-        self.engine._validate(ids, params)
+        # Bad input raises here, in the caller; tokenizing and checking a long prompt runs in
+        # a worker thread, never on the event loop (nor in the engine thread, which steps).
+        text, ids = await asyncio.to_thread(self._prepare, prompt, params)
         if request_id is None:
             request_id = f"async-{self._next_id}"
             self._next_id += 1
@@ -72,6 +79,8 @@ class AsyncLLM:
                 if isinstance(out, BaseException):
                     raise out
                 finished = out.finished
+                if out.error is not None:
+                    raise EngineGenerateError(f"request {request_id} failed: {out.error}")
                 yield out
                 if finished:
                     break
@@ -79,6 +88,12 @@ class AsyncLLM:
             self._queues.pop(request_id, None)
             if not finished:  # the caller went away (e.g. a client disconnected): free its blocks
                 self._submit(("abort", request_id))
+
+    def _prepare(self, prompt, params: SamplingParams) -> tuple[str | None, list[int]]:
+        text, ids = self.engine._tokenize(prompt)
+        ids = self.engine._truncate(ids, params)
+        self.engine._validate(ids, params)
+        return text, ids
 
     async def abort(self, request_id: str) -> None:
         self._submit(("abort", request_id))
@@ -134,3 +149,8 @@ class AsyncLLM:
             err = EngineDeadError(f"the engine has stopped: {type(e).__name__}: {e}")
             for rid in list(self._queues):
                 self._deliver(rid, err)
+            for callback in self.dead_callbacks:
+                try:
+                    callback()
+                except Exception:
+                    logger.exception("engine-dead callback failed")

@@ -58,6 +58,7 @@ class EngineArgs:
     dtype: str = "auto"  # GPU activations; the CPU computes in float32
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
+    max_logprobs: int = 20  # vLLM's: most logprobs / prompt_logprobs a request may ask; -1 all
 
     def create_engine_config(self) -> VllmxConfig:
         if self.block_size < 1:
@@ -76,7 +77,7 @@ class EngineArgs:
                         skip_tokenizer_init=self.skip_tokenizer_init, seed=self.seed,
                         max_model_len=self.max_model_len,
                         generation_config=self.generation_config, dtype=self.dtype,
-                        enforce_eager=self.enforce_eager),
+                        enforce_eager=self.enforce_eager, max_logprobs=self.max_logprobs),
             CacheConfig(self.block_size, self.kv_cache_dtype, self.kv_cache_memory_bytes,
                         self.num_gpu_blocks_override,
                         enable_prefix_caching=self.enable_prefix_caching,
@@ -296,9 +297,9 @@ class LLMEngine:
         if not ids:
             raise ValueError("the prompt is empty (0 tokens)")
         vocab = self.model.vocab_size
-        bad = [i for i in ids if not 0 <= i < vocab]
+        bad = [i for i in ids if not (isinstance(i, (int, np.integer)) and 0 <= i < vocab)]
         if bad:
-            raise ValueError(f"prompt token id {bad[0]} is out of vocabulary (size {vocab})")
+            raise ValueError(f"prompt token id {bad[0]!r} is out of vocabulary (size {vocab})")
         if len(ids) >= mc.max_model_len:
             raise ValueError(
                 f"the prompt ({len(ids)} tokens) is longer than the model's context: "
@@ -312,6 +313,14 @@ class LLMEngine:
                                  "given); pass token ids through logit_bias instead")
             params.update_from_tokenizer(self.tokenizer)
         params.verify_token_ids(vocab)
+        # vLLM's --max-logprobs (-1: no limit); logprobs=-1 asks for the whole vocabulary.
+        limit = vocab if mc.max_logprobs == -1 else mc.max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(params, name)
+            if k is not None and (vocab if k == -1 else k) > limit:
+                what = "sample logprobs" if name == "logprobs" else "prompt logprobs"
+                raise ValueError(f"Requested {what} of {vocab if k == -1 else k}, which is "
+                                 f"greater than max allowed: {limit}")
 
     def _child_ids(self, request_id: str) -> list[str]:
         parent = self.output_processor.parents.get(request_id)
@@ -360,14 +369,32 @@ class LLMEngine:
         for req in updated:
             req.metrics.first_token_time = req.metrics.first_token_time or now
             req.metrics.last_token_time = now
-            out, stop_str = self.output_processor.process(
-                req, runner_out.logprobs.get(req.request_id),
-                runner_out.sampled_logprobs.get(req.request_id, 0.0),
-                runner_out.prompt_logprobs.get(req.request_id))
-            if stop_str is not None and not req.is_finished():
-                self.scheduler.finish_requests([req.request_id], RequestStatus.FINISHED_STOPPED)
+            if req.status == RequestStatus.FINISHED_ERROR:  # failed inside the step
+                out = self._fail_request(req, req.error)
+            else:
+                try:
+                    out, stop_str = self.output_processor.process(
+                        req, runner_out.logprobs.get(req.request_id),
+                        runner_out.sampled_logprobs.get(req.request_id, 0.0),
+                        runner_out.prompt_logprobs.get(req.request_id))
+                except Exception as e:
+                    logger.exception("request %s failed in the output path", req.request_id)
+                    out = self._fail_request(req, f"{type(e).__name__}: {e}")
+                else:
+                    if stop_str is not None and not req.is_finished():
+                        self.scheduler.finish_requests([req.request_id],
+                                                       RequestStatus.FINISHED_STOPPED)
             if req.is_finished() or (out is not None and out.finished):
                 req.metrics.finished_time = now
             if out is not None:
                 outputs.append(out)
         return outputs
+
+    def _fail_request(self, req: Request, message: str | None) -> RequestOutput | None:
+        """Finishes one request with an error (its blocks freed, the others untouched) and
+        returns its final output (finish_reason "error")."""
+        req.error = message or "the request failed"
+        logger.error("request %s failed: %s", req.request_id, req.error)
+        self.scheduler.finish_requests([req.request_id], RequestStatus.FINISHED_ERROR)
+        req.status = RequestStatus.FINISHED_ERROR  # also when it had just finished otherwise
+        return self.output_processor.fail(req)

@@ -111,6 +111,30 @@ class OutputProcessor:
             return None
         return self._make_output(state, True)
 
+    def fail(self, request: Request) -> RequestOutput | None:
+        """The final output of a request that failed (finish_reason "error", its error set):
+        what it generated so far where its state still renders, else nothing but the error
+        (None while a FINAL_ONLY parent waits for its other samples)."""
+        state = self.states.get(request.request_id)
+        if state is not None:
+            try:
+                return self._make_output(state, True)
+            except Exception:  # noqa: BLE001 - its state is what broke: report it bare
+                self.states.pop(request.request_id, None)
+        parent = state.parent if state is not None else None
+        if parent is not None:
+            parent.unfinished.discard(request.request_id)
+            if not parent.unfinished:
+                self.parents.pop(parent.request_id, None)
+        return RequestOutput(
+            request_id=parent.request_id if parent is not None else request.request_id,
+            prompt=request.prompt, prompt_token_ids=request.prompt_token_ids,
+            prompt_logprobs=None,
+            outputs=[CompletionOutput(state.index if state is not None else 0, "", [], None,
+                                      finish_reason="error")],
+            finished=parent is None or not parent.unfinished, metrics=request.metrics,
+            error=request.error)
+
     def _completion(self, state: RequestState, finished: bool) -> CompletionOutput:
         req, sp = state.request, state.request.sampling_params
         text = state.detokenizer.get_text(finished)
@@ -162,4 +186,4 @@ class OutputProcessor:
         return RequestOutput(
             request_id=request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
             prompt_logprobs=prompt_logprobs, outputs=outputs, finished=all_finished,
-            num_cached_tokens=req.num_cached_tokens, metrics=req.metrics)
+            num_cached_tokens=req.num_cached_tokens, metrics=req.metrics, error=req.error)

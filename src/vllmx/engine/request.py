@@ -16,6 +16,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_STOPPED = 3
     FINISHED_LENGTH_CAPPED = 4
     FINISHED_ABORTED = 5
+    FINISHED_ERROR = 6  # failed on its own (Request.error says why); the others go on
 
     @staticmethod
     def is_finished(status: RequestStatus) -> bool:
@@ -26,6 +27,7 @@ FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH_CAPPED: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 
@@ -46,6 +48,7 @@ class Request:
         self.num_computed_tokens = 0
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
+        self.error: str | None = None  # why it failed (status FINISHED_ERROR)
         self.num_preemptions = 0
         self.num_cached_tokens = 0  # prefix-cache hit at first admission (RequestOutput's)
         self.block_hashes: list[bytes] = []  # of its full blocks, extended as tokens grow

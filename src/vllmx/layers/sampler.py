@@ -49,6 +49,23 @@ class RequestSamplingState:
         self.bad_words_lens = [len(w) for w in self.bad_words]
         self.max_bad_prefix = max(self.bad_words_lens, default=1) - 1
         self.penalties = sp.has_penalties
+        # The row's scalars in the sampler's types, converted once: a value the native sampler
+        # cannot hold fails here, for this request alone, not inside the batch's step.
+        row = (0.0 if sp.greedy else sp.temperature, sp.top_p, sp.min_p,
+               sp.repetition_penalty, sp.frequency_penalty, sp.presence_penalty)
+        with np.errstate(over="raise", invalid="raise"):
+            try:
+                f32 = np.array(row, dtype=np.float32)
+                self.top_k = np.int32(sp.top_k)
+            except (OverflowError, FloatingPointError) as e:
+                raise ValueError(f"sampling parameters out of the sampler's range: {e}") from e
+        if not np.isfinite(f32).all():
+            raise ValueError(f"sampling parameters out of the sampler's range (float32): {row}")
+        self.temperature, self.top_p, self.min_p = f32[0], f32[1], f32[2]
+        self.penalty_values = (f32[3], f32[4], f32[5])
+        k = sp.logprobs
+        self.num_logprobs = np.int32(-1 if k is None else vocab_size if k == -1
+                                     else min(k, vocab_size))
         # Distinct tokens of the prompt and output (ids / output counts in [:num_distinct]).
         self._index: dict[int, int] = {}
         self.penalty_ids = np.zeros(64, dtype=np.int32)
@@ -107,13 +124,11 @@ class SamplingMetadata:
         min_p = np.empty(n, dtype=np.float32)
         num_logprobs = np.full(n, -1, dtype=np.int32)
         rng = np.empty((n, 2), dtype=np.uint64)
-        for i, sp in enumerate(params):
-            temperature[i] = 0.0 if sp.greedy else sp.temperature
-            top_k[i], top_p[i], min_p[i] = sp.top_k, sp.top_p, sp.min_p
+        for i, st in enumerate(states):
+            temperature[i], top_k[i], top_p[i], min_p[i] = (st.temperature, st.top_k, st.top_p,
+                                                            st.min_p)
             rng[i] = rng_states[i]
-            if sp.logprobs is not None:
-                num_logprobs[i] = vocab_size if sp.logprobs == -1 else min(sp.logprobs,
-                                                                           vocab_size)
+            num_logprobs[i] = st.num_logprobs
         md = cls(temperature, top_k, top_p, min_p, rng, num_logprobs)
         md.processors = _processor_arrays(params, states, token_ids, num_prompt_tokens)
         return md
@@ -147,8 +162,7 @@ def _processor_arrays(params, states, token_ids, num_prompt_tokens) -> dict[str,
             st.update_counts(token_ids[i], num_prompt_tokens[i])
             pen_ids[i] = st.penalty_ids[:st.num_distinct]
             pen_counts[i] = st.output_counts[:st.num_distinct]
-            rep[i], freq[i], pres[i] = (sp.repetition_penalty, sp.frequency_penalty,
-                                        sp.presence_penalty)
+            rep[i], freq[i], pres[i] = st.penalty_values
             any_pen = True
     out: dict[str, np.ndarray] = {}
     if any_allowed:

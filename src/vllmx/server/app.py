@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
 from http import HTTPStatus
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -84,12 +85,52 @@ class SSEResponse(StreamingResponse):
             raise error
 
 
+class RequestBodyLimit:
+    """Refuses a request body past max_bytes with 413, before reading it (Content-Length) or
+    as soon as a chunked body passes the limit, so that no large body is ever held."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _message(self) -> str:
+        return (f"the request body is larger than the server's limit of {self.max_bytes} bytes "
+                f"(--max-request-body-bytes)")
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            response = error_response(self._message(), HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+            return await response(scope, receive, send)
+        received = 0
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:  # FastAPI passes an HTTPException on as is
+                    raise HTTPException(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, self._message())
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+DEFAULT_MAX_REQUEST_BODY_BYTES = 16 << 20  # far above a max_model_len prompt, text or ids
+
+
 def build_app(engine_client, served_model_names: list[str] | None = None,
               chat_template: str | None = None, api_key: str | None = None,
               allowed_origins: list[str] | None = None, log_requests: bool = False,
-              log_stats_interval: float | None = 10.0) -> FastAPI:
+              log_stats_interval: float | None = 10.0, allow_credentials: bool = False,
+              allowed_methods: list[str] | None = None, allowed_headers: list[str] | None = None,
+              max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES) -> FastAPI:
     """The app over an AsyncLLM. Several apps may share one AsyncLLM; each has its own
-    metrics registry."""
+    metrics registry. CORS takes vLLM's flags and defaults (any origin, method and header,
+    no credentials). app.state.draining (set when the server is asked to stop) makes /health
+    503 and refuses new work with 503 while the requests in flight finish."""
     engine = engine_client.engine
     model_path = engine.config.model_config.model
     names = served_model_names or [model_path]
@@ -111,9 +152,12 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
     app = FastAPI(title="vllmx", version=vllmx.__version__, lifespan=lifespan)
     app.state.metrics, app.state.stat_logger = metrics, stat_logger
     app.state.engine_client = engine_client
-    if allowed_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=allowed_origins,
-                           allow_credentials=True, allow_methods=["*"], allow_headers=["*"])
+    app.state.draining = False
+    app.add_middleware(CORSMiddleware, allow_origins=allowed_origins or ["*"],
+                       allow_credentials=allow_credentials,
+                       allow_methods=allowed_methods or ["*"],
+                       allow_headers=allowed_headers or ["*"])
+    app.add_middleware(RequestBodyLimit, max_bytes=max_request_body_bytes)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_, exc: RequestValidationError):
@@ -134,12 +178,22 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
         err = from_exception(exc)
         return error_response(err.message, err.status, err.param, err.err_type)
 
+    expected_auth = f"Bearer {api_key}".encode() if api_key is not None else None
+
     async def check_api_key(request: Request) -> None:
-        if api_key is not None and request.headers.get("Authorization") != f"Bearer {api_key}":
+        if expected_auth is None:
+            return
+        got = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+        if not hmac.compare_digest(got, expected_auth):  # constant time: no timing oracle
             raise OpenAIError("Unauthorized", HTTPStatus.UNAUTHORIZED)
+
+    def check_accepting() -> None:
+        if app.state.draining:
+            raise OpenAIError("the server is shutting down", HTTPStatus.SERVICE_UNAVAILABLE)
 
     async def respond(work: Awaitable, request: Request) -> Response:
         try:
+            check_accepting()
             result = await run_cancellable(work, request)
         except Exception as e:  # one request fails, not the server
             err = from_exception(e)
@@ -179,14 +233,15 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
         if engine_client.errored:
             return error_response(f"the engine has stopped: {engine_client.dead_error}",
                                   HTTPStatus.SERVICE_UNAVAILABLE)
+        if app.state.draining:
+            return error_response("the server is shutting down", HTTPStatus.SERVICE_UNAVAILABLE)
         return Response(status_code=200)
 
     @app.get("/version")
     async def version():
         return {"version": vllmx.__version__}
 
-    @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest):
+    def tokenize_sync(body: TokenizeRequest) -> dict:
         completion.check_model(body.model)
         tok = completion.tokenizer
         if hasattr(body, "messages"):
@@ -199,14 +254,19 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
             out["token_strs"] = tok.convert_ids_to_tokens(ids)
         return out
 
+    def detokenize_sync(body: DetokenizeRequest) -> dict:
+        completion.check_model(body.model)
+        completion.check_prompt_ids(body.tokens, param="tokens")
+        return {"prompt": completion.tokenizer.decode(body.tokens)}
+
+    # Tokenizing is CPU work: it runs in a worker thread, never on the event loop.
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        return await asyncio.to_thread(tokenize_sync, body)
+
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
-        completion.check_model(body.model)
-        vocab = engine.model.vocab_size
-        if bad := [t for t in body.tokens if not 0 <= t < vocab]:
-            raise OpenAIError(f"token id {bad[0]} is out of vocabulary (size {vocab})",
-                              param="tokens")
-        return {"prompt": completion.tokenizer.decode(body.tokens)}
+        return await asyncio.to_thread(detokenize_sync, body)
 
     @app.get("/metrics")
     async def show_metrics():

@@ -24,6 +24,7 @@ _TYPES = {
     HTTPStatus.BAD_REQUEST: "BadRequestError",
     HTTPStatus.UNAUTHORIZED: "AuthenticationError",
     HTTPStatus.NOT_FOUND: "NotFoundError",
+    HTTPStatus.REQUEST_ENTITY_TOO_LARGE: "RequestEntityTooLargeError",
     HTTPStatus.INTERNAL_SERVER_ERROR: "InternalServerError",
     HTTPStatus.SERVICE_UNAVAILABLE: "ServiceUnavailableError",
 }
@@ -43,12 +44,12 @@ def error_response(message: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST,
 def from_exception(e: BaseException) -> OpenAIError:
     """Maps what the engine and SamplingParams raise to the error the client sees: bad input
     (ValueError, TypeError, NotImplementedError for what is not supported yet) is a 400; a
-    dead engine or anything else is a 500."""
-    from vllmx.engine.async_llm import EngineDeadError
+    request that failed inside the engine, a dead engine or anything else is a 500."""
+    from vllmx.engine.async_llm import EngineDeadError, EngineGenerateError
 
     if isinstance(e, OpenAIError):
         return e
-    if isinstance(e, EngineDeadError):
+    if isinstance(e, (EngineDeadError, EngineGenerateError)):
         return OpenAIError(str(e), HTTPStatus.INTERNAL_SERVER_ERROR)
     if isinstance(e, (ValueError, TypeError, NotImplementedError)):
         return OpenAIError(str(e) or type(e).__name__)

@@ -1,5 +1,6 @@
-"""Prometheus metrics with vLLM's names (prefix `vllmx:`, label model_name), and the periodic
-one-line stats log. Scheduler state (running / waiting / KV usage / preemptions / prefix cache)
+"""Prometheus metrics with vLLM's names, prefix `vllm:` and label model_name as in vLLM (so the
+dashboards and alerts people run for vLLM read them unchanged), and the periodic one-line
+stats log. Scheduler state (running / waiting / KV usage / preemptions / prefix cache)
 is read from the engine at scrape time; per-request metrics are recorded as outputs stream
 through the server (`track`). Each app has its own CollectorRegistry."""
 
@@ -29,7 +30,7 @@ _ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
                 7.5, 10.0, 20.0, 40.0, 80.0]
 _LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                     60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
-FINISH_REASONS = ("stop", "length", "abort")
+FINISH_REASONS = ("stop", "length", "abort", "error")
 
 disable_created_metrics()  # no *_created series, as vLLM
 
@@ -51,7 +52,7 @@ class _SchedulerCollector:
                  s["waiting"]),
                 ("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
                  s["kv_usage"])):
-            g = GaugeMetricFamily(f"vllmx:{name}", doc, labels=["model_name"])
+            g = GaugeMetricFamily(f"vllm:{name}", doc, labels=["model_name"])
             g.add_metric(labels, value)
             yield g
         for name, doc, value in (
@@ -62,7 +63,7 @@ class _SchedulerCollector:
                  s["prefix_hits"]),
                 ("num_preemptions", "Cumulative number of preemption from the engine.",
                  s["preemptions"])):
-            c = CounterMetricFamily(f"vllmx:{name}", doc, labels=["model_name"])
+            c = CounterMetricFamily(f"vllm:{name}", doc, labels=["model_name"])
             c.add_metric(labels, value)
             yield c
 
@@ -89,24 +90,24 @@ class ServerMetrics:
         self.registry.register(_SchedulerCollector(engine, model_name))
         labels = ["model_name"]
         r = self.registry
-        self.prompt_tokens = Counter("vllmx:prompt_tokens", "Number of prefill tokens processed.",
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
                                      labels, registry=r).labels(model_name)
-        self.generation_tokens = Counter("vllmx:generation_tokens",
+        self.generation_tokens = Counter("vllm:generation_tokens",
                                          "Number of generation tokens processed.", labels,
                                          registry=r).labels(model_name)
-        success = Counter("vllmx:request_success", "Count of successfully processed requests.",
+        success = Counter("vllm:request_success", "Count of successfully processed requests.",
                           ["model_name", "finished_reason"], registry=r)
         self.request_success = {f: success.labels(model_name, f) for f in FINISH_REASONS}
-        self.ttft = Histogram("vllmx:time_to_first_token_seconds",
+        self.ttft = Histogram("vllm:time_to_first_token_seconds",
                               "Histogram of time to first token in seconds.", labels,
                               buckets=_TTFT_BUCKETS, registry=r).labels(model_name)
-        self.itl = Histogram("vllmx:inter_token_latency_seconds",
+        self.itl = Histogram("vllm:inter_token_latency_seconds",
                              "Histogram of inter-token latency in seconds.", labels,
                              buckets=_ITL_BUCKETS, registry=r).labels(model_name)
-        self.e2e = Histogram("vllmx:e2e_request_latency_seconds",
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds",
                              "Histogram of e2e request latency in seconds.", labels,
                              buckets=_LATENCY_BUCKETS, registry=r).labels(model_name)
-        self.queue_time = Histogram("vllmx:request_queue_time_seconds",
+        self.queue_time = Histogram("vllm:request_queue_time_seconds",
                                     "Histogram of time spent in WAITING phase for request.",
                                     labels, buckets=_LATENCY_BUCKETS, registry=r).labels(model_name)
         # Plain totals for the periodic log.
@@ -119,6 +120,8 @@ class ServerMetrics:
     async def track(self, outputs: AsyncIterator[RequestOutput],
                     arrival_time: float) -> AsyncIterator[RequestOutput]:
         """Passes a request's DELTA outputs through, recording its metrics on the way."""
+        from vllmx.engine.async_llm import EngineDeadError, EngineGenerateError
+
         first, finished = True, False
         last_token_time: dict[int, float] = {}
         try:
@@ -146,8 +149,12 @@ class ServerMetrics:
                     if m is not None and m.first_scheduled_time:
                         self.queue_time.observe(max(0.0, m.first_scheduled_time - m.arrival_time))
                 yield out
+        except (EngineGenerateError, EngineDeadError):
+            finished = True  # counted as an error, not an abort
+            self.request_success["error"].inc()
+            raise
         finally:
-            if not finished:  # the client went away, or the request failed
+            if not finished:  # the client went away, or the request was refused
                 self.request_success["abort"].inc()
                 await outputs.aclose()  # aborts the engine request now, not at GC
 

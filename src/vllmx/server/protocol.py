@@ -8,11 +8,18 @@ non-text response_format, structured outputs, ...) are rejected by the serving c
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 logger = logging.getLogger("vllmx")
+
+# Limits of one request, beyond what SamplingParams checks (the native sampler's ranges):
+MAX_N = 128  # OpenAI's maximum for n
+MAX_STOP = 64  # stop strings are searched after every token of the request
+MAX_BAD_WORDS = 1024  # bad words are matched in every step of the request
+_INT64 = 2**63
+Seed = Annotated[int, Field(ge=-_INT64, le=_INT64 - 1)]  # vLLM's range for seed
 
 
 class OpenAIBaseModel(BaseModel):
@@ -43,9 +50,9 @@ class _SamplingFields(OpenAIBaseModel):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    n: int = 1
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    seed: Seed | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = None
@@ -67,7 +74,7 @@ class _SamplingFields(OpenAIBaseModel):
     truncate_prompt_tokens: int | None = None
     prompt_logprobs: int | None = None
     allowed_token_ids: list[int] | None = None
-    bad_words: list[str] | None = None
+    bad_words: Annotated[list[str], Field(max_length=MAX_BAD_WORDS)] | None = None
     # vLLM's extra request parameters
     priority: int = 0
     request_id: str | None = None

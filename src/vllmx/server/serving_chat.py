@@ -3,6 +3,7 @@ template, one engine request with n choices, streamed as SSE or returned whole."
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -10,12 +11,7 @@ from collections.abc import AsyncIterator
 from vllmx.outputs import Logprob
 from vllmx.server.errors import OpenAIError, from_exception, sse_error
 from vllmx.server.protocol import ROLES, ChatCompletionRequest, ChatMessage
-from vllmx.server.serving_engine import (
-    MAX_LOGPROBS,
-    OpenAIServing,
-    merge_async_iterators,
-    random_uuid,
-)
+from vllmx.server.serving_engine import OpenAIServing, merge_async_iterators, random_uuid
 
 
 def conversation(messages: list[ChatMessage]) -> list[dict]:
@@ -79,30 +75,8 @@ class OpenAIServingChat(OpenAIServing):
 
     async def create_chat_completion(self, request: ChatCompletionRequest,
                                      request_id: str | None):
-        self.check_model(request.model)
-        self.check_unsupported(request)
-        tools = None
-        if request.tools:
-            if request.tool_choice != "none":
-                raise OpenAIError("tool calling is not supported yet; send tool_choice='none' to "
-                                  "only show the tools to the model", param="tools")
-            tools = request.tools
-        elif request.tool_choice not in (None, "none", "auto"):
-            raise OpenAIError("tool_choice needs tools", param="tool_choice")
-        top = request.top_logprobs
-        if top is not None and not 0 <= top <= MAX_LOGPROBS:
-            raise OpenAIError(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {top}",
-                              param="top_logprobs")
-        if top and not request.logprobs:
-            raise OpenAIError("when using `top_logprobs`, `logprobs` must be set to true.",
-                              param="top_logprobs")
-        text, ids = self.render(request, tools)
-        ids = self.truncate(ids, request.truncate_prompt_tokens)
-        max_tokens = request.max_completion_tokens or request.max_tokens
-        max_tokens = self.max_tokens_for(len(ids), max_tokens, "messages")
-        params = self.sampling_params(request, max_tokens,
-                                      (top or 0) if request.logprobs else None,
-                                      request.prompt_logprobs)
+        # Rendering, tokenizing and checking run in a worker thread: never on the event loop.
+        text, ids, params = await asyncio.to_thread(self._prepare, request)
         request_id = f"chatcmpl-{request.request_id or request_id or random_uuid()}"
         merged = merge_async_iterators(self.generate(
             {"prompt": text, "prompt_token_ids": ids}, params, request_id, request.priority))
@@ -122,6 +96,37 @@ class OpenAIServingChat(OpenAIServing):
             return self._stream(request, len(ids), merged, first, request_id, created, model,
                                 echo)
         return await self._full(request, len(ids), merged, request_id, created, model, echo)
+
+    def _prepare(self, request: ChatCompletionRequest):
+        """(prompt text, prompt ids, SamplingParams) of a chat request."""
+        self.check_model(request.model)
+        self.check_unsupported(request)
+        tools = None
+        if request.tools:
+            if request.tool_choice != "none":
+                raise OpenAIError("tool calling is not supported yet; send tool_choice='none' to "
+                                  "only show the tools to the model", param="tools")
+            tools = request.tools
+        elif request.tool_choice not in (None, "none", "auto"):
+            raise OpenAIError("tool_choice needs tools", param="tool_choice")
+        top = request.top_logprobs
+        limit = self.max_logprobs
+        if top is not None and not (0 <= top <= limit or limit == -1 and top >= 0):
+            raise OpenAIError(f"top_logprobs must be in [0, {limit}], got {top}",
+                              param="top_logprobs")
+        if top and not request.logprobs:
+            raise OpenAIError("when using `top_logprobs`, `logprobs` must be set to true.",
+                              param="top_logprobs")
+        text, ids = self.render(request, tools)
+        ids = self.truncate(ids, request.truncate_prompt_tokens)
+        # max_completion_tokens replaces max_tokens; 0 is a value (rejected), not "unset".
+        max_tokens = (request.max_completion_tokens if request.max_completion_tokens is not None
+                      else request.max_tokens)
+        max_tokens = self.max_tokens_for(len(ids), max_tokens, "messages")
+        params = self.sampling_params(request, max_tokens,
+                                      (top or 0) if request.logprobs else None,
+                                      request.prompt_logprobs)
+        return text, ids, params
 
     def _logprobs(self, request, token_ids: list[int],
                   logprobs: list[dict[int, Logprob]] | None) -> dict | None:

@@ -4,6 +4,7 @@ whole."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -53,22 +54,9 @@ class CompletionLogprobs:
 class OpenAIServingCompletion(OpenAIServing):
     async def create_completion(self, request: CompletionRequest, request_id: str | None):
         """The response dict, or (streaming) an async iterator of SSE lines."""
-        self.check_model(request.model)
-        self.check_unsupported(request)
-        if request.suffix is not None:
-            raise OpenAIError("suffix is not currently supported", param="suffix")
-        prompts = self._prompts(request)
+        # Tokenizing and checking run in a worker thread: never on the event loop.
+        prompts, engine_prompts, params = await asyncio.to_thread(self._prepare, request)
         request_id = f"cmpl-{request.request_id or request_id or random_uuid()}"
-        want_logprobs = request.logprobs
-        prompt_logprobs = request.prompt_logprobs
-        if request.echo and want_logprobs is not None and prompt_logprobs is None:
-            prompt_logprobs = want_logprobs
-        engine_prompts, params = [], []
-        for text, ids in prompts:
-            max_tokens = self.max_tokens_for(len(ids), request.max_tokens, "prompt")
-            params.append(self.sampling_params(request, max_tokens, want_logprobs,
-                                               prompt_logprobs))
-            engine_prompts.append({"prompt": text, "prompt_token_ids": ids})
         gens = [self.generate(p, sp, f"{request_id}-{i}" if len(prompts) > 1 else request_id,
                               request.priority)
                 for i, (p, sp) in enumerate(zip(engine_prompts, params))]
@@ -85,6 +73,25 @@ class OpenAIServingCompletion(OpenAIServing):
                 raise
             return self._stream(request, prompts, merged, first, request_id, created, model)
         return await self._full(request, prompts, merged, request_id, created, model)
+
+    def _prepare(self, request: CompletionRequest):
+        """(prompts as (text, ids), the engine prompts, their SamplingParams)."""
+        self.check_model(request.model)
+        self.check_unsupported(request)
+        if request.suffix is not None:
+            raise OpenAIError("suffix is not currently supported", param="suffix")
+        prompts = self._prompts(request)
+        want_logprobs = request.logprobs
+        prompt_logprobs = request.prompt_logprobs
+        if request.echo and want_logprobs is not None and prompt_logprobs is None:
+            prompt_logprobs = want_logprobs
+        engine_prompts, params = [], []
+        for text, ids in prompts:
+            max_tokens = self.max_tokens_for(len(ids), request.max_tokens, "prompt")
+            params.append(self.sampling_params(request, max_tokens, want_logprobs,
+                                               prompt_logprobs))
+            engine_prompts.append({"prompt": text, "prompt_token_ids": ids})
+        return prompts, engine_prompts, params
 
     def _prompts(self, request: CompletionRequest) -> list[tuple[str | None, list[int]]]:
         p = request.prompt
@@ -108,12 +115,9 @@ class OpenAIServingCompletion(OpenAIServing):
                 if not item:
                     raise OpenAIError("prompt must not be empty", param="prompt")
                 ids = list(item)
+                self.check_prompt_ids(ids)
                 text = tok.decode(ids) if tok is not None else None
             ids = self.truncate(ids, request.truncate_prompt_tokens)
-            vocab = self.engine.model.vocab_size
-            if bad := [t for t in ids if not 0 <= t < vocab]:
-                raise OpenAIError(f"prompt token id {bad[0]} is out of vocabulary (size {vocab})",
-                                  param="prompt")
             out.append((text, ids))
         return out
 

@@ -25,7 +25,6 @@ _NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penal
             "min_tokens": 0, "include_stop_str_in_output": False, "ignore_eos": False,
             "skip_special_tokens": True, "spaces_between_special_tokens": True, "top_k": 0,
             "min_p": 0.0, "bad_words": []}
-MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 
 
 def random_uuid() -> str:
@@ -118,10 +117,6 @@ class OpenAIServing:
     # -- SamplingParams -----------------------------------------------------------------------
     def sampling_params(self, request, max_tokens: int, logprobs: int | None,
                         prompt_logprobs: int | None) -> SamplingParams:
-        for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
-            if value is not None and not 0 <= value <= MAX_LOGPROBS:
-                raise OpenAIError(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}",
-                                  param=name)
         kwargs = dict(self.default_sampling)
         requested = {
             "n": request.n, "best_of": request.best_of,
@@ -149,14 +144,22 @@ class OpenAIServing:
                     raise OpenAIError(f"{name} is not supported by this server yet", param=name)
         try:
             params = SamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA)
-            tok = self.engine_client.tokenizer
-            if tok is not None and hasattr(params, "update_from_tokenizer"):
-                params.update_from_tokenizer(tok)
-            if hasattr(params, "verify_token_ids"):
-                params.verify_token_ids(self.engine.model.vocab_size)
         except (ValueError, TypeError, NotImplementedError) as e:
-            raise OpenAIError(str(e)) from e
+            raise OpenAIError(str(e), param=_param_of(str(e), kwargs)) from e
+        # The vocabulary, tokenizer and --max-logprobs checks are the engine's (AsyncLLM runs
+        # them before queueing the request); bad ids or counts come back as a ValueError.
         return params
+
+    @property
+    def max_logprobs(self) -> int:
+        return self.engine.config.model_config.max_logprobs
+
+    def check_prompt_ids(self, ids: list[int], param: str = "prompt") -> None:
+        """Token ids of a prompt against the vocabulary, before anything decodes them."""
+        vocab = self.engine.model.vocab_size
+        if bad := [t for t in ids if not 0 <= t < vocab]:
+            raise OpenAIError(f"prompt token id {bad[0]} is out of vocabulary (size {vocab})",
+                              param=param)
 
     # -- running requests ---------------------------------------------------------------------
     def generate(self, prompt: dict, params: SamplingParams, request_id: str,
@@ -167,6 +170,12 @@ class OpenAIServing:
         gen = self.engine_client.generate(prompt, params, request_id=request_id,
                                           priority=priority)
         return self.metrics.track(gen, time.time())
+
+
+def _param_of(message: str, kwargs: dict) -> str | None:
+    """The request field a SamplingParams error names (its messages start with it)."""
+    first = message.split(" ", 1)[0]
+    return first if first in kwargs else None
 
 
 async def merge_async_iterators(*iterators: AsyncIterator) -> AsyncIterator[tuple[int, object]]:

@@ -19,6 +19,11 @@ __all__ = ["Tokenizer", "get_tokenizer"]
 _NAMED_SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 
+# Inputs longer than this (characters / ids) go through the tokenizers' batch calls, which
+# release the GIL (the single-item calls hold it for the whole call: seconds for megabytes).
+_LONG = 4096
+
+
 def _token_str(value: Any) -> str | None:
     """A special token from tokenizer_config.json: a string or an AddedToken dict."""
     if value is None:
@@ -280,6 +285,8 @@ class Tokenizer:
     # ------------------------------------------------------------------ encode / decode
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if len(text) > _LONG:  # the batch call releases the GIL: other threads go on meanwhile
+            return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
@@ -293,7 +300,11 @@ class Tokenizer:
     ) -> str:
         if isinstance(ids, int):
             ids = [ids]
-        text = self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        ids = list(ids)
+        if len(ids) > _LONG:  # as in encode: without the GIL
+            text = self._tok.decode_batch([ids], skip_special_tokens=skip_special_tokens)[0]
+        else:
+            text = self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
         cleanup = self.clean_up_tokenization_spaces if clean_up_tokenization_spaces is None else clean_up_tokenization_spaces
         # transformers skips the clean-up for BPE models (it corrupts their output).
         if cleanup and type(self._tok.model).__name__ != "BPE":

@@ -8,6 +8,7 @@ step's forward."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +24,8 @@ from vllmx.layers.attention import AttentionMetadata
 from vllmx.layers.sampler import RequestSamplingState, Sampler, SamplingMetadata
 from vllmx.sampling_params import SamplingParams
 from vllmx.worker.step_capture import CapturedStep, LongLived, capture
+
+logger = logging.getLogger("vllmx")
 
 # Prompt positions whose logits (for prompt_logprobs) are computed at once: bounds the memory.
 _PROMPT_LOGITS_CHUNK = 256
@@ -260,11 +263,30 @@ class ModelRunner:
             state.block_ids.extend(blocks)
             state.num_computed_tokens = computed
 
+    def _prepare_requests(self, req_ids: list[str]) -> dict[str, str]:
+        """Each scheduled request's sampler state (built at its first step), request by
+        request: one whose state cannot be built is left out of the step and reported failed
+        (req_id -> error), so the others run."""
+        failed: dict[str, str] = {}
+        vocab = self.model.vocab_size
+        for req_id in req_ids:
+            state = self.requests[req_id]
+            if state.sampling is None:
+                try:
+                    state.sampling = RequestSamplingState(state.sampling_params, vocab)
+                except Exception as e:
+                    logger.exception("request %s: its sampler state failed", req_id)
+                    failed[req_id] = f"{type(e).__name__}: {e}"
+        return failed
+
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         self._update_states(so)
         req_ids = list(so.num_scheduled_tokens)
+        failed = self._prepare_requests(req_ids)
+        if failed:
+            req_ids = [r for r in req_ids if r not in failed]
         if not req_ids:
-            return ModelRunnerOutput([], {}, {})
+            return ModelRunnerOutput([], {}, {}, failed=failed)
         bs = self.block_size
         t = 0
         logits_rows: list[int] = []
@@ -296,9 +318,13 @@ class ModelRunner:
         nb = len(req_ids)
         decode_only = t == nb == len(logits_rows) and not prompt_rows
         hidden, logits = self._forward(t, nb, decode_only)
-        out = ModelRunnerOutput(req_ids, {}, {})
+        out = ModelRunnerOutput(req_ids, {}, {}, failed=failed)
         for state, row, start, last in prompt_rows:
-            self._gather_prompt_logprobs(state, hidden, row, start, last)
+            try:
+                self._gather_prompt_logprobs(state, hidden, row, start, last)
+            except Exception as e:
+                logger.exception("request %s: its prompt logprobs failed", state.req_id)
+                failed[state.req_id] = f"{type(e).__name__}: {e}"
         if not sample_ids:
             return out
         if logits is None:
@@ -312,6 +338,8 @@ class ModelRunner:
         sampled = self.sampler(logits, smd)
         for i, (state, tok) in enumerate(zip(states, sampled.sampled_token_ids.tolist())):
             req_id = state.req_id
+            if req_id in failed:
+                continue
             state.rng_state = smd.rng_state[i].copy()
             if state.sampling_params.prompt_logprobs is not None and state.num_output_tokens == 0:
                 out.prompt_logprobs[req_id] = (state.prompt_logprobs
@@ -326,9 +354,6 @@ class ModelRunner:
 
     @staticmethod
     def _sampling_metadata(states: list[CachedRequestState], vocab: int) -> SamplingMetadata:
-        for s in states:
-            if s.sampling is None:
-                s.sampling = RequestSamplingState(s.sampling_params, vocab)
         return SamplingMetadata.build(
             [s.sampling_params for s in states], [s.sampling for s in states],
             [s.token_ids for s in states], [s.num_prompt_tokens for s in states],
