@@ -80,6 +80,45 @@ def test_validation_errors(kwargs, match):
         SamplingParams(**kwargs)
 
 
+BIG = 2**70  # a valid JSON number past int64 (and float32 when it is a float)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    # What the native sampler cannot hold (int32 counts, float32 scales, int64 seeds) is a
+    # ValueError naming the field and its range, never an error inside the engine step.
+    (dict(temperature=1.7e308), r"temperature must be at most 3\.402823e\+38"),
+    (dict(temperature=10**400), "temperature must be a finite number"),
+    (dict(repetition_penalty=1.7e308), r"repetition_penalty must be in \[.*\] \(a float32\)"),
+    (dict(repetition_penalty=1e-300), r"repetition_penalty must be in \["),
+    (dict(top_p=1e-300), r"top_p must be in \(0, 1\]"),
+    (dict(presence_penalty=float("nan")), "presence_penalty must be a finite number"),
+    (dict(min_p="0.1"), "min_p must be a number, got str"),
+    (dict(max_tokens=BIG), r"max_tokens must be at most 2147483647"),
+    (dict(min_tokens=BIG), "min_tokens must be greater than or equal to 0"),
+    (dict(logprobs=BIG), "logprobs must be non-negative or -1"),
+    (dict(seed=BIG), r"seed must be in \[-9223372036854775808, 9223372036854775807\]"),
+    (dict(seed=1.5), "seed must be an integer"),
+    (dict(n=BIG), "n must be at least 1"),
+    (dict(truncate_prompt_tokens=BIG), "truncate_prompt_tokens must be at most"),
+    (dict(logit_bias={1: float("nan")}), r"logit_bias\[1\] must be a finite number"),
+    (dict(logit_bias={float("inf"): 1}), "logit_bias contains key"),
+    (dict(stop=[1]), "stop must be a string or a list of strings"),
+])
+def test_native_range_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kwargs)
+
+
+def test_top_k_past_the_vocabulary_means_no_top_k():
+    assert SamplingParams(top_k=BIG).top_k == 0  # past any vocabulary
+    sp = SamplingParams(top_k=50)
+    sp.verify_token_ids(50)
+    assert sp.top_k == 0  # the whole vocabulary (vLLM's rule)
+    sp = SamplingParams(top_k=49)
+    sp.verify_token_ids(50)
+    assert sp.top_k == 49
+
+
 def test_not_supported_and_unknown():
     with pytest.raises(NotImplementedError, match="structured output is not supported yet"):
         SamplingParams(structured_outputs={"json": {}})
