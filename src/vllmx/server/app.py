@@ -241,7 +241,7 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
     async def version():
         return {"version": vllmx.__version__}
 
-    def tokenize_sync(body: TokenizeRequest) -> dict:
+    def tokenize_sync(body: TokenizeRequest) -> JSONResponse:
         completion.check_model(body.model)
         tok = completion.tokenizer
         if hasattr(body, "messages"):
@@ -252,14 +252,15 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
                "token_strs": None}
         if body.return_token_strs:
             out["token_strs"] = tok.convert_ids_to_tokens(ids)
-        return out
+        return JSONResponse(out)
 
-    def detokenize_sync(body: DetokenizeRequest) -> dict:
+    def detokenize_sync(body: DetokenizeRequest) -> JSONResponse:
         completion.check_model(body.model)
         completion.check_prompt_ids(body.tokens, param="tokens")
-        return {"prompt": completion.tokenizer.decode(body.tokens)}
+        return JSONResponse({"prompt": completion.tokenizer.decode(body.tokens)})
 
-    # Tokenizing is CPU work: it runs in a worker thread, never on the event loop.
+    # Tokenizing is CPU work: it runs in a worker thread, never on the event loop, and so does
+    # rendering its (possibly large) JSON answer.
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
         return await asyncio.to_thread(tokenize_sync, body)

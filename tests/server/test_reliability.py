@@ -1,0 +1,205 @@
+"""No request can take the server down: values past what the native code holds are 400s
+(or clamped as vLLM clamps), a fault inside one request fails that request alone, CPU work
+stays off the event loop, bodies past the limit are 413s, the API key is checked, CORS has
+vLLM's defaults. After each case the next normal request succeeds and /health stays 200."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.engine.test_fault_isolation import POISON_SEED, FaultySamplingState
+from tests.server.conftest import MODEL, ServerThread
+from tests.server.test_errors import CHAT, COMPLETION, check_error, post
+from vllmx.server.app import build_app
+from vllmx.worker import model_runner
+
+BIG = 2**70  # valid JSON, past int64
+
+HOSTILE_COMPLETIONS = [
+    ({"temperature": 1.7e308}, "temperature"),
+    ({"repetition_penalty": 1.7e308}, "repetition_penalty"),
+    ({"repetition_penalty": 1e-300}, "repetition_penalty"),
+    ({"top_p": 1e-300}, "top_p"),
+    ({"seed": 2**64}, "seed"),
+    ({"seed": -(2**63) - 1}, "seed"),
+    ({"n": 129}, "n"),
+    ({"n": BIG}, "n"),
+    ({"max_tokens": BIG}, "maximum context length"),
+    ({"min_tokens": BIG, "max_tokens": 4}, "min_tokens"),
+    ({"logprobs": BIG}, "logprobs"),
+    ({"logprobs": 21}, "logprobs"),
+    ({"prompt_logprobs": 2**40}, "prompt_logprobs"),
+    ({"truncate_prompt_tokens": BIG}, "truncate_prompt_tokens"),
+    ({"prompt": [-1]}, "vocabulary"),
+    ({"prompt": [2**64]}, "vocabulary"),
+    ({"prompt": [[1, 2], [BIG]]}, "vocabulary"),
+    ({"stop": ["x"] * 65}, "stop"),
+    ({"stop_token_ids": [-1]}, "stop_token_ids"),
+    ({"allowed_token_ids": [BIG]}, "allowed_token_ids"),
+    ({"logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"logit_bias": {str(BIG): 1}}, "logit_bias"),
+    ({"bad_words": ["x"] * 1025}, "bad_words"),
+]
+
+HOSTILE_CHATS = [
+    ({"max_completion_tokens": 0}, "max_tokens"),
+    ({"max_completion_tokens": BIG}, "maximum context length"),
+    ({"logprobs": True, "top_logprobs": BIG}, "top_logprobs"),
+    ({"seed": BIG}, "seed"),
+    ({"temperature": 1.7e308}, "temperature"),
+]
+
+
+def assert_healthy(server) -> None:
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    r = post(server, "/v1/completions", {**COMPLETION, "prompt": "The capital of France is",
+                                         "temperature": 0, "max_tokens": 4})
+    assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["text"], r.text
+
+
+@pytest.mark.parametrize("fields,word", HOSTILE_COMPLETIONS)
+def test_hostile_completion_values(server, fields, word):
+    check_error(post(server, "/v1/completions", {**COMPLETION, **fields}), 400, word)
+    assert_healthy(server)
+
+
+@pytest.mark.parametrize("fields,word", HOSTILE_CHATS)
+def test_hostile_chat_values(server, fields, word):
+    check_error(post(server, "/v1/chat/completions", {**CHAT, **fields}), 400, word)
+    assert_healthy(server)
+
+
+def test_non_finite_json_numbers(server):
+    # Python's JSON parser reads NaN and Infinity, which no sampler value may be.
+    for literal in (b"NaN", b"Infinity", b"1e400"):
+        body = b'{"model": "%s", "prompt": "Hi", "max_tokens": 2, "temperature": %s}' % (
+            MODEL.encode(), literal)
+        check_error(post(server, "/v1/completions", body), 400, "temperature")
+    assert_healthy(server)
+
+
+def test_top_k_past_vocabulary_is_clamped(server):
+    """vLLM's rule: top_k at or past the vocabulary means no top-k (so greedy stays greedy)."""
+    base = {**COMPLETION, "prompt": "The capital of France is", "max_tokens": 6}
+    ref = post(server, "/v1/completions", {**base, "temperature": 0}).json()
+    for top_k in (2**64, 10**30, 49152):
+        r = post(server, "/v1/completions", {**base, "temperature": 0, "top_k": top_k})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == ref["choices"][0]["text"]
+    r = post(server, "/v1/completions", {**base, "temperature": 0.8, "top_k": 2**64, "seed": 3})
+    assert r.status_code == 200, r.text
+    assert_healthy(server)
+
+
+def test_detokenize_out_of_vocabulary(server):
+    for tokens in ([BIG], [-1], [1, 2**64]):
+        check_error(httpx.post(f"{server.url}/detokenize", json={"tokens": tokens}), 400,
+                    "vocabulary")
+    assert_healthy(server)
+
+
+def test_request_body_limit(engine_client):
+    with ServerThread(build_app(engine_client, [MODEL], log_stats_interval=None,
+                                max_request_body_bytes=1 << 20)) as s:
+        big = {**COMPLETION, "prompt": "x" * (2 << 20)}
+        check_error(post(s, "/v1/completions", big), 413, "larger than", "1048576")
+
+        def chunks():  # no Content-Length: the body is counted as it arrives
+            yield b'{"model": "%s", "prompt": "' % MODEL.encode()
+            for _ in range(40):
+                yield b"y" * 65536
+            yield b'"}'
+
+        r = httpx.post(f"{s.url}/v1/completions", content=chunks(),
+                       headers={"Content-Type": "application/json"})
+        check_error(r, 413, "larger than")
+        ok = post(s, "/v1/completions", {**COMPLETION, "prompt": "x" * 1000})
+        assert ok.status_code == 200, ok.text
+
+
+def test_api_key_and_cors(engine_client):
+    with ServerThread(build_app(engine_client, [MODEL], api_key="s3cret",
+                                log_stats_interval=None)) as s:
+        for auth in (None, "Bearer s3cre", "Bearer s3cretX", "s3cret", b"Bearer \xc3\xa9"):
+            headers = {"Authorization": auth} if auth else {}
+            r = httpx.post(f"{s.url}/v1/completions", json=COMPLETION, headers=headers)
+            check_error(r, 401, "Unauthorized")
+        r = httpx.post(f"{s.url}/v1/completions", json=COMPLETION,
+                       headers={"Authorization": "Bearer s3cret"})
+        assert r.status_code == 200, r.text
+        # vLLM's CORS defaults: any origin, method and header, no credentials.
+        pre = httpx.options(f"{s.url}/v1/completions", headers={
+            "Origin": "https://example.com", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type"})
+        assert pre.status_code == 200
+        assert pre.headers["access-control-allow-origin"] == "*"
+        assert "access-control-allow-credentials" not in pre.headers
+
+
+def test_fault_in_one_request_fails_it_alone(server, monkeypatch):
+    """An exception while stepping one request: that request gets a 500 (or, once streaming,
+    an error event); a request beside it finishes with the tokens it gets alone."""
+    monkeypatch.setattr(model_runner, "RequestSamplingState", FaultySamplingState)
+    neighbour = {**COMPLETION, "prompt": "Write a haiku about the sea.", "temperature": 0,
+                 "max_tokens": 24, "ignore_eos": True}
+    alone = post(server, "/v1/completions", neighbour).json()["choices"][0]["text"]
+    poisoned = {**COMPLETION, "prompt": "Hello there", "seed": POISON_SEED, "max_tokens": 8}
+    errors_before = server.metric("vllm:request_success_total", finished_reason="error")
+    results = {}
+
+    def run_neighbour():
+        results["neighbour"] = post(server, "/v1/completions", neighbour)
+
+    t = threading.Thread(target=run_neighbour)
+    t.start()
+    err = check_error(post(server, "/v1/completions", poisoned), 500,
+                      "injected sampler-state fault")
+    assert err["type"] == "InternalServerError"
+    check_error(post(server, "/v1/completions", {**poisoned, "stream": True}), 500,
+                "injected sampler-state fault")
+    chat = {**CHAT, "seed": POISON_SEED, "max_tokens": 8}
+    check_error(post(server, "/v1/chat/completions", chat), 500, "injected")
+    t.join(60)
+    assert results["neighbour"].status_code == 200
+    assert results["neighbour"].json()["choices"][0]["text"] == alone
+    assert server.metric("vllm:request_success_total", finished_reason="error") == (
+        errors_before + 3)
+    monkeypatch.undo()
+    server.wait_for(lambda: server.metric("vllm:num_requests_running") == 0)
+    assert server.metric("vllm:kv_cache_usage_perc") == 0.0
+    assert_healthy(server)
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/tokenize", {"prompt": "All work and no play makes Jack a dull boy. " * 50_000}),
+    ("/v1/completions", {**COMPLETION,
+                         "prompt": "All work and no play makes Jack a dull boy. " * 50_000}),
+])
+def test_health_answers_while_a_large_prompt_is_tokenized(server, path, body):
+    """A 2.2 MB prompt takes seconds to tokenize: meanwhile /health answers in < 100 ms."""
+    async def run():
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as http:
+            big = asyncio.ensure_future(http.post(path, json=body))
+            await asyncio.sleep(0.3)  # the body is in and being tokenized
+            latencies = []
+            while not big.done():
+                t0 = time.perf_counter()
+                r = await http.get("/health")
+                latencies.append(time.perf_counter() - t0)
+                assert r.status_code == 200
+                await asyncio.sleep(0.05)
+            return await big, latencies
+
+    response, latencies = asyncio.run(run())
+    assert len(latencies) >= 5, "the large prompt was tokenized too fast to test anything"
+    assert max(latencies) < 0.1, latencies
+    if path == "/tokenize":
+        assert response.status_code == 200 and response.json()["count"] > 400_000
+    else:  # far past max_model_len
+        check_error(response, 400, "maximum context length")
+    assert_healthy(server)
