@@ -184,7 +184,7 @@ def serve_process(*args: str, timeout: float = 120.0, module: str = "vllmx.cli.m
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     # Its log goes to a file (a pipe nobody reads would fill and block the server):
     # proc.log() reads it.
-    log = tempfile.TemporaryFile(mode="w+")
+    log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in the finally below
     proc = subprocess.Popen([sys.executable, "-m", module, "serve", "--host",
                              "127.0.0.1", "--port", str(port), "--disable-log-requests", *args],
                             env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
