@@ -204,7 +204,7 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
             return Response(status_code=499)
         if isinstance(result, AsyncIterator):
             return SSEResponse(result)
-        return JSONResponse(result)
+        return await asyncio.to_thread(JSONResponse, result)  # renders a large answer off the loop
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
 

@@ -168,6 +168,13 @@ class OpenAIServingChat(OpenAIServing):
                         ch["finish_reason"], ch["stop_reason"] = c.finish_reason, c.stop_reason
         except Exception as e:
             raise from_exception(e) from e
+        # The answer's logprobs decode tokens (CPU work that grows with the output): off the
+        # event loop.
+        return await asyncio.to_thread(self._response, request, num_prompt, choices,
+                                       request_id, created, model, echo)
+
+    def _response(self, request, num_prompt, choices, request_id, created, model,
+                  echo) -> dict:
         result, completion_tokens = [], 0
         for idx in sorted(choices):
             ch = choices[idx]

@@ -133,14 +133,11 @@ class OpenAIServingCompletion(OpenAIServing):
     async def _full(self, request, prompts, merged, request_id, created, model) -> dict:
         n = request.n
         choices: dict[int, dict] = {}
-        builders: dict[int, CompletionLogprobs] = {}
         prompt_logprobs: dict[int, list] = {}
-        num_cached = 0
         try:
             async for i, out in merged:
                 if out.prompt_logprobs is not None:
                     prompt_logprobs[i] = out.prompt_logprobs
-                num_cached = max(num_cached, out.num_cached_tokens)
                 for c in out.outputs:
                     idx = i * n + c.index
                     ch = choices.setdefault(idx, {"text": [], "token_ids": [], "logprobs": [],
@@ -153,6 +150,15 @@ class OpenAIServingCompletion(OpenAIServing):
                         ch["finish_reason"], ch["stop_reason"] = c.finish_reason, c.stop_reason
         except Exception as e:
             raise from_exception(e) from e
+        # Building the answer (logprob tokens decoded, echoed prompts) is CPU work that grows
+        # with the output: off the event loop.
+        return await asyncio.to_thread(self._response, request, prompts, choices,
+                                       prompt_logprobs, request_id, created, model)
+
+    def _response(self, request, prompts, choices, prompt_logprobs, request_id, created,
+                  model) -> dict:
+        n = request.n
+        builders: dict[int, CompletionLogprobs] = {}
         result_choices = []
         completion_tokens = 0
         for idx in sorted(choices):
