@@ -1,10 +1,12 @@
-"""`vllmx serve` under hostile load, in its own process: many concurrent streams, clients that
-leave mid-stream, a long soak with a small KV cache (the server's RSS sampled throughout).
+"""`vllmx serve` under hostile load, in its own process: a 10 MB prompt to tokenize, many
+concurrent streams, clients that leave mid-stream, a long soak with a small KV cache (the
+server's RSS sampled throughout).
 
-    python bench/serve_stress.py [--streams 512] [--disconnects 100] [--soak 10000]
-        [--concurrency 64] [--out bench/results/serve_stress.json]
+    python bench/serve_stress.py [--prompt-mb 10] [--streams 512] [--disconnects 100]
+        [--soak 10000] [--concurrency 64] [--out bench/results/serve_stress.json]
 
-Checks, and exits non-zero when one fails: every stream completes with exactly max_tokens
+Checks, and exits non-zero when one fails: /health answers 200 in under 100 ms all the while
+the large prompt is tokenized; every stream completes with exactly max_tokens
 tokens (EOS ignored); after the disconnects every KV block is free again; /health stays 200;
 RSS after warm-up stays flat. tests/server/test_stress.py runs the same functions, smaller.
 """
@@ -163,6 +165,36 @@ def soak(url: str, total: int, rss_kib, concurrency: int = 32, max_tokens: int =
             "rss_curve_mib": [(n, round(r / 1024, 1)) for n, r in curve]}
 
 
+def health_during_large_prompt(url: str, megabytes: float = 10.0, path: str = "/tokenize",
+                               model: str = MODEL) -> dict:
+    """/health latencies (polled every 50 ms) while a prompt of that many megabytes is being
+    tokenized by another request."""
+    text = "All work and no play makes Jack a dull boy. "
+    body = {"model": model, "prompt": text * int(megabytes * 1e6 / len(text))}
+
+    async def run():
+        async with httpx.AsyncClient(base_url=url, timeout=600) as http:
+            t0 = time.perf_counter()
+            big = asyncio.ensure_future(http.post(path, json=body))
+            latencies = []
+            while not big.done():
+                t = time.perf_counter()
+                r = await http.get("/health")
+                latencies.append((time.perf_counter() - t, r.status_code))
+                await asyncio.sleep(0.05)
+            response = await big
+            return response, time.perf_counter() - t0, latencies
+
+    response, wall, latencies = asyncio.run(run())
+    times = sorted(t for t, _ in latencies)
+    return {"prompt_mb": megabytes, "path": path, "status": response.status_code,
+            "tokens": response.json().get("count") if response.status_code == 200 else None,
+            "request_s": round(wall, 2), "health_polls": len(times),
+            "health_not_200": sum(code != 200 for _, code in latencies),
+            "health_max_ms": round(1000 * times[-1], 1) if times else None,
+            "health_p50_ms": round(1000 * times[len(times) // 2], 1) if times else None}
+
+
 def process_rss_kib(pid: int):
     def read() -> int:
         with open(f"/proc/{pid}/status") as f:
@@ -222,6 +254,8 @@ def main() -> int:
     ap.add_argument("--disconnects", type=int, default=100)
     ap.add_argument("--soak", type=int, default=10_000)
     ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--prompt-mb", type=float, default=10.0,
+                    help="the prompt tokenized while /health is polled")
     ap.add_argument("--out", default="bench/results/serve_stress.json")
     args = ap.parse_args()
     model_args = [args.model] if args.model else []
@@ -234,6 +268,8 @@ def main() -> int:
     with serve_process(*flags) as (url, proc):
         rss = process_rss_kib(proc.pid)
         report["rss_idle_mib"] = round(rss() / 1024, 1)
+        report["large_prompt"] = health_during_large_prompt(url, args.prompt_mb)
+        print("large prompt", report["large_prompt"], flush=True)
         report["streams"] = concurrent_streams(url, args.streams)
         print("streams", report["streams"], flush=True)
         wait_idle(url)
@@ -243,7 +279,9 @@ def main() -> int:
         print("soak", {k: v for k, v in report["soak"].items() if k != "rss_curve_mib"},
               flush=True)
         report["health_after"] = httpx.get(f"{url}/health").status_code
-    ok = (report["streams"]["completed"] == args.streams
+    ok = (report["large_prompt"]["health_not_200"] == 0
+          and report["large_prompt"]["health_max_ms"] < 100
+          and report["streams"]["completed"] == args.streams
           and report["disconnects"]["kv_usage_after"] == 0.0
           and report["soak"]["failures"] == 0 and report["health_after"] == 200)
     report["ok"] = ok

@@ -1,7 +1,9 @@
 """The FastAPI app (vLLM's api_server): OpenAI routes under /v1, plus /health, /version,
 /tokenize, /detokenize and /metrics. Every error leaves in OpenAI's shape; a client that
 disconnects cancels its handler (non-streaming) or closes its stream, which aborts the engine
-request and frees its KV blocks at once."""
+request and frees its KV blocks at once. CPU work (tokenizing, rendering templates and large
+answers) runs in worker threads, so the event loop, /health included, always answers; bodies
+past the limit are refused unread."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import contextlib
 import hmac
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Coroutine
 from http import HTTPStatus
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
@@ -187,13 +189,11 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
         if not hmac.compare_digest(got, expected_auth):  # constant time: no timing oracle
             raise OpenAIError("Unauthorized", HTTPStatus.UNAUTHORIZED)
 
-    def check_accepting() -> None:
-        if app.state.draining:
-            raise OpenAIError("the server is shutting down", HTTPStatus.SERVICE_UNAVAILABLE)
-
-    async def respond(work: Awaitable, request: Request) -> Response:
+    async def respond(work: Coroutine, request: Request) -> Response:
+        if app.state.draining:  # new work while the requests in flight finish
+            work.close()
+            return error_response("the server is shutting down", HTTPStatus.SERVICE_UNAVAILABLE)
         try:
-            check_accepting()
             result = await run_cancellable(work, request)
         except Exception as e:  # one request fails, not the server
             err = from_exception(e)
