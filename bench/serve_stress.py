@@ -166,11 +166,11 @@ def soak(url: str, total: int, rss_kib, concurrency: int = 32, max_tokens: int =
 
 
 def health_during_large_prompt(url: str, megabytes: float = 10.0, path: str = "/tokenize",
-                               model: str = MODEL) -> dict:
+                               model: str = MODEL, **fields) -> dict:
     """/health latencies (polled every 50 ms) while a prompt of that many megabytes is being
-    tokenized by another request."""
+    tokenized by another request (fields: more of that request's body)."""
     text = "All work and no play makes Jack a dull boy. "
-    body = {"model": model, "prompt": text * int(megabytes * 1e6 / len(text))}
+    body = {"model": model, "prompt": text * int(megabytes * 1e6 / len(text)), **fields}
 
     async def run():
         async with httpx.AsyncClient(base_url=url, timeout=600) as http:
@@ -269,6 +269,12 @@ def main() -> int:
         rss = process_rss_kib(proc.pid)
         report["rss_idle_mib"] = round(rss() / 1024, 1)
         report["large_prompt"] = health_during_large_prompt(url, args.prompt_mb)
+        report["large_prompt"]["rss_after_mib"] = round(rss() / 1024, 1)
+        # A completion keeping the prompt's last 64 tokens: the whole prompt is tokenized.
+        report["large_prompt_completion"] = health_during_large_prompt(
+            url, args.prompt_mb, "/v1/completions", truncate_prompt_tokens=64, max_tokens=4)
+        report["large_prompt_completion"]["rss_after_mib"] = round(rss() / 1024, 1)
+        print("large prompt completion", report["large_prompt_completion"], flush=True)
         print("large prompt", report["large_prompt"], flush=True)
         report["streams"] = concurrent_streams(url, args.streams)
         print("streams", report["streams"], flush=True)
@@ -279,8 +285,8 @@ def main() -> int:
         print("soak", {k: v for k, v in report["soak"].items() if k != "rss_curve_mib"},
               flush=True)
         report["health_after"] = httpx.get(f"{url}/health").status_code
-    ok = (report["large_prompt"]["health_not_200"] == 0
-          and report["large_prompt"]["health_max_ms"] < 100
+    ok = (all(report[k]["health_not_200"] == 0 and report[k]["health_max_ms"] < 100
+              and report[k]["status"] == 200 for k in ("large_prompt", "large_prompt_completion"))
           and report["streams"]["completed"] == args.streams
           and report["disconnects"]["kv_usage_after"] == 0.0
           and report["soak"]["failures"] == 0 and report["health_after"] == 200)

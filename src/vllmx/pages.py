@@ -58,3 +58,24 @@ def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     if hasattr(mmap, "MADV_NOHUGEPAGE"):
         mapping.madvise(mmap.MADV_NOHUGEPAGE)
     return np.frombuffer(mapping, dtype).reshape(shape)
+
+
+def _libc_malloc_trim():
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
+        return None
+
+
+_malloc_trim = _libc_malloc_trim()
+
+
+def release_free_heap() -> None:
+    """Hands the C heap's free memory back to the OS (glibc's malloc_trim). A megabytes-long
+    prompt makes the tokenizer allocate hundreds of MB of scratch in a worker thread's arena;
+    freed, it stays resident, so one large request would raise the RSS for good."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)

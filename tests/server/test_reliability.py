@@ -5,16 +5,19 @@ vLLM's defaults. After each case the next normal request succeeds and /health st
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 
 import httpx
 import pytest
+from fastapi.responses import JSONResponse
 
 from bench.serve_stress import health_during_large_prompt
 from tests.engine.test_fault_isolation import POISON_SEED, FaultySamplingState
 from tests.server.conftest import MODEL, ServerThread
 from tests.server.test_errors import CHAT, COMPLETION, check_error, post
-from vllmx.server.app import build_app
+from vllmx.server.app import build_app, json_response
 from vllmx.worker import model_runner
 
 BIG = 2**70  # valid JSON, past int64
@@ -174,17 +177,30 @@ def test_fault_in_one_request_fails_it_alone(server, monkeypatch):
     assert_healthy(server)
 
 
-@pytest.mark.parametrize("path", ["/tokenize", "/v1/completions"])
-def test_health_answers_while_a_large_prompt_is_tokenized(server, path):
+@pytest.mark.parametrize("path,fields", [
+    ("/tokenize", {}),
+    ("/v1/completions", {"truncate_prompt_tokens": 32, "max_tokens": 2}),  # keeps its tail
+])
+def test_health_answers_while_a_large_prompt_is_tokenized(server, path, fields):
     """A 2 MB prompt takes seconds to tokenize: meanwhile /health answers in < 100 ms."""
-    out = health_during_large_prompt(server.url, 2.0, path, model=MODEL)
+    out = health_during_large_prompt(server.url, 2.0, path, model=MODEL, **fields)
     assert out["health_polls"] >= 5, "the large prompt was tokenized too fast to test anything"
     assert out["health_not_200"] == 0 and out["health_max_ms"] < 100, out
-    # /tokenize answers; a completion is far past max_model_len
-    assert out["status"] == (200 if path == "/tokenize" else 400), out
+    assert out["status"] == 200, out
     if path == "/tokenize":
         assert out["tokens"] > 400_000
     assert_healthy(server)
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {**COMPLETION, "prompt": "Jack is a dull boy. " * 100_000}),
+    ("/v1/chat/completions", {**CHAT, "messages": [
+        {"role": "user", "content": "Jack is a dull boy. " * 100_000}]}),
+])
+def test_prompt_that_cannot_fit_is_refused_before_tokenizing(server, path, body):
+    t0 = time.perf_counter()
+    check_error(post(server, path, body), 400, "maximum context length", "at least")
+    assert time.perf_counter() - t0 < 1.0  # tokenizing it would take about 2 s here
 
 
 def test_draining_refuses_new_work(engine_client):
@@ -196,3 +212,11 @@ def test_draining_refuses_new_work(engine_client):
         check_error(post(s, "/v1/chat/completions", CHAT), 503, "shutting down")
         check_error(httpx.get(f"{s.url}/health"), 503, "shutting down")
         assert httpx.get(f"{s.url}/metrics").status_code == 200  # still readable
+
+
+def test_json_response_renders_long_lists_in_slices():
+    content = {"count": 3, "tokens": list(range(200_000)), "token_strs": ["\u00e9", "a\"b"],
+               "none": None}
+    body = json_response(content).body
+    assert json.loads(body) == content
+    assert body == JSONResponse(content).body  # byte for byte what FastAPI would send

@@ -50,8 +50,9 @@ class OpenAIServingChat(OpenAIServing):
         super().__init__(*args, **kwargs)
         self.chat_template = chat_template
 
-    def render(self, request, tools=None) -> tuple[str, list[int]]:
-        """The prompt text and ids of a chat request (also used by /tokenize)."""
+    def render(self, request, tools=None, for_generation: bool = False) -> tuple[str, list[int]]:
+        """The prompt text and ids of a chat request (also used by /tokenize, which tokenizes
+        any length; for_generation refuses a text that cannot fit before tokenizing it)."""
         conv = conversation(request.messages)
         if request.add_generation_prompt and request.continue_final_message:
             raise OpenAIError("Cannot set both `continue_final_message` and "
@@ -71,6 +72,9 @@ class OpenAIServingChat(OpenAIServing):
                 **(request.chat_template_kwargs or {}))
         except (ValueError, TypeError) as e:
             raise OpenAIError(f"chat template error: {e}") from e
+        if for_generation:
+            return text, self.encode_prompt(text, request.add_special_tokens,
+                                            request.truncate_prompt_tokens, "messages")
         return text, self.tokenizer.encode(text, add_special_tokens=request.add_special_tokens)
 
     async def create_chat_completion(self, request: ChatCompletionRequest,
@@ -117,7 +121,7 @@ class OpenAIServingChat(OpenAIServing):
         if top and not request.logprobs:
             raise OpenAIError("when using `top_logprobs`, `logprobs` must be set to true.",
                               param="top_logprobs")
-        text, ids = self.render(request, tools)
+        text, ids = self.render(request, tools, for_generation=True)
         ids = self.truncate(ids, request.truncate_prompt_tokens)
         # max_completion_tokens replaces max_tokens; 0 is a value (rejected), not "unset".
         max_tokens = (request.max_completion_tokens if request.max_completion_tokens is not None

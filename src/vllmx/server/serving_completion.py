@@ -109,7 +109,8 @@ class OpenAIServingCompletion(OpenAIServing):
             if isinstance(item, str):
                 if not item:
                     raise OpenAIError("prompt must not be empty", param="prompt")
-                ids = self.tokenizer.encode(item, add_special_tokens=request.add_special_tokens)
+                ids = self.encode_prompt(item, request.add_special_tokens,
+                                         request.truncate_prompt_tokens)
                 text = item
             else:
                 if not item:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 import uuid
@@ -149,6 +150,25 @@ class OpenAIServing:
         # The vocabulary, tokenizer and --max-logprobs checks are the engine's (AsyncLLM runs
         # them before queueing the request); bad ids or counts come back as a ValueError.
         return params
+
+    @functools.cached_property
+    def _max_chars_per_token(self) -> int:
+        """An upper bound on the characters one token stands for: its longest vocabulary entry
+        (added tokens included), times 4 for what normalization may fold together."""
+        return 4 * max(1, max(map(len, self.tokenizer.get_vocab()), default=1))
+
+    def encode_prompt(self, text: str, add_special_tokens: bool,
+                      truncate_prompt_tokens: int | None, what: str = "prompt") -> list[int]:
+        """The prompt's ids. A text too long for max_model_len whatever its tokens is refused
+        before tokenizing it (seconds of CPU for a few megabytes), unless it is to be
+        truncated."""
+        floor = len(text) // self._max_chars_per_token
+        if truncate_prompt_tokens is None and floor >= self.max_model_len:
+            raise OpenAIError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your request has at least {floor} input tokens ({len(text)} characters). "
+                f"Please reduce the length of the input {what}.")
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     @property
     def max_logprobs(self) -> int:

@@ -11,6 +11,8 @@ from typing import Any
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as HFTokenizer
 
+from vllmx.pages import release_free_heap
+
 from .chat_template import render_chat_template, select_chat_template
 from .gguf_vocab import build_gguf_tokenizer, template_post_processor
 
@@ -22,6 +24,7 @@ _NAMED_SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token")
 # Inputs longer than this (characters / ids) go through the tokenizers' batch calls, which
 # release the GIL (the single-item calls hold it for the whole call: seconds for megabytes).
 _LONG = 4096
+_HUGE = 1 << 20  # past this, the heap the tokenizer freed is handed back to the OS at once
 
 
 def _token_str(value: Any) -> str | None:
@@ -286,7 +289,10 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if len(text) > _LONG:  # the batch call releases the GIL: other threads go on meanwhile
-            return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+            ids = self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+            if len(text) > _HUGE:
+                release_free_heap()  # the encoding's scratch, freed just now
+            return ids
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
