@@ -20,8 +20,12 @@ class ModelConfig:
     dtype: str = "auto"  # GPU activations: auto (checkpoint's bf16/f16, else bf16) | bfloat16 | float16
     enforce_eager: bool = False  # no decode step capture (CUDA graphs / CPU step tapes)
     max_logprobs: int = 20  # most logprobs / prompt_logprobs per request (vLLM's); -1: all
+    vocab_size: int = 0  # the model's, set once it is loaded
     hf_config: dict[str, Any] = field(default_factory=dict)
     gen_config: dict[str, Any] = field(default_factory=dict)
+
+    def get_vocab_size(self) -> int:
+        return self.vocab_size
 
     @property
     def is_gguf(self) -> bool:

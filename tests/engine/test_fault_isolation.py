@@ -133,7 +133,7 @@ def test_engine_fault_kills_the_loop_and_tells_everyone(checkpoint):
     engine = make_llm(checkpoint).llm_engine
     client = AsyncLLM(engine)
     called = threading.Event()
-    client.dead_callbacks.append(called.set)
+    client.add_dead_callback(called.set)
 
     def execute_model(so):
         raise RuntimeError("injected engine fault")

@@ -7,6 +7,7 @@ import openai
 import pytest
 
 from tests.server.conftest import MODEL, ServerThread
+from vllmx.engine.protocol import EngineClient
 from vllmx.server.app import build_app
 
 
@@ -127,14 +128,30 @@ def test_server_keeps_serving(client):
     assert "Paris" in out.choices[0].text
 
 
-class FaultyClient:
-    """AsyncLLM whose requests fail inside generation (a bug in the engine, say)."""
+class FaultyClient(EngineClient):
+    """An EngineClient whose requests fail inside generation (a bug in the engine, say), or
+    whose engine is dead."""
 
     def __init__(self, inner, dead=False):
-        self.inner, self.engine, self.tokenizer = inner, inner.engine, inner.tokenizer
-        self.errored, self.dead_error = dead, RuntimeError("boom") if dead else None
+        self.inner, self.dead = inner, dead
 
-    async def generate(self, prompt, params, request_id=None, priority=0):
+    vllm_config = property(lambda self: self.inner.vllm_config)
+    errored = property(lambda self: self.dead)
+    dead_error = property(lambda self: RuntimeError("boom") if self.dead else None)
+
+    def add_dead_callback(self, callback) -> None:
+        self.inner.add_dead_callback(callback)
+
+    def get_tokenizer(self):
+        return self.inner.get_tokenizer()
+
+    def get_scheduler_stats(self):
+        return self.inner.get_scheduler_stats()
+
+    async def abort(self, request_id: str) -> None:
+        await self.inner.abort(request_id)
+
+    async def generate(self, prompt, params=None, request_id=None, priority=0):
         if "explode" in (prompt.get("prompt") or ""):
             raise RuntimeError("kaboom inside the request")
         async for out in self.inner.generate(prompt, params, request_id, priority):

@@ -178,7 +178,7 @@ def run_serve(args: argparse.Namespace) -> int:
         server = _Server(app, uvicorn.Config(
             app, host=args.host or "0.0.0.0", port=args.port, log_level=args.uvicorn_log_level,
             timeout_keep_alive=5, timeout_graceful_shutdown=drain))
-        engine_client.dead_callbacks.append(server.engine_dead)
+        engine_client.add_dead_callback(server.engine_dead)
         logger.info("serving %s on http://%s:%d/v1", engine_args.model, args.host or "0.0.0.0",
                     args.port)
         server.run()

@@ -8,13 +8,31 @@ later): the newest under FCFS, the lowest-priority one under the priority policy
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 from vllmx.config import CacheConfig, SchedulerConfig
 from vllmx.core.kv_cache_manager import KVCacheManager, PrefixCacheStats, cdiv
 from vllmx.core.request_queue import FCFSRequestQueue, PriorityRequestQueue
-from vllmx.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
-                                     SchedulerOutput)
+from vllmx.core.sched_output import (
+    CachedRequestData,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
 from vllmx.engine.request import Request, RequestStatus
+
+
+@dataclass
+class SchedulerStats:
+    """The scheduler's state for /metrics and the stats log (vLLM's SchedulerStats; the
+    prefix-cache counts and preemptions are cumulative)."""
+
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    kv_cache_usage: float = 0.0  # 1.0: every block in use
+    prefix_cache_queries: int = 0  # tokens looked up
+    prefix_cache_hits: int = 0  # tokens found cached
+    num_preemptions: int = 0
 
 
 class Scheduler:
@@ -172,6 +190,12 @@ class Scheduler:
     def reset_prefix_cache(self) -> bool:
         """Forgets every cached block; False (nothing done) while any request holds blocks."""
         return self.kv_cache_manager.reset_prefix_cache()
+
+    def make_stats(self) -> SchedulerStats:
+        pc = self.kv_cache_manager.prefix_cache_stats
+        return SchedulerStats(len(self.running), len(self.waiting),
+                              float(self.kv_cache_manager.usage), pc.queries, pc.hits,
+                              self.num_preemptions)
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats:
         """Prefix-cache queries and hits (tokens) since the last call."""

@@ -11,32 +11,27 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 
+from vllmx.config import VllmxConfig
+from vllmx.core.scheduler import SchedulerStats
+from vllmx.engine.exceptions import EngineDeadError, EngineGenerateError
 from vllmx.engine.llm_engine import EngineArgs, LLMEngine
+from vllmx.engine.protocol import EngineClient
 from vllmx.outputs import RequestOutput
 from vllmx.sampling_params import SamplingParams
 
 logger = logging.getLogger("vllmx")
 
 
-class EngineDeadError(RuntimeError):
-    """The engine loop has stopped: no request can run until the process is restarted."""
-
-
-class EngineGenerateError(RuntimeError):
-    """One request failed inside the engine (vLLM's name); the engine and the other requests
-    go on."""
-
-
-class AsyncLLM:
+class AsyncLLM(EngineClient):
     def __init__(self, engine: LLMEngine):
         self.engine = engine
         self._commands: collections.deque = collections.deque()
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._wake = threading.Condition()
         self._shutdown = False
-        self.dead_error: BaseException | None = None
+        self._dead_error: BaseException | None = None
         # Called once, from the engine thread, when the loop dies (the server exits on it).
-        self.dead_callbacks: list[Callable[[], None]] = []
+        self._dead_callbacks: list[Callable[[], None]] = []
         self._next_id = 0
         self._thread = threading.Thread(target=self._run, name="vllmx-engine", daemon=True)
         self._thread.start()
@@ -45,20 +40,37 @@ class AsyncLLM:
     def from_engine_args(cls, args: EngineArgs) -> AsyncLLM:
         return cls(LLMEngine.from_engine_args(args))
 
+    # -- EngineClient ---------------------------------------------------------------------
+    @property
+    def vllm_config(self) -> VllmxConfig:
+        return self.engine.config
+
     @property
     def errored(self) -> bool:
-        return self.dead_error is not None or not self._thread.is_alive()
+        return self._dead_error is not None or not self._thread.is_alive()
+
+    @property
+    def dead_error(self) -> BaseException | None:
+        return self._dead_error
+
+    def add_dead_callback(self, callback: Callable[[], None]) -> None:
+        self._dead_callbacks.append(callback)
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
 
     @property
     def tokenizer(self):
         return self.engine.tokenizer
 
+    def get_scheduler_stats(self) -> SchedulerStats:
+        return self.engine.scheduler.make_stats()  # plain reads, racing the step harmlessly
+
     async def generate(self, prompt, sampling_params: SamplingParams | None = None,
                        request_id: str | None = None,
                        priority: int = 0) -> AsyncIterator[RequestOutput]:
         """Outputs of one request as they come; aborts the request if the caller stops early."""
-        if self.errored:
-            raise EngineDeadError(f"the engine has stopped: {self.dead_error}")
+        self.check_health()
         params = sampling_params or SamplingParams()
         # Bad input raises here, in the caller; tokenizing and checking a long prompt runs in
         # a worker thread, never on the event loop (nor in the engine thread, which steps).
@@ -145,11 +157,11 @@ class AsyncLLM:
                     self._deliver(out.request_id, out)
         except BaseException as e:  # the engine is dead: fail every waiting request
             logger.exception("engine step failed")
-            self.dead_error = e
+            self._dead_error = e
             err = EngineDeadError(f"the engine has stopped: {type(e).__name__}: {e}")
             for rid in list(self._queues):
                 self._deliver(rid, err)
-            for callback in self.dead_callbacks:
+            for callback in self._dead_callbacks:
                 try:
                     callback()
                 except Exception:

@@ -123,6 +123,7 @@ class LLMEngine:
     def _finish_model_config(self) -> None:
         mc = self.config.model_config
         self.config.scheduler_config.max_model_len = mc.max_model_len
+        mc.vocab_size = self.model.vocab_size
         self.eos_token_ids = mc.eos_token_ids()
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)

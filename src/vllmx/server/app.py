@@ -153,10 +153,9 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
     metrics registry. CORS takes vLLM's flags and defaults (any origin, method and header,
     no credentials). app.state.draining (set when the server is asked to stop) makes /health
     503 and refuses new work with 503 while the requests in flight finish."""
-    engine = engine_client.engine
-    model_path = engine.config.model_config.model
-    names = served_model_names or [model_path]
-    metrics = ServerMetrics(engine, names[0])
+    mc = engine_client.model_config
+    names = served_model_names or [mc.model]
+    metrics = ServerMetrics(engine_client, names[0])
     completion = OpenAIServingCompletion(engine_client, names, metrics, log_requests)
     chat = OpenAIServingChat(engine_client, names, metrics, log_requests,
                              chat_template=chat_template)
@@ -240,7 +239,6 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
 
     @v1.get("/models")
     async def show_available_models():
-        mc = engine.config.model_config
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": int(time.time()), "owned_by": "vllmx",
              "root": mc.path or mc.model, "parent": None, "max_model_len": completion.max_model_len,

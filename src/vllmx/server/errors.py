@@ -7,6 +7,8 @@ from http import HTTPStatus
 
 from fastapi.responses import JSONResponse
 
+from vllmx.engine.exceptions import EngineDeadError, EngineGenerateError
+
 
 class OpenAIError(Exception):
     """An error to return to the client as it is (raised anywhere in a handler)."""
@@ -45,8 +47,6 @@ def from_exception(e: BaseException) -> OpenAIError:
     """Maps what the engine and SamplingParams raise to the error the client sees: bad input
     (ValueError, TypeError, NotImplementedError for what is not supported yet) is a 400; a
     request that failed inside the engine, a dead engine or anything else is a 500."""
-    from vllmx.engine.async_llm import EngineDeadError, EngineGenerateError
-
     if isinstance(e, OpenAIError):
         return e
     if isinstance(e, (EngineDeadError, EngineGenerateError)):

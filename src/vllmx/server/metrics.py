@@ -20,6 +20,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from vllmx.engine.exceptions import EngineDeadError, EngineGenerateError
 from vllmx.outputs import RequestOutput
 
 logger = logging.getLogger("vllmx")
@@ -38,56 +39,42 @@ disable_created_metrics()  # no *_created series, as vLLM
 class _SchedulerCollector:
     """Gauges and counters that the scheduler keeps, read when /metrics is scraped."""
 
-    def __init__(self, engine, model_name: str):
-        self.engine = engine
+    def __init__(self, engine_client, model_name: str):
+        self.engine_client = engine_client
         self.model_name = model_name
 
     def collect(self):
-        s = scheduler_stats(self.engine)
+        s = self.engine_client.get_scheduler_stats()
         labels = [self.model_name]
         for name, doc, value in (
                 ("num_requests_running", "Number of requests in model execution batches.",
-                 s["running"]),
+                 s.num_running_reqs),
                 ("num_requests_waiting", "Number of requests waiting to be processed.",
-                 s["waiting"]),
+                 s.num_waiting_reqs),
                 ("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-                 s["kv_usage"])):
+                 s.kv_cache_usage)):
             g = GaugeMetricFamily(f"vllm:{name}", doc, labels=["model_name"])
             g.add_metric(labels, value)
             yield g
         for name, doc, value in (
                 ("prefix_cache_queries",
                  "Prefix cache queries, in terms of number of queried tokens.",
-                 s["prefix_queries"]),
+                 s.prefix_cache_queries),
                 ("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
-                 s["prefix_hits"]),
+                 s.prefix_cache_hits),
                 ("num_preemptions", "Cumulative number of preemption from the engine.",
-                 s["preemptions"])):
+                 s.num_preemptions)):
             c = CounterMetricFamily(f"vllm:{name}", doc, labels=["model_name"])
             c.add_metric(labels, value)
             yield c
 
 
-def scheduler_stats(engine) -> dict:
-    sched = engine.scheduler
-    kv = sched.kv_cache_manager
-    pc = getattr(kv, "prefix_cache_stats", None)
-    return {
-        "running": len(sched.running),
-        "waiting": len(sched.waiting),
-        "kv_usage": float(kv.usage),
-        "prefix_queries": getattr(pc, "queries", 0),
-        "prefix_hits": getattr(pc, "hits", 0),
-        "preemptions": getattr(sched, "num_preemptions", 0),
-    }
-
-
 class ServerMetrics:
-    def __init__(self, engine, model_name: str):
-        self.engine = engine
+    def __init__(self, engine_client, model_name: str):
+        self.engine_client = engine_client
         self.model_name = model_name
         self.registry = CollectorRegistry()
-        self.registry.register(_SchedulerCollector(engine, model_name))
+        self.registry.register(_SchedulerCollector(engine_client, model_name))
         labels = ["model_name"]
         r = self.registry
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
@@ -120,8 +107,6 @@ class ServerMetrics:
     async def track(self, outputs: AsyncIterator[RequestOutput],
                     arrival_time: float) -> AsyncIterator[RequestOutput]:
         """Passes a request's DELTA outputs through, recording its metrics on the way."""
-        from vllmx.engine.async_llm import EngineDeadError, EngineGenerateError
-
         first, finished = True, False
         last_token_time: dict[int, float] = {}
         try:
@@ -171,22 +156,23 @@ class StatLogger:
 
     def log(self) -> str | None:
         m = self.metrics
-        s = scheduler_stats(m.engine)
+        s = m.engine_client.get_scheduler_stats()
         now = time.monotonic()
         t0, p0, g0, q0, h0 = self._last
         dt = max(now - t0, 1e-9)
         prompt_tp = (m.num_prompt_tokens - p0) / dt
         gen_tp = (m.num_generation_tokens - g0) / dt
-        dq, dh = s["prefix_queries"] - q0, s["prefix_hits"] - h0
-        self._last = (now, m.num_prompt_tokens, m.num_generation_tokens, s["prefix_queries"],
-                      s["prefix_hits"])
-        busy = bool(prompt_tp or gen_tp or s["running"] or s["waiting"])
+        dq, dh = s.prefix_cache_queries - q0, s.prefix_cache_hits - h0
+        self._last = (now, m.num_prompt_tokens, m.num_generation_tokens, s.prefix_cache_queries,
+                      s.prefix_cache_hits)
+        busy = bool(prompt_tp or gen_tp or s.num_running_reqs or s.num_waiting_reqs)
         if not busy and not self._was_busy:
             return None
         self._was_busy = busy
         line = (f"Avg prompt throughput: {prompt_tp:.1f} tokens/s, Avg generation throughput: "
-                f"{gen_tp:.1f} tokens/s, Running: {s['running']} reqs, Waiting: {s['waiting']} "
-                f"reqs, KV cache usage: {100 * s['kv_usage']:.1f}%, Prefix cache hit rate: "
+                f"{gen_tp:.1f} tokens/s, Running: {s.num_running_reqs} reqs, Waiting: "
+                f"{s.num_waiting_reqs} reqs, KV cache usage: {100 * s.kv_cache_usage:.1f}%, "
+                f"Prefix cache hit rate: "
                 f"{100 * dh / dq if dq else 0.0:.1f}%")
         logger.info(line)
         return line

@@ -104,7 +104,7 @@ class OpenAIServingCompletion(OpenAIServing):
         else:
             items = list(p)
         out = []
-        tok = self.engine_client.tokenizer
+        tok = self.engine_client.get_tokenizer()
         for item in items:
             if isinstance(item, str):
                 if not item:

@@ -36,14 +36,11 @@ class OpenAIServing:
     def __init__(self, engine_client, served_model_names: list[str], metrics: ServerMetrics,
                  log_requests: bool = True):
         self.engine_client = engine_client
-        self.engine = engine_client.engine
         self.served_model_names = served_model_names
         self.metrics = metrics
         self.log_requests = log_requests
-        mc = self.engine.config.model_config
-        self.max_model_len = min(mc.max_model_len,
-                                 getattr(self.engine.scheduler, "max_model_len", None)
-                                 or mc.max_model_len)
+        mc = self.model_config = engine_client.model_config
+        self.max_model_len = mc.max_model_len  # the KV cache holds at least this (checked)
         self.default_sampling = {k: mc.gen_config[k] for k in
                                  ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
                                  if mc.gen_config.get(k) is not None}
@@ -51,7 +48,7 @@ class OpenAIServing:
 
     @property
     def tokenizer(self):
-        tok = self.engine_client.tokenizer
+        tok = self.engine_client.get_tokenizer()
         if tok is None:
             raise OpenAIError("this server runs without a tokenizer (skip_tokenizer_init)")
         return tok
@@ -172,11 +169,11 @@ class OpenAIServing:
 
     @property
     def max_logprobs(self) -> int:
-        return self.engine.config.model_config.max_logprobs
+        return self.model_config.max_logprobs
 
     def check_prompt_ids(self, ids: list[int], param: str = "prompt") -> None:
         """Token ids of a prompt against the vocabulary, before anything decodes them."""
-        vocab = self.engine.model.vocab_size
+        vocab = self.model_config.get_vocab_size()
         if bad := [t for t in ids if not 0 <= t < vocab]:
             raise OpenAIError(f"prompt token id {bad[0]} is out of vocabulary (size {vocab})",
                               param=param)
