@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import gc
-import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 
@@ -23,18 +20,12 @@ from vllmx.config import (
 from vllmx.core.scheduler import Scheduler
 from vllmx.engine.output_processor import OutputProcessor, ParentRequest
 from vllmx.engine.request import Request, RequestStatus
-from vllmx.layers.placement import Placement, placement
-from vllmx.loader import DEFAULT_MODEL, load_model, resolve_model
-from vllmx.ops import F16, F32
+from vllmx.loader import DEFAULT_MODEL
 from vllmx.outputs import RequestOutput
-from vllmx.pages import lazy_zeros
 from vllmx.sampling_params import SamplingParams
-from vllmx.worker import cuda_worker
-from vllmx.worker.model_runner import ModelRunner
+from vllmx.worker.worker_base import KV_CACHE_DTYPES, create_worker
 
 logger = logging.getLogger("vllmx")
-
-_KV_DTYPES = {"float16": F16, "half": F16, "float32": F32, "float": F32, "bfloat16": 30}
 
 
 @dataclass
@@ -63,9 +54,9 @@ class EngineArgs:
     def create_engine_config(self) -> VllmxConfig:
         if self.block_size < 1:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
-        if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in _KV_DTYPES:
+        if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of auto, "
-                             f"{', '.join(_KV_DTYPES)}")
+                             f"{', '.join(KV_CACHE_DTYPES)}")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got "
                              f"{self.scheduling_policy!r}")
@@ -87,13 +78,6 @@ class EngineArgs:
             ParallelConfig(self.num_threads), DeviceConfig(self.device))
 
 
-def _total_memory_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return 8 << 30
-
-
 class LLMEngine:
     def __init__(self, config: VllmxConfig):
         self.config = config
@@ -101,20 +85,14 @@ class LLMEngine:
         if config.parallel_config.num_threads:
             _C.set_num_threads(config.parallel_config.num_threads)
         t0 = time.perf_counter()
-        self.device = cuda_worker.resolve_device(config.device_config.device)
-        if self.device == "cuda":
-            self._init_cuda()
-        else:
-            if mc.dtype not in ("auto", "float32", "float"):
-                raise ValueError(f"dtype={mc.dtype!r}: the CPU backend computes in float32 "
-                                 f"(weights stay in their stored format); use dtype='auto'")
-            self.model, self.tokenizer = load_model(mc)
-            self._finish_model_config()
-            self.kv_caches, self.cache_dtype = self._allocate_kv_cache()
-            self.model_runner = ModelRunner(self.model, self.kv_caches, self.cache_dtype,
-                                            cc.block_size, sc.max_num_batched_tokens,
-                                            sc.max_num_seqs, mc.max_model_len, mc.seed,
-                                            enforce_eager=mc.enforce_eager)
+        self.device, self.worker = create_worker(config)
+        self.worker.load_model()
+        self.model, self.tokenizer = self.worker.model, self.worker.tokenizer
+        self._finish_model_config()
+        self.worker.initialize_kv_cache()
+        self.worker.compile_or_warm_up_model()
+        self.model_runner = self.worker.model_runner
+        self.kv_caches, self.cache_dtype = self.worker.kv_caches, self.worker.cache_dtype
         self.scheduler = Scheduler(sc, cc)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._next_id = 0
@@ -128,115 +106,9 @@ class LLMEngine:
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
 
-    def _init_cuda(self) -> None:
-        """Weights to the GPU, a profiled forward, the KV cache in what is left, then the
-        decode graphs; one log line says how much went where."""
-        mc, cc, sc = self.config.model_config, self.config.cache_config, self.config.scheduler_config
-        gc.collect()  # an earlier engine's device arrays go back to the pool, which is emptied
-        _C.cuda_empty_cache()
-        report = cuda_worker.StartupReport()
-        used0 = report.used()
-        path = resolve_model(mc.model)
-        hf = {}
-        if not path.endswith(".gguf"):  # the checkpoint's dtype decides dtype="auto"
-            with open(os.path.join(path, "config.json")) as f:
-                hf = json.load(f)
-        act = cuda_worker.activation_dtype(mc.dtype, hf)
-        with placement(Placement("cuda", act)):
-            self.model, self.tokenizer = load_model(mc)
-        self._finish_model_config()
-        used_weights = report.used() - used0
-        report.parts.append(f"weights {used_weights / 2**30:.2f} GiB")
-        hf = self.model.config
-        nkv, hd, layers = hf["num_key_value_heads"], hf["head_dim"], hf["num_hidden_layers"]
-        dtype = act if cc.kv_cache_dtype == "auto" else _KV_DTYPES[cc.kv_cache_dtype]
-        self.cache_dtype = dtype
-        # Profile with a one-block cache (reads of block 0, writes skipped).
-        runner = ModelRunner(self.model,
-                             cuda_worker.allocate_kv_caches(1, cc.block_size, layers, nkv, hd,
-                                                            dtype),
-                             dtype, cc.block_size, sc.max_num_batched_tokens, sc.max_num_seqs,
-                             mc.max_model_len, mc.seed, device="cuda")
-        before = report.used()
-        cuda_worker.profile_run(runner, sc.max_num_batched_tokens, sc.max_num_seqs,
-                                mc.max_model_len)
-        report.parts.append(f"activations {(report.used() - before) / 2**30:.2f} GiB "
-                            f"(profiled at {sc.max_num_batched_tokens} tokens)")
-        block_bytes = 2 * layers * cc.block_size * nkv * hd * (4 if dtype == F32 else 2)
-        if cc.num_gpu_blocks_override:
-            num_blocks = cc.num_gpu_blocks_override
-        elif cc.kv_cache_memory_bytes:
-            num_blocks = cc.kv_cache_memory_bytes // block_bytes
-        else:
-            budget = int(cc.gpu_memory_utilization * report.total) - report.used()
-            num_blocks = max(budget, 0) // block_bytes
-        if num_blocks * cc.block_size < mc.max_model_len:
-            raise ValueError(
-                f"the model does not fit: after {used_weights / 2**30:.2f} GiB of weights and "
-                f"the activations of a {sc.max_num_batched_tokens}-token step, "
-                f"gpu_memory_utilization={cc.gpu_memory_utilization} of "
-                f"{report.total / 2**30:.1f} GiB leaves {num_blocks} KV blocks "
-                f"({num_blocks * cc.block_size} tokens), fewer than max_model_len="
-                f"{mc.max_model_len}; lower max_model_len or max_num_batched_tokens, or raise "
-                f"gpu_memory_utilization")
-        cc.num_blocks = num_blocks
-        self.kv_caches = cuda_worker.allocate_kv_caches(num_blocks, cc.block_size, layers, nkv,
-                                                        hd, dtype)
-        runner.kv_caches = self.kv_caches
-        report.parts.append(f"KV cache {num_blocks * block_bytes / 2**30:.2f} GiB = "
-                            f"{num_blocks} blocks x {cc.block_size} tokens "
-                            f"({ {F16: 'f16', F32: 'f32', 30: 'bf16'}[dtype]})")
-        if mc.enforce_eager:
-            report.parts.append("CUDA graphs off (enforce_eager)")
-        else:
-            before, t0 = report.used(), time.perf_counter()
-            sizes = runner.decode_buckets
-            runner.capture_cudagraphs(sizes)
-            report.parts.append(f"CUDA graphs for {len(sizes)} decode batch sizes up to "
-                                f"{sizes[-1]} ({(report.used() - before) / 2**20:.0f} MiB, "
-                                f"{time.perf_counter() - t0:.1f}s)")
-        self.model_runner = runner
-        report.log(_C.cuda_device_info()[0])
-
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
         return cls(args.create_engine_config())
-
-    def _allocate_kv_cache(self):
-        mc, cc, sc = self.config.model_config, self.config.cache_config, self.config.scheduler_config
-        hf = self.model.config
-        if cc.kv_cache_dtype == "auto":  # f16 by default; an f32 checkpoint keeps f32
-            f32_model = mc.hf_config.get("torch_dtype", mc.hf_config.get("dtype")) == "float32"
-            dtype = F32 if (f32_model and not mc.is_gguf) else F16
-        else:
-            dtype = _KV_DTYPES[cc.kv_cache_dtype]
-        itemsize = 4 if dtype == F32 else 2
-        nkv, hd, layers = hf["num_key_value_heads"], hf["head_dim"], hf["num_hidden_layers"]
-        block_bytes = 2 * layers * cc.block_size * nkv * hd * itemsize
-        if cc.num_gpu_blocks_override:
-            num_blocks = cc.num_gpu_blocks_override
-        elif cc.kv_cache_memory_bytes:
-            num_blocks = cc.kv_cache_memory_bytes // block_bytes
-        else:
-            budget = min(4 << 30, int(_total_memory_bytes() * cc.cpu_kv_cache_fraction))
-            per_seq = -(-mc.max_model_len // cc.block_size)
-            num_blocks = min(budget // block_bytes, per_seq * sc.max_num_seqs)
-        if num_blocks * cc.block_size < mc.max_model_len:
-            raise ValueError(
-                f"the KV cache holds {num_blocks} blocks of {cc.block_size} tokens "
-                f"({num_blocks * cc.block_size} tokens), fewer than max_model_len="
-                f"{mc.max_model_len}; raise kv_cache_memory_bytes or lower max_model_len")
-        cc.num_blocks = num_blocks
-        np_dtype = np.float32 if dtype == F32 else np.uint16
-        shape = (num_blocks, cc.block_size, nkv, hd)
-        # Pages are committed as blocks are first written (and the block pool reuses freed
-        # blocks first), so an idle or lightly used cache costs little resident memory.
-        caches = [(lazy_zeros(shape, np_dtype), lazy_zeros(shape, np_dtype))
-                  for _ in range(layers)]
-        logger.info("KV cache: %d blocks x %d tokens (%s, %.1f MiB), max_model_len %d",
-                    num_blocks, cc.block_size, {F16: "f16", F32: "f32", 30: "bf16"}[dtype],
-                    num_blocks * block_bytes / 2**20, mc.max_model_len)
-        return caches, dtype
 
     # -- requests -------------------------------------------------------------------------
     def _tokenize(self, prompt) -> tuple[str | None, list[int]]:

@@ -1,17 +1,30 @@
-"""GPU start-up (vLLM's Worker.determine_available_memory + initialize_cache): choose the device
-and activation dtype, profile a forward of max_num_batched_tokens tokens to see what the
-activations take, size the KV cache by gpu_memory_utilization (or kv_cache_memory_bytes), and
-say in one line how much went where."""
+"""The CUDA worker (vLLM's Worker: determine_available_memory + initialize_cache): choose the
+device and activation dtype, profile a forward of max_num_batched_tokens tokens to see what the
+activations take, size the KV cache by gpu_memory_utilization (or kv_cache_memory_bytes),
+capture the decode graphs, and say in one line how much went where."""
 
 from __future__ import annotations
 
+import gc
+import json
 import logging
+import os
 import time
 
 import numpy as np
 
 from vllmx import _C
 from vllmx.device import BF16, F16, F32, DeviceArray
+from vllmx.layers.placement import Placement, placement
+from vllmx.loader import load_model, resolve_model
+from vllmx.worker.model_runner import ModelRunner
+from vllmx.worker.worker_base import (
+    DTYPE_NAMES,
+    KV_CACHE_DTYPES,
+    WorkerBase,
+    kv_block_bytes,
+    num_kv_blocks,
+)
 
 logger = logging.getLogger("vllmx")
 
@@ -111,3 +124,70 @@ class StartupReport:
         gib = 2**30
         logger.info("CUDA %s (%.1f GiB): %s; %.1fs", name, self.total / gib,
                     ", ".join(self.parts), time.perf_counter() - self.t0)
+
+
+class CudaWorker(WorkerBase):
+    """Weights to the GPU, a profiled forward, the KV cache in what is left, then the decode
+    graphs; one log line says how much went where."""
+
+    def load_model(self) -> None:
+        mc = self.config.model_config
+        gc.collect()  # an earlier engine's device arrays go back to the pool, which is emptied
+        _C.cuda_empty_cache()
+        self.report = StartupReport()
+        used0 = self.report.used()
+        path = resolve_model(mc.model)
+        hf = {}
+        if not path.endswith(".gguf"):  # the checkpoint's dtype decides dtype="auto"
+            with open(os.path.join(path, "config.json")) as f:
+                hf = json.load(f)
+        self.act_dtype = activation_dtype(mc.dtype, hf)
+        with placement(Placement("cuda", self.act_dtype)):
+            self.model, self.tokenizer = load_model(mc)
+        self.weight_bytes = self.report.used() - used0
+        self.report.parts.append(f"weights {self.weight_bytes / 2**30:.2f} GiB")
+
+    def initialize_kv_cache(self) -> None:
+        mc, cc, sc = (self.config.model_config, self.config.cache_config,
+                      self.config.scheduler_config)
+        report, hf = self.report, self.model.config
+        nkv, hd, layers = hf["num_key_value_heads"], hf["head_dim"], hf["num_hidden_layers"]
+        dtype = self.act_dtype if cc.kv_cache_dtype == "auto" else KV_CACHE_DTYPES[
+            cc.kv_cache_dtype]
+        # Profile with a one-block cache (reads of block 0, writes skipped).
+        runner = ModelRunner(self.model,
+                             allocate_kv_caches(1, cc.block_size, layers, nkv, hd, dtype),
+                             dtype, cc.block_size, sc.max_num_batched_tokens, sc.max_num_seqs,
+                             mc.max_model_len, mc.seed, device="cuda")
+        before = report.used()
+        profile_run(runner, sc.max_num_batched_tokens, sc.max_num_seqs, mc.max_model_len)
+        report.parts.append(f"activations {(report.used() - before) / 2**30:.2f} GiB "
+                            f"(profiled at {sc.max_num_batched_tokens} tokens)")
+        block_bytes = kv_block_bytes(hf, cc.block_size, 4 if dtype == F32 else 2)
+        budget = int(cc.gpu_memory_utilization * report.total) - report.used()
+        num_blocks = num_kv_blocks(
+            self.config, block_bytes, budget,
+            f"the model does not fit: after {self.weight_bytes / 2**30:.2f} GiB of weights and "
+            f"the activations of a {sc.max_num_batched_tokens}-token step, that is what "
+            f"gpu_memory_utilization={cc.gpu_memory_utilization} of "
+            f"{report.total / 2**30:.1f} GiB leaves; lower max_model_len or "
+            f"max_num_batched_tokens, or raise gpu_memory_utilization")
+        self.kv_caches = allocate_kv_caches(num_blocks, cc.block_size, layers, nkv, hd, dtype)
+        self.cache_dtype, runner.kv_caches = dtype, self.kv_caches
+        report.parts.append(f"KV cache {num_blocks * block_bytes / 2**30:.2f} GiB = "
+                            f"{num_blocks} blocks x {cc.block_size} tokens "
+                            f"({DTYPE_NAMES[dtype]})")
+        self.model_runner = runner
+
+    def compile_or_warm_up_model(self) -> None:
+        report, runner = self.report, self.model_runner
+        if self.config.model_config.enforce_eager:
+            report.parts.append("CUDA graphs off (enforce_eager)")
+        else:
+            before, t0 = report.used(), time.perf_counter()
+            sizes = runner.decode_buckets
+            runner.capture_cudagraphs(sizes)
+            report.parts.append(f"CUDA graphs for {len(sizes)} decode batch sizes up to "
+                                f"{sizes[-1]} ({(report.used() - before) / 2**20:.0f} MiB, "
+                                f"{time.perf_counter() - t0:.1f}s)")
+        report.log(_C.cuda_device_info()[0])

@@ -1,0 +1,71 @@
+"""The CPU worker: the model in its stored formats (computing in float32), a KV cache that
+takes a share of RAM and commits its pages only as blocks are written, decode steps captured
+lazily as native op tapes (by the ModelRunner, per batch bucket)."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+
+from vllmx.device import F16, F32
+from vllmx.loader import load_model
+from vllmx.pages import lazy_zeros
+from vllmx.worker.model_runner import ModelRunner
+from vllmx.worker.worker_base import (
+    DTYPE_NAMES,
+    KV_CACHE_DTYPES,
+    WorkerBase,
+    kv_block_bytes,
+    num_kv_blocks,
+)
+
+logger = logging.getLogger("vllmx")
+
+
+def _total_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 << 30
+
+
+class CpuWorker(WorkerBase):
+    def load_model(self) -> None:
+        mc = self.config.model_config
+        if mc.dtype not in ("auto", "float32", "float"):
+            raise ValueError(f"dtype={mc.dtype!r}: the CPU backend computes in float32 "
+                             f"(weights stay in their stored format); use dtype='auto'")
+        self.model, self.tokenizer = load_model(mc)
+
+    def initialize_kv_cache(self) -> None:
+        mc, cc, sc = (self.config.model_config, self.config.cache_config,
+                      self.config.scheduler_config)
+        if cc.kv_cache_dtype == "auto":  # f16 by default; an f32 checkpoint keeps f32
+            f32_model = mc.hf_config.get("torch_dtype", mc.hf_config.get("dtype")) == "float32"
+            dtype = F32 if (f32_model and not mc.is_gguf) else F16
+        else:
+            dtype = KV_CACHE_DTYPES[cc.kv_cache_dtype]
+        hf = self.model.config
+        block_bytes = kv_block_bytes(hf, cc.block_size, 4 if dtype == F32 else 2)
+        # vLLM's CPU default: a share of RAM, at most 4 GiB, and never more than max_num_seqs
+        # full-length sequences.
+        budget = min(4 << 30, int(_total_memory_bytes() * cc.cpu_kv_cache_fraction),
+                     -(-mc.max_model_len // cc.block_size) * sc.max_num_seqs * block_bytes)
+        num_blocks = num_kv_blocks(self.config, block_bytes, budget,
+                                   "raise kv_cache_memory_bytes or lower max_model_len")
+        np_dtype = np.float32 if dtype == F32 else np.uint16
+        shape = (num_blocks, cc.block_size, hf["num_key_value_heads"], hf["head_dim"])
+        # Pages are committed as blocks are first written (and the block pool reuses freed
+        # blocks first), so an idle or lightly used cache costs little resident memory.
+        self.kv_caches = [(lazy_zeros(shape, np_dtype), lazy_zeros(shape, np_dtype))
+                          for _ in range(hf["num_hidden_layers"])]
+        self.cache_dtype = dtype
+        logger.info("KV cache: %d blocks x %d tokens (%s, %.1f MiB), max_model_len %d",
+                    num_blocks, cc.block_size, DTYPE_NAMES[dtype],
+                    num_blocks * block_bytes / 2**20, mc.max_model_len)
+        self.model_runner = ModelRunner(self.model, self.kv_caches, dtype, cc.block_size,
+                                        sc.max_num_batched_tokens, sc.max_num_seqs,
+                                        mc.max_model_len, mc.seed,
+                                        enforce_eager=mc.enforce_eager)
