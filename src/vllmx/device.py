@@ -11,7 +11,9 @@ import numpy as np
 
 from vllmx import _C
 
-F32, F16, Q8_0, I32, I64, U8, BF16, U64 = 0, 1, 8, 26, 27, 100, 30, 101
+# dtype ids: the native DType enum's (csrc/dtype.h, GGML's numbering), never spelled here.
+F32, F16, Q8_0, I32, I64, U8, BF16, U64 = (
+    int(_C.DType[name]) for name in ("F32", "F16", "Q8_0", "I32", "I64", "U8", "BF16", "U64"))
 
 _FROM_NUMPY = {
     np.dtype(np.float32): F32,

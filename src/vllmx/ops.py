@@ -10,11 +10,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from vllmx import _C
-from vllmx.device import I32, DeviceArray
+from vllmx.device import BF16, F16, F32, I32, Q8_0, DeviceArray
 from vllmx.pages import release_file_pages
 
-# dtype ids: GGML's numbering, shared by dense and block types (csrc/dtype.h).
-F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, BF16 = 0, 1, 2, 3, 6, 7, 8, 9, 30
+# dtype ids: the native DType enum's (GGML's numbering, shared by dense and block types).
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_1 = (int(_C.DType[name])
+                                for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_1"))
 
 
 def dtype_name(dtype: int) -> str:

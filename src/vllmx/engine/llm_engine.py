@@ -23,7 +23,7 @@ from vllmx.engine.request import Request, RequestStatus
 from vllmx.loader import DEFAULT_MODEL
 from vllmx.outputs import RequestOutput
 from vllmx.sampling_params import SamplingParams
-from vllmx.worker.worker_base import KV_CACHE_DTYPES, create_worker
+from vllmx.worker.worker_base import DTYPE_BY_NAME, create_worker
 
 logger = logging.getLogger("vllmx")
 
@@ -54,9 +54,9 @@ class EngineArgs:
     def create_engine_config(self) -> VllmxConfig:
         if self.block_size < 1:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
-        if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in KV_CACHE_DTYPES:
+        if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in DTYPE_BY_NAME:
             raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of auto, "
-                             f"{', '.join(KV_CACHE_DTYPES)}")
+                             f"{', '.join(DTYPE_BY_NAME)}")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got "
                              f"{self.scheduling_policy!r}")

@@ -14,8 +14,8 @@ from vllmx.loader import load_model
 from vllmx.pages import lazy_zeros
 from vllmx.worker.model_runner import ModelRunner
 from vllmx.worker.worker_base import (
+    DTYPE_BY_NAME,
     DTYPE_NAMES,
-    KV_CACHE_DTYPES,
     WorkerBase,
     kv_block_bytes,
     num_kv_blocks,
@@ -46,7 +46,7 @@ class CpuWorker(WorkerBase):
             f32_model = mc.hf_config.get("torch_dtype", mc.hf_config.get("dtype")) == "float32"
             dtype = F32 if (f32_model and not mc.is_gguf) else F16
         else:
-            dtype = KV_CACHE_DTYPES[cc.kv_cache_dtype]
+            dtype = DTYPE_BY_NAME[cc.kv_cache_dtype]
         hf = self.model.config
         block_bytes = kv_block_bytes(hf, cc.block_size, 4 if dtype == F32 else 2)
         # vLLM's CPU default: a share of RAM, at most 4 GiB, and never more than max_num_seqs

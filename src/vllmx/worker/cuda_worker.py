@@ -19,8 +19,8 @@ from vllmx.layers.placement import Placement, placement
 from vllmx.loader import load_model, resolve_model
 from vllmx.worker.model_runner import ModelRunner
 from vllmx.worker.worker_base import (
+    DTYPE_BY_NAME,
     DTYPE_NAMES,
-    KV_CACHE_DTYPES,
     WorkerBase,
     kv_block_bytes,
     num_kv_blocks,
@@ -31,8 +31,6 @@ logger = logging.getLogger("vllmx")
 # Compute capabilities the CUDA kernels are built for: sm_80 and sm_90 code, and PTX that newer
 # GPUs compile at load. Older GPUs lack the bf16 tensor-core instructions the kernels use.
 MIN_CAPABILITY = 80
-
-_DTYPES = {"bfloat16": BF16, "float16": F16, "half": F16, "float32": F32, "float": F32}
 
 
 def resolve_device(device: str) -> str:
@@ -70,9 +68,9 @@ def activation_dtype(dtype: str, hf_config: dict) -> int:
     if dtype == "auto":
         stored = hf_config.get("torch_dtype", hf_config.get("dtype"))
         return F16 if stored in ("float16", "half") else BF16
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be auto, {', '.join(_DTYPES)}; got {dtype!r}")
-    return _DTYPES[dtype]
+    if dtype not in DTYPE_BY_NAME:
+        raise ValueError(f"dtype must be auto, {', '.join(DTYPE_BY_NAME)}; got {dtype!r}")
+    return DTYPE_BY_NAME[dtype]
 
 
 def allocate_kv_caches(num_blocks: int, block_size: int, layers: int, nkv: int, head_dim: int,
@@ -152,7 +150,7 @@ class CudaWorker(WorkerBase):
                       self.config.scheduler_config)
         report, hf = self.report, self.model.config
         nkv, hd, layers = hf["num_key_value_heads"], hf["head_dim"], hf["num_hidden_layers"]
-        dtype = self.act_dtype if cc.kv_cache_dtype == "auto" else KV_CACHE_DTYPES[
+        dtype = self.act_dtype if cc.kv_cache_dtype == "auto" else DTYPE_BY_NAME[
             cc.kv_cache_dtype]
         # Profile with a one-block cache (reads of block 0, writes skipped).
         runner = ModelRunner(self.model,

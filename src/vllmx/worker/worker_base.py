@@ -13,8 +13,8 @@ from abc import ABC, abstractmethod
 from vllmx.config import VllmxConfig
 from vllmx.device import BF16, F16, F32
 
-# kv_cache_dtype names (vLLM's) -> dtype ids, and the ids' short names for the logs.
-KV_CACHE_DTYPES = {"float16": F16, "half": F16, "float32": F32, "float": F32, "bfloat16": BF16}
+# vLLM's dtype names (dtype=, kv_cache_dtype=) -> dtype ids, and the ids' short names for logs.
+DTYPE_BY_NAME = {"float16": F16, "half": F16, "float32": F32, "float": F32, "bfloat16": BF16}
 DTYPE_NAMES = {F16: "f16", F32: "f32", BF16: "bf16"}
 
 
