@@ -74,7 +74,7 @@ class AsyncLLM(EngineClient):
         params = sampling_params or SamplingParams()
         # Bad input raises here, in the caller; tokenizing and checking a long prompt runs in
         # a worker thread, never on the event loop (nor in the engine thread, which steps).
-        text, ids = await asyncio.to_thread(self._prepare, prompt, params)
+        text, ids = await asyncio.to_thread(self.engine.process_inputs, prompt, params)
         if request_id is None:
             request_id = f"async-{self._next_id}"
             self._next_id += 1
@@ -82,8 +82,7 @@ class AsyncLLM(EngineClient):
             raise ValueError(f"request id {request_id!r} is already in use")
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = (asyncio.get_running_loop(), queue)
-        self._submit(("add", request_id, {"prompt": text, "prompt_token_ids": ids}, params,
-                      priority))
+        self._submit(("add", request_id, text, ids, params, priority))
         finished = False
         try:
             while True:
@@ -100,12 +99,6 @@ class AsyncLLM(EngineClient):
             self._queues.pop(request_id, None)
             if not finished:  # the caller went away (e.g. a client disconnected): free its blocks
                 self._submit(("abort", request_id))
-
-    def _prepare(self, prompt, params: SamplingParams) -> tuple[str | None, list[int]]:
-        text, ids = self.engine._tokenize(prompt)
-        ids = self.engine._truncate(ids, params)
-        self.engine._validate(ids, params)
-        return text, ids
 
     async def abort(self, request_id: str) -> None:
         self._submit(("abort", request_id))
@@ -132,9 +125,9 @@ class AsyncLLM(EngineClient):
         while self._commands:
             cmd = self._commands.popleft()
             if cmd[0] == "add":
-                _, rid, prompt, params, priority = cmd
+                _, rid, text, ids, params, priority = cmd
                 try:
-                    self.engine.add_request(rid, prompt, params, priority=priority)
+                    self.engine.add_processed_request(rid, text, ids, params, priority=priority)
                 except Exception as e:  # reaches the caller's generate()
                     self._deliver(rid, e)
             else:

@@ -131,9 +131,23 @@ class LLMEngine:
                     cache_salt: str | None = None) -> str:
         """Queues a request (n > 1 fans out into n child requests); returns its id."""
         params = params or SamplingParams()
+        text, ids = self.process_inputs(prompt, params)
+        return self.add_processed_request(request_id, text, ids, params, arrival_time,
+                                          priority, cache_salt)
+
+    def process_inputs(self, prompt, params: SamplingParams) -> tuple[str | None, list[int]]:
+        """The prompt's text and token ids, tokenized, truncated and checked (vLLM's
+        Processor.process_inputs): bad input raises here. AsyncLLM runs it in a worker thread,
+        so that the engine thread only queues what is already checked."""
         text, ids = self._tokenize(prompt)
         ids = self._truncate(ids, params)
         self._validate(ids, params)
+        return text, ids
+
+    def add_processed_request(self, request_id: str | None, text: str | None, ids: list[int],
+                              params: SamplingParams, arrival_time: float | None = None,
+                              priority: int = 0, cache_salt: str | None = None) -> str:
+        """Queues a request whose inputs process_inputs returned; returns its id."""
         if request_id is None:
             request_id = str(self._next_id)
             self._next_id += 1
