@@ -126,31 +126,24 @@ def load_chat_template(value: str | None) -> str | None:
 _DEAD_ENGINE_GRACE_S = 2.0
 
 
-class _Server:
+def _make_server(app, config):
     """uvicorn's Server, plus what a model server needs on the way down: a signal starts a
-    drain (app.state.draining: /health 503, new requests 503) for at most the drain
-    timeout, and a dead engine stops the server at once."""
+    drain (app.state.draining: /health 503, new requests 503) for at most the drain timeout,
+    and engine_dead() (called from the engine thread) stops the server at once."""
+    import uvicorn
 
-    def __init__(self, app, config):
-        import uvicorn
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            app.state.draining = True
+            super().handle_exit(sig, frame)
 
-        app_state = app.state
+        def engine_dead(self) -> None:
+            timeout = self.config.timeout_graceful_shutdown
+            self.config.timeout_graceful_shutdown = min(timeout or _DEAD_ENGINE_GRACE_S,
+                                                        _DEAD_ENGINE_GRACE_S)
+            self.should_exit = True
 
-        class Server(uvicorn.Server):
-            def handle_exit(self, sig, frame) -> None:
-                app_state.draining = True
-                super().handle_exit(sig, frame)
-
-        self.server = Server(config)
-
-    def engine_dead(self) -> None:  # called from the engine thread
-        timeout = self.server.config.timeout_graceful_shutdown
-        self.server.config.timeout_graceful_shutdown = min(timeout or _DEAD_ENGINE_GRACE_S,
-                                                           _DEAD_ENGINE_GRACE_S)
-        self.server.should_exit = True
-
-    def run(self) -> None:
-        self.server.run()
+    return Server(config)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -175,7 +168,7 @@ def run_serve(args: argparse.Namespace) -> int:
                         log_requests=not args.disable_log_requests,
                         log_stats_interval=None if args.disable_log_stats else 10.0)
         drain = args.shutdown_drain_timeout if args.shutdown_mode == "drain" else 0.0
-        server = _Server(app, uvicorn.Config(
+        server = _make_server(app, uvicorn.Config(
             app, host=args.host or "0.0.0.0", port=args.port, log_level=args.uvicorn_log_level,
             timeout_keep_alive=5, timeout_graceful_shutdown=drain))
         engine_client.add_dead_callback(server.engine_dead)
