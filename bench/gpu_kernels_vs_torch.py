@@ -58,7 +58,7 @@ def bench_linear(results, tokens):
             x = DeviceArray.from_numpy(bits_bf16(x32), BF16)
             out = DeviceArray.empty((t, n), BF16)
             xt = torch.from_numpy(x32).to("cuda", torch.bfloat16)
-            ours = timeit(lambda: _C.cuda_op_linear(out, x, w, BF16, None), _C.cuda_synchronize)
+            ours = timeit(lambda: _C.ops.linear(out, x, w, None), _C.cuda_synchronize)
             theirs = timeit(lambda: torch.nn.functional.linear(xt, wt), torch.cuda.synchronize)
             err = linear_error(out, torch.nn.functional.linear(xt, wt))
             flops = 2 * t * n * k
@@ -93,8 +93,8 @@ def bench_attention(results):
         sl = DeviceArray.from_numpy(np.full(batch, ctx, np.int32))
         bt = DeviceArray.from_numpy(table)
         scale = d ** -0.5
-        ours = timeit(lambda: _C.cuda_op_paged_attention(out, q, kc, vc, bt, qsl, sl, scale, 0,
-                                                        0.0, BF16), _C.cuda_synchronize)
+        ours = timeit(lambda: _C.ops.paged_attention(out, q, kc, vc, bt, qsl, sl, scale, 0,
+                                                     0.0), _C.cuda_synchronize)
         kt = torch.from_numpy(kc32.reshape(batch, ctx, nkv, d)).to("cuda", torch.bfloat16)
         vt = torch.from_numpy(vc32.reshape(batch, ctx, nkv, d)).to("cuda", torch.bfloat16)
         qt = torch.from_numpy(q32.reshape(batch, qlen, nq, d)).to("cuda", torch.bfloat16)

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "ops.h"
+#include "core/op_table.h"
 #include "quant.h"  // simd_level
 #include "simd_math.h"
 
@@ -126,5 +126,8 @@ void gelu_and_mul(const Tensor& out, const Tensor& x, bool approximate_tanh, boo
     }
   }
 }
+
+VLLMX_KERNEL(silu_and_mul, kCPU, silu_and_mul);
+VLLMX_KERNEL(gelu_and_mul, kCPU, gelu_and_mul);
 
 }  // namespace vllmx

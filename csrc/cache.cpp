@@ -16,7 +16,7 @@
 
 #include "cpu_features.h"
 #include "half.h"
-#include "ops.h"
+#include "core/op_table.h"
 
 namespace vllmx {
 
@@ -112,14 +112,8 @@ using ConvertFn = void (*)(void*, const float*, int64_t, DType);
 ConvertFn pick_convert(bool reference) {
   if (reference) return convert_row_scalar;
 #if VLLMX_X86
-  const CpuFeatures& f = cpu_features();
-  // VLLMX_TEST_NO_AVX512 / _NO_AVX2: test builds that exercise the narrower paths.
-#ifndef VLLMX_TEST_NO_AVX512
-  if (f.avx512) return convert_row_avx512;
-#endif
-#ifndef VLLMX_TEST_NO_AVX2
-  if (f.avx2) return convert_row_avx2;
-#endif
+  if (simd_level() >= 2) return convert_row_avx512;
+  if (simd_level() >= 1) return convert_row_avx2;
 #endif
   return convert_row_scalar;
 }
@@ -128,35 +122,14 @@ ConvertFn pick_convert(bool reference) {
 
 void write_kv_cache(const Tensor& key, const Tensor& value, const Tensor& key_cache,
                     const Tensor& value_cache, const Tensor& slot_mapping, bool reference) {
+  // The shapes are the op's contract (csrc/ops.cpp), checked before this runs.
   check_dtype(key, DType::F32, kOp, "key");
-  check_dtype(value, DType::F32, kOp, "value");
-  check_ndim(key, 2, kOp, "key");
-  check_ndim(value, 2, kOp, "value");
-  check_ndim(key_cache, 4, kOp, "key_cache");
-  check_ndim(value_cache, 4, kOp, "value_cache");
-  check_dtype(slot_mapping, DType::I32, kOp, "slot_mapping");
-  check_ndim(slot_mapping, 1, kOp, "slot_mapping");
   const DType dt = key_cache.dtype;
-  VLLMX_CHECK(dt == DType::F16 || dt == DType::BF16 || dt == DType::F32, kOp,
-        "cache dtype must be f16, bf16 or f32, got key_cache " + key_cache.str());
-  VLLMX_CHECK(value_cache.dtype == dt, kOp,
-        "value_cache " + value_cache.str() + " does not match key_cache " + key_cache.str());
-  for (int d = 0; d < 4; ++d)
-    VLLMX_CHECK(value_cache.shape[d] == key_cache.shape[d], kOp,
-          "value_cache " + value_cache.str() + " does not match key_cache " + key_cache.str());
   const int64_t num_blocks = key_cache.shape[0], block_size = key_cache.shape[1];
   const int64_t nkv = key_cache.shape[2], head_size = key_cache.shape[3];
   const int64_t row = nkv * head_size;
   const int64_t T = key.shape[0];
-  VLLMX_CHECK(key.shape[1] == row && value.shape[0] == T && value.shape[1] == row, kOp,
-        "key " + key.str() + " / value " + value.str() + " do not match the cache rows of " +
-            key_cache.str() + " (expected [T, " + std::to_string(row) + "])");
-  VLLMX_CHECK(slot_mapping.shape[0] == T, kOp,
-        "slot_mapping " + slot_mapping.str() + " does not match key " + key.str());
   if (T == 0) return;
-  VLLMX_CHECK(key_cache.defined() && value_cache.defined() && key.defined() && value.defined() &&
-            slot_mapping.defined(),
-        kOp, "missing tensor");
   const int32_t* slots = slot_mapping.ptr<int32_t>();
   const int64_t num_slots = num_blocks * block_size;
   for (int64_t t = 0; t < T; ++t)
@@ -164,8 +137,6 @@ void write_kv_cache(const Tensor& key, const Tensor& value, const Tensor& key_ca
       fail(kOp, "slot_mapping[" + std::to_string(t) + "] = " + std::to_string(slots[t]) +
                     " is out of range for a cache of " + std::to_string(num_slots) +
                     " slots " + key_cache.str());
-  if (key_cache.data == value_cache.data)
-    fail(kOp, "key_cache and value_cache must be distinct buffers");
 
   const ConvertFn convert = pick_convert(reference);
   const int64_t esize = dt == DType::F32 ? 4 : 2;
@@ -183,5 +154,7 @@ void write_kv_cache(const Tensor& key, const Tensor& value, const Tensor& key_ca
     convert(vc + s * row * esize, vp + t * vs, row, dt);
   }
 }
+
+VLLMX_KERNEL(write_kv_cache, kCPU, write_kv_cache);
 
 }  // namespace vllmx

@@ -4,27 +4,14 @@
 #include <cstring>
 #include <string>
 
-#include "ops.h"
+#include "core/op_table.h"
 
 namespace vllmx {
 
 void copy_columns(const Tensor& out, int64_t out_col, const Tensor& x, int64_t x_col,
                   int64_t n) {
-  const char* op = "copy_columns";
-  VLLMX_CHECK(out.defined() && x.defined(), op, "missing tensor");
-  check_ndim(out, 2, op, "out");
-  check_ndim(x, 2, op, "x");
-  const TypeTraits& tt = type_traits(x.dtype);
-  VLLMX_CHECK(out.dtype == x.dtype && !tt.quantized, op,
-              "out " + out.str() + " and x " + x.str() + " must have one dense dtype");
-  VLLMX_CHECK(out.shape[0] == x.shape[0], op,
-              "out " + out.str() + " and x " + x.str() + " must have the same rows");
-  VLLMX_CHECK(n >= 0 && out_col >= 0 && x_col >= 0 && out_col + n <= out.shape[1] &&
-                  x_col + n <= x.shape[1],
-              op, "columns [" + std::to_string(x_col) + ", +" + std::to_string(n) + ") of x " +
-                      x.str() + " -> [" + std::to_string(out_col) + ", +" + std::to_string(n) +
-                      ") of out " + out.str() + " are out of range");
-  const int64_t item = tt.type_size, rows = x.shape[0];
+  // The shapes and column ranges are the op's contract (csrc/ops.cpp).
+  const int64_t item = type_traits(x.dtype).type_size, rows = x.shape[0];
   char* o = static_cast<char*>(out.data) + out_col * item;
   const char* s = static_cast<const char*>(x.data) + x_col * item;
   for (int64_t r = 0; r < rows; ++r)
@@ -44,5 +31,8 @@ void scale(const Tensor& out, const Tensor& x, float s) {
   float* op_ = out.ptr<float>();
   for (int64_t i = 0; i < n; ++i) op_[i] = xp[i] * s;  // one rounding, as numpy's x * s
 }
+
+VLLMX_KERNEL(copy_columns, kCPU, copy_columns);
+VLLMX_KERNEL(scale, kCPU, scale);
 
 }  // namespace vllmx

@@ -1,5 +1,8 @@
 #include "cpu_features.h"
 
+#include <cstdlib>
+#include <string>
+
 namespace vllmx {
 
 const CpuFeatures& cpu_features() {
@@ -19,6 +22,20 @@ const CpuFeatures& cpu_features() {
     return c;
   }();
   return f;
+}
+
+int simd_level() {
+  static const int level = [] {
+    const CpuFeatures& f = cpu_features();
+    int l = f.avx512_vnni ? 3 : f.avx512 ? 2 : f.avx2 ? 1 : 0;
+    if (const char* e = std::getenv("VLLMX_ISA")) {
+      const std::string v(e);
+      const int cap = v == "scalar" ? 0 : v == "avx2" ? 1 : v == "avx512" ? 2 : 3;
+      if (cap < l) l = cap;
+    }
+    return l;
+  }();
+  return level;
 }
 
 }  // namespace vllmx

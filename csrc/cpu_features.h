@@ -14,6 +14,12 @@ struct CpuFeatures {
 
 const CpuFeatures& cpu_features();
 
+// The SIMD level every kernel picker uses: 0 scalar, 1 AVX2, 2 AVX-512, 3 AVX-512 VNNI. The best
+// the CPU has, capped by the environment variable VLLMX_ISA (scalar|avx2|avx512|vnni), read once
+// at start-up, so that the tests run every path of every kernel family on one machine
+// (tests/ops/simd_levels.py). A picker asks this, never cpu_features() directly.
+int simd_level();
+
 }  // namespace vllmx
 
 #if defined(__x86_64__) || defined(_M_X64)

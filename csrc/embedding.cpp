@@ -1,6 +1,6 @@
 #include <cstring>
 
-#include "ops.h"
+#include "core/op_table.h"
 #include "quant.h"
 
 namespace vllmx {
@@ -28,5 +28,7 @@ void embedding(const Tensor& out, const Tensor& ids, const Tensor& table, bool r
   for (int64_t i = 0; i < t; ++i)
     dequantize_row(table.dtype, base + idp[i] * rb, o + i * hidden, hidden);
 }
+
+VLLMX_KERNEL(embedding, kCPU, embedding);
 
 }  // namespace vllmx

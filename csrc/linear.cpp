@@ -26,7 +26,7 @@
 #include "half.h"
 #include <omp.h>
 
-#include "ops.h"
+#include "core/op_table.h"
 #include "quant.h"
 #include "repack.h"
 
@@ -431,5 +431,7 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b
   };
   for_tiles(T, N, row_bytes(wt, K), kPackRows, !reference, packed_body);
 }
+
+VLLMX_KERNEL(linear, kCPU, linear);
 
 }  // namespace vllmx

@@ -2,7 +2,7 @@
 // taken in a fixed order, so a row's result never depends on the batch around it.
 #include <cmath>
 
-#include "ops.h"
+#include "core/op_table.h"
 
 namespace vllmx {
 
@@ -80,5 +80,8 @@ void fused_add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w
       norm_row(xr, rr, wp, n, eps);
   }
 }
+
+VLLMX_KERNEL(rms_norm, kCPU, rms_norm);
+VLLMX_KERNEL(fused_add_rms_norm, kCPU, fused_add_rms_norm);
 
 }  // namespace vllmx

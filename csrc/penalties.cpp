@@ -19,7 +19,21 @@
 #include <string>
 #include <vector>
 
-#include "ops.h"
+#include "core/op_table.h"
+
+
+namespace vllmx {
+
+// The groups of apply_logits_processors (ops.def), each optional (its indptr undefined).
+struct LogitsProcessorArgs {
+  Tensor allowed_indptr, allowed_ids;
+  Tensor bad_words_indptr, bad_word_token_indptr, bad_word_tokens, output_tail_indptr, output_tail;
+  Tensor bias_indptr, bias_ids, bias_values;
+  Tensor penalty_indptr, penalty_ids, output_counts;
+  Tensor repetition_penalty, frequency_penalty, presence_penalty;
+};
+
+}  // namespace vllmx
 
 namespace vllmx {
 
@@ -228,5 +242,28 @@ void apply_logits_processors(const Tensor& logits, const LogitsProcessorArgs& p,
     }
   }
 }
+
+
+// The op table passes the groups as the op's arguments, in LogitsProcessorArgs's order.
+void apply_logits_processors_kernel(const Tensor& logits, const Tensor& allowed_indptr,
+                                    const Tensor& allowed_ids, const Tensor& bad_words_indptr,
+                                    const Tensor& bad_word_token_indptr,
+                                    const Tensor& bad_word_tokens, const Tensor& output_tail_indptr,
+                                    const Tensor& output_tail, const Tensor& bias_indptr,
+                                    const Tensor& bias_ids, const Tensor& bias_values,
+                                    const Tensor& penalty_indptr, const Tensor& penalty_ids,
+                                    const Tensor& output_counts, const Tensor& repetition_penalty,
+                                    const Tensor& frequency_penalty,
+                                    const Tensor& presence_penalty, bool reference) {
+  const LogitsProcessorArgs p{allowed_indptr,  allowed_ids,        bad_words_indptr,
+                              bad_word_token_indptr, bad_word_tokens, output_tail_indptr,
+                              output_tail,     bias_indptr,        bias_ids,
+                              bias_values,     penalty_indptr,     penalty_ids,
+                              output_counts,   repetition_penalty, frequency_penalty,
+                              presence_penalty};
+  apply_logits_processors(logits, p, reference);
+}
+
+VLLMX_KERNEL(apply_logits_processors, kCPU, apply_logits_processors_kernel);
 
 }  // namespace vllmx

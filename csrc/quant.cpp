@@ -13,7 +13,7 @@
 
 #include "cpu_features.h"
 #include "half.h"
-#include "ops.h"
+#include "core/op_table.h"
 #include "quant_iq.h"
 #include "quant_k.h"
 #include "quant_nl.h"
@@ -414,5 +414,8 @@ void quantize(const Tensor& out, const Tensor& src, bool reference) {
 #pragma omp parallel for schedule(static) if (rows * n > (1 << 16))
   for (int64_t r = 0; r < rows; ++r) fn(s + r * sstep, o + r * ostep, n);
 }
+
+VLLMX_KERNEL(dequantize, kCPU, dequantize);
+VLLMX_KERNEL(quantize, kCPU, quantize);
 
 }  // namespace vllmx

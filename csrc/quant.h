@@ -99,9 +99,4 @@ float vec_dot_q8_0_q8_0_ref(int64_t n, const void* w, const void* x);
 VecDotFn select_vec_dot(DType t);
 VecDotRowsFn select_vec_dot_rows(DType t);  // nullptr where there is none
 
-// SIMD level the quant / linear kernels use: 0 scalar, 1 AVX2, 2 AVX-512, 3 AVX-512 VNNI. The
-// best the CPU has, capped by the environment variable VLLMX_ISA (scalar|avx2|avx512|vnni) so
-// that tests can exercise every path on one machine. Read once.
-int simd_level();
-
 }  // namespace vllmx

@@ -350,23 +350,6 @@ VecDotFn pick() {
 }  // namespace
 #endif  // VLLMX_X86
 
-int simd_level() {
-  static const int level = [] {
-    int l = 0;
-#if VLLMX_X86
-    const CpuFeatures& f = cpu_features();
-    l = f.avx512_vnni ? 3 : f.avx512 ? 2 : f.avx2 ? 1 : 0;
-#endif
-    if (const char* e = std::getenv("VLLMX_ISA")) {
-      const std::string v(e);
-      const int cap = v == "scalar" ? 0 : v == "avx2" ? 1 : v == "avx512" ? 2 : 3;
-      if (cap < l) l = cap;
-    }
-    return l;
-  }();
-  return level;
-}
-
 VecDotRowsFn select_vec_dot_rows(DType t) {
 #if VLLMX_X86
   switch (t) {

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "half.h"
-#include "ops.h"
+#include "core/op_table.h"
 #include "quant.h"
 #include "quant_k.h"
 
@@ -631,5 +631,7 @@ void quantize_weight(const Tensor& out, const Tensor& src) {
 #pragma omp parallel for schedule(dynamic, 4) if (rows * n > (1 << 15))
   for (int64_t r = 0; r < rows; ++r) fn(s + r * n, o + r * obytes, n);
 }
+
+VLLMX_KERNEL(quantize_weight, kCPU, quantize_weight);
 
 }  // namespace vllmx

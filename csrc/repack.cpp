@@ -7,7 +7,7 @@
 
 #include "cpu_features.h"
 #include "half.h"
-#include "ops.h"
+#include "core/op_table.h"
 #include "quant.h"
 
 namespace vllmx {
@@ -162,5 +162,7 @@ void prepare_packed_x(DType base, const void* xblocks, int64_t K, uint8_t* dst) 
     std::memcpy(cx + 4 * b, &c, 4);
   }
 }
+
+VLLMX_KERNEL(repack_weight, kCPU, repack_weight);
 
 }  // namespace vllmx

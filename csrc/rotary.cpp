@@ -1,6 +1,6 @@
 // Rotary position embedding from a precomputed cos/sin cache (vLLM's design: the scaling
 // variants — linear, dynamic NTK, llama3, yarn — only change the cache, built in Python).
-#include "ops.h"
+#include "core/op_table.h"
 
 namespace vllmx {
 
@@ -63,5 +63,7 @@ void rotary(const Tensor& positions, const Tensor& q, const Tensor& k, const Ten
     for (int64_t h = 0; h < nk; ++h) rotate_head(kp + i * k.shape[1] + h * head_size, cos, sin, half, is_neox);
   }
 }
+
+VLLMX_KERNEL(rotary, kCPU, rotary);
 
 }  // namespace vllmx

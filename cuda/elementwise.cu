@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "cuda_ops.h"
+#include "core/op_table.h"
 #include "cuda_util.cuh"
 
 namespace vllmx::cuda {
@@ -481,38 +481,16 @@ void gelu_and_mul(const Tensor& out, const Tensor& x, bool approximate_tanh) {
 
 void write_kv_cache(const Tensor& key, const Tensor& value, const Tensor& key_cache,
                     const Tensor& value_cache, const Tensor& slot_mapping) {
-  const char* op = "cuda.write_kv_cache";
+  // The shapes are the op's contract (csrc/ops.cpp), checked before this runs.
+  const char* op = "write_kv_cache";
   check_rows(key, op, "key");
   check_rows(value, op, "value");
-  check_on_device(key_cache, op, "key_cache");
-  check_on_device(value_cache, op, "value_cache");
-  check_on_device(slot_mapping, op, "slot_mapping");
   check_act(key, op, "key");
-  VLLMX_CHECK(value.dtype == key.dtype, op, "value " + value.str() + " must have key's dtype");
-  check_ndim(key, 2, op, "key");
-  check_ndim(value, 2, op, "value");
-  check_ndim(key_cache, 4, op, "key_cache");
-  check_ndim(value_cache, 4, op, "value_cache");
-  check_dtype(slot_mapping, DType::I32, op, "slot_mapping");
-  check_ndim(slot_mapping, 1, op, "slot_mapping");
   const DType dt = key_cache.dtype;
-  VLLMX_CHECK(is_float_act(dt), op,
-        "cache dtype must be f16, bf16 or f32, got key_cache " + key_cache.str());
-  VLLMX_CHECK(value_cache.dtype == dt, op,
-        "value_cache " + value_cache.str() + " does not match key_cache " + key_cache.str());
-  for (int d = 0; d < 4; ++d)
-    VLLMX_CHECK(value_cache.shape[d] == key_cache.shape[d], op,
-          "value_cache " + value_cache.str() + " does not match key_cache " + key_cache.str());
   const int64_t num_slots = key_cache.shape[0] * key_cache.shape[1];
   const int64_t row = key_cache.shape[2] * key_cache.shape[3];
   const int64_t T = key.shape[0];
-  VLLMX_CHECK(key.shape[1] == row && value.shape[0] == T && value.shape[1] == row, op,
-        "key " + key.str() + " / value " + value.str() + " do not match the cache rows of " +
-            key_cache.str() + " (expected [T, " + std::to_string(row) + "])");
-  VLLMX_CHECK(slot_mapping.shape[0] == T, op,
-        "slot_mapping " + slot_mapping.str() + " does not match key " + key.str());
   if (T == 0 || row == 0) return;
-  VLLMX_CHECK(key_cache.data != value_cache.data, op, "key_cache and value_cache must be distinct");
   const int threads = threads_for(row / 2);
   dispatch_float(key.dtype, op, [&](auto a) {
     using TA = decltype(a);
@@ -605,5 +583,26 @@ void qk_norm_rope_cache(const Tensor& q_out, const Tensor& qkv, const Tensor& po
   });
   check_launch("qk_norm_rope_cache kernel");
 }
+
+void copy_columns(const Tensor& out, int64_t out_col, const Tensor& x, int64_t x_col,
+                  int64_t n) {
+  // The shapes and column ranges are the op's contract (csrc/ops.cpp).
+  const int64_t item = type_traits(x.dtype).type_size, rows = x.shape[0];
+  if (rows == 0 || n == 0) return;
+  memcpy_2d_d2d(static_cast<char*>(out.data) + out_col * item, out.stride[0] * item,
+                static_cast<const char*>(x.data) + x_col * item, x.stride[0] * item, n * item,
+                rows);
+}
+
+VLLMX_KERNEL(embedding, kCUDA, embedding);
+VLLMX_KERNEL(rms_norm, kCUDA, rms_norm);
+VLLMX_KERNEL(fused_add_rms_norm, kCUDA, fused_add_rms_norm);
+VLLMX_KERNEL(add_rms_norm, kCUDA, add_rms_norm);
+VLLMX_KERNEL(rotary, kCUDA, rotary);
+VLLMX_KERNEL(silu_and_mul, kCUDA, silu_and_mul);
+VLLMX_KERNEL(gelu_and_mul, kCUDA, gelu_and_mul);
+VLLMX_KERNEL(write_kv_cache, kCUDA, write_kv_cache);
+VLLMX_KERNEL(qk_norm_rope_cache, kCUDA, qk_norm_rope_cache);
+VLLMX_KERNEL(copy_columns, kCUDA, copy_columns);
 
 }  // namespace vllmx::cuda

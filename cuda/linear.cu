@@ -15,6 +15,7 @@
 #include <string>
 #include <type_traits>
 
+#include "core/op_table.h"
 #include "cuda_ops.h"
 #include "cuda_util.cuh"
 #include "gemm_sm90.h"
@@ -418,9 +419,11 @@ LinearArgs linear_args(const char* op, const Tensor& out, const Tensor& x, const
 void run_linear(const LinearPlan& p, const LinearArgs& a, DType xt, DType wt) {
   cudaStream_t s = stream();
   if (p.path == Path::kSm90) {
+#ifdef VLLMX_WITH_SM90_GEMM  // (plan_sm90 takes this path only where the GEMM was built)
     const Sm90GemmArgs g{a.x, a.w, a.bias, a.out, a.T, a.N, a.K, a.x_stride, a.w_stride,
                          a.out_stride, xt == DType::BF16, num_sms()};
     sm90_gemm(g, p.sm90_tile, s);
+#endif
   } else if (p.path == Path::kGeneric) {
     const int64_t n = static_cast<int64_t>(a.T) * a.N;
     const int threads = 128;
@@ -526,5 +529,9 @@ void rms_norm_linear(const Tensor& out, const Tensor& res_out, const Tensor& x,
   else
     linear_act_and_mul(out, tmp_norm, w, tmp_act, act);
 }
+
+VLLMX_KERNEL(linear, kCUDA, linear);
+VLLMX_KERNEL(linear_act_and_mul, kCUDA, linear_act_and_mul);
+VLLMX_KERNEL(rms_norm_linear, kCUDA, rms_norm_linear);
 
 }  // namespace vllmx::cuda

@@ -19,7 +19,7 @@
 #include <climits>
 #include <cmath>
 
-#include "cuda_ops.h"
+#include "core/op_table.h"
 #include "cuda_util.cuh"
 #include "rng.h"
 
@@ -331,37 +331,15 @@ __global__ void __launch_bounds__(kT) sample_kernel(
   if (threadIdx.x == 0) out_ids[b] = static_cast<int32_t>(token);
 }
 
-void check_vec(const Tensor& t, DType d, int64_t B, const char* name, const Tensor& logits) {
-  const char* op = "cuda.sample";
-  check_on_device(t, op, name);
-  check_dtype(t, d, op, name);
-  VLLMX_CHECK(t.ndim == 1 && t.shape[0] == B, op,
-        std::string(name) + " " + t.str() + " must have one entry per row of logits " +
-            logits.str());
-}
-
 }  // namespace
 
 void sample(const Tensor& out_ids, const Tensor& out_logprobs, const Tensor& logits,
             const Tensor& temperature, const Tensor& top_k, const Tensor& top_p,
             const Tensor& min_p, const Tensor& rng_state) {
-  const char* op = "cuda.sample";
+  // The shapes are the op's contract (csrc/ops.cpp), checked before this runs.
+  const char* op = "sample";
   check_rows(logits, op, "logits");
-  check_dtype(logits, DType::F32, op, "logits");
-  check_ndim(logits, 2, op, "logits");
   const int64_t B = logits.shape[0], V = logits.shape[1];
-  VLLMX_CHECK(V > 0 || B == 0, op, "logits " + logits.str() + " has an empty vocabulary");
-  VLLMX_CHECK(V <= INT32_MAX, op, "vocabulary too large");
-  check_vec(out_ids, DType::I32, B, "out_ids", logits);
-  if (out_logprobs.defined()) check_vec(out_logprobs, DType::F32, B, "out_logprobs", logits);
-  check_vec(temperature, DType::F32, B, "temperature", logits);
-  check_vec(top_k, DType::I32, B, "top_k", logits);
-  check_vec(top_p, DType::F32, B, "top_p", logits);
-  check_vec(min_p, DType::F32, B, "min_p", logits);
-  check_on_device(rng_state, op, "rng_state");
-  check_dtype(rng_state, DType::U64, op, "rng_state");
-  VLLMX_CHECK(rng_state.ndim == 2 && rng_state.shape[0] == B && rng_state.shape[1] == 2, op,
-        "rng_state " + rng_state.str() + " must be [" + std::to_string(B) + ", 2]");
   if (B == 0) return;
   // Fixed-point scale: V weights <= 1 each sum below 2^62.
   int log2v = 0;
@@ -374,5 +352,7 @@ void sample(const Tensor& out_ids, const Tensor& out_logprobs, const Tensor& log
       rng_state.ptr<uint64_t>(), shift);
   check_launch("sample kernel");
 }
+
+VLLMX_KERNEL(sample, kCUDA, sample);
 
 }  // namespace vllmx::cuda

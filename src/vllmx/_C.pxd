@@ -1,5 +1,6 @@
-# Declarations of the native core (csrc/). Every op raises ValueError (std::invalid_argument)
-# naming the op and the shapes on bad arguments.
+# Declarations of the native core (csrc/): dtypes, tensors, CPU features. The ops are reached
+# through the op table (op_table.pxi); each raises ValueError (std::invalid_argument) naming the
+# op and the shapes on bad arguments.
 from libc.stdint cimport int32_t, int64_t
 from libcpp cimport bool
 
@@ -34,43 +35,3 @@ cdef extern from "cpu_features.h" namespace "vllmx":
     const CpuFeatures& cpu_features()
     void c_set_num_threads "vllmx::set_num_threads"(int)
     int c_get_num_threads "vllmx::get_num_threads"()
-
-cdef extern from "ops.h" namespace "vllmx" nogil:
-    void embedding(const Tensor&, const Tensor&, const Tensor&, bool) except +
-    void dequantize(const Tensor&, const Tensor&, bool) except +
-    void quantize(const Tensor&, const Tensor&, bool) except +
-    void linear(const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool) except +
-    void rms_norm(const Tensor&, const Tensor&, const Tensor&, float, bool) except +
-    void fused_add_rms_norm(const Tensor&, const Tensor&, const Tensor&, float, bool) except +
-    void rotary(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t, bool,
-                bool) except +
-    void silu_and_mul(const Tensor&, const Tensor&, bool) except +
-    void write_kv_cache(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                        const Tensor&, bool) except +
-    void paged_attention(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         const Tensor&, const Tensor&, const Tensor&, float, int64_t, float,
-                         bool) except +
-    void sample(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                const Tensor&, const Tensor&, const Tensor&, bool) except +
-
-cdef extern from "ops.h" namespace "vllmx" nogil:
-    cdef struct LogitsProcessorArgs:
-        Tensor allowed_indptr, allowed_ids
-        Tensor bad_words_indptr, bad_word_token_indptr, bad_word_tokens
-        Tensor output_tail_indptr, output_tail
-        Tensor bias_indptr, bias_ids, bias_values
-        Tensor penalty_indptr, penalty_ids, output_counts
-        Tensor repetition_penalty, frequency_penalty, presence_penalty
-    void apply_logits_processors(const Tensor&, const LogitsProcessorArgs&, bool) except +
-    void compute_logprobs(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                          const Tensor&, const Tensor&, const Tensor&, bool) except +
-
-cdef extern from "ops.h" namespace "vllmx" nogil:
-    void gelu_and_mul(const Tensor&, const Tensor&, bool, bool) except +
-
-cdef extern from "ops.h" namespace "vllmx" nogil:
-    void quantize_weight(const Tensor&, const Tensor&) except +
-
-cdef extern from "ops.h" namespace "vllmx" nogil:
-    void copy_columns(const Tensor&, int64_t, const Tensor&, int64_t, int64_t) except +
-    void scale(const Tensor&, const Tensor&, float) except +

@@ -1,8 +1,8 @@
 # CUDA bindings (included at the end of _C.pyx): the runtime (device probe, caching allocator,
-# copies), DeviceBuffer (owned device bytes), DeviceArrayBase (a typed, shaped view of one; the
-# Python class vllmx.device.DeviceArray builds on it) and the cuda_op_* functions, which mirror
-# the CPU op_* ones but take device arrays. Where vllmx was built without CUDA, or no GPU is
-# present, cuda_available() is False and every op raises RuntimeError saying which.
+# copies, graphs), DeviceBuffer (owned device bytes) and DeviceArrayBase (a typed, shaped view
+# of one; the Python class vllmx.device.DeviceArray builds on it). The ops take DeviceArrays
+# through the op table (op_table.pxi) like host arrays. Where vllmx was built without CUDA, or no
+# GPU is present, cuda_available() is False and the runtime calls raise RuntimeError saying so.
 from libc.stdint cimport int32_t, uintptr_t
 from libcpp.string cimport string
 
@@ -38,40 +38,6 @@ cdef extern from "runtime.h" namespace "vllmx::cuda" nogil:
     void c_event_record "vllmx::cuda::event_record"(void*) except +
     void c_event_synchronize "vllmx::cuda::event_synchronize"(void*) except +
     void c_event_destroy "vllmx::cuda::event_destroy"(void*) except +
-
-cdef extern from "cuda_ops.h" namespace "vllmx::cuda" nogil:
-    void c_cuda_embedding "vllmx::cuda::embedding"(const Tensor&, const Tensor&,
-                                                   const Tensor&) except +
-    void c_cuda_rms_norm "vllmx::cuda::rms_norm"(const Tensor&, const Tensor&, const Tensor&,
-                                                 float) except +
-    void c_cuda_fused_add_rms_norm "vllmx::cuda::fused_add_rms_norm"(
-        const Tensor&, const Tensor&, const Tensor&, float) except +
-    void c_cuda_rotary "vllmx::cuda::rotary"(const Tensor&, const Tensor&, const Tensor&,
-                                             const Tensor&, int64_t, bint) except +
-    void c_cuda_silu_and_mul "vllmx::cuda::silu_and_mul"(const Tensor&, const Tensor&) except +
-    void c_cuda_gelu_and_mul "vllmx::cuda::gelu_and_mul"(const Tensor&, const Tensor&,
-                                                         bint) except +
-    void c_cuda_write_kv_cache "vllmx::cuda::write_kv_cache"(
-        const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) except +
-    void c_cuda_qk_norm_rope_cache "vllmx::cuda::qk_norm_rope_cache"(
-        const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-        float, const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t, bint) except +
-    void c_cuda_linear "vllmx::cuda::linear"(const Tensor&, const Tensor&, const Tensor&,
-                                             const Tensor&) except +
-    void c_cuda_linear_act_and_mul "vllmx::cuda::linear_act_and_mul"(
-        const Tensor&, const Tensor&, const Tensor&, const Tensor&, int) except +
-    void c_cuda_add_rms_norm "vllmx::cuda::add_rms_norm"(
-        const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, float) except +
-    void c_cuda_rms_norm_linear "vllmx::cuda::rms_norm_linear"(
-        const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, float,
-        const Tensor&, const Tensor&, const Tensor&, const Tensor&, int) except +
-    void c_cuda_paged_attention "vllmx::cuda::paged_attention"(
-        const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-        const Tensor&, const Tensor&, float, int64_t, float, int64_t) except +
-    void c_cuda_sample "vllmx::cuda::sample"(const Tensor&, const Tensor&, const Tensor&,
-                                             const Tensor&, const Tensor&, const Tensor&,
-                                             const Tensor&, const Tensor&) except +
-
 
 cdef int _cuda_state = -1  # -1: not probed; 0: unavailable; 1: available
 
@@ -352,6 +318,8 @@ cdef Tensor as_device_tensor(object a, int dtype=-1) except *:
         raise TypeError(f"expected a vllmx DeviceArray on the GPU, got {type(a).__name__} "
                         f"(copy host arrays with DeviceArray.from_numpy)")
     d = <DeviceArrayBase>a
+    if d.buffer is None or d.shape is None:
+        raise ValueError("a DeviceArray has no buffer behind it")
     nd = len(d.shape)
     if nd > 4:
         raise ValueError(f"at most 4 dims, got shape {d.shape}")
@@ -378,134 +346,3 @@ cdef Tensor as_device_tensor(object a, int dtype=-1) except *:
             last *= d.shape[i]
             t.stride[i - 1] = last
     return t
-
-
-def cuda_op_embedding(out, ids, table, int table_dtype=-1):
-    _require_cuda()
-    cdef Tensor o = as_device_tensor(out), i = as_device_tensor(ids)
-    cdef Tensor w = as_device_tensor(table, table_dtype)
-    with nogil:
-        c_cuda_embedding(o, i, w)
-
-
-def cuda_op_linear(out, x, w, int w_dtype=-1, bias=None):
-    _require_cuda()
-    cdef Tensor o = as_device_tensor(out), xt = as_device_tensor(x)
-    cdef Tensor wt = as_device_tensor(w, w_dtype), b = as_device_tensor(bias)
-    with nogil:
-        c_cuda_linear(o, xt, wt, b)
-
-
-def cuda_op_linear_act_and_mul(out, x, w, tmp, int act, int w_dtype=-1):
-    _require_cuda()
-    cdef Tensor o = as_device_tensor(out), xt = as_device_tensor(x)
-    cdef Tensor wt = as_device_tensor(w, w_dtype), tt = as_device_tensor(tmp)
-    with nogil:
-        c_cuda_linear_act_and_mul(o, xt, wt, tt, act)
-
-
-def cuda_op_rms_norm_linear(out, res_out, x, residual, norm_w, float eps, w, bias, tmp_norm,
-                            tmp_act, int act):
-    _require_cuda()
-    cdef Tensor o = as_device_tensor(out), ro = as_device_tensor(res_out)
-    cdef Tensor xt = as_device_tensor(x), r = as_device_tensor(residual)
-    cdef Tensor nw = as_device_tensor(norm_w), wt = as_device_tensor(w)
-    cdef Tensor b = as_device_tensor(bias), tn = as_device_tensor(tmp_norm)
-    cdef Tensor ta = as_device_tensor(tmp_act)
-    with nogil:
-        c_cuda_rms_norm_linear(o, ro, xt, r, nw, eps, wt, b, tn, ta, act)
-
-
-def cuda_op_add_rms_norm(out, res_out, x, residual, w, float eps):
-    _require_cuda()
-    cdef Tensor o = as_device_tensor(out), ro = as_device_tensor(res_out)
-    cdef Tensor xt = as_device_tensor(x), r = as_device_tensor(residual)
-    cdef Tensor wt = as_device_tensor(w)
-    with nogil:
-        c_cuda_add_rms_norm(o, ro, xt, r, wt, eps)
-
-
-def cuda_op_rms_norm(out, x, w, float eps):
-    _require_cuda()
-    cdef Tensor o = as_device_tensor(out), xt = as_device_tensor(x), wt = as_device_tensor(w)
-    with nogil:
-        c_cuda_rms_norm(o, xt, wt, eps)
-
-
-def cuda_op_fused_add_rms_norm(x, residual, w, float eps):
-    _require_cuda()
-    cdef Tensor xt = as_device_tensor(x), r = as_device_tensor(residual)
-    cdef Tensor wt = as_device_tensor(w)
-    with nogil:
-        c_cuda_fused_add_rms_norm(xt, r, wt, eps)
-
-
-def cuda_op_rotary(positions, q, k, cos_sin_cache, int64_t head_size, bint is_neox):
-    _require_cuda()
-    cdef Tensor p = as_device_tensor(positions), qt = as_device_tensor(q)
-    cdef Tensor kt = as_device_tensor(k), c = as_device_tensor(cos_sin_cache)
-    with nogil:
-        c_cuda_rotary(p, qt, kt, c, head_size, is_neox)
-
-
-def cuda_op_silu_and_mul(out, x):
-    _require_cuda()
-    cdef Tensor o = as_device_tensor(out), xt = as_device_tensor(x)
-    with nogil:
-        c_cuda_silu_and_mul(o, xt)
-
-
-def cuda_op_gelu_and_mul(out, x, bint approximate_tanh):
-    _require_cuda()
-    cdef Tensor o = as_device_tensor(out), xt = as_device_tensor(x)
-    with nogil:
-        c_cuda_gelu_and_mul(o, xt, approximate_tanh)
-
-
-def cuda_op_write_kv_cache(key, value, key_cache, value_cache, slot_mapping, int cache_dtype=-1):
-    _require_cuda()
-    cdef Tensor k = as_device_tensor(key), v = as_device_tensor(value)
-    cdef Tensor kc = as_device_tensor(key_cache, cache_dtype)
-    cdef Tensor vc = as_device_tensor(value_cache, cache_dtype)
-    cdef Tensor s = as_device_tensor(slot_mapping)
-    with nogil:
-        c_cuda_write_kv_cache(k, v, kc, vc, s)
-
-
-def cuda_op_qk_norm_rope_cache(q_out, qkv, positions, cos_sin_cache, q_norm, k_norm, float eps,
-                               key_cache, value_cache, slot_mapping, int64_t num_heads,
-                               int64_t num_kv_heads, bint is_neox):
-    _require_cuda()
-    cdef Tensor qo = as_device_tensor(q_out), x = as_device_tensor(qkv)
-    cdef Tensor p = as_device_tensor(positions), c = as_device_tensor(cos_sin_cache)
-    cdef Tensor qn = as_device_tensor(q_norm), kn = as_device_tensor(k_norm)
-    cdef Tensor kc = as_device_tensor(key_cache), vc = as_device_tensor(value_cache)
-    cdef Tensor s = as_device_tensor(slot_mapping)
-    with nogil:
-        c_cuda_qk_norm_rope_cache(qo, x, p, c, qn, kn, eps, kc, vc, s, num_heads, num_kv_heads,
-                                  is_neox)
-
-
-def cuda_op_paged_attention(out, q, key_cache, value_cache, block_table, query_start_loc,
-                            seq_lens, float scale, int64_t sliding_window=0,
-                            float logits_soft_cap=0.0, int cache_dtype=-1,
-                            int64_t max_query_len=0):
-    _require_cuda()
-    cdef Tensor o = as_device_tensor(out), qt = as_device_tensor(q)
-    cdef Tensor kc = as_device_tensor(key_cache, cache_dtype)
-    cdef Tensor vc = as_device_tensor(value_cache, cache_dtype)
-    cdef Tensor bt = as_device_tensor(block_table), qsl = as_device_tensor(query_start_loc)
-    cdef Tensor sl = as_device_tensor(seq_lens)
-    with nogil:
-        c_cuda_paged_attention(o, qt, kc, vc, bt, qsl, sl, scale, sliding_window,
-                               logits_soft_cap, max_query_len)
-
-
-def cuda_op_sample(out_ids, out_logprobs, logits, temperature, top_k, top_p, min_p, rng_state):
-    _require_cuda()
-    cdef Tensor o = as_device_tensor(out_ids), lp = as_device_tensor(out_logprobs)
-    cdef Tensor l = as_device_tensor(logits), t = as_device_tensor(temperature)
-    cdef Tensor tk = as_device_tensor(top_k), tp = as_device_tensor(top_p)
-    cdef Tensor mp = as_device_tensor(min_p), r = as_device_tensor(rng_state)
-    with nogil:
-        c_cuda_sample(o, lp, l, t, tk, tp, mp, r)

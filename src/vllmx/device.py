@@ -1,6 +1,6 @@
 """Arrays on the GPU. A DeviceArray is a typed, shaped, C-contiguous view of device bytes from
-vllmx's caching allocator; the cuda ops (`vllmx.ops.cuda_*`, `vllmx._C.cuda_op_*`) take them
-where the CPU ops take numpy arrays. Its `shape` is the shape of the matching host array:
+vllmx's caching allocator; the ops (`vllmx.ops`, `vllmx._C.ops`) take them where they take
+numpy arrays, and run their CUDA kernels. Its `shape` is the shape of the matching host array:
 uint16 for bf16, uint8 rows of whole blocks for quantized types (GGML dtype ids throughout)."""
 
 from __future__ import annotations

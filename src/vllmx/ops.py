@@ -1,7 +1,8 @@
-"""The one Python facade over the native ops (`vllmx._C`). Model code calls these, never the
-backend directly. On the CPU activations are float32 numpy arrays and weights `Weight`s; on the
-GPU both are `vllmx.device.DeviceArray`s (activations bf16 / f16), and each op below sends a
-device array to its CUDA twin (`cuda_*`), so model code is the same for both."""
+"""The one Python facade over the native ops. Model code calls these, never `vllmx._C`. On the
+CPU activations are float32 numpy arrays and weights `Weight`s; on the GPU both are
+`vllmx.device.DeviceArray`s (activations bf16 / f16). Each function only allocates its outputs
+on its input's device and calls the op table (`_C.ops.<name>`, csrc/ops.def), which dispatches by
+device; where a device has a fused op (the op table says so), the fused one is picked."""
 
 from __future__ import annotations
 
@@ -51,23 +52,47 @@ class Weight:
             return np.ascontiguousarray(self.data, dtype=np.float32).reshape(self.shape)
         rows = int(np.prod(self.shape[:-1])) if len(self.shape) > 1 else 1
         out = np.empty((rows, self.shape[-1]), dtype=np.float32)
-        _C.op_dequantize(out, self.data.reshape(rows, -1), self.dtype)
+        _C.ops.dequantize(out, (self.data.reshape(rows, -1), self.dtype))
         return out.reshape(self.shape)
 
 
-def embedding(ids: np.ndarray, table: Weight) -> np.ndarray:
+def _arg(t):
+    """A tensor argument of an op: a Weight as (bytes, dtype id), arrays as they are."""
+    return (t.data, t.dtype) if isinstance(t, Weight) else t
+
+
+def _empty(like, shape: tuple[int, ...], dtype=None):
+    """Uninitialised output on like's device: like's dtype unless given (a numpy dtype on the
+    host, a dtype id on the GPU)."""
+    if isinstance(like, DeviceArray):
+        return DeviceArray.empty(shape, like.dtype if dtype is None else dtype)
+    return np.empty(shape, dtype=like.dtype if dtype is None else dtype)
+
+
+def _rows(table) -> int:
+    """Elements in a table's last dim (a block type's bytes / block bytes * block size)."""
+    if isinstance(table, Weight):
+        return table.shape[-1]
+    _, block_size, type_size, quantized, _ = _C.type_info(table.dtype)
+    return table.shape[-1] // type_size * block_size if quantized else table.shape[-1]
+
+
+def embedding(ids, table, out_dtype: int | None = None):
+    """table[ids]: [T, H] rows, dequantized. On the host f32; on the GPU out_dtype (default: the
+    table's dtype if dense, else bf16)."""
     if isinstance(ids, DeviceArray):
-        return cuda_embedding(ids, table)
-    out = np.empty((ids.shape[0], table.shape[1]), dtype=np.float32)
-    _C.op_embedding(out, ids, table.data, table.dtype)
+        if out_dtype is None:
+            out_dtype = table.dtype if table.dtype in (F32, F16, BF16) else BF16
+        out = DeviceArray.empty((ids.shape[0], _rows(table)), out_dtype)
+    else:
+        out = np.empty((ids.shape[0], _rows(table)), dtype=np.float32)
+    _C.ops.embedding(out, ids, _arg(table))
     return out
 
 
-def linear(x: np.ndarray, w: Weight, bias: np.ndarray | None = None) -> np.ndarray:
-    if isinstance(x, DeviceArray):
-        return cuda_linear(x, w, bias)
-    out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
-    _C.op_linear(out, x, w.data, w.dtype, bias)
+def linear(x, w, bias=None):
+    out = _empty(x, (x.shape[0], w.shape[0]))
+    _C.ops.linear(out, x, _arg(w), bias)
     return out
 
 
@@ -92,40 +117,40 @@ def repack_weight(w: Weight) -> Weight:
     # the original and the copy are never both resident.
     step = max(16, (_REPACK_CHUNK_BYTES // src.strides[0]) // 16 * 16)
     for r in range(0, src.shape[0], step):
-        _C.op_repack_weight(out[r:r + step], src[r:r + step], w.dtype)
+        _C.ops.repack_weight((out[r:r + step], packed), (src[r:r + step], w.dtype))
         release_file_pages(src[r:r + step])
     release_file_pages(src)  # the pages that straddle chunk boundaries
     return Weight(out, packed, w.shape)
 
 
-def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    if isinstance(x, DeviceArray):
-        return cuda_rms_norm(x, w, eps)
-    out = np.empty_like(x)
-    _C.op_rms_norm(out, x, w, eps)
+def rms_norm(x, w, eps: float):
+    out = _empty(x, x.shape)
+    _C.ops.rms_norm(out, x, w, eps)
     return out
 
 
-def fused_add_rms_norm(x: np.ndarray, residual: np.ndarray, w: np.ndarray, eps: float) -> None:
+def fused_add_rms_norm(x, residual, w, eps: float) -> None:
     """In place: residual += x; x = rms_norm(residual) * w."""
-    if isinstance(x, DeviceArray):
-        return cuda_fused_add_rms_norm(x, residual, w, eps)
-    _C.op_fused_add_rms_norm(x, residual, w, eps)
+    _C.ops.fused_add_rms_norm(x, residual, w, eps)
 
 
 def rotary(positions, q, k, cos_sin_cache, head_size: int, is_neox: bool) -> None:
-    if isinstance(q, DeviceArray):
-        return cuda_rotary(positions, q, k, cos_sin_cache, head_size, is_neox)
-    _C.op_rotary(positions, q, k, cos_sin_cache, head_size, is_neox)
+    _C.ops.rotary(positions, q, k, cos_sin_cache, head_size, is_neox)
 
 
-_ACTS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}  # the CUDA ops' act codes
+_ACTS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}  # linear_act_and_mul's act codes (ops.def)
 
 
 def _act_code(op: str, act: str) -> int:
     if act not in _ACTS:
         raise ValueError(f"{op}: act must be one of {sorted(_ACTS)}, got {act!r}")
     return _ACTS[act]
+
+
+def _fused(name: str, x) -> bool:
+    """Whether the op table has a kernel of the fused op `name` for x's device (the GPU's fused
+    decode ops; elsewhere the unfused ops run one after the other)."""
+    return getattr(_C.ops, name).has_kernel("cuda" if isinstance(x, DeviceArray) else "cpu")
 
 
 def act_and_mul(x, act: str = "silu"):
@@ -136,45 +161,55 @@ def act_and_mul(x, act: str = "silu"):
     return gelu_and_mul(x, "tanh" if act == "gelu_tanh" else "none")
 
 
-def linear_act_and_mul(x, w: Weight, act: str = "silu"):
+def linear_act_and_mul(x, w, act: str = "silu"):
     """act(x @ gate^T) * (x @ up^T) for w = [gate; up] (a merged gate_up_proj); act is "silu",
     "gelu" (erf) or "gelu_tanh". On the GPU decode rows take one fused GEMV."""
     code = _act_code("linear_act_and_mul", act)
-    if isinstance(x, DeviceArray):
-        return cuda_linear_act_and_mul(x, w, code)
-    return act_and_mul(linear(x, w), act)
+    if not _fused("linear_act_and_mul", x):
+        return act_and_mul(linear(x, w), act)
+    n = w.shape[0]
+    out = _empty(x, (x.shape[0], n // 2))
+    tmp = _empty(x, (x.shape[0], n))  # used when the op runs unfused
+    _C.ops.linear_act_and_mul(out, x, _arg(w), tmp, code)
+    return out
 
 
-def rms_norm_linear(x, residual, norm_w, eps: float, w: Weight, bias=None, act: str | None = None):
+def rms_norm_linear(x, residual, norm_w, eps: float, w, bias=None, act: str | None = None):
     """A decoder layer's norm and the projection after it: h = x + residual (or x when residual
     is None), y = rms_norm(h) * norm_w, out = linear(y, w, bias), or linear_act_and_mul(y, w,
-    act) when act is given. Returns (out, h), h being the residual stream from here on. On the
-    CPU the residual is updated in place (vLLM's fused_add_rms_norm); on the GPU decode rows take
-    one GEMV that normalizes x as it reads it."""
+    act) when act is given. Returns (out, h), h being the residual stream from here on. Without
+    the fused op (the CPU) the residual is updated in place (vLLM's fused_add_rms_norm); on the
+    GPU decode rows take one GEMV that normalizes x as it reads it."""
     code = -1 if act is None else _act_code("rms_norm_linear", act)
-    if isinstance(x, DeviceArray):
-        return cuda_rms_norm_linear(x, residual, norm_w, eps, w, bias, code)
-    if residual is None:
-        h, residual = rms_norm(x, norm_w, eps), x
-    else:
-        fused_add_rms_norm(x, residual, norm_w, eps)
-        h = x
-    out = linear(h, w, bias) if act is None else linear_act_and_mul(h, w, act)
-    return out, residual
+    if not _fused("rms_norm_linear", x):
+        if residual is None:
+            h, residual = rms_norm(x, norm_w, eps), x
+        else:
+            fused_add_rms_norm(x, residual, norm_w, eps)
+            h = x
+        out = linear(h, w, bias) if act is None else linear_act_and_mul(h, w, act)
+        return out, residual
+    t, k, n = x.shape[0], x.shape[1], w.shape[0]
+    out = _empty(x, (t, n if code < 0 else n // 2))
+    res_out = None if residual is None else _empty(x, (t, k))
+    tmp_norm = _empty(x, (t, k))  # the unfused path's buffers
+    tmp_act = _empty(x, (t, n)) if code >= 0 else None
+    _C.ops.rms_norm_linear(out, res_out, x, residual, norm_w, eps, _arg(w), bias, tmp_norm,
+                           tmp_act, code)
+    return out, (x if residual is None else res_out)
 
 
-def silu_and_mul(x: np.ndarray) -> np.ndarray:
-    if isinstance(x, DeviceArray):
-        return cuda_silu_and_mul(x)
-    out = np.empty((x.shape[0], x.shape[1] // 2), dtype=np.float32)
-    _C.op_silu_and_mul(out, x)
+def silu_and_mul(x):
+    out = _empty(x, (x.shape[0], x.shape[1] // 2))
+    _C.ops.silu_and_mul(out, x)
     return out
 
 
 def write_kv_cache(key, value, key_cache, value_cache, slot_mapping, cache_dtype: int) -> None:
-    if isinstance(key, DeviceArray):  # the device caches carry their dtype
-        return cuda_write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
-    _C.op_write_kv_cache(key, value, key_cache, value_cache, slot_mapping, cache_dtype)
+    """cache_dtype: the host caches' dtype id (device caches carry their own)."""
+    if not isinstance(key, DeviceArray):
+        key_cache, value_cache = (key_cache, cache_dtype), (value_cache, cache_dtype)
+    _C.ops.write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
 
 
 def qk_norm_rope_cache(qkv, positions, cos_sin_cache, is_neox: bool, q_norm, k_norm,
@@ -182,12 +217,14 @@ def qk_norm_rope_cache(qkv, positions, cos_sin_cache, is_neox: bool, q_norm, k_n
                        num_heads: int, num_kv_heads: int, head_size: int):
     """The attention prologue: from qkv [T, (nq + 2 nkv) * D], q and k rms-normed per head
     (q_norm / k_norm weights, or None for none) and rotated, k and v written to the cache slots;
-    returns q [T, nq * D]. On the GPU one kernel; on the CPU the separate native ops, which a
-    recorded step (worker/step_capture.py) replays."""
-    if isinstance(qkv, DeviceArray):
-        return cuda_qk_norm_rope_cache(qkv, positions, cos_sin_cache, is_neox, q_norm, k_norm, eps,
-                                       key_cache, value_cache, slot_mapping, num_heads,
-                                       num_kv_heads)
+    returns q [T, nq * D]. One op where the device has it (the GPU); otherwise the separate ops,
+    which a recorded step (worker/step_capture.py) replays."""
+    if _fused("qk_norm_rope_cache", qkv):
+        q = _empty(qkv, (qkv.shape[0], num_heads * head_size))
+        _C.ops.qk_norm_rope_cache(q, qkv, positions, cos_sin_cache, q_norm, k_norm, eps,
+                                  key_cache, value_cache, slot_mapping, num_heads, num_kv_heads,
+                                  is_neox)
+        return q
     t, d = qkv.shape[0], head_size
     q, k, v = split_columns(qkv, [num_heads * d, num_kv_heads * d, num_kv_heads * d])
     if q_norm is not None:
@@ -200,31 +237,33 @@ def qk_norm_rope_cache(qkv, positions, cos_sin_cache, is_neox: bool, q_norm, k_n
 
 def paged_attention(q, key_cache, value_cache, block_table, query_start_loc, seq_lens,
                     scale: float, cache_dtype: int, sliding_window: int = 0,
-                    logits_soft_cap: float = 0.0, max_query_len: int = 0) -> np.ndarray:
-    """max_query_len: the longest query of the batch when known (1: decode only), else 0."""
-    if isinstance(q, DeviceArray):
-        return cuda_paged_attention(q, key_cache, value_cache, block_table, query_start_loc,
-                                    seq_lens, scale, sliding_window, logits_soft_cap,
-                                    max_query_len)
-    out = np.empty_like(q)
-    _C.op_paged_attention(out, q, key_cache, value_cache, block_table, query_start_loc,
-                          seq_lens, scale, sliding_window, logits_soft_cap, cache_dtype)
+                    logits_soft_cap: float = 0.0, max_query_len: int = 0):
+    """max_query_len: the longest query of the batch when known (1: decode only), else 0.
+    cache_dtype: the host caches' dtype id (device caches carry their own)."""
+    if not isinstance(q, DeviceArray):
+        key_cache, value_cache = (key_cache, cache_dtype), (value_cache, cache_dtype)
+    out = _empty(q, q.shape)
+    _C.ops.paged_attention(out, q, key_cache, value_cache, block_table, query_start_loc,
+                           seq_lens, scale, sliding_window, logits_soft_cap, max_query_len)
     return out
 
 
 def sample(logits, temperature, top_k, top_p, min_p, rng_state, with_logprobs: bool = True):
     """Token ids (int32 [B]) and their log-probs under the given logits (float32 [B]; None
-    without with_logprobs). rng_state (uint64 [B, 2]) is advanced in place."""
-    ids = np.empty(logits.shape[0], dtype=np.int32)
-    logprobs = np.empty(logits.shape[0], dtype=np.float32) if with_logprobs else None
-    _C.op_sample(ids, logprobs, logits, temperature, top_k, top_p, min_p, rng_state)
+    without with_logprobs), on logits' device. rng_state (uint64 [B, 2]) is advanced in place."""
+    b = logits.shape[0]
+    ids = _empty(logits, (b,), I32 if isinstance(logits, DeviceArray) else np.int32)
+    logprobs = None
+    if with_logprobs:
+        logprobs = _empty(logits, (b,), F32 if isinstance(logits, DeviceArray) else np.float32)
+    _C.ops.sample(ids, logprobs, logits, temperature, top_k, top_p, min_p, rng_state)
     return ids, logprobs
 
 
 def apply_logits_processors(logits: np.ndarray, **groups: np.ndarray) -> None:
     """In place over logits (float32 [B, V]): allowed_token_ids, bad words, logit bias (and
-    min_tokens bans), penalties; each group as CSR int32 arrays (see csrc/ops.h)."""
-    _C.op_apply_logits_processors(logits, **groups)
+    min_tokens bans), penalties; each group as CSR int32 arrays (csrc/ops.def)."""
+    _C.ops.apply_logits_processors(logits, **groups)
 
 
 def compute_logprobs(logits: np.ndarray, token_ids: np.ndarray, num_logprobs: np.ndarray):
@@ -237,24 +276,23 @@ def compute_logprobs(logits: np.ndarray, token_ids: np.ndarray, num_logprobs: np
     rank = np.empty(n, dtype=np.int32)
     top_ids = np.empty((n, max(k, 0)), dtype=np.int32)
     top_logprobs = np.empty((n, max(k, 0)), dtype=np.float32)
-    _C.op_compute_logprobs(token_logprob, rank, top_ids if k > 0 else None,
-                           top_logprobs if k > 0 else None, logits, token_ids, num_logprobs)
+    _C.ops.compute_logprobs(token_logprob, rank, top_ids if k > 0 else None,
+                            top_logprobs if k > 0 else None, logits, token_ids, num_logprobs)
     return token_logprob, rank, top_ids, top_logprobs
 
 
-def gelu_and_mul(x: np.ndarray, approximate: str = "none") -> np.ndarray:
+def gelu_and_mul(x, approximate: str = "none"):
     """GeGLU: gelu(x[:, :I]) * x[:, I:]; approximate is "none" (erf) or "tanh" (PyTorch's)."""
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu_and_mul: approximate must be 'none' or 'tanh', got {approximate!r}")
-    if isinstance(x, DeviceArray):
-        return cuda_gelu_and_mul(x, approximate)
-    out = np.empty((x.shape[0], x.shape[1] // 2), dtype=np.float32)
-    _C.op_gelu_and_mul(out, x, approximate == "tanh")
+    out = _empty(x, (x.shape[0], x.shape[1] // 2))
+    _C.ops.gelu_and_mul(out, x, approximate == "tanh")
     return out
 
 
 # Weight types `quantize_weight` writes (GGML ids): the k-quants and the 32-block types.
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(_C.DType[name])
+                                for name in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"))
 QUANTIZE_TYPES = {"F32": F32, "F16": F16, "BF16": BF16, "Q4_0": Q4_0, "Q4_1": Q4_1,
                   "Q5_0": Q5_0, "Q5_1": Q5_1, "Q8_0": Q8_0, "Q2_K": Q2_K, "Q3_K": Q3_K,
                   "Q4_K": Q4_K, "Q5_K": Q5_K, "Q6_K": Q6_K}
@@ -279,26 +317,18 @@ def quantize_weight(x: np.ndarray, dtype: int) -> np.ndarray:
         if np_dtype is None:
             raise ValueError(f"quantize_weight: no quantizer for {name} (id {dtype})")
         out = np.empty(x.shape, np_dtype)
-    _C.op_quantize_weight(out, dtype, x)
+    _C.ops.quantize_weight((out, dtype), x)
     return out
 
 
 def split_columns(x, sizes: list[int]) -> list:
     """Contiguous copies of consecutive column ranges of x [T, sum(sizes)] (e.g. q, k, v out of
-    one fused projection): the native ops take contiguous rows."""
+    one fused projection): the native ops take contiguous rows. A native copy, so that a
+    recorded step (worker/step_capture.py) replays it."""
     pieces, start = [], 0
-    if isinstance(x, DeviceArray):
-        t, width, item = x.shape[0], x.shape[1], x.itemsize
-        for n in sizes:
-            out = DeviceArray.empty((t, n), x.dtype)
-            out.buffer.copy_2d_from_device(x.buffer, n * item, t, out.offset, n * item,
-                                           x.offset + start * item, width * item)
-            pieces.append(out)
-            start += n
-        return pieces
-    for n in sizes:  # a native copy, so that a recorded step (worker/step_capture.py) replays it
-        out = np.empty((x.shape[0], n), dtype=x.dtype)
-        _C.op_copy_columns(out, 0, x, start, n)
+    for n in sizes:
+        out = _empty(x, (x.shape[0], n))
+        _C.ops.copy_columns(out, 0, x, start, n)
         pieces.append(out)
         start += n
     return pieces
@@ -306,36 +336,24 @@ def split_columns(x, sizes: list[int]) -> list:
 
 def concat_columns(xs: list):
     """[T, sum(widths)] from arrays [T, width_i] side by side (the inverse of split_columns)."""
-    if not isinstance(xs[0], DeviceArray):
-        out = np.empty((xs[0].shape[0], sum(x.shape[1] for x in xs)), dtype=xs[0].dtype)
-        start = 0
-        for x in xs:
-            _C.op_copy_columns(out, start, x, 0, x.shape[1])
-            start += x.shape[1]
-        return out
-    t, item = xs[0].shape[0], xs[0].itemsize
-    width = sum(x.shape[1] for x in xs)
-    out, start = DeviceArray.empty((t, width), xs[0].dtype), 0
+    out = _empty(xs[0], (xs[0].shape[0], sum(x.shape[1] for x in xs)))
+    start = 0
     for x in xs:
-        n = x.shape[1]
-        out.buffer.copy_2d_from_device(x.buffer, n * item, t, out.offset + start * item,
-                                       width * item, x.offset, n * item)
-        start += n
+        _C.ops.copy_columns(out, start, x, 0, x.shape[1])
+        start += x.shape[1]
     return out
 
 
-def scale_(x: np.ndarray, s: float) -> None:
+def scale_(x, s: float) -> None:
     """In place: x *= s (f32), natively, so that a recorded step replays it."""
-    if isinstance(x, DeviceArray):
-        raise TypeError("scale_: host arrays only (Gemma 3, its one user, runs on the CPU)")
-    _C.op_scale(x, x, s)
+    _C.ops.scale(x, x, s)
 
 
 def gather_rows(x, rows: np.ndarray, out_dtype: int | None = None):
     """x[rows] (rows: host int array), contiguous; on the GPU optionally cast to out_dtype."""
     if isinstance(x, DeviceArray):
         ids = DeviceArray.from_numpy(np.ascontiguousarray(rows, dtype=np.int32))
-        return cuda_embedding(ids, x, out_dtype)
+        return embedding(ids, x, out_dtype)
     return np.ascontiguousarray(x[rows])
 
 
@@ -348,111 +366,5 @@ def to_float32(x):
     return x
 
 
-# ---- CUDA: the same ops over vllmx.device.DeviceArray (activations f32 / f16 / bf16) ----
-
-
 def cuda_available() -> bool:
     return _C.cuda_available()
-
-
-def _elements(a: DeviceArray) -> int:
-    """Elements in the last dim of a (bytes / block bytes * block size for block types)."""
-    _, block_size, type_size, quantized, _ = _C.type_info(a.dtype)
-    return a.shape[-1] // type_size * block_size if quantized else a.shape[-1]
-
-
-def cuda_embedding(ids: DeviceArray, table: DeviceArray, out_dtype: int | None = None):
-    """out [T, H] in out_dtype (default: the table's dtype if dense, else bf16)."""
-    if out_dtype is None:
-        out_dtype = table.dtype if table.dtype in (F32, F16, BF16) else BF16
-    out = DeviceArray.empty((ids.shape[0], _elements(table)), out_dtype)
-    _C.cuda_op_embedding(out, ids, table)
-    return out
-
-
-def cuda_linear(x: DeviceArray, w: DeviceArray, bias: DeviceArray | None = None) -> DeviceArray:
-    out = DeviceArray.empty((x.shape[0], w.shape[0]), x.dtype)
-    _C.cuda_op_linear(out, x, w, -1, bias)
-    return out
-
-
-def cuda_linear_act_and_mul(x: DeviceArray, w: DeviceArray, act: int) -> DeviceArray:
-    n = w.shape[0]
-    out = DeviceArray.empty((x.shape[0], n // 2), x.dtype)
-    tmp = DeviceArray.empty((x.shape[0], n), x.dtype)  # used when the op runs unfused
-    _C.cuda_op_linear_act_and_mul(out, x, w, tmp, act)
-    return out
-
-
-def cuda_rms_norm_linear(x, residual, norm_w, eps, w, bias, act: int):
-    t, k, n = x.shape[0], x.shape[1], w.shape[0]
-    out = DeviceArray.empty((t, n if act < 0 else n // 2), x.dtype)
-    res_out = None if residual is None else DeviceArray.empty((t, k), x.dtype)
-    tmp_norm = DeviceArray.empty((t, k), x.dtype)  # the unfused path's buffers
-    tmp_act = DeviceArray.empty((t, n), x.dtype) if act >= 0 else None
-    _C.cuda_op_rms_norm_linear(out, res_out, x, residual, norm_w, eps, w, bias, tmp_norm,
-                               tmp_act, act)
-    return out, (x if residual is None else res_out)
-
-
-def cuda_rms_norm(x: DeviceArray, w: DeviceArray, eps: float) -> DeviceArray:
-    out = DeviceArray.empty(x.shape, x.dtype)
-    _C.cuda_op_rms_norm(out, x, w, eps)
-    return out
-
-
-def cuda_fused_add_rms_norm(x: DeviceArray, residual: DeviceArray, w: DeviceArray,
-                            eps: float) -> None:
-    """In place: residual += x; x = rms_norm(residual) * w."""
-    _C.cuda_op_fused_add_rms_norm(x, residual, w, eps)
-
-
-def cuda_rotary(positions, q, k, cos_sin_cache, head_size: int, is_neox: bool) -> None:
-    _C.cuda_op_rotary(positions, q, k, cos_sin_cache, head_size, is_neox)
-
-
-def cuda_silu_and_mul(x: DeviceArray) -> DeviceArray:
-    out = DeviceArray.empty((x.shape[0], x.shape[1] // 2), x.dtype)
-    _C.cuda_op_silu_and_mul(out, x)
-    return out
-
-
-def cuda_gelu_and_mul(x: DeviceArray, approximate: str = "none") -> DeviceArray:
-    if approximate not in ("none", "tanh"):
-        raise ValueError(f"gelu_and_mul: approximate must be 'none' or 'tanh', got {approximate!r}")
-    out = DeviceArray.empty((x.shape[0], x.shape[1] // 2), x.dtype)
-    _C.cuda_op_gelu_and_mul(out, x, approximate == "tanh")
-    return out
-
-
-def cuda_write_kv_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
-    _C.cuda_op_write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
-
-
-def cuda_qk_norm_rope_cache(qkv, positions, cos_sin_cache, is_neox, q_norm, k_norm, eps,
-                            key_cache, value_cache, slot_mapping, num_heads, num_kv_heads):
-    head_size = key_cache.shape[-1]
-    q = DeviceArray.empty((qkv.shape[0], num_heads * head_size), qkv.dtype)
-    _C.cuda_op_qk_norm_rope_cache(q, qkv, positions, cos_sin_cache, q_norm, k_norm, eps,
-                                  key_cache, value_cache, slot_mapping, num_heads, num_kv_heads,
-                                  is_neox)
-    return q
-
-
-def cuda_paged_attention(q, key_cache, value_cache, block_table, query_start_loc, seq_lens,
-                         scale: float, sliding_window: int = 0,
-                         logits_soft_cap: float = 0.0, max_query_len: int = 0) -> DeviceArray:
-    out = DeviceArray.empty(q.shape, q.dtype)
-    _C.cuda_op_paged_attention(out, q, key_cache, value_cache, block_table, query_start_loc,
-                               seq_lens, scale, sliding_window, logits_soft_cap,
-                               max_query_len=max_query_len)
-    return out
-
-
-def cuda_sample(logits, temperature, top_k, top_p, min_p, rng_state, with_logprobs: bool = True):
-    """Token ids (int32 [B]) and log-probs (float32 [B], or None) as DeviceArrays; rng_state
-    (uint64 [B, 2], on the GPU) is advanced in place. Same semantics as `sample`."""
-    ids = DeviceArray.empty((logits.shape[0],), I32)
-    logprobs = DeviceArray.empty((logits.shape[0],), F32) if with_logprobs else None
-    _C.cuda_op_sample(ids, logprobs, logits, temperature, top_k, top_p, min_p, rng_state)
-    return ids, logprobs

@@ -4,9 +4,6 @@ cdef extern from "repack.h" namespace "vllmx":
     DType c_packed_dtype "vllmx::packed_dtype"(DType)
     bint c_packed_is_fast "vllmx::packed_is_fast"(DType)
 
-cdef extern from "ops.h" namespace "vllmx" nogil:
-    void repack_weight(const Tensor&, const Tensor&) except +
-
 
 def packed_dtype(int dtype, bint only_if_fast=True):
     """The packed dtype id of a block type (e.g. Q4_0 -> Q4_0_X16), or -1 where there is none
@@ -15,13 +12,3 @@ def packed_dtype(int dtype, bint only_if_fast=True):
     if p == DType.F32 or (only_if_fast and not c_packed_is_fast(<DType>dtype)):
         return -1
     return <int>p
-
-
-def op_repack_weight(out, w, int w_dtype):
-    """out (uint8, same shape as w) = w (uint8 rows of blocks of w_dtype) in the packed layout."""
-    cdef int p = packed_dtype(w_dtype, False)
-    if p < 0:
-        raise ValueError(f"repack_weight: no packed layout for dtype {w_dtype}")
-    cdef Tensor o = as_tensor(out, p), wt = as_tensor(w, w_dtype)
-    with nogil:
-        repack_weight(o, wt)

@@ -1,28 +1,16 @@
-# Step tapes (csrc/step_tape.h), included in _C.pyx before the ops: while a thread records,
-# each recordable op_* below appends itself to the tape and still runs; any other array op
-# raises, so that nothing a tape cannot replay slips into a captured forward.
-from cpython.pythread cimport PyThread_get_thread_ident
+# Step tapes (csrc/engine/step_tape.h), included in _C.pyx. While a thread records, the op
+# table's dispatcher appends every op that thread calls to the tape (and still runs it); the
+# binding (op_table.pxi) notes the arrays each call read and wrote, for the capture's planning.
 
-cdef extern from "step_tape.h" namespace "vllmx" nogil:
+cdef extern from "engine/step_tape.h" namespace "vllmx" nogil:
     cdef cppclass CStepTape "vllmx::StepTape":
-        void embedding(const Tensor&, const Tensor&, const Tensor&, bool)
-        void linear(const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool)
-        void rms_norm(const Tensor&, const Tensor&, const Tensor&, float, bool)
-        void fused_add_rms_norm(const Tensor&, const Tensor&, const Tensor&, float, bool)
-        void rotary(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t, bool,
-                    bool)
-        void silu_and_mul(const Tensor&, const Tensor&, bool)
-        void gelu_and_mul(const Tensor&, const Tensor&, bool, bool)
-        void write_kv_cache(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                            const Tensor&, bool)
-        void paged_attention(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                             const Tensor&, const Tensor&, const Tensor&, float, int64_t, float,
-                             bool)
-        void copy_columns(const Tensor&, int64_t, const Tensor&, int64_t, int64_t)
-        void scale(const Tensor&, const Tensor&, float)
         void replay() except +
         void relocate(const void*, int64_t, void*)
         int64_t size()
+
+cdef extern from "core/op_table.h" namespace "vllmx" nogil:
+    void set_recording_tape(CStepTape*)
+    CStepTape* recording_tape()
 
 
 cdef class StepTape:
@@ -48,35 +36,21 @@ cdef class StepTape:
         """Repoints every recorded view into [begin, begin + nbytes) to the same offset from to."""
         self.c.relocate(<const void*>begin, nbytes, <void*>to)
 
-    cdef void note(self, str name, tuple reads, tuple writes):
-        self.calls.append((name, reads, writes))
-
 
 cdef StepTape _recording = None
-cdef unsigned long _recording_thread = 0
-
-
-cdef inline StepTape _tape():
-    """The tape the calling thread records into, or None (other threads' ops run as usual)."""
-    if _recording is not None and PyThread_get_thread_ident() == _recording_thread:
-        return _recording
-    return None
-
-
-cdef inline _not_recordable(str op):
-    if _tape() is not None:
-        raise RuntimeError(f"{op} cannot run inside a recorded step (a step tape replays only "
-                           f"the model forward's ops)")
 
 
 def record_begin(StepTape tape):
-    """Ops called by this thread from now on are appended to tape (and still run)."""
-    global _recording, _recording_thread
+    """Ops called by this thread from now on are appended to tape (and still run); other
+    threads' ops run as usual."""
+    global _recording
     if _recording is not None:
         raise RuntimeError("a step tape is already being recorded")
-    _recording, _recording_thread = tape, PyThread_get_thread_ident()
+    _recording = tape
+    set_recording_tape(&tape.c)
 
 
 def record_end():
     global _recording
+    set_recording_tape(NULL)
     _recording = None

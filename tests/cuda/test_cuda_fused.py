@@ -55,12 +55,12 @@ def separate_ops(case, nq, nkv, D, dtype, cache_dtype, is_neox):
         qkv, [nq * D, (nq + nkv) * D], axis=1))
     if w is not None:
         qn, kn = DeviceArray.empty((T * nq, D), dtype), DeviceArray.empty((T * nkv, D), dtype)
-        _C.cuda_op_rms_norm(qn, q.reshape(T * nq, D), DeviceArray.from_numpy(w[0]), 1e-6)
-        _C.cuda_op_rms_norm(kn, k.reshape(T * nkv, D), DeviceArray.from_numpy(w[1]), 1e-6)
+        _C.ops.rms_norm(qn, q.reshape(T * nq, D), DeviceArray.from_numpy(w[0]), 1e-6)
+        _C.ops.rms_norm(kn, k.reshape(T * nkv, D), DeviceArray.from_numpy(w[1]), 1e-6)
         q, k = qn.reshape(T, nq * D), kn.reshape(T, nkv * D)
-    _C.cuda_op_rotary(DeviceArray.from_numpy(pos), q, k, DeviceArray.from_numpy(cache), D, is_neox)
+    _C.ops.rotary(DeviceArray.from_numpy(pos), q, k, DeviceArray.from_numpy(cache), D, is_neox)
     kc, vc = DeviceArray.from_numpy(init, cache_dtype), DeviceArray.from_numpy(init, cache_dtype)
-    _C.cuda_op_write_kv_cache(k, v, kc, vc, DeviceArray.from_numpy(slots))
+    _C.ops.write_kv_cache(k, v, kc, vc, DeviceArray.from_numpy(slots))
     return q.numpy(), kc.numpy(), vc.numpy()
 
 
@@ -71,9 +71,9 @@ def fused_op(case, nq, nkv, D, dtype, cache_dtype, is_neox):
     qn = kn = None
     if w is not None:
         qn, kn = DeviceArray.from_numpy(w[0]), DeviceArray.from_numpy(w[1])
-    _C.cuda_op_qk_norm_rope_cache(q, dev(qkv, dtype), DeviceArray.from_numpy(pos),
-                                  DeviceArray.from_numpy(cache), qn, kn, 1e-6, kc, vc,
-                                  DeviceArray.from_numpy(slots), nq, nkv, is_neox)
+    _C.ops.qk_norm_rope_cache(q, dev(qkv, dtype), DeviceArray.from_numpy(pos),
+                              DeviceArray.from_numpy(cache), qn, kn, 1e-6, kc, vc,
+                              DeviceArray.from_numpy(slots), nq, nkv, is_neox)
     return q.numpy(), kc.numpy(), vc.numpy()
 
 
@@ -112,12 +112,12 @@ def test_qk_norm_rope_cache_bad_args(rng):
     kc, vc = DeviceArray.from_numpy(init, BF16), DeviceArray.from_numpy(init, BF16)
     args = (DeviceArray.from_numpy(pos), DeviceArray.from_numpy(cache))
     with pytest.raises(ValueError, match="num_heads 3"):  # 3 query heads do not fit
-        _C.cuda_op_qk_norm_rope_cache(q, dev(qkv, BF16), *args, None, None, 1e-6, kc, vc,
-                                      DeviceArray.from_numpy(slots), 3, 2, True)
+        _C.ops.qk_norm_rope_cache(q, dev(qkv, BF16), *args, None, None, 1e-6, kc, vc,
+                                  DeviceArray.from_numpy(slots), 3, 2, True)
     with pytest.raises(ValueError, match="q_norm and k_norm"):
-        _C.cuda_op_qk_norm_rope_cache(q, dev(qkv, BF16), *args,
-                                      DeviceArray.from_numpy(np.ones(64, np.float32)), None,
-                                      1e-6, kc, vc, DeviceArray.from_numpy(slots), 4, 2, True)
+        _C.ops.qk_norm_rope_cache(q, dev(qkv, BF16), *args,
+                                  DeviceArray.from_numpy(np.ones(64, np.float32)), None,
+                                  1e-6, kc, vc, DeviceArray.from_numpy(slots), 4, 2, True)
 
 
 def gate_up_weight(rng, n, k, wdt):
@@ -138,14 +138,14 @@ def test_linear_act_and_mul_matches_linear_then_act(rng, dtype, T, act, wdt):
     w = DeviceArray.from_numpy(gate_up_weight(rng, 2 * n_out, k, wdt), wdt)
     x = dev(rng.standard_normal((T, k)).astype(np.float32), dtype)
     h = DeviceArray.empty((T, 2 * n_out), dtype)
-    _C.cuda_op_linear(h, x, w)
+    _C.ops.linear(h, x, w)
     want = DeviceArray.empty((T, n_out), dtype)
     if act == 0:
-        _C.cuda_op_silu_and_mul(want, h)
+        _C.ops.silu_and_mul(want, h)
     else:
-        _C.cuda_op_gelu_and_mul(want, h, act == 2)
+        _C.ops.gelu_and_mul(want, h, act == 2)
     got = DeviceArray.empty((T, n_out), dtype)
-    _C.cuda_op_linear_act_and_mul(got, x, w, DeviceArray.empty((T, 2 * n_out), dtype), act)
+    _C.ops.linear_act_and_mul(got, x, w, DeviceArray.empty((T, 2 * n_out), dtype), act)
     np.testing.assert_array_equal(got.numpy(), want.numpy())
 
 
@@ -153,11 +153,11 @@ def test_linear_act_and_mul_bad_args(rng):
     w = DeviceArray.from_numpy(gate_up_weight(rng, 64, 64, BF16), BF16)
     x = dev(rng.standard_normal((2, 64)).astype(np.float32), BF16)
     with pytest.raises(ValueError, match="out"):
-        _C.cuda_op_linear_act_and_mul(DeviceArray.empty((2, 64), BF16), x, w,
-                                      DeviceArray.empty((2, 64), BF16), 0)
+        _C.ops.linear_act_and_mul(DeviceArray.empty((2, 64), BF16), x, w,
+                                  DeviceArray.empty((2, 64), BF16), 0)
     with pytest.raises(ValueError, match="act"):
-        _C.cuda_op_linear_act_and_mul(DeviceArray.empty((2, 32), BF16), x, w,
-                                      DeviceArray.empty((2, 64), BF16), 7)
+        _C.ops.linear_act_and_mul(DeviceArray.empty((2, 32), BF16), x, w,
+                                  DeviceArray.empty((2, 64), BF16), 7)
 
 
 def test_split_decode_repeats_identically():
@@ -174,15 +174,15 @@ def norm_linear_ref(x, res, g, w, act, dtype):
     T, K = x.shape
     xd, gd = dev(x, dtype), DeviceArray.from_numpy(g)
     y, res_out = DeviceArray.empty((T, K), dtype), DeviceArray.empty((T, K), dtype)
-    _C.cuda_op_add_rms_norm(y, res_out if res is not None else None, xd,
-                            None if res is None else dev(res, dtype), gd, 1e-6)
+    _C.ops.add_rms_norm(y, res_out if res is not None else None, xd,
+                        None if res is None else dev(res, dtype), gd, 1e-6)
     n = w.shape[0]
     h = DeviceArray.empty((T, n), dtype)
-    _C.cuda_op_linear(h, y, w)
+    _C.ops.linear(h, y, w)
     if act < 0:
         return h.numpy(), res_out.numpy() if res is not None else None
     out = DeviceArray.empty((T, n // 2), dtype)
-    (_C.cuda_op_silu_and_mul(out, h) if act == 0 else _C.cuda_op_gelu_and_mul(out, h, act == 2))
+    (_C.ops.silu_and_mul(out, h) if act == 0 else _C.ops.gelu_and_mul(out, h, act == 2))
     return out.numpy(), res_out.numpy() if res is not None else None
 
 
@@ -200,10 +200,10 @@ def test_rms_norm_linear(rng, dtype, T, with_res, act, wdt):
     want, want_res = norm_linear_ref(x, res, g, w, act, dtype)
     out = DeviceArray.empty((T, n if act < 0 else n // 2), dtype)
     res_out = DeviceArray.empty((T, K), dtype) if with_res else None
-    _C.cuda_op_rms_norm_linear(out, res_out, dev(x, dtype), dev(res, dtype) if with_res else None,
-                               DeviceArray.from_numpy(g), 1e-6, w, None,
-                               DeviceArray.empty((T, K), dtype),
-                               DeviceArray.empty((T, n), dtype) if act >= 0 else None, act)
+    _C.ops.rms_norm_linear(out, res_out, dev(x, dtype), dev(res, dtype) if with_res else None,
+                           DeviceArray.from_numpy(g), 1e-6, w, None,
+                           DeviceArray.empty((T, K), dtype),
+                           DeviceArray.empty((T, n), dtype) if act >= 0 else None, act)
     if with_res:  # x + residual rounds the same way on every path
         np.testing.assert_array_equal(res_out.numpy(), want_res)
     if T > 4:  # not a GEMV: the separate ops themselves
@@ -217,13 +217,13 @@ def test_rms_norm_linear_bad_args(rng):
     w = DeviceArray.from_numpy(gate_up_weight(rng, 32, 64, BF16), BF16)
     tmp = DeviceArray.empty((2, 64), BF16)
     with pytest.raises(ValueError, match="norm weight"):  # norm weight of the wrong size
-        _C.cuda_op_rms_norm_linear(DeviceArray.empty((2, 32), BF16), None, x, None,
-                                   DeviceArray.from_numpy(np.ones(63, np.float32)), 1e-6, w,
-                                   None, tmp, None, -1)
+        _C.ops.rms_norm_linear(DeviceArray.empty((2, 32), BF16), None, x, None,
+                               DeviceArray.from_numpy(np.ones(63, np.float32)), 1e-6, w, None, tmp,
+                               None, -1)
     with pytest.raises(ValueError, match="go together"):
-        _C.cuda_op_rms_norm_linear(DeviceArray.empty((2, 32), BF16), None, x, x,
-                                   DeviceArray.from_numpy(np.ones(64, np.float32)), 1e-6, w,
-                                   None, tmp, None, -1)
+        _C.ops.rms_norm_linear(DeviceArray.empty((2, 32), BF16), None, x, x,
+                               DeviceArray.from_numpy(np.ones(64, np.float32)), 1e-6, w, None, tmp,
+                               None, -1)
 
 
 def test_rms_norm_linear_large_weight_is_the_separate_ops(rng):
@@ -236,9 +236,9 @@ def test_rms_norm_linear_large_weight_is_the_separate_ops(rng):
     w = DeviceArray.from_numpy(gate_up_weight(rng, n, K, BF16), BF16)
     want, _ = norm_linear_ref(x, res, g, w, 0, BF16)
     out = DeviceArray.empty((T, n // 2), BF16)
-    _C.cuda_op_rms_norm_linear(out, DeviceArray.empty((T, K), BF16), dev(x, BF16), dev(res, BF16),
-                               DeviceArray.from_numpy(g), 1e-6, w, None,
-                               DeviceArray.empty((T, K), BF16), DeviceArray.empty((T, n), BF16), 0)
+    _C.ops.rms_norm_linear(out, DeviceArray.empty((T, K), BF16), dev(x, BF16), dev(res, BF16),
+                           DeviceArray.from_numpy(g), 1e-6, w, None,
+                           DeviceArray.empty((T, K), BF16), DeviceArray.empty((T, n), BF16), 0)
     np.testing.assert_array_equal(out.numpy(), want)
 
 
@@ -249,17 +249,16 @@ def test_decode_only_hint_skips_nothing_it_needs():
     outs = []
     for hint in (0, 1):
         out = DeviceArray.empty(q.shape, BF16)
-        _C.cuda_op_paged_attention(out, dev_bits(q), dev_bits(kc), dev_bits(vc),
-                                   DeviceArray.from_numpy(bt), DeviceArray.from_numpy(qsl),
-                                   DeviceArray.from_numpy(sl), 128**-0.5, 0, 0.0, BF16,
-                                   max_query_len=hint)
+        _C.ops.paged_attention(out, dev_bits(q), (dev_bits(kc), BF16), (dev_bits(vc), BF16),
+                               DeviceArray.from_numpy(bt), DeviceArray.from_numpy(qsl),
+                               DeviceArray.from_numpy(sl), 128**-0.5, 0, 0.0, hint)
         outs.append(out.numpy())
     np.testing.assert_array_equal(outs[0], outs[1])
     with pytest.raises(ValueError, match="max_query_len"):
-        _C.cuda_op_paged_attention(DeviceArray.empty(q.shape, BF16), dev_bits(q), dev_bits(kc),
-                                   dev_bits(vc), DeviceArray.from_numpy(bt),
-                                   DeviceArray.from_numpy(qsl), DeviceArray.from_numpy(sl),
-                                   0.1, 0, 0.0, BF16, max_query_len=-1)
+        _C.ops.paged_attention(DeviceArray.empty(q.shape, BF16), dev_bits(q), (dev_bits(kc), BF16),
+                               (dev_bits(vc), BF16), DeviceArray.from_numpy(bt),
+                               DeviceArray.from_numpy(qsl), DeviceArray.from_numpy(sl), 0.1, 0, 0.0,
+                               -1)
 
 
 def dev_bits(a):

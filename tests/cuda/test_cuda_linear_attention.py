@@ -13,7 +13,7 @@ from vllmx import _C
 
 def _cuda_ok() -> bool:
     try:
-        return bool(_C.cuda_available()) and hasattr(_C, "cuda_op_linear")
+        return bool(_C.cuda_available()) and _C.ops.linear.has_kernel("cuda")
     except AttributeError:
         return False
 
@@ -72,7 +72,7 @@ def rel_err(got: np.ndarray, want: np.ndarray) -> float:
 def cuda_linear(x_bits, xdt, w, wdt, bias_bits=None):
     out = nan_out((x_bits.shape[0], w.shape[0]), xdt)
     b = None if bias_bits is None else to_dev(bias_bits, xdt)
-    _C.cuda_op_linear(out, to_dev(x_bits, xdt), to_dev(w, wdt), w_dtype=wdt, bias=b)
+    _C.ops.linear(out, to_dev(x_bits, xdt), (to_dev(w, wdt), wdt), b)
     return from_bits(out.numpy(), xdt)
 
 
@@ -116,8 +116,8 @@ def test_linear_dense(xdt, wdt, t, nk):
         assert rel_err(got, want) < TOL[xdt]
         # The CPU op on the same (upcast) inputs: f32 math.
         cpu = np.empty((t, n), np.float32)
-        _C.op_linear(cpu, x64.astype(np.float32), w, wdt,
-                     None if b is None else from_bits(b, xdt).astype(np.float32))
+        _C.ops.linear(cpu, x64.astype(np.float32), (w, wdt),
+                      None if b is None else from_bits(b, xdt).astype(np.float32))
         assert rel_err(got, cpu.astype(np.float64)) < TOL[xdt]
 
 
@@ -167,7 +167,7 @@ def test_linear_f32_activations_generic():
     w, w64 = make_block(rng, 40, 96, Q.Q4_1)
     x = rng.standard_normal((6, 96)).astype(np.float32)
     out = to_dev(np.full((6, 40), np.nan, np.float32))
-    _C.cuda_op_linear(out, to_dev(x), to_dev(w, int(Q.Q4_1)), w_dtype=int(Q.Q4_1))
+    _C.ops.linear(out, to_dev(x), (to_dev(w, int(Q.Q4_1)), int(Q.Q4_1)))
     assert rel_err(out.numpy(), x.astype(np.float64) @ w64.T) < 1e-5
 
 
@@ -176,12 +176,12 @@ def test_linear_bad_args():
     w = to_dev(np.zeros((8, 32), np.uint16), BF16)
     out = nan_out((4, 8), BF16)
     with pytest.raises(ValueError, match="linear"):
-        _C.cuda_op_linear(out, x, w, w_dtype=BF16)
+        _C.ops.linear(out, x, (w, BF16))
     w = to_dev(np.zeros((8, 64), np.uint16), BF16)
     with pytest.raises(ValueError, match="linear"):
-        _C.cuda_op_linear(nan_out((4, 8), F16), x, w, w_dtype=BF16)  # out dtype != x dtype
+        _C.ops.linear(nan_out((4, 8), F16), x, (w, BF16))  # out dtype != x dtype
     with pytest.raises(ValueError, match="linear"):
-        _C.cuda_op_linear(nan_out((4, 9), BF16), x, w, w_dtype=BF16)
+        _C.ops.linear(nan_out((4, 9), BF16), x, (w, BF16))
 
 
 # ---------------------------------------------------------------- paged attention
@@ -244,9 +244,8 @@ def attention_case(seed, seqs, nq, nkv, D, qdt, cdt, block_size=16, q_scale=1.0)
 def run_attention(case, nq, D, qdt, cdt, scale, window=0, cap=0.0):
     q, kc, vc, bt, qsl, sl = case
     out = nan_out(q.shape, qdt)
-    _C.cuda_op_paged_attention(out, to_dev(q, qdt), to_dev(kc, cdt), to_dev(vc, cdt),
-                               to_dev(bt), to_dev(qsl), to_dev(sl), scale,
-                               sliding_window=window, logits_soft_cap=cap, cache_dtype=cdt)
+    _C.ops.paged_attention(out, to_dev(q, qdt), (to_dev(kc, cdt), cdt), (to_dev(vc, cdt), cdt),
+                           to_dev(bt), to_dev(qsl), to_dev(sl), scale, window, cap)
     return from_bits(out.numpy(), qdt)
 
 
@@ -264,8 +263,8 @@ def check_attention(seqs, heads, D, qdt=BF16, cdt=BF16, window=0, cap=0.0, block
     assert rel_err(got, want) < tol
     if cpu_oracle:  # the CPU op on the same inputs (q upcast to f32; the same cache bits)
         cpu = np.empty(q.shape, np.float32)
-        _C.op_paged_attention(cpu, q64.astype(np.float32), kc, vc, bt, qsl, sl, scale,
-                              sliding_window=window, logits_soft_cap=cap, cache_dtype=cdt)
+        _C.ops.paged_attention(cpu, q64.astype(np.float32), (kc, cdt), (vc, cdt), bt, qsl, sl,
+                               scale, window, cap)
         assert rel_err(got, cpu.astype(np.float64)) < tol
     return got
 
@@ -331,9 +330,8 @@ def test_attention_f32_cache_and_q():
     k32, v32 = from_bits(kc, F16).astype(np.float32), from_bits(vc, F16).astype(np.float32)
     out = to_dev(np.full(q.shape, np.nan, np.float32))
     scale = 0.125
-    _C.cuda_op_paged_attention(out, to_dev(q32), to_dev(k32), to_dev(v32), to_dev(bt),
-                               to_dev(qsl), to_dev(sl), scale, sliding_window=0,
-                               logits_soft_cap=0.0, cache_dtype=F32)
+    _C.ops.paged_attention(out, to_dev(q32), (to_dev(k32), F32), (to_dev(v32), F32), to_dev(bt),
+                           to_dev(qsl), to_dev(sl), scale, 0, 0.0)
     want = attention_reference(q32.astype(np.float64).reshape(len(q), nq, D),
                                k32.astype(np.float64), v32.astype(np.float64), bt, qsl, sl,
                                scale)
@@ -344,9 +342,9 @@ def test_attention_bad_args():
     q, kc, vc, bt, qsl, sl = attention_case(1, [(10, 2)], 4, 2, 64, BF16, BF16)
     args = [to_dev(kc, BF16), to_dev(vc, BF16), to_dev(bt), to_dev(qsl), to_dev(sl), 0.1]
     with pytest.raises(ValueError, match="paged_attention"):  # 3 heads of 64 vs 2 kv heads
-        _C.cuda_op_paged_attention(nan_out((2, 192), BF16), to_dev(q[:, :192], BF16), *args)
+        _C.ops.paged_attention(nan_out((2, 192), BF16), to_dev(q[:, :192], BF16), *args)
     with pytest.raises(ValueError, match="paged_attention"):  # out dtype != q dtype
-        _C.cuda_op_paged_attention(nan_out(q.shape, F16), to_dev(q, BF16), *args)
+        _C.ops.paged_attention(nan_out(q.shape, F16), to_dev(q, BF16), *args)
     with pytest.raises(ValueError, match="paged_attention"):  # query_start_loc length
-        _C.cuda_op_paged_attention(nan_out(q.shape, BF16), to_dev(q, BF16), args[0], args[1],
-                                   args[2], to_dev(np.array([0, 1, 2], np.int32)), args[4], 0.1)
+        _C.ops.paged_attention(nan_out(q.shape, BF16), to_dev(q, BF16), args[0], args[1], args[2],
+                               to_dev(np.array([0, 1, 2], np.int32)), args[4], 0.1)

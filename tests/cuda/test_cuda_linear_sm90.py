@@ -95,7 +95,7 @@ def test_linear_gemm_misaligned_pointer_falls_back(which):
     wd = at_offset(w, dt, 2) if which == "w" else to_dev(w, dt)
     out = (at_offset(np.full((t, n), 0x7FC0, np.uint16), dt, 2) if which == "out"
            else nan_out((t, n), dt))
-    _C.cuda_op_linear(out, xd, wd, w_dtype=dt, bias=to_dev(b, dt))
+    _C.ops.linear(out, xd, (wd, dt), to_dev(b, dt))
     check(from_bits(out.numpy(), dt), x64 @ w64.T + from_bits(b, dt), dt)
 
 
@@ -107,7 +107,7 @@ def test_linear_gemm_rows_of_a_larger_batch():
     w, w64 = make_dense(rng, n, k, dt)
     x, x64 = make_x(rng, t, k, dt)
     out = nan_out((t, n), dt)
-    _C.cuda_op_linear(out[36:], to_dev(x, dt)[36:], to_dev(w, dt), w_dtype=dt)
+    _C.ops.linear(out[36:], to_dev(x, dt)[36:], (to_dev(w, dt), dt))
     check(from_bits(out.numpy()[36:], dt), x64[36:] @ w64.T, dt)
 
 
@@ -121,6 +121,6 @@ def test_linear_gemm_repeat_is_deterministic():
     outs = []
     for _ in range(3):
         out = nan_out((t, n), dt)
-        _C.cuda_op_linear(out, xd, wd, w_dtype=dt)
+        _C.ops.linear(out, xd, (wd, dt))
         outs.append(out.numpy())
     assert all(np.array_equal(outs[0], o) for o in outs[1:])

@@ -91,9 +91,9 @@ def test_embedding(rng, table_dtype, out_dtype):
         table = host(rng.standard_normal((vocab, hidden)).astype(np.float32), table_dtype)
     ids = rng.integers(0, vocab, T).astype(np.int32)
     ref = np.empty((T, hidden), np.float32)
-    _C.op_embedding(ref, ids, table, table_dtype)
+    _C.ops.embedding(ref, ids, (table, table_dtype))
     out = DeviceArray.empty((T, hidden), out_dtype)
-    _C.cuda_op_embedding(out, DeviceArray.from_numpy(ids), DeviceArray.from_numpy(table, table_dtype))
+    _C.ops.embedding(out, DeviceArray.from_numpy(ids), DeviceArray.from_numpy(table, table_dtype))
     got = as_f32(out.numpy(), out_dtype)
     if out_dtype == F32:
         np.testing.assert_array_equal(got, ref)  # dequantization is bit-exact
@@ -104,8 +104,8 @@ def test_embedding(rng, table_dtype, out_dtype):
 def test_embedding_out_of_range_ids_give_zero_rows(rng):
     table = rng.standard_normal((10, 64)).astype(np.float32)
     out = DeviceArray.empty((3, 64), F32)
-    _C.cuda_op_embedding(out, DeviceArray.from_numpy(np.array([1, -1, 10], np.int32)),
-                         DeviceArray.from_numpy(table))
+    _C.ops.embedding(out, DeviceArray.from_numpy(np.array([1, -1, 10], np.int32)),
+                     DeviceArray.from_numpy(table))
     got = out.numpy()
     np.testing.assert_array_equal(got[0], table[1])
     assert not got[1:].any()
@@ -120,9 +120,9 @@ def test_rms_norm(rng, dtype, w_act, T, H):
     w_dtype = dtype if w_act else F32
     w = rounded(rng.uniform(0.5, 1.5, H).astype(np.float32), w_dtype)
     ref = np.empty_like(x)
-    _C.op_rms_norm(ref, x, w, 1e-6)
+    _C.ops.rms_norm(ref, x, w, 1e-6)
     out = DeviceArray.empty(x.shape, dtype)
-    _C.cuda_op_rms_norm(out, dev(x, dtype), dev(w, w_dtype), 1e-6)
+    _C.ops.rms_norm(out, dev(x, dtype), dev(w, w_dtype), 1e-6)
     assert_close(as_f32(out.numpy(), dtype), ref, dtype, "rms_norm")
 
 
@@ -133,9 +133,9 @@ def test_fused_add_rms_norm(rng, dtype, T, H):
     res = rounded(rng.standard_normal((T, H)).astype(np.float32), dtype)
     w = rng.uniform(0.5, 1.5, H).astype(np.float32)
     ref_x, ref_r = x.copy(), res.copy()
-    _C.op_fused_add_rms_norm(ref_x, ref_r, w, 1e-5)
+    _C.ops.fused_add_rms_norm(ref_x, ref_r, w, 1e-5)
     dx, dr = dev(x, dtype), dev(res, dtype)
-    _C.cuda_op_fused_add_rms_norm(dx, dr, dev(w, F32), 1e-5)
+    _C.ops.fused_add_rms_norm(dx, dr, dev(w, F32), 1e-5)
     # The residual is the rounded sum, exactly.
     np.testing.assert_array_equal(as_f32(dr.numpy(), dtype), rounded(ref_r, dtype))
     assert_close(as_f32(dx.numpy(), dtype), ref_x, dtype, "fused_add_rms_norm x")
@@ -159,10 +159,10 @@ def test_rotary(rng, dtype, is_neox, rot_dim, with_k):
     q = rounded(rng.standard_normal((T, nq * D)).astype(np.float32), dtype)
     k = rounded(rng.standard_normal((T, nk * D)).astype(np.float32), dtype)
     rq, rk = q.copy(), k.copy()
-    _C.op_rotary(pos, rq, rk if with_k else None, cache, D, is_neox)
+    _C.ops.rotary(pos, rq, rk if with_k else None, cache, D, is_neox)
     dq, dk = dev(q, dtype), dev(k, dtype)
-    _C.cuda_op_rotary(DeviceArray.from_numpy(pos), dq, dk if with_k else None,
-                      DeviceArray.from_numpy(cache), D, is_neox)
+    _C.ops.rotary(DeviceArray.from_numpy(pos), dq, dk if with_k else None,
+                  DeviceArray.from_numpy(cache), D, is_neox)
     if dtype == F32:
         np.testing.assert_array_equal(dq.numpy(), rq)  # same roundings as the CPU
     assert_close(as_f32(dq.numpy(), dtype), rq, dtype, "rotary q")
@@ -178,11 +178,11 @@ def test_act_and_mul(rng, dtype, act):
     ref = np.empty((T, d), np.float32)
     out = DeviceArray.empty((T, d), dtype)
     if act == "silu":
-        _C.op_silu_and_mul(ref, x)
-        _C.cuda_op_silu_and_mul(out, dev(x, dtype))
+        _C.ops.silu_and_mul(ref, x)
+        _C.ops.silu_and_mul(out, dev(x, dtype))
     else:
-        _C.op_gelu_and_mul(ref, x, act == "gelu_tanh")
-        _C.cuda_op_gelu_and_mul(out, dev(x, dtype), act == "gelu_tanh")
+        _C.ops.gelu_and_mul(ref, x, act == "gelu_tanh")
+        _C.ops.gelu_and_mul(out, dev(x, dtype), act == "gelu_tanh")
     assert_close(as_f32(out.numpy(), dtype), ref, dtype, act)
 
 
@@ -198,11 +198,11 @@ def test_write_kv_cache(rng, dtype, cache_dtype):
     shape = (num_blocks, block_size, nkv, D)
     init = host(rng.standard_normal(shape).astype(np.float32), cache_dtype)
     kc, vc = init.copy(), init.copy()
-    _C.op_write_kv_cache(key, value, kc, vc, slots, cache_dtype)
+    _C.ops.write_kv_cache(key, value, (kc, cache_dtype), (vc, cache_dtype), slots)
     dkc = DeviceArray.from_numpy(init, cache_dtype)
     dvc = DeviceArray.from_numpy(init, cache_dtype)
-    _C.cuda_op_write_kv_cache(dev(key, dtype), dev(value, dtype), dkc, dvc,
-                              DeviceArray.from_numpy(slots))
+    _C.ops.write_kv_cache(dev(key, dtype), dev(value, dtype), dkc, dvc,
+                          DeviceArray.from_numpy(slots))
     np.testing.assert_array_equal(dkc.numpy(), kc)
     np.testing.assert_array_equal(dvc.numpy(), vc)
 
@@ -218,12 +218,12 @@ def sample_both(logits, temperature, top_k=0, top_p=1.0, min_p=0.0, seed=0):
     cpu_state = state.copy()
     ids = np.empty(B, np.int32)
     lps = np.empty(B, np.float32)
-    _C.op_sample(ids, lps, logits.copy(), t, k, p, m, cpu_state)
+    _C.ops.sample(ids, lps, logits.copy(), t, k, p, m, cpu_state)
     d_state = DeviceArray.from_numpy(state)
     d_ids, d_lps = DeviceArray.empty(B, I32), DeviceArray.empty(B, F32)
-    _C.cuda_op_sample(d_ids, d_lps, DeviceArray.from_numpy(logits), DeviceArray.from_numpy(t),
-                      DeviceArray.from_numpy(k), DeviceArray.from_numpy(p),
-                      DeviceArray.from_numpy(m), d_state)
+    _C.ops.sample(d_ids, d_lps, DeviceArray.from_numpy(logits), DeviceArray.from_numpy(t),
+                  DeviceArray.from_numpy(k), DeviceArray.from_numpy(p), DeviceArray.from_numpy(m),
+                  d_state)
     return (ids, lps, cpu_state), (d_ids.numpy(), d_lps.numpy(), d_state.numpy())
 
 
@@ -348,21 +348,21 @@ def test_row_slice_view_feeds_an_op(rng):
     w = np.ones(128, np.float32)
     d = DeviceArray.from_numpy(x)
     out = DeviceArray.empty((3, 128), F32)
-    _C.cuda_op_rms_norm(out, d[4:7], DeviceArray.from_numpy(w), 1e-6)
+    _C.ops.rms_norm(out, d[4:7], DeviceArray.from_numpy(w), 1e-6)
     ref = np.empty((3, 128), np.float32)
-    _C.op_rms_norm(ref, np.ascontiguousarray(x[4:7]), w, 1e-6)
+    _C.ops.rms_norm(ref, np.ascontiguousarray(x[4:7]), w, 1e-6)
     assert_close(out.numpy(), ref, F32)
 
 
 def test_bad_arguments_raise_value_errors():
     x = DeviceArray.empty((4, 64), F32)
     with pytest.raises(ValueError, match="rms_norm"):
-        _C.cuda_op_rms_norm(DeviceArray.empty((4, 32), F32), x,
-                            DeviceArray.from_numpy(np.ones(64, np.float32)), 1e-6)
+        _C.ops.rms_norm(DeviceArray.empty((4, 32), F32), x,
+                        DeviceArray.from_numpy(np.ones(64, np.float32)), 1e-6)
     with pytest.raises(TypeError, match="DeviceArray"):
-        _C.cuda_op_rms_norm(np.empty((4, 64), np.float32), x, x, 1e-6)
+        _C.ops.rms_norm(np.empty((4, 64), np.float32), x, x, 1e-6)
     with pytest.raises(TypeError, match="CPU op"):
-        _C.op_rms_norm(np.empty((4, 64), np.float32), x, np.ones(64, np.float32), 1e-6)
+        _C.ops.rms_norm(np.empty((4, 64), np.float32), x, np.ones(64, np.float32), 1e-6)
 
 
 # ---- column split / concat (the fused q/k/v output into contiguous pieces) ----

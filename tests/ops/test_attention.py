@@ -71,9 +71,8 @@ def reference(q, kc64, vc64, bt, qsl, seq_lens, scale, window=0, cap=0.0):
 
 def run(q, kc, vc, bt, qsl, sl, scale, cd, window=0, cap=0.0, ref=False):
     out = np.full(q.shape, np.nan, np.float32)
-    _C.op_paged_attention(out, q, kc, vc, bt, np.asarray(qsl, np.int32), np.asarray(sl, np.int32),
-                          scale, sliding_window=window, logits_soft_cap=cap, cache_dtype=cd,
-                          reference=ref)
+    _C.ops.paged_attention(out, q, (kc, cd), (vc, cd), bt, np.asarray(qsl, np.int32),
+                           np.asarray(sl, np.int32), scale, window, cap, reference=ref)
     return out
 
 
@@ -227,21 +226,21 @@ def test_empty_and_zero_query_sequences():
     exp = reference(q, upcast(kc, "f32"), upcast(vc, "f32"), bt, qsl, sl, 0.1)
     assert rel_err(run(q, kc, vc, bt, qsl, sl, 0.1, cd), exp) < 1e-5
     out = np.zeros((0, 256), np.float32)
-    _C.op_paged_attention(out, out.copy(), kc, vc, np.zeros((0, 2), np.int32),
-                          np.zeros(1, np.int32), np.zeros(0, np.int32), 0.1)
+    _C.ops.paged_attention(out, out.copy(), kc, vc, np.zeros((0, 2), np.int32),
+                           np.zeros(1, np.int32), np.zeros(0, np.int32), 0.1)
 
 
 def test_bad_inputs():
     q, kc, vc, cd, bt, qsl, sl = scenario(4, [(40, 2), (17, 1)], 4, 2, 64, "f16")
-    good = dict(out=np.zeros_like(q), q=q, key_cache=kc, value_cache=vc, block_table=bt,
-                query_start_loc=qsl, seq_lens=sl, scale=0.1, cache_dtype=cd)
-    _C.op_paged_attention(**good)
+    good = dict(out=np.zeros_like(q), q=q, key_cache=(kc, cd), value_cache=(vc, cd),
+                block_table=bt, query_start_loc=qsl, seq_lens=sl, scale=0.1)
+    _C.ops.paged_attention(**good)
 
     def bad(**kw):
         args = dict(good)
         args.update(kw)
         with pytest.raises(ValueError, match="paged_attention"):
-            _C.op_paged_attention(**args)
+            _C.ops.paged_attention(**args)
 
     bt_bad = bt.copy()
     bt_bad[0, 1] = kc.shape[0]
@@ -260,9 +259,8 @@ def test_bad_inputs():
     bad(q=np.zeros((3, 3 * 64), np.float32), out=np.zeros((3, 3 * 64), np.float32))  # 3 % 2
     bad(out=np.zeros((2, 256), np.float32))
     bad(q=q.astype(np.int32))
-    bad(value_cache=vc[:, :8].copy())
-    bad(key_cache=kc.view(np.float16), value_cache=vc.view(np.float16).astype(np.float32),
-        cache_dtype=-1)
-    bad(key_cache=kc.astype(np.int32), value_cache=vc.astype(np.int32), cache_dtype=-1)
+    bad(value_cache=(vc[:, :8].copy(), cd))
+    bad(key_cache=kc.view(np.float16), value_cache=vc.view(np.float16).astype(np.float32))
+    bad(key_cache=kc.astype(np.int32), value_cache=vc.astype(np.int32))
     bad(block_table=bt.astype(np.int64))
     bad(scale=float("nan"))

@@ -42,7 +42,7 @@ def run_case(dtype_name, reference, T=37, nkv=3, D=80, num_blocks=9, block_size=
     slots = rng.permutation(num_blocks * block_size)[:T].astype(np.int32)
     slots[::5] = -1  # padding tokens: skipped
     kc0, vc0 = kc.copy(), vc.copy()
-    _C.op_write_kv_cache(k, v, kc, vc, slots, cache_dtype=cd, reference=reference)
+    _C.ops.write_kv_cache(k, v, (kc, cd), (vc, cd), slots, reference=reference)
 
     if dtype_name == "f32":
         ek, ev = k, v
@@ -74,7 +74,7 @@ def test_write_kv_cache_numpy_f16_cache():
     kc = np.zeros((2, 4, 2, 64), np.float16) + np.float16(7)
     vc = np.zeros_like(kc) + np.float16(7)
     slots = np.array([0, 3, -1, 7, 5], np.int32)
-    _C.op_write_kv_cache(k, v, kc, vc, slots)
+    _C.ops.write_kv_cache(k, v, kc, vc, slots)
     flat = kc.reshape(-1, 128)
     np.testing.assert_array_equal(flat[[0, 3, 7, 5]].view(np.uint16),
                                   k[[0, 1, 3, 4]].astype(np.float16).view(np.uint16))
@@ -92,8 +92,8 @@ def test_all_f16_bit_patterns_roundtrip_conversion():
         for reference in (False, True):
             kc = np.zeros((T // 16, 16, 1, D), np.uint16)
             vc = np.zeros_like(kc)
-            _C.op_write_kv_cache(k, k, kc, vc, np.arange(T, dtype=np.int32), cache_dtype=cd,
-                                 reference=reference)
+            _C.ops.write_kv_cache(k, k, (kc, cd), (vc, cd), np.arange(T, dtype=np.int32),
+                                  reference=reference)
             np.testing.assert_array_equal(kc.reshape(T, D), expect)
 
 
@@ -102,19 +102,19 @@ def test_bad_inputs():
     kc = np.zeros((2, 16, 2, 64), np.float16)
     vc = np.zeros_like(kc)
     ok = np.array([0, 1, 2, -1], np.int32)
-    _C.op_write_kv_cache(k, k, kc, vc, ok)
+    _C.ops.write_kv_cache(k, k, kc, vc, ok)
     with pytest.raises(ValueError, match="write_kv_cache"):
-        _C.op_write_kv_cache(k, k, kc, vc, np.array([0, 1, 2, 32], np.int32))
+        _C.ops.write_kv_cache(k, k, kc, vc, np.array([0, 1, 2, 32], np.int32))
     with pytest.raises(ValueError, match="write_kv_cache"):
-        _C.op_write_kv_cache(k, k, kc, vc, ok[:3])
+        _C.ops.write_kv_cache(k, k, kc, vc, ok[:3])
     with pytest.raises(ValueError, match="write_kv_cache"):
-        _C.op_write_kv_cache(np.ones((4, 96), np.float32), k, kc, vc, ok)
+        _C.ops.write_kv_cache(np.ones((4, 96), np.float32), k, kc, vc, ok)
     with pytest.raises(ValueError, match="write_kv_cache"):
-        _C.op_write_kv_cache(k, k, kc, np.zeros((2, 16, 2, 64), np.float32), ok)
+        _C.ops.write_kv_cache(k, k, kc, np.zeros((2, 16, 2, 64), np.float32), ok)
     with pytest.raises(ValueError, match="write_kv_cache"):
-        _C.op_write_kv_cache(k, k, kc, vc, ok.astype(np.int64))
+        _C.ops.write_kv_cache(k, k, kc, vc, ok.astype(np.int64))
     with pytest.raises(ValueError, match="write_kv_cache"):
-        _C.op_write_kv_cache(k, k, kc.reshape(32, 2, 64), vc.reshape(32, 2, 64), ok)
+        _C.ops.write_kv_cache(k, k, kc.reshape(32, 2, 64), vc.reshape(32, 2, 64), ok)
     with pytest.raises(ValueError, match="write_kv_cache"):
-        _C.op_write_kv_cache(k, k, np.zeros((2, 16, 2, 64), np.int32),
-                             np.zeros((2, 16, 2, 64), np.int32), ok)
+        _C.ops.write_kv_cache(k, k, np.zeros((2, 16, 2, 64), np.int32),
+                              np.zeros((2, 16, 2, 64), np.int32), ok)

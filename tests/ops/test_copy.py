@@ -14,7 +14,7 @@ rng = np.random.default_rng()
 def test_copy_columns(dtype):
     x = rng.standard_normal((5, 40)).astype(dtype)
     out = np.zeros((5, 30), dtype=dtype)
-    _C.op_copy_columns(out, 7, x, 11, 20)
+    _C.ops.copy_columns(out, 7, x, 11, 20)
     expect = np.zeros_like(out)
     expect[:, 7:27] = x[:, 11:31]
     assert np.array_equal(out, expect)
@@ -32,15 +32,15 @@ def test_split_and_concat_columns_round_trip():
 def test_copy_columns_range_checked(bad):
     out_col, x_col, n = bad
     with pytest.raises(ValueError, match="copy_columns"):
-        _C.op_copy_columns(np.zeros((2, 30), np.float32), out_col, np.zeros((2, 40), np.float32),
-                           x_col, n)
+        _C.ops.copy_columns(np.zeros((2, 30), np.float32), out_col, np.zeros((2, 40), np.float32),
+                            x_col, n)
 
 
 def test_copy_columns_rejects_mismatch():
     with pytest.raises(ValueError, match="same rows"):
-        _C.op_copy_columns(np.zeros((2, 4), np.float32), 0, np.zeros((3, 4), np.float32), 0, 4)
+        _C.ops.copy_columns(np.zeros((2, 4), np.float32), 0, np.zeros((3, 4), np.float32), 0, 4)
     with pytest.raises(ValueError, match="one dense dtype"):
-        _C.op_copy_columns(np.zeros((2, 4), np.float32), 0, np.zeros((2, 4), np.int32), 0, 4)
+        _C.ops.copy_columns(np.zeros((2, 4), np.float32), 0, np.zeros((2, 4), np.int32), 0, 4)
 
 
 def test_scale_matches_numpy_bit_for_bit():
@@ -48,7 +48,7 @@ def test_scale_matches_numpy_bit_for_bit():
     s = np.float32(np.sqrt(640.0))
     expect = x * s
     out = np.empty_like(x)
-    _C.op_scale(out, x, s)
+    _C.ops.scale(out, x, s)
     assert np.array_equal(out, expect)
     ops.scale_(x, s)  # in place
     assert np.array_equal(x, expect)

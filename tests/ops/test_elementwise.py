@@ -20,7 +20,7 @@ def test_rms_norm(shape, reference):
     x = rng.standard_normal(shape).astype(np.float32)
     w = rng.standard_normal(shape[1]).astype(np.float32)
     out = np.empty_like(x)
-    _C.op_rms_norm(out, x, w, 1e-5, reference)
+    _C.ops.rms_norm(out, x, w, 1e-5, reference=reference)
     x64 = x.astype(np.float64)
     ref = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-5) * w
     assert rel_err(out, ref) < 1e-5
@@ -33,7 +33,7 @@ def test_fused_add_rms_norm(reference):
     w = rng.standard_normal(256).astype(np.float32)
     s64 = x.astype(np.float64) + r
     ref = s64 / np.sqrt((s64**2).mean(-1, keepdims=True) + 1e-6) * w
-    _C.op_fused_add_rms_norm(x, r, w, 1e-6, reference)
+    _C.ops.fused_add_rms_norm(x, r, w, 1e-6, reference=reference)
     assert rel_err(r, s64) < 1e-6
     assert rel_err(x, ref) < 1e-5
 
@@ -42,9 +42,9 @@ def test_rms_norm_rows_are_batch_invariant():
     x = rng.standard_normal((17, 576)).astype(np.float32)
     w = rng.standard_normal(576).astype(np.float32)
     full = np.empty_like(x)
-    _C.op_rms_norm(full, x, w, 1e-5)
+    _C.ops.rms_norm(full, x, w, 1e-5)
     one = np.empty_like(x[5:6])
-    _C.op_rms_norm(one, np.ascontiguousarray(x[5:6]), w, 1e-5)
+    _C.ops.rms_norm(one, np.ascontiguousarray(x[5:6]), w, 1e-5)
     assert np.array_equal(full[5], one[0])
 
 
@@ -74,7 +74,7 @@ def test_rotary(neox, head, rot):
     c64, s64 = cache[:, : rot // 2].astype(np.float64), cache[:, rot // 2:].astype(np.float64)
     q_ref = rope_ref(q, pos, c64, s64, head, rot, neox)
     k_ref = rope_ref(k, pos, c64, s64, head, rot, neox)
-    _C.op_rotary(pos, q, k, cache, head, neox)
+    _C.ops.rotary(pos, q, k, cache, head, neox)
     assert rel_err(q, q_ref) < 1e-5 and rel_err(k, k_ref) < 1e-5
 
 
@@ -82,7 +82,7 @@ def test_rotary_rejects_position_outside_cache():
     cache = rng.standard_normal((8, 16)).astype(np.float32)
     q = rng.standard_normal((1, 32)).astype(np.float32)
     with pytest.raises(ValueError, match="position 8 outside the rotary cache"):
-        _C.op_rotary(np.array([8], np.int32), q, q.copy(), cache, 16, True)
+        _C.ops.rotary(np.array([8], np.int32), q, q.copy(), cache, 16, True)
 
 
 @pytest.mark.parametrize("reference", [False, True])
@@ -90,7 +90,7 @@ def test_silu_and_mul(reference):
     x = (rng.standard_normal((5, 2 * 300)) * 4).astype(np.float32)
     x[0, :4] = [-200.0, -90.0, 90.0, 200.0]  # exp under- and overflow in both directions
     out = np.empty((5, 300), np.float32)
-    _C.op_silu_and_mul(out, x, reference)
+    _C.ops.silu_and_mul(out, x, reference=reference)
     g, u = x[:, :300].astype(np.float64), x[:, 300:].astype(np.float64)
     with np.errstate(over="ignore"):
         ref = g / (1 + np.exp(-g)) * u
@@ -117,14 +117,14 @@ def test_embedding(dtype):
         data, dt = gguf.quants.quantize(table, qt), int(qt)
         ref = gguf.quants.dequantize(data, qt)
     out = np.empty((13, 64), np.float32)
-    _C.op_embedding(out, ids, data, dt)
+    _C.ops.embedding(out, ids, (data, dt))
     assert np.array_equal(out, np.asarray(ref, np.float32)[ids])
 
 
 def test_embedding_rejects_out_of_vocab_id():
     out = np.empty((1, 8), np.float32)
     with pytest.raises(ValueError, match="token id 9 out of range"):
-        _C.op_embedding(out, np.array([9], np.int32), np.ones((4, 8), np.float32))
+        _C.ops.embedding(out, np.array([9], np.int32), np.ones((4, 8), np.float32))
 
 
 @pytest.mark.parametrize("reference", [False, True])
@@ -134,7 +134,7 @@ def test_gelu_and_mul(approximate, reference):
 
     x = (rng.standard_normal((7, 2 * 300)) * 4).astype(np.float32)
     out = np.empty((7, 300), np.float32)
-    _C.op_gelu_and_mul(out, x, approximate == "tanh", reference)
+    _C.ops.gelu_and_mul(out, x, approximate == "tanh", reference=reference)
     g, u = x[:, :300].astype(np.float64), x[:, 300:].astype(np.float64)
     if approximate == "tanh":
         cdf = 0.5 * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)))
@@ -147,11 +147,11 @@ def test_gelu_and_mul_forms_differ():
     # gelu's two forms differ by up to ~5e-4 near |x| = 2: far above f32 rounding.
     x = np.concatenate([np.linspace(-4, 4, 256), np.ones(256)]).astype(np.float32)[None, :]
     tanh, erf = np.empty((1, 256), np.float32), np.empty((1, 256), np.float32)
-    _C.op_gelu_and_mul(tanh, x, True)
-    _C.op_gelu_and_mul(erf, x, False)
+    _C.ops.gelu_and_mul(tanh, x, True)
+    _C.ops.gelu_and_mul(erf, x, False)
     assert 1e-4 < np.abs(tanh - erf).max() < 1e-3
 
 
 def test_gelu_and_mul_rejects_bad_shapes():
     with pytest.raises(ValueError, match="gelu_and_mul"):
-        _C.op_gelu_and_mul(np.empty((3, 5), np.float32), np.zeros((3, 12), np.float32), True)
+        _C.ops.gelu_and_mul(np.empty((3, 5), np.float32), np.zeros((3, 12), np.float32), True)

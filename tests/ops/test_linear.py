@@ -43,13 +43,13 @@ def repack(w, qtype):
     """(packed array, packed dtype id) of a block weight; the layout exists on every CPU."""
     pt = _C.packed_dtype(int(qtype), False)
     out = np.empty_like(w)
-    _C.op_repack_weight(out, w, int(qtype))
+    _C.ops.repack_weight((out, _C.packed_dtype(int(qtype), False)), (w, int(qtype)))
     return out, pt
 
 
 def run(x, w, qtype, bias=None, reference=False):
     out = np.full((x.shape[0], w.shape[0]), np.nan, np.float32)
-    _C.op_linear(out, x, w, int(qtype), bias, reference)
+    _C.ops.linear(out, x, (w, int(qtype)), bias, reference=reference)
     return out
 
 
@@ -67,7 +67,7 @@ def quantized_product(x, w, w64, qtype):
     xt = Q.Q8_1 if qtype in (Q.Q4_1, Q.Q5_1) else Q.Q8_0
     ts = 36 if xt == Q.Q8_1 else 34
     qb = np.empty((x.shape[0], x.shape[1] // 32 * ts), np.uint8)
-    _C.op_quantize(qb, int(xt), x)
+    _C.ops.quantize((qb, int(xt)), x)
     blk = qb.reshape(x.shape[0], -1, ts)
     d = blk[..., 0:2].copy().view(np.float16).astype(np.float64)[..., 0]
     q = blk[..., ts - 32:].copy().view(np.int8).astype(np.float64)
@@ -207,12 +207,13 @@ for qt in [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0] + PACKE
         else: w = quants.quantize(w32, qt)
         dt = qt
         if pt is not None:
-            wp = np.empty_like(w); _C.op_repack_weight(wp, w, int(qt)); w, dt = wp, pt
+            wp = np.empty_like(w); _C.ops.repack_weight((wp, _C.packed_dtype(int(qt), False)),
+                                                        (w, int(qt))); w, dt = wp, pt
         x = rng.standard_normal((t, k)).astype(np.float32)
         outs = []
         for ref in (False, True):
             o = np.empty((t, n), np.float32)
-            _C.op_linear(o, x, w, int(dt), None, ref)
+            _C.ops.linear(o, x, (w, int(dt)), None, reference=ref)
             outs.append(o)
         err = np.abs(outs[0] - outs[1]).max() / np.abs(outs[1]).max()
         assert err < 1e-5, (int(dt), n, k, t, err)
@@ -220,13 +221,14 @@ for qt in [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0] + PACKE
             f = n // 16 * 16
             assert np.array_equal(outs[0][:, :f], outs[1][:, :f]), (int(dt), "packed twin")
         o1 = np.empty((1, n), np.float32)
-        _C.op_linear(o1, x[t - 1:].copy(), w, int(dt), None, False)
+        _C.ops.linear(o1, x[t - 1:].copy(), (w, int(dt)), None, reference=False)
         assert np.array_equal(o1[0], outs[0][t - 1]), (int(dt), "batch invariance")
 for qt, ts in [(Q.Q8_0, 34), (Q.Q8_1, 36)]:
     x = rng.standard_normal((7, 256)).astype(np.float32) * 3
     x[0, :32] = rng.integers(-120, 120, 32) + 0.5; x[0, 0] = 127  # exact .5 ties (d = 1)
     a = np.empty((7, 8 * ts), np.uint8); b = a.copy()
-    _C.op_quantize(a, int(qt), x, False); _C.op_quantize(b, int(qt), x, True)
+    _C.ops.quantize((a, int(qt)), x,
+                    reference=False); _C.ops.quantize((b, int(qt)), x, reference=True)
     assert np.array_equal(a, b), qt.name
 print("ok")
 """
@@ -247,21 +249,21 @@ def test_bad_args_raise():
         run(x, w, Q.Q4_0)
     w, _ = make_weight(rng, Q.F32, 8, 64)
     with pytest.raises(ValueError, match="linear: out"):
-        _C.op_linear(np.empty((3, 9), np.float32), x, w)
+        _C.ops.linear(np.empty((3, 9), np.float32), x, w)
     with pytest.raises(ValueError, match="linear: out"):
-        _C.op_linear(np.empty((2, 8), np.float32), x, w)
+        _C.ops.linear(np.empty((2, 8), np.float32), x, w)
     with pytest.raises(ValueError, match="linear: bias"):
-        _C.op_linear(np.empty((3, 8), np.float32), x, w, -1, np.ones(7, np.float32))
+        _C.ops.linear(np.empty((3, 8), np.float32), x, w, np.ones(7, np.float32))
     with pytest.raises(ValueError, match="linear: bias"):
-        _C.op_linear(np.empty((3, 8), np.float32), x, w, -1, np.ones(8, np.float16))
+        _C.ops.linear(np.empty((3, 8), np.float32), x, w, np.ones(8, np.float16))
     with pytest.raises(ValueError, match="linear: x"):
-        _C.op_linear(np.empty((3, 8), np.float32), x.astype(np.float16), w)
+        _C.ops.linear(np.empty((3, 8), np.float32), x.astype(np.float16), w)
     with pytest.raises(ValueError, match="linear: x"):
-        _C.op_linear(np.empty((3, 8), np.float32), x[0].copy(), w)
+        _C.ops.linear(np.empty((3, 8), np.float32), x[0].copy(), w)
     with pytest.raises(ValueError, match="linear: out"):
-        _C.op_linear(np.empty((3, 8), np.float16), x, w)
+        _C.ops.linear(np.empty((3, 8), np.float16), x, w)
     with pytest.raises(ValueError, match="Q8_K"):  # an activation-only type
-        _C.op_linear(np.empty((3, 2), np.float32), make_x(rng, 3, 256),
-                     np.zeros((2, 292), np.uint8), int(Q.Q8_K))
+        _C.ops.linear(np.empty((3, 2), np.float32), make_x(rng, 3, 256),
+                      (np.zeros((2, 292), np.uint8), int(Q.Q8_K)))
     with pytest.raises(ValueError, match="I32"):
-        _C.op_linear(np.empty((3, 8), np.float32), x, np.ones((8, 64), np.int32))
+        _C.ops.linear(np.empty((3, 8), np.float32), x, np.ones((8, 64), np.int32))

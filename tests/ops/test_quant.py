@@ -32,7 +32,7 @@ def test_dequantize_bit_exact(qtype, shape, reference):
     blocks = quants.quantize(rand(rng, shape), qtype)
     want = quants.dequantize(blocks, qtype)
     out = np.full(shape, np.nan, dtype=np.float32)
-    _C.op_dequantize(out, blocks, int(qtype), reference=reference)
+    _C.ops.dequantize(out, (blocks, int(qtype)), reference=reference)
     assert np.array_equal(bits(out), bits(want.astype(np.float32)))
 
 
@@ -50,7 +50,7 @@ def test_dequantize_random_bytes(qtype):
     want = quants.dequantize(blocks, qtype)
     for reference in (False, True):
         out = np.empty(want.shape, np.float32)
-        _C.op_dequantize(out, blocks, int(qtype), reference=reference)
+        _C.ops.dequantize(out, (blocks, int(qtype)), reference=reference)
         assert np.array_equal(bits(out), bits(want.astype(np.float32)))
 
 
@@ -60,17 +60,17 @@ def test_dequantize_f16_bf16_f32(reference):
     a = rand(rng, (6, 100))
     h = a.astype(np.float16)
     out = np.empty_like(a)
-    _C.op_dequantize(out, h, int(Q.F16), reference=reference)
+    _C.ops.dequantize(out, (h, int(Q.F16)), reference=reference)
     assert np.array_equal(bits(out), bits(quants.dequantize(h, Q.F16)))
 
     b = quants.quantize(a, Q.BF16).view(np.uint16)  # round-to-nearest-even bf16 bits
     out = np.empty_like(a)
-    _C.op_dequantize(out, b, int(Q.BF16), reference=reference)
+    _C.ops.dequantize(out, (b, int(Q.BF16)), reference=reference)
     want = quants.dequantize(b.view(np.uint8), Q.BF16)
     assert np.array_equal(bits(out), bits(want))
 
     out = np.empty_like(a)
-    _C.op_dequantize(out, a, int(Q.F32), reference=reference)
+    _C.ops.dequantize(out, (a, int(Q.F32)), reference=reference)
     assert np.array_equal(bits(out), bits(a))
 
 
@@ -103,7 +103,7 @@ def test_quantize_q8(qtype, shape, reference):
     want = np_quantize_q8(x, qtype == Q.Q8_1)
     ts = 34 if qtype == Q.Q8_0 else 36
     out = np.zeros((shape[0], shape[1] // 32 * ts), np.uint8)
-    _C.op_quantize(out, int(qtype), x, reference=reference)
+    _C.ops.quantize((out, int(qtype)), x, reference=reference)
     assert np.array_equal(out, want)
     if qtype == Q.Q8_0:  # also agrees with gguf's own Q8_0 quantizer
         assert np.array_equal(out, quants.quantize(x, Q.Q8_0))
@@ -120,7 +120,7 @@ def test_quantize_q8_ties(qtype, reference):
     x = np.concatenate([x, x[:, ::-1]], axis=1).copy()
     want = np_quantize_q8(x, qtype == Q.Q8_1)
     out = np.zeros((3, 2 * (34 if qtype == Q.Q8_0 else 36)), np.uint8)
-    _C.op_quantize(out, int(qtype), x, reference=reference)
+    _C.ops.quantize((out, int(qtype)), x, reference=reference)
     assert np.array_equal(out, want)
 
 
@@ -128,7 +128,7 @@ def test_quantize_all_zero_block():
     x = np.zeros((1, 64), np.float32)
     x[0, 32:] = np.linspace(-1, 1, 32, dtype=np.float32) + 0.01
     out = np.full((1, 72), 7, np.uint8)
-    _C.op_quantize(out, int(Q.Q8_1), x)
+    _C.ops.quantize((out, int(Q.Q8_1)), x)
     assert np.array_equal(out, np_quantize_q8(x, True))
 
 
@@ -138,21 +138,21 @@ def test_unsupported_type_raises():
     src = np.zeros((2, 256), np.int8)
     out = np.empty((2, 256), np.float32)
     with pytest.raises(ValueError, match="I8"):
-        _C.op_dequantize(out, src, int(Q.I8))
+        _C.ops.dequantize(out, (src, int(Q.I8)))
     x = np.ones((1, 32), np.float32)
     with pytest.raises(ValueError, match="Q4_0"):
-        _C.op_quantize(np.zeros((1, 18), np.uint8), int(Q.Q4_0), x)
+        _C.ops.quantize((np.zeros((1, 18), np.uint8), int(Q.Q4_0)), x)
 
 
 def test_bad_shapes_raise():
     rng = np.random.default_rng(1)
     blocks = quants.quantize(rand(rng, (4, 64)), Q.Q4_0)
     with pytest.raises(ValueError, match="dequantize"):
-        _C.op_dequantize(np.empty((4, 32), np.float32), blocks, int(Q.Q4_0))
+        _C.ops.dequantize(np.empty((4, 32), np.float32), (blocks, int(Q.Q4_0)))
     with pytest.raises(ValueError, match="dequantize"):
-        _C.op_dequantize(np.empty((4, 64), np.float16), blocks, int(Q.Q4_0))
+        _C.ops.dequantize(np.empty((4, 64), np.float16), (blocks, int(Q.Q4_0)))
     x = rand(rng, (2, 48))  # not whole blocks
     with pytest.raises(ValueError, match="quantize: out"):
-        _C.op_quantize(np.zeros((2, 68), np.uint8), int(Q.Q8_0), x)
+        _C.ops.quantize((np.zeros((2, 68), np.uint8), int(Q.Q8_0)), x)
     with pytest.raises(ValueError, match="quantize"):
-        _C.op_quantize(np.zeros((3, 68), np.uint8), int(Q.Q8_0), rand(rng, (2, 64)))
+        _C.ops.quantize((np.zeros((3, 68), np.uint8), int(Q.Q8_0)), rand(rng, (2, 64)))

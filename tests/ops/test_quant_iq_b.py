@@ -61,7 +61,7 @@ def test_dequantize_bit_exact(qtype, shape, reference):
     want = quants.dequantize(blocks, qtype).astype(np.float32)
     assert np.isfinite(want).all() and (want != 0).any()
     out = np.full(shape, np.nan, dtype=np.float32)
-    _C.op_dequantize(out, blocks, int(qtype), reference=reference)
+    _C.ops.dequantize(out, (blocks, int(qtype)), reference=reference)
     assert np.array_equal(bits(out), bits(want)), f"seed {seed}"
 
 
@@ -83,7 +83,7 @@ def test_dequantize_extreme_blocks(qtype):
     per[1] |= ~keep_mask
     want = quants.dequantize(blocks, qtype).astype(np.float32)
     out = np.empty(want.shape, np.float32)
-    _C.op_dequantize(out, blocks, int(qtype))
+    _C.ops.dequantize(out, (blocks, int(qtype)))
     assert np.array_equal(bits(out), bits(want)), f"seed {seed}"
 
 
@@ -101,14 +101,14 @@ def test_embedding_rows(qtype):
 
 def run(x, w, qtype, bias=None, reference=False):
     out = np.full((x.shape[0], w.shape[0]), np.nan, np.float32)
-    _C.op_linear(out, x, w, int(qtype), bias, reference)
+    _C.ops.linear(out, x, (w, int(qtype)), bias, reference=reference)
     return out
 
 
 def quantized_x(x):
     """x as the Q8_K activations the kernel multiplies, in f64."""
     q8 = np.zeros((x.shape[0], x.shape[1] // 256 * Q8_K_SIZE), np.uint8)
-    _C.op_quantize(q8, int(Q.Q8_K), x)
+    _C.ops.quantize((q8, int(Q.Q8_K)), x)
     blk = q8.reshape(x.shape[0], -1, Q8_K_SIZE)
     d = blk[..., 0:4].copy().view(np.float32).astype(np.float64)
     q = blk[..., 4:260].copy().view(np.int8).astype(np.float64)
@@ -191,12 +191,12 @@ for qt in IQ_TYPES:
         outs = []
         for ref in (False, True):
             o = np.empty((t, n), np.float32)
-            _C.op_linear(o, x, w, int(qt), None, ref)
+            _C.ops.linear(o, x, (w, int(qt)), None, reference=ref)
             outs.append(o)
         assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)), (qt, n, k, t)
     want = quants.dequantize(w, qt)
     out = np.empty(want.shape, np.float32)
-    _C.op_dequantize(out, w, int(qt))
+    _C.ops.dequantize(out, (w, int(qt)))
     assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), qt
 print("ok")
 """

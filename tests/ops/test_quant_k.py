@@ -42,7 +42,7 @@ def test_dequantize_bit_exact(qtype, shape, reference):
     blocks = rand_blocks(rng, qtype, rows, shape[-1]).reshape(shape[:-1] + (-1,))
     want = quants.dequantize(blocks, qtype).astype(np.float32)
     out = np.full(shape, np.nan, dtype=np.float32)
-    _C.op_dequantize(out, blocks, int(qtype), reference=reference)
+    _C.ops.dequantize(out, (blocks, int(qtype)), reference=reference)
     assert np.array_equal(bits(out), bits(want))
 
 
@@ -60,7 +60,7 @@ def test_dequantize_extreme_blocks(qtype):
     per[1][:, ~keep] = 0xFF
     want = quants.dequantize(blocks, qtype).astype(np.float32)
     out = np.empty(want.shape, np.float32)
-    _C.op_dequantize(out, blocks, int(qtype))
+    _C.ops.dequantize(out, (blocks, int(qtype)))
     assert np.array_equal(bits(out), bits(want))
 
 
@@ -71,7 +71,7 @@ def test_embedding_rows(qtype):
     table = rand_blocks(rng, qtype, 11, 512)
     ids = np.array([3, 0, 10, 3, 7], np.int32)
     out = np.empty((5, 512), np.float32)
-    _C.op_embedding(out, ids, table, int(qtype))
+    _C.ops.embedding(out, ids, (table, int(qtype)))
     want = quants.dequantize(table, qtype).astype(np.float32)[ids]
     assert np.array_equal(bits(out), bits(want))
 
@@ -99,7 +99,7 @@ def np_quantize_q8_K(x):
 
 def quantize_q8_K(x, reference=False):
     out = np.zeros((x.shape[0], x.shape[1] // 256 * Q8_K_SIZE), np.uint8)
-    _C.op_quantize(out, int(Q.Q8_K), x, reference=reference)
+    _C.ops.quantize((out, int(Q.Q8_K)), x, reference=reference)
     return out
 
 
@@ -137,7 +137,7 @@ def test_quantize_q8_K_ties_and_zeros(reference):
 
 def run(x, w, qtype, bias=None, reference=False):
     out = np.full((x.shape[0], w.shape[0]), np.nan, np.float32)
-    _C.op_linear(out, x, w, int(qtype), bias, reference)
+    _C.ops.linear(out, x, (w, int(qtype)), bias, reference=reference)
     return out
 
 
@@ -222,12 +222,12 @@ for qt, offs in F16.items():
         outs = []
         for ref in (False, True):
             o = np.empty((t, n), np.float32)
-            _C.op_linear(o, x, w, int(qt), None, ref)
+            _C.ops.linear(o, x, (w, int(qt)), None, reference=ref)
             outs.append(o)
         assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)), (qt, n, k, t)
         qx = [np.zeros((t, k // 256 * 292), np.uint8) for _ in range(2)]
-        _C.op_quantize(qx[0], int(Q.Q8_K), x, reference=False)
-        _C.op_quantize(qx[1], int(Q.Q8_K), x, reference=True)
+        _C.ops.quantize((qx[0], int(Q.Q8_K)), x, reference=False)
+        _C.ops.quantize((qx[1], int(Q.Q8_K)), x, reference=True)
         assert np.array_equal(qx[0], qx[1])
 print("ok")
 """

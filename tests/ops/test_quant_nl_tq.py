@@ -75,7 +75,7 @@ def test_dequantize_bit_exact(rng, qtype, shape, reference):
     blocks = rand_blocks(rng, qtype, rows, shape[-1]).reshape(shape[:-1] + (-1,))
     want = quants.dequantize(blocks, qtype).astype(np.float32)
     out = np.full(shape, np.nan, dtype=np.float32)
-    _C.op_dequantize(out, blocks, int(qtype), reference=reference)
+    _C.ops.dequantize(out, (blocks, int(qtype)), reference=reference)
     assert np.array_equal(bits(out), bits(want)), rng.seed
 
 
@@ -94,7 +94,7 @@ def test_dequantize_extreme_blocks(rng, qtype):
     per[1][:, ~keep] = 0xFF
     want = quants.dequantize(blocks, qtype).astype(np.float32)
     out = np.empty(want.shape, np.float32)
-    _C.op_dequantize(out, blocks, int(qtype))
+    _C.ops.dequantize(out, (blocks, int(qtype)))
     assert np.array_equal(bits(out), bits(want)), rng.seed
 
 
@@ -112,7 +112,7 @@ def test_embedding_and_to_float32(rng, qtype):
 
 def run(x, w, qtype, bias=None, reference=False):
     out = np.full((x.shape[0], w.shape[0]), np.nan, np.float32)
-    _C.op_linear(out, x, w, int(qtype), bias, reference)
+    _C.ops.linear(out, x, (w, int(qtype)), bias, reference=reference)
     return out
 
 
@@ -120,7 +120,7 @@ def quantized_x(x, act):
     """x as the 8-bit activations the kernel multiplies (Q8_0 or Q8_K), in f64."""
     bs, ts = ACT_SIZE[act]
     blk = np.zeros((x.shape[0], x.shape[1] // bs * ts), np.uint8)
-    _C.op_quantize(blk, int(act), x)
+    _C.ops.quantize((blk, int(act)), x)
     blk = blk.reshape(x.shape[0], -1, ts)
     if act == Q.Q8_0:
         d = blk[..., 0:2].copy().view(np.float16).astype(np.float64)
@@ -217,7 +217,7 @@ for qt in F16_FIELDS:
         outs = []
         for ref in (False, True):
             o = np.empty((t, n), np.float32)
-            _C.op_linear(o, x, w, int(qt), None, ref)
+            _C.ops.linear(o, x, (w, int(qt)), None, reference=ref)
             outs.append(o)
         assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)), (qt, n, k, t)
 print("ok")

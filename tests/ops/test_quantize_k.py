@@ -113,8 +113,8 @@ def test_errors():
         quantize(x, "Q4_K")
     out = np.empty((2, 96 // 32 * 36), np.uint8)
     with pytest.raises(ValueError, match="quantize_weight: no quantizer for output dtype Q8_1"):
-        _C.op_quantize_weight(out, 9, x)
+        _C.ops.quantize_weight((out, 9), x)
     with pytest.raises(ValueError, match="quantize_weight: src must be F32"):
-        _C.op_quantize_weight(np.empty((2, 54), np.uint8), ops.Q4_0, x.astype(np.float16))
+        _C.ops.quantize_weight((np.empty((2, 54), np.uint8), ops.Q4_0), x.astype(np.float16))
     with pytest.raises(ValueError, match="differ in shape"):
-        _C.op_quantize_weight(np.empty((3, 54), np.uint8), ops.Q4_0, x)
+        _C.ops.quantize_weight((np.empty((3, 54), np.uint8), ops.Q4_0), x)

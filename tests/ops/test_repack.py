@@ -60,7 +60,7 @@ def test_layout_matches_spec(qtype, n, k):
     rng = np.random.default_rng([int(qtype), n, k])
     w = make_blocks(rng, qtype, n, k)
     out = np.full_like(w, 0xAB)
-    _C.op_repack_weight(out, w, int(qtype))
+    _C.ops.repack_weight((out, _C.packed_dtype(int(qtype), False)), (w, int(qtype)))
     assert np.array_equal(out, numpy_repack(w, qtype))
     assert np.array_equal(out[n // 16 * 16:], w[n // 16 * 16:])  # tail rows as stored
 
@@ -81,12 +81,14 @@ def test_bad_args_raise():
     w = make_blocks(rng, Q.Q4_0, 32, 64)
     with pytest.raises(ValueError, match="repack_weight: no packed layout"):
         h = np.zeros((32, 64), np.float16)
-        _C.op_repack_weight(np.empty_like(h), h, int(Q.F16))
+        _C.ops.repack_weight((np.empty_like(h), _C.packed_dtype(int(Q.F16), False)),
+                             (h, int(Q.F16)))
     with pytest.raises(ValueError, match=r"repack_weight: out Q4_0_X16\[16, 64\] must be"):
-        _C.op_repack_weight(np.empty((16, 36), np.uint8), w, int(Q.Q4_0))
+        _C.ops.repack_weight((np.empty((16, 36), np.uint8), _C.packed_dtype(int(Q.Q4_0), False)),
+                             (w, int(Q.Q4_0)))
     with pytest.raises(ValueError, match="Q4_0_X16"):  # packed weights are for linear only
-        _C.op_embedding(np.empty((1, 64), np.float32), np.zeros(1, np.int32), w,
-                        _C.packed_dtype(int(Q.Q4_0), False))
+        _C.ops.embedding(np.empty((1, 64), np.float32), np.zeros(1, np.int32),
+                         (w, _C.packed_dtype(int(Q.Q4_0), False)))
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0], ids=lambda q: q.name)

@@ -41,7 +41,7 @@ def test_chunked_repack_of_a_mapped_weight(qtype, tmp_path, monkeypatch):
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     src = np.frombuffer(mm, np.uint8, blocks.nbytes, skip).reshape(blocks.shape)
     whole = np.empty_like(blocks)
-    _C.op_repack_weight(whole, blocks, int(qtype))
+    _C.ops.repack_weight((whole, _C.packed_dtype(int(qtype), False)), (blocks, int(qtype)))
 
     monkeypatch.setattr(ops, "_REPACK_CHUNK_BYTES", 3 * 16 * blocks.shape[1] + 1)  # 48 rows
     packed = ops.repack_weight(ops.Weight(src, int(qtype), (n, k)))

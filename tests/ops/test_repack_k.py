@@ -70,13 +70,13 @@ def numpy_repack_k(w, qtype):
 def repack(w, qtype):
     pt = _C.packed_dtype(int(qtype), False)
     out = np.full_like(w, 0xAB)
-    _C.op_repack_weight(out, w, int(qtype))
+    _C.ops.repack_weight((out, _C.packed_dtype(int(qtype), False)), (w, int(qtype)))
     return out, pt
 
 
 def run(x, w, qtype, bias=None, reference=False):
     out = np.full((x.shape[0], w.shape[0]), np.nan, np.float32)
-    _C.op_linear(out, x, w, int(qtype), bias, reference)
+    _C.ops.linear(out, x, (w, int(qtype)), bias, reference=reference)
     return out
 
 
@@ -93,7 +93,7 @@ def make_x(rng, t, k):
 def quantized_x(x):
     """x as the Q8_K activations the kernels multiply, in f64."""
     blk = np.zeros((x.shape[0], x.shape[1] // 256 * Q8_K_SIZE), np.uint8)
-    _C.op_quantize(blk, int(Q.Q8_K), x)
+    _C.ops.quantize((blk, int(Q.Q8_K)), x)
     blk = blk.reshape(x.shape[0], -1, Q8_K_SIZE)
     d = blk[..., 0:4].copy().view(np.float32).astype(np.float64)
     q = blk[..., 4:260].copy().view(np.int8).astype(np.float64)
@@ -177,12 +177,12 @@ for qt, offs in {Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208]}.items():
             w[..., off + 1] = (w[..., off + 1] & 0x83) | 0x30
         w = w.reshape(n, -1)
         wp = np.empty_like(w)
-        _C.op_repack_weight(wp, w, int(qt))
+        _C.ops.repack_weight((wp, _C.packed_dtype(int(qt), False)), (w, int(qt)))
         x = rng.standard_normal((t, k)).astype(np.float32)
         outs = []
         for ww, dt, ref in ((w, qt, True), (wp, pt, False), (wp, pt, True)):
             o = np.empty((t, n), np.float32)
-            _C.op_linear(o, x, ww, int(dt), None, ref)
+            _C.ops.linear(o, x, (ww, int(dt)), None, reference=ref)
             outs.append(o.view(np.uint32))
         assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2]), (qt, n, t)
 print("ok")

@@ -22,8 +22,8 @@ def call(logits, temperature, top_k=None, top_p=None, min_p=None, rng_state=None
         rng_state = states(np.random.default_rng(0), B)
     ids = np.full(B, -7, np.int32)
     lp = np.full(B, np.nan, np.float32) if logprobs else None
-    _C.op_sample(ids, lp, np.ascontiguousarray(logits, np.float32), t, k, p, m, rng_state,
-                 reference=ref)
+    _C.ops.sample(ids, lp, np.ascontiguousarray(logits, np.float32), t, k, p, m, rng_state,
+                  reference=ref)
     return ids, lp
 
 
@@ -203,13 +203,13 @@ def test_bad_inputs():
                 logits=np.ones((B, V), np.float32), temperature=np.ones(B, np.float32),
                 top_k=np.zeros(B, np.int32), top_p=np.ones(B, np.float32),
                 min_p=np.zeros(B, np.float32), rng_state=np.ones((B, 2), np.uint64))
-    _C.op_sample(**good)
+    _C.ops.sample(**good)
 
     def bad(**kw):
         args = dict(good)
         args.update(kw)
         with pytest.raises(ValueError, match="sample"):
-            _C.op_sample(**args)
+            _C.ops.sample(**args)
 
     bad(out_ids=np.zeros(B + 1, np.int32))
     bad(out_ids=np.zeros(B, np.int64))

@@ -99,7 +99,7 @@ def test_processors_match_numpy(ref):
     logits = (rng.standard_normal((B, V)) * 3).astype(np.float32)
     expect = reference(logits, rows)
     got = logits.copy()
-    _C.op_apply_logits_processors(got, **op_args(rows), reference=ref)
+    _C.ops.apply_logits_processors(got, **op_args(rows), reference=ref)
     fin = np.isfinite(expect)
     np.testing.assert_array_equal(np.isfinite(got), fin)
     np.testing.assert_array_equal(got[~fin], expect[~fin])  # -inf where banned / masked
@@ -114,12 +114,12 @@ def test_groups_are_optional_and_single_ones_work():
     B, V = 3, 50
     logits = rng.standard_normal((B, V)).astype(np.float32)
     got = logits.copy()
-    _C.op_apply_logits_processors(got)  # nothing to do
+    _C.ops.apply_logits_processors(got)  # nothing to do
     np.testing.assert_array_equal(got, logits)
     # Repetition penalty alone: positive logits divided, negative multiplied.
     got = logits.copy()
     ip, ids = csr([[1, 2], [], [3]])
-    _C.op_apply_logits_processors(got, penalty_indptr=ip, penalty_ids=ids,
+    _C.ops.apply_logits_processors(got, penalty_indptr=ip, penalty_ids=ids,
                                   output_counts=np.array([0, 2, 1], np.int32),
                                   repetition_penalty=np.full(B, 2.0, np.float32),
                                   frequency_penalty=np.full(B, 0.5, np.float32),
@@ -142,7 +142,7 @@ def test_bad_words_prefix_rule(ref):
     a = dict(bad_words_indptr=np.array([0, 4, 4, 5], np.int32))
     a["bad_word_token_indptr"], a["bad_word_tokens"] = csr(words + [[2, 8]])
     a["output_tail_indptr"], a["output_tail"] = csr([[0, 1, 2], [1, 2], []])
-    _C.op_apply_logits_processors(logits, **a, reference=ref)
+    _C.ops.apply_logits_processors(logits, **a, reference=ref)
     assert set(np.flatnonzero(logits[0] == -np.inf)) == {5, 7, 8}  # [9,2,3,4]: prefix differs
     assert not np.isinf(logits[1]).any()
     assert not np.isinf(logits[2]).any()  # output too short for the prefix [2]
@@ -154,7 +154,7 @@ def test_processor_bad_inputs():
 
     def bad(match="apply_logits_processors", **kw):
         with pytest.raises(ValueError, match=match):
-            _C.op_apply_logits_processors(logits, **kw)
+            _C.ops.apply_logits_processors(logits, **kw)
 
     bad(allowed_indptr=np.array([0, 1, 2], np.int32), allowed_ids=np.array([1, V], np.int32))
     bad(allowed_indptr=np.array([0, 1], np.int32), allowed_ids=np.array([1], np.int32))
@@ -182,9 +182,8 @@ def logprobs_call(logits, tokens, nums, ref):
     K = max(0, min(int(max(nums)), logits.shape[1]))
     out = (np.empty(N, np.float32), np.empty(N, np.int32), np.empty((N, K), np.int32),
            np.empty((N, K), np.float32))
-    _C.op_compute_logprobs(out[0], out[1], out[2] if K else None, out[3] if K else None,
-                           logits, np.asarray(tokens, np.int32), np.asarray(nums, np.int32),
-                           reference=ref)
+    _C.ops.compute_logprobs(out[0], out[1], out[2] if K else None, out[3] if K else None, logits,
+                            np.asarray(tokens, np.int32), np.asarray(nums, np.int32), reference=ref)
     return out
 
 
@@ -220,8 +219,8 @@ def test_logprobs_bad_inputs():
     with pytest.raises(ValueError, match="compute_logprobs.*token_ids"):
         logprobs_call(logits, [0, 10], [1, 1], False)
     with pytest.raises(ValueError, match="compute_logprobs.*num_logprobs"):
-        _C.op_compute_logprobs(np.empty(2, np.float32), np.empty(2, np.int32),
-                               np.empty((2, 1), np.int32), np.empty((2, 1), np.float32),
-                               logits, np.zeros(2, np.int32), np.array([1, 2], np.int32))
+        _C.ops.compute_logprobs(np.empty(2, np.float32), np.empty(2, np.int32),
+                                np.empty((2, 1), np.int32), np.empty((2, 1), np.float32), logits,
+                                np.zeros(2, np.int32), np.array([1, 2], np.int32))
     with pytest.raises(ValueError, match="compute_logprobs"):
         logprobs_call(logits, [0], [1], False)

@@ -262,8 +262,8 @@ class Sampler:
         self._pinned.copy_to_device(buf, offsets["ids"])
         dev = {name: DeviceArray(buf, dt, (b, 2) if name == "rng" else (b,), offsets[name])
                for name, _, dt in fields}
-        _C.cuda_op_sample(dev["ids"], dev["logprobs"], logits, dev["temperature"], dev["top_k"],
-                          dev["top_p"], dev["min_p"], dev["rng"])
+        _C.ops.sample(dev["ids"], dev["logprobs"], logits, dev["temperature"], dev["top_k"],
+                      dev["top_p"], dev["min_p"], dev["rng"])
         self._pinned.copy_from_device(buf, off)
         _C.cuda_synchronize()
 

@@ -172,8 +172,8 @@ class ModelRunner:
         from vllmx import _C
 
         hidden = self.model.forward(ids, pos, md)
-        _C.cuda_op_embedding(self._decode_logits[:size], self._rows[:size],
-                             self.model.compute_logits(hidden))
+        _C.ops.embedding(self._decode_logits[:size], self._rows[:size],
+                         self.model.compute_logits(hidden))
 
     def capture_cudagraphs(self, sizes: list[int]) -> None:
         """Captures the decode step for each batch size (largest first, so that grow-only

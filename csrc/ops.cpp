@@ -1,0 +1,160 @@
+// The contracts of the ops that every device shares (shapes, index dtypes, how tensors relate),
+// checked once by the op table's dispatcher before any kernel runs (VLLMX_OP_CHECK). A kernel
+// checks only what is its own: the activation dtypes it implements, the layouts it needs, and
+// what it can read cheaply where the data live (a host-side slot range, say).
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "core/op_table.h"
+
+namespace vllmx {
+
+namespace {
+
+std::string i2s(int64_t v) { return std::to_string(v); }
+
+// key_cache / value_cache: [num_blocks, block_size, num_kv_heads, head_size] of one float dtype.
+void check_kv_caches(const char* op, const Tensor& key_cache, const Tensor& value_cache) {
+  check_ndim(key_cache, 4, op, "key_cache");
+  check_ndim(value_cache, 4, op, "value_cache");
+  const DType dt = key_cache.dtype;
+  VLLMX_CHECK(dt == DType::F16 || dt == DType::BF16 || dt == DType::F32, op,
+              "cache dtype must be f16, bf16 or f32, got key_cache " + key_cache.str());
+  bool same = value_cache.dtype == dt;
+  for (int d = 0; d < 4; ++d) same = same && value_cache.shape[d] == key_cache.shape[d];
+  VLLMX_CHECK(same, op,
+              "value_cache " + value_cache.str() + " does not match key_cache " + key_cache.str());
+  VLLMX_CHECK(key_cache.data != value_cache.data || key_cache.numel() == 0, op,
+              "key_cache and value_cache must be distinct buffers");
+}
+
+void check_write_kv_cache(const Tensor& key, const Tensor& value, const Tensor& key_cache,
+                          const Tensor& value_cache, const Tensor& slot_mapping) {
+  const char* op = "write_kv_cache";
+  check_ndim(key, 2, op, "key");
+  check_ndim(value, 2, op, "value");
+  VLLMX_CHECK(value.dtype == key.dtype, op,
+              "value " + value.str() + " must have key's dtype (key " + key.str() + ")");
+  check_kv_caches(op, key_cache, value_cache);
+  check_dtype(slot_mapping, DType::I32, op, "slot_mapping");
+  check_ndim(slot_mapping, 1, op, "slot_mapping");
+  const int64_t row = key_cache.shape[2] * key_cache.shape[3];
+  const int64_t T = key.shape[0];
+  VLLMX_CHECK(key.shape[1] == row && value.shape[0] == T && value.shape[1] == row, op,
+              "key " + key.str() + " / value " + value.str() +
+                  " do not match the cache rows of " + key_cache.str() + " (expected [T, " +
+                  i2s(row) + "])");
+  VLLMX_CHECK(slot_mapping.shape[0] == T, op,
+              "slot_mapping " + slot_mapping.str() + " does not match key " + key.str());
+}
+
+void check_paged_attention(const Tensor& out, const Tensor& q, const Tensor& key_cache,
+                           const Tensor& value_cache, const Tensor& block_table,
+                           const Tensor& query_start_loc, const Tensor& seq_lens, float scale,
+                           int64_t sliding_window, float logits_soft_cap, int64_t max_query_len) {
+  (void)sliding_window;
+  (void)max_query_len;
+  const char* op = "paged_attention";
+  check_ndim(q, 2, op, "q");
+  check_ndim(out, 2, op, "out");
+  VLLMX_CHECK(out.dtype == q.dtype && out.shape[0] == q.shape[0] && out.shape[1] == q.shape[1],
+              op, "out " + out.str() + " does not match q " + q.str());
+  check_kv_caches(op, key_cache, value_cache);
+  check_dtype(block_table, DType::I32, op, "block_table");
+  check_ndim(block_table, 2, op, "block_table");
+  check_dtype(query_start_loc, DType::I32, op, "query_start_loc");
+  check_ndim(query_start_loc, 1, op, "query_start_loc");
+  check_dtype(seq_lens, DType::I32, op, "seq_lens");
+  check_ndim(seq_lens, 1, op, "seq_lens");
+  const int64_t block_size = key_cache.shape[1], nkv = key_cache.shape[2];
+  const int64_t D = key_cache.shape[3];
+  VLLMX_CHECK(block_size > 0 && nkv > 0 && D > 0, op, "bad cache shape " + key_cache.str());
+  VLLMX_CHECK(q.shape[1] % D == 0 && q.shape[1] > 0, op,
+              "q " + q.str() + " is not a whole number of heads of size " + i2s(D) +
+                  " (cache " + key_cache.str() + ")");
+  const int64_t nq = q.shape[1] / D;
+  VLLMX_CHECK(nq % nkv == 0, op,
+              "num query heads " + i2s(nq) + " (q " + q.str() +
+                  ") is not a multiple of num kv heads " + i2s(nkv) + " (cache " +
+                  key_cache.str() + ")");
+  const int64_t B = seq_lens.shape[0];
+  VLLMX_CHECK(query_start_loc.shape[0] == B + 1, op,
+              "query_start_loc " + query_start_loc.str() +
+                  " must have len(seq_lens) + 1 entries (seq_lens " + seq_lens.str() + ")");
+  VLLMX_CHECK(block_table.shape[0] == B, op,
+              "block_table " + block_table.str() +
+                  " must have one row per sequence (seq_lens " + seq_lens.str() + ")");
+  VLLMX_CHECK(std::isfinite(scale), op, "scale must be finite");
+  VLLMX_CHECK(std::isfinite(logits_soft_cap), op, "logits_soft_cap must be finite");
+}
+
+void check_sample(const Tensor& out_ids, const Tensor& out_logprobs, const Tensor& logits,
+                  const Tensor& temperature, const Tensor& top_k, const Tensor& top_p,
+                  const Tensor& min_p, const Tensor& rng_state) {
+  const char* op = "sample";
+  check_dtype(logits, DType::F32, op, "logits");
+  check_ndim(logits, 2, op, "logits");
+  const int64_t B = logits.shape[0], V = logits.shape[1];
+  VLLMX_CHECK(V > 0 || B == 0, op, "logits " + logits.str() + " has an empty vocabulary");
+  VLLMX_CHECK(V <= std::numeric_limits<int32_t>::max(), op, "vocabulary too large");
+  const auto per_row = [&](const Tensor& t, DType d, const char* name) {
+    check_dtype(t, d, op, name);
+    VLLMX_CHECK(t.ndim == 1 && t.shape[0] == B, op,
+                std::string(name) + " " + t.str() + " must have one entry per row of logits " +
+                    logits.str());
+  };
+  per_row(out_ids, DType::I32, "out_ids");
+  if (out_logprobs.defined()) per_row(out_logprobs, DType::F32, "out_logprobs");
+  per_row(temperature, DType::F32, "temperature");
+  per_row(top_k, DType::I32, "top_k");
+  per_row(top_p, DType::F32, "top_p");
+  per_row(min_p, DType::F32, "min_p");
+  check_dtype(rng_state, DType::U64, op, "rng_state");
+  VLLMX_CHECK(rng_state.ndim == 2 && rng_state.shape[0] == B && rng_state.shape[1] == 2, op,
+              "rng_state " + rng_state.str() + " must be [" + i2s(B) + ", 2]");
+}
+
+void check_copy_columns(const Tensor& out, int64_t out_col, const Tensor& x, int64_t x_col,
+                        int64_t n) {
+  const char* op = "copy_columns";
+  check_ndim(out, 2, op, "out");
+  check_ndim(x, 2, op, "x");
+  VLLMX_CHECK(out.dtype == x.dtype && !type_traits(x.dtype).quantized, op,
+              "out " + out.str() + " and x " + x.str() + " must have one dense dtype");
+  VLLMX_CHECK(out.shape[0] == x.shape[0], op,
+              "out " + out.str() + " and x " + x.str() + " must have the same rows");
+  VLLMX_CHECK(n >= 0 && out_col >= 0 && x_col >= 0 && out_col + n <= out.shape[1] &&
+                  x_col + n <= x.shape[1],
+              op, "columns [" + i2s(x_col) + ", +" + i2s(n) + ") of x " + x.str() + " -> [" +
+                      i2s(out_col) + ", +" + i2s(n) + ") of out " + out.str() +
+                      " are out of range");
+}
+
+void check_topk_softmax(const Tensor& topk_weights, const Tensor& topk_ids,
+                        const Tensor& gating_output, bool renormalize) {
+  (void)renormalize;
+  const char* op = "topk_softmax";
+  check_ndim(gating_output, 2, op, "gating_output");
+  check_dtype(topk_weights, DType::F32, op, "topk_weights");
+  check_ndim(topk_weights, 2, op, "topk_weights");
+  check_dtype(topk_ids, DType::I32, op, "topk_ids");
+  check_ndim(topk_ids, 2, op, "topk_ids");
+  const int64_t T = gating_output.shape[0], E = gating_output.shape[1], k = topk_ids.shape[1];
+  VLLMX_CHECK(topk_weights.shape[0] == T && topk_ids.shape[0] == T && topk_weights.shape[1] == k,
+              op, "topk_weights " + topk_weights.str() + " and topk_ids " + topk_ids.str() +
+                      " must both be [T, k] for gating_output " + gating_output.str());
+  VLLMX_CHECK(k >= 1 && k <= E, op,
+              "k = " + i2s(k) + " experts per token must be in 1.." + i2s(E) + " (gating_output " +
+                  gating_output.str() + ")");
+}
+
+}  // namespace
+
+VLLMX_OP_CHECK(topk_softmax, check_topk_softmax);
+VLLMX_OP_CHECK(write_kv_cache, check_write_kv_cache);
+VLLMX_OP_CHECK(paged_attention, check_paged_attention);
+VLLMX_OP_CHECK(sample, check_sample);
+VLLMX_OP_CHECK(copy_columns, check_copy_columns);
+
+}  // namespace vllmx
