@@ -2,7 +2,7 @@
 // elementwise.cu's). Every op's contract is in csrc/ops.def; kernels register themselves in
 // the op table (VLLMX_KERNEL) beside their code.
 #pragma once
-#include "tensor.h"
+#include "core/tensor.h"
 
 namespace vllmx::cuda {
 

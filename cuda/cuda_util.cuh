@@ -10,7 +10,7 @@
 #include <string>
 
 #include "runtime.h"
-#include "tensor.h"
+#include "core/tensor.h"
 
 namespace vllmx::cuda {
 

@@ -40,7 +40,7 @@ __device__ float block_sum(float v) {
 }
 
 // ---- embedding ----
-// One GGUF block element as f32, bit-exact with csrc/quant.cpp (no FMA contraction).
+// One GGUF block element as f32, bit-exact with csrc/quant/quant.cpp (no FMA contraction).
 __device__ __forceinline__ float f16_bits(const uint8_t* p) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(p[0] | (p[1] << 8))));
 }
@@ -146,7 +146,7 @@ __global__ void fused_add_rms_norm_kernel(T* out, T* res_out, const T* x, const 
 }
 
 // ---- rotary ----
-// Bit-identical to csrc/rotary.cpp in f32 (explicit roundings: no FMA contraction).
+// Bit-identical to csrc/layers/rotary.cpp in f32 (explicit roundings: no FMA contraction).
 // (a, b) rotated by the angle whose cosine and sine are c, s (f32, before rounding to T).
 __device__ __forceinline__ float2 rope(float a, float b, float c, float s) {
   return make_float2(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)),

@@ -1,4 +1,4 @@
-// sample on the GPU: one thread block per row of logits, the semantics of csrc/sampler.cpp
+// sample on the GPU: one thread block per row of logits, the semantics of csrc/sampling/sampler.cpp
 // (read there): greedy = argmax with the lowest index on ties (NaN ignored, generator not
 // advanced); otherwise w = exp(l / t - max / t) with min_p applied, then top_k and top_p cuts
 // ranked by (weight descending, index ascending), then one inverse-CDF draw in index order using
@@ -21,7 +21,7 @@
 
 #include "core/op_table.h"
 #include "cuda_util.cuh"
-#include "rng.h"
+#include "sampling/rng.h"
 
 namespace vllmx::cuda {
 
@@ -30,7 +30,7 @@ namespace {
 constexpr int kT = 1024;  // threads per row
 constexpr int kWarps = kT / 32;
 
-using rng::uniform01;  // csrc/rng.h: the same stream as the CPU sampler
+using rng::uniform01;  // csrc/sampling/rng.h: the same stream as the CPU sampler
 
 // ---- block primitives (every thread of the block calls them; all return the block result) ----
 template <typename T, typename Op>

@@ -1,4 +1,4 @@
-"""Writes csrc/iq{1,2,3}_grids.h and csrc/iq_ksigns.h: the i-quant lattice grids of each family
+"""Writes csrc/iq{1,2,3}_grids.h and csrc/quant/iq_ksigns.h: the i-quant lattice grids of each family
 and the sign table IQ2 and IQ3 share, taken from the installed `gguf` package (gguf/quants.py
 keeps llama.cpp's iq*_grid tables as packed hex plus a value map; init_grid() decodes them). The
 numbers are data, so they are generated, not typed. One header per family, so that each kernel

@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "tensor.h"
+#include "core/tensor.h"
 
 namespace vllmx {
 

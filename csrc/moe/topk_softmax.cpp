@@ -1,6 +1,6 @@
 // MoE routing, softmax flavour (vLLM's topk_softmax: Mixtral, Qwen2/3-MoE, OLMoE ...): per
 // token, the k most probable experts and their routing weights. Contract in csrc/ops.def.
-#include "kernel_pragmas.h"
+#include "core/kernel_pragmas.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/op_table.h"
-#include "simd_math.h"
+#include "core/simd_math.h"
 
 namespace vllmx {
 

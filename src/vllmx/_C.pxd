@@ -4,7 +4,7 @@
 from libc.stdint cimport int32_t, int64_t
 from libcpp cimport bool
 
-cdef extern from "dtype.h" namespace "vllmx":
+cdef extern from "core/dtype.h" namespace "vllmx":
     cpdef enum class DType(int32_t):
         F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
         I8, I16, I32, I64, F64, BF16, U8, U64
@@ -16,7 +16,7 @@ cdef extern from "dtype.h" namespace "vllmx":
         bool supported
     const TypeTraits& type_traits(DType t)
 
-cdef extern from "tensor.h" namespace "vllmx":
+cdef extern from "core/tensor.h" namespace "vllmx":
     cdef struct Tensor:
         void* data
         DType dtype
@@ -25,7 +25,7 @@ cdef extern from "tensor.h" namespace "vllmx":
         int64_t stride[4]
         int32_t device  # 0: CPU, 1: CUDA (a device pointer)
 
-cdef extern from "cpu_features.h" namespace "vllmx":
+cdef extern from "core/cpu_features.h" namespace "vllmx":
     cdef struct CpuFeatures:
         bool avx2
         bool avx512

@@ -1,11 +1,11 @@
-# The native BlockPool (csrc/block_pool.h), included at the end of _C.pyx. Block hashes travel
+# The native BlockPool (csrc/engine/block_pool.h), included at the end of _C.pyx. Block hashes travel
 # as 16-byte `bytes` (core/block_hash.py computes them). These calls keep the GIL: each is a few
 # microseconds of bookkeeping, and the GIL is what keeps the pool consistent across threads.
 from libc.string cimport memcpy
 from libcpp.vector cimport vector
 from libc.stdint cimport int32_t
 
-cdef extern from "block_pool.h" namespace "vllmx":
+cdef extern from "engine/block_pool.h" namespace "vllmx":
     cdef cppclass CBlockHash "vllmx::BlockHash":
         uint64_t lo
         uint64_t hi
@@ -59,7 +59,7 @@ cdef vector[CBlockHash] _to_block_hashes(str op, object hashes) except *:
 
 cdef class BlockPool:
     """Fixed-size KV blocks with refcounts, an LRU free queue (O(1) removal) and the
-    block-hash -> block map of automatic prefix caching. See csrc/block_pool.h."""
+    block-hash -> block map of automatic prefix caching. See csrc/engine/block_pool.h."""
 
     cdef CBlockPool* pool
 

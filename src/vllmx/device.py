@@ -11,7 +11,7 @@ import numpy as np
 
 from vllmx import _C
 
-# dtype ids: the native DType enum's (csrc/dtype.h, GGML's numbering), never spelled here.
+# dtype ids: the native DType enum's (csrc/core/dtype.h, GGML's numbering), never spelled here.
 F32, F16, Q8_0, I32, I64, U8, BF16, U64 = (
     int(_C.DType[name]) for name in ("F32", "F16", "Q8_0", "I32", "I64", "U8", "BF16", "U64"))
 

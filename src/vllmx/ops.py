@@ -100,7 +100,7 @@ _REPACK_CHUNK_BYTES = 4 << 20
 
 
 def repack_weight(w: Weight) -> Weight:
-    """A copy of a block weight in the packed layout of the CPU linear kernels (csrc/repack.h):
+    """A copy of a block weight in the packed layout of the CPU linear kernels (csrc/repack/repack.h):
     same shape and bytes, its own dtype id. Only `linear` reads packed weights (embedding and
     dequantize need the original, which stays readable). Returns w itself where this CPU has no
     packed kernel for its dtype, or where it has fewer than 16 rows."""

@@ -1,6 +1,6 @@
-# Weight repacking for the CPU linear kernels (csrc/repack.h), included at the end of _C.pyx.
+# Weight repacking for the CPU linear kernels (csrc/repack/repack.h), included at the end of _C.pyx.
 
-cdef extern from "repack.h" namespace "vllmx":
+cdef extern from "repack/repack.h" namespace "vllmx":
     DType c_packed_dtype "vllmx::packed_dtype"(DType)
     bint c_packed_is_fast "vllmx::packed_is_fast"(DType)
 

@@ -1,4 +1,4 @@
-"""copy_columns and scale (csrc/copy.cpp) against numpy: both are exact."""
+"""copy_columns and scale (csrc/layers/copy.cpp) against numpy: both are exact."""
 
 from __future__ import annotations
 

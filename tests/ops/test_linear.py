@@ -1,5 +1,5 @@
 """linear: dense (f32/f16/bf16, f32 math), GGUF block weights (8-bit activations, integer
-dots) and their repacked forms (csrc/repack.h) against a float64 numpy reference; fast path vs
+dots) and their repacked forms (csrc/repack/repack.h) against a float64 numpy reference; fast path vs
 scalar twin; batch invariance."""
 
 import numpy as np

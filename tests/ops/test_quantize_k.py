@@ -1,4 +1,4 @@
-"""Weight quantization (`ops.quantize_weight`, csrc/quantize_k.cpp): bit-exact with llama.cpp's
+"""Weight quantization (`ops.quantize_weight`, csrc/quant/quantize_k.cpp): bit-exact with llama.cpp's
 own reference quantizers (its libggml-base, through ctypes) and with gguf-py's where it has one;
 decoded by `gguf.quants.dequantize` within llama.cpp's test-quantize-fns error bounds."""
 

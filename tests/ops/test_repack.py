@@ -1,4 +1,4 @@
-"""repack_weight: the packed layout of csrc/repack.h, re-derived in numpy byte for byte; the tail
+"""repack_weight: the packed layout of csrc/repack/repack.h, re-derived in numpy byte for byte; the tail
 rows; argument errors; ops.repack_weight and Linear's one packed copy per weight."""
 import numpy as np
 import pytest
@@ -15,7 +15,7 @@ PARTS = {Q.Q4_0: (18, 2, None, None), Q.Q4_1: (20, 4, None, 2), Q.Q5_0: (22, 6, 
 
 
 def numpy_repack(w, qtype):
-    """The layout documented in csrc/repack.h, written independently of the C++."""
+    """The layout documented in csrc/repack/repack.h, written independently of the C++."""
     ts, qs_off, qh_off, m_off = PARTS[qtype]
     n, rb = w.shape
     nb = rb // ts

@@ -1,4 +1,4 @@
-"""Packed k-quant weights (Q4_K, Q5_K, Q6_K panels, csrc/repack.h): the layout re-derived in
+"""Packed k-quant weights (Q4_K, Q5_K, Q6_K panels, csrc/repack/repack.h): the layout re-derived in
 numpy byte for byte; linear over them equal to the k-quant vec_dot bit for bit for every row
 count (fast kernel and scalar twin, panel and tail rows), against float64 numpy, batch invariant,
 and at every SIMD level. gguf cannot quantize k-quants: weights are random block bytes with
@@ -39,7 +39,7 @@ def chunks(field, starts):
 
 
 def numpy_repack_k(w, qtype):
-    """The layout documented in csrc/repack.h, written independently of the C++."""
+    """The layout documented in csrc/repack/repack.h, written independently of the C++."""
     ts = quants.GGML_QUANT_SIZES[qtype][1]
     n, rb = w.shape
     nb = rb // ts

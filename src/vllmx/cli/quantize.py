@@ -1,7 +1,7 @@
 """`vllmx quantize SRC OUT.gguf --type Q4_K`: a GGUF of one weight type from a Hugging Face
 safetensors checkpoint (laid out as llama.cpp's converter does) or from a higher-precision GGUF
 (metadata copied, tensors requantized). Quantization is llama.cpp's reference quantizers
-(csrc/quantize_k.cpp; bit-identical to llama-quantize without an importance matrix).
+(csrc/quant/quantize_k.cpp; bit-identical to llama-quantize without an importance matrix).
 
 Type choice per tensor, as llama-quantize: 1-D tensors (norms, biases, rope_freqs) stay F32;
 token_embd / output take --token-embedding-type / --output-tensor-type (default: --type);

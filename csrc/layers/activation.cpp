@@ -1,0 +1,133 @@
+#include "core/kernel_pragmas.h"
+
+#include <cmath>
+
+#include "core/op_table.h"
+#include "core/cpu_features.h"
+#include "core/simd_math.h"
+
+namespace vllmx {
+
+namespace {
+#if VLLMX_X86
+// One row of SwiGLU: g / (1 + exp(-g)) * u with the ~1 ulp exp512 (scalar std::exp was most of
+// this op, which every Llama-family layer runs over its intermediate width).
+VLLMX_TARGET_AVX512 void silu_mul_row_512(const float* g, const float* u, float* o, int64_t d) {
+  const __m512 one = _mm512_set1_ps(1.0f), neg = _mm512_set1_ps(-0.0f);
+  for (int64_t i = 0; i < d; i += 16) {
+    const __mmask16 m = d - i >= 16 ? static_cast<__mmask16>(0xFFFF)
+                                    : static_cast<__mmask16>((1u << (d - i)) - 1);
+    const __m512 v = _mm512_maskz_loadu_ps(m, g + i);
+    const __m512 e = exp512(_mm512_xor_ps(v, neg), -103.0f);
+    const __m512 r = _mm512_div_ps(v, _mm512_add_ps(one, e));
+    _mm512_mask_storeu_ps(o + i, m, _mm512_mul_ps(r, _mm512_maskz_loadu_ps(m, u + i)));
+  }
+}
+#endif
+}  // namespace
+
+void silu_and_mul(const Tensor& out, const Tensor& x, bool reference) {
+  const char* op = "silu_and_mul";
+  check_dtype(x, DType::F32, op, "x");
+  check_dtype(out, DType::F32, op, "out");
+  check_ndim(x, 2, op, "x");
+  check_ndim(out, 2, op, "out");
+  const int64_t rows = x.shape[0], d = out.shape[1];
+  VLLMX_CHECK(out.shape[0] == rows && x.shape[1] == 2 * d, op,
+        "x " + x.str() + " must be [T, 2 * I] for out " + out.str());
+  const float* xp = x.ptr<float>();
+  float* op_ = out.ptr<float>();
+  const bool fast512 = VLLMX_X86 && simd_level() >= 2;
+#pragma omp parallel for if (rows * d > 65536) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = xp + r * 2 * d;
+    const float* u = g + d;
+    float* o = op_ + r * d;
+    if (reference) {
+      for (int64_t i = 0; i < d; ++i)
+        o[i] = static_cast<float>(g[i] / (1.0 + std::exp(-static_cast<double>(g[i])))) * u[i];
+    } else if (fast512) {
+#if VLLMX_X86
+      silu_mul_row_512(g, u, o, d);
+#endif
+    } else {
+      for (int64_t i = 0; i < d; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    }
+  }
+}
+
+}  // namespace vllmx
+
+namespace vllmx {
+
+namespace {
+
+#if VLLMX_X86
+// One row of tanh-GeGLU: 0.5 v (1 + tanh(y)) = v / (1 + exp(-2y)), y = c (v + 0.044715 v^3),
+// with the ~1 ulp exp512 (scalar std::tanh made this op a third of a Gemma prefill).
+VLLMX_TARGET_AVX512 void gelu_tanh_mul_row_512(const float* g, const float* u, float* o,
+                                               int64_t d, float c) {
+  const __m512 k3 = _mm512_set1_ps(0.044715f), m2c = _mm512_set1_ps(-2.0f * c);
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int64_t i = 0; i < d; i += 16) {
+    const __mmask16 m = d - i >= 16 ? static_cast<__mmask16>(0xFFFF)
+                                    : static_cast<__mmask16>((1u << (d - i)) - 1);
+    const __m512 v = _mm512_maskz_loadu_ps(m, g + i);
+    const __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(k3, v), _mm512_mul_ps(v, v), v);
+    const __m512 e = exp512(_mm512_mul_ps(m2c, y), -103.0f);
+    const __m512 r = _mm512_div_ps(v, _mm512_add_ps(one, e));
+    _mm512_mask_storeu_ps(o + i, m, _mm512_mul_ps(r, _mm512_maskz_loadu_ps(m, u + i)));
+  }
+}
+#endif
+
+}  // namespace
+
+// GeGLU. Exact GELU is x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)); the tanh form is PyTorch's
+// approximate="tanh" (Gemma's gelu_pytorch_tanh).
+void gelu_and_mul(const Tensor& out, const Tensor& x, bool approximate_tanh, bool reference) {
+  const char* op = "gelu_and_mul";
+  check_dtype(x, DType::F32, op, "x");
+  check_dtype(out, DType::F32, op, "out");
+  check_ndim(x, 2, op, "x");
+  check_ndim(out, 2, op, "out");
+  const int64_t rows = x.shape[0], d = out.shape[1];
+  VLLMX_CHECK(out.shape[0] == rows && x.shape[1] == 2 * d, op,
+        "x " + x.str() + " must be [T, 2 * I] for out " + out.str());
+  const float* xp = x.ptr<float>();
+  float* op_ = out.ptr<float>();
+  constexpr double kSqrt2OverPi = 0.7978845608028654, kInvSqrt2 = 0.7071067811865476;
+  const bool fast512 = VLLMX_X86 && simd_level() >= 2;
+#pragma omp parallel for if (rows * d > 65536) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = xp + r * 2 * d;
+    const float* u = g + d;
+    float* o = op_ + r * d;
+    if (reference) {
+      for (int64_t i = 0; i < d; ++i) {
+        const double v = g[i];
+        const double t = approximate_tanh ? std::tanh(kSqrt2OverPi * (v + 0.044715 * v * v * v))
+                                          : std::erf(v * kInvSqrt2);
+        o[i] = static_cast<float>(0.5 * v * (1.0 + t) * u[i]);
+      }
+    } else if (approximate_tanh && fast512) {
+#if VLLMX_X86
+      gelu_tanh_mul_row_512(g, u, o, d, static_cast<float>(kSqrt2OverPi));
+#endif
+    } else if (approximate_tanh) {
+      const float c = static_cast<float>(kSqrt2OverPi);
+      for (int64_t i = 0; i < d; ++i) {
+        const float v = g[i];
+        o[i] = 0.5f * v * (1.0f + std::tanh(c * (v + 0.044715f * v * v * v))) * u[i];
+      }
+    } else {
+      const float c = static_cast<float>(kInvSqrt2);
+      for (int64_t i = 0; i < d; ++i) o[i] = 0.5f * g[i] * (1.0f + std::erf(g[i] * c)) * u[i];
+    }
+  }
+}
+
+VLLMX_KERNEL(silu_and_mul, kCPU, silu_and_mul);
+VLLMX_KERNEL(gelu_and_mul, kCPU, gelu_and_mul);
+
+}  // namespace vllmx

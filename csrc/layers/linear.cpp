@@ -1,0 +1,437 @@
+// linear: out[T, N] = x[T, K] @ w[N, K]^T (+ bias[N]).
+//
+// Dense weights (f32/f16/bf16) are upcast exactly to f32 and multiplied with f32 FMAs. Block
+// weights pair with an 8-bit activation type: x rows are quantized once into a thread-local
+// scratch, then each output is an integer-dot vec_dot (quant_dot.cpp). Packed block weights
+// (repack.h, made once at load time) go through panel kernels that compute 16 outputs at once
+// (repack_gemm.cpp); their rows past the last whole panel take the vec_dot path.
+//
+// Batch invariance: every out[t, n] is produced by one call of one kernel whose arithmetic
+// depends only on x[t, :], w[n, :] and K (never on T, on t, on the tile it falls in or on the
+// thread), so a row's result is bit-identical whatever batch it is computed in.
+// Work is tiled (a tile of weight rows is reused across a block of activation rows while it is
+// hot in cache) and spread over OpenMP threads along both N and T.
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12 flags the deliberately undefined upper halves in _mm512_cast* / reduce intrinsics.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/cpu_features.h"
+#include "core/half.h"
+#include <omp.h>
+
+#include "core/op_table.h"
+#include "quant/quant.h"
+#include "repack/repack.h"
+
+#if VLLMX_X86
+#include <immintrin.h>
+#endif
+
+namespace vllmx {
+
+namespace {
+
+// ------------------------------------------------------------------ dense kernels
+// DenseFn computes NR consecutive outputs for mr (1..kMaxMR) activation rows xs floats apart:
+// out[m * kMaxNR + r] = dot(x + m * xs, w + r * wstride) over K elements.
+using DenseFn = void (*)(const float* x, int64_t xs, int mr, const void* w, int64_t wstride,
+                         int64_t K, float* out);
+constexpr int kMaxNR = 4;
+constexpr int kMaxMR = 3;
+
+enum WKind { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+template <int WT>
+inline float load_w_scalar(const void* w, int64_t i) {
+  if constexpr (WT == kF32) return static_cast<const float*>(w)[i];
+  if constexpr (WT == kF16) return f16_to_f32(static_cast<const uint16_t*>(w)[i]);
+  return bf16_to_f32(static_cast<const uint16_t*>(w)[i]);
+}
+
+template <int WT>
+inline const void* row_ptr(const void* w, int64_t r, int64_t stride) {
+  if constexpr (WT == kF32) return static_cast<const float*>(w) + r * stride;
+  return static_cast<const uint16_t*>(w) + r * stride;
+}
+
+// Scalar: the reference, and the fast path where there is no SIMD.
+template <int WT, int NR>
+void dense_scalar(const float* x, int64_t xs, int mr, const void* w, int64_t ws, int64_t K,
+                  float* out) {
+  for (int m = 0; m < mr; ++m)
+    for (int r = 0; r < NR; ++r) {
+      const void* wr = row_ptr<WT>(w, r, ws);
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) acc += x[m * xs + k] * load_w_scalar<WT>(wr, k);
+      out[m * kMaxNR + r] = acc;
+    }
+}
+
+#if VLLMX_X86
+template <int WT>
+VLLMX_TARGET_AVX512 inline __m512 load_w512(const void* w, int64_t k) {
+  if constexpr (WT == kF32) return _mm512_loadu_ps(static_cast<const float*>(w) + k);
+  const __m256i h = _mm256_loadu_si256(
+      reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(w) + k));
+  if constexpr (WT == kF16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+template <int WT>
+VLLMX_TARGET_AVX512 inline __m512 load_w512_mask(const void* w, int64_t k, __mmask16 m) {
+  if constexpr (WT == kF32) return _mm512_maskz_loadu_ps(m, static_cast<const float*>(w) + k);
+  const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(w) + k);
+  if constexpr (WT == kF16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// Per output: two 16-lane accumulators over alternate 16-element chunks (a 16-chunk left over
+// into the first, a masked tail into the second), then one fixed reduction. The sequence is the
+// same for every r, m, NR and MR; MR activation rows share each weight load (GEMM register
+// blocking), NR weight rows each activation load.
+template <int WT, int MR, int NR>
+VLLMX_TARGET_AVX512 void dense_512(const float* x, int64_t xs, const void* w, int64_t ws,
+                                   int64_t K, float* out) {
+  const void* wr[NR];
+  for (int r = 0; r < NR; ++r) wr[r] = row_ptr<WT>(w, r, ws);
+  __m512 a0[MR][NR], a1[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < NR; ++r) a0[m][r] = a1[m][r] = _mm512_setzero_ps();
+  // acc[m][r] += x[m][k..k+16) * w[r][k..k+16)
+  auto step = [&](__m512(&acc)[MR][NR], int64_t k) VLLMX_TARGET_AVX512 {
+    __m512 wv[NR];
+    for (int r = 0; r < NR; ++r) wv[r] = load_w512<WT>(wr[r], k);
+    for (int m = 0; m < MR; ++m) {
+      const __m512 xv = _mm512_loadu_ps(x + m * xs + k);
+      for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);
+    }
+  };
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    step(a0, k);
+    step(a1, k + 16);
+  }
+  if (k + 16 <= K) {
+    step(a0, k);
+    k += 16;
+  }
+  if (k < K) {
+    const __mmask16 mk = static_cast<__mmask16>((1u << (K - k)) - 1);
+    __m512 wv[NR];
+    for (int r = 0; r < NR; ++r) wv[r] = load_w512_mask<WT>(wr[r], k, mk);
+    for (int m = 0; m < MR; ++m) {
+      const __m512 xv = _mm512_maskz_loadu_ps(mk, x + m * xs + k);
+      for (int r = 0; r < NR; ++r) a1[m][r] = _mm512_fmadd_ps(xv, wv[r], a1[m][r]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int r = 0; r < NR; ++r)
+      out[m * kMaxNR + r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[m][r], a1[m][r]));
+}
+
+template <int WT, int NR>
+void dense_512_rows(const float* x, int64_t xs, int mr, const void* w, int64_t ws, int64_t K,
+                    float* out) {
+  static_assert(kMaxMR == 3, "dense_512_rows handles up to 3 rows");
+  switch (mr) {
+    case 1: dense_512<WT, 1, NR>(x, xs, w, ws, K, out); break;
+    case 2: dense_512<WT, 2, NR>(x, xs, w, ws, K, out); break;
+    default: dense_512<WT, 3, NR>(x, xs, w, ws, K, out); break;
+  }
+}
+
+template <int WT>
+VLLMX_TARGET_AVX2 inline __m256 load_w256(const void* w, int64_t k) {
+  if constexpr (WT == kF32) return _mm256_loadu_ps(static_cast<const float*>(w) + k);
+  const __m128i h =
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + k));
+  if constexpr (WT == kF16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+VLLMX_TARGET_AVX2 inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+template <int WT, int NR>
+VLLMX_TARGET_AVX2 void dense_avx2_row(const float* x, const void* w, int64_t ws, int64_t K,
+                                      float* out) {
+  const void* wr[NR];
+  for (int r = 0; r < NR; ++r) wr[r] = row_ptr<WT>(w, r, ws);
+  __m256 a0[NR], a1[NR];
+  for (int r = 0; r < NR; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    const __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
+    for (int r = 0; r < NR; ++r) {
+      a0[r] = _mm256_fmadd_ps(x0, load_w256<WT>(wr[r], k), a0[r]);
+      a1[r] = _mm256_fmadd_ps(x1, load_w256<WT>(wr[r], k + 8), a1[r]);
+    }
+  }
+  if (k + 8 <= K) {
+    const __m256 x0 = _mm256_loadu_ps(x + k);
+    for (int r = 0; r < NR; ++r) a0[r] = _mm256_fmadd_ps(x0, load_w256<WT>(wr[r], k), a0[r]);
+    k += 8;
+  }
+  for (int r = 0; r < NR; ++r) {
+    float tail = 0.0f;
+    for (int64_t j = k; j < K; ++j) tail = std::fma(x[j], load_w_scalar<WT>(wr[r], j), tail);
+    out[r] = hsum256(_mm256_add_ps(a0[r], a1[r])) + tail;
+  }
+}
+
+template <int WT, int NR>
+void dense_avx2(const float* x, int64_t xs, int mr, const void* w, int64_t ws, int64_t K,
+                float* out) {
+  for (int m = 0; m < mr; ++m) dense_avx2_row<WT, NR>(x + m * xs, w, ws, K, out + m * kMaxNR);
+}
+#endif
+
+struct DenseTable {
+  DenseFn fn[3][kMaxNR + 1] = {};
+};
+
+template <int WT>
+void fill_scalar(DenseTable& t) {
+  t.fn[WT][1] = dense_scalar<WT, 1>;
+  t.fn[WT][2] = dense_scalar<WT, 2>;
+  t.fn[WT][3] = dense_scalar<WT, 3>;
+  t.fn[WT][4] = dense_scalar<WT, 4>;
+}
+
+const DenseTable& dense_fast() {
+  static const DenseTable t = [] {
+    DenseTable d;
+    fill_scalar<kF32>(d);
+    fill_scalar<kF16>(d);
+    fill_scalar<kBF16>(d);
+#if VLLMX_X86
+    if (simd_level() >= 2) {
+#define SET(WT) d.fn[WT][1] = dense_512_rows<WT, 1>; d.fn[WT][2] = dense_512_rows<WT, 2>; \
+                d.fn[WT][3] = dense_512_rows<WT, 3>; d.fn[WT][4] = dense_512_rows<WT, 4>;
+      SET(kF32) SET(kF16) SET(kBF16)
+#undef SET
+    } else if (simd_level() >= 1) {
+#define SET(WT) d.fn[WT][1] = dense_avx2<WT, 1>; d.fn[WT][2] = dense_avx2<WT, 2>; \
+                d.fn[WT][3] = dense_avx2<WT, 3>; d.fn[WT][4] = dense_avx2<WT, 4>;
+      SET(kF32) SET(kF16) SET(kBF16)
+#undef SET
+    }
+#endif
+    return d;
+  }();
+  return t;
+}
+
+const DenseTable& dense_ref() {
+  static const DenseTable t = [] {
+    DenseTable d;
+    fill_scalar<kF32>(d);
+    fill_scalar<kF16>(d);
+    fill_scalar<kBF16>(d);
+    return d;
+  }();
+  return t;
+}
+
+// ------------------------------------------------------------------ tiling
+
+// Grows, never shrinks: no per-call allocation once warm. Two slots (block and packed
+// activations); 64-byte aligned.
+uint8_t* scratch(int slot, size_t bytes) {
+  static thread_local std::vector<uint8_t> buf[2];
+  if (buf[slot].size() < bytes + 64) buf[slot].resize(bytes + bytes / 4 + 64);
+  const uintptr_t p = reinterpret_cast<uintptr_t>(buf[slot].data());
+  return buf[slot].data() + ((64 - p % 64) % 64);
+}
+
+constexpr int64_t kTileT = 32;                  // activation rows per tile
+constexpr int64_t kTileWBytes = 128 * 1024;     // weight bytes per tile (stays in L2)
+
+// Runs body(t0, t1, n0, n1) over tiles of [0, T) x [0, N), in parallel.
+template <class Body>
+void for_tiles(int64_t T, int64_t N, int64_t w_row_bytes, int64_t granule, bool parallel,
+               const Body& body) {
+  int64_t tn = std::max<int64_t>(granule, kTileWBytes / std::max<int64_t>(w_row_bytes, 1));
+  tn = (tn + granule - 1) / granule * granule;
+  const int64_t tt = T == 1 ? 1 : kTileT;
+  const int64_t n_tiles_t = (T + tt - 1) / tt;
+  // Cheap calls stay on the calling thread; others get at least one tile per thread (decode
+  // GEMVs are often smaller than one L2 tile, and must still use every core).
+  const bool big = parallel && T * N * w_row_bytes > (1 << 16);
+  const int64_t threads = big ? omp_get_max_threads() : 1;
+  if (big && T <= kDotRows) {
+    // Decode: a weight row is used once, so cache tiles buy nothing; split N evenly instead.
+    const int64_t per_thread = (N + threads - 1) / threads;
+    tn = std::max<int64_t>(granule, (per_thread + granule - 1) / granule * granule);
+  } else if (big && (N + tn - 1) / tn * n_tiles_t < threads) {
+    const int64_t want_n = (threads + n_tiles_t - 1) / n_tiles_t;
+    tn = std::max<int64_t>(granule, ((N + want_n - 1) / want_n + granule - 1) / granule * granule);
+  }
+  if (big) {
+    // Tiles of equal size (to a granule): a short last column of tiles would leave the thread
+    // that gets it idle while the others finish (up to ~20% on 2 threads for N = 1024, 1536).
+    const int64_t n_tiles = (N + tn - 1) / tn;
+    tn = std::max<int64_t>(granule, ((N + n_tiles - 1) / n_tiles + granule - 1) / granule * granule);
+  }
+  const int64_t n_tiles_n = (N + tn - 1) / tn;
+  const int64_t total = n_tiles_n * n_tiles_t;
+  const bool par = big && total > 1;
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t i = 0; i < total; ++i) {
+    const int64_t bn = i / n_tiles_t, bt = i % n_tiles_t;
+    const int64_t n0 = bn * tn, t0 = bt * tt;
+    body(t0, std::min(T, t0 + tt), n0, std::min(N, n0 + tn));
+  }
+}
+
+}  // namespace
+
+void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+            bool reference) {
+  const char* op = "linear";
+  VLLMX_CHECK(out.defined() && x.defined() && w.defined(), op, "missing tensor");
+  check_dtype(x, DType::F32, op, "x");
+  check_ndim(x, 2, op, "x");
+  check_dtype(out, DType::F32, op, "out");
+  check_ndim(out, 2, op, "out");
+  check_ndim(w, 2, op, "w");
+  const DType wt = w.dtype;
+  const bool dense = wt == DType::F32 || wt == DType::F16 || wt == DType::BF16;
+  const bool packed = is_packed(wt);
+  const QuantTraits* qt = dense ? nullptr : quant_traits(packed ? packed_base(wt) : wt);
+  if (!dense && (qt == nullptr || qt->vec_dot == nullptr))
+    fail(op, std::string("unsupported weight dtype ") + dtype_name(wt) + " (id " +
+                 std::to_string(static_cast<int>(wt)) + ")");
+  const int64_t T = x.shape[0], K = x.shape[1], N = w.shape[0];
+  if (w.shape[1] != K)
+    fail(op, "x " + x.str() + " and w " + w.str() + " disagree on K");
+  if (out.shape[0] != T || out.shape[1] != N)
+    fail(op, "out " + out.str() + " must be [" + std::to_string(T) + ", " + std::to_string(N) +
+                 "] for x " + x.str() + " and w " + w.str());
+  const int64_t bs = type_traits(wt).block_size;
+  if (K % bs != 0)
+    fail(op, "K = " + std::to_string(K) + " of x " + x.str() + " is not a multiple of the " +
+                 dtype_name(wt) + " block size " + std::to_string(bs));
+  if (bias.defined()) {
+    check_dtype(bias, DType::F32, op, "bias");
+    if (bias.ndim != 1 || bias.shape[0] != N)
+      fail(op, "bias " + bias.str() + " must be F32[" + std::to_string(N) + "] for w " + w.str());
+  }
+  if (T == 0 || N == 0) return;
+
+  const float* xp = x.ptr<float>();
+  const int64_t xs = x.stride[0];
+  float* op_ = out.ptr<float>();
+  const int64_t os = out.stride[0];
+  const float* bp = bias.defined() ? bias.ptr<float>() : nullptr;
+
+  if (K == 0) {
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t n = 0; n < N; ++n) op_[t * os + n] = bp ? 0.0f + bp[n] : 0.0f;
+    return;
+  }
+
+  if (dense) {
+    const int wk = wt == DType::F32 ? kF32 : wt == DType::F16 ? kF16 : kBF16;
+    const DenseTable& tab = reference ? dense_ref() : dense_fast();
+    const int64_t ws = w.stride[0];  // elements
+    const int64_t esz = type_traits(wt).type_size;
+    const uint8_t* wp = static_cast<const uint8_t*>(w.data);
+    auto body = [&](int64_t t0, int64_t t1, int64_t n0, int64_t n1) {
+      float tmp[kMaxMR * kMaxNR];
+      for (int64_t t = t0; t < t1; t += kMaxMR) {
+        const int mr = static_cast<int>(std::min<int64_t>(kMaxMR, t1 - t));
+        for (int64_t n = n0; n < n1; n += kMaxNR) {
+          const int nr = static_cast<int>(std::min<int64_t>(kMaxNR, n1 - n));
+          tab.fn[wk][nr](xp + t * xs, xs, mr, wp + n * ws * esz, ws, K, tmp);
+          for (int m = 0; m < mr; ++m) {
+            float* orow = op_ + (t + m) * os;
+            for (int r = 0; r < nr; ++r)
+              orow[n + r] = bp ? tmp[m * kMaxNR + r] + bp[n + r] : tmp[m * kMaxNR + r];
+          }
+        }
+      }
+    };
+    for_tiles(T, N, K * esz, kMaxNR, !reference, body);
+    return;
+  }
+
+  // Block weights: quantize the activation rows, then integer dots.
+  const DType xt = qt->vec_dot_type;
+  const QuantTraits* xq = quant_traits(xt);
+  const int64_t xrow = row_bytes(xt, K);
+  uint8_t* xqp = scratch(0, static_cast<size_t>(T * xrow));
+  // Packed weights read the activations in their own layout too (repack.h).
+  const int64_t pxrow = packed ? packed_x_row_bytes(packed_base(wt), K) : 0;
+  uint8_t* pxp = packed ? scratch(1, static_cast<size_t>(T * pxrow)) : nullptr;
+  FromFloatFn quant = reference ? xq->from_float_ref : xq->from_float;
+  VecDotFn dot = reference ? qt->vec_dot_ref : qt->vec_dot;
+  auto quant_row = [&](int64_t t) {
+    quant(xp + t * xs, xqp + t * xrow, K);
+    if (packed) prepare_packed_x(packed_base(wt), xqp + t * xrow, K, pxp + t * pxrow);
+  };
+  if (reference || T * K < (1 << 15)) {
+    for (int64_t t = 0; t < T; ++t) quant_row(t);
+  } else {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; ++t) quant_row(t);
+  }
+  const int64_t ws = w.stride[0];  // bytes per weight row
+  const uint8_t* wp = static_cast<const uint8_t*>(w.data);
+  VecDotRowsFn dot_rows = reference ? nullptr : qt->vec_dot_rows;
+  auto rows_body = [&](int64_t t0, int64_t t1, int64_t n0, int64_t n1) {
+    if (dot_rows != nullptr) {
+      // Each weight row is unpacked once per group of kDotRows activation rows.
+      for (int64_t t = t0; t < t1; t += kDotRows) {
+        const int nr = static_cast<int>(std::min<int64_t>(kDotRows, t1 - t));
+        const uint8_t* xr = xqp + t * xrow;
+        float* orow = op_ + t * os;
+        for (int64_t n = n0; n < n1; ++n) dot_rows(K, wp + n * ws, xr, xrow, nr, orow + n, os);
+        if (bp)
+          for (int r = 0; r < nr; ++r)
+            for (int64_t n = n0; n < n1; ++n) orow[r * os + n] += bp[n];
+      }
+      return;
+    }
+    for (int64_t t = t0; t < t1; ++t) {
+      const uint8_t* xr = xqp + t * xrow;
+      float* orow = op_ + t * os;
+      for (int64_t n = n0; n < n1; ++n) {
+        const float v = dot(K, wp + n * ws, xr);
+        orow[n] = bp ? v + bp[n] : v;
+      }
+    }
+  };
+  if (!packed) {
+    for_tiles(T, N, row_bytes(wt, K), 1, !reference, rows_body);
+    return;
+  }
+  // Packed: whole panels of kPackRows rows, each reused by every activation row of the tile
+  // while it sits in L1; the rows past the last panel keep the block layout (rows_body).
+  const PackedGemmFn gemm = packed_gemm(packed_base(wt), reference);
+  const int64_t panel_end = N / kPackRows * kPackRows, nb = K / bs;
+  auto packed_body = [&](int64_t t0, int64_t t1, int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < std::min(n1, panel_end); n += kPackRows)
+      for (int64_t t = t0; t < t1; t += kPackedRows) {
+        const int nr = static_cast<int>(std::min<int64_t>(kPackedRows, t1 - t));
+        gemm(wp + n * ws, nb, pxp + t * pxrow, pxrow, nr, op_ + t * os + n, os,
+             bp ? bp + n : nullptr);
+      }
+    if (n1 > panel_end) rows_body(t0, t1, std::max(n0, panel_end), n1);
+  };
+  for_tiles(T, N, row_bytes(wt, K), kPackRows, !reference, packed_body);
+}
+
+VLLMX_KERNEL(linear, kCPU, linear);
+
+}  // namespace vllmx
