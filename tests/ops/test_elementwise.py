@@ -74,8 +74,11 @@ def test_rotary(neox, head, rot):
     c64, s64 = cache[:, : rot // 2].astype(np.float64), cache[:, rot // 2:].astype(np.float64)
     q_ref = rope_ref(q, pos, c64, s64, head, rot, neox)
     k_ref = rope_ref(k, pos, c64, s64, head, rot, neox)
+    q_alone = q.copy()
     _C.ops.rotary(pos, q, k, cache, head, neox)
     assert rel_err(q, q_ref) < 1e-5 and rel_err(k, k_ref) < 1e-5
+    _C.ops.rotary(pos, q_alone, None, cache, head, neox)  # k is optional
+    assert np.array_equal(q_alone, q)
 
 
 def test_rotary_rejects_position_outside_cache():
