@@ -20,9 +20,7 @@ import numpy as np
 import torch
 
 from vllmx import _C
-from vllmx.device import DeviceArray
-
-BF16 = 30
+from vllmx.device import BF16, DeviceArray
 
 
 def timeit(fn, sync, iters=20):

@@ -287,10 +287,10 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) prefill_kernel(AttnArgs a)
   attend_rows<D, KV, kPrefillWarps>(a, b, g, row_start, q_len, kbeg, kend);
 }
 
-// dtype codes: GGML ids (0 f32, 1 f16, 30 bf16).
-__device__ __forceinline__ float load_any(const void* p, int64_t i, int code) {
-  if (code == 0) return static_cast<const float*>(p)[i];
-  return bits_to_float(static_cast<const uint16_t*>(p)[i], code == 30);
+// One element of an f32 / f16 / bf16 array as f32.
+__device__ __forceinline__ float load_any(const void* p, int64_t i, DType dt) {
+  if (dt == DType::F32) return static_cast<const float*>(p)[i];
+  return bits_to_float(static_cast<const uint16_t*>(p)[i], dt == DType::BF16);
 }
 
 __device__ float block_reduce(float v, bool is_max, float* red) {
@@ -306,9 +306,9 @@ __device__ float block_reduce(float v, bool is_max, float* red) {
 
 // grid (T, nq), kGenericThreads each; dynamic smem: D floats of q.
 __global__ void __launch_bounds__(kGenericThreads) attention_generic_kernel(AttnArgs a,
-                                                                           int cache_code,
-                                                                           int q_code,
-                                                                           int out_code) {
+                                                                           DType cache_code,
+                                                                           DType q_code,
+                                                                           DType out_code) {
   pdl_begin();
   extern __shared__ float q_s[];
   __shared__ float p_s[kGenericThreads];
@@ -371,10 +371,10 @@ __global__ void __launch_bounds__(kGenericThreads) attention_generic_kernel(Attn
     const int d = tid + i * kGenericThreads;
     if (d >= D) continue;
     const int64_t idx = t * a.out_stride + static_cast<int64_t>(head) * D + d;
-    if (out_code == 0)
+    if (out_code == DType::F32)
       static_cast<float*>(a.out)[idx] = acc[i] * inv;
     else
-      static_cast<uint16_t*>(a.out)[idx] = float_to_bits(acc[i] * inv, out_code == 30);
+      static_cast<uint16_t*>(a.out)[idx] = float_to_bits(acc[i] * inv, out_code == DType::BF16);
   }
 }
 
@@ -514,8 +514,7 @@ void paged_attention(const Tensor& out, const Tensor& q, const Tensor& key_cache
   if (max_query_len == 1) p.prefill_tiles = 0;
   if (!p.tensor_cores) {
     launch(attention_generic_kernel, dim3(static_cast<unsigned>(T), static_cast<unsigned>(nq)),
-           kGenericThreads, static_cast<size_t>(D) * sizeof(float), s, a, static_cast<int>(dt),
-           static_cast<int>(qt), static_cast<int>(qt));
+           kGenericThreads, static_cast<size_t>(D) * sizeof(float), s, a, dt, qt, qt);
     check_launch(kOp);
     return;
   }

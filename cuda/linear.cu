@@ -195,19 +195,21 @@ __global__ void __launch_bounds__(C::kThreads) gemm_kernel(LinearArgs a) {
 
 // ------------------------------------------------------------------ generic (scalar twin)
 
-// dtype codes: GGML ids (0 f32, 1 f16, 30 bf16, 2 Q4_0, 3 Q4_1, 8 Q8_0).
-__device__ __forceinline__ float load_dense(const void* p, int64_t i, int code) {
-  if (code == 0) return static_cast<const float*>(p)[i];
-  return bits_to_float(static_cast<const uint16_t*>(p)[i], code == 30);
+// One element of an f32 / f16 / bf16 array as f32.
+__device__ __forceinline__ float load_dense(const void* p, int64_t i, DType dt) {
+  if (dt == DType::F32) return static_cast<const float*>(p)[i];
+  return bits_to_float(static_cast<const uint16_t*>(p)[i], dt == DType::BF16);
 }
 
-__device__ float load_w_elem(const void* w, int64_t w_stride, int code, int n, int k) {
-  if (code == 0 || code == 1 || code == 30) return load_dense(w, n * w_stride + k, code);
+// w[n, k] as f32: a dense weight, or Q8_0 / Q4_0 / Q4_1 blocks.
+__device__ float load_w_elem(const void* w, int64_t w_stride, DType dt, int n, int k) {
+  if (dt == DType::F32 || dt == DType::F16 || dt == DType::BF16)
+    return load_dense(w, n * w_stride + k, dt);
   float f[8];
   const int k8 = k / 8 * 8;
-  if (code == 8) {
+  if (dt == DType::Q8_0) {
     chunk_to_float<kWQ8_0>(load_chunk<kWQ8_0>(w, w_stride, n, k8), k8, false, f);
-  } else if (code == 2) {
+  } else if (dt == DType::Q4_0) {
     chunk_to_float<kWQ4_0>(load_chunk<kWQ4_0>(w, w_stride, n, k8), k8, false, f);
   } else {
     chunk_to_float<kWQ4_1>(load_chunk<kWQ4_1>(w, w_stride, n, k8), k8, false, f);
@@ -219,7 +221,7 @@ __device__ float load_w_elem(const void* w, int64_t w_stride, int code, int n, i
   return v;
 }
 
-__global__ void linear_generic_kernel(LinearArgs a, int x_code, int w_code) {
+__global__ void linear_generic_kernel(LinearArgs a, DType x_code, DType w_code) {
   pdl_begin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<int64_t>(a.T) * a.N) return;
@@ -229,10 +231,10 @@ __global__ void linear_generic_kernel(LinearArgs a, int x_code, int w_code) {
     acc = fmaf(load_dense(a.x, t * a.x_stride + k, x_code),
                load_w_elem(a.w, a.w_stride, w_code, n, k), acc);
   if (a.bias != nullptr) acc += load_dense(a.bias, n, x_code);
-  if (x_code == 0)
+  if (x_code == DType::F32)
     static_cast<float*>(a.out)[t * a.out_stride + n] = acc;
   else
-    static_cast<uint16_t*>(a.out)[t * a.out_stride + n] = float_to_bits(acc, x_code == 30);
+    static_cast<uint16_t*>(a.out)[t * a.out_stride + n] = float_to_bits(acc, x_code == DType::BF16);
 }
 
 // ------------------------------------------------------------------ host: plan and launch
@@ -428,7 +430,7 @@ void run_linear(const LinearPlan& p, const LinearArgs& a, DType xt, DType wt) {
     const int64_t n = static_cast<int64_t>(a.T) * a.N;
     const int threads = 128;
     launch(linear_generic_kernel, static_cast<unsigned>((n + threads - 1) / threads), threads, 0,
-           s, a, static_cast<int>(xt), static_cast<int>(wt));
+           s, a, xt, wt);
   } else if (xt == DType::BF16) {
     dispatch_wk<__nv_bfloat16>(p, a, s);
   } else {

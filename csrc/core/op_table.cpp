@@ -82,6 +82,7 @@ OpDef& declare_op(const char* name, const char* params, std::vector<OpArg::Kind>
     def->params.push_back(parse_param(name, tok, kinds[k++]));
   }
   if (k != kinds.size()) bad_declaration(name, "fewer parameter names than argument types");
+  if (k > static_cast<size_t>(kMaxOpArgs)) bad_declaration(name, "more than kMaxOpArgs parameters");
   slot = std::move(def);
   return *slot;
 }

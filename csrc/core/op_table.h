@@ -26,6 +26,9 @@ struct OpArg {
   double f = 0.0;
 };
 
+// The most parameters an op may declare (the bindings pass arguments in an array this long).
+constexpr int kMaxOpArgs = 24;
+
 // A parameter as ops.def declares it: "name" is read, "name!" written (not read), "name&" read
 // and written in place; a trailing "?" makes a tensor optional (undefined = absent);
 // "name=value" gives a scalar a default.

@@ -32,6 +32,7 @@ cdef extern from "core/op_table.h" namespace "vllmx":
         cpp_string name
         cpp_vector[OpParam] params
         Kernel kernels[2]
+    const int kMaxOpArgs "vllmx::kMaxOpArgs"
     const OpDef* find_op(const cpp_string&) except +
     cpp_vector[const OpDef*] all_ops() except +
     void call_op(const OpDef&, const OpArg*, int64_t, bint) except + nogil
@@ -62,6 +63,8 @@ cdef class Op:
         self.d = find_op(name.encode())
         if self.d == NULL:
             raise AttributeError(f"vllmx has no op {name!r} (csrc/ops.def declares them)")
+        if self.d.params.size() > kMaxOpArgs or kMaxOpArgs != 24:
+            raise RuntimeError(f"{name}: more parameters than the binding's argument array")
         self.name = name
         self.param_names = tuple(self.d.params[j].name.decode()
                                  for j in range(<Py_ssize_t>self.d.params.size()))
@@ -84,11 +87,14 @@ cdef class Op:
     def __call__(self, *args, bint reference=False, **kwargs):
         cdef const OpDef* d = self.d
         cdef Py_ssize_t n = d.params.size(), j
-        cdef cpp_vector[OpArg] a
+        cdef OpArg a[24]  # kMaxOpArgs (csrc/core/op_table.h), checked when the Op is made
         cdef const OpParam* p
         if len(args) > n:
             raise TypeError(f"{self.name}() takes {n} arguments, got {len(args)}")
-        values = list(args) + [_MISSING] * (n - len(args))
+        if not kwargs and len(args) == n:
+            values = args  # every argument given in order: the common case, no copy
+        else:
+            values = list(args) + [_MISSING] * (n - len(args))
         for key, v in kwargs.items():
             j = self.index.get(key, -1)
             if j < 0:
@@ -96,7 +102,6 @@ cdef class Op:
             if values[j] is not _MISSING:
                 raise TypeError(f"{self.name}() got {key!r} twice")
             values[j] = v
-        a.resize(n)
         for j in range(n):
             p = &d.params[j]
             v = values[j]
@@ -119,7 +124,7 @@ cdef class Op:
             _recording.calls.append((self.name, _arrays(values, d, True),
                                      _arrays(values, d, False)))
         with nogil:
-            call_op(deref(d), a.data(), n, reference)
+            call_op(deref(d), a, n, reference)
 
     def __repr__(self):
         return f"<vllmx op {self.name}({', '.join(self.param_names)})>"
@@ -128,7 +133,7 @@ cdef class Op:
 _MISSING = object()
 
 
-cdef tuple _arrays(list values, const OpDef* d, bint reads):
+cdef tuple _arrays(object values, const OpDef* d, bint reads):
     """The arrays behind the tensor arguments that the op reads (or writes)."""
     out = []
     cdef Py_ssize_t j
@@ -141,28 +146,21 @@ cdef tuple _arrays(list values, const OpDef* d, bint reads):
     return tuple(out)
 
 
-cdef class _OpNamespace:
-    """`vllmx._C.ops.<name>`: the Op of that name (made once, then cached)."""
-    cdef dict _cache
-
-    def __init__(self):
-        self._cache = {}
-
-    def __getattr__(self, str name):
-        op = self._cache.get(name)
-        if op is None:
-            if name.startswith("__"):
-                raise AttributeError(name)
-            op = self._cache[name] = Op(name)
-        return op
-
-    def __dir__(self):
-        return op_names()
-
-
 def op_names():
     """Every op the table declares (csrc/ops.def), sorted."""
     return sorted(d.name.decode() for d in all_ops())
 
 
-ops = _OpNamespace()
+class _Ops:
+    """`vllmx._C.ops.<name>`: one Op per declared op, made at import as plain attributes (an
+    attribute lookup per call, nothing more)."""
+
+    def __init__(self):
+        for name in op_names():
+            setattr(self, name, Op(name))
+
+    def __getattr__(self, name):  # only reached for names that are no op
+        raise AttributeError(f"vllmx has no op {name!r} (csrc/ops.def declares them)")
+
+
+ops = _Ops()

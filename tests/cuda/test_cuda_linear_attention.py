@@ -20,7 +20,7 @@ def _cuda_ok() -> bool:
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _cuda_ok(), reason="needs a CUDA GPU")]
 
-F32, F16, BF16 = 0, 1, 30
+F32, F16, BF16 = (int(_C.DType[n]) for n in ("F32", "F16", "BF16"))
 NAN_BITS = {F16: 0x7E00, BF16: 0x7FC0}
 TOL = {F16: 4e-3, BF16: 1e-2}  # rel. error (max-normalized) of a 16-bit output
 

@@ -12,7 +12,7 @@ from vllmx.device import BF16, F16, F32, I32, U64, DeviceArray
 
 pytestmark = pytest.mark.gpu
 
-Q4_0, Q4_1, Q8_0 = 2, 3, 8
+Q4_0, Q4_1, Q8_0 = (int(_C.DType[n]) for n in ("Q4_0", "Q4_1", "Q8_0"))
 ACT = [F32, F16, BF16]
 TOL = {F32: 1e-5, F16: 1e-2, BF16: 1e-2}
 

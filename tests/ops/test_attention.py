@@ -5,7 +5,7 @@ import pytest
 
 from vllmx import _C
 
-F16, BF16 = 1, 30
+F16, BF16 = int(_C.DType.F16), int(_C.DType.BF16)
 BLOCK = 16
 
 

@@ -6,7 +6,7 @@ from vllmx import _C
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered")
 
-F16, BF16 = 1, 30
+F16, BF16 = int(_C.DType.F16), int(_C.DType.BF16)
 
 
 def bf16_rne(x):

@@ -11,8 +11,6 @@ import logging
 import os
 import time
 
-import numpy as np
-
 from vllmx import _C
 from vllmx.device import BF16, F16, F32, DeviceArray
 from vllmx.layers.placement import Placement, placement
@@ -82,30 +80,6 @@ def allocate_kv_caches(num_blocks: int, block_size: int, layers: int, nkv: int, 
             for _ in range(layers)]
 
 
-def profile_run(runner, num_tokens: int, num_seqs: int, max_model_len: int) -> None:
-    """One forward of the largest step the scheduler can form: num_tokens prompt tokens (at
-    most num_seqs sequences of at most max_model_len each; KV writes skipped, reads from block
-    0) plus logits for num_seqs rows: afterwards the caching allocator holds what it needs."""
-    per_seq = min(num_tokens, max_model_len)
-    num_tokens = min(num_tokens, num_seqs * per_seq)
-    nb = -(-num_tokens // per_seq)
-    lens = np.full(nb, per_seq, dtype=np.int32)
-    lens[-1] = num_tokens - per_seq * (nb - 1)
-    runner.input_ids[:num_tokens] = 0
-    runner.positions[:num_tokens] = np.concatenate([np.arange(n, dtype=np.int32) for n in lens])
-    runner.slot_mapping[:num_tokens] = -1
-    runner.query_start_loc[0] = 0
-    runner.query_start_loc[1:nb + 1] = np.cumsum(lens)
-    runner.seq_lens[:nb] = lens
-    runner.block_table[:nb] = 0
-    hidden, _ = runner._forward(num_tokens, nb, decode_only=False)
-    rows = hidden[:min(num_seqs, num_tokens)]
-    from vllmx import ops
-
-    ops.to_float32(runner.model.compute_logits(rows))
-    _C.cuda_synchronize()
-
-
 class StartupReport:
     """Collects what went where for the start-up line."""
 
@@ -158,7 +132,8 @@ class CudaWorker(WorkerBase):
                              dtype, cc.block_size, sc.max_num_batched_tokens, sc.max_num_seqs,
                              mc.max_model_len, mc.seed, device="cuda")
         before = report.used()
-        profile_run(runner, sc.max_num_batched_tokens, sc.max_num_seqs, mc.max_model_len)
+        runner.profile_run()
+        _C.cuda_synchronize()
         report.parts.append(f"activations {(report.used() - before) / 2**30:.2f} GiB "
                             f"(profiled at {sc.max_num_batched_tokens} tokens)")
         block_bytes = kv_block_bytes(hf, cc.block_size, 4 if dtype == F32 else 2)

@@ -84,6 +84,7 @@ class ModelRunner:
         self.kv_caches = kv_caches
         self.cache_dtype = cache_dtype
         self.block_size = block_size
+        self.max_model_len = max_model_len
         self.max_blocks_per_req = -(-max_model_len // block_size)
         self.requests: dict[str, CachedRequestState] = {}
         self.global_rng = np.random.default_rng(seed)
@@ -242,6 +243,26 @@ class ModelRunner:
         else:
             self._decode_forward(size, ids, pos, md)
         return None, self._decode_logits[:nb]
+
+    def profile_run(self) -> None:
+        """vLLM's profile_run: one forward of the largest step the scheduler can form
+        (max_num_batched_tokens prompt tokens in at most max_num_seqs sequences of at most
+        max_model_len each; KV writes skipped, reads from block 0) plus logits for max_num_seqs
+        rows, so that afterwards the device's allocator holds what a step needs."""
+        num_seqs, per_seq = len(self.seq_lens), min(len(self.input_ids), self.max_model_len)
+        num_tokens = min(len(self.input_ids), num_seqs * per_seq)
+        nb = -(-num_tokens // per_seq)
+        lens = np.full(nb, per_seq, dtype=np.int32)
+        lens[-1] = num_tokens - per_seq * (nb - 1)
+        self.input_ids[:num_tokens] = 0
+        self.positions[:num_tokens] = np.concatenate([np.arange(n, dtype=np.int32) for n in lens])
+        self.slot_mapping[:num_tokens] = -1
+        self.query_start_loc[0] = 0
+        self.query_start_loc[1:nb + 1] = np.cumsum(lens)
+        self.seq_lens[:nb] = lens
+        self.block_table[:nb] = 0
+        hidden, _ = self._forward(num_tokens, nb, decode_only=False)
+        ops.to_float32(self.model.compute_logits(hidden[:min(num_seqs, num_tokens)]))
 
     def _add_request(self, new: NewRequestData) -> None:
         sp = new.sampling_params
