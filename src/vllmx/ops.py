@@ -100,10 +100,11 @@ _REPACK_CHUNK_BYTES = 4 << 20
 
 
 def repack_weight(w: Weight) -> Weight:
-    """A copy of a block weight in the packed layout of the CPU linear kernels (csrc/repack/repack.h):
-    same shape and bytes, its own dtype id. Only `linear` reads packed weights (embedding and
-    dequantize need the original, which stays readable). Returns w itself where this CPU has no
-    packed kernel for its dtype, or where it has fewer than 16 rows."""
+    """A copy of a block weight in the packed layout of the CPU linear kernels
+    (csrc/repack/repack.h): same shape and bytes, its own dtype id. Only `linear` reads packed
+    weights (embedding and dequantize need the original, which stays readable). Returns w
+    itself where this CPU has no packed kernel for its dtype, or where it has fewer than 16
+    rows."""
     packed = _C.packed_dtype(w.dtype)
     if packed < 0 or len(w.shape) != 2 or w.shape[0] < 16:
         return w
@@ -260,24 +261,37 @@ def sample(logits, temperature, top_k, top_p, min_p, rng_state, with_logprobs: b
     return ids, logprobs
 
 
-def apply_logits_processors(logits: np.ndarray, **groups: np.ndarray) -> None:
-    """In place over logits (float32 [B, V]): allowed_token_ids, bad words, logit bias (and
-    min_tokens bans), penalties; each group as CSR int32 arrays (csrc/ops.def)."""
+def apply_logits_processors(logits, **groups: np.ndarray) -> None:
+    """In place over logits (float32 [B, V], host or GPU): allowed_token_ids, bad words, logit
+    bias (and min_tokens bans), penalties; each group as CSR int32 host arrays (csrc/ops.def),
+    uploaded when the logits are on the GPU."""
+    if isinstance(logits, DeviceArray):
+        groups = {k: DeviceArray.from_numpy(np.ascontiguousarray(v)) for k, v in groups.items()}
     _C.ops.apply_logits_processors(logits, **groups)
 
 
-def compute_logprobs(logits: np.ndarray, token_ids: np.ndarray, num_logprobs: np.ndarray):
+def compute_logprobs(logits, token_ids: np.ndarray, num_logprobs: np.ndarray):
     """Per row of log_softmax(logits): the log-prob of token_ids[n] (float32 [N]), its rank
     (int32 [N]; 0 where num_logprobs[n] < 0) and the num_logprobs[n] most probable tokens
-    (int32 / float32 [N, K], K = the largest count; padded with -1 / -inf)."""
+    (int32 / float32 [N, K], K = the largest count; padded with -1 / -inf). num_logprobs is a
+    host array; with device logits it and token_ids (host or device) go to the GPU and the
+    results are DeviceArrays: the logits never leave it."""
     n, vocab = logits.shape
     k = min(int(num_logprobs.max()), vocab) if n else 0
-    token_logprob = np.empty(n, dtype=np.float32)
-    rank = np.empty(n, dtype=np.int32)
-    top_ids = np.empty((n, max(k, 0)), dtype=np.int32)
-    top_logprobs = np.empty((n, max(k, 0)), dtype=np.float32)
-    _C.ops.compute_logprobs(token_logprob, rank, top_ids if k > 0 else None,
-                            top_logprobs if k > 0 else None, logits, token_ids, num_logprobs)
+    on_gpu = isinstance(logits, DeviceArray)
+    f32, i32 = (F32, I32) if on_gpu else (np.float32, np.int32)
+    token_logprob, rank = _empty(logits, (n,), f32), _empty(logits, (n,), i32)
+    top_ids = _empty(logits, (n, k), i32) if k > 0 else None
+    top_logprobs = _empty(logits, (n, k), f32) if k > 0 else None
+    counts = num_logprobs
+    if on_gpu:
+        if not isinstance(token_ids, DeviceArray):
+            token_ids = DeviceArray.from_numpy(np.ascontiguousarray(token_ids, dtype=np.int32))
+        counts = DeviceArray.from_numpy(np.ascontiguousarray(num_logprobs, dtype=np.int32))
+    _C.ops.compute_logprobs(token_logprob, rank, top_ids, top_logprobs, logits, token_ids,
+                            counts)
+    if top_ids is None:  # callers index [N, 0] arrays
+        top_ids, top_logprobs = np.zeros((n, 0), np.int32), np.zeros((n, 0), np.float32)
     return token_logprob, rank, top_ids, top_logprobs
 
 

@@ -3,14 +3,13 @@ logits are compared with the reference on the same rounded values)."""
 import numpy as np
 import pytest
 
+from tests.ops.test_moe_routing import reference
 from vllmx import _C
 from vllmx.device import BF16, F16, F32, I32, DeviceArray
 
 from .test_cuda_ops import as_f32, host
 
 pytestmark = pytest.mark.gpu
-
-from tests.ops.test_moe_routing import reference  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16, F16])

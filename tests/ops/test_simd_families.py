@@ -4,7 +4,6 @@ VLLMX_ISA caps (tests/ops/simd_levels.py) and compared with the scalar twins on 
 inputs. The quant / linear families have their own per-level tests beside them."""
 
 import pytest
-
 from simd_levels import SIMD_LEVELS, run_capped
 
 _SCRIPT = r"""

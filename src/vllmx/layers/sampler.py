@@ -4,6 +4,8 @@ One step is three native calls over the whole batch: `apply_logits_processors` (
 bad words, min_tokens bans, logit_bias, penalties; skipped when no row needs any),
 `sample` (temperature, min_p, top_k, top_p, per-request generator) and, when logprobs are
 wanted, `compute_logprobs` over the raw logits (vLLM's default logprobs_mode="raw_logprobs").
+The same three ops run on whichever device holds the logits: on the GPU the logits never come
+to the host (only the tokens, log-probs and the requested top lists do).
 
 Per-request state that grows with the sequence (the distinct prompt / output tokens and their
 output counts, for penalties) is kept incrementally in `RequestSamplingState`, so building the
@@ -21,6 +23,9 @@ from vllmx.device import DeviceArray
 from vllmx.sampling_params import SamplingParams
 
 _EMPTY_I32 = np.zeros(0, dtype=np.int32)
+# The most top logprobs per row the GPU's compute_logprobs computes (cuda/logits_processors.cu's
+# kMaxDeviceTopLogprobs); a row asking for more is sampled on the host.
+MAX_DEVICE_TOP_LOGPROBS = 64
 
 
 class RequestSamplingState:
@@ -214,11 +219,11 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray, md: SamplingMetadata) -> SamplerOutput:
         """Samples one token per row; `logits` (f32 [B, V]) may be modified in place. Device
-        logits are sampled on the GPU when no row needs processors or logprobs (the common
-        case), else copied to the host for the CPU path."""
+        logits stay on the GPU (processors, sampling, logprobs there), unless a row asks for
+        more top logprobs than the GPU op computes (then the batch goes to the host)."""
         if isinstance(logits, DeviceArray):
             logits = ops.to_float32(logits)
-            if not md.processors and not (md.num_logprobs >= 0).any():
+            if int(md.num_logprobs.max(initial=-1)) <= MAX_DEVICE_TOP_LOGPROBS:
                 return self._sample_on_device(logits, md)
             logits = logits.numpy()
         raw = logits
@@ -236,13 +241,23 @@ class Sampler:
                                                       md.num_logprobs))
 
     def _sample_on_device(self, logits: DeviceArray, md: SamplingMetadata) -> SamplerOutput:
-        """One queued upload of the batch's parameters and generator states (pinned memory),
-        the sampling kernel, one download of the tokens, log-probs and advanced generators:
-        the host waits once, for the download."""
+        """The host path's steps on the GPU: the processors (their CSR lists uploaded), the
+        sampling kernel with one queued upload of the batch's parameters and generator states
+        (pinned memory), and compute_logprobs over the raw logits when a row wants logprobs or
+        processors changed the distribution; the host waits for one download of the tokens,
+        log-probs and advanced generators (and the logprob lists, when asked for)."""
         from vllmx import _C
         from vllmx.device import F32, I32, U64
 
         b = len(md.temperature)
+        want_logprobs = bool((md.num_logprobs >= 0).any())
+        fused = not md.processors and not want_logprobs
+        raw = logits
+        if md.processors:
+            if want_logprobs:  # logprobs refer to the model's distribution
+                raw = DeviceArray.empty(logits.shape, logits.dtype)
+                raw.copy_from(logits)
+            ops.apply_logits_processors(logits, **md.processors)
         fields = [("rng", md.rng_state, U64), ("temperature", md.temperature, F32),
                   ("top_k", md.top_k, I32), ("top_p", md.top_p, F32), ("min_p", md.min_p, F32),
                   ("ids", None, I32), ("logprobs", None, F32)]
@@ -256,14 +271,16 @@ class Sampler:
         staging = self._pinned.array(np.uint8, off)
         for name, host, _ in fields:
             if host is not None:
-                raw = np.ascontiguousarray(host).view(np.uint8).reshape(-1)
-                staging[offsets[name]:offsets[name] + raw.size] = raw
+                raw_bytes = np.ascontiguousarray(host).view(np.uint8).reshape(-1)
+                staging[offsets[name]:offsets[name] + raw_bytes.size] = raw_bytes
         buf = self._device
         self._pinned.copy_to_device(buf, offsets["ids"])
         dev = {name: DeviceArray(buf, dt, (b, 2) if name == "rng" else (b,), offsets[name])
                for name, _, dt in fields}
-        _C.ops.sample(dev["ids"], dev["logprobs"], logits, dev["temperature"], dev["top_k"],
-                      dev["top_p"], dev["min_p"], dev["rng"])
+        _C.ops.sample(dev["ids"], dev["logprobs"] if fused else None, logits,
+                      dev["temperature"], dev["top_k"], dev["top_p"], dev["min_p"], dev["rng"])
+        if not fused:
+            lps, rank, top_ids, top_lps = ops.compute_logprobs(raw, dev["ids"], md.num_logprobs)
         self._pinned.copy_from_device(buf, off)
         _C.cuda_synchronize()
 
@@ -272,18 +289,28 @@ class Sampler:
 
         md.rng_state[:] = field("rng", np.uint64, 2 * b).reshape(b, 2)
         ids = field("ids", np.int32, b).copy()
-        return SamplerOutput(ids, field("logprobs", np.float32, b).copy(), [None] * b)
+        if fused:
+            return SamplerOutput(ids, field("logprobs", np.float32, b).copy(), [None] * b)
+        lps = lps.numpy()
+        top_ids = top_ids if isinstance(top_ids, np.ndarray) else top_ids.numpy()
+        top_lps = top_lps if isinstance(top_lps, np.ndarray) else top_lps.numpy()
+        return SamplerOutput(ids, lps, token_logprobs(ids, lps, rank.numpy(), top_ids, top_lps,
+                                                      md.num_logprobs))
 
     @staticmethod
-    def prompt_logprobs(logits: np.ndarray, next_token_ids: np.ndarray,
+    def prompt_logprobs(logits, next_token_ids: np.ndarray,
                         num_logprobs: int) -> list[TokenLogprobs]:
         """TokenLogprobs of each row's next prompt token (logits: f32 [N, V] of N prompt
-        positions; num_logprobs: the request's prompt_logprobs, -1 = whole vocabulary)."""
-        if isinstance(logits, DeviceArray):
-            logits = ops.to_float32(logits).numpy()
+        positions; num_logprobs: the request's prompt_logprobs, -1 = whole vocabulary). Device
+        logits stay on the GPU unless more top logprobs are asked for than it computes."""
         n, vocab = logits.shape
         k = vocab if num_logprobs == -1 else min(num_logprobs, vocab)
+        if isinstance(logits, DeviceArray):
+            logits = ops.to_float32(logits)
+            if k > MAX_DEVICE_TOP_LOGPROBS:
+                logits = logits.numpy()
         counts = np.full(n, k, dtype=np.int32)
         ids = np.ascontiguousarray(next_token_ids, dtype=np.int32)
-        lps, rank, top_ids, top_lps = ops.compute_logprobs(logits, ids, counts)
+        lps, rank, top_ids, top_lps = (a if isinstance(a, np.ndarray) else a.numpy()
+                                       for a in ops.compute_logprobs(logits, ids, counts))
         return token_logprobs(ids, lps, rank, top_ids, top_lps, counts)
