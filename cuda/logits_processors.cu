@@ -1,9 +1,8 @@
-// The sampler's other two ops on the GPU, so that logits stay on the device whatever a request
-// asks for: apply_logits_processors (allowed ids, bad words, logit bias and min_tokens bans,
-// penalties) and compute_logprobs (logprobs and prompt logprobs). Contracts in csrc/ops.def.
+// apply_logits_processors on the GPU (allowed ids, bad words, logit bias and min_tokens bans,
+// penalties), so that logits stay on the device whatever a request asks for (compute_logprobs is
+// in sampler.cu, beside the sampling kernel it must agree with). Contract in csrc/ops.def.
 // One block per row; the row's CSR lists live on the GPU and are trusted for their structure
 // (the sampler builds them), but an id outside the vocabulary is skipped, never followed.
-#include <cfloat>
 #include <cmath>
 
 #include "core/op_table.h"
@@ -14,9 +13,6 @@ namespace vllmx::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-// The most top logprobs per row the GPU computes (vllmx/layers/sampler.py sends rows asking for
-// more to the host).
-constexpr int64_t kMaxDeviceTopLogprobs = 64;
 
 // A CSR group: row b's entries are ids[indptr[b] .. indptr[b + 1]) (indptr null: no group).
 struct Csr {
@@ -174,146 +170,8 @@ void apply_logits_processors(
   check_launch("apply_logits_processors kernel");
 }
 
-// ---- compute_logprobs ----
-
-struct Cand {
-  float v;  // the logit, NaN as -inf
-  int id;   // -1: none
-};
-
-// a ranks before b: a larger logit, or the same and a lower id.
-__device__ __forceinline__ bool before(Cand a, Cand b) {
-  return a.id >= 0 && (b.id < 0 || a.v > b.v || (a.v == b.v && a.id < b.id));
-}
-
-template <typename T, typename Op>
-__device__ T block_reduce(T v, T* scratch, Op op) {
-  for (int o = 16; o > 0; o >>= 1) {
-    if constexpr (std::is_same_v<T, Cand>) {
-      Cand other{__shfl_xor_sync(0xffffffffu, v.v, o), __shfl_xor_sync(0xffffffffu, v.id, o)};
-      v = op(v, other);
-    } else {
-      v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-    }
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  T r = scratch[0];
-  for (int w = 1; w < kThreads / 32; ++w) r = op(r, scratch[w]);
-  return r;
-}
-
-struct CandMax {
-  __device__ Cand operator()(Cand a, Cand b) const { return before(b, a) ? b : a; }
-};
-
-__global__ void __launch_bounds__(kThreads) logprobs_kernel(
-    float* out_lp, int32_t* out_rank, int32_t* top_ids, float* top_lps, int K,
-    const float* logits, int64_t stride, int V, const int32_t* token_ids,
-    const int32_t* num_logprobs) {
-  pdl_begin();
-  __shared__ float fscratch[kThreads / 32];
-  __shared__ int iscratch[kThreads / 32];
-  __shared__ Cand cscratch[kThreads / 32];
-  const int n = blockIdx.x;
-  const float* l = logits + n * stride;
-  float m = -INFINITY;
-  for (int i = threadIdx.x; i < V; i += kThreads) m = fmaxf(m, l[i]);  // fmaxf skips NaN
-  m = block_reduce(m, fscratch, [](float a, float b) { return fmaxf(a, b); });
-  float s = 0.0f;
-  for (int i = threadIdx.x; i < V; i += kThreads)
-    if (l[i] == l[i]) s += expf(l[i] - m);
-  s = block_reduce(s, fscratch, [](float a, float b) { return a + b; });
-  const float lse = m + logf(s);
-  const int32_t tok = token_ids[n];
-  const bool tok_ok = tok >= 0 && tok < V;
-  const float x = tok_ok ? l[tok] : NAN;
-  const int k = min(num_logprobs[n], V);
-  int above = 0;
-  if (k >= 0)
-    for (int i = threadIdx.x; i < V; i += kThreads) above += l[i] > x;
-  above = block_reduce(above, iscratch, [](int a, int b) { return a + b; });
-  if (threadIdx.x == 0) {
-    out_lp[n] = x - lse;
-    out_rank[n] = k < 0 ? 0 : 1 + above;
-  }
-  // The k best in rank order, one block-wide pass each: the next is the best of those that
-  // rank after the previous one.
-  Cand prev{INFINITY, -1};
-  for (int r = 0; r < K; ++r) {
-    if (r >= k) {
-      if (threadIdx.x == 0) {
-        top_ids[n * K + r] = -1;
-        top_lps[n * K + r] = -INFINITY;
-      }
-      continue;
-    }
-    Cand best{-INFINITY, -1};
-    for (int i = threadIdx.x; i < V; i += kThreads) {
-      const Cand c{l[i] == l[i] ? l[i] : -INFINITY, i};
-      if ((prev.id < 0 || before(prev, c)) && before(c, best)) best = c;
-    }
-    best = block_reduce(best, cscratch, CandMax{});
-    prev = best;
-    if (threadIdx.x == 0) {
-      top_ids[n * K + r] = best.id;
-      top_lps[n * K + r] = best.v - lse;
-    }
-  }
-}
-
-void compute_logprobs(const Tensor& out_token_logprob, const Tensor& out_rank,
-                      const Tensor& out_top_ids, const Tensor& out_top_logprobs,
-                      const Tensor& logits, const Tensor& token_ids,
-                      const Tensor& num_logprobs) {
-  const char* op = "compute_logprobs";
-  check_rows(logits, op, "logits");
-  check_dtype(logits, DType::F32, op, "logits");
-  check_ndim(logits, 2, op, "logits");
-  const int64_t N = logits.shape[0], V = logits.shape[1];
-  VLLMX_CHECK(V > 0 || N == 0, op, "logits " + logits.str() + " has an empty vocabulary");
-  VLLMX_CHECK(V <= INT32_MAX, op, "vocabulary too large");
-  const auto per_row = [&](const Tensor& t, DType d, const char* name) {
-    check_dtype(t, d, op, name);
-    VLLMX_CHECK(t.ndim == 1 && t.shape[0] == N, op,
-                std::string(name) + " " + t.str() + " must have one entry per row");
-  };
-  per_row(out_token_logprob, DType::F32, "out_token_logprob");
-  per_row(out_rank, DType::I32, "out_rank");
-  per_row(token_ids, DType::I32, "token_ids");
-  per_row(num_logprobs, DType::I32, "num_logprobs");
-  VLLMX_CHECK(out_top_ids.defined() == out_top_logprobs.defined(), op,
-              "out_top_ids and out_top_logprobs are given together");
-  int64_t K = 0;
-  if (out_top_ids.defined()) {
-    check_dtype(out_top_ids, DType::I32, op, "out_top_ids");
-    check_dtype(out_top_logprobs, DType::F32, op, "out_top_logprobs");
-    VLLMX_CHECK(out_top_ids.ndim == 2 && out_top_ids.shape[0] == N &&
-                    out_top_logprobs.ndim == 2 && out_top_logprobs.shape[0] == N &&
-                    out_top_logprobs.shape[1] == out_top_ids.shape[1],
-                op, "out_top_ids " + out_top_ids.str() + " and out_top_logprobs " +
-                        out_top_logprobs.str() + " must both be [N, K]");
-    K = out_top_ids.shape[1];
-  }
-  // The top list takes one pass over the row per entry: fine for the handful a request asks
-  // for; past this, the host's selection is the better tool (the sampler sends such rows there).
-  VLLMX_CHECK(K <= kMaxDeviceTopLogprobs, op,
-              "at most " + std::to_string(kMaxDeviceTopLogprobs) +
-                  " top logprobs per row on the GPU, got K = " + std::to_string(K));
-  if (N == 0) return;
-  launch(logprobs_kernel, static_cast<unsigned>(N), kThreads, 0, stream(),
-         out_token_logprob.ptr<float>(), out_rank.ptr<int32_t>(),
-         K ? out_top_ids.ptr<int32_t>() : nullptr, K ? out_top_logprobs.ptr<float>() : nullptr,
-         static_cast<int>(K), logits.ptr<float>(), logits.stride[0], static_cast<int>(V),
-         token_ids.ptr<int32_t>(), num_logprobs.ptr<int32_t>());
-  check_launch("compute_logprobs kernel");
-}
-
 }  // namespace
 
 VLLMX_KERNEL(apply_logits_processors, kCUDA, apply_logits_processors);
-VLLMX_KERNEL(compute_logprobs, kCUDA, compute_logprobs);
 
 }  // namespace vllmx::cuda

@@ -218,6 +218,26 @@ __device__ uint32_t radix_select(const Row& row, const Cut& kept, uint64_t need_
   return key;
 }
 
+// log(sum exp(l)) of a row whose largest logit is lmax, NaN ignored: one function for the
+// sampling kernel's log-prob and compute_logprobs', so a token's log-prob has the same bits
+// whichever computed it (a request's logprobs do not depend on its neighbours' settings).
+__device__ double row_log_sum_exp(const float* l, int64_t V, float lmax) {
+  double s = 0.0;
+  scan_row(l, V, [&](float v, int64_t) {
+    if (v == v) s += expf(v - lmax);
+  });
+  s = block_reduce(s, Sum{});
+  return static_cast<double>(lmax) + log(s);
+}
+
+__device__ float row_max(const float* l, int64_t V) {
+  float best = -INFINITY;
+  scan_row(l, V, [&](float v, int64_t) {
+    if (v > best) best = v;  // NaN never compares greater
+  });
+  return block_reduce(best, Max{});
+}
+
 __global__ void __launch_bounds__(kT) sample_kernel(
     int32_t* out_ids, float* out_logprobs, const float* logits, int64_t V, int64_t ls,
     const float* temperature, const int32_t* top_k, const float* top_p, const float* min_p,
@@ -320,13 +340,8 @@ __global__ void __launch_bounds__(kT) sample_kernel(
   }
 
   if (out_logprobs) {
-    double s = 0.0;
-    scan_row(l, V, [&](float v, int64_t) {
-      if (v == v) s += expf(v - lmax);
-    });
-    s = block_reduce(s, Sum{});
-    if (threadIdx.x == 0)
-      out_logprobs[b] = static_cast<float>(l[token] - (static_cast<double>(lmax) + log(s)));
+    const double lse = row_log_sum_exp(l, V, lmax);
+    if (threadIdx.x == 0) out_logprobs[b] = static_cast<float>(l[token] - lse);
   }
   if (threadIdx.x == 0) out_ids[b] = static_cast<int32_t>(token);
 }
@@ -353,6 +368,109 @@ void sample(const Tensor& out_ids, const Tensor& out_logprobs, const Tensor& log
   check_launch("sample kernel");
 }
 
+// ---- compute_logprobs ----
+
+namespace {
+
+// The most top logprobs per row computed here: each takes a pass over the row, fine for the
+// handful requests ask for; vllmx/layers/sampler.py (MAX_DEVICE_TOP_LOGPROBS) sends rows asking
+// for more to the host.
+constexpr int64_t kMaxDeviceTopLogprobs = 64;
+
+// A logit and its id as one key ordered as the ranking is: the larger logit first, then the
+// lower id; NaN ranks as -inf. 0 is below every key.
+__device__ __forceinline__ uint64_t rank_key(float v, int64_t i) {
+  if (v != v) v = -INFINITY;
+  uint32_t u = __float_as_uint(v);
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return (static_cast<uint64_t>(u) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(i));
+}
+
+__global__ void __launch_bounds__(kT) logprobs_kernel(
+    float* out_lp, int32_t* out_rank, int32_t* top_ids, float* top_lps, int K,
+    const float* logits, int64_t ls, int64_t V, const int32_t* token_ids,
+    const int32_t* num_logprobs) {
+  pdl_begin();
+  const int64_t n = blockIdx.x;
+  const float* l = logits + n * ls;
+  const double lse = row_log_sum_exp(l, V, row_max(l, V));
+  const int32_t tok = token_ids[n];
+  const float x = tok >= 0 && tok < V ? l[tok] : NAN;
+  const int64_t k = min(static_cast<int64_t>(num_logprobs[n]), V);
+  int64_t above = 0;
+  scan_row(l, V, [&](float v, int64_t) { above += v > x; });
+  above = block_reduce(above, Sum{});
+  if (threadIdx.x == 0) {
+    out_lp[n] = static_cast<float>(x - lse);
+    out_rank[n] = k < 0 ? 0 : static_cast<int32_t>(1 + above);
+  }
+  // The k best in rank order, a pass each: the next is the best key below the previous one.
+  uint64_t prev = ~uint64_t{0};
+  for (int r = 0; r < K; ++r) {
+    if (r < k) {
+      uint64_t best = 0;
+      scan_row(l, V, [&](float v, int64_t i) {
+        const uint64_t key = rank_key(v, i);
+        if (key < prev && key > best) best = key;
+      });
+      prev = block_reduce(best, Max{});
+    }
+    if (threadIdx.x == 0) {
+      const int64_t id = 0xFFFFFFFFu - static_cast<uint32_t>(prev);
+      top_ids[n * K + r] = r < k ? static_cast<int32_t>(id) : -1;
+      top_lps[n * K + r] = r < k ? static_cast<float>(l[id] - lse) : -INFINITY;
+    }
+  }
+}
+
+void compute_logprobs(const Tensor& out_token_logprob, const Tensor& out_rank,
+                      const Tensor& out_top_ids, const Tensor& out_top_logprobs,
+                      const Tensor& logits, const Tensor& token_ids,
+                      const Tensor& num_logprobs) {
+  const char* op = "compute_logprobs";
+  check_rows(logits, op, "logits");
+  check_dtype(logits, DType::F32, op, "logits");
+  check_ndim(logits, 2, op, "logits");
+  const int64_t N = logits.shape[0], V = logits.shape[1];
+  VLLMX_CHECK(V > 0 || N == 0, op, "logits " + logits.str() + " has an empty vocabulary");
+  VLLMX_CHECK(V <= INT32_MAX, op, "vocabulary too large");
+  const auto per_row = [&](const Tensor& t, DType d, const char* name) {
+    check_dtype(t, d, op, name);
+    VLLMX_CHECK(t.ndim == 1 && t.shape[0] == N, op,
+                std::string(name) + " " + t.str() + " must have one entry per row");
+  };
+  per_row(out_token_logprob, DType::F32, "out_token_logprob");
+  per_row(out_rank, DType::I32, "out_rank");
+  per_row(token_ids, DType::I32, "token_ids");
+  per_row(num_logprobs, DType::I32, "num_logprobs");
+  VLLMX_CHECK(out_top_ids.defined() == out_top_logprobs.defined(), op,
+              "out_top_ids and out_top_logprobs are given together");
+  int64_t K = 0;
+  if (out_top_ids.defined()) {
+    check_dtype(out_top_ids, DType::I32, op, "out_top_ids");
+    check_dtype(out_top_logprobs, DType::F32, op, "out_top_logprobs");
+    VLLMX_CHECK(out_top_ids.ndim == 2 && out_top_ids.shape[0] == N &&
+                    out_top_logprobs.ndim == 2 && out_top_logprobs.shape[0] == N &&
+                    out_top_logprobs.shape[1] == out_top_ids.shape[1],
+                op, "out_top_ids " + out_top_ids.str() + " and out_top_logprobs " +
+                        out_top_logprobs.str() + " must both be [N, K]");
+    K = out_top_ids.shape[1];
+  }
+  VLLMX_CHECK(K <= kMaxDeviceTopLogprobs, op,
+              "at most " + std::to_string(kMaxDeviceTopLogprobs) +
+                  " top logprobs per row on the GPU, got K = " + std::to_string(K));
+  if (N == 0) return;
+  launch(logprobs_kernel, static_cast<unsigned int>(N), kT, 0, stream(),
+         out_token_logprob.ptr<float>(), out_rank.ptr<int32_t>(),
+         K ? out_top_ids.ptr<int32_t>() : nullptr, K ? out_top_logprobs.ptr<float>() : nullptr,
+         static_cast<int>(K), logits.ptr<float>(), logits.stride[0], V,
+         token_ids.ptr<int32_t>(), num_logprobs.ptr<int32_t>());
+  check_launch("compute_logprobs kernel");
+}
+
+}  // namespace
+
 VLLMX_KERNEL(sample, kCUDA, sample);
+VLLMX_KERNEL(compute_logprobs, kCUDA, compute_logprobs);
 
 }  // namespace vllmx::cuda

@@ -253,10 +253,9 @@ class Sampler:
         want_logprobs = bool((md.num_logprobs >= 0).any())
         fused = not md.processors and not want_logprobs
         raw = logits
-        if md.processors:
-            if want_logprobs:  # logprobs refer to the model's distribution
-                raw = DeviceArray.empty(logits.shape, logits.dtype)
-                raw.copy_from(logits)
+        if md.processors:  # log-probs refer to the model's distribution, as on the host
+            raw = DeviceArray.empty(logits.shape, logits.dtype)
+            raw.copy_from(logits)
             ops.apply_logits_processors(logits, **md.processors)
         fields = [("rng", md.rng_state, U64), ("temperature", md.temperature, F32),
                   ("top_k", md.top_k, I32), ("top_p", md.top_p, F32), ("min_p", md.min_p, F32),
