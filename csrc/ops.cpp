@@ -149,8 +149,103 @@ void check_topk_softmax(const Tensor& topk_weights, const Tensor& topk_ids,
                   gating_output.str() + ")");
 }
 
+void check_compute_logprobs(const Tensor& out_token_logprob, const Tensor& out_rank,
+                            const Tensor& out_top_ids, const Tensor& out_top_logprobs,
+                            const Tensor& logits, const Tensor& token_ids,
+                            const Tensor& num_logprobs) {
+  const char* op = "compute_logprobs";
+  check_dtype(logits, DType::F32, op, "logits");
+  check_ndim(logits, 2, op, "logits");
+  const int64_t N = logits.shape[0], V = logits.shape[1];
+  VLLMX_CHECK(V > 0 || N == 0, op, "logits " + logits.str() + " has an empty vocabulary");
+  VLLMX_CHECK(V <= std::numeric_limits<int32_t>::max(), op, "vocabulary too large");
+  const auto per_row = [&](const Tensor& t, DType d, const char* name) {
+    check_dtype(t, d, op, name);
+    VLLMX_CHECK(t.ndim == 1 && t.shape[0] == N, op,
+                std::string(name) + " " + t.str() + " must have one entry per row (" + i2s(N) +
+                    ")");
+  };
+  per_row(out_token_logprob, DType::F32, "out_token_logprob");
+  per_row(out_rank, DType::I32, "out_rank");
+  per_row(token_ids, DType::I32, "token_ids");
+  per_row(num_logprobs, DType::I32, "num_logprobs");
+  VLLMX_CHECK(out_top_ids.defined() == out_top_logprobs.defined(), op,
+              "out_top_ids and out_top_logprobs are given together");
+  if (out_top_ids.defined()) {
+    check_dtype(out_top_ids, DType::I32, op, "out_top_ids");
+    check_dtype(out_top_logprobs, DType::F32, op, "out_top_logprobs");
+    VLLMX_CHECK(out_top_ids.ndim == 2 && out_top_ids.shape[0] == N &&
+                    out_top_logprobs.ndim == 2 && out_top_logprobs.shape[0] == N &&
+                    out_top_logprobs.shape[1] == out_top_ids.shape[1],
+                op, "out_top_ids " + out_top_ids.str() + " and out_top_logprobs " +
+                        out_top_logprobs.str() + " must both be [" + i2s(N) + ", K]");
+  }
+}
+
+void check_apply_logits_processors(
+    const Tensor& logits, const Tensor& allowed_indptr, const Tensor& allowed_ids,
+    const Tensor& bad_words_indptr, const Tensor& bad_word_token_indptr,
+    const Tensor& bad_word_tokens, const Tensor& output_tail_indptr, const Tensor& output_tail,
+    const Tensor& bias_indptr, const Tensor& bias_ids, const Tensor& bias_values,
+    const Tensor& penalty_indptr, const Tensor& penalty_ids, const Tensor& output_counts,
+    const Tensor& repetition_penalty, const Tensor& frequency_penalty,
+    const Tensor& presence_penalty) {
+  const char* op = "apply_logits_processors";
+  check_dtype(logits, DType::F32, op, "logits");
+  check_ndim(logits, 2, op, "logits");
+  const int64_t B = logits.shape[0];
+  VLLMX_CHECK(logits.shape[1] <= std::numeric_limits<int32_t>::max(), op,
+              "vocabulary too large");
+  const auto list = [&](const Tensor& t, DType d, const char* name) {
+    if (!t.defined()) return;
+    check_dtype(t, d, op, name);
+    check_ndim(t, 1, op, name);
+  };
+  const auto indptr = [&](const Tensor& t, const char* name) {
+    list(t, DType::I32, name);
+    VLLMX_CHECK(!t.defined() || t.shape[0] == B + 1, op,
+                std::string(name) + " " + t.str() + " must be [" + i2s(B + 1) + "]");
+  };
+  indptr(allowed_indptr, "allowed_indptr");
+  indptr(bad_words_indptr, "bad_words_indptr");
+  indptr(output_tail_indptr, "output_tail_indptr");
+  indptr(bias_indptr, "bias_indptr");
+  indptr(penalty_indptr, "penalty_indptr");
+  list(allowed_ids, DType::I32, "allowed_ids");
+  list(bad_word_token_indptr, DType::I32, "bad_word_token_indptr");
+  list(bad_word_tokens, DType::I32, "bad_word_tokens");
+  list(output_tail, DType::I32, "output_tail");
+  list(bias_ids, DType::I32, "bias_ids");
+  list(bias_values, DType::F32, "bias_values");
+  list(penalty_ids, DType::I32, "penalty_ids");
+  list(output_counts, DType::I32, "output_counts");
+  VLLMX_CHECK(!bad_words_indptr.defined() ||
+                  (bad_word_token_indptr.defined() && output_tail_indptr.defined()),
+              op, "bad words need bad_word_token_indptr, bad_word_tokens and output_tail(_indptr)");
+  const int64_t nbias = bias_ids.defined() ? bias_ids.shape[0] : 0;
+  VLLMX_CHECK(!bias_indptr.defined() || nbias == 0 ||
+                  (bias_values.defined() && bias_values.shape[0] == nbias),
+              op, "bias_values must be f32 [" + i2s(nbias) + "], one per bias id");
+  if (penalty_indptr.defined()) {
+    const int64_t npen = penalty_ids.defined() ? penalty_ids.shape[0] : 0;
+    VLLMX_CHECK(npen == 0 || (output_counts.defined() && output_counts.shape[0] == npen), op,
+                "output_counts must be i32 [" + i2s(npen) + "], one per penalty id");
+    for (const auto& [t, name] : {std::pair{&repetition_penalty, "repetition_penalty"},
+                                  std::pair{&frequency_penalty, "frequency_penalty"},
+                                  std::pair{&presence_penalty, "presence_penalty"}}) {
+      VLLMX_CHECK(t->defined(), op, std::string(name) + " is required with penalty_indptr");
+      check_dtype(*t, DType::F32, op, name);
+      VLLMX_CHECK(t->ndim == 1 && t->shape[0] == B, op,
+                  std::string(name) + " " + t->str() + " must have one entry per row (" +
+                      i2s(B) + ")");
+    }
+  }
+}
+
 }  // namespace
 
+VLLMX_OP_CHECK(apply_logits_processors, check_apply_logits_processors);
+VLLMX_OP_CHECK(compute_logprobs, check_compute_logprobs);
 VLLMX_OP_CHECK(topk_softmax, check_topk_softmax);
 VLLMX_OP_CHECK(write_kv_cache, check_write_kv_cache);
 VLLMX_OP_CHECK(paged_attention, check_paged_attention);

@@ -94,12 +94,6 @@ __global__ void __launch_bounds__(kThreads) logits_processors_kernel(ProcArgs a)
 
 const int32_t* ids_or_null(const Tensor& t) { return t.defined() ? t.ptr<int32_t>() : nullptr; }
 
-void check_i32(const char* op, const Tensor& t, const char* name) {
-  if (!t.defined()) return;
-  check_dtype(t, DType::I32, op, name);
-  check_ndim(t, 1, op, name);
-}
-
 void apply_logits_processors(
     const Tensor& logits, const Tensor& allowed_indptr, const Tensor& allowed_ids,
     const Tensor& bad_words_indptr, const Tensor& bad_word_token_indptr,
@@ -108,37 +102,9 @@ void apply_logits_processors(
     const Tensor& penalty_indptr, const Tensor& penalty_ids, const Tensor& output_counts,
     const Tensor& repetition_penalty, const Tensor& frequency_penalty,
     const Tensor& presence_penalty) {
-  const char* op = "apply_logits_processors";
-  check_rows(logits, op, "logits");
-  check_dtype(logits, DType::F32, op, "logits");
-  check_ndim(logits, 2, op, "logits");
+  // The shapes are the op's contract (csrc/ops.cpp), checked before this runs.
+  check_rows(logits, "apply_logits_processors", "logits");
   const int64_t B = logits.shape[0], V = logits.shape[1];
-  VLLMX_CHECK(V <= INT32_MAX, op, "vocabulary too large");
-  const Tensor* lists[] = {&allowed_indptr, &allowed_ids,   &bad_words_indptr,
-                           &bad_word_token_indptr, &bad_word_tokens, &output_tail_indptr,
-                           &output_tail,    &bias_indptr,   &bias_ids,
-                           &penalty_indptr, &penalty_ids,   &output_counts};
-  for (const Tensor* t : lists) check_i32(op, *t, "a CSR list");
-  for (const Tensor* t : {&allowed_indptr, &bad_words_indptr, &output_tail_indptr, &bias_indptr,
-                          &penalty_indptr})
-    VLLMX_CHECK(!t->defined() || t->shape[0] == B + 1, op,
-                "an indptr must have one entry per row and one more: got " + t->str());
-  VLLMX_CHECK(!bad_words_indptr.defined() ||
-                  (bad_word_token_indptr.defined() && bad_word_tokens.defined() &&
-                   output_tail_indptr.defined()),
-              op, "bad words need bad_word_token_indptr, bad_word_tokens and output_tail(_indptr)");
-  VLLMX_CHECK(!bias_indptr.defined() ||
-                  (bias_values.defined() && bias_values.dtype == DType::F32 &&
-                   bias_ids.defined() && bias_values.numel() == bias_ids.numel()),
-              op, "bias_values must be f32, one per bias id");
-  if (penalty_indptr.defined()) {
-    VLLMX_CHECK(penalty_ids.defined() && output_counts.defined() &&
-                    output_counts.numel() == penalty_ids.numel(),
-                op, "output_counts must be i32, one per penalty id");
-    for (const Tensor* t : {&repetition_penalty, &frequency_penalty, &presence_penalty})
-      VLLMX_CHECK(t->defined() && t->dtype == DType::F32 && t->ndim == 1 && t->shape[0] == B, op,
-                  "the penalties must be f32 [" + std::to_string(B) + "]");
-  }
   if (B == 0) return;
   static GrowOnlyBuffer saved_buf;
   ProcArgs a{};

@@ -546,41 +546,15 @@ void top_k_fast(const Kernels& K, const float* l, int64_t V, int64_t k, std::vec
   std::sort(c.begin(), c.end(), before);
 }
 
-void check_rows(const Tensor& t, DType d, int64_t N, const char* name) {
-  check_dtype(t, d, kLpOp, name);
-  VLLMX_CHECK(t.ndim == 1 && t.shape[0] == N, kLpOp,
-        std::string(name) + " " + t.str() + " must have one entry per row (" +
-            std::to_string(N) + ")");
-}
-
 }  // namespace
 
 void compute_logprobs(const Tensor& out_token_logprob, const Tensor& out_rank,
                       const Tensor& out_top_ids, const Tensor& out_top_logprobs,
                       const Tensor& logits, const Tensor& token_ids, const Tensor& num_logprobs,
                       bool reference) {
-  check_dtype(logits, DType::F32, kLpOp, "logits");
-  check_ndim(logits, 2, kLpOp, "logits");
+  // The shapes are the op's contract (csrc/ops.cpp); here the host-side contents.
   const int64_t N = logits.shape[0], V = logits.shape[1];
-  VLLMX_CHECK(V > 0 || N == 0, kLpOp, "logits " + logits.str() + " has an empty vocabulary");
-  VLLMX_CHECK(V <= std::numeric_limits<int32_t>::max(), kLpOp, "vocabulary too large");
-  check_rows(out_token_logprob, DType::F32, N, "out_token_logprob");
-  check_rows(out_rank, DType::I32, N, "out_rank");
-  check_rows(token_ids, DType::I32, N, "token_ids");
-  check_rows(num_logprobs, DType::I32, N, "num_logprobs");
-  VLLMX_CHECK(out_top_ids.defined() == out_top_logprobs.defined(), kLpOp,
-        "out_top_ids and out_top_logprobs are given together");
-  int64_t Kmax = 0;
-  if (out_top_ids.defined()) {
-    check_dtype(out_top_ids, DType::I32, kLpOp, "out_top_ids");
-    check_dtype(out_top_logprobs, DType::F32, kLpOp, "out_top_logprobs");
-    VLLMX_CHECK(out_top_ids.ndim == 2 && out_top_ids.shape[0] == N && out_top_logprobs.ndim == 2 &&
-              out_top_logprobs.shape[0] == N &&
-              out_top_logprobs.shape[1] == out_top_ids.shape[1],
-          kLpOp, "out_top_ids " + out_top_ids.str() + " and out_top_logprobs " +
-                     out_top_logprobs.str() + " must both be [" + std::to_string(N) + ", K]");
-    Kmax = out_top_ids.shape[1];
-  }
+  const int64_t Kmax = out_top_ids.defined() ? out_top_ids.shape[1] : 0;
   const int32_t* tok = token_ids.ptr<int32_t>();
   const int32_t* nl = num_logprobs.ptr<int32_t>();
   for (int64_t n = 0; n < N; ++n) {
