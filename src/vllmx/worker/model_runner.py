@@ -23,6 +23,7 @@ from vllmx.core.sched_output import (
 from vllmx.layers.attention import AttentionMetadata
 from vllmx.layers.sampler import RequestSamplingState, Sampler, SamplingMetadata
 from vllmx.sampling_params import SamplingParams
+from vllmx.worker.input_batch import InputBatch
 from vllmx.worker.step_capture import CapturedStep, LongLived, capture
 
 logger = logging.getLogger("vllmx")
@@ -95,7 +96,10 @@ class ModelRunner:
         self.slot_mapping = np.zeros(t, dtype=np.int32)
         self.query_start_loc = np.zeros(b + 1, dtype=np.int32)
         self.seq_lens = np.zeros(b, dtype=np.int32)
-        self.block_table = np.zeros((b, self.max_blocks_per_req), dtype=np.int32)
+        # The running requests' rows persist across steps (worker/input_batch.py); the block
+        # table the kernels read is its array.
+        self.input_batch = InputBatch(b, max_model_len, block_size)
+        self.block_table = self.input_batch.block_table
         self.decode_buckets = cudagraph_capture_sizes(min(b, t))
         self.graphs = {}  # GPU: decode bucket -> the CudaGraph of its forward and logits
         # CPU: bucket -> its step tape, recorded the first time the bucket runs (a capture is
@@ -274,15 +278,35 @@ class ModelRunner:
             new.num_prompt_tokens, rng)
 
     def _update_states(self, so: SchedulerOutput) -> None:
+        batch = self.input_batch
         for req_id in so.finished_req_ids:
             self.requests.pop(req_id, None)
-        for new in so.scheduled_new_reqs:
+            batch.remove_request(req_id)
+        for new in so.scheduled_new_reqs:  # new, or resumed after preemption: a fresh row
             self._add_request(new)
+            batch.add_request(new.req_id, new.token_ids, new.num_computed_tokens,
+                              new.block_ids)
         c = so.scheduled_cached_reqs
         for req_id, blocks, computed in zip(c.req_ids, c.new_block_ids, c.num_computed_tokens):
             state = self.requests[req_id]
             state.block_ids.extend(blocks)
             state.num_computed_tokens = computed
+            if req_id in batch:
+                batch.append_blocks(req_id, blocks)
+                batch.num_computed_tokens[batch.req_id_to_index[req_id]] = computed
+
+    def _form_batch(self, scheduled: list[str]) -> list[str]:
+        """The persistent batch holds exactly this step's requests (one left out of the last
+        step comes back with its row rebuilt from its state), rows [0, n) in run order."""
+        batch, keep = self.input_batch, set(scheduled)
+        for req_id in [r for r in batch.req_id_to_index if r not in keep]:
+            batch.remove_request(req_id)
+        for req_id in scheduled:
+            if req_id not in batch:
+                s = self.requests[req_id]
+                batch.add_request(req_id, s.token_ids, s.num_computed_tokens, s.block_ids)
+        batch.condense()
+        return batch.req_ids[:batch.num_reqs]
 
     def _prepare_requests(self, req_ids: list[str]) -> dict[str, str]:
         """Each scheduled request's sampler state (built at its first step), request by
@@ -306,33 +330,27 @@ class ModelRunner:
         failed = self._prepare_requests(req_ids)
         if failed:
             req_ids = [r for r in req_ids if r not in failed]
+        req_ids = self._form_batch(req_ids)
         if not req_ids:
             return ModelRunnerOutput([], {}, {}, failed=failed)
-        bs = self.block_size
+        num_scheduled = np.array([so.num_scheduled_tokens[r] for r in req_ids], dtype=np.int32)
+        self.input_batch.prepare_inputs(num_scheduled, self.input_ids, self.positions,
+                                        self.slot_mapping, self.query_start_loc, self.seq_lens)
         t = 0
         logits_rows: list[int] = []
         sample_ids: list[str] = []
         # (request, first hidden row, prompt positions start .. last - 1) for prompt_logprobs
         prompt_rows: list[tuple[CachedRequestState, int, int, int]] = []
-        for b, req_id in enumerate(req_ids):
+        for req_id, n in zip(req_ids, num_scheduled.tolist()):
             state = self.requests[req_id]
-            n = so.num_scheduled_tokens[req_id]
             start = state.num_computed_tokens
             end = start + n
-            pos = np.arange(start, end, dtype=np.int32)
-            blocks = np.asarray(state.block_ids, dtype=np.int32)
-            self.input_ids[t:t + n] = state.token_ids[start:end]
-            self.positions[t:t + n] = pos
-            self.slot_mapping[t:t + n] = blocks[pos // bs] * bs + pos % bs
-            self.block_table[b, :len(blocks)] = blocks
-            self.seq_lens[b] = end
             if state.sampling_params.prompt_logprobs is not None and state.num_output_tokens == 0:
                 # position p predicts prompt token p + 1
                 last = min(end, state.num_prompt_tokens - 1)
                 if last > start:
                     prompt_rows.append((state, t, start, last))
             t += n
-            self.query_start_loc[b + 1] = t
             if end == len(state.token_ids):  # caught up: this step samples the next token
                 logits_rows.append(t - 1)
                 sample_ids.append(req_id)
@@ -367,6 +385,7 @@ class ModelRunner:
                                                or [None] * state.num_prompt_tokens)
                 state.prompt_logprobs = None
             state.token_ids.append(tok)
+            self.input_batch.append_token(req_id, tok)
             out.sampled_token_ids[req_id] = tok
             out.sampled_logprobs[req_id] = float(sampled.sampled_logprobs[i])
             if sampled.logprobs[i] is not None:
