@@ -32,9 +32,10 @@ def test_cuda_kernels_registered_as_built():
     """A CUDA build registers a CUDA kernel for the ops cuda/ implements; a CPU-only build none,
     and the op table then says so instead of running anything."""
     for name in ("embedding", "linear", "rms_norm", "paged_attention", "sample", "copy_columns",
-                 "qk_norm_rope_cache", "rms_norm_linear"):
+                 "qk_norm_rope_cache", "rms_norm_linear", "apply_logits_processors",
+                 "compute_logprobs", "topk_softmax"):
         assert getattr(_C.ops, name).has_kernel("cuda") == _C.cuda_built(), name
-    for name in ("dequantize", "apply_logits_processors", "compute_logprobs", "quantize_weight"):
+    for name in ("dequantize", "quantize", "quantize_weight", "repack_weight", "scale"):
         assert not getattr(_C.ops, name).has_kernel("cuda"), name
 
 

@@ -1,7 +1,7 @@
 """Every SIMD path of the kernel families whose pickers used to read the CPU's features
-directly (KV-cache writes, attention, the sampler, the activations): run at each level that
-VLLMX_ISA caps (tests/ops/simd_levels.py) and compared with the scalar twins on fresh random
-inputs. The quant / linear families have their own per-level tests beside them."""
+directly (KV-cache writes, attention, the sampler, the activations) and of MoE routing: run at
+each level that VLLMX_ISA caps (tests/ops/simd_levels.py) and compared with the scalar twins on
+fresh random inputs. The quant / linear families have their own per-level tests beside them."""
 
 import pytest
 from simd_levels import SIMD_LEVELS, run_capped
@@ -79,6 +79,15 @@ for n in (256, 77):
             getattr(_C.ops, name)(out, x, *extra, reference=ref)
             outs.append(out)
         assert rel(outs[0], outs[1]) < 1e-5, (name, extra, n, rel(outs[0], outs[1]))
+# topk_softmax (MoE routing): the AVX-512 softmax denominator and the scalar one.
+g = (rng.standard_normal((9, 70)) * 3).astype(np.float32)
+for renorm in (False, True):
+    outs = []
+    for ref in (False, True):
+        w = np.empty((9, 6), np.float32); ids = np.empty((9, 6), np.int32)
+        _C.ops.topk_softmax(w, ids, g, renorm, reference=ref)
+        outs.append((w, ids))
+    assert np.array_equal(outs[0][1], outs[1][1]) and rel(outs[0][0], outs[1][0]) < 1e-6
 print("ok")
 """
 
