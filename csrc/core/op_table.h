@@ -108,21 +108,20 @@ OpDef& op_def() {
 
 // Adapts a typed kernel to KernelFn. A CPU kernel may take one more bool after the declared
 // arguments: `reference`, its scalar twin.
+template <auto Fn, typename... A>
+constexpr bool takes_reference(TypeList<A...>) {
+  return std::is_invocable_v<decltype(Fn), decltype(arg_value<A>(std::declval<OpArg>()))..., bool>;
+}
+template <auto Fn, typename... A>
+constexpr bool takes_declared_args(TypeList<A...>) {
+  return std::is_invocable_v<decltype(Fn), decltype(arg_value<A>(std::declval<OpArg>()))...>;
+}
 template <auto Fn, typename... A, size_t... I>
 void invoke_kernel(const OpArg* a, bool reference, TypeList<A...>, std::index_sequence<I...>) {
-  if constexpr (std::is_invocable_v<decltype(Fn), decltype(arg_value<A>(a[I]))..., bool>)
+  if constexpr (takes_reference<Fn>(TypeList<A...>{}))
     Fn(arg_value<A>(a[I])..., reference);
   else
     Fn(arg_value<A>(a[I])...);
-}
-template <typename Op, auto Fn, typename... A>
-constexpr bool kernel_matches(TypeList<A...>) {
-  return std::is_invocable_v<decltype(Fn), decltype(arg_value<A>(std::declval<OpArg>()))..., bool> ||
-         std::is_invocable_v<decltype(Fn), decltype(arg_value<A>(std::declval<OpArg>()))...>;
-}
-template <typename Op, auto Fn, typename... A>
-constexpr bool kernel_has_reference(TypeList<A...>) {
-  return std::is_invocable_v<decltype(Fn), decltype(arg_value<A>(std::declval<OpArg>()))..., bool>;
 }
 template <typename Op, auto Fn, typename... A>
 void adapt_kernel(const OpArg* a, bool reference) {
@@ -135,11 +134,10 @@ KernelFn kernel_fn_of(TypeList<A...>) {
 
 template <typename Op, Device D, auto Fn>
 bool register_kernel() {
-  static_assert(kernel_matches<Op, Fn>(typename Op::Args{}),
+  constexpr typename Op::Args args{};
+  static_assert(takes_reference<Fn>(args) || takes_declared_args<Fn>(args),
                 "the kernel's parameters do not match the op's declaration in ops.def");
-  OpDef& def = op_def<Op>();
-  def.kernels[D] = Kernel{kernel_fn_of<Op, Fn>(typename Op::Args{}),
-                          kernel_has_reference<Op, Fn>(typename Op::Args{})};
+  op_def<Op>().kernels[D] = Kernel{kernel_fn_of<Op, Fn>(args), takes_reference<Fn>(args)};
   return true;
 }
 

@@ -37,6 +37,11 @@ def host_dtype(dtype: int) -> np.dtype:
     raise ValueError(f"no host dtype for {name} (id {dtype})")
 
 
+def dtype_id(np_dtype) -> int:
+    """The dtype id of a dense numpy dtype (host_dtype's inverse for float32, int32, ...)."""
+    return _FROM_NUMPY[np.dtype(np_dtype)]
+
+
 # (getattr: a stale _C built before the CUDA bindings still imports; its arrays just can't exist)
 class DeviceArray(getattr(_C, "DeviceArrayBase", object)):
     """`buffer` (a _C.DeviceBuffer) bytes from `offset`, storage `shape`, `dtype` id."""
@@ -72,7 +77,7 @@ class DeviceArray(getattr(_C, "DeviceArrayBase", object)):
         a = np.ascontiguousarray(a)
         if dtype is None:
             try:
-                dtype = _FROM_NUMPY[a.dtype]
+                dtype = dtype_id(a.dtype)
             except KeyError:
                 raise ValueError(f"DeviceArray.from_numpy: unsupported numpy dtype {a.dtype} "
                                  f"(pass dtype= for bf16 or block types)") from None

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vllmx import _C
-from vllmx.device import BF16, F16, F32, I32, Q8_0, DeviceArray
+from vllmx.device import BF16, F16, F32, Q8_0, DeviceArray, dtype_id
 from vllmx.pages import release_file_pages
 
 # dtype ids: the native DType enum's (GGML's numbering, shared by dense and block types).
@@ -62,10 +62,10 @@ def _arg(t):
 
 
 def _empty(like, shape: tuple[int, ...], dtype=None):
-    """Uninitialised output on like's device: like's dtype unless given (a numpy dtype on the
-    host, a dtype id on the GPU)."""
+    """Uninitialised output on like's device: like's dtype, or the numpy dtype given (its id on
+    the GPU)."""
     if isinstance(like, DeviceArray):
-        return DeviceArray.empty(shape, like.dtype if dtype is None else dtype)
+        return DeviceArray.empty(shape, like.dtype if dtype is None else dtype_id(dtype))
     return np.empty(shape, dtype=like.dtype if dtype is None else dtype)
 
 
@@ -253,10 +253,8 @@ def sample(logits, temperature, top_k, top_p, min_p, rng_state, with_logprobs: b
     """Token ids (int32 [B]) and their log-probs under the given logits (float32 [B]; None
     without with_logprobs), on logits' device. rng_state (uint64 [B, 2]) is advanced in place."""
     b = logits.shape[0]
-    ids = _empty(logits, (b,), I32 if isinstance(logits, DeviceArray) else np.int32)
-    logprobs = None
-    if with_logprobs:
-        logprobs = _empty(logits, (b,), F32 if isinstance(logits, DeviceArray) else np.float32)
+    ids = _empty(logits, (b,), np.int32)
+    logprobs = _empty(logits, (b,), np.float32) if with_logprobs else None
     _C.ops.sample(ids, logprobs, logits, temperature, top_k, top_p, min_p, rng_state)
     return ids, logprobs
 
@@ -278,13 +276,11 @@ def compute_logprobs(logits, token_ids: np.ndarray, num_logprobs: np.ndarray):
     results are DeviceArrays: the logits never leave it."""
     n, vocab = logits.shape
     k = min(int(num_logprobs.max()), vocab) if n else 0
-    on_gpu = isinstance(logits, DeviceArray)
-    f32, i32 = (F32, I32) if on_gpu else (np.float32, np.int32)
-    token_logprob, rank = _empty(logits, (n,), f32), _empty(logits, (n,), i32)
-    top_ids = _empty(logits, (n, k), i32) if k > 0 else None
-    top_logprobs = _empty(logits, (n, k), f32) if k > 0 else None
+    token_logprob, rank = _empty(logits, (n,), np.float32), _empty(logits, (n,), np.int32)
+    top_ids = _empty(logits, (n, k), np.int32) if k > 0 else None
+    top_logprobs = _empty(logits, (n, k), np.float32) if k > 0 else None
     counts = num_logprobs
-    if on_gpu:
+    if isinstance(logits, DeviceArray):
         if not isinstance(token_ids, DeviceArray):
             token_ids = DeviceArray.from_numpy(np.ascontiguousarray(token_ids, dtype=np.int32))
         counts = DeviceArray.from_numpy(np.ascontiguousarray(num_logprobs, dtype=np.int32))

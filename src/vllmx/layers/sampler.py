@@ -23,7 +23,7 @@ from vllmx.device import DeviceArray
 from vllmx.sampling_params import SamplingParams
 
 _EMPTY_I32 = np.zeros(0, dtype=np.int32)
-# The most top logprobs per row the GPU's compute_logprobs computes (cuda/logits_processors.cu's
+# The most top logprobs per row the GPU's compute_logprobs computes (cuda/sampler.cu's
 # kMaxDeviceTopLogprobs); a row asking for more is sampled on the host.
 MAX_DEVICE_TOP_LOGPROBS = 64
 
@@ -198,6 +198,11 @@ class SamplerOutput:
     logprobs: list[TokenLogprobs | None]  # rows that asked for logprobs
 
 
+def _host(*arrays) -> list[np.ndarray]:
+    """Host copies of device arrays (host arrays as they are): compute_logprobs' results."""
+    return [a if isinstance(a, np.ndarray) else a.numpy() for a in arrays]
+
+
 def token_logprobs(token_ids, token_logprob, rank, top_ids, top_logprobs,
                    num_logprobs) -> list[TokenLogprobs | None]:
     """TokenLogprobs per row (the token first, then its row's top-k), None where not wanted."""
@@ -290,10 +295,8 @@ class Sampler:
         ids = field("ids", np.int32, b).copy()
         if fused:
             return SamplerOutput(ids, field("logprobs", np.float32, b).copy(), [None] * b)
-        lps = lps.numpy()
-        top_ids = top_ids if isinstance(top_ids, np.ndarray) else top_ids.numpy()
-        top_lps = top_lps if isinstance(top_lps, np.ndarray) else top_lps.numpy()
-        return SamplerOutput(ids, lps, token_logprobs(ids, lps, rank.numpy(), top_ids, top_lps,
+        lps, rank, top_ids, top_lps = _host(lps, rank, top_ids, top_lps)
+        return SamplerOutput(ids, lps, token_logprobs(ids, lps, rank, top_ids, top_lps,
                                                       md.num_logprobs))
 
     @staticmethod
@@ -310,6 +313,5 @@ class Sampler:
                 logits = logits.numpy()
         counts = np.full(n, k, dtype=np.int32)
         ids = np.ascontiguousarray(next_token_ids, dtype=np.int32)
-        lps, rank, top_ids, top_lps = (a if isinstance(a, np.ndarray) else a.numpy()
-                                       for a in ops.compute_logprobs(logits, ids, counts))
+        lps, rank, top_ids, top_lps = _host(*ops.compute_logprobs(logits, ids, counts))
         return token_logprobs(ids, lps, rank, top_ids, top_lps, counts)
