@@ -74,7 +74,7 @@ def profile(name: str, layers: int, batch: int, ctx: int, out_dir: str,
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
 
     runner = llm.llm_engine.model_runner
-    graph = runner.graphs[batch]
+    graph = runner.decode_capture.steps[batch]
     stage_decode(runner, batch, ctx)
     for _ in range(5):
         graph.replay()

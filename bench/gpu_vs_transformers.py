@@ -129,7 +129,7 @@ def stage_decode(runner, b: int, ctx: int) -> None:
     runner.seq_lens[:b] = ctx
     runner.query_start_loc[:b + 1] = np.arange(b + 1)
     runner.block_table[:b, :nblk] = np.arange(b * nblk).reshape(b, nblk)
-    runner._stage(b, b, max_query_len=1)
+    runner._inputs(b, b, max_query_len=1)
 
 
 def vllmx_worker(path, batches, input_len, output_len, vocab) -> dict:
@@ -170,7 +170,7 @@ def vllmx_worker(path, batches, input_len, output_len, vocab) -> dict:
         # The GPU time of one decode step (its CUDA graph replayed alone): the rest of a step's
         # time is the host (scheduler, input copy, sampler, outputs).
         runner = llm.llm_engine.model_runner
-        graph = runner.graphs.get(b)
+        graph = runner.decode_capture.steps.get(b)
         if graph is not None:
             # Restage a decode step at mid-generation context: the last real step may have
             # been another bucket's layout.

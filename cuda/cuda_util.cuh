@@ -120,6 +120,45 @@ __device__ __forceinline__ float activate(float g) {
   }
 }
 
+// ---- block reductions (every thread of the block calls them; all get the block's result) ----
+// A value of any 4-byte-multiple type exchanged across lanes word by word (an index, a
+// (value, id) pair).
+template <typename T>
+__device__ __forceinline__ T shfl_xor(T v, int lane_mask) {
+  static_assert(sizeof(T) % 4 == 0, "shfl_xor moves 32-bit words");
+  int w[sizeof(T) / 4];
+  memcpy(w, &v, sizeof(T));
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(T) / 4); ++i)
+    w[i] = __shfl_xor_sync(0xffffffffu, w[i], lane_mask);
+  memcpy(&v, w, sizeof(T));
+  return v;
+}
+
+// op over the block's kThreads values: a butterfly in each warp, then the warps' results in
+// warp order, so the result's bits do not depend on timing. op must be associative.
+template <int kThreads, typename T, typename Op>
+__device__ T block_reduce(T v, Op op) {
+  static_assert(kThreads % 32 == 0, "whole warps");
+  __shared__ T part[kThreads / 32];
+  __syncthreads();  // the previous call's readers are done with part
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, shfl_xor(v, o));
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  T r = part[0];
+  for (int w = 1; w < kThreads / 32; ++w) r = op(r, part[w]);
+  return r;
+}
+struct Sum {
+  template <typename T>
+  __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct Max {
+  template <typename T>
+  __device__ T operator()(T a, T b) const { return a > b ? a : b; }
+};
+
 inline unsigned int blocks_for(int64_t n, int threads) {
   const int64_t b = (n + threads - 1) / threads;
   return static_cast<unsigned int>(b < 1 ? 1 : (b > 65535 * 16 ? 65535 * 16 : b));

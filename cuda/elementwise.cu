@@ -258,6 +258,19 @@ __global__ void act_and_mul_kernel(T* out, const T* x, int64_t rows, int64_t d, 
   }
 }
 
+// ---- softcap ----
+template <typename T>
+__global__ void softcap_kernel(T* x, int64_t rows, int64_t d, int64_t stride, float cap) {
+  pdl_begin();
+  const int64_t n = rows * d;
+  const float inv = 1.0f / cap;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    T* v = x + (e / d) * stride + e % d;
+    *v = from_f32<T>(cap * tanhf(to_f32(*v) * inv));
+  }
+}
+
 // ---- write_kv_cache ----
 template <typename TA, typename TC>
 __global__ void write_kv_cache_kernel(const TA* key, const TA* value, TC* key_cache,
@@ -479,6 +492,22 @@ void gelu_and_mul(const Tensor& out, const Tensor& x, bool approximate_tanh) {
     act_impl<Act::kGeluErf>("cuda.gelu_and_mul", out, x);
 }
 
+void softcap(const Tensor& x, float cap) {
+  const char* op = "cuda.softcap";
+  check_rows(x, op, "x");
+  check_act(x, op, "x");
+  check_ndim(x, 2, op, "x");
+  VLLMX_CHECK(cap > 0.0f && std::isfinite(cap), op, "cap must be a positive number");
+  const int64_t rows = x.shape[0], d = x.shape[1];
+  if (rows * d == 0) return;
+  dispatch_float(x.dtype, op, [&](auto v) {
+    using T = decltype(v);
+    launch(softcap_kernel<T>, blocks_for(rows * d, kThreads), kThreads, 0, stream(),
+        x.ptr<T>(), rows, d, x.stride[0], cap);
+  });
+  check_launch(op);
+}
+
 void write_kv_cache(const Tensor& key, const Tensor& value, const Tensor& key_cache,
                     const Tensor& value_cache, const Tensor& slot_mapping) {
   // The shapes are the op's contract (csrc/ops.cpp), checked before this runs.
@@ -601,6 +630,7 @@ VLLMX_KERNEL(add_rms_norm, kCUDA, add_rms_norm);
 VLLMX_KERNEL(rotary, kCUDA, rotary);
 VLLMX_KERNEL(silu_and_mul, kCUDA, silu_and_mul);
 VLLMX_KERNEL(gelu_and_mul, kCUDA, gelu_and_mul);
+VLLMX_KERNEL(softcap, kCUDA, softcap);
 VLLMX_KERNEL(write_kv_cache, kCUDA, write_kv_cache);
 VLLMX_KERNEL(qk_norm_rope_cache, kCUDA, qk_norm_rope_cache);
 VLLMX_KERNEL(copy_columns, kCUDA, copy_columns);

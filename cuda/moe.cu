@@ -24,30 +24,9 @@ __device__ __forceinline__ bool beats(Best a, Best b) {
   return a.id >= 0 && (b.id < 0 || a.v > b.v || (a.v == b.v && a.id < b.id));
 }
 
-__device__ Best block_best(Best b, Best* scratch) {
-  for (int o = 16; o > 0; o >>= 1) {
-    Best other{__shfl_xor_sync(0xffffffffu, b.v, o), __shfl_xor_sync(0xffffffffu, b.id, o)};
-    if (beats(other, b)) b = other;
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();
-  if (lane == 0) scratch[warp] = b;
-  __syncthreads();
-  Best r = scratch[0];
-  for (int w = 1; w < kThreads / 32; ++w)
-    if (beats(scratch[w], r)) r = scratch[w];
-  return r;
-}
-
-__device__ float block_sum(float v, float* scratch) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float r = 0.0f;
-  for (int w = 0; w < kThreads / 32; ++w) r += scratch[w];
-  return r;
+// The block's best (value, id) pair.
+__device__ Best block_best(Best b) {
+  return block_reduce<kThreads>(b, [](Best x, Best y) { return beats(y, x) ? y : x; });
 }
 
 template <typename T>
@@ -57,8 +36,6 @@ __global__ void topk_softmax_kernel(float* __restrict__ weights, int32_t* __rest
                                     bool renormalize) {
   pdl_begin();
   extern __shared__ float row[];  // E logits, then E chosen flags
-  __shared__ Best best_scratch[kThreads / 32];
-  __shared__ float sum_scratch[kThreads / 32];
   bool* chosen = reinterpret_cast<bool*>(row + E);
   const int64_t t = blockIdx.x;
   const T* g = gating + t * g_stride;
@@ -70,17 +47,17 @@ __global__ void topk_softmax_kernel(float* __restrict__ weights, int32_t* __rest
   Best top{-FLT_MAX, -1};
   for (int e = threadIdx.x; e < E; e += kThreads)
     if (beats(Best{row[e], e}, top)) top = Best{row[e], e};
-  const float m = block_best(top, best_scratch).v;
+  const float m = block_best(top).v;
   float s = 0.0f;
   if (!renormalize)
     for (int e = threadIdx.x; e < E; e += kThreads) s += expf(row[e] - m);
-  const float denom_all = renormalize ? 0.0f : block_sum(s, sum_scratch);
+  const float denom_all = renormalize ? 0.0f : block_reduce<kThreads>(s, Sum{});
   float picked_sum = 0.0f;
   for (int j = 0; j < k; ++j) {
     Best b{-FLT_MAX, -1};
     for (int e = threadIdx.x; e < E; e += kThreads)
       if (!chosen[e] && beats(Best{row[e], e}, b)) b = Best{row[e], e};
-    b = block_best(b, best_scratch);
+    b = block_best(b);
     if (threadIdx.x == 0) {
       chosen[b.id] = true;
       ids[t * i_stride + j] = b.id;

@@ -32,28 +32,6 @@ constexpr int kWarps = kT / 32;
 
 using rng::uniform01;  // csrc/sampling/rng.h: the same stream as the CPU sampler
 
-// ---- block primitives (every thread of the block calls them; all return the block result) ----
-template <typename T, typename Op>
-__device__ T block_reduce(T v, Op op) {
-  __shared__ T part[kWarps];
-  __syncthreads();
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
-  __syncthreads();
-  T r = part[0];
-  for (int w = 1; w < kWarps; ++w) r = op(r, part[w]);
-  return r;
-}
-struct Sum {
-  template <typename T>
-  __device__ T operator()(T a, T b) const { return a + b; }
-};
-struct Max {
-  template <typename T>
-  __device__ T operator()(T a, T b) const { return a > b ? a : b; }
-};
-
 // Exclusive prefix sum over the threads in thread order.
 __device__ uint64_t block_exclusive_scan(uint64_t v) {
   __shared__ uint64_t warp_total[kWarps];
@@ -226,7 +204,7 @@ __device__ double row_log_sum_exp(const float* l, int64_t V, float lmax) {
   scan_row(l, V, [&](float v, int64_t) {
     if (v == v) s += expf(v - lmax);
   });
-  s = block_reduce(s, Sum{});
+  s = block_reduce<kT>(s, Sum{});
   return static_cast<double>(lmax) + log(s);
 }
 
@@ -235,7 +213,7 @@ __device__ float row_max(const float* l, int64_t V) {
   scan_row(l, V, [&](float v, int64_t) {
     if (v > best) best = v;  // NaN never compares greater
   });
-  return block_reduce(best, Max{});
+  return block_reduce<kT>(best, Max{});
 }
 
 __global__ void __launch_bounds__(kT) sample_kernel(
@@ -255,8 +233,8 @@ __global__ void __launch_bounds__(kT) sample_kernel(
       arg = i;
     }
   });
-  const float lmax = block_reduce(best, Max{});
-  arg = block_reduce(best == lmax ? arg : LLONG_MAX, [](int64_t a, int64_t c) {
+  const float lmax = block_reduce<kT>(best, Max{});
+  arg = block_reduce<kT>(best == lmax ? arg : LLONG_MAX, [](int64_t a, int64_t c) {
     return a < c ? a : c;
   });
   if (arg == LLONG_MAX) arg = 0;  // every logit NaN
@@ -273,8 +251,8 @@ __global__ void __launch_bounds__(kT) sample_kernel(
       z += row.fixed(w);
       n_pos += w > 0.0f;
     }
-    z = block_reduce(z, Sum{});
-    n_pos = block_reduce(n_pos, Sum{});
+    z = block_reduce<kT>(z, Sum{});
+    n_pos = block_reduce<kT>(n_pos, Sum{});
 
     const int32_t k = top_k[b];
     if (k > 0 && static_cast<uint64_t>(k) < n_pos) {
@@ -289,7 +267,7 @@ __global__ void __launch_bounds__(kT) sample_kernel(
         const float w = row.weight(i);
         if (kept.keeps(w, i)) zk += row.fixed(w);
       }
-      z = block_reduce(zk, Sum{});
+      z = block_reduce<kT>(zk, Sum{});
     }
 
     const float p = top_p[b];
@@ -334,7 +312,7 @@ __global__ void __launch_bounds__(kT) sample_kernel(
       int64_t last = -1;
       for (int64_t i = threadIdx.x; i < V; i += kT)
         if (kept.keeps(row.weight(i), i)) last = i;
-      token = block_reduce(last, Max{});
+      token = block_reduce<kT>(last, Max{});
       if (token < 0) token = arg;
     }
   }
@@ -399,7 +377,7 @@ __global__ void __launch_bounds__(kT) logprobs_kernel(
   const int64_t k = min(static_cast<int64_t>(num_logprobs[n]), V);
   int64_t above = 0;
   scan_row(l, V, [&](float v, int64_t) { above += v > x; });
-  above = block_reduce(above, Sum{});
+  above = block_reduce<kT>(above, Sum{});
   if (threadIdx.x == 0) {
     out_lp[n] = static_cast<float>(x - lse);
     out_rank[n] = k < 0 ? 0 : static_cast<int32_t>(1 + above);
@@ -413,7 +391,7 @@ __global__ void __launch_bounds__(kT) logprobs_kernel(
         const uint64_t key = rank_key(v, i);
         if (key < prev && key > best) best = key;
       });
-      prev = block_reduce(best, Max{});
+      prev = block_reduce<kT>(best, Max{});
     }
     if (threadIdx.x == 0) {
       const int64_t id = 0xFFFFFFFFu - static_cast<uint32_t>(prev);

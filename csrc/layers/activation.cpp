@@ -1,6 +1,7 @@
 #include "core/kernel_pragmas.h"
 
 #include <cmath>
+#include <string>
 
 #include "core/op_table.h"
 #include "core/cpu_features.h"
@@ -127,7 +128,31 @@ void gelu_and_mul(const Tensor& out, const Tensor& x, bool approximate_tanh, boo
   }
 }
 
+// cap * tanh(x / cap). The fast path is scalar float tanh: a logits row costs a few
+// microseconds against the lm_head that produced it.
+void softcap(const Tensor& x, float cap, bool reference) {
+  const char* op = "softcap";
+  check_dtype(x, DType::F32, op, "x");
+  check_ndim(x, 2, op, "x");
+  VLLMX_CHECK(cap > 0.0f && std::isfinite(cap), op, "cap must be a positive number, got " +
+              std::to_string(cap));
+  VLLMX_CHECK(x.stride[1] == 1, op, "x " + x.str() + " must have contiguous rows");
+  const int64_t rows = x.shape[0], d = x.shape[1];
+  const float inv = 1.0f / cap;
+#pragma omp parallel for if (rows * d > 65536) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* v = x.ptr<float>() + r * x.stride[0];
+    if (reference) {
+      for (int64_t i = 0; i < d; ++i)
+        v[i] = static_cast<float>(cap * std::tanh(static_cast<double>(v[i]) / cap));
+    } else {
+      for (int64_t i = 0; i < d; ++i) v[i] = cap * std::tanh(v[i] * inv);
+    }
+  }
+}
+
 VLLMX_KERNEL(silu_and_mul, kCPU, silu_and_mul);
 VLLMX_KERNEL(gelu_and_mul, kCPU, gelu_and_mul);
+VLLMX_KERNEL(softcap, kCPU, softcap);
 
 }  // namespace vllmx

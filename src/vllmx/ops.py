@@ -77,10 +77,12 @@ def _rows(table) -> int:
     return table.shape[-1] // type_size * block_size if quantized else table.shape[-1]
 
 
-def embedding(ids, table, out_dtype: int | None = None):
+def embedding(ids, table, out_dtype: int | None = None, out=None):
     """table[ids]: [T, H] rows, dequantized. On the host f32; on the GPU out_dtype (default: the
-    table's dtype if dense, else bf16)."""
-    if isinstance(ids, DeviceArray):
+    table's dtype if dense, else bf16), or into out when given."""
+    if out is not None:
+        pass
+    elif isinstance(ids, DeviceArray):
         if out_dtype is None:
             out_dtype = table.dtype if table.dtype in (F32, F16, BF16) else BF16
         out = DeviceArray.empty((ids.shape[0], _rows(table)), out_dtype)
@@ -249,14 +251,17 @@ def paged_attention(q, key_cache, value_cache, block_table, query_start_loc, seq
     return out
 
 
-def sample(logits, temperature, top_k, top_p, min_p, rng_state, with_logprobs: bool = True):
+def sample(logits, temperature, top_k, top_p, min_p, rng_state, with_logprobs: bool = True,
+           out: tuple | None = None):
     """Token ids (int32 [B]) and their log-probs under the given logits (float32 [B]; None
-    without with_logprobs), on logits' device. rng_state (uint64 [B, 2]) is advanced in place."""
-    b = logits.shape[0]
-    ids = _empty(logits, (b,), np.int32)
-    logprobs = _empty(logits, (b,), np.float32) if with_logprobs else None
-    _C.ops.sample(ids, logprobs, logits, temperature, top_k, top_p, min_p, rng_state)
-    return ids, logprobs
+    without with_logprobs), on logits' device. rng_state (uint64 [B, 2]) is advanced in place.
+    out: (ids, logprobs or None) to write instead (the GPU sampler's staging buffer)."""
+    if out is None:
+        b = logits.shape[0]
+        out = (_empty(logits, (b,), np.int32),
+               _empty(logits, (b,), np.float32) if with_logprobs else None)
+    _C.ops.sample(*out, logits, temperature, top_k, top_p, min_p, rng_state)
+    return out
 
 
 def apply_logits_processors(logits, **groups: np.ndarray) -> None:
@@ -298,6 +303,12 @@ def gelu_and_mul(x, approximate: str = "none"):
     out = _empty(x, (x.shape[0], x.shape[1] // 2))
     _C.ops.gelu_and_mul(out, x, approximate == "tanh")
     return out
+
+
+def softcap(x, cap: float):
+    """x = cap * tanh(x / cap) in place (Gemma's logit soft-capping); returns x."""
+    _C.ops.softcap(x, cap)
+    return x
 
 
 # Weight types `quantize_weight` writes (GGML ids): the k-quants and the 32-block types.

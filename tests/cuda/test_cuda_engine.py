@@ -93,7 +93,7 @@ def test_graphs_on_and_off_give_identical_tokens(checkpoints):
     results = []
     for eager in (False, True):
         llm = _llm(checkpoints["qwen3"], enforce_eager=eager, max_num_seqs=16)
-        assert bool(llm.llm_engine.model_runner.graphs) != eager
+        assert bool(llm.llm_engine.model_runner.decode_capture.steps) != eager
         results.append([o.outputs[0].token_ids for o in llm.generate(prompts, params)])
         del llm
     assert results[0] == results[1], f"seed {SEED}"

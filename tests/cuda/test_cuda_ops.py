@@ -186,6 +186,16 @@ def test_act_and_mul(rng, dtype, act):
     assert_close(as_f32(out.numpy(), dtype), ref, dtype, act)
 
 
+@pytest.mark.parametrize("dtype", ACT)
+def test_softcap(rng, dtype):
+    x = rounded(rng.standard_normal((9, 3000)).astype(np.float32) * 40, dtype)
+    ref = x.copy()
+    _C.ops.softcap(ref, 30.0)
+    out = dev(x, dtype)
+    _C.ops.softcap(out, 30.0)
+    assert_close(as_f32(out.numpy(), dtype), ref, dtype, "softcap")
+
+
 # ---- KV cache ----
 @pytest.mark.parametrize("cache_dtype", ACT)
 @pytest.mark.parametrize("dtype", ACT)

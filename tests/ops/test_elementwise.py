@@ -146,6 +146,21 @@ def test_gelu_and_mul(approximate, reference):
     assert rel_err(out, g * cdf * u) < 1e-5
 
 
+@pytest.mark.parametrize("reference", [False, True])
+def test_softcap(reference):
+    x = (rng.standard_normal((6, 1000)) * 40).astype(np.float32)
+    x[0, :3] = [0.0, 1e-4, -3e3]  # identity near 0, saturation far out
+    ref = 30.0 * np.tanh(x.astype(np.float64) / 30.0)
+    got = x.copy()
+    _C.ops.softcap(got, 30.0, reference=reference)
+    assert np.abs(got).max() <= 30.0 and rel_err(got, ref) < 1e-6
+
+
+def test_softcap_rejects_bad_cap():
+    with pytest.raises(ValueError, match="softcap: cap must be a positive number"):
+        _C.ops.softcap(np.ones((2, 3), np.float32), 0.0)
+
+
 def test_gelu_and_mul_forms_differ():
     # gelu's two forms differ by up to ~5e-4 near |x| = 2: far above f32 rounding.
     x = np.concatenate([np.linspace(-4, 4, 256), np.ones(256)]).astype(np.float32)[None, :]

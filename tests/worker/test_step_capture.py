@@ -129,17 +129,22 @@ def run(model: str, enforce_eager: bool, prompts, params, **kw):
     llm = LLM(model, skip_tokenizer_init=True, enforce_eager=enforce_eager, device="cpu", **kw)
     engine = llm.llm_engine
     digests = []
-    compute_logits = engine.model.compute_logits
+    sampler = engine.model_runner.sampler
 
-    def logged(hidden):
-        logits = compute_logits(hidden)
-        digests.append(hashlib.sha256(bits(logits)).hexdigest())
-        return logits
+    class Logged:
+        """The sampler, noting a digest of the logits of every step."""
 
-    engine.model.compute_logits = logged
+        def __call__(self, logits, smd):
+            digests.append(hashlib.sha256(bits(logits)).hexdigest())
+            return sampler(logits, smd)
+
+        def __getattr__(self, name):
+            return getattr(sampler, name)
+
+    engine.model_runner.sampler = Logged()
     outs = llm.generate(prompts, params)
     return ([o.outputs[0].token_ids for o in outs], digests,
-            sorted(engine.model_runner.step_tapes))
+            sorted(engine.model_runner.decode_capture.steps))
 
 
 def staggered(vocab: int, n: int, seed: int, max_tokens: int = 24):

@@ -281,8 +281,8 @@ class Sampler:
         self._pinned.copy_to_device(buf, offsets["ids"])
         dev = {name: DeviceArray(buf, dt, (b, 2) if name == "rng" else (b,), offsets[name])
                for name, _, dt in fields}
-        _C.ops.sample(dev["ids"], dev["logprobs"] if fused else None, logits,
-                      dev["temperature"], dev["top_k"], dev["top_p"], dev["min_p"], dev["rng"])
+        ops.sample(logits, dev["temperature"], dev["top_k"], dev["top_p"], dev["min_p"],
+                   dev["rng"], out=(dev["ids"], dev["logprobs"] if fused else None))
         if not fused:
             lps, rank, top_ids, top_lps = ops.compute_logprobs(raw, dev["ids"], md.num_logprobs)
         self._pinned.copy_from_device(buf, off)

@@ -208,7 +208,6 @@ class Gemma3ForCausalLM:
 
     def compute_logits(self, hidden: np.ndarray) -> np.ndarray:
         logits = self.lm_head(np.ascontiguousarray(hidden))
-        cap = self.final_logit_softcapping
-        if cap > 0:
-            logits = np.tanh(logits / np.float32(cap)) * np.float32(cap)
+        if self.final_logit_softcapping > 0:
+            ops.softcap(logits, self.final_logit_softcapping)
         return logits

@@ -158,8 +158,8 @@ class CudaWorker(WorkerBase):
             report.parts.append("CUDA graphs off (enforce_eager)")
         else:
             before, t0 = report.used(), time.perf_counter()
-            sizes = runner.decode_buckets
-            runner.capture_cudagraphs(sizes)
+            runner.capture_model()
+            sizes = runner.decode_capture.sizes
             report.parts.append(f"CUDA graphs for {len(sizes)} decode batch sizes up to "
                                 f"{sizes[-1]} ({(report.used() - before) / 2**20:.0f} MiB, "
                                 f"{time.perf_counter() - t0:.1f}s)")

@@ -1,10 +1,9 @@
 """Turns a SchedulerOutput into one model forward over a mixed batch of prefill chunks and
 decodes, then samples. Per-step inputs are built on the host in persistent, preallocated
-buffers (sliced each step). Pure decode steps run padded to a batch-size bucket (vLLM's
-cudagraph_capture_sizes) and replay that bucket's capture: a CUDA graph on the GPU (the inputs
-travel in one copy to a persistent device buffer), a native op tape on the CPU
-(worker/step_capture.py; the CPU pads only replayed steps). No Python runs inside such a
-step's forward."""
+buffers (sliced each step; on the GPU they travel in one copy to a persistent device buffer).
+Pure decode steps run padded to a batch-size bucket and replay that bucket's capture
+(worker/decode_capture.py: CUDA graphs on the GPU, native op tapes on the CPU), so no Python
+runs inside such a step's forward."""
 
 from __future__ import annotations
 
@@ -23,8 +22,14 @@ from vllmx.core.sched_output import (
 from vllmx.layers.attention import AttentionMetadata
 from vllmx.layers.sampler import RequestSamplingState, Sampler, SamplingMetadata
 from vllmx.sampling_params import SamplingParams
+from vllmx.worker.decode_capture import (
+    CudaGraphs,
+    DecodeCapture,
+    StepTapes,
+    cudagraph_capture_sizes,
+)
 from vllmx.worker.input_batch import InputBatch
-from vllmx.worker.step_capture import CapturedStep, LongLived, capture
+from vllmx.worker.step_capture import LongLived
 
 logger = logging.getLogger("vllmx")
 
@@ -67,15 +72,6 @@ class CachedRequestState:
         return len(self.token_ids) - self.num_prompt_tokens
 
 
-def cudagraph_capture_sizes(max_num_seqs: int) -> list[int]:
-    """vLLM's default decode buckets: 1, 2, 4, then every multiple of 8, up to max_num_seqs
-    (at most 512); a batch runs in the smallest bucket that holds it."""
-    sizes = [s for s in [1, 2, 4] + list(range(8, 513, 8)) if s <= max_num_seqs]
-    if max_num_seqs <= 512 and max_num_seqs not in sizes:
-        sizes.append(max_num_seqs)
-    return sorted(sizes)
-
-
 class ModelRunner:
     def __init__(self, model, kv_caches, cache_dtype: int, block_size: int,
                  max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, seed: int,
@@ -100,14 +96,16 @@ class ModelRunner:
         # table the kernels read is its array.
         self.input_batch = InputBatch(b, max_model_len, block_size)
         self.block_table = self.input_batch.block_table
-        self.decode_buckets = cudagraph_capture_sizes(min(b, t))
-        self.graphs = {}  # GPU: decode bucket -> the CudaGraph of its forward and logits
-        # CPU: bucket -> its step tape, recorded the first time the bucket runs (a capture is
-        # one ordinary forward plus one replay, so nothing is spent on buckets never used).
-        # enforce_eager: none, as on the GPU (the engine then never calls capture_cudagraphs).
-        self.capture_decode = device != "cuda" and not enforce_eager
-        self.step_tapes: dict[int, CapturedStep] = {}
-        self._long_lived: LongLived | None = None
+        sizes = cudagraph_capture_sizes(min(b, t))
+        if enforce_eager:
+            self.decode_capture = DecodeCapture(sizes)
+        elif device == "cuda":
+            self.decode_capture = CudaGraphs(sizes)
+        else:
+            self.decode_capture = StepTapes(sizes, lambda: LongLived(
+                self.model, self.kv_caches, self.input_ids, self.positions, self.slot_mapping,
+                self.query_start_loc, self.seq_lens, self.block_table))
+        self._decode_logits = None  # GPU: the decode buckets' f32 logits (below)
         if device == "cuda":
             from vllmx._C import CudaEvent, PinnedHostBuffer
             from vllmx.device import F32, I32, DeviceArray
@@ -125,7 +123,7 @@ class ModelRunner:
             self._dev_staging = DeviceArray.empty((n,), I32)
             # A decode bucket's f32 logits land here (graphs or not): one buffer for every
             # bucket, allocated before any capture so that no graph's scratch overlaps it.
-            size = self.decode_buckets[-1]
+            size = self.decode_capture.sizes[-1]
             self._rows = DeviceArray.from_numpy(np.arange(size, dtype=np.int32))
             self._decode_logits = DeviceArray.empty((size, model.vocab_size), F32)
 
@@ -171,82 +169,44 @@ class ModelRunner:
             1, size - nb + 1, dtype=np.int32)
         self.block_table[nb:size] = 0
 
-    def _decode_forward(self, size: int, ids, pos, md):
-        """A decode bucket's forward and f32 logits (into the shared _decode_logits rows): what
-        a graph captures, and what an eager decode step runs, so both give the same tokens."""
-        from vllmx import _C
-
-        hidden = self.model.forward(ids, pos, md)
-        _C.ops.embedding(self._decode_logits[:size], self._rows[:size],
-                         self.model.compute_logits(hidden))
-
-    def capture_cudagraphs(self, sizes: list[int]) -> None:
-        """Captures the decode step for each batch size (largest first, so that grow-only
-        scratch buffers reach their final size before the smaller graphs bake them in)."""
-        from vllmx._C import CudaGraph, cuda_synchronize
-
-        self.query_start_loc[0] = 0
-        for size in sorted(sizes, reverse=True):
-            self._pad_decode(0, size)
-            ids, pos, md = self._stage(size, size, max_query_len=1)
-            self._decode_forward(size, ids, pos, md)  # warm-up: the allocator and scratch settle
-            cuda_synchronize()
-            graph = CudaGraph()
-            graph.capture_begin()
-            try:
-                self._decode_forward(size, ids, pos, md)
-            finally:
-                graph.capture_end()
-            self.graphs[size] = graph
-        cuda_synchronize()
-
-    # -- CPU: host buffers as they are, step tapes for decode -------------------------------
-    def _host_forward(self, t: int, nb: int):
+    def _inputs(self, t: int, nb: int, max_query_len: int = 0) -> tuple:
+        """(input ids, positions, AttentionMetadata) of the first t tokens / nb requests, where
+        the model reads them: the host buffers' slices, or their device copy."""
+        if self.device == "cuda":
+            return self._stage(t, nb, max_query_len)
         md = AttentionMetadata(self.slot_mapping[:t], self.block_table[:nb],
                                self.query_start_loc[:nb + 1], self.seq_lens[:nb],
-                               self.kv_caches, self.cache_dtype)
-        return self.model.forward(self.input_ids[:t], self.positions[:t], md)
+                               self.kv_caches, self.cache_dtype, max_query_len)
+        return self.input_ids[:t], self.positions[:t], md
 
-    def _forward_cpu(self, t: int, nb: int, decode_only: bool):
-        size = self._bucket(nb) if decode_only and self.capture_decode else None
-        if size is None:
-            return self._host_forward(t, nb)
-        # Only replayed steps are padded: the CPU kernels compute each row on its own, so pad
-        # rows never change real ones and eager steps give the same bits unpadded
-        # (tests/worker/test_step_capture.py checks replay against eager bit for bit).
+    def _decode_forward(self, size: int, inputs: tuple):
+        """A decode bucket's forward and f32 logits: what a capture records, and what an eager
+        decode step runs, so both give the same tokens. On the GPU the logits land in the
+        buffer every bucket shares (a graph's output must stay put)."""
+        logits = self.model.compute_logits(self.model.forward(*inputs))
+        if self._decode_logits is None:
+            return logits  # the host's logits are f32; a tape's arena keeps them in place
+        return ops.embedding(self._rows[:size], logits, out=self._decode_logits[:size])
+
+    def _prepare_decode(self, nb: int, size: int):
+        """Pads rows nb..size and stages the bucket's inputs; returns the bucket's forward."""
         self._pad_decode(nb, size)
-        step = self.step_tapes.get(size)
-        if step is not None:
-            return step.replay()
-        if self._long_lived is None:
-            self._long_lived = LongLived(self.model, self.kv_caches, self.input_ids,
-                                         self.positions, self.slot_mapping,
-                                         self.query_start_loc, self.seq_lens, self.block_table)
-        step, hidden = capture(lambda: self._host_forward(size, size), self._long_lived)
-        self.step_tapes[size] = step
-        return hidden
+        inputs = self._inputs(size, size, max_query_len=1)
+        return lambda: self._decode_forward(size, inputs)
 
-    def _bucket(self, nb: int) -> int | None:
-        """The smallest decode bucket that holds nb requests (None: above the largest)."""
-        return next((s for s in self.decode_buckets if s >= nb), None)
+    def capture_model(self) -> None:
+        """vLLM's capture_model: the decode buckets this device captures at start-up (the GPU's
+        graphs; the CPU records its tapes as buckets first run)."""
+        self.query_start_loc[0] = 0
+        self.decode_capture.capture_all(lambda size: self._prepare_decode(0, size))
 
     def _forward(self, t: int, nb: int, decode_only: bool):
-        """(hidden states, f32 logits of the nb sampled rows or None to compute them)."""
-        if self.device != "cuda":
-            return self._forward_cpu(t, nb, decode_only), None
-        size = self._bucket(nb) if decode_only else None
+        """(hidden states, None) or, for a decode bucket, (None, f32 logits of the nb rows)."""
+        size = self.decode_capture.bucket(nb) if decode_only else None
         if size is None:
-            ids, pos, md = self._stage(t, nb)
-            return self.model.forward(ids, pos, md), None
-        # A decode step runs padded to its bucket with or without graphs, so that both run the
-        # same kernels on the same shapes (enforce_eager gives the same tokens).
-        self._pad_decode(nb, size)
-        ids, pos, md = self._stage(size, size, max_query_len=1)
-        if size in self.graphs:
-            self.graphs[size].replay()
-        else:
-            self._decode_forward(size, ids, pos, md)
-        return None, self._decode_logits[:nb]
+            return self.model.forward(*self._inputs(t, nb)), None
+        logits = self.decode_capture.run(size, self._prepare_decode(nb, size))
+        return None, logits[:nb]
 
     def profile_run(self) -> None:
         """vLLM's profile_run: one forward of the largest step the scheduler can form

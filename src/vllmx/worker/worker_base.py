@@ -37,7 +37,9 @@ class WorkerBase(ABC):
         self.model_runner over it."""
 
     def compile_or_warm_up_model(self) -> None:
-        """Whatever the device does before serving (CUDA: capture the decode graphs)."""
+        """Captures the decode buckets this device captures at start-up (the GPU's graphs; the
+        CPU's tapes are recorded as buckets first run)."""
+        self.model_runner.capture_model()
 
 
 def kv_block_bytes(hf_config: dict, block_size: int, itemsize: int) -> int:
