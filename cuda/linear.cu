@@ -2,7 +2,9 @@
 //
 // Kernel families, picked by plan_linear() on the host (the kernels hold no policy):
 // - gemv_kernel (cuda/gemv.cu; T <= 4, decode): memory-bound, streams w once.
-// - gemm_kernel (T > 4): tensor cores (mma.sync m16n8k16, f32 accumulate) over a multistage
+// - gemm_skinny_kernel (cuda/gemm_skinny.cu; 4 < T <= 128, x and w of one dtype): w rows on the
+//   mma's M side and split-K, so that small batches stream w at the bandwidth limit.
+// - gemm_kernel (other T > 4): tensor cores (mma.sync m16n8k16, f32 accumulate) over a multistage
 //   cp.async pipeline. x tiles always arrive by cp.async; w tiles too when w has x's dtype,
 //   otherwise (the other 16-bit type, Q8_0/Q4_0/Q4_1) they are loaded into registers one tile
 //   ahead and dequantized into shared memory as x's dtype before the mma.
@@ -239,7 +241,7 @@ __global__ void linear_generic_kernel(LinearArgs a, DType x_code, DType w_code) 
 
 // ------------------------------------------------------------------ host: plan and launch
 
-enum class Path { kGeneric, kGemv, kGemmSmall, kGemmLarge, kSm90 };
+enum class Path { kGeneric, kGemv, kSkinny, kGemmSmall, kGemmLarge, kSm90 };
 
 struct LinearPlan {
   Path path = Path::kGeneric;
@@ -318,6 +320,13 @@ LinearPlan plan_linear(const Tensor& out, const Tensor& x, const Tensor& w, int6
     // GEMV streams w once; T = 1 gets its own instantiation (fewer registers, no row guards).
     p.path = Path::kGemv;
     p.max_t = T == 1 ? 1 : kGemvMaxT;
+    return p;
+  }
+  // The skinny GEMM streams w for small T: always up to 64 rows, and up to 128 where CUTLASS's
+  // 128-row tiles would leave SMs idle (a 4096-wide projection is 32 of them).
+  const int64_t sm90_tiles = (T + 127) / 128 * ((N + 127) / 128);
+  if (p.wk == kWSame && T <= kSkinnyMaxT && (T <= 64 || sm90_tiles < num_sms())) {
+    p.path = Path::kSkinny;
     return p;
   }
   if (plan_sm90(p, out, x, w, T, N, K)) return p;
@@ -426,6 +435,8 @@ void run_linear(const LinearPlan& p, const LinearArgs& a, DType xt, DType wt) {
                          a.out_stride, xt == DType::BF16, num_sms()};
     sm90_gemm(g, p.sm90_tile, s);
 #endif
+  } else if (p.path == Path::kSkinny) {
+    launch_gemm_skinny(a, xt == DType::BF16, s);
   } else if (p.path == Path::kGeneric) {
     const int64_t n = static_cast<int64_t>(a.T) * a.N;
     const int threads = 128;
