@@ -1,15 +1,18 @@
-// The skinny GEMM: out[T, N] = x[T, K] @ w[N, K]^T for 4 < T <= 128 (decode batches, short
-// chunks), x and w of one 16-bit dtype. There the product is bound by streaming w (T FLOP per
+// The skinny GEMM: out[T, N] = x[T, K] @ w[N, K]^T for 4 < T <= 32 (decode batches), x and w of
+// one 16-bit dtype. There the product is bound by streaming w (T FLOP per
 // weight byte against the H200's ~200 FLOP/byte ridge), so the kernel is built to keep HBM busy:
 // - swapped operands: w rows are the mma's M side (16 per warp, 64 per CTA) and the T tokens its
 //   N side, so a batch of 8 pads to one 16-token tile instead of a 32- or 128-row x tile;
 // - split-K: when N alone gives too few CTAs (a 4096-wide projection is 64 tiles on 132 SMs),
-//   the K range is split so that every SM streams several CTAs' tiles at once; each split writes
+//   the K range is split so that every SM streams two CTAs' tiles at once; each split writes
 //   f32 partials and the last CTA of a tile (an atomic ticket) adds them in split order, so the
 //   result's bits do not depend on which CTA finished first, nor on T (a row's output is the
 //   same in any batch that takes this path);
-// - a cp.async pipeline of 4-5 stages, whose first weight tiles are requested before the
+// - a deep cp.async pipeline (6-8 stages: under full load HBM latency is ~2 us, and an SM needs
+//   ~100 KB in flight to stream its share), whose first weight tiles are requested before the
 //   programmatic-dependent-launch wait (w is never the previous kernel's output; x may be).
+// Measured on the H200 (bench/gpu_kernels_vs_torch.py): from T = 64 on, the mma.sync GEMM and
+// CUTLASS's wgmma GEMM do better (the swapped tile reloads x's fragments in every warp).
 #include <algorithm>
 
 #include "linear.cuh"
@@ -27,9 +30,9 @@ constexpr int kCpr = kBK / 8;  // 16-byte chunks per tile row
 constexpr int kMaxSplits = 16;
 constexpr int kMinTilesPerSplit = 4;  // enough K per split to fill the pipeline
 
-// Stages by token tile: 2-3 CTAs fit an SM's shared memory at every width.
+// Stages by token tile: two CTAs fit an SM's shared memory at either width.
 template <int NT>
-constexpr int kStages = NT >= 8 ? 4 : 5;
+constexpr int kStages = NT == 2 ? 8 : 6;
 template <int NT>
 constexpr int kSmemBytes = kStages<NT> * (kRows + 8 * NT) * kLds * 2;
 
@@ -125,38 +128,58 @@ __global__ void __launch_bounds__(kThreads)
   auto local = [&](int j, int e) {
     return (warp * 16 + lane / 4 + (e >= 2 ? 8 : 0)) * TT + j * 8 + (lane % 4) * 2 + (e & 1);
   };
-  if (splits > 1) {
-    float* mine = partials + (static_cast<int64_t>(blockIdx.x) * splits + split) * kRows * TT;
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) mine[local(j, e)] = acc[j][e];
-    __threadfence();  // the partials are visible before the ticket says so
-    __syncthreads();
-    __shared__ bool last;
-    if (tid == 0) last = atomicAdd(&counters[blockIdx.x], 1) == splits - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const float* tile = partials + static_cast<int64_t>(blockIdx.x) * splits * kRows * TT;
+  if (splits == 1) {
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float v = 0.f;
-        for (int s = 0; s < splits; ++s) v += __ldcg(tile + s * kRows * TT + local(j, e));
-        acc[j][e] = v;
+        const int n = n0 + warp * 16 + lane / 4 + (e >= 2 ? 8 : 0);
+        const int t = j * 8 + (lane % 4) * 2 + (e & 1);
+        if (n < a.N && t < a.T) store_out(a, kBf, t, n, acc[j][e], 0.f, false);
       }
-    if (tid == 0) counters[blockIdx.x] = 0;  // ready for the next launch (and graph replay)
+    return;
   }
+  float* mine = partials + (static_cast<int64_t>(blockIdx.x) * splits + split) * kRows * TT;
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int n = n0 + warp * 16 + lane / 4 + (e >= 2 ? 8 : 0);
-      const int t = j * 8 + (lane % 4) * 2 + (e & 1);
-      if (n < a.N && t < a.T) store_out(a, kBf, t, n, acc[j][e], 0.f, false);
+    for (int e = 0; e < 4; e += 2)
+      *reinterpret_cast<float2*>(mine + local(j, e)) = make_float2(acc[j][e], acc[j][e + 1]);
+  __threadfence();  // the partials are visible before the ticket says so
+  __syncthreads();
+  __shared__ bool last;
+  if (tid == 0) last = atomicAdd(&counters[blockIdx.x], 1) == splits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // The last CTA adds the tile's partials split by split (a fixed order), every thread over its
+  // float4s of the [kRows][TT] tile, all loads of all splits in flight at once.
+  constexpr int kTile4 = kRows * TT / 4, kVec = kTile4 / kThreads;
+  const float4* tile =
+      reinterpret_cast<const float4*>(partials) + static_cast<int64_t>(blockIdx.x) * splits * kTile4;
+  float4 sum[kVec];
+#pragma unroll
+  for (int v = 0; v < kVec; ++v) sum[v] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int sp = 0; sp < kMaxSplits; ++sp) {
+    if (sp < splits) {
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) {
+        const float4 p = __ldcg(tile + sp * kTile4 + tid + v * kThreads);
+        sum[v].x += p.x, sum[v].y += p.y, sum[v].z += p.z, sum[v].w += p.w;
+      }
     }
+  }
+  if (tid == 0) counters[blockIdx.x] = 0;  // ready for the next launch (and graph replay)
+#pragma unroll
+  for (int v = 0; v < kVec; ++v) {
+    const int idx = (tid + v * kThreads) * 4, n = n0 + idx / TT, t = idx % TT;
+    const float r[4] = {sum[v].x, sum[v].y, sum[v].z, sum[v].w};
+    if (n < a.N)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if (t + c < a.T) store_out(a, kBf, t + c, n, r[c], 0.f, false);
+  }
 }
 
 template <typename T, int NT>
@@ -174,21 +197,18 @@ void launch_typed(const LinearArgs& a, dim3 grid, int per, float* partials, int*
                   cudaStream_t s) {
   if (a.T <= 16)
     launch_nt<T, 2>(a, grid, per, partials, counters, s);
-  else if (a.T <= 32)
-    launch_nt<T, 4>(a, grid, per, partials, counters, s);
-  else if (a.T <= 64)
-    launch_nt<T, 8>(a, grid, per, partials, counters, s);
   else
-    launch_nt<T, 16>(a, grid, per, partials, counters, s);
+    launch_nt<T, 4>(a, grid, per, partials, counters, s);
 }
 
 }  // namespace
 
 void launch_gemm_skinny(const LinearArgs& a, bool bf16, cudaStream_t s) {
   const int tiles = (a.N + kRows - 1) / kRows, k_tiles = (a.K + kBK - 1) / kBK;
-  // Splits so that about three CTAs per SM stream w, each split at least kMinTilesPerSplit
-  // stages long; then no split is left empty. (A function of N and K only, never of T.)
-  int splits = std::clamp((3 * num_sms() + tiles - 1) / tiles, 1, kMaxSplits);
+  // Splits so that the CTAs fill the GPU once (two per SM fit at either token width; a second,
+  // partial wave would leave most SMs idle at its end), each split at least kMinTilesPerSplit
+  // stages long; then no split is left empty. A function of N and K only, never of T.
+  int splits = std::clamp(2 * num_sms() / tiles, 1, kMaxSplits);
   splits = std::max(1, std::min(splits, k_tiles / kMinTilesPerSplit));
   const int per = (k_tiles + splits - 1) / splits;
   splits = std::max(1, (k_tiles + per - 1) / per);
@@ -196,7 +216,7 @@ void launch_gemm_skinny(const LinearArgs& a, bool bf16, cudaStream_t s) {
   int* counters = nullptr;
   if (splits > 1) {
     static GrowOnlyBuffer partial_buf, counter_buf(/*zeroed=*/true);
-    const int tt = a.T <= 16 ? 16 : a.T <= 32 ? 32 : a.T <= 64 ? 64 : 128;
+    const int tt = a.T <= 16 ? 16 : 32;
     partials = static_cast<float*>(
         partial_buf.get(static_cast<size_t>(tiles) * splits * kRows * tt * sizeof(float)));
     counters = static_cast<int*>(counter_buf.get(static_cast<size_t>(tiles) * sizeof(int)));

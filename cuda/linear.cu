@@ -2,7 +2,7 @@
 //
 // Kernel families, picked by plan_linear() on the host (the kernels hold no policy):
 // - gemv_kernel (cuda/gemv.cu; T <= 4, decode): memory-bound, streams w once.
-// - gemm_skinny_kernel (cuda/gemm_skinny.cu; 4 < T <= 128, x and w of one dtype): w rows on the
+// - gemm_skinny_kernel (cuda/gemm_skinny.cu; 4 < T <= 32, x and w of one dtype): w rows on the
 //   mma's M side and split-K, so that small batches stream w at the bandwidth limit.
 // - gemm_kernel (other T > 4): tensor cores (mma.sync m16n8k16, f32 accumulate) over a multistage
 //   cp.async pipeline. x tiles always arrive by cp.async; w tiles too when w has x's dtype,
@@ -322,10 +322,7 @@ LinearPlan plan_linear(const Tensor& out, const Tensor& x, const Tensor& w, int6
     p.max_t = T == 1 ? 1 : kGemvMaxT;
     return p;
   }
-  // The skinny GEMM streams w for small T: always up to 64 rows, and up to 128 where CUTLASS's
-  // 128-row tiles would leave SMs idle (a 4096-wide projection is 32 of them).
-  const int64_t sm90_tiles = (T + 127) / 128 * ((N + 127) / 128);
-  if (p.wk == kWSame && T <= kSkinnyMaxT && (T <= 64 || sm90_tiles < num_sms())) {
+  if (p.wk == kWSame && T <= kSkinnyMaxT) {
     p.path = Path::kSkinny;
     return p;
   }

@@ -143,7 +143,7 @@ void launch_gemv(const LinearArgs& a, bool bf16_x, int gk, int max_t, bool silu_
 
 // gemm_skinny.cu: the skinny GEMM (swapped operands, split-K) for kGemvMaxT < T <= kSkinnyMaxT,
 // x and w of one 16-bit dtype (bf16 if bf16_x, else f16).
-constexpr int kSkinnyMaxT = 128;
+constexpr int kSkinnyMaxT = 32;
 void launch_gemm_skinny(const LinearArgs& a, bool bf16_x, cudaStream_t s);
 
 }  // namespace vllmx::cuda::lin
