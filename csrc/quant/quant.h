@@ -6,6 +6,7 @@
 // (k-quants, i-quants) slot in by adding their block struct and a QuantTraits entry.
 #pragma once
 #include <cstdint>
+#include <cstring>
 
 #include "core/dtype.h"
 
@@ -51,6 +52,13 @@ static_assert(sizeof(block_q5_0) == 22, "Q5_0 block");
 static_assert(sizeof(block_q5_1) == 24, "Q5_1 block");
 static_assert(sizeof(block_q8_0) == 34, "Q8_0 block");
 static_assert(sizeof(block_q8_1) == 36, "Q8_1 block");
+
+// A little-endian u32 field of a block (qh of Q5_0 / Q5_1, the packed words of the i-quants).
+inline uint32_t load_u32(const void* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
 
 // n elements of a row of `src` (blocks) -> f32.
 using ToFloatFn = void (*)(const void* src, float* dst, int64_t n);

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 
+#include "core/half.h"
 #include "quant/quant.h"
 
 namespace vllmx {
@@ -64,6 +65,21 @@ inline void get_scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
   }
 }
 
+// The f32 part of a k-quant super-block's dot with Q8_K, from its exact integer sums isum and
+// imin: one expression for every path (the scalar twin and each SIMD level), so all agree bit
+// for bit.
+template <bool kHasMin, class W>
+inline float combine_k(float sumf, const W& w, float dx, int isum, int imin) {
+  sumf += (f16_to_f32(w.d) * dx) * static_cast<float>(isum);
+  if constexpr (kHasMin) sumf -= (f16_to_f32(w.dmin) * dx) * static_cast<float>(imin);
+  return sumf;
+}
+
+// The same for the types whose super-block dot is one exact int32 (IQ4_XS, TQ1_0, TQ2_0).
+inline float accumulate_q8_K(float sumf, float dw, float dx, int isum) {
+  return sumf + (dw * dx) * static_cast<float>(isum);
+}
+
 // quant_k.cpp: dequantization (bit-exact with gguf.quants) and Q8_K activation quantization.
 void dequantize_row_q2_K(const void* src, float* dst, int64_t n);
 void dequantize_row_q3_K(const void* src, float* dst, int64_t n);
@@ -76,7 +92,7 @@ void dequantize_row_q8_K(const void* src, float* dst, int64_t n);
 void quantize_row_q8_K_ref(const float* x, void* y, int64_t n);
 void quantize_row_q8_K(const float* x, void* y, int64_t n);  // same bits, SIMD where present
 
-// quant_k_dot.cpp: scalar twins and the run-time pick.
+// quant_k_dot.cpp: scalar twins and the run-time pick (arch/x86/quant_k_dot.cpp: the SIMD ones).
 float vec_dot_q2_K_q8_K_ref(int64_t n, const void* w, const void* x);
 float vec_dot_q3_K_q8_K_ref(int64_t n, const void* w, const void* x);
 float vec_dot_q4_K_q8_K_ref(int64_t n, const void* w, const void* x);

@@ -1,5 +1,5 @@
 // IQ4_NL, IQ4_XS, MXFP4: dequantization (bit-exact with gguf.quants), the scalar vec_dot twins
-// and the kernel-table entries. The SIMD kernels are in quant_nl_dot.cpp.
+// and the kernel-table entries. The SIMD kernels are in arch/x86/quant_nl_dot.cpp.
 //
 // No floating-point contraction here: `dl * kv` and the lane sums must round as the SIMD paths
 // (and numpy) do.
@@ -7,6 +7,7 @@
 
 #include "quant/quant_nl.h"
 
+#include "quant/arch/arch.h"
 #include "quant/quant_k.h"
 
 namespace vllmx {
@@ -101,11 +102,11 @@ float vec_dot_iq4_xs_q8_K_ref(int64_t n, const void* vw, const void* vx) {
 void register_quant_nl(QuantTraits* table) {
   auto set = [&](DType t, ToFloatFn to_float, VecDotFn ref, DType vec_dot_type) {
     QuantTraits& q = table[static_cast<int>(t)];
-    const VecDotFn fast = select_vec_dot_nl(t);
+    const ArchDot fast = arch_dot_nl(t);
     q.to_float = to_float;
-    q.vec_dot = fast ? fast : ref;
+    q.vec_dot = fast.vec_dot ? fast.vec_dot : ref;
     q.vec_dot_ref = ref;
-    q.vec_dot_rows = select_vec_dot_rows_nl(t);
+    q.vec_dot_rows = fast.vec_dot_rows;
     q.vec_dot_type = vec_dot_type;
   };
   set(DType::IQ4_NL, dequantize_row_iq4_nl, vec_dot_iq4_nl_q8_0_ref, DType::Q8_0);

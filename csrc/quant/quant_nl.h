@@ -70,24 +70,17 @@ inline float reduce_lanes16(const float* a) {
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
-// The f32 part of an IQ4_XS (and ternary) super-block: its whole dot is one exact int32.
-inline float accumulate_q8_K(float sumf, float dw, float dx, int isum) {
-  return sumf + (dw * dx) * static_cast<float>(isum);
-}
-
 // Dequantization, bit-exact with gguf.quants (quant_nl.cpp).
 void dequantize_row_iq4_nl(const void* src, float* dst, int64_t n);
 void dequantize_row_iq4_xs(const void* src, float* dst, int64_t n);
 void dequantize_row_mxfp4(const void* src, float* dst, int64_t n);
 
-// Scalar twins (quant_nl.cpp). Every SIMD path returns the same bits (see quant_nl.cpp).
+// Scalar twins (quant_nl.cpp). Every SIMD path (arch/x86/quant_nl_dot.cpp) returns the same
+// bits: the integer sums are exact, and the f32 part is reduce_lanes16 (IQ4_NL, MXFP4) or
+// accumulate_q8_K (IQ4_XS, quant_k.h).
 float vec_dot_iq4_nl_q8_0_ref(int64_t n, const void* w, const void* x);
 float vec_dot_mxfp4_q8_0_ref(int64_t n, const void* w, const void* x);
 float vec_dot_iq4_xs_q8_K_ref(int64_t n, const void* w, const void* x);
-
-// SIMD kernels for this CPU and level (quant_nl_dot.cpp); nullptr where there is none.
-VecDotFn select_vec_dot_nl(DType t);
-VecDotRowsFn select_vec_dot_rows_nl(DType t);
 
 // Fills the QuantTraits entries of IQ4_NL, IQ4_XS and MXFP4 (called by quant.cpp's table).
 void register_quant_nl(QuantTraits* table);

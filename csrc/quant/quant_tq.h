@@ -28,7 +28,8 @@ static_assert(sizeof(block_tq2_0) == 66, "TQ2_0 block");
 void dequantize_row_tq1_0(const void* src, float* dst, int64_t n);
 void dequantize_row_tq2_0(const void* src, float* dst, int64_t n);
 
-// Scalar twins; the SIMD paths return the same bits (exact int32 per block, one f32 combine).
+// Scalar twins; the SIMD paths (arch/x86/quant_tq.cpp) return the same bits (exact int32 per
+// block, one f32 accumulate_q8_K).
 float vec_dot_tq1_0_q8_K_ref(int64_t n, const void* w, const void* x);
 float vec_dot_tq2_0_q8_K_ref(int64_t n, const void* w, const void* x);
 

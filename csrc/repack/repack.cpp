@@ -1,14 +1,15 @@
 // The packed weight layout (repack.h): dtype mapping, the repack_weight op and the activation
-// preparation the packed kernels read. The kernels themselves are in repack_gemm.cpp.
+// preparation the packed kernels read. The kernels themselves are in repack_gemm.cpp (scalar
+// twins) and arch/x86/repack_gemm.cpp.
 #include "repack/repack.h"
 
 #include <cstring>
 #include <string>
 
-#include "core/cpu_features.h"
 #include "core/half.h"
 #include "core/op_table.h"
 #include "quant/quant.h"
+#include "repack/arch/arch.h"
 
 namespace vllmx {
 
@@ -41,8 +42,9 @@ DType packed_base(DType t) {
 }
 
 bool packed_is_fast(DType base) {
-  // Only the AVX-512 VNNI kernel beats the row-wise kernels; elsewhere the scalar twin runs.
-  return packed_dtype(base) != DType::F32 && simd_level() >= 3;
+  // Where the arch layer has no kernel for the packed layout (on x86: below AVX-512 VNNI) the
+  // scalar twin would run, slower than the row-wise kernels.
+  return arch_packed_gemm(base) != nullptr || arch_packed_gemm_k(base) != nullptr;
 }
 
 namespace {

@@ -1,28 +1,31 @@
-// SIMD vec_dot kernels of the table types: IQ4_NL and MXFP4 against Q8_0, IQ4_XS against Q8_K.
+// x86 vec_dot kernels of the table types (AVX2, AVX-512BW, AVX-512 VNNI): IQ4_NL and MXFP4
+// against Q8_0, IQ4_XS against Q8_K. The scalar twins and the table entries are in
+// quant/quant_nl.cpp.
 //
 // The 4-bit codes become int8 weights with one byte shuffle (vpshufb) through the 16-entry table.
 // Weights and activations are both signed, so the unsigned x signed byte products take |w| and
 // y with w's sign (maddubs / dpbusd); |w|, |y| <= 127 keeps maddubs' pair sums from saturating.
 // The integer sums are exact, and the f32 part follows quant_nl.h's fixed order (16 lanes for
-// the 32-value types, one combine per super-block for IQ4_XS), so AVX2, AVX-512 and VNNI give
-// the scalar twin's bits, whatever the number of activation rows (batch invariance of linear).
-// Each unpacked weight block is reused for up to kDotRows activation rows.
+// the 32-value types, one accumulate_q8_K per super-block for IQ4_XS), so AVX2, AVX-512 and VNNI
+// give the scalar twin's bits, whatever the number of activation rows (batch invariance of
+// linear). Each unpacked weight block is reused for up to kDotRows activation rows.
 #include "core/kernel_pragmas.h"
 
-#include <type_traits>
-
 #include "core/cpu_features.h"
-#include "quant/quant_k.h"
-#include "quant/quant_nl.h"
-#include "quant/vec_dot_rows.h"
 
 #if VLLMX_X86
 #include <immintrin.h>
-#endif
+
+#include <type_traits>
+
+#include "quant/arch/arch.h"
+#include "quant/arch/vec_dot_rows.h"
+#include "quant/arch/x86/pick.h"
+#include "quant/quant_k.h"
+#include "quant/quant_nl.h"
 
 namespace vllmx {
 
-#if VLLMX_X86
 namespace {
 
 VLLMX_TARGET_AVX2 inline __m256i load256(const void* p) {
@@ -266,49 +269,21 @@ template <class T, int L> constexpr RowsKernelFn kernel(int R) {
 static_assert(kDotRows == 4, "kernel() stamps out 1..4 rows");
 
 template <class T>
-VecDotFn pick_one() {
-  const int level = simd_level();
-  return level >= 3   ? vec_dot_one<kernel<T, 3>>
-         : level == 2 ? vec_dot_one<kernel<T, 2>>
-         : level == 1 ? vec_dot_one<kernel<T, 1>>
-                      : nullptr;
-}
-template <class T>
-VecDotRowsFn pick_rows() {
-  const int level = simd_level();
-  return level >= 3   ? vec_dot_rows<kernel<T, 3>>
-         : level == 2 ? vec_dot_rows<kernel<T, 2>>
-         : level == 1 ? vec_dot_rows<kernel<T, 1>>
-                      : nullptr;
+ArchDot pick() {
+  return by_level(arch_dot_of<kernel<T, 1>>(), arch_dot_of<kernel<T, 2>>(),
+                  arch_dot_of<kernel<T, 3>>());
 }
 
 }  // namespace
-#endif  // VLLMX_X86
 
-VecDotFn select_vec_dot_nl(DType t) {
-#if VLLMX_X86
+ArchDot arch_dot_nl(DType t) {
   switch (t) {
-    case DType::IQ4_NL: return pick_one<block_iq4_nl>();
-    case DType::IQ4_XS: return pick_one<block_iq4_xs>();
-    case DType::MXFP4: return pick_one<block_mxfp4>();
-    default: break;
+    case DType::IQ4_NL: return pick<block_iq4_nl>();
+    case DType::IQ4_XS: return pick<block_iq4_xs>();
+    case DType::MXFP4: return pick<block_mxfp4>();
+    default: return {};
   }
-#endif
-  (void)t;
-  return nullptr;
-}
-
-VecDotRowsFn select_vec_dot_rows_nl(DType t) {
-#if VLLMX_X86
-  switch (t) {
-    case DType::IQ4_NL: return pick_rows<block_iq4_nl>();
-    case DType::IQ4_XS: return pick_rows<block_iq4_xs>();
-    case DType::MXFP4: return pick_rows<block_mxfp4>();
-    default: break;
-  }
-#endif
-  (void)t;
-  return nullptr;
 }
 
 }  // namespace vllmx
+#endif  // VLLMX_X86
