@@ -56,10 +56,29 @@ def test_replay_reads_the_inputs_and_matches_eager():
 def test_activations_share_an_arena():
     toy = Toy(layers=10)
     step, out = capture(toy.forward, LongLived(vars(toy)))
-    arena = step.tape.keep[0]
+    arena = step.arena.buf
     # 10 layers make 40 activations of up to 8 x 64 floats; a few are alive at once.
     assert arena.nbytes < 6 * 8 * 64 * 4
     assert bits(step.replay()) == bits(out)
+
+
+def test_tapes_share_an_arena_that_grows():
+    """Tapes packed into one arena: a bigger one grows it and repoints the first, whose replays
+    still match its eager forward; the arena holds the larger need, not the sum."""
+    from vllmx.worker.step_capture import Arena
+
+    small, big = Toy(layers=1), Toy(layers=1)
+    big.ids = np.zeros(64, np.int32)
+    arena = Arena()
+    s1, _ = capture(small.forward, LongLived(vars(small)), arena)
+    size1 = arena.size
+    s2, _ = capture(big.forward, LongLived(vars(big)), arena)
+    assert arena.size > size1 and arena.size < size1 + 8 * size1  # the larger, not the sum
+    for _ in range(2):
+        small.ids[:] = rng.integers(0, 50, 8)
+        big.ids[:] = rng.integers(0, 50, 64)
+        assert bits(s1.replay()) == bits(small.forward())
+        assert bits(s2.replay()) == bits(big.forward())
 
 
 def test_numpy_copy_inside_the_forward_is_refused():

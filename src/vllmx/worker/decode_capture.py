@@ -99,14 +99,17 @@ class StepTapes(DecodeCapture):
     def __init__(self, sizes: list[int], long_lived: Callable):
         """long_lived(): the step_capture.LongLived memory a tape may read in place (built at
         the first recording, when the KV cache and input buffers exist)."""
+        from vllmx.worker.step_capture import Arena
+
         super().__init__(sizes)
         self._long_lived_fn = long_lived
         self._long_lived = None
+        self.arena = Arena()  # shared by every bucket's tape: one step runs at a time
 
     def capture(self, forward: Callable):
         from vllmx.worker.step_capture import capture
 
         if self._long_lived is None:
             self._long_lived = self._long_lived_fn()
-        step, _ = capture(forward, self._long_lived)
+        step, _ = capture(forward, self._long_lived, self.arena)
         return step

@@ -7,8 +7,10 @@ capture then checks and packs what was recorded:
 - every array an op reads is either written earlier in the tape (an activation) or memory that
   outlives the step (weights, KV caches, the runner's input buffers). Anything else was made by
   numpy inside the forward, would be frozen at its recorded value, and fails the capture;
-- activations are packed into one arena by liveness (buffers whose lives do not overlap share
-  bytes), so a tape costs a few activations of its bucket, not the whole forward's;
+- activations are packed into an arena by liveness (buffers whose lives do not overlap share
+  bytes), so a tape costs a few activations of its bucket, not the whole forward's; a runner's
+  tapes share one arena (Arena), since one step runs at a time and its output is consumed
+  before the next replays, so all buckets together cost the largest bucket's activations;
 - one replay right away must give the recorded output bit for bit: numpy work done in place on
   an activation (which replay would skip) fails the capture too.
 """
@@ -16,6 +18,7 @@ capture then checks and packs what was recorded:
 from __future__ import annotations
 
 import bisect
+import hashlib
 
 import numpy as np
 
@@ -82,38 +85,90 @@ class LongLived:
 
 
 class CapturedStep:
-    """A bucket's tape and the arena view its replay leaves the output in."""
+    """A bucket's tape and where in its arena the replay leaves the output."""
 
-    def __init__(self, tape: _C.StepTape, output: np.ndarray):
+    def __init__(self, tape: _C.StepTape, arena: Arena, offset: int, dtype: np.dtype,
+                 shape: tuple[int, ...]):
         self.tape = tape
-        self.output = output
+        self.arena = arena  # kept alive with the tape, which points into it
+        self.offset, self.dtype, self.shape = offset, dtype, shape
+        self.output = arena.view(offset, dtype, shape)
 
     def replay(self) -> np.ndarray:
         self.tape.replay()
         return self.output
 
 
-def capture(forward, long_lived: LongLived) -> tuple[CapturedStep, np.ndarray]:
-    """Runs forward() once while recording it; returns the checked, packed capture and the
-    forward's own (eager) output."""
+class Arena:
+    """Activation memory that tapes are packed into. Grows to the largest tape's need; growing
+    repoints the tapes already packed into it (StepTape.relocate) and frees the old bytes."""
+
+    def __init__(self):
+        self.buf = np.empty(0, dtype=np.uint8)
+        self.base = 0  # the aligned address of byte 0
+        self.size = 0
+        self.steps: list[CapturedStep] = []
+
+    def view(self, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        start = self.base - _addr(self.buf) + offset
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        return self.buf[start:start + nbytes].view(dtype).reshape(shape)
+
+    def ensure(self, size: int) -> None:
+        if size <= self.size:
+            return
+        buf = np.empty(size + _ALIGN, dtype=np.uint8)
+        base = _addr(buf) + (-_addr(buf) % _ALIGN)
+        for step in self.steps:
+            step.tape.relocate(self.base, self.size, base)
+        self.buf, self.base, self.size = buf, base, size
+        for step in self.steps:
+            step.output = self.view(step.offset, step.dtype, step.shape)
+
+
+def capture(forward, long_lived: LongLived,
+            arena: Arena | None = None) -> tuple[CapturedStep, np.ndarray]:
+    """Runs forward() once while recording it; returns the checked, packed capture (in arena,
+    or an arena of its own) and its output, which has the eager forward's bits."""
     tape = _C.StepTape()
     _C.record_begin(tape)
     try:
         out = forward()
     finally:
         _C.record_end()
-    step = CapturedStep(tape, _pack(tape, out, long_lived))
+    digest = _digest(out)
+    size, offset = _pack(tape, out, long_lived)
+    dtype, shape = out.dtype, out.shape
+    # The recording's arrays are gone (_pack dropped them); the eager output goes too, so the
+    # arena is allocated into their memory rather than beside it.
+    del out
+    arena = Arena() if arena is None else arena
+    arena.ensure(size)
+    tape.relocate(_STAGING, size, arena.base)
+    step = CapturedStep(tape, arena, offset, dtype, shape)
+    arena.steps.append(step)
     replayed = step.replay()
-    if replayed.tobytes() != out.tobytes():  # bits, so that NaNs compare too
+    if _digest(replayed) != digest:  # bits, so that NaNs compare too
         raise RuntimeError("step capture: the replayed forward differs from the recorded one; "
                            "the forward changes an activation outside the native ops (numpy "
                            "work in place), which a tape cannot replay")
-    return step, out
+    return step, replayed
 
 
-def _pack(tape: _C.StepTape, out: np.ndarray, long_lived: LongLived) -> np.ndarray:
-    """Checks the recorded reads, moves every activation into one arena and returns the
-    output's view in it. Frees the recording's own arrays."""
+def _digest(a: np.ndarray) -> bytes:
+    return hashlib.blake2b(np.ascontiguousarray(a).view(np.uint8)).digest()
+
+
+# Where _pack moves a tape's activations before the arena exists: an address range no
+# allocation can hold (x86-64 and arm64 user space ends below 2^48), so the recording's memory
+# can be freed first and the arena reuse it; relocated to the arena once it is allocated.
+_STAGING = 1 << 60
+
+
+def _pack(tape: _C.StepTape, out: np.ndarray, long_lived: LongLived) -> tuple[int, int]:
+    """Checks the recorded reads and repoints every activation at its place in an arena laid
+    out from _STAGING; returns the arena's size and the output's offset in it. Frees the
+    recording's own arrays."""
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     roots: dict[int, np.ndarray] = {}
@@ -142,15 +197,11 @@ def _pack(tape: _C.StepTape, out: np.ndarray, long_lived: LongLived) -> np.ndarr
         raise ValueError("step capture: the forward's output is not written by its native ops")
     last[id(out_root)] = len(tape.calls)
     offsets, size = _plan({k: (first[k], last[k], r.nbytes) for k, r in roots.items()})
-    arena = np.empty(size + _ALIGN, dtype=np.uint8)
-    base = -_addr(arena) % _ALIGN
     for k, r in roots.items():
-        tape.relocate(_addr(r), r.nbytes, _addr(arena) + base + offsets[k])
-    start = base + offsets[id(out_root)] + _addr(out) - _addr(out_root)
-    output = arena[start:start + out.nbytes].view(out.dtype).reshape(out.shape)
-    tape.keep = [arena, *external.values()]
+        tape.relocate(_addr(r), r.nbytes, _STAGING + offsets[k])
+    tape.keep = list(external.values())
     tape.calls = []
-    return output
+    return size, offsets[id(out_root)] + _addr(out) - _addr(out_root)
 
 
 def _plan(buffers: dict[int, tuple[int, int, int]]) -> tuple[dict[int, int], int]:
