@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "core/op_table.h"
+#include "sampling/rng.h"
 #include "cuda_util.cuh"
 
 namespace vllmx::cuda {
@@ -258,6 +259,15 @@ __global__ void act_and_mul_kernel(T* out, const T* x, int64_t rows, int64_t d, 
   }
 }
 
+// ---- fill_uniform (the same hash as the CPU kernel: sampling/rng.h) ----
+template <typename T>
+__global__ void fill_uniform_kernel(T* out, int64_t n, uint64_t seed, float low, float span) {
+  pdl_begin();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = from_f32<T>(low + span * rng::hashed_uniform01(seed, static_cast<uint64_t>(i)));
+}
+
 // ---- softcap ----
 template <typename T>
 __global__ void softcap_kernel(T* x, int64_t rows, int64_t d, int64_t stride, float cap) {
@@ -492,6 +502,23 @@ void gelu_and_mul(const Tensor& out, const Tensor& x, bool approximate_tanh) {
     act_impl<Act::kGeluErf>("cuda.gelu_and_mul", out, x);
 }
 
+void fill_uniform(const Tensor& out, int64_t seed, float low, float high) {
+  const char* op = "cuda.fill_uniform";
+  check_on_device(out, op, "out");
+  check_act(out, op, "out");
+  VLLMX_CHECK(std::isfinite(low) && std::isfinite(high) && low <= high, op,
+              "need finite low <= high");
+  VLLMX_CHECK(out.is_contiguous(), op, "out " + out.str() + " must be contiguous");
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  dispatch_float(out.dtype, op, [&](auto v) {
+    using T = decltype(v);
+    launch(fill_uniform_kernel<T>, blocks_for(n, kThreads), kThreads, 0, stream(), out.ptr<T>(),
+        n, static_cast<uint64_t>(seed), low, high - low);
+  });
+  check_launch(op);
+}
+
 void softcap(const Tensor& x, float cap) {
   const char* op = "cuda.softcap";
   check_rows(x, op, "x");
@@ -631,6 +658,7 @@ VLLMX_KERNEL(rotary, kCUDA, rotary);
 VLLMX_KERNEL(silu_and_mul, kCUDA, silu_and_mul);
 VLLMX_KERNEL(gelu_and_mul, kCUDA, gelu_and_mul);
 VLLMX_KERNEL(softcap, kCUDA, softcap);
+VLLMX_KERNEL(fill_uniform, kCUDA, fill_uniform);
 VLLMX_KERNEL(write_kv_cache, kCUDA, write_kv_cache);
 VLLMX_KERNEL(qk_norm_rope_cache, kCUDA, qk_norm_rope_cache);
 VLLMX_KERNEL(copy_columns, kCUDA, copy_columns);

@@ -28,6 +28,15 @@ struct Tensor {
     for (int i = 0; i < ndim; ++i) n *= shape[i];
     return n;
   }
+  // A dense tensor whose elements are laid out C-contiguously (size-1 dims' strides ignored).
+  bool is_contiguous() const {
+    int64_t expect = 1;
+    for (int i = ndim - 1; i >= 0; --i) {
+      if (shape[i] > 1 && stride[i] != expect) return false;
+      expect *= shape[i];
+    }
+    return true;
+  }
   template <typename T>
   T* ptr() const { return static_cast<T*>(data); }
   // Plain string building (no iostreams: they are not safe in every translation unit we link,

@@ -40,4 +40,11 @@ VLLMX_HOST_DEVICE double uniform01(uint64_t* s) {
   return static_cast<double>(xoroshiro_next(s) >> 11) * 0x1.0p-53;
 }
 
+// Element i of the uniform stream `seed` in [0, 1), from i alone (counter-based): the fill_uniform
+// op gives the same values on any device and thread count. 24 bits: exact in f32.
+VLLMX_HOST_DEVICE float hashed_uniform01(uint64_t seed, uint64_t i) {
+  uint64_t x = seed ^ (i * 0xD1B54A32D192ED03ull);
+  return static_cast<float>(splitmix64(x) >> 40) * 0x1.0p-24f;
+}
+
 }  // namespace vllmx::rng

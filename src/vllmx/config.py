@@ -20,6 +20,9 @@ class ModelConfig:
     dtype: str = "auto"  # GPU activations: auto (checkpoint's bf16/f16, else bf16) | bfloat16 | float16
     enforce_eager: bool = False  # no decode step capture (CUDA graphs / CPU step tapes)
     max_logprobs: int = 20  # most logprobs / prompt_logprobs per request (vLLM's); -1: all
+    # vLLM's load_format: auto (by the path), safetensors, gguf, or dummy (random weights from
+    # config.json alone, for benchmarking shapes without their files)
+    load_format: str = "auto"
     vocab_size: int = 0  # the model's, set once it is loaded
     hf_config: dict[str, Any] = field(default_factory=dict)
     gen_config: dict[str, Any] = field(default_factory=dict)

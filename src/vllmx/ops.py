@@ -305,6 +305,13 @@ def gelu_and_mul(x, approximate: str = "none"):
     return out
 
 
+def fill_uniform(out, seed: int, low: float, high: float):
+    """out = uniform values in [low, high) from a counter-based hash of (seed, element index):
+    the same bits on either device; out f32/f16/bf16 (a host half array as (array, dtype id))."""
+    _C.ops.fill_uniform(out, seed, low, high)
+    return out
+
+
 def softcap(x, cap: float):
     """x = cap * tanh(x / cap) in place (Gemma's logit soft-capping); returns x."""
     _C.ops.softcap(x, cap)

@@ -196,6 +196,17 @@ def test_softcap(rng, dtype):
     assert_close(as_f32(out.numpy(), dtype), ref, dtype, "softcap")
 
 
+@pytest.mark.parametrize("dtype", ACT)
+def test_fill_uniform_matches_the_cpu(rng, dtype):
+    seed = int(rng.integers(0, 2**63))
+    shape = (333, 1001)
+    host_out = np.empty(shape, np.float32 if dtype == F32 else np.uint16)
+    _C.ops.fill_uniform(host_out if dtype == F32 else (host_out, dtype), seed, -0.5, 0.25)
+    out = DeviceArray.empty(shape, dtype)
+    _C.ops.fill_uniform(out, seed, -0.5, 0.25)
+    assert np.array_equal(out.numpy(), host_out)
+
+
 # ---- KV cache ----
 @pytest.mark.parametrize("cache_dtype", ACT)
 @pytest.mark.parametrize("dtype", ACT)

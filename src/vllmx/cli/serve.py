@@ -55,6 +55,10 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                         "float16; the CPU computes in float32")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="share of GPU memory for weights, activations and KV cache (default 0.9)")
+    p.add_argument("--load-format", default="auto",
+                   choices=["auto", "safetensors", "gguf", "dummy"],
+                   help="'dummy': random weights from config.json alone (benchmarking shapes "
+                        "without their files), as vLLM's")
     p.add_argument("--enforce-eager", action="store_true",
                    help="run decode steps eagerly (no CUDA graphs / CPU step tapes)")
     p.add_argument("--disable-log-requests", action="store_true")
@@ -91,7 +95,8 @@ def engine_args_from(args: argparse.Namespace):
     kwargs = {"model": args.model_flag or args.model or DEFAULT_MODEL, "seed": args.seed,
               "generation_config": args.generation_config, "device": args.device,
               "dtype": args.dtype, "gpu_memory_utilization": args.gpu_memory_utilization,
-              "enforce_eager": args.enforce_eager, "max_logprobs": args.max_logprobs}
+              "enforce_eager": args.enforce_eager, "max_logprobs": args.max_logprobs,
+              "load_format": args.load_format}
     optional = {"tokenizer": args.tokenizer, "max_model_len": args.max_model_len,
                 "max_num_seqs": args.max_num_seqs,
                 "max_num_batched_tokens": args.max_num_batched_tokens,

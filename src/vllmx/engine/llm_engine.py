@@ -27,6 +27,8 @@ from vllmx.worker.worker_base import DTYPE_BY_NAME, create_worker
 
 logger = logging.getLogger("vllmx")
 
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+
 
 @dataclass
 class EngineArgs:
@@ -50,6 +52,7 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
     max_logprobs: int = 20  # vLLM's: most logprobs / prompt_logprobs a request may ask; -1 all
+    load_format: str = "auto"  # auto | safetensors | gguf | dummy (random weights, vLLM's)
 
     def create_engine_config(self) -> VllmxConfig:
         if self.block_size < 1:
@@ -60,6 +63,9 @@ class EngineArgs:
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got "
                              f"{self.scheduling_policy!r}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format {self.load_format!r} is not supported; vllmx reads "
+                             f"{', '.join(LOAD_FORMATS)}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got "
                              f"{self.gpu_memory_utilization}")
@@ -68,7 +74,8 @@ class EngineArgs:
                         skip_tokenizer_init=self.skip_tokenizer_init, seed=self.seed,
                         max_model_len=self.max_model_len,
                         generation_config=self.generation_config, dtype=self.dtype,
-                        enforce_eager=self.enforce_eager, max_logprobs=self.max_logprobs),
+                        enforce_eager=self.enforce_eager, max_logprobs=self.max_logprobs,
+                        load_format=self.load_format),
             CacheConfig(self.block_size, self.kv_cache_dtype, self.kv_cache_memory_bytes,
                         self.num_gpu_blocks_override,
                         enable_prefix_caching=self.enable_prefix_caching,

@@ -7,6 +7,7 @@ import ctypes
 import os
 
 from vllmx.config import ModelConfig
+from vllmx.loader.dummy import DummyWeights
 from vllmx.loader.gguf import gguf_to_hf_config, load_gguf
 from vllmx.loader.model_source import DEFAULT_MODEL, resolve_model
 from vllmx.loader.safetensors import load_safetensors
@@ -17,6 +18,13 @@ def load_model(model_config: ModelConfig):
     """(model, tokenizer or None). Fills model_config.path / hf_config / gen_config."""
     model_config.path = resolve_model(model_config.model)
     tokenizer = None
+    fmt = model_config.load_format
+    if fmt in ("gguf", "safetensors") and model_config.is_gguf != (fmt == "gguf"):
+        raise ValueError(f"load_format={fmt!r} but {model_config.path} is "
+                         f"{'a GGUF file' if model_config.is_gguf else 'not a GGUF file'}")
+    if fmt == "dummy" and model_config.is_gguf:
+        raise ValueError(f"load_format='dummy' builds the model from a config.json; "
+                         f"{model_config.path} is a GGUF file")
     if model_config.is_gguf:
         meta, weights = load_gguf(model_config.path)
         model_config.hf_config = gguf_to_hf_config(meta)
@@ -28,7 +36,11 @@ def load_model(model_config: ModelConfig):
     else:
         model_config.load_hf_config()
         model_cls = get_model_class(model_config.hf_config)
-        weights = load_safetensors(model_config.path)
+        if fmt == "dummy":
+            weights = DummyWeights(model_cls.checkpoint_shapes(model_config.hf_config),
+                                   model_config.hf_config, model_config.seed)
+        else:
+            weights = load_safetensors(model_config.path)
         if not model_config.skip_tokenizer_init and model_config.tokenizer is None:
             from vllmx.tokenizer import Tokenizer
 

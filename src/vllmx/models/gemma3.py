@@ -16,6 +16,7 @@ from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.norm import RMSNorm
 from vllmx.layers.rotary import RotaryEmbedding
+from vllmx.loader.dummy import decoder_shapes
 from vllmx.ops import Weight
 
 # GGUF tensor names → HF names (per layer names use {i}); llama.cpp's gemma3 names.
@@ -184,6 +185,16 @@ class Gemma3ForCausalLM:
         self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
         self.vocab_size = self.lm_head.weight.shape[0]
         self.final_logit_softcapping = float(cfg.get("final_logit_softcapping") or 0.0)
+
+    @staticmethod
+    def checkpoint_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+        """The tensors a Hugging Face checkpoint of this config holds (load_format="dummy")."""
+        cfg = {**cfg, "head_dim": cfg.get("head_dim") or 256}
+        return decoder_shapes(
+            cfg, ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                  "post_feedforward_layernorm"),
+            qk_norm=True, qkv_bias=bool(cfg.get("attention_bias")),
+            o_bias=bool(cfg.get("attention_bias")), tied=cfg.get("tie_word_embeddings", True))
 
     def _check_weights(self, weights: dict[str, Weight]) -> None:
         needed = ["model.embed_tokens.weight", "model.norm.weight"]

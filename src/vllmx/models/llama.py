@@ -12,6 +12,7 @@ from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.norm import RMSNorm
 from vllmx.layers.rotary import RotaryEmbedding
+from vllmx.loader.dummy import decoder_shapes
 from vllmx.ops import Weight
 
 # GGUF tensor names → HF names (per layer names use {i}).
@@ -120,6 +121,17 @@ class LlamaForCausalLM:
         self.norm = RMSNorm(weights["model.norm.weight"], cfg["rms_norm_eps"])
         self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
         self.vocab_size = self.lm_head.weight.shape[0]
+
+    @staticmethod
+    def checkpoint_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+        """The tensors a Hugging Face checkpoint of this config holds (load_format="dummy"):
+        q/k/v biases for Qwen2 (and attention_bias), q/k norms for Qwen3."""
+        archs = cfg.get("architectures") or []
+        return decoder_shapes(
+            cfg, ("input_layernorm", "post_attention_layernorm"),
+            qk_norm="Qwen3ForCausalLM" in archs,
+            qkv_bias="Qwen2ForCausalLM" in archs or bool(cfg.get("attention_bias")),
+            o_bias=bool(cfg.get("attention_bias")), tied=bool(cfg.get("tie_word_embeddings")))
 
     def _check_weights(self, weights: dict[str, Weight]) -> None:
         needed = ["model.embed_tokens.weight", "model.norm.weight"]

@@ -1,0 +1,43 @@
+// fill_uniform: random weights for load_format="dummy", from a counter-based hash so that a
+// seed gives the same tensor on either device and at any thread count.
+#include <cmath>
+#include <string>
+
+#include "core/half.h"
+#include "core/op_table.h"
+#include "sampling/rng.h"
+
+namespace vllmx {
+
+namespace {
+template <typename T, typename Round>
+void fill(T* p, int64_t n, uint64_t seed, float low, float span, Round round) {
+#pragma omp parallel for if (n > (int64_t{1} << 16)) schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    p[i] = round(low + span * rng::hashed_uniform01(seed, static_cast<uint64_t>(i)));
+}
+}  // namespace
+
+void fill_uniform(const Tensor& out, int64_t seed, float low, float high) {
+  const char* op = "fill_uniform";
+  VLLMX_CHECK(out.defined(), op, "missing tensor");
+  VLLMX_CHECK(std::isfinite(low) && std::isfinite(high) && low <= high, op,
+              "need finite low <= high, got " + std::to_string(low) + ", " +
+                  std::to_string(high));
+  VLLMX_CHECK(out.dtype == DType::F32 || out.dtype == DType::F16 || out.dtype == DType::BF16, op,
+              "out must be f32, f16 or bf16, got " + out.str());
+  VLLMX_CHECK(out.is_contiguous(), op, "out " + out.str() + " must be contiguous");
+  const int64_t n = out.numel();
+  const uint64_t s = static_cast<uint64_t>(seed);
+  const float span = high - low;
+  switch (out.dtype) {
+    case DType::F32: fill(out.ptr<float>(), n, s, low, span, [](float v) { return v; }); break;
+    case DType::F16: fill(out.ptr<uint16_t>(), n, s, low, span, f32_to_f16); break;
+    case DType::BF16: fill(out.ptr<uint16_t>(), n, s, low, span, f32_to_bf16); break;
+    default: break;  // checked above
+  }
+}
+
+VLLMX_KERNEL(fill_uniform, kCPU, fill_uniform);
+
+}  // namespace vllmx

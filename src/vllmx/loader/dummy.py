@@ -1,0 +1,76 @@
+"""load_format="dummy" (vLLM's option): a model from its config.json alone, its weights random,
+for benchmarking full-size shapes without their files. Values as vLLM's dummy loader makes
+them, uniform in [-1e-3, 1e-3), here from the fill_uniform op (a counter-based hash, the same
+bits on any machine) seeded by the tensor's name and the engine's seed."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+
+from vllmx import ops
+from vllmx.device import BF16, F16, F32
+from vllmx.ops import Weight
+
+DUMMY_LOW, DUMMY_HIGH = -1e-3, 1e-3
+_DTYPES = {"bfloat16": BF16, "float16": F16, "half": F16, "float32": F32, "float": F32}
+
+
+def decoder_shapes(cfg: dict, layer_norms: tuple[str, ...], qk_norm: bool, qkv_bias: bool,
+                   o_bias: bool, tied: bool) -> dict[str, tuple[int, ...]]:
+    """The tensors of a Hugging Face decoder checkpoint (model.embed_tokens, model.layers.{i}.
+    self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj, the norms named, lm_head unless tied)."""
+    h, v, inter = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"]
+    nq = cfg["num_attention_heads"]
+    nkv = cfg.get("num_key_value_heads") or nq
+    hd = cfg.get("head_dim") or h // nq
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h),
+                                          "model.norm.weight": (h,)}
+    if not tied:
+        shapes["lm_head.weight"] = (v, h)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        for name, rows in (("q", nq * hd), ("k", nkv * hd), ("v", nkv * hd)):
+            shapes[f"{p}self_attn.{name}_proj.weight"] = (rows, h)
+            if qkv_bias:
+                shapes[f"{p}self_attn.{name}_proj.bias"] = (rows,)
+        shapes[p + "self_attn.o_proj.weight"] = (h, nq * hd)
+        if o_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (h,)
+        if qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = shapes[p + "self_attn.k_norm.weight"] = (hd,)
+        shapes[p + "mlp.gate_proj.weight"] = shapes[p + "mlp.up_proj.weight"] = (inter, h)
+        shapes[p + "mlp.down_proj.weight"] = (h, inter)
+        for norm in layer_norms:
+            shapes[f"{p}{norm}.weight"] = (h,)
+    return shapes
+
+
+class DummyWeights(Mapping):
+    """name -> a random Weight of the checkpoint's shape and dtype, made when first asked for and
+    not kept (the model holds what it uses: a GPU model only its uploaded copy)."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]], hf_config: dict, seed: int):
+        self.shapes = shapes
+        stored = hf_config.get("torch_dtype", hf_config.get("dtype")) or "bfloat16"
+        if stored not in _DTYPES:
+            raise ValueError(f"load_format='dummy': config.json's dtype {stored!r} is not one of "
+                             f"{', '.join(_DTYPES)}")
+        self.dtype = _DTYPES[stored]
+        self.seed = seed
+
+    def __getitem__(self, name: str) -> Weight:
+        shape = self.shapes[name]
+        data = np.empty(shape, np.float32 if self.dtype == F32 else np.uint16)
+        seed = (self.seed * 0x9E3779B1 + zlib.crc32(name.encode())) & ((1 << 63) - 1)
+        ops.fill_uniform(data if self.dtype == F32 else (data, self.dtype), seed, DUMMY_LOW,
+                         DUMMY_HIGH)
+        return Weight(data, self.dtype, shape)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)

@@ -1,0 +1,98 @@
+"""load_format="dummy": the tensors it makes are exactly those transformers writes for the same
+config (names and shapes, every family), the model runs from a config.json alone and the same
+seed gives the same weights and tokens, and bad combinations are clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from vllmx.loader.dummy import DUMMY_HIGH, DUMMY_LOW, DummyWeights
+from vllmx.loader.safetensors import load_safetensors
+from vllmx.models.registry import get_model_class
+
+FAMILIES = ["llama", "llama3", "mistral", "qwen2", "qwen3", "gemma3"]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    pytest.importorskip("torch")
+    from tests.models.test_gemma3_parity import make_checkpoint as make_gemma3
+    from tests.models.tiny_checkpoints import make_checkpoint
+
+    d = str(tmp_path_factory.mktemp("dummy"))
+    paths = {f: make_checkpoint(f, "bfloat16", d) for f in FAMILIES if f != "gemma3"}
+    paths["gemma3"] = make_gemma3("mixed", "float32", d)
+    return paths
+
+
+def config(path: str) -> dict:
+    with open(os.path.join(path, "config.json")) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_shapes_are_the_checkpoints(checkpoints, family):
+    cfg = config(checkpoints[family])
+    real = {name: tuple(w.shape) for name, w in load_safetensors(checkpoints[family]).items()}
+    assert get_model_class(cfg).checkpoint_shapes(cfg) == real
+
+
+def test_values_dtype_and_seed(checkpoints):
+    cfg = config(checkpoints["qwen3"])
+    shapes = get_model_class(cfg).checkpoint_shapes(cfg)
+    a, b, c = (DummyWeights(shapes, cfg, seed) for seed in (0, 0, 1))
+    w = a["model.layers.0.mlp.down_proj.weight"]
+    assert w.shape == shapes["model.layers.0.mlp.down_proj.weight"]
+    vals = (w.data.astype(np.uint32) << 16).view(np.float32)  # bf16, as config.json says
+    assert DUMMY_LOW <= vals.min() and vals.max() <= DUMMY_HIGH and vals.std() > 1e-4
+    assert np.array_equal(w.data, b["model.layers.0.mlp.down_proj.weight"].data)
+    assert not np.array_equal(w.data, c["model.layers.0.mlp.down_proj.weight"].data)
+    # each tensor its own stream: gate and up (same shape) differ
+    assert not np.array_equal(a["model.layers.0.mlp.up_proj.weight"].data,
+                              a["model.layers.0.mlp.gate_proj.weight"].data)
+
+
+def test_runs_from_a_config_alone(checkpoints, tmp_path):
+    from vllmx import LLM, SamplingParams
+
+    only_config = tmp_path / "qwen3-config-only"
+    only_config.mkdir()
+    shutil.copy(os.path.join(checkpoints["qwen3"], "config.json"), only_config)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    prompt = {"prompt_token_ids": [5, 9, 200, 31]}
+    runs = []
+    for _ in range(2):
+        llm = LLM(str(only_config), load_format="dummy", skip_tokenizer_init=True, device="cpu")
+        runs.append(llm.generate(prompt, params)[0].outputs[0].token_ids)
+    assert len(runs[0]) == 8 and runs[0] == runs[1]
+    with pytest.raises(ValueError, match="no .safetensors files"):
+        LLM(str(only_config), skip_tokenizer_init=True, device="cpu")
+
+
+def test_bad_load_formats(checkpoints, smollm2_gguf):
+    from vllmx import LLM
+
+    with pytest.raises(ValueError, match="load_format 'pt' is not supported; vllmx reads auto"):
+        LLM(checkpoints["llama"], load_format="pt")
+    with pytest.raises(ValueError, match="load_format='dummy' builds the model from a config"):
+        LLM(smollm2_gguf, load_format="dummy")
+    with pytest.raises(ValueError, match="load_format='gguf' but .* is not a GGUF file"):
+        LLM(checkpoints["llama"], load_format="gguf", skip_tokenizer_init=True)
+
+
+def test_serve_flag():
+    import argparse
+
+    from vllmx.cli.serve import add_serve_parser, engine_args_from
+
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["serve", "some/model", "--load-format", "dummy"])
+    assert engine_args_from(args).load_format == "dummy"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "some/model", "--load-format", "pt"])
