@@ -265,7 +265,7 @@ __global__ void fill_uniform_kernel(T* out, int64_t n, uint64_t seed, float low,
   pdl_begin();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = from_f32<T>(low + span * rng::hashed_uniform01(seed, static_cast<uint64_t>(i)));
+    out[i] = from_f32<T>(rng::hashed_uniform(seed, static_cast<uint64_t>(i), low, span));
 }
 
 // ---- softcap ----

@@ -14,7 +14,7 @@ template <typename T, typename Round>
 void fill(T* p, int64_t n, uint64_t seed, float low, float span, Round round) {
 #pragma omp parallel for if (n > (int64_t{1} << 16)) schedule(static)
   for (int64_t i = 0; i < n; ++i)
-    p[i] = round(low + span * rng::hashed_uniform01(seed, static_cast<uint64_t>(i)));
+    p[i] = round(rng::hashed_uniform(seed, static_cast<uint64_t>(i), low, span));
 }
 }  // namespace
 

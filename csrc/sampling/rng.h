@@ -47,4 +47,14 @@ VLLMX_HOST_DEVICE float hashed_uniform01(uint64_t seed, uint64_t i) {
   return static_cast<float>(splitmix64(x) >> 40) * 0x1.0p-24f;
 }
 
+// low + span * u, rounded twice on both devices: nvcc would contract it into one fma (a
+// different last bit), which the CPU build (no FMA in its baseline) does not.
+VLLMX_HOST_DEVICE float hashed_uniform(uint64_t seed, uint64_t i, float low, float span) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(low, __fmul_rn(span, hashed_uniform01(seed, i)));
+#else
+  return low + span * hashed_uniform01(seed, i);
+#endif
+}
+
 }  // namespace vllmx::rng
