@@ -1,0 +1,251 @@
+"""vllmx against vLLM on the same GPU, in one run: offline throughput at each batch size.
+
+Both engines load the same config.json with load_format="dummy" (random weights of the real
+shapes, made on the machine: no tens of GB of files) and run the same token-id prompts, greedy,
+EOS ignored, with the same max_model_len, max_num_seqs and gpu_memory_utilization; each engine
+runs in a process of its own. vLLM runs with its defaults (torch.compile, CUDA graphs,
+FlashAttention 3). Per model, workload (input/output lengths) and batch:
+
+  prefill tok/s = batch * input_len / (time of a generate with 1 new token)
+  total tok/s   = batch * (input_len + output_len) / (time of the full generate)
+  decode tok/s  = batch * output_len / (full time - prefill time)
+
+plus load-to-ready time (constructor to first generate possible), the device memory in use
+after loading (both reserve gpu_memory_utilization of it up front), and batch-1 decode against
+the bandwidth limit (weight bytes / measured device copy bandwidth).
+
+vLLM 0.26.0 comes from the gpu-peers bundle (its install.sh puts it in --vllm-site); the vLLM
+worker gets that folder on its PYTHONPATH, the vllmx worker does not.
+
+    python bench/gpu_vs_vllm.py                                  # both models, both workloads
+    python bench/gpu_vs_vllm.py --models llama-3-8b --workloads 1024:128:1,8,32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_vs_transformers import SHAPES, copy_bandwidth, prompts, summarize  # noqa: E402
+
+WORKLOADS = ["1024:128:1,8,32,128,256", "7936:64:1,4,16"]
+# vLLM's env.sh (gpu-peers): flashinfer is not bundled, so its sampler must stay off.
+VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1"}
+
+
+def parse_workload(text: str) -> tuple[int, int, list[int]]:
+    inp, out, batches = text.split(":")
+    return int(inp), int(out), [int(b) for b in batches.split(",")]
+
+
+def write_config(name: str, out_dir: str) -> str:
+    spec = dict(SHAPES[name])
+    arch = spec.pop("arch")
+    os.makedirs(out_dir, exist_ok=True)
+    cfg = {"architectures": [f"{arch}ForCausalLM"], "model_type": arch.lower(),
+           "torch_dtype": "bfloat16", "rms_norm_eps": 1e-6, "hidden_act": "silu",
+           "bos_token_id": 1, "eos_token_id": 2, "rope_theta": 1e6, **spec}
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    return out_dir
+
+
+def weight_bytes(path: str) -> int:
+    from vllmx.models.registry import get_model_class
+
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    shapes = get_model_class(cfg).checkpoint_shapes(cfg).values()
+    n = 0
+    for s in shapes:
+        k = 1
+        for d in s:
+            k *= d
+        n += k
+    return 2 * n  # bf16
+
+
+# ---- the two workers: each builds its engine, then measure() runs the same loop ----
+
+def measure(generate, reset, workloads, vocab) -> dict:
+    """generate(prompts, new_tokens) runs one batch to completion; reset() empties the prefix
+    cache, so that each timed run computes every prompt token."""
+    results = {}
+    for inp, out, batches in workloads:
+        for b in batches:
+            ps = prompts(b, inp, vocab)
+            generate([p[:64] for p in ps], 4)  # warm-up of this batch size
+
+            def fresh(new):
+                reset()
+                t = time.perf_counter()
+                generate(ps, new)
+                return time.perf_counter() - t
+
+            t_prefill = min(fresh(1) for _ in range(2))
+            t_total = fresh(out)
+            results[f"{inp}:{out}:{b}"] = r = summarize(b, inp, out, t_prefill, t_total, 0)
+            r.pop("peak_gib")
+            print(f"  {inp}/{out} batch {b}: {r}", flush=True)
+    return results
+
+
+def vllmx_worker(path, workloads, vocab, max_len, max_seqs, util) -> dict:
+    from vllmx import LLM, SamplingParams, _C
+
+    t0 = time.perf_counter()
+    llm = LLM(path, load_format="dummy", skip_tokenizer_init=True, device="cuda",
+              max_model_len=max_len, max_num_seqs=max_seqs, gpu_memory_utilization=util)
+    load_s = time.perf_counter() - t0
+    free, total = _C.cuda_mem_get_info()
+
+    def generate(ps, new):
+        sp = SamplingParams(temperature=0, max_tokens=new, min_tokens=new, ignore_eos=True)
+        outs = llm.generate([{"prompt_token_ids": p} for p in ps], sp)
+        assert all(len(o.outputs[0].token_ids) == new for o in outs)
+
+    res = measure(generate, llm.reset_prefix_cache, workloads, vocab)
+    return {"load_s": load_s, "mem_gib": (total - free) / 2**30, "runs": res}
+
+
+def vllm_worker(path, workloads, vocab, max_len, max_seqs, util) -> dict:
+    import torch
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    t0 = time.perf_counter()
+    llm = LLM(model=path, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+              max_model_len=max_len, max_num_seqs=max_seqs, gpu_memory_utilization=util, seed=0)
+    load_s = time.perf_counter() - t0
+    free, total = torch.cuda.mem_get_info()
+
+    def generate(ps, new):
+        sp = SamplingParams(temperature=0, max_tokens=new, min_tokens=new, ignore_eos=True,
+                            detokenize=False)
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], sp, use_tqdm=False)
+        assert all(len(o.outputs[0].token_ids) == new for o in outs)
+
+    res = measure(generate, llm.reset_prefix_cache, workloads, vocab)
+    return {"load_s": load_s, "mem_gib": (total - free) / 2**30, "runs": res,
+            "version": vllm.__version__}
+
+
+WORKERS = {"vllmx": vllmx_worker, "vllm": vllm_worker}
+
+
+def run_worker(engine: str, args, path: str, vocab: int) -> dict:
+    env = dict(os.environ)
+    site = os.path.abspath(args.vllm_site)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and
+             os.path.abspath(p) != site]
+    if engine == "vllm":
+        paths.insert(0, site)
+        env.update(VLLM_ENV)
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", engine, "--path", path,
+           "--vocab", str(vocab), "--workloads", *args.workloads, "--max-num-seqs",
+           str(args.max_num_seqs), "--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+    print(f"-- {engine}", flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    sys.stdout.write(proc.stdout[-3000:])
+    if proc.returncode != 0 or "RESULT " not in proc.stdout:
+        sys.stdout.write(proc.stderr[-5000:])
+        return {"error": proc.stderr[-2000:]}
+    return json.loads(proc.stdout.split("RESULT ", 1)[1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--workloads", nargs="+", default=WORKLOADS,
+                   help="INPUT:OUTPUT:B1,B2,... (prompt and generated tokens, batch sizes)")
+    ap.add_argument("--engines", nargs="+", default=list(WORKERS), choices=list(WORKERS))
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    ap.add_argument("--vllm-site", default="/root/vllm-site")
+    ap.add_argument("--workdir", default="/tmp/vllmx-vs-vllm")
+    ap.add_argument("--worker", choices=list(WORKERS), help=argparse.SUPPRESS)
+    ap.add_argument("--path", help=argparse.SUPPRESS)
+    ap.add_argument("--vocab", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    workloads = [parse_workload(w) for w in args.workloads]
+    max_len = max(i + o for i, o, _ in workloads) + 64
+    if args.worker:
+        res = WORKERS[args.worker](args.path, workloads, args.vocab, max_len, args.max_num_seqs,
+                                   args.gpu_memory_utilization)
+        print("RESULT " + json.dumps(res), flush=True)
+        return 0
+
+    import torch
+
+    bw = copy_bandwidth()
+    torch.cuda.empty_cache()  # the engines' processes size their caches by what is free
+    print(f"device copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
+    report = {"device": torch.cuda.get_device_name(), "copy_bandwidth_tb_s": bw / 1e12,
+              "commit": git_commit(), "max_num_seqs": args.max_num_seqs,
+              "gpu_memory_utilization": args.gpu_memory_utilization, "models": {}}
+    for name in args.models:
+        print(f"== {name}", flush=True)
+        path = write_config(name, os.path.join(args.workdir, name))
+        entry = {"weight_gb": weight_bytes(path) / 1e9}
+        entry["bandwidth_limit_tok_s"] = bw / (entry["weight_gb"] * 1e9)
+        for engine in args.engines:
+            entry[engine] = run_worker(engine, args, path, SHAPES[name]["vocab_size"])
+        report["models"][name] = entry
+    print_table(report)
+    failed = any("error" in m.get(e, {}) for m in report["models"].values() for e in args.engines)
+    name = "gpu_vs_vllm.failed.json" if failed else "gpu_vs_vllm.json"
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+    for d in (here, os.environ.get("OUT")):
+        if d:
+            with open(os.path.join(d, name), "w") as f:
+                json.dump(report, f, indent=1)
+    return 1 if failed else 0
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, cwd=os.path.dirname(os.path.abspath(__file__)),
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def print_table(report) -> None:
+    print(f"\n{report['device']}, copy bandwidth {report['copy_bandwidth_tb_s']:.2f} TB/s, "
+          f"commit {report['commit']}")
+    print("| model | in / out | batch | total tok/s vllmx / vLLM (x) | decode tok/s (x) "
+          "| prefill tok/s (x) |\n|---|---|---|---|---|---|")
+    for name, m in report["models"].items():
+        vx, vl = m.get("vllmx", {}), m.get("vllm", {})
+        if "runs" not in vx or "runs" not in vl:
+            print(f"| {name} | failed: {'vllmx' if 'runs' not in vx else 'vLLM'} |")
+            continue
+        for key, a in vx["runs"].items():
+            b = vl["runs"].get(key)
+            if b is None:
+                continue
+            inp, out, batch = key.split(":")
+            cells = [f"{a[k]:,.0f} / {b[k]:,.0f} ({a[k] / b[k]:.2f}x)"
+                     for k in ("total_tok_s", "decode_tok_s", "prefill_tok_s")]
+            print(f"| {name} | {inp} / {out} | {batch} | " + " | ".join(cells) + " |")
+        print(f"  {name}: load-to-ready {vx['load_s']:.1f} s / {vl['load_s']:.1f} s; device "
+              f"memory in use {vx['mem_gib']:.1f} / {vl['mem_gib']:.1f} GiB", end="")
+        one = vx["runs"].get(next((k for k in vx["runs"] if k.endswith(":1")), ""), None)
+        if one:
+            print(f"; vllmx batch-1 decode {one['decode_tok_s']:.0f} tok/s = "
+                  f"{one['decode_tok_s'] / m['bandwidth_limit_tok_s']:.0%} of the bandwidth "
+                  f"limit {m['bandwidth_limit_tok_s']:.0f}", end="")
+        print()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
