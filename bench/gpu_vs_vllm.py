@@ -19,6 +19,10 @@ worker gets that folder on its PYTHONPATH, the vllmx worker does not.
 
     python bench/gpu_vs_vllm.py                                  # both models, both workloads
     python bench/gpu_vs_vllm.py --models llama-3-8b --workloads 1024:128:1,8,32
+
+On the lent machine (600 s a command) run one model per command: vLLM's first start takes about
+100 s. The report is rewritten after each engine finishes (gpu_vs_vllm.partial.json until the
+last one), so a command cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -96,25 +100,26 @@ def measure(generate, reset, workloads, vocab) -> dict:
     return results
 
 
-def vllmx_worker(path, workloads, vocab, max_len, max_seqs, util) -> dict:
+def vllmx_worker(path, workloads, vocab, max_len, max_seqs, max_tokens, util) -> dict:
     from vllmx import LLM, SamplingParams, _C
 
     t0 = time.perf_counter()
     llm = LLM(path, load_format="dummy", skip_tokenizer_init=True, device="cuda",
-              max_model_len=max_len, max_num_seqs=max_seqs, gpu_memory_utilization=util)
+              max_model_len=max_len, max_num_seqs=max_seqs, max_num_batched_tokens=max_tokens,
+              gpu_memory_utilization=util)
     load_s = time.perf_counter() - t0
     free, total = _C.cuda_mem_get_info()
 
     def generate(ps, new):
         sp = SamplingParams(temperature=0, max_tokens=new, min_tokens=new, ignore_eos=True)
-        outs = llm.generate([{"prompt_token_ids": p} for p in ps], sp)
+        outs = llm.generate([{"prompt_token_ids": p} for p in ps], sp, use_tqdm=False)
         assert all(len(o.outputs[0].token_ids) == new for o in outs)
 
     res = measure(generate, llm.reset_prefix_cache, workloads, vocab)
     return {"load_s": load_s, "mem_gib": (total - free) / 2**30, "runs": res}
 
 
-def vllm_worker(path, workloads, vocab, max_len, max_seqs, util) -> dict:
+def vllm_worker(path, workloads, vocab, max_len, max_seqs, max_tokens, util) -> dict:
     import torch
     import vllm
     from vllm import LLM, SamplingParams
@@ -122,7 +127,8 @@ def vllm_worker(path, workloads, vocab, max_len, max_seqs, util) -> dict:
 
     t0 = time.perf_counter()
     llm = LLM(model=path, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
-              max_model_len=max_len, max_num_seqs=max_seqs, gpu_memory_utilization=util, seed=0)
+              max_model_len=max_len, max_num_seqs=max_seqs, max_num_batched_tokens=max_tokens,
+              gpu_memory_utilization=util, seed=0)
     load_s = time.perf_counter() - t0
     free, total = torch.cuda.mem_get_info()
 
@@ -151,14 +157,23 @@ def run_worker(engine: str, args, path: str, vocab: int) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(paths)
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", engine, "--path", path,
            "--vocab", str(vocab), "--workloads", *args.workloads, "--max-num-seqs",
-           str(args.max_num_seqs), "--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+           str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+           "--gpu-memory-utilization", str(args.gpu_memory_utilization)]
     print(f"-- {engine}", flush=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                              timeout=args.worker_timeout)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        sys.stdout.write(out[-3000:])
+        return {"error": f"timed out after {args.worker_timeout} s"}
     sys.stdout.write(proc.stdout[-3000:])
-    if proc.returncode != 0 or "RESULT " not in proc.stdout:
+    # vLLM's engine process shares the pipe and may log after the result: take the last one.
+    results = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not results:
         sys.stdout.write(proc.stderr[-5000:])
         return {"error": proc.stderr[-2000:]}
-    return json.loads(proc.stdout.split("RESULT ", 1)[1])
+    return json.loads(results[-1][len("RESULT "):])
 
 
 def main() -> int:
@@ -168,6 +183,9 @@ def main() -> int:
                    help="INPUT:OUTPUT:B1,B2,... (prompt and generated tokens, batch sizes)")
     ap.add_argument("--engines", nargs="+", default=list(WORKERS), choices=list(WORKERS))
     ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192,
+                    help="the chunked-prefill budget, the same for both engines")
+    ap.add_argument("--worker-timeout", type=float, default=540)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--vllm-site", default="/root/vllm-site")
     ap.add_argument("--workdir", default="/tmp/vllmx-vs-vllm")
@@ -179,7 +197,7 @@ def main() -> int:
     max_len = max(i + o for i, o, _ in workloads) + 64
     if args.worker:
         res = WORKERS[args.worker](args.path, workloads, args.vocab, max_len, args.max_num_seqs,
-                                   args.gpu_memory_utilization)
+                                   args.max_num_batched_tokens, args.gpu_memory_utilization)
         print("RESULT " + json.dumps(res), flush=True)
         return 0
 
@@ -190,24 +208,30 @@ def main() -> int:
     print(f"device copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     report = {"device": torch.cuda.get_device_name(), "copy_bandwidth_tb_s": bw / 1e12,
               "commit": git_commit(), "max_num_seqs": args.max_num_seqs,
+              "max_num_batched_tokens": args.max_num_batched_tokens,
               "gpu_memory_utilization": args.gpu_memory_utilization, "models": {}}
     for name in args.models:
         print(f"== {name}", flush=True)
         path = write_config(name, os.path.join(args.workdir, name))
         entry = {"weight_gb": weight_bytes(path) / 1e9}
         entry["bandwidth_limit_tok_s"] = bw / (entry["weight_gb"] * 1e9)
+        report["models"][name] = entry
         for engine in args.engines:
             entry[engine] = run_worker(engine, args, path, SHAPES[name]["vocab_size"])
-        report["models"][name] = entry
+            save(report, "gpu_vs_vllm.partial.json")
     print_table(report)
     failed = any("error" in m.get(e, {}) for m in report["models"].values() for e in args.engines)
-    name = "gpu_vs_vllm.failed.json" if failed else "gpu_vs_vllm.json"
+    save(report, "gpu_vs_vllm.failed.json" if failed else "gpu_vs_vllm.json")
+    return 1 if failed else 0
+
+
+def save(report: dict, name: str) -> None:
+    """The report into bench/results/ and $OUT (the device tool brings $OUT back)."""
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
     for d in (here, os.environ.get("OUT")):
         if d:
             with open(os.path.join(d, name), "w") as f:
                 json.dump(report, f, indent=1)
-    return 1 if failed else 0
 
 
 def git_commit() -> str:

@@ -11,8 +11,10 @@
 // - a deep cp.async pipeline (6-8 stages: under full load HBM latency is ~2 us, and an SM needs
 //   ~100 KB in flight to stream its share), whose first weight tiles are requested before the
 //   programmatic-dependent-launch wait (w is never the previous kernel's output; x may be).
-// Measured on the H200 (bench/gpu_kernels_vs_torch.py): from T = 64 on, the mma.sync GEMM and
-// CUTLASS's wgmma GEMM do better (the swapped tile reloads x's fragments in every warp).
+// Measured on the H200 (bench/gpu_kernels_vs_torch.py): a version that went on to T = 128 lost
+// to CUTLASS's wgmma GEMM from T = 40 (the swapped tile reloads x's fragments in every warp),
+// hence kSkinnyMaxT = 32. Unlike the other kernels it issues loads before pdl_begin() (weights
+// only, never a previous kernel's output).
 #include <algorithm>
 
 #include "linear.cuh"
@@ -28,7 +30,7 @@ constexpr int kThreads = 128;
 constexpr int kLds = kBK + 8;  // smem row stride in elements: conflict-free ldmatrix
 constexpr int kCpr = kBK / 8;  // 16-byte chunks per tile row
 constexpr int kMaxSplits = 16;
-constexpr int kMinTilesPerSplit = 4;  // enough K per split to fill the pipeline
+constexpr int kMinTilesPerSplit = 4;  // a split shorter than this is mostly pipeline fill
 
 // Stages by token tile: two CTAs fit an SM's shared memory at either width.
 template <int NT>

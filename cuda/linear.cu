@@ -322,7 +322,7 @@ LinearPlan plan_linear(const Tensor& out, const Tensor& x, const Tensor& w, int6
     p.max_t = T == 1 ? 1 : kGemvMaxT;
     return p;
   }
-  if (p.wk == kWSame && T <= kSkinnyMaxT) {
+  if (p.wk == kWSame && T <= kSkinnyMaxT && K > 0) {
     p.path = Path::kSkinny;
     return p;
   }

@@ -1,5 +1,7 @@
 // fill_uniform: random weights for load_format="dummy", from a counter-based hash so that a
 // seed gives the same tensor on either device and at any thread count.
+#include "core/kernel_pragmas.h"  // no fma contraction: the CUDA kernel's bits are the reference
+
 #include <cmath>
 #include <string>
 

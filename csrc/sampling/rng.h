@@ -48,7 +48,7 @@ VLLMX_HOST_DEVICE float hashed_uniform01(uint64_t seed, uint64_t i) {
 }
 
 // low + span * u, rounded twice on both devices: nvcc would contract it into one fma (a
-// different last bit), which the CPU build (no FMA in its baseline) does not.
+// different last bit); the CPU file that calls it turns contraction off (kernel_pragmas.h).
 VLLMX_HOST_DEVICE float hashed_uniform(uint64_t seed, uint64_t i, float low, float span) {
 #if defined(__CUDA_ARCH__)
   return __fadd_rn(low, __fmul_rn(span, hashed_uniform01(seed, i)));

@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+# vLLM's load_format values vllmx reads (dummy: random weights from config.json alone).
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+
+
 @dataclass
 class ModelConfig:
     model: str  # as given by the user

@@ -81,8 +81,9 @@ def embedding(ids, table, out_dtype: int | None = None, out=None):
     """table[ids]: [T, H] rows, dequantized. On the host f32; on the GPU out_dtype (default: the
     table's dtype if dense, else bf16), or into out when given."""
     if out is not None:
-        pass
-    elif isinstance(ids, DeviceArray):
+        _C.ops.embedding(out, ids, _arg(table))
+        return out
+    if isinstance(ids, DeviceArray):
         if out_dtype is None:
             out_dtype = table.dtype if table.dtype in (F32, F16, BF16) else BF16
         out = DeviceArray.empty((ids.shape[0], _rows(table)), out_dtype)

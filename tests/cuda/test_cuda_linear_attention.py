@@ -161,7 +161,8 @@ def test_linear_blocks(xdt, qtype, t, nk):
         assert rel_err(got, want) < TOL[xdt]
 
 
-@pytest.mark.parametrize("nk", [(4096, 4096), (1000, 2048), (77, 1536), (200, 64)],
+@pytest.mark.parametrize("nk", [(4096, 4096), (1000, 2048), (77, 1536), (200, 64), (300, 1000),
+                                (130, 4104)],
                          ids=lambda s: f"N{s[0]}K{s[1]}")
 @pytest.mark.parametrize("dt", [BF16, F16], ids=["bf16", "f16"])
 def test_linear_skinny(dt, nk):

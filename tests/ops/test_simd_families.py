@@ -79,6 +79,15 @@ for n in (256, 77):
             getattr(_C.ops, name)(out, x, *extra, reference=ref)
             outs.append(out)
         assert rel(outs[0], outs[1]) < 1e-5, (name, extra, n, rel(outs[0], outs[1]))
+# softcap: the exp512 tanh and the scalar one, a run a multiple of 16 and not.
+for n in (4096, 8197):
+    x = (rng.standard_normal((2, n)) * 60).astype(np.float32)
+    outs = []
+    for ref in (False, True):
+        y = x.copy()
+        _C.ops.softcap(y, 30.0, reference=ref)
+        outs.append(y)
+    assert rel(outs[0], outs[1]) < 1e-6 and np.abs(outs[0]).max() <= 30.0, rel(outs[0], outs[1])
 # topk_softmax (MoE routing): the AVX-512 softmax denominator and the scalar one.
 g = (rng.standard_normal((9, 70)) * 3).astype(np.float32)
 for renorm in (False, True):

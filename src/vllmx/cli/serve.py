@@ -9,6 +9,8 @@ import logging
 import os
 import sys
 
+from vllmx.config import LOAD_FORMATS
+
 logger = logging.getLogger("vllmx")
 
 
@@ -56,7 +58,7 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="share of GPU memory for weights, activations and KV cache (default 0.9)")
     p.add_argument("--load-format", default="auto",
-                   choices=["auto", "safetensors", "gguf", "dummy"],
+                   choices=LOAD_FORMATS,
                    help="'dummy': random weights from config.json alone (benchmarking shapes "
                         "without their files), as vLLM's")
     p.add_argument("--enforce-eager", action="store_true",

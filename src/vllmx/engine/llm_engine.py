@@ -10,6 +10,7 @@ import numpy as np
 
 from vllmx import _C
 from vllmx.config import (
+    LOAD_FORMATS,
     CacheConfig,
     DeviceConfig,
     ModelConfig,
@@ -26,8 +27,6 @@ from vllmx.sampling_params import SamplingParams
 from vllmx.worker.worker_base import DTYPE_BY_NAME, create_worker
 
 logger = logging.getLogger("vllmx")
-
-LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 
 
 @dataclass

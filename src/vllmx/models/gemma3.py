@@ -16,7 +16,7 @@ from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.norm import RMSNorm
 from vllmx.layers.rotary import RotaryEmbedding
-from vllmx.loader.dummy import decoder_shapes
+from vllmx.models.shapes import decoder_shapes
 from vllmx.ops import Weight
 
 # GGUF tensor names → HF names (per layer names use {i}); llama.cpp's gemma3 names.
@@ -194,7 +194,8 @@ class Gemma3ForCausalLM:
             cfg, ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                   "post_feedforward_layernorm"),
             qk_norm=True, qkv_bias=bool(cfg.get("attention_bias")),
-            o_bias=bool(cfg.get("attention_bias")), tied=cfg.get("tie_word_embeddings", True))
+            o_bias=bool(cfg.get("attention_bias")),
+            tied=bool(cfg.get("tie_word_embeddings", True)))
 
     def _check_weights(self, weights: dict[str, Weight]) -> None:
         needed = ["model.embed_tokens.weight", "model.norm.weight"]

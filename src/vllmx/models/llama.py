@@ -12,7 +12,7 @@ from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.norm import RMSNorm
 from vllmx.layers.rotary import RotaryEmbedding
-from vllmx.loader.dummy import decoder_shapes
+from vllmx.models.shapes import decoder_shapes
 from vllmx.ops import Weight
 
 # GGUF tensor names → HF names (per layer names use {i}).

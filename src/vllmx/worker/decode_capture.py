@@ -2,7 +2,10 @@
 
 One bucket and padding rule everywhere: a pure decode step of nb requests runs padded to the
 smallest bucket that holds it (eager or captured alike, so enforce_eager gives the same tokens);
-a bigger one runs eagerly at its own size. A bucket's forward (model forward and f32 logits) is
+a bigger one runs eagerly at its own size. The buckets differ by device: the GPU's are vLLM's
+capture sizes (every graph holds memory of its own); on the CPU every batch size is a bucket,
+since tapes are recorded on first use into one shared arena (a bucket costs nothing until it
+runs, little after), so no CPU step computes padding rows. A bucket's forward (model forward and f32 logits) is
 recorded once and replayed after, with no Python inside:
 - CudaGraphs: a CUDA graph per bucket, all captured at start-up, largest first (a capture needs
   a quiet device, and grow-only scratch buffers must reach their final size before the smaller
@@ -25,6 +28,11 @@ def cudagraph_capture_sizes(max_num_seqs: int) -> list[int]:
     if max_num_seqs <= 512 and max_num_seqs not in sizes:
         sizes.append(max_num_seqs)
     return sorted(sizes)
+
+
+def tape_capture_sizes(max_num_seqs: int) -> list[int]:
+    """The CPU's buckets: every batch size up to max_num_seqs."""
+    return list(range(1, max_num_seqs + 1))
 
 
 class CapturedGraph:

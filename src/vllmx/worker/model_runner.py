@@ -27,6 +27,7 @@ from vllmx.worker.decode_capture import (
     DecodeCapture,
     StepTapes,
     cudagraph_capture_sizes,
+    tape_capture_sizes,
 )
 from vllmx.worker.input_batch import InputBatch
 from vllmx.worker.step_capture import LongLived
@@ -96,7 +97,7 @@ class ModelRunner:
         # table the kernels read is its array.
         self.input_batch = InputBatch(b, max_model_len, block_size)
         self.block_table = self.input_batch.block_table
-        sizes = cudagraph_capture_sizes(min(b, t))
+        sizes = (cudagraph_capture_sizes if device == "cuda" else tape_capture_sizes)(min(b, t))
         if enforce_eager:
             self.decode_capture = DecodeCapture(sizes)
         elif device == "cuda":
@@ -127,7 +128,7 @@ class ModelRunner:
             self._rows = DeviceArray.from_numpy(np.arange(size, dtype=np.int32))
             self._decode_logits = DeviceArray.empty((size, model.vocab_size), F32)
 
-    # -- GPU: one input copy per step, CUDA graphs for decode ----------------------------
+    # -- GPU: one input copy per step ---------------------------------------------------------
     def _stage(self, t: int, nb: int, max_query_len: int = 0) -> tuple:
         """Copies the first t tokens / nb requests of the host inputs to the device in one
         transfer; returns the device views (ids, positions, AttentionMetadata). max_query_len 1:
@@ -184,7 +185,7 @@ class ModelRunner:
         decode step runs, so both give the same tokens. On the GPU the logits land in the
         buffer every bucket shares (a graph's output must stay put)."""
         logits = self.model.compute_logits(self.model.forward(*inputs))
-        if self._decode_logits is None:
+        if self.device != "cuda":
             return logits  # the host's logits are f32; a tape's arena keeps them in place
         return ops.embedding(self._rows[:size], logits, out=self._decode_logits[:size])
 
@@ -201,7 +202,9 @@ class ModelRunner:
         self.decode_capture.capture_all(lambda size: self._prepare_decode(0, size))
 
     def _forward(self, t: int, nb: int, decode_only: bool):
-        """(hidden states, None) or, for a decode bucket, (None, f32 logits of the nb rows)."""
+        """(hidden states, None) or, for a decode bucket, (None, f32 logits of the nb rows).
+        Both are views of memory the next step overwrites (a capture's output buffer): the
+        step consumes them before it returns."""
         size = self.decode_capture.bucket(nb) if decode_only else None
         if size is None:
             return self.model.forward(*self._inputs(t, nb)), None

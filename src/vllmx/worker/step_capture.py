@@ -1,6 +1,6 @@
 """CPU step capture: a decode forward recorded once per batch bucket as a native op tape
-(vllmx._C.StepTape, csrc/step_tape.h) and replayed in C++ with the GIL released: the CPU's
-counterpart of the CUDA graphs in model_runner.py.
+(vllmx._C.StepTape, csrc/engine/step_tape.h) and replayed in C++ with the GIL released: the
+CPU's counterpart of the CUDA graphs (worker/decode_capture.py drives both).
 
 Recording runs the forward eagerly while every native op also appends itself to the tape. The
 capture then checks and packs what was recorded:
