@@ -74,6 +74,29 @@ def test_runs_from_a_config_alone(checkpoints, tmp_path):
         LLM(str(only_config), skip_tokenizer_init=True, device="cpu")
 
 
+def test_a_hub_model_fetches_no_weights(checkpoints, tmp_path, monkeypatch):
+    """A Hub id with load_format='dummy' downloads the config (and tokenizer) files only."""
+    import sys
+    import types
+
+    from vllmx import LLM
+
+    only_config = tmp_path / "hub-snapshot"
+    only_config.mkdir()
+    shutil.copy(os.path.join(checkpoints["qwen3"], "config.json"), only_config)
+    asked = []
+
+    def snapshot_download(repo_id, allow_patterns):
+        asked.append((repo_id, allow_patterns))
+        return str(only_config)
+
+    monkeypatch.setitem(sys.modules, "huggingface_hub",
+                        types.SimpleNamespace(snapshot_download=snapshot_download))
+    LLM("some-org/some-model", load_format="dummy", skip_tokenizer_init=True, device="cpu")
+    assert asked and all(r == "some-org/some-model" and "*.safetensors" not in p
+                         for r, p in asked)
+
+
 def test_bad_load_formats(checkpoints, smollm2_gguf):
     from vllmx import LLM
 

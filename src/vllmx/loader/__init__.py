@@ -16,7 +16,8 @@ from vllmx.models.registry import get_model_class
 
 def load_model(model_config: ModelConfig):
     """(model, tokenizer or None). Fills model_config.path / hf_config / gen_config."""
-    model_config.path = resolve_model(model_config.model)
+    model_config.path = resolve_model(model_config.model,
+                                      weights=model_config.load_format != "dummy")
     tokenizer = None
     fmt = model_config.load_format
     if fmt in ("gguf", "safetensors") and model_config.is_gguf != (fmt == "gguf"):

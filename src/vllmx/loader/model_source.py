@@ -91,8 +91,9 @@ def fetch_builtin(name: str) -> str:
     return dest
 
 
-def resolve_model(model: str) -> str:
-    """A local path (directory or .gguf file) for `model`; ValueError when it cannot be found."""
+def resolve_model(model: str, weights: bool = True) -> str:
+    """A local path (directory or .gguf file) for `model`; ValueError when it cannot be found.
+    weights=False (load_format="dummy"): a Hub model's config and tokenizer files only."""
     if os.path.isdir(model):
         if not (os.path.exists(os.path.join(model, "config.json"))
                 or glob.glob(os.path.join(model, "*.gguf"))):
@@ -115,7 +116,8 @@ def resolve_model(model: str) -> str:
             snapshot_download = None
         if snapshot_download is not None:
             try:
-                return snapshot_download(model, allow_patterns=["*.json", "*.safetensors", "*.jinja"])
+                patterns = ["*.json", "*.jinja"] + (["*.safetensors"] if weights else [])
+                return snapshot_download(model, allow_patterns=patterns)
             except Exception as e:
                 raise ValueError(f"model {model!r}: not a local path and the Hugging Face "
                                  f"download failed ({type(e).__name__}: {e})") from e

@@ -108,7 +108,7 @@ class CudaWorker(WorkerBase):
         _C.cuda_empty_cache()
         self.report = StartupReport()
         used0 = self.report.used()
-        path = resolve_model(mc.model)
+        path = resolve_model(mc.model, weights=mc.load_format != "dummy")
         hf = {}
         if not path.endswith(".gguf"):  # the checkpoint's dtype decides dtype="auto"
             with open(os.path.join(path, "config.json")) as f:
