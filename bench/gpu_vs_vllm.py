@@ -1,4 +1,5 @@
-"""vllmx against vLLM on the same GPU, in one run: offline throughput at each batch size.
+"""vllmx against vLLM on the same GPU, in one run: offline throughput at each batch size, and
+(--serve) the two OpenAI servers under `vllmx bench serve` at each concurrency.
 
 Both engines load the same config.json with load_format="dummy" (random weights of the real
 shapes, made on the machine: no tens of GB of files) and run the same token-id prompts, greedy,
@@ -14,11 +15,18 @@ plus load-to-ready time (constructor to first generate possible), the device mem
 after loading (both reserve gpu_memory_utilization of it up front), and batch-1 decode against
 the bandwidth limit (weight bytes / measured device copy bandwidth).
 
+The serving run starts `vllmx serve` and `vllm serve` (one at a time, same flags, a trivial
+byte-level BPE tokenizer written beside config.json: the random dataset sends token ids, the
+tokenizer only supplies the vocabulary) and drives each with `vllmx bench serve --dataset-name
+random` at each --concurrency (4 x concurrency prompts, at least 16): output tok/s, TTFT and TPOT
+median and p99.
+
 vLLM 0.26.0 comes from the gpu-peers bundle (its install.sh puts it in --vllm-site); the vLLM
 worker gets that folder on its PYTHONPATH, the vllmx worker does not.
 
     python bench/gpu_vs_vllm.py                                  # both models, both workloads
     python bench/gpu_vs_vllm.py --models llama-3-8b --workloads 1024:128:1,8,32
+    python bench/gpu_vs_vllm.py --models qwen3-0.6b --serve --concurrency 1 4 16 64 256
 
 On the lent machine (600 s a command) run one model per command: vLLM's first start takes about
 100 s. The report is rewritten after each engine finishes (gpu_vs_vllm.partial.json until the
@@ -100,15 +108,15 @@ def measure(generate, reset, workloads, vocab) -> dict:
     return results
 
 
-def vllmx_worker(path, workloads, vocab, max_len, max_seqs, max_tokens, util) -> dict:
+def vllmx_worker(path, workloads, vocab, max_len, max_seqs, max_tokens, util, device) -> dict:
     from vllmx import LLM, SamplingParams, _C
 
     t0 = time.perf_counter()
-    llm = LLM(path, load_format="dummy", skip_tokenizer_init=True, device="cuda",
+    llm = LLM(path, load_format="dummy", skip_tokenizer_init=True, device=device,
               max_model_len=max_len, max_num_seqs=max_seqs, max_num_batched_tokens=max_tokens,
               gpu_memory_utilization=util)
     load_s = time.perf_counter() - t0
-    free, total = _C.cuda_mem_get_info()
+    free, total = _C.cuda_mem_get_info() if device == "cuda" else (0, 0)
 
     def generate(ps, new):
         sp = SamplingParams(temperature=0, max_tokens=new, min_tokens=new, ignore_eos=True)
@@ -119,7 +127,7 @@ def vllmx_worker(path, workloads, vocab, max_len, max_seqs, max_tokens, util) ->
     return {"load_s": load_s, "mem_gib": (total - free) / 2**30, "runs": res}
 
 
-def vllm_worker(path, workloads, vocab, max_len, max_seqs, max_tokens, util) -> dict:
+def vllm_worker(path, workloads, vocab, max_len, max_seqs, max_tokens, util, device) -> dict:
     import torch
     import vllm
     from vllm import LLM, SamplingParams
@@ -146,19 +154,25 @@ def vllm_worker(path, workloads, vocab, max_len, max_seqs, max_tokens, util) -> 
 WORKERS = {"vllmx": vllmx_worker, "vllm": vllm_worker}
 
 
-def run_worker(engine: str, args, path: str, vocab: int) -> dict:
+def engine_env(engine: str, vllm_site: str) -> dict:
+    """The environment of an engine's process: vLLM's site folder and settings for vLLM only."""
     env = dict(os.environ)
-    site = os.path.abspath(args.vllm_site)
+    site = os.path.abspath(vllm_site)
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and
              os.path.abspath(p) != site]
     if engine == "vllm":
         paths.insert(0, site)
         env.update(VLLM_ENV)
     env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+def run_worker(engine: str, args, path: str, vocab: int) -> dict:
+    env = engine_env(engine, args.vllm_site)
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", engine, "--path", path,
            "--vocab", str(vocab), "--workloads", *args.workloads, "--max-num-seqs",
            str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
-           "--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+           "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--device", args.device]
     print(f"-- {engine}", flush=True)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
@@ -176,6 +190,92 @@ def run_worker(engine: str, args, path: str, vocab: int) -> dict:
     return json.loads(results[-1][len("RESULT "):])
 
 
+# ---- the serving run ----
+
+def write_tokenizer(path: str, vocab: int) -> None:
+    """A byte-level BPE with exactly `vocab` tokens ("a", "b", their merge "ab", then "<tN>"
+    fillers): enough for both servers to start and detokenize; the prompts are token ids."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    table = {"a": 0, "b": 1, "ab": 2} | {f"<t{i}>": i for i in range(3, vocab)}
+    tok = Tokenizer(models.BPE(vocab=table, merges=[("a", "b")]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(os.path.join(path, "tokenizer.json"))
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast"}, f)
+
+
+def server_cmd(engine: str, args, path: str, port: int, max_len: int) -> list[str]:
+    flags = ["--port", str(port), "--load-format", "dummy", "--max-model-len", str(max_len),
+             "--max-num-seqs", str(args.max_num_seqs),
+             "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+             "--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+    if engine == "vllmx":
+        return [sys.executable, "-m", "vllmx", "serve", path, "--device", args.device, *flags]
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", path,
+            "--dtype", "bfloat16", *flags]
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> float:
+    """Seconds until GET /health answers 200 (RuntimeError if the server exits or times out)."""
+    import urllib.request
+
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with status {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5) as r:
+                if r.status == 200:
+                    return time.perf_counter() - t0
+        except OSError:
+            pass
+        time.sleep(1.0)
+    raise RuntimeError(f"the server was not ready after {timeout:.0f} s")
+
+
+def serve_run(engine: str, args, path: str, max_len: int) -> dict:
+    port = 8100 if engine == "vllmx" else 8200
+    url = f"http://127.0.0.1:{port}"
+    log = open(os.path.join(path, f"{engine}-serve.log"), "w")
+    proc = subprocess.Popen(server_cmd(engine, args, path, port, max_len), stdout=log,
+                            stderr=subprocess.STDOUT, env=engine_env(engine, args.vllm_site))
+    result: dict = {}
+    try:
+        result["ready_s"] = wait_ready(url, proc, args.worker_timeout)
+        inp, out, _ = parse_workload(args.workloads[0])
+        for c in args.concurrency:
+            dest = os.path.join(path, f"{engine}-serve-c{c}.json")
+            bench = [sys.executable, "-m", "vllmx", "bench", "serve", "--base-url", url,
+                     "--dataset-name", "random", "--random-input-len", str(inp),
+                     "--random-output-len", str(out), "--num-prompts", str(max(16, 4 * c)),
+                     "--max-concurrency", str(c), "--ignore-eos", "--save-result",
+                     "--result-filename", dest]
+            done = subprocess.run(bench, capture_output=True, text=True,
+                                  env=engine_env("vllmx", args.vllm_site),
+                                  timeout=args.worker_timeout)
+            if done.returncode != 0 or not os.path.exists(dest):
+                result[str(c)] = {"error": done.stderr[-1500:]}
+                continue
+            with open(dest) as f:
+                r = json.load(f)
+            result[str(c)] = {k: r[k] for k in (
+                "completed", "failed", "output_throughput", "median_ttft_ms", "p99_ttft_ms",
+                "median_tpot_ms", "p99_tpot_ms")}
+            print(f"  {engine} serve c={c}: {result[str(c)]}", flush=True)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        result["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+    return result
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="+", default=list(SHAPES), choices=list(SHAPES))
@@ -186,6 +286,12 @@ def main() -> int:
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192,
                     help="the chunked-prefill budget, the same for both engines")
     ap.add_argument("--worker-timeout", type=float, default=540)
+    ap.add_argument("--device", default="cuda", help="vllmx's device (cpu: a dry run of the "
+                    "harness on a machine without a GPU, vllmx only)")
+    ap.add_argument("--skip-offline", action="store_true", help="the serving run only")
+    ap.add_argument("--serve", action="store_true",
+                    help="also the serving run (the first workload's lengths)")
+    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16, 64, 256])
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--vllm-site", default="/root/vllm-site")
     ap.add_argument("--workdir", default="/tmp/vllmx-vs-vllm")
@@ -197,16 +303,21 @@ def main() -> int:
     max_len = max(i + o for i, o, _ in workloads) + 64
     if args.worker:
         res = WORKERS[args.worker](args.path, workloads, args.vocab, max_len, args.max_num_seqs,
-                                   args.max_num_batched_tokens, args.gpu_memory_utilization)
+                                   args.max_num_batched_tokens, args.gpu_memory_utilization,
+                                   args.device)
         print("RESULT " + json.dumps(res), flush=True)
         return 0
 
-    import torch
+    if args.device == "cuda":
+        import torch
 
-    bw = copy_bandwidth()
-    torch.cuda.empty_cache()  # the engines' processes size their caches by what is free
+        bw = copy_bandwidth()
+        torch.cuda.empty_cache()  # the engines' processes size their caches by what is free
+        device = torch.cuda.get_device_name()
+    else:
+        bw, device = float("nan"), args.device
     print(f"device copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
-    report = {"device": torch.cuda.get_device_name(), "copy_bandwidth_tb_s": bw / 1e12,
+    report = {"device": device, "copy_bandwidth_tb_s": bw / 1e12,
               "commit": git_commit(), "max_num_seqs": args.max_num_seqs,
               "max_num_batched_tokens": args.max_num_batched_tokens,
               "gpu_memory_utilization": args.gpu_memory_utilization, "models": {}}
@@ -216,19 +327,28 @@ def main() -> int:
         entry = {"weight_gb": weight_bytes(path) / 1e9}
         entry["bandwidth_limit_tok_s"] = bw / (entry["weight_gb"] * 1e9)
         report["models"][name] = entry
-        for engine in args.engines:
+        for engine in [] if args.skip_offline else args.engines:
             entry[engine] = run_worker(engine, args, path, SHAPES[name]["vocab_size"])
             save(report, "gpu_vs_vllm.partial.json")
+        if args.serve:
+            write_tokenizer(path, SHAPES[name]["vocab_size"])
+            for engine in args.engines:
+                entry[f"{engine}_serve"] = serve_run(engine, args, path, max_len)
+                save(report, "gpu_vs_vllm.partial.json")
     print_table(report)
-    failed = any("error" in m.get(e, {}) for m in report["models"].values() for e in args.engines)
+    if args.serve:
+        print_serve_table(report)
+    failed = any("error" in v for m in report["models"].values() for k, v in m.items()
+                 if isinstance(v, dict))
     save(report, "gpu_vs_vllm.failed.json" if failed else "gpu_vs_vllm.json")
     return 1 if failed else 0
 
 
 def save(report: dict, name: str) -> None:
-    """The report into bench/results/ and $OUT (the device tool brings $OUT back)."""
+    """The report into bench/results/ (GPU runs only: a dry run is no result) and $OUT (the
+    device tool brings $OUT back)."""
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-    for d in (here, os.environ.get("OUT")):
+    for d in (here if report["device"] != "cpu" else None, os.environ.get("OUT")):
         if d:
             with open(os.path.join(d, name), "w") as f:
                 json.dump(report, f, indent=1)
@@ -243,6 +363,24 @@ def git_commit() -> str:
         return "unknown"
 
 
+def print_serve_table(report) -> None:
+    print("| model | concurrency | output tok/s vllmx / vLLM (x) | TTFT p50 ms | TTFT p99 ms "
+          "| TPOT p50 ms | TPOT p99 ms |\n|---|---|---|---|---|---|---|")
+    for name, m in report["models"].items():
+        a, b = m.get("vllmx_serve", {}), m.get("vllm_serve", {})
+        for c, r in a.items():
+            o = b.get(c)
+            if not isinstance(r, dict) or "output_throughput" not in r:
+                continue
+            if not isinstance(o, dict) or "output_throughput" not in o:
+                o = {k: float("nan") for k in r}
+            cells = [f"{r['output_throughput']:,.0f} / {o['output_throughput']:,.0f} "
+                     f"({r['output_throughput'] / o['output_throughput']:.2f}x)"]
+            cells += [f"{r[k]:.1f} / {o[k]:.1f}" for k in (
+                "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms")]
+            print(f"| {name} | {c} | " + " | ".join(cells) + " |")
+
+
 def print_table(report) -> None:
     print(f"\n{report['device']}, copy bandwidth {report['copy_bandwidth_tb_s']:.2f} TB/s, "
           f"commit {report['commit']}")
@@ -251,7 +389,7 @@ def print_table(report) -> None:
     for name, m in report["models"].items():
         vx, vl = m.get("vllmx", {}), m.get("vllm", {})
         if "runs" not in vx or "runs" not in vl:
-            print(f"| {name} | failed: {'vllmx' if 'runs' not in vx else 'vLLM'} |")
+            print(f"| {name} | no run: {'vllmx' if 'runs' not in vx else 'vLLM'} |")
             continue
         for key, a in vx["runs"].items():
             b = vl["runs"].get(key)
