@@ -268,6 +268,15 @@ __global__ void fill_uniform_kernel(T* out, int64_t n, uint64_t seed, float low,
     out[i] = from_f32<T>(rng::hashed_uniform(seed, static_cast<uint64_t>(i), low, span));
 }
 
+// ---- scale ----
+template <typename T>
+__global__ void scale_kernel(T* out, const T* x, int64_t n, float s) {
+  pdl_begin();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = from_f32<T>(__fmul_rn(to_f32(x[i]), s));
+}
+
 // ---- softcap ----
 template <typename T>
 __global__ void softcap_kernel(T* x, int64_t rows, int64_t d, int64_t stride, float cap) {
@@ -519,6 +528,23 @@ void fill_uniform(const Tensor& out, int64_t seed, float low, float high) {
   check_launch(op);
 }
 
+void scale(const Tensor& out, const Tensor& x, float s) {
+  const char* op = "cuda.scale";
+  check_on_device(out, op, "out");
+  check_act(x, op, "x");
+  VLLMX_CHECK(out.dtype == x.dtype && out.numel() == x.numel(), op,
+              "out " + out.str() + " must have x's dtype and size (x " + x.str() + ")");
+  VLLMX_CHECK(out.is_contiguous() && x.is_contiguous(), op, "out and x must be contiguous");
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  dispatch_float(x.dtype, op, [&](auto v) {
+    using T = decltype(v);
+    launch(scale_kernel<T>, blocks_for(n, kThreads), kThreads, 0, stream(), out.ptr<T>(),
+        x.ptr<T>(), n, s);
+  });
+  check_launch(op);
+}
+
 void softcap(const Tensor& x, float cap) {
   const char* op = "cuda.softcap";
   check_rows(x, op, "x");
@@ -658,6 +684,7 @@ VLLMX_KERNEL(rotary, kCUDA, rotary);
 VLLMX_KERNEL(silu_and_mul, kCUDA, silu_and_mul);
 VLLMX_KERNEL(gelu_and_mul, kCUDA, gelu_and_mul);
 VLLMX_KERNEL(softcap, kCUDA, softcap);
+VLLMX_KERNEL(scale, kCUDA, scale);
 VLLMX_KERNEL(fill_uniform, kCUDA, fill_uniform);
 VLLMX_KERNEL(write_kv_cache, kCUDA, write_kv_cache);
 VLLMX_KERNEL(qk_norm_rope_cache, kCUDA, qk_norm_rope_cache);

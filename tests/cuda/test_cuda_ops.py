@@ -187,6 +187,16 @@ def test_act_and_mul(rng, dtype, act):
 
 
 @pytest.mark.parametrize("dtype", ACT)
+def test_scale_in_place(rng, dtype):
+    x = rounded(rng.standard_normal((7, 1500)).astype(np.float32), dtype)
+    ref = np.empty_like(x)
+    _C.ops.scale(ref, x, 0.37)
+    out = dev(x, dtype)
+    _C.ops.scale(out, out, 0.37)
+    assert_close(as_f32(out.numpy(), dtype), ref, dtype, "scale")
+
+
+@pytest.mark.parametrize("dtype", ACT)
 def test_softcap(rng, dtype):
     x = rounded(rng.standard_normal((9, 3000)).astype(np.float32) * 40, dtype)
     ref = x.copy()

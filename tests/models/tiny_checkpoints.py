@@ -27,6 +27,9 @@ def family_configs():
         "mistral": tf.MistralConfig(**common, sliding_window=24),
         "qwen2": tf.Qwen2Config(**common),
         "qwen3": tf.Qwen3Config(**{**common, "head_dim": 32}, tie_word_embeddings=True),
+        "granite": tf.GraniteConfig(**common, embedding_multiplier=3.0, attention_multiplier=0.05,
+                                    residual_multiplier=0.4, logits_scaling=2.5,
+                                    tie_word_embeddings=True),
     }
 
 

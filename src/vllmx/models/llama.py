@@ -1,6 +1,7 @@
-"""The Llama family: Llama 2/3 (llama3 rope scaling), SmolLM2, Mistral, Qwen2 (qkv bias) and
-Qwen3 (q/k norm). The differences are flags read from the checkpoint: a bias tensor present,
-q/k norm weights present, tied embeddings when there is no lm_head."""
+"""The Llama family: Llama 2/3 (llama3 rope scaling), SmolLM2, Mistral, Qwen2 (qkv bias), Qwen3
+(q/k norm) and Granite (four multipliers). The differences are flags read from the checkpoint: a
+bias tensor present, q/k norm weights present, tied embeddings when there is no lm_head, and
+Granite's embedding, attention, residual and logits multipliers from its config."""
 
 from __future__ import annotations
 
@@ -64,7 +65,8 @@ class LlamaDecoderLayer:
             self.k_norm = RMSNorm(w[p + "self_attn.k_norm.weight"], eps)
         self.rope = rope
         self.attn = Attention(i, self.num_heads, self.num_kv_heads, self.head_dim,
-                              self.head_dim**-0.5, cfg.get("attn_sliding_window", 0))
+                              cfg["attn_scale"], cfg.get("attn_sliding_window", 0))
+        self.residual_multiplier = cfg["residual_multiplier"]
         self.gate_up_proj = MergedLinear([w[p + "mlp.gate_proj.weight"],
                                           w[p + "mlp.up_proj.weight"]], [None, None])
         self.down_proj = Linear(w[p + "mlp.down_proj.weight"])
@@ -76,9 +78,14 @@ class LlamaDecoderLayer:
         qkv, residual = self.qkv_proj.norm_proj(h, residual, self.input_layernorm)
         h = self.o_proj(self.attn.forward_qkv(qkv, positions, self.rope, self.q_norm,
                                               self.k_norm, md))
+        if self.residual_multiplier != 1.0:  # Granite: residual + branch * multiplier
+            ops.scale_(h, self.residual_multiplier)
         h, residual = self.gate_up_proj.norm_proj(h, residual, self.post_attention_layernorm,
                                                   act="silu")
-        return self.down_proj(h), residual
+        h = self.down_proj(h)
+        if self.residual_multiplier != 1.0:
+            ops.scale_(h, self.residual_multiplier)
+        return h, residual
 
 
 class LlamaForCausalLM:
@@ -97,6 +104,14 @@ class LlamaForCausalLM:
         use_window = ("MistralForCausalLM" in archs or cfg.get("use_sliding_window")
                       or cfg.get("gguf_architecture") == "mistral")
         cfg["attn_sliding_window"] = int(window) if (window and use_window) else 0
+        # Granite's multipliers; the others' neutral values.
+        granite = "GraniteForCausalLM" in archs
+        cfg["attn_scale"] = (float(cfg["attention_multiplier"]) if granite
+                             else cfg["head_dim"] ** -0.5)
+        cfg["residual_multiplier"] = float(cfg.get("residual_multiplier") or 1.0) if granite else 1.0
+        self.embedding_multiplier = (float(cfg.get("embedding_multiplier") or 1.0) if granite
+                                     else 1.0)
+        self.logits_scaling = float(cfg.get("logits_scaling") or 1.0) if granite else 1.0
         self.config = cfg
         self._check_weights(weights)
 
@@ -147,6 +162,8 @@ class LlamaForCausalLM:
     def forward(self, input_ids: np.ndarray, positions: np.ndarray,
                 md: AttentionMetadata) -> np.ndarray:
         h = ops.embedding(input_ids, self.embed_tokens)
+        if self.embedding_multiplier != 1.0:
+            ops.scale_(h, self.embedding_multiplier)
         residual = None
         for layer in self.layers:
             h, residual = layer(positions, h, residual, md)
@@ -155,4 +172,7 @@ class LlamaForCausalLM:
 
     def compute_logits(self, hidden: np.ndarray) -> np.ndarray:
         """Logits of contiguous hidden rows, in the activation dtype."""
-        return self.lm_head(hidden)
+        logits = self.lm_head(hidden)
+        if self.logits_scaling != 1.0:  # Granite divides them
+            ops.scale_(logits, 1.0 / self.logits_scaling)
+        return logits

@@ -7,6 +7,7 @@ from vllmx.models.llama import LlamaForCausalLM
 
 _HF_ARCHS = {
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "GraniteForCausalLM": LlamaForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
