@@ -70,5 +70,16 @@ class RotaryEmbedding:
         self.cos_sin_cache = placement.upload_vector(np.ascontiguousarray(
             np.concatenate([np.cos(freqs), np.sin(freqs)], axis=1), dtype=np.float32), F32)
 
+    def identity(self) -> RotaryEmbedding:
+        """This layout with every angle 0 (cos 1, sin 0): a layer without rope (SmolLM3's NoPE
+        layers) runs the same fused op, which then leaves q and k exactly as they are."""
+        nope = object.__new__(RotaryEmbedding)
+        nope.head_size, nope.is_neox_style = self.head_size, self.is_neox_style
+        rows, dim = self.cos_sin_cache.shape
+        cache = np.zeros((rows, dim), dtype=np.float32)
+        cache[:, :dim // 2] = 1.0
+        nope.cos_sin_cache = placement.upload_vector(cache, F32)
+        return nope
+
     def __call__(self, positions: np.ndarray, q: np.ndarray, k: np.ndarray) -> None:
         ops.rotary(positions, q, k, self.cos_sin_cache, self.head_size, self.is_neox_style)

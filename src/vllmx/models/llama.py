@@ -1,5 +1,5 @@
 """The Llama family: Llama 2/3 (llama3 rope scaling), SmolLM2, Mistral, Qwen2 (qkv bias), Qwen3
-(q/k norm) and Granite (four multipliers). The differences are flags read from the checkpoint: a
+(q/k norm), Granite (four multipliers) and SmolLM3 (layers without rope). The differences are flags read from the checkpoint: a
 bias tensor present, q/k norm weights present, tied embeddings when there is no lm_head, and
 Granite's embedding, attention, residual and logits multipliers from its config."""
 
@@ -48,7 +48,8 @@ def gguf_name_to_hf(name: str) -> str:
 
 
 class LlamaDecoderLayer:
-    def __init__(self, i: int, cfg: dict, w: dict[str, Weight], rope: RotaryEmbedding):
+    def __init__(self, i: int, cfg: dict, w: dict[str, Weight], rope: RotaryEmbedding,
+                 sliding_window: int):
         p = f"model.layers.{i}."
         eps = cfg["rms_norm_eps"]
         self.num_heads = cfg["num_attention_heads"]
@@ -65,7 +66,7 @@ class LlamaDecoderLayer:
             self.k_norm = RMSNorm(w[p + "self_attn.k_norm.weight"], eps)
         self.rope = rope
         self.attn = Attention(i, self.num_heads, self.num_kv_heads, self.head_dim,
-                              cfg["attn_scale"], cfg.get("attn_sliding_window", 0))
+                              cfg["attn_scale"], sliding_window)
         self.residual_multiplier = cfg["residual_multiplier"]
         self.gate_up_proj = MergedLinear([w[p + "mlp.gate_proj.weight"],
                                           w[p + "mlp.up_proj.weight"]], [None, None])
@@ -131,8 +132,21 @@ class LlamaForCausalLM:
             num_positions=cfg.get("max_model_len"))
         self.embed_tokens = placement.upload_weight(weights["model.embed_tokens.weight"],
                                                     "model.embed_tokens.weight")
-        self.layers = [LlamaDecoderLayer(i, cfg, weights, self.rope)
-                       for i in range(cfg["num_hidden_layers"])]
+        # SmolLM3's no_rope_layers: 1 where a layer uses rope, 0 where it has none (NoPE).
+        use_rope = cfg.get("no_rope_layers") if "SmolLM3ForCausalLM" in archs else None
+        if "SmolLM3ForCausalLM" in archs and use_rope is None:
+            every = int(cfg.get("no_rope_layer_interval") or 4)
+            use_rope = [int((i + 1) % every != 0) for i in range(cfg["num_hidden_layers"])]
+        nope = self.rope.identity() if use_rope and not all(use_rope) else None
+        # Which layers slide: config.json's layer_types where it has them (Qwen2's
+        # max_window_layers, SmolLM3's NoPE layers), else every layer when a window applies.
+        types = cfg.get("layer_types")
+        self.layers = [
+            LlamaDecoderLayer(i, cfg, weights, self.rope if use_rope is None or use_rope[i]
+                              else nope,
+                              cfg["attn_sliding_window"] if types is None
+                              or types[i] == "sliding_attention" else 0)
+            for i in range(cfg["num_hidden_layers"])]
         self.norm = RMSNorm(weights["model.norm.weight"], cfg["rms_norm_eps"])
         self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
         self.vocab_size = self.lm_head.weight.shape[0]

@@ -12,6 +12,7 @@ _HF_ARCHS = {
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
+    "SmolLM3ForCausalLM": LlamaForCausalLM,
 }
 _GGUF_ARCHS = {
     "gemma3": Gemma3ForCausalLM,
