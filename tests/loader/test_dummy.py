@@ -15,7 +15,8 @@ from vllmx.loader.dummy import DUMMY_HIGH, DUMMY_LOW, DummyWeights
 from vllmx.loader.safetensors import load_safetensors
 from vllmx.models.registry import get_model_class
 
-FAMILIES = ["llama", "llama3", "mistral", "qwen2", "qwen3", "granite", "smollm3", "gemma3"]
+FAMILIES = ["llama", "llama3", "mistral", "qwen2", "qwen3", "granite", "smollm3", "phi3",
+            "gemma3"]
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,7 @@ def family_configs():
         "granite": tf.GraniteConfig(**common, embedding_multiplier=3.0, attention_multiplier=0.05,
                                     residual_multiplier=0.4, logits_scaling=2.5,
                                     tie_word_embeddings=True),
+        "phi3": tf.Phi3Config(**common, sliding_window=24, pad_token_id=0),
         # 3 layers, the middle one without rope; a window narrower than the longest prompt
         # on the NoPE layer only (the layer_types transformers derives).
         "smollm3": tf.SmolLM3Config(**{**common, "num_hidden_layers": 3},

@@ -1,5 +1,6 @@
 """The Llama family: Llama 2/3 (llama3 rope scaling), SmolLM2, Mistral, Qwen2 (qkv bias), Qwen3
-(q/k norm), Granite (four multipliers) and SmolLM3 (layers without rope). The differences are flags read from the checkpoint: a
+(q/k norm), Granite (four multipliers), SmolLM3 (layers without rope) and Phi-3 (fused qkv and
+gate_up tensors, split at load). The differences are flags read from the checkpoint: a
 bias tensor present, q/k norm weights present, tied embeddings when there is no lm_head, and
 Granite's embedding, attention, residual and logits multipliers from its config."""
 
@@ -89,6 +90,36 @@ class LlamaDecoderLayer:
         return h, residual
 
 
+def split_rows(w: Weight, sizes: list[int]) -> list[Weight]:
+    """Row blocks of a fused weight, as views of its data (no copy)."""
+    out, start = [], 0
+    for n in sizes:
+        out.append(Weight(w.data[start:start + n], w.dtype, (n, w.shape[1])))
+        start += n
+    return out
+
+
+# Phi-3 stores q/k/v as one qkv_proj and gate/up as one gate_up_proj.
+_PHI3_FUSED = (("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+               ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj")))
+
+
+def unfuse_phi3(weights: dict[str, Weight], cfg: dict) -> dict[str, Weight]:
+    """The Llama names for Phi-3's fused tensors (views into them)."""
+    hd, nq, nkv = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    sizes = {"self_attn.qkv_proj": [nq * hd, nkv * hd, nkv * hd],
+             "mlp.gate_up_proj": [cfg["intermediate_size"]] * 2}
+    out = dict(weights)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        for fused, parts in _PHI3_FUSED:
+            w = out.pop(p + fused + ".weight", None)
+            if w is not None:
+                out.update({p + n + ".weight": v
+                            for n, v in zip(parts, split_rows(w, sizes[fused]))})
+    return out
+
+
 class LlamaForCausalLM:
     def __init__(self, cfg: dict, weights: dict[str, Weight]):
         cfg = dict(cfg)
@@ -101,8 +132,11 @@ class LlamaForCausalLM:
         cfg["num_key_value_heads"] = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
         cfg.setdefault("rms_norm_eps", 1e-6)
         archs = cfg.get("architectures") or []
+        if "Phi3ForCausalLM" in archs and not is_gguf:
+            weights = unfuse_phi3(weights, cfg)
         window = cfg.get("sliding_window")
-        use_window = ("MistralForCausalLM" in archs or cfg.get("use_sliding_window")
+        use_window = ("MistralForCausalLM" in archs or "Phi3ForCausalLM" in archs
+                      or cfg.get("use_sliding_window")
                       or cfg.get("gguf_architecture") == "mistral")
         cfg["attn_sliding_window"] = int(window) if (window and use_window) else 0
         # Granite's multipliers; the others' neutral values.
@@ -117,7 +151,9 @@ class LlamaForCausalLM:
         self._check_weights(weights)
 
         head_dim = cfg["head_dim"]
-        rotary_dim = int(head_dim * cfg.get("partial_rotary_factor", 1.0))
+        partial = (cfg.get("partial_rotary_factor")
+                   or (cfg.get("rope_parameters") or {}).get("partial_rotary_factor") or 1.0)
+        rotary_dim = int(head_dim * partial)
         # llama.cpp stores Llama Q/K un-permuted (Meta's interleaved layout): GPT-J style rope.
         is_neox = not (is_gguf and cfg["gguf_architecture"] in ("llama", "mistral"))
         freq_factors = weights.get("rope_freqs.weight")
@@ -156,11 +192,18 @@ class LlamaForCausalLM:
         """The tensors a Hugging Face checkpoint of this config holds (load_format="dummy"):
         q/k/v biases for Qwen2 (and attention_bias), q/k norms for Qwen3."""
         archs = cfg.get("architectures") or []
-        return decoder_shapes(
+        shapes = decoder_shapes(
             cfg, ("input_layernorm", "post_attention_layernorm"),
             qk_norm="Qwen3ForCausalLM" in archs,
             qkv_bias="Qwen2ForCausalLM" in archs or bool(cfg.get("attention_bias")),
             o_bias=bool(cfg.get("attention_bias")), tied=bool(cfg.get("tie_word_embeddings")))
+        if "Phi3ForCausalLM" in archs:
+            for i in range(cfg["num_hidden_layers"]):
+                p = f"model.layers.{i}."
+                for fused, parts in _PHI3_FUSED:
+                    rows = [shapes.pop(f"{p}{n}.weight") for n in parts]
+                    shapes[f"{p}{fused}.weight"] = (sum(r[0] for r in rows), rows[0][1])
+        return shapes
 
     def _check_weights(self, weights: dict[str, Weight]) -> None:
         needed = ["model.embed_tokens.weight", "model.norm.weight"]
