@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -74,13 +75,7 @@ def weight_bytes(path: str) -> int:
     with open(os.path.join(path, "config.json")) as f:
         cfg = json.load(f)
     shapes = get_model_class(cfg).checkpoint_shapes(cfg).values()
-    n = 0
-    for s in shapes:
-        k = 1
-        for d in s:
-            k *= d
-        n += k
-    return 2 * n  # bf16
+    return 2 * sum(math.prod(s) for s in shapes)  # bf16
 
 
 # ---- the two workers: each builds its engine, then measure() runs the same loop ----

@@ -242,6 +242,27 @@ void check_apply_logits_processors(
   }
 }
 
+void check_scale(const Tensor& out, const Tensor& x, float) {
+  VLLMX_CHECK(out.dtype == x.dtype && out.numel() == x.numel(), "scale",
+              "out " + out.str() + " must have x's dtype and size (x " + x.str() + ")");
+}
+
+void check_softcap(const Tensor& x, float cap) {
+  check_ndim(x, 2, "softcap", "x");
+  VLLMX_CHECK(cap > 0.0f && std::isfinite(cap), "softcap",
+              "cap must be a positive number, got " + std::to_string(cap));
+}
+
+void check_fill_uniform(const Tensor& out, int64_t, float low, float high) {
+  const char* op = "fill_uniform";
+  VLLMX_CHECK(std::isfinite(low) && std::isfinite(high) && low <= high, op,
+              "need finite low <= high, got " + std::to_string(low) + ", " +
+                  std::to_string(high));
+  VLLMX_CHECK(out.dtype == DType::F32 || out.dtype == DType::F16 || out.dtype == DType::BF16, op,
+              "out must be f32, f16 or bf16, got " + out.str());
+  VLLMX_CHECK(out.is_contiguous(), op, "out " + out.str() + " must be contiguous");
+}
+
 }  // namespace
 
 VLLMX_OP_CHECK(apply_logits_processors, check_apply_logits_processors);
@@ -251,5 +272,8 @@ VLLMX_OP_CHECK(write_kv_cache, check_write_kv_cache);
 VLLMX_OP_CHECK(paged_attention, check_paged_attention);
 VLLMX_OP_CHECK(sample, check_sample);
 VLLMX_OP_CHECK(copy_columns, check_copy_columns);
+VLLMX_OP_CHECK(scale, check_scale);
+VLLMX_OP_CHECK(softcap, check_softcap);
+VLLMX_OP_CHECK(fill_uniform, check_fill_uniform);
 
 }  // namespace vllmx

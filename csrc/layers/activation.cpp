@@ -148,11 +148,8 @@ void gelu_and_mul(const Tensor& out, const Tensor& x, bool approximate_tanh, boo
 // path is tanh(y) = 1 - 2 / (1 + e^2y) with the ~1 ulp exp512: scalar tanhf took 2.9 ms a
 // Gemma row, several times numpy.
 void softcap(const Tensor& x, float cap, bool reference) {
-  const char* op = "softcap";
-  check_dtype(x, DType::F32, op, "x");
-  check_ndim(x, 2, op, "x");
-  VLLMX_CHECK(cap > 0.0f && std::isfinite(cap), op, "cap must be a positive number, got " +
-              std::to_string(cap));
+  // x's shape and cap are the op's contract (csrc/ops.cpp); the CPU runs f32.
+  check_dtype(x, DType::F32, "softcap", "x");
   const int64_t n = x.numel();
   constexpr int64_t kChunk = 8192;
   float* p = x.ptr<float>();

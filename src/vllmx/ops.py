@@ -80,14 +80,11 @@ def _rows(table) -> int:
 def embedding(ids, table, out_dtype: int | None = None, out=None):
     """table[ids]: [T, H] rows, dequantized. On the host f32; on the GPU out_dtype (default: the
     table's dtype if dense, else bf16), or into out when given."""
-    if out is not None:
-        _C.ops.embedding(out, ids, _arg(table))
-        return out
-    if isinstance(ids, DeviceArray):
+    if out is None and isinstance(ids, DeviceArray):
         if out_dtype is None:
             out_dtype = table.dtype if table.dtype in (F32, F16, BF16) else BF16
         out = DeviceArray.empty((ids.shape[0], _rows(table)), out_dtype)
-    else:
+    elif out is None:
         out = np.empty((ids.shape[0], _rows(table)), dtype=np.float32)
     _C.ops.embedding(out, ids, _arg(table))
     return out

@@ -11,11 +11,11 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 
 from vllmx import ops
-from vllmx.device import BF16, F16, F32
+from vllmx.device import F32
 from vllmx.ops import Weight
+from vllmx.worker.worker_base import DTYPE_BY_NAME
 
 DUMMY_LOW, DUMMY_HIGH = -1e-3, 1e-3
-_DTYPES = {"bfloat16": BF16, "float16": F16, "half": F16, "float32": F32, "float": F32}
 
 
 class DummyWeights(Mapping):
@@ -25,10 +25,10 @@ class DummyWeights(Mapping):
     def __init__(self, shapes: dict[str, tuple[int, ...]], hf_config: dict, seed: int):
         self.shapes = shapes
         stored = hf_config.get("torch_dtype", hf_config.get("dtype")) or "bfloat16"
-        if stored not in _DTYPES:
+        if stored not in DTYPE_BY_NAME:
             raise ValueError(f"load_format='dummy': config.json's dtype {stored!r} is not one of "
-                             f"{', '.join(_DTYPES)}")
-        self.dtype = _DTYPES[stored]
+                             f"{', '.join(DTYPE_BY_NAME)}")
+        self.dtype = DTYPE_BY_NAME[stored]
         self.seed = seed
 
     def __getitem__(self, name: str) -> Weight:

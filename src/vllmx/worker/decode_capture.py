@@ -18,6 +18,7 @@ recorded once and replayed after, with no Python inside:
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 
 
@@ -57,8 +58,10 @@ class DecodeCapture:
         self.steps: dict[int, object] = {}  # bucket -> its capture (.replay() -> output)
 
     def bucket(self, nb: int) -> int | None:
-        """The smallest bucket that holds nb requests (None: above the largest)."""
-        return next((s for s in self.sizes if s >= nb), None)
+        """The smallest bucket that holds nb requests (None: above the largest). A bisection:
+        the CPU has a bucket per batch size, and this runs every step."""
+        i = bisect.bisect_left(self.sizes, nb)
+        return self.sizes[i] if i < len(self.sizes) else None
 
     def run(self, size: int, forward: Callable):
         """forward()'s output for bucket `size`, replayed from its capture (recorded now if this
@@ -81,7 +84,7 @@ class DecodeCapture:
         """At start-up: captures every bucket, largest first (prepare(size) pads and stages
         the bucket's inputs and returns its forward)."""
         if self.captures_at_startup:
-            for size in sorted(self.sizes, reverse=True):
+            for size in reversed(self.sizes):
                 self.steps[size] = self.capture(prepare(size))
 
 
