@@ -16,17 +16,19 @@ from vllmx.loader.safetensors import load_safetensors
 from vllmx.models.registry import get_model_class
 
 FAMILIES = ["llama", "llama3", "mistral", "qwen2", "qwen3", "granite", "smollm3", "phi3",
-            "gemma3"]
+            "gemma2", "gemma3"]
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     pytest.importorskip("torch")
+    from tests.models.test_gemma2_parity import make_checkpoint as make_gemma2
     from tests.models.test_gemma3_parity import make_checkpoint as make_gemma3
     from tests.models.tiny_checkpoints import make_checkpoint
 
     d = str(tmp_path_factory.mktemp("dummy"))
-    paths = {f: make_checkpoint(f, "bfloat16", d) for f in FAMILIES if f != "gemma3"}
+    paths = {f: make_checkpoint(f, "bfloat16", d) for f in FAMILIES if not f.startswith("gemma")}
+    paths["gemma2"] = make_gemma2("mixed", "float32", d)
     paths["gemma3"] = make_gemma3("mixed", "float32", d)
     return paths
 

@@ -1,8 +1,10 @@
-"""Gemma 3 text models (Gemma3ForCausalLM; GGUF "gemma3"). Against the Llama family: GeGLU
-(tanh GELU), RMSNorm as x * (1 + w) (the +1 folded into the weight at load; llama.cpp's GGUF
-already holds w + 1), sandwich norms around attention and MLP, per-head q/k norm, attention
-scale query_pre_attn_scalar**-0.5, interleaved sliding-window and full-attention layers with
-their own rope base, embeddings scaled by sqrt(hidden_size), optional final logit soft cap."""
+"""Gemma 2 and Gemma 3 text models (Gemma2ForCausalLM, Gemma3ForCausalLM; GGUF "gemma2",
+"gemma3"). Against the Llama family: GeGLU (tanh GELU), RMSNorm as x * (1 + w) (the +1 folded
+into the weight at load; llama.cpp's GGUF already holds w + 1), sandwich norms around attention
+and MLP, attention scale query_pre_attn_scalar**-0.5, interleaved sliding-window and
+full-attention layers, embeddings scaled by sqrt(hidden_size), optional final logit soft cap.
+Gemma 3 adds per-head q/k norm and a rope base of its own on sliding layers; Gemma 2 has
+neither, one rope for every layer, and soft-caps the attention logits."""
 
 from __future__ import annotations
 
@@ -42,9 +44,11 @@ _LAYER_TENSORS = (
     "post_feedforward_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
     "self_attn.o_proj", "self_attn.q_norm", "self_attn.k_norm", "mlp.gate_proj", "mlp.up_proj",
     "mlp.down_proj")
-# llama.cpp hard-codes these for gemma3 (its GGUFs carry neither): every 6th layer is global,
-# sliding layers use rope base 10000 without scaling.
-_GGUF_SLIDING_WINDOW_PATTERN = 6
+# llama.cpp hard-codes these (its GGUFs carry neither): every 6th layer is global in gemma3,
+# every 2nd in gemma2; gemma3's sliding layers use rope base 10000 without scaling.
+_GGUF_SLIDING_WINDOW_PATTERN = {"gemma2": 2, "gemma3": 6}
+# Gemma 2's defaults where a GGUF has no soft-capping keys (llama.cpp's too).
+_GEMMA2_ATTN_SOFTCAP, _GEMMA2_FINAL_SOFTCAP = 50.0, 30.0
 _LOCAL_ROPE_THETA = 10000.0
 
 
@@ -55,21 +59,26 @@ def gguf_name_to_hf(name: str) -> str:
     return GGUF_TO_HF[key].format(i=i) + "." + suffix if key in GGUF_TO_HF else name
 
 
-def layer_types(cfg: dict) -> list[str]:
+def layer_types(cfg: dict, gemma2: bool) -> list[str]:
     """"sliding_attention" / "full_attention" per layer: config.json's layer_types, else the
     older sliding_window_pattern (every pattern-th layer is global)."""
     n = cfg["num_hidden_layers"]
     if cfg.get("layer_types"):
         return list(cfg["layer_types"])
     pattern = (cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern")
-               or _GGUF_SLIDING_WINDOW_PATTERN)
+               or _GGUF_SLIDING_WINDOW_PATTERN["gemma2" if gemma2 else "gemma3"])
     return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
 
 
-def rope_parameters(cfg: dict) -> dict[str, dict]:
+def rope_parameters(cfg: dict, gemma2: bool) -> dict[str, dict]:
     """Rope theta and scaling per layer type, from transformers 5's per-type rope_parameters or
-    the older rope_theta / rope_local_base_freq / rope_scaling (global layers only)."""
+    the older rope_theta / rope_local_base_freq / rope_scaling (global layers only). Gemma 2's
+    one rope serves both types."""
     params = cfg.get("rope_parameters") or {}
+    if gemma2:
+        full = {**(cfg.get("rope_scaling") or {}), **params}
+        full["rope_theta"] = cfg.get("rope_theta") or params.get("rope_theta") or 1e4
+        return {"full_attention": full, "sliding_attention": full}
     if "full_attention" in params or "sliding_attention" in params:
         full = dict(params.get("full_attention") or {})
         sliding = dict(params.get("sliding_attention") or {})
@@ -113,10 +122,13 @@ class Gemma3DecoderLayer:
         self.qkv_proj = MergedLinear([w[n + ".weight"] for n in qkv],
                                      [w.get(n + ".bias") for n in qkv])
         self.o_proj = Linear(w[p + "self_attn.o_proj.weight"], w.get(p + "self_attn.o_proj.bias"))
-        self.q_norm, self.k_norm = norm("self_attn.q_norm"), norm("self_attn.k_norm")
+        self.q_norm = self.k_norm = None
+        if p + "self_attn.q_norm.weight" in w:  # Gemma 3
+            self.q_norm, self.k_norm = norm("self_attn.q_norm"), norm("self_attn.k_norm")
         self.rope = rope
         self.attn = Attention(i, self.num_heads, self.num_kv_heads, self.head_dim,
-                              cfg["query_pre_attn_scalar"] ** -0.5, sliding_window)
+                              cfg["query_pre_attn_scalar"] ** -0.5, sliding_window,
+                              cfg["attn_logit_softcapping"])
         self.gate_up_proj = MergedLinear([w[p + "mlp.gate_proj.weight"],
                                           w[p + "mlp.up_proj.weight"]], [None, None])
         self.down_proj = Linear(w[p + "mlp.down_proj.weight"])
@@ -145,11 +157,14 @@ class Gemma3DecoderLayer:
 
 class Gemma3ForCausalLM:
     def __init__(self, cfg: dict, weights: dict[str, Weight]):
-        if placement.current().on_gpu:
-            # Its embedding scale, final soft cap and head_dim 256 have no CUDA path yet.
-            raise ValueError("Gemma 3 runs on the CPU only for now; use device='cpu'")
         cfg = dict(cfg)
         is_gguf = "gguf_architecture" in cfg
+        gemma2 = ("Gemma2ForCausalLM" in (cfg.get("architectures") or [])
+                  or cfg.get("gguf_architecture") == "gemma2")
+        if placement.current().on_gpu:
+            # Not wired for the GPU yet: the embedding table is not uploaded, no GPU parity test.
+            raise ValueError(f"Gemma {2 if gemma2 else 3} runs on the CPU only for now; "
+                             f"use device='cpu'")
         if is_gguf:
             weights = {gguf_name_to_hf(k): v for k, v in weights.items()}
         cfg["num_key_value_heads"] = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
@@ -157,22 +172,37 @@ class Gemma3ForCausalLM:
         cfg.setdefault("rms_norm_eps", 1e-6)
         cfg["norm_offset"] = 0.0 if is_gguf else 1.0
         if not cfg.get("query_pre_attn_scalar"):
-            # GGUF has no key for it; llama.cpp uses hidden / heads for the 27B (62 layers).
-            big = cfg["num_hidden_layers"] == 62
+            # GGUF has no key for it; llama.cpp uses hidden / heads for the 27Bs (Gemma 2: 46
+            # layers, Gemma 3: 62).
+            big = cfg["num_hidden_layers"] == (46 if gemma2 else 62)
             cfg["query_pre_attn_scalar"] = (cfg["hidden_size"] // cfg["num_attention_heads"]
                                             if big else cfg["head_dim"])
-        # attn_logit_softcapping (a Gemma 2 field) is ignored: transformers' Gemma3Attention never
-        # applies it, and llama.cpp's converter rejects Gemma 3 checkpoints that set it.
+        if not gemma2:
+            # transformers' Gemma3Attention never applies attn_logit_softcapping, and llama.cpp's
+            # converter rejects Gemma 3 checkpoints that set it.
+            cfg["attn_logit_softcapping"] = None
+        elif is_gguf:
+            for key, default in (("attn_logit_softcapping", _GEMMA2_ATTN_SOFTCAP),
+                                 ("final_logit_softcapping", _GEMMA2_FINAL_SOFTCAP)):
+                if cfg.get(key) is None:
+                    cfg[key] = default
+            cfg["sliding_window"] = cfg.get("sliding_window") or 4096  # llama.cpp's default
+        cfg["attn_logit_softcapping"] = float(cfg.get("attn_logit_softcapping") or 0.0)
         act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
         if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
-            raise ValueError(f"Gemma 3 with hidden_activation {act!r} is not supported")
-        cfg["layer_types"] = layer_types(cfg)
+            raise ValueError(f"Gemma {2 if gemma2 else 3} with hidden_activation {act!r} is not "
+                             f"supported")
+        if cfg.get("use_bidirectional_attention"):
+            raise ValueError("Gemma with use_bidirectional_attention is not supported (vllmx "
+                             "runs causal decoders only)")
+        cfg["layer_types"] = layer_types(cfg, gemma2)
+        self.gemma2 = gemma2
         self.config = cfg
         self._check_weights(weights)
 
         max_pos = int(cfg.get("max_position_embeddings") or 2048)
         ropes = {t: _rope(cfg["head_dim"], max_pos, p, cfg.get("max_model_len"))
-                 for t, p in rope_parameters(cfg).items()}
+                 for t, p in rope_parameters(cfg, gemma2).items()}
         window = int(cfg.get("sliding_window") or 0)
         self.embed_tokens = weights["model.embed_tokens.weight"]
         # transformers multiplies by sqrt(hidden) cast to the activation dtype (f32 here).
@@ -193,14 +223,15 @@ class Gemma3ForCausalLM:
         return decoder_shapes(
             cfg, ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                   "post_feedforward_layernorm"),
-            qk_norm=True, qkv_bias=bool(cfg.get("attention_bias")),
+            qk_norm="Gemma2ForCausalLM" not in (cfg.get("architectures") or []), qkv_bias=bool(cfg.get("attention_bias")),
             o_bias=bool(cfg.get("attention_bias")),
             tied=bool(cfg.get("tie_word_embeddings", True)))
 
     def _check_weights(self, weights: dict[str, Weight]) -> None:
         needed = ["model.embed_tokens.weight", "model.norm.weight"]
         for i in range(self.config["num_hidden_layers"]):
-            needed += [f"model.layers.{i}.{n}.weight" for n in _LAYER_TENSORS]
+            needed += [f"model.layers.{i}.{n}.weight" for n in _LAYER_TENSORS
+                       if not (self.gemma2 and n.endswith(("q_norm", "k_norm")))]
         missing = [n for n in needed if n not in weights]
         if missing:
             raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")

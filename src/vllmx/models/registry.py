@@ -6,6 +6,7 @@ from vllmx.models.gemma3 import Gemma3ForCausalLM
 from vllmx.models.llama import LlamaForCausalLM
 
 _HF_ARCHS = {
+    "Gemma2ForCausalLM": Gemma3ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "GraniteForCausalLM": LlamaForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -16,6 +17,7 @@ _HF_ARCHS = {
     "SmolLM3ForCausalLM": LlamaForCausalLM,
 }
 _GGUF_ARCHS = {
+    "gemma2": Gemma3ForCausalLM,
     "gemma3": Gemma3ForCausalLM,
     "llama": LlamaForCausalLM,
     "mistral": LlamaForCausalLM,
