@@ -12,12 +12,14 @@ import numpy as np
 VOCAB = 512
 
 
-def family_configs():
+def family_configs(**sizes):
+    """Each family's tiny config; sizes overrides the common sizes (the GPU tests' larger
+    heads)."""
     import transformers as tf
 
-    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                  bos_token_id=1, eos_token_id=2)
+    common = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 160,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2, **sizes}
     return {
         "llama": tf.LlamaConfig(**common),
         "llama3": tf.LlamaConfig(**common, rope_parameters={
@@ -33,6 +35,16 @@ def family_configs():
         "phi3": tf.Phi3Config(**common, sliding_window=24, pad_token_id=0),
         # 3 layers, the middle one without rope; a window narrower than the longest prompt
         # on the NoPE layer only (the layer_types transformers derives).
+        "olmo2": tf.Olmo2Config(**common, attention_bias=True, pad_token_id=0),
+        # 4 layers, sliding / full as transformers derives them (3 of 4 sliding), a window
+        # narrower than the longest prompt, linear rope scaling on the full layer only.
+        "olmo3": tf.Olmo3Config(**{**common, "num_hidden_layers": 4}, sliding_window=24,
+                                rope_parameters={
+                                    "full_attention": {"rope_type": "linear", "factor": 4.0,
+                                                       "rope_theta": 5e5},
+                                    "sliding_attention": {"rope_type": "default",
+                                                          "rope_theta": 5e5}},
+                                pad_token_id=0),
         "smollm3": tf.SmolLM3Config(**{**common, "num_hidden_layers": 3},
                                     no_rope_layers=[1, 0, 1], use_sliding_window=True,
                                     sliding_window=24, tie_word_embeddings=True, pad_token_id=0),
@@ -42,11 +54,11 @@ def family_configs():
 GGUF_ARCH = {"llama": "llama", "llama3": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 
 
-def make_checkpoint(family: str, dtype: str, out_dir: str) -> str:
+def make_checkpoint(family: str, dtype: str, out_dir: str, **sizes) -> str:
     import torch
     import transformers as tf
 
-    cfg = family_configs()[family]
+    cfg = family_configs(**sizes)[family]
     torch.manual_seed(1234)
     model = tf.AutoModelForCausalLM.from_config(cfg).eval()
     with torch.no_grad():  # random init leaves near-uniform logits; widen them a little

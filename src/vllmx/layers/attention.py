@@ -1,6 +1,7 @@
 """Paged attention layer: writes this step's keys/values into the layer's cache blocks, then
 attends over the block table (prefill chunks and decodes in one varlen call). `forward_qkv`
-starts from the fused qkv projection: per-head q/k norm, rope and the cache write are one op."""
+starts from the fused qkv projection: per-head q/k norm, rope and the cache write are one op;
+`forward` starts from q, k and v apart (a model that norms them its own way)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,17 @@ class Attention:
             None if q_norm is None else q_norm.weight, None if k_norm is None else k_norm.weight,
             1e-6 if q_norm is None else q_norm.eps, key_cache, value_cache, md.slot_mapping,
             md.cache_dtype, self.num_heads, self.num_kv_heads, self.head_size)
+        return self._attend(q, key_cache, value_cache, md)
+
+    def forward(self, q, k, v, positions, rope, md: AttentionMetadata):
+        """From q [T, nq * D], k and v [T, nkv * D] already apart (OLMo 2 norms q and k over
+        all heads at once): rope on q and k in place, k and v into the cache, attention."""
+        key_cache, value_cache = md.kv_caches[self.layer_idx]
+        rope(positions, q, k)
+        ops.write_kv_cache(k, v, key_cache, value_cache, md.slot_mapping, md.cache_dtype)
+        return self._attend(q, key_cache, value_cache, md)
+
+    def _attend(self, q, key_cache, value_cache, md: AttentionMetadata):
         return ops.paged_attention(q, key_cache, value_cache, md.block_table, md.query_start_loc,
                                    md.seq_lens, self.scale, md.cache_dtype, self.sliding_window,
                                    self.logits_soft_cap, md.max_query_len)

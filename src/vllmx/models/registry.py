@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from vllmx.models.gemma3 import Gemma3ForCausalLM
 from vllmx.models.llama import LlamaForCausalLM
+from vllmx.models.olmo2 import Olmo2ForCausalLM
 
 _HF_ARCHS = {
     "Gemma2ForCausalLM": Gemma3ForCausalLM,
@@ -11,6 +12,8 @@ _HF_ARCHS = {
     "GraniteForCausalLM": LlamaForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
+    "Olmo2ForCausalLM": Olmo2ForCausalLM,
+    "Olmo3ForCausalLM": Olmo2ForCausalLM,
     "Phi3ForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,

@@ -1,0 +1,147 @@
+"""OLMo 2 and OLMo 3 (Olmo2ForCausalLM, Olmo3ForCausalLM). Against the Llama family: norms after
+attention and after the MLP, each on its branch before the residual add (no pre-norms); q and
+k RMS-normed over the whole projection width (all heads together), not per head. OLMo 3 adds
+sliding-window layers per its layer_types, with rope scaling on the full-attention layers only."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vllmx import ops
+from vllmx.layers import placement
+from vllmx.layers.attention import Attention, AttentionMetadata
+from vllmx.layers.linear import Linear, MergedLinear
+from vllmx.layers.norm import RMSNorm
+from vllmx.layers.rotary import RotaryEmbedding
+from vllmx.models.shapes import decoder_shapes
+from vllmx.ops import Weight
+
+_LAYER_TENSORS = (
+    "post_attention_layernorm", "post_feedforward_layernorm", "self_attn.q_proj",
+    "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "self_attn.q_norm",
+    "self_attn.k_norm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+def rope_parameters(cfg: dict) -> dict[str, dict]:
+    """Rope theta and scaling per layer type: OLMo 3's per-type rope_parameters, else one set
+    (OLMo 2's rope_parameters, or the older rope_theta / rope_scaling) for every layer."""
+    params = cfg.get("rope_parameters") or {}
+    if "full_attention" in params or "sliding_attention" in params:
+        return {t: dict(params.get(t) or {}) for t in ("full_attention", "sliding_attention")}
+    one = {**(cfg.get("rope_scaling") or {}), **params}
+    one["rope_theta"] = cfg.get("rope_theta") or params.get("rope_theta") or 1e4
+    return {"full_attention": one, "sliding_attention": one}
+
+
+def _rope(cfg: dict, params: dict) -> RotaryEmbedding:
+    scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    if scaling.get("rope_type", scaling.get("type", "default")) == "default":
+        scaling = None
+    return RotaryEmbedding(cfg["head_dim"], cfg["head_dim"],
+                           int(cfg.get("max_position_embeddings") or 2048),
+                           float(params.get("rope_theta") or 1e4), True, scaling,
+                           num_positions=cfg.get("max_model_len"))
+
+
+class Olmo2DecoderLayer:
+    def __init__(self, i: int, cfg: dict, w: dict[str, Weight], rope: RotaryEmbedding,
+                 sliding_window: int):
+        p = f"model.layers.{i}."
+        eps = cfg["rms_norm_eps"]
+        nq, nkv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+        self.head_dim = d
+        self.qkv_sizes = [nq * d, nkv * d, nkv * d]
+        qkv = [p + f"self_attn.{n}_proj" for n in "qkv"]
+        self.qkv_proj = MergedLinear([w[n + ".weight"] for n in qkv],
+                                     [w.get(n + ".bias") for n in qkv])
+        self.o_proj = Linear(w[p + "self_attn.o_proj.weight"], w.get(p + "self_attn.o_proj.bias"))
+        self.q_norm = RMSNorm(w[p + "self_attn.q_norm.weight"], eps)  # [nq * d]
+        self.k_norm = RMSNorm(w[p + "self_attn.k_norm.weight"], eps)  # [nkv * d]
+        self.rope = rope
+        self.attn = Attention(i, nq, nkv, d, d ** -0.5, sliding_window)
+        self.gate_up_proj = MergedLinear([w[p + "mlp.gate_proj.weight"],
+                                          w[p + "mlp.up_proj.weight"]], [None, None])
+        self.down_proj = Linear(w[p + "mlp.down_proj.weight"])
+        self.post_attention_layernorm = RMSNorm(w[p + "post_attention_layernorm.weight"], eps)
+        self.post_feedforward_layernorm = RMSNorm(w[p + "post_feedforward_layernorm.weight"],
+                                                  eps)
+
+    def __call__(self, positions, h, md: AttentionMetadata, add):
+        """h (the residual stream) in, updated in place: h += norm(attn(h)); h += norm(mlp(h))."""
+        q, k, v = ops.split_columns(self.qkv_proj(h), self.qkv_sizes)
+        a = self.attn.forward(self.q_norm(q), self.k_norm(k), v, positions, self.rope, md)
+        add(self.post_attention_layernorm(self.o_proj(a)), h)
+        m = self.down_proj(self.gate_up_proj.act_and_mul(h, "silu"))
+        add(self.post_feedforward_layernorm(m), h)
+        return h
+
+
+class Olmo2ForCausalLM:
+    def __init__(self, cfg: dict, weights: dict[str, Weight]):
+        cfg = dict(cfg)
+        cfg["num_key_value_heads"] = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+        cfg["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        cfg.setdefault("rms_norm_eps", 1e-6)
+        act = cfg.get("hidden_act") or "silu"
+        if act != "silu":
+            raise ValueError(f"OLMo 2 with hidden_act {act!r} is not supported")
+        if cfg.get("clip_qkv"):
+            raise ValueError("OLMo with clip_qkv is not supported")
+        n = cfg["num_hidden_layers"]
+        types = cfg.get("layer_types") or ["full_attention"] * n
+        if len(types) != n:
+            raise ValueError(f"layer_types has {len(types)} entries for {n} layers")
+        self.config = cfg
+        self._check_weights(weights)
+
+        ropes = {t: _rope(cfg, p) for t, p in rope_parameters(cfg).items()}
+        window = int(cfg.get("sliding_window") or 0)
+        self.embed_tokens = placement.upload_weight(weights["model.embed_tokens.weight"],
+                                                    "model.embed_tokens.weight")
+        self.layers = [
+            Olmo2DecoderLayer(i, cfg, weights, ropes[t], window if t == "sliding_attention" else 0)
+            for i, t in enumerate(types)]
+        self.norm = RMSNorm(weights["model.norm.weight"], cfg["rms_norm_eps"])
+        # The op table has no plain add: a residual add is fused_add_rms_norm with a unit weight
+        # (residual += x, exact; the norm it also writes into x is not used).
+        self._unit = RMSNorm(Weight.from_numpy(np.ones(cfg["hidden_size"], np.float32)), 1e-6)
+        self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
+        self.vocab_size = self.lm_head.weight.shape[0]
+
+    def _add(self, x, residual) -> None:
+        """residual += x (x is overwritten)."""
+        self._unit(x, residual)
+
+    @staticmethod
+    def checkpoint_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+        """The tensors a Hugging Face checkpoint of this config holds (load_format="dummy"):
+        q/k norms over the whole projection width."""
+        shapes = decoder_shapes(
+            cfg, ("post_attention_layernorm", "post_feedforward_layernorm"), qk_norm=False,
+            qkv_bias=bool(cfg.get("attention_bias")), o_bias=bool(cfg.get("attention_bias")),
+            tied=bool(cfg.get("tie_word_embeddings")))
+        nq = cfg["num_attention_heads"]
+        nkv = cfg.get("num_key_value_heads") or nq
+        hd = cfg.get("head_dim") or cfg["hidden_size"] // nq
+        for i in range(cfg["num_hidden_layers"]):
+            shapes[f"model.layers.{i}.self_attn.q_norm.weight"] = (nq * hd,)
+            shapes[f"model.layers.{i}.self_attn.k_norm.weight"] = (nkv * hd,)
+        return shapes
+
+    def _check_weights(self, weights: dict[str, Weight]) -> None:
+        needed = ["model.embed_tokens.weight", "model.norm.weight"]
+        for i in range(self.config["num_hidden_layers"]):
+            needed += [f"model.layers.{i}.{n}.weight" for n in _LAYER_TENSORS]
+        missing = [n for n in needed if n not in weights]
+        if missing:
+            raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
+
+    def forward(self, input_ids: np.ndarray, positions: np.ndarray,
+                md: AttentionMetadata) -> np.ndarray:
+        h = ops.embedding(input_ids, self.embed_tokens)
+        for layer in self.layers:
+            h = layer(positions, h, md, self._add)
+        return self.norm(h)
+
+    def compute_logits(self, hidden: np.ndarray) -> np.ndarray:
+        return self.lm_head(hidden)

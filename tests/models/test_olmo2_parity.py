@@ -1,0 +1,94 @@
+"""Token parity of OLMo 2 and OLMo 3 against transformers (float32 on the CPU), for tiny random
+checkpoints in f32 and bf16 safetensors (tests/models/tiny_checkpoints.py); what sets them apart
+from Llama (q/k norm over the whole projection width, OLMo 3's windows and full-layer-only rope
+scaling) is checked to move the logits, so that the parity tests test it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.models.parity import vllmx_prompt_logits
+from tests.models.test_llama_family_parity import SEED, random_prompts, run_parity
+from tests.models.tiny_checkpoints import make_checkpoint
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+FAMILIES = ["olmo2", "olmo3"]
+
+
+@pytest.fixture(scope="module")
+def ckpt_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("tiny-olmo"))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_parity_f32(family, ckpt_dir):
+    path = make_checkpoint(family, "float32", ckpt_dir)
+    llm, prompts, oracle = run_parity(path, path)
+    for prompt in prompts[:3]:
+        mine = vllmx_prompt_logits(llm, prompt)
+        with torch.no_grad():
+            ref = oracle(torch.tensor([prompt])).logits[0].double().numpy()
+        rel = np.abs(mine - ref).max() / np.abs(ref).max()
+        assert rel < 1e-3, f"{family} prompt logits rel. error {rel:.3g} (seed {SEED})"
+    windows = [layer.attn.sliding_window for layer in llm.llm_engine.model.layers]
+    assert windows == ([0, 0] if family == "olmo2" else [24, 24, 24, 0])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_parity_bf16(family, ckpt_dir):
+    path = make_checkpoint(family, "bfloat16", ckpt_dir)
+    run_parity(path, path)  # oracle: the same bf16 weights, upcast to f32
+
+
+class PerHeadNorm:
+    """The same weight applied per head instead of over the whole width (numpy, host only)."""
+
+    def __init__(self, norm, head_dim: int):
+        self.w, self.eps, self.d = np.asarray(norm.weight), norm.eps, head_dim
+
+    def __call__(self, x):
+        h = x.reshape(x.shape[0], -1, self.d).astype(np.float64)
+        h = h / np.sqrt((h * h).mean(-1, keepdims=True) + self.eps)
+        return np.ascontiguousarray((h.reshape(x.shape) * self.w).astype(np.float32))
+
+
+@pytest.mark.parametrize("family,feature", [("olmo2", "qk_norm_per_head"),
+                                            ("olmo3", "window"), ("olmo3", "full_rope")])
+def test_each_feature_matters(family, feature, ckpt_dir):
+    from vllmx import LLM
+
+    llm = LLM(make_checkpoint(family, "float32", ckpt_dir), skip_tokenizer_init=True)
+    model = llm.llm_engine.model
+    prompt = random_prompts(np.random.default_rng(SEED))[0]  # 70 tokens: past the window
+    base = vllmx_prompt_logits(llm, prompt)
+    for layer in model.layers:
+        if feature == "qk_norm_per_head":
+            layer.q_norm = PerHeadNorm(layer.q_norm, layer.head_dim)
+            layer.k_norm = PerHeadNorm(layer.k_norm, layer.head_dim)
+        elif feature == "window":
+            layer.attn.sliding_window = 0
+        else:  # the full layer's scaled rope on every layer
+            layer.rope = model.layers[-1].rope
+    moved = vllmx_prompt_logits(llm, prompt)
+    assert np.abs(moved - base).max() / np.abs(base).max() > 1e-2, feature
+
+
+def test_unsupported_config_names_it(ckpt_dir, tmp_path):
+    import json
+    import os
+    import shutil
+
+    from vllmx import LLM
+
+    path = str(tmp_path / "gelu")
+    shutil.copytree(make_checkpoint("olmo2", "float32", ckpt_dir), path)
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["hidden_act"] = "gelu"
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    with pytest.raises(ValueError, match="hidden_act 'gelu'"):
+        LLM(path, skip_tokenizer_init=True)
