@@ -48,10 +48,16 @@ def family_configs(**sizes):
         "smollm3": tf.SmolLM3Config(**{**common, "num_hidden_layers": 3},
                                     no_rope_layers=[1, 0, 1], use_sliding_window=True,
                                     sliding_window=24, tie_word_embeddings=True, pad_token_id=0),
+        # What a smollm3 GGUF can say (llama.cpp: every 4th layer without rope, no window).
+        "smollm3_gguf": tf.SmolLM3Config(**{**common, "num_hidden_layers": 4},
+                                         tie_word_embeddings=True, pad_token_id=0),
     }
 
 
-GGUF_ARCH = {"llama": "llama", "llama3": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+GGUF_ARCH = {"llama": "llama", "llama3": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+             "granite": "granite", "smollm3_gguf": "smollm3", "phi3": "phi3"}
+# llama.cpp's converter un-permutes Q/K to Meta's interleaved layout for these.
+_PERMUTED = ("llama", "granite", "smollm3")
 
 
 def make_checkpoint(family: str, dtype: str, out_dir: str, **sizes) -> str:
@@ -95,8 +101,10 @@ def _llama3_rope_factors(rope: dict, head_dim: int) -> np.ndarray:
     return np.asarray(out, dtype=np.float32)
 
 
-def write_gguf(hf_dir: str, family: str, out_path: str) -> str:
-    """An F32 GGUF of a tiny checkpoint (no tokenizer: tests run on token ids)."""
+def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool = True) -> str:
+    """A GGUF of a tiny checkpoint, matrices in F32 or `qtype` (gguf's quantizer), as llama.cpp's
+    converter lays it out; no tokenizer (tests run on token ids). window=False leaves out a
+    Phi-3 sliding_window (llama.cpp ignores it)."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -116,10 +124,18 @@ def write_gguf(hf_dir: str, family: str, out_path: str) -> str:
     w.add_head_count_kv(nkv)
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    w.add_rope_dimension_count(head_dim)
+    w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
     w.add_rope_freq_base(rope.get("rope_theta", 10000.0))
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_vocab_size(cfg["vocab_size"])
+    w.add_tokenizer_model("no_vocab")
+    if arch == "granite":
+        w.add_embedding_scale(cfg["embedding_multiplier"])
+        w.add_residual_scale(cfg["residual_multiplier"])
+        w.add_attention_scale(cfg["attention_multiplier"])
+        w.add_logit_scale(cfg["logits_scaling"])
+    if arch == "phi3" and window and cfg.get("sliding_window"):
+        w.add_sliding_window(cfg["sliding_window"])
     if rope.get("rope_type") == "llama3":  # llama.cpp stores llama3 scaling as frequency factors
         w.add_tensor("rope_freqs.weight", _llama3_rope_factors(rope, head_dim))
     names = {
@@ -132,20 +148,24 @@ def write_gguf(hf_dir: str, family: str, out_path: str) -> str:
         "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
         "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
         "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+        "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",  # Phi-3's fused ones
     }
     for name, t in sd.items():
         t = np.ascontiguousarray(t.astype(np.float32))
         if name.startswith("model.layers."):
             parts = name.split(".")
             i, rest, suffix = parts[2], ".".join(parts[3:-1]), parts[-1]
-            if arch == "llama" and rest == "self_attn.q_proj":
+            if arch in _PERMUTED and rest == "self_attn.q_proj":
                 t = _permute(t, nh)
-            elif arch == "llama" and rest == "self_attn.k_proj":
+            elif arch in _PERMUTED and rest == "self_attn.k_proj":
                 t = _permute(t, nkv)
             gname = f"blk.{i}.{per_layer[rest]}.{suffix}"
         else:
             gname = names[name]
-        w.add_tensor(gname, t)
+        if qtype is not None and t.ndim == 2:
+            w.add_tensor(gname, gguf.quants.quantize(t, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(gname, t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

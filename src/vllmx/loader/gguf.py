@@ -46,6 +46,11 @@ def gguf_to_hf_config(meta: dict[str, Any]) -> dict[str, Any]:
         "rope_local_base_freq": get("rope.freq_base_swa"),
         "attn_logit_softcapping": get("attn_logit_softcapping"),
         "final_logit_softcapping": get("final_logit_softcapping"),
+        # Granite's multipliers
+        "embedding_multiplier": get("embedding_scale"),
+        "residual_multiplier": get("residual_scale"),
+        "attention_multiplier": get("attention.scale"),
+        "logits_scaling": get("logit_scale"),
     }
     if isinstance(cfg["num_key_value_heads"], list):
         raise ValueError(f"GGUF {arch}: per-layer head counts are not supported")

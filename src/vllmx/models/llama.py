@@ -1,8 +1,9 @@
 """The Llama family: Llama 2/3 (llama3 rope scaling), SmolLM2, Mistral, Qwen2 (qkv bias), Qwen3
 (q/k norm), Granite (four multipliers), SmolLM3 (layers without rope) and Phi-3 (fused qkv and
-gate_up tensors, split at load). The differences are flags read from the checkpoint: a
-bias tensor present, q/k norm weights present, tied embeddings when there is no lm_head, and
-Granite's embedding, attention, residual and logits multipliers from its config."""
+gate_up tensors, split at load), from safetensors or GGUF. The differences are flags read from
+the checkpoint: a bias tensor present, q/k norm weights present, tied embeddings when there is
+no lm_head, and Granite's embedding, attention, residual and logits multipliers from its
+config."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ GGUF_TO_HF = {
     "blk.{i}.attn_q": "model.layers.{i}.self_attn.q_proj",
     "blk.{i}.attn_k": "model.layers.{i}.self_attn.k_proj",
     "blk.{i}.attn_v": "model.layers.{i}.self_attn.v_proj",
+    "blk.{i}.attn_qkv": "model.layers.{i}.self_attn.qkv_proj",  # Phi-3's fused q/k/v
     "blk.{i}.attn_output": "model.layers.{i}.self_attn.o_proj",
     "blk.{i}.attn_q_norm": "model.layers.{i}.self_attn.q_norm",
     "blk.{i}.attn_k_norm": "model.layers.{i}.self_attn.k_norm",
@@ -120,10 +122,15 @@ def unfuse_phi3(weights: dict[str, Weight], cfg: dict) -> dict[str, Weight]:
     return out
 
 
+# llama.cpp's archs that store Q/K un-permuted (Meta's interleaved layout): GPT-J style rope.
+_GGUF_GPTJ_ROPE = ("llama", "mistral", "granite", "smollm3")
+
+
 class LlamaForCausalLM:
     def __init__(self, cfg: dict, weights: dict[str, Weight]):
         cfg = dict(cfg)
-        is_gguf = "gguf_architecture" in cfg
+        gguf_arch = cfg.get("gguf_architecture")
+        is_gguf = gguf_arch is not None
         if is_gguf:
             weights = {gguf_name_to_hf(k): v for k, v in weights.items()}
         cfg.setdefault("head_dim", None)
@@ -132,17 +139,24 @@ class LlamaForCausalLM:
         cfg["num_key_value_heads"] = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
         cfg.setdefault("rms_norm_eps", 1e-6)
         archs = cfg.get("architectures") or []
-        if "Phi3ForCausalLM" in archs and not is_gguf:
+        phi3 = "Phi3ForCausalLM" in archs or gguf_arch == "phi3"
+        granite = "GraniteForCausalLM" in archs or gguf_arch == "granite"
+        smollm3 = "SmolLM3ForCausalLM" in archs or gguf_arch == "smollm3"
+        if phi3:
+            if is_gguf:  # llama.cpp's phi3 ffn_up is Phi-3's gate_up_proj ([gate; up])
+                weights = {k.replace(".mlp.up_proj.", ".mlp.gate_up_proj."): v
+                           for k, v in weights.items()}
             weights = unfuse_phi3(weights, cfg)
+            if "rope_factors_long.weight" in weights:
+                raise ValueError("Phi-3 GGUF with rope_factors_long (longrope scaling) is not "
+                                 "supported yet")
         window = cfg.get("sliding_window")
-        use_window = ("MistralForCausalLM" in archs or "Phi3ForCausalLM" in archs
-                      or cfg.get("use_sliding_window")
-                      or cfg.get("gguf_architecture") == "mistral")
+        use_window = ("MistralForCausalLM" in archs or phi3 or cfg.get("use_sliding_window")
+                      or gguf_arch == "mistral")
         cfg["attn_sliding_window"] = int(window) if (window and use_window) else 0
         # Granite's multipliers; the others' neutral values.
-        granite = "GraniteForCausalLM" in archs
-        cfg["attn_scale"] = (float(cfg["attention_multiplier"]) if granite
-                             else cfg["head_dim"] ** -0.5)
+        cfg["attn_scale"] = (float(cfg.get("attention_multiplier") or cfg["head_dim"] ** -0.5)
+                             if granite else cfg["head_dim"] ** -0.5)
         cfg["residual_multiplier"] = float(cfg.get("residual_multiplier") or 1.0) if granite else 1.0
         self.embedding_multiplier = (float(cfg.get("embedding_multiplier") or 1.0) if granite
                                      else 1.0)
@@ -154,8 +168,7 @@ class LlamaForCausalLM:
         partial = (cfg.get("partial_rotary_factor")
                    or (cfg.get("rope_parameters") or {}).get("partial_rotary_factor") or 1.0)
         rotary_dim = int(head_dim * partial)
-        # llama.cpp stores Llama Q/K un-permuted (Meta's interleaved layout): GPT-J style rope.
-        is_neox = not (is_gguf and cfg["gguf_architecture"] in ("llama", "mistral"))
+        is_neox = gguf_arch not in _GGUF_GPTJ_ROPE
         freq_factors = weights.get("rope_freqs.weight")
         rope_scaling = cfg.get("rope_scaling") or (cfg.get("rope_parameters") or None)
         if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) == "default":
@@ -168,9 +181,10 @@ class LlamaForCausalLM:
             num_positions=cfg.get("max_model_len"))
         self.embed_tokens = placement.upload_weight(weights["model.embed_tokens.weight"],
                                                     "model.embed_tokens.weight")
-        # SmolLM3's no_rope_layers: 1 where a layer uses rope, 0 where it has none (NoPE).
-        use_rope = cfg.get("no_rope_layers") if "SmolLM3ForCausalLM" in archs else None
-        if "SmolLM3ForCausalLM" in archs and use_rope is None:
+        # SmolLM3's no_rope_layers: 1 where a layer uses rope, 0 where it has none (NoPE); a
+        # GGUF has no key for them (llama.cpp: every 4th layer).
+        use_rope = cfg.get("no_rope_layers") if smollm3 else None
+        if smollm3 and use_rope is None:
             every = int(cfg.get("no_rope_layer_interval") or 4)
             use_rope = [int((i + 1) % every != 0) for i in range(cfg["num_hidden_layers"])]
         nope = self.rope.identity() if use_rope and not all(use_rope) else None

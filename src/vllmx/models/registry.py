@@ -22,10 +22,13 @@ _HF_ARCHS = {
 _GGUF_ARCHS = {
     "gemma2": Gemma3ForCausalLM,
     "gemma3": Gemma3ForCausalLM,
+    "granite": LlamaForCausalLM,
     "llama": LlamaForCausalLM,
     "mistral": LlamaForCausalLM,
+    "phi3": LlamaForCausalLM,
     "qwen2": LlamaForCausalLM,
     "qwen3": LlamaForCausalLM,
+    "smollm3": LlamaForCausalLM,
 }
 
 

@@ -1,0 +1,78 @@
+"""GGUF archs granite, smollm3, phi3 and gemma2 against llama.cpp: a tiny random transformers
+checkpoint written as an F32 and a Q8_0 GGUF the way llama.cpp's converter lays it out
+(tests/models/tiny_checkpoints.py, test_gemma2_parity.py), vllmx's greedy tokens teacher-forced
+through llama.cpp on the same file (TESTING.md's rule for quantized files: every position within
+1.5 nats of llama.cpp's best, >= 95% its argmax), and prompt logits near llama.cpp's. The F32 files
+of the same checkpoints match transformers in test_llama_family_parity.py / test_gemma2_parity.py
+(which also cover Phi-3's window: llama.cpp ignores Phi-3's sliding_window, so these files
+carry none)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from tests.models.llamacpp_parity import DELTA, MIN_STRICT
+from tests.models.parity import check_positions, log_softmax, vllmx_prompt_logits
+from tests.models.tiny_checkpoints import VOCAB, make_checkpoint, write_gguf
+
+llama_cpp = pytest.importorskip("llama_cpp")
+gguf = pytest.importorskip("gguf")
+pytest.importorskip("torch")
+
+SEED = int(os.environ.get("VLLMX_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
+ARCHS = ["granite", "smollm3", "phi3", "gemma2"]
+# Prompt logits against llama.cpp's, relative to their largest: F32 files differ by the f16 KV
+# cache and summation order; Q8_0 files also by activations landing on the other side of an
+# 8-bit rounding step (2-4% on these models, as on test_gguf_nl_tq_llamacpp.py's).
+PROMPT_RTOL = {"F32": 5e-3, "Q8_0": 8e-2}
+
+
+@pytest.fixture(scope="module")
+def ckpt_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("gguf-archs"))
+
+
+def tiny_gguf(arch: str, qname: str, out_dir: str) -> str:
+    qtype = None if qname == "F32" else gguf.GGMLQuantizationType[qname]
+    path = os.path.join(out_dir, f"{arch}-{qname}.gguf")
+    if arch == "gemma2":
+        from tests.models.test_gemma2_parity import make_checkpoint as make_gemma2
+        from tests.models.test_gemma2_parity import write_gemma2_gguf
+
+        return write_gemma2_gguf(make_gemma2("pattern2", "float32", out_dir), path, qtype)
+    family = "smollm3_gguf" if arch == "smollm3" else arch
+    return write_gguf(make_checkpoint(family, "float32", out_dir), family, path, qtype,
+                      window=False)
+
+
+@pytest.mark.parametrize("qname", ["F32", "Q8_0"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_parity_with_llamacpp(arch, qname, ckpt_dir):
+    from vllmx import LLM, SamplingParams
+
+    path = tiny_gguf(arch, qname, ckpt_dir)
+    assert gguf.GGUFReader(path).fields["general.architecture"].contents() == arch
+    llm = LLM(path, skip_tokenizer_init=True, max_model_len=256)
+    ref = llama_cpp.Llama(path, n_ctx=256, n_threads=os.cpu_count(), logits_all=True,
+                          verbose=False)
+    rng = np.random.default_rng(SEED)
+    prompts = [rng.integers(3, VOCAB, size=n).tolist() for n in (5, 40, 17, 33, 9, 70, 24, 12)]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True))
+    strict = total = 0
+    for prompt, out in zip(prompts, outs):
+        toks = list(out.outputs[0].token_ids)
+        ref.reset()
+        ref.eval(prompt + toks)
+        logits = np.asarray(ref.scores[: len(prompt) + len(toks)], dtype=np.float64)
+        report = check_positions(log_softmax(logits)[len(prompt) - 1: -1], toks, DELTA)
+        assert report.failed == 0, f"{arch} {qname} (seed {SEED}, len {len(prompt)}): {report}"
+        strict, total = strict + report.strict, total + len(toks)
+        mine = vllmx_prompt_logits(llm, prompt)
+        rel = np.abs(mine - logits[: len(prompt)]).max() / np.abs(logits[: len(prompt)]).max()
+        assert rel < PROMPT_RTOL[qname], f"{arch} {qname} prompt logits rel. error {rel:.3g} " \
+                                         f"(seed {SEED})"
+    assert strict >= MIN_STRICT * total, f"{arch} {qname}: {strict}/{total} strict (seed {SEED})"
