@@ -10,7 +10,8 @@ from vllmx.layers.rotary import RotaryEmbedding
 SCALINGS = [None, {"rope_type": "linear", "factor": 4.0},
             {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
              "high_freq_factor": 4.0, "original_max_position_embeddings": 512},
-            {"rope_type": "dynamic", "factor": 2.0}]
+            {"rope_type": "dynamic", "factor": 2.0},
+            {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512}]
 
 
 @pytest.mark.parametrize("scaling", SCALINGS, ids=lambda s: (s or {}).get("rope_type", "default"))

@@ -37,10 +37,11 @@ def family_configs(**sizes):
         # on the NoPE layer only (the layer_types transformers derives).
         "olmo2": tf.Olmo2Config(**common, attention_bias=True, pad_token_id=0),
         # 4 layers, sliding / full as transformers derives them (3 of 4 sliding), a window
-        # narrower than the longest prompt, linear rope scaling on the full layer only.
+        # narrower than the longest prompt, YaRN on the full layer only (as OLMo 3 ships).
         "olmo3": tf.Olmo3Config(**{**common, "num_hidden_layers": 4}, sliding_window=24,
                                 rope_parameters={
-                                    "full_attention": {"rope_type": "linear", "factor": 4.0,
+                                    "full_attention": {"rope_type": "yarn", "factor": 4.0,
+                                                       "original_max_position_embeddings": 128,
                                                        "rope_theta": 5e5},
                                     "sliding_attention": {"rope_type": "default",
                                                           "rope_theta": 5e5}},

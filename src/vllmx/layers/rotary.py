@@ -1,5 +1,6 @@
 """Rotary embeddings: the cos/sin cache for each rope flavour (vLLM's get_rope). The native op
-applies it; only the cache differs between default, linear, dynamic-NTK and llama3 scaling."""
+applies it; only the cache differs between default, linear, dynamic-NTK, llama3 and YaRN
+scaling."""
 
 from __future__ import annotations
 
@@ -29,6 +30,37 @@ def _llama3_inv_freq(inv_freq: np.ndarray, s: dict[str, Any]) -> np.ndarray:
     return np.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
 
 
+def _yarn_inv_freq(base: float, rotary_dim: int, s: dict[str, Any],
+                   max_position: int) -> tuple[np.ndarray, float]:
+    """YaRN (arXiv 2309.00071): frequencies below the correction range interpolated by factor,
+    those above kept, a linear ramp between; returns them and the attention factor that scales
+    cos and sin (from the config, else 0.1 ln(factor) + 1, DeepSeek's mscale ratio)."""
+    orig = s["original_max_position_embeddings"]
+    factor = s.get("factor") or max_position / orig
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attn = s.get("attention_factor")
+    if attn is None:
+        m, m_all = s.get("mscale"), s.get("mscale_all_dim")
+        attn = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+
+    def correction_dim(rotations: float) -> float:
+        return rotary_dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(s.get("beta_fast") or 32), correction_dim(s.get("beta_slow") or 1)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(rotary_dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+    keep = 1 - ramp  # 1: extrapolate (the base frequency), 0: interpolate (divided by factor)
+    inv_freq = _inv_freq(base, rotary_dim)
+    return inv_freq / factor * (1 - keep) + inv_freq * keep, float(attn)
+
+
 class RotaryEmbedding:
     """Applies rope to q and k in place; `cos_sin_cache` is f32 [positions, rotary_dim].
     num_positions: the positions the engine can reach (max_model_len), default all the scaling
@@ -46,12 +78,15 @@ class RotaryEmbedding:
         positions = np.arange(min(n, max_position), dtype=np.float64)
         if freq_factors is not None:  # GGUF llama3: rope_freqs.weight divides the frequencies
             inv_freq = inv_freq / freq_factors.astype(np.float64)
+        cos_sin_scale = 1.0
         if rope_type in ("default", None):
             pass
         elif rope_type == "linear":
             positions = positions / s["factor"]
         elif rope_type == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, s)
+        elif rope_type == "yarn":
+            inv_freq, cos_sin_scale = _yarn_inv_freq(base, rotary_dim, s, max_position)
         elif rope_type == "dynamic":
             # Dynamic NTK: positions within the trained length keep the base frequencies; beyond
             # it the base grows with the length (as transformers does for a sequence that long).
@@ -68,7 +103,8 @@ class RotaryEmbedding:
         if rope_type == "dynamic":
             freqs = np.concatenate([freqs, long_freqs])
         self.cos_sin_cache = placement.upload_vector(np.ascontiguousarray(
-            np.concatenate([np.cos(freqs), np.sin(freqs)], axis=1), dtype=np.float32), F32)
+            np.concatenate([np.cos(freqs), np.sin(freqs)], axis=1) * cos_sin_scale,
+            dtype=np.float32), F32)
 
     def identity(self) -> RotaryEmbedding:
         """This layout with every angle 0 (cos 1, sin 0): a layer without rope (SmolLM3's NoPE
