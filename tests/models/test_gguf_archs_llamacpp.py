@@ -1,4 +1,5 @@
-"""GGUF archs granite, smollm3, phi3 and gemma2 against llama.cpp: a tiny random transformers
+"""GGUF archs granite, smollm3, phi3, olmo2 (OLMo 2, and OLMo 3 with its windows and YaRN) and
+gemma2 against llama.cpp: a tiny random transformers
 checkpoint written as an F32 and a Q8_0 GGUF the way llama.cpp's converter lays it out
 (tests/models/tiny_checkpoints.py, test_gemma2_parity.py), vllmx's greedy tokens teacher-forced
 through llama.cpp on the same file (TESTING.md's rule for quantized files: every position within
@@ -16,14 +17,16 @@ import pytest
 
 from tests.models.llamacpp_parity import DELTA, MIN_STRICT
 from tests.models.parity import check_positions, log_softmax, vllmx_prompt_logits
-from tests.models.tiny_checkpoints import VOCAB, make_checkpoint, write_gguf
+from tests.models.tiny_checkpoints import GGUF_ARCH, VOCAB, make_checkpoint, write_gguf
 
 llama_cpp = pytest.importorskip("llama_cpp")
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("torch")
 
 SEED = int(os.environ.get("VLLMX_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
-ARCHS = ["granite", "smollm3", "phi3", "gemma2"]
+# model -> the tiny checkpoint it is made from (tiny_checkpoints.py; gemma2: test_gemma2_parity)
+MODELS = {"granite": "granite", "smollm3": "smollm3_gguf", "phi3": "phi3", "olmo2": "olmo2",
+          "olmo3": "olmo3", "gemma2": "gemma2"}
 # Prompt logits against llama.cpp's, relative to their largest: F32 files differ by the f16 KV
 # cache and summation order; Q8_0 files also by activations landing on the other side of an
 # 8-bit rounding step (2-4% on these models, as on test_gguf_nl_tq_llamacpp.py's).
@@ -35,26 +38,27 @@ def ckpt_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("gguf-archs"))
 
 
-def tiny_gguf(arch: str, qname: str, out_dir: str) -> str:
+def tiny_gguf(model: str, qname: str, out_dir: str) -> str:
     qtype = None if qname == "F32" else gguf.GGMLQuantizationType[qname]
-    path = os.path.join(out_dir, f"{arch}-{qname}.gguf")
-    if arch == "gemma2":
+    path = os.path.join(out_dir, f"{model}-{qname}.gguf")
+    family = MODELS[model]
+    if family == "gemma2":
         from tests.models.test_gemma2_parity import make_checkpoint as make_gemma2
         from tests.models.test_gemma2_parity import write_gemma2_gguf
 
         return write_gemma2_gguf(make_gemma2("pattern2", "float32", out_dir), path, qtype)
-    family = "smollm3_gguf" if arch == "smollm3" else arch
     return write_gguf(make_checkpoint(family, "float32", out_dir), family, path, qtype,
                       window=False)
 
 
 @pytest.mark.parametrize("qname", ["F32", "Q8_0"])
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", sorted(MODELS))
 def test_greedy_parity_with_llamacpp(arch, qname, ckpt_dir):
     from vllmx import LLM, SamplingParams
 
     path = tiny_gguf(arch, qname, ckpt_dir)
-    assert gguf.GGUFReader(path).fields["general.architecture"].contents() == arch
+    expected = GGUF_ARCH.get(MODELS[arch], arch)
+    assert gguf.GGUFReader(path).fields["general.architecture"].contents() == expected
     llm = LLM(path, skip_tokenizer_init=True, max_model_len=256)
     ref = llama_cpp.Llama(path, n_ctx=256, n_threads=os.cpu_count(), logits_all=True,
                           verbose=False)

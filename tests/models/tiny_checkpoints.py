@@ -35,7 +35,8 @@ def family_configs(**sizes):
         "phi3": tf.Phi3Config(**common, sliding_window=24, pad_token_id=0),
         # 3 layers, the middle one without rope; a window narrower than the longest prompt
         # on the NoPE layer only (the layer_types transformers derives).
-        "olmo2": tf.Olmo2Config(**common, attention_bias=True, pad_token_id=0),
+        "olmo2": tf.Olmo2Config(**common, pad_token_id=0),
+        "olmo2_bias": tf.Olmo2Config(**common, attention_bias=True, pad_token_id=0),
         # 4 layers, sliding / full as transformers derives them (3 of 4 sliding), a window
         # narrower than the longest prompt, YaRN on the full layer only (as OLMo 3 ships).
         "olmo3": tf.Olmo3Config(**{**common, "num_hidden_layers": 4}, sliding_window=24,
@@ -56,7 +57,8 @@ def family_configs(**sizes):
 
 
 GGUF_ARCH = {"llama": "llama", "llama3": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-             "granite": "granite", "smollm3_gguf": "smollm3", "phi3": "phi3"}
+             "granite": "granite", "smollm3_gguf": "smollm3", "phi3": "phi3", "olmo2": "olmo2",
+             "olmo3": "olmo2"}
 # llama.cpp's converter un-permutes Q/K to Meta's interleaved layout for these.
 _PERMUTED = ("llama", "granite", "smollm3")
 
@@ -117,6 +119,7 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // nh
     rope = cfg.get("rope_parameters") or {}
+    rope = rope.get("full_attention", rope)  # OLMo 3's per-type rope: the full layers' one
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
@@ -137,6 +140,12 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
         w.add_logit_scale(cfg["logits_scaling"])
     if arch == "phi3" and window and cfg.get("sliding_window"):
         w.add_sliding_window(cfg["sliding_window"])
+    if arch == "olmo2" and "sliding_attention" in (cfg.get("layer_types") or []):
+        w.add_sliding_window(cfg["sliding_window"])  # llama.cpp: 3 of every 4 layers slide
+    if rope.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
     if rope.get("rope_type") == "llama3":  # llama.cpp stores llama3 scaling as frequency factors
         w.add_tensor("rope_freqs.weight", _llama3_rope_factors(rope, head_dim))
     names = {
@@ -151,6 +160,9 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
         "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
         "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",  # Phi-3's fused ones
     }
+    if arch == "olmo2":  # norms after attention and MLP
+        per_layer |= {"post_attention_layernorm": "post_attention_norm",
+                      "post_feedforward_layernorm": "post_ffw_norm"}
     for name, t in sd.items():
         t = np.ascontiguousarray(t.astype(np.float32))
         if name.startswith("model.layers."):

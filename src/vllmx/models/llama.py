@@ -32,6 +32,8 @@ GGUF_TO_HF = {
     "blk.{i}.attn_q_norm": "model.layers.{i}.self_attn.q_norm",
     "blk.{i}.attn_k_norm": "model.layers.{i}.self_attn.k_norm",
     "blk.{i}.ffn_norm": "model.layers.{i}.post_attention_layernorm",
+    "blk.{i}.post_attention_norm": "model.layers.{i}.post_attention_layernorm",  # OLMo 2
+    "blk.{i}.post_ffw_norm": "model.layers.{i}.post_feedforward_layernorm",
     "blk.{i}.ffn_gate": "model.layers.{i}.mlp.gate_proj",
     "blk.{i}.ffn_up": "model.layers.{i}.mlp.up_proj",
     "blk.{i}.ffn_down": "model.layers.{i}.mlp.down_proj",

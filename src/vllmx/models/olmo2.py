@@ -1,7 +1,8 @@
-"""OLMo 2 and OLMo 3 (Olmo2ForCausalLM, Olmo3ForCausalLM). Against the Llama family: norms after
-attention and after the MLP, each on its branch before the residual add (no pre-norms); q and
-k RMS-normed over the whole projection width (all heads together), not per head. OLMo 3 adds
-sliding-window layers per its layer_types, with rope scaling on the full-attention layers only."""
+"""OLMo 2 and OLMo 3 (Olmo2ForCausalLM, Olmo3ForCausalLM; GGUF "olmo2", which holds both). Against
+the Llama family: norms after attention and after the MLP, each on its branch before the residual
+add (no pre-norms); q and k RMS-normed over the whole projection width (all heads together), not
+per head. OLMo 3 adds sliding-window layers per its layer_types, with rope scaling on the
+full-attention layers only."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.norm import RMSNorm
 from vllmx.layers.rotary import RotaryEmbedding
+from vllmx.models.llama import gguf_name_to_hf
 from vllmx.models.shapes import decoder_shapes
 from vllmx.ops import Weight
 
@@ -30,6 +32,8 @@ def rope_parameters(cfg: dict) -> dict[str, dict]:
         return {t: dict(params.get(t) or {}) for t in ("full_attention", "sliding_attention")}
     one = {**(cfg.get("rope_scaling") or {}), **params}
     one["rope_theta"] = cfg.get("rope_theta") or params.get("rope_theta") or 1e4
+    if cfg.get("gguf_architecture") and cfg.get("sliding_window"):  # OLMo 3 as GGUF
+        return {"full_attention": one, "sliding_attention": {"rope_theta": one["rope_theta"]}}
     return {"full_attention": one, "sliding_attention": one}
 
 
@@ -79,6 +83,8 @@ class Olmo2DecoderLayer:
 class Olmo2ForCausalLM:
     def __init__(self, cfg: dict, weights: dict[str, Weight]):
         cfg = dict(cfg)
+        if "gguf_architecture" in cfg:
+            weights = {gguf_name_to_hf(k): v for k, v in weights.items()}
         cfg["num_key_value_heads"] = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
         cfg["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
         cfg.setdefault("rms_norm_eps", 1e-6)
@@ -89,6 +95,9 @@ class Olmo2ForCausalLM:
             raise ValueError("OLMo with clip_qkv is not supported")
         n = cfg["num_hidden_layers"]
         types = cfg.get("layer_types") or ["full_attention"] * n
+        if "gguf_architecture" in cfg and cfg.get("sliding_window"):
+            # llama.cpp's olmo2 with a window (OLMo 3): 3 of every 4 layers slide.
+            types = ["sliding_attention" if i % 4 < 3 else "full_attention" for i in range(n)]
         if len(types) != n:
             raise ValueError(f"layer_types has {len(types)} entries for {n} layers")
         self.config = cfg

@@ -25,6 +25,7 @@ _GGUF_ARCHS = {
     "granite": LlamaForCausalLM,
     "llama": LlamaForCausalLM,
     "mistral": LlamaForCausalLM,
+    "olmo2": Olmo2ForCausalLM,
     "phi3": LlamaForCausalLM,
     "qwen2": LlamaForCausalLM,
     "qwen3": LlamaForCausalLM,
