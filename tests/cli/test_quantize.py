@@ -226,10 +226,12 @@ def test_errors(llama_dir, tmp_path, capsys):
         quantize_model(str(f64), str(tmp_path / "z.gguf"), "Q8_0")
 
 
-@pytest.mark.parametrize("family", ["llama3", "qwen2", "qwen3", "gemma3"])
+@pytest.mark.parametrize("family", ["llama3", "qwen2", "qwen3", "granite", "smollm3_gguf",
+                                    "phi3", "olmo2", "olmo2_bias", "olmo3", "gemma2", "gemma3"])
 def test_f32_gguf_matches_checkpoint_in_vllmx(family, tmp_path):
-    """Names, Q/K permutation, rope_freqs, biases, q/k norms and Gemma's 1 + w norms: the F32
-    GGUF gives vllmx the logits of the safetensors checkpoint it was written from."""
+    """Names, Q/K permutation, rope_freqs, biases, q/k norms, Gemma's 1 + w norms, Granite's
+    multipliers, Phi-3's fused tensors and window, OLMo's post-norms, OLMo 3's windows and YaRN:
+    the F32 GGUF gives vllmx the logits of the safetensors checkpoint it was written from."""
     from vllmx import LLM
     from vllmx.cli.quantize import quantize_model
 
@@ -237,6 +239,10 @@ def test_f32_gguf_matches_checkpoint_in_vllmx(family, tmp_path):
         from tests.models.test_gemma3_parity import make_checkpoint as make_gemma3
 
         src = make_gemma3("standard", "float32", str(tmp_path))
+    elif family == "gemma2":
+        from tests.models.test_gemma2_parity import make_checkpoint as make_gemma2
+
+        src = make_gemma2("pattern2", "float32", str(tmp_path))
     else:
         from tests.models.tiny_checkpoints import make_checkpoint
 
@@ -247,3 +253,23 @@ def test_f32_gguf_matches_checkpoint_in_vllmx(family, tmp_path):
     a, b = (vllmx_prompt_logits(LLM(p, skip_tokenizer_init=True, max_model_len=64,
                                     kv_cache_dtype="float32"), prompt) for p in (src, out))
     assert rel_err(b, a) < 1e-5, family
+
+
+@pytest.mark.parametrize("family,message", [("smollm3", "no_rope_layers"),
+                                            ("gemma2", "layer_types")])
+def test_what_gguf_cannot_express_is_refused_by_name(family, message, tmp_path):
+    """llama.cpp fixes SmolLM3's NoPE layers (every 4th) and Gemma 2's sliding layers (every
+    other): a checkpoint that differs is refused, not written wrong."""
+    from vllmx.cli.quantize import quantize_model
+
+    if family == "gemma2":
+        from tests.models.test_gemma2_parity import make_checkpoint as make_gemma2
+
+        src = make_gemma2("mixed", "float32", str(tmp_path))
+    else:
+        from tests.models.tiny_checkpoints import make_checkpoint
+
+        src = make_checkpoint(family, "float32", str(tmp_path))
+    with pytest.raises(ValueError, match=message):
+        quantize_model(src, str(tmp_path / "x.gguf"), "Q8_0")
+    assert not os.path.exists(tmp_path / "x.gguf")

@@ -3,7 +3,8 @@ gemma2 against llama.cpp: a tiny random transformers
 checkpoint written as an F32 and a Q8_0 GGUF the way llama.cpp's converter lays it out
 (tests/models/tiny_checkpoints.py, test_gemma2_parity.py), vllmx's greedy tokens teacher-forced
 through llama.cpp on the same file (TESTING.md's rule for quantized files: every position within
-1.5 nats of llama.cpp's best, >= 95% its argmax), and prompt logits near llama.cpp's. The F32 files
+1.5 nats of llama.cpp's best, >= 95% its argmax), and prompt logits near llama.cpp's; the same
+checkpoints through `vllmx quantize` too. The F32 files
 of the same checkpoints match transformers in test_llama_family_parity.py / test_gemma2_parity.py
 (which also cover Phi-3's window: llama.cpp ignores Phi-3's sliding_window, so these files
 carry none)."""
@@ -11,6 +12,7 @@ carry none)."""
 from __future__ import annotations
 
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -38,25 +40,43 @@ def ckpt_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("gguf-archs"))
 
 
-def tiny_gguf(model: str, qname: str, out_dir: str) -> str:
-    qtype = None if qname == "F32" else gguf.GGMLQuantizationType[qname]
-    path = os.path.join(out_dir, f"{model}-{qname}.gguf")
+def tiny_gguf(model: str, qname: str, writer: str, out_dir: str) -> str:
+    """The model's tiny checkpoint as a GGUF written by the test's gguf-py writer or by
+    `vllmx quantize`."""
+    from tests.models.test_gemma2_parity import make_checkpoint as make_gemma2
+    from tests.models.test_gemma2_parity import write_gemma2_gguf
+    from vllmx.cli.quantize import quantize_model
+
     family = MODELS[model]
+    src = (make_gemma2("pattern2", "float32", out_dir) if family == "gemma2"
+           else make_checkpoint(family, "float32", out_dir))
+    path = os.path.join(out_dir, f"{model}-{qname}-{writer}.gguf")
+    if writer == "quantize":
+        from tests.cli.test_quantize import write_tokenizer
+
+        src = shutil.copytree(src, path + ".src")
+        write_tokenizer(src)  # llama.cpp loads no file without a vocabulary
+        quantize_model(src, path, qname)
+        return path
+    qtype = None if qname == "F32" else gguf.GGMLQuantizationType[qname]
     if family == "gemma2":
-        from tests.models.test_gemma2_parity import make_checkpoint as make_gemma2
-        from tests.models.test_gemma2_parity import write_gemma2_gguf
-
-        return write_gemma2_gguf(make_gemma2("pattern2", "float32", out_dir), path, qtype)
-    return write_gguf(make_checkpoint(family, "float32", out_dir), family, path, qtype,
-                      window=False)
+        return write_gemma2_gguf(src, path, qtype)
+    return write_gguf(src, family, path, qtype, window=False)
 
 
+@pytest.mark.parametrize("writer", ["gguf", "quantize"])
 @pytest.mark.parametrize("qname", ["F32", "Q8_0"])
 @pytest.mark.parametrize("arch", sorted(MODELS))
-def test_greedy_parity_with_llamacpp(arch, qname, ckpt_dir):
+def test_greedy_parity_with_llamacpp(arch, qname, writer, ckpt_dir):
     from vllmx import LLM, SamplingParams
 
-    path = tiny_gguf(arch, qname, ckpt_dir)
+    if arch == "phi3" and writer == "quantize":
+        # llama.cpp refuses a phi3 file with this test's byte-level BPE vocabulary ("error
+        # loading model vocabulary: unordered_map::at"; Phi-3 ships SentencePiece, which vllmx
+        # quantize does not write). Its F32 output matches the checkpoint in test_quantize.py.
+        pytest.skip("llama.cpp loads no phi3 file with a byte-level BPE vocabulary")
+
+    path = tiny_gguf(arch, qname, writer, ckpt_dir)
     expected = GGUF_ARCH.get(MODELS[arch], arch)
     assert gguf.GGUFReader(path).fields["general.architecture"].contents() == expected
     llm = LLM(path, skip_tokenizer_init=True, max_model_len=256)

@@ -1,7 +1,8 @@
 """A Hugging Face checkpoint laid out as llama.cpp's convert_hf_to_gguf.py lays it out: GGUF tensor
 names, architecture metadata, and the tokenizer. Llama Q/K rows are un-permuted to Meta's
-interleaved rope layout, llama3 rope scaling becomes a rope_freqs tensor, Gemma norms are stored
-as 1 + w. Tensors are produced lazily (name, shape, loader) so a writer can stream them."""
+interleaved rope layout (llama, granite, smollm3), llama3 rope scaling becomes a rope_freqs tensor,
+Gemma norms are stored as 1 + w, Phi-3's fused tensors stay fused. Tensors are produced lazily
+(name, shape, loader) so a writer can stream them."""
 
 from __future__ import annotations
 
@@ -19,10 +20,22 @@ from vllmx.models import gemma3, llama
 
 logger = logging.getLogger(__name__)
 
-# HF architectures -> GGUF architecture (Mistral converts as llama, as llama.cpp does).
+# HF architectures -> GGUF architecture (Mistral converts as llama, OLMo 3 as olmo2, as
+# llama.cpp does).
 HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama",
                     "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+                    "GraniteForCausalLM": "granite", "SmolLM3ForCausalLM": "smollm3",
+                    "Phi3ForCausalLM": "phi3", "Olmo2ForCausalLM": "olmo2",
+                    "Olmo3ForCausalLM": "olmo2", "Gemma2ForCausalLM": "gemma2",
                     "Gemma3ForCausalLM": "gemma3"}
+_PERMUTED = ("llama", "granite", "smollm3")  # Q/K rows un-permuted (llama.cpp's LlamaModel)
+_GEMMA = ("gemma2", "gemma3")
+# Where an HF name has another GGUF name in one arch than the table's first (the table is
+# GGUF -> HF, and several GGUF names may load as one HF name).
+_ARCH_NAMES = {
+    "olmo2": {"model.layers.{i}.post_attention_layernorm": "blk.{i}.post_attention_norm"},
+    "phi3": {"model.layers.{i}.mlp.gate_up_proj": "blk.{i}.ffn_up"},
+}
 
 
 @dataclass
@@ -33,8 +46,11 @@ class SourceTensor:
 
 
 def _hf_to_gguf_names(arch: str) -> dict[str, str]:
-    table = gemma3.GGUF_TO_HF if arch == "gemma3" else llama.GGUF_TO_HF
-    return {hf: g for g, hf in table.items()}
+    table = gemma3.GGUF_TO_HF if arch in _GEMMA else llama.GGUF_TO_HF
+    names: dict[str, str] = {}
+    for g, hf in table.items():
+        names.setdefault(hf, g)  # the first GGUF name listed for it
+    return names | _ARCH_NAMES.get(arch, {})
 
 
 def _gguf_name(hf_name: str, table: dict[str, str]) -> str | None:
@@ -54,9 +70,10 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def _rope(cfg: dict) -> tuple[float, dict]:
-    """(rope_theta, scaling) from transformers 5's rope_parameters or 4's rope_theta and
-    rope_scaling."""
+    """(rope_theta, scaling) from transformers 5's rope_parameters (per layer type: the full
+    layers') or 4's rope_theta and rope_scaling."""
     params = dict(cfg.get("rope_parameters") or {})
+    params = dict(params.get("full_attention", params))
     scaling = dict(cfg.get("rope_scaling") or params)
     theta = cfg.get("rope_theta") or params.get("rope_theta") or 10000.0
     if scaling.get("rope_type", scaling.get("type", "default")) == "default":
@@ -111,11 +128,11 @@ def hf_tensors(model_dir: str, arch: str, cfg: dict) -> list[SourceTensor]:
 
         def load(w=w, hf_name=hf_name):
             t = w.to_float32()
-            if arch == "llama" and hf_name.endswith("self_attn.q_proj.weight"):
+            if arch in _PERMUTED and hf_name.endswith("self_attn.q_proj.weight"):
                 t = _permute(t, nh)
-            elif arch == "llama" and hf_name.endswith("self_attn.k_proj.weight"):
+            elif arch in _PERMUTED and hf_name.endswith("self_attn.k_proj.weight"):
                 t = _permute(t, nkv)
-            elif arch == "gemma3" and hf_name.endswith("norm.weight"):
+            elif arch in _GEMMA and hf_name.endswith("norm.weight"):
                 t = t + np.float32(1.0)
             return np.ascontiguousarray(t, dtype=np.float32)
 
@@ -147,9 +164,15 @@ def add_hf_metadata(w, arch: str, cfg: dict) -> None:
     if arch == "gemma3":
         _add_gemma3_metadata(w, cfg, head_dim)
         return
+    if arch == "gemma2":
+        _add_gemma2_metadata(w, cfg, head_dim)
+        return
     theta, scaling = _rope(cfg)
     w.add_rope_freq_base(theta)
-    w.add_rope_dimension_count(int(head_dim * cfg.get("partial_rotary_factor", 1.0)))
+    partial = (cfg.get("partial_rotary_factor")
+               or (cfg.get("rope_parameters") or {}).get("partial_rotary_factor") or 1.0)
+    w.add_rope_dimension_count(int(head_dim * partial))
+    _add_family_metadata(w, arch, cfg)
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -164,6 +187,60 @@ def add_hf_metadata(w, arch: str, cfg: dict) -> None:
     if window and "MistralForCausalLM" in (cfg.get("architectures") or []):
         logger.warning("sliding_window %s is dropped: llama.cpp's llama architecture has none",
                        window)
+
+
+def _add_family_metadata(w, arch: str, cfg: dict) -> None:
+    """Granite's multipliers; the windows of Phi-3 and OLMo 3; what llama.cpp fixes for SmolLM3
+    and OLMo 3 and a file cannot say otherwise."""
+    n = cfg["num_hidden_layers"]
+    if arch == "granite":
+        w.add_embedding_scale(cfg.get("embedding_multiplier") or 1.0)
+        w.add_residual_scale(cfg.get("residual_multiplier") or 1.0)
+        w.add_attention_scale(cfg["attention_multiplier"])
+        w.add_logit_scale(cfg.get("logits_scaling") or 1.0)
+    elif arch == "phi3" and cfg.get("sliding_window"):
+        w.add_sliding_window(cfg["sliding_window"])  # vllmx reads it; llama.cpp ignores it
+    elif arch == "smollm3":
+        every = cfg.get("no_rope_layer_interval") or 4
+        use_rope = cfg.get("no_rope_layers") or [int((i + 1) % every != 0) for i in range(n)]
+        if list(use_rope) != [int((i + 1) % 4 != 0) for i in range(n)]:
+            raise ValueError("SmolLM3 with no_rope_layers other than every 4th layer cannot be "
+                             "expressed in GGUF")
+        if cfg.get("use_sliding_window") and cfg.get("sliding_window"):
+            raise ValueError("SmolLM3 with sliding windows cannot be expressed in GGUF")
+    elif arch == "olmo2" and "sliding_attention" in (cfg.get("layer_types") or []):
+        types = ["sliding_attention" if i % 4 < 3 else "full_attention" for i in range(n)]
+        if list(cfg["layer_types"]) != types:
+            raise ValueError("OLMo 3 with layer_types other than 3 sliding of every 4 cannot be "
+                             "expressed in GGUF")
+        sliding = (cfg.get("rope_parameters") or {}).get("sliding_attention") or {}
+        if sliding.get("rope_type", "default") != "default":
+            raise ValueError("OLMo 3 with rope scaling on sliding layers cannot be expressed in "
+                             "GGUF")
+        w.add_sliding_window(cfg["sliding_window"])
+
+
+def _add_gemma2_metadata(w, cfg: dict, head_dim: int) -> None:
+    theta, scaling = _rope(cfg)
+    if scaling:
+        raise ValueError(f"Gemma 2 with rope scaling {scaling} is not supported by vllmx quantize")
+    w.add_rope_freq_base(theta)
+    w.add_sliding_window(cfg["sliding_window"])
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if not cfg.get(key):  # llama.cpp would cap at its defaults (50, 30)
+            raise ValueError(f"Gemma 2 without {key} cannot be expressed in GGUF")
+    w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+    w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    n = cfg["num_hidden_layers"]
+    if gemma3.layer_types(cfg, gemma2=True) != gemma3.layer_types({"num_hidden_layers": n},
+                                                                 gemma2=True):
+        raise ValueError("Gemma 2 with layer_types other than every other layer sliding cannot "
+                         "be expressed in GGUF")
+    qpas = cfg.get("query_pre_attn_scalar")
+    big = n == 46  # llama.cpp's 27B: hidden / heads
+    if qpas and qpas != (cfg["hidden_size"] // cfg["num_attention_heads"] if big else head_dim):
+        raise ValueError(f"Gemma 2 with query_pre_attn_scalar {qpas} cannot be expressed in GGUF "
+                         f"(llama.cpp derives it)")
 
 
 def _add_gemma3_metadata(w, cfg: dict, head_dim: int) -> None:

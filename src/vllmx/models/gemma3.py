@@ -59,7 +59,7 @@ def gguf_name_to_hf(name: str) -> str:
     return GGUF_TO_HF[key].format(i=i) + "." + suffix if key in GGUF_TO_HF else name
 
 
-def layer_types(cfg: dict, gemma2: bool) -> list[str]:
+def layer_types(cfg: dict, gemma2: bool = False) -> list[str]:
     """"sliding_attention" / "full_attention" per layer: config.json's layer_types, else the
     older sliding_window_pattern (every pattern-th layer is global)."""
     n = cfg["num_hidden_layers"]
@@ -70,7 +70,7 @@ def layer_types(cfg: dict, gemma2: bool) -> list[str]:
     return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
 
 
-def rope_parameters(cfg: dict, gemma2: bool) -> dict[str, dict]:
+def rope_parameters(cfg: dict, gemma2: bool = False) -> dict[str, dict]:
     """Rope theta and scaling per layer type, from transformers 5's per-type rope_parameters or
     the older rope_theta / rope_local_base_freq / rope_scaling (global layers only). Gemma 2's
     one rope serves both types."""
