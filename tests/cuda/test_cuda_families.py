@@ -1,7 +1,8 @@
 """The dense families beyond Llama and Qwen3 on the GPU: token parity against transformers on the
 same GPU (bf16: delta 0.5 nats; f32: delta 0.01) for the tiny checkpoints of
-tests/models/tiny_checkpoints.py at head_dim 64 (the tensor-core attention path), prompts longer
-than their sliding windows."""
+tests/models/tiny_checkpoints.py at head_dim 64 (the tensor-core attention path) and Gemma 2 / 3's
+(head_dim 32: the generic path, with Gemma 2's attention soft cap), prompts longer than their
+sliding windows."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-FAMILIES = ["granite", "smollm3", "phi3", "olmo2", "olmo3"]
+FAMILIES = ["granite", "smollm3", "phi3", "olmo2", "olmo3", "gemma2", "gemma3"]
 SIZES = {"hidden_size": 256, "intermediate_size": 512, "max_position_embeddings": 1024}
 SEED = int.from_bytes(os.urandom(4), "little")  # fresh prompts each run, printed on failure
 
@@ -27,22 +28,35 @@ def ckpt_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("gpu-families"))
 
 
+def checkpoint(family: str, out_dir: str) -> str:
+    if family == "gemma2":
+        from tests.models.test_gemma2_parity import make_checkpoint as make_gemma2
+
+        return make_gemma2("mixed", "bfloat16", out_dir)
+    if family == "gemma3":
+        from tests.models.test_gemma3_parity import make_checkpoint as make_gemma3
+
+        return make_gemma3("mixed", "bfloat16", out_dir)
+    return make_checkpoint(family, "bfloat16", out_dir, **SIZES)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("dtype,delta", [("bfloat16", 0.5), ("float32", 0.01)])
 def test_token_parity_vs_transformers_on_gpu(ckpt_dir, family, dtype, delta):
     from vllmx import LLM, SamplingParams
 
-    path = make_checkpoint(family, "bfloat16", ckpt_dir, **SIZES)
+    path = checkpoint(family, ckpt_dir)
     rng = np.random.default_rng(SEED)
     lens = rng.integers(3, 200, size=8)
     lens[0] = 300  # several KV blocks, past every window
     prompts = [rng.integers(3, VOCAB, size=int(n)).tolist() for n in lens]
-    llm = LLM(path, skip_tokenizer_init=True, device="cuda", max_model_len=1024, dtype=dtype,
+    llm = LLM(path, skip_tokenizer_init=True, device="cuda", max_model_len=512, dtype=dtype,
               kv_cache_memory_bytes=256 << 20)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
-    oracle = transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype=getattr(torch, dtype), attn_implementation="sdpa").cuda().eval()
+    oracle = transformers.AutoModelForCausalLM.from_pretrained(  # sdpa has no soft cap
+        path, dtype=getattr(torch, dtype),
+        attn_implementation="eager" if family == "gemma2" else "sdpa").cuda().eval()
     for prompt, out in zip(prompts, outs):
         toks = list(out.outputs[0].token_ids)
         assert len(toks) == 32

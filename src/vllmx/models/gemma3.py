@@ -161,10 +161,6 @@ class Gemma3ForCausalLM:
         is_gguf = "gguf_architecture" in cfg
         gemma2 = ("Gemma2ForCausalLM" in (cfg.get("architectures") or [])
                   or cfg.get("gguf_architecture") == "gemma2")
-        if placement.current().on_gpu:
-            # Not wired for the GPU yet: the embedding table is not uploaded, no GPU parity test.
-            raise ValueError(f"Gemma {2 if gemma2 else 3} runs on the CPU only for now; "
-                             f"use device='cpu'")
         if is_gguf:
             weights = {gguf_name_to_hf(k): v for k, v in weights.items()}
         cfg["num_key_value_heads"] = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
@@ -204,7 +200,8 @@ class Gemma3ForCausalLM:
         ropes = {t: _rope(cfg["head_dim"], max_pos, p, cfg.get("max_model_len"))
                  for t, p in rope_parameters(cfg, gemma2).items()}
         window = int(cfg.get("sliding_window") or 0)
-        self.embed_tokens = weights["model.embed_tokens.weight"]
+        self.embed_tokens = placement.upload_weight(weights["model.embed_tokens.weight"],
+                                                    "model.embed_tokens.weight")
         # transformers multiplies by sqrt(hidden) cast to the activation dtype (f32 here).
         self.embed_scale = np.float32(math.sqrt(cfg["hidden_size"]))
         self.layers = [
@@ -250,7 +247,7 @@ class Gemma3ForCausalLM:
         return h
 
     def compute_logits(self, hidden: np.ndarray) -> np.ndarray:
-        logits = self.lm_head(np.ascontiguousarray(hidden))
+        logits = self.lm_head(hidden)
         if self.final_logit_softcapping > 0:
             ops.softcap(logits, self.final_logit_softcapping)
         return logits
