@@ -1,7 +1,8 @@
-"""Token parity of OLMo 2 and OLMo 3 against transformers (float32 on the CPU), for tiny random
-checkpoints in f32 and bf16 safetensors (tests/models/tiny_checkpoints.py); what sets them apart
-from Llama (q/k norm over the whole projection width, OLMo 3's windows and full-layer-only rope
-scaling) is checked to move the logits, so that the parity tests test it."""
+"""Token parity of the post-norm decoders (OLMo 2, OLMo 3, EXAONE 4) against transformers (float32
+on the CPU), for tiny random checkpoints in f32 and bf16 safetensors (tests/models/
+tiny_checkpoints.py); what sets them apart from Llama (OLMo's q/k norm over the whole projection
+width, OLMo 3's windows and full-layer-only rope scaling, EXAONE 4's rope-less full layers) is
+checked to move the logits, so that the parity tests test it."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 # olmo2_bias: attention biases (llama.cpp's olmo2 has none, so the GGUF tests leave them out)
-FAMILIES = ["olmo2", "olmo2_bias", "olmo3"]
+FAMILIES = ["olmo2", "olmo2_bias", "olmo3", "exaone4"]
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def test_parity_f32(family, ckpt_dir):
         rel = np.abs(mine - ref).max() / np.abs(ref).max()
         assert rel < 1e-3, f"{family} prompt logits rel. error {rel:.3g} (seed {SEED})"
     windows = [layer.attn.sliding_window for layer in llm.llm_engine.model.layers]
-    assert windows == ([24, 24, 24, 0] if family == "olmo3" else [0, 0])
+    assert windows == ([24, 24, 24, 0] if family in ("olmo3", "exaone4") else [0, 0])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -57,7 +58,8 @@ class PerHeadNorm:
 
 
 @pytest.mark.parametrize("family,feature", [("olmo2", "qk_norm_per_head"),
-                                            ("olmo3", "window"), ("olmo3", "full_rope")])
+                                            ("olmo3", "window"), ("olmo3", "full_rope"),
+                                            ("exaone4", "window"), ("exaone4", "full_rope")])
 def test_each_feature_matters(family, feature, ckpt_dir):
     from vllmx import LLM
 
@@ -71,8 +73,10 @@ def test_each_feature_matters(family, feature, ckpt_dir):
             layer.k_norm = PerHeadNorm(layer.k_norm, layer.head_dim)
         elif feature == "window":
             layer.attn.sliding_window = 0
-        else:  # the full layer's scaled rope on every layer
+        elif family == "olmo3":  # the full layer's scaled rope on every layer
             layer.rope = model.layers[-1].rope
+        else:  # EXAONE 4: the sliding layers' rope on the NoPE full layer too
+            layer.rope = model.layers[0].rope
     moved = vllmx_prompt_logits(llm, prompt)
     assert np.abs(moved - base).max() / np.abs(base).max() > 1e-2, feature
 

@@ -36,6 +36,14 @@ def family_configs(**sizes):
         # 3 layers, the middle one without rope; a window narrower than the longest prompt
         # on the NoPE layer only (the layer_types transformers derives).
         "olmo2": tf.Olmo2Config(**common, pad_token_id=0),
+        # 4 layers, 3 sliding (window narrower than the longest prompt), the full one NoPE;
+        # llama3 rope scaling as EXAONE 4 ships.
+        "exaone4": tf.Exaone4Config(**{**common, "num_hidden_layers": 4}, sliding_window=24,
+                                    sliding_window_pattern=4, rope_parameters={
+                                        "rope_type": "llama3", "rope_theta": 1e6, "factor": 8.0,
+                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                        "original_max_position_embeddings": 64},
+                                    pad_token_id=0),
         "olmo2_bias": tf.Olmo2Config(**common, attention_bias=True, pad_token_id=0),
         # 4 layers, sliding / full as transformers derives them (3 of 4 sliding), a window
         # narrower than the longest prompt, YaRN on the full layer only (as OLMo 3 ships).

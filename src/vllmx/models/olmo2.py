@@ -1,8 +1,10 @@
-"""OLMo 2 and OLMo 3 (Olmo2ForCausalLM, Olmo3ForCausalLM; GGUF "olmo2", which holds both). Against
-the Llama family: norms after attention and after the MLP, each on its branch before the residual
-add (no pre-norms); q and k RMS-normed over the whole projection width (all heads together), not
-per head. OLMo 3 adds sliding-window layers per its layer_types, with rope scaling on the
-full-attention layers only."""
+"""The post-norm decoders: OLMo 2 and OLMo 3 (Olmo2ForCausalLM, Olmo3ForCausalLM; GGUF "olmo2",
+which holds both) and EXAONE 4 (Exaone4ForCausalLM). Against the Llama family: norms after
+attention and after the MLP, each on its branch before the residual add (no pre-norms). OLMo
+RMS-norms q and k over the whole projection width (all heads together); OLMo 3 adds
+sliding-window layers per its layer_types, with rope scaling on the full-attention layers only.
+EXAONE 4 norms q and k per head, as Qwen3, and its full-attention layers take no rope (NoPE)
+when it has sliding ones."""
 
 from __future__ import annotations
 
@@ -55,12 +57,13 @@ class Olmo2DecoderLayer:
         nq, nkv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
         self.head_dim = d
         self.qkv_sizes = [nq * d, nkv * d, nkv * d]
+        self.qk_norm_per_head = cfg["qk_norm_per_head"]
         qkv = [p + f"self_attn.{n}_proj" for n in "qkv"]
         self.qkv_proj = MergedLinear([w[n + ".weight"] for n in qkv],
                                      [w.get(n + ".bias") for n in qkv])
         self.o_proj = Linear(w[p + "self_attn.o_proj.weight"], w.get(p + "self_attn.o_proj.bias"))
-        self.q_norm = RMSNorm(w[p + "self_attn.q_norm.weight"], eps)  # [nq * d]
-        self.k_norm = RMSNorm(w[p + "self_attn.k_norm.weight"], eps)  # [nkv * d]
+        self.q_norm = RMSNorm(w[p + "self_attn.q_norm.weight"], eps)  # [nq * d] or [d]
+        self.k_norm = RMSNorm(w[p + "self_attn.k_norm.weight"], eps)  # [nkv * d] or [d]
         self.rope = rope
         self.attn = Attention(i, nq, nkv, d, d ** -0.5, sliding_window)
         self.gate_up_proj = MergedLinear([w[p + "mlp.gate_proj.weight"],
@@ -72,8 +75,12 @@ class Olmo2DecoderLayer:
 
     def __call__(self, positions, h, md: AttentionMetadata, add):
         """h (the residual stream) in, updated in place: h += norm(attn(h)); h += norm(mlp(h))."""
-        q, k, v = ops.split_columns(self.qkv_proj(h), self.qkv_sizes)
-        a = self.attn.forward(self.q_norm(q), self.k_norm(k), v, positions, self.rope, md)
+        if self.qk_norm_per_head:  # the fused prologue: per-head norms, rope, cache write
+            a = self.attn.forward_qkv(self.qkv_proj(h), positions, self.rope, self.q_norm,
+                                      self.k_norm, md)
+        else:
+            q, k, v = ops.split_columns(self.qkv_proj(h), self.qkv_sizes)
+            a = self.attn.forward(self.q_norm(q), self.k_norm(k), v, positions, self.rope, md)
         add(self.post_attention_layernorm(self.o_proj(a)), h)
         m = self.down_proj(self.gate_up_proj.act_and_mul(h, "silu"))
         add(self.post_feedforward_layernorm(m), h)
@@ -88,9 +95,12 @@ class Olmo2ForCausalLM:
         cfg["num_key_value_heads"] = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
         cfg["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
         cfg.setdefault("rms_norm_eps", 1e-6)
+        exaone4 = "Exaone4ForCausalLM" in (cfg.get("architectures") or [])
+        name = "EXAONE 4" if exaone4 else "OLMo"
+        cfg["qk_norm_per_head"] = exaone4
         act = cfg.get("hidden_act") or "silu"
         if act != "silu":
-            raise ValueError(f"OLMo 2 with hidden_act {act!r} is not supported")
+            raise ValueError(f"{name} with hidden_act {act!r} is not supported")
         if cfg.get("clip_qkv"):
             raise ValueError("OLMo with clip_qkv is not supported")
         n = cfg["num_hidden_layers"]
@@ -105,6 +115,8 @@ class Olmo2ForCausalLM:
 
         ropes = {t: _rope(cfg, p) for t, p in rope_parameters(cfg).items()}
         window = int(cfg.get("sliding_window") or 0)
+        if exaone4 and window and "sliding_attention" in types:  # hybrid: global layers NoPE
+            ropes["full_attention"] = ropes["full_attention"].identity()
         self.embed_tokens = placement.upload_weight(weights["model.embed_tokens.weight"],
                                                     "model.embed_tokens.weight")
         self.layers = [
@@ -124,7 +136,7 @@ class Olmo2ForCausalLM:
     @staticmethod
     def checkpoint_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
         """The tensors a Hugging Face checkpoint of this config holds (load_format="dummy"):
-        q/k norms over the whole projection width."""
+        q/k norms over the whole projection width (OLMo) or one head (EXAONE 4)."""
         shapes = decoder_shapes(
             cfg, ("post_attention_layernorm", "post_feedforward_layernorm"), qk_norm=False,
             qkv_bias=bool(cfg.get("attention_bias")), o_bias=bool(cfg.get("attention_bias")),
@@ -132,9 +144,10 @@ class Olmo2ForCausalLM:
         nq = cfg["num_attention_heads"]
         nkv = cfg.get("num_key_value_heads") or nq
         hd = cfg.get("head_dim") or cfg["hidden_size"] // nq
+        per_head = "Exaone4ForCausalLM" in (cfg.get("architectures") or [])
         for i in range(cfg["num_hidden_layers"]):
-            shapes[f"model.layers.{i}.self_attn.q_norm.weight"] = (nq * hd,)
-            shapes[f"model.layers.{i}.self_attn.k_norm.weight"] = (nkv * hd,)
+            shapes[f"model.layers.{i}.self_attn.q_norm.weight"] = (hd if per_head else nq * hd,)
+            shapes[f"model.layers.{i}.self_attn.k_norm.weight"] = (hd if per_head else nkv * hd,)
         return shapes
 
     def _check_weights(self, weights: dict[str, Weight]) -> None:

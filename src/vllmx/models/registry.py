@@ -7,6 +7,7 @@ from vllmx.models.llama import LlamaForCausalLM
 from vllmx.models.olmo2 import Olmo2ForCausalLM
 
 _HF_ARCHS = {
+    "Exaone4ForCausalLM": Olmo2ForCausalLM,
     "Gemma2ForCausalLM": Gemma3ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "GraniteForCausalLM": LlamaForCausalLM,
