@@ -15,7 +15,7 @@ from vllmx.loader.dummy import DUMMY_HIGH, DUMMY_LOW, DummyWeights
 from vllmx.loader.safetensors import load_safetensors
 from vllmx.models.registry import get_model_class
 
-FAMILIES = ["llama", "llama3", "mistral", "qwen2", "qwen3", "granite", "smollm3", "phi3",
+FAMILIES = ["llama", "llama3", "mistral", "qwen2", "qwen3", "granite", "smollm3", "phi3", "glm4",
             "olmo2", "olmo2_bias", "olmo3", "exaone4", "gemma2", "gemma3"]
 
 

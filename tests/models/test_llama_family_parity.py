@@ -14,7 +14,8 @@ from tests.models.tiny_checkpoints import GGUF_ARCH, VOCAB, make_checkpoint, wri
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-FAMILIES = ["llama", "llama3", "mistral", "qwen2", "qwen3", "granite", "smollm3", "phi3"]
+FAMILIES = ["llama", "llama3", "mistral", "qwen2", "qwen3", "granite", "smollm3", "phi3",
+            "glm4"]
 NUM_PROMPTS, MAX_TOKENS, DELTA = 8, 32, 0.01
 # Prompts the tests do not choose: a fresh seed per run, printed on failure.
 SEED = int.from_bytes(os.urandom(4), "little")
@@ -75,3 +76,22 @@ def test_parity_gguf_f32(family, ckpt_dir):
     path = make_checkpoint(family, "float32", ckpt_dir)
     gguf_path = write_gguf(path, family, os.path.join(ckpt_dir, f"{family}.gguf"))
     run_parity(gguf_path, path)
+
+
+@pytest.mark.parametrize("feature", ["sandwich_norms", "gptj_rope"])
+def test_glm4_features_matter(feature, ckpt_dir):
+    """GLM-4's norms on the branch outputs and its interleaved (GPT-J) partial rope move the
+    logits, so the parity tests above test them."""
+    from vllmx import LLM
+
+    llm = LLM(make_checkpoint("glm4", "float32", ckpt_dir), skip_tokenizer_init=True)
+    model = llm.llm_engine.model
+    prompt = random_prompts(np.random.default_rng(SEED))[0]
+    base = vllmx_prompt_logits(llm, prompt)
+    for layer in model.layers:
+        if feature == "sandwich_norms":
+            layer.post_self_attn_layernorm = layer.post_mlp_layernorm = None
+    if feature == "gptj_rope":
+        model.rope.is_neox_style = True
+    moved = vllmx_prompt_logits(llm, prompt)
+    assert np.abs(moved - base).max() / np.abs(base).max() > 1e-2, feature

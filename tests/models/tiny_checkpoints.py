@@ -33,6 +33,8 @@ def family_configs(**sizes):
                                     residual_multiplier=0.4, logits_scaling=2.5,
                                     tie_word_embeddings=True),
         "phi3": tf.Phi3Config(**common, sliding_window=24, pad_token_id=0),
+        # head_dim 32 with GLM-4's default partial_rotary_factor 0.5; qkv bias by default.
+        "glm4": tf.Glm4Config(**{**common, "head_dim": 32}, pad_token_id=0),
         # 3 layers, the middle one without rope; a window narrower than the longest prompt
         # on the NoPE layer only (the layer_types transformers derives).
         "olmo2": tf.Olmo2Config(**common, pad_token_id=0),

@@ -1,6 +1,7 @@
 """The Llama family: Llama 2/3 (llama3 rope scaling), SmolLM2, Mistral, Qwen2 (qkv bias), Qwen3
-(q/k norm), Granite (four multipliers), SmolLM3 (layers without rope) and Phi-3 (fused qkv and
-gate_up tensors, split at load), from safetensors or GGUF. The differences are flags read from
+(q/k norm), Granite (four multipliers), SmolLM3 (layers without rope), Phi-3 (fused qkv and
+gate_up tensors, split at load), from safetensors or GGUF, and GLM-4 (norms on the attention and
+MLP outputs too, fused gate_up, partial GPT-J rope). The differences are flags read from
 the checkpoint: a bias tensor present, q/k norm weights present, tied embeddings when there is
 no lm_head, and Granite's embedding, attention, residual and logits multipliers from its
 config."""
@@ -78,6 +79,11 @@ class LlamaDecoderLayer:
         self.down_proj = Linear(w[p + "mlp.down_proj.weight"])
         self.input_layernorm = RMSNorm(w[p + "input_layernorm.weight"], eps)
         self.post_attention_layernorm = RMSNorm(w[p + "post_attention_layernorm.weight"], eps)
+        # GLM-4's sandwich norms: each branch output normed before the residual add.
+        self.post_self_attn_layernorm = self.post_mlp_layernorm = None
+        if p + "post_self_attn_layernorm.weight" in w:
+            self.post_self_attn_layernorm = RMSNorm(w[p + "post_self_attn_layernorm.weight"], eps)
+            self.post_mlp_layernorm = RMSNorm(w[p + "post_mlp_layernorm.weight"], eps)
 
     def __call__(self, positions, h, residual, md: AttentionMetadata):
         # Each norm runs with the projection after it (one GEMV on the GPU at decode).
@@ -86,11 +92,15 @@ class LlamaDecoderLayer:
                                               self.k_norm, md))
         if self.residual_multiplier != 1.0:  # Granite: residual + branch * multiplier
             ops.scale_(h, self.residual_multiplier)
+        if self.post_self_attn_layernorm is not None:  # the add happens in the next norm
+            h = self.post_self_attn_layernorm(h)
         h, residual = self.gate_up_proj.norm_proj(h, residual, self.post_attention_layernorm,
                                                   act="silu")
         h = self.down_proj(h)
         if self.residual_multiplier != 1.0:
             ops.scale_(h, self.residual_multiplier)
+        if self.post_mlp_layernorm is not None:
+            h = self.post_mlp_layernorm(h)
         return h, residual
 
 
@@ -103,13 +113,13 @@ def split_rows(w: Weight, sizes: list[int]) -> list[Weight]:
     return out
 
 
-# Phi-3 stores q/k/v as one qkv_proj and gate/up as one gate_up_proj.
+# Phi-3 stores q/k/v as one qkv_proj and gate/up as one gate_up_proj (GLM-4 gate/up only).
 _PHI3_FUSED = (("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
                ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj")))
 
 
 def unfuse_phi3(weights: dict[str, Weight], cfg: dict) -> dict[str, Weight]:
-    """The Llama names for Phi-3's fused tensors (views into them)."""
+    """The Llama names for Phi-3's and GLM-4's fused tensors (views into them)."""
     hd, nq, nkv = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     sizes = {"self_attn.qkv_proj": [nq * hd, nkv * hd, nkv * hd],
              "mlp.gate_up_proj": [cfg["intermediate_size"]] * 2}
@@ -144,6 +154,9 @@ class LlamaForCausalLM:
         phi3 = "Phi3ForCausalLM" in archs or gguf_arch == "phi3"
         granite = "GraniteForCausalLM" in archs or gguf_arch == "granite"
         smollm3 = "SmolLM3ForCausalLM" in archs or gguf_arch == "smollm3"
+        glm4 = "Glm4ForCausalLM" in archs
+        if glm4:
+            weights = unfuse_phi3(weights, cfg)
         if phi3:
             if is_gguf:  # llama.cpp's phi3 ffn_up is Phi-3's gate_up_proj ([gate; up])
                 weights = {k.replace(".mlp.up_proj.", ".mlp.gate_up_proj."): v
@@ -170,7 +183,7 @@ class LlamaForCausalLM:
         partial = (cfg.get("partial_rotary_factor")
                    or (cfg.get("rope_parameters") or {}).get("partial_rotary_factor") or 1.0)
         rotary_dim = int(head_dim * partial)
-        is_neox = gguf_arch not in _GGUF_GPTJ_ROPE
+        is_neox = gguf_arch not in _GGUF_GPTJ_ROPE and not glm4
         freq_factors = weights.get("rope_freqs.weight")
         rope_scaling = cfg.get("rope_scaling") or (cfg.get("rope_parameters") or None)
         if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) == "default":
@@ -206,17 +219,21 @@ class LlamaForCausalLM:
     @staticmethod
     def checkpoint_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
         """The tensors a Hugging Face checkpoint of this config holds (load_format="dummy"):
-        q/k/v biases for Qwen2 (and attention_bias), q/k norms for Qwen3."""
+        q/k/v biases for Qwen2 (and attention_bias), q/k norms for Qwen3, Phi-3's and GLM-4's
+        fused tensors, GLM-4's sandwich norms (and no o_proj bias)."""
         archs = cfg.get("architectures") or []
+        glm4 = "Glm4ForCausalLM" in archs
+        norms = ("input_layernorm", "post_attention_layernorm")
         shapes = decoder_shapes(
-            cfg, ("input_layernorm", "post_attention_layernorm"),
+            cfg, norms + (("post_self_attn_layernorm", "post_mlp_layernorm") if glm4 else ()),
             qk_norm="Qwen3ForCausalLM" in archs,
             qkv_bias="Qwen2ForCausalLM" in archs or bool(cfg.get("attention_bias")),
-            o_bias=bool(cfg.get("attention_bias")), tied=bool(cfg.get("tie_word_embeddings")))
-        if "Phi3ForCausalLM" in archs:
+            o_bias=bool(cfg.get("attention_bias")) and not glm4,
+            tied=bool(cfg.get("tie_word_embeddings")))
+        if "Phi3ForCausalLM" in archs or glm4:
             for i in range(cfg["num_hidden_layers"]):
                 p = f"model.layers.{i}."
-                for fused, parts in _PHI3_FUSED:
+                for fused, parts in _PHI3_FUSED[1 if glm4 else 0:]:
                     rows = [shapes.pop(f"{p}{n}.weight") for n in parts]
                     shapes[f"{p}{fused}.weight"] = (sum(r[0] for r in rows), rows[0][1])
         return shapes

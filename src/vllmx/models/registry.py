@@ -10,6 +10,7 @@ _HF_ARCHS = {
     "Exaone4ForCausalLM": Olmo2ForCausalLM,
     "Gemma2ForCausalLM": Gemma3ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Glm4ForCausalLM": LlamaForCausalLM,
     "GraniteForCausalLM": LlamaForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
