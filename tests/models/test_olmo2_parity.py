@@ -97,3 +97,27 @@ def test_unsupported_config_names_it(ckpt_dir, tmp_path):
         json.dump(cfg, f)
     with pytest.raises(ValueError, match="hidden_act 'gelu'"):
         LLM(path, skip_tokenizer_init=True)
+
+
+def test_olmo3_older_config_scales_full_layers_only(ckpt_dir, tmp_path):
+    """An OLMo 3 config.json as transformers 4 wrote it (rope_theta and rope_scaling at the top,
+    no per-type rope_parameters) gives the same logits: the scaling stays on the full layers."""
+    import json
+    import os
+    import shutil
+
+    from vllmx import LLM
+
+    path = make_checkpoint("olmo3", "float32", ckpt_dir)
+    old = str(tmp_path / "olmo3-old-config")
+    shutil.copytree(path, old)
+    with open(os.path.join(old, "config.json")) as f:
+        cfg = json.load(f)
+    full = dict(cfg.pop("rope_parameters")["full_attention"])
+    cfg["rope_theta"] = full.pop("rope_theta")
+    cfg["rope_scaling"] = full
+    with open(os.path.join(old, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    prompt = random_prompts(np.random.default_rng(SEED))[0]
+    a, b = (vllmx_prompt_logits(LLM(p, skip_tokenizer_init=True), prompt) for p in (path, old))
+    assert np.array_equal(a, b)

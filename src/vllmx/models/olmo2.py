@@ -27,16 +27,18 @@ _LAYER_TENSORS = (
 
 
 def rope_parameters(cfg: dict) -> dict[str, dict]:
-    """Rope theta and scaling per layer type: OLMo 3's per-type rope_parameters, else one set
-    (OLMo 2's rope_parameters, or the older rope_theta / rope_scaling) for every layer."""
+    """Rope theta and scaling per layer type: transformers 5's per-type rope_parameters, else
+    one set (rope_parameters, or the older rope_theta / rope_scaling), which OLMo 3 (also as
+    GGUF: olmo2 with a window) scales on its full layers only."""
     params = cfg.get("rope_parameters") or {}
     if "full_attention" in params or "sliding_attention" in params:
         return {t: dict(params.get(t) or {}) for t in ("full_attention", "sliding_attention")}
     one = {**(cfg.get("rope_scaling") or {}), **params}
     one["rope_theta"] = cfg.get("rope_theta") or params.get("rope_theta") or 1e4
-    if cfg.get("gguf_architecture") and cfg.get("sliding_window"):  # OLMo 3 as GGUF
-        return {"full_attention": one, "sliding_attention": {"rope_theta": one["rope_theta"]}}
-    return {"full_attention": one, "sliding_attention": one}
+    olmo3 = ("Olmo3ForCausalLM" in (cfg.get("architectures") or [])
+             or bool(cfg.get("gguf_architecture") and cfg.get("sliding_window")))
+    return {"full_attention": one,
+            "sliding_attention": {"rope_theta": one["rope_theta"]} if olmo3 else one}
 
 
 def _rope(cfg: dict, params: dict) -> RotaryEmbedding:
