@@ -121,3 +121,25 @@ def test_olmo3_older_config_scales_full_layers_only(ckpt_dir, tmp_path):
     prompt = random_prompts(np.random.default_rng(SEED))[0]
     a, b = (vllmx_prompt_logits(LLM(p, skip_tokenizer_init=True), prompt) for p in (path, old))
     assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("pattern", [4, "LLLG"])
+def test_exaone4_pattern_without_layer_types(pattern, ckpt_dir, tmp_path):
+    """A config.json with sliding_window_pattern (a period or an L/G string) and no layer_types
+    slides the same layers."""
+    import json
+    import os
+    import shutil
+
+    from vllmx import LLM
+
+    path = str(tmp_path / "exaone4-pattern")
+    shutil.copytree(make_checkpoint("exaone4", "float32", ckpt_dir), path)
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    del cfg["layer_types"]
+    cfg["sliding_window_pattern"] = pattern
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    model = LLM(path, skip_tokenizer_init=True).llm_engine.model
+    assert [layer.attn.sliding_window for layer in model.layers] == [24, 24, 24, 0]

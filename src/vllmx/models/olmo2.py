@@ -51,6 +51,17 @@ def _rope(cfg: dict, params: dict) -> RotaryEmbedding:
                            num_positions=cfg.get("max_model_len"))
 
 
+def exaone4_layer_types(pattern: int | str, n: int) -> list[str]:
+    """EXAONE 4's sliding_window_pattern: every pattern-th layer global, or a string of L (local)
+    and G (global) repeated from layer 0, the last layer global either way."""
+    if isinstance(pattern, str):
+        types = ["sliding_attention" if pattern[i % len(pattern)] == "L" else "full_attention"
+                 for i in range(n)]
+    else:
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+    return types[:-1] + ["full_attention"]
+
+
 class Olmo2DecoderLayer:
     def __init__(self, i: int, cfg: dict, w: dict[str, Weight], rope: RotaryEmbedding,
                  sliding_window: int):
@@ -107,6 +118,8 @@ class Olmo2ForCausalLM:
             raise ValueError("OLMo with clip_qkv is not supported")
         n = cfg["num_hidden_layers"]
         types = cfg.get("layer_types") or ["full_attention"] * n
+        if exaone4 and not cfg.get("layer_types") and cfg.get("sliding_window"):
+            types = exaone4_layer_types(cfg.get("sliding_window_pattern") or 4, n)
         if "gguf_architecture" in cfg and cfg.get("sliding_window"):
             # llama.cpp's olmo2 with a window (OLMo 3): 3 of every 4 layers slide.
             types = ["sliding_attention" if i % 4 < 3 else "full_attention" for i in range(n)]
