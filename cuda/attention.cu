@@ -37,6 +37,7 @@ constexpr int kBN = 64;             // keys per K/V tile
 constexpr int kPrefillWarps = 4;    // prefill CTA: 64 query rows
 constexpr int kGenericThreads = 128;
 constexpr int kGenericMaxD = 1024;
+constexpr int kDecCtasPerSm = 4;   // decode: the partition count's target
 
 // ------------------------------------------------------------------ the tensor-core tile
 
@@ -410,14 +411,14 @@ AttnPlan plan_attention(const Tensor& out, const Tensor& q, const Tensor& kc, in
   const int64_t bm = kPrefillWarps * 16;
   p.prefill_tiles = T >= 2 ? static_cast<int>((T * G + bm - 1) / bm + std::min(B, T / 2)) : 0;
   p.tiles_bytes = (static_cast<size_t>(p.prefill_tiles) + 1) * sizeof(int2);
-  // Decode: enough partitions for about 4 CTAs per SM when every sequence decodes (3 fit at a
-  // time; a CTA's tiles run one after another, so short partitions spread a large batch's
-  // context over more CTAs in flight). A batch-1 decode of 8 kv heads over 1k keys: 17
-  // partitions of 64 keys, 136 CTAs; batch 32: 5 partitions, 1280 CTAs.
+  // Decode: enough partitions for about kDecCtasPerSm CTAs per SM when every sequence decodes
+  // (2 fit at a time; a CTA's tiles run one after another, so short partitions spread a large
+  // batch's context over more CTAs in flight). A batch-1 decode of 8 kv heads over 1k keys: 17
+  // partitions of 64 keys, 136 CTAs; batch 32: 3 partitions, 768 CTAs.
   p.head_groups = static_cast<int>((G + kDecMaxG - 1) / kDecMaxG);
   const int64_t base_ctas = std::max<int64_t>(1, B * nkv * p.head_groups);
   const int64_t visible = window > 0 ? std::min(max_ctx, window) : max_ctx;
-  int64_t splits = (4 * num_sms() + base_ctas - 1) / base_ctas;
+  int64_t splits = (kDecCtasPerSm * num_sms() + base_ctas - 1) / base_ctas;
   splits = std::min(splits, (visible + kMinPartition - 1) / kMinPartition);
   p.max_splits = static_cast<int>(std::clamp<int64_t>(splits, 1, kMaxSplits));
   if (p.max_splits > 1)
@@ -441,7 +442,7 @@ void launch_tc(const AttnPlan& p, const AttnArgs& a, cudaStream_t s) {
     launch(prefill_kernel<D, KV>, dim3(p.prefill_tiles, a.nkv), kPrefillWarps * 32,
            kPrefillSmem, s, a);
   }
-  const dim3 grid(a.B, a.nkv * p.head_groups, p.max_splits);
+  const dim3 grid(a.nkv * p.head_groups, a.B, p.max_splits);
   launch_decode(a, grid, D, std::is_same_v<KV, __nv_bfloat16>, s);
 }
 

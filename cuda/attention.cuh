@@ -14,9 +14,11 @@ namespace vllmx::cuda::attn {
 using namespace detail;
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kDecThreads = 128;    // decode CTA
-constexpr int kDecKeys = 64;        // decode: keys per K/V tile
-constexpr int kDecMaxG = 8;         // decode: query heads (of one kv head) per CTA
+constexpr int kDecWarps = 4;        // decode CTA: each warp takes 16 keys of a tile
+constexpr int kDecThreads = kDecWarps * 32;
+constexpr int kDecKeys = kDecWarps * 16;  // decode: keys per K/V tile
+constexpr int kDecStages = 3;       // decode: K/V tiles in flight (2 CTAs of 109 KB per SM)
+constexpr int kDecMaxG = 16;        // decode: query heads (of one kv head) per CTA, one mma tile
 constexpr int kMinPartition = 64;   // decode: fewest keys worth a partition of their own
 constexpr int kMaxSplits = 128;
 
@@ -73,7 +75,7 @@ __device__ __forceinline__ void load_kv_tile(const AttnArgs& a, const int32_t* b
   cp_async_commit();
 }
 
-// attention_decode.cu: the decode kernel over grid (B, nkv * head groups, max_splits) for head
+// attention_decode.cu: the decode kernel over grid (nkv * head groups, B, max_splits) for head
 // size D (64 / 128) and a bf16 (else f16) cache; the zeroed merge counters it needs.
 void launch_decode(const AttnArgs& a, dim3 grid, int D, bool bf16_cache, cudaStream_t s);
 int* done_counters(size_t n);

@@ -1,8 +1,10 @@
 // paged_attention's decode kernel, for sequences with exactly 1 query (flash-decoding; the op,
-// its plan and the other kernels are in attention.cu). A CTA of 128 threads takes up to kDecMaxG
-// query heads of one kv head over one partition of the context, K/V tiles double-buffered by
-// cp.async; scores, softmax and P @ V in f32 on the CUDA cores (one query row leaves the tensor
-// cores idle anyway; what matters is keeping enough K/V loads in flight across the GPU).
+// its plan and the other kernels are in attention.cu). A CTA of 4 warps takes the query heads of
+// one kv head (up to 16: the rows of one m16n8k16 tile) over one partition of the context; K/V
+// tiles of 64 keys, three in flight by cp.async; S = QK^T and O += PV on the tensor cores, each
+// warp on its own 16 keys of a tile with its own online softmax (the tensor cores read each K/V
+// byte once from shared memory, where a CUDA-core loop re-reads q for every key and runs out of
+// issue slots before the memory system runs out of bandwidth).
 // plan_attention sizes the partitions; the last CTA of a (sequence, head group) to finish merges
 // the partials by their log-sum-exp, so a decode is one kernel. A sequence whose context fits
 // one partition writes its output directly.
@@ -26,36 +28,37 @@ __device__ __forceinline__ void split_plan(int n, int max_splits, int& part, int
   nsplit = (n + part - 1) / part;
 }
 
-// Decode shared memory: two stages of K and V tiles (after the loop: the cross-group reduction
-// of O, then the merge weights), q, the tile's probabilities, per-head softmax state.
-__host__ __device__ constexpr int cmax(int x, int y) { return x > y ? x : y; }
+// Decode shared memory: kDecStages stages of K and V tiles; the group's q rows. After the loop
+// the stages hold the warps' O for the cross-warp sum, then the split-merge weights.
 template <int D>
-__host__ __device__ constexpr int dec_stage_bytes() { return 4 * kDecKeys * (D + 8) * 2; }
-template <int D>
-__host__ __device__ constexpr int dec_red_bytes() {
-  return cmax(kDecThreads / (D / 8) * kDecMaxG * D, kDecMaxG * kMaxSplits) * 4;
+__host__ __device__ constexpr int dec_stage_bytes() {
+  return kDecStages * 2 * kDecKeys * (D + 8) * 2;
 }
 template <int D>
 __host__ __device__ constexpr int dec_smem_bytes() {
-  return cmax(dec_stage_bytes<D>(), dec_red_bytes<D>()) +
-         (kDecMaxG * D + kDecMaxG * kDecKeys + 3 * kDecMaxG) * 4;
+  return dec_stage_bytes<D>() + kDecMaxG * (D + 8) * 2 + kDecWarps * kDecMaxG * 2 * 4;
 }
+static_assert(kDecWarps * kDecMaxG * 128 * 4 <= dec_stage_bytes<128>() &&
+                  kDecMaxG * kMaxSplits * 4 <= dec_stage_bytes<64>(),
+              "the reductions alias the K/V stages");
 
-// grid (B, nkv * ceil(G / kDecMaxG), max_splits), kDecThreads each.
+// grid (nkv * ceil(G / kDecMaxG), B, max_splits), kDecThreads each: the kv heads of a sequence
+// are neighbours in launch order, so the CTAs running together read whole cache rows (a token's
+// K for every head is one contiguous row), not one head's slice of many rows. The G query
+// heads of a kv head are the rows of one 16-row mma tile (GQA packing: K and V are read once
+// for all of them; the unused rows of a small group cost tensor-core time, of which decode has
+// plenty).
+// Each warp takes 16 keys of every 64-key tile with its own online softmax; the warps' states
+// are summed once at the end.
 template <int D, typename KV>
 __global__ void __launch_bounds__(kDecThreads) decode_kernel(AttnArgs a) {
-  constexpr int LD = D + 8, CPR = D / 8;
-  constexpr int KG = kDecThreads / CPR;        // P @ V: key groups (a thread: 8 dims of 1 group)
-  constexpr int TPK = kDecThreads / kDecKeys;  // Q K^T: threads per key
-  constexpr int DPT = D / TPK;                 // Q K^T: dims per thread
-  constexpr int kWarps = kDecThreads / 32;
-  constexpr int kHeadsPerWarp = kDecMaxG / kWarps;
-  static_assert(TPK == 2 && DPT % 8 == 0 && kDecMaxG % kWarps == 0, "decode tile shape");
+  constexpr int LD = D + 8, CPR = D / 8, NS = kDecStages;
+  constexpr int kHeadsPerWarp = kDecMaxG / kDecWarps;
   constexpr bool kKvBf = std::is_same_v<KV, __nv_bfloat16>;
 
-  const int b = blockIdx.x, split = blockIdx.z;
+  const int b = blockIdx.y, split = blockIdx.z;
   const int groups = (a.G + kDecMaxG - 1) / kDecMaxG;
-  const int g = blockIdx.y / groups, h0 = g * a.G + (blockIdx.y % groups) * kDecMaxG;
+  const int g = blockIdx.x / groups, h0 = g * a.G + (blockIdx.x % groups) * kDecMaxG;
   const int nh = min(kDecMaxG, g * a.G + a.G - h0);  // query heads h0 .. h0 + nh
   // (The three loads issue together: each is a round trip the CTA would otherwise wait out.)
   const int q0 = a.qsl[b], q1 = a.qsl[b + 1], pos = a.seq_lens[b] - 1;
@@ -67,182 +70,200 @@ __global__ void __launch_bounds__(kDecThreads) decode_kernel(AttnArgs a) {
   const int kbeg = lo + split * part, kend = min(kbeg + part, pos + 1);
 
   extern __shared__ uint4 dec_smem[];
-  KV* Ks = reinterpret_cast<KV*>(dec_smem);  // [2][kDecKeys][LD]
-  KV* Vs = Ks + 2 * kDecKeys * LD;
+  KV* Ks = reinterpret_cast<KV*>(dec_smem);  // [NS][kDecKeys][LD]
+  KV* Vs = Ks + NS * kDecKeys * LD;
+  KV* Qs = Vs + NS * kDecKeys * LD;          // [kDecMaxG][LD]
+  float* ml = reinterpret_cast<float*>(Qs + kDecMaxG * LD);  // [warps][rows][m, l]
   float* red = reinterpret_cast<float*>(dec_smem);  // aliases the stages once the loop is done
-  float* qs = reinterpret_cast<float*>(reinterpret_cast<char*>(dec_smem) +
-                                       cmax(dec_stage_bytes<D>(), dec_red_bytes<D>()));
-  float* ps = qs + kDecMaxG * D;          // [kDecMaxG][kDecKeys]
-  float* corr_s = ps + kDecMaxG * kDecKeys;  // [kDecMaxG]
-  float* m_s = corr_s + kDecMaxG;
-  float* l_s = m_s + kDecMaxG;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int32_t* bt_row = a.bt + static_cast<int64_t>(b) * a.bt_stride;
   const int ntiles = (kend - kbeg + kDecKeys - 1) / kDecKeys;
+  auto load = [&](int t, int hole) {
+    if (t < ntiles)
+      load_kv_tile<D, kDecKeys, kDecThreads>(a, bt_row, g, kbeg + t * kDecKeys, kend,
+                                             Ks + (t % NS) * kDecKeys * LD,
+                                             Vs + (t % NS) * kDecKeys * LD, hole);
+    else
+      cp_async_commit();  // an empty group: the waits below count groups
+  };
   // Before waiting for the previous kernel (PDL): the step's inputs (block table, lengths) were
   // copied before any kernel ran, and every key but this step's own (pos, which the previous
-  // kernel writes) is already in the cache, so the first tile's loads start now.
-  load_kv_tile<D, kDecKeys, kDecThreads>(a, bt_row, g, kbeg, kend, Ks, Vs, pos);
+  // kernel writes) is already in the cache, so the first tiles' loads start now.
+#pragma unroll
+  for (int t = 0; t < NS - 1; ++t) load(t, pos);
   pdl_begin();
-  if (pos < kbeg + kDecKeys && tid < CPR) {  // this step's key sits in the first tile
+  const int hole_tile = (pos - kbeg) / kDecKeys;
+  if (pos < kend && hole_tile < NS - 1 && tid < CPR) {  // this step's key, in a first tile
     const int64_t off =
         ((static_cast<int64_t>(bt_row[pos / a.block_size]) * a.block_size + pos % a.block_size) *
              a.nkv + g) * D + tid * 8;
-    cp_async16(Ks + (pos - kbeg) * LD + tid * 8, static_cast<const KV*>(a.kc) + off, true);
-    cp_async16(Vs + (pos - kbeg) * LD + tid * 8, static_cast<const KV*>(a.vc) + off, true);
+    const int row = (hole_tile % NS) * kDecKeys + (pos - kbeg) % kDecKeys;
+    cp_async16(Ks + row * LD + tid * 8, static_cast<const KV*>(a.kc) + off, true);
+    cp_async16(Vs + row * LD + tid * 8, static_cast<const KV*>(a.vc) + off, true);
   }
-  cp_async_commit();  // (an empty group elsewhere: the waits below count groups)
+  cp_async_commit();
 
-  // q of the group's heads (contiguous in the row) -> f32 in shared memory, 16-byte loads.
+  // The group's q rows -> shared memory in the cache dtype (the mma takes one type); rows past
+  // the group are zero.
   const uint16_t* qrow = static_cast<const uint16_t*>(a.q) + q0 * a.q_stride +
                          static_cast<int64_t>(h0) * D;
   for (int i = tid; i < kDecMaxG * CPR; i += kDecThreads) {
-    float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (i / CPR < nh) unpack8(*reinterpret_cast<const uint4*>(qrow + i * 8), a.q_bf16, f);
-    *reinterpret_cast<float4*>(qs + i * 8) = make_float4(f[0], f[1], f[2], f[3]);
-    *reinterpret_cast<float4*>(qs + i * 8 + 4) = make_float4(f[4], f[5], f[6], f[7]);
+    const int r = i / CPR, c = i % CPR;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < nh) {
+      v = *reinterpret_cast<const uint4*>(qrow + i * 8);
+      if (a.q_bf16 != kKvBf) {
+        float f8[8];
+        unpack8(v, a.q_bf16, f8);
+        v = pack8(f8, kKvBf);
+      }
+    }
+    *reinterpret_cast<uint4*>(Qs + r * LD + c * 8) = v;
   }
 
-  float m_run[kHeadsPerWarp], l_run[kHeadsPerWarp];
+  float o[D / 8][4];
 #pragma unroll
-  for (int j = 0; j < kHeadsPerWarp; ++j) m_run[j] = -INFINITY, l_run[j] = 0.f;
-  float o[kDecMaxG][8];
+  for (int i = 0; i < D / 8; ++i)
 #pragma unroll
-  for (int h = 0; h < kDecMaxG; ++h)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) o[h][j] = 0.f;
-  const int key_a = tid / TPK, d_a = (tid % TPK) * DPT;  // Q K^T: this thread's key and dims
-  const int c = tid % CPR, kg = tid / CPR;                // P @ V: its 8 dims and key group
+    for (int e = 0; e < 4; ++e) o[i][e] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // rows lane / 4 and lane / 4 + 8
+  uint32_t qf[D / 16][4];
   const float scale_log2 = a.scale * kLog2e;
 
   for (int t = 0; t < ntiles; ++t) {
-    const int st = t & 1, k0 = kbeg + t * kDecKeys;
-    if (t + 1 < ntiles) {
-      load_kv_tile<D, kDecKeys, kDecThreads>(a, bt_row, g, k0 + kDecKeys, kend,
-                                             Ks + (st ^ 1) * kDecKeys * LD,
-                                             Vs + (st ^ 1) * kDecKeys * LD);
+    load(t + NS - 1, -1);
+    // Tile t landed: groups after it are the NS - 1 loads ahead (t = 0: also the hole's group,
+    // which must land too, and the NS - 2 other first tiles).
+    if (t == 0)
       cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    else
+      cp_async_wait<NS - 1>();
     __syncthreads();
-
-    // Scores: two threads per key, each half of the dims, for every head of the group.
-    float acc[kDecMaxG];
+    if (t == 0) {
 #pragma unroll
-    for (int h = 0; h < kDecMaxG; ++h) acc[h] = 0.f;
-    const KV* kr = Ks + (st * kDecKeys + key_a) * LD + d_a;
-#pragma unroll
-    for (int cc = 0; cc < DPT / 8; ++cc) {
-      float kf[8];
-      unpack8(*reinterpret_cast<const uint4*>(kr + cc * 8), kKvBf, kf);
-#pragma unroll
-      for (int h = 0; h < kDecMaxG; ++h) {
-        if (h < nh) {
-          const float4 qa = *reinterpret_cast<const float4*>(qs + h * D + d_a + cc * 8);
-          const float4 qb = *reinterpret_cast<const float4*>(qs + h * D + d_a + cc * 8 + 4);
-          acc[h] = fmaf(qa.x, kf[0], fmaf(qa.y, kf[1], fmaf(qa.z, kf[2], fmaf(qa.w, kf[3],
-                   fmaf(qb.x, kf[4], fmaf(qb.y, kf[5], fmaf(qb.z, kf[6], fmaf(qb.w, kf[7],
-                   acc[h]))))))));
-        }
-      }
+      for (int kk = 0; kk < D / 16; ++kk)
+        ldmatrix_x4(qf[kk], Qs + (lane % 16) * LD + kk * 16 + (lane / 16) * 8);
     }
-    const bool valid = k0 + key_a < kend;
+
+    // S = Q K^T: the 16 rows x this warp's 16 keys.
+    const int kw = (t % NS) * kDecKeys + warp * 16;  // the warp's first key row in the stage
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
-    for (int h = 0; h < kDecMaxG; ++h) {
-      if (h < nh) {
-        float x = acc[h] + __shfl_xor_sync(0xffffffffu, acc[h], 1);
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t r4[4];
+      ldmatrix_x4(r4, Ks + (kw + lane % 8 + (lane / 16) * 8) * LD + kk * 16 +
+                          ((lane / 8) % 2) * 8);
+      mma16816<KV>(s[0], qf[kk], r4[0], r4[1]);
+      mma16816<KV>(s[1], qf[kk], r4[2], r4[3]);
+    }
+    const int k0 = kbeg + t * kDecKeys + warp * 16;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[nt][e];
         x = a.cap > 0.f ? a.cap * tanhf(x * a.scale / a.cap) * kLog2e : x * scale_log2;
-        if (tid % TPK == 0) ps[h * kDecKeys + key_a] = valid ? x : -INFINITY;
+        s[nt][e] = k0 + nt * 8 + (lane % 4) * 2 + (e & 1) < kend ? x : -INFINITY;
       }
-    }
-    __syncthreads();
 
-    // Online softmax: warp w owns heads w, w + kWarps, ...; a lane holds two of the 64 keys.
+    // Online softmax: a row's 16 scores sit in the 4 lanes of a quad.
 #pragma unroll
-    for (int j = 0; j < kHeadsPerWarp; ++j) {
-      const int h = warp + j * kWarps;
-      if (h < nh) {
-        float* pr = ps + h * kDecKeys;
-        float s0 = pr[lane], s1 = pr[lane + 32];
-        const float mnew = fmaxf(m_run[j], warp_max(fmaxf(s0, s1)));
-        const float base = mnew == -INFINITY ? 0.f : mnew;
-        const float corr = exp2f(m_run[j] - base);
-        s0 = exp2f(s0 - base);
-        s1 = exp2f(s1 - base);
-        l_run[j] = l_run[j] * corr + warp_sum(s0 + s1);
-        m_run[j] = mnew;
-        pr[lane] = s0;
-        pr[lane + 32] = s1;
-        if (lane == 0) corr_s[h] = corr;
+    for (int h = 0; h < 2; ++h) {
+      float mx = fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mnew = fmaxf(m[h], mx);
+      const float base = mnew == -INFINITY ? 0.f : mnew;  // nothing visible to this warp yet
+      const float corr = exp2f(m[h] - base);
+      m[h] = mnew;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        s[nt][2 * h] = exp2f(s[nt][2 * h] - base);
+        s[nt][2 * h + 1] = exp2f(s[nt][2 * h + 1] - base);
+        sum += s[nt][2 * h] + s[nt][2 * h + 1];
+      }
+      l[h] = l[h] * corr + sum;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        o[dt][2 * h] *= corr;
+        o[dt][2 * h + 1] *= corr;
       }
     }
-    __syncthreads();
 
-    // O += P V: this thread's 8 dims over the keys of its group.
+    // O += P V: the two score octets are one A fragment.
+    uint32_t pa[4];
+    pa[0] = F16Ops<KV>::pack2(s[0][0], s[0][1]);
+    pa[1] = F16Ops<KV>::pack2(s[0][2], s[0][3]);
+    pa[2] = F16Ops<KV>::pack2(s[1][0], s[1][1]);
+    pa[3] = F16Ops<KV>::pack2(s[1][2], s[1][3]);
 #pragma unroll
-    for (int h = 0; h < kDecMaxG; ++h) {
-      if (h < nh) {
-        const float corr = corr_s[h];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) o[h][j] *= corr;
-      }
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t r4[4];
+      ldmatrix_x4_trans(r4, Vs + (kw + lane % 8 + ((lane / 8) % 2) * 8) * LD + dp * 16 +
+                                (lane / 16) * 8);
+      mma16816<KV>(o[2 * dp], pa, r4[0], r4[1]);
+      mma16816<KV>(o[2 * dp + 1], pa, r4[2], r4[3]);
     }
-#pragma unroll 2
-    for (int k = kg; k < kDecKeys; k += KG) {
-      float vf[8];
-      unpack8(*reinterpret_cast<const uint4*>(Vs + (st * kDecKeys + k) * LD + c * 8), kKvBf, vf);
-#pragma unroll
-      for (int h = 0; h < kDecMaxG; ++h) {
-        if (h < nh) {
-          const float p = ps[h * kDecKeys + k];
-#pragma unroll
-          for (int j = 0; j < 8; ++j) o[h][j] = fmaf(p, vf[j], o[h][j]);
-        }
-      }
-    }
-    __syncthreads();  // the next iteration's loads overwrite this stage and ps
+    __syncthreads();  // the next iteration's loads overwrite the oldest stage
   }
+  cp_async_wait<0>();  // (only empty groups are left; the stages become the reduction area)
 
-  // Sum O over the key groups; normalize.
+  // The warps' states -> one per row: M = max of the warps' maxima, each warp's O and l
+  // weighted by exp2(m_w - M).
 #pragma unroll
-  for (int j = 0; j < kHeadsPerWarp; ++j) {
-    const int h = warp + j * kWarps;
-    if (h < nh && lane == 0) m_s[h] = m_run[j], l_s[h] = l_run[j];
-  }
-#pragma unroll
-  for (int h = 0; h < kDecMaxG; ++h) {
-    if (h < nh) {
-      float* r = red + (kg * kDecMaxG + h) * D + c * 8;
-      *reinterpret_cast<float4*>(r) = make_float4(o[h][0], o[h][1], o[h][2], o[h][3]);
-      *reinterpret_cast<float4*>(r + 4) = make_float4(o[h][4], o[h][5], o[h][6], o[h][7]);
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    if (lane % 4 == 0) {
+      float* p = ml + (warp * kDecMaxG + lane / 4 + h * 8) * 2;
+      p[0] = m[h], p[1] = l[h];
     }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = lane / 4 + h * 8;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kDecWarps; ++w) mx = fmaxf(mx, ml[(w * kDecMaxG + r) * 2]);
+    const float wt = m[h] == -INFINITY ? 0.f : exp2f(m[h] - mx);
+    float* dst = red + (warp * kDecMaxG + r) * D + (lane % 4) * 2;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+      *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[dt][2 * h] * wt, o[dt][2 * h + 1] * wt);
   }
   __syncthreads();
   const bool direct = nsplit == 1;
   uint16_t* out = static_cast<uint16_t*>(a.out) + q0 * a.out_stride;
   const int64_t slot0 = (static_cast<int64_t>(b) * a.nq + h0) * a.max_splits;  // head h0
   for (int i = tid; i < nh * D; i += kDecThreads) {
-    const int h = i / D, d = i % D;
-    float v = 0.f;
+    const int r = i / D, d = i % D;
+    float mx = -INFINITY, sum_l = 0.f, v = 0.f;
 #pragma unroll
-    for (int k = 0; k < KG; ++k) v += red[(k * kDecMaxG + h) * D + d];
-    v /= l_s[h];
+    for (int w = 0; w < kDecWarps; ++w) mx = fmaxf(mx, ml[(w * kDecMaxG + r) * 2]);
+#pragma unroll
+    for (int w = 0; w < kDecWarps; ++w) {
+      const float mw = ml[(w * kDecMaxG + r) * 2];
+      if (mw != -INFINITY) sum_l += ml[(w * kDecMaxG + r) * 2 + 1] * exp2f(mw - mx);
+      v += red[(w * kDecMaxG + r) * D + d];
+    }
+    v /= sum_l;
     if (direct)
       out[static_cast<int64_t>(h0) * D + i] = float_to_bits(v, a.out_bf16);
     else
-      a.part_o[(slot0 + h * a.max_splits + split) * D + d] = v;
+      a.part_o[(slot0 + r * a.max_splits + split) * D + d] = v;
+    if (!direct && d == 0) a.part_lse[slot0 + r * a.max_splits + split] = mx + log2f(sum_l);
   }
   if (direct) return;
-  if (tid < nh) a.part_lse[slot0 + tid * a.max_splits + split] = m_s[tid] + log2f(l_s[tid]);
 
   // The last partition of this (sequence, head group) to finish merges them all.
   __shared__ bool last;
   __threadfence();
   __syncthreads();
   if (tid == 0) {
-    int* done = a.done + static_cast<int64_t>(b) * gridDim.y + blockIdx.y;
+    int* done = a.done + static_cast<int64_t>(b) * gridDim.x + blockIdx.x;
     last = atomicAdd(done, 1) == nsplit - 1;
     if (last) *done = 0;  // every partition has counted: ready for the next launch
   }
@@ -252,7 +273,7 @@ __global__ void __launch_bounds__(kDecThreads) decode_kernel(AttnArgs a) {
   float* wts = red;  // [kDecMaxG][kMaxSplits]: each partition's weight in the merge
 #pragma unroll
   for (int j = 0; j < kHeadsPerWarp; ++j) {
-    const int h = warp + j * kWarps;
+    const int h = warp + j * kDecWarps;
     if (h < nh) {
       const float* lse = a.part_lse + slot0 + h * a.max_splits;
       float mx = -INFINITY;

@@ -1,6 +1,6 @@
 // Dense bf16/f16 GEMM for Hopper (sm_90a) through CUTLASS 3: TMA loads, warp-specialized wgmma
-// (cooperative: two consumer warpgroups share a tile), a persistent tile scheduler, f32
-// accumulation and a fused per-column bias. cuda/linear.cu decides when and with which tile
+// (cooperative: two consumer warpgroups share a tile), the stream-K tile scheduler, f32
+// accumulation and a fused bias; for few tokens the operands swap (cuda/gemm_sm90.cuh). cuda/linear.cu decides when and with which tile
 // (plan_linear); this header is the whole interface.
 //
 // cuda/gemm_sm90.cu is compiled only when the build targets sm_90a, and then defines
@@ -28,13 +28,17 @@ struct Sm90GemmArgs {
 };
 
 enum class Sm90Tile {
-  k128x128,  // cluster 1x2x1 (x tiles multicast to the pair): any T
-  k128x256,  // cluster 2x1x1 (w tiles multicast to the pair): many tiles (large T * N)
+  k128x128,      // cluster 1x2x1 (x tiles multicast to the pair): any T
+  k128x256,      // cluster 2x1x1 (w tiles multicast to the pair): many tiles (large T * N)
+  kSwap128x64,   // swapped, 128 weight rows x 64 tokens: T <= 64
+  kSwap128x128,  // swapped, 128 weight rows x 128 tokens: T <= 128
 };
 
-// Launches on stream s: no host sync, no allocation once warm (the persistent scheduler needs
-// no workspace; any CUTLASS asks for comes from a grow-only buffer). Throws std::runtime_error
-// naming the shapes when CUTLASS refuses the problem or the launch fails.
+// Launches on stream s: no host sync, no allocation once warm (the stream-K workspace comes
+// from a grow-only buffer). Throws std::runtime_error naming the shapes when CUTLASS refuses the
+// problem or the launch fails.
 void sm90_gemm(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
+// gemm_swap_sm90.cu: the kSwap* tiles.
+void sm90_gemm_swapped(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
 
 }  // namespace vllmx::cuda

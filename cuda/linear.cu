@@ -8,9 +8,9 @@
 //   cp.async pipeline. x tiles always arrive by cp.async; w tiles too when w has x's dtype,
 //   otherwise (the other 16-bit type, Q8_0/Q4_0/Q4_1) they are loaded into registers one tile
 //   ahead and dequantized into shared memory as x's dtype before the mma.
-// - sm90_gemm (cuda/gemm_sm90.cu, CUTLASS 3; builds with sm_90a only): on compute capability
-//   9.0, x and w of one 16-bit dtype, T >= kSm90MinT, TMA-friendly shapes. wgmma reaches several
-//   times the mma.sync kernel's rate on Hopper.
+// - sm90_gemm (cuda/gemm_*sm90.cu, CUTLASS 3; builds with sm_90a only): on compute capability
+//   9.0, x and w of one 16-bit dtype, T >= kSm90MinT, TMA-friendly shapes: operands swapped up
+//   to T = 128, stream-K. wgmma reaches several times the mma.sync kernel's rate on Hopper.
 // - linear_generic_kernel: one thread per output, any dtype mix (f32 x/out too) and any
 //   alignment; the scalar twin the fast paths fall back to.
 #include <algorithm>
@@ -251,12 +251,12 @@ struct LinearPlan {
   Sm90Tile sm90_tile = Sm90Tile::k128x128;
 };
 
-// Below this T the mma.sync kernels keep the small shapes: there a product is bound by streaming
-// w (about T FLOP per weight byte against the H200's ~200 FLOP/byte ridge), and their 32-row
-// tiles give up to 4x more CTAs to stream it with than CUTLASS's 128-row tiles, most of whose
-// rows would be padding. From 64 rows on, half a 128-row tile is real work and wgmma's rate
-// starts to count; the crossover is a guess to tune on the GPU (bench/gpu_kernels_vs_torch.py).
-constexpr int64_t kSm90MinT = 64;
+// From here on (above the skinny GEMM's range) the CUTLASS GEMM takes every product it can:
+// swapped for T <= 128 (the weight rows fill wgmma's 128-row tile, the tokens a 64- or 128-wide
+// one), straight above; stream-K spreads the K loop over the SMs where the output has too few
+// tiles for them (bench/gpu_kernels_vs_torch.py measures each range against cuBLAS).
+constexpr int64_t kSm90MinT = kSkinnyMaxT + 1;
+constexpr int64_t kSm90MaxSwapT = 128;
 
 bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
@@ -283,10 +283,15 @@ bool plan_sm90(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor& 
       out.stride[0] % 8 != 0 || !aligned(x.data, 16) || !aligned(w.data, 16) ||
       !aligned(out.data, 16))
     return false;
-  // 128x256 tiles (weight tiles shared by a 2-CTA cluster along T) once they give every SM at
-  // least one tile; before that 128x128 tiles keep twice as many SMs busy.
-  const int64_t m_pairs = (T + 255) / 256, n_tiles256 = (N + 255) / 256;
-  p.sm90_tile = 2 * m_pairs * n_tiles256 >= num_sms() ? Sm90Tile::k128x256 : Sm90Tile::k128x128;
+  if (T <= kSm90MaxSwapT) {
+    p.sm90_tile = T <= 64 ? Sm90Tile::kSwap128x64 : Sm90Tile::kSwap128x128;
+  } else {
+    // 128x256 tiles (weight tiles shared by a 2-CTA cluster along T) once they give every SM
+    // at least one tile; before that 128x128 tiles keep twice as many SMs busy.
+    const int64_t m_pairs = (T + 255) / 256, n_tiles256 = (N + 255) / 256;
+    p.sm90_tile =
+        2 * m_pairs * n_tiles256 >= num_sms() ? Sm90Tile::k128x256 : Sm90Tile::k128x128;
+  }
   p.path = Path::kSm90;
   return true;
 #else

@@ -1,5 +1,5 @@
-"""CUDA linear on the CUTLASS sm_90a GEMM (cuda/gemm_sm90.cu): bf16/f16 with T >= 64 on compute
-capability 9.0, against a float64 reference; and the shapes and pointers it must hand back to the
+"""CUDA linear on the CUTLASS sm_90a GEMM (cuda/gemm_*sm90.cu): bf16/f16 with T > 32 on compute
+capability 9.0 (operands swapped up to T = 128, stream-K), against a float64 reference; and the shapes and pointers it must hand back to the
 older kernels (K or N not a multiple of 8, misaligned data). On other GPUs the same cases run
 the mma.sync kernels and must pass all the same. Skipped without a GPU."""
 from __future__ import annotations
@@ -50,7 +50,7 @@ NK_SIZES = [(1000, 4096), (4096, 576), (8192, 256), (136, 1032)]
 
 
 @pytest.mark.parametrize("nk", NK_SIZES, ids=lambda s: f"N{s[0]}K{s[1]}")
-@pytest.mark.parametrize("t", [64, 100, 512, 1000])
+@pytest.mark.parametrize("t", [33, 48, 64, 100, 128, 512, 1000])
 @pytest.mark.parametrize("dt", [BF16, F16], ids=["bf16", "f16"])
 def test_linear_gemm(dt, t, nk):
     n, k = nk
@@ -111,9 +111,23 @@ def test_linear_gemm_rows_of_a_larger_batch():
     check(from_bits(out.numpy()[36:], dt), x64[36:] @ w64.T, dt)
 
 
-def test_linear_gemm_repeat_is_deterministic():
-    """The persistent kernel gives bit-identical results call after call (no split-K races)."""
-    t, n, k, dt = 1000, 8192, 256, BF16
+@pytest.mark.parametrize("t", [40, 128, 256])
+def test_linear_gemm_stream_k(t):
+    """A long K under a narrow output (Llama-3-8B's down_proj): too few tiles for the SMs, so
+    stream-K splits the K loop; swapped at T <= 128, straight above."""
+    n, k, dt = 4096, 14336, BF16
+    rng = np.random.default_rng([t, n, k])
+    w, w64 = make_dense(rng, n, k, dt)
+    x, x64 = make_x(rng, t, k, dt)
+    b = bias_bits(rng, n, dt)
+    check(cuda_linear(x, dt, w, dt, b), x64 @ w64.T + from_bits(b, dt), dt)
+
+
+@pytest.mark.parametrize("t,n,k", [(1000, 8192, 256), (128, 4096, 14336), (48, 4096, 4096)])
+def test_linear_gemm_repeat_is_deterministic(t, n, k):
+    """Bit-identical results call after call, stream-K's split products included (its
+    reduction takes the partial sums in a fixed order)."""
+    dt = BF16
     rng = np.random.default_rng(5)
     w, _ = make_dense(rng, n, k, dt)
     x, _ = make_x(rng, t, k, dt)

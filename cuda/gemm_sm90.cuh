@@ -1,0 +1,147 @@
+// The CUTLASS 3 Hopper GEMM behind cuda/gemm_sm90.h, as a template the sm_90a translation units
+// (gemm_sm90.cu: T-major products; gemm_swap_sm90.cu: the swapped ones) instantiate. Internal
+// to those two files: each instantiation costs minutes of compile time, so they are split for a
+// parallel build.
+//
+// Operands in CUTLASS's terms (both layouts K-major, so only the pointers and D's layout change):
+// - straight: A = x [M = T, K], B = w [N, K] (w's rows are B's columns), D = out [T, N]
+//   row-major, bias per column;
+// - swapped (kSwap): A = w [M = N, K], B = x [T, K], D = out^T [N, T], i.e. out read
+//   column-major, bias per row. For a few tokens the weight rows fill wgmma's 128-row M tile
+//   and the tokens its narrow N tile, where straight they would pad a 128-row tile of x.
+// No C source (ElementC = void); the epilogue computes acc + bias in f32 and rounds once to
+// bf16/f16. The stream-K scheduler splits the K loop across SMs when the tiles alone are too few
+// to fill the GPU (a 4096-wide output at T = 128 is 32 tiles for 132 SMs), with its
+// deterministic (turnstile) reduction, so a product's bits do not depend on timing.
+#pragma once
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/operations.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "gemm_sm90.h"
+#include "runtime.h"
+
+#if !defined(CUTLASS_ARCH_MMA_SM90_SUPPORTED)
+#error "cuda/gemm_*sm90.cu need nvcc >= 12.0 (CUTLASS's SM90 GEMM)"
+#endif
+
+namespace vllmx::cuda::sm90 {
+
+using namespace cute;
+
+template <typename Element, class TileShape, class ClusterShape, bool kSwap>
+struct Gemm {
+  using LayoutA = cutlass::layout::RowMajor;     // K-major
+  using LayoutB = cutlass::layout::ColumnMajor;  // K-major
+  using LayoutD =
+      std::conditional_t<kSwap, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
+  static constexpr int kAlign = 128 / cutlass::sizeof_bits<Element>::value;  // 16-byte TMA
+
+  // The bias is read element by element (alignment 1): it may be a slice of a merged bias.
+  using FusionOp = std::conditional_t<
+      kSwap,
+      cutlass::epilogue::fusion::LinCombPerRowBias<Element, float, Element, Element, float, 1>,
+      cutlass::epilogue::fusion::LinCombPerColBias<Element, float, Element, Element, float, 1>>;
+
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlign,
+      Element, LayoutD, kAlign, cutlass::epilogue::TmaWarpSpecializedCooperative,
+      FusionOp>::CollectiveOp;
+
+  // Stages: as many as the shared memory left beside the epilogue's holds.
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, kAlign, Element,
+      LayoutB, kAlign, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop,
+                                                      Epilogue, cutlass::gemm::StreamKScheduler>;
+  using Adapter = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+
+// (rows, 1, batch) strides of a K-major operand or a row-major D: ld elements between rows.
+template <class Stride>
+Stride row_stride(int64_t ld, int64_t rows) {
+  static_assert(is_static_v<decltype(get<1>(Stride{}))>, "the contiguous mode must be static 1");
+  Stride st{};
+  get<0>(st) = ld;
+  get<2>(st) = ld * rows;  // one batch (L = 1); TMA wants it a multiple of 16 bytes like ld
+  return st;
+}
+// (1, cols, batch) strides of a column-major D: ld elements between columns.
+template <class Stride>
+Stride col_stride(int64_t ld, int64_t cols) {
+  static_assert(is_static_v<decltype(get<0>(Stride{}))>, "the contiguous mode must be static 1");
+  Stride st{};
+  get<1>(st) = ld;
+  get<2>(st) = ld * cols;
+  return st;
+}
+
+// The GEMM's workspace: the stream-K partials and locks (CUTLASS zeroes what it needs on the
+// stream in initialize()). Grow-only (runtime.h), so a captured graph's pointer stays valid.
+inline void* workspace(size_t bytes) {
+  static GrowOnlyBuffer buf;
+  return bytes == 0 ? nullptr : buf.get(bytes);
+}
+
+inline std::string shapes(const Sm90GemmArgs& a) {
+  return "x [" + std::to_string(a.T) + ", " + std::to_string(a.K) + "], w [" +
+         std::to_string(a.N) + ", " + std::to_string(a.K) + "]";
+}
+
+inline void check(cutlass::Status st, const char* what, const Sm90GemmArgs& a) {
+  if (st != cutlass::Status::kSuccess)
+    throw std::runtime_error(std::string("linear: CUTLASS sm90 GEMM ") + what + " failed (" +
+                             cutlassGetStatusString(st) + ") for " + shapes(a) + "; " +
+                             cudaGetErrorString(cudaGetLastError()));
+}
+
+template <typename Element, class TileShape, class ClusterShape, bool kSwap>
+void run(const Sm90GemmArgs& a, cudaStream_t s) {
+  using Adapter = typename Gemm<Element, TileShape, ClusterShape, kSwap>::Adapter;
+  using K = typename Adapter::GemmKernel;
+  const int M = kSwap ? a.N : a.T, N = kSwap ? a.T : a.N;
+  const void* A = kSwap ? a.w : a.x;
+  const void* B = kSwap ? a.x : a.w;
+  // Rows of x and out may be views into wider rows: their own strides, not K or N.
+  const auto sa = row_stride<typename K::StrideA>(kSwap ? a.w_stride : a.x_stride, M);
+  const auto sb = row_stride<typename K::StrideB>(kSwap ? a.x_stride : a.w_stride, N);
+  typename K::StrideD sd;
+  if constexpr (kSwap)
+    sd = col_stride<typename K::StrideD>(a.out_stride, N);
+  else
+    sd = row_stride<typename K::StrideD>(a.out_stride, M);
+  const typename K::StrideC sc = sd;  // no C is read
+
+  typename Adapter::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {M, N, a.K, 1},
+      {static_cast<const Element*>(A), sa, static_cast<const Element*>(B), sb},
+      {{}, nullptr, sc, static_cast<Element*>(a.out), sd}};
+  args.epilogue.thread.alpha = 1.f;
+  args.epilogue.thread.beta = 0.f;
+  args.epilogue.thread.bias_ptr = static_cast<const Element*>(a.bias);  // null: adds zeros
+  int device = 0;
+  cudaGetDevice(&device);
+  args.hw_info.device_id = device;
+  args.hw_info.sm_count = a.num_sms;
+
+  Adapter gemm;
+  check(gemm.can_implement(args), "can_implement", a);
+  void* ws = workspace(Adapter::get_workspace_size(args));
+  check(gemm.initialize(args, ws, s), "initialize", a);
+  check(gemm.run(s), "launch", a);
+}
+
+}  // namespace vllmx::cuda::sm90
