@@ -37,3 +37,27 @@ def test_yarn_cache_equals_transformers(variant):
     assert attention_factor != 1.0
     unscaled = RotaryEmbedding(HEAD_DIM, HEAD_DIM, MAX_POS, THETA, True).cos_sin_cache
     assert np.abs(mine - unscaled).max() > 0.1  # the scaling moves it
+
+
+def test_longrope_short_then_long_factors_equal_transformers():
+    """Phi-3's longrope: positions below original_max_position_embeddings take transformers'
+    short-factor frequencies, the rest its long-factor ones; cos and sin scaled by its
+    attention factor."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    dim, orig = 32, 512
+    rng = np.random.default_rng(0)
+    params = {"rope_type": "longrope", "rope_theta": THETA, "original_max_position_embeddings": orig,
+              "short_factor": (1 + rng.random(dim // 2)).tolist(),
+              "long_factor": (1 + 8 * rng.random(dim // 2)).tolist()}
+    cfg = transformers.Phi3Config(hidden_size=dim * 4, num_attention_heads=4, pad_token_id=0,
+                                  max_position_embeddings=MAX_POS, rope_parameters=params,
+                                  original_max_position_embeddings=orig)
+    init = ROPE_INIT_FUNCTIONS["longrope"]
+    (short, attn), (long, _) = init(cfg, "cpu", seq_len=orig), init(cfg, "cpu", seq_len=orig + 1)
+    pos = np.arange(MAX_POS, dtype=np.float64)[:, None]
+    freqs = np.where(pos < orig, pos * short.double().numpy(), pos * long.double().numpy())
+    ref = np.concatenate([np.cos(freqs), np.sin(freqs)], axis=1) * attn
+
+    mine = RotaryEmbedding(dim, dim, MAX_POS, THETA, True, params).cos_sin_cache
+    assert attn > 1.0 and np.abs(mine - ref).max() < 2e-4

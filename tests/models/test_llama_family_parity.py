@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 FAMILIES = ["llama", "llama3", "mistral", "qwen2", "qwen3", "granite", "smollm3", "phi3",
-            "glm4"]
+            "phi3_longrope", "glm4"]
 NUM_PROMPTS, MAX_TOKENS, DELTA = 8, 32, 0.01
 # Prompts the tests do not choose: a fresh seed per run, printed on failure.
 SEED = int.from_bytes(os.urandom(4), "little")
@@ -78,20 +78,27 @@ def test_parity_gguf_f32(family, ckpt_dir):
     run_parity(gguf_path, path)
 
 
-@pytest.mark.parametrize("feature", ["sandwich_norms", "gptj_rope"])
-def test_glm4_features_matter(feature, ckpt_dir):
-    """GLM-4's norms on the branch outputs and its interleaved (GPT-J) partial rope move the
-    logits, so the parity tests above test them."""
+@pytest.mark.parametrize("family,feature", [("glm4", "sandwich_norms"), ("glm4", "gptj_rope"),
+                                            ("phi3_longrope", "longrope")])
+def test_features_matter(family, feature, ckpt_dir):
+    """GLM-4's norms on the branch outputs and its interleaved (GPT-J) partial rope, Phi-3's
+    longrope factors and attention factor: each moves the logits, so the parity tests above
+    test it."""
     from vllmx import LLM
+    from vllmx.layers.rotary import RotaryEmbedding
 
-    llm = LLM(make_checkpoint("glm4", "float32", ckpt_dir), skip_tokenizer_init=True)
+    llm = LLM(make_checkpoint(family, "float32", ckpt_dir), skip_tokenizer_init=True)
     model = llm.llm_engine.model
     prompt = random_prompts(np.random.default_rng(SEED))[0]
     base = vllmx_prompt_logits(llm, prompt)
-    for layer in model.layers:
-        if feature == "sandwich_norms":
+    if feature == "sandwich_norms":
+        for layer in model.layers:
             layer.post_self_attn_layernorm = layer.post_mlp_layernorm = None
-    if feature == "gptj_rope":
+    elif feature == "gptj_rope":
         model.rope.is_neox_style = True
+    else:  # the same rope without longrope's scaling
+        plain = RotaryEmbedding(16, 8, 1024, 1e4, True)
+        for layer in model.layers:
+            layer.rope = plain
     moved = vllmx_prompt_logits(llm, prompt)
     assert np.abs(moved - base).max() / np.abs(base).max() > 1e-2, feature

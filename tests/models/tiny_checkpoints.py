@@ -20,6 +20,7 @@ def family_configs(**sizes):
     common = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 160,
               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
               "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2, **sizes}
+    rot = common["hidden_size"] // common["num_attention_heads"] // 4  # longrope's factors
     return {
         "llama": tf.LlamaConfig(**common),
         "llama3": tf.LlamaConfig(**common, rope_parameters={
@@ -33,6 +34,15 @@ def family_configs(**sizes):
                                     residual_multiplier=0.4, logits_scaling=2.5,
                                     tie_word_embeddings=True),
         "phi3": tf.Phi3Config(**common, sliding_window=24, pad_token_id=0),
+        # Phi-3.5 / Phi-4-mini style: longrope (the short factors below 256 positions, the
+        # attention factor from 1024 / 256) over half of each head.
+        "phi3_longrope": tf.Phi3Config(**{**common, "max_position_embeddings": 1024},
+                                       original_max_position_embeddings=256,
+                                       partial_rotary_factor=0.5, pad_token_id=0,
+                                       rope_parameters={
+                                           "rope_type": "longrope", "rope_theta": 1e4,
+                                           "short_factor": [1 + i / 2 for i in range(rot)],
+                                           "long_factor": [2.0 ** (i + 1) for i in range(rot)]}),
         # head_dim 32 with GLM-4's default partial_rotary_factor 0.5; qkv bias by default.
         "glm4": tf.Glm4Config(**{**common, "head_dim": 32}, pad_token_id=0),
         # 3 layers, the middle one without rope; a window narrower than the longest prompt

@@ -1,6 +1,6 @@
 """Rotary embeddings: the cos/sin cache for each rope flavour (vLLM's get_rope). The native op
-applies it; only the cache differs between default, linear, dynamic-NTK, llama3 and YaRN
-scaling."""
+applies it; only the cache differs between default, linear, dynamic-NTK, llama3, YaRN and
+longrope scaling."""
 
 from __future__ import annotations
 
@@ -87,6 +87,16 @@ class RotaryEmbedding:
             inv_freq = _llama3_inv_freq(inv_freq, s)
         elif rope_type == "yarn":
             inv_freq, cos_sin_scale = _yarn_inv_freq(base, rotary_dim, s, max_position)
+        elif rope_type == "longrope":
+            # Phi-3's: short_factor divides the frequencies up to the original context, and
+            # long_factor from there on, per position (transformers switches every position of
+            # a sequence once it is longer, which the KV cache of its earlier keys cannot follow).
+            orig = s["original_max_position_embeddings"]
+            factor = s.get("factor") or max_position / orig
+            cos_sin_scale = s.get("attention_factor") or (
+                1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(orig)))
+            short = np.outer(positions[:orig], inv_freq / np.asarray(s["short_factor"]))
+            long_freqs = np.outer(positions[orig:], inv_freq / np.asarray(s["long_factor"]))
         elif rope_type == "dynamic":
             # Dynamic NTK: positions within the trained length keep the base frequencies; beyond
             # it the base grows with the length (as transformers does for a sequence that long).
@@ -102,6 +112,8 @@ class RotaryEmbedding:
         freqs = np.outer(positions, inv_freq)
         if rope_type == "dynamic":
             freqs = np.concatenate([freqs, long_freqs])
+        elif rope_type == "longrope":
+            freqs = np.concatenate([short, long_freqs])
         self.cos_sin_cache = placement.upload_vector(np.ascontiguousarray(
             np.concatenate([np.cos(freqs), np.sin(freqs)], axis=1) * cos_sin_scale,
             dtype=np.float32), F32)

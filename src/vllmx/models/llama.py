@@ -188,6 +188,9 @@ class LlamaForCausalLM:
         rope_scaling = cfg.get("rope_scaling") or (cfg.get("rope_parameters") or None)
         if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) == "default":
             rope_scaling = None
+        if rope_scaling and cfg.get("original_max_position_embeddings"):  # Phi-3 keeps it apart
+            rope_scaling = {"original_max_position_embeddings":
+                            cfg["original_max_position_embeddings"], **rope_scaling}
         theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 1e4)
         self.rope = RotaryEmbedding(
             head_dim, rotary_dim, int(cfg.get("max_position_embeddings") or 2048), float(theta),
