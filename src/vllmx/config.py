@@ -105,6 +105,73 @@ class DeviceConfig:
     device: str = "auto"  # auto (cuda when a usable GPU is present) | cuda | cpu
 
 
+# vLLM's speculative methods; the ones vllmx runs so far, and the keys each takes.
+SPECULATIVE_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp", "medusa",
+                       "mlp_speculator", "suffix")
+_SPEC_KEYS = {"ngram": {"method", "num_speculative_tokens", "prompt_lookup_min",
+                        "prompt_lookup_max"}}
+
+
+@dataclass
+class SpeculativeConfig:
+    """vLLM's speculative_config (`--speculative-config '{"method": "ngram", ...}'`).
+
+    ngram (prompt lookup): the proposer finds the longest n-gram, prompt_lookup_max down to
+    prompt_lookup_min tokens, that ends the request's tokens and occurred before, and proposes
+    the num_speculative_tokens tokens that followed its latest earlier occurrence. Both lookup
+    bounds default to 5 when neither is given, else to each other (vLLM's defaults)."""
+
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any] | str) -> SpeculativeConfig:
+        if isinstance(cfg, str):
+            try:
+                cfg = json.loads(cfg)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"speculative_config is not valid JSON: {e}") from e
+        if not isinstance(cfg, dict):
+            raise ValueError(f"speculative_config must be a dict, got {type(cfg).__name__}")
+        method = cfg.get("method")
+        if method is None:
+            raise ValueError("speculative_config needs a 'method' (vllmx runs: "
+                             f"{', '.join(_SPEC_KEYS)})")
+        if method not in _SPEC_KEYS:
+            known = "a vLLM method vllmx does not run yet" if method in SPECULATIVE_METHODS \
+                else "not a speculative method"
+            raise ValueError(f"speculative_config method {method!r} is {known}; vllmx runs: "
+                             f"{', '.join(_SPEC_KEYS)}")
+        unknown = sorted(set(cfg) - _SPEC_KEYS[method])
+        if unknown:
+            raise ValueError(f"speculative_config keys {unknown} are not supported for method "
+                             f"{method!r} (supported: {', '.join(sorted(_SPEC_KEYS[method]))})")
+        out = cls(**cfg)
+        out._check()
+        return out
+
+    def _check(self) -> None:
+        k = self.num_speculative_tokens
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"speculative_config num_speculative_tokens must be an integer "
+                             f">= 1, got {k!r}")
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if lo is None and hi is None:
+            lo = hi = 5
+        lo = hi if lo is None else lo
+        hi = lo if hi is None else hi
+        for name, v in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"speculative_config {name} must be an integer >= 1, "
+                                 f"got {v!r}")
+        if lo > hi:
+            raise ValueError(f"speculative_config prompt_lookup_min ({lo}) is above "
+                             f"prompt_lookup_max ({hi})")
+        self.prompt_lookup_min, self.prompt_lookup_max = lo, hi
+
+
 @dataclass
 class VllmxConfig:
     model_config: ModelConfig
@@ -112,3 +179,4 @@ class VllmxConfig:
     scheduler_config: SchedulerConfig
     parallel_config: ParallelConfig
     device_config: DeviceConfig = field(default_factory=DeviceConfig)
+    speculative_config: SpeculativeConfig | None = None

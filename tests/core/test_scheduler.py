@@ -40,9 +40,9 @@ def step(s: Scheduler, token: int = 1) -> SchedulerOutput:
     for rid, n in so.num_scheduled_tokens.items():
         r = s.requests[rid]
         if r.num_computed_tokens + n == r.num_tokens:
-            sampled[rid] = token
+            sampled[rid] = [token]
     s.update_from_output(so, ModelRunnerOutput(list(so.num_scheduled_tokens), sampled,
-                                               {r: 0.0 for r in sampled}))
+                                               {r: [0.0] for r in sampled}))
     return so
 
 

@@ -137,8 +137,9 @@ def test_logprobs_and_prompt_logprobs_in_runner_output(llm, tiny_llama):
             assert e.token_ids[0] == toks[i] and len(e.token_ids) == len(e.logprobs) == 3
             assert e.logprobs[1] >= e.logprobs[2] and e.rank >= 1
             assert e.logprobs[0] <= e.logprobs[1] + 1e-6
-        sampled = [(o.sampled_token_ids[rid], o.logprobs[rid], o.sampled_logprobs[rid])
-                   for o in outs if rid in o.sampled_token_ids]
+        sampled = [t for o in outs if rid in o.sampled_token_ids
+                   for t in zip(o.sampled_token_ids[rid], o.logprobs[rid],
+                                o.sampled_logprobs[rid])]
         assert len(sampled) == 5
         for tok, lp, slp in sampled:  # greedy: the sampled token is the top one
             assert lp.token_ids[0] == tok == lp.token_ids[1] and lp.rank == 1
@@ -166,7 +167,7 @@ def test_full_vocab_logprobs(llm):
                         prompt_logprobs=-1)
     ids, outs = run_capturing(llm, [PROMPT], sp)
     rid = ids[0]
-    entries = [o.logprobs[rid] for o in outs if rid in o.logprobs]
+    entries = [e for o in outs if rid in o.logprobs for e in o.logprobs[rid]]
     entries += next(o.prompt_logprobs[rid] for o in outs if o.prompt_logprobs)[1:]
     assert len(entries) == 2 + len(PROMPT["prompt_token_ids"]) - 1
     for e in entries:

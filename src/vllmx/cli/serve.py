@@ -46,6 +46,9 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument("--kv-cache-memory-bytes", type=_memory_bytes, default=None,
                    help="KV cache size, e.g. 2G (default: a share of RAM)")
+    p.add_argument("--speculative-config", default=None,
+                   help="speculative decoding, vLLM's JSON, e.g. "
+                        "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--generation-config", default="auto",
                    help="'auto' (the model's generation_config.json), 'vllm' (none), or a dir")
@@ -105,6 +108,7 @@ def engine_args_from(args: argparse.Namespace):
                 "enable_prefix_caching": args.enable_prefix_caching,
                 "block_size": args.block_size,
                 "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
+                "speculative_config": args.speculative_config,
                 "num_threads": args.threads}
     for name, value in optional.items():
         if value is None:

@@ -36,6 +36,9 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     finished_req_ids: set[str]
     preempted_req_ids: set[str] = field(default_factory=set)
+    # Speculative decoding: each request's draft tokens this step verifies (its scheduled
+    # tokens end with them).
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -52,13 +55,17 @@ class TokenLogprobs:
 @dataclass
 class ModelRunnerOutput:
     req_ids: list[str]
-    sampled_token_ids: dict[str, int]  # only requests that reached the end of their tokens
-    sampled_logprobs: dict[str, float]  # log-prob of each sampled token (raw distribution)
-    # For requests with SamplingParams.logprobs set: the sampled position's TokenLogprobs.
-    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    # The tokens each request that reached the end of its tokens got this step: one, or with
+    # speculative decoding its accepted drafts and the token after them.
+    sampled_token_ids: dict[str, list[int]]
+    sampled_logprobs: dict[str, list[float]]  # each sampled token's log-prob (raw distribution)
+    # For requests with SamplingParams.logprobs set: each sampled position's TokenLogprobs.
+    logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
     # For requests with prompt_logprobs set, once their prefill completes: one entry per prompt
     # token (None for the first, which has no prediction).
     prompt_logprobs: dict[str, list[TokenLogprobs | None]] = field(default_factory=dict)
     # Requests that failed in this step on their own (req_id -> error): they were left out
     # of the batch, or their results dropped; the scheduler finishes them with an error.
     failed: dict[str, str] = field(default_factory=dict)
+    # Speculative decoding: the drafts proposed for each request's next step.
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)

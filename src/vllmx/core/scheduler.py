@@ -33,6 +33,10 @@ class SchedulerStats:
     prefix_cache_queries: int = 0  # tokens looked up
     prefix_cache_hits: int = 0  # tokens found cached
     num_preemptions: int = 0
+    # Speculative decoding (cumulative): verify steps with drafts, drafts, accepted drafts.
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
 
 
 class Scheduler:
@@ -57,6 +61,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
+        self.spec_stats = [0, 0, 0]  # SchedulerStats.spec_decode_*: drafts, tokens, accepted
 
     def _priority_key(self, req: Request) -> tuple:
         return req.priority, req.metrics.arrival_time, self._arrival_order[req.request_id]
@@ -94,10 +99,14 @@ class Scheduler:
         preempted: set[str] = set()
 
         # Running requests first (decodes and unfinished chunked prefills), in order.
+        spec: dict[str, list[int]] = {}
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            # (With speculative decoding a caught-up request also runs its drafts: they are
+            # verified in the same forward.)
+            num_new = min(req.num_tokens + len(req.spec_token_ids) - req.num_computed_tokens,
+                          budget)
             if num_new <= 0:
                 i += 1
                 continue
@@ -106,6 +115,7 @@ class Scheduler:
                 victim = self._pick_victim()
                 if self.running.index(victim) < i:  # scheduled earlier in this step: undo it
                     budget += num_scheduled.pop(victim.request_id)
+                    spec.pop(victim.request_id, None)
                     j = cached.req_ids.index(victim.request_id)
                     del cached.req_ids[j], cached.new_block_ids[j], cached.num_computed_tokens[j]
                     i -= 1
@@ -118,6 +128,9 @@ class Scheduler:
             if new_blocks is None:
                 break
             num_scheduled[req.request_id] = num_new
+            num_spec = num_new - (req.num_tokens - req.num_computed_tokens)
+            if num_spec > 0:  # (a budget cut takes the last drafts first)
+                spec[req.request_id] = req.spec_token_ids[:num_spec]
             budget -= num_new
             cached.req_ids.append(req.request_id)
             cached.new_block_ids.append(new_blocks)
@@ -145,7 +158,8 @@ class Scheduler:
                 list(kv.get_block_ids(req.request_id)), num_hit, req.num_prompt_tokens))
 
         out = SchedulerOutput(new_reqs, cached, num_scheduled,
-                              sum(num_scheduled.values()), self.finished_req_ids, preempted)
+                              sum(num_scheduled.values()), self.finished_req_ids, preempted,
+                              spec)
         self.finished_req_ids = set()
         return out
 
@@ -158,6 +172,7 @@ class Scheduler:
         self.kv_cache_manager.free(req)  # its computed full blocks stay cached for the resume
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
+        req.spec_token_ids = []
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend_request(req)
@@ -175,17 +190,42 @@ class Scheduler:
                 self.finish_requests([req_id], RequestStatus.FINISHED_ERROR)
                 updated.append(req)
                 continue
-            req.num_computed_tokens += n
-            self.kv_cache_manager.cache_blocks(req, req.num_computed_tokens)
-            token = out.sampled_token_ids.get(req_id)
-            if token is None:
+            tokens = out.sampled_token_ids.get(req_id)
+            drafts = so.scheduled_spec_decode_tokens.get(req_id, ())
+            # Rejected drafts were computed (their KV slots get overwritten later) but not kept.
+            num_rejected = len(drafts) + 1 - len(tokens) if tokens and drafts else 0
+            req.num_computed_tokens += n - num_rejected
+            if drafts and tokens:
+                self.spec_stats[0] += 1
+                self.spec_stats[1] += len(drafts)
+                self.spec_stats[2] += len(tokens) - 1
+            for token, logprob in zip(tokens or (), out.sampled_logprobs.get(req_id, ())):
+                req.append_output_token(token, logprob)
+                self._check_stop(req, token)
+                if req.is_finished():  # the tokens after a stop are dropped
+                    break
+            # (After the tokens: accepted drafts are computed tokens, hashed once appended;
+            # those past a stop are not.)
+            self.kv_cache_manager.cache_blocks(req, min(req.num_computed_tokens,
+                                                        req.num_tokens))
+            if not tokens:
                 continue
-            req.append_output_token(token, out.sampled_logprobs[req_id])
-            self._check_stop(req, token)
             updated.append(req)
             if req.is_finished():
                 self._free(req)
+            elif req_id in out.spec_token_ids:
+                req.spec_token_ids = self._fit_drafts(req, out.spec_token_ids[req_id])
+            elif req.spec_token_ids:
+                req.spec_token_ids = []
         return updated
+
+    def _fit_drafts(self, req: Request, drafts: list[int]) -> list[int]:
+        """The drafts the request's next step can verify: its KV slots end at max_model_len,
+        and a step that accepts every draft also samples one more token, within max_tokens."""
+        k = min(len(drafts), self.max_model_len - req.num_tokens)
+        if req.sampling_params.max_tokens is not None:
+            k = min(k, req.sampling_params.max_tokens - req.num_output_tokens - 1)
+        return drafts[:max(k, 0)]
 
     def reset_prefix_cache(self) -> bool:
         """Forgets every cached block; False (nothing done) while any request holds blocks."""
@@ -195,7 +235,7 @@ class Scheduler:
         pc = self.kv_cache_manager.prefix_cache_stats
         return SchedulerStats(len(self.running), len(self.waiting),
                               float(self.kv_cache_manager.usage), pc.queries, pc.hits,
-                              self.num_preemptions)
+                              self.num_preemptions, *self.spec_stats)
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats:
         """Prefix-cache queries and hits (tokens) since the last call."""

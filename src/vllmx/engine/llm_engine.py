@@ -16,6 +16,7 @@ from vllmx.config import (
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
     VllmxConfig,
 )
 from vllmx.core.scheduler import Scheduler
@@ -52,6 +53,9 @@ class EngineArgs:
     enforce_eager: bool = False
     max_logprobs: int = 20  # vLLM's: most logprobs / prompt_logprobs a request may ask; -1 all
     load_format: str = "auto"  # auto | safetensors | gguf | dummy (random weights, vLLM's)
+    # vLLM's speculative_config: a dict or its JSON, e.g. {"method": "ngram",
+    # "num_speculative_tokens": 4}; None: no speculation (config.SpeculativeConfig)
+    speculative_config: dict | str | None = None
 
     def create_engine_config(self) -> VllmxConfig:
         if self.block_size < 1:
@@ -81,7 +85,9 @@ class EngineArgs:
                         gpu_memory_utilization=self.gpu_memory_utilization),
             SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens,
                             policy=self.scheduling_policy),
-            ParallelConfig(self.num_threads), DeviceConfig(self.device))
+            ParallelConfig(self.num_threads), DeviceConfig(self.device),
+            None if self.speculative_config is None
+            else SpeculativeConfig.from_dict(self.speculative_config))
 
 
 class LLMEngine:
@@ -98,6 +104,10 @@ class LLMEngine:
         self.worker.initialize_kv_cache()
         self.worker.compile_or_warm_up_model()
         self.model_runner = self.worker.model_runner
+        if config.speculative_config is not None:
+            from vllmx.spec_decode.ngram_proposer import NgramProposer
+
+            self.model_runner.drafter = NgramProposer(config.speculative_config)
         self.kv_caches, self.cache_dtype = self.worker.kv_caches, self.worker.cache_dtype
         self.scheduler = Scheduler(sc, cc)
         self.output_processor = OutputProcessor(self.tokenizer)
@@ -268,7 +278,7 @@ class LLMEngine:
                 try:
                     out, stop_str = self.output_processor.process(
                         req, runner_out.logprobs.get(req.request_id),
-                        runner_out.sampled_logprobs.get(req.request_id, 0.0),
+                        runner_out.sampled_logprobs.get(req.request_id),
                         runner_out.prompt_logprobs.get(req.request_id))
                 except Exception as e:
                     logger.exception("request %s failed in the output path", req.request_id)

@@ -59,11 +59,13 @@ class RequestState:
             out[tok] = Logprob(val, ranks[tok], self._decode_token(tok))
         return out
 
-    def add_logprobs(self, lp: TokenLogprobs | None, sampled_logprob: float) -> None:
+    def add_logprobs(self, lps: list[TokenLogprobs] | None,
+                     sampled_logprobs: list[float]) -> None:
+        """The new tokens' log-probs (several per step with speculative decoding)."""
         if self.request.sampling_params.logprobs is None:
             return
-        self.cumulative_logprob += sampled_logprob
-        if lp is not None:
+        self.cumulative_logprob += sum(sampled_logprobs)
+        for lp in lps or ():
             self.logprobs.append(self.to_dict(lp))
 
     def set_prompt_logprobs(self, entries: list[TokenLogprobs | None]) -> None:
@@ -83,16 +85,19 @@ class OutputProcessor:
             self.parents[parent.request_id] = parent
             parent.unfinished.add(request.request_id)
 
-    def process(self, request: Request, logprobs: TokenLogprobs | None = None,
-                sampled_logprob: float = 0.0,
+    def process(self, request: Request, logprobs: list[TokenLogprobs] | None = None,
+                sampled_logprobs: list[float] | None = None,
                 prompt_logprobs: list | None = None) -> tuple[RequestOutput | None, str | None]:
-        """Takes the request's new token(s); returns the output to hand out now (None when
-        nothing is due) and the stop string that matched, if any (the caller then finishes
-        the request)."""
+        """Takes the request's new token(s) (their logprobs, where asked for, one per token
+        the step produced: those past a stop are not kept); returns the output to hand out
+        now (None when nothing is due) and the stop string that matched, if any (the caller
+        then finishes the request)."""
         state = self.states[request.request_id]
         if prompt_logprobs is not None:
             state.set_prompt_logprobs(prompt_logprobs)
-        state.add_logprobs(logprobs, sampled_logprob)
+        num_new = request.num_output_tokens - state.num_detokenized
+        state.add_logprobs(None if logprobs is None else logprobs[:num_new],
+                           (sampled_logprobs or [])[:num_new])
         new_tokens = request.output_token_ids[state.num_detokenized:]
         state.num_detokenized = request.num_output_tokens
         if (request.status == RequestStatus.FINISHED_STOPPED and new_tokens

@@ -52,6 +52,8 @@ class Request:
         self.num_preemptions = 0
         self.num_cached_tokens = 0  # prefix-cache hit at first admission (RequestOutput's)
         self.block_hashes: list[bytes] = []  # of its full blocks, extended as tokens grow
+        # Draft tokens to verify in its next step (speculative decoding; vLLM's name).
+        self.spec_token_ids: list[int] = []
         self.metrics = RequestMetrics(arrival_time=arrival_time or time.time())
 
     @property

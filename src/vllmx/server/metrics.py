@@ -63,7 +63,13 @@ class _SchedulerCollector:
                 ("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
                  s.prefix_cache_hits),
                 ("num_preemptions", "Cumulative number of preemption from the engine.",
-                 s.num_preemptions)):
+                 s.num_preemptions),
+                ("spec_decode_num_drafts", "Number of spec decoding drafts.",
+                 s.spec_decode_num_drafts),
+                ("spec_decode_num_draft_tokens", "Number of draft tokens.",
+                 s.spec_decode_num_draft_tokens),
+                ("spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+                 s.spec_decode_num_accepted_tokens)):
             c = CounterMetricFamily(f"vllm:{name}", doc, labels=["model_name"])
             c.add_metric(labels, value)
             yield c

@@ -73,6 +73,13 @@ class CachedRequestState:
         return len(self.token_ids) - self.num_prompt_tokens
 
 
+def _drafts_for(sp: SamplingParams) -> bool:
+    """Whether a request's steps verify drafts: greedy ones without penalties (a penalized
+    request's sampler state counts tokens as they are kept, and random sampling needs the
+    rejection sampler, not here yet)."""
+    return sp.greedy and not sp.has_penalties
+
+
 class ModelRunner:
     def __init__(self, model, kv_caches, cache_dtype: int, block_size: int,
                  max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, seed: int,
@@ -87,6 +94,7 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}
         self.global_rng = np.random.default_rng(seed)
         self.sampler = Sampler()
+        self.drafter = None  # speculative decoding: a proposer (spec_decode/), set by the engine
         t, b = max_num_batched_tokens, max_num_seqs
         self.input_ids = np.zeros(t, dtype=np.int32)
         self.positions = np.zeros(t, dtype=np.int32)
@@ -297,11 +305,13 @@ class ModelRunner:
         if not req_ids:
             return ModelRunnerOutput([], {}, {}, failed=failed)
         num_scheduled = np.array([so.num_scheduled_tokens[r] for r in req_ids], dtype=np.int32)
+        drafts = {r: so.scheduled_spec_decode_tokens.get(r, ()) for r in req_ids}
+        self._stage_drafts(drafts)
         self.input_batch.prepare_inputs(num_scheduled, self.input_ids, self.positions,
                                         self.slot_mapping, self.query_start_loc, self.seq_lens)
         t = 0
         logits_rows: list[int] = []
-        sample_ids: list[str] = []
+        sample_ids: list[str] = []  # a request with k drafts samples k + 1 rows
         # (request, first hidden row, prompt positions start .. last - 1) for prompt_logprobs
         prompt_rows: list[tuple[CachedRequestState, int, int, int]] = []
         for req_id, n in zip(req_ids, num_scheduled.tolist()):
@@ -314,8 +324,9 @@ class ModelRunner:
                 if last > start:
                     prompt_rows.append((state, t, start, last))
             t += n
-            if end == len(state.token_ids):  # caught up: this step samples the next token
-                logits_rows.append(t - 1)
+            k = len(drafts[req_id])
+            if end == len(state.token_ids) + k:  # caught up: this step samples the next token
+                logits_rows.extend(range(t - 1 - k, t))
                 sample_ids.append(req_id)
         nb = len(req_ids)
         decode_only = t == nb == len(logits_rows) and not prompt_rows
@@ -336,31 +347,68 @@ class ModelRunner:
                 rows = ops.gather_rows(hidden, np.asarray(logits_rows, dtype=np.int32))
             logits = self.model.compute_logits(rows)
         states = [self.requests[r] for r in sample_ids]
-        smd = self._sampling_metadata(states, logits.shape[1])
+        smd = self._sampling_metadata(states, [drafts[r] for r in sample_ids], logits.shape[1])
         sampled = self.sampler(logits, smd)
-        for i, (state, tok) in enumerate(zip(states, sampled.sampled_token_ids.tolist())):
-            req_id = state.req_id
+        toks = sampled.sampled_token_ids.tolist()
+        i = 0  # the request's first sampled row
+        for state in states:
+            req_id, d = state.req_id, drafts[state.req_id]
+            rows = range(i, i + len(d) + 1)
+            i = rows.stop
             if req_id in failed:
                 continue
-            state.rng_state = smd.rng_state[i].copy()
+            # Greedy verification: the drafts the target model agrees with, then its own token.
+            m = 0
+            while m < len(d) and toks[rows[m]] == d[m]:
+                m += 1
+            rows = rows[:m + 1]
+            state.rng_state = smd.rng_state[rows[-1]].copy()
             if state.sampling_params.prompt_logprobs is not None and state.num_output_tokens == 0:
                 out.prompt_logprobs[req_id] = (state.prompt_logprobs
                                                or [None] * state.num_prompt_tokens)
                 state.prompt_logprobs = None
-            state.token_ids.append(tok)
-            self.input_batch.append_token(req_id, tok)
-            out.sampled_token_ids[req_id] = tok
-            out.sampled_logprobs[req_id] = float(sampled.sampled_logprobs[i])
-            if sampled.logprobs[i] is not None:
-                out.logprobs[req_id] = sampled.logprobs[i]
+            new = [toks[r] for r in rows]
+            state.token_ids.extend(new)
+            for tok in new:
+                self.input_batch.append_token(req_id, tok)
+            out.sampled_token_ids[req_id] = new
+            out.sampled_logprobs[req_id] = [float(sampled.sampled_logprobs[r]) for r in rows]
+            if sampled.logprobs[rows[0]] is not None:
+                out.logprobs[req_id] = [sampled.logprobs[r] for r in rows]
+            if self.drafter is not None and _drafts_for(state.sampling_params):
+                batch = self.input_batch
+                row = batch.req_id_to_index[req_id]
+                out.spec_token_ids[req_id] = self.drafter.propose(
+                    batch.token_ids[row, :batch.num_tokens[row]])
         return out
 
+    def _stage_drafts(self, drafts: dict[str, list[int]]) -> None:
+        """Writes each request's drafts after its tokens in the persistent batch, where the
+        step's input ids are read from (not counted as its tokens: the accepted ones are
+        appended after the step)."""
+        batch = self.input_batch
+        for req_id, d in drafts.items():
+            if d:
+                row = batch.req_id_to_index[req_id]
+                n = batch.num_tokens[row]
+                batch.token_ids[row, n:n + len(d)] = d
+
     @staticmethod
-    def _sampling_metadata(states: list[CachedRequestState], vocab: int) -> SamplingMetadata:
+    def _sampling_metadata(states: list[CachedRequestState], drafts: list[list[int]],
+                           vocab: int) -> SamplingMetadata:
+        """One row per sampled position: a request with k drafts has k + 1, the j-th seeing
+        its tokens and the first j drafts (what the sequence holds there if they are
+        accepted)."""
+        if not any(drafts):
+            return SamplingMetadata.build(
+                [s.sampling_params for s in states], [s.sampling for s in states],
+                [s.token_ids for s in states], [s.num_prompt_tokens for s in states],
+                [s.rng_state for s in states], vocab)
+        rows = [(s, list(d[:j])) for s, d in zip(states, drafts) for j in range(len(d) + 1)]
         return SamplingMetadata.build(
-            [s.sampling_params for s in states], [s.sampling for s in states],
-            [s.token_ids for s in states], [s.num_prompt_tokens for s in states],
-            [s.rng_state for s in states], vocab)
+            [s.sampling_params for s, _ in rows], [s.sampling for s, _ in rows],
+            [s.token_ids + d if d else s.token_ids for s, d in rows],
+            [s.num_prompt_tokens for s, _ in rows], [s.rng_state for s, _ in rows], vocab)
 
     def _gather_prompt_logprobs(self, state: CachedRequestState, hidden: np.ndarray, row: int,
                                 start: int, last: int) -> None:
