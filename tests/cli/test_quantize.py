@@ -227,7 +227,8 @@ def test_errors(llama_dir, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("family", ["llama3", "qwen2", "qwen3", "granite", "smollm3_gguf",
-                                    "phi3", "olmo2", "olmo2_bias", "olmo3", "gemma2", "gemma3"])
+                                    "phi3", "glm4", "olmo2", "olmo2_bias", "olmo3", "gemma2",
+                                    "gemma3"])
 def test_f32_gguf_matches_checkpoint_in_vllmx(family, tmp_path):
     """Names, Q/K permutation, rope_freqs, biases, q/k norms, Gemma's 1 + w norms, Granite's
     multipliers, Phi-3's fused tensors and window, OLMo's post-norms, OLMo 3's windows and YaRN:

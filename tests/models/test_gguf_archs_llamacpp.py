@@ -1,13 +1,12 @@
-"""GGUF archs granite, smollm3, phi3, olmo2 (OLMo 2, and OLMo 3 with its windows and YaRN) and
-gemma2 against llama.cpp: a tiny random transformers
-checkpoint written as an F32 and a Q8_0 GGUF the way llama.cpp's converter lays it out
-(tests/models/tiny_checkpoints.py, test_gemma2_parity.py), vllmx's greedy tokens teacher-forced
-through llama.cpp on the same file (TESTING.md's rule for quantized files: every position within
-1.5 nats of llama.cpp's best, >= 95% its argmax), and prompt logits near llama.cpp's; the same
-checkpoints through `vllmx quantize` too. The F32 files
-of the same checkpoints match transformers in test_llama_family_parity.py / test_gemma2_parity.py
-(which also cover Phi-3's window: llama.cpp ignores Phi-3's sliding_window, so these files
-carry none)."""
+"""GGUF archs granite, smollm3, phi3, glm4, olmo2 (OLMo 2, and OLMo 3 with its windows and YaRN)
+and gemma2 against llama.cpp: a tiny random transformers checkpoint written as an F32 and a Q8_0
+GGUF the way llama.cpp's converter lays it out (tests/models/tiny_checkpoints.py,
+test_gemma2_parity.py), vllmx's greedy tokens teacher-forced through llama.cpp on the same file
+(TESTING.md's rule for quantized files: every position within 1.5 nats of llama.cpp's best,
+>= 95% its argmax), and prompt logits near llama.cpp's; the same checkpoints through `vllmx
+quantize` too. The F32 files of the same checkpoints match transformers in
+test_llama_family_parity.py / test_gemma2_parity.py (which also cover Phi-3's window: llama.cpp
+ignores Phi-3's sliding_window, so these files carry none)."""
 
 from __future__ import annotations
 
@@ -27,8 +26,8 @@ pytest.importorskip("torch")
 
 SEED = int(os.environ.get("VLLMX_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
 # model -> the tiny checkpoint it is made from (tiny_checkpoints.py; gemma2: test_gemma2_parity)
-MODELS = {"granite": "granite", "smollm3": "smollm3_gguf", "phi3": "phi3", "olmo2": "olmo2",
-          "olmo3": "olmo3", "gemma2": "gemma2"}
+MODELS = {"granite": "granite", "smollm3": "smollm3_gguf", "phi3": "phi3", "glm4": "glm4",
+          "olmo2": "olmo2", "olmo3": "olmo3", "gemma2": "gemma2"}
 # Prompt logits against llama.cpp's, relative to their largest: F32 files differ by the f16 KV
 # cache and summation order; Q8_0 files also by activations landing on the other side of an
 # 8-bit rounding step (2-4% on these models, as on test_gguf_nl_tq_llamacpp.py's).

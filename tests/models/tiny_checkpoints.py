@@ -77,8 +77,8 @@ def family_configs(**sizes):
 
 
 GGUF_ARCH = {"llama": "llama", "llama3": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-             "granite": "granite", "smollm3_gguf": "smollm3", "phi3": "phi3", "olmo2": "olmo2",
-             "olmo3": "olmo2"}
+             "granite": "granite", "smollm3_gguf": "smollm3", "phi3": "phi3", "glm4": "glm4",
+             "olmo2": "olmo2", "olmo3": "olmo2"}
 # llama.cpp's converter un-permutes Q/K to Meta's interleaved layout for these.
 _PERMUTED = ("llama", "granite", "smollm3")
 
@@ -183,6 +183,9 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
     if arch == "olmo2":  # norms after attention and MLP
         per_layer |= {"post_attention_layernorm": "post_attention_norm",
                       "post_feedforward_layernorm": "post_ffw_norm"}
+    if arch == "glm4":  # norms on the attention and MLP outputs
+        per_layer |= {"post_self_attn_layernorm": "post_attention_norm",
+                      "post_mlp_layernorm": "post_ffw_norm"}
     for name, t in sd.items():
         t = np.ascontiguousarray(t.astype(np.float32))
         if name.startswith("model.layers."):

@@ -25,17 +25,13 @@ logger = logging.getLogger(__name__)
 HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama",
                     "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
                     "GraniteForCausalLM": "granite", "SmolLM3ForCausalLM": "smollm3",
-                    "Phi3ForCausalLM": "phi3", "Olmo2ForCausalLM": "olmo2",
+                    "Phi3ForCausalLM": "phi3", "Glm4ForCausalLM": "glm4",
+                    "Olmo2ForCausalLM": "olmo2",
                     "Olmo3ForCausalLM": "olmo2", "Gemma2ForCausalLM": "gemma2",
                     "Gemma3ForCausalLM": "gemma3"}
 _PERMUTED = ("llama", "granite", "smollm3")  # Q/K rows un-permuted (llama.cpp's LlamaModel)
 _GEMMA = ("gemma2", "gemma3")
-# Where an HF name has another GGUF name in one arch than the table's first (the table is
-# GGUF -> HF, and several GGUF names may load as one HF name).
-_ARCH_NAMES = {
-    "olmo2": {"model.layers.{i}.post_attention_layernorm": "blk.{i}.post_attention_norm"},
-    "phi3": {"model.layers.{i}.mlp.gate_up_proj": "blk.{i}.ffn_up"},
-}
+
 
 
 @dataclass
@@ -46,11 +42,11 @@ class SourceTensor:
 
 
 def _hf_to_gguf_names(arch: str) -> dict[str, str]:
-    table = gemma3.GGUF_TO_HF if arch in _GEMMA else llama.GGUF_TO_HF
-    names: dict[str, str] = {}
-    for g, hf in table.items():
-        names.setdefault(hf, g)  # the first GGUF name listed for it
-    return names | _ARCH_NAMES.get(arch, {})
+    """The name tables inverted: the architecture's own names over the common ones."""
+    if arch in _GEMMA:
+        return {hf: g for g, hf in gemma3.GGUF_TO_HF.items()}
+    return ({hf: g for g, hf in llama.GGUF_TO_HF.items()}
+            | {hf: g for g, hf in llama.GGUF_ARCH_TO_HF.get(arch, {}).items()})
 
 
 def _gguf_name(hf_name: str, table: dict[str, str]) -> str | None:

@@ -33,24 +33,31 @@ GGUF_TO_HF = {
     "blk.{i}.attn_q_norm": "model.layers.{i}.self_attn.q_norm",
     "blk.{i}.attn_k_norm": "model.layers.{i}.self_attn.k_norm",
     "blk.{i}.ffn_norm": "model.layers.{i}.post_attention_layernorm",
-    "blk.{i}.post_attention_norm": "model.layers.{i}.post_attention_layernorm",  # OLMo 2
-    "blk.{i}.post_ffw_norm": "model.layers.{i}.post_feedforward_layernorm",
     "blk.{i}.ffn_gate": "model.layers.{i}.mlp.gate_proj",
     "blk.{i}.ffn_up": "model.layers.{i}.mlp.up_proj",
     "blk.{i}.ffn_down": "model.layers.{i}.mlp.down_proj",
 }
+# What one architecture's GGUF names besides (or other than) the table's.
+GGUF_ARCH_TO_HF = {
+    "olmo2": {"blk.{i}.post_attention_norm": "model.layers.{i}.post_attention_layernorm",
+              "blk.{i}.post_ffw_norm": "model.layers.{i}.post_feedforward_layernorm"},
+    "phi3": {"blk.{i}.ffn_up": "model.layers.{i}.mlp.gate_up_proj"},  # [gate; up]
+    "glm4": {"blk.{i}.post_attention_norm": "model.layers.{i}.post_self_attn_layernorm",
+             "blk.{i}.post_ffw_norm": "model.layers.{i}.post_mlp_layernorm",
+             "blk.{i}.ffn_up": "model.layers.{i}.mlp.gate_up_proj"},
+}
 
 
-def gguf_name_to_hf(name: str) -> str:
+def gguf_name_to_hf(name: str, arch: str | None = None) -> str:
     base, _, suffix = name.rpartition(".")
     parts = base.split(".")
     if parts[0] == "blk":
         key, i = "blk.{i}." + ".".join(parts[2:]), parts[1]
     else:
         key, i = base, ""
-    if key not in GGUF_TO_HF:
-        return name
-    return GGUF_TO_HF[key].format(i=i) + "." + suffix
+    table = GGUF_ARCH_TO_HF.get(arch, {})
+    hf = table.get(key) or GGUF_TO_HF.get(key)
+    return name if hf is None else hf.format(i=i) + "." + suffix
 
 
 class LlamaDecoderLayer:
@@ -134,8 +141,9 @@ def unfuse_phi3(weights: dict[str, Weight], cfg: dict) -> dict[str, Weight]:
     return out
 
 
-# llama.cpp's archs that store Q/K un-permuted (Meta's interleaved layout): GPT-J style rope.
-_GGUF_GPTJ_ROPE = ("llama", "mistral", "granite", "smollm3")
+# llama.cpp's archs whose rope rotates interleaved pairs (GPT-J style): Llama's Q/K stored
+# un-permuted to Meta's layout, and GLM-4's own.
+_GGUF_GPTJ_ROPE = ("llama", "mistral", "granite", "smollm3", "glm4")
 
 
 class LlamaForCausalLM:
@@ -144,7 +152,7 @@ class LlamaForCausalLM:
         gguf_arch = cfg.get("gguf_architecture")
         is_gguf = gguf_arch is not None
         if is_gguf:
-            weights = {gguf_name_to_hf(k): v for k, v in weights.items()}
+            weights = {gguf_name_to_hf(k, gguf_arch): v for k, v in weights.items()}
         cfg.setdefault("head_dim", None)
         if not cfg["head_dim"]:
             cfg["head_dim"] = cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -154,13 +162,10 @@ class LlamaForCausalLM:
         phi3 = "Phi3ForCausalLM" in archs or gguf_arch == "phi3"
         granite = "GraniteForCausalLM" in archs or gguf_arch == "granite"
         smollm3 = "SmolLM3ForCausalLM" in archs or gguf_arch == "smollm3"
-        glm4 = "Glm4ForCausalLM" in archs
+        glm4 = "Glm4ForCausalLM" in archs or gguf_arch == "glm4"
         if glm4:
             weights = unfuse_phi3(weights, cfg)
         if phi3:
-            if is_gguf:  # llama.cpp's phi3 ffn_up is Phi-3's gate_up_proj ([gate; up])
-                weights = {k.replace(".mlp.up_proj.", ".mlp.gate_up_proj."): v
-                           for k, v in weights.items()}
             weights = unfuse_phi3(weights, cfg)
             if "rope_factors_long.weight" in weights:
                 raise ValueError("Phi-3 GGUF with rope_factors_long (longrope scaling) is not "

@@ -104,7 +104,8 @@ class Olmo2ForCausalLM:
     def __init__(self, cfg: dict, weights: dict[str, Weight]):
         cfg = dict(cfg)
         if "gguf_architecture" in cfg:
-            weights = {gguf_name_to_hf(k): v for k, v in weights.items()}
+            arch = cfg["gguf_architecture"]
+            weights = {gguf_name_to_hf(k, arch): v for k, v in weights.items()}
         cfg["num_key_value_heads"] = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
         cfg["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
         cfg.setdefault("rms_norm_eps", 1e-6)

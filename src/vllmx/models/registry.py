@@ -24,6 +24,7 @@ _HF_ARCHS = {
 _GGUF_ARCHS = {
     "gemma2": Gemma3ForCausalLM,
     "gemma3": Gemma3ForCausalLM,
+    "glm4": LlamaForCausalLM,
     "granite": LlamaForCausalLM,
     "llama": LlamaForCausalLM,
     "mistral": LlamaForCausalLM,
