@@ -142,6 +142,9 @@ def test_greedy_output_is_unchanged_and_drafts_are_accepted(model_dir):
     assert [len(t) for t in want] == [p.max_tokens for p in sp]
     stats = spec.llm_engine.scheduler.make_stats()
     assert stats.spec_decode_num_drafts > 0
+    if spec.llm_engine.device == "cpu":  # verify steps of k + 1 tokens a request ran as tapes
+        assert any(isinstance(key, tuple) for key in
+                   spec.llm_engine.model_runner.decode_capture.steps)
     assert 0 < stats.spec_decode_num_accepted_tokens <= stats.spec_decode_num_draft_tokens
 
 
@@ -235,3 +238,40 @@ def test_abort_between_verify_steps(model_dir):
     assert finals["r0"] == want[0] and finals["r2"] == want[2]
     assert "r1" not in finals or finals["r1"] == want[1][:len(finals["r1"])]
     assert engine.scheduler.kv_cache_manager.usage == 0
+
+
+def test_advance_rng_state_is_the_samplers_own_stream():
+    """A verify step's row j starts j draws into the request's stream: the host's transition
+    must be the sampler's (one draw per random row)."""
+    from vllmx import ops
+    from vllmx.worker.model_runner import advance_rng_state, seed_rng_state
+
+    rng = np.random.default_rng()
+    logits = rng.standard_normal((1, 50)).astype(np.float32)
+    one = lambda v: np.array([v], np.float32)  # noqa: E731
+    for seed in rng.integers(0, 2**63, 20).tolist():
+        state = seed_rng_state(seed)
+        native = state[None].copy()
+        for n in range(1, 6):
+            ops.sample(logits, one(0.9), np.zeros(1, np.int32), one(1.0), one(0.0), native)
+            assert native[0].tolist() == advance_rng_state(state, n).tolist()
+
+
+def test_seeded_sampling_gives_the_same_tokens_with_speculation(model_dir):
+    """Each row of a verify step is sampled with the draw it gets without speculation, so a
+    seeded request's tokens do not change, whatever the drafts (the rejection rule for
+    single-token proposals: accepted with probability p(draft), else a draw from p without
+    it) — over many seeds and settings, batched."""
+    from vllmx import SamplingParams
+
+    rng = np.random.default_rng()
+    base, spec = llm_pair(model_dir, max_num_seqs=16)
+    ps = prompts(rng, 16)
+    sps = [SamplingParams(temperature=float(rng.choice([0.3, 0.8, 1.2])),
+                          top_k=int(rng.choice([0, 5])), top_p=float(rng.choice([1.0, 0.9])),
+                          seed=int(rng.integers(0, 2**31)), max_tokens=40, ignore_eos=True)
+           for _ in ps]
+    assert tokens(spec.generate(ps, sps)) == tokens(base.generate(ps, sps))
+    stats = spec.llm_engine.scheduler.make_stats()
+    assert stats.spec_decode_num_accepted_tokens > 0
+    assert stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens

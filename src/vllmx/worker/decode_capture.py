@@ -55,7 +55,7 @@ class DecodeCapture:
 
     def __init__(self, sizes: list[int]):
         self.sizes = sorted(sizes)
-        self.steps: dict[int, object] = {}  # bucket -> its capture (.replay() -> output)
+        self.steps: dict = {}  # bucket key -> its capture (.replay() -> output)
 
     def bucket(self, nb: int) -> int | None:
         """The smallest bucket that holds nb requests (None: above the largest). A bisection:
@@ -63,16 +63,17 @@ class DecodeCapture:
         i = bisect.bisect_left(self.sizes, nb)
         return self.sizes[i] if i < len(self.sizes) else None
 
-    def run(self, size: int, forward: Callable):
-        """forward()'s output for bucket `size`, replayed from its capture (recorded now if this
-        device records lazily)."""
-        step = self.steps.get(size)
+    def run(self, key, forward: Callable):
+        """forward()'s output for bucket `key` (its size, or (size, tokens a request) for a
+        speculative verify step), replayed from its capture (recorded now if this device
+        records lazily)."""
+        step = self.steps.get(key)
         if step is not None:
             return step.replay()
         if not self.captures_at_startup:
             step = self.capture(forward)
             if step is not None:
-                self.steps[size] = step
+                self.steps[key] = step
                 return step.output  # the recording's check already replayed it
         return forward()
 

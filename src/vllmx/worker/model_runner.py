@@ -55,6 +55,19 @@ def seed_rng_state(seed: int) -> np.ndarray:
     return out
 
 
+def advance_rng_state(state: np.ndarray, n: int) -> np.ndarray:
+    """The generator state after n draws (csrc/sampling/rng.h's xoroshiro128++ transition; a
+    random row of the sampler takes exactly one): a verify step's row j starts where the
+    request's stream is after the j draws before it, as without speculation."""
+    m = (1 << 64) - 1
+    s0, s1 = int(state[0]), int(state[1])
+    for _ in range(n):
+        s1 ^= s0
+        s0 = (((s0 << 49) | (s0 >> 15)) & m) ^ s1 ^ ((s1 << 21) & m)
+        s1 = ((s1 << 28) | (s1 >> 36)) & m
+    return np.array([s0, s1], dtype=np.uint64)
+
+
 @dataclass
 class CachedRequestState:
     req_id: str
@@ -74,10 +87,9 @@ class CachedRequestState:
 
 
 def _drafts_for(sp: SamplingParams) -> bool:
-    """Whether a request's steps verify drafts: greedy ones without penalties (a penalized
-    request's sampler state counts tokens as they are kept, and random sampling needs the
-    rejection sampler, not here yet)."""
-    return sp.greedy and not sp.has_penalties
+    """Whether a request's steps verify drafts: those without penalties (a penalized
+    request's sampler state counts tokens as they are kept, not per verify row)."""
+    return not sp.has_penalties
 
 
 class ModelRunner:
@@ -167,14 +179,16 @@ class ModelRunner:
                 self._stage_views[key] = staged
         return staged
 
-    def _pad_decode(self, nb: int, size: int) -> None:
-        """Rows nb..size of a decode bucket: one token each, at position 0, whose KV write is
-        skipped (slot -1) and whose output is never read."""
-        self.input_ids[nb:size] = 0
-        self.positions[nb:size] = 0
-        self.slot_mapping[nb:size] = -1
-        self.seq_lens[nb:size] = 1
-        self.query_start_loc[nb + 1:size + 1] = self.query_start_loc[nb] + np.arange(
+    def _pad_decode(self, nb: int, size: int, q: int = 1) -> None:
+        """Requests nb..size of a decode bucket of q tokens a request: q tokens each at
+        positions 0..q-1, whose KV writes are skipped (slot -1) and whose outputs are never
+        read."""
+        t0, t1 = nb * q, size * q
+        self.input_ids[t0:t1] = 0
+        self.positions[t0:t1] = np.tile(np.arange(q, dtype=np.int32), size - nb)
+        self.slot_mapping[t0:t1] = -1
+        self.seq_lens[nb:size] = q
+        self.query_start_loc[nb + 1:size + 1] = self.query_start_loc[nb] + q * np.arange(
             1, size - nb + 1, dtype=np.int32)
         self.block_table[nb:size] = 0
 
@@ -189,19 +203,20 @@ class ModelRunner:
         return self.input_ids[:t], self.positions[:t], md
 
     def _decode_forward(self, size: int, inputs: tuple):
-        """A decode bucket's forward and f32 logits: what a capture records, and what an eager
-        decode step runs, so both give the same tokens. On the GPU the logits land in the
-        buffer every bucket shares (a graph's output must stay put)."""
+        """A decode bucket's forward and f32 logits (every token's): what a capture records,
+        and what an eager decode step runs, so both give the same tokens. On the GPU the
+        logits land in the buffer every bucket shares (a graph's output must stay put)."""
         logits = self.model.compute_logits(self.model.forward(*inputs))
         if self.device != "cuda":
             return logits  # the host's logits are f32; a tape's arena keeps them in place
         return ops.embedding(self._rows[:size], logits, out=self._decode_logits[:size])
 
-    def _prepare_decode(self, nb: int, size: int):
-        """Pads rows nb..size and stages the bucket's inputs; returns the bucket's forward."""
-        self._pad_decode(nb, size)
-        inputs = self._inputs(size, size, max_query_len=1)
-        return lambda: self._decode_forward(size, inputs)
+    def _prepare_decode(self, nb: int, size: int, q: int = 1):
+        """Pads requests nb..size and stages the bucket's inputs (q tokens a request); returns
+        the bucket's forward."""
+        self._pad_decode(nb, size, q)
+        inputs = self._inputs(size * q, size, max_query_len=q)
+        return lambda: self._decode_forward(size * q, inputs)
 
     def capture_model(self) -> None:
         """vLLM's capture_model: the decode buckets this device captures at start-up (the GPU's
@@ -209,15 +224,23 @@ class ModelRunner:
         self.query_start_loc[0] = 0
         self.decode_capture.capture_all(lambda size: self._prepare_decode(0, size))
 
-    def _forward(self, t: int, nb: int, decode_only: bool):
-        """(hidden states, None) or, for a decode bucket, (None, f32 logits of the nb rows).
-        Both are views of memory the next step overwrites (a capture's output buffer): the
-        step consumes them before it returns."""
-        size = self.decode_capture.bucket(nb) if decode_only else None
+    def _forward(self, t: int, nb: int, q: int = 0):
+        """(hidden states, None) or, for a decode bucket, (None, f32 logits of the t rows).
+        q: every request runs q tokens and samples them all (1: a decode step; more: a
+        speculative verify step, which the CPU records as a tape of its own; the GPU's graphs
+        are of decode steps only), 0: anything else. Both results are views of memory the
+        next step overwrites (a capture's output buffer): the step consumes them first."""
+        size = None
+        if q == 1 or (q > 1 and self.device != "cuda"):
+            size = self.decode_capture.bucket(nb)
+            if size is not None and size * q > len(self.input_ids):
+                size = None  # (its padding would not fit the step's buffers)
         if size is None:
             return self.model.forward(*self._inputs(t, nb)), None
-        logits = self.decode_capture.run(size, self._prepare_decode(nb, size))
-        return None, logits[:nb]
+        # (a bucket's key: its batch size, or with several tokens a request (size, q))
+        key = size if q == 1 else (size, q)
+        logits = self.decode_capture.run(key, self._prepare_decode(nb, size, q))
+        return None, logits[:t]
 
     def profile_run(self) -> None:
         """vLLM's profile_run: one forward of the largest step the scheduler can form
@@ -236,7 +259,7 @@ class ModelRunner:
         self.query_start_loc[1:nb + 1] = np.cumsum(lens)
         self.seq_lens[:nb] = lens
         self.block_table[:nb] = 0
-        hidden, _ = self._forward(num_tokens, nb, decode_only=False)
+        hidden, _ = self._forward(num_tokens, nb)
         ops.to_float32(self.model.compute_logits(hidden[:min(num_seqs, num_tokens)]))
 
     def _add_request(self, new: NewRequestData) -> None:
@@ -329,8 +352,11 @@ class ModelRunner:
                 logits_rows.extend(range(t - 1 - k, t))
                 sample_ids.append(req_id)
         nb = len(req_ids)
-        decode_only = t == nb == len(logits_rows) and not prompt_rows
-        hidden, logits = self._forward(t, nb, decode_only)
+        # Every request running q tokens and sampling them all: a decode (q = 1) or verify
+        # step, whose forward a capture may replay.
+        uniform = t == len(logits_rows) and not prompt_rows and t % nb == 0 and all(
+            len(drafts[r]) == t // nb - 1 for r in req_ids)
+        hidden, logits = self._forward(t, nb, t // nb if uniform else 0)
         out = ModelRunnerOutput(req_ids, {}, {}, failed=failed)
         for state, row, start, last in prompt_rows:
             try:
@@ -357,7 +383,11 @@ class ModelRunner:
             i = rows.stop
             if req_id in failed:
                 continue
-            # Greedy verification: the drafts the target model agrees with, then its own token.
+            # Verification: each row sampled as without speculation, so a draft is accepted
+            # exactly when the target draws it (for drafts that are a single proposal, not a
+            # distribution, this is the rejection sampler: accepted with probability p(draft),
+            # else a draw from p without it) and the tokens kept are the ones the request gets
+            # without speculation, seeded or greedy; then the first token that differs.
             m = 0
             while m < len(d) and toks[rows[m]] == d[m]:
                 m += 1
@@ -405,10 +435,13 @@ class ModelRunner:
                 [s.token_ids for s in states], [s.num_prompt_tokens for s in states],
                 [s.rng_state for s in states], vocab)
         rows = [(s, list(d[:j])) for s, d in zip(states, drafts) for j in range(len(d) + 1)]
+        # A random row's generator: the request's after the draws of the rows before it.
+        rng = [s.rng_state if not d or s.sampling_params.greedy
+               else advance_rng_state(s.rng_state, len(d)) for s, d in rows]
         return SamplingMetadata.build(
             [s.sampling_params for s, _ in rows], [s.sampling for s, _ in rows],
             [s.token_ids + d if d else s.token_ids for s, d in rows],
-            [s.num_prompt_tokens for s, _ in rows], [s.rng_state for s, _ in rows], vocab)
+            [s.num_prompt_tokens for s, _ in rows], rng, vocab)
 
     def _gather_prompt_logprobs(self, state: CachedRequestState, hidden: np.ndarray, row: int,
                                 start: int, last: int) -> None:
