@@ -227,8 +227,8 @@ def test_errors(llama_dir, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("family", ["llama3", "qwen2", "qwen3", "granite", "smollm3_gguf",
-                                    "phi3", "glm4", "olmo2", "olmo2_bias", "olmo3", "gemma2",
-                                    "gemma3"])
+                                    "phi3", "glm4", "olmo2", "olmo2_bias", "olmo3",
+                                    "exaone4_gguf", "gemma2", "gemma3"])
 def test_f32_gguf_matches_checkpoint_in_vllmx(family, tmp_path):
     """Names, Q/K permutation, rope_freqs, biases, q/k norms, Gemma's 1 + w norms, Granite's
     multipliers, Phi-3's fused tensors and window, OLMo's post-norms, OLMo 3's windows and YaRN:
@@ -257,10 +257,12 @@ def test_f32_gguf_matches_checkpoint_in_vllmx(family, tmp_path):
 
 
 @pytest.mark.parametrize("family,message", [("smollm3", "no_rope_layers"),
-                                            ("gemma2", "layer_types")])
+                                            ("gemma2", "layer_types"),
+                                            ("exaone4", "EXAONE 4 with sliding layers")])
 def test_what_gguf_cannot_express_is_refused_by_name(family, message, tmp_path):
-    """llama.cpp fixes SmolLM3's NoPE layers (every 4th) and Gemma 2's sliding layers (every
-    other): a checkpoint that differs is refused, not written wrong."""
+    """llama.cpp fixes SmolLM3's NoPE layers (every 4th), Gemma 2's sliding layers (every other)
+    and EXAONE 4's (3 of 4, at 64 layers only): a checkpoint that differs is refused, not
+    written wrong."""
     from vllmx.cli.quantize import quantize_model
 
     if family == "gemma2":

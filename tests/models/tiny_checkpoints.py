@@ -56,6 +56,16 @@ def family_configs(**sizes):
                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                         "original_max_position_embeddings": 64},
                                     pad_token_id=0),
+        # What an exaone4 GGUF can say with windows: llama.cpp slides 3 of every 4 layers of a
+        # 64-layer model only (EXAONE 4.0 32B's shape); the full layers NoPE.
+        "exaone4_gguf": tf.Exaone4Config(**{**common, "num_hidden_layers": 64},
+                                         sliding_window=24, sliding_window_pattern=4,
+                                         rope_parameters={
+                                             "rope_type": "llama3", "rope_theta": 1e6,
+                                             "factor": 8.0, "low_freq_factor": 1.0,
+                                             "high_freq_factor": 4.0,
+                                             "original_max_position_embeddings": 64},
+                                         pad_token_id=0),
         "olmo2_bias": tf.Olmo2Config(**common, attention_bias=True, pad_token_id=0),
         # 4 layers, sliding / full as transformers derives them (3 of 4 sliding), a window
         # narrower than the longest prompt, YaRN on the full layer only (as OLMo 3 ships).
@@ -78,7 +88,7 @@ def family_configs(**sizes):
 
 GGUF_ARCH = {"llama": "llama", "llama3": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
              "granite": "granite", "smollm3_gguf": "smollm3", "phi3": "phi3", "glm4": "glm4",
-             "olmo2": "olmo2", "olmo3": "olmo2"}
+             "olmo2": "olmo2", "olmo3": "olmo2", "exaone4_gguf": "exaone4"}
 # llama.cpp's converter un-permutes Q/K to Meta's interleaved layout for these.
 _PERMUTED = ("llama", "granite", "smollm3")
 
@@ -160,7 +170,7 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
         w.add_logit_scale(cfg["logits_scaling"])
     if arch == "phi3" and window and cfg.get("sliding_window"):
         w.add_sliding_window(cfg["sliding_window"])
-    if arch == "olmo2" and "sliding_attention" in (cfg.get("layer_types") or []):
+    if arch in ("olmo2", "exaone4") and "sliding_attention" in (cfg.get("layer_types") or []):
         w.add_sliding_window(cfg["sliding_window"])  # llama.cpp: 3 of every 4 layers slide
     if rope.get("rope_type") == "yarn":
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
@@ -180,7 +190,7 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
         "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
         "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",  # Phi-3's fused ones
     }
-    if arch == "olmo2":  # norms after attention and MLP
+    if arch in ("olmo2", "exaone4"):  # norms after attention and MLP
         per_layer |= {"post_attention_layernorm": "post_attention_norm",
                       "post_feedforward_layernorm": "post_ffw_norm"}
     if arch == "glm4":  # norms on the attention and MLP outputs

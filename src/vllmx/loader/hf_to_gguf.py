@@ -27,9 +27,11 @@ HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama",
                     "GraniteForCausalLM": "granite", "SmolLM3ForCausalLM": "smollm3",
                     "Phi3ForCausalLM": "phi3", "Glm4ForCausalLM": "glm4",
                     "Olmo2ForCausalLM": "olmo2",
-                    "Olmo3ForCausalLM": "olmo2", "Gemma2ForCausalLM": "gemma2",
+                    "Olmo3ForCausalLM": "olmo2", "Exaone4ForCausalLM": "exaone4",
+                    "Gemma2ForCausalLM": "gemma2",
                     "Gemma3ForCausalLM": "gemma3"}
 _PERMUTED = ("llama", "granite", "smollm3")  # Q/K rows un-permuted (llama.cpp's LlamaModel)
+_ROPE_FREQS_ARCHS = ("llama", "exaone4")  # llama3 rope scaling as a rope_freqs tensor
 _GEMMA = ("gemma2", "gemma3")
 
 
@@ -134,7 +136,7 @@ def hf_tensors(model_dir: str, arch: str, cfg: dict) -> list[SourceTensor]:
 
         out.append(SourceTensor(name, tuple(w.shape), load))
     theta, scaling = _rope(cfg)
-    if arch == "llama" and scaling.get("rope_type", scaling.get("type")) == "llama3":
+    if arch in _ROPE_FREQS_ARCHS and scaling.get("rope_type", scaling.get("type")) == "llama3":
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // nh
         factors = llama3_rope_factors(theta, scaling, head_dim)
         out.insert(0, SourceTensor("rope_freqs.weight", factors.shape, lambda: factors))
@@ -177,7 +179,7 @@ def add_hf_metadata(w, arch: str, cfg: dict) -> None:
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(scaling["factor"])
         w.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
-    elif kind not in (None, "llama3"):
+    elif kind is not None and not (kind == "llama3" and arch in _ROPE_FREQS_ARCHS):
         raise ValueError(f"rope scaling {kind!r} is not supported by vllmx quantize")
     window = cfg.get("sliding_window")
     if window and "MistralForCausalLM" in (cfg.get("architectures") or []):
@@ -213,6 +215,12 @@ def _add_family_metadata(w, arch: str, cfg: dict) -> None:
         if sliding.get("rope_type", "default") != "default":
             raise ValueError("OLMo 3 with rope scaling on sliding layers cannot be expressed in "
                              "GGUF")
+        w.add_sliding_window(cfg["sliding_window"])
+    elif arch == "exaone4" and "sliding_attention" in (cfg.get("layer_types") or []):
+        types = ["sliding_attention" if i % 4 < 3 else "full_attention" for i in range(n)]
+        if n != 64 or list(cfg["layer_types"]) != types:
+            raise ValueError("EXAONE 4 with sliding layers other than 3 of every 4 of 64 layers "
+                             "cannot be expressed in GGUF (llama.cpp fixes the 32B's pattern)")
         w.add_sliding_window(cfg["sliding_window"])
 
 

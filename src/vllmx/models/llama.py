@@ -41,6 +41,8 @@ GGUF_TO_HF = {
 GGUF_ARCH_TO_HF = {
     "olmo2": {"blk.{i}.post_attention_norm": "model.layers.{i}.post_attention_layernorm",
               "blk.{i}.post_ffw_norm": "model.layers.{i}.post_feedforward_layernorm"},
+    "exaone4": {"blk.{i}.post_attention_norm": "model.layers.{i}.post_attention_layernorm",
+                "blk.{i}.post_ffw_norm": "model.layers.{i}.post_feedforward_layernorm"},
     "phi3": {"blk.{i}.ffn_up": "model.layers.{i}.mlp.gate_up_proj"},  # [gate; up]
     "glm4": {"blk.{i}.post_attention_norm": "model.layers.{i}.post_self_attn_layernorm",
              "blk.{i}.post_ffw_norm": "model.layers.{i}.post_mlp_layernorm",

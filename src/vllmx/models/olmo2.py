@@ -36,18 +36,21 @@ def rope_parameters(cfg: dict) -> dict[str, dict]:
     one = {**(cfg.get("rope_scaling") or {}), **params}
     one["rope_theta"] = cfg.get("rope_theta") or params.get("rope_theta") or 1e4
     olmo3 = ("Olmo3ForCausalLM" in (cfg.get("architectures") or [])
-             or bool(cfg.get("gguf_architecture") and cfg.get("sliding_window")))
+             or bool(cfg.get("gguf_architecture") == "olmo2" and cfg.get("sliding_window")))
     return {"full_attention": one,
             "sliding_attention": {"rope_theta": one["rope_theta"]} if olmo3 else one}
 
 
-def _rope(cfg: dict, params: dict) -> RotaryEmbedding:
+def _rope(cfg: dict, params: dict, freq_factors: Weight | None) -> RotaryEmbedding:
+    """freq_factors: a GGUF's rope_freqs (llama3 scaling as llama.cpp stores it)."""
     scaling = {k: v for k, v in params.items() if k != "rope_theta"}
     if scaling.get("rope_type", scaling.get("type", "default")) == "default":
         scaling = None
     return RotaryEmbedding(cfg["head_dim"], cfg["head_dim"],
                            int(cfg.get("max_position_embeddings") or 2048),
                            float(params.get("rope_theta") or 1e4), True, scaling,
+                           None if freq_factors is None else
+                           freq_factors.to_float32().reshape(-1),
                            num_positions=cfg.get("max_model_len"))
 
 
@@ -109,7 +112,8 @@ class Olmo2ForCausalLM:
         cfg["num_key_value_heads"] = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
         cfg["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
         cfg.setdefault("rms_norm_eps", 1e-6)
-        exaone4 = "Exaone4ForCausalLM" in (cfg.get("architectures") or [])
+        exaone4 = ("Exaone4ForCausalLM" in (cfg.get("architectures") or [])
+                   or cfg.get("gguf_architecture") == "exaone4")
         name = "EXAONE 4" if exaone4 else "OLMo"
         cfg["qk_norm_per_head"] = exaone4
         act = cfg.get("hidden_act") or "silu"
@@ -121,15 +125,24 @@ class Olmo2ForCausalLM:
         types = cfg.get("layer_types") or ["full_attention"] * n
         if exaone4 and not cfg.get("layer_types") and cfg.get("sliding_window"):
             types = exaone4_layer_types(cfg.get("sliding_window_pattern") or 4, n)
-        if "gguf_architecture" in cfg and cfg.get("sliding_window"):
-            # llama.cpp's olmo2 with a window (OLMo 3): 3 of every 4 layers slide.
-            types = ["sliding_attention" if i % 4 < 3 else "full_attention" for i in range(n)]
+        if "gguf_architecture" in cfg:
+            # llama.cpp: olmo2 with a window (OLMo 3) slides 3 of every 4 layers, exaone4 only
+            # at 64 layers (the 32B; window 4096 unless the file says), none otherwise.
+            slides = (bool(cfg.get("sliding_window")) if cfg["gguf_architecture"] == "olmo2"
+                      else n == 64)
+            if slides:
+                cfg["sliding_window"] = cfg.get("sliding_window") or 4096
+            else:
+                cfg["sliding_window"] = None
+            types = ["sliding_attention" if slides and i % 4 < 3 else "full_attention"
+                     for i in range(n)]
         if len(types) != n:
             raise ValueError(f"layer_types has {len(types)} entries for {n} layers")
         self.config = cfg
         self._check_weights(weights)
 
-        ropes = {t: _rope(cfg, p) for t, p in rope_parameters(cfg).items()}
+        ropes = {t: _rope(cfg, p, weights.get("rope_freqs.weight"))
+                 for t, p in rope_parameters(cfg).items()}
         window = int(cfg.get("sliding_window") or 0)
         if exaone4 and window and "sliding_attention" in types:  # hybrid: global layers NoPE
             ropes["full_attention"] = ropes["full_attention"].identity()

@@ -22,6 +22,7 @@ _HF_ARCHS = {
     "SmolLM3ForCausalLM": LlamaForCausalLM,
 }
 _GGUF_ARCHS = {
+    "exaone4": Olmo2ForCausalLM,
     "gemma2": Gemma3ForCausalLM,
     "gemma3": Gemma3ForCausalLM,
     "glm4": LlamaForCausalLM,
