@@ -142,7 +142,7 @@ def test_greedy_output_is_unchanged_and_drafts_are_accepted(model_dir):
     assert [len(t) for t in want] == [p.max_tokens for p in sp]
     stats = spec.llm_engine.scheduler.make_stats()
     assert stats.spec_decode_num_drafts > 0
-    if spec.llm_engine.device == "cpu":  # verify steps of k + 1 tokens a request ran as tapes
+    if spec.llm_engine.device == "cpu":  # verify steps ran as tapes, keyed (requests, tokens)
         assert any(isinstance(key, tuple) for key in
                    spec.llm_engine.model_runner.decode_capture.steps)
     assert 0 < stats.spec_decode_num_accepted_tokens <= stats.spec_decode_num_draft_tokens

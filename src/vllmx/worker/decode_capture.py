@@ -64,8 +64,8 @@ class DecodeCapture:
         return self.sizes[i] if i < len(self.sizes) else None
 
     def run(self, key, forward: Callable):
-        """forward()'s output for bucket `key` (its size, or (size, tokens a request) for a
-        speculative verify step), replayed from its capture (recorded now if this device
+        """forward()'s output for bucket `key` (its size; on the CPU also (requests, tokens) of
+        a speculative verify step), replayed from its capture (recorded now if this device
         records lazily)."""
         step = self.steps.get(key)
         if step is not None:

@@ -179,16 +179,14 @@ class ModelRunner:
                 self._stage_views[key] = staged
         return staged
 
-    def _pad_decode(self, nb: int, size: int, q: int = 1) -> None:
-        """Requests nb..size of a decode bucket of q tokens a request: q tokens each at
-        positions 0..q-1, whose KV writes are skipped (slot -1) and whose outputs are never
-        read."""
-        t0, t1 = nb * q, size * q
-        self.input_ids[t0:t1] = 0
-        self.positions[t0:t1] = np.tile(np.arange(q, dtype=np.int32), size - nb)
-        self.slot_mapping[t0:t1] = -1
-        self.seq_lens[nb:size] = q
-        self.query_start_loc[nb + 1:size + 1] = self.query_start_loc[nb] + q * np.arange(
+    def _pad_decode(self, nb: int, size: int) -> None:
+        """Rows nb..size of a decode bucket: one token each, at position 0, whose KV write is
+        skipped (slot -1) and whose output is never read."""
+        self.input_ids[nb:size] = 0
+        self.positions[nb:size] = 0
+        self.slot_mapping[nb:size] = -1
+        self.seq_lens[nb:size] = 1
+        self.query_start_loc[nb + 1:size + 1] = self.query_start_loc[nb] + np.arange(
             1, size - nb + 1, dtype=np.int32)
         self.block_table[nb:size] = 0
 
@@ -211,12 +209,11 @@ class ModelRunner:
             return logits  # the host's logits are f32; a tape's arena keeps them in place
         return ops.embedding(self._rows[:size], logits, out=self._decode_logits[:size])
 
-    def _prepare_decode(self, nb: int, size: int, q: int = 1):
-        """Pads requests nb..size and stages the bucket's inputs (q tokens a request); returns
-        the bucket's forward."""
-        self._pad_decode(nb, size, q)
-        inputs = self._inputs(size * q, size, max_query_len=q)
-        return lambda: self._decode_forward(size * q, inputs)
+    def _prepare_decode(self, nb: int, size: int):
+        """Pads rows nb..size and stages the bucket's inputs; returns the bucket's forward."""
+        self._pad_decode(nb, size)
+        inputs = self._inputs(size, size, max_query_len=1)
+        return lambda: self._decode_forward(size, inputs)
 
     def capture_model(self) -> None:
         """vLLM's capture_model: the decode buckets this device captures at start-up (the GPU's
@@ -224,23 +221,24 @@ class ModelRunner:
         self.query_start_loc[0] = 0
         self.decode_capture.capture_all(lambda size: self._prepare_decode(0, size))
 
-    def _forward(self, t: int, nb: int, q: int = 0):
+    def _forward(self, t: int, nb: int, sample_all: bool = False):
         """(hidden states, None) or, for a decode bucket, (None, f32 logits of the t rows).
-        q: every request runs q tokens and samples them all (1: a decode step; more: a
-        speculative verify step, which the CPU records as a tape of its own; the GPU's graphs
-        are of decode steps only), 0: anything else. Both results are views of memory the
-        next step overwrites (a capture's output buffer): the step consumes them first."""
-        size = None
-        if q == 1 or (q > 1 and self.device != "cuda"):
+        sample_all: every token of the step is sampled (a decode step, t == nb, or a
+        speculative verify step). A decode step replays its bucket's capture; so does a verify
+        step on the CPU, whose tapes are keyed (nb, t) (its buckets are every batch size, so it
+        needs no padding; the tape reads the step's lengths from the input buffers), while the
+        GPU's verify steps run eagerly. Both results are views of memory the next step
+        overwrites (a capture's output buffer): the step consumes them first."""
+        if sample_all and t == nb:
             size = self.decode_capture.bucket(nb)
-            if size is not None and size * q > len(self.input_ids):
-                size = None  # (its padding would not fit the step's buffers)
-        if size is None:
-            return self.model.forward(*self._inputs(t, nb)), None
-        # (a bucket's key: its batch size, or with several tokens a request (size, q))
-        key = size if q == 1 else (size, q)
-        logits = self.decode_capture.run(key, self._prepare_decode(nb, size, q))
-        return None, logits[:t]
+            if size is not None:
+                logits = self.decode_capture.run(size, self._prepare_decode(nb, size))
+                return None, logits[:nb]
+        elif sample_all and self.device != "cuda" and self.decode_capture.bucket(nb) == nb:
+            inputs = self._inputs(t, nb)
+            logits = self.decode_capture.run((nb, t), lambda: self._decode_forward(t, inputs))
+            return None, logits
+        return self.model.forward(*self._inputs(t, nb)), None
 
     def profile_run(self) -> None:
         """vLLM's profile_run: one forward of the largest step the scheduler can form
@@ -352,11 +350,7 @@ class ModelRunner:
                 logits_rows.extend(range(t - 1 - k, t))
                 sample_ids.append(req_id)
         nb = len(req_ids)
-        # Every request running q tokens and sampling them all: a decode (q = 1) or verify
-        # step, whose forward a capture may replay.
-        uniform = t == len(logits_rows) and not prompt_rows and t % nb == 0 and all(
-            len(drafts[r]) == t // nb - 1 for r in req_ids)
-        hidden, logits = self._forward(t, nb, t // nb if uniform else 0)
+        hidden, logits = self._forward(t, nb, t == len(logits_rows) and not prompt_rows)
         out = ModelRunnerOutput(req_ids, {}, {}, failed=failed)
         for state, row, start, last in prompt_rows:
             try:

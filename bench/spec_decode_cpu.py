@@ -1,0 +1,169 @@
+"""Speculative decoding on the CPU: vllmx with and without ngram (prompt lookup) against
+llama.cpp's own prompt-lookup decoding (llama-cpp-python's LlamaPromptLookupDecoding), on the
+same GGUF, the same prompt tokens and the same threads, in one run.
+
+The workload copies from its prompt (rewrite a paragraph, extract sentences, edit code), the
+case prompt lookup is for. Greedy, max_tokens new tokens (EOS ends a request early, the same
+tokens in every engine): output tok/s over whole requests (prefill included) at concurrency 1
+(one request after another) and, for vllmx, concurrency 8 (all at once; llama-cpp-python runs
+one sequence at a time). vllmx's outputs with speculation must equal its outputs without.
+
+    python bench/spec_decode_cpu.py [--model PATH_OR_ALIAS] [--threads 2] [--k 4] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+from cpu_vs_llamacpp_lib import cpu_name, git_commit
+
+PARAGRAPH = ("The quick brown fox jumps over the lazy dog while the farmer watches from the "
+             "porch. In the afternoon the clouds gathered over the hills and the wind began to "
+             "blow through the tall grass. By evening the storm had passed, leaving the fields "
+             "wet and the air fresh and cool.")
+CODE = '''def mean(values):
+    total = 0
+    for v in values:
+        total = total + v
+    return total / len(values)
+
+
+def variance(values):
+    m = mean(values)
+    total = 0
+    for v in values:
+        total = total + (v - m) ** 2
+    return total / len(values)
+'''
+TASKS = [
+    f"Repeat the following text exactly, word for word:\n\n{PARAGRAPH}",
+    f"Rewrite this paragraph with every sentence on its own line:\n\n{PARAGRAPH}",
+    f"Copy the second and third sentences of this text:\n\n{PARAGRAPH}",
+    f"Rename the variable `total` to `acc` in this code and print the whole code:\n\n{CODE}",
+    f"Add a docstring to each function and print the whole code:\n\n{CODE}",
+    f"Print this code unchanged:\n\n{CODE}",
+    f"Repeat this text twice:\n\n{PARAGRAPH}",
+    f"Quote the first sentence, then the last one:\n\n{PARAGRAPH}",
+]
+
+
+def vllmx_engine(model, threads, spec):
+    from vllmx import LLM
+
+    return LLM(model, num_threads=threads, enable_prefix_caching=False, max_model_len=2048,
+               speculative_config=spec)
+
+
+def vllmx_run(llm, prompts, max_tokens, concurrency) -> tuple[float, list[list[int]]]:
+    from vllmx import SamplingParams
+
+    sp = SamplingParams(temperature=0, max_tokens=max_tokens)
+    t = time.perf_counter()
+    outs = []
+    for i in range(0, len(prompts), concurrency):
+        batch = [{"prompt_token_ids": p} for p in prompts[i:i + concurrency]]
+        outs += [o.outputs[0].token_ids for o in llm.generate(batch, sp, use_tqdm=False)]
+    return time.perf_counter() - t, outs
+
+
+def llamacpp_run(llm, prompts, max_tokens) -> tuple[float, list[list[int]]]:
+    outs = []
+    t = time.perf_counter()
+    for p in prompts:
+        llm.reset()
+        toks = []
+        for tok in llm.generate(p, temp=0.0, top_k=1, reset=True):
+            if llm._token_eos == tok:
+                break
+            toks.append(tok)
+            if len(toks) == max_tokens:
+                break
+        outs.append(toks)
+    return time.perf_counter() - t, outs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=None, help="GGUF path or alias (default: vllmx's)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    ap.add_argument("--lookup-min", type=int, default=2)
+    ap.add_argument("--lookup-max", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+
+    import llama_cpp
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    from vllmx import __version__
+    from vllmx.loader.model_source import DEFAULT_MODEL, resolve_model
+
+    model = resolve_model(args.model or DEFAULT_MODEL)
+    spec = {"method": "ngram", "num_speculative_tokens": args.k,
+            "prompt_lookup_min": args.lookup_min, "prompt_lookup_max": args.lookup_max}
+    base, specd = vllmx_engine(model, args.threads, None), vllmx_engine(model, args.threads, spec)
+    tok = base.get_tokenizer()
+    prompts = [tok.apply_chat_template([{"role": "user", "content": t}], tokenize=True,
+                                       add_generation_prompt=True) for t in TASKS]
+    kw = dict(n_ctx=2048, n_batch=512, n_threads=args.threads, n_threads_batch=args.threads,
+              flash_attn=True, verbose=False)
+    plain_cpp = llama_cpp.Llama(model, **kw)
+    spec_cpp = llama_cpp.Llama(model, draft_model=LlamaPromptLookupDecoding(
+        max_ngram_size=args.lookup_max, num_pred_tokens=args.k), **kw)
+
+    runs = {
+        "vllmx c1": lambda: vllmx_run(base, prompts, args.max_tokens, 1),
+        "vllmx+ngram c1": lambda: vllmx_run(specd, prompts, args.max_tokens, 1),
+        "vllmx c8": lambda: vllmx_run(base, prompts, args.max_tokens, 8),
+        "vllmx+ngram c8": lambda: vllmx_run(specd, prompts, args.max_tokens, 8),
+        "llama.cpp c1": lambda: llamacpp_run(plain_cpp, prompts, args.max_tokens),
+        "llama.cpp+lookup c1": lambda: llamacpp_run(spec_cpp, prompts, args.max_tokens),
+    }
+    for f in runs.values():  # warm-up (CPU tapes recorded, caches warm)
+        f()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    outputs: dict[str, list[list[int]]] = {}
+    for _ in range(args.repeats):  # engines alternate within each repeat
+        for name, f in runs.items():
+            dt, outs = f()
+            times[name].append(dt)
+            outputs[name] = outs
+    for name in ("vllmx+ngram c1", "vllmx c8", "vllmx+ngram c8"):
+        if outputs[name] != outputs["vllmx c1"]:
+            raise RuntimeError(f"{name}: outputs differ from vllmx without speculation")
+    results = {}
+    for name, ts in times.items():
+        n = sum(len(o) for o in outputs[name])
+        results[name] = {"seconds": statistics.median(ts), "tokens": n,
+                         "tok_s": n / statistics.median(ts)}
+        print(f"{name:22s} {results[name]['tok_s']:8.1f} tok/s  ({n} tokens, median of "
+              f"{args.repeats})")
+    st = specd.llm_engine.scheduler.make_stats()
+    acceptance = st.spec_decode_num_accepted_tokens / max(1, st.spec_decode_num_draft_tokens)
+    r = {k: v["tok_s"] for k, v in results.items()}
+    ratios = {"ngram vs none, c1": r["vllmx+ngram c1"] / r["vllmx c1"],
+              "ngram vs none, c8": r["vllmx+ngram c8"] / r["vllmx c8"],
+              "ngram vs llama.cpp lookup, c1": r["vllmx+ngram c1"] / r["llama.cpp+lookup c1"],
+              "llama.cpp lookup vs none, c1": r["llama.cpp+lookup c1"] / r["llama.cpp c1"]}
+    for k, v in ratios.items():
+        print(f"{k:32s} {v:5.2f}x")
+    print(f"draft acceptance {acceptance:.2f}")
+    out = {"model": os.path.basename(model), "threads": args.threads, "cpu": cpu_name(),
+           "vllmx": __version__, "llama_cpp_python": llama_cpp.__version__,
+           "commit": git_commit(), "speculative_config": spec, "max_tokens": args.max_tokens,
+           "repeats": args.repeats, "results": results, "ratios": ratios,
+           "acceptance": acceptance}
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                        f"spec_decode_cpu_{os.path.basename(model)}.json")
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
