@@ -149,6 +149,35 @@ void check_topk_softmax(const Tensor& topk_weights, const Tensor& topk_ids,
                   gating_output.str() + ")");
 }
 
+void check_fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const Tensor& w2,
+                         const Tensor& topk_weights, const Tensor& topk_ids) {
+  const char* op = "fused_experts";
+  check_ndim(x, 2, op, "x");
+  check_ndim(out, 2, op, "out");
+  check_ndim(w13, 3, op, "w13");
+  check_ndim(w2, 3, op, "w2");
+  const int64_t T = x.shape[0], H = x.shape[1], E = w13.shape[0], I2 = w13.shape[1];
+  VLLMX_CHECK(out.dtype == x.dtype && out.shape[0] == T && out.shape[1] == H, op,
+              "out " + out.str() + " does not match x " + x.str());
+  VLLMX_CHECK(E >= 1 && I2 % 2 == 0 && I2 > 0 && w13.shape[2] == H, op,
+              "w13 " + w13.str() + " must be [E, 2 * I, H] with H = " + i2s(H) + " (x " +
+                  x.str() + ")");
+  VLLMX_CHECK(w2.shape[0] == E && w2.shape[1] == H && w2.shape[2] == I2 / 2, op,
+              "w2 " + w2.str() + " must be [E, H, I] = [" + i2s(E) + ", " + i2s(H) + ", " +
+                  i2s(I2 / 2) + "] for w13 " + w13.str());
+  check_dtype(topk_weights, DType::F32, op, "topk_weights");
+  check_ndim(topk_weights, 2, op, "topk_weights");
+  check_dtype(topk_ids, DType::I32, op, "topk_ids");
+  check_ndim(topk_ids, 2, op, "topk_ids");
+  const int64_t k = topk_ids.shape[1];
+  VLLMX_CHECK(topk_ids.shape[0] == T && topk_weights.shape[0] == T && topk_weights.shape[1] == k,
+              op, "topk_weights " + topk_weights.str() + " and topk_ids " + topk_ids.str() +
+                      " must both be [T, k] for x " + x.str());
+  VLLMX_CHECK(k >= 1 && k <= E, op,
+              "k = " + i2s(k) + " experts per token must be in 1.." + i2s(E) + " (w13 " +
+                  w13.str() + ")");
+}
+
 void check_compute_logprobs(const Tensor& out_token_logprob, const Tensor& out_rank,
                             const Tensor& out_top_ids, const Tensor& out_top_logprobs,
                             const Tensor& logits, const Tensor& token_ids,
@@ -268,6 +297,7 @@ void check_fill_uniform(const Tensor& out, int64_t, float low, float high) {
 VLLMX_OP_CHECK(apply_logits_processors, check_apply_logits_processors);
 VLLMX_OP_CHECK(compute_logprobs, check_compute_logprobs);
 VLLMX_OP_CHECK(topk_softmax, check_topk_softmax);
+VLLMX_OP_CHECK(fused_experts, check_fused_experts);
 VLLMX_OP_CHECK(write_kv_cache, check_write_kv_cache);
 VLLMX_OP_CHECK(paged_attention, check_paged_attention);
 VLLMX_OP_CHECK(sample, check_sample);

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/op_table.h"
+#include "layers/cpu_kernels.h"
 #include "core/cpu_features.h"
 #include "core/simd_math.h"
 

@@ -27,6 +27,7 @@
 #include <omp.h>
 
 #include "core/op_table.h"
+#include "layers/cpu_kernels.h"
 #include "quant/quant.h"
 #include "repack/repack.h"
 

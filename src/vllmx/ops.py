@@ -124,6 +124,22 @@ def repack_weight(w: Weight) -> Weight:
     return Weight(out, packed, w.shape)
 
 
+def repack_experts(w: Weight) -> Weight:
+    """repack_weight for stacked experts [E, N, K]: each expert's [N, K] block repacked on its
+    own (panels never straddle two experts). Returns w where repack_weight would."""
+    packed = _C.packed_dtype(w.dtype)
+    if packed < 0 or len(w.shape) != 3 or w.shape[1] < 16:
+        return w
+    src = np.ascontiguousarray(w.data).reshape(w.shape[0], w.shape[1], -1)
+    buf = np.empty(src.nbytes + 64, np.uint8)
+    start = -buf.ctypes.data % 64
+    out = buf[start:start + src.nbytes].reshape(src.shape)
+    for e in range(src.shape[0]):
+        _C.ops.repack_weight((out[e], packed), (src[e], w.dtype))
+        release_file_pages(src[e])
+    return Weight(out, packed, w.shape)
+
+
 def rms_norm(x, w, eps: float):
     out = _empty(x, x.shape)
     _C.ops.rms_norm(out, x, w, eps)
@@ -292,6 +308,23 @@ def compute_logprobs(logits, token_ids: np.ndarray, num_logprobs: np.ndarray):
     if top_ids is None:  # callers index [N, 0] arrays
         top_ids, top_logprobs = np.zeros((n, 0), np.int32), np.zeros((n, 0), np.float32)
     return token_logprob, rank, top_ids, top_logprobs
+
+
+def topk_softmax(gating_output, k: int, renormalize: bool):
+    """MoE routing: (topk_weights f32 [T, k], topk_ids i32 [T, k]) of the softmax over the
+    router logits gating_output [T, E]; renormalize divides the k weights by their sum."""
+    weights = _empty(gating_output, (gating_output.shape[0], k), np.float32)
+    ids = _empty(gating_output, (gating_output.shape[0], k), np.int32)
+    _C.ops.topk_softmax(weights, ids, gating_output, renormalize)
+    return weights, ids
+
+
+def fused_experts(x, w13, w2, topk_weights, topk_ids):
+    """out [T, H] = sum_j topk_weights[:, j] * w2_e(silu(gate_e x) * up_e x), e = topk_ids[:, j];
+    w13 [E, 2 I, H] and w2 [E, H, I] stacked expert Weights (vLLM's fused_experts)."""
+    out = _empty(x, x.shape)
+    _C.ops.fused_experts(out, x, _arg(w13), _arg(w2), topk_weights, topk_ids)
+    return out
 
 
 def gelu_and_mul(x, approximate: str = "none"):

@@ -35,7 +35,7 @@ def test_cuda_kernels_registered_as_built():
                  "qk_norm_rope_cache", "rms_norm_linear", "apply_logits_processors",
                  "compute_logprobs", "topk_softmax", "softcap", "fill_uniform", "scale"):
         assert getattr(_C.ops, name).has_kernel("cuda") == _C.cuda_built(), name
-    for name in ("dequantize", "quantize", "quantize_weight", "repack_weight"):
+    for name in ("dequantize", "quantize", "quantize_weight", "repack_weight", "fused_experts"):
         assert not getattr(_C.ops, name).has_kernel("cuda"), name
 
 

@@ -1,0 +1,144 @@
+// fused_experts on the CPU (vLLM's fused MoE with SwiGLU experts). Contract in csrc/ops.def.
+//
+// The (token, rank) pairs are grouped by expert (a counting sort, stable in t * k + j), each
+// expert's rows are gathered into one block and run through the linear kernel twice (w13, then
+// w2, with silu_and_mul between), so quantized and repacked experts take the same paths as any
+// other weight. Each result row lands in its own slot of a [T * k, H] buffer, and a token's k
+// slots are summed in rank order j = 0..k-1. Linear computes a row from that row alone
+// (linear.cpp), so a token's output is bit-identical whatever batch it is in. Long batches run
+// in chunks of tokens, which keeps that true and the slot buffer bounded.
+#include "core/kernel_pragmas.h"  // the weighted sum rounds as written (no fma), as the tests do
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "core/op_table.h"
+#include "layers/cpu_kernels.h"
+
+namespace vllmx {
+
+namespace {
+
+// Grows, never shrinks; one per buffer role, so a warm call allocates nothing.
+float* scratch(int slot, size_t floats) {
+  static thread_local std::vector<float> buf[4];
+  if (buf[slot].size() < floats) buf[slot].resize(floats + floats / 4);
+  return buf[slot].data();
+}
+
+// Expert e of a stacked weight [E, N, K], as the 2-D [N, K] view linear takes.
+Tensor expert_view(const Tensor& w, int64_t e) {
+  Tensor v = w;
+  const TypeTraits& tt = type_traits(w.dtype);
+  const int64_t bytes = tt.quantized ? w.stride[0] : w.stride[0] * tt.type_size;
+  v.data = static_cast<uint8_t*>(w.data) + e * bytes;
+  v.ndim = 2;
+  v.shape[0] = w.shape[1];
+  v.shape[1] = w.shape[2];
+  v.stride[0] = w.stride[1];
+  v.stride[1] = w.stride[2];
+  v.shape[2] = v.stride[2] = 0;
+  return v;
+}
+
+Tensor f32_matrix(float* data, int64_t rows, int64_t cols) {
+  Tensor t;
+  t.data = data;
+  t.dtype = DType::F32;
+  t.ndim = 2;
+  t.shape[0] = rows;
+  t.shape[1] = cols;
+  t.stride[0] = cols;
+  t.stride[1] = 1;
+  return t;
+}
+
+// Tokens [t0, t1): their k slots each, grouped by expert, through the experts, summed into out.
+void run_chunk(const Tensor& out, const Tensor& x, const Tensor& w13, const Tensor& w2,
+               const Tensor& topk_weights, const Tensor& topk_ids, int64_t t0, int64_t t1,
+               bool reference) {
+  const int64_t H = x.shape[1], E = w13.shape[0], I = w13.shape[1] / 2, k = topk_ids.shape[1];
+  const int64_t T = t1 - t0;
+  const int32_t* ids = topk_ids.ptr<int32_t>() + t0 * topk_ids.stride[0];
+  const int64_t is = topk_ids.stride[0];
+
+  // Slots s = t * k + j (t from t0) by expert: slots[offsets[e] .. offsets[e + 1]).
+  std::vector<int64_t> offsets(static_cast<size_t>(E + 1), 0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = ids[t * is + j];
+      if (e < 0 || e >= E)
+        fail("fused_experts", "topk_ids[" + std::to_string(t0 + t) + ", " + std::to_string(j) +
+                                  "] = " + std::to_string(e) + " is not an expert of w13 " +
+                                  w13.str());
+      ++offsets[static_cast<size_t>(e) + 1];
+    }
+  int64_t max_rows = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    max_rows = std::max(max_rows, offsets[e + 1]);
+    offsets[e + 1] += offsets[e];
+  }
+  std::vector<int64_t> slots(static_cast<size_t>(T * k));
+  {
+    std::vector<int64_t> next(offsets.begin(), offsets.end() - 1);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < k; ++j) slots[next[ids[t * is + j]]++] = t * k + j;
+  }
+
+  float* xg = scratch(0, static_cast<size_t>(max_rows * H));      // the expert's rows, in/out
+  float* gu = scratch(1, static_cast<size_t>(max_rows * 2 * I));  // [gate | up]
+  float* act = scratch(2, static_cast<size_t>(max_rows * I));     // silu(gate) * up
+  float* y = scratch(3, static_cast<size_t>(T * k * H));          // one row per slot
+  const float* xp = x.ptr<float>() + t0 * x.stride[0];
+  const int64_t xs = x.stride[0];
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t s0 = offsets[e], n = offsets[e + 1] - s0;
+    if (n == 0) continue;
+    for (int64_t r = 0; r < n; ++r) std::copy_n(xp + slots[s0 + r] / k * xs, H, xg + r * H);
+    linear(f32_matrix(gu, n, 2 * I), f32_matrix(xg, n, H), expert_view(w13, e), Tensor{},
+           reference);
+    silu_and_mul(f32_matrix(act, n, I), f32_matrix(gu, n, 2 * I), reference);
+    linear(f32_matrix(xg, n, H), f32_matrix(act, n, I), expert_view(w2, e), Tensor{},
+           reference);
+    for (int64_t r = 0; r < n; ++r) std::copy_n(xg + r * H, H, y + slots[s0 + r] * H);
+  }
+
+  // out[t] = sum_j w[t, j] y[t, j], in rank order.
+  const float* tw = topk_weights.ptr<float>() + t0 * topk_weights.stride[0];
+  const int64_t ws = topk_weights.stride[0];
+  float* op_ = out.ptr<float>() + t0 * out.stride[0];
+  const int64_t os = out.stride[0];
+#pragma omp parallel for if (T * k * H > 65536) schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    float* o = op_ + t * os;
+    const float* y0 = y + t * k * H;
+    const float w0 = tw[t * ws];
+    for (int64_t h = 0; h < H; ++h) o[h] = w0 * y0[h];
+    for (int64_t j = 1; j < k; ++j) {
+      const float wj = tw[t * ws + j];
+      const float* yj = y0 + j * H;
+      for (int64_t h = 0; h < H; ++h) o[h] += wj * yj[h];
+    }
+  }
+}
+
+// Slot rows per chunk: bounds the [T * k, H] buffer (32 MB) during long prefills while
+// leaving each expert enough rows to reuse its weights across.
+constexpr int64_t kChunkSlotFloats = int64_t{1} << 23;
+
+void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const Tensor& w2,
+                   const Tensor& topk_weights, const Tensor& topk_ids, bool reference) {
+  check_dtype(x, DType::F32, "fused_experts", "x");
+  check_dtype(out, DType::F32, "fused_experts", "out");
+  const int64_t T = x.shape[0], H = x.shape[1], k = topk_ids.shape[1];
+  const int64_t chunk = std::max<int64_t>(1, kChunkSlotFloats / std::max<int64_t>(k * H, 1));
+  for (int64_t t0 = 0; t0 < T; t0 += chunk)
+    run_chunk(out, x, w13, w2, topk_weights, topk_ids, t0, std::min(T, t0 + chunk), reference);
+}
+
+}  // namespace
+
+VLLMX_KERNEL(fused_experts, kCPU, fused_experts);
+
+}  // namespace vllmx
