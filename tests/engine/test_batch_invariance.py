@@ -1,7 +1,8 @@
 """The engine issue's acceptance run: 24 mixed requests (half share a long system prompt,
 max_tokens vary) batched with max_num_seqs=6, max_num_batched_tokens=64 and a KV cache too
 small for all of them give exactly each request's tokens when run alone — with chunked
-prefill, prefix-cache hits and preemption all happening."""
+prefill, prefix-cache hits and preemption all happening. Once for a dense model (Qwen3) and once
+for a mixture-of-experts one (Qwen3-MoE: the tokens' experts grouped across the batch)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from tests.models.tiny_checkpoints import VOCAB, make_checkpoint
 pytest.importorskip("torch")
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    return make_checkpoint("qwen3", "float32", str(tmp_path_factory.mktemp("inv")))
+@pytest.fixture(scope="module", params=["qwen3", "qwen3_moe"])
+def model_dir(tmp_path_factory, request) -> str:
+    return make_checkpoint(request.param, "float32", str(tmp_path_factory.mktemp("inv")))
 
 
 def make_requests(rng):

@@ -16,7 +16,8 @@ from vllmx.loader.safetensors import load_safetensors
 from vllmx.models.registry import get_model_class
 
 FAMILIES = ["llama", "llama3", "mistral", "qwen2", "qwen3", "granite", "smollm3", "phi3", "glm4",
-            "olmo2", "olmo2_bias", "olmo3", "exaone4", "gemma2", "gemma3"]
+            "olmo2", "olmo2_bias", "olmo3", "exaone4", "gemma2", "gemma3",
+            "qwen3_moe", "mixtral"]
 
 
 @pytest.fixture(scope="module")
@@ -60,12 +61,13 @@ def test_values_dtype_and_seed(checkpoints):
                               a["model.layers.0.mlp.gate_proj.weight"].data)
 
 
-def test_runs_from_a_config_alone(checkpoints, tmp_path):
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
+def test_runs_from_a_config_alone(checkpoints, tmp_path, family):
     from vllmx import LLM, SamplingParams
 
-    only_config = tmp_path / "qwen3-config-only"
+    only_config = tmp_path / f"{family}-config-only"
     only_config.mkdir()
-    shutil.copy(os.path.join(checkpoints["qwen3"], "config.json"), only_config)
+    shutil.copy(os.path.join(checkpoints[family], "config.json"), only_config)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     prompt = {"prompt_token_ids": [5, 9, 200, 31]}
     runs = []

@@ -83,6 +83,12 @@ def family_configs(**sizes):
         # What a smollm3 GGUF can say (llama.cpp: every 4th layer without rope, no window).
         "smollm3_gguf": tf.SmolLM3Config(**{**common, "num_hidden_layers": 4},
                                          tie_word_embeddings=True, pad_token_id=0),
+        # 3 layers, the middle one dense (mlp_only_layers); 8 experts, top-2, renormalized.
+        "qwen3_moe": tf.Qwen3MoeConfig(**{**common, "num_hidden_layers": 3, "head_dim": 32},
+                                       num_experts=8, num_experts_per_tok=2,
+                                       moe_intermediate_size=64, norm_topk_prob=True,
+                                       mlp_only_layers=[1]),
+        "mixtral": tf.MixtralConfig(**common, num_local_experts=8, num_experts_per_tok=2),
     }
 
 
@@ -102,7 +108,7 @@ def make_checkpoint(family: str, dtype: str, out_dir: str, **sizes) -> str:
     model = tf.AutoModelForCausalLM.from_config(cfg).eval()
     with torch.no_grad():  # random init leaves near-uniform logits; widen them a little
         for name, p in model.named_parameters():
-            if p.dim() == 2:
+            if p.dim() in (2, 3):  # 3: transformers' stacked experts
                 p.mul_(4.0)
     model = model.to(getattr(torch, dtype))
     path = os.path.join(out_dir, f"{family}-{dtype}")

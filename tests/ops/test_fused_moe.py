@@ -180,7 +180,8 @@ def test_bad_arguments_name_the_problem():
         run(x, w13, w2, Q.F32, Q.F32, tw, bad_ids)
     with pytest.raises(ValueError, match=r"fused_experts: w2 F32\[8, 16, 8\] must be \[E, H, I\]"):
         run(x, w13, w2[:, :, :8].copy(), Q.F32, Q.F32, tw, ids)
-    with pytest.raises(ValueError, match=r"w13 F32\[8, 32, 16\] must be \[E, 2 \* I, H\] with H = 8"):
+    with pytest.raises(ValueError,
+                       match=r"w13 F32\[8, 32, 16\] must be \[E, 2 \* I, H\] with H = 8"):
         run(x[:, :8].copy(), w13, w2, Q.F32, Q.F32, tw, ids)
     with pytest.raises(ValueError, match=r"fused_experts: topk_ids must be I32"):
         run(x, w13, w2, Q.F32, Q.F32, tw, ids.astype(np.int64))

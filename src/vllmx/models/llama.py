@@ -4,7 +4,8 @@ gate_up tensors, split at load), from safetensors or GGUF, and GLM-4 (norms on t
 MLP outputs too, fused gate_up, partial GPT-J rope). The differences are flags read from
 the checkpoint: a bias tensor present, q/k norm weights present, tied embeddings when there is
 no lm_head, and Granite's embedding, attention, residual and logits multipliers from its
-config."""
+config. Qwen3-MoE and Mixtral are the same decoder with a mixture-of-experts MLP in
+their sparse layers (models/moe.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ import numpy as np
 from vllmx import ops
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
+from vllmx.layers.fused_moe import SparseMoeBlock
 from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.norm import RMSNorm
 from vllmx.layers.rotary import RotaryEmbedding
+from vllmx.models import moe
 from vllmx.models.shapes import decoder_shapes
 from vllmx.ops import Weight
 
@@ -36,6 +39,11 @@ GGUF_TO_HF = {
     "blk.{i}.ffn_gate": "model.layers.{i}.mlp.gate_proj",
     "blk.{i}.ffn_up": "model.layers.{i}.mlp.up_proj",
     "blk.{i}.ffn_down": "model.layers.{i}.mlp.down_proj",
+    # MoE (qwen3moe; Mixtral as llama): the router and the experts stacked [E, rows, cols].
+    "blk.{i}.ffn_gate_inp": "model.layers.{i}.mlp.gate",
+    "blk.{i}.ffn_gate_exps": "model.layers.{i}.mlp.experts.gate_proj",
+    "blk.{i}.ffn_up_exps": "model.layers.{i}.mlp.experts.up_proj",
+    "blk.{i}.ffn_down_exps": "model.layers.{i}.mlp.experts.down_proj",
 }
 # What one architecture's GGUF names besides (or other than) the table's.
 GGUF_ARCH_TO_HF = {
@@ -64,7 +72,7 @@ def gguf_name_to_hf(name: str, arch: str | None = None) -> str:
 
 class LlamaDecoderLayer:
     def __init__(self, i: int, cfg: dict, w: dict[str, Weight], rope: RotaryEmbedding,
-                 sliding_window: int):
+                 sliding_window: int, experts: SparseMoeBlock | None = None):
         p = f"model.layers.{i}."
         eps = cfg["rms_norm_eps"]
         self.num_heads = cfg["num_attention_heads"]
@@ -83,9 +91,11 @@ class LlamaDecoderLayer:
         self.attn = Attention(i, self.num_heads, self.num_kv_heads, self.head_dim,
                               cfg["attn_scale"], sliding_window)
         self.residual_multiplier = cfg["residual_multiplier"]
-        self.gate_up_proj = MergedLinear([w[p + "mlp.gate_proj.weight"],
-                                          w[p + "mlp.up_proj.weight"]], [None, None])
-        self.down_proj = Linear(w[p + "mlp.down_proj.weight"])
+        self.experts = experts  # a sparse layer's MLP; else the dense SwiGLU below
+        if experts is None:
+            self.gate_up_proj = MergedLinear([w[p + "mlp.gate_proj.weight"],
+                                              w[p + "mlp.up_proj.weight"]], [None, None])
+            self.down_proj = Linear(w[p + "mlp.down_proj.weight"])
         self.input_layernorm = RMSNorm(w[p + "input_layernorm.weight"], eps)
         self.post_attention_layernorm = RMSNorm(w[p + "post_attention_layernorm.weight"], eps)
         # GLM-4's sandwich norms: each branch output normed before the residual add.
@@ -103,9 +113,13 @@ class LlamaDecoderLayer:
             ops.scale_(h, self.residual_multiplier)
         if self.post_self_attn_layernorm is not None:  # the add happens in the next norm
             h = self.post_self_attn_layernorm(h)
-        h, residual = self.gate_up_proj.norm_proj(h, residual, self.post_attention_layernorm,
-                                                  act="silu")
-        h = self.down_proj(h)
+        if self.experts is not None:
+            h, residual = self.post_attention_layernorm(h, residual)
+            h = self.experts(h)
+        else:
+            h, residual = self.gate_up_proj.norm_proj(h, residual, self.post_attention_layernorm,
+                                                      act="silu")
+            h = self.down_proj(h)
         if self.residual_multiplier != 1.0:
             ops.scale_(h, self.residual_multiplier)
         if self.post_mlp_layernorm is not None:
@@ -172,9 +186,15 @@ class LlamaForCausalLM:
             if "rope_factors_long.weight" in weights:
                 raise ValueError("Phi-3 GGUF with rope_factors_long (longrope scaling) is not "
                                  "supported yet")
+        sparse = [False] * cfg["num_hidden_layers"]
+        if moe.is_moe(cfg):
+            cfg = moe.moe_config(cfg)
+            sparse = cfg["sparse_layers"]
+            if "MixtralForCausalLM" in archs:
+                weights = moe.RenamedWeights(weights, moe.mixtral_name)
         window = cfg.get("sliding_window")
-        use_window = ("MistralForCausalLM" in archs or phi3 or cfg.get("use_sliding_window")
-                      or gguf_arch == "mistral")
+        use_window = ("MistralForCausalLM" in archs or phi3 or "MixtralForCausalLM" in archs
+                      or cfg.get("use_sliding_window") or gguf_arch == "mistral")
         cfg["attn_sliding_window"] = int(window) if (window and use_window) else 0
         # Granite's multipliers; the others' neutral values.
         cfg["attn_scale"] = (float(cfg.get("attention_multiplier") or cfg["head_dim"] ** -0.5)
@@ -184,7 +204,7 @@ class LlamaForCausalLM:
                                      else 1.0)
         self.logits_scaling = float(cfg.get("logits_scaling") or 1.0) if granite else 1.0
         self.config = cfg
-        self._check_weights(weights)
+        self._check_weights(weights, sparse)
 
         head_dim = cfg["head_dim"]
         partial = (cfg.get("partial_rotary_factor")
@@ -220,7 +240,8 @@ class LlamaForCausalLM:
             LlamaDecoderLayer(i, cfg, weights, self.rope if use_rope is None or use_rope[i]
                               else nope,
                               cfg["attn_sliding_window"] if types is None
-                              or types[i] == "sliding_attention" else 0)
+                              or types[i] == "sliding_attention" else 0,
+                              moe.sparse_block(cfg, weights, i) if sparse[i] else None)
             for i in range(cfg["num_hidden_layers"])]
         self.norm = RMSNorm(weights["model.norm.weight"], cfg["rms_norm_eps"])
         self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
@@ -229,14 +250,15 @@ class LlamaForCausalLM:
     @staticmethod
     def checkpoint_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
         """The tensors a Hugging Face checkpoint of this config holds (load_format="dummy"):
-        q/k/v biases for Qwen2 (and attention_bias), q/k norms for Qwen3, Phi-3's and GLM-4's
-        fused tensors, GLM-4's sandwich norms (and no o_proj bias)."""
+        q/k/v biases for Qwen2 (and attention_bias), q/k norms for Qwen3 and Qwen3-MoE, Phi-3's
+        and GLM-4's fused tensors, GLM-4's sandwich norms (and no o_proj bias), routers and
+        experts in MoE layers."""
         archs = cfg.get("architectures") or []
         glm4 = "Glm4ForCausalLM" in archs
         norms = ("input_layernorm", "post_attention_layernorm")
         shapes = decoder_shapes(
             cfg, norms + (("post_self_attn_layernorm", "post_mlp_layernorm") if glm4 else ()),
-            qk_norm="Qwen3ForCausalLM" in archs,
+            qk_norm="Qwen3ForCausalLM" in archs or "Qwen3MoeForCausalLM" in archs,
             qkv_bias="Qwen2ForCausalLM" in archs or bool(cfg.get("attention_bias")),
             o_bias=bool(cfg.get("attention_bias")) and not glm4,
             tied=bool(cfg.get("tie_word_embeddings")))
@@ -246,15 +268,18 @@ class LlamaForCausalLM:
                 for fused, parts in _PHI3_FUSED[1 if glm4 else 0:]:
                     rows = [shapes.pop(f"{p}{n}.weight") for n in parts]
                     shapes[f"{p}{fused}.weight"] = (sum(r[0] for r in rows), rows[0][1])
+        if moe.is_moe(cfg):
+            moe.moe_checkpoint_shapes(cfg, shapes)
         return shapes
 
-    def _check_weights(self, weights: dict[str, Weight]) -> None:
+    def _check_weights(self, weights: dict[str, Weight], sparse: list[bool]) -> None:
         needed = ["model.embed_tokens.weight", "model.norm.weight"]
         for i in range(self.config["num_hidden_layers"]):
             needed += [f"model.layers.{i}.{n}.weight" for n in (
                 "input_layernorm", "post_attention_layernorm", "self_attn.q_proj",
-                "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-                "mlp.up_proj", "mlp.down_proj")]
+                "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")]
+            needed += [f"model.layers.{i}.{n}.weight" for n in (
+                ("mlp.gate",) if sparse[i] else ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"))]
         missing = [n for n in needed if n not in weights]
         if missing:
             raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")

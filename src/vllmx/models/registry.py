@@ -14,11 +14,13 @@ _HF_ARCHS = {
     "GraniteForCausalLM": LlamaForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
+    "MixtralForCausalLM": LlamaForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "Olmo3ForCausalLM": Olmo2ForCausalLM,
     "Phi3ForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
+    "Qwen3MoeForCausalLM": LlamaForCausalLM,
     "SmolLM3ForCausalLM": LlamaForCausalLM,
 }
 _GGUF_ARCHS = {

@@ -1,0 +1,153 @@
+"""Mixture-of-experts members of the Llama family: Qwen3-MoE (Qwen3 attention, routed SwiGLU
+experts, norm_topk_prob, dense layers by decoder_sparse_step / mlp_only_layers) and Mixtral
+(Mistral attention, renormalized top-2). What differs from a dense Llama is only the MLP of a
+sparse layer; this module says which layers are sparse, gathers their experts into the stacked
+w13 / w2 that fused_experts takes, and lists their tensors for load_format="dummy"."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+
+from vllmx.layers.fused_moe import SparseMoeBlock
+from vllmx.ops import Weight
+
+MOE_ARCHS = ("Qwen3MoeForCausalLM", "MixtralForCausalLM")
+
+
+def is_moe(cfg: dict) -> bool:
+    archs = cfg.get("architectures") or []
+    return any(a in MOE_ARCHS for a in archs) or bool(cfg.get("num_experts"))
+
+
+def moe_config(cfg: dict) -> dict:
+    """The MoE fields under one set of names: num_experts, num_experts_per_tok,
+    moe_intermediate_size, norm_topk_prob, sparse_layers (one flag per layer)."""
+    archs = cfg.get("architectures") or []
+    mixtral = "MixtralForCausalLM" in archs or cfg.get("gguf_architecture") == "llama"
+    out = dict(cfg)
+    out["num_experts"] = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    out["num_experts_per_tok"] = int(cfg.get("num_experts_per_tok") or 0)
+    out["moe_intermediate_size"] = int(cfg.get("moe_intermediate_size")
+                                       or cfg["intermediate_size"])
+    if out["num_experts"] < 1 or not 1 <= out["num_experts_per_tok"] <= out["num_experts"]:
+        raise ValueError(f"MoE config: num_experts = {out['num_experts']} and "
+                         f"num_experts_per_tok = {out['num_experts_per_tok']} are not usable")
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"MoE config: hidden_act {cfg['hidden_act']!r} is not supported "
+                         f"(experts run SwiGLU with silu)")
+    if cfg.get("shared_expert_intermediate_size") or cfg.get("n_shared_experts"):
+        raise ValueError("MoE config: shared experts are not supported yet")
+    # Mixtral, and llama.cpp's qwen3moe, always renormalize the top-k weights.
+    out["norm_topk_prob"] = True if mixtral or "gguf_architecture" in cfg else bool(
+        cfg.get("norm_topk_prob", False))
+    step = int(cfg.get("decoder_sparse_step") or 1)
+    dense = set(cfg.get("mlp_only_layers") or [])
+    out["sparse_layers"] = [i not in dense and (i + 1) % step == 0
+                            for i in range(cfg["num_hidden_layers"])]
+    return out
+
+
+def _stack(ws: list[Weight]) -> np.ndarray:
+    """[E, N, row] from E weights [N, row] of one dtype."""
+    if len({w.dtype for w in ws}) != 1:
+        raise ValueError(f"experts of one layer must share a dtype, got "
+                         f"{sorted({w.dtype for w in ws})}")
+    return np.stack([np.asarray(w.data).reshape(w.shape[0], -1) for w in ws])
+
+
+def expert_weights(weights, cfg: dict, i: int) -> tuple[Weight, Weight]:
+    """(w13 [E, 2 I, H], w2 [E, H, I]) of layer i: from each expert's gate/up/down tensors
+    (model.layers.{i}.mlp.experts.{e}.gate_proj / Mixtral's block_sparse_moe.experts.{e}.w1,
+    w3, w2), or from the stacked tensors of a GGUF (mlp.experts.gate_proj [E, I, H], ...)."""
+    p = f"model.layers.{i}.mlp.experts."
+    if p + "gate_proj.weight" in weights:  # stacked (GGUF's ffn_*_exps)
+        gate, up, down = (weights[p + n + ".weight"] for n in ("gate_proj", "up_proj",
+                                                                "down_proj"))
+        if gate.dtype != up.dtype:
+            raise ValueError(f"layer {i}: ffn_gate_exps and ffn_up_exps must share a dtype to "
+                             f"run as one w13, got types {gate.dtype} and {up.dtype}")
+        e = gate.shape[0]
+        w13 = np.concatenate([np.asarray(gate.data).reshape(e, gate.shape[1], -1),
+                              np.asarray(up.data).reshape(e, up.shape[1], -1)], axis=1)
+        w2 = np.asarray(down.data).reshape(e, down.shape[1], -1)
+        inter, h = gate.shape[1], gate.shape[2]
+        return (Weight(w13, gate.dtype, (e, 2 * inter, h)),
+                Weight(np.ascontiguousarray(w2), down.dtype, tuple(down.shape)))
+    e_count = cfg["num_experts"]
+    names = [(p + f"{e}.gate_proj.weight", p + f"{e}.up_proj.weight", p + f"{e}.down_proj.weight")
+             for e in range(e_count)]
+    missing = [n for trio in names for n in trio if n not in weights]
+    if missing:
+        raise ValueError(f"layer {i}: checkpoint is missing {len(missing)} expert tensors, e.g. "
+                         f"{missing[:3]}")
+    gates = [weights[g] for g, _, _ in names]
+    ups = [weights[u] for _, u, _ in names]
+    downs = [weights[d] for _, _, d in names]
+    inter, h = gates[0].shape
+    w13 = np.concatenate([_stack(gates), _stack(ups)], axis=1)
+    return (Weight(w13, gates[0].dtype, (e_count, 2 * inter, h)),
+            Weight(_stack(downs), downs[0].dtype, (e_count, h, inter)))
+
+
+class RenamedWeights(Mapping):
+    """weights under new names, looked up on access (a dummy checkpoint's tensors are made
+    only when asked for)."""
+
+    def __init__(self, weights, rename):
+        self.weights = weights
+        self.names = {rename(n): n for n in weights}
+
+    def __getitem__(self, name: str) -> Weight:
+        return self.weights[self.names[name]]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+_MIXTRAL_EXPERT = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+
+
+def mixtral_name(name: str) -> str:
+    """Mixtral's block_sparse_moe names as Qwen3-MoE's: mlp.gate, and mlp.experts.{e}.gate_proj /
+    up_proj / down_proj for w1 / w3 / w2."""
+    parts = name.replace(".block_sparse_moe.", ".mlp.").split(".")
+    if len(parts) == 8 and parts[3:5] == ["mlp", "experts"]:
+        parts[6] = _MIXTRAL_EXPERT.get(parts[6], parts[6])
+    return ".".join(parts)
+
+
+def sparse_block(cfg: dict, weights, i: int) -> SparseMoeBlock:
+    w13, w2 = expert_weights(weights, cfg, i)
+    return SparseMoeBlock(weights[f"model.layers.{i}.mlp.gate.weight"], w13, w2,
+                          cfg["num_experts_per_tok"], cfg["norm_topk_prob"],
+                          name=f"model.layers.{i}.mlp")
+
+
+def moe_checkpoint_shapes(cfg: dict, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Replaces the dense MLP tensors of each sparse layer by the router and the experts, as
+    Qwen3-MoE / Mixtral checkpoints name them."""
+    cfg = moe_config(cfg)
+    mixtral = "MixtralForCausalLM" in (cfg.get("architectures") or [])
+    h, inter, n = cfg["hidden_size"], cfg["moe_intermediate_size"], cfg["num_experts"]
+    for i, sparse in enumerate(cfg["sparse_layers"]):
+        if not sparse:
+            continue
+        p = f"model.layers.{i}."
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            del shapes[f"{p}mlp.{name}.weight"]
+        mlp = p + ("block_sparse_moe." if mixtral else "mlp.")
+        shapes[mlp + "gate.weight"] = (n, h)
+        for e in range(n):
+            gate, up, down = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj",
+                                                                 "down_proj")
+            shapes[f"{mlp}experts.{e}.{gate}.weight"] = (inter, h)
+            shapes[f"{mlp}experts.{e}.{up}.weight"] = (inter, h)
+            shapes[f"{mlp}experts.{e}.{down}.weight"] = (h, inter)
