@@ -194,6 +194,9 @@ def test_fallback_types():
 
     assert tensor_type("blk.0.ffn_down.weight", (64, 512), "Q4_K") == ("Q4_K", None)
     assert tensor_type("blk.0.attn_norm.weight", (96,), "Q4_K") == ("F32", None)
+    # MoE routers stay f32 (llama-quantize leaves ffn_gate_inp alone); the experts quantize
+    assert tensor_type("blk.0.ffn_gate_inp.weight", (8, 256), "Q4_K") == ("F32", None)
+    assert tensor_type("blk.0.ffn_up_exps.weight", (8, 64, 256), "Q4_K") == ("Q4_K", None)
     for qtype, want in [("Q2_K", "Q4_0"), ("Q3_K", "Q4_0"), ("Q4_K", "Q5_0"), ("Q5_K", "Q5_1"),
                         ("Q6_K", "Q8_0")]:
         got, msg = tensor_type("blk.0.ffn_down.weight", (64, 96), qtype)

@@ -89,12 +89,17 @@ def family_configs(**sizes):
                                        moe_intermediate_size=64, norm_topk_prob=True,
                                        mlp_only_layers=[1]),
         "mixtral": tf.MixtralConfig(**common, num_local_experts=8, num_experts_per_tok=2),
+        # What a qwen3moe GGUF can say: every layer sparse, top-k renormalized (llama.cpp).
+        "qwen3_moe_gguf": tf.Qwen3MoeConfig(**{**common, "head_dim": 32}, num_experts=8,
+                                            num_experts_per_tok=3, moe_intermediate_size=64,
+                                            norm_topk_prob=True),
     }
 
 
 GGUF_ARCH = {"llama": "llama", "llama3": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
              "granite": "granite", "smollm3_gguf": "smollm3", "phi3": "phi3", "glm4": "glm4",
-             "olmo2": "olmo2", "olmo3": "olmo2", "exaone4_gguf": "exaone4"}
+             "olmo2": "olmo2", "olmo3": "olmo2", "exaone4_gguf": "exaone4",
+             "qwen3_moe_gguf": "qwen3moe", "mixtral": "llama"}
 # llama.cpp's converter un-permutes Q/K to Meta's interleaved layout for these.
 _PERMUTED = ("llama", "granite", "smollm3")
 
@@ -140,6 +145,21 @@ def _llama3_rope_factors(rope: dict, head_dim: int) -> np.ndarray:
     return np.asarray(out, dtype=np.float32)
 
 
+def _stack_experts(sd: dict, num_experts: int) -> dict:
+    """Per-expert MoE tensors (Qwen3-MoE's names; Mixtral's renamed to them) stacked into one
+    [E, rows, cols] tensor per layer and projection, as llama.cpp's ffn_*_exps."""
+    from vllmx.models.moe import mixtral_name
+
+    sd = {mixtral_name(k): v for k, v in sd.items()}
+    layers = {k.split(".")[2] for k in sd if ".mlp.experts." in k}
+    for i in layers:
+        p = f"model.layers.{i}.mlp.experts."
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            sd[f"{p}{proj}.weight"] = np.stack(
+                [sd.pop(f"{p}{e}.{proj}.weight") for e in range(num_experts)])
+    return sd
+
+
 def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool = True) -> str:
     """A GGUF of a tiny checkpoint, matrices in F32 or `qtype` (gguf's quantizer), as llama.cpp's
     converter lays it out; no tokenizer (tests run on token ids). window=False leaves out a
@@ -151,6 +171,7 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
         cfg = json.load(f)
     arch = GGUF_ARCH[family]
     sd = load_file(os.path.join(hf_dir, "model.safetensors"))
+    num_experts = cfg.get("num_experts") or cfg.get("num_local_experts")
     w = gguf.GGUFWriter(out_path, arch)
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // nh
@@ -182,6 +203,12 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(rope["factor"])
         w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    if num_experts:
+        sd = _stack_experts(sd, num_experts)
+        w.add_expert_count(num_experts)
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        if cfg.get("moe_intermediate_size"):
+            w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     if rope.get("rope_type") == "llama3":  # llama.cpp stores llama3 scaling as frequency factors
         w.add_tensor("rope_freqs.weight", _llama3_rope_factors(rope, head_dim))
     names = {
@@ -195,6 +222,8 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
         "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
         "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
         "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",  # Phi-3's fused ones
+        "mlp.gate": "ffn_gate_inp", "mlp.experts.gate_proj": "ffn_gate_exps",
+        "mlp.experts.up_proj": "ffn_up_exps", "mlp.experts.down_proj": "ffn_down_exps",
     }
     if arch in ("olmo2", "exaone4"):  # norms after attention and MLP
         per_layer |= {"post_attention_layernorm": "post_attention_norm",

@@ -33,7 +33,7 @@ _SKIP_KEYS = ("general.architecture", "general.file_type", "general.quantization
 def tensor_type(name: str, shape: tuple[int, ...], qtype: str, output_type: str | None = None,
                 embedding_type: str | None = None) -> tuple[str, str | None]:
     """(GGUF type name, fallback message or None) for one tensor."""
-    if len(shape) < 2:
+    if len(shape) < 2 or name.endswith("ffn_gate_inp.weight"):  # llama-quantize keeps routers f32
         return "F32", None
     want = qtype
     if name == "output.weight" and output_type:

@@ -54,6 +54,10 @@ def gguf_to_hf_config(meta: dict[str, Any]) -> dict[str, Any]:
     }
     if isinstance(cfg["num_key_value_heads"], list):
         raise ValueError(f"GGUF {arch}: per-layer head counts are not supported")
+    if get("expert_count"):  # MoE: qwen3moe, Mixtral as llama
+        cfg["num_experts"] = get("expert_count")
+        cfg["num_experts_per_tok"] = get("expert_used_count")
+        cfg["moe_intermediate_size"] = get("expert_feed_forward_length")
     rot = get("rope.dimension_count")
     if rot and cfg["head_dim"] and rot != cfg["head_dim"]:
         cfg["partial_rotary_factor"] = rot / cfg["head_dim"]

@@ -35,6 +35,7 @@ _GGUF_ARCHS = {
     "phi3": LlamaForCausalLM,
     "qwen2": LlamaForCausalLM,
     "qwen3": LlamaForCausalLM,
+    "qwen3moe": LlamaForCausalLM,
     "smollm3": LlamaForCausalLM,
 }
 
