@@ -33,6 +33,13 @@ def random_prompts(rng) -> list[list[int]]:
     return [rng.integers(3, VOCAB, size=n).tolist() for n in lens]
 
 
+def cache_dtype_for(family: str) -> str:
+    """MoE models keep an f32 KV cache, as the oracle computes: with a bf16 / f16 cache a router
+    near a tie picks another expert than transformers does now and then (1 run in 6 had one
+    position 0.08-0.14 nats off); the dense families keep the default."""
+    return "float32" if family in ("qwen3_moe", "qwen3_moe_gguf", "mixtral") else "auto"
+
+
 def run_parity(model_path: str, hf_path: str, kv_cache_dtype: str = "auto"):
     from vllmx import LLM, SamplingParams
 
@@ -69,14 +76,14 @@ def test_parity_f32(family, ckpt_dir):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_parity_bf16(family, ckpt_dir):
     path = make_checkpoint(family, "bfloat16", ckpt_dir)
-    run_parity(path, path)  # oracle: the same bf16 weights, upcast to f32
+    run_parity(path, path, cache_dtype_for(family))  # oracle: the same bf16 weights, upcast to f32
 
 
 @pytest.mark.parametrize("family", sorted(GGUF_ARCH))
 def test_parity_gguf_f32(family, ckpt_dir):
     path = make_checkpoint(family, "float32", ckpt_dir)
     gguf_path = write_gguf(path, family, os.path.join(ckpt_dir, f"{family}.gguf"))
-    run_parity(gguf_path, path)
+    run_parity(gguf_path, path, cache_dtype_for(family))
 
 
 @pytest.mark.parametrize("family,feature", [("glm4", "sandwich_norms"), ("glm4", "gptj_rope"),
