@@ -59,7 +59,8 @@ def test_block_experts_are_repacked_per_expert():
                           w13=Weight(w13.reshape(e, 2 * inter, -1), q8, (e, 2 * inter, h)),
                           w2=Weight(w2.reshape(e, h, -1), q8, (e, h, inter)))
     a, b = block(x), plain(x)
-    assert np.abs(a - b).max() / np.abs(b).max() < 1e-5
+    # equal up to f32 rounding, which may move an 8-bit step of the intermediate activations
+    assert np.linalg.norm(a - b) / np.linalg.norm(b) < 1e-3
 
 
 @pytest.mark.skipif(_C.ops.fused_experts.has_kernel("cuda"), reason="fused_experts has one")

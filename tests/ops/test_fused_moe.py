@@ -129,8 +129,11 @@ def test_quantized_experts(qtypes, packed):
     assert np.array_equal(out, one_token_at_a_time(x, w13, w2, dt13, dt2, tw, ids))
     want = reference(x, w13_64, w2_64, tw, ids)
     assert np.linalg.norm(out - want) / np.linalg.norm(want) < 3e-2
+    # The scalar twin: the intermediate activations it quantizes to 8 bits land on the other
+    # side of a rounding step now and then, and the step reaches the output through w2 (over
+    # 240 random runs: up to 1e-3 max. relative, 4e-4 in norm); a wrong expert or weight is O(1).
     twin = run(x, w13, w2, dt13, dt2, tw, ids, reference_twin=True)
-    assert rel(out, twin.astype(np.float64)) < 1e-4
+    assert np.linalg.norm(out - twin) / np.linalg.norm(twin) < 2e-3
 
 
 @pytest.mark.parametrize("qtype", [Q.F32, Q.BF16, Q.Q4_K], ids=lambda q: q.name)
