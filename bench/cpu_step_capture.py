@@ -11,7 +11,6 @@ JSON under bench/results/.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -23,6 +22,7 @@ from cpu_vs_llamacpp_lib import (
     git_commit,
     make_prompt,
     throughput_prompts,
+    write_result,
 )
 
 
@@ -99,11 +99,7 @@ def main() -> None:
                        "python": platform.python_version()},
            "commit": git_commit(), "model": os.path.basename(model), "threads": args.threads,
            "repeats": args.repeats, "medians": medians, "runs": res}
-    dest = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                        f"cpu_step_capture_{os.path.basename(model)}_t{args.threads}.json")
-    with open(dest, "w") as f:
-        json.dump(out, f, indent=1)
-    print("wrote", dest)
+    write_result(f"cpu_step_capture_{os.path.basename(model)}_t{args.threads}.json", out)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ ratios and writes JSON under bench/results/.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -30,6 +29,7 @@ from cpu_vs_llamacpp_lib import (
     rss_child,
     run_workload,
     throughput_prompts,
+    write_result,
 )
 
 
@@ -116,12 +116,7 @@ def main() -> None:
         "llama_cpp_python": llama_cpp.__version__, "machine": platform.machine(),
         "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"),
     }
-    os.makedirs(os.path.join(os.path.dirname(__file__), "results"), exist_ok=True)
-    dest = os.path.join(os.path.dirname(__file__), "results",
-                        f"cpu_vs_llamacpp_{os.path.splitext(out['model'])[0]}.json")
-    with open(dest, "w") as f:
-        json.dump(out, f, indent=2)
-    print(f"wrote {dest}")
+    write_result(f"cpu_vs_llamacpp_{os.path.splitext(out['model'])[0]}.json", out, indent=2)
 
 
 if __name__ == "__main__":

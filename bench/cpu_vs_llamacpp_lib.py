@@ -175,6 +175,16 @@ def git_commit() -> str:
         return ""
 
 
+def write_result(name: str, result: dict, indent: int = 1) -> str:
+    """bench/results/<name> <- result as JSON; prints and returns the path."""
+    dest = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", name)
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    with open(dest, "w") as f:
+        json.dump(result, f, indent=indent)
+    print("wrote", dest)
+    return dest
+
+
 def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:

@@ -14,12 +14,11 @@ one sequence at a time). vllmx's outputs with speculation must equal its outputs
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
 
-from cpu_vs_llamacpp_lib import cpu_name, git_commit
+from cpu_vs_llamacpp_lib import cpu_name, git_commit, write_result
 
 PARAGRAPH = ("The quick brown fox jumps over the lazy dog while the farmer watches from the "
              "porch. In the afternoon the clouds gathered over the hills and the wind began to "
@@ -158,11 +157,7 @@ def main() -> None:
            "commit": git_commit(), "speculative_config": spec, "max_tokens": args.max_tokens,
            "repeats": args.repeats, "results": results, "ratios": ratios,
            "acceptance": acceptance}
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                        f"spec_decode_cpu_{os.path.basename(model)}.json")
-    with open(path, "w") as f:
-        json.dump(out, f, indent=1)
-    print("wrote", path)
+    write_result(f"spec_decode_cpu_{os.path.basename(model)}.json", out)
 
 
 if __name__ == "__main__":

@@ -61,7 +61,10 @@ class Scheduler:
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
-        self.spec_stats = [0, 0, 0]  # SchedulerStats.spec_decode_*: drafts, tokens, accepted
+        # SchedulerStats.spec_decode_*: verify steps with drafts, drafts, accepted drafts.
+        self.spec_decode_num_drafts = 0
+        self.spec_decode_num_draft_tokens = 0
+        self.spec_decode_num_accepted_tokens = 0
 
     def _priority_key(self, req: Request) -> tuple:
         return req.priority, req.metrics.arrival_time, self._arrival_order[req.request_id]
@@ -196,9 +199,9 @@ class Scheduler:
             num_rejected = len(drafts) + 1 - len(tokens) if tokens and drafts else 0
             req.num_computed_tokens += n - num_rejected
             if drafts and tokens:
-                self.spec_stats[0] += 1
-                self.spec_stats[1] += len(drafts)
-                self.spec_stats[2] += len(tokens) - 1
+                self.spec_decode_num_drafts += 1
+                self.spec_decode_num_draft_tokens += len(drafts)
+                self.spec_decode_num_accepted_tokens += len(tokens) - 1
             for token, logprob in zip(tokens or (), out.sampled_logprobs.get(req_id, ())):
                 req.append_output_token(token, logprob)
                 self._check_stop(req, token)
@@ -235,7 +238,9 @@ class Scheduler:
         pc = self.kv_cache_manager.prefix_cache_stats
         return SchedulerStats(len(self.running), len(self.waiting),
                               float(self.kv_cache_manager.usage), pc.queries, pc.hits,
-                              self.num_preemptions, *self.spec_stats)
+                              self.num_preemptions, self.spec_decode_num_drafts,
+                              self.spec_decode_num_draft_tokens,
+                              self.spec_decode_num_accepted_tokens)
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats:
         """Prefix-cache queries and hits (tokens) since the last call."""

@@ -26,15 +26,13 @@ class NgramProposer:
         # ends: earlier positions i (i < n - 1) where a match of the suffix would end.
         ends = np.flatnonzero(tokens[:n - 1] == tokens[n - 1])
         matched = 1
-        best = None  # (size, end) of the longest match so far
+        best = None  # where the latest occurrence of the longest match so far ends
         while ends.size:
             if matched >= self.min_n:
-                best = ends[-1]  # the latest occurrence of the matched-token suffix
+                best = ends[-1]
             if matched == self.max_n:
                 break
             ends = ends[ends >= matched]  # room for one more token before the match
-            if n - 1 - matched < 0:
-                break
             ends = ends[tokens[ends - matched] == tokens[n - 1 - matched]]
             matched += 1
         if best is None:

@@ -423,11 +423,6 @@ class ModelRunner:
         """One row per sampled position: a request with k drafts has k + 1, the j-th seeing
         its tokens and the first j drafts (what the sequence holds there if they are
         accepted)."""
-        if not any(drafts):
-            return SamplingMetadata.build(
-                [s.sampling_params for s in states], [s.sampling for s in states],
-                [s.token_ids for s in states], [s.num_prompt_tokens for s in states],
-                [s.rng_state for s in states], vocab)
         rows = [(s, list(d[:j])) for s, d in zip(states, drafts) for j in range(len(d) + 1)]
         # A random row's generator: the request's after the draws of the rows before it.
         rng = [s.rng_state if not d or s.sampling_params.greedy
