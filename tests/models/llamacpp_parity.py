@@ -46,6 +46,15 @@ def load_pair(path: str):
                             verbose=False))
 
 
+def llamacpp_positions(ref, prompt: list[int], toks: list[int]):
+    """llama.cpp's logits (f64, one row per position of prompt + toks) and the check of each
+    generated token against them (TESTING.md's quantized-file rule, DELTA)."""
+    ref.reset()
+    ref.eval(list(prompt) + list(toks))
+    logits = np.asarray(ref.scores[: len(prompt) + len(toks)], dtype=np.float64)
+    return check_positions(log_softmax(logits)[len(prompt) - 1: -1], toks, DELTA), logits
+
+
 def check_greedy_parity(llm, ref, num_prompts: int, max_tokens: int = 32) -> None:
     """Prompts drawn with a fresh seed (prompts the test does not choose), printed on failure."""
     from vllmx import SamplingParams
@@ -59,10 +68,7 @@ def check_greedy_parity(llm, ref, num_prompts: int, max_tokens: int = 32) -> Non
     for prompt, out in zip(prompts, outs):
         ids, toks = out.prompt_token_ids, out.outputs[0].token_ids
         assert len(toks) == max_tokens
-        ref.reset()
-        ref.eval(ids + toks)
-        logits = np.asarray(ref.scores[: len(ids) + len(toks)], dtype=np.float64)
-        report = check_positions(log_softmax(logits)[len(ids) - 1: -1], toks, DELTA)
+        report, _ = llamacpp_positions(ref, ids, toks)
         assert report.failed == 0, f"{prompt!r} (seed {seed}): {report}"
         strict, total = strict + report.strict, total + len(toks)
     assert strict >= MIN_STRICT * total, f"only {strict}/{total} positions strict (seed {seed})"

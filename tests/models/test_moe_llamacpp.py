@@ -19,8 +19,8 @@ import os
 import numpy as np
 import pytest
 
-from tests.models.llamacpp_parity import DELTA, MIN_STRICT
-from tests.models.parity import check_positions, log_softmax, vllmx_prompt_logits
+from tests.models.llamacpp_parity import MIN_STRICT, llamacpp_positions
+from tests.models.parity import vllmx_prompt_logits
 from tests.models.tiny_checkpoints import VOCAB, make_checkpoint, write_gguf
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -75,10 +75,7 @@ def test_greedy_parity_with_llamacpp(family, arch, qname, ckpt_dir):
     worst = 0.0
     for prompt, out in zip(prompts, outs):
         toks = list(out.outputs[0].token_ids)
-        ref.reset()
-        ref.eval(prompt + toks)
-        logits = np.asarray(ref.scores[: len(prompt) + len(toks)], dtype=np.float64)
-        report = check_positions(log_softmax(logits)[len(prompt) - 1: -1], toks, DELTA)
+        report, logits = llamacpp_positions(ref, prompt, toks)
         assert report.failed == 0, f"{family} {qname} (seed {SEED}, len {len(prompt)}): {report}"
         strict, total = strict + report.strict, total + len(toks)
         want = logits[: len(prompt)]
