@@ -131,6 +131,20 @@ void check_copy_columns(const Tensor& out, int64_t out_col, const Tensor& x, int
                       " are out of range");
 }
 
+void check_scatter_tokens(const Tensor& out, const Tensor& dst, const Tensor& tokens,
+                          const Tensor& src) {
+  const char* op = "scatter_tokens";
+  const std::pair<const Tensor*, const char*> args[] = {
+      {&out, "out"}, {&dst, "dst"}, {&tokens, "tokens"}, {&src, "src"}};
+  for (const auto& [t, name] : args) {
+    check_dtype(*t, DType::I32, op, name);
+    check_ndim(*t, 1, op, name);
+    VLLMX_CHECK(t->stride[0] == 1, op, std::string(name) + " " + t->str() + " must be contiguous");
+  }
+  VLLMX_CHECK(dst.shape[0] == src.shape[0], op,
+              "dst " + dst.str() + " and src " + src.str() + " must have one length");
+}
+
 void check_topk_softmax(const Tensor& topk_weights, const Tensor& topk_ids,
                         const Tensor& gating_output, bool renormalize) {
   (void)renormalize;
@@ -303,6 +317,7 @@ VLLMX_OP_CHECK(paged_attention, check_paged_attention);
 VLLMX_OP_CHECK(sample, check_sample);
 VLLMX_OP_CHECK(copy_columns, check_copy_columns);
 VLLMX_OP_CHECK(scale, check_scale);
+VLLMX_OP_CHECK(scatter_tokens, check_scatter_tokens);
 VLLMX_OP_CHECK(softcap, check_softcap);
 VLLMX_OP_CHECK(fill_uniform, check_fill_uniform);
 

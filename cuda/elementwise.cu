@@ -277,6 +277,18 @@ __global__ void scale_kernel(T* out, const T* x, int64_t n, float s) {
     out[i] = from_f32<T>(__fmul_rn(to_f32(x[i]), s));
 }
 
+// ---- scatter_tokens ----
+__global__ void scatter_tokens_kernel(int32_t* out, int64_t n_out, const int32_t* dst,
+                                      const int32_t* tokens, int64_t n_tok, const int32_t* src,
+                                      int64_t n) {
+  pdl_begin();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t d = dst[i], s = src[i];
+    if (d >= 0 && d < n_out && s >= 0 && s < n_tok) out[d] = tokens[s];
+  }
+}
+
 // ---- softcap ----
 template <typename T>
 __global__ void softcap_kernel(T* x, int64_t rows, int64_t d, int64_t stride, float cap) {
@@ -669,6 +681,18 @@ void copy_columns(const Tensor& out, int64_t out_col, const Tensor& x, int64_t x
                 rows);
 }
 
+void scatter_tokens(const Tensor& out, const Tensor& dst, const Tensor& tokens,
+                    const Tensor& src) {
+  // dtypes and lengths are the op's contract (csrc/ops.cpp); the indices live on the device and
+  // are range-checked by the kernel.
+  const int64_t n = dst.shape[0];
+  if (n == 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 1024));
+  launch(scatter_tokens_kernel, blocks, 256, 0, stream(), out.ptr<int32_t>(), out.shape[0],
+         dst.ptr<int32_t>(), tokens.ptr<int32_t>(), tokens.shape[0], src.ptr<int32_t>(), n);
+  check_launch("scatter_tokens");
+}
+
 VLLMX_KERNEL(embedding, kCUDA, embedding);
 VLLMX_KERNEL(rms_norm, kCUDA, rms_norm);
 VLLMX_KERNEL(fused_add_rms_norm, kCUDA, fused_add_rms_norm);
@@ -682,5 +706,6 @@ VLLMX_KERNEL(fill_uniform, kCUDA, fill_uniform);
 VLLMX_KERNEL(write_kv_cache, kCUDA, write_kv_cache);
 VLLMX_KERNEL(qk_norm_rope_cache, kCUDA, qk_norm_rope_cache);
 VLLMX_KERNEL(copy_columns, kCUDA, copy_columns);
+VLLMX_KERNEL(scatter_tokens, kCUDA, scatter_tokens);
 
 }  // namespace vllmx::cuda

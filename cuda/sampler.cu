@@ -315,6 +315,8 @@ __global__ void __launch_bounds__(kT) sample_kernel(
       token = block_reduce<kT>(last, Max{});
       if (token < 0) token = arg;
     }
+  } else if (t > 0.0f && threadIdx.x == 0) {
+    uniform01(rng_state + 2 * b);  // a random row's one draw, unused (the fallback to greedy)
   }
 
   if (out_logprobs) {

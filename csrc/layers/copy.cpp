@@ -1,4 +1,4 @@
-// Column copies and scaling: the small data movements a model's forward used to do in numpy
+// Column copies, token scatters and scaling: the small data movements a model's forward used to do in numpy
 // (q/k/v split out of a fused projection, Gemma's embedding scale). As native ops they are
 // recorded in a step tape and replayed like every other op (csrc/step_tape.h).
 #include <cstring>
@@ -28,7 +28,21 @@ void scale(const Tensor& out, const Tensor& x, float s) {
   for (int64_t i = 0; i < n; ++i) op_[i] = xp[i] * s;  // one rounding, as numpy's x * s
 }
 
+void scatter_tokens(const Tensor& out, const Tensor& dst, const Tensor& tokens,
+                    const Tensor& src) {
+  // dtypes and lengths are the op's contract (csrc/ops.cpp); indices out of range are skipped,
+  // as on the GPU.
+  const int32_t* d = dst.ptr<int32_t>();
+  const int32_t* s = src.ptr<int32_t>();
+  const int32_t* tok = tokens.ptr<int32_t>();
+  int32_t* o = out.ptr<int32_t>();
+  const int64_t n_out = out.shape[0], n_tok = tokens.shape[0];
+  for (int64_t i = 0; i < dst.shape[0]; ++i)
+    if (d[i] >= 0 && d[i] < n_out && s[i] >= 0 && s[i] < n_tok) o[d[i]] = tok[s[i]];
+}
+
 VLLMX_KERNEL(copy_columns, kCPU, copy_columns);
+VLLMX_KERNEL(scatter_tokens, kCPU, scatter_tokens);
 VLLMX_KERNEL(scale, kCPU, scale);
 
 }  // namespace vllmx

@@ -9,7 +9,10 @@
 //   top_p keeps the smallest set of most probable tokens whose cumulative probability (under the
 //   min_p/top_k-filtered distribution) is >= top_p, at least one; then one draw by inverse CDF
 //   over the kept tokens in index order, using exactly one 64-bit output of the row's generator.
-//   NaN logits are never drawn; a row without a finite maximum falls back to greedy.
+//   NaN logits are never drawn; a row without a finite maximum falls back to greedy. A random
+//   row (temperature > 0) always takes its one draw, fallback or not, so that its generator
+//   after a step is known without the logits (the engine advances it on the host when it
+//   schedules ahead of the step's tokens).
 //
 // Generator: xoroshiro128++ (Blackman & Vigna), state = rng_state[b] (two u64 words, advanced in
 // place). Seed it with two splitmix64 outputs of the request seed; an all-zero state (invalid for
@@ -298,7 +301,11 @@ struct RowScratch {
 int64_t sample_row_fast(const Kernels& K, const float* l, int64_t V, const RowParams& p,
                         uint64_t* rng, RowScratch& s) {
   const float lmax = K.max(l, V);
-  if (p.temperature == 0.0f || !(std::fabs(lmax) < kInf)) return K.first_eq(l, V, lmax);
+  if (p.temperature == 0.0f) return K.first_eq(l, V, lmax);
+  if (!(std::fabs(lmax) < kInf)) {
+    uniform01(rng);  // the row's one draw, unused
+    return K.first_eq(l, V, lmax);
+  }
   const float t = p.temperature;
   const float m = lmax / t;
   s.w.resize(static_cast<size_t>(V));
@@ -406,7 +413,11 @@ int64_t sample_row_reference(const float* l, int64_t V, const RowParams& p, uint
       arg = i;
       found = true;
     }
-  if (p.temperature == 0.0f || !(std::fabs(lmax) < kInf)) return arg;
+  if (p.temperature == 0.0f) return arg;
+  if (!(std::fabs(lmax) < kInf)) {
+    uniform01(rng);  // the row's one draw, unused
+    return arg;
+  }
   const float t = p.temperature;
   const double m = static_cast<double>(lmax / t);
   std::vector<double> pr(static_cast<size_t>(V));

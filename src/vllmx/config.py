@@ -93,6 +93,10 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192
     max_model_len: int = 0
     policy: str = "fcfs"  # "fcfs" | "priority" (Request.priority, lower first; ties by arrival)
+    # vLLM's async_scheduling: schedule and launch step N + 1 before step N's tokens reach the
+    # host, so that the host's per-step work overlaps the GPU's. None: on for the GPU without
+    # speculative decoding (the engine resolves it); the CPU gains nothing from it.
+    async_scheduling: bool | None = None
 
 
 @dataclass

@@ -403,6 +403,13 @@ def concat_columns(xs: list):
     return out
 
 
+def scatter_tokens(out, dst, tokens, src) -> None:
+    """In place: out[dst[i]] = tokens[src[i]] (i32 arrays on one device; an index out of range
+    skips its entry): a step's input ids from the tokens the step before sampled, on the device
+    that holds them."""
+    _C.ops.scatter_tokens(out, dst, tokens, src)
+
+
 def scale_(x, s: float) -> None:
     """In place: x *= s (f32), natively, so that a recorded step replays it."""
     _C.ops.scale(x, x, s)

@@ -39,7 +39,8 @@ def step(s: Scheduler, token: int = 1) -> SchedulerOutput:
     sampled = {}
     for rid, n in so.num_scheduled_tokens.items():
         r = s.requests[rid]
-        if r.num_computed_tokens + n == r.num_tokens:
+        assert r.num_computed_tokens <= r.num_tokens + r.num_output_placeholders
+        if r.num_output_placeholders:  # caught up: the step samples its next token
             sampled[rid] = [token]
     s.update_from_output(so, ModelRunnerOutput(list(so.num_scheduled_tokens), sampled,
                                                {r: [0.0] for r in sampled}))
@@ -151,7 +152,7 @@ def test_admission_starts_at_the_prefix_hit():
     s.add_request(b)
     so = s.schedule()
     new = so.scheduled_new_reqs[0]
-    assert new.num_computed_tokens == 8 and b.num_computed_tokens == 8
+    assert new.num_computed_tokens == 8 and b.num_computed_tokens == 8 + 3  # (hit + scheduled)
     assert new.block_ids[:2] == a_blocks[:2] and len(new.block_ids) == 3
     assert so.num_scheduled_tokens == {"b": 3} and b.num_cached_tokens == 8
     # The same prompt as a: all three blocks match, but the last token is recomputed.

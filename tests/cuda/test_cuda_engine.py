@@ -172,3 +172,20 @@ def test_unsupported_weight_type_on_gpu_names_it(checkpoints, tmp_path):
     assert main(["quantize", checkpoints["llama"], path, "--type", "Q4_K"]) == 0
     with pytest.raises(ValueError, match="GGUF type Q4_K has no CUDA kernel.*device='cpu'"):
         LLM(path, device="cuda", max_model_len=256, kv_cache_memory_bytes=64 << 20)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("kinds", [(0, 1, 4, 5), (0, 1, 2, 3, 4, 5)])
+def test_async_scheduling_equals_sync_on_gpu(checkpoints, dtype, kinds):
+    """Step N + 1 launched before step N's tokens reach the host (its input ids scattered on
+    the GPU from where step N sampled them) gives every request the outputs synchronous
+    scheduling gives; without requests that read tokens on the host, every decode step after
+    the first overlaps."""
+    from tests.engine.test_async_scheduling import check_async_matches_sync
+
+    rng = np.random.default_rng(SEED)
+    n = check_async_matches_sync(checkpoints["qwen3"], "cuda", rng, kinds, dtype=dtype,
+                                 max_num_seqs=32, kv_cache_memory_bytes=256 << 20,
+                                 max_model_len=1024)
+    if 2 not in kinds:
+        assert n > 10

@@ -415,3 +415,29 @@ def test_split_and_concat_columns_exact(dtype, rows, sizes):
         np.testing.assert_array_equal(piece.numpy(), x[:, start:start + n])
         start += n
     np.testing.assert_array_equal(ops.concat_columns(pieces).numpy(), x)
+
+
+def test_scatter_tokens_matches_the_cpu(rng):
+    from vllmx import ops
+
+    n_out, n_tok, n = 300, 257, 120
+    out = rng.integers(0, 1 << 30, n_out).astype(np.int32)
+    tokens = rng.integers(0, 1 << 30, n_tok).astype(np.int32)
+    dst = rng.permutation(n_out)[:n].astype(np.int32)
+    src = rng.integers(0, n_tok, n).astype(np.int32)
+    dst[5], src[9] = n_out, n_tok  # out of range: skipped
+    d_out = DeviceArray.from_numpy(out)
+    ops.scatter_tokens(d_out, DeviceArray.from_numpy(dst), DeviceArray.from_numpy(tokens),
+                       DeviceArray.from_numpy(src))
+    ops.scatter_tokens(out, dst, tokens, src)
+    np.testing.assert_array_equal(d_out.numpy(), out)
+
+
+def test_sample_random_rows_without_a_finite_max_take_one_draw(rng):
+    V = 500
+    logits = rng.standard_normal((4, V)).astype(np.float32)
+    logits[0] = -np.inf
+    logits[1] = np.nan
+    (ids, _, s_cpu), (g_ids, _, s_gpu) = sample_both(logits, 0.9, seed=3)
+    np.testing.assert_array_equal(g_ids, ids)
+    np.testing.assert_array_equal(s_gpu, s_cpu)

@@ -1,4 +1,4 @@
-"""copy_columns and scale (csrc/layers/copy.cpp) against numpy: both are exact."""
+"""copy_columns, scatter_tokens and scale (csrc/layers/copy.cpp) against numpy: all are exact."""
 
 from __future__ import annotations
 
@@ -52,3 +52,31 @@ def test_scale_matches_numpy_bit_for_bit():
     assert np.array_equal(out, expect)
     ops.scale_(x, s)  # in place
     assert np.array_equal(x, expect)
+
+
+def test_scatter_tokens_against_numpy():
+    """out[dst[i]] = tokens[src[i]]; entries whose index is out of range are skipped."""
+    for _ in range(20):
+        n_out, n_tok = int(rng.integers(1, 300)), int(rng.integers(1, 300))
+        out = rng.integers(0, 1 << 30, n_out).astype(np.int32)
+        tokens = rng.integers(0, 1 << 30, n_tok).astype(np.int32)
+        n = int(rng.integers(0, min(n_out, n_tok) + 1))
+        dst = rng.permutation(n_out)[:n].astype(np.int32)
+        src = rng.integers(0, n_tok, n).astype(np.int32)
+        if n:
+            dst[rng.integers(0, n)] = n_out + 3  # skipped
+            src[rng.integers(0, n)] = -1  # skipped
+        expect = out.copy()
+        for d, s in zip(dst, src):
+            if 0 <= d < n_out and 0 <= s < n_tok:
+                expect[d] = tokens[s]
+        ops.scatter_tokens(out, dst, tokens, src)
+        assert np.array_equal(out, expect)
+
+
+def test_scatter_tokens_checks_its_arguments():
+    i32 = np.zeros(4, np.int32)
+    with pytest.raises(ValueError, match="scatter_tokens"):
+        ops.scatter_tokens(i32, i32[:3], i32, i32)  # dst and src lengths differ
+    with pytest.raises(ValueError, match="scatter_tokens"):
+        ops.scatter_tokens(np.zeros(4, np.float32), i32, i32, i32)

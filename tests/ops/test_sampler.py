@@ -223,3 +223,26 @@ def test_bad_inputs():
     bad(rng_state=np.ones((B, 1), np.uint64))
     bad(rng_state=np.ones((B, 2), np.int64))
     bad(top_k=np.zeros(B, np.float32))
+
+
+@pytest.mark.parametrize("ref", [False, True])
+def test_random_rows_take_exactly_one_draw(ref):
+    """A random row advances its generator by one output even when it falls back to greedy
+    (no finite logit): the engine advances it on the host before the step's tokens are back."""
+    from vllmx.worker.model_runner import advance_rng_states
+
+    rng = np.random.default_rng()
+    B, V = 6, 300
+    logits = rng.standard_normal((B, V)).astype(np.float32)
+    logits[1] = -np.inf
+    logits[2] = np.nan
+    logits[3, :] = -np.inf
+    logits[3, 17] = np.inf  # no finite maximum either
+    temperature = np.array([0.8, 0.8, 1.0, 0.5, 0.0, 1.2], np.float32)
+    st = states(rng, B)
+    want = st.copy()
+    random = temperature > 0
+    want[random] = advance_rng_states(st[random])
+    ids, _ = call(logits, temperature, top_k=[0, 0, 5, 0, 0, 10], rng_state=st, ref=ref)
+    np.testing.assert_array_equal(st, want)
+    assert ids[3] == 17 and ids[4] == np.argmax(logits[4])

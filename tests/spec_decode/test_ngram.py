@@ -95,6 +95,10 @@ def test_serve_flag_reaches_the_engine_args():
                               '"num_speculative_tokens": 3}'])
     cfg = engine_args_from(args).create_engine_config()
     assert cfg.speculative_config.num_speculative_tokens == 3
+    assert cfg.scheduler_config.async_scheduling is None  # the engine decides (off: speculation)
+    for flag, value in (("--async-scheduling", True), ("--no-async-scheduling", False)):
+        cfg = engine_args_from(parser.parse_args(["m", flag])).create_engine_config()
+        assert cfg.scheduler_config.async_scheduling is value
 
 
 # ---- the engine ----
@@ -244,7 +248,7 @@ def test_advance_rng_state_is_the_samplers_own_stream():
     """A verify step's row j starts j draws into the request's stream: the host's transition
     must be the sampler's (one draw per random row)."""
     from vllmx import ops
-    from vllmx.worker.model_runner import advance_rng_state, seed_rng_state
+    from vllmx.worker.model_runner import advance_rng_states, seed_rng_state
 
     rng = np.random.default_rng()
     logits = rng.standard_normal((1, 50)).astype(np.float32)
@@ -254,7 +258,7 @@ def test_advance_rng_state_is_the_samplers_own_stream():
         native = state[None].copy()
         for n in range(1, 6):
             ops.sample(logits, one(0.9), np.zeros(1, np.int32), one(1.0), one(0.0), native)
-            assert native[0].tolist() == advance_rng_state(state, n).tolist()
+            assert native[0].tolist() == advance_rng_states(state, n).tolist()
 
 
 def test_seeded_sampling_gives_the_same_tokens_with_speculation(model_dir):

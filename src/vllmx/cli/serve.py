@@ -66,6 +66,9 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                         "without their files), as vLLM's")
     p.add_argument("--enforce-eager", action="store_true",
                    help="run decode steps eagerly (no CUDA graphs / CPU step tapes)")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="schedule and launch step N + 1 before step N's tokens reach the host "
+                        "(default: on for the GPU without speculative decoding)")
     p.add_argument("--disable-log-requests", action="store_true")
     p.add_argument("--disable-log-stats", action="store_true")
     p.add_argument("--uvicorn-log-level", default="info",
@@ -109,6 +112,7 @@ def engine_args_from(args: argparse.Namespace):
                 "block_size": args.block_size,
                 "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
                 "speculative_config": args.speculative_config,
+                "async_scheduling": args.async_scheduling,
                 "num_threads": args.threads}
     for name, value in optional.items():
         if value is None:

@@ -3,7 +3,14 @@ catch it up. Running requests go first, then waiting ones, within a token budget
 (max_num_batched_tokens) and a concurrency cap (max_num_seqs). One rule covers prefill,
 chunked prefill, decode and prefix caching (a waiting request starts at its prefix hit). When
 blocks run out a running request is preempted (its blocks freed but left cached, recomputed
-later): the newest under FCFS, the lowest-priority one under the priority policy."""
+later): the newest under FCFS, the lowest-priority one under the priority policy.
+
+As in vLLM, schedule() advances num_computed_tokens by what it schedules, and a step that will
+sample a request's next token leaves a placeholder for it (num_output_placeholders) until
+update_from_output appends the token. With asynchronous scheduling the engine schedules step
+N + 1 before step N's tokens reach the host: a request whose token is still a placeholder is
+scheduled for it all the same (the runner takes the input id from where the GPU sampled it),
+unless that token is its last by length (max_tokens, max_model_len)."""
 
 from __future__ import annotations
 
@@ -108,9 +115,9 @@ class Scheduler:
             req = self.running[i]
             # (With speculative decoding a caught-up request also runs its drafts: they are
             # verified in the same forward.)
-            num_new = min(req.num_tokens + len(req.spec_token_ids) - req.num_computed_tokens,
-                          budget)
-            if num_new <= 0:
+            num_new = min(req.num_tokens + req.num_output_placeholders
+                          + len(req.spec_token_ids) - req.num_computed_tokens, budget)
+            if num_new <= 0 or self._last_token_pending(req):
                 i += 1
                 continue
             new_blocks = kv.allocate_slots(req, num_new)
@@ -144,6 +151,8 @@ class Scheduler:
         while (len(self.waiting) and budget > 0 and not preempted
                and len(self.running) < self.config.max_num_seqs):
             req = self.waiting.peek_request()
+            if req.num_output_placeholders:  # preempted with its last step's token in flight
+                break
             hit_blocks, num_hit = kv.get_computed_blocks(req)
             num_new = min(req.num_tokens - num_hit, budget)
             if kv.allocate_slots(req, num_new, hit_blocks) is None:
@@ -160,11 +169,26 @@ class Scheduler:
                 req.request_id, list(req.all_token_ids), req.sampling_params,
                 list(kv.get_block_ids(req.request_id)), num_hit, req.num_prompt_tokens))
 
+        for req_id, n in num_scheduled.items():
+            req = self.requests[req_id]
+            req.num_computed_tokens += n
+            if req.num_computed_tokens >= req.num_tokens + req.num_output_placeholders:
+                req.num_output_placeholders += 1  # caught up: this step samples its next token
         out = SchedulerOutput(new_reqs, cached, num_scheduled,
                               sum(num_scheduled.values()), self.finished_req_ids, preempted,
                               spec)
         self.finished_req_ids = set()
         return out
+
+    def _last_token_pending(self, req: Request) -> bool:
+        """Whether the token a step in flight samples for req ends it by length (so that no
+        further step is scheduled for it)."""
+        if not req.num_output_placeholders:
+            return False
+        n = req.num_output_placeholders
+        max_tokens = req.sampling_params.max_tokens
+        return ((max_tokens is not None and req.num_output_tokens + n >= max_tokens)
+                or req.num_tokens + n >= self.max_model_len)
 
     def _pick_victim(self) -> Request:
         if self.config.policy == "priority":
@@ -174,7 +198,7 @@ class Scheduler:
     def _preempt(self, req: Request) -> None:
         self.kv_cache_manager.free(req)  # its computed full blocks stay cached for the resume
         req.status = RequestStatus.PREEMPTED
-        req.num_computed_tokens = 0
+        req.num_computed_tokens = 0  # (a placeholder in flight stays: its token still comes)
         req.spec_token_ids = []
         req.num_preemptions += 1
         self.num_preemptions += 1
@@ -197,7 +221,10 @@ class Scheduler:
             drafts = so.scheduled_spec_decode_tokens.get(req_id, ())
             # Rejected drafts were computed (their KV slots get overwritten later) but not kept.
             num_rejected = len(drafts) + 1 - len(tokens) if tokens and drafts else 0
-            req.num_computed_tokens += n - num_rejected
+            if req.status == RequestStatus.RUNNING:  # (a preempted one restarts from 0)
+                req.num_computed_tokens -= num_rejected
+            if tokens:
+                req.num_output_placeholders -= 1
             if drafts and tokens:
                 self.spec_decode_num_drafts += 1
                 self.spec_decode_num_draft_tokens += len(drafts)
@@ -276,6 +303,8 @@ class Scheduler:
     def _free(self, req: Request) -> None:
         if req in self.running:
             self.running.remove(req)
+        elif req in self.waiting:  # preempted while its last step's token was in flight
+            self.waiting.remove_request(req)
         self.kv_cache_manager.free(req)
         self.finished_req_ids.add(req.request_id)
         del self.requests[req.request_id]

@@ -56,6 +56,8 @@ class EngineArgs:
     # vLLM's speculative_config: a dict or its JSON, e.g. {"method": "ngram",
     # "num_speculative_tokens": 4}; None: no speculation (config.SpeculativeConfig)
     speculative_config: dict | str | None = None
+    # vLLM's async_scheduling (SchedulerConfig): None = on for the GPU without speculation
+    async_scheduling: bool | None = None
 
     def create_engine_config(self) -> VllmxConfig:
         if self.block_size < 1:
@@ -84,7 +86,8 @@ class EngineArgs:
                         enable_prefix_caching=self.enable_prefix_caching,
                         gpu_memory_utilization=self.gpu_memory_utilization),
             SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens,
-                            policy=self.scheduling_policy),
+                            policy=self.scheduling_policy,
+                            async_scheduling=self.async_scheduling),
             ParallelConfig(self.num_threads), DeviceConfig(self.device),
             None if self.speculative_config is None
             else SpeculativeConfig.from_dict(self.speculative_config))
@@ -108,6 +111,14 @@ class LLMEngine:
             from vllmx.spec_decode.ngram_proposer import NgramProposer
 
             self.model_runner.drafter = NgramProposer(config.speculative_config)
+        if sc.async_scheduling is None:
+            sc.async_scheduling = self.device == "cuda" and config.speculative_config is None
+        elif sc.async_scheduling and config.speculative_config is not None:
+            raise ValueError("async_scheduling does not support speculative decoding yet "
+                             "(the drafts of step N + 1 need step N's tokens on the host)")
+        # With asynchronous scheduling: the step launched and not yet finished (its
+        # SchedulerOutput and the runner's PendingStep).
+        self._in_flight = None
         self.kv_caches, self.cache_dtype = self.worker.kv_caches, self.worker.cache_dtype
         self.scheduler = Scheduler(sc, cc)
         self.output_processor = OutputProcessor(self.tokenizer)
@@ -256,8 +267,14 @@ class LLMEngine:
         return self.scheduler.get_num_unfinished_requests()
 
     def step(self) -> list[RequestOutput]:
+        """Schedules and runs one step; returns the outputs of the requests it advanced. With
+        asynchronous scheduling it launches the step, then finishes the one launched before
+        (whose outputs it returns), so the GPU runs this step while the host takes the last
+        one's tokens, checks stops and forms outputs."""
         so = self.scheduler.schedule()
         if so.total_num_scheduled_tokens == 0:
+            if self._in_flight is not None:
+                return self._finish_in_flight()
             if self.scheduler.has_unfinished_requests() and not self.scheduler.running:
                 raise RuntimeError("scheduler made no progress with requests waiting")
             return []
@@ -265,7 +282,22 @@ class LLMEngine:
         for req_id in so.num_scheduled_tokens:
             r = self.scheduler.requests[req_id]
             r.metrics.first_scheduled_time = r.metrics.first_scheduled_time or now
-        runner_out = self.model_runner.execute_model(so)
+        if not self.config.scheduler_config.async_scheduling:
+            return self._process(so, self.model_runner.execute_model(so))
+        # Launched before the host has the tokens of the step in flight (the runner takes
+        # them where they were sampled), which then finishes while this one runs.
+        launched = (so, self.model_runner.execute_model(so, non_block=True))
+        outputs = self._finish_in_flight() if self._in_flight is not None else []
+        self._in_flight = launched
+        return outputs
+
+    def _finish_in_flight(self) -> list[RequestOutput]:
+        so, pending = self._in_flight
+        self._in_flight = None
+        return self._process(so, pending.get_output())
+
+    def _process(self, so, runner_out) -> list[RequestOutput]:
+        """A finished step's tokens into the scheduler (stops, blocks) and the outputs."""
         updated = self.scheduler.update_from_output(so, runner_out)
         outputs = []
         now = time.time()

@@ -46,6 +46,10 @@ class Request:
         self.output_logprobs: list[float] = []
         self.all_token_ids = list(prompt_token_ids)
         self.num_computed_tokens = 0
+        # Tokens a scheduled step samples that update_from_output has not appended yet (vLLM's
+        # name; more than 0 between schedule and update, and across one step with asynchronous
+        # scheduling).
+        self.num_output_placeholders = 0
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
         self.error: str | None = None  # why it failed (status FINISHED_ERROR)

@@ -217,20 +217,71 @@ def token_logprobs(token_ids, token_logprob, rank, top_ids, top_logprobs,
     return out
 
 
+class PendingSample:
+    """A sampling step launched on the device: result() waits for it (once) and returns the
+    SamplerOutput; token_ids are the sampled ids where they were computed (a device array on
+    the GPU, readable by the next step's ops before the host has them)."""
+
+    def __init__(self, token_ids, finish):
+        self.token_ids = token_ids
+        self._finish = finish
+        self._out: SamplerOutput | None = None
+
+    @staticmethod
+    def done(out: SamplerOutput) -> PendingSample:
+        pending = PendingSample(out.sampled_token_ids, None)
+        pending._out = out
+        return pending
+
+    def result(self) -> SamplerOutput:
+        if self._out is None:
+            self._out, self._finish = self._finish(), None
+        return self._out
+
+
+class _DeviceStaging:
+    """One sampling step's pinned host staging and its device twin (grow-only); the sampler
+    alternates two, so that a step is staged while the one before it is still in flight."""
+
+    def __init__(self):
+        self.pinned = None
+        self.device = None
+        self.event = None
+
+    def get(self, nbytes: int):
+        from vllmx import _C
+
+        if self.event is not None:
+            self.event.synchronize()  # the step that used it last has finished with it
+        if self.pinned is None or self.pinned.nbytes < nbytes:
+            self.pinned = _C.PinnedHostBuffer(2 * nbytes)
+            self.device = _C.DeviceBuffer(2 * nbytes)
+            self.event = _C.CudaEvent()
+        return self.pinned, self.device
+
+
 class Sampler:
     def __init__(self):
-        self._pinned = None  # GPU: the sampler's pinned staging and its device twin
-        self._device = None
+        self._staging = (_DeviceStaging(), _DeviceStaging())  # GPU: alternated per step
+        self._num_launched = 0
 
     def __call__(self, logits: np.ndarray, md: SamplingMetadata) -> SamplerOutput:
         """Samples one token per row; `logits` (f32 [B, V]) may be modified in place. Device
         logits stay on the GPU (processors, sampling, logprobs there), unless a row asks for
         more top logprobs than the GPU op computes (then the batch goes to the host)."""
+        return self.launch(logits, md).result()
+
+    def launch(self, logits, md: SamplingMetadata) -> PendingSample:
+        """__call__ without waiting: on the GPU the step is queued and the host goes on (its
+        tokens reach the host in result()); on the host it is done at once."""
         if isinstance(logits, DeviceArray):
             logits = ops.to_float32(logits)
             if int(md.num_logprobs.max(initial=-1)) <= MAX_DEVICE_TOP_LOGPROBS:
                 return self._sample_on_device(logits, md)
             logits = logits.numpy()
+        return PendingSample.done(self._sample_on_host(logits, md))
+
+    def _sample_on_host(self, logits: np.ndarray, md: SamplingMetadata) -> SamplerOutput:
         raw = logits
         if md.processors:
             raw = logits.copy()  # logprobs refer to the model's distribution
@@ -245,13 +296,13 @@ class Sampler:
         return SamplerOutput(ids, lps, token_logprobs(ids, lps, rank, top_ids, top_lps,
                                                       md.num_logprobs))
 
-    def _sample_on_device(self, logits: DeviceArray, md: SamplingMetadata) -> SamplerOutput:
+    def _sample_on_device(self, logits: DeviceArray, md: SamplingMetadata) -> PendingSample:
         """The host path's steps on the GPU: the processors (their CSR lists uploaded), the
         sampling kernel with one queued upload of the batch's parameters and generator states
         (pinned memory), and compute_logprobs over the raw logits when a row wants logprobs or
-        processors changed the distribution; the host waits for one download of the tokens,
-        log-probs and advanced generators (and the logprob lists, when asked for)."""
-        from vllmx import _C
+        processors changed the distribution; then one queued download of the tokens, log-probs
+        and advanced generators, which result() waits for (and the logprob lists, when asked
+        for)."""
         from vllmx.device import F32, I32, U64
 
         b = len(md.temperature)
@@ -269,35 +320,37 @@ class Sampler:
         for name, host, _ in fields:
             offsets[name] = off
             off += -(-(16 * b if name == "rng" else 4 * b) // 8) * 8
-        if self._pinned is None or self._pinned.nbytes < off:  # grow-only, kept across steps
-            self._pinned = _C.PinnedHostBuffer(2 * off)
-            self._device = _C.DeviceBuffer(2 * off)
-        staging = self._pinned.array(np.uint8, off)
+        slot = self._staging[self._num_launched % 2]
+        self._num_launched += 1
+        pinned, buf = slot.get(off)
+        staging = pinned.array(np.uint8, off)
         for name, host, _ in fields:
             if host is not None:
                 raw_bytes = np.ascontiguousarray(host).view(np.uint8).reshape(-1)
                 staging[offsets[name]:offsets[name] + raw_bytes.size] = raw_bytes
-        buf = self._device
-        self._pinned.copy_to_device(buf, offsets["ids"])
+        pinned.copy_to_device(buf, offsets["ids"])
         dev = {name: DeviceArray(buf, dt, (b, 2) if name == "rng" else (b,), offsets[name])
                for name, _, dt in fields}
         ops.sample(logits, dev["temperature"], dev["top_k"], dev["top_p"], dev["min_p"],
                    dev["rng"], out=(dev["ids"], dev["logprobs"] if fused else None))
         if not fused:
             lps, rank, top_ids, top_lps = ops.compute_logprobs(raw, dev["ids"], md.num_logprobs)
-        self._pinned.copy_from_device(buf, off)
-        _C.cuda_synchronize()
+        pinned.copy_from_device(buf, off)
+        slot.event.record()
 
         def field(name, dtype, n):
             return staging[offsets[name]:offsets[name] + n * np.dtype(dtype).itemsize].view(dtype)
 
-        md.rng_state[:] = field("rng", np.uint64, 2 * b).reshape(b, 2)
-        ids = field("ids", np.int32, b).copy()
-        if fused:
-            return SamplerOutput(ids, field("logprobs", np.float32, b).copy(), [None] * b)
-        lps, rank, top_ids, top_lps = _host(lps, rank, top_ids, top_lps)
-        return SamplerOutput(ids, lps, token_logprobs(ids, lps, rank, top_ids, top_lps,
-                                                      md.num_logprobs))
+        def finish() -> SamplerOutput:
+            slot.event.synchronize()
+            md.rng_state[:] = field("rng", np.uint64, 2 * b).reshape(b, 2)
+            ids = field("ids", np.int32, b).copy()
+            if fused:
+                return SamplerOutput(ids, field("logprobs", np.float32, b).copy(), [None] * b)
+            host = _host(lps, rank, top_ids, top_lps)
+            return SamplerOutput(ids, host[0], token_logprobs(ids, *host, md.num_logprobs))
+
+        return PendingSample(dev["ids"], finish)
 
     @staticmethod
     def prompt_logprobs(logits, next_token_ids: np.ndarray,

@@ -3,7 +3,12 @@ decodes, then samples. Per-step inputs are built on the host in persistent, prea
 buffers (sliced each step; on the GPU they travel in one copy to a persistent device buffer).
 Pure decode steps run padded to a batch-size bucket and replay that bucket's capture
 (worker/decode_capture.py: CUDA graphs on the GPU, native op tapes on the CPU), so no Python
-runs inside such a step's forward."""
+runs inside such a step's forward.
+
+A step is launched (inputs staged, forward and sampler queued) and finished (its tokens read
+and kept) separately: with asynchronous scheduling the engine launches step N + 1 before it
+finishes step N, and the tokens step N sampled reach step N + 1's input ids on the device
+(scatter_tokens), never passing through the host in between (vLLM's async scheduling)."""
 
 from __future__ import annotations
 
@@ -19,8 +24,9 @@ from vllmx.core.sched_output import (
     SchedulerOutput,
     TokenLogprobs,
 )
+from vllmx.device import DeviceArray
 from vllmx.layers.attention import AttentionMetadata
-from vllmx.layers.sampler import RequestSamplingState, Sampler, SamplingMetadata
+from vllmx.layers.sampler import PendingSample, RequestSamplingState, Sampler, SamplingMetadata
 from vllmx.sampling_params import SamplingParams
 from vllmx.worker.decode_capture import (
     CudaGraphs,
@@ -55,17 +61,19 @@ def seed_rng_state(seed: int) -> np.ndarray:
     return out
 
 
-def advance_rng_state(state: np.ndarray, n: int) -> np.ndarray:
-    """The generator state after n draws (csrc/sampling/rng.h's xoroshiro128++ transition; a
-    random row of the sampler takes exactly one): a verify step's row j starts where the
-    request's stream is after the j draws before it, as without speculation."""
-    m = (1 << 64) - 1
-    s0, s1 = int(state[0]), int(state[1])
-    for _ in range(n):
-        s1 ^= s0
-        s0 = (((s0 << 49) | (s0 >> 15)) & m) ^ s1 ^ ((s1 << 21) & m)
-        s1 = ((s1 << 28) | (s1 >> 36)) & m
-    return np.array([s0, s1], dtype=np.uint64)
+def advance_rng_states(states: np.ndarray, n: int = 1) -> np.ndarray:
+    """Generator states (u64 [..., 2]) after n draws each (csrc/sampling/rng.h's
+    xoroshiro128++ transition; a random row of the sampler takes exactly one per step): a
+    verify step's row j starts where the request's stream is after the j draws before it, and
+    a step launched before the last one's tokens are back starts where that one left off."""
+    s0 = np.array(states[..., 0], dtype=np.uint64)
+    s1 = np.array(states[..., 1], dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for _ in range(n):
+            s1 ^= s0
+            s0 = ((s0 << np.uint64(49)) | (s0 >> np.uint64(15))) ^ s1 ^ (s1 << np.uint64(21))
+            s1 = (s1 << np.uint64(28)) | (s1 >> np.uint64(36))
+    return np.stack([s0, s1], axis=-1)
 
 
 @dataclass
@@ -90,6 +98,40 @@ def _drafts_for(sp: SamplingParams) -> bool:
     """Whether a request's steps verify drafts: those without penalties (a penalized
     request's sampler state counts tokens as they are kept, not per verify row)."""
     return not sp.has_penalties
+
+
+def _needs_tokens(state: CachedRequestState) -> bool:
+    """Whether sampling the request's next token reads its tokens so far on the host
+    (penalties, bad words, the min_tokens ban): then the step before must be finished first."""
+    st = state.sampling
+    return st is not None and (st.penalties or bool(st.bad_words) or (
+        len(st.bias_ban_ids) > len(st.bias_ids)
+        and state.num_output_tokens <= state.sampling_params.min_tokens))
+
+
+class PendingStep:
+    """A launched step (vLLM's AsyncModelRunnerOutput): get_output() waits for its tokens,
+    keeps them in the runner's request states (once) and returns the ModelRunnerOutput."""
+
+    def __init__(self, runner: ModelRunner | None, out: ModelRunnerOutput, **fields):
+        self._runner = runner
+        self.out = out
+        self.sample_ids: list[str] = fields.get("sample_ids", [])
+        self.drafts: dict[str, list[int]] = fields.get("drafts", {})
+        self.smd: SamplingMetadata | None = fields.get("smd")
+        self.sample: PendingSample | None = fields.get("sample")
+        # req_id -> the row of sample.token_ids holding its (first) new token
+        self.sample_rows: dict[str, int] = fields.get("sample_rows", {})
+
+    @property
+    def done(self) -> bool:
+        return self._runner is None
+
+    def get_output(self) -> ModelRunnerOutput:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            runner._finish(self)
+        return self.out
 
 
 class ModelRunner:
@@ -127,19 +169,26 @@ class ModelRunner:
                 self.model, self.kv_caches, self.input_ids, self.positions, self.slot_mapping,
                 self.query_start_loc, self.seq_lens, self.block_table))
         self._decode_logits = None  # GPU: the decode buckets' f32 logits (below)
+        self._in_flight: PendingStep | None = None  # the last launched step, until finished
+        # (dst, src, tokens) for the step being formed: input ids dst <- tokens[src], the
+        # tokens the step in flight sampled (scatter_tokens, where the tokens are)
+        self._token_fixup: tuple | None = None
         if device == "cuda":
             from vllmx._C import CudaEvent, PinnedHostBuffer
             from vllmx.device import F32, I32, DeviceArray
 
             # One host staging array and its device twin: [ids | positions | slots | qsl |
-            # seq_lens | block_table] packed by _stage, so a step's inputs are one copy. The
-            # host side is pinned: the copy is queued and the host goes on to launch the step;
-            # _staged marks when the GPU has read it, before the next step rewrites it.
-            n = 3 * t + 2 * b + 1 + b * self.max_blocks_per_req
-            self._pinned = PinnedHostBuffer(4 * n)
-            self._staging = self._pinned.array(np.int32, n)
-            self._staging[:] = 0
-            self._staged = CudaEvent()
+            # seq_lens | block_table | fixup dst | fixup src] packed by _stage, so a step's
+            # inputs are one copy. The host side is pinned, two of them used in turn: the copy
+            # is queued and the host goes on to launch the step, and stages the next one while
+            # the GPU may still read this one; each one's event marks when the GPU has read it.
+            n = 3 * t + 4 * b + 1 + b * self.max_blocks_per_req
+            self._pinned = [PinnedHostBuffer(4 * n) for _ in range(2)]
+            self._staging = [p.array(np.int32, n) for p in self._pinned]
+            for a in self._staging:
+                a[:] = 0
+            self._staged = [CudaEvent() for _ in range(2)]
+            self._num_staged = 0
             self._stage_views: dict[tuple, tuple] = {}  # decode buckets' device views
             self._dev_staging = DeviceArray.empty((n,), I32)
             # A decode bucket's f32 logits land here (graphs or not): one buffer for every
@@ -157,13 +206,23 @@ class ModelRunner:
         parts = [(self.input_ids, t), (self.positions, t), (self.slot_mapping, t),
                  (self.query_start_loc, nb + 1), (self.seq_lens, nb),
                  (self.block_table[:nb].reshape(-1), nb * m)]
+        fixup, self._token_fixup = self._token_fixup, None
+        if fixup is not None:
+            parts += [(fixup[0], len(fixup[0])), (fixup[1], len(fixup[1]))]
         off = 0
-        self._staged.synchronize()  # the previous step's copy has left the staging array
+        i = self._num_staged % 2
+        self._num_staged += 1
+        pinned, staging, staged = self._pinned[i], self._staging[i], self._staged[i]
+        staged.synchronize()  # the copy two steps ago has left this staging array
         for host, n in parts:
-            self._staging[off:off + n] = host[:n]
+            staging[off:off + n] = host[:n]
             off += n
-        self._pinned.copy_to_device(self._dev_staging.buffer, 4 * off, self._dev_staging.offset)
-        self._staged.record()
+        pinned.copy_to_device(self._dev_staging.buffer, 4 * off, self._dev_staging.offset)
+        staged.record()
+        if fixup is not None:  # the input ids the step in flight samples, on the device
+            n, end = len(fixup[0]), off
+            ops.scatter_tokens(self._dev_staging[0:t], self._dev_staging[end - 2 * n:end - n],
+                               fixup[2], self._dev_staging[end - n:end])
         key = (t, nb, max_query_len)
         staged = self._stage_views.get(key)
         if staged is None:
@@ -195,6 +254,10 @@ class ModelRunner:
         the model reads them: the host buffers' slices, or their device copy."""
         if self.device == "cuda":
             return self._stage(t, nb, max_query_len)
+        if self._token_fixup is not None:
+            dst, src, tokens = self._token_fixup
+            self._token_fixup = None
+            ops.scatter_tokens(self.input_ids[:t], dst, tokens, src)
         md = AttentionMetadata(self.slot_mapping[:t], self.block_table[:nb],
                                self.query_start_loc[:nb + 1], self.seq_lens[:nb],
                                self.kv_caches, self.cache_dtype, max_query_len)
@@ -316,7 +379,15 @@ class ModelRunner:
                     failed[req_id] = f"{type(e).__name__}: {e}"
         return failed
 
-    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, so: SchedulerOutput, non_block: bool = False):
+        """Runs the scheduled step: its ModelRunnerOutput, or with non_block the launched
+        PendingStep (asynchronous scheduling), whose get_output() the engine calls after it
+        has launched the next step."""
+        step = self._launch(so)
+        return step if non_block else step.get_output()
+
+    def _launch(self, so: SchedulerOutput) -> PendingStep:
+        self._token_fixup = None
         self._update_states(so)
         req_ids = list(so.num_scheduled_tokens)
         failed = self._prepare_requests(req_ids)
@@ -324,9 +395,20 @@ class ModelRunner:
             req_ids = [r for r in req_ids if r not in failed]
         req_ids = self._form_batch(req_ids)
         if not req_ids:
-            return ModelRunnerOutput([], {}, {}, failed=failed)
-        num_scheduled = np.array([so.num_scheduled_tokens[r] for r in req_ids], dtype=np.int32)
+            return PendingStep(None, ModelRunnerOutput([], {}, {}, failed=failed))
         drafts = {r: so.scheduled_spec_decode_tokens.get(r, ()) for r in req_ids}
+        # Requests whose last token the step in flight samples: their input id comes from
+        # where it was sampled, unless this step reads tokens on the host (then the step in
+        # flight finishes first).
+        prev, pending = self._in_flight, {}
+        if prev is not None and not prev.done:
+            on_host = not isinstance(prev.sample.token_ids, DeviceArray)
+            if (any(drafts.values()) or any(_needs_tokens(self.requests[r]) for r in req_ids)
+                    or (on_host and self.device == "cuda")):
+                prev.get_output()
+            else:
+                pending = {r: prev.sample_rows[r] for r in req_ids if r in prev.sample_rows}
+        num_scheduled = np.array([so.num_scheduled_tokens[r] for r in req_ids], dtype=np.int32)
         self._stage_drafts(drafts)
         self.input_batch.prepare_inputs(num_scheduled, self.input_ids, self.positions,
                                         self.slot_mapping, self.query_start_loc, self.seq_lens)
@@ -335,6 +417,7 @@ class ModelRunner:
         sample_ids: list[str] = []  # a request with k drafts samples k + 1 rows
         # (request, first hidden row, prompt positions start .. last - 1) for prompt_logprobs
         prompt_rows: list[tuple[CachedRequestState, int, int, int]] = []
+        dst: list[int] = []
         for req_id, n in zip(req_ids, num_scheduled.tolist()):
             state = self.requests[req_id]
             start = state.num_computed_tokens
@@ -344,11 +427,19 @@ class ModelRunner:
                 last = min(end, state.num_prompt_tokens - 1)
                 if last > start:
                     prompt_rows.append((state, t, start, last))
+            num_tokens = len(state.token_ids)
+            if req_id in pending:  # its input at position num_tokens: the one in flight
+                dst.append(t + num_tokens - start)
+                num_tokens += 1
             t += n
             k = len(drafts[req_id])
-            if end == len(state.token_ids) + k:  # caught up: this step samples the next token
+            if end == num_tokens + k:  # caught up: this step samples the next token
                 logits_rows.extend(range(t - 1 - k, t))
                 sample_ids.append(req_id)
+        if pending:
+            self._token_fixup = (np.array(dst, dtype=np.int32),
+                                 np.fromiter(pending.values(), np.int32, len(pending)),
+                                 prev.sample.token_ids)
         nb = len(req_ids)
         hidden, logits = self._forward(t, nb, t == len(logits_rows) and not prompt_rows)
         out = ModelRunnerOutput(req_ids, {}, {}, failed=failed)
@@ -359,7 +450,7 @@ class ModelRunner:
                 logger.exception("request %s: its prompt logprobs failed", state.req_id)
                 failed[state.req_id] = f"{type(e).__name__}: {e}"
         if not sample_ids:
-            return out
+            return PendingStep(None, out)
         if logits is None:
             if logits_rows == list(range(len(logits_rows))):
                 rows = hidden[:len(logits_rows)]  # decode: the first rows, no gather
@@ -368,14 +459,38 @@ class ModelRunner:
             logits = self.model.compute_logits(rows)
         states = [self.requests[r] for r in sample_ids]
         smd = self._sampling_metadata(states, [drafts[r] for r in sample_ids], logits.shape[1])
-        sampled = self.sampler(logits, smd)
-        toks = sampled.sampled_token_ids.tolist()
-        i = 0  # the request's first sampled row
+        # Each request's generator after this step, known now: a request without drafts
+        # takes one draw if it samples at random (greedy rows none), so the next step may be
+        # launched before this one's tokens are back. (With drafts, what is accepted decides.)
+        random = smd.temperature > 0
+        after = smd.rng_state.copy()
+        after[random] = advance_rng_states(after[random])
+        sample_rows, i = {}, 0
         for state in states:
-            req_id, d = state.req_id, drafts[state.req_id]
+            sample_rows[state.req_id] = i
+            k = len(drafts[state.req_id])
+            if not k:
+                state.rng_state = after[i]
+            i += k + 1
+        step = PendingStep(self, out, sample_ids=sample_ids, drafts=drafts, smd=smd,
+                           sample=self.sampler.launch(logits, smd), sample_rows=sample_rows)
+        self._in_flight = step
+        return step
+
+    def _finish(self, step: PendingStep) -> None:
+        """Takes a launched step's tokens (waiting for them): the accepted ones go into the
+        request states and the persistent batch, and into step.out."""
+        if self._in_flight is step:
+            self._in_flight = None
+        out, smd, drafts = step.out, step.smd, step.drafts
+        sampled = step.sample.result()
+        toks = sampled.sampled_token_ids.tolist()
+        for req_id in step.sample_ids:
+            d = drafts[req_id]
+            i = step.sample_rows[req_id]
             rows = range(i, i + len(d) + 1)
-            i = rows.stop
-            if req_id in failed:
+            state = self.requests.get(req_id)
+            if state is None or req_id in out.failed:  # (finished while the step ran)
                 continue
             # Verification: each row sampled as without speculation, so a draft is accepted
             # exactly when the target draws it (for drafts that are a single proposal, not a
@@ -386,25 +501,26 @@ class ModelRunner:
             while m < len(d) and toks[rows[m]] == d[m]:
                 m += 1
             rows = rows[:m + 1]
-            state.rng_state = smd.rng_state[rows[-1]].copy()
+            if d:
+                state.rng_state = smd.rng_state[rows[-1]].copy()
             if state.sampling_params.prompt_logprobs is not None and state.num_output_tokens == 0:
                 out.prompt_logprobs[req_id] = (state.prompt_logprobs
                                                or [None] * state.num_prompt_tokens)
                 state.prompt_logprobs = None
             new = [toks[r] for r in rows]
             state.token_ids.extend(new)
-            for tok in new:
-                self.input_batch.append_token(req_id, tok)
+            batch = self.input_batch
+            if req_id in batch:
+                for tok in new:
+                    batch.append_token(req_id, tok)
             out.sampled_token_ids[req_id] = new
             out.sampled_logprobs[req_id] = [float(sampled.sampled_logprobs[r]) for r in rows]
             if sampled.logprobs[rows[0]] is not None:
                 out.logprobs[req_id] = [sampled.logprobs[r] for r in rows]
             if self.drafter is not None and _drafts_for(state.sampling_params):
-                batch = self.input_batch
                 row = batch.req_id_to_index[req_id]
                 out.spec_token_ids[req_id] = self.drafter.propose(
                     batch.token_ids[row, :batch.num_tokens[row]])
-        return out
 
     def _stage_drafts(self, drafts: dict[str, list[int]]) -> None:
         """Writes each request's drafts after its tokens in the persistent batch, where the
@@ -426,7 +542,7 @@ class ModelRunner:
         rows = [(s, list(d[:j])) for s, d in zip(states, drafts) for j in range(len(d) + 1)]
         # A random row's generator: the request's after the draws of the rows before it.
         rng = [s.rng_state if not d or s.sampling_params.greedy
-               else advance_rng_state(s.rng_state, len(d)) for s, d in rows]
+               else advance_rng_states(s.rng_state, len(d)) for s, d in rows]
         return SamplingMetadata.build(
             [s.sampling_params for s, _ in rows], [s.sampling for s, _ in rows],
             [s.token_ids + d if d else s.token_ids for s, d in rows],
