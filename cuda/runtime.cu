@@ -9,10 +9,18 @@
 // stream, so a block freed on the host can be reused at once: later work on the stream is
 // ordered after earlier uses.
 // When cudaMalloc runs out of memory, the cached blocks are released and it is tried again.
+//
+// CUDA graphs: a captured graph replays over the addresses its ops were given at capture, so
+// a block the capture used is the graph's for good, even once the host has freed it. Blocks
+// handed out while a capture is running are marked as graph blocks: freed, they go to a pool
+// of their own that only later captures draw from (graphs run one at a time on the one
+// stream, so their temporaries may share), never to an allocation outside a capture (whose
+// data a replay would overwrite, e.g. a second engine's weights) and never back to the driver.
 #include <algorithm>
 #include <bit>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "cuda_util.cuh"
@@ -25,6 +33,9 @@ struct Allocator {
   std::mutex mu;
   std::unordered_map<size_t, std::vector<void*>> free_blocks;  // size class -> cached blocks
   std::unordered_map<void*, size_t> live;                      // handed out -> size class
+  std::unordered_map<size_t, std::vector<void*>> graph_free;   // freed graph blocks
+  std::unordered_set<void*> graph_blocks;                      // blocks a capture used
+  bool capturing = false;
   size_t allocated = 0, reserved = 0;
 
   // Releases every cached block to the driver (mu held).
@@ -131,11 +142,14 @@ void* device_malloc(size_t bytes) {
   Allocator& a = allocator();
   std::lock_guard<std::mutex> lock(a.mu);
   void* p = nullptr;
-  auto it = a.free_blocks.find(size);
-  if (it != a.free_blocks.end() && !it->second.empty()) {
+  const auto take = [&](std::unordered_map<size_t, std::vector<void*>>& lists) {
+    auto it = lists.find(size);
+    if (it == lists.end() || it->second.empty()) return false;
     p = it->second.back();
     it->second.pop_back();
-  } else {
+    return true;
+  };
+  if (!(a.capturing && take(a.graph_free)) && !take(a.free_blocks)) {
     cudaError_t e = cudaMalloc(&p, size);
     if (e == cudaErrorMemoryAllocation) {
       cudaGetLastError();
@@ -153,6 +167,7 @@ void* device_malloc(size_t bytes) {
   }
   a.live.emplace(p, size);
   a.allocated += size;
+  if (a.capturing) a.graph_blocks.insert(p);
   return p;
 }
 
@@ -166,7 +181,7 @@ void device_free(void* ptr) {
   const size_t size = it->second;
   a.live.erase(it);
   a.allocated -= size;
-  a.free_blocks[size].push_back(ptr);
+  (a.graph_blocks.count(ptr) ? a.graph_free : a.free_blocks)[size].push_back(ptr);
 }
 
 size_t allocated_bytes() {
@@ -268,9 +283,17 @@ void memcpy_2d_d2d(void* dst, size_t dpitch, const void* src, size_t spitch, siz
 void graph_capture_begin() {
   check_cuda(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeRelaxed),
              "cudaStreamBeginCapture");
+  Allocator& a = allocator();
+  std::lock_guard<std::mutex> lock(a.mu);
+  a.capturing = true;
 }
 
 void* graph_capture_end() {
+  {
+    Allocator& a = allocator();
+    std::lock_guard<std::mutex> lock(a.mu);
+    a.capturing = false;
+  }
   cudaGraph_t graph = nullptr;
   check_cuda(cudaStreamEndCapture(stream(), &graph), "cudaStreamEndCapture");
   cudaGraphExec_t exec = nullptr;

@@ -227,7 +227,7 @@ class ModelRunner:
         staged = self._stage_views.get(key)
         if staged is None:
             views, off = [], 0
-            for _, n in parts:
+            for _, n in parts[:6]:  # (not the fixup's)
                 views.append(self._dev_staging[off:off + n])
                 off += n
             ids, pos, slots, qsl, seq_lens, bt = views
