@@ -102,8 +102,11 @@ class KVCacheManager:
         new_computed_blocks: for a waiting request being admitted, the hit from
         get_computed_blocks ([] for a miss); the hit blocks are shared (ref_cnt += 1) and the
         lookup is recorded in the prefix cache stats once the allocation succeeds."""
-        hit = new_computed_blocks or []
         blocks = self.req_to_blocks.get(request.request_id, [])
+        if (new_computed_blocks is None and request.num_computed_tokens + num_new_tokens
+                <= len(blocks) * self.block_size):
+            return []  # (a decode inside its last block: the common case, kept cheap)
+        hit = new_computed_blocks or []
         num_computed = request.num_computed_tokens + len(hit) * self.block_size
         num_tokens = num_computed + num_new_tokens
         if self.max_model_len:

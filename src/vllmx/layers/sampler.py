@@ -123,17 +123,12 @@ class SamplingMetadata:
               rng_states: list[np.ndarray], vocab_size: int) -> SamplingMetadata:
         """From each request's params, sampler state, tokens so far and generator state."""
         n = len(params)
-        temperature = np.empty(n, dtype=np.float32)
-        top_k = np.empty(n, dtype=np.int32)
-        top_p = np.empty(n, dtype=np.float32)
-        min_p = np.empty(n, dtype=np.float32)
-        num_logprobs = np.full(n, -1, dtype=np.int32)
-        rng = np.empty((n, 2), dtype=np.uint64)
-        for i, st in enumerate(states):
-            temperature[i], top_k[i], top_p[i], min_p[i] = (st.temperature, st.top_k, st.top_p,
-                                                            st.min_p)
-            rng[i] = rng_states[i]
-            num_logprobs[i] = st.num_logprobs
+        temperature = np.array([st.temperature for st in states], dtype=np.float32)
+        top_k = np.array([st.top_k for st in states], dtype=np.int32)
+        top_p = np.array([st.top_p for st in states], dtype=np.float32)
+        min_p = np.array([st.min_p for st in states], dtype=np.float32)
+        num_logprobs = np.array([st.num_logprobs for st in states], dtype=np.int32)
+        rng = np.array(rng_states, dtype=np.uint64).reshape(n, 2)
         md = cls(temperature, top_k, top_p, min_p, rng, num_logprobs)
         md.processors = _processor_arrays(params, states, token_ids, num_prompt_tokens)
         return md

@@ -342,13 +342,17 @@ class ModelRunner:
             batch.add_request(new.req_id, new.token_ids, new.num_computed_tokens,
                               new.block_ids)
         c = so.scheduled_cached_reqs
+        rows = batch.req_id_to_index
         for req_id, blocks, computed in zip(c.req_ids, c.new_block_ids, c.num_computed_tokens):
             state = self.requests[req_id]
-            state.block_ids.extend(blocks)
             state.num_computed_tokens = computed
-            if req_id in batch:
-                batch.append_blocks(req_id, blocks)
-                batch.num_computed_tokens[batch.req_id_to_index[req_id]] = computed
+            row = rows.get(req_id)
+            if blocks:
+                state.block_ids.extend(blocks)
+                if row is not None:
+                    batch.append_blocks(req_id, blocks)
+            if row is not None:
+                batch.num_computed_tokens[row] = computed
 
     def _form_batch(self, scheduled: list[str]) -> list[str]:
         """The persistent batch holds exactly this step's requests (one left out of the last
@@ -539,6 +543,11 @@ class ModelRunner:
         """One row per sampled position: a request with k drafts has k + 1, the j-th seeing
         its tokens and the first j drafts (what the sequence holds there if they are
         accepted)."""
+        if not any(drafts):  # one row per request
+            return SamplingMetadata.build(
+                [s.sampling_params for s in states], [s.sampling for s in states],
+                [s.token_ids for s in states], [s.num_prompt_tokens for s in states],
+                [s.rng_state for s in states], vocab)
         rows = [(s, list(d[:j])) for s, d in zip(states, drafts) for j in range(len(d) + 1)]
         # A random row's generator: the request's after the draws of the rows before it.
         rng = [s.rng_state if not d or s.sampling_params.greedy
