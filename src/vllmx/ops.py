@@ -415,20 +415,30 @@ def scale_(x, s: float) -> None:
     _C.ops.scale(x, x, s)
 
 
-def gather_rows(x, rows: np.ndarray, out_dtype: int | None = None):
-    """x[rows] (rows: host int array), contiguous; on the GPU optionally cast to out_dtype."""
+def gather_rows(x, rows, out_dtype: int | None = None):
+    """x[rows], contiguous; on the GPU optionally cast to out_dtype. rows: a host int array,
+    or on the GPU an i32 device array (already there: no upload, which waits for the stream)."""
     if isinstance(x, DeviceArray):
-        ids = DeviceArray.from_numpy(np.ascontiguousarray(rows, dtype=np.int32))
+        ids = rows if isinstance(rows, DeviceArray) else DeviceArray.from_numpy(
+            np.ascontiguousarray(rows, dtype=np.int32))
         return embedding(ids, x, out_dtype)
     return np.ascontiguousarray(x[rows])
 
 
+_arange: DeviceArray | None = None  # 0, 1, 2, ... on the GPU (grow-only)
+
+
 def to_float32(x):
-    """Activations as f32: a device array is cast on the GPU (logits for the sampler)."""
+    """Activations as f32: a device array is cast on the GPU (logits for the sampler), by a
+    gather over a kept device arange (an upload per call would wait for the stream)."""
+    global _arange
     if isinstance(x, DeviceArray):
         if x.dtype == F32:
             return x
-        return gather_rows(x, np.arange(x.shape[0], dtype=np.int32), F32)
+        n = x.shape[0]
+        if _arange is None or _arange.shape[0] < n:
+            _arange = DeviceArray.from_numpy(np.arange(max(n, 1024), dtype=np.int32))
+        return embedding(_arange[:n], x, F32)
     return x
 
 

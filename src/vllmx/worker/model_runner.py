@@ -173,16 +173,20 @@ class ModelRunner:
         # (dst, src, tokens) for the step being formed: input ids dst <- tokens[src], the
         # tokens the step in flight sampled (scatter_tokens, where the tokens are)
         self._token_fixup: tuple | None = None
+        # GPU: the hidden rows a step samples (when not its first rows), staged with its inputs
+        self._logits_rows: np.ndarray | None = None
+        self._staged_rows = None
         if device == "cuda":
             from vllmx._C import CudaEvent, PinnedHostBuffer
             from vllmx.device import F32, I32, DeviceArray
 
             # One host staging array and its device twin: [ids | positions | slots | qsl |
-            # seq_lens | block_table | fixup dst | fixup src] packed by _stage, so a step's
+            # seq_lens | block_table | fixup dst | fixup src | logits rows] packed by _stage, so a
+            # step's
             # inputs are one copy. The host side is pinned, two of them used in turn: the copy
             # is queued and the host goes on to launch the step, and stages the next one while
             # the GPU may still read this one; each one's event marks when the GPU has read it.
-            n = 3 * t + 4 * b + 1 + b * self.max_blocks_per_req
+            n = 4 * t + 4 * b + 1 + b * self.max_blocks_per_req
             self._pinned = [PinnedHostBuffer(4 * n) for _ in range(2)]
             self._staging = [p.array(np.int32, n) for p in self._pinned]
             for a in self._staging:
@@ -209,6 +213,9 @@ class ModelRunner:
         fixup, self._token_fixup = self._token_fixup, None
         if fixup is not None:
             parts += [(fixup[0], len(fixup[0])), (fixup[1], len(fixup[1]))]
+        rows, self._logits_rows = self._logits_rows, None
+        if rows is not None:
+            parts.append((rows, len(rows)))
         off = 0
         i = self._num_staged % 2
         self._num_staged += 1
@@ -219,8 +226,12 @@ class ModelRunner:
             off += n
         pinned.copy_to_device(self._dev_staging.buffer, 4 * off, self._dev_staging.offset)
         staged.record()
+        end = off
+        if rows is not None:  # the hidden rows the step samples from
+            self._staged_rows = self._dev_staging[end - len(rows):end]
+            end -= len(rows)
         if fixup is not None:  # the input ids the step in flight samples, on the device
-            n, end = len(fixup[0]), off
+            n = len(fixup[0])
             ops.scatter_tokens(self._dev_staging[0:t], self._dev_staging[end - 2 * n:end - n],
                                fixup[2], self._dev_staging[end - n:end])
         key = (t, nb, max_query_len)
@@ -391,7 +402,7 @@ class ModelRunner:
         return step if non_block else step.get_output()
 
     def _launch(self, so: SchedulerOutput) -> PendingStep:
-        self._token_fixup = None
+        self._token_fixup = self._logits_rows = None
         self._update_states(so)
         req_ids = list(so.num_scheduled_tokens)
         failed = self._prepare_requests(req_ids)
@@ -440,6 +451,9 @@ class ModelRunner:
             if end == num_tokens + k:  # caught up: this step samples the next token
                 logits_rows.extend(range(t - 1 - k, t))
                 sample_ids.append(req_id)
+        gather = logits_rows and logits_rows != list(range(len(logits_rows)))
+        if gather and self.device == "cuda":
+            self._logits_rows = np.asarray(logits_rows, dtype=np.int32)
         if pending:
             self._token_fixup = (np.array(dst, dtype=np.int32),
                                  np.fromiter(pending.values(), np.int32, len(pending)),
@@ -456,8 +470,10 @@ class ModelRunner:
         if not sample_ids:
             return PendingStep(None, out)
         if logits is None:
-            if logits_rows == list(range(len(logits_rows))):
+            if not gather:
                 rows = hidden[:len(logits_rows)]  # decode: the first rows, no gather
+            elif self.device == "cuda":
+                rows = ops.gather_rows(hidden, self._staged_rows)
             else:
                 rows = ops.gather_rows(hidden, np.asarray(logits_rows, dtype=np.int32))
             logits = self.model.compute_logits(rows)
