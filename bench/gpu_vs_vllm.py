@@ -27,6 +27,11 @@ worker gets that folder on its PYTHONPATH, the vllmx worker does not.
     python bench/gpu_vs_vllm.py                                  # both models, both workloads
     python bench/gpu_vs_vllm.py --models llama-3-8b --workloads 1024:128:1,8,32
     python bench/gpu_vs_vllm.py --models qwen3-0.6b --serve --concurrency 1 4 16 64 256
+    python bench/gpu_vs_vllm.py --engines vllmx --vllm-results bench/results/gpu_vs_vllm.json
+
+--vllm-results takes vLLM's numbers from an earlier report (same machine kind, same workloads)
+instead of running vLLM again, when only vllmx changed: the report says which file and commit
+they came from, and that they are not from the same run.
 
 On the lent machine (600 s a command) run one model per command: vLLM's first start takes about
 100 s. The report is rewritten after each engine finishes (gpu_vs_vllm.partial.json until the
@@ -289,6 +294,9 @@ def main() -> int:
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16, 64, 256])
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--vllm-site", default="/root/vllm-site")
+    ap.add_argument("--vllm-results", default=None,
+                    help="vLLM's offline numbers from an earlier report of this script, instead "
+                         "of running vLLM (with --engines vllmx)")
     ap.add_argument("--workdir", default="/tmp/vllmx-vs-vllm")
     ap.add_argument("--worker", choices=list(WORKERS), help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
@@ -316,10 +324,18 @@ def main() -> int:
               "commit": git_commit(), "max_num_seqs": args.max_num_seqs,
               "max_num_batched_tokens": args.max_num_batched_tokens,
               "gpu_memory_utilization": args.gpu_memory_utilization, "models": {}}
+    earlier = None
+    if args.vllm_results:
+        with open(args.vllm_results) as f:
+            earlier = json.load(f)
+        report["vllm_from"] = {"file": args.vllm_results, "commit": earlier.get("commit"),
+                               "device": earlier.get("device"), "same_run": False}
     for name in args.models:
         print(f"== {name}", flush=True)
         path = write_config(name, os.path.join(args.workdir, name))
         entry = {"weight_gb": weight_bytes(path) / 1e9}
+        if earlier is not None and "vllm" in earlier["models"].get(name, {}):
+            entry["vllm"] = earlier["models"][name]["vllm"]
         entry["bandwidth_limit_tok_s"] = bw / (entry["weight_gb"] * 1e9)
         report["models"][name] = entry
         for engine in [] if args.skip_offline else args.engines:
@@ -335,7 +351,9 @@ def main() -> int:
         print_serve_table(report)
     failed = any("error" in v for m in report["models"].values() for k, v in m.items()
                  if isinstance(v, dict))
-    save(report, "gpu_vs_vllm.failed.json" if failed else "gpu_vs_vllm.json")
+    # (A run against an earlier run's vLLM numbers never replaces a same-run report.)
+    name = "gpu_vs_vllm_earlier_vllm" if earlier is not None else "gpu_vs_vllm"
+    save(report, f"{name}.failed.json" if failed else f"{name}.json")
     return 1 if failed else 0
 
 
@@ -379,6 +397,9 @@ def print_serve_table(report) -> None:
 def print_table(report) -> None:
     print(f"\n{report['device']}, copy bandwidth {report['copy_bandwidth_tb_s']:.2f} TB/s, "
           f"commit {report['commit']}")
+    if "vllm_from" in report:
+        print(f"(vLLM's numbers from an earlier run: {report['vllm_from']['file']}, vllmx commit "
+              f"{report['vllm_from']['commit']}; not the same run)")
     print("| model | in / out | batch | total tok/s vllmx / vLLM (x) | decode tok/s (x) "
           "| prefill tok/s (x) |\n|---|---|---|---|---|---|")
     for name, m in report["models"].items():
