@@ -97,6 +97,14 @@ class InputBatch:
         self.token_ids[row, n] = token
         self.num_tokens[row] = n + 1
 
+    def append_tokens(self, rows: np.ndarray, tokens: np.ndarray) -> None:
+        """One token each for the given (distinct) rows."""
+        n = self.num_tokens[rows]
+        if len(n) and int(n.max()) >= self.token_ids.shape[1]:
+            raise ValueError("a request has more than max_model_len tokens")
+        self.token_ids[rows, n] = tokens
+        self.num_tokens[rows] = n + 1
+
     def prepare_inputs(self, num_scheduled: np.ndarray, input_ids: np.ndarray,
                        positions: np.ndarray, slot_mapping: np.ndarray,
                        query_start_loc: np.ndarray, seq_lens: np.ndarray) -> int:

@@ -505,6 +505,12 @@ class ModelRunner:
         out, smd, drafts = step.out, step.smd, step.drafts
         sampled = step.sample.result()
         toks = sampled.sampled_token_ids.tolist()
+        lps = sampled.sampled_logprobs.tolist()
+        batch = self.input_batch
+        # Rows that get one token each, appended at once after the loop (the drafter reads its
+        # request's row in the loop, so with one the rows are appended there).
+        rows1: list[int] = []
+        toks1: list[int] = []
         for req_id in step.sample_ids:
             d = drafts[req_id]
             i = step.sample_rows[req_id]
@@ -529,18 +535,24 @@ class ModelRunner:
                 state.prompt_logprobs = None
             new = [toks[r] for r in rows]
             state.token_ids.extend(new)
-            batch = self.input_batch
-            if req_id in batch:
-                for tok in new:
-                    batch.append_token(req_id, tok)
+            row = batch.req_id_to_index.get(req_id)
+            if row is not None:
+                if len(new) == 1 and self.drafter is None:
+                    rows1.append(row)
+                    toks1.append(new[0])
+                else:
+                    for tok in new:
+                        batch.append_token(req_id, tok)
             out.sampled_token_ids[req_id] = new
-            out.sampled_logprobs[req_id] = [float(sampled.sampled_logprobs[r]) for r in rows]
+            out.sampled_logprobs[req_id] = [lps[r] for r in rows]
             if sampled.logprobs[rows[0]] is not None:
                 out.logprobs[req_id] = [sampled.logprobs[r] for r in rows]
             if self.drafter is not None and _drafts_for(state.sampling_params):
                 row = batch.req_id_to_index[req_id]
                 out.spec_token_ids[req_id] = self.drafter.propose(
                     batch.token_ids[row, :batch.num_tokens[row]])
+        if rows1:
+            batch.append_tokens(np.array(rows1, dtype=np.int64), np.array(toks1, dtype=np.int32))
 
     def _stage_drafts(self, drafts: dict[str, list[int]]) -> None:
         """Writes each request's drafts after its tokens in the persistent batch, where the
