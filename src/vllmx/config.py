@@ -113,7 +113,8 @@ class DeviceConfig:
 SPECULATIVE_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp", "medusa",
                        "mlp_speculator", "suffix")
 _SPEC_KEYS = {"ngram": {"method", "num_speculative_tokens", "prompt_lookup_min",
-                        "prompt_lookup_max"}}
+                        "prompt_lookup_max"},
+              "draft_model": {"method", "num_speculative_tokens", "model"}}
 
 
 @dataclass
@@ -123,12 +124,16 @@ class SpeculativeConfig:
     ngram (prompt lookup): the proposer finds the longest n-gram, prompt_lookup_max down to
     prompt_lookup_min tokens, that ends the request's tokens and occurred before, and proposes
     the num_speculative_tokens tokens that followed its latest earlier occurrence. Both lookup
-    bounds default to 5 when neither is given, else to each other (vLLM's defaults)."""
+    bounds default to 5 when neither is given, else to each other (vLLM's defaults).
+
+    draft_model: `model` (a checkpoint directory or GGUF file, as for the target) with the
+    target's vocabulary drafts num_speculative_tokens tokens greedily."""
 
     method: str
     num_speculative_tokens: int
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
+    model: str | None = None
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any] | str) -> SpeculativeConfig:
@@ -161,6 +166,11 @@ class SpeculativeConfig:
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise ValueError(f"speculative_config num_speculative_tokens must be an integer "
                              f">= 1, got {k!r}")
+        if self.method == "draft_model":
+            if not isinstance(self.model, str) or not self.model:
+                raise ValueError("speculative_config method 'draft_model' needs 'model': the "
+                                 "draft model's path")
+            return
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
         if lo is None and hi is None:
             lo = hi = 5

@@ -107,10 +107,16 @@ class LLMEngine:
         self.worker.initialize_kv_cache()
         self.worker.compile_or_warm_up_model()
         self.model_runner = self.worker.model_runner
-        if config.speculative_config is not None:
+        spec = config.speculative_config
+        if spec is not None and spec.method == "ngram":
             from vllmx.spec_decode.ngram_proposer import NgramProposer
 
-            self.model_runner.drafter = NgramProposer(config.speculative_config)
+            self.model_runner.drafter = NgramProposer(spec)
+        elif spec is not None:
+            from vllmx.spec_decode.draft_model_proposer import DraftModelProposer
+
+            self.model_runner.drafter = DraftModelProposer(config, spec, self.model.vocab_size,
+                                                           self.device)
         if sc.async_scheduling is None:
             sc.async_scheduling = self.device == "cuda" and config.speculative_config is None
         elif sc.async_scheduling and config.speculative_config is not None:

@@ -16,6 +16,18 @@ class NgramProposer:
         self.min_n = config.prompt_lookup_min
         self.max_n = config.prompt_lookup_max
 
+    def propose_batch(self, seqs: dict[str, np.ndarray]) -> dict[str, list[int]]:
+        """Each request's drafts (those with none left out)."""
+        out = {}
+        for req_id, tokens in seqs.items():
+            drafts = self.propose(tokens)
+            if drafts:
+                out[req_id] = drafts
+        return out
+
+    def remove_requests(self, req_ids) -> None:
+        """(Nothing is kept per request.)"""
+
     def propose(self, tokens: np.ndarray, k: int | None = None) -> list[int]:
         """Up to k (default num_speculative_tokens) draft tokens for the sequence `tokens`
         (1-D), or [] when no n-gram of min_n..max_n tokens that ends it occurred before."""

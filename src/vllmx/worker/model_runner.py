@@ -348,6 +348,8 @@ class ModelRunner:
         for req_id in so.finished_req_ids:
             self.requests.pop(req_id, None)
             batch.remove_request(req_id)
+        if self.drafter is not None:  # (a preempted request's drafter state starts over)
+            self.drafter.remove_requests(so.finished_req_ids | so.preempted_req_ids)
         for new in so.scheduled_new_reqs:  # new, or resumed after preemption: a fresh row
             self._add_request(new)
             batch.add_request(new.req_id, new.token_ids, new.num_computed_tokens,
@@ -511,6 +513,7 @@ class ModelRunner:
         # request's row in the loop, so with one the rows are appended there).
         rows1: list[int] = []
         toks1: list[int] = []
+        to_draft: dict[str, np.ndarray] = {}  # the sequences to propose drafts after
         for req_id in step.sample_ids:
             d = drafts[req_id]
             i = step.sample_rows[req_id]
@@ -549,8 +552,9 @@ class ModelRunner:
                 out.logprobs[req_id] = [sampled.logprobs[r] for r in rows]
             if self.drafter is not None and _drafts_for(state.sampling_params):
                 row = batch.req_id_to_index[req_id]
-                out.spec_token_ids[req_id] = self.drafter.propose(
-                    batch.token_ids[row, :batch.num_tokens[row]])
+                to_draft[req_id] = batch.token_ids[row, :batch.num_tokens[row]]
+        if to_draft:
+            out.spec_token_ids.update(self.drafter.propose_batch(to_draft))
         if rows1:
             batch.append_tokens(np.array(rows1, dtype=np.int64), np.array(toks1, dtype=np.int32))
 

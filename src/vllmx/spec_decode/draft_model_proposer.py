@@ -1,0 +1,162 @@
+"""Draft-model drafting (vLLM's draft_model method): a smaller model with the target's vocabulary
+proposes k tokens greedily, which the target verifies in one forward (worker/model_runner.py).
+
+The draft model runs on a ModelRunner and a KV cache of its own (its blocks from a KVCacheManager
+without prefix caching). Each round, for the requests to draft, batched: catch up with each
+request's tokens from where the draft's KV still holds them (the target may have rejected some
+of the last drafts, and appended its own token), in chunks within the token budget — the step
+that completes a request's catch-up samples its first draft — then k - 1 decode steps, one
+draft each. Drafts are greedy (a single proposal, not a distribution), so the target's
+acceptance rule keeps its output exactly what it is without speculation."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from vllmx.config import SpeculativeConfig, VllmxConfig
+from vllmx.core.kv_cache_manager import KVCacheManager, cdiv
+from vllmx.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllmx.sampling_params import SamplingParams
+
+logger = logging.getLogger("vllmx")
+
+_GREEDY = SamplingParams(temperature=0, ignore_eos=True)
+
+
+class _DraftRequest:
+    """A request as the draft's KV cache manager sees it: the tokens its cache holds."""
+
+    def __init__(self, req_id: str):
+        self.request_id = req_id
+        self.tokens = np.zeros(0, dtype=np.int32)  # tokens whose KV the draft cache holds
+        self.num_computed_tokens = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_computed_tokens
+
+
+class DraftModelProposer:
+    def __init__(self, config: VllmxConfig, spec: SpeculativeConfig, target_vocab: int,
+                 device: str):
+        from vllmx.engine.llm_engine import EngineArgs
+        from vllmx.worker.worker_base import create_worker
+
+        if device != "cpu":
+            raise ValueError("speculative_config method 'draft_model' runs on the CPU so far "
+                             "(its GPU memory share is not planned yet); use device='cpu' or "
+                             "method 'ngram'")
+        self.k = spec.num_speculative_tokens
+        mc, cc, sc = config.model_config, config.cache_config, config.scheduler_config
+        self.max_model_len = mc.max_model_len
+        # As many blocks as the target's cache (the draft never holds more of a request than
+        # the target does) plus room for each request's drafts.
+        num_blocks = cc.num_blocks + sc.max_num_seqs * cdiv(self.k + 1, cc.block_size)
+        args = EngineArgs(model=spec.model, skip_tokenizer_init=True, seed=mc.seed,
+                          max_model_len=mc.max_model_len, block_size=cc.block_size,
+                          max_num_seqs=sc.max_num_seqs,
+                          max_num_batched_tokens=sc.max_num_batched_tokens,
+                          enable_prefix_caching=False, device=device,
+                          enforce_eager=mc.enforce_eager, num_gpu_blocks_override=num_blocks)
+        dc = args.create_engine_config()
+        _, worker = create_worker(dc)
+        worker.load_model()
+        vocab = worker.model.vocab_size
+        if vocab != target_vocab:
+            raise ValueError(f"the draft model {spec.model!r} has a vocabulary of {vocab} "
+                             f"tokens, the target {target_vocab}: draft_model needs the "
+                             f"target's vocabulary")
+        dc.scheduler_config.max_model_len = dc.model_config.max_model_len
+        worker.initialize_kv_cache()
+        worker.compile_or_warm_up_model()
+        self.runner = worker.model_runner
+        self.budget = sc.max_num_batched_tokens
+        self.kv = KVCacheManager(num_blocks, cc.block_size, False, mc.max_model_len)
+        self.requests: dict[str, _DraftRequest] = {}
+        self._removed: set[str] = set()  # dropped since the last round (the runner forgets them)
+        logger.info("draft model %s: %d speculative tokens", spec.model, self.k)
+
+    def remove_requests(self, req_ids) -> None:
+        """Forgets requests (finished, or preempted: their next draft catches up anew)."""
+        for req_id in req_ids:
+            d = self.requests.pop(req_id, None)
+            if d is not None:
+                self.kv.free(d)
+                self._removed.add(req_id)
+
+    def propose_batch(self, seqs: dict[str, np.ndarray]) -> dict[str, list[int]]:
+        """Up to k greedy draft tokens for each request's token sequence (1-D arrays)."""
+        k_of, need = {}, {}
+        for req_id, toks in seqs.items():
+            k = min(self.k, self.max_model_len - len(toks))
+            if k <= 0:
+                continue
+            d = self.requests.get(req_id)
+            if d is None:
+                d = self.requests[req_id] = _DraftRequest(req_id)
+            # The draft's KV holds d.tokens: keep the prefix the sequence still starts with,
+            # and feed at least the last token (whose logits give the first draft).
+            m = min(d.num_computed_tokens, len(toks) - 1)
+            diff = np.flatnonzero(d.tokens[:m] != toks[:m])
+            d.num_computed_tokens = int(diff[0]) if diff.size else m
+            if self.kv.allocate_slots(d, len(toks) + k - 1 - d.num_computed_tokens) is None:
+                self.remove_requests([req_id])  # no room this round: it catches up next time
+                continue
+            k_of[req_id], need[req_id] = k, toks
+        drafts: dict[str, list[int]] = {r: [] for r in need}
+        self._catch_up(need, drafts)
+        # k - 1 decode steps: each feeds the last draft and samples the next.
+        for j in range(1, self.k):
+            ids = [r for r in need if len(drafts[r]) == j and j < k_of[r]]
+            if not ids:
+                break
+            cached = CachedRequestData()
+            for r in ids:
+                d = self.requests[r]
+                cached.req_ids.append(r)
+                cached.new_block_ids.append([])
+                cached.num_computed_tokens.append(d.num_computed_tokens)
+            out = self._step([], cached, {r: 1 for r in ids})
+            for r in ids:
+                self.requests[r].num_computed_tokens += 1
+                drafts[r].extend(out.sampled_token_ids.get(r, ()))
+        for r, toks in need.items():  # the cache holds the sequence and all drafts but the last
+            d = self.requests[r]
+            d.tokens = np.concatenate([toks, np.asarray(drafts[r][:-1], dtype=np.int32)])
+            d.num_computed_tokens = min(d.num_computed_tokens, len(d.tokens))
+        return {r: d for r, d in drafts.items() if d}
+
+    def _catch_up(self, need: dict[str, np.ndarray], drafts: dict[str, list[int]]) -> None:
+        """Runs each request's tokens from where its cache ends, in steps within the token
+        budget; the step that reaches a request's last token samples its first draft."""
+        left = dict(need)
+        while left:
+            new, scheduled, budget = [], {}, self.budget
+            for r, toks in left.items():
+                if budget <= 0:
+                    break
+                d = self.requests[r]
+                n = min(len(toks) - d.num_computed_tokens, budget)
+                budget -= n
+                scheduled[r] = n
+                new.append(NewRequestData(r, toks.tolist(), _GREEDY,
+                                          list(self.kv.get_block_ids(r)),
+                                          d.num_computed_tokens, len(toks)))
+            out = self._step(new, CachedRequestData(), scheduled)
+            for r, n in scheduled.items():
+                d = self.requests[r]
+                d.num_computed_tokens += n
+                if d.num_computed_tokens == len(left[r]):
+                    drafts[r].extend(out.sampled_token_ids.get(r, ()))
+                    del left[r]
+
+    def _step(self, new, cached, scheduled):
+        so = SchedulerOutput(new, cached, scheduled, sum(scheduled.values()), self._removed,
+                             set())
+        self._removed = set()
+        out = self.runner.execute_model(so)
+        if out.failed:
+            raise RuntimeError(f"the draft model's step failed: {out.failed}")
+        return out

@@ -1,0 +1,100 @@
+"""draft_model speculation (vLLM's method): a smaller model with the target's vocabulary drafts
+greedily, the target verifies. Outputs are exactly those without speculation whatever the draft
+(the target itself: every draft accepted; another model: some), batched == alone through
+chunked prefill (the draft's catch-up chunked too) and preemption, seeded sampling, aborts."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+from tests.models.tiny_checkpoints import VOCAB, make_checkpoint
+from tests.spec_decode.test_ngram import prompts, tokens
+
+pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory) -> dict[str, str]:
+    root = str(tmp_path_factory.mktemp("draft"))
+    return {f: make_checkpoint(f, "float32", root) for f in ("qwen3", "llama")}
+
+
+def spec_cfg(model: str, k: int = 4) -> dict:
+    return {"method": "draft_model", "model": model, "num_speculative_tokens": k}
+
+
+def run(ckpt, ps, sps, spec=None, **kw):
+    from vllmx import LLM
+
+    llm = LLM(ckpt, skip_tokenizer_init=True, device="cpu", speculative_config=spec, **kw)
+    outs = tokens(llm.generate(ps, sps, use_tqdm=False))
+    stats = llm.llm_engine.scheduler.make_stats()
+    free = llm.llm_engine.scheduler.kv_cache_manager.num_free_blocks
+    total = llm.llm_engine.config.cache_config.num_blocks
+    del llm
+    gc.collect()
+    assert free == total
+    return outs, stats
+
+
+@pytest.mark.parametrize("draft", ["qwen3", "llama"])
+def test_greedy_output_is_unchanged(ckpts, draft):
+    from vllmx import SamplingParams
+
+    rng = np.random.default_rng()
+    ps = prompts(rng, 8)
+    sps = [SamplingParams(temperature=0, max_tokens=int(rng.integers(1, 40)), ignore_eos=True)
+           for _ in ps]
+    want, _ = run(ckpts["qwen3"], ps, sps)
+    got, stats = run(ckpts["qwen3"], ps, sps, spec_cfg(ckpts[draft]))
+    assert got == want
+    assert stats.spec_decode_num_drafts > 0
+    rate = stats.spec_decode_num_accepted_tokens / stats.spec_decode_num_draft_tokens
+    if draft == "qwen3":  # the target drafting for itself: its greedy drafts are its tokens
+        assert rate == 1.0
+    else:
+        assert rate < 1.0
+
+
+def test_batched_equal_alone_through_chunks_and_preemption(ckpts):
+    """Greedy and seeded requests (drafted) and penalized ones (not), chunked prefill with a
+    small budget (the draft's catch-up chunked too) and a target cache too small for all."""
+    from vllmx import SamplingParams
+
+    rng = np.random.default_rng()
+    kw = dict(max_num_seqs=6, max_num_batched_tokens=40, num_gpu_blocks_override=12,
+              block_size=16, max_model_len=192)
+    ps = prompts(rng, 12)
+    sps = []
+    for i in range(len(ps)):
+        n = int(rng.integers(8, 50))
+        if i % 3 == 0:
+            sps.append(SamplingParams(temperature=0.8, seed=i, max_tokens=n, ignore_eos=True))
+        elif i % 3 == 1:
+            sps.append(SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+        else:
+            sps.append(SamplingParams(temperature=0, repetition_penalty=1.3, max_tokens=n,
+                                      ignore_eos=True))
+    batched, stats = run(ckpts["qwen3"], ps, sps, spec_cfg(ckpts["qwen3"], 3), **kw)
+    assert stats.num_preemptions > 0, "the cache was meant to be too small"
+    assert stats.spec_decode_num_accepted_tokens > 0
+    alone = [run(ckpts["qwen3"], [p], [sp], **kw)[0][0] for p, sp in zip(ps, sps)]
+    assert batched == alone
+
+
+def test_draft_config_errors(ckpts, tmp_path):
+    from vllmx import LLM
+    from vllmx.config import SpeculativeConfig
+
+    with pytest.raises(ValueError, match="needs 'model'"):
+        SpeculativeConfig.from_dict({"method": "draft_model", "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="prompt_lookup_min"):
+        SpeculativeConfig.from_dict({"method": "draft_model", "num_speculative_tokens": 2,
+                                     "model": "m", "prompt_lookup_min": 2})
+    other = make_checkpoint("llama", "float32", str(tmp_path), vocab_size=VOCAB + 64)
+    with pytest.raises(ValueError, match="vocabulary"):
+        LLM(ckpts["qwen3"], skip_tokenizer_init=True, device="cpu",
+            speculative_config=spec_cfg(other))
