@@ -9,6 +9,10 @@ tokens in every engine): output tok/s over whole requests (prefill included) at 
 one sequence at a time). vllmx's outputs with speculation must equal its outputs without.
 
     python bench/spec_decode_cpu.py [--model PATH_OR_ALIAS] [--threads 2] [--k 4] [--repeats 3]
+
+--draft PATH runs vLLM's draft_model method instead (PATH drafting for --model, e.g. the Q4_1
+file for an F16 copy made by `vllmx quantize --type F16`), vllmx with and without it only
+(llama.cpp's draft-model decoding is not driven here yet).
 """
 
 from __future__ import annotations
@@ -94,6 +98,7 @@ def main() -> None:
     ap.add_argument("--lookup-max", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--draft", default=None, help="draft model (method draft_model)")
     args = ap.parse_args()
 
     import llama_cpp
@@ -105,6 +110,9 @@ def main() -> None:
     model = resolve_model(args.model or DEFAULT_MODEL)
     spec = {"method": "ngram", "num_speculative_tokens": args.k,
             "prompt_lookup_min": args.lookup_min, "prompt_lookup_max": args.lookup_max}
+    if args.draft:
+        spec = {"method": "draft_model", "model": resolve_model(args.draft),
+                "num_speculative_tokens": args.k}
     base, specd = vllmx_engine(model, args.threads, None), vllmx_engine(model, args.threads, spec)
     tok = base.get_tokenizer()
     prompts = [tok.apply_chat_template([{"role": "user", "content": t}], tokenize=True,
@@ -115,14 +123,16 @@ def main() -> None:
     spec_cpp = llama_cpp.Llama(model, draft_model=LlamaPromptLookupDecoding(
         max_ngram_size=args.lookup_max, num_pred_tokens=args.k), **kw)
 
+    m = spec["method"]
     runs = {
         "vllmx c1": lambda: vllmx_run(base, prompts, args.max_tokens, 1),
-        "vllmx+ngram c1": lambda: vllmx_run(specd, prompts, args.max_tokens, 1),
+        f"vllmx+{m} c1": lambda: vllmx_run(specd, prompts, args.max_tokens, 1),
         "vllmx c8": lambda: vllmx_run(base, prompts, args.max_tokens, 8),
-        "vllmx+ngram c8": lambda: vllmx_run(specd, prompts, args.max_tokens, 8),
-        "llama.cpp c1": lambda: llamacpp_run(plain_cpp, prompts, args.max_tokens),
-        "llama.cpp+lookup c1": lambda: llamacpp_run(spec_cpp, prompts, args.max_tokens),
+        f"vllmx+{m} c8": lambda: vllmx_run(specd, prompts, args.max_tokens, 8),
     }
+    if not args.draft:
+        runs["llama.cpp c1"] = lambda: llamacpp_run(plain_cpp, prompts, args.max_tokens)
+        runs["llama.cpp+lookup c1"] = lambda: llamacpp_run(spec_cpp, prompts, args.max_tokens)
     for f in runs.values():  # warm-up (CPU tapes recorded, caches warm)
         f()
     times: dict[str, list[float]] = {name: [] for name in runs}
@@ -132,7 +142,7 @@ def main() -> None:
             dt, outs = f()
             times[name].append(dt)
             outputs[name] = outs
-    for name in ("vllmx+ngram c1", "vllmx c8", "vllmx+ngram c8"):
+    for name in (f"vllmx+{m} c1", "vllmx c8", f"vllmx+{m} c8"):
         if outputs[name] != outputs["vllmx c1"]:
             raise RuntimeError(f"{name}: outputs differ from vllmx without speculation")
     results = {}
@@ -145,10 +155,11 @@ def main() -> None:
     st = specd.llm_engine.scheduler.make_stats()
     acceptance = st.spec_decode_num_accepted_tokens / max(1, st.spec_decode_num_draft_tokens)
     r = {k: v["tok_s"] for k, v in results.items()}
-    ratios = {"ngram vs none, c1": r["vllmx+ngram c1"] / r["vllmx c1"],
-              "ngram vs none, c8": r["vllmx+ngram c8"] / r["vllmx c8"],
-              "ngram vs llama.cpp lookup, c1": r["vllmx+ngram c1"] / r["llama.cpp+lookup c1"],
-              "llama.cpp lookup vs none, c1": r["llama.cpp+lookup c1"] / r["llama.cpp c1"]}
+    ratios = {f"{m} vs none, c1": r[f"vllmx+{m} c1"] / r["vllmx c1"],
+              f"{m} vs none, c8": r[f"vllmx+{m} c8"] / r["vllmx c8"]}
+    if not args.draft:
+        ratios["ngram vs llama.cpp lookup, c1"] = r["vllmx+ngram c1"] / r["llama.cpp+lookup c1"]
+        ratios["llama.cpp lookup vs none, c1"] = r["llama.cpp+lookup c1"] / r["llama.cpp c1"]
     for k, v in ratios.items():
         print(f"{k:32s} {v:5.2f}x")
     print(f"draft acceptance {acceptance:.2f}")
@@ -157,7 +168,9 @@ def main() -> None:
            "commit": git_commit(), "speculative_config": spec, "max_tokens": args.max_tokens,
            "repeats": args.repeats, "results": results, "ratios": ratios,
            "acceptance": acceptance}
-    write_result(f"spec_decode_cpu_{os.path.basename(model)}.json", out)
+    name = os.path.basename(model) + (f"_draft_{os.path.basename(args.draft)}" if args.draft
+                                       else "")
+    write_result(f"spec_decode_cpu_{name}.json", out)
 
 
 if __name__ == "__main__":
