@@ -290,6 +290,50 @@ void check_scale(const Tensor& out, const Tensor& x, float) {
               "out " + out.str() + " must have x's dtype and size (x " + x.str() + ")");
 }
 
+// w (and b) [D] shared by every group of D values of a row, or [G, D], one per group.
+void check_layer_norm_params(const char* op, const Tensor& x, const Tensor& w, const Tensor& b,
+                             float eps) {
+  check_ndim(x, 2, op, "x");
+  VLLMX_CHECK((w.ndim == 1 || w.ndim == 2) && w.shape[w.ndim - 1] > 0, op,
+              "w " + w.str() + " must be [D] or [G, D]");
+  const int64_t d = w.shape[w.ndim - 1], width = x.shape[1];
+  VLLMX_CHECK(w.ndim == 1 ? width % d == 0 : w.shape[0] * d == width, op,
+              "w " + w.str() + " does not split the rows of x " + x.str() + " into groups");
+  if (b.defined()) {
+    bool same = b.ndim == w.ndim && b.dtype == w.dtype;
+    for (int i = 0; same && i < w.ndim; ++i) same = b.shape[i] == w.shape[i];
+    VLLMX_CHECK(same, op, "b " + b.str() + " must match w " + w.str());
+  }
+  VLLMX_CHECK(std::isfinite(eps) && eps >= 0.0f, op, "eps must be finite and >= 0");
+}
+
+void check_layer_norm(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b,
+                      float eps) {
+  const char* op = "layer_norm";
+  check_layer_norm_params(op, x, w, b, eps);
+  VLLMX_CHECK(out.ndim == 2 && out.dtype == x.dtype && out.shape[0] == x.shape[0] &&
+                  out.shape[1] == x.shape[1],
+              op, "out " + out.str() + " does not match x " + x.str());
+}
+
+void check_fused_add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& w,
+                                const Tensor& b, float eps) {
+  const char* op = "fused_add_layer_norm";
+  check_layer_norm_params(op, x, w, b, eps);
+  VLLMX_CHECK(w.ndim == 1 && w.shape[0] == x.shape[1], op,
+              "w " + w.str() + " must be [H] for x " + x.str());
+  VLLMX_CHECK(residual.ndim == 2 && residual.dtype == x.dtype &&
+                  residual.shape[0] == x.shape[0] && residual.shape[1] == x.shape[1],
+              op, "residual " + residual.str() + " does not match x " + x.str());
+}
+
+void check_gelu(const Tensor& out, const Tensor& x, bool) {
+  check_ndim(x, 2, "gelu", "x");
+  VLLMX_CHECK(out.ndim == 2 && out.dtype == x.dtype && out.shape[0] == x.shape[0] &&
+                  out.shape[1] == x.shape[1],
+              "gelu", "out " + out.str() + " does not match x " + x.str());
+}
+
 void check_softcap(const Tensor& x, float cap) {
   check_ndim(x, 2, "softcap", "x");
   VLLMX_CHECK(cap > 0.0f && std::isfinite(cap), "softcap",
@@ -319,6 +363,9 @@ VLLMX_OP_CHECK(copy_columns, check_copy_columns);
 VLLMX_OP_CHECK(scale, check_scale);
 VLLMX_OP_CHECK(scatter_tokens, check_scatter_tokens);
 VLLMX_OP_CHECK(softcap, check_softcap);
+VLLMX_OP_CHECK(layer_norm, check_layer_norm);
+VLLMX_OP_CHECK(fused_add_layer_norm, check_fused_add_layer_norm);
+VLLMX_OP_CHECK(gelu, check_gelu);
 VLLMX_OP_CHECK(fill_uniform, check_fill_uniform);
 
 }  // namespace vllmx

@@ -1,9 +1,9 @@
-// The memory-bound ops: embedding, rms_norm (+ fused residual add), rotary, silu/gelu-and-mul
-// and the KV-cache write. Activations are f32, f16 or bf16; math is f32 and stores round to
-// nearest even. Each op checks shapes and dtypes on the host like its CPU twin; values that
-// live on the GPU (token ids, positions, slots) cannot be checked without a host sync, so the
-// kernels skip out-of-range entries instead: an embedding row of zeros, a token left unrotated,
-// a KV slot not written.
+// The memory-bound ops: embedding, rms_norm and layer_norm (+ fused residual add), rotary,
+// gelu, silu/gelu-and-mul and the KV-cache write. Activations are f32, f16 or bf16; math is f32
+// and stores round to nearest even. Each op checks shapes and dtypes on the host like its CPU
+// twin; values that live on the GPU (token ids, positions, slots) cannot be checked without a
+// host sync, so the kernels skip out-of-range entries instead: an embedding row of zeros, a
+// token left unrotated, a KV slot not written.
 #include <algorithm>
 #include <cmath>
 
@@ -146,6 +146,50 @@ __global__ void fused_add_rms_norm_kernel(T* out, T* res_out, const T* x, const 
     orow[i] = from_f32<T>(to_f32(ro[i]) * inv * to_f32(w[i]));
 }
 
+// ---- layer_norm ----
+// One CTA per (row, group) of d values. With res (one group per row), res_out = x + res is
+// stored first, rounded to T, and the statistics are those of what was stored (transformers
+// norms the rounded sum). The variance takes a second pass over the centred values, as the CPU
+// does. In place (out == x, res_out == res: fused_add_layer_norm) is safe: a thread only
+// rewrites the elements it has read.
+template <typename T, typename W>
+__global__ void layer_norm_kernel(T* out, T* res_out, const T* x, const T* res, const W* w,
+                                  const W* b, int64_t d, int64_t groups, int64_t w_step,
+                                  int64_t out_stride, int64_t res_out_stride, int64_t x_stride,
+                                  int64_t res_stride, float eps) {
+  pdl_begin();
+  const int64_t row = blockIdx.x / groups, g = blockIdx.x % groups;
+  const T* src = x + row * x_stride + g * d;
+  T* orow = out + row * out_stride + g * d;
+  const W* wg = w + g * w_step;
+  const W* bg = b != nullptr ? b + g * w_step : nullptr;
+  float s = 0.0f;
+  if (res != nullptr) {
+    const T* rr = res + row * res_stride;
+    T* ro = res_out + row * res_out_stride;
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+      const T v = from_f32<T>(to_f32(src[i]) + to_f32(rr[i]));
+      ro[i] = v;
+      s += to_f32(v);
+    }
+    src = ro;
+  } else {
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) s += to_f32(src[i]);
+  }
+  const float mean = block_sum(s) / static_cast<float>(d);
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    const float c = to_f32(src[i]) - mean;
+    ss += c * c;
+  }
+  const float inv = 1.0f / sqrtf(block_sum(ss) / static_cast<float>(d) + eps);
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    float y = (to_f32(src[i]) - mean) * inv * to_f32(wg[i]);
+    if (bg != nullptr) y += to_f32(bg[i]);
+    orow[i] = from_f32<T>(y);
+  }
+}
+
 // ---- rotary ----
 // Bit-identical to csrc/layers/rotary.cpp in f32 (explicit roundings: no FMA contraction).
 // (a, b) rotated by the angle whose cosine and sine are c, s (f32, before rounding to T).
@@ -256,6 +300,19 @@ __global__ void act_and_mul_kernel(T* out, const T* x, int64_t rows, int64_t d, 
     const int64_t r = e / d, i = e % d;
     const T* xr = x + r * x_stride;
     out[r * out_stride + i] = from_f32<T>(activate<kAct>(to_f32(xr[i])) * to_f32(xr[i + d]));
+  }
+}
+
+// act(x) elementwise, no gate (gelu).
+template <typename T, Act kAct>
+__global__ void act_kernel(T* out, const T* x, int64_t rows, int64_t d, int64_t x_stride,
+                           int64_t out_stride) {
+  pdl_begin();
+  const int64_t n = rows * d;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / d, i = e % d;
+    out[r * out_stride + i] = from_f32<T>(activate<kAct>(to_f32(x[r * x_stride + i])));
   }
 }
 
@@ -451,6 +508,54 @@ void add_rms_norm(const Tensor& out, const Tensor& res_out, const Tensor& x, con
   norm_impl("cuda.add_rms_norm", out, res_out, x, res, w, eps);
 }
 
+namespace {
+// out = layer_norm(x (+ res)) * w + b; with res, res_out = x + res. The shapes are the op's
+// contract (csrc/ops.cpp): w, b [d] or [groups, d]; with res one group per row.
+void layer_norm_impl(const char* op, const Tensor& out, const Tensor& res_out, const Tensor& x,
+                     const Tensor& res, const Tensor& w, const Tensor& b, float eps) {
+  const bool fused = res.defined();
+  check_rows(x, op, "x");
+  check_rows(out, op, "out");
+  check_act(x, op, "x");
+  check_on_device(w, op, "w");
+  check_on_device(b, op, "b");
+  if (fused) check_rows(res, op, "residual");
+  VLLMX_CHECK(w.is_contiguous() && (!b.defined() || b.is_contiguous()), op,
+              "w " + w.str() + " and b must be contiguous");
+  VLLMX_CHECK(w.dtype == DType::F32 || w.dtype == x.dtype, op,
+              "w " + w.str() + " must be f32 or x's dtype " + x.str());
+  const int64_t d = w.shape[w.ndim - 1], groups = x.shape[1] / d, rows = x.shape[0];
+  if (rows == 0 || d == 0) return;
+  const int threads = threads_for(d / 4);
+  const auto grid = static_cast<unsigned>(rows * groups);
+  dispatch_float(x.dtype, op, [&](auto xv) {
+    using T = decltype(xv);
+    auto run = [&](auto wv) {
+      using W = decltype(wv);
+      launch(layer_norm_kernel<T, W>, grid, threads, 0, stream(), out.ptr<T>(),
+             fused ? res_out.ptr<T>() : nullptr, x.ptr<T>(), fused ? res.ptr<T>() : nullptr,
+             w.ptr<W>(), b.defined() ? b.ptr<W>() : nullptr, d, groups,
+             w.ndim == 2 ? d : int64_t{0}, out.stride[0], fused ? res_out.stride[0] : 0,
+             x.stride[0], fused ? res.stride[0] : 0, eps);
+    };
+    if (w.dtype == DType::F32)
+      run(float{});
+    else
+      run(T{});
+  });
+  check_launch(fused ? "fused_add_layer_norm kernel" : "layer_norm kernel");
+}
+}  // namespace
+
+void layer_norm(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b, float eps) {
+  layer_norm_impl("cuda.layer_norm", out, Tensor{}, x, Tensor{}, w, b, eps);
+}
+
+void fused_add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& w,
+                          const Tensor& b, float eps) {
+  layer_norm_impl("cuda.fused_add_layer_norm", x, residual, x, residual, w, b, eps);
+}
+
 void rotary(const Tensor& positions, const Tensor& q, const Tensor& k, const Tensor& cos_sin_cache,
             int64_t head_size, bool is_neox) {
   const char* op = "cuda.rotary";
@@ -521,6 +626,28 @@ void gelu_and_mul(const Tensor& out, const Tensor& x, bool approximate_tanh) {
     act_impl<Act::kGeluTanh>("cuda.gelu_and_mul", out, x);
   else
     act_impl<Act::kGeluErf>("cuda.gelu_and_mul", out, x);
+}
+
+void gelu(const Tensor& out, const Tensor& x, bool approximate_tanh) {
+  // The shapes and out's dtype are the op's contract (csrc/ops.cpp).
+  const char* op = "cuda.gelu";
+  check_rows(out, op, "out");
+  check_rows(x, op, "x");
+  check_act(x, op, "x");
+  const int64_t rows = x.shape[0], d = x.shape[1];
+  if (rows * d == 0) return;
+  dispatch_float(x.dtype, op, [&](auto v) {
+    using T = decltype(v);
+    const auto run = [&](auto kernel) {
+      launch(kernel, blocks_for(rows * d, kThreads), kThreads, 0, stream(), out.ptr<T>(),
+             x.ptr<T>(), rows, d, x.stride[0], out.stride[0]);
+    };
+    if (approximate_tanh)
+      run(act_kernel<T, Act::kGeluTanh>);
+    else
+      run(act_kernel<T, Act::kGeluErf>);
+  });
+  check_launch(op);
 }
 
 void fill_uniform(const Tensor& out, int64_t seed, float low, float high) {
@@ -697,9 +824,12 @@ VLLMX_KERNEL(embedding, kCUDA, embedding);
 VLLMX_KERNEL(rms_norm, kCUDA, rms_norm);
 VLLMX_KERNEL(fused_add_rms_norm, kCUDA, fused_add_rms_norm);
 VLLMX_KERNEL(add_rms_norm, kCUDA, add_rms_norm);
+VLLMX_KERNEL(layer_norm, kCUDA, layer_norm);
+VLLMX_KERNEL(fused_add_layer_norm, kCUDA, fused_add_layer_norm);
 VLLMX_KERNEL(rotary, kCUDA, rotary);
 VLLMX_KERNEL(silu_and_mul, kCUDA, silu_and_mul);
 VLLMX_KERNEL(gelu_and_mul, kCUDA, gelu_and_mul);
+VLLMX_KERNEL(gelu, kCUDA, gelu);
 VLLMX_KERNEL(softcap, kCUDA, softcap);
 VLLMX_KERNEL(scale, kCUDA, scale);
 VLLMX_KERNEL(fill_uniform, kCUDA, fill_uniform);

@@ -66,10 +66,11 @@ namespace vllmx {
 namespace {
 
 #if VLLMX_X86
-// One row of tanh-GeGLU: 0.5 v (1 + tanh(y)) = v / (1 + exp(-2y)), y = c (v + 0.044715 v^3),
-// with the ~1 ulp exp512 (scalar std::tanh made this op a third of a Gemma prefill).
-VLLMX_TARGET_AVX512 void gelu_tanh_mul_row_512(const float* g, const float* u, float* o,
-                                               int64_t d, float c) {
+// One row of tanh-GELU, times u when u is given (GeGLU): 0.5 v (1 + tanh(y)) = v / (1 + exp(-2y)),
+// y = c (v + 0.044715 v^3), with the ~1 ulp exp512 (scalar std::tanh made this op a third of a
+// Gemma prefill).
+VLLMX_TARGET_AVX512 void gelu_tanh_row_512(const float* g, const float* u, float* o, int64_t d,
+                                           float c) {
   const __m512 k3 = _mm512_set1_ps(0.044715f), m2c = _mm512_set1_ps(-2.0f * c);
   const __m512 one = _mm512_set1_ps(1.0f);
   for (int64_t i = 0; i < d; i += 16) {
@@ -78,8 +79,9 @@ VLLMX_TARGET_AVX512 void gelu_tanh_mul_row_512(const float* g, const float* u, f
     const __m512 v = _mm512_maskz_loadu_ps(m, g + i);
     const __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(k3, v), _mm512_mul_ps(v, v), v);
     const __m512 e = exp512(_mm512_mul_ps(m2c, y), -103.0f);
-    const __m512 r = _mm512_div_ps(v, _mm512_add_ps(one, e));
-    _mm512_mask_storeu_ps(o + i, m, _mm512_mul_ps(r, _mm512_maskz_loadu_ps(m, u + i)));
+    __m512 r = _mm512_div_ps(v, _mm512_add_ps(one, e));
+    if (u != nullptr) r = _mm512_mul_ps(r, _mm512_maskz_loadu_ps(m, u + i));
+    _mm512_mask_storeu_ps(o + i, m, r);
   }
 }
 
@@ -100,8 +102,45 @@ VLLMX_TARGET_AVX512 void softcap_run_512(float* v, int64_t n, float cap) {
 
 }  // namespace
 
-// GeGLU. Exact GELU is x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)); the tanh form is PyTorch's
-// approximate="tanh" (Gemma's gelu_pytorch_tanh).
+namespace {
+
+constexpr double kSqrt2OverPi = 0.7978845608028654, kInvSqrt2 = 0.7071067811865476;
+
+// One row of gelu(g), times u when u is given (GeGLU). Exact GELU is x * Phi(x) =
+// 0.5 x (1 + erf(x / sqrt 2)); the tanh form is PyTorch's approximate="tanh" (gelu_pytorch_tanh,
+// GPT-2's gelu_new).
+void gelu_row(const float* g, const float* u, float* o, int64_t d, bool approximate_tanh,
+              bool reference, bool fast512) {
+  if (reference) {
+    for (int64_t i = 0; i < d; ++i) {
+      const double v = g[i];
+      const double t = approximate_tanh ? std::tanh(kSqrt2OverPi * (v + 0.044715 * v * v * v))
+                                        : std::erf(v * kInvSqrt2);
+      o[i] = static_cast<float>(0.5 * v * (1.0 + t) * (u != nullptr ? u[i] : 1.0f));
+    }
+  } else if (approximate_tanh && fast512) {
+#if VLLMX_X86
+    gelu_tanh_row_512(g, u, o, d, static_cast<float>(kSqrt2OverPi));
+#endif
+  } else if (approximate_tanh) {
+    const float c = static_cast<float>(kSqrt2OverPi);
+    for (int64_t i = 0; i < d; ++i) {
+      const float v = g[i];
+      const float r = 0.5f * v * (1.0f + std::tanh(c * (v + 0.044715f * v * v * v)));
+      o[i] = u != nullptr ? r * u[i] : r;
+    }
+  } else {
+    const float c = static_cast<float>(kInvSqrt2);
+    for (int64_t i = 0; i < d; ++i) {
+      const float r = 0.5f * g[i] * (1.0f + std::erf(g[i] * c));
+      o[i] = u != nullptr ? r * u[i] : r;
+    }
+  }
+}
+
+}  // namespace
+
+// GeGLU: gelu(x[:, :I]) * x[:, I:].
 void gelu_and_mul(const Tensor& out, const Tensor& x, bool approximate_tanh, bool reference) {
   const char* op = "gelu_and_mul";
   check_dtype(x, DType::F32, op, "x");
@@ -113,35 +152,24 @@ void gelu_and_mul(const Tensor& out, const Tensor& x, bool approximate_tanh, boo
         "x " + x.str() + " must be [T, 2 * I] for out " + out.str());
   const float* xp = x.ptr<float>();
   float* op_ = out.ptr<float>();
-  constexpr double kSqrt2OverPi = 0.7978845608028654, kInvSqrt2 = 0.7071067811865476;
   const bool fast512 = VLLMX_X86 && simd_level() >= 2;
 #pragma omp parallel for if (rows * d > 65536) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* g = xp + r * 2 * d;
-    const float* u = g + d;
-    float* o = op_ + r * d;
-    if (reference) {
-      for (int64_t i = 0; i < d; ++i) {
-        const double v = g[i];
-        const double t = approximate_tanh ? std::tanh(kSqrt2OverPi * (v + 0.044715 * v * v * v))
-                                          : std::erf(v * kInvSqrt2);
-        o[i] = static_cast<float>(0.5 * v * (1.0 + t) * u[i]);
-      }
-    } else if (approximate_tanh && fast512) {
-#if VLLMX_X86
-      gelu_tanh_mul_row_512(g, u, o, d, static_cast<float>(kSqrt2OverPi));
-#endif
-    } else if (approximate_tanh) {
-      const float c = static_cast<float>(kSqrt2OverPi);
-      for (int64_t i = 0; i < d; ++i) {
-        const float v = g[i];
-        o[i] = 0.5f * v * (1.0f + std::tanh(c * (v + 0.044715f * v * v * v))) * u[i];
-      }
-    } else {
-      const float c = static_cast<float>(kInvSqrt2);
-      for (int64_t i = 0; i < d; ++i) o[i] = 0.5f * g[i] * (1.0f + std::erf(g[i] * c)) * u[i];
-    }
-  }
+  for (int64_t r = 0; r < rows; ++r)
+    gelu_row(xp + r * 2 * d, xp + r * 2 * d + d, op_ + r * d, d, approximate_tanh, reference,
+             fast512);
+}
+
+// gelu(x) elementwise (the shapes are the op's contract, csrc/ops.cpp; the CPU runs f32).
+void gelu(const Tensor& out, const Tensor& x, bool approximate_tanh, bool reference) {
+  check_dtype(x, DType::F32, "gelu", "x");
+  check_dtype(out, DType::F32, "gelu", "out");
+  const int64_t rows = x.shape[0], d = x.shape[1];
+  const float* xp = x.ptr<float>();
+  float* op_ = out.ptr<float>();
+  const bool fast512 = VLLMX_X86 && simd_level() >= 2;
+#pragma omp parallel for if (rows * d > 65536) schedule(static)
+  for (int64_t r = 0; r < rows; ++r)
+    gelu_row(xp + r * d, nullptr, op_ + r * d, d, approximate_tanh, reference, fast512);
 }
 
 // cap * tanh(x / cap) over a logits tensor (host arrays are contiguous: it is one flat run of
@@ -175,6 +203,7 @@ void softcap(const Tensor& x, float cap, bool reference) {
 
 VLLMX_KERNEL(silu_and_mul, kCPU, silu_and_mul);
 VLLMX_KERNEL(gelu_and_mul, kCPU, gelu_and_mul);
+VLLMX_KERNEL(gelu, kCPU, gelu);
 VLLMX_KERNEL(softcap, kCPU, softcap);
 
 }  // namespace vllmx

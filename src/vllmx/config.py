@@ -52,13 +52,16 @@ class ModelConfig:
                 self.gen_config = json.load(f)
 
     def finalize_max_model_len(self) -> None:
-        limit = int(self.hf_config.get("max_position_embeddings") or 2048)
+        # GPT-2's config.json names its context n_positions (the rows of its position table).
+        key = next((k for k in ("max_position_embeddings", "n_positions") if self.hf_config.get(k)),
+                   "max_position_embeddings")
+        limit = int(self.hf_config.get(key) or 2048)
         if self.max_model_len is None:
             self.max_model_len = limit
         elif self.max_model_len > limit:
             raise ValueError(
                 f"max_model_len={self.max_model_len} is greater than the model's context length "
-                f"(max_position_embeddings={limit})"
+                f"({key}={limit})"
             )
 
     def eos_token_ids(self) -> set[int]:

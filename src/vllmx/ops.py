@@ -151,6 +151,19 @@ def fused_add_rms_norm(x, residual, w, eps: float) -> None:
     _C.ops.fused_add_rms_norm(x, residual, w, eps)
 
 
+def layer_norm(x, w, b, eps: float):
+    """LayerNorm over each group of w.shape[-1] values of x's rows (w, b: [D] shared, or
+    [G, D] one per group, e.g. per-head q/k norms); b may be None."""
+    out = _empty(x, x.shape)
+    _C.ops.layer_norm(out, x, w, b, eps)
+    return out
+
+
+def fused_add_layer_norm(x, residual, w, b, eps: float) -> None:
+    """In place: residual += x; x = layer_norm(residual) * w + b (b may be None)."""
+    _C.ops.fused_add_layer_norm(x, residual, w, b, eps)
+
+
 def rotary(positions, q, k, cos_sin_cache, head_size: int, is_neox: bool) -> None:
     _C.ops.rotary(positions, q, k, cos_sin_cache, head_size, is_neox)
 
@@ -333,6 +346,15 @@ def gelu_and_mul(x, approximate: str = "none"):
         raise ValueError(f"gelu_and_mul: approximate must be 'none' or 'tanh', got {approximate!r}")
     out = _empty(x, (x.shape[0], x.shape[1] // 2))
     _C.ops.gelu_and_mul(out, x, approximate == "tanh")
+    return out
+
+
+def gelu(x, approximate: str = "none"):
+    """gelu(x) elementwise; approximate is "none" (erf) or "tanh" (PyTorch's)."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    out = _empty(x, x.shape)
+    _C.ops.gelu(out, x, approximate == "tanh")
     return out
 
 

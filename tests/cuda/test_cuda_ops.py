@@ -141,6 +141,45 @@ def test_fused_add_rms_norm(rng, dtype, T, H):
     assert_close(as_f32(dx.numpy(), dtype), ref_x, dtype, "fused_add_rms_norm x")
 
 
+@pytest.mark.parametrize("w_act", [False, True])
+@pytest.mark.parametrize("dtype", ACT)
+@pytest.mark.parametrize("T,w_shape,with_bias", [(1, (64,), True), (7, (1000,), True),
+                                                 (33, (4096,), False),
+                                                 (5, (32,), True),  # [T, 6 * 32]: shared
+                                                 (9, (6, 64), False),  # a weight per head
+                                                 (3, (4, 80), True)])
+def test_layer_norm(rng, dtype, w_act, T, w_shape, with_bias):
+    H = 6 * 32 if w_shape == (32,) else int(np.prod(w_shape))
+    x = rounded(rng.standard_normal((T, H)).astype(np.float32) * 3 + 1, dtype)
+    w_dtype = dtype if w_act else F32
+    w = rounded(rng.uniform(0.5, 1.5, w_shape).astype(np.float32), w_dtype)
+    b = rounded(rng.standard_normal(w_shape).astype(np.float32), w_dtype) if with_bias else None
+    ref = np.empty_like(x)
+    _C.ops.layer_norm(ref, x, w, b, 1e-5)
+    out = DeviceArray.empty(x.shape, dtype)
+    _C.ops.layer_norm(out, dev(x, dtype), dev(w, w_dtype),
+                      None if b is None else dev(b, w_dtype), 1e-5)
+    assert_close(as_f32(out.numpy(), dtype), ref, dtype, "layer_norm")
+
+
+@pytest.mark.parametrize("dtype", ACT)
+@pytest.mark.parametrize("T,H,with_bias", [(1, 64, True), (9, 2048, True), (4, 576, False)])
+def test_fused_add_layer_norm(rng, dtype, T, H, with_bias):
+    x = rounded(rng.standard_normal((T, H)).astype(np.float32), dtype)
+    res = rounded(rng.standard_normal((T, H)).astype(np.float32), dtype)
+    w = rng.uniform(0.5, 1.5, H).astype(np.float32)
+    b = rng.standard_normal(H).astype(np.float32) if with_bias else None
+    ref_x, ref_r = x.copy(), res.copy()
+    _C.ops.fused_add_layer_norm(ref_x, ref_r, w, b, 1e-5)
+    dx, dr = dev(x, dtype), dev(res, dtype)
+    _C.ops.fused_add_layer_norm(dx, dr, dev(w, F32), None if b is None else dev(b, F32), 1e-5)
+    # The residual is the rounded sum, exactly, and the norm is that of the rounded sum.
+    np.testing.assert_array_equal(as_f32(dr.numpy(), dtype), rounded(ref_r, dtype))
+    ref_norm = np.empty_like(ref_x)
+    _C.ops.layer_norm(ref_norm, rounded(ref_r, dtype), w, b, 1e-5)
+    assert_close(as_f32(dx.numpy(), dtype), ref_norm, dtype, "fused_add_layer_norm x")
+
+
 # ---- rotary ----
 def cos_sin_cache(max_pos, rot_dim, base=10000.0):
     inv = 1.0 / base ** (np.arange(0, rot_dim, 2) / rot_dim)
@@ -184,6 +223,17 @@ def test_act_and_mul(rng, dtype, act):
         _C.ops.gelu_and_mul(ref, x, act == "gelu_tanh")
         _C.ops.gelu_and_mul(out, dev(x, dtype), act == "gelu_tanh")
     assert_close(as_f32(out.numpy(), dtype), ref, dtype, act)
+
+
+@pytest.mark.parametrize("dtype", ACT)
+@pytest.mark.parametrize("approximate_tanh", [False, True])
+def test_gelu(rng, dtype, approximate_tanh):
+    x = rounded(rng.standard_normal((13, 1000)).astype(np.float32) * 2, dtype)
+    ref = np.empty_like(x)
+    _C.ops.gelu(ref, x, approximate_tanh)
+    out = DeviceArray.empty(x.shape, dtype)
+    _C.ops.gelu(out, dev(x, dtype), approximate_tanh)
+    assert_close(as_f32(out.numpy(), dtype), ref, dtype, "gelu")
 
 
 @pytest.mark.parametrize("dtype", ACT)

@@ -17,7 +17,8 @@ from vllmx.models.registry import get_model_class
 
 FAMILIES = ["llama", "llama3", "mistral", "qwen2", "qwen3", "granite", "smollm3", "phi3", "glm4",
             "olmo2", "olmo2_bias", "olmo3", "exaone4", "gemma2", "gemma3",
-            "qwen3_moe", "mixtral"]
+            "qwen3_moe", "mixtral", "gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel",
+            "starcoder2", "gpt2", "cohere", "cohere_bias"]
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,7 @@ def test_values_dtype_and_seed(checkpoints):
                               a["model.layers.0.mlp.gate_proj.weight"].data)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "gpt2", "stablelm"])
 def test_runs_from_a_config_alone(checkpoints, tmp_path, family):
     from vllmx import LLM, SamplingParams
 

@@ -21,6 +21,14 @@ def family_configs(**sizes):
               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
               "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2, **sizes}
     rot = common["hidden_size"] // common["num_attention_heads"] // 4  # longrope's factors
+    mha = {k: v for k, v in common.items() if k != "num_key_value_heads"}  # GPT-NeoX's heads
+    # GPT-2's names for the common sizes; weights 4x wider than its default init, else its tiny
+    # attention scores are so flat that the attention scale hardly moves the logits.
+    gpt2 = {"vocab_size": common["vocab_size"], "n_embd": common["hidden_size"],
+            "n_layer": common["num_hidden_layers"], "n_head": common["num_attention_heads"],
+            "n_inner": common["intermediate_size"],
+            "n_positions": common["max_position_embeddings"], "initializer_range": 0.08,
+            "bos_token_id": 1, "eos_token_id": 2}
     return {
         "llama": tf.LlamaConfig(**common),
         "llama3": tf.LlamaConfig(**common, rope_parameters={
@@ -89,12 +97,40 @@ def family_configs(**sizes):
                                        moe_intermediate_size=64, norm_topk_prob=True,
                                        mlp_only_layers=[1]),
         "mixtral": tf.MixtralConfig(**common, num_local_experts=8, num_experts_per_tok=2),
+        # Parallel residual (the default), rope over a quarter of each head, as Pythia ships
+        # (in the older config keys rotary_pct / rotary_emb_base).
+        "gpt_neox": tf.GPTNeoXConfig(**mha, rotary_pct=0.25, rotary_emb_base=10000,
+                                     pad_token_id=0),
+        # Sequential residual, gelu_fast (GPT-NeoX-20B's), rope over half of each head.
+        "gpt_neox_seq": tf.GPTNeoXConfig(**mha, use_parallel_residual=False,
+                                         hidden_act="gelu_fast", rotary_pct=0.5, pad_token_id=0),
+        # Per-head q/k LayerNorms and q/k/v biases (StableLM 2 12B's), rope over a quarter of
+        # each head, sequential residual.
+        "stablelm": tf.StableLmConfig(**common, qk_layernorm=True, use_qkv_bias=True,
+                                      partial_rotary_factor=0.25, pad_token_id=0),
+        # Parallel residual (one norm for attention and MLP), rope over half of each head.
+        "stablelm_parallel": tf.StableLmConfig(**common, use_parallel_residual=True,
+                                               partial_rotary_factor=0.5, pad_token_id=0),
+        # A window narrower than the longest prompt; biases everywhere; tied embeddings.
+        "starcoder2": tf.Starcoder2Config(**common, sliding_window=24, pad_token_id=0),
+        "gpt2": tf.GPT2Config(**gpt2),
+        # The attention scale divided by the layer number too.
+        "gpt2_scaled": tf.GPT2Config(**gpt2, scale_attn_by_inverse_layer_idx=True),
+        # Per-head q/k LayerNorms (Command R+'s), a logit scale (0.0625 as shipped would leave
+        # a tiny model's logits nearly flat).
+        "cohere": tf.CohereConfig(**common, use_qk_norm=True, logit_scale=0.5),
+        "cohere_bias": tf.CohereConfig(**common, attention_bias=True, logit_scale=0.25),
         # What a qwen3moe GGUF can say: every layer sparse, top-k renormalized (llama.cpp).
         "qwen3_moe_gguf": tf.Qwen3MoeConfig(**{**common, "head_dim": 32}, num_experts=8,
                                             num_experts_per_tok=3, moe_intermediate_size=64,
                                             norm_topk_prob=True),
     }
 
+
+# Families whose 1-D tensors (LayerNorm biases, projection biases, norm weights) start random:
+# the default init (ones and zeros) would leave them untested.
+RANDOM_VECTORS = ("gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel", "starcoder2",
+                  "gpt2", "gpt2_scaled", "cohere", "cohere_bias")
 
 GGUF_ARCH = {"llama": "llama", "llama3": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
              "granite": "granite", "smollm3_gguf": "smollm3", "phi3": "phi3", "glm4": "glm4",
@@ -113,7 +149,11 @@ def make_checkpoint(family: str, dtype: str, out_dir: str, **sizes) -> str:
     model = tf.AutoModelForCausalLM.from_config(cfg).eval()
     with torch.no_grad():  # random init leaves near-uniform logits; widen them a little
         for name, p in model.named_parameters():
-            if p.dim() in (2, 3):  # 3: transformers' stacked experts
+            norm = "norm" in name or ".ln_" in name  # GPT-2's ln_1, ln_2, ln_f
+            if family in RANDOM_VECTORS and (norm or p.dim() == 1):
+                # norm weights around 1 (Cohere's [heads, head_dim] too), biases around 0
+                p.normal_(1.0 if norm and name.endswith(".weight") else 0.0, 0.3)
+            elif p.dim() in (2, 3):  # 3: transformers' stacked experts
                 p.mul_(4.0)
     model = model.to(getattr(torch, dtype))
     path = os.path.join(out_dir, f"{family}-{dtype}")

@@ -1,4 +1,5 @@
-"""rms_norm, fused_add_rms_norm, rotary, silu_and_mul, gelu_and_mul and embedding against numpy float64."""
+"""rms_norm, fused_add_rms_norm, layer_norm, fused_add_layer_norm, rotary, silu_and_mul,
+gelu_and_mul, gelu and embedding against numpy float64."""
 
 from __future__ import annotations
 
@@ -46,6 +47,68 @@ def test_rms_norm_rows_are_batch_invariant():
     one = np.empty_like(x[5:6])
     _C.ops.rms_norm(one, np.ascontiguousarray(x[5:6]), w, 1e-5)
     assert np.array_equal(full[5], one[0])
+
+
+def layer_norm_ref(x, w, b, eps):
+    """float64 LayerNorm over groups of w.shape[-1] values (w [D] shared or [G, D])."""
+    d = w.shape[-1]
+    g = x.astype(np.float64).reshape(x.shape[0], -1, d)
+    g = (g - g.mean(-1, keepdims=True)) / np.sqrt(g.var(-1, keepdims=True) + eps)
+    g = g * w.reshape(-1, d) + (0.0 if b is None else b.reshape(-1, d))
+    return g.reshape(x.shape)
+
+
+@pytest.mark.parametrize("reference", [False, True])
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("shape,w_shape", [((1, 64), (64,)), ((7, 576), (576,)),
+                                           ((33, 1000), (1000,)),
+                                           ((5, 4 * 24), (24,)),  # one weight, every head
+                                           ((9, 6 * 40), (6, 40))])  # a weight per head
+def test_layer_norm(shape, w_shape, with_bias, reference):
+    # An offset mean: a one-pass variance would lose digits to it.
+    x = (rng.standard_normal(shape) * 2 + 3).astype(np.float32)
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    b = rng.standard_normal(w_shape).astype(np.float32) if with_bias else None
+    out = np.empty_like(x)
+    _C.ops.layer_norm(out, x, w, b, 1e-5, reference=reference)
+    assert rel_err(out, layer_norm_ref(x, w, b, 1e-5)) < 1e-5
+
+
+@pytest.mark.parametrize("reference", [False, True])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_fused_add_layer_norm(with_bias, reference):
+    x = rng.standard_normal((9, 256)).astype(np.float32)
+    r = rng.standard_normal((9, 256)).astype(np.float32)
+    w = rng.standard_normal(256).astype(np.float32)
+    b = rng.standard_normal(256).astype(np.float32) if with_bias else None
+    s64 = x.astype(np.float64) + r
+    _C.ops.fused_add_layer_norm(x, r, w, b, 1e-6, reference=reference)
+    assert rel_err(r, s64) < 1e-6
+    assert rel_err(x, layer_norm_ref(s64, w, b, 1e-6)) < 1e-5
+
+
+def test_layer_norm_rows_are_batch_invariant():
+    x = rng.standard_normal((17, 576)).astype(np.float32)
+    w = rng.standard_normal(576).astype(np.float32)
+    b = rng.standard_normal(576).astype(np.float32)
+    full, one = np.empty_like(x), np.empty_like(x[5:6])
+    _C.ops.layer_norm(full, x, w, b, 1e-5)
+    _C.ops.layer_norm(one, np.ascontiguousarray(x[5:6]), w, b, 1e-5)
+    assert np.array_equal(full[5], one[0])
+
+
+@pytest.mark.parametrize("w_shape,b_shape,match", [
+    ((48,), None, "w .* does not split the rows"),  # 100 is not a multiple of 48
+    ((4, 24), None, "w .* does not split the rows"),  # 4 groups of 24 != 100
+    ((100,), (50,), "b .* must match w"),
+])
+def test_layer_norm_rejects_bad_shapes(w_shape, b_shape, match):
+    x = np.ones((3, 100), np.float32)
+    b = None if b_shape is None else np.ones(b_shape, np.float32)
+    with pytest.raises(ValueError, match="layer_norm: " + match):
+        _C.ops.layer_norm(np.empty_like(x), x, np.ones(w_shape, np.float32), b, 1e-5)
+    with pytest.raises(ValueError, match="fused_add_layer_norm: w .* must be \\[H\\]"):
+        _C.ops.fused_add_layer_norm(x, x.copy(), np.ones((4, 25), np.float32), None, 1e-5)
 
 
 def rope_ref(x, pos, cos, sin, head, rot, neox):
@@ -159,6 +222,24 @@ def test_softcap(reference):
 def test_softcap_rejects_bad_cap():
     with pytest.raises(ValueError, match="softcap: cap must be a positive number"):
         _C.ops.softcap(np.ones((2, 3), np.float32), 0.0)
+
+
+@pytest.mark.parametrize("reference", [False, True])
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_gelu(approximate, reference):
+    import math
+
+    x = (rng.standard_normal((7, 333)) * 4).astype(np.float32)
+    out = np.empty_like(x)
+    _C.ops.gelu(out, x, approximate == "tanh", reference=reference)
+    g = x.astype(np.float64)
+    if approximate == "tanh":
+        cdf = 0.5 * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)))
+    else:
+        cdf = 0.5 * (1 + np.vectorize(math.erf)(g / math.sqrt(2)))
+    assert rel_err(out, g * cdf) < 1e-5
+    with pytest.raises(ValueError, match="gelu: out"):
+        _C.ops.gelu(np.empty((7, 332), np.float32), x, True)
 
 
 def test_gelu_and_mul_forms_differ():

@@ -79,6 +79,13 @@ for n in (256, 77):
             getattr(_C.ops, name)(out, x, *extra, reference=ref)
             outs.append(out)
         assert rel(outs[0], outs[1]) < 1e-5, (name, extra, n, rel(outs[0], outs[1]))
+    for tanh in (False, True):  # gelu without the gate (GPT-2, GPT-NeoX, Starcoder2)
+        outs = []
+        for ref in (False, True):
+            out = np.empty((5, 2 * n), np.float32)
+            _C.ops.gelu(out, x, tanh, reference=ref)
+            outs.append(out)
+        assert rel(outs[0], outs[1]) < 1e-5, ("gelu", tanh, n, rel(outs[0], outs[1]))
 # softcap: the exp512 tanh and the scalar one, a run a multiple of 16 and not.
 for n in (4096, 8197):
     x = (rng.standard_normal((2, n)) * 60).astype(np.float32)

@@ -139,6 +139,8 @@ def checkpoints(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("capture"))
     return {"llama": make_checkpoint("llama", "float32", d),
             "qwen3": make_checkpoint("qwen3", "float32", d),
+            "gpt_neox": make_checkpoint("gpt_neox", "float32", d),  # LayerNorms, parallel adds
+            "gpt2": make_checkpoint("gpt2", "float32", d),  # position embeddings
             "gemma3": make_gemma3("mixed", "float32", d)}
 
 
@@ -182,7 +184,7 @@ def staggered(vocab: int, n: int, seed: int, max_tokens: int = 24):
     return prompts, params
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3", "gpt_neox", "gpt2"])
 def test_replayed_decode_steps_equal_eager(checkpoints, family):
     prompts, params = staggered(500, 14, seed=hash(family) % 1000)
     kw = {"max_num_seqs": 9, "max_num_batched_tokens": 64}

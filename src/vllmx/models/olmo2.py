@@ -14,7 +14,7 @@ from vllmx import ops
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.linear import Linear, MergedLinear
-from vllmx.layers.norm import RMSNorm
+from vllmx.layers.norm import ResidualAdd, RMSNorm
 from vllmx.layers.rotary import RotaryEmbedding
 from vllmx.models.llama import gguf_name_to_hf
 from vllmx.models.shapes import decoder_shapes
@@ -152,15 +152,9 @@ class Olmo2ForCausalLM:
             Olmo2DecoderLayer(i, cfg, weights, ropes[t], window if t == "sliding_attention" else 0)
             for i, t in enumerate(types)]
         self.norm = RMSNorm(weights["model.norm.weight"], cfg["rms_norm_eps"])
-        # The op table has no plain add: a residual add is fused_add_rms_norm with a unit weight
-        # (residual += x, exact; the norm it also writes into x is not used).
-        self._unit = RMSNorm(Weight.from_numpy(np.ones(cfg["hidden_size"], np.float32)), 1e-6)
+        self._add = ResidualAdd(cfg["hidden_size"])  # residual += x (x is overwritten)
         self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
         self.vocab_size = self.lm_head.weight.shape[0]
-
-    def _add(self, x, residual) -> None:
-        """residual += x (x is overwritten)."""
-        self._unit(x, residual)
 
     @staticmethod
     def checkpoint_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+from vllmx.models.commandr import CohereForCausalLM
 from vllmx.models.gemma3 import Gemma3ForCausalLM
+from vllmx.models.gpt2 import GPT2LMHeadModel
+from vllmx.models.gpt_neox import GPTNeoXForCausalLM
 from vllmx.models.llama import LlamaForCausalLM
 from vllmx.models.olmo2 import Olmo2ForCausalLM
+from vllmx.models.stablelm import StableLmForCausalLM
+from vllmx.models.starcoder2 import Starcoder2ForCausalLM
 
 _HF_ARCHS = {
+    "CohereForCausalLM": CohereForCausalLM,
     "Exaone4ForCausalLM": Olmo2ForCausalLM,
     "Gemma2ForCausalLM": Gemma3ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Glm4ForCausalLM": LlamaForCausalLM,
+    "GPT2LMHeadModel": GPT2LMHeadModel,
+    "GPTNeoXForCausalLM": GPTNeoXForCausalLM,
     "GraniteForCausalLM": LlamaForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
@@ -22,6 +30,8 @@ _HF_ARCHS = {
     "Qwen3ForCausalLM": LlamaForCausalLM,
     "Qwen3MoeForCausalLM": LlamaForCausalLM,
     "SmolLM3ForCausalLM": LlamaForCausalLM,
+    "StableLmForCausalLM": StableLmForCausalLM,
+    "Starcoder2ForCausalLM": Starcoder2ForCausalLM,
 }
 _GGUF_ARCHS = {
     "exaone4": Olmo2ForCausalLM,
