@@ -110,3 +110,24 @@ def test_features_matter(family, feature, ckpt_dir):
             layer.rope = plain
     moved = vllmx_prompt_logits(llm, prompt)
     assert np.abs(moved - base).max() / np.abs(base).max() > 1e-2, feature
+
+
+def test_longrope_prompt_longer_than_the_original_context(ckpt_dir):
+    """Phi-3's longrope with prompts past the original context (256 here): transformers runs
+    such a prompt with the long factors at every position, and so does vllmx for that request,
+    batched with short prompts that keep the short factors (up to the original context)."""
+    from vllmx import LLM, SamplingParams
+
+    path = make_checkpoint("phi3_longrope", "float32", ckpt_dir)
+    rng = np.random.default_rng(SEED)
+    prompts = [rng.integers(3, VOCAB, size=n).tolist() for n in (300, 20, 257, 60)]
+    llm = LLM(path, skip_tokenizer_init=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    oracle = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    for prompt, out in zip(prompts, outs):
+        toks = out.outputs[0].token_ids
+        with torch.no_grad():
+            logits = oracle(torch.tensor([prompt + toks])).logits[0].double().numpy()
+        report = check_positions(log_softmax(logits)[len(prompt) - 1: -1], toks, DELTA)
+        assert report.failed == 0, f"prompt len {len(prompt)} (seed {SEED}): {report}"

@@ -71,6 +71,9 @@ class RotaryEmbedding:
                  freq_factors: np.ndarray | None = None, num_positions: int | None = None):
         self.head_size = head_size
         self.is_neox_style = is_neox_style
+        # longrope: (original context, row offset) — a request whose prompt is longer than the
+        # original context reads its rows at position + offset (the long factors throughout)
+        self.long_prompt_offset: tuple[int, int] | None = None
         s = dict(rope_scaling or {})
         rope_type = s.get("rope_type", s.get("type", "default"))
         inv_freq = _inv_freq(base, rotary_dim)
@@ -89,8 +92,12 @@ class RotaryEmbedding:
             inv_freq, cos_sin_scale = _yarn_inv_freq(base, rotary_dim, s, max_position)
         elif rope_type == "longrope":
             # Phi-3's: short_factor divides the frequencies up to the original context, and
-            # long_factor from there on, per position (transformers switches every position of
-            # a sequence once it is longer, which the KV cache of its earlier keys cannot follow).
+            # long_factor from there on, per position; a sequence whose prompt is longer than
+            # the original context takes long_factor at every position (transformers switches a
+            # whole forward once it reaches past the original context: its prefill of such a
+            # prompt, and each decode step after; the KV cache of earlier keys of a sequence
+            # that crosses it later cannot follow). Those rows follow the per-position ones:
+            # the runner offsets such a request's positions by long_prompt_offset[1].
             orig = s["original_max_position_embeddings"]
             factor = s.get("factor") or max_position / orig
             cos_sin_scale = s.get("attention_factor") or (
@@ -113,7 +120,9 @@ class RotaryEmbedding:
         if rope_type == "dynamic":
             freqs = np.concatenate([freqs, long_freqs])
         elif rope_type == "longrope":
-            freqs = np.concatenate([short, long_freqs])
+            all_long = np.outer(positions, inv_freq / np.asarray(s["long_factor"]))
+            freqs = np.concatenate([short, long_freqs, all_long])
+            self.long_prompt_offset = (orig, len(positions))
         self.cos_sin_cache = placement.upload_vector(np.ascontiguousarray(
             np.concatenate([np.cos(freqs), np.sin(freqs)], axis=1) * cos_sin_scale,
             dtype=np.float32), F32)

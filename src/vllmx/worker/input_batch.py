@@ -23,6 +23,8 @@ class InputBatch:
         self.num_computed_tokens = np.zeros(max_num_reqs, dtype=np.int32)
         self.block_table = np.zeros((max_num_reqs, max_blocks), dtype=np.int32)
         self.num_blocks = np.zeros(max_num_reqs, dtype=np.int32)
+        # Added to a row's rope positions (not its KV slots): longrope's long-prompt rows.
+        self.rope_offset = np.zeros(max_num_reqs, dtype=np.int32)
         self.req_ids: list[str | None] = [None] * max_num_reqs
         self.req_id_to_index: dict[str, int] = {}
         self._free: list[int] = []  # holes below num_reqs, until condense()
@@ -32,7 +34,7 @@ class InputBatch:
         return req_id in self.req_id_to_index
 
     def add_request(self, req_id: str, token_ids: list[int], num_computed_tokens: int,
-                    block_ids: list[int]) -> int:
+                    block_ids: list[int], rope_offset: int = 0) -> int:
         """A row for the request (a hole if there is one, else the next row), filled whole."""
         if req_id in self.req_id_to_index:
             self.remove_request(req_id)
@@ -49,6 +51,7 @@ class InputBatch:
         self.num_computed_tokens[row] = num_computed_tokens
         self.block_table[row, :nb] = block_ids
         self.num_blocks[row] = nb
+        self.rope_offset[row] = rope_offset
         self.req_ids[row] = req_id
         self.req_id_to_index[req_id] = row
         return row
@@ -74,6 +77,7 @@ class InputBatch:
             self.block_table[hole, :nb] = self.block_table[last, :nb]
             self.num_tokens[hole], self.num_blocks[hole] = n, nb
             self.num_computed_tokens[hole] = self.num_computed_tokens[last]
+            self.rope_offset[hole] = self.rope_offset[last]
             self.req_ids[hole], self.req_ids[last] = req_id, None
             self.req_id_to_index[req_id] = hole
             self.num_reqs -= 1
@@ -118,7 +122,8 @@ class InputBatch:
         starts = self.num_computed_tokens[:nb]
         pos = starts[rows] + (np.arange(t, dtype=np.int32) - np.repeat(cu - num_scheduled,
                                                                          num_scheduled))
-        positions[:t] = pos
+        offset = self.rope_offset[:nb]
+        positions[:t] = pos + offset[rows] if offset.any() else pos
         input_ids[:t] = self.token_ids[rows, pos]
         bs = self.block_size
         slot_mapping[:t] = self.block_table[rows, pos // bs] * bs + pos % bs

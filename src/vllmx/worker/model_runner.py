@@ -158,6 +158,8 @@ class ModelRunner:
         # The running requests' rows persist across steps (worker/input_batch.py); the block
         # table the kernels read is its array.
         self.input_batch = InputBatch(b, max_model_len, block_size)
+        # longrope: (original context, row offset) for requests whose prompt is longer
+        self._long_prompt = getattr(getattr(model, "rope", None), "long_prompt_offset", None)
         self.block_table = self.input_batch.block_table
         sizes = (cudagraph_capture_sizes if device == "cuda" else tape_capture_sizes)(min(b, t))
         if enforce_eager:
@@ -353,7 +355,7 @@ class ModelRunner:
         for new in so.scheduled_new_reqs:  # new, or resumed after preemption: a fresh row
             self._add_request(new)
             batch.add_request(new.req_id, new.token_ids, new.num_computed_tokens,
-                              new.block_ids)
+                              new.block_ids, self._rope_offset(new.num_prompt_tokens))
         c = so.scheduled_cached_reqs
         rows = batch.req_id_to_index
         for req_id, blocks, computed in zip(c.req_ids, c.new_block_ids, c.num_computed_tokens):
@@ -376,9 +378,16 @@ class ModelRunner:
         for req_id in scheduled:
             if req_id not in batch:
                 s = self.requests[req_id]
-                batch.add_request(req_id, s.token_ids, s.num_computed_tokens, s.block_ids)
+                batch.add_request(req_id, s.token_ids, s.num_computed_tokens, s.block_ids,
+                                  self._rope_offset(s.num_prompt_tokens))
         batch.condense()
         return batch.req_ids[:batch.num_reqs]
+
+    def _rope_offset(self, num_prompt_tokens: int) -> int:
+        """Longrope: a prompt longer than the original context takes the long factors at
+        every position (layers/rotary.py), read at an offset in the rope cache."""
+        lp = self._long_prompt
+        return lp[1] if lp is not None and num_prompt_tokens > lp[0] else 0
 
     def _prepare_requests(self, req_ids: list[str]) -> dict[str, str]:
         """Each scheduled request's sampler state (built at its first step), request by
