@@ -113,6 +113,8 @@ def family_configs(**sizes):
                                                partial_rotary_factor=0.5, pad_token_id=0),
         # A window narrower than the longest prompt; biases everywhere; tied embeddings.
         "starcoder2": tf.Starcoder2Config(**common, sliding_window=24, pad_token_id=0),
+        # What a starcoder2 GGUF can say: llama.cpp applies no window.
+        "starcoder2_gguf": tf.Starcoder2Config(**common, sliding_window=None, pad_token_id=0),
         "gpt2": tf.GPT2Config(**gpt2),
         # The attention scale divided by the layer number too.
         "gpt2_scaled": tf.GPT2Config(**gpt2, scale_attn_by_inverse_layer_idx=True),
@@ -120,6 +122,9 @@ def family_configs(**sizes):
         # a tiny model's logits nearly flat).
         "cohere": tf.CohereConfig(**common, use_qk_norm=True, logit_scale=0.5),
         "cohere_bias": tf.CohereConfig(**common, attention_bias=True, logit_scale=0.25),
+        # What a command-r GGUF can say: llama.cpp reads q/k norms at 64 layers only (Command
+        # R+'s), and no attention biases.
+        "cohere_gguf": tf.CohereConfig(**common, logit_scale=0.5),
         # What a qwen3moe GGUF can say: every layer sparse, top-k renormalized (llama.cpp).
         "qwen3_moe_gguf": tf.Qwen3MoeConfig(**{**common, "head_dim": 32}, num_experts=8,
                                             num_experts_per_tok=3, moe_intermediate_size=64,
@@ -130,7 +135,8 @@ def family_configs(**sizes):
 # Families whose 1-D tensors (LayerNorm biases, projection biases, norm weights) start random:
 # the default init (ones and zeros) would leave them untested.
 RANDOM_VECTORS = ("gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel", "starcoder2",
-                  "gpt2", "gpt2_scaled", "cohere", "cohere_bias")
+                  "starcoder2_gguf", "gpt2", "gpt2_scaled", "cohere", "cohere_bias",
+                  "cohere_gguf")
 
 GGUF_ARCH = {"llama": "llama", "llama3": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
              "granite": "granite", "smollm3_gguf": "smollm3", "phi3": "phi3", "glm4": "glm4",

@@ -51,7 +51,13 @@ def gguf_to_hf_config(meta: dict[str, Any]) -> dict[str, Any]:
         "residual_multiplier": get("residual_scale"),
         "attention_multiplier": get("attention.scale"),
         "logits_scaling": get("logit_scale"),
+        "logit_scale": get("logit_scale"),  # Command-R multiplies by it
     }
+    eps = get("attention.layer_norm_epsilon")
+    if eps is not None:  # the LayerNorm families' names for it
+        cfg.update(layer_norm_eps=eps, norm_epsilon=eps, layer_norm_epsilon=eps)
+    if get("use_parallel_residual") is not None:  # gptneox
+        cfg["use_parallel_residual"] = bool(get("use_parallel_residual"))
     if isinstance(cfg["num_key_value_heads"], list):
         raise ValueError(f"GGUF {arch}: per-layer head counts are not supported")
     if get("expert_count"):  # MoE: qwen3moe, Mixtral as llama
@@ -59,7 +65,7 @@ def gguf_to_hf_config(meta: dict[str, Any]) -> dict[str, Any]:
         cfg["num_experts_per_tok"] = get("expert_used_count")
         cfg["moe_intermediate_size"] = get("expert_feed_forward_length")
     rot = get("rope.dimension_count")
-    if rot and cfg["head_dim"] and rot != cfg["head_dim"]:
+    if rot and cfg["head_dim"]:  # 1.0 too: GPT-NeoX and StableLM default to partial rope
         cfg["partial_rotary_factor"] = rot / cfg["head_dim"]
     pattern = get("attention.sliding_window_pattern")  # a period, or per layer: True = sliding
     if isinstance(pattern, list):

@@ -1,7 +1,8 @@
 """Cohere Command R (CohereForCausalLM; vLLM's commandr.py). Against the Llama family: LayerNorms
 without bias, attention and the SwiGLU MLP in parallel (both read the one input_layernorm's output
 and join the residual together), interleaved (GPT-J style) rope, optional q/k LayerNorms per head
-(use_qk_norm, each head its own weight), logits multiplied by logit_scale, tied embeddings."""
+(use_qk_norm, each head its own weight), logits multiplied by logit_scale, tied embeddings. GGUF
+("command-r"): the Llama names; q/k norms when the file has them, as llama.cpp decides."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.norm import LayerNorm, ResidualAdd
 from vllmx.layers.rotary import RotaryEmbedding, get_rope
+from vllmx.models.llama import gguf_name_to_hf
 from vllmx.models.shapes import decoder_shapes
 from vllmx.ops import Weight
 
@@ -65,6 +67,9 @@ class CohereDecoderLayer:
 class CohereForCausalLM:
     def __init__(self, cfg: dict, weights: dict[str, Weight]):
         cfg = dict(cfg)
+        if cfg.get("gguf_architecture") is not None:
+            weights = {gguf_name_to_hf(k, cfg["gguf_architecture"]): v for k, v in weights.items()}
+            cfg["use_qk_norm"] = "model.layers.0.self_attn.q_norm.weight" in weights
         cfg["num_key_value_heads"] = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
         cfg["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
         cfg["layer_norm_eps"] = cfg.get("layer_norm_eps") or 1e-5

@@ -2,7 +2,8 @@
 added to the token embeddings; no rope), Conv1D weights stored [in, out] (transposed at load),
 one c_attn projection for [q; k; v], LayerNorms and projections with biases, an MLP without a gate
 (gelu_new), lm_head tied to wte. scale_attn_weights and scale_attn_by_inverse_layer_idx set the
-attention scale per layer."""
+attention scale per layer. GGUF ("gpt2"): Conv1D weights stored [out, in] by llama.cpp's converter,
+the attention scale always 1 / sqrt(head_dim) (llama.cpp's)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from vllmx.layers.linear import Linear
 from vllmx.layers.mlp import GeluMLP
 from vllmx.layers.norm import LayerNorm
 from vllmx.layers.rotary import RotaryEmbedding
+from vllmx.models.llama import gguf_name_to_hf
 from vllmx.ops import Weight
 from vllmx.pages import release_file_pages
 
@@ -34,8 +36,11 @@ class GPT2Block:
         eps = cfg["layer_norm_epsilon"]
         nh, d = cfg["num_attention_heads"], cfg["head_dim"]
 
+        def weight(name):
+            return conv1d_weight(w[name]) if cfg["conv1d"] else w[name]
+
         def linear(name):
-            return Linear(conv1d_weight(w[p + name + ".weight"]), w[p + name + ".bias"])
+            return Linear(weight(p + name + ".weight"), w[p + name + ".bias"])
 
         self.c_attn = linear("attn.c_attn")  # [q; k; v], heads in order within each
         self.c_proj = linear("attn.c_proj")
@@ -44,8 +49,8 @@ class GPT2Block:
             scale /= float(i + 1)
         self.rope = nope
         self.attn = Attention(i, nh, nh, d, scale)
-        self.mlp = GeluMLP(conv1d_weight(w[p + "mlp.c_fc.weight"]), w[p + "mlp.c_fc.bias"],
-                           conv1d_weight(w[p + "mlp.c_proj.weight"]), w[p + "mlp.c_proj.bias"],
+        self.mlp = GeluMLP(weight(p + "mlp.c_fc.weight"), w[p + "mlp.c_fc.bias"],
+                           weight(p + "mlp.c_proj.weight"), w[p + "mlp.c_proj.bias"],
                            cfg["activation_function"], "GPT-2")
         self.ln_1 = LayerNorm(w[p + "ln_1.weight"], w[p + "ln_1.bias"], eps)
         self.ln_2 = LayerNorm(w[p + "ln_2.weight"], w[p + "ln_2.bias"], eps)
@@ -64,6 +69,13 @@ class GPT2Block:
 class GPT2LMHeadModel:
     def __init__(self, cfg: dict, weights: dict[str, Weight]):
         cfg = dict(cfg)
+        gguf_arch = cfg.get("gguf_architecture")
+        if gguf_arch is not None:  # the common names for GPT-2's
+            weights = {gguf_name_to_hf(k, gguf_arch): v for k, v in weights.items()}
+            cfg.update(n_embd=cfg["hidden_size"], n_layer=cfg["num_hidden_layers"],
+                       n_head=cfg["num_attention_heads"],
+                       n_positions=cfg["max_position_embeddings"])
+        cfg["conv1d"] = gguf_arch is None
         # Checkpoints saved from GPT2Model (openai-community/gpt2) have no "transformer." prefix.
         weights = {k if k.startswith(("transformer.", "lm_head.")) else "transformer." + k: v
                    for k, v in weights.items()}

@@ -3,7 +3,8 @@ with biases, one query_key_value projection whose rows are per head [q; k; v] (r
 load into [q heads; k heads; v heads], the layout the attention prologue reads), rope over the
 first rotary_pct of each head (neox style), a gelu MLP with biases, an untied embed_out, and
 parallel residual by default (use_parallel_residual): attention and MLP both read the layer's
-input, each through its own norm, and their outputs join the residual together."""
+input, each through its own norm, and their outputs join the residual together. From GGUF
+("gptneox"): query_key_value already regrouped by llama.cpp's converter."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from vllmx.layers.linear import Linear
 from vllmx.layers.mlp import GeluMLP
 from vllmx.layers.norm import LayerNorm, ResidualAdd
 from vllmx.layers.rotary import RotaryEmbedding, get_rope
+from vllmx.models.llama import gguf_name_to_hf
 from vllmx.ops import Weight
 from vllmx.pages import release_file_pages
 
@@ -49,8 +51,11 @@ class GPTNeoXLayer:
             return LayerNorm(w[p + name + ".weight"], w[p + name + ".bias"], eps)
 
         qkv = p + "attention.query_key_value"
-        self.query_key_value = Linear(*qkv_by_head(w[qkv + ".weight"], w.get(qkv + ".bias"), nh,
-                                                   d))
+        if cfg["qkv_by_head"]:
+            self.query_key_value = Linear(*qkv_by_head(w[qkv + ".weight"], w.get(qkv + ".bias"),
+                                                       nh, d))
+        else:  # a GGUF's: [q heads; k heads; v heads] already
+            self.query_key_value = Linear(w[qkv + ".weight"], w.get(qkv + ".bias"))
         self.dense = Linear(w[p + "attention.dense.weight"], w.get(p + "attention.dense.bias"))
         self.rope = rope
         self.attn = Attention(i, nh, nh, d, d ** -0.5)
@@ -82,6 +87,10 @@ class GPTNeoXLayer:
 class GPTNeoXForCausalLM:
     def __init__(self, cfg: dict, weights: dict[str, Weight]):
         cfg = dict(cfg)
+        gguf_arch = cfg.get("gguf_architecture")
+        if gguf_arch is not None:
+            weights = {gguf_name_to_hf(k, gguf_arch): v for k, v in weights.items()}
+        cfg["qkv_by_head"] = gguf_arch is None
         nh = cfg["num_attention_heads"]
         cfg["num_key_value_heads"] = nh
         cfg["head_dim"] = cfg["hidden_size"] // nh
@@ -90,8 +99,9 @@ class GPTNeoXForCausalLM:
         cfg["use_parallel_residual"] = bool(cfg.get("use_parallel_residual", True))
         # Older config.json files: rotary_pct and rotary_emb_base at the top.
         rope = dict(cfg.get("rope_parameters") or {})
-        rope.setdefault("partial_rotary_factor", cfg.get("rotary_pct", 0.25))
-        rope.setdefault("rope_theta", cfg.get("rotary_emb_base", 10000))
+        rope.setdefault("partial_rotary_factor", cfg.get("rotary_pct")
+                        or cfg.get("partial_rotary_factor") or 0.25)
+        rope.setdefault("rope_theta", cfg.get("rotary_emb_base") or cfg.get("rope_theta") or 10000)
         cfg["rope_parameters"] = rope
         self.config = cfg
         self._check_weights(weights)

@@ -55,6 +55,28 @@ GGUF_ARCH_TO_HF = {
     "glm4": {"blk.{i}.post_attention_norm": "model.layers.{i}.post_self_attn_layernorm",
              "blk.{i}.post_ffw_norm": "model.layers.{i}.post_mlp_layernorm",
              "blk.{i}.ffn_up": "model.layers.{i}.mlp.gate_up_proj"},
+    # The LayerNorm families (models/gpt_neox.py ... commandr.py); command-r needs none.
+    "gptneox": {"token_embd": "gpt_neox.embed_in", "output_norm": "gpt_neox.final_layer_norm",
+                "output": "embed_out",
+                "blk.{i}.attn_norm": "gpt_neox.layers.{i}.input_layernorm",
+                "blk.{i}.attn_qkv": "gpt_neox.layers.{i}.attention.query_key_value",
+                "blk.{i}.attn_output": "gpt_neox.layers.{i}.attention.dense",
+                "blk.{i}.ffn_norm": "gpt_neox.layers.{i}.post_attention_layernorm",
+                "blk.{i}.ffn_up": "gpt_neox.layers.{i}.mlp.dense_h_to_4h",
+                "blk.{i}.ffn_down": "gpt_neox.layers.{i}.mlp.dense_4h_to_h"},
+    # q/k norms stacked [heads, head_dim] (HF: one tensor a head, norms.{h})
+    "stablelm": {"blk.{i}.attn_q_norm": "model.layers.{i}.self_attn.q_layernorm",
+                 "blk.{i}.attn_k_norm": "model.layers.{i}.self_attn.k_layernorm"},
+    "starcoder2": {"blk.{i}.ffn_up": "model.layers.{i}.mlp.c_fc",
+                   "blk.{i}.ffn_down": "model.layers.{i}.mlp.c_proj"},
+    "gpt2": {"token_embd": "transformer.wte", "position_embd": "transformer.wpe",
+             "output_norm": "transformer.ln_f", "output": "lm_head",
+             "blk.{i}.attn_norm": "transformer.h.{i}.ln_1",
+             "blk.{i}.attn_qkv": "transformer.h.{i}.attn.c_attn",
+             "blk.{i}.attn_output": "transformer.h.{i}.attn.c_proj",
+             "blk.{i}.ffn_norm": "transformer.h.{i}.ln_2",
+             "blk.{i}.ffn_up": "transformer.h.{i}.mlp.c_fc",
+             "blk.{i}.ffn_down": "transformer.h.{i}.mlp.c_proj"},
 }
 
 

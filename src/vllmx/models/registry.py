@@ -34,10 +34,13 @@ _HF_ARCHS = {
     "Starcoder2ForCausalLM": Starcoder2ForCausalLM,
 }
 _GGUF_ARCHS = {
+    "command-r": CohereForCausalLM,
     "exaone4": Olmo2ForCausalLM,
     "gemma2": Gemma3ForCausalLM,
     "gemma3": Gemma3ForCausalLM,
     "glm4": LlamaForCausalLM,
+    "gpt2": GPT2LMHeadModel,
+    "gptneox": GPTNeoXForCausalLM,
     "granite": LlamaForCausalLM,
     "llama": LlamaForCausalLM,
     "mistral": LlamaForCausalLM,
@@ -47,6 +50,8 @@ _GGUF_ARCHS = {
     "qwen3": LlamaForCausalLM,
     "qwen3moe": LlamaForCausalLM,
     "smollm3": LlamaForCausalLM,
+    "stablelm": StableLmForCausalLM,
+    "starcoder2": Starcoder2ForCausalLM,
 }
 
 

@@ -3,7 +3,8 @@ LayerNorms with biases, rope over the first partial_rotary_factor of each head (
 biases when use_qkv_bias, and two switches: qk_layernorm (a LayerNorm without bias on each q and k
 head, each head its own weight, before rope) and use_parallel_residual (attention and MLP both
 read the one input_layernorm's output and join the residual together; no
-post_attention_layernorm)."""
+post_attention_layernorm). GGUF ("stablelm"): the q/k norms stacked [heads, head_dim], and both
+switches read from the tensors present, as llama.cpp does."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.norm import LayerNorm, ResidualAdd
 from vllmx.layers.rotary import RotaryEmbedding, get_rope
+from vllmx.models.llama import gguf_name_to_hf
 from vllmx.models.shapes import decoder_shapes
 from vllmx.ops import Weight
 
@@ -23,8 +25,10 @@ _LAYER_TENSORS = ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "se
 
 
 def per_head_norm(w: dict[str, Weight], prefix: str, num_heads: int, eps: float) -> LayerNorm:
-    """StableLM's LayerNormPerHead (prefix.norms.{h}.weight, no bias) as one LayerNorm over
-    [heads, head_dim] weights."""
+    """StableLM's LayerNormPerHead (prefix.norms.{h}.weight, no bias; a GGUF's prefix.weight
+    stacked already) as one LayerNorm over [heads, head_dim] weights."""
+    if prefix + ".weight" in w:
+        return LayerNorm(w[prefix + ".weight"], None, eps)
     stacked = np.stack([w[f"{prefix}.norms.{h}.weight"].to_float32().reshape(-1)
                         for h in range(num_heads)])
     return LayerNorm(Weight.from_numpy(stacked), None, eps)
@@ -87,6 +91,12 @@ class StableLmDecoderLayer:
 class StableLmForCausalLM:
     def __init__(self, cfg: dict, weights: dict[str, Weight]):
         cfg = dict(cfg)
+        gguf_arch = cfg.get("gguf_architecture")
+        if gguf_arch is not None:
+            weights = {gguf_name_to_hf(k, gguf_arch): v for k, v in weights.items()}
+            cfg["qk_layernorm"] = "model.layers.0.self_attn.q_layernorm.weight" in weights
+            cfg["use_parallel_residual"] = ("model.layers.0.post_attention_layernorm.weight"
+                                            not in weights)
         cfg["num_key_value_heads"] = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
         cfg["head_dim"] = cfg["hidden_size"] // cfg["num_attention_heads"]
         cfg.setdefault("layer_norm_eps", 1e-5)
@@ -144,7 +154,8 @@ class StableLmForCausalLM:
             if self.config["qk_layernorm"]:
                 for name, heads in (("q_layernorm", self.config["num_attention_heads"]),
                                     ("k_layernorm", self.config["num_key_value_heads"])):
-                    needed += [f"{p}self_attn.{name}.norms.{h}.weight" for h in range(heads)]
+                    needed += ([f"{p}self_attn.{name}.weight"] if "gguf_architecture" in self.config
+                               else [f"{p}self_attn.{name}.norms.{h}.weight" for h in range(heads)])
         missing = [n for n in needed if n not in weights]
         if missing:
             raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")

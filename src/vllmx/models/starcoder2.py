@@ -1,6 +1,7 @@
 """Starcoder2 (Starcoder2ForCausalLM). Against the Llama family: LayerNorms with biases, biases
 on every projection (use_bias), an MLP without a gate (c_fc, gelu_pytorch_tanh, c_proj), a
-sliding window on every layer when the config has one, tied embeddings by default."""
+sliding window on every layer when the config has one, tied embeddings by default. GGUF
+("starcoder2"): c_fc and c_proj are ffn_up and ffn_down."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.mlp import GeluMLP
 from vllmx.layers.norm import LayerNorm
 from vllmx.layers.rotary import RotaryEmbedding, get_rope
+from vllmx.models.llama import gguf_name_to_hf
 from vllmx.ops import Weight
 
 _LAYER_TENSORS = ("input_layernorm", "post_attention_layernorm", "self_attn.q_proj",
@@ -57,6 +59,8 @@ class Starcoder2DecoderLayer:
 class Starcoder2ForCausalLM:
     def __init__(self, cfg: dict, weights: dict[str, Weight]):
         cfg = dict(cfg)
+        if cfg.get("gguf_architecture") is not None:
+            weights = {gguf_name_to_hf(k, cfg["gguf_architecture"]): v for k, v in weights.items()}
         cfg["num_key_value_heads"] = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
         cfg["head_dim"] = cfg["hidden_size"] // cfg["num_attention_heads"]
         cfg.setdefault("norm_epsilon", 1e-5)
