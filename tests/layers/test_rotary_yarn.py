@@ -42,7 +42,8 @@ def test_yarn_cache_equals_transformers(variant):
 def test_longrope_short_then_long_factors_equal_transformers():
     """Phi-3's longrope: positions below original_max_position_embeddings take transformers'
     short-factor frequencies, the rest its long-factor ones; cos and sin scaled by its
-    attention factor."""
+    attention factor. Rows from MAX_POS on hold the long factors at every position (a prompt
+    longer than the original context), at the offset the rope reports."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     dim, orig = 32, 512
@@ -59,5 +60,10 @@ def test_longrope_short_then_long_factors_equal_transformers():
     freqs = np.where(pos < orig, pos * short.double().numpy(), pos * long.double().numpy())
     ref = np.concatenate([np.cos(freqs), np.sin(freqs)], axis=1) * attn
 
-    mine = RotaryEmbedding(dim, dim, MAX_POS, THETA, True, params).cos_sin_cache
-    assert attn > 1.0 and np.abs(mine - ref).max() < 2e-4
+    rope = RotaryEmbedding(dim, dim, MAX_POS, THETA, True, params)
+    mine = rope.cos_sin_cache
+    assert rope.long_prompt_offset == (orig, MAX_POS) and mine.shape[0] == 2 * MAX_POS
+    assert attn > 1.0 and np.abs(mine[:MAX_POS] - ref).max() < 2e-4
+    freqs = pos * long.double().numpy()
+    ref_long = np.concatenate([np.cos(freqs), np.sin(freqs)], axis=1) * attn
+    assert np.abs(mine[MAX_POS:] - ref_long).max() < 2e-4

@@ -55,20 +55,21 @@ def llamacpp_positions(ref, prompt: list[int], toks: list[int]):
     return check_positions(log_softmax(logits)[len(prompt) - 1: -1], toks, DELTA), logits
 
 
-def check_greedy_parity(llm, ref, num_prompts: int, max_tokens: int = 32) -> None:
-    """Prompts drawn with a fresh seed (prompts the test does not choose), printed on failure."""
+def check_greedy_parity(llm, ref, max_tokens: int = 32) -> None:
+    """Every prompt of the pool (20 x 32 positions): about 3-4% of greedy positions on these
+    quantized models are near-ties that llama.cpp itself does not resolve consistently (its
+    own incremental tokens against its batched logits), so over a seed's draw of 8 the 95% bar
+    passed or failed by the draw (242/256 and 364/384 on some seeds); over the whole pool the
+    fraction is the model's, not the draw's."""
     from vllmx import SamplingParams
 
-    seed = int.from_bytes(os.urandom(4), "little")
-    rng = np.random.default_rng(seed)
-    prompts = [POOL[i] for i in rng.choice(len(POOL), num_prompts, replace=False)]
-    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens,
-                                                ignore_eos=True))
+    outs = llm.generate(POOL, SamplingParams(temperature=0, max_tokens=max_tokens,
+                                             ignore_eos=True))
     strict = total = 0
-    for prompt, out in zip(prompts, outs):
+    for prompt, out in zip(POOL, outs):
         ids, toks = out.prompt_token_ids, out.outputs[0].token_ids
         assert len(toks) == max_tokens
         report, _ = llamacpp_positions(ref, ids, toks)
-        assert report.failed == 0, f"{prompt!r} (seed {seed}): {report}"
+        assert report.failed == 0, f"{prompt!r}: {report}"
         strict, total = strict + report.strict, total + len(toks)
-    assert strict >= MIN_STRICT * total, f"only {strict}/{total} positions strict (seed {seed})"
+    assert strict >= MIN_STRICT * total, f"only {strict}/{total} positions strict"

@@ -87,7 +87,8 @@ def test_greedy_parity_with_llamacpp(arch, qname, writer, ckpt_dir):
     ref = llama_cpp.Llama(path, n_ctx=256, n_threads=os.cpu_count(), logits_all=True,
                           verbose=False)
     rng = np.random.default_rng(SEED)
-    prompts = [rng.integers(3, VOCAB, size=n).tolist() for n in (5, 40, 17, 33, 9, 70, 24, 12)]
+    prompts = [rng.integers(3, VOCAB, size=n).tolist()
+               for n in (5, 40, 17, 33, 9, 70, 24, 12, 28, 7, 51, 15, 36, 11, 63, 20)]
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True))
     strict = total = 0

@@ -27,7 +27,7 @@ SEED = int(os.environ.get("VLLMX_TEST_SEED", int.from_bytes(os.urandom(4), "litt
 # cache, summation order and llama.cpp's tanh GELU (GPT-NeoX's is erf); Q8_0 files also by
 # llama.cpp's 8-bit activations.
 PROMPT_RTOL = {"F32": 5e-3, "Q8_0": 8e-2}
-PROMPT_LENS = (5, 40, 17, 33, 9, 70, 24, 12)
+PROMPT_LENS = (5, 40, 17, 33, 9, 70, 24, 12, 28, 7, 51, 15, 36, 11, 63, 20)
 
 
 @pytest.fixture(scope="module")

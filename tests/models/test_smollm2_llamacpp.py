@@ -26,4 +26,4 @@ def test_tokenizer_ids_match_llamacpp(models):
 
 
 def test_greedy_parity_with_llamacpp(models):
-    check_greedy_parity(*models, num_prompts=8)
+    check_greedy_parity(*models)
