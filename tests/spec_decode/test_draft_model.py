@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.models.tiny_checkpoints import VOCAB, make_checkpoint
-from tests.spec_decode.test_ngram import prompts, tokens
+from tests.spec_decode.test_ngram import prompts, seeded_greedy_penalized, tokens
 
 pytest.importorskip("torch")
 
@@ -62,22 +62,12 @@ def test_greedy_output_is_unchanged(ckpts, draft):
 def test_batched_equal_alone_through_chunks_and_preemption(ckpts):
     """Greedy and seeded requests (drafted) and penalized ones (not), chunked prefill with a
     small budget (the draft's catch-up chunked too) and a target cache too small for all."""
-    from vllmx import SamplingParams
 
     rng = np.random.default_rng()
     kw = dict(max_num_seqs=6, max_num_batched_tokens=40, num_gpu_blocks_override=12,
               block_size=16, max_model_len=192)
     ps = prompts(rng, 12)
-    sps = []
-    for i in range(len(ps)):
-        n = int(rng.integers(8, 50))
-        if i % 3 == 0:
-            sps.append(SamplingParams(temperature=0.8, seed=i, max_tokens=n, ignore_eos=True))
-        elif i % 3 == 1:
-            sps.append(SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
-        else:
-            sps.append(SamplingParams(temperature=0, repetition_penalty=1.3, max_tokens=n,
-                                      ignore_eos=True))
+    sps = seeded_greedy_penalized(rng, len(ps), 50)
     batched, stats = run(ckpts["qwen3"], ps, sps, spec_cfg(ckpts["qwen3"], 3), **kw)
     assert stats.num_preemptions > 0, "the cache was meant to be too small"
     assert stats.spec_decode_num_accepted_tokens > 0

@@ -129,6 +129,24 @@ def prompts(rng, n):
              * int(rng.integers(1, 4))} for _ in range(n)]
 
 
+def seeded_greedy_penalized(rng, n: int, max_tokens: int) -> list:
+    """n SamplingParams in turn seeded random, greedy and greedy with a repetition penalty
+    (drafted, drafted, not drafted), max_tokens drawn in [8, max_tokens)."""
+    from vllmx import SamplingParams
+
+    sps = []
+    for i in range(n):
+        m = int(rng.integers(8, max_tokens))
+        if i % 3 == 0:
+            sps.append(SamplingParams(temperature=0.8, seed=i, max_tokens=m, ignore_eos=True))
+        elif i % 3 == 1:
+            sps.append(SamplingParams(temperature=0, max_tokens=m, ignore_eos=True))
+        else:
+            sps.append(SamplingParams(temperature=0, repetition_penalty=1.3, max_tokens=m,
+                                      ignore_eos=True))
+    return sps
+
+
 def tokens(outs):
     return [o.outputs[0].token_ids for o in outs]
 
@@ -156,23 +174,13 @@ def test_batched_equal_alone_through_chunks_and_preemption(model_dir):
     """Greedy requests (drafted), seeded random and penalized ones (not drafted) batched with
     chunked prefill and a cache too small for all: each gets its tokens without speculation,
     run alone."""
-    from vllmx import SamplingParams
 
     rng = np.random.default_rng()
     kw = dict(max_num_seqs=6, max_num_batched_tokens=48, num_gpu_blocks_override=12,
               block_size=16, max_model_len=192)
     base, spec = llm_pair(model_dir, **kw)
     ps = prompts(rng, 14)
-    sps = []
-    for i in range(len(ps)):
-        n = int(rng.integers(8, 60))
-        if i % 3 == 0:
-            sps.append(SamplingParams(temperature=0.8, seed=i, max_tokens=n, ignore_eos=True))
-        elif i % 3 == 1:
-            sps.append(SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
-        else:
-            sps.append(SamplingParams(temperature=0, repetition_penalty=1.3, max_tokens=n,
-                                      ignore_eos=True))
+    sps = seeded_greedy_penalized(rng, len(ps), 60)
     batched = tokens(spec.generate(ps, sps))
     assert spec.llm_engine.scheduler.num_preemptions > 0, "the cache was meant to be too small"
     assert spec.llm_engine.scheduler.make_stats().spec_decode_num_accepted_tokens > 0

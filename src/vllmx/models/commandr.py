@@ -15,7 +15,7 @@ from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.norm import LayerNorm, ResidualAdd
 from vllmx.layers.rotary import RotaryEmbedding, get_rope
 from vllmx.models.llama import gguf_name_to_hf
-from vllmx.models.shapes import decoder_shapes
+from vllmx.models.shapes import decoder_shapes, require_tensors
 from vllmx.ops import Weight
 
 _LAYER_TENSORS = ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
@@ -114,9 +114,7 @@ class CohereForCausalLM:
                                   if self.config["use_qk_norm"] else ())
         for i in range(self.config["num_hidden_layers"]):
             needed += [f"model.layers.{i}.{n}.weight" for n in names]
-        missing = [n for n in needed if n not in weights]
-        if missing:
-            raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
+        require_tensors(weights, needed)
 
     def forward(self, input_ids: np.ndarray, positions: np.ndarray,
                 md: AttentionMetadata) -> np.ndarray:

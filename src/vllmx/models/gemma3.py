@@ -18,7 +18,7 @@ from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.norm import RMSNorm
 from vllmx.layers.rotary import RotaryEmbedding
-from vllmx.models.shapes import decoder_shapes
+from vllmx.models.shapes import decoder_shapes, require_tensors
 from vllmx.ops import Weight
 
 # GGUF tensor names → HF names (per layer names use {i}); llama.cpp's gemma3 names.
@@ -229,9 +229,7 @@ class Gemma3ForCausalLM:
         for i in range(self.config["num_hidden_layers"]):
             needed += [f"model.layers.{i}.{n}.weight" for n in _LAYER_TENSORS
                        if not (self.gemma2 and n.endswith(("q_norm", "k_norm")))]
-        missing = [n for n in needed if n not in weights]
-        if missing:
-            raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
+        require_tensors(weights, needed)
         if len(self.config["layer_types"]) != self.config["num_hidden_layers"]:
             raise ValueError(f"layer_types has {len(self.config['layer_types'])} entries for "
                              f"{self.config['num_hidden_layers']} layers")

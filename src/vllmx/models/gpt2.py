@@ -17,6 +17,7 @@ from vllmx.layers.mlp import GeluMLP
 from vllmx.layers.norm import LayerNorm
 from vllmx.layers.rotary import RotaryEmbedding
 from vllmx.models.llama import gguf_name_to_hf
+from vllmx.models.shapes import require_tensors
 from vllmx.ops import Weight
 from vllmx.pages import release_file_pages
 
@@ -133,9 +134,7 @@ class GPT2LMHeadModel:
         for i in range(self.config["num_hidden_layers"]):
             needed += [f"transformer.h.{i}.{n}.{s}" for n in _LAYER_TENSORS
                        for s in ("weight", "bias")]
-        missing = [n for n in needed if n not in weights]
-        if missing:
-            raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
+        require_tensors(weights, needed)
 
     def forward(self, input_ids: np.ndarray, positions: np.ndarray,
                 md: AttentionMetadata) -> np.ndarray:

@@ -18,6 +18,7 @@ from vllmx.layers.mlp import GeluMLP
 from vllmx.layers.norm import LayerNorm, ResidualAdd
 from vllmx.layers.rotary import RotaryEmbedding, get_rope
 from vllmx.models.llama import gguf_name_to_hf
+from vllmx.models.shapes import require_tensors
 from vllmx.ops import Weight
 from vllmx.pages import release_file_pages
 
@@ -150,9 +151,7 @@ class GPTNeoXForCausalLM:
         if not self.config.get("tie_word_embeddings") and not (
                 "embed_out.weight" in weights or "lm_head.weight" in weights):
             needed.append("embed_out.weight")
-        missing = [n for n in needed if n not in weights]
-        if missing:
-            raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
+        require_tensors(weights, needed)
 
     def forward(self, input_ids: np.ndarray, positions: np.ndarray,
                 md: AttentionMetadata) -> np.ndarray:

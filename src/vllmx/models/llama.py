@@ -19,7 +19,7 @@ from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.norm import RMSNorm
 from vllmx.layers.rotary import RotaryEmbedding
 from vllmx.models import moe
-from vllmx.models.shapes import decoder_shapes
+from vllmx.models.shapes import decoder_shapes, require_tensors
 from vllmx.ops import Weight
 
 # GGUF tensor names → HF names (per layer names use {i}).
@@ -302,9 +302,7 @@ class LlamaForCausalLM:
                 "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")]
             needed += [f"model.layers.{i}.{n}.weight" for n in (
                 ("mlp.gate",) if sparse[i] else ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"))]
-        missing = [n for n in needed if n not in weights]
-        if missing:
-            raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
+        require_tensors(weights, needed)
 
     def forward(self, input_ids: np.ndarray, positions: np.ndarray,
                 md: AttentionMetadata) -> np.ndarray:

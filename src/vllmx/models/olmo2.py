@@ -17,7 +17,7 @@ from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.norm import ResidualAdd, RMSNorm
 from vllmx.layers.rotary import RotaryEmbedding
 from vllmx.models.llama import gguf_name_to_hf
-from vllmx.models.shapes import decoder_shapes
+from vllmx.models.shapes import decoder_shapes, require_tensors
 from vllmx.ops import Weight
 
 _LAYER_TENSORS = (
@@ -177,9 +177,7 @@ class Olmo2ForCausalLM:
         needed = ["model.embed_tokens.weight", "model.norm.weight"]
         for i in range(self.config["num_hidden_layers"]):
             needed += [f"model.layers.{i}.{n}.weight" for n in _LAYER_TENSORS]
-        missing = [n for n in needed if n not in weights]
-        if missing:
-            raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
+        require_tensors(weights, needed)
 
     def forward(self, input_ids: np.ndarray, positions: np.ndarray,
                 md: AttentionMetadata) -> np.ndarray:

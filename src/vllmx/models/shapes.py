@@ -3,6 +3,15 @@ class's checkpoint_shapes; load_format="dummy" makes them)."""
 
 from __future__ import annotations
 
+from collections.abc import Container, Iterable
+
+
+def require_tensors(weights: Container[str], needed: Iterable[str]) -> None:
+    """ValueError naming the needed tensors the checkpoint lacks (the first three, and how many)."""
+    missing = [n for n in needed if n not in weights]
+    if missing:
+        raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
+
 
 def decoder_shapes(cfg: dict, layer_norms: tuple[str, ...], qk_norm: bool, qkv_bias: bool,
                    o_bias: bool, tied: bool) -> dict[str, tuple[int, ...]]:

@@ -17,7 +17,7 @@ from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.norm import LayerNorm, ResidualAdd
 from vllmx.layers.rotary import RotaryEmbedding, get_rope
 from vllmx.models.llama import gguf_name_to_hf
-from vllmx.models.shapes import decoder_shapes
+from vllmx.models.shapes import decoder_shapes, require_tensors
 from vllmx.ops import Weight
 
 _LAYER_TENSORS = ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
@@ -156,9 +156,7 @@ class StableLmForCausalLM:
                                     ("k_layernorm", self.config["num_key_value_heads"])):
                     needed += ([f"{p}self_attn.{name}.weight"] if "gguf_architecture" in self.config
                                else [f"{p}self_attn.{name}.norms.{h}.weight" for h in range(heads)])
-        missing = [n for n in needed if n not in weights]
-        if missing:
-            raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
+        require_tensors(weights, needed)
 
     def forward(self, input_ids: np.ndarray, positions: np.ndarray,
                 md: AttentionMetadata) -> np.ndarray:

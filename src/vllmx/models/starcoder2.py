@@ -15,6 +15,7 @@ from vllmx.layers.mlp import GeluMLP
 from vllmx.layers.norm import LayerNorm
 from vllmx.layers.rotary import RotaryEmbedding, get_rope
 from vllmx.models.llama import gguf_name_to_hf
+from vllmx.models.shapes import require_tensors
 from vllmx.ops import Weight
 
 _LAYER_TENSORS = ("input_layernorm", "post_attention_layernorm", "self_attn.q_proj",
@@ -107,9 +108,7 @@ class Starcoder2ForCausalLM:
         for i in range(self.config["num_hidden_layers"]):
             needed += [f"model.layers.{i}.{n}.weight" for n in _LAYER_TENSORS]
             needed += [f"model.layers.{i}.{n}.bias" for n in _LAYER_TENSORS[:2]]
-        missing = [n for n in needed if n not in weights]
-        if missing:
-            raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
+        require_tensors(weights, needed)
 
     def forward(self, input_ids: np.ndarray, positions: np.ndarray,
                 md: AttentionMetadata) -> np.ndarray:
