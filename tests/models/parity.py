@@ -61,3 +61,22 @@ def vllmx_prompt_logits(llm, token_ids: list[int]) -> np.ndarray:
     hidden = model.forward(np.asarray(token_ids, dtype=np.int32),
                            np.arange(n, dtype=np.int32), md)
     return model.compute_logits(hidden)
+
+
+def prompt_logits_rel_error(llm, prompt: list[int], ref: np.ndarray) -> float:
+    """vllmx's prompt logits against ref's rows for the prompt (the oracle's, or llama.cpp's
+    rows for prompt + generated tokens): the largest difference over the largest |ref|."""
+    ref = ref[: len(prompt)]
+    return float(np.abs(vllmx_prompt_logits(llm, prompt) - ref).max() / np.abs(ref).max())
+
+
+def assert_prompt_logits_match(llm, prompts, oracle, what: str, seed: int) -> None:
+    """TESTING.md's prompt-logits rule against a transformers oracle in f32: within 1e-3
+    relative, for the first three prompts."""
+    import torch
+
+    for prompt in prompts[:3]:
+        with torch.no_grad():
+            ref = oracle(torch.tensor([prompt])).logits[0].double().numpy()
+        rel = prompt_logits_rel_error(llm, prompt, ref)
+        assert rel < 1e-3, f"{what} prompt logits rel. error {rel:.3g} (seed {seed})"

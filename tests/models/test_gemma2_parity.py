@@ -11,12 +11,9 @@ import os
 import numpy as np
 import pytest
 
-from tests.models.parity import vllmx_prompt_logits
-from tests.models.test_gemma3_parity import (
-    assert_prompt_logits_match,
-    random_prompts,
-    run_parity,
-)
+from tests.models.parity import assert_prompt_logits_match, vllmx_prompt_logits
+from tests.models.test_gemma3_parity import SEED as PROMPT_SEED  # run_parity's prompts
+from tests.models.test_gemma3_parity import random_prompts, run_parity
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -122,7 +119,7 @@ def ckpt_dir(tmp_path_factory):
 def test_parity_f32(variant, ckpt_dir):
     path = make_checkpoint(variant, "float32", ckpt_dir)
     llm, prompts, oracle = run_parity(path, path)
-    assert_prompt_logits_match(llm, prompts, oracle, f"gemma2-{variant} f32")
+    assert_prompt_logits_match(llm, prompts, oracle, f"gemma2-{variant} f32", PROMPT_SEED)
     windows = [layer.attn.sliding_window for layer in llm.llm_engine.model.layers]
     assert windows == ([0, WINDOW, WINDOW, 0] if variant == "mixed" else [WINDOW, 0] * 2)
 

@@ -10,7 +10,12 @@ import os
 import numpy as np
 import pytest
 
-from tests.models.parity import check_positions, log_softmax, vllmx_prompt_logits
+from tests.models.parity import (
+    assert_prompt_logits_match,
+    check_positions,
+    log_softmax,
+    vllmx_prompt_logits,
+)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -139,20 +144,11 @@ def run_parity(model_path: str, hf_path: str):
     return llm, prompts, oracle
 
 
-def assert_prompt_logits_match(llm, prompts, oracle, what: str):
-    for prompt in prompts[:3]:
-        mine = vllmx_prompt_logits(llm, prompt)
-        with torch.no_grad():
-            ref = oracle(torch.tensor([prompt])).logits[0].double().numpy()
-        rel = np.abs(mine - ref).max() / np.abs(ref).max()
-        assert rel < 1e-3, f"{what} prompt logits rel. error {rel:.3g} (seed {SEED})"
-
-
 @pytest.mark.parametrize("variant", ["mixed", "pattern6"])
 def test_parity_f32(variant, ckpt_dir):
     path = make_checkpoint(variant, "float32", ckpt_dir)
     llm, prompts, oracle = run_parity(path, path)
-    assert_prompt_logits_match(llm, prompts, oracle, f"gemma3-{variant} f32")
+    assert_prompt_logits_match(llm, prompts, oracle, f"gemma3-{variant} f32", SEED)
 
 
 def test_parity_bf16(ckpt_dir):

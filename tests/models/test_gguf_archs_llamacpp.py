@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests.models.llamacpp_parity import MIN_STRICT, llamacpp_positions
-from tests.models.parity import vllmx_prompt_logits
+from tests.models.parity import prompt_logits_rel_error
 from tests.models.tiny_checkpoints import GGUF_ARCH, VOCAB, make_checkpoint, write_gguf
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -97,8 +97,7 @@ def test_greedy_parity_with_llamacpp(arch, qname, writer, ckpt_dir):
         report, logits = llamacpp_positions(ref, prompt, toks)
         assert report.failed == 0, f"{arch} {qname} (seed {SEED}, len {len(prompt)}): {report}"
         strict, total = strict + report.strict, total + len(toks)
-        mine = vllmx_prompt_logits(llm, prompt)
-        rel = np.abs(mine - logits[: len(prompt)]).max() / np.abs(logits[: len(prompt)]).max()
+        rel = prompt_logits_rel_error(llm, prompt, logits)
         assert rel < PROMPT_RTOL[qname], f"{arch} {qname} prompt logits rel. error {rel:.3g} " \
                                          f"(seed {SEED})"
     assert strict >= MIN_STRICT * total, f"{arch} {qname}: {strict}/{total} strict (seed {SEED})"

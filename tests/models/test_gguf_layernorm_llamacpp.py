@@ -15,7 +15,7 @@ import pytest
 
 from tests.models.layernorm_gguf import GGUF_ARCH, write_layernorm_gguf
 from tests.models.llamacpp_parity import MIN_STRICT, llamacpp_positions
-from tests.models.parity import vllmx_prompt_logits
+from tests.models.parity import prompt_logits_rel_error, vllmx_prompt_logits
 from tests.models.tiny_checkpoints import VOCAB, make_checkpoint
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -71,8 +71,7 @@ def test_greedy_parity_with_llamacpp(family, qname, ckpt_dir):
         report, logits = llamacpp_positions(ref, prompt, toks)
         assert report.failed == 0, f"{family} {qname} (seed {SEED}, len {len(prompt)}): {report}"
         strict, total = strict + report.strict, total + len(toks)
-        mine = vllmx_prompt_logits(llm, prompt)
-        rel = np.abs(mine - logits[: len(prompt)]).max() / np.abs(logits[: len(prompt)]).max()
+        rel = prompt_logits_rel_error(llm, prompt, logits)
         assert rel < PROMPT_RTOL[qname], f"{family} {qname} prompt logits rel. error {rel:.3g} " \
                                          f"(seed {SEED})"
     assert strict >= MIN_STRICT * total, f"{family} {qname}: {strict}/{total} strict (seed {SEED})"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.models.llamacpp_parity import llamacpp_positions
-from tests.models.parity import vllmx_prompt_logits
+from tests.models.parity import prompt_logits_rel_error
 
 llama_cpp = pytest.importorskip("llama_cpp")
 gguf = pytest.importorskip("gguf")
@@ -127,7 +127,6 @@ def test_greedy_parity_with_llamacpp(model_file):
         # side of an 8-bit rounding step (f32 sums in another order, f16 KV) moves by a whole
         # step; the Q4_0, Q8_0 and Q4_K_S files of this model differ by 2-4% the same way, and
         # the F32 file by 0.1%.
-        mine = vllmx_prompt_logits(llm, prompt)
-        rel = np.abs(mine - logits[: len(prompt)]).max() / np.abs(logits[: len(prompt)]).max()
+        rel = prompt_logits_rel_error(llm, prompt, logits)
         assert rel < 8e-2, f"{name} prompt logits rel. error {rel:.3g} (seed {SEED})"
     assert strict >= MIN_STRICT * total, f"{name}: {strict}/{total} strict (seed {SEED})"

@@ -14,7 +14,7 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.models.parity import vllmx_prompt_logits
+from tests.models.parity import assert_prompt_logits_match, vllmx_prompt_logits
 from tests.models.test_llama_family_parity import SEED, random_prompts, run_parity
 from tests.models.tiny_checkpoints import make_checkpoint
 
@@ -38,12 +38,7 @@ def layers(model) -> list:
 def test_parity_f32(family, ckpt_dir):
     path = make_checkpoint(family, "float32", ckpt_dir)
     llm, prompts, oracle = run_parity(path, path)
-    for prompt in prompts[:3]:
-        mine = vllmx_prompt_logits(llm, prompt)
-        with torch.no_grad():
-            ref = oracle(torch.tensor([prompt])).logits[0].double().numpy()
-        rel = np.abs(mine - ref).max() / np.abs(ref).max()
-        assert rel < 1e-3, f"{family} prompt logits rel. error {rel:.3g} (seed {SEED})"
+    assert_prompt_logits_match(llm, prompts, oracle, family, SEED)
     windows = [layer.attn.sliding_window for layer in layers(llm.llm_engine.model)]
     assert windows == ([24, 24] if family == "starcoder2" else [0, 0])
 

@@ -8,7 +8,12 @@ import os
 import numpy as np
 import pytest
 
-from tests.models.parity import check_positions, log_softmax, vllmx_prompt_logits
+from tests.models.parity import (
+    assert_prompt_logits_match,
+    check_positions,
+    log_softmax,
+    vllmx_prompt_logits,
+)
 from tests.models.tiny_checkpoints import GGUF_ARCH, VOCAB, make_checkpoint, write_gguf
 
 torch = pytest.importorskip("torch")
@@ -65,12 +70,7 @@ def test_parity_f32(family, ckpt_dir):
     path = make_checkpoint(family, "float32", ckpt_dir)
     llm, prompts, oracle = run_parity(path, path)
     # Prompt logits match the oracle's within 1e-3 relative (f32 weights, f32 KV cache).
-    for prompt in prompts[:3]:
-        mine = vllmx_prompt_logits(llm, prompt)
-        with torch.no_grad():
-            ref = oracle(torch.tensor([prompt])).logits[0].double().numpy()
-        rel = np.abs(mine - ref).max() / np.abs(ref).max()
-        assert rel < 1e-3, f"{family} prompt logits rel. error {rel:.3g} (seed {SEED})"
+    assert_prompt_logits_match(llm, prompts, oracle, family, SEED)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

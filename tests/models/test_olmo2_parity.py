@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.models.parity import vllmx_prompt_logits
+from tests.models.parity import assert_prompt_logits_match, vllmx_prompt_logits
 from tests.models.test_llama_family_parity import SEED, random_prompts, run_parity
 from tests.models.tiny_checkpoints import make_checkpoint
 
@@ -29,12 +29,7 @@ def ckpt_dir(tmp_path_factory):
 def test_parity_f32(family, ckpt_dir):
     path = make_checkpoint(family, "float32", ckpt_dir)
     llm, prompts, oracle = run_parity(path, path)
-    for prompt in prompts[:3]:
-        mine = vllmx_prompt_logits(llm, prompt)
-        with torch.no_grad():
-            ref = oracle(torch.tensor([prompt])).logits[0].double().numpy()
-        rel = np.abs(mine - ref).max() / np.abs(ref).max()
-        assert rel < 1e-3, f"{family} prompt logits rel. error {rel:.3g} (seed {SEED})"
+    assert_prompt_logits_match(llm, prompts, oracle, family, SEED)
     windows = [layer.attn.sliding_window for layer in llm.llm_engine.model.layers]
     assert windows == ([24, 24, 24, 0] if family in ("olmo3", "exaone4") else [0, 0])
 
