@@ -6,9 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vllmx.layers.sampler import RequestSamplingState, Sampler, SamplingMetadata
+from vllmx.layers.sampler import RequestSamplingState, Sampler, SamplingMetadata, seed_rng_state
 from vllmx.sampling_params import SamplingParams
-from vllmx.worker.model_runner import seed_rng_state
 
 
 def run(logits, params, tokens, num_prompt, rngs=None):

@@ -229,7 +229,7 @@ def test_bad_inputs():
 def test_random_rows_take_exactly_one_draw(ref):
     """A random row advances its generator by one output even when it falls back to greedy
     (no finite logit): the engine advances it on the host before the step's tokens are back."""
-    from vllmx.worker.model_runner import advance_rng_states
+    from vllmx.layers.sampler import advance_rng_states
 
     rng = np.random.default_rng()
     B, V = 6, 300

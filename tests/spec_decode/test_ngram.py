@@ -256,7 +256,7 @@ def test_advance_rng_state_is_the_samplers_own_stream():
     """A verify step's row j starts j draws into the request's stream: the host's transition
     must be the sampler's (one draw per random row)."""
     from vllmx import ops
-    from vllmx.worker.model_runner import advance_rng_states, seed_rng_state
+    from vllmx.layers.sampler import advance_rng_states, seed_rng_state
 
     rng = np.random.default_rng()
     logits = rng.standard_normal((1, 50)).astype(np.float32)

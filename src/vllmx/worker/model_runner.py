@@ -26,7 +26,14 @@ from vllmx.core.sched_output import (
 )
 from vllmx.device import DeviceArray
 from vllmx.layers.attention import AttentionMetadata
-from vllmx.layers.sampler import PendingSample, RequestSamplingState, Sampler, SamplingMetadata
+from vllmx.layers.sampler import (
+    PendingSample,
+    RequestSamplingState,
+    Sampler,
+    SamplingMetadata,
+    advance_rng_states,
+    seed_rng_state,
+)
 from vllmx.sampling_params import SamplingParams
 from vllmx.worker.decode_capture import (
     CudaGraphs,
@@ -42,39 +49,6 @@ logger = logging.getLogger("vllmx")
 
 # Prompt positions whose logits (for prompt_logprobs) are computed at once: bounds the memory.
 _PROMPT_LOGITS_CHUNK = 256
-
-_MASK = np.uint64((1 << 64) - 1)
-
-
-def seed_rng_state(seed: int) -> np.ndarray:
-    """A sampler generator state (u64[2]) from a seed, by splitmix64."""
-    out = np.empty(2, dtype=np.uint64)
-    x = seed & ((1 << 64) - 1)
-    for i in range(2):
-        x = (x + 0x9E3779B97F4A7C15) & ((1 << 64) - 1)
-        z = x
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & ((1 << 64) - 1)
-        out[i] = z ^ (z >> 31)
-    if not out.any():
-        out[0] = 1
-    return out
-
-
-def advance_rng_states(states: np.ndarray, n: int = 1) -> np.ndarray:
-    """Generator states (u64 [..., 2]) after n draws each (csrc/sampling/rng.h's
-    xoroshiro128++ transition; a random row of the sampler takes exactly one per step): a
-    verify step's row j starts where the request's stream is after the j draws before it, and
-    a step launched before the last one's tokens are back starts where that one left off."""
-    s0 = np.array(states[..., 0], dtype=np.uint64)
-    s1 = np.array(states[..., 1], dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for _ in range(n):
-            s1 ^= s0
-            s0 = ((s0 << np.uint64(49)) | (s0 >> np.uint64(15))) ^ s1 ^ (s1 << np.uint64(21))
-            s1 = (s1 << np.uint64(28)) | (s1 >> np.uint64(36))
-    return np.stack([s0, s1], axis=-1)
-
 
 @dataclass
 class CachedRequestState:
