@@ -15,7 +15,10 @@ namespace {
 std::string i2s(int64_t v) { return std::to_string(v); }
 
 // key_cache / value_cache: [num_blocks, block_size, num_kv_heads, head_size] of one float dtype.
-void check_kv_caches(const char* op, const Tensor& key_cache, const Tensor& value_cache) {
+// One buffer may be both (shared_ok) where that is what the model means: MLA's latent cache is
+// its keys and its values (the op writes the same rows to it twice, or only reads it).
+void check_kv_caches(const char* op, const Tensor& key_cache, const Tensor& value_cache,
+                     bool shared_ok = false) {
   check_ndim(key_cache, 4, op, "key_cache");
   check_ndim(value_cache, 4, op, "value_cache");
   const DType dt = key_cache.dtype;
@@ -25,8 +28,9 @@ void check_kv_caches(const char* op, const Tensor& key_cache, const Tensor& valu
   for (int d = 0; d < 4; ++d) same = same && value_cache.shape[d] == key_cache.shape[d];
   VLLMX_CHECK(same, op,
               "value_cache " + value_cache.str() + " does not match key_cache " + key_cache.str());
-  VLLMX_CHECK(key_cache.data != value_cache.data || key_cache.numel() == 0, op,
-              "key_cache and value_cache must be distinct buffers");
+  VLLMX_CHECK(shared_ok || key_cache.data != value_cache.data || key_cache.numel() == 0, op,
+              "key_cache and value_cache must be distinct buffers (one is both only when key "
+              "and value are one tensor)");
 }
 
 void check_write_kv_cache(const Tensor& key, const Tensor& value, const Tensor& key_cache,
@@ -36,7 +40,7 @@ void check_write_kv_cache(const Tensor& key, const Tensor& value, const Tensor& 
   check_ndim(value, 2, op, "value");
   VLLMX_CHECK(value.dtype == key.dtype, op,
               "value " + value.str() + " must have key's dtype (key " + key.str() + ")");
-  check_kv_caches(op, key_cache, value_cache);
+  check_kv_caches(op, key_cache, value_cache, key.data == value.data);
   check_dtype(slot_mapping, DType::I32, op, "slot_mapping");
   check_ndim(slot_mapping, 1, op, "slot_mapping");
   const int64_t row = key_cache.shape[2] * key_cache.shape[3];
@@ -60,7 +64,7 @@ void check_paged_attention(const Tensor& out, const Tensor& q, const Tensor& key
   check_ndim(out, 2, op, "out");
   VLLMX_CHECK(out.dtype == q.dtype && out.shape[0] == q.shape[0] && out.shape[1] == q.shape[1],
               op, "out " + out.str() + " does not match q " + q.str());
-  check_kv_caches(op, key_cache, value_cache);
+  check_kv_caches(op, key_cache, value_cache, true);
   check_dtype(block_table, DType::I32, op, "block_table");
   check_ndim(block_table, 2, op, "block_table");
   check_dtype(query_start_loc, DType::I32, op, "query_start_loc");
@@ -161,6 +165,50 @@ void check_topk_softmax(const Tensor& topk_weights, const Tensor& topk_ids,
   VLLMX_CHECK(k >= 1 && k <= E, op,
               "k = " + i2s(k) + " experts per token must be in 1.." + i2s(E) + " (gating_output " +
                   gating_output.str() + ")");
+}
+
+void check_grouped_topk(const Tensor& topk_weights, const Tensor& topk_ids,
+                        const Tensor& gating_output, const Tensor& e_score_correction_bias,
+                        int64_t num_expert_group, int64_t topk_group, bool sigmoid,
+                        bool renormalize, float routed_scaling_factor) {
+  (void)sigmoid;
+  (void)renormalize;
+  check_topk_softmax(topk_weights, topk_ids, gating_output, false);
+  const char* op = "grouped_topk";
+  const int64_t E = gating_output.shape[1], k = topk_ids.shape[1];
+  const int64_t G = num_expert_group;
+  VLLMX_CHECK(G >= 1 && E % G == 0, op,
+              "num_expert_group = " + i2s(G) + " must divide the " + i2s(E) + " experts");
+  VLLMX_CHECK(topk_group >= 1 && topk_group <= G && topk_group * (E / G) >= k, op,
+              "topk_group = " + i2s(topk_group) + " groups of " + i2s(E / G) +
+                  " experts must be in 1.." + i2s(G) + " and hold the k = " + i2s(k) +
+                  " experts a token picks");
+  if (e_score_correction_bias.defined()) {
+    check_dtype(e_score_correction_bias, DType::F32, op, "e_score_correction_bias");
+    VLLMX_CHECK(e_score_correction_bias.ndim == 1 && e_score_correction_bias.shape[0] == E, op,
+                "e_score_correction_bias " + e_score_correction_bias.str() + " must be [" +
+                    i2s(E) + "]");
+    VLLMX_CHECK(G == 1 || E / G >= 2, op,
+                "a group scores its two best experts with e_score_correction_bias: groups of " +
+                    i2s(E / G) + " expert are too small");
+  }
+  VLLMX_CHECK(std::isfinite(routed_scaling_factor) && routed_scaling_factor > 0, op,
+              "routed_scaling_factor must be finite and positive");
+}
+
+void check_batched_linear(const Tensor& out, const Tensor& x, const Tensor& w) {
+  const char* op = "batched_linear";
+  check_ndim(x, 3, op, "x");
+  check_ndim(w, 3, op, "w");
+  check_ndim(out, 3, op, "out");
+  const int64_t T = x.shape[0], G = x.shape[1], K = x.shape[2], N = w.shape[1];
+  VLLMX_CHECK(w.shape[0] == G && w.shape[2] == K, op,
+              "w " + w.str() + " must be [G, N, K] = [" + i2s(G) + ", N, " + i2s(K) +
+                  "] for x " + x.str());
+  VLLMX_CHECK(out.dtype == x.dtype && out.shape[0] == T && out.shape[1] == G &&
+                  out.shape[2] == N,
+              op, "out " + out.str() + " must be [" + i2s(T) + ", " + i2s(G) + ", " + i2s(N) +
+                      "] in x's dtype (x " + x.str() + ", w " + w.str() + ")");
 }
 
 void check_fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const Tensor& w2,
@@ -356,6 +404,8 @@ VLLMX_OP_CHECK(apply_logits_processors, check_apply_logits_processors);
 VLLMX_OP_CHECK(compute_logprobs, check_compute_logprobs);
 VLLMX_OP_CHECK(topk_softmax, check_topk_softmax);
 VLLMX_OP_CHECK(fused_experts, check_fused_experts);
+VLLMX_OP_CHECK(grouped_topk, check_grouped_topk);
+VLLMX_OP_CHECK(batched_linear, check_batched_linear);
 VLLMX_OP_CHECK(write_kv_cache, check_write_kv_cache);
 VLLMX_OP_CHECK(paged_attention, check_paged_attention);
 VLLMX_OP_CHECK(sample, check_sample);

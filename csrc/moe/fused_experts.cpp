@@ -27,21 +27,6 @@ float* scratch(int slot, size_t floats) {
   return buf[slot].data();
 }
 
-// Expert e of a stacked weight [E, N, K], as the 2-D [N, K] view linear takes.
-Tensor expert_view(const Tensor& w, int64_t e) {
-  Tensor v = w;
-  const TypeTraits& tt = type_traits(w.dtype);
-  const int64_t bytes = tt.quantized ? w.stride[0] : w.stride[0] * tt.type_size;
-  v.data = static_cast<uint8_t*>(w.data) + e * bytes;
-  v.ndim = 2;
-  v.shape[0] = w.shape[1];
-  v.shape[1] = w.shape[2];
-  v.stride[0] = w.stride[1];
-  v.stride[1] = w.stride[2];
-  v.shape[2] = v.stride[2] = 0;
-  return v;
-}
-
 Tensor f32_matrix(float* data, int64_t rows, int64_t cols) {
   Tensor t;
   t.data = data;
@@ -96,10 +81,10 @@ void run_chunk(const Tensor& out, const Tensor& x, const Tensor& w13, const Tens
     const int64_t s0 = offsets[e], n = offsets[e + 1] - s0;
     if (n == 0) continue;
     for (int64_t r = 0; r < n; ++r) std::copy_n(xp + slots[s0 + r] / k * xs, H, xg + r * H);
-    linear(f32_matrix(gu, n, 2 * I), f32_matrix(xg, n, H), expert_view(w13, e), Tensor{},
+    linear(f32_matrix(gu, n, 2 * I), f32_matrix(xg, n, H), stacked_view(w13, e), Tensor{},
            reference);
     silu_and_mul(f32_matrix(act, n, I), f32_matrix(gu, n, 2 * I), reference);
-    linear(f32_matrix(xg, n, H), f32_matrix(act, n, I), expert_view(w2, e), Tensor{},
+    linear(f32_matrix(xg, n, H), f32_matrix(act, n, I), stacked_view(w2, e), Tensor{},
            reference);
     for (int64_t r = 0; r < n; ++r) std::copy_n(xg + r * H, H, y + slots[s0 + r] * H);
   }

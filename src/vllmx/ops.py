@@ -191,6 +191,15 @@ def act_and_mul(x, act: str = "silu"):
     return gelu_and_mul(x, "tanh" if act == "gelu_tanh" else "none")
 
 
+def batched_linear(x, w, out=None):
+    """out[:, g, :] = x[:, g, :] @ w[g]^T per group g: x [T, G, K] (a strided view is fine),
+    w a stacked Weight [G, N, K]; out [T, G, N] (new, or a view to write into)."""
+    if out is None:
+        out = _empty(x, (x.shape[0], x.shape[1], w.shape[1]))
+    _C.ops.batched_linear(out, x, _arg(w))
+    return out
+
+
 def linear_act_and_mul(x, w, act: str = "silu"):
     """act(x @ gate^T) * (x @ up^T) for w = [gate; up] (a merged gate_up_proj); act is "silu",
     "gelu" (erf) or "gelu_tanh". On the GPU decode rows take one fused GEMV."""
@@ -329,6 +338,23 @@ def topk_softmax(gating_output, k: int, renormalize: bool):
     weights = _empty(gating_output, (gating_output.shape[0], k), np.float32)
     ids = _empty(gating_output, (gating_output.shape[0], k), np.int32)
     _C.ops.topk_softmax(weights, ids, gating_output, renormalize)
+    return weights, ids
+
+
+def grouped_topk(gating_output, k: int, num_expert_group: int = 1, topk_group: int = 1,
+                 scoring_func: str = "softmax", renormalize: bool = False,
+                 routed_scaling_factor: float = 1.0, e_score_correction_bias=None):
+    """MoE routing with expert groups and a choice bias (vLLM's grouped_topk: DeepSeek V2/V3,
+    GLM-4.5; contract in csrc/ops.def): (topk_weights f32 [T, k], topk_ids i32 [T, k]).
+    scoring_func is "softmax" or "sigmoid"."""
+    if scoring_func not in ("softmax", "sigmoid"):
+        raise ValueError(f"grouped_topk: scoring_func must be 'softmax' or 'sigmoid', got "
+                         f"{scoring_func!r}")
+    weights = _empty(gating_output, (gating_output.shape[0], k), np.float32)
+    ids = _empty(gating_output, (gating_output.shape[0], k), np.int32)
+    _C.ops.grouped_topk(weights, ids, gating_output, e_score_correction_bias, num_expert_group,
+                        topk_group, scoring_func == "sigmoid", renormalize,
+                        routed_scaling_factor)
     return weights, ids
 
 

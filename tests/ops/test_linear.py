@@ -267,3 +267,32 @@ def test_bad_args_raise():
                       (np.zeros((2, 292), np.uint8), int(Q.Q8_K)))
     with pytest.raises(ValueError, match="I32"):
         _C.ops.linear(np.empty((3, 8), np.float32), x, np.ones((8, 64), np.int32))
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.BF16, Q.Q8_0], ids=lambda q: q.name)
+@pytest.mark.parametrize("t", [1, 5, 33])
+def test_batched_linear_groups(qtype, t):
+    """batched_linear (MLA's absorbed per-head projections): each group exactly linear's result
+    on that group's columns alone, and float64's within linear's bound."""
+    rng = np.random.default_rng([int(qtype), t])
+    g, n, k = 5, 48, 64
+    mats = [make_weight(rng, qtype, n, k) for _ in range(g)]
+    w = np.stack([m[0] for m in mats])
+    w64 = np.stack([m[1] for m in mats])
+    x = rng.standard_normal((t, g, k)).astype(np.float32)
+    out = np.full((t, g, n), np.nan, np.float32)
+    _C.ops.batched_linear(out, x, (w, int(qtype)))
+    for j in range(g):
+        assert np.array_equal(out[:, j], run(np.ascontiguousarray(x[:, j]), w[j], qtype))
+        if qtype in DENSE_TYPES:
+            assert rel(out[:, j], x[:, j].astype(np.float64) @ w64[j].T) < 1e-5
+        else:
+            assert frob_rel(out[:, j], x[:, j].astype(np.float64) @ w64[j].T) < 3e-2
+
+
+def test_batched_linear_bad_shapes():
+    x = np.zeros((3, 4, 8), np.float32)
+    with pytest.raises(ValueError, match=r"w F32\[4, 6, 9\] must be \[G, N, K\] = \[4, N, 8\]"):
+        _C.ops.batched_linear(np.zeros((3, 4, 6), np.float32), x, np.zeros((4, 6, 9), np.float32))
+    with pytest.raises(ValueError, match=r"out F32\[3, 4, 5\] must be \[3, 4, 6\]"):
+        _C.ops.batched_linear(np.zeros((3, 4, 5), np.float32), x, np.zeros((4, 6, 8), np.float32))
