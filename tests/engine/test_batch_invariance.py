@@ -1,8 +1,9 @@
 """The engine issue's acceptance run: 24 mixed requests (half share a long system prompt,
 max_tokens vary) batched with max_num_seqs=6, max_num_batched_tokens=64 and a KV cache too
 small for all of them give exactly each request's tokens when run alone — with chunked
-prefill, prefix-cache hits and preemption all happening. Once for a dense model (Qwen3) and once
-for a mixture-of-experts one (Qwen3-MoE: the tokens' experts grouped across the batch)."""
+prefill, prefix-cache hits and preemption all happening. Once for a dense model (Qwen3), once
+for a mixture-of-experts one (Qwen3-MoE: the tokens' experts grouped across the batch) and once
+for DeepSeek V3's shape (MLA's latent cache, grouped routing, shared experts)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from tests.models.tiny_checkpoints import VOCAB, make_checkpoint
 pytest.importorskip("torch")
 
 
-@pytest.fixture(scope="module", params=["qwen3", "qwen3_moe"])
+@pytest.fixture(scope="module", params=["qwen3", "qwen3_moe", "deepseek_v3"])
 def model_dir(tmp_path_factory, request) -> str:
     return make_checkpoint(request.param, "float32", str(tmp_path_factory.mktemp("inv")))
 

@@ -34,7 +34,7 @@ def test_fields_and_defaults():
 @pytest.mark.parametrize("bad,match", [
     ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
     ({"num_experts_per_tok": 9}, "num_experts = 8 and num_experts_per_tok = 9"),
-    ({"shared_expert_intermediate_size": 64}, "shared experts are not supported"),
+    ({"shared_expert_intermediate_size": 64}, "gated shared expert"),
 ])
 def test_refusals_name_the_feature(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -50,3 +50,31 @@ def test_mixtral_names():
             == "model.layers.0.mlp.gate.weight")
     assert moe.mixtral_name("model.layers.0.self_attn.q_proj.weight") == \
         "model.layers.0.self_attn.q_proj.weight"
+
+
+def deepseek(arch="DeepseekV3ForCausalLM", **kw) -> dict:
+    return {"architectures": [arch], "num_hidden_layers": 6, "hidden_size": 64,
+            "intermediate_size": 128, "n_routed_experts": 16, "num_experts_per_tok": 4,
+            "moe_intermediate_size": 32, "n_shared_experts": 2, "first_k_dense_replace": 1,
+            "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5, **kw}
+
+
+def test_deepseek_and_glm_fields():
+    cfg = moe.moe_config(deepseek(moe_layer_freq=2))
+    assert cfg["sparse_layers"] == [False, False, True, False, True, False]
+    assert (cfg["num_experts"], cfg["shared_intermediate_size"]) == (16, 64)
+    r = cfg["routing"]
+    assert (r.scoring_func, r.num_expert_group, r.topk_group, r.routed_scaling_factor) == \
+        ("sigmoid", 4, 2, 2.5)
+    v2 = moe.moe_config(deepseek("DeepseekV2ForCausalLM", topk_method="greedy"))
+    assert (v2["routing"].scoring_func, v2["routing"].num_expert_group) == ("softmax", 1)
+    v2 = moe.moe_config(deepseek("DeepseekV2ForCausalLM", topk_method="group_limited_greedy"))
+    assert (v2["routing"].num_expert_group, v2["routing"].topk_group) == (4, 2)
+    glm = moe.moe_config(deepseek("Glm4MoeForCausalLM", n_group=1, topk_group=1))
+    assert glm["routing"].scoring_func == "sigmoid" and glm["sparse_layers"][0] is False
+    assert moe.moe_config(qwen3_moe())["routing"] is None
+
+
+def test_unknown_topk_method_is_named():
+    with pytest.raises(ValueError, match="topk_method 'auxfree' is not supported"):
+        moe.moe_config(deepseek(topk_method="auxfree"))

@@ -29,6 +29,11 @@ def family_configs(**sizes):
             "n_inner": common["intermediate_size"],
             "n_positions": common["max_position_embeddings"], "initializer_range": 0.08,
             "bos_token_id": 1, "eos_token_id": 2}
+    # DeepSeek's attention sizes (kv_lora_rank, the rope and nope parts of a head) and MoE.
+    mla = {**mha, "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
+           "v_head_dim": 24, "pad_token_id": 0}
+    deepseek_moe = {"n_routed_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 32,
+                    "n_shared_experts": 1, "first_k_dense_replace": 1}
     return {
         "llama": tf.LlamaConfig(**common),
         "llama3": tf.LlamaConfig(**common, rope_parameters={
@@ -129,6 +134,33 @@ def family_configs(**sizes):
         "qwen3_moe_gguf": tf.Qwen3MoeConfig(**{**common, "head_dim": 32}, num_experts=8,
                                             num_experts_per_tok=3, moe_intermediate_size=64,
                                             norm_topk_prob=True),
+        # MLA (a query latent, v_head_dim != qk_nope_head_dim), 16 experts in 4 groups of
+        # which the best 2 compete (noaux_tc: sigmoid scores and a random choice bias), top-4,
+        # a shared expert, a dense first layer, routed_scaling_factor.
+        "deepseek_v3": tf.DeepseekV3Config(**{**mla, "num_hidden_layers": 3},
+                                           q_lora_rank=48, **deepseek_moe, n_group=4,
+                                           topk_group=2, norm_topk_prob=True,
+                                           routed_scaling_factor=2.5),
+        # V3's YaRN context extension: mscale != mscale_all_dim scales cos/sin by their
+        # ratio, and the softmax by mscale_all_dim's square.
+        "deepseek_v3_yarn": tf.DeepseekV3Config(
+            **{**mla, "num_hidden_layers": 2}, q_lora_rank=48, **deepseek_moe, n_group=4,
+            topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                             "original_max_position_embeddings": 128, "mscale": 1.0,
+                             "mscale_all_dim": 0.5, "beta_fast": 32, "beta_slow": 1}),
+        # V2-Lite's MLA (no query latent); softmax routing over the best 2 of 4 groups
+        # (group_limited_greedy), not renormalized, scaled.
+        "deepseek_v2": tf.DeepseekV2Config(**{**mla, "num_hidden_layers": 3}, q_lora_rank=None,
+                                           **deepseek_moe, n_group=4, topk_group=2,
+                                           topk_method="group_limited_greedy",
+                                           norm_topk_prob=False, routed_scaling_factor=2.0),
+        # GLM-4.5: GQA with q/k/v biases and q/k norms, neox rope over half of each head,
+        # DeepSeek V3's routing in one group (a choice bias), a shared expert.
+        "glm4_moe": tf.Glm4MoeConfig(**{**common, "num_hidden_layers": 3, "head_dim": 32},
+                                     **deepseek_moe, n_group=1, topk_group=1,
+                                     norm_topk_prob=True, routed_scaling_factor=2.5,
+                                     attention_bias=True, use_qk_norm=True, pad_token_id=0),
     }
 
 
@@ -136,7 +168,9 @@ def family_configs(**sizes):
 # the default init (ones and zeros) would leave them untested.
 RANDOM_VECTORS = ("gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel", "starcoder2",
                   "starcoder2_gguf", "gpt2", "gpt2_scaled", "cohere", "cohere_bias",
-                  "cohere_gguf")
+                  "cohere_gguf", "deepseek_v3", "deepseek_v3_yarn", "deepseek_v2", "glm4_moe")
+# Their routers' choice bias (a buffer, zero at init) drawn too, so that it steers the pick.
+CHOICE_BIAS = ("deepseek_v3", "deepseek_v3_yarn", "glm4_moe")
 
 GGUF_ARCH = {"llama": "llama", "llama3": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
              "granite": "granite", "smollm3_gguf": "smollm3", "phi3": "phi3", "glm4": "glm4",
@@ -161,6 +195,9 @@ def make_checkpoint(family: str, dtype: str, out_dir: str, **sizes) -> str:
                 p.normal_(1.0 if norm and name.endswith(".weight") else 0.0, 0.3)
             elif p.dim() in (2, 3):  # 3: transformers' stacked experts
                 p.mul_(4.0)
+        for name, b in model.named_buffers():
+            if family in CHOICE_BIAS and name.endswith("e_score_correction_bias"):
+                b.uniform_(-0.2, 0.2)
     model = model.to(getattr(torch, dtype))
     path = os.path.join(out_dir, f"{family}-{dtype}")
     model.save_pretrained(path)

@@ -1,22 +1,56 @@
-"""A mixture-of-experts MLP (vLLM's FusedMoE behind a router): router logits, topk_softmax,
-then fused_experts over the stacked SwiGLU experts. The experts stay in their stored format;
-on the CPU block experts are repacked once, expert by expert (ops.repack_experts)."""
+"""A mixture-of-experts MLP (vLLM's FusedMoE behind a router): router logits, routing
+(topk_softmax, or grouped_topk for DeepSeek V2/V3 and GLM-4.5), then fused_experts over the
+stacked SwiGLU experts, plus the shared experts where the model has them. The experts stay in
+their stored format; on the CPU block experts are repacked once, expert by expert
+(ops.repack_experts)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
+
 from vllmx import _C, ops
 from vllmx.layers import placement
-from vllmx.layers.linear import Linear
+from vllmx.layers.linear import Linear, MergedLinear
+from vllmx.layers.norm import ResidualAdd
 from vllmx.ops import Weight
+
+
+@dataclass
+class GroupedRouting:
+    """vLLM's grouped_topk parameters (csrc/ops.def): scores by scoring_func ("softmax" or
+    "sigmoid"), the choice steered by e_score_correction_bias (DeepSeek V3's noaux_tc) where
+    there is one, only the topk_group best of num_expert_group groups competing, weights times
+    routed_scaling_factor."""
+    num_expert_group: int = 1
+    topk_group: int = 1
+    scoring_func: str = "softmax"
+    routed_scaling_factor: float = 1.0
+    e_score_correction_bias: np.ndarray | None = None  # f32 [E]
+
+
+class SwiGLUMLP:
+    """down(silu(gate x) * up x): a dense MLP beside the experts (DeepSeek's and GLM-4.5's
+    shared experts)."""
+
+    def __init__(self, gate: Weight, up: Weight, down: Weight):
+        self.gate_up_proj = MergedLinear([gate, up], [None, None])
+        self.down_proj = Linear(down)
+
+    def __call__(self, x):
+        return self.down_proj(self.gate_up_proj.act_and_mul(x))
 
 
 class SparseMoeBlock:
     """out = sum over the token's top_k experts e of p_e * down_e(silu(gate_e x) * up_e x), p the
-    router's softmax over its logits gate(x), renormalized over the top_k when asked (Mixtral,
-    Qwen3-MoE's norm_topk_prob). w13 [E, 2 I, H] stacks each expert's [gate; up], w2 [E, H, I]."""
+    router's weights for its logits gate(x): softmax, renormalized over the top_k when asked
+    (Mixtral, Qwen3-MoE's norm_topk_prob), or GroupedRouting's; plus shared_experts(x) where
+    given. w13 [E, 2 I, H] stacks each expert's [gate; up], w2 [E, H, I]."""
 
     def __init__(self, gate: Weight, w13: Weight, w2: Weight, top_k: int, renormalize: bool,
-                 name: str = "experts"):
+                 name: str = "experts", routing: GroupedRouting | None = None,
+                 shared_experts: SwiGLUMLP | None = None):
         if placement.current().on_gpu and not _C.ops.fused_experts.has_kernel("cuda"):
             raise ValueError(
                 f"{name}: the fused_experts op has no CUDA kernel yet (mixture-of-experts "
@@ -30,7 +64,25 @@ class SparseMoeBlock:
         self.w2 = ops.repack_experts(w2)
         self.top_k = top_k
         self.renormalize = renormalize
+        self.routing = routing
+        self.shared_experts = shared_experts
+        self._add = ResidualAdd(w13.shape[2]) if shared_experts is not None else None
+
+    def route(self, x):
+        """(topk_weights f32 [T, k], topk_ids i32 [T, k]) of the tokens x."""
+        logits = self.gate(x)
+        r = self.routing
+        if r is None:
+            return ops.topk_softmax(logits, self.top_k, self.renormalize)
+        return ops.grouped_topk(logits, self.top_k, r.num_expert_group, r.topk_group,
+                                r.scoring_func, self.renormalize, r.routed_scaling_factor,
+                                r.e_score_correction_bias)
 
     def __call__(self, x):
-        topk_weights, topk_ids = ops.topk_softmax(self.gate(x), self.top_k, self.renormalize)
-        return ops.fused_experts(x, self.w13, self.w2, topk_weights, topk_ids)
+        topk_weights, topk_ids = self.route(x)
+        out = ops.fused_experts(x, self.w13, self.w2, topk_weights, topk_ids)
+        if self.shared_experts is not None:
+            shared = self.shared_experts(x)
+            self._add(out, shared)  # shared += out
+            return shared
+        return out

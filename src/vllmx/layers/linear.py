@@ -35,6 +35,14 @@ def packed(weight: Weight) -> Weight:
     return p
 
 
+def take_rows(w: Weight, rows) -> Weight:
+    """A copy of the rows of w (a matrix, or a bias vector) at the indices given, in w's own
+    format (a block weight's rows are whole rows of blocks)."""
+    rows = np.asarray(rows)
+    return Weight(np.ascontiguousarray(np.asarray(w.data)[rows]), w.dtype,
+                  (len(rows),) + tuple(w.shape[1:]))
+
+
 class Linear:
     def __init__(self, weight: Weight, bias: Weight | None = None):
         self.weight = weight if isinstance(weight, DeviceArray) else packed(weight)

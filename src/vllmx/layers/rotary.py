@@ -142,15 +142,17 @@ class RotaryEmbedding:
         ops.rotary(positions, q, k, self.cos_sin_cache, self.head_size, self.is_neox_style)
 
 
-def get_rope(cfg: dict, head_dim: int, is_neox_style: bool = True) -> RotaryEmbedding:
+def get_rope(cfg: dict, head_dim: int, is_neox_style: bool = True,
+             rotary_dim: int | None = None) -> RotaryEmbedding:
     """The rope a config.json describes: transformers 5's rope_parameters (rope_theta,
     partial_rotary_factor, the scaling) or the older top-level rope_theta, partial_rotary_factor
-    and rope_scaling; rope over the first head_dim * partial_rotary_factor dims of a head."""
+    and rope_scaling; rope over the first rotary_dim (default head_dim * partial_rotary_factor)
+    dims of a head."""
     params = {**(cfg.get("rope_scaling") or {}), **(cfg.get("rope_parameters") or {})}
     theta = params.pop("rope_theta", None) or cfg.get("rope_theta") or 1e4
     partial = params.pop("partial_rotary_factor", None) or cfg.get("partial_rotary_factor") or 1.0
     kind = params.get("rope_type", params.get("type", "default"))
     scaling = None if kind == "default" else params
-    return RotaryEmbedding(head_dim, int(head_dim * partial),
+    return RotaryEmbedding(head_dim, rotary_dim or int(head_dim * partial),
                            int(cfg.get("max_position_embeddings") or 2048), float(theta),
                            is_neox_style, scaling, num_positions=cfg.get("max_model_len"))

@@ -4,8 +4,9 @@ gate_up tensors, split at load), from safetensors or GGUF, and GLM-4 (norms on t
 MLP outputs too, fused gate_up, partial GPT-J rope). The differences are flags read from
 the checkpoint: a bias tensor present, q/k norm weights present, tied embeddings when there is
 no lm_head, and Granite's embedding, attention, residual and logits multipliers from its
-config. Qwen3-MoE and Mixtral are the same decoder with a mixture-of-experts MLP in
-their sparse layers (models/moe.py)."""
+config. Qwen3-MoE, Mixtral and GLM-4.5 (Glm4MoeForCausalLM: partial neox rope, q/k/v biases,
+optional q/k norm) are the same decoder with a mixture-of-experts MLP in their sparse layers
+(models/moe.py)."""
 
 from __future__ import annotations
 
@@ -277,12 +278,14 @@ class LlamaForCausalLM:
         experts in MoE layers."""
         archs = cfg.get("architectures") or []
         glm4 = "Glm4ForCausalLM" in archs
+        glm4_moe = "Glm4MoeForCausalLM" in archs  # biases on q/k/v only, q/k norm optional
         norms = ("input_layernorm", "post_attention_layernorm")
         shapes = decoder_shapes(
             cfg, norms + (("post_self_attn_layernorm", "post_mlp_layernorm") if glm4 else ()),
-            qk_norm="Qwen3ForCausalLM" in archs or "Qwen3MoeForCausalLM" in archs,
+            qk_norm=("Qwen3ForCausalLM" in archs or "Qwen3MoeForCausalLM" in archs
+                     or (glm4_moe and bool(cfg.get("use_qk_norm")))),
             qkv_bias="Qwen2ForCausalLM" in archs or bool(cfg.get("attention_bias")),
-            o_bias=bool(cfg.get("attention_bias")) and not glm4,
+            o_bias=bool(cfg.get("attention_bias")) and not (glm4 or glm4_moe),
             tied=bool(cfg.get("tie_word_embeddings")))
         if "Phi3ForCausalLM" in archs or glm4:
             for i in range(cfg["num_hidden_layers"]):

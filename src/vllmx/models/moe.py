@@ -1,19 +1,25 @@
-"""Mixture-of-experts members of the Llama family: Qwen3-MoE (Qwen3 attention, routed SwiGLU
-experts, norm_topk_prob, dense layers by decoder_sparse_step / mlp_only_layers) and Mixtral
-(Mistral attention, renormalized top-2). What differs from a dense Llama is only the MLP of a
-sparse layer; this module says which layers are sparse, gathers their experts into the stacked
+"""The mixture-of-experts MLPs: Qwen3-MoE (routed SwiGLU experts, norm_topk_prob, dense layers
+by decoder_sparse_step / mlp_only_layers), Mixtral (renormalized top-2), GLM-4.5 (sigmoid scores
+steered by e_score_correction_bias, shared experts, first_k_dense_replace dense layers) in the
+Llama decoder, and DeepSeek V2/V3's (grouped routing, shared experts) beside MLA
+(models/deepseek_v2.py). What differs between them is only the MLP of a sparse layer; this
+module says which layers are sparse and how they route, gathers their experts into the stacked
 w13 / w2 that fused_experts takes, and lists their tensors for load_format="dummy"."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from vllmx.layers.fused_moe import SparseMoeBlock
+from vllmx.layers.fused_moe import GroupedRouting, SparseMoeBlock, SwiGLUMLP
 from vllmx.ops import Weight
 
-MOE_ARCHS = ("Qwen3MoeForCausalLM", "MixtralForCausalLM")
+MOE_ARCHS = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Glm4MoeForCausalLM",
+             "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+# Sigmoid scores and a choice bias (noaux_tc) unless the config says otherwise.
+_SIGMOID_ARCHS = ("Glm4MoeForCausalLM", "DeepseekV3ForCausalLM")
 
 
 def is_moe(cfg: dict) -> bool:
@@ -23,11 +29,14 @@ def is_moe(cfg: dict) -> bool:
 
 def moe_config(cfg: dict) -> dict:
     """The MoE fields under one set of names: num_experts, num_experts_per_tok,
-    moe_intermediate_size, norm_topk_prob, sparse_layers (one flag per layer)."""
+    moe_intermediate_size, norm_topk_prob, sparse_layers (one flag per layer),
+    shared_intermediate_size (0: none) and routing (a GroupedRouting without its bias, or None
+    for topk_softmax)."""
     archs = cfg.get("architectures") or []
     mixtral = "MixtralForCausalLM" in archs or cfg.get("gguf_architecture") == "llama"
     out = dict(cfg)
-    out["num_experts"] = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    out["num_experts"] = int(cfg.get("num_experts") or cfg.get("num_local_experts")
+                             or cfg.get("n_routed_experts") or 0)
     out["num_experts_per_tok"] = int(cfg.get("num_experts_per_tok") or 0)
     out["moe_intermediate_size"] = int(cfg.get("moe_intermediate_size")
                                        or cfg["intermediate_size"])
@@ -37,16 +46,42 @@ def moe_config(cfg: dict) -> dict:
     if cfg.get("hidden_act", "silu") != "silu":
         raise ValueError(f"MoE config: hidden_act {cfg['hidden_act']!r} is not supported "
                          f"(experts run SwiGLU with silu)")
-    if cfg.get("shared_expert_intermediate_size") or cfg.get("n_shared_experts"):
-        raise ValueError("MoE config: shared experts are not supported yet")
+    if cfg.get("shared_expert_intermediate_size"):
+        raise ValueError("MoE config: a gated shared expert (shared_expert_intermediate_size, "
+                         "Qwen2-MoE) is not supported yet")
+    out["shared_intermediate_size"] = (int(cfg.get("n_shared_experts") or 0)
+                                       * out["moe_intermediate_size"])
     # Mixtral, and llama.cpp's qwen3moe, always renormalize the top-k weights.
     out["norm_topk_prob"] = True if mixtral or "gguf_architecture" in cfg else bool(
         cfg.get("norm_topk_prob", False))
-    step = int(cfg.get("decoder_sparse_step") or 1)
+    out["routing"] = _routing(cfg, archs)
+    step = int(cfg.get("decoder_sparse_step") or cfg.get("moe_layer_freq") or 1)
+    first_sparse = int(cfg.get("first_k_dense_replace") or 0)
     dense = set(cfg.get("mlp_only_layers") or [])
-    out["sparse_layers"] = [i not in dense and (i + 1) % step == 0
-                            for i in range(cfg["num_hidden_layers"])]
+    if "first_k_dense_replace" in cfg:  # DeepSeek / GLM-4.5: every step-th layer from there
+        out["sparse_layers"] = [i >= first_sparse and i % step == 0
+                                for i in range(cfg["num_hidden_layers"])]
+    else:
+        out["sparse_layers"] = [i not in dense and (i + 1) % step == 0
+                                for i in range(cfg["num_hidden_layers"])]
     return out
+
+
+def _routing(cfg: dict, archs: list[str]) -> GroupedRouting | None:
+    """DeepSeek's and GLM-4.5's routing (vLLM's grouped_topk), None for a softmax router."""
+    if not any(a in archs for a in ("DeepseekV2ForCausalLM", *_SIGMOID_ARCHS)):
+        return None
+    sigmoid = any(a in archs for a in _SIGMOID_ARCHS)
+    method = cfg.get("topk_method") or ("noaux_tc" if sigmoid else "greedy")
+    if method not in ("greedy", "group_limited_greedy", "noaux_tc"):
+        raise ValueError(f"MoE config: topk_method {method!r} is not supported (greedy, "
+                         f"group_limited_greedy, noaux_tc)")
+    grouped = method != "greedy"
+    return GroupedRouting(
+        num_expert_group=int(cfg.get("n_group") or 1) if grouped else 1,
+        topk_group=int(cfg.get("topk_group") or 1) if grouped else 1,
+        scoring_func=cfg.get("scoring_func") or ("sigmoid" if sigmoid else "softmax"),
+        routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0))
 
 
 def _stack(ws: list[Weight]) -> np.ndarray:
@@ -125,10 +160,25 @@ def mixtral_name(name: str) -> str:
 
 
 def sparse_block(cfg: dict, weights, i: int) -> SparseMoeBlock:
+    """Layer i's MoE MLP: its router (and the router's choice bias under noaux_tc), experts and
+    shared experts."""
+    p = f"model.layers.{i}.mlp."
     w13, w2 = expert_weights(weights, cfg, i)
-    return SparseMoeBlock(weights[f"model.layers.{i}.mlp.gate.weight"], w13, w2,
-                          cfg["num_experts_per_tok"], cfg["norm_topk_prob"],
-                          name=f"model.layers.{i}.mlp")
+    routing = cfg["routing"]
+    if routing is not None and routing.num_expert_group == 1 and routing.scoring_func == \
+            "softmax":
+        routing = None if routing.routed_scaling_factor == 1.0 else routing
+    if routing is not None and p + "gate.e_score_correction_bias" in weights:
+        bias = weights[p + "gate.e_score_correction_bias"].to_float32().reshape(-1)
+        routing = dataclasses.replace(routing, e_score_correction_bias=np.ascontiguousarray(
+            bias, dtype=np.float32))
+    shared = None
+    if cfg["shared_intermediate_size"]:
+        shared = SwiGLUMLP(*(weights[f"{p}shared_experts.{n}_proj.weight"]
+                             for n in ("gate", "up", "down")))
+    return SparseMoeBlock(weights[p + "gate.weight"], w13, w2, cfg["num_experts_per_tok"],
+                          cfg["norm_topk_prob"], name=p[:-1], routing=routing,
+                          shared_experts=shared)
 
 
 def moe_checkpoint_shapes(cfg: dict, shapes: dict[str, tuple[int, ...]]) -> None:
@@ -137,6 +187,7 @@ def moe_checkpoint_shapes(cfg: dict, shapes: dict[str, tuple[int, ...]]) -> None
     cfg = moe_config(cfg)
     mixtral = "MixtralForCausalLM" in (cfg.get("architectures") or [])
     h, inter, n = cfg["hidden_size"], cfg["moe_intermediate_size"], cfg["num_experts"]
+    shared = cfg["shared_intermediate_size"]
     for i, sparse in enumerate(cfg["sparse_layers"]):
         if not sparse:
             continue
@@ -145,6 +196,12 @@ def moe_checkpoint_shapes(cfg: dict, shapes: dict[str, tuple[int, ...]]) -> None
             del shapes[f"{p}mlp.{name}.weight"]
         mlp = p + ("block_sparse_moe." if mixtral else "mlp.")
         shapes[mlp + "gate.weight"] = (n, h)
+        if cfg["routing"] is not None and cfg["routing"].scoring_func == "sigmoid":
+            shapes[mlp + "gate.e_score_correction_bias"] = (n,)
+        if shared:
+            shapes[mlp + "shared_experts.gate_proj.weight"] = (shared, h)
+            shapes[mlp + "shared_experts.up_proj.weight"] = (shared, h)
+            shapes[mlp + "shared_experts.down_proj.weight"] = (h, shared)
         for e in range(n):
             gate, up, down = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj",
                                                                  "down_proj")

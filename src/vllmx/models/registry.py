@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from vllmx.models.commandr import CohereForCausalLM
+from vllmx.models.deepseek_v2 import DeepseekV2ForCausalLM
 from vllmx.models.gemma3 import Gemma3ForCausalLM
 from vllmx.models.gpt2 import GPT2LMHeadModel
 from vllmx.models.gpt_neox import GPTNeoXForCausalLM
@@ -13,10 +14,13 @@ from vllmx.models.starcoder2 import Starcoder2ForCausalLM
 
 _HF_ARCHS = {
     "CohereForCausalLM": CohereForCausalLM,
+    "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
+    "DeepseekV3ForCausalLM": DeepseekV2ForCausalLM,
     "Exaone4ForCausalLM": Olmo2ForCausalLM,
     "Gemma2ForCausalLM": Gemma3ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Glm4ForCausalLM": LlamaForCausalLM,
+    "Glm4MoeForCausalLM": LlamaForCausalLM,
     "GPT2LMHeadModel": GPT2LMHeadModel,
     "GPTNeoXForCausalLM": GPTNeoXForCausalLM,
     "GraniteForCausalLM": LlamaForCausalLM,

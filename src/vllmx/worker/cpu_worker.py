@@ -24,6 +24,12 @@ from vllmx.worker.worker_base import (
 logger = logging.getLogger("vllmx")
 
 
+def _layer_cache(shape, np_dtype, mla: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A layer's (key_cache, value_cache); MLA's latent rows are both, one buffer."""
+    k = lazy_zeros(shape, np_dtype)
+    return (k, k) if mla else (k, lazy_zeros(shape, np_dtype))
+
+
 def _total_memory_bytes() -> int:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -59,7 +65,7 @@ class CpuWorker(WorkerBase):
         shape = (num_blocks, cc.block_size, hf["num_key_value_heads"], hf["head_dim"])
         # Pages are committed as blocks are first written (and the block pool reuses freed
         # blocks first), so an idle or lightly used cache costs little resident memory.
-        self.kv_caches = [(lazy_zeros(shape, np_dtype), lazy_zeros(shape, np_dtype))
+        self.kv_caches = [_layer_cache(shape, np_dtype, hf.get("use_mla", False))
                           for _ in range(hf["num_hidden_layers"])]
         self.cache_dtype = dtype
         logger.info("KV cache: %d blocks x %d tokens (%s, %.1f MiB), max_model_len %d",

@@ -43,9 +43,10 @@ class WorkerBase(ABC):
 
 
 def kv_block_bytes(hf_config: dict, block_size: int, itemsize: int) -> int:
-    """Bytes of one KV block across all layers (K and V)."""
-    return (2 * hf_config["num_hidden_layers"] * block_size * hf_config["num_key_value_heads"]
-            * hf_config["head_dim"] * itemsize)
+    """Bytes of one KV block across all layers (K and V; MLA's one latent row a token)."""
+    caches = 1 if hf_config.get("use_mla") else 2
+    return (caches * hf_config["num_hidden_layers"] * block_size
+            * hf_config["num_key_value_heads"] * hf_config["head_dim"] * itemsize)
 
 
 def num_kv_blocks(config: VllmxConfig, block_bytes: int, budget_bytes: int,

@@ -1,0 +1,110 @@
+"""Token parity of DeepSeek V2 / V3 (MLA, grouped routing, shared experts) and GLM-4.5
+(Glm4MoeForCausalLM: sigmoid routing with a choice bias, shared experts) against transformers
+(float32 on the CPU), for tiny random checkpoints in f32 and bf16 (tests/models/
+tiny_checkpoints.py: 16 experts, top-4, 4 groups, a dense first layer, random norm weights and
+choice biases). The MLA cache is checked to be one latent row a token, and what sets each model
+apart (the groups, the choice bias, the shared expert, the scaling factor, the query latent's
+norm) is checked to move the logits, so that the parity tests test it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tests.models.parity import assert_prompt_logits_match, vllmx_prompt_logits
+from tests.models.test_llama_family_parity import SEED, random_prompts, run_parity
+from tests.models.tiny_checkpoints import make_checkpoint
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+FAMILIES = ["deepseek_v3", "deepseek_v3_yarn", "deepseek_v2", "glm4_moe"]
+
+
+@pytest.fixture(scope="module")
+def ckpt_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("tiny-moe"))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_parity_f32(family, ckpt_dir):
+    path = make_checkpoint(family, "float32", ckpt_dir)
+    llm, prompts, oracle = run_parity(path, path)
+    assert_prompt_logits_match(llm, prompts, oracle, family, SEED)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_parity_bf16(family, ckpt_dir):
+    path = make_checkpoint(family, "bfloat16", ckpt_dir)
+    run_parity(path, path)  # oracle: the same bf16 weights (routers f32, as stored), in f32
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v2"])
+def test_mla_cache_is_one_latent_row_a_token(family, ckpt_dir):
+    from vllmx import LLM
+
+    llm = LLM(make_checkpoint(family, "float32", ckpt_dir), skip_tokenizer_init=True)
+    cfg = llm.llm_engine.model.config
+    for key_cache, value_cache in llm.llm_engine.kv_caches:
+        assert key_cache is value_cache
+        assert key_cache.shape[2:] == (1, cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"])
+
+
+def _perturb(model, feature: str) -> None:
+    """Turns one feature off in a loaded model (host arrays: CPU only)."""
+    for layer in model.layers:
+        block = getattr(layer, "mlp", None) or getattr(layer, "experts", None)
+        if feature == "q_latent_norm":
+            layer.self_attn.q_a_layernorm.weight = np.ones_like(
+                layer.self_attn.q_a_layernorm.weight)
+        if feature == "softmax_mscale":  # YaRN's mscale_all_dim^2 off the softmax scale
+            attn = layer.self_attn
+            attn.attn.scale = (attn.dn + attn.dr) ** -0.5
+        if not hasattr(block, "routing"):
+            continue  # a dense layer
+        r = block.routing
+        if feature == "groups":
+            block.routing = dataclasses.replace(r, topk_group=r.num_expert_group)
+        elif feature == "choice_bias":
+            block.routing = dataclasses.replace(r, e_score_correction_bias=None)
+        elif feature == "scaling":
+            block.routing = dataclasses.replace(r, routed_scaling_factor=1.0)
+        elif feature == "shared_experts":
+            block.shared_experts = None
+
+
+@pytest.mark.parametrize("family,feature", [
+    ("deepseek_v3", "groups"), ("deepseek_v3", "choice_bias"), ("deepseek_v3", "scaling"),
+    ("deepseek_v3", "shared_experts"), ("deepseek_v3", "q_latent_norm"),
+    ("deepseek_v3_yarn", "softmax_mscale"),
+    ("deepseek_v2", "groups"), ("deepseek_v2", "scaling"), ("glm4_moe", "choice_bias"),
+    ("glm4_moe", "shared_experts")])
+def test_each_feature_matters(family, feature, ckpt_dir):
+    from vllmx import LLM
+
+    llm = LLM(make_checkpoint(family, "float32", ckpt_dir), skip_tokenizer_init=True)
+    prompt = random_prompts(np.random.default_rng(SEED))[0]
+    base = vllmx_prompt_logits(llm, prompt)
+    _perturb(llm.llm_engine.model, feature)
+    moved = vllmx_prompt_logits(llm, prompt)
+    assert np.abs(moved - base).max() / np.abs(base).max() > 1e-2, feature
+
+
+def test_dummy_weights_have_the_checkpoint_shapes(ckpt_dir):
+    """load_format="dummy" makes exactly the tensors a real checkpoint of the config has."""
+    import json
+    import os
+
+    from safetensors import safe_open
+
+    from vllmx.models.registry import get_model_class
+
+    for family in FAMILIES:
+        path = make_checkpoint(family, "float32", ckpt_dir)
+        with open(os.path.join(path, "config.json")) as f:
+            cfg = json.load(f)
+        with safe_open(os.path.join(path, "model.safetensors"), "np") as f:
+            real = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        assert get_model_class(cfg).checkpoint_shapes(cfg) == real, family
