@@ -56,7 +56,8 @@ void check_write_kv_cache(const Tensor& key, const Tensor& value, const Tensor& 
 void check_paged_attention(const Tensor& out, const Tensor& q, const Tensor& key_cache,
                            const Tensor& value_cache, const Tensor& block_table,
                            const Tensor& query_start_loc, const Tensor& seq_lens, float scale,
-                           int64_t sliding_window, float logits_soft_cap, int64_t max_query_len) {
+                           int64_t sliding_window, float logits_soft_cap, int64_t max_query_len,
+                           const Tensor& sinks) {
   (void)sliding_window;
   (void)max_query_len;
   const char* op = "paged_attention";
@@ -91,6 +92,12 @@ void check_paged_attention(const Tensor& out, const Tensor& q, const Tensor& key
                   " must have one row per sequence (seq_lens " + seq_lens.str() + ")");
   VLLMX_CHECK(std::isfinite(scale), op, "scale must be finite");
   VLLMX_CHECK(std::isfinite(logits_soft_cap), op, "logits_soft_cap must be finite");
+  if (sinks.defined()) {
+    check_dtype(sinks, DType::F32, op, "sinks");
+    VLLMX_CHECK(sinks.ndim == 1 && sinks.shape[0] == nq, op,
+                "sinks " + sinks.str() + " must have one entry per query head (" + i2s(nq) +
+                    ")");
+  }
 }
 
 void check_sample(const Tensor& out_ids, const Tensor& out_logprobs, const Tensor& logits,
@@ -212,7 +219,8 @@ void check_batched_linear(const Tensor& out, const Tensor& x, const Tensor& w) {
 }
 
 void check_fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const Tensor& w2,
-                         const Tensor& topk_weights, const Tensor& topk_ids) {
+                         const Tensor& topk_weights, const Tensor& topk_ids,
+                         const Tensor& w13_bias, const Tensor& w2_bias, int64_t activation) {
   const char* op = "fused_experts";
   check_ndim(x, 2, op, "x");
   check_ndim(out, 2, op, "out");
@@ -238,6 +246,25 @@ void check_fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, 
   VLLMX_CHECK(k >= 1 && k <= E, op,
               "k = " + i2s(k) + " experts per token must be in 1.." + i2s(E) + " (w13 " +
                   w13.str() + ")");
+  const auto check_bias = [&](const Tensor& b, int64_t n, const char* name) {
+    if (!b.defined()) return;
+    check_dtype(b, DType::F32, op, name);
+    VLLMX_CHECK(b.ndim == 2 && b.shape[0] == E && b.shape[1] == n, op,
+                std::string(name) + " " + b.str() + " must be [" + i2s(E) + ", " + i2s(n) + "]");
+  };
+  check_bias(w13_bias, I2, "w13_bias");
+  check_bias(w2_bias, H, "w2_bias");
+  VLLMX_CHECK(activation == 0 || activation == 1, op,
+              "activation must be 0 (silu) or 1 (swigluoai), got " + i2s(activation));
+}
+
+void check_swigluoai_and_mul(const Tensor& out, const Tensor& x, float alpha, float limit) {
+  const char* op = "swigluoai_and_mul";
+  check_ndim(x, 2, op, "x");
+  check_ndim(out, 2, op, "out");
+  VLLMX_CHECK(out.shape[0] == x.shape[0] && x.shape[1] == 2 * out.shape[1], op,
+              "x " + x.str() + " must be [T, 2 * I] for out " + out.str());
+  VLLMX_CHECK(std::isfinite(alpha) && limit > 0, op, "alpha must be finite and limit positive");
 }
 
 void check_compute_logprobs(const Tensor& out_token_logprob, const Tensor& out_rank,
@@ -404,6 +431,7 @@ VLLMX_OP_CHECK(apply_logits_processors, check_apply_logits_processors);
 VLLMX_OP_CHECK(compute_logprobs, check_compute_logprobs);
 VLLMX_OP_CHECK(topk_softmax, check_topk_softmax);
 VLLMX_OP_CHECK(fused_experts, check_fused_experts);
+VLLMX_OP_CHECK(swigluoai_and_mul, check_swigluoai_and_mul);
 VLLMX_OP_CHECK(grouped_topk, check_grouped_topk);
 VLLMX_OP_CHECK(batched_linear, check_batched_linear);
 VLLMX_OP_CHECK(write_kv_cache, check_write_kv_cache);

@@ -452,7 +452,10 @@ void launch_tc(const AttnPlan& p, const AttnArgs& a, cudaStream_t s) {
 void paged_attention(const Tensor& out, const Tensor& q, const Tensor& key_cache,
                      const Tensor& value_cache, const Tensor& block_table,
                      const Tensor& query_start_loc, const Tensor& seq_lens, float scale,
-                     int64_t sliding_window, float logits_soft_cap, int64_t max_query_len) {
+                     int64_t sliding_window, float logits_soft_cap, int64_t max_query_len,
+                     const Tensor& sinks) {
+  VLLMX_CHECK(!sinks.defined(), kOp,
+              "attention sinks have no CUDA kernel yet (gpt-oss runs on the CPU only)");
   // The shapes are the op's contract (csrc/ops.cpp), checked before this runs; here what the
   // GPU adds (activation dtypes, layouts, index ranges). The contents of block_table /
   // query_start_loc / seq_lens live on the GPU and are trusted (reading them would need a host

@@ -51,7 +51,9 @@ void attend_reference(const Args& a, int64_t t, int64_t g, std::vector<double>& 
       sc[j] = s;
       m = std::max(m, s);
     }
-    double l = 0;
+    const double sink = a.sinks != nullptr ? a.sinks[h] : -std::numeric_limits<double>::infinity();
+    m = std::max(m, sink);
+    double l = std::exp(sink - m);  // 0 without a sink
     for (int64_t j = 0; j < n; ++j) {
       sc[j] = std::exp(sc[j] - m);
       l += sc[j];
@@ -136,7 +138,7 @@ void attend_item_generic(const Args& a, const WorkItem& w, Scratch& s) {
   }
   for (int64_t r = 0; r < R; ++r) {
     float* o = a.out + (w.t0 + r / G) * a.out_stride + (w.g * G + r % G) * D;
-    const float inv = 1.0f / l[r];
+    const float inv = attn::row_inv(a, w.g * G + r % G, m[r], l[r]);
     for (int64_t d = 0; d < D; ++d) o[d] = acc[r * D + d] * inv;
   }
 }
@@ -172,7 +174,7 @@ void paged_attention(const Tensor& out, const Tensor& q, const Tensor& key_cache
                      const Tensor& value_cache, const Tensor& block_table,
                      const Tensor& query_start_loc, const Tensor& seq_lens, float scale,
                      int64_t sliding_window, float logits_soft_cap, int64_t max_query_len,
-                     bool reference) {
+                     const Tensor& sinks, bool reference) {
   (void)max_query_len;  // the CPU plans from query_start_loc itself
   // The shapes are the op's contract (csrc/ops.cpp), checked before this runs; here what the
   // CPU adds (f32 activations, its head size bound) and the host-side index contents.
@@ -243,6 +245,7 @@ void paged_attention(const Tensor& out, const Tensor& q, const Tensor& key_cache
   a.cap = logits_soft_cap > 0 ? logits_soft_cap : 0.0f;
   a.q_stride = q.stride[0];
   a.out_stride = out.stride[0];
+  a.sinks = sinks.defined() ? sinks.ptr<float>() : nullptr;
 
   if (reference) {
     const int64_t items = T * nkv;

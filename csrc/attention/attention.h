@@ -11,6 +11,7 @@
 // the batch, the chunking of the prompt, the thread, or the size of the item (batch invariance).
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -35,7 +36,18 @@ struct Args {
   int64_t window;
   float cap;
   int64_t q_stride, out_stride;
+  const float* sinks;  // [nq] or nullptr
 };
+
+// 1 / the softmax denominator of a row of head h whose running max and sum are m and l, times
+// what rescales its accumulator: 1 / l, or with a sink logit s (gpt-oss) the denominator taking
+// exp(s) too, rescaled to the larger of m and s: corr / (l corr + exp(s - m')).
+inline float row_inv(const Args& a, int64_t h, float m, float l) {
+  if (a.sinks == nullptr) return 1.0f / l;
+  const float s = a.sinks[h], mm = std::max(m, s);
+  const float corr = std::exp(m - mm);
+  return corr / (l * corr + std::exp(s - mm));
+}
 
 // Query rows t0 .. t0 + nt - 1 (consecutive tokens of sequence b, at absolute positions
 // pos0 .. pos0 + nt - 1) x the G query heads of kv head g. Row r of the item is token r / G,

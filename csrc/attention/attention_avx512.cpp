@@ -313,7 +313,9 @@ VLLMX_TARGET_AVX512 void attend_item_avx512(const Args& a, const WorkItem& w, Sc
   }
   for (int64_t r = 0; r < R; ++r) {
     float* o = a.out + (w.t0 + r / G) * a.out_stride + (w.g * G + r % G) * D;
-    const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_set1_ps(l[r]));
+    const __m512 inv = a.sinks == nullptr
+                           ? _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_set1_ps(l[r]))
+                           : _mm512_set1_ps(row_inv(a, w.g * G + r % G, m[r], l[r]));
     for (int64_t d = 0; d < D; d += 16)
       _mm512_mask_storeu_ps(o + d, tail_mask(D - d),
                             _mm512_mul_ps(_mm512_load_ps(acc + r * Dp + d), inv));

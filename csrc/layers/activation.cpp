@@ -59,6 +59,33 @@ void silu_and_mul(const Tensor& out, const Tensor& x, bool reference) {
   }
 }
 
+// gpt-oss's clamped SwiGLU (vLLM's swigluoai_and_mul): the gate clamped above at limit, the up
+// half to [-limit, limit], then gate * sigmoid(alpha * gate) * (up + 1).
+void swigluoai_and_mul(const Tensor& out, const Tensor& x, float alpha, float limit,
+                       bool reference) {
+  const char* op = "swigluoai_and_mul";
+  check_dtype(x, DType::F32, op, "x");
+  check_dtype(out, DType::F32, op, "out");
+  const int64_t rows = x.shape[0], d = out.shape[1];
+  const float* xp = x.ptr<float>();
+  float* op_ = out.ptr<float>();
+  const int64_t xs = x.stride[0], os = out.stride[0];
+#pragma omp parallel for if (rows * d > 65536) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = xp + r * xs;
+    const float* u = g + d;
+    float* o = op_ + r * os;
+    for (int64_t i = 0; i < d; ++i) {
+      const float gc = std::min(g[i], limit), uc = std::clamp(u[i], -limit, limit);
+      if (reference)
+        o[i] = static_cast<float>(gc / (1.0 + std::exp(-static_cast<double>(alpha) * gc)) *
+                                  (static_cast<double>(uc) + 1.0));
+      else
+        o[i] = gc / (1.0f + std::exp(-alpha * gc)) * (uc + 1.0f);
+    }
+  }
+}
+
 }  // namespace vllmx
 
 namespace vllmx {
@@ -202,6 +229,7 @@ void softcap(const Tensor& x, float cap, bool reference) {
 }
 
 VLLMX_KERNEL(silu_and_mul, kCPU, silu_and_mul);
+VLLMX_KERNEL(swigluoai_and_mul, kCPU, swigluoai_and_mul);
 VLLMX_KERNEL(gelu_and_mul, kCPU, gelu_and_mul);
 VLLMX_KERNEL(gelu, kCPU, gelu);
 VLLMX_KERNEL(softcap, kCPU, softcap);

@@ -40,8 +40,24 @@ Tensor f32_matrix(float* data, int64_t rows, int64_t cols) {
 }
 
 // Tokens [t0, t1): their k slots each, grouped by expert, through the experts, summed into out.
+// Row e of a stacked bias [E, n] as a vector view; none where the op got none.
+Tensor bias_row(const Tensor& b, int64_t e) {
+  if (!b.defined()) return Tensor{};
+  Tensor v = b;
+  v.data = b.ptr<float>() + e * b.stride[0];
+  v.ndim = 1;
+  v.shape[0] = b.shape[1];
+  v.stride[0] = 1;
+  v.shape[1] = v.stride[1] = 0;
+  return v;
+}
+
+// gpt-oss's SwiGLU constants (vLLM's swigluoai_and_mul defaults).
+constexpr float kSwigluOaiAlpha = 1.702f, kSwigluOaiLimit = 7.0f;
+
 void run_chunk(const Tensor& out, const Tensor& x, const Tensor& w13, const Tensor& w2,
-               const Tensor& topk_weights, const Tensor& topk_ids, int64_t t0, int64_t t1,
+               const Tensor& topk_weights, const Tensor& topk_ids, const Tensor& w13_bias,
+               const Tensor& w2_bias, int64_t activation, int64_t t0, int64_t t1,
                bool reference) {
   const int64_t H = x.shape[1], E = w13.shape[0], I = w13.shape[1] / 2, k = topk_ids.shape[1];
   const int64_t T = t1 - t0;
@@ -81,11 +97,15 @@ void run_chunk(const Tensor& out, const Tensor& x, const Tensor& w13, const Tens
     const int64_t s0 = offsets[e], n = offsets[e + 1] - s0;
     if (n == 0) continue;
     for (int64_t r = 0; r < n; ++r) std::copy_n(xp + slots[s0 + r] / k * xs, H, xg + r * H);
-    linear(f32_matrix(gu, n, 2 * I), f32_matrix(xg, n, H), stacked_view(w13, e), Tensor{},
-           reference);
-    silu_and_mul(f32_matrix(act, n, I), f32_matrix(gu, n, 2 * I), reference);
-    linear(f32_matrix(xg, n, H), f32_matrix(act, n, I), stacked_view(w2, e), Tensor{},
-           reference);
+    linear(f32_matrix(gu, n, 2 * I), f32_matrix(xg, n, H), stacked_view(w13, e),
+           bias_row(w13_bias, e), reference);
+    if (activation == 1)
+      swigluoai_and_mul(f32_matrix(act, n, I), f32_matrix(gu, n, 2 * I), kSwigluOaiAlpha,
+                        kSwigluOaiLimit, reference);
+    else
+      silu_and_mul(f32_matrix(act, n, I), f32_matrix(gu, n, 2 * I), reference);
+    linear(f32_matrix(xg, n, H), f32_matrix(act, n, I), stacked_view(w2, e),
+           bias_row(w2_bias, e), reference);
     for (int64_t r = 0; r < n; ++r) std::copy_n(xg + r * H, H, y + slots[s0 + r] * H);
   }
 
@@ -113,13 +133,15 @@ void run_chunk(const Tensor& out, const Tensor& x, const Tensor& w13, const Tens
 constexpr int64_t kChunkSlotFloats = int64_t{1} << 23;
 
 void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const Tensor& w2,
-                   const Tensor& topk_weights, const Tensor& topk_ids, bool reference) {
+                   const Tensor& topk_weights, const Tensor& topk_ids, const Tensor& w13_bias,
+                   const Tensor& w2_bias, int64_t activation, bool reference) {
   check_dtype(x, DType::F32, "fused_experts", "x");
   check_dtype(out, DType::F32, "fused_experts", "out");
   const int64_t T = x.shape[0], H = x.shape[1], k = topk_ids.shape[1];
   const int64_t chunk = std::max<int64_t>(1, kChunkSlotFloats / std::max<int64_t>(k * H, 1));
   for (int64_t t0 = 0; t0 < T; t0 += chunk)
-    run_chunk(out, x, w13, w2, topk_weights, topk_ids, t0, std::min(T, t0 + chunk), reference);
+    run_chunk(out, x, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, activation, t0,
+              std::min(T, t0 + chunk), reference);
 }
 
 }  // namespace

@@ -276,14 +276,16 @@ def qk_norm_rope_cache(qkv, positions, cos_sin_cache, is_neox: bool, q_norm, k_n
 
 def paged_attention(q, key_cache, value_cache, block_table, query_start_loc, seq_lens,
                     scale: float, cache_dtype: int, sliding_window: int = 0,
-                    logits_soft_cap: float = 0.0, max_query_len: int = 0):
+                    logits_soft_cap: float = 0.0, max_query_len: int = 0, sinks=None):
     """max_query_len: the longest query of the batch when known (1: decode only), else 0.
-    cache_dtype: the host caches' dtype id (device caches carry their own)."""
+    cache_dtype: the host caches' dtype id (device caches carry their own). sinks: f32 [nq]
+    attention-sink logits (gpt-oss) or None."""
     if not isinstance(q, DeviceArray):
         key_cache, value_cache = (key_cache, cache_dtype), (value_cache, cache_dtype)
     out = _empty(q, q.shape)
     _C.ops.paged_attention(out, q, key_cache, value_cache, block_table, query_start_loc,
-                           seq_lens, scale, sliding_window, logits_soft_cap, max_query_len)
+                           seq_lens, scale, sliding_window, logits_soft_cap, max_query_len,
+                           sinks)
     return out
 
 
@@ -358,11 +360,27 @@ def grouped_topk(gating_output, k: int, num_expert_group: int = 1, topk_group: i
     return weights, ids
 
 
-def fused_experts(x, w13, w2, topk_weights, topk_ids):
-    """out [T, H] = sum_j topk_weights[:, j] * w2_e(silu(gate_e x) * up_e x), e = topk_ids[:, j];
-    w13 [E, 2 I, H] and w2 [E, H, I] stacked expert Weights (vLLM's fused_experts)."""
+_EXPERT_ACTIVATIONS = {"silu": 0, "swigluoai": 1}
+
+
+def fused_experts(x, w13, w2, topk_weights, topk_ids, w13_bias=None, w2_bias=None,
+                  activation: str = "silu"):
+    """out [T, H] = sum_j topk_weights[:, j] * w2_e(act(gate_e x, up_e x)), e = topk_ids[:, j];
+    w13 [E, 2 I, H] and w2 [E, H, I] stacked expert Weights (vLLM's fused_experts), optional
+    f32 biases [E, 2 I] / [E, H]; activation "silu" (SwiGLU) or "swigluoai" (gpt-oss's)."""
+    if activation not in _EXPERT_ACTIVATIONS:
+        raise ValueError(f"fused_experts: activation must be one of "
+                         f"{sorted(_EXPERT_ACTIVATIONS)}, got {activation!r}")
     out = _empty(x, x.shape)
-    _C.ops.fused_experts(out, x, _arg(w13), _arg(w2), topk_weights, topk_ids)
+    _C.ops.fused_experts(out, x, _arg(w13), _arg(w2), topk_weights, topk_ids, w13_bias,
+                         w2_bias, _EXPERT_ACTIVATIONS[activation])
+    return out
+
+
+def swigluoai_and_mul(x, alpha: float = 1.702, limit: float = 7.0):
+    """gpt-oss's clamped SwiGLU over x [T, 2 I] = [gate; up] (vLLM's swigluoai_and_mul)."""
+    out = _empty(x, (x.shape[0], x.shape[1] // 2))
+    _C.ops.swigluoai_and_mul(out, x, alpha, limit)
     return out
 
 

@@ -41,7 +41,7 @@ def make_block_table(rng, seq_lens, num_blocks, width=None, block_size=BLOCK):
     return bt
 
 
-def reference(q, kc64, vc64, bt, qsl, seq_lens, scale, window=0, cap=0.0):
+def reference(q, kc64, vc64, bt, qsl, seq_lens, scale, window=0, cap=0.0, sinks=None):
     num_blocks, bs, nkv, D = kc64.shape
     T = q.shape[0]
     nq = q.shape[1] // D
@@ -64,15 +64,18 @@ def reference(q, kc64, vc64, bt, qsl, seq_lens, scale, window=0, cap=0.0):
                 s = K[lo:p + 1, g] @ q64[t, h] * scale
                 if cap > 0:
                     s = cap * np.tanh(s / cap)
-                w = np.exp(s - s.max())
-                out[t, h * D:(h + 1) * D] = (w / w.sum()) @ V[lo:p + 1, g]
+                sink = -np.inf if sinks is None else float(sinks[h])
+                m = max(s.max(), sink)
+                w = np.exp(s - m)
+                out[t, h * D:(h + 1) * D] = (w / (w.sum() + np.exp(sink - m))) @ V[lo:p + 1, g]
     return out
 
 
-def run(q, kc, vc, bt, qsl, sl, scale, cd, window=0, cap=0.0, ref=False):
+def run(q, kc, vc, bt, qsl, sl, scale, cd, window=0, cap=0.0, ref=False, sinks=None):
     out = np.full(q.shape, np.nan, np.float32)
     _C.ops.paged_attention(out, q, (kc, cd), (vc, cd), bt, np.asarray(qsl, np.int32),
-                           np.asarray(sl, np.int32), scale, window, cap, reference=ref)
+                           np.asarray(sl, np.int32), scale, window, cap, sinks=sinks,
+                           reference=ref)
     return out
 
 
@@ -129,6 +132,29 @@ def test_window_softcap(dtype_name, window, cap):
     ref = run(q, kc, vc, bt, qsl, sl, scale, cd, window, cap, ref=True)
     assert rel_err(fast, exp) < 1e-5
     assert rel_err(ref, exp) < 1e-6
+
+
+@pytest.mark.parametrize("window", [0, 24])
+@pytest.mark.parametrize("heads", [(8, 2), (4, 1)])
+def test_sinks(window, heads):
+    """gpt-oss's attention sinks: one more logit per head in the softmax denominator, some of
+    them far above the scores (the row's weights then sum to almost nothing), some below."""
+    nq, nkv = heads
+    seqs = CASES["chunked"] + CASES["decode"][:3]
+    q, kc, vc, cd, bt, qsl, sl = scenario(window + nq, seqs, nq, nkv, 64, "f16")
+    scale = 1.0 / 8.0
+    sinks = np.random.default_rng(np.random.SeedSequence().entropy).uniform(
+        -4, 12, nq).astype(np.float32)
+    exp = reference(q, upcast(kc, "f16"), upcast(vc, "f16"), bt, qsl, sl, scale, window,
+                    sinks=sinks)
+    fast = run(q, kc, vc, bt, qsl, sl, scale, cd, window, sinks=sinks)
+    ref = run(q, kc, vc, bt, qsl, sl, scale, cd, window, ref=True, sinks=sinks)
+    assert rel_err(fast, exp) < 1e-5
+    assert rel_err(ref, exp) < 1e-6
+    plain = reference(q, upcast(kc, "f16"), upcast(vc, "f16"), bt, qsl, sl, scale, window)
+    assert rel_err(fast, plain) > 0.1  # the sinks matter
+    with pytest.raises(ValueError, match=r"sinks F32\[3\] must have one entry per query head"):
+        run(q, kc, vc, bt, qsl, sl, scale, cd, window, sinks=sinks[:3])
 
 
 @pytest.mark.parametrize("D", [32, 40, 96, 256])

@@ -192,3 +192,53 @@ def test_bad_arguments_name_the_problem():
         run(x, w13, w2, Q.F32, Q.F32, tw[:3].copy(), ids)
     with pytest.raises(ValueError, match=r"k = 9 experts per token must be in 1\.\.8"):
         run(x, w13, w2, Q.F32, Q.F32, np.ones((4, 9), np.float32), np.zeros((4, 9), np.int32))
+
+
+def swigluoai64(gu: np.ndarray, alpha: float = 1.702, limit: float = 7.0) -> np.ndarray:
+    inter = gu.shape[-1] // 2
+    g = np.minimum(gu[..., :inter], limit)
+    u = np.clip(gu[..., inter:], -limit, limit)
+    return g / (1.0 + np.exp(-alpha * g)) * (u + 1.0)
+
+
+@pytest.mark.parametrize("twin", [False, True], ids=["fast", "twin"])
+def test_swigluoai_and_mul(twin):
+    """gpt-oss's clamped SwiGLU, with values on both sides of the limits."""
+    x = (np.random.default_rng(np.random.SeedSequence().entropy).standard_normal((9, 96))
+         * 6).astype(np.float32)
+    assert (np.abs(x) > 7).any()
+    out = np.full((9, 48), np.nan, np.float32)
+    _C.ops.swigluoai_and_mul(out, x, 1.702, 7.0, reference=twin)
+    want = swigluoai64(x.astype(np.float64))
+    assert np.abs(out - want).max() / np.abs(want).max() < 1e-6
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.BF16, Q.Q8_0], ids=lambda q: q.name)
+def test_biases_and_swigluoai(qtype):
+    """gpt-oss's experts: biases on both projections and the clamped SwiGLU, against float64."""
+    rng = np.random.default_rng(np.random.SeedSequence().entropy)
+    e, h, inter, t, k = 8, 64, 32, 21, 3
+    w13, w13_64 = make_experts(rng, qtype, e, 2 * inter, h)
+    w2, w2_64 = make_experts(rng, qtype, e, h, inter)
+    b13 = rng.standard_normal((e, 2 * inter)).astype(np.float32)
+    b2 = rng.standard_normal((e, h)).astype(np.float32)
+    x = (rng.standard_normal((t, h)) * 4).astype(np.float32)
+    tw, ids = route(rng, t, e, k)
+    want = np.zeros((t, h))
+    for i in range(t):
+        for j in range(k):
+            ex = ids[i, j]
+            gu = w13_64[ex] @ x[i].astype(np.float64) + b13[ex]
+            want[i] += tw[i, j] * (w2_64[ex] @ swigluoai64(gu) + b2[ex])
+    got = ops.fused_experts(x, ops.Weight(w13, int(qtype), (e, 2 * inter, h)),
+                            ops.Weight(w2, int(qtype), (e, h, inter)), tw, ids, b13, b2,
+                            "swigluoai")
+    tol = 1e-5 if qtype in (Q.F32, Q.BF16) else 3e-2
+    assert np.abs(got - want).max() / np.abs(want).max() < tol
+    plain = ops.fused_experts(x, ops.Weight(w13, int(qtype), (e, 2 * inter, h)),
+                              ops.Weight(w2, int(qtype), (e, h, inter)), tw, ids)
+    assert np.abs(plain - got).max() > 0.1 * np.abs(want).max()
+    with pytest.raises(ValueError, match=r"w2_bias F32\[8, 63\] must be \[8, 64\]"):
+        ops.fused_experts(x, ops.Weight(w13, int(qtype), (e, 2 * inter, h)),
+                          ops.Weight(w2, int(qtype), (e, h, inter)), tw, ids, b13,
+                          np.ascontiguousarray(b2[:, :63]))

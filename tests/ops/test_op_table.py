@@ -34,8 +34,8 @@ def test_arguments_by_position_name_and_default():
     _C.ops.rms_norm(a, x, w, 1e-6)
     _C.ops.rms_norm(out=b, x=x, w=w, eps=1e-6)
     assert np.array_equal(a, b)
-    assert [p[0] for p in _C.ops.paged_attention.schema][-3:] == [
-        "sliding_window", "logits_soft_cap", "max_query_len"]  # the defaulted scalars
+    assert [p[0] for p in _C.ops.paged_attention.schema][-4:] == [
+        "sliding_window", "logits_soft_cap", "max_query_len", "sinks"]  # defaulted, optional
 
 
 @pytest.mark.parametrize("call,match", [

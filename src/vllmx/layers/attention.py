@@ -25,12 +25,14 @@ class AttentionMetadata:
 
 class Attention:
     def __init__(self, layer_idx: int, num_heads: int, num_kv_heads: int, head_size: int,
-                 scale: float, sliding_window: int = 0, logits_soft_cap: float = 0.0):
+                 scale: float, sliding_window: int = 0, logits_soft_cap: float = 0.0,
+                 sinks: np.ndarray | None = None):
         self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads, self.head_size = num_heads, num_kv_heads, head_size
         self.scale = scale
         self.sliding_window = sliding_window or 0
         self.logits_soft_cap = logits_soft_cap or 0.0
+        self.sinks = sinks  # f32 [num_heads]: gpt-oss's per-head sink logits
 
     def forward_qkv(self, qkv, positions, rope, q_norm, k_norm, md: AttentionMetadata):
         """qkv [T, (nq + 2 nkv) * D] -> attention output [T, nq * D]. q_norm / k_norm: RMSNorm
@@ -54,4 +56,4 @@ class Attention:
     def _attend(self, q, key_cache, value_cache, md: AttentionMetadata):
         return ops.paged_attention(q, key_cache, value_cache, md.block_table, md.query_start_loc,
                                    md.seq_lens, self.scale, md.cache_dtype, self.sliding_window,
-                                   self.logits_soft_cap, md.max_query_len)
+                                   self.logits_soft_cap, md.max_query_len, self.sinks)
