@@ -29,6 +29,9 @@ def family_configs(**sizes):
             "n_inner": common["intermediate_size"],
             "n_positions": common["max_position_embeddings"], "initializer_range": 0.08,
             "bos_token_id": 1, "eos_token_id": 2}
+    expert_size = sizes.get("intermediate_size", 64)  # GraniteMoe's intermediate_size
+    granite = {"embedding_multiplier": 3.0, "attention_multiplier": 0.05,
+               "residual_multiplier": 0.4, "logits_scaling": 2.5}
     return {
         "llama": tf.LlamaConfig(**common),
         "llama3": tf.LlamaConfig(**common, rope_parameters={
@@ -38,9 +41,7 @@ def family_configs(**sizes):
         "mistral": tf.MistralConfig(**common, sliding_window=24),
         "qwen2": tf.Qwen2Config(**common),
         "qwen3": tf.Qwen3Config(**{**common, "head_dim": 32}, tie_word_embeddings=True),
-        "granite": tf.GraniteConfig(**common, embedding_multiplier=3.0, attention_multiplier=0.05,
-                                    residual_multiplier=0.4, logits_scaling=2.5,
-                                    tie_word_embeddings=True),
+        "granite": tf.GraniteConfig(**common, **granite, tie_word_embeddings=True),
         "phi3": tf.Phi3Config(**common, sliding_window=24, pad_token_id=0),
         # Phi-3.5 / Phi-4-mini style: longrope (the short factors below 256 positions, the
         # attention factor from 1024 / 256) over half of each head.
@@ -97,6 +98,18 @@ def family_configs(**sizes):
                                        moe_intermediate_size=64, norm_topk_prob=True,
                                        mlp_only_layers=[1]),
         "mixtral": tf.MixtralConfig(**common, num_local_experts=8, num_experts_per_tok=2),
+        # Granite's four multipliers over 3 sparse layers of 8 experts (top-2), intermediate_size
+        # being the experts'; tied embeddings, as Granite 3.x MoE ships.
+        "granite_moe": tf.GraniteMoeConfig(**{**common, "num_hidden_layers": 3,
+                                              "intermediate_size": expert_size},
+                                           num_local_experts=8, num_experts_per_tok=2,
+                                           tie_word_embeddings=True, **granite),
+        # 10 experts (top-3) and the shared SwiGLU MLP every token takes.
+        "granite_moe_shared": tf.GraniteMoeSharedConfig(**{**common,
+                                                           "intermediate_size": expert_size},
+                                                        num_local_experts=10,
+                                                        num_experts_per_tok=3,
+                                                        shared_intermediate_size=96, **granite),
         # Parallel residual (the default), rope over a quarter of each head, as Pythia ships
         # (in the older config keys rotary_pct / rotary_emb_base).
         "gpt_neox": tf.GPTNeoXConfig(**mha, rotary_pct=0.25, rotary_emb_base=10000,

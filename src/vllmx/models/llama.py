@@ -5,7 +5,8 @@ MLP outputs too, fused gate_up, partial GPT-J rope). The differences are flags r
 the checkpoint: a bias tensor present, q/k norm weights present, tied embeddings when there is
 no lm_head, and Granite's embedding, attention, residual and logits multipliers from its
 config. Qwen3-MoE and Mixtral are the same decoder with a mixture-of-experts MLP in
-their sparse layers (models/moe.py)."""
+their sparse layers (models/moe.py); GraniteMoe and GraniteMoeShared are Granite with one in
+every layer (models/granitemoe.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from vllmx.layers.fused_moe import SparseMoeBlock
 from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.norm import RMSNorm
 from vllmx.layers.rotary import RotaryEmbedding
-from vllmx.models import moe
+from vllmx.models import granitemoe, moe
 from vllmx.models.shapes import decoder_shapes, require_tensors
 from vllmx.ops import Weight
 
@@ -198,7 +199,8 @@ class LlamaForCausalLM:
         cfg.setdefault("rms_norm_eps", 1e-6)
         archs = cfg.get("architectures") or []
         phi3 = "Phi3ForCausalLM" in archs or gguf_arch == "phi3"
-        granite = "GraniteForCausalLM" in archs or gguf_arch == "granite"
+        granite_moe = granitemoe.is_granite_moe(cfg)
+        granite = "GraniteForCausalLM" in archs or gguf_arch == "granite" or granite_moe
         smollm3 = "SmolLM3ForCausalLM" in archs or gguf_arch == "smollm3"
         glm4 = "Glm4ForCausalLM" in archs or gguf_arch == "glm4"
         if glm4:
@@ -209,7 +211,13 @@ class LlamaForCausalLM:
                 raise ValueError("Phi-3 GGUF with rope_factors_long (longrope scaling) is not "
                                  "supported yet")
         sparse = [False] * cfg["num_hidden_layers"]
-        if moe.is_moe(cfg):
+        sparse_block = moe.sparse_block
+        if granite_moe:
+            cfg = granitemoe.granite_moe_config(cfg)
+            sparse, sparse_block = cfg["sparse_layers"], granitemoe.sparse_block
+            if not is_gguf:
+                weights = moe.RenamedWeights(weights, granitemoe.granite_moe_name)
+        elif moe.is_moe(cfg):
             cfg = moe.moe_config(cfg)
             sparse = cfg["sparse_layers"]
             if "MixtralForCausalLM" in archs:
@@ -263,7 +271,7 @@ class LlamaForCausalLM:
                               else nope,
                               cfg["attn_sliding_window"] if types is None
                               or types[i] == "sliding_attention" else 0,
-                              moe.sparse_block(cfg, weights, i) if sparse[i] else None)
+                              sparse_block(cfg, weights, i) if sparse[i] else None)
             for i in range(cfg["num_hidden_layers"])]
         self.norm = RMSNorm(weights["model.norm.weight"], cfg["rms_norm_eps"])
         self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
@@ -274,7 +282,7 @@ class LlamaForCausalLM:
         """The tensors a Hugging Face checkpoint of this config holds (load_format="dummy"):
         q/k/v biases for Qwen2 (and attention_bias), q/k norms for Qwen3 and Qwen3-MoE, Phi-3's
         and GLM-4's fused tensors, GLM-4's sandwich norms (and no o_proj bias), routers and
-        experts in MoE layers."""
+        experts in MoE layers (GraniteMoe's stacked, with its shared MLP)."""
         archs = cfg.get("architectures") or []
         glm4 = "Glm4ForCausalLM" in archs
         norms = ("input_layernorm", "post_attention_layernorm")
@@ -290,7 +298,9 @@ class LlamaForCausalLM:
                 for fused, parts in _PHI3_FUSED[1 if glm4 else 0:]:
                     rows = [shapes.pop(f"{p}{n}.weight") for n in parts]
                     shapes[f"{p}{fused}.weight"] = (sum(r[0] for r in rows), rows[0][1])
-        if moe.is_moe(cfg):
+        if granitemoe.is_granite_moe(cfg):
+            granitemoe.granite_moe_checkpoint_shapes(cfg, shapes)
+        elif moe.is_moe(cfg):
             moe.moe_checkpoint_shapes(cfg, shapes)
         return shapes
 

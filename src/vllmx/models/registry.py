@@ -20,6 +20,8 @@ _HF_ARCHS = {
     "GPT2LMHeadModel": GPT2LMHeadModel,
     "GPTNeoXForCausalLM": GPTNeoXForCausalLM,
     "GraniteForCausalLM": LlamaForCausalLM,
+    "GraniteMoeForCausalLM": LlamaForCausalLM,
+    "GraniteMoeSharedForCausalLM": LlamaForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "MixtralForCausalLM": LlamaForCausalLM,
