@@ -154,9 +154,10 @@ RANDOM_VECTORS = ("gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel", "
 GGUF_ARCH = {"llama": "llama", "llama3": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
              "granite": "granite", "smollm3_gguf": "smollm3", "phi3": "phi3", "glm4": "glm4",
              "olmo2": "olmo2", "olmo3": "olmo2", "exaone4_gguf": "exaone4",
-             "qwen3_moe_gguf": "qwen3moe", "mixtral": "llama"}
+             "qwen3_moe_gguf": "qwen3moe", "mixtral": "llama", "granite_moe": "granitemoe",
+             "granite_moe_shared": "granitemoe"}
 # llama.cpp's converter un-permutes Q/K to Meta's interleaved layout for these.
-_PERMUTED = ("llama", "granite", "smollm3")
+_PERMUTED = ("llama", "granite", "granitemoe", "smollm3")
 
 
 def make_checkpoint(family: str, dtype: str, out_dir: str, **sizes) -> str:
@@ -219,6 +220,23 @@ def _stack_experts(sd: dict, num_experts: int) -> dict:
     return sd
 
 
+def _split_granite_moe(sd: dict, cfg: dict) -> dict:
+    """GraniteMoe's stacked experts and shared MLP under the names write_gguf maps, as
+    llama.cpp's converter splits them: input_linear's [gate; up] halves apart."""
+    from vllmx.models.granitemoe import granite_moe_name
+
+    out = {}
+    for name, t in sd.items():
+        name = granite_moe_name(name)
+        if name.endswith("gate_up_proj.weight"):  # [E, 2 I, H] or the shared [2 S, H]
+            gate, up = np.split(t, 2, axis=-2)
+            out[name.replace("gate_up_proj", "gate_proj")] = gate
+            out[name.replace("gate_up_proj", "up_proj")] = up
+        else:
+            out[name] = t
+    return out
+
+
 def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool = True) -> str:
     """A GGUF of a tiny checkpoint, matrices in F32 or `qtype` (gguf's quantizer), as llama.cpp's
     converter lays it out; no tokenizer (tests run on token ids). window=False leaves out a
@@ -249,7 +267,7 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_vocab_size(cfg["vocab_size"])
     w.add_tokenizer_model("no_vocab")
-    if arch == "granite":
+    if arch in ("granite", "granitemoe"):
         w.add_embedding_scale(cfg["embedding_multiplier"])
         w.add_residual_scale(cfg["residual_multiplier"])
         w.add_attention_scale(cfg["attention_multiplier"])
@@ -262,8 +280,13 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(rope["factor"])
         w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
-    if num_experts:
+    if arch == "granitemoe":
+        sd = _split_granite_moe(sd, cfg)
+        if cfg.get("shared_intermediate_size"):
+            w.add_expert_shared_feed_forward_length(cfg["shared_intermediate_size"])
+    elif num_experts:
         sd = _stack_experts(sd, num_experts)
+    if num_experts:
         w.add_expert_count(num_experts)
         w.add_expert_used_count(cfg["num_experts_per_tok"])
         if cfg.get("moe_intermediate_size"):
@@ -283,6 +306,8 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
         "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",  # Phi-3's fused ones
         "mlp.gate": "ffn_gate_inp", "mlp.experts.gate_proj": "ffn_gate_exps",
         "mlp.experts.up_proj": "ffn_up_exps", "mlp.experts.down_proj": "ffn_down_exps",
+        "shared_mlp.gate_proj": "ffn_gate_shexp", "shared_mlp.up_proj": "ffn_up_shexp",
+        "shared_mlp.down_proj": "ffn_down_shexp",  # GraniteMoeShared's
     }
     if arch in ("olmo2", "exaone4"):  # norms after attention and MLP
         per_layer |= {"post_attention_layernorm": "post_attention_norm",

@@ -65,6 +65,10 @@ GGUF_ARCH_TO_HF = {
                 "blk.{i}.ffn_norm": "gpt_neox.layers.{i}.post_attention_layernorm",
                 "blk.{i}.ffn_up": "gpt_neox.layers.{i}.mlp.dense_h_to_4h",
                 "blk.{i}.ffn_down": "gpt_neox.layers.{i}.mlp.dense_4h_to_h"},
+    # GraniteMoeShared's shared MLP (HF: shared_mlp.input_linear = [gate; up], output_linear)
+    "granitemoe": {"blk.{i}.ffn_gate_shexp": "model.layers.{i}.shared_mlp.gate_proj",
+                   "blk.{i}.ffn_up_shexp": "model.layers.{i}.shared_mlp.up_proj",
+                   "blk.{i}.ffn_down_shexp": "model.layers.{i}.shared_mlp.down_proj"},
     # q/k norms stacked [heads, head_dim] (HF: one tensor a head, norms.{h})
     "stablelm": {"blk.{i}.attn_q_norm": "model.layers.{i}.self_attn.q_layernorm",
                  "blk.{i}.attn_k_norm": "model.layers.{i}.self_attn.k_layernorm"},
@@ -182,7 +186,7 @@ def unfuse_phi3(weights: dict[str, Weight], cfg: dict) -> dict[str, Weight]:
 
 # llama.cpp's archs whose rope rotates interleaved pairs (GPT-J style): Llama's Q/K stored
 # un-permuted to Meta's layout, and GLM-4's own.
-_GGUF_GPTJ_ROPE = ("llama", "mistral", "granite", "smollm3", "glm4")
+_GGUF_GPTJ_ROPE = ("llama", "mistral", "granite", "granitemoe", "smollm3", "glm4")
 
 
 class LlamaForCausalLM:

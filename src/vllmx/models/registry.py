@@ -44,6 +44,7 @@ _GGUF_ARCHS = {
     "gpt2": GPT2LMHeadModel,
     "gptneox": GPTNeoXForCausalLM,
     "granite": LlamaForCausalLM,
+    "granitemoe": LlamaForCausalLM,
     "llama": LlamaForCausalLM,
     "mistral": LlamaForCausalLM,
     "olmo2": Olmo2ForCausalLM,
