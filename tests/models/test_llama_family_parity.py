@@ -21,7 +21,8 @@ transformers = pytest.importorskip("transformers")
 
 FAMILIES = ["llama", "llama3", "mistral", "qwen2", "qwen3", "granite", "smollm3", "phi3",
             "phi3_longrope", "glm4", "qwen3_moe",
-            "mixtral"]
+            "mixtral", "granite_moe", "granite_moe_shared"]
+MOE_FAMILIES = ("qwen3_moe", "qwen3_moe_gguf", "mixtral", "granite_moe", "granite_moe_shared")
 NUM_PROMPTS, MAX_TOKENS, DELTA = 8, 32, 0.01
 # Prompts the tests do not choose: a fresh seed per run, printed on failure.
 SEED = int.from_bytes(os.urandom(4), "little")
@@ -42,7 +43,7 @@ def cache_dtype_for(family: str) -> str:
     """MoE models keep an f32 KV cache, as the oracle computes: with a bf16 / f16 cache a router
     near a tie picks another expert than transformers does now and then (1 run in 6 had one
     position 0.08-0.14 nats off); the dense families keep the default."""
-    return "float32" if family in ("qwen3_moe", "qwen3_moe_gguf", "mixtral") else "auto"
+    return "float32" if family in MOE_FAMILIES else "auto"
 
 
 def run_parity(model_path: str, hf_path: str, kv_cache_dtype: str = "auto"):

@@ -1,5 +1,6 @@
-"""MoE GGUFs against llama.cpp: tiny random Qwen3-MoE (arch qwen3moe) and Mixtral (arch llama
-with ffn_gate_inp / ffn_{gate,up,down}_exps) checkpoints written as F32 GGUFs the way
+"""MoE GGUFs against llama.cpp: tiny random Qwen3-MoE (arch qwen3moe), Mixtral (arch llama
+with ffn_gate_inp / ffn_{gate,up,down}_exps), GraniteMoe and GraniteMoeShared (arch granitemoe,
+the shared MLP as ffn_{gate,up,down}_shexp) checkpoints written as F32 GGUFs the way
 llama.cpp's converter lays them out (tests/models/tiny_checkpoints.py), then requantized by
 `vllmx quantize` (Q8_0; Q4_K at hidden size 256, so that the experts' rows hold whole
 k-quant blocks); the router stays f32 as llama-quantize leaves it. vllmx's greedy tokens
@@ -53,7 +54,9 @@ def tiny_gguf(family: str, qname: str, out_dir: str) -> str:
 
 
 @pytest.mark.parametrize("qname", ["F32", "Q8_0", "Q4_K"])
-@pytest.mark.parametrize("family,arch", [("qwen3_moe_gguf", "qwen3moe"), ("mixtral", "llama")])
+@pytest.mark.parametrize("family,arch", [("qwen3_moe_gguf", "qwen3moe"), ("mixtral", "llama"),
+                                         ("granite_moe", "granitemoe"),
+                                         ("granite_moe_shared", "granitemoe")])
 def test_greedy_parity_with_llamacpp(family, arch, qname, ckpt_dir):
     from vllmx import LLM, SamplingParams
 

@@ -34,6 +34,9 @@ def family_configs(**sizes):
            "v_head_dim": 24, "pad_token_id": 0}
     deepseek_moe = {"n_routed_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 32,
                     "n_shared_experts": 1, "first_k_dense_replace": 1}
+    expert_size = sizes.get("intermediate_size", 64)  # GraniteMoe's intermediate_size
+    granite = {"embedding_multiplier": 3.0, "attention_multiplier": 0.05,
+               "residual_multiplier": 0.4, "logits_scaling": 2.5}
     return {
         "llama": tf.LlamaConfig(**common),
         "llama3": tf.LlamaConfig(**common, rope_parameters={
@@ -43,9 +46,7 @@ def family_configs(**sizes):
         "mistral": tf.MistralConfig(**common, sliding_window=24),
         "qwen2": tf.Qwen2Config(**common),
         "qwen3": tf.Qwen3Config(**{**common, "head_dim": 32}, tie_word_embeddings=True),
-        "granite": tf.GraniteConfig(**common, embedding_multiplier=3.0, attention_multiplier=0.05,
-                                    residual_multiplier=0.4, logits_scaling=2.5,
-                                    tie_word_embeddings=True),
+        "granite": tf.GraniteConfig(**common, **granite, tie_word_embeddings=True),
         "phi3": tf.Phi3Config(**common, sliding_window=24, pad_token_id=0),
         # Phi-3.5 / Phi-4-mini style: longrope (the short factors below 256 positions, the
         # attention factor from 1024 / 256) over half of each head.
@@ -102,6 +103,18 @@ def family_configs(**sizes):
                                        moe_intermediate_size=64, norm_topk_prob=True,
                                        mlp_only_layers=[1]),
         "mixtral": tf.MixtralConfig(**common, num_local_experts=8, num_experts_per_tok=2),
+        # Granite's four multipliers over 3 sparse layers of 8 experts (top-2), intermediate_size
+        # being the experts'; tied embeddings, as Granite 3.x MoE ships.
+        "granite_moe": tf.GraniteMoeConfig(**{**common, "num_hidden_layers": 3,
+                                              "intermediate_size": expert_size},
+                                           num_local_experts=8, num_experts_per_tok=2,
+                                           tie_word_embeddings=True, **granite),
+        # 10 experts (top-3) and the shared SwiGLU MLP every token takes.
+        "granite_moe_shared": tf.GraniteMoeSharedConfig(**{**common,
+                                                           "intermediate_size": expert_size},
+                                                        num_local_experts=10,
+                                                        num_experts_per_tok=3,
+                                                        shared_intermediate_size=96, **granite),
         # Parallel residual (the default), rope over a quarter of each head, as Pythia ships
         # (in the older config keys rotary_pct / rotary_emb_base).
         "gpt_neox": tf.GPTNeoXConfig(**mha, rotary_pct=0.25, rotary_emb_base=10000,
@@ -175,9 +188,10 @@ CHOICE_BIAS = ("deepseek_v3", "deepseek_v3_yarn", "glm4_moe")
 GGUF_ARCH = {"llama": "llama", "llama3": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
              "granite": "granite", "smollm3_gguf": "smollm3", "phi3": "phi3", "glm4": "glm4",
              "olmo2": "olmo2", "olmo3": "olmo2", "exaone4_gguf": "exaone4",
-             "qwen3_moe_gguf": "qwen3moe", "mixtral": "llama"}
+             "qwen3_moe_gguf": "qwen3moe", "mixtral": "llama", "granite_moe": "granitemoe",
+             "granite_moe_shared": "granitemoe"}
 # llama.cpp's converter un-permutes Q/K to Meta's interleaved layout for these.
-_PERMUTED = ("llama", "granite", "smollm3")
+_PERMUTED = ("llama", "granite", "granitemoe", "smollm3")
 
 
 def make_checkpoint(family: str, dtype: str, out_dir: str, **sizes) -> str:
@@ -243,6 +257,23 @@ def _stack_experts(sd: dict, num_experts: int) -> dict:
     return sd
 
 
+def _split_granite_moe(sd: dict, cfg: dict) -> dict:
+    """GraniteMoe's stacked experts and shared MLP under the names write_gguf maps, as
+    llama.cpp's converter splits them: input_linear's [gate; up] halves apart."""
+    from vllmx.models.granitemoe import granite_moe_name
+
+    out = {}
+    for name, t in sd.items():
+        name = granite_moe_name(name)
+        if name.endswith("gate_up_proj.weight"):  # [E, 2 I, H] or the shared [2 S, H]
+            gate, up = np.split(t, 2, axis=-2)
+            out[name.replace("gate_up_proj", "gate_proj")] = gate
+            out[name.replace("gate_up_proj", "up_proj")] = up
+        else:
+            out[name] = t
+    return out
+
+
 def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool = True) -> str:
     """A GGUF of a tiny checkpoint, matrices in F32 or `qtype` (gguf's quantizer), as llama.cpp's
     converter lays it out; no tokenizer (tests run on token ids). window=False leaves out a
@@ -273,7 +304,7 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_vocab_size(cfg["vocab_size"])
     w.add_tokenizer_model("no_vocab")
-    if arch == "granite":
+    if arch in ("granite", "granitemoe"):
         w.add_embedding_scale(cfg["embedding_multiplier"])
         w.add_residual_scale(cfg["residual_multiplier"])
         w.add_attention_scale(cfg["attention_multiplier"])
@@ -286,8 +317,13 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(rope["factor"])
         w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
-    if num_experts:
+    if arch == "granitemoe":
+        sd = _split_granite_moe(sd, cfg)
+        if cfg.get("shared_intermediate_size"):
+            w.add_expert_shared_feed_forward_length(cfg["shared_intermediate_size"])
+    elif num_experts:
         sd = _stack_experts(sd, num_experts)
+    if num_experts:
         w.add_expert_count(num_experts)
         w.add_expert_used_count(cfg["num_experts_per_tok"])
         if cfg.get("moe_intermediate_size"):
@@ -307,6 +343,8 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
         "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",  # Phi-3's fused ones
         "mlp.gate": "ffn_gate_inp", "mlp.experts.gate_proj": "ffn_gate_exps",
         "mlp.experts.up_proj": "ffn_up_exps", "mlp.experts.down_proj": "ffn_down_exps",
+        "shared_mlp.gate_proj": "ffn_gate_shexp", "shared_mlp.up_proj": "ffn_up_shexp",
+        "shared_mlp.down_proj": "ffn_down_shexp",  # GraniteMoeShared's
     }
     if arch in ("olmo2", "exaone4"):  # norms after attention and MLP
         per_layer |= {"post_attention_layernorm": "post_attention_norm",

@@ -31,11 +31,11 @@ class GroupedRouting:
 
 
 class SwiGLUMLP:
-    """down(silu(gate x) * up x): a dense MLP beside the experts (DeepSeek's and GLM-4.5's
-    shared experts)."""
+    """down(silu(gate x) * up x): a dense MLP beside the experts (DeepSeek's, GLM-4.5's and
+    GraniteMoeShared's shared experts). gate_up: [gate, up], or one fused [gate; up] tensor."""
 
-    def __init__(self, gate: Weight, up: Weight, down: Weight):
-        self.gate_up_proj = MergedLinear([gate, up], [None, None])
+    def __init__(self, gate_up: list[Weight], down: Weight):
+        self.gate_up_proj = MergedLinear(gate_up, [None] * len(gate_up))
         self.down_proj = Linear(down)
 
     def __call__(self, x):

@@ -60,10 +60,12 @@ def gguf_to_hf_config(meta: dict[str, Any]) -> dict[str, Any]:
         cfg["use_parallel_residual"] = bool(get("use_parallel_residual"))
     if isinstance(cfg["num_key_value_heads"], list):
         raise ValueError(f"GGUF {arch}: per-layer head counts are not supported")
-    if get("expert_count"):  # MoE: qwen3moe, Mixtral as llama
+    if get("expert_count"):  # MoE: qwen3moe, Mixtral as llama, granitemoe
         cfg["num_experts"] = get("expert_count")
         cfg["num_experts_per_tok"] = get("expert_used_count")
         cfg["moe_intermediate_size"] = get("expert_feed_forward_length")
+    if arch == "granitemoe":  # GraniteMoeShared's shared MLP (none without the key)
+        cfg["shared_intermediate_size"] = get("expert_shared_feed_forward_length")
     rot = get("rope.dimension_count")
     if rot and cfg["head_dim"]:  # 1.0 too: GPT-NeoX and StableLM default to partial rope
         cfg["partial_rotary_factor"] = rot / cfg["head_dim"]

@@ -48,7 +48,8 @@ class DeepseekV2DecoderLayer:
         if cfg["sparse_layers"][i]:
             self.mlp = moe.sparse_block(cfg, w, i)
         else:
-            self.mlp = SwiGLUMLP(*(w[f"{p}mlp.{n}_proj.weight"] for n in ("gate", "up", "down")))
+            self.mlp = SwiGLUMLP([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]],
+                                 w[p + "mlp.down_proj.weight"])
 
     def __call__(self, positions, h, residual, md: AttentionMetadata):
         if residual is None:  # the first layer: the embeddings are the residual stream

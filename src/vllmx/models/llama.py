@@ -6,7 +6,8 @@ the checkpoint: a bias tensor present, q/k norm weights present, tied embeddings
 no lm_head, and Granite's embedding, attention, residual and logits multipliers from its
 config. Qwen3-MoE, Mixtral and GLM-4.5 (Glm4MoeForCausalLM: partial neox rope, q/k/v biases,
 optional q/k norm) are the same decoder with a mixture-of-experts MLP in their sparse layers
-(models/moe.py)."""
+(models/moe.py); GraniteMoe and GraniteMoeShared are Granite with one in every layer
+(models/granitemoe.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from vllmx.layers.fused_moe import SparseMoeBlock
 from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.norm import RMSNorm
 from vllmx.layers.rotary import RotaryEmbedding
-from vllmx.models import moe
+from vllmx.models import granitemoe, moe
 from vllmx.models.shapes import decoder_shapes, require_tensors
 from vllmx.ops import Weight
 
@@ -65,6 +66,10 @@ GGUF_ARCH_TO_HF = {
                 "blk.{i}.ffn_norm": "gpt_neox.layers.{i}.post_attention_layernorm",
                 "blk.{i}.ffn_up": "gpt_neox.layers.{i}.mlp.dense_h_to_4h",
                 "blk.{i}.ffn_down": "gpt_neox.layers.{i}.mlp.dense_4h_to_h"},
+    # GraniteMoeShared's shared MLP (HF: shared_mlp.input_linear = [gate; up], output_linear)
+    "granitemoe": {"blk.{i}.ffn_gate_shexp": "model.layers.{i}.shared_mlp.gate_proj",
+                   "blk.{i}.ffn_up_shexp": "model.layers.{i}.shared_mlp.up_proj",
+                   "blk.{i}.ffn_down_shexp": "model.layers.{i}.shared_mlp.down_proj"},
     # q/k norms stacked [heads, head_dim] (HF: one tensor a head, norms.{h})
     "stablelm": {"blk.{i}.attn_q_norm": "model.layers.{i}.self_attn.q_layernorm",
                  "blk.{i}.attn_k_norm": "model.layers.{i}.self_attn.k_layernorm"},
@@ -182,7 +187,7 @@ def unfuse_phi3(weights: dict[str, Weight], cfg: dict) -> dict[str, Weight]:
 
 # llama.cpp's archs whose rope rotates interleaved pairs (GPT-J style): Llama's Q/K stored
 # un-permuted to Meta's layout, and GLM-4's own.
-_GGUF_GPTJ_ROPE = ("llama", "mistral", "granite", "smollm3", "glm4")
+_GGUF_GPTJ_ROPE = ("llama", "mistral", "granite", "granitemoe", "smollm3", "glm4")
 
 
 class LlamaForCausalLM:
@@ -199,7 +204,8 @@ class LlamaForCausalLM:
         cfg.setdefault("rms_norm_eps", 1e-6)
         archs = cfg.get("architectures") or []
         phi3 = "Phi3ForCausalLM" in archs or gguf_arch == "phi3"
-        granite = "GraniteForCausalLM" in archs or gguf_arch == "granite"
+        granite_moe = granitemoe.is_granite_moe(cfg)
+        granite = "GraniteForCausalLM" in archs or gguf_arch == "granite" or granite_moe
         smollm3 = "SmolLM3ForCausalLM" in archs or gguf_arch == "smollm3"
         glm4 = "Glm4ForCausalLM" in archs or gguf_arch == "glm4"
         if glm4:
@@ -210,7 +216,13 @@ class LlamaForCausalLM:
                 raise ValueError("Phi-3 GGUF with rope_factors_long (longrope scaling) is not "
                                  "supported yet")
         sparse = [False] * cfg["num_hidden_layers"]
-        if moe.is_moe(cfg):
+        sparse_block = moe.sparse_block
+        if granite_moe:
+            cfg = granitemoe.granite_moe_config(cfg)
+            sparse, sparse_block = cfg["sparse_layers"], granitemoe.sparse_block
+            if not is_gguf:
+                weights = moe.RenamedWeights(weights, granitemoe.granite_moe_name)
+        elif moe.is_moe(cfg):
             cfg = moe.moe_config(cfg)
             sparse = cfg["sparse_layers"]
             if "MixtralForCausalLM" in archs:
@@ -264,7 +276,7 @@ class LlamaForCausalLM:
                               else nope,
                               cfg["attn_sliding_window"] if types is None
                               or types[i] == "sliding_attention" else 0,
-                              moe.sparse_block(cfg, weights, i) if sparse[i] else None)
+                              sparse_block(cfg, weights, i) if sparse[i] else None)
             for i in range(cfg["num_hidden_layers"])]
         self.norm = RMSNorm(weights["model.norm.weight"], cfg["rms_norm_eps"])
         self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
@@ -275,7 +287,7 @@ class LlamaForCausalLM:
         """The tensors a Hugging Face checkpoint of this config holds (load_format="dummy"):
         q/k/v biases for Qwen2 (and attention_bias), q/k norms for Qwen3 and Qwen3-MoE, Phi-3's
         and GLM-4's fused tensors, GLM-4's sandwich norms (and no o_proj bias), routers and
-        experts in MoE layers."""
+        experts in MoE layers (GraniteMoe's stacked, with its shared MLP)."""
         archs = cfg.get("architectures") or []
         glm4 = "Glm4ForCausalLM" in archs
         glm4_moe = "Glm4MoeForCausalLM" in archs  # biases on q/k/v only, q/k norm optional
@@ -293,7 +305,9 @@ class LlamaForCausalLM:
                 for fused, parts in _PHI3_FUSED[1 if glm4 else 0:]:
                     rows = [shapes.pop(f"{p}{n}.weight") for n in parts]
                     shapes[f"{p}{fused}.weight"] = (sum(r[0] for r in rows), rows[0][1])
-        if moe.is_moe(cfg):
+        if granitemoe.is_granite_moe(cfg):
+            granitemoe.granite_moe_checkpoint_shapes(cfg, shapes)
+        elif moe.is_moe(cfg):
             moe.moe_checkpoint_shapes(cfg, shapes)
         return shapes
 

@@ -174,8 +174,9 @@ def sparse_block(cfg: dict, weights, i: int) -> SparseMoeBlock:
             bias, dtype=np.float32))
     shared = None
     if cfg["shared_intermediate_size"]:
-        shared = SwiGLUMLP(*(weights[f"{p}shared_experts.{n}_proj.weight"]
-                             for n in ("gate", "up", "down")))
+        s = p + "shared_experts."
+        shared = SwiGLUMLP([weights[s + "gate_proj.weight"], weights[s + "up_proj.weight"]],
+                           weights[s + "down_proj.weight"])
     return SparseMoeBlock(weights[p + "gate.weight"], w13, w2, cfg["num_experts_per_tok"],
                           cfg["norm_topk_prob"], name=p[:-1], routing=routing,
                           shared_experts=shared)
