@@ -1,9 +1,9 @@
-"""Token parity of the LayerNorm families (GPT-NeoX, StableLM, Starcoder2, GPT-2, Cohere) against
-transformers (float32 on the CPU), for tiny random checkpoints in f32 and bf16 safetensors
+"""Token parity of the LayerNorm families (GPT-NeoX, StableLM, Starcoder2, GPT-2, Cohere, Cohere 2)
+against transformers (float32 on the CPU), for tiny random checkpoints in f32 and bf16 safetensors
 (tests/models/tiny_checkpoints.py; their norm weights and biases random too); what sets each
 apart (parallel residual, the norms' biases, per-head q/k LayerNorms, the window, position
-embeddings, the layer-scaled attention, interleaved rope, the logit scale) is checked to move the
-logits, so that the parity tests test it."""
+embeddings, the layer-scaled attention, interleaved rope, the logit scale, Cohere 2's NoPE full
+layers) is checked to move the logits, so that the parity tests test it."""
 
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 FAMILIES = ["gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel", "starcoder2", "gpt2",
-            "gpt2_scaled", "cohere", "cohere_bias"]
+            "gpt2_scaled", "cohere", "cohere_bias", "cohere2"]
+# Sliding windows per layer where a family has them (cohere2: sliding, then full).
+WINDOWS = {"starcoder2": [24, 24], "cohere2": [24, 0]}
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,7 @@ def test_parity_f32(family, ckpt_dir):
     llm, prompts, oracle = run_parity(path, path)
     assert_prompt_logits_match(llm, prompts, oracle, family, SEED)
     windows = [layer.attn.sliding_window for layer in layers(llm.llm_engine.model)]
-    assert windows == ([24, 24] if family == "starcoder2" else [0, 0])
+    assert windows == WINDOWS.get(family, [0, 0])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -71,6 +73,8 @@ def _perturb(model, family: str, feature: str) -> None:
             layer.attn.sliding_window = 0
         elif feature == "layer_scaled_attention":
             layer.attn.scale = layer.attn.head_size ** -0.5
+        elif feature == "nope_full_layers":  # every layer rotated, as Command R's
+            layer.rope = model.rope
     if feature == "norm_bias":
         model.final_layer_norm.bias = None
     elif feature == "position_embeddings":
@@ -86,7 +90,8 @@ def _perturb(model, family: str, feature: str) -> None:
     ("stablelm", "per_head_weights"), ("starcoder2", "window"),
     ("gpt2", "position_embeddings"), ("gpt2_scaled", "layer_scaled_attention"),
     ("cohere", "qk_layernorm"), ("cohere", "per_head_weights"), ("cohere", "interleaved_rope"),
-    ("cohere", "logit_scale")])
+    ("cohere", "logit_scale"), ("cohere2", "window"), ("cohere2", "nope_full_layers"),
+    ("cohere2", "logit_scale")])
 def test_each_feature_matters(family, feature, ckpt_dir):
     from vllmx import LLM
 
@@ -104,6 +109,8 @@ def _edited_config(ckpt_dir: str, tmp_path, family: str, **changes) -> str:
     with open(os.path.join(path, "config.json")) as f:
         cfg = json.load(f)
     cfg.update(changes)
+    for key in [k for k, v in changes.items() if v is None]:  # None: the key left out
+        del cfg[key]
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
     return path
@@ -142,3 +149,23 @@ def test_gpt2_checkpoint_names_and_context(ckpt_dir, tmp_path):
     assert llms[0].llm_engine.config.model_config.max_model_len == 512
     with pytest.raises(ValueError, match="n_positions=512"):
         LLM(path, skip_tokenizer_init=True, max_model_len=600)
+
+
+def test_cohere2_sliding_window_pattern(ckpt_dir, tmp_path):
+    """An older Cohere 2 config.json (sliding_window_pattern, no layer_types) gives the same
+    layers; without either, every 4th layer is full (here: none of 2)."""
+    from vllmx import LLM
+
+    prompt = random_prompts(np.random.default_rng(SEED))[0]
+    runs = {}
+    for name, changes in (("layer_types", {}),
+                          ("pattern", {"layer_types": None, "sliding_window_pattern": 2}),
+                          ("default", {"layer_types": None})):
+        llm = LLM(_edited_config(ckpt_dir, tmp_path / name, "cohere2", **changes),
+                  skip_tokenizer_init=True)
+        windows = [layer.attn.sliding_window for layer in llm.llm_engine.model.layers]
+        runs[name] = windows, vllmx_prompt_logits(llm, prompt)
+    assert runs["layer_types"][0] == runs["pattern"][0] == [24, 0]
+    assert np.array_equal(runs["layer_types"][1], runs["pattern"][1])
+    assert runs["default"][0] == [24, 24]
+

@@ -125,6 +125,11 @@ def family_configs(**sizes):
         # What a command-r GGUF can say: llama.cpp reads q/k norms at 64 layers only (Command
         # R+'s), and no attention biases.
         "cohere_gguf": tf.CohereConfig(**common, logit_scale=0.5),
+        # Sliding and full layers alternating (sliding_window_pattern 2, as transformers reads
+        # it into layer_types), the full ones without rope; a window narrower than the longest
+        # prompt.
+        "cohere2": tf.Cohere2Config(**common, sliding_window=24, sliding_window_pattern=2,
+                                    logit_scale=0.5),
         # What a qwen3moe GGUF can say: every layer sparse, top-k renormalized (llama.cpp).
         "qwen3_moe_gguf": tf.Qwen3MoeConfig(**{**common, "head_dim": 32}, num_experts=8,
                                             num_experts_per_tok=3, moe_intermediate_size=64,
@@ -136,7 +141,7 @@ def family_configs(**sizes):
 # the default init (ones and zeros) would leave them untested.
 RANDOM_VECTORS = ("gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel", "starcoder2",
                   "starcoder2_gguf", "gpt2", "gpt2_scaled", "cohere", "cohere_bias",
-                  "cohere_gguf")
+                  "cohere_gguf", "cohere2")
 
 GGUF_ARCH = {"llama": "llama", "llama3": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
              "granite": "granite", "smollm3_gguf": "smollm3", "phi3": "phi3", "glm4": "glm4",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllmx.models.commandr import CohereForCausalLM
+from vllmx.models.commandr import Cohere2ForCausalLM, CohereForCausalLM
 from vllmx.models.gemma3 import Gemma3ForCausalLM
 from vllmx.models.gpt2 import GPT2LMHeadModel
 from vllmx.models.gpt_neox import GPTNeoXForCausalLM
@@ -12,6 +12,7 @@ from vllmx.models.stablelm import StableLmForCausalLM
 from vllmx.models.starcoder2 import Starcoder2ForCausalLM
 
 _HF_ARCHS = {
+    "Cohere2ForCausalLM": Cohere2ForCausalLM,
     "CohereForCausalLM": CohereForCausalLM,
     "Exaone4ForCausalLM": Olmo2ForCausalLM,
     "Gemma2ForCausalLM": Gemma3ForCausalLM,
