@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from vllmx.models.commandr import Cohere2ForCausalLM, CohereForCausalLM
+from vllmx.models.falcon import FalconForCausalLM
 from vllmx.models.gemma3 import Gemma3ForCausalLM
 from vllmx.models.gpt2 import GPT2LMHeadModel
 from vllmx.models.gpt_neox import GPTNeoXForCausalLM
@@ -15,6 +16,7 @@ _HF_ARCHS = {
     "Cohere2ForCausalLM": Cohere2ForCausalLM,
     "CohereForCausalLM": CohereForCausalLM,
     "Exaone4ForCausalLM": Olmo2ForCausalLM,
+    "FalconForCausalLM": FalconForCausalLM,
     "Gemma2ForCausalLM": Gemma3ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Glm4ForCausalLM": LlamaForCausalLM,
