@@ -150,6 +150,8 @@ def family_configs(**sizes):
         # Neither: a kv head per q head, attention then MLP (parallel_attn False), biases.
         "falcon_seq": tf.FalconConfig(**falcon, multi_query=False, parallel_attn=False,
                                       bias=True, activation="gelu_pytorch_tanh"),
+        # What a falcon GGUF can say: no biases (llama.cpp loads none), parallel attention.
+        "falcon_mq_gguf": tf.FalconConfig(**falcon, multi_query=True),
         # What a qwen3moe GGUF can say: every layer sparse, top-k renormalized (llama.cpp).
         "qwen3_moe_gguf": tf.Qwen3MoeConfig(**{**common, "head_dim": 32}, num_experts=8,
                                             num_experts_per_tok=3, moe_intermediate_size=64,
@@ -161,7 +163,8 @@ def family_configs(**sizes):
 # the default init (ones and zeros) would leave them untested.
 RANDOM_VECTORS = ("gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel", "starcoder2",
                   "starcoder2_gguf", "gpt2", "gpt2_scaled", "cohere", "cohere_bias",
-                  "cohere_gguf", "cohere2", "falcon", "falcon_one_norm", "falcon_mq", "falcon_seq")
+                  "cohere_gguf", "cohere2", "falcon", "falcon_one_norm", "falcon_mq", "falcon_seq",
+                  "falcon_mq_gguf")
 
 GGUF_ARCH = {"llama": "llama", "llama3": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
              "granite": "granite", "smollm3_gguf": "smollm3", "phi3": "phi3", "glm4": "glm4",

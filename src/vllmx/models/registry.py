@@ -39,6 +39,7 @@ _HF_ARCHS = {
 _GGUF_ARCHS = {
     "command-r": CohereForCausalLM,
     "exaone4": Olmo2ForCausalLM,
+    "falcon": FalconForCausalLM,
     "gemma2": Gemma3ForCausalLM,
     "gemma3": Gemma3ForCausalLM,
     "glm4": LlamaForCausalLM,
