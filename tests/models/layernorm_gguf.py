@@ -16,7 +16,7 @@ import numpy as np
 # family (tiny_checkpoints.py) -> llama.cpp architecture
 GGUF_ARCH = {"gpt_neox": "gptneox", "stablelm": "stablelm", "stablelm_parallel": "stablelm",
              "starcoder2_gguf": "starcoder2", "gpt2": "gpt2", "cohere_gguf": "command-r",
-             "falcon": "falcon", "falcon_mq_gguf": "falcon"}
+             "cohere2_gguf": "cohere2", "falcon": "falcon", "falcon_mq_gguf": "falcon"}
 
 _NAMES = {  # HF names -> GGUF names (per layer names use {i})
     "gptneox": {"gpt_neox.embed_in": "token_embd", "gpt_neox.final_layer_norm": "output_norm",
@@ -129,7 +129,9 @@ def write_layernorm_gguf(hf_dir: str, family: str, out_path: str, qtype=None) ->
         w.add_rope_dimension_count(int(d * partial))
     if arch == "gptneox":
         w.add_parallel_residual(cfg.get("use_parallel_residual", True))
-    if arch == "command-r":
+    if arch == "cohere2":
+        w.add_sliding_window(cfg["sliding_window"])
+    if arch in ("command-r", "cohere2"):
         w.add_logit_scale(cfg["logit_scale"])
     if arch == "stablelm":
         sd = _stack_per_head_norms(sd)

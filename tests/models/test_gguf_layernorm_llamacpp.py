@@ -1,7 +1,7 @@
-"""GGUF archs gptneox, stablelm, starcoder2, gpt2, command-r and falcon against llama.cpp: each
-family's tiny random transformers checkpoint written as an F32 and a Q8_0 GGUF the way llama.cpp's
-converter lays it out (layernorm_gguf.py), vllmx's greedy tokens teacher-forced through llama.cpp
-on the same file (TESTING.md's rule for quantized files: every position within 1.5 nats of
+"""GGUF archs gptneox, stablelm, starcoder2, gpt2, command-r, cohere2 and falcon against llama.cpp:
+each family's tiny random transformers checkpoint written as an F32 and a Q8_0 GGUF the way
+llama.cpp's converter lays it out (layernorm_gguf.py), vllmx's greedy tokens teacher-forced through
+llama.cpp on the same file (TESTING.md's rule for quantized files: every position within 1.5 nats of
 llama.cpp's best, >= 95% its argmax), and prompt logits near llama.cpp's. The F32 file also
 matches vllmx on the safetensors checkpoint it came from (whose transformers parity is
 test_layernorm_families_parity.py's)."""

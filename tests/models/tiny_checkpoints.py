@@ -136,6 +136,9 @@ def family_configs(**sizes):
         # prompt.
         "cohere2": tf.Cohere2Config(**common, sliding_window=24, sliding_window_pattern=2,
                                     logit_scale=0.5),
+        # What a cohere2 GGUF can say: llama.cpp makes every 4th layer full.
+        "cohere2_gguf": tf.Cohere2Config(**{**common, "num_hidden_layers": 4}, sliding_window=24,
+                                         logit_scale=0.5),
         # Falcon-40B's layout: new_decoder_architecture, 2 kv groups in query_key_value, two
         # norms (ln_attn, ln_mlp), no biases.
         "falcon": tf.FalconConfig(**falcon, new_decoder_architecture=True, num_kv_heads=2),
@@ -164,7 +167,7 @@ def family_configs(**sizes):
 RANDOM_VECTORS = ("gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel", "starcoder2",
                   "starcoder2_gguf", "gpt2", "gpt2_scaled", "cohere", "cohere_bias",
                   "cohere_gguf", "cohere2", "falcon", "falcon_one_norm", "falcon_mq", "falcon_seq",
-                  "falcon_mq_gguf")
+                  "falcon_mq_gguf", "cohere2_gguf")
 
 GGUF_ARCH = {"llama": "llama", "llama3": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
              "granite": "granite", "smollm3_gguf": "smollm3", "phi3": "phi3", "glm4": "glm4",

@@ -3,8 +3,9 @@ vLLM's commandr.py. Against the Llama family: LayerNorms without bias, attention
 in parallel (both read the one input_layernorm's output and join the residual together),
 interleaved (GPT-J style) rope, optional q/k LayerNorms per head (use_qk_norm, each head its own
 weight), logits multiplied by logit_scale, tied embeddings. Cohere 2 interleaves sliding-window
-layers with full-attention ones that have no rope (NoPE). GGUF ("command-r"): the Llama names;
-q/k norms when the file has them, as llama.cpp decides."""
+layers with full-attention ones that have no rope (NoPE). GGUF ("command-r", "cohere2"): the
+Llama names; q/k norms when the file has them, as llama.cpp decides; cohere2's every 4th layer
+full (llama.cpp's fixed pattern: its GGUFs carry none)."""
 
 from __future__ import annotations
 

@@ -55,7 +55,7 @@ GGUF_ARCH_TO_HF = {
     "glm4": {"blk.{i}.post_attention_norm": "model.layers.{i}.post_self_attn_layernorm",
              "blk.{i}.post_ffw_norm": "model.layers.{i}.post_mlp_layernorm",
              "blk.{i}.ffn_up": "model.layers.{i}.mlp.gate_up_proj"},
-    # The LayerNorm families (models/gpt_neox.py ... commandr.py); command-r needs none.
+    # The LayerNorm families (models/gpt_neox.py ... commandr.py); command-r and cohere2 need none.
     "gptneox": {"token_embd": "gpt_neox.embed_in", "output_norm": "gpt_neox.final_layer_norm",
                 "output": "embed_out",
                 "blk.{i}.attn_norm": "gpt_neox.layers.{i}.input_layernorm",

@@ -37,6 +37,7 @@ _HF_ARCHS = {
     "Starcoder2ForCausalLM": Starcoder2ForCausalLM,
 }
 _GGUF_ARCHS = {
+    "cohere2": Cohere2ForCausalLM,
     "command-r": CohereForCausalLM,
     "exaone4": Olmo2ForCausalLM,
     "falcon": FalconForCausalLM,
