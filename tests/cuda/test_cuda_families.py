@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers")
 
 FAMILIES = ["granite", "smollm3", "phi3", "phi3_longrope", "glm4", "olmo2", "olmo3", "exaone4",
             "gemma2", "gemma3", "gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel",
-            "starcoder2", "gpt2", "cohere"]
+            "starcoder2", "gpt2", "cohere", "cohere2", "falcon", "falcon_seq"]
 SIZES = {"hidden_size": 256, "intermediate_size": 512, "max_position_embeddings": 1024}
 SEED = int.from_bytes(os.urandom(4), "little")  # fresh prompts each run, printed on failure
 

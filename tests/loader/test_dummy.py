@@ -19,7 +19,7 @@ FAMILIES = ["llama", "llama3", "mistral", "qwen2", "qwen3", "granite", "smollm3"
             "olmo2", "olmo2_bias", "olmo3", "exaone4", "gemma2", "gemma3",
             "qwen3_moe", "mixtral", "granite_moe", "granite_moe_shared", "gpt_neox",
             "gpt_neox_seq", "stablelm", "stablelm_parallel", "starcoder2", "gpt2", "cohere",
-            "cohere_bias"]
+            "cohere_bias", "cohere2", "falcon", "falcon_one_norm", "falcon_mq", "falcon_seq"]
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +129,8 @@ def test_serve_flag():
 
 
 @pytest.mark.parametrize("family", ["granite", "smollm3", "phi3", "glm4", "olmo2", "olmo3",
-                                    "exaone4", "gemma2", "granite_moe_shared"])
+                                    "exaone4", "gemma2", "granite_moe_shared", "cohere2",
+                                    "falcon", "falcon_seq"])
 def test_each_family_runs_from_its_config(checkpoints, family, tmp_path):
     """Every family builds from DummyWeights (fused tensors split, Gemma's 1 + w, per-type
     ropes, GraniteMoe's stacked experts) and generates."""

@@ -1,7 +1,7 @@
-"""GGUF archs gptneox, stablelm, starcoder2, gpt2 and command-r against llama.cpp: each family's
-tiny random transformers checkpoint written as an F32 and a Q8_0 GGUF the way llama.cpp's
-converter lays it out (layernorm_gguf.py), vllmx's greedy tokens teacher-forced through llama.cpp
-on the same file (TESTING.md's rule for quantized files: every position within 1.5 nats of
+"""GGUF archs gptneox, stablelm, starcoder2, gpt2, command-r, cohere2 and falcon against llama.cpp:
+each family's tiny random transformers checkpoint written as an F32 and a Q8_0 GGUF the way
+llama.cpp's converter lays it out (layernorm_gguf.py), vllmx's greedy tokens teacher-forced through
+llama.cpp on the same file (TESTING.md's rule for quantized files: every position within 1.5 nats of
 llama.cpp's best, >= 95% its argmax), and prompt logits near llama.cpp's. The F32 file also
 matches vllmx on the safetensors checkpoint it came from (whose transformers parity is
 test_layernorm_families_parity.py's)."""
@@ -24,8 +24,8 @@ pytest.importorskip("torch")
 
 SEED = int(os.environ.get("VLLMX_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
 # Prompt logits against llama.cpp's, relative to their largest: F32 files differ by the f16 KV
-# cache, summation order and llama.cpp's tanh GELU (GPT-NeoX's is erf); Q8_0 files also by
-# llama.cpp's 8-bit activations.
+# cache, summation order and llama.cpp's tanh GELU (GPT-NeoX's and Falcon's are erf); Q8_0 files
+# also by llama.cpp's 8-bit activations.
 PROMPT_RTOL = {"F32": 5e-3, "Q8_0": 8e-2}
 PROMPT_LENS = (5, 40, 17, 33, 9, 70, 24, 12, 28, 7, 51, 15, 36, 11, 63, 20)
 

@@ -1,9 +1,10 @@
-"""Token parity of the LayerNorm families (GPT-NeoX, StableLM, Starcoder2, GPT-2, Cohere) against
-transformers (float32 on the CPU), for tiny random checkpoints in f32 and bf16 safetensors
-(tests/models/tiny_checkpoints.py; their norm weights and biases random too); what sets each
-apart (parallel residual, the norms' biases, per-head q/k LayerNorms, the window, position
-embeddings, the layer-scaled attention, interleaved rope, the logit scale) is checked to move the
-logits, so that the parity tests test it."""
+"""Token parity of the LayerNorm families (GPT-NeoX, StableLM, Starcoder2, GPT-2, Cohere, Cohere 2,
+Falcon) against transformers (float32 on the CPU), for tiny random checkpoints in f32 and bf16
+safetensors (tests/models/tiny_checkpoints.py; their norm weights and biases random too); what
+sets each apart (parallel residual, the norms' biases, per-head q/k LayerNorms, the window,
+position embeddings, the layer-scaled attention, interleaved rope, the logit scale, Cohere 2's
+NoPE full layers, Falcon's two norms, grouped query_key_value and sequential layers) is checked
+to move the logits, so that the parity tests test it."""
 
 from __future__ import annotations
 
@@ -22,7 +23,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 FAMILIES = ["gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel", "starcoder2", "gpt2",
-            "gpt2_scaled", "cohere", "cohere_bias"]
+            "gpt2_scaled", "cohere", "cohere_bias", "cohere2", "falcon", "falcon_one_norm",
+            "falcon_mq", "falcon_seq"]
+# Sliding windows per layer where a family has them (cohere2: sliding, then full).
+WINDOWS = {"starcoder2": [24, 24], "cohere2": [24, 0]}
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +44,7 @@ def test_parity_f32(family, ckpt_dir):
     llm, prompts, oracle = run_parity(path, path)
     assert_prompt_logits_match(llm, prompts, oracle, family, SEED)
     windows = [layer.attn.sliding_window for layer in layers(llm.llm_engine.model)]
-    assert windows == ([24, 24] if family == "starcoder2" else [0, 0])
+    assert windows == WINDOWS.get(family, [0, 0])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -71,6 +75,12 @@ def _perturb(model, family: str, feature: str) -> None:
             layer.attn.sliding_window = 0
         elif feature == "layer_scaled_attention":
             layer.attn.scale = layer.attn.head_size ** -0.5
+        elif feature == "nope_full_layers":  # every layer rotated, as Command R's
+            layer.rope = model.rope
+        elif feature == "two_norms":  # the MLP reads ln_attn's output, as Falcon-7B's
+            layer.mlp_norm = None
+        elif feature == "sequential":  # attention and MLP in parallel, each its own norm
+            layer.parallel = True
     if feature == "norm_bias":
         model.final_layer_norm.bias = None
     elif feature == "position_embeddings":
@@ -86,7 +96,8 @@ def _perturb(model, family: str, feature: str) -> None:
     ("stablelm", "per_head_weights"), ("starcoder2", "window"),
     ("gpt2", "position_embeddings"), ("gpt2_scaled", "layer_scaled_attention"),
     ("cohere", "qk_layernorm"), ("cohere", "per_head_weights"), ("cohere", "interleaved_rope"),
-    ("cohere", "logit_scale")])
+    ("cohere", "logit_scale"), ("cohere2", "window"), ("cohere2", "nope_full_layers"),
+    ("cohere2", "logit_scale"), ("falcon", "two_norms"), ("falcon_seq", "sequential")])
 def test_each_feature_matters(family, feature, ckpt_dir):
     from vllmx import LLM
 
@@ -104,6 +115,8 @@ def _edited_config(ckpt_dir: str, tmp_path, family: str, **changes) -> str:
     with open(os.path.join(path, "config.json")) as f:
         cfg = json.load(f)
     cfg.update(changes)
+    for key in [k for k, v in changes.items() if v is None]:  # None: the key left out
+        del cfg[key]
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
     return path
@@ -114,7 +127,9 @@ def _edited_config(ckpt_dir: str, tmp_path, family: str, **changes) -> str:
     ("stablelm", {"hidden_act": "gelu"}, "StableLM with hidden_act 'gelu'"),
     ("starcoder2", {"hidden_act": "relu"}, "Starcoder2 with hidden_act 'relu'"),
     ("gpt2", {"add_cross_attention": True}, "GPT-2 with add_cross_attention"),
-    ("cohere", {"hidden_act": "gelu"}, "Cohere with hidden_act 'gelu'")])
+    ("cohere", {"hidden_act": "gelu"}, "Cohere with hidden_act 'gelu'"),
+    ("falcon", {"activation": "relu"}, "Falcon with activation 'relu'"),
+    ("falcon_mq", {"alibi": True}, "Falcon with alibi=True")])
 def test_unsupported_config_names_it(family, changes, match, ckpt_dir, tmp_path):
     from vllmx import LLM
 
@@ -142,3 +157,45 @@ def test_gpt2_checkpoint_names_and_context(ckpt_dir, tmp_path):
     assert llms[0].llm_engine.config.model_config.max_model_len == 512
     with pytest.raises(ValueError, match="n_positions=512"):
         LLM(path, skip_tokenizer_init=True, max_model_len=600)
+
+
+def test_cohere2_sliding_window_pattern(ckpt_dir, tmp_path):
+    """An older Cohere 2 config.json (sliding_window_pattern, no layer_types) gives the same
+    layers; without either, every 4th layer is full (here: none of 2)."""
+    from vllmx import LLM
+
+    prompt = random_prompts(np.random.default_rng(SEED))[0]
+    runs = {}
+    for name, changes in (("layer_types", {}),
+                          ("pattern", {"layer_types": None, "sliding_window_pattern": 2}),
+                          ("default", {"layer_types": None})):
+        llm = LLM(_edited_config(ckpt_dir, tmp_path / name, "cohere2", **changes),
+                  skip_tokenizer_init=True)
+        windows = [layer.attn.sliding_window for layer in llm.llm_engine.model.layers]
+        runs[name] = windows, vllmx_prompt_logits(llm, prompt)
+    assert runs["layer_types"][0] == runs["pattern"][0] == [24, 0]
+    assert np.array_equal(runs["layer_types"][1], runs["pattern"][1])
+    assert runs["default"][0] == [24, 24]
+
+
+def test_falcon_query_key_value_layouts(ckpt_dir, monkeypatch):
+    """query_key_value's kv groups: read as if already [q heads; k heads; v heads], Falcon-40B's
+    (2 groups of [2 q; k; v]) moves the logits; Falcon-7B's multi-query layout is that already
+    (one group: [4 q; k; v]), and its KV cache holds one head though config.json says
+    num_kv_heads 4 (transformers ignores it without new_decoder_architecture)."""
+    from vllmx import LLM
+    from vllmx.models import falcon
+
+    prompt = random_prompts(np.random.default_rng(SEED))[0]
+    for family, moves in (("falcon", True), ("falcon_mq", False)):
+        path = make_checkpoint(family, "float32", ckpt_dir)
+        base = vllmx_prompt_logits(LLM(path, skip_tokenizer_init=True), prompt)
+        with monkeypatch.context() as m:
+            m.setattr(falcon, "qkv_by_group", lambda w, b, *_: (w, b))
+            llm = LLM(path, skip_tokenizer_init=True)
+            ungrouped = vllmx_prompt_logits(llm, prompt)
+        moved = np.abs(ungrouped - base).max() / np.abs(base).max()
+        assert (moved > 1e-2) if moves else moved == 0, (family, moved)
+    with open(os.path.join(path, "config.json")) as f:
+        assert json.load(f)["num_kv_heads"] == 4
+    assert llm.llm_engine.kv_caches[0][0].shape[2] == 1

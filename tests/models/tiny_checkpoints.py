@@ -37,6 +37,12 @@ def family_configs(**sizes):
     expert_size = sizes.get("intermediate_size", 64)  # GraniteMoe's intermediate_size
     granite = {"embedding_multiplier": 3.0, "attention_multiplier": 0.05,
                "residual_multiplier": 0.4, "logits_scaling": 2.5}
+    falcon = {"vocab_size": common["vocab_size"], "hidden_size": common["hidden_size"],
+              "ffn_hidden_size": common["intermediate_size"],
+              "num_hidden_layers": common["num_hidden_layers"],
+              "num_attention_heads": common["num_attention_heads"],
+              "max_position_embeddings": common["max_position_embeddings"],
+              "bos_token_id": 1, "eos_token_id": 2}
     return {
         "llama": tf.LlamaConfig(**common),
         "llama3": tf.LlamaConfig(**common, rope_parameters={
@@ -143,6 +149,30 @@ def family_configs(**sizes):
         # What a command-r GGUF can say: llama.cpp reads q/k norms at 64 layers only (Command
         # R+'s), and no attention biases.
         "cohere_gguf": tf.CohereConfig(**common, logit_scale=0.5),
+        # Sliding and full layers alternating (sliding_window_pattern 2, as transformers reads
+        # it into layer_types), the full ones without rope; a window narrower than the longest
+        # prompt.
+        "cohere2": tf.Cohere2Config(**common, sliding_window=24, sliding_window_pattern=2,
+                                    logit_scale=0.5),
+        # What a cohere2 GGUF can say: llama.cpp makes every 4th layer full.
+        "cohere2_gguf": tf.Cohere2Config(**{**common, "num_hidden_layers": 4}, sliding_window=24,
+                                         logit_scale=0.5),
+        # Falcon-40B's layout: new_decoder_architecture, 2 kv groups in query_key_value, two
+        # norms (ln_attn, ln_mlp), no biases.
+        "falcon": tf.FalconConfig(**falcon, new_decoder_architecture=True, num_kv_heads=2),
+        # Falcon2-11B's: the new architecture with one norm (num_ln_in_parallel_attn 1), its
+        # rope base.
+        "falcon_one_norm": tf.FalconConfig(**falcon, new_decoder_architecture=True, num_kv_heads=2,
+                                           num_ln_in_parallel_attn=1,
+                                           rope_parameters={"rope_type": "default",
+                                                            "rope_theta": 500042.0}),
+        # Falcon-7B's: multi-query (one kv head), parallel attention; with biases.
+        "falcon_mq": tf.FalconConfig(**falcon, multi_query=True, bias=True),
+        # Neither: a kv head per q head, attention then MLP (parallel_attn False), biases.
+        "falcon_seq": tf.FalconConfig(**falcon, multi_query=False, parallel_attn=False,
+                                      bias=True, activation="gelu_pytorch_tanh"),
+        # What a falcon GGUF can say: no biases (llama.cpp loads none), parallel attention.
+        "falcon_mq_gguf": tf.FalconConfig(**falcon, multi_query=True),
         # What a qwen3moe GGUF can say: every layer sparse, top-k renormalized (llama.cpp).
         "qwen3_moe_gguf": tf.Qwen3MoeConfig(**{**common, "head_dim": 32}, num_experts=8,
                                             num_experts_per_tok=3, moe_intermediate_size=64,
@@ -181,7 +211,9 @@ def family_configs(**sizes):
 # the default init (ones and zeros) would leave them untested.
 RANDOM_VECTORS = ("gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel", "starcoder2",
                   "starcoder2_gguf", "gpt2", "gpt2_scaled", "cohere", "cohere_bias",
-                  "cohere_gguf", "deepseek_v3", "deepseek_v3_yarn", "deepseek_v2", "glm4_moe")
+                  "cohere_gguf", "cohere2", "falcon", "falcon_one_norm", "falcon_mq", "falcon_seq",
+                  "falcon_mq_gguf", "cohere2_gguf", "deepseek_v3", "deepseek_v3_yarn", "deepseek_v2",
+                  "glm4_moe")
 # Their routers' choice bias (a buffer, zero at init) drawn too, so that it steers the pick.
 CHOICE_BIAS = ("deepseek_v3", "deepseek_v3_yarn", "glm4_moe")
 

@@ -72,6 +72,25 @@ def concat_rows(weights: list[Weight]) -> Weight:
     return Weight(data, weights[0].dtype, (sum(w.shape[0] for w in weights), ks.pop()))
 
 
+def qkv_by_group(w: Weight, b: Weight | None, num_kv_heads: int, q_per_kv: int,
+                 head_dim: int) -> tuple[Weight, Weight | None]:
+    """A fused query_key_value whose rows come in kv groups, each [its q_per_kv q heads; its k
+    head; its v head], regrouped into [q heads; k heads; v heads], the layout the attention
+    prologue reads (a permutation of whole rows: exact for every dtype). GPT-NeoX's per-head
+    [q; k; v] is one group a head; Falcon's multi-query layout one group of all heads."""
+    def regroup(a: np.ndarray) -> np.ndarray:
+        rows = a.reshape(num_kv_heads, q_per_kv + 2, head_dim, -1)
+        q = rows[:, :q_per_kv].reshape(-1, a.shape[-1])
+        k, v = (rows[:, j].reshape(-1, a.shape[-1]) for j in (q_per_kv, q_per_kv + 1))
+        return np.concatenate([q, k, v]).reshape(a.shape)
+
+    data = regroup(np.asarray(w.data))
+    release_file_pages(w.data)  # only the copy is read from now on
+    bias = None if b is None else Weight.from_numpy(
+        regroup(b.to_float32().reshape(-1, 1)).reshape(-1))
+    return Weight(data, w.dtype, w.shape), bias
+
+
 class MergedLinear:
     """Several projections of the same input as one matmul (vLLM's QKVParallelLinear /
     MergedColumnParallelLinear): the input is quantized once and the weights stream in one

@@ -1,8 +1,11 @@
-"""Cohere Command R (CohereForCausalLM; vLLM's commandr.py). Against the Llama family: LayerNorms
-without bias, attention and the SwiGLU MLP in parallel (both read the one input_layernorm's output
-and join the residual together), interleaved (GPT-J style) rope, optional q/k LayerNorms per head
-(use_qk_norm, each head its own weight), logits multiplied by logit_scale, tied embeddings. GGUF
-("command-r"): the Llama names; q/k norms when the file has them, as llama.cpp decides."""
+"""Cohere Command R (CohereForCausalLM) and Cohere 2 (Cohere2ForCausalLM: Command R7B, Command A);
+vLLM's commandr.py. Against the Llama family: LayerNorms without bias, attention and the SwiGLU MLP
+in parallel (both read the one input_layernorm's output and join the residual together),
+interleaved (GPT-J style) rope, optional q/k LayerNorms per head (use_qk_norm, each head its own
+weight), logits multiplied by logit_scale, tied embeddings. Cohere 2 interleaves sliding-window
+layers with full-attention ones that have no rope (NoPE). GGUF ("command-r", "cohere2"): the
+Llama names; q/k norms when the file has them, as llama.cpp decides; cohere2's every 4th layer
+full (llama.cpp's fixed pattern: its GGUFs carry none)."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.norm import LayerNorm, ResidualAdd
 from vllmx.layers.rotary import RotaryEmbedding, get_rope
+from vllmx.models.gemma3 import layer_types
 from vllmx.models.llama import gguf_name_to_hf
 from vllmx.models.shapes import decoder_shapes, require_tensors
 from vllmx.ops import Weight
@@ -24,7 +28,7 @@ _LAYER_TENSORS = ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "se
 
 class CohereDecoderLayer:
     def __init__(self, i: int, cfg: dict, w: dict[str, Weight], rope: RotaryEmbedding,
-                 add: ResidualAdd):
+                 add: ResidualAdd, sliding_window: int = 0):
         p = f"model.layers.{i}."
         eps = cfg["layer_norm_eps"]
         nq, nkv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
@@ -38,7 +42,7 @@ class CohereDecoderLayer:
             self.q_norm = LayerNorm(w[p + "self_attn.q_norm.weight"], None, eps)
             self.k_norm = LayerNorm(w[p + "self_attn.k_norm.weight"], None, eps)
         self.rope = rope
-        self.attn = Attention(i, nq, nkv, d, d ** -0.5)
+        self.attn = Attention(i, nq, nkv, d, d ** -0.5, sliding_window)
         self.gate_up_proj = MergedLinear([w[p + "mlp.gate_proj.weight"],
                                           w[p + "mlp.up_proj.weight"]], [None, None])
         self.down_proj = Linear(w[p + "mlp.down_proj.weight"])
@@ -84,12 +88,16 @@ class CohereForCausalLM:
         self.embed_tokens = placement.upload_weight(weights["model.embed_tokens.weight"],
                                                     "model.embed_tokens.weight")
         self._add = ResidualAdd(cfg["hidden_size"])
-        self.layers = [CohereDecoderLayer(i, cfg, weights, self.rope, self._add)
-                       for i in range(cfg["num_hidden_layers"])]
+        self.layers = [CohereDecoderLayer(i, cfg, weights, rope, self._add, window)
+                       for i, (rope, window) in enumerate(self.layer_attention(cfg))]
         self.norm = LayerNorm(weights["model.norm.weight"], None, cfg["layer_norm_eps"])
         self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
         self.vocab_size = self.lm_head.weight.shape[0]
         self.logit_scale = float(cfg.get("logit_scale") or 1.0)
+
+    def layer_attention(self, cfg: dict) -> list[tuple[RotaryEmbedding, int]]:
+        """(rope, sliding window) per layer: Command R's one rope everywhere, no window."""
+        return [(self.rope, 0)] * cfg["num_hidden_layers"]
 
     @staticmethod
     def checkpoint_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
@@ -130,3 +138,20 @@ class CohereForCausalLM:
         if self.logit_scale != 1.0:
             ops.scale_(logits, self.logit_scale)
         return logits
+
+
+class Cohere2ForCausalLM(CohereForCausalLM):
+    """Cohere's layers (no q/k norms) in two kinds, per config.json's layer_types (older configs:
+    every sliding_window_pattern-th layer full, 4 by default, as transformers reads them):
+    sliding-window layers with rope, and full-attention layers without positions (NoPE)."""
+
+    def layer_attention(self, cfg: dict) -> list[tuple[RotaryEmbedding, int]]:
+        types = layer_types(cfg, default_pattern=4)
+        if len(types) != cfg["num_hidden_layers"]:
+            raise ValueError(f"Cohere 2: layer_types has {len(types)} entries for "
+                             f"{cfg['num_hidden_layers']} layers")
+        window = int(cfg.get("sliding_window") or 0)
+        nope = self.rope.identity()
+        # transformers rotates q and k only in layers with a window (in none without one).
+        return [(self.rope, window) if t == "sliding_attention" and window else (nope, 0)
+                for t in types]

@@ -59,14 +59,15 @@ def gguf_name_to_hf(name: str) -> str:
     return GGUF_TO_HF[key].format(i=i) + "." + suffix if key in GGUF_TO_HF else name
 
 
-def layer_types(cfg: dict, gemma2: bool = False) -> list[str]:
+def layer_types(cfg: dict, default_pattern: int) -> list[str]:
     """"sliding_attention" / "full_attention" per layer: config.json's layer_types, else the
-    older sliding_window_pattern (every pattern-th layer is global)."""
+    older sliding_window_pattern (every pattern-th layer is global; Gemma's and Cohere 2's
+    rule), default_pattern where the config has neither."""
     n = cfg["num_hidden_layers"]
     if cfg.get("layer_types"):
         return list(cfg["layer_types"])
     pattern = (cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern")
-               or _GGUF_SLIDING_WINDOW_PATTERN["gemma2" if gemma2 else "gemma3"])
+               or default_pattern)
     return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
 
 
@@ -191,7 +192,8 @@ class Gemma3ForCausalLM:
         if cfg.get("use_bidirectional_attention"):
             raise ValueError("Gemma with use_bidirectional_attention is not supported (vllmx "
                              "runs causal decoders only)")
-        cfg["layer_types"] = layer_types(cfg, gemma2)
+        cfg["layer_types"] = layer_types(
+            cfg, _GGUF_SLIDING_WINDOW_PATTERN["gemma2" if gemma2 else "gemma3"])
         self.gemma2 = gemma2
         self.config = cfg
         self._check_weights(weights)

@@ -13,32 +13,16 @@ import numpy as np
 from vllmx import ops
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
-from vllmx.layers.linear import Linear
+from vllmx.layers.linear import Linear, qkv_by_group
 from vllmx.layers.mlp import GeluMLP
 from vllmx.layers.norm import LayerNorm, ResidualAdd
 from vllmx.layers.rotary import RotaryEmbedding, get_rope
 from vllmx.models.llama import gguf_name_to_hf
 from vllmx.models.shapes import require_tensors
 from vllmx.ops import Weight
-from vllmx.pages import release_file_pages
 
 _LAYER_TENSORS = ("input_layernorm", "post_attention_layernorm", "attention.query_key_value",
                   "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h")
-
-
-def qkv_by_head(w: Weight, b: Weight | None, num_heads: int,
-                head_dim: int) -> tuple[Weight, Weight | None]:
-    """query_key_value's rows, per head [q; k; v], regrouped into [q heads; k heads; v heads]
-    (a permutation of whole rows: exact for every dtype)."""
-    def regroup(a: np.ndarray) -> np.ndarray:
-        rows = a.reshape(num_heads, 3, head_dim, -1).transpose(1, 0, 2, 3)
-        return np.ascontiguousarray(rows).reshape(a.shape)
-
-    data = regroup(np.asarray(w.data))
-    release_file_pages(w.data)  # only the copy is read from now on
-    bias = None if b is None else Weight.from_numpy(
-        regroup(b.to_float32().reshape(-1, 1)).reshape(-1))
-    return Weight(data, w.dtype, w.shape), bias
 
 
 class GPTNeoXLayer:
@@ -53,8 +37,8 @@ class GPTNeoXLayer:
 
         qkv = p + "attention.query_key_value"
         if cfg["qkv_by_head"]:
-            self.query_key_value = Linear(*qkv_by_head(w[qkv + ".weight"], w.get(qkv + ".bias"),
-                                                       nh, d))
+            self.query_key_value = Linear(*qkv_by_group(w[qkv + ".weight"], w.get(qkv + ".bias"),
+                                                        nh, 1, d))
         else:  # a GGUF's: [q heads; k heads; v heads] already
             self.query_key_value = Linear(w[qkv + ".weight"], w.get(qkv + ".bias"))
         self.dense = Linear(w[p + "attention.dense.weight"], w.get(p + "attention.dense.bias"))

@@ -57,7 +57,7 @@ GGUF_ARCH_TO_HF = {
     "glm4": {"blk.{i}.post_attention_norm": "model.layers.{i}.post_self_attn_layernorm",
              "blk.{i}.post_ffw_norm": "model.layers.{i}.post_mlp_layernorm",
              "blk.{i}.ffn_up": "model.layers.{i}.mlp.gate_up_proj"},
-    # The LayerNorm families (models/gpt_neox.py ... commandr.py); command-r needs none.
+    # The LayerNorm families (models/gpt_neox.py ... commandr.py); command-r and cohere2 need none.
     "gptneox": {"token_embd": "gpt_neox.embed_in", "output_norm": "gpt_neox.final_layer_norm",
                 "output": "embed_out",
                 "blk.{i}.attn_norm": "gpt_neox.layers.{i}.input_layernorm",
@@ -75,6 +75,14 @@ GGUF_ARCH_TO_HF = {
                  "blk.{i}.attn_k_norm": "model.layers.{i}.self_attn.k_layernorm"},
     "starcoder2": {"blk.{i}.ffn_up": "model.layers.{i}.mlp.c_fc",
                    "blk.{i}.ffn_down": "model.layers.{i}.mlp.c_proj"},
+    # attn_norm is ln_mlp where a file has attn_norm_2 (ln_attn); models/falcon.py renames it
+    "falcon": {"token_embd": "transformer.word_embeddings", "output_norm": "transformer.ln_f",
+               "output": "lm_head", "blk.{i}.attn_norm": "transformer.h.{i}.input_layernorm",
+               "blk.{i}.attn_norm_2": "transformer.h.{i}.ln_attn",
+               "blk.{i}.attn_qkv": "transformer.h.{i}.self_attention.query_key_value",
+               "blk.{i}.attn_output": "transformer.h.{i}.self_attention.dense",
+               "blk.{i}.ffn_up": "transformer.h.{i}.mlp.dense_h_to_4h",
+               "blk.{i}.ffn_down": "transformer.h.{i}.mlp.dense_4h_to_h"},
     "gpt2": {"token_embd": "transformer.wte", "position_embd": "transformer.wpe",
              "output_norm": "transformer.ln_f", "output": "lm_head",
              "blk.{i}.attn_norm": "transformer.h.{i}.ln_1",

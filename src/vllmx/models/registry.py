@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from vllmx.models.commandr import CohereForCausalLM
+from vllmx.models.commandr import Cohere2ForCausalLM, CohereForCausalLM
 from vllmx.models.deepseek_v2 import DeepseekV2ForCausalLM
+from vllmx.models.falcon import FalconForCausalLM
 from vllmx.models.gemma3 import Gemma3ForCausalLM
 from vllmx.models.gpt2 import GPT2LMHeadModel
 from vllmx.models.gpt_neox import GPTNeoXForCausalLM
@@ -13,10 +14,12 @@ from vllmx.models.stablelm import StableLmForCausalLM
 from vllmx.models.starcoder2 import Starcoder2ForCausalLM
 
 _HF_ARCHS = {
+    "Cohere2ForCausalLM": Cohere2ForCausalLM,
     "CohereForCausalLM": CohereForCausalLM,
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV2ForCausalLM,
     "Exaone4ForCausalLM": Olmo2ForCausalLM,
+    "FalconForCausalLM": FalconForCausalLM,
     "Gemma2ForCausalLM": Gemma3ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Glm4ForCausalLM": LlamaForCausalLM,
@@ -40,8 +43,10 @@ _HF_ARCHS = {
     "Starcoder2ForCausalLM": Starcoder2ForCausalLM,
 }
 _GGUF_ARCHS = {
+    "cohere2": Cohere2ForCausalLM,
     "command-r": CohereForCausalLM,
     "exaone4": Olmo2ForCausalLM,
+    "falcon": FalconForCausalLM,
     "gemma2": Gemma3ForCausalLM,
     "gemma3": Gemma3ForCausalLM,
     "glm4": LlamaForCausalLM,
