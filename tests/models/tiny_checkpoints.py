@@ -184,6 +184,12 @@ def family_configs(**sizes):
                                            q_lora_rank=48, **deepseek_moe, n_group=4,
                                            topk_group=2, norm_topk_prob=True,
                                            routed_scaling_factor=2.5),
+        # gpt-oss: sliding and full layers alternating (a window narrower than the longer
+        # prompts), attention sinks, q/k/v/o biases, 8 experts top-2 with biases and the
+        # clamped SwiGLU, its YaRN rope (factor 32, untruncated ramp).
+        "gpt_oss": tf.GptOssConfig(**{**common, "num_hidden_layers": 3, "head_dim": 16,
+                                      "intermediate_size": 64}, num_local_experts=8,
+                                   num_experts_per_tok=2, sliding_window=24, pad_token_id=0),
         # V3's YaRN context extension: mscale != mscale_all_dim scales cos/sin by their
         # ratio, and the softmax by mscale_all_dim's square.
         "deepseek_v3_yarn": tf.DeepseekV3Config(
@@ -213,7 +219,7 @@ RANDOM_VECTORS = ("gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel", "
                   "starcoder2_gguf", "gpt2", "gpt2_scaled", "cohere", "cohere_bias",
                   "cohere_gguf", "cohere2", "falcon", "falcon_one_norm", "falcon_mq", "falcon_seq",
                   "falcon_mq_gguf", "cohere2_gguf", "deepseek_v3", "deepseek_v3_yarn", "deepseek_v2",
-                  "glm4_moe")
+                  "glm4_moe", "gpt_oss")
 # Their routers' choice bias (a buffer, zero at init) drawn too, so that it steers the pick.
 CHOICE_BIAS = ("deepseek_v3", "deepseek_v3_yarn", "glm4_moe")
 
@@ -239,6 +245,8 @@ def make_checkpoint(family: str, dtype: str, out_dir: str, **sizes) -> str:
             if family in RANDOM_VECTORS and (norm or p.dim() == 1):
                 # norm weights around 1 (Cohere's [heads, head_dim] too), biases around 0
                 p.normal_(1.0 if norm and name.endswith(".weight") else 0.0, 0.3)
+            elif name.endswith("_proj_bias"):  # gpt-oss's stacked expert biases [E, n]
+                p.normal_(0.0, 0.5)
             elif p.dim() in (2, 3):  # 3: transformers' stacked experts
                 p.mul_(4.0)
         for name, b in model.named_buffers():

@@ -50,7 +50,9 @@ class SparseMoeBlock:
 
     def __init__(self, gate: Weight, w13: Weight, w2: Weight, top_k: int, renormalize: bool,
                  name: str = "experts", routing: GroupedRouting | None = None,
-                 shared_experts: SwiGLUMLP | None = None):
+                 shared_experts: SwiGLUMLP | None = None, gate_bias: Weight | None = None,
+                 w13_bias: np.ndarray | None = None, w2_bias: np.ndarray | None = None,
+                 activation: str = "silu"):
         if placement.current().on_gpu and not _C.ops.fused_experts.has_kernel("cuda"):
             raise ValueError(
                 f"{name}: the fused_experts op has no CUDA kernel yet (mixture-of-experts "
@@ -59,12 +61,14 @@ class SparseMoeBlock:
         if gate.shape[0] != num_experts or not 1 <= top_k <= num_experts:
             raise ValueError(f"{name}: router {gate.shape} and experts {w13.shape} disagree, or "
                              f"top_k = {top_k} is not in 1..{num_experts}")
-        self.gate = Linear(gate)
+        self.gate = Linear(gate, gate_bias)
         self.w13 = ops.repack_experts(w13)
         self.w2 = ops.repack_experts(w2)
         self.top_k = top_k
         self.renormalize = renormalize
         self.routing = routing
+        # gpt-oss: f32 biases [E, 2 I] / [E, H] and its clamped SwiGLU ("swigluoai")
+        self.w13_bias, self.w2_bias, self.activation = w13_bias, w2_bias, activation
         self.shared_experts = shared_experts
         self._add = ResidualAdd(w13.shape[2]) if shared_experts is not None else None
 
@@ -80,7 +84,8 @@ class SparseMoeBlock:
 
     def __call__(self, x):
         topk_weights, topk_ids = self.route(x)
-        out = ops.fused_experts(x, self.w13, self.w2, topk_weights, topk_ids)
+        out = ops.fused_experts(x, self.w13, self.w2, topk_weights, topk_ids, self.w13_bias,
+                                self.w2_bias, self.activation)
         if self.shared_experts is not None:
             shared = self.shared_experts(x)
             self._add(out, shared)  # shared += out

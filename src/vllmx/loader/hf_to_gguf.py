@@ -236,8 +236,8 @@ def _add_gemma2_metadata(w, cfg: dict, head_dim: int) -> None:
     w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
     w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
     n = cfg["num_hidden_layers"]
-    if gemma3.layer_types(cfg, gemma2=True) != gemma3.layer_types({"num_hidden_layers": n},
-                                                                 gemma2=True):
+    every_other = gemma3.layer_types({"num_hidden_layers": n}, default_pattern=2)
+    if gemma3.layer_types(cfg, default_pattern=2) != every_other:
         raise ValueError("Gemma 2 with layer_types other than every other layer sliding cannot "
                          "be expressed in GGUF")
     qpas = cfg.get("query_pre_attn_scalar")
@@ -263,8 +263,8 @@ def _add_gemma3_metadata(w, cfg: dict, head_dim: int) -> None:
     w.add_sliding_window(cfg["sliding_window"])
     if cfg.get("final_logit_softcapping"):
         w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
-    types = gemma3.layer_types(cfg)
-    default = gemma3.layer_types({"num_hidden_layers": len(types), "sliding_window_pattern": 6})
+    types = gemma3.layer_types(cfg, default_pattern=6)
+    default = gemma3.layer_types({"num_hidden_layers": len(types)}, default_pattern=6)
     if types != default:  # vllmx reads this key; llama.cpp assumes every 6th layer global
         w.add_sliding_window_pattern([t == "sliding_attention" for t in types])
         logger.warning("layer_types differ from llama.cpp's every-6th-global Gemma 3 pattern")

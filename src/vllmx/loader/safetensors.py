@@ -9,9 +9,12 @@ import struct
 
 import numpy as np
 
+from vllmx.device import U8
 from vllmx.ops import BF16, F16, F32, Weight
 
-_DTYPES = {"F32": (np.float32, F32), "F16": (np.float16, F16), "BF16": (np.uint16, BF16)}
+# U8: packed tensors a model converts itself (gpt-oss's MXFP4 expert blocks and scales).
+_DTYPES = {"F32": (np.float32, F32), "F16": (np.float16, F16), "BF16": (np.uint16, BF16),
+           "U8": (np.uint8, U8)}
 
 
 def _read_file(path: str) -> dict[str, Weight]:
@@ -25,7 +28,8 @@ def _read_file(path: str) -> dict[str, Weight]:
             continue
         if info["dtype"] not in _DTYPES:
             raise ValueError(
-                f"{path}: tensor {name!r} has dtype {info['dtype']}; vllmx reads F32, F16, BF16"
+                f"{path}: tensor {name!r} has dtype {info['dtype']}; vllmx reads F32, F16, BF16 "
+                f"(and U8 for gpt-oss's packed MXFP4 experts)"
             )
         np_dtype, dtype = _DTYPES[info["dtype"]]
         start, end = info["data_offsets"]

@@ -7,7 +7,8 @@ no lm_head, and Granite's embedding, attention, residual and logits multipliers 
 config. Qwen3-MoE, Mixtral and GLM-4.5 (Glm4MoeForCausalLM: partial neox rope, q/k/v biases,
 optional q/k norm) are the same decoder with a mixture-of-experts MLP in their sparse layers
 (models/moe.py); GraniteMoe and GraniteMoeShared are Granite with one in every layer
-(models/granitemoe.py)."""
+(models/granitemoe.py); gpt-oss adds attention sinks and biased, clamped-SwiGLU experts
+(models/gpt_oss.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from vllmx.layers.fused_moe import SparseMoeBlock
 from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.norm import RMSNorm
 from vllmx.layers.rotary import RotaryEmbedding
-from vllmx.models import granitemoe, moe
+from vllmx.models import gpt_oss, granitemoe, moe
 from vllmx.models.shapes import decoder_shapes, require_tensors
 from vllmx.ops import Weight
 
@@ -225,7 +226,12 @@ class LlamaForCausalLM:
                                  "supported yet")
         sparse = [False] * cfg["num_hidden_layers"]
         sparse_block = moe.sparse_block
-        if granite_moe:
+        oss = gpt_oss.is_gpt_oss(cfg)
+        if oss:
+            cfg = gpt_oss.gpt_oss_config(cfg)
+            sparse, sparse_block = cfg["sparse_layers"], gpt_oss.sparse_block
+            weights = moe.RenamedWeights(weights, gpt_oss.gpt_oss_name)
+        elif granite_moe:
             cfg = granitemoe.granite_moe_config(cfg)
             sparse, sparse_block = cfg["sparse_layers"], granitemoe.sparse_block
             if not is_gguf:
@@ -286,6 +292,9 @@ class LlamaForCausalLM:
                               or types[i] == "sliding_attention" else 0,
                               sparse_block(cfg, weights, i) if sparse[i] else None)
             for i in range(cfg["num_hidden_layers"])]
+        if oss:
+            for i, layer in enumerate(self.layers):
+                layer.attn.sinks = gpt_oss.attention_sinks(weights, i)
         self.norm = RMSNorm(weights["model.norm.weight"], cfg["rms_norm_eps"])
         self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
         self.vocab_size = self.lm_head.weight.shape[0]
@@ -313,7 +322,9 @@ class LlamaForCausalLM:
                 for fused, parts in _PHI3_FUSED[1 if glm4 else 0:]:
                     rows = [shapes.pop(f"{p}{n}.weight") for n in parts]
                     shapes[f"{p}{fused}.weight"] = (sum(r[0] for r in rows), rows[0][1])
-        if granitemoe.is_granite_moe(cfg):
+        if gpt_oss.is_gpt_oss(cfg):
+            gpt_oss.gpt_oss_checkpoint_shapes(cfg, shapes)
+        elif granitemoe.is_granite_moe(cfg):
             granitemoe.granite_moe_checkpoint_shapes(cfg, shapes)
         elif moe.is_moe(cfg):
             moe.moe_checkpoint_shapes(cfg, shapes)

@@ -25,6 +25,7 @@ _HF_ARCHS = {
     "Glm4ForCausalLM": LlamaForCausalLM,
     "Glm4MoeForCausalLM": LlamaForCausalLM,
     "GPT2LMHeadModel": GPT2LMHeadModel,
+    "GptOssForCausalLM": LlamaForCausalLM,
     "GPTNeoXForCausalLM": GPTNeoXForCausalLM,
     "GraniteForCausalLM": LlamaForCausalLM,
     "GraniteMoeForCausalLM": LlamaForCausalLM,

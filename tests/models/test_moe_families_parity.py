@@ -1,10 +1,13 @@
-"""Token parity of DeepSeek V2 / V3 (MLA, grouped routing, shared experts) and GLM-4.5
-(Glm4MoeForCausalLM: sigmoid routing with a choice bias, shared experts) against transformers
+"""Token parity of DeepSeek V2 / V3 (MLA, grouped routing, shared experts), GLM-4.5
+(Glm4MoeForCausalLM: sigmoid routing with a choice bias, shared experts) and gpt-oss (attention
+sinks, alternating windows, biased experts with the clamped SwiGLU) against transformers
 (float32 on the CPU), for tiny random checkpoints in f32 and bf16 (tests/models/
 tiny_checkpoints.py: 16 experts, top-4, 4 groups, a dense first layer, random norm weights and
-choice biases). The MLA cache is checked to be one latent row a token, and what sets each model
-apart (the groups, the choice bias, the shared expert, the scaling factor, the query latent's
-norm) is checked to move the logits, so that the parity tests test it."""
+choice biases; gpt-oss 8 experts, top-2). The MLA cache is checked to be one latent row a
+token, and what sets each model apart (the groups, the choice bias, the shared expert, the
+scaling factor, the query latent's norm, YaRN's softmax scale, the sinks, the window, the
+experts' biases and activation) is checked to move the logits, so that the parity tests test
+it."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from tests.models.tiny_checkpoints import make_checkpoint
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-FAMILIES = ["deepseek_v3", "deepseek_v3_yarn", "deepseek_v2", "glm4_moe"]
+FAMILIES = ["deepseek_v3", "deepseek_v3_yarn", "deepseek_v2", "glm4_moe", "gpt_oss"]
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +41,9 @@ def test_parity_f32(family, ckpt_dir):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_parity_bf16(family, ckpt_dir):
     path = make_checkpoint(family, "bfloat16", ckpt_dir)
-    run_parity(path, path)  # oracle: the same bf16 weights (routers f32, as stored), in f32
+    # oracle: the same bf16 weights (routers f32, as stored), in f32; an f32 KV cache, as for
+    # every MoE (test_llama_family_parity.cache_dtype_for: a router near a tie)
+    run_parity(path, path, "float32")
 
 
 @pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v2"])
@@ -62,6 +67,14 @@ def _perturb(model, feature: str) -> None:
         if feature == "softmax_mscale":  # YaRN's mscale_all_dim^2 off the softmax scale
             attn = layer.self_attn
             attn.attn.scale = (attn.dn + attn.dr) ** -0.5
+        if feature == "sinks":
+            layer.attn.sinks = None
+        elif feature == "window":
+            layer.attn.sliding_window = 0
+        elif feature == "expert_biases":
+            block.w13_bias = block.w2_bias = None
+        elif feature == "swigluoai":
+            block.activation = "silu"
         if not hasattr(block, "routing"):
             continue  # a dense layer
         r = block.routing
@@ -80,7 +93,8 @@ def _perturb(model, feature: str) -> None:
     ("deepseek_v3", "shared_experts"), ("deepseek_v3", "q_latent_norm"),
     ("deepseek_v3_yarn", "softmax_mscale"),
     ("deepseek_v2", "groups"), ("deepseek_v2", "scaling"), ("glm4_moe", "choice_bias"),
-    ("glm4_moe", "shared_experts")])
+    ("glm4_moe", "shared_experts"), ("gpt_oss", "sinks"), ("gpt_oss", "window"),
+    ("gpt_oss", "expert_biases"), ("gpt_oss", "swigluoai")])
 def test_each_feature_matters(family, feature, ckpt_dir):
     from vllmx import LLM
 
