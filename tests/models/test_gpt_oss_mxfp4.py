@@ -110,16 +110,19 @@ def test_mxfp4_checkpoint_against_transformers(tmp_path):
         assert close >= 0.9, f"{close:.0%} of rows within 3e-2 (seed {SEED}): {np.sort(rel)}"
 
 
-def test_other_quantization_is_refused(tmp_path):
+@pytest.mark.parametrize("family,method", [("gpt_oss", "awq"), ("llama", "gptq"),
+                                           ("llama", "mxfp4"), ("qwen3_moe", "fp8")])
+def test_other_quantization_is_refused(family, method, tmp_path):
+    """A pre-quantized checkpoint vllmx cannot read fails at load with its method named."""
     from vllmx import LLM
 
-    src = make_checkpoint("gpt_oss", "float32", str(tmp_path))
-    path = str(tmp_path / "awq")
+    src = make_checkpoint(family, "float32", str(tmp_path))
+    path = str(tmp_path / f"{family}-{method}")
     shutil.copytree(src, path)
     with open(os.path.join(path, "config.json")) as f:
         cfg = json.load(f)
-    cfg["quantization_config"] = {"quant_method": "awq"}
+    cfg["quantization_config"] = {"quant_method": method}
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
-    with pytest.raises(ValueError, match="quant_method 'awq' is not supported"):
+    with pytest.raises(ValueError, match=f"quant_method '{method}' is not supported"):
         LLM(path, skip_tokenizer_init=True)

@@ -32,10 +32,6 @@ def gpt_oss_config(cfg: dict) -> dict:
     """moe.moe_config's fields (every layer sparse, the top-k weights renormalized), the window
     on the layers layer_types marks sliding."""
     alpha, limit = cfg.get("swiglu_alpha", SWIGLU_ALPHA), cfg.get("swiglu_limit", SWIGLU_LIMIT)
-    quant = (cfg.get("quantization_config") or {}).get("quant_method")
-    if quant not in (None, "mxfp4"):
-        raise ValueError(f"gpt-oss with quantization_config quant_method {quant!r} is not "
-                         f"supported (bf16/f32 or its MXFP4 experts)")
     if (alpha, limit) != (SWIGLU_ALPHA, SWIGLU_LIMIT):
         raise ValueError(f"gpt-oss with swiglu_alpha = {alpha}, swiglu_limit = {limit} is not "
                          f"supported (the experts' kernel runs {SWIGLU_ALPHA}, {SWIGLU_LIMIT})")

@@ -84,6 +84,7 @@ def get_model_class(hf_config: dict):
             )
         return _GGUF_ARCHS[gguf_arch]
     archs = hf_config.get("architectures") or []
+    _check_quantization(hf_config, archs)
     for arch in archs:
         if arch in _HF_ARCHS:
             return _HF_ARCHS[arch]
@@ -91,3 +92,18 @@ def get_model_class(hf_config: dict):
         f"model architecture {archs or 'missing from config.json'} is not supported; supported: "
         f"{', '.join(sorted(_HF_ARCHS))}"
     )
+
+
+def _check_quantization(hf_config: dict, archs: list[str]) -> None:
+    """A pre-quantized checkpoint (GPTQ, AWQ, FP8, bitsandbytes ...) is refused by name before
+    its packed tensors fail in some other way; gpt-oss's MXFP4 experts are read (gpt_oss.py)."""
+    quant = hf_config.get("quantization_config")
+    if not quant:
+        return
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    if method == "mxfp4" and "GptOssForCausalLM" in archs:
+        return
+    raise ValueError(
+        f"quantization_config quant_method {method!r} is not supported: vllmx reads f32 / f16 / "
+        f"bf16 safetensors (and gpt-oss's MXFP4 experts) and GGUF files; use a GGUF of this "
+        f"model, or `vllmx quantize` one from its unquantized checkpoint")
