@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "core/op_table.h"
 
@@ -267,6 +268,97 @@ void check_swigluoai_and_mul(const Tensor& out, const Tensor& x, float alpha, fl
   VLLMX_CHECK(std::isfinite(alpha) && limit > 0, op, "alpha must be finite and limit positive");
 }
 
+// The hybrid mixers' sequence arguments: query_start_loc [B + 1], state_indices and
+// has_initial_state [B], all i32; state a tensor of slots.
+void check_state_args(const char* op, const Tensor& state, const Tensor& query_start_loc,
+                      const Tensor& state_indices, const Tensor& has_initial_state) {
+  for (const auto& [t, name] : {std::pair{&query_start_loc, "query_start_loc"},
+                                std::pair{&state_indices, "state_indices"},
+                                std::pair{&has_initial_state, "has_initial_state"}}) {
+    check_dtype(*t, DType::I32, op, name);
+    check_ndim(*t, 1, op, name);
+  }
+  const int64_t B = state_indices.shape[0];
+  VLLMX_CHECK(query_start_loc.shape[0] == B + 1 && has_initial_state.shape[0] == B, op,
+              "query_start_loc " + query_start_loc.str() + " must have len(state_indices) + 1 "
+              "entries and has_initial_state " + has_initial_state.str() + " one a sequence");
+  check_dtype(state, DType::F32, op, "state");
+  VLLMX_CHECK(state.is_contiguous(), op, "state " + state.str() + " must be contiguous");
+}
+
+void check_causal_conv1d(const Tensor& out, const Tensor& x, const Tensor& weight,
+                         const Tensor& bias, const Tensor& conv_state,
+                         const Tensor& query_start_loc, const Tensor& state_indices,
+                         const Tensor& has_initial_state, bool silu) {
+  (void)silu;
+  const char* op = "causal_conv1d";
+  check_ndim(x, 2, op, "x");
+  check_ndim(weight, 2, op, "weight");
+  check_dtype(weight, DType::F32, op, "weight");
+  const int64_t D = x.shape[1], K = weight.shape[1];
+  VLLMX_CHECK(out.ndim == 2 && out.shape[0] == x.shape[0] && out.shape[1] == D, op,
+              "out " + out.str() + " does not match x " + x.str());
+  VLLMX_CHECK(weight.shape[0] == D && K >= 2, op,
+              "weight " + weight.str() + " must be [" + i2s(D) + ", K >= 2] for x " + x.str());
+  VLLMX_CHECK(!bias.defined() || (bias.ndim == 1 && bias.shape[0] == D &&
+                                  bias.dtype == DType::F32),
+              op, "bias " + bias.str() + " must be F32[" + i2s(D) + "]");
+  check_state_args(op, conv_state, query_start_loc, state_indices, has_initial_state);
+  VLLMX_CHECK(conv_state.ndim == 3 && conv_state.shape[1] == D && conv_state.shape[2] == K - 1,
+              op, "conv_state " + conv_state.str() + " must be [slots, " + i2s(D) + ", " +
+                      i2s(K - 1) + "]");
+}
+
+void check_gated_delta_rule(const Tensor& out, const Tensor& recurrent_state, const Tensor& q,
+                            const Tensor& k, const Tensor& v, const Tensor& a, const Tensor& b,
+                            const Tensor& A_log, const Tensor& dt_bias,
+                            const Tensor& query_start_loc, const Tensor& state_indices,
+                            const Tensor& has_initial_state) {
+  const char* op = "gated_delta_rule";
+  check_state_args(op, recurrent_state, query_start_loc, state_indices, has_initial_state);
+  check_ndim(recurrent_state, 4, op, "recurrent_state");
+  const int64_t hv = recurrent_state.shape[1], dk = recurrent_state.shape[2];
+  const int64_t dv = recurrent_state.shape[3], T = q.shape[0];
+  for (const Tensor* t : {&out, &q, &k, &v, &a, &b}) check_ndim(*t, 2, op, "activations");
+  VLLMX_CHECK(q.shape[1] % dk == 0 && k.shape[1] == q.shape[1] && q.shape[1] > 0 &&
+                  hv % (q.shape[1] / dk) == 0,
+              op, "q " + q.str() + " and k " + k.str() + " must be [T, Hk * " + i2s(dk) +
+                      "] with Hk dividing the " + i2s(hv) + " value heads of " +
+                      recurrent_state.str());
+  for (const Tensor* t : {&k, &v, &a, &b, &out})
+    VLLMX_CHECK(t->shape[0] == T, op, "every activation must have q's " + i2s(T) + " rows");
+  VLLMX_CHECK(v.shape[1] == hv * dv && out.shape[1] == hv * dv, op,
+              "v " + v.str() + " and out " + out.str() + " must be [T, " + i2s(hv * dv) + "]");
+  VLLMX_CHECK(a.shape[1] == hv && b.shape[1] == hv, op,
+              "a " + a.str() + " and b " + b.str() + " must be [T, " + i2s(hv) + "]");
+  for (const Tensor* t : {&A_log, &dt_bias}) {
+    check_dtype(*t, DType::F32, op, "A_log / dt_bias");
+    VLLMX_CHECK(t->ndim == 1 && t->shape[0] == hv, op,
+                "A_log and dt_bias must be F32[" + i2s(hv) + "], got " + t->str());
+  }
+}
+
+void check_rms_norm_gated(const Tensor& out, const Tensor& x, const Tensor& z, const Tensor& w,
+                          float eps) {
+  const char* op = "rms_norm_gated";
+  check_ndim(x, 2, op, "x");
+  check_ndim(w, 1, op, "w");
+  for (const Tensor* t : {&out, &z})
+    VLLMX_CHECK(t->ndim == 2 && t->shape[0] == x.shape[0] && t->shape[1] == x.shape[1], op,
+                t->str() + " does not match x " + x.str());
+  VLLMX_CHECK(w.shape[0] > 0 && x.shape[1] % w.shape[0] == 0, op,
+              "x " + x.str() + " is not a whole number of groups of w " + w.str());
+  VLLMX_CHECK(eps >= 0 && std::isfinite(eps), op, "eps must be finite and >= 0");
+}
+
+void check_sigmoid_gate(const Tensor& x, const Tensor& gate) {
+  const char* op = "sigmoid_gate";
+  check_ndim(x, 2, op, "x");
+  check_ndim(gate, 2, op, "gate");
+  VLLMX_CHECK(gate.shape[0] == x.shape[0] && (gate.shape[1] == x.shape[1] || gate.shape[1] == 1),
+              op, "gate " + gate.str() + " must be [T, N] or [T, 1] for x " + x.str());
+}
+
 void check_compute_logprobs(const Tensor& out_token_logprob, const Tensor& out_rank,
                             const Tensor& out_top_ids, const Tensor& out_top_logprobs,
                             const Tensor& logits, const Tensor& token_ids,
@@ -431,6 +523,10 @@ VLLMX_OP_CHECK(apply_logits_processors, check_apply_logits_processors);
 VLLMX_OP_CHECK(compute_logprobs, check_compute_logprobs);
 VLLMX_OP_CHECK(topk_softmax, check_topk_softmax);
 VLLMX_OP_CHECK(fused_experts, check_fused_experts);
+VLLMX_OP_CHECK(causal_conv1d, check_causal_conv1d);
+VLLMX_OP_CHECK(gated_delta_rule, check_gated_delta_rule);
+VLLMX_OP_CHECK(rms_norm_gated, check_rms_norm_gated);
+VLLMX_OP_CHECK(sigmoid_gate, check_sigmoid_gate);
 VLLMX_OP_CHECK(swigluoai_and_mul, check_swigluoai_and_mul);
 VLLMX_OP_CHECK(grouped_topk, check_grouped_topk);
 VLLMX_OP_CHECK(batched_linear, check_batched_linear);

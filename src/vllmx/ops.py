@@ -510,3 +510,35 @@ def to_float32(x):
 
 def cuda_available() -> bool:
     return _C.cuda_available()
+
+
+def causal_conv1d(x, weight, bias, conv_state, query_start_loc, state_indices,
+                  has_initial_state, silu: bool = True):
+    """The hybrid mixers' short depthwise convolution with its window carried in conv_state
+    slots (contract in csrc/ops.def): out [T, D]."""
+    out = _empty(x, x.shape)
+    _C.ops.causal_conv1d(out, x, weight, bias, conv_state, query_start_loc, state_indices,
+                         has_initial_state, silu)
+    return out
+
+
+def gated_delta_rule(q, k, v, a, b, A_log, dt_bias, recurrent_state, query_start_loc,
+                     state_indices, has_initial_state):
+    """Gated DeltaNet's recurrence over each sequence's state slot (contract in csrc/ops.def):
+    out [T, Hv * dv]."""
+    out = _empty(v, v.shape)
+    _C.ops.gated_delta_rule(out, recurrent_state, q, k, v, a, b, A_log, dt_bias,
+                            query_start_loc, state_indices, has_initial_state)
+    return out
+
+
+def rms_norm_gated(x, z, w, eps: float):
+    """x / rms(x) * w * silu(z) over each group of w.shape[0] values."""
+    out = _empty(x, x.shape)
+    _C.ops.rms_norm_gated(out, x, z, w, eps)
+    return out
+
+
+def sigmoid_gate_(x, gate) -> None:
+    """In place x *= sigmoid(gate) (gate like x, or one column)."""
+    _C.ops.sigmoid_gate(x, gate)

@@ -1,0 +1,84 @@
+// causal_conv1d on the CPU (the short depthwise convolution ahead of Gated DeltaNet and Mamba
+// mixers). Contract in csrc/ops.def. Each sequence's tokens see the K - 1 inputs before them:
+// the request's conv_state slot when it has one (a chunk or a decode step continuing it), else
+// zeros; the slot then holds the sequence's last K - 1 inputs. A token's output depends on its
+// own and those K - 1 inputs only, so it is the same whatever the batch or the chunking.
+#include "core/kernel_pragmas.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/op_table.h"
+
+namespace vllmx {
+
+namespace {
+
+template <typename F>
+void conv_sequence(const float* x, int64_t xs, float* out, int64_t os, const float* w,
+                   const float* bias, float* state, int64_t D, int64_t K, int64_t n, bool init,
+                   bool silu) {
+  // hist[j * D + d]: input j of the window that ends before this sequence's first token.
+  std::vector<float> hist(static_cast<size_t>((K - 1) * D), 0.0f);
+  if (init)
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t j = 0; j < K - 1; ++j) hist[j * D + d] = state[d * (K - 1) + j];
+  // input at relative position p (p < 0: history), for channel d
+  auto input = [&](int64_t p, int64_t d) -> float {
+    return p >= 0 ? x[p * xs + d] : hist[(K - 1 + p) * D + d];
+  };
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t d = 0; d < D; ++d) {
+      F acc = bias != nullptr ? F(bias[d]) : F(0);
+      for (int64_t j = 0; j < K; ++j) acc += F(w[d * K + j]) * F(input(t - (K - 1) + j, d));
+      if (silu) acc = acc / (F(1) + std::exp(-acc));
+      out[t * os + d] = static_cast<float>(acc);
+    }
+  }
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t j = 0; j < K - 1; ++j) state[d * (K - 1) + j] = input(n - (K - 1) + j, d);
+}
+
+void causal_conv1d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                   const Tensor& conv_state, const Tensor& query_start_loc,
+                   const Tensor& state_indices, const Tensor& has_initial_state, bool silu,
+                   bool reference) {
+  const char* op = "causal_conv1d";
+  check_dtype(x, DType::F32, op, "x");
+  check_dtype(out, DType::F32, op, "out");
+  const int64_t D = x.shape[1], K = weight.shape[1], B = state_indices.shape[0];
+  const int64_t slots = conv_state.shape[0];
+  const int32_t* qsl = query_start_loc.ptr<int32_t>();
+  const int32_t* idx = state_indices.ptr<int32_t>();
+  const int32_t* init = has_initial_state.ptr<int32_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    VLLMX_CHECK(idx[b] >= 0 && idx[b] < slots, op,
+                "state_indices[" + std::to_string(b) + "] = " + std::to_string(idx[b]) +
+                    " is not a slot of conv_state " + conv_state.str());
+    VLLMX_CHECK(qsl[b + 1] >= qsl[b] && qsl[b + 1] <= x.shape[0], op,
+                "query_start_loc must rise within the " + std::to_string(x.shape[0]) + " rows");
+  }
+  const float* w = weight.ptr<float>();
+  const float* bp = bias.defined() ? bias.ptr<float>() : nullptr;
+#pragma omp parallel for schedule(dynamic, 1) if (B > 1)
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t t0 = qsl[b], n = qsl[b + 1] - qsl[b];
+    if (n == 0) continue;
+    float* st = conv_state.ptr<float>() + idx[b] * conv_state.stride[0];
+    const float* xp = x.ptr<float>() + t0 * x.stride[0];
+    float* op_ = out.ptr<float>() + t0 * out.stride[0];
+    if (reference)
+      conv_sequence<double>(xp, x.stride[0], op_, out.stride[0], w, bp, st, D, K, n,
+                            init[b] != 0, silu);
+    else
+      conv_sequence<float>(xp, x.stride[0], op_, out.stride[0], w, bp, st, D, K, n,
+                           init[b] != 0, silu);
+  }
+}
+
+}  // namespace
+
+VLLMX_KERNEL(causal_conv1d, kCPU, causal_conv1d);
+
+}  // namespace vllmx

@@ -1,0 +1,201 @@
+"""The hybrid models' mixer ops (causal_conv1d, gated_delta_rule, rms_norm_gated, sigmoid_gate)
+against float64 numpy recurrences on fresh random inputs: sequences of a varlen batch in their
+own state slots, started from zeros or continued from a slot, the fast kernel and its scalar
+twin; a sequence split into chunks anywhere (or decoded token by token) gives what one pass
+gives; bad arguments name the problem."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vllmx import _C
+
+
+def fresh_rng():
+    return np.random.default_rng(np.random.SeedSequence().entropy)
+
+
+def conv_ref(x, w, bias, hist, silu):
+    """x [n, D], w [D, K], hist [D, K - 1] (oldest first) -> (out [n, D], new hist)."""
+    k = w.shape[1]
+    xx = np.concatenate([hist.T, x], axis=0).astype(np.float64)  # [K - 1 + n, D]
+    out = np.stack([(xx[t:t + k] * w.T).sum(0) for t in range(x.shape[0])])
+    if bias is not None:
+        out = out + bias
+    if silu:
+        out = out / (1 + np.exp(-out))
+    return out, xx[-(k - 1):].T
+
+
+def run_conv(x, w, bias, state, qsl, idx, init, silu=True, twin=False):
+    out = np.full(x.shape, np.nan, np.float32)
+    _C.ops.causal_conv1d(out, x, w, bias, state, np.asarray(qsl, np.int32),
+                         np.asarray(idx, np.int32), np.asarray(init, np.int32), silu,
+                         reference=twin)
+    return out
+
+
+@pytest.mark.parametrize("twin", [False, True], ids=["fast", "twin"])
+@pytest.mark.parametrize("k", [2, 4])
+def test_causal_conv1d_varlen_slots(k, twin):
+    rng = fresh_rng()
+    d, lens, slots = 24, [5, 1, 9, 0, 3], 8
+    x = rng.standard_normal((sum(lens), d)).astype(np.float32)
+    w = rng.standard_normal((d, k)).astype(np.float32)
+    bias = rng.standard_normal(d).astype(np.float32)
+    state = rng.standard_normal((slots, d, k - 1)).astype(np.float32)
+    before = state.copy()
+    idx, init = [6, 0, 3, 5, 2], [1, 0, 1, 0, 0]
+    qsl = np.concatenate([[0], np.cumsum(lens)])
+    out = run_conv(x, w, bias, state, qsl, idx, init, twin=twin)
+    for s, n in enumerate(lens):
+        if n == 0:
+            continue
+        hist = before[idx[s]] if init[s] else np.zeros((d, k - 1))
+        want, new_hist = conv_ref(x[qsl[s]:qsl[s + 1]], w, bias, hist, True)
+        assert np.abs(out[qsl[s]:qsl[s + 1]] - want).max() < 1e-5
+        assert np.allclose(state[idx[s]], new_hist, atol=0)
+    assert np.array_equal(state[[1, 4, 7]], before[[1, 4, 7]])  # other slots untouched
+    assert np.array_equal(state[5], before[5])  # an empty sequence leaves its slot
+
+
+def test_causal_conv1d_chunks_equal_one_pass():
+    rng = fresh_rng()
+    d, k, n = 16, 4, 23
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    w = rng.standard_normal((d, k)).astype(np.float32)
+    whole = run_conv(x, w, None, np.zeros((1, d, k - 1), np.float32), [0, n], [0], [0], False)
+    state = np.full((1, d, k - 1), np.nan, np.float32)  # a fresh slot's contents are ignored
+    parts, cut = [], [0, 1, 2, 9, 10, n]
+    for i in range(len(cut) - 1):
+        piece = x[cut[i]:cut[i + 1]]
+        parts.append(run_conv(piece, w, None, state, [0, len(piece)], [0], [int(i > 0)], False))
+    assert np.array_equal(np.concatenate(parts), whole)
+
+
+def gdr_ref(q, k, v, a, b, a_log, dt_bias, s0):
+    """One sequence: q, k [n, Hk, dk], v [n, Hv, dv], a, b [n, Hv], s0 [Hv, dk, dv]."""
+    n, hk, dk = q.shape
+    hv, dv = v.shape[1:]
+    rep = hv // hk
+    s = s0.astype(np.float64).copy()
+    out = np.zeros((n, hv, dv))
+    for t in range(n):
+        for h in range(hv):
+            qt, kt = q[t, h // rep].astype(np.float64), k[t, h // rep].astype(np.float64)
+            qt = qt / np.sqrt((qt * qt).sum() + 1e-6) / np.sqrt(dk)
+            kt = kt / np.sqrt((kt * kt).sum() + 1e-6)
+            sp = np.log1p(np.exp(a[t, h] + dt_bias[h]))
+            s[h] *= np.exp(-np.exp(a_log[h]) * sp)
+            beta = 1 / (1 + np.exp(-b[t, h]))
+            delta = (v[t, h] - s[h].T @ kt) * beta
+            s[h] += np.outer(kt, delta)
+            out[t, h] = s[h].T @ qt
+    return out, s
+
+
+def gdr_inputs(rng, n, hk, hv, dk, dv):
+    q = rng.standard_normal((n, hk * dk)).astype(np.float32)
+    k = rng.standard_normal((n, hk * dk)).astype(np.float32)
+    v = rng.standard_normal((n, hv * dv)).astype(np.float32)
+    a = rng.standard_normal((n, hv)).astype(np.float32)
+    b = rng.standard_normal((n, hv)).astype(np.float32)
+    return q, k, v, a, b
+
+
+def run_gdr(q, k, v, a, b, a_log, dt_bias, state, qsl, idx, init, twin=False):
+    out = np.full(v.shape, np.nan, np.float32)
+    _C.ops.gated_delta_rule(out, state, q, k, v, a, b, a_log, dt_bias,
+                            np.asarray(qsl, np.int32), np.asarray(idx, np.int32),
+                            np.asarray(init, np.int32), reference=twin)
+    return out
+
+
+@pytest.mark.parametrize("twin", [False, True], ids=["fast", "twin"])
+@pytest.mark.parametrize("heads", [(2, 2), (2, 4)])
+def test_gated_delta_rule_varlen_slots(heads, twin):
+    rng = fresh_rng()
+    hk, hv = heads
+    dk, dv, lens, slots = 16, 8, [7, 1, 0, 12], 6
+    q, k, v, a, b = gdr_inputs(rng, sum(lens), hk, hv, dk, dv)
+    a_log = rng.uniform(-1, 1, hv).astype(np.float32)
+    dt_bias = rng.standard_normal(hv).astype(np.float32)
+    state = rng.standard_normal((slots, hv, dk, dv)).astype(np.float32)
+    before = state.copy()
+    idx, init = [4, 1, 0, 2], [1, 0, 0, 1]
+    qsl = np.concatenate([[0], np.cumsum(lens)])
+    out = run_gdr(q, k, v, a, b, a_log, dt_bias, state, qsl, idx, init, twin)
+    for s, n in enumerate(lens):
+        if n == 0:
+            continue
+        r = slice(qsl[s], qsl[s + 1])
+        s0 = before[idx[s]] if init[s] else np.zeros((hv, dk, dv))
+        want, s1 = gdr_ref(q[r].reshape(n, hk, dk), k[r].reshape(n, hk, dk),
+                           v[r].reshape(n, hv, dv), a[r], b[r], a_log, dt_bias, s0)
+        scale = np.abs(want).max()
+        assert np.abs(out[r].reshape(n, hv, dv) - want).max() / scale < 1e-5
+        assert np.abs(state[idx[s]] - s1).max() / np.abs(s1).max() < 1e-5
+    assert np.array_equal(state[[3, 5]], before[[3, 5]])
+    assert np.array_equal(state[0], before[0])  # the empty sequence's slot
+
+
+def test_gated_delta_rule_decode_equals_prefill():
+    """A prompt in chunks and then token by token gives the one-pass outputs bit for bit."""
+    rng = fresh_rng()
+    hk, hv, dk, dv, n = 1, 2, 32, 16, 20
+    q, k, v, a, b = gdr_inputs(rng, n, hk, hv, dk, dv)
+    a_log = rng.uniform(-1, 1, hv).astype(np.float32)
+    dt_bias = rng.standard_normal(hv).astype(np.float32)
+    one = np.zeros((1, hv, dk, dv), np.float32)
+    whole = run_gdr(q, k, v, a, b, a_log, dt_bias, one, [0, n], [0], [0])
+    state = np.full((2, hv, dk, dv), np.nan, np.float32)
+    parts, cut = [], [0, 5, 6, 13] + list(range(14, n + 1))
+    for i in range(len(cut) - 1):
+        r = slice(cut[i], cut[i + 1])
+        parts.append(run_gdr(q[r], k[r], v[r], a[r], b[r], a_log, dt_bias, state,
+                             [0, cut[i + 1] - cut[i]], [1], [int(i > 0)]))
+    assert np.array_equal(np.concatenate(parts), whole)
+    assert np.array_equal(state[1], one[0])
+
+
+@pytest.mark.parametrize("twin", [False, True], ids=["fast", "twin"])
+def test_rms_norm_gated(twin):
+    rng = fresh_rng()
+    x = (rng.standard_normal((7, 48)) * 3 + 1).astype(np.float32)
+    z = rng.standard_normal((7, 48)).astype(np.float32)
+    w = rng.standard_normal(16).astype(np.float32)
+    out = np.full(x.shape, np.nan, np.float32)
+    _C.ops.rms_norm_gated(out, x, z, w, 1e-6, reference=twin)
+    x3 = x.astype(np.float64).reshape(7, 3, 16)
+    want = x3 / np.sqrt((x3 ** 2).mean(-1, keepdims=True) + 1e-6) * w
+    want = want.reshape(7, 48) * (z / (1 + np.exp(-z.astype(np.float64))))
+    assert np.abs(out - want).max() / np.abs(want).max() < 1e-6
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_sigmoid_gate(per_row):
+    rng = fresh_rng()
+    x = rng.standard_normal((5, 12)).astype(np.float32)
+    gate = rng.standard_normal((5, 1 if per_row else 12)).astype(np.float32) * 3
+    want = x.astype(np.float64) / (1 + np.exp(-gate.astype(np.float64)))
+    _C.ops.sigmoid_gate(x, gate)
+    assert np.abs(x - want).max() < 1e-6
+
+
+def test_bad_arguments_name_the_problem():
+    x = np.zeros((4, 8), np.float32)
+    state = np.zeros((2, 8, 3), np.float32)
+    with pytest.raises(ValueError, match=r"conv_state F32\[2, 8, 3\] must be \[slots, 8, 2\]"):
+        run_conv(x, np.zeros((8, 3), np.float32), None, state, [0, 4], [0], [0])
+    with pytest.raises(ValueError, match=r"state_indices\[0\] = 2 is not a slot"):
+        run_conv(x, np.zeros((8, 4), np.float32), None, state, [0, 4], [2], [0])
+    with pytest.raises(ValueError, match="must have len\\(state_indices\\) \\+ 1 entries"):
+        run_conv(x, np.zeros((8, 4), np.float32), None, state, [0, 2, 4], [0], [0])
+    q = np.zeros((3, 16), np.float32)
+    with pytest.raises(ValueError, match="A_log and dt_bias must be F32\\[4\\]"):
+        run_gdr(q, q, np.zeros((3, 32), np.float32), np.zeros((3, 4), np.float32),
+                np.zeros((3, 4), np.float32), np.zeros(3, np.float32), np.zeros(4, np.float32),
+                np.zeros((1, 4, 8, 8), np.float32), [0, 3], [0], [0])
+    with pytest.raises(ValueError, match=r"gate F32\[5, 2\] must be \[T, N\] or \[T, 1\]"):
+        _C.ops.sigmoid_gate(np.zeros((5, 4), np.float32), np.zeros((5, 2), np.float32))
