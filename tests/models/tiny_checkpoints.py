@@ -190,6 +190,15 @@ def family_configs(**sizes):
         "gpt_oss": tf.GptOssConfig(**{**common, "num_hidden_layers": 3, "head_dim": 16,
                                       "intermediate_size": 64}, num_local_experts=8,
                                    num_experts_per_tok=2, sliding_window=24, pad_token_id=0),
+        # Qwen3-Next: 3 Gated DeltaNet layers and a gated-attention one (twice), 2 key heads
+        # for 4 value heads, dk != dv; 8 experts top-2 with a gated shared expert, one dense
+        # layer (mlp_only_layers).
+        "qwen3_next": tf.Qwen3NextConfig(
+            **{**common, "num_hidden_layers": 8, "head_dim": 16}, num_experts=8,
+            num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+            mlp_only_layers=[2], linear_num_value_heads=4, linear_num_key_heads=2,
+            linear_key_head_dim=16, linear_value_head_dim=12, linear_conv_kernel_dim=4,
+            pad_token_id=0),
         # V3's YaRN context extension: mscale != mscale_all_dim scales cos/sin by their
         # ratio, and the softmax by mscale_all_dim's square.
         "deepseek_v3_yarn": tf.DeepseekV3Config(
@@ -219,7 +228,7 @@ RANDOM_VECTORS = ("gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel", "
                   "starcoder2_gguf", "gpt2", "gpt2_scaled", "cohere", "cohere_bias",
                   "cohere_gguf", "cohere2", "falcon", "falcon_one_norm", "falcon_mq", "falcon_seq",
                   "falcon_mq_gguf", "cohere2_gguf", "deepseek_v3", "deepseek_v3_yarn", "deepseek_v2",
-                  "glm4_moe", "gpt_oss")
+                  "glm4_moe", "gpt_oss", "qwen3_next")
 # Their routers' choice bias (a buffer, zero at init) drawn too, so that it steers the pick.
 CHOICE_BIAS = ("deepseek_v3", "deepseek_v3_yarn", "glm4_moe")
 

@@ -135,6 +135,16 @@ class LLMEngine:
         mc = self.config.model_config
         self.config.scheduler_config.max_model_len = mc.max_model_len
         mc.vocab_size = self.model.vocab_size
+        if getattr(self.model, "is_hybrid", False):
+            # A prefix-cache hit would skip tokens whose recurrent state no slot holds (vLLM
+            # too turns it off for such models unless states are snapshotted per block).
+            if self.config.cache_config.enable_prefix_caching:
+                logger.info("prefix caching is off: %s keeps recurrent state per request",
+                            mc.hf_config.get("architectures"))
+            self.config.cache_config.enable_prefix_caching = False
+            if self.config.speculative_config is not None:
+                raise ValueError("speculative decoding does not support hybrid (linear "
+                                 "attention / state-space) models yet")
         self.eos_token_ids = mc.eos_token_ids()
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)

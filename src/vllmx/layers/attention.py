@@ -21,6 +21,10 @@ class AttentionMetadata:
     kv_caches: list[tuple[np.ndarray, np.ndarray]]  # per layer (key_cache, value_cache)
     cache_dtype: int
     max_query_len: int = 0  # the longest query when known (1: a decode-only step), else 0
+    # Hybrid models (Gated DeltaNet / Mamba layers): each sequence's state slot (i32 [B]) and
+    # whether the slot holds its state so far (i32 [B]: 0 at its first tokens).
+    state_indices: np.ndarray | None = None
+    has_initial_state: np.ndarray | None = None
 
 
 class Attention:

@@ -52,7 +52,7 @@ class SparseMoeBlock:
                  name: str = "experts", routing: GroupedRouting | None = None,
                  shared_experts: SwiGLUMLP | None = None, gate_bias: Weight | None = None,
                  w13_bias: np.ndarray | None = None, w2_bias: np.ndarray | None = None,
-                 activation: str = "silu"):
+                 activation: str = "silu", shared_expert_gate: Weight | None = None):
         if placement.current().on_gpu and not _C.ops.fused_experts.has_kernel("cuda"):
             raise ValueError(
                 f"{name}: the fused_experts op has no CUDA kernel yet (mixture-of-experts "
@@ -71,6 +71,9 @@ class SparseMoeBlock:
         self.w13_bias, self.w2_bias, self.activation = w13_bias, w2_bias, activation
         self.shared_experts = shared_experts
         self._add = ResidualAdd(w13.shape[2]) if shared_experts is not None else None
+        # Qwen2-MoE / Qwen3-Next: the shared expert's output times sigmoid(x @ gate^T) [T, 1]
+        self.shared_expert_gate = (None if shared_expert_gate is None
+                                   else Linear(shared_expert_gate))
 
     def route(self, x):
         """(topk_weights f32 [T, k], topk_ids i32 [T, k]) of the tokens x."""
@@ -88,6 +91,8 @@ class SparseMoeBlock:
                                 self.w2_bias, self.activation)
         if self.shared_experts is not None:
             shared = self.shared_experts(x)
+            if self.shared_expert_gate is not None:
+                ops.sigmoid_gate_(shared, self.shared_expert_gate(x))
             self._add(out, shared)  # shared += out
             return shared
         return out

@@ -46,10 +46,10 @@ def moe_config(cfg: dict) -> dict:
     if cfg.get("hidden_act", "silu") != "silu":
         raise ValueError(f"MoE config: hidden_act {cfg['hidden_act']!r} is not supported "
                          f"(experts run SwiGLU with silu)")
-    if cfg.get("shared_expert_intermediate_size"):
-        raise ValueError("MoE config: a gated shared expert (shared_expert_intermediate_size, "
-                         "Qwen2-MoE) is not supported yet")
-    out["shared_intermediate_size"] = (int(cfg.get("n_shared_experts") or 0)
+    # DeepSeek's / GLM's n_shared_experts, or Qwen2-MoE's / Qwen3-Next's one gated shared expert
+    out["shared_expert_gated"] = bool(cfg.get("shared_expert_intermediate_size"))
+    out["shared_intermediate_size"] = (int(cfg.get("shared_expert_intermediate_size") or 0)
+                                       or int(cfg.get("n_shared_experts") or 0)
                                        * out["moe_intermediate_size"])
     # Mixtral, and llama.cpp's qwen3moe, always renormalize the top-k weights.
     out["norm_topk_prob"] = True if mixtral or "gguf_architecture" in cfg else bool(
@@ -172,14 +172,16 @@ def sparse_block(cfg: dict, weights, i: int) -> SparseMoeBlock:
         bias = weights[p + "gate.e_score_correction_bias"].to_float32().reshape(-1)
         routing = dataclasses.replace(routing, e_score_correction_bias=np.ascontiguousarray(
             bias, dtype=np.float32))
-    shared = None
+    shared = gate = None
     if cfg["shared_intermediate_size"]:
-        s = p + "shared_experts."
+        s = p + ("shared_expert." if cfg["shared_expert_gated"] else "shared_experts.")
         shared = SwiGLUMLP([weights[s + "gate_proj.weight"], weights[s + "up_proj.weight"]],
                            weights[s + "down_proj.weight"])
+        if cfg["shared_expert_gated"]:
+            gate = weights[p + "shared_expert_gate.weight"]
     return SparseMoeBlock(weights[p + "gate.weight"], w13, w2, cfg["num_experts_per_tok"],
                           cfg["norm_topk_prob"], name=p[:-1], routing=routing,
-                          shared_experts=shared)
+                          shared_experts=shared, shared_expert_gate=gate)
 
 
 def moe_checkpoint_shapes(cfg: dict, shapes: dict[str, tuple[int, ...]]) -> None:
@@ -200,9 +202,11 @@ def moe_checkpoint_shapes(cfg: dict, shapes: dict[str, tuple[int, ...]]) -> None
         if cfg["routing"] is not None and cfg["routing"].scoring_func == "sigmoid":
             shapes[mlp + "gate.e_score_correction_bias"] = (n,)
         if shared:
-            shapes[mlp + "shared_experts.gate_proj.weight"] = (shared, h)
-            shapes[mlp + "shared_experts.up_proj.weight"] = (shared, h)
-            shapes[mlp + "shared_experts.down_proj.weight"] = (h, shared)
+            s = mlp + ("shared_expert." if cfg["shared_expert_gated"] else "shared_experts.")
+            shapes[s + "gate_proj.weight"] = shapes[s + "up_proj.weight"] = (shared, h)
+            shapes[s + "down_proj.weight"] = (h, shared)
+            if cfg["shared_expert_gated"]:
+                shapes[mlp + "shared_expert_gate.weight"] = (1, h)
         for e in range(n):
             gate, up, down = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj",
                                                                  "down_proj")

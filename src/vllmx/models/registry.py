@@ -10,6 +10,7 @@ from vllmx.models.gpt2 import GPT2LMHeadModel
 from vllmx.models.gpt_neox import GPTNeoXForCausalLM
 from vllmx.models.llama import LlamaForCausalLM
 from vllmx.models.olmo2 import Olmo2ForCausalLM
+from vllmx.models.qwen3_next import Qwen3NextForCausalLM
 from vllmx.models.stablelm import StableLmForCausalLM
 from vllmx.models.starcoder2 import Starcoder2ForCausalLM
 
@@ -39,6 +40,7 @@ _HF_ARCHS = {
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
     "Qwen3MoeForCausalLM": LlamaForCausalLM,
+    "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
     "SmolLM3ForCausalLM": LlamaForCausalLM,
     "StableLmForCausalLM": StableLmForCausalLM,
     "Starcoder2ForCausalLM": Starcoder2ForCausalLM,

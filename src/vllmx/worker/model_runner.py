@@ -132,6 +132,15 @@ class ModelRunner:
         # The running requests' rows persist across steps (worker/input_batch.py); the block
         # table the kernels read is its array.
         self.input_batch = InputBatch(b, max_model_len, block_size)
+        # Hybrid models: a state slot per running request in the model's conv / recurrent
+        # state tensors (slot b: the padding rows' scratch), taken when the request starts or
+        # resumes and given back when it finishes or is preempted (its state is recomputed).
+        self._state_slot: dict[str, int] | None = None
+        if getattr(model, "is_hybrid", False):
+            model.allocate_states(b + 1)
+            self._state_slot, self._free_slots = {}, list(range(b - 1, -1, -1))
+            self.state_indices = np.full(b, b, dtype=np.int32)
+            self.has_initial_state = np.zeros(b, dtype=np.int32)
         # longrope: (original context, row offset) for requests whose prompt is longer
         self._long_prompt = getattr(getattr(model, "rope", None), "long_prompt_offset", None)
         self.block_table = self.input_batch.block_table
@@ -248,7 +257,21 @@ class ModelRunner:
         md = AttentionMetadata(self.slot_mapping[:t], self.block_table[:nb],
                                self.query_start_loc[:nb + 1], self.seq_lens[:nb],
                                self.kv_caches, self.cache_dtype, max_query_len)
+        if self._state_slot is not None:
+            md.state_indices, md.has_initial_state = self._state_rows(nb)
         return self.input_ids[:t], self.positions[:t], md
+
+    def _state_rows(self, nb: int) -> tuple[np.ndarray, np.ndarray]:
+        """The first nb rows' state slots, and whether each continues its sequence (its first
+        token this step is past position 0); padding rows take the scratch slot, fresh."""
+        batch = self.input_batch
+        n = min(nb, batch.num_reqs)
+        scratch = len(self.state_indices)
+        self.state_indices[:nb] = scratch
+        self.state_indices[:n] = [self._state_slot[r] for r in batch.req_ids[:n]]
+        self.has_initial_state[:nb] = 0
+        self.has_initial_state[:n] = self.positions[self.query_start_loc[:n]] > 0
+        return self.state_indices[:nb], self.has_initial_state[:nb]
 
     def _decode_forward(self, size: int, inputs: tuple):
         """A decode bucket's forward and f32 logits (every token's): what a capture records,
@@ -324,10 +347,17 @@ class ModelRunner:
         for req_id in so.finished_req_ids:
             self.requests.pop(req_id, None)
             batch.remove_request(req_id)
+        if self._state_slot is not None:
+            for req_id in so.finished_req_ids | so.preempted_req_ids:
+                slot = self._state_slot.pop(req_id, None)
+                if slot is not None:
+                    self._free_slots.append(slot)
         if self.drafter is not None:  # (a preempted request's drafter state starts over)
             self.drafter.remove_requests(so.finished_req_ids | so.preempted_req_ids)
         for new in so.scheduled_new_reqs:  # new, or resumed after preemption: a fresh row
             self._add_request(new)
+            if self._state_slot is not None and new.req_id not in self._state_slot:
+                self._state_slot[new.req_id] = self._free_slots.pop()
             batch.add_request(new.req_id, new.token_ids, new.num_computed_tokens,
                               new.block_ids, self._rope_offset(new.num_prompt_tokens))
         c = so.scheduled_cached_reqs

@@ -45,7 +45,9 @@ class WorkerBase(ABC):
 def kv_block_bytes(hf_config: dict, block_size: int, itemsize: int) -> int:
     """Bytes of one KV block across all layers (K and V; MLA's one latent row a token)."""
     caches = 1 if hf_config.get("use_mla") else 2
-    return (caches * hf_config["num_hidden_layers"] * block_size
+    # Hybrid models: only the attention layers write KV (the others' pages stay uncommitted).
+    layers = hf_config.get("num_kv_cache_layers") or hf_config["num_hidden_layers"]
+    return (caches * layers * block_size
             * hf_config["num_key_value_heads"] * hf_config["head_dim"] * itemsize)
 
 

@@ -1,0 +1,188 @@
+"""Qwen3-Next (Qwen3NextForCausalLM), a hybrid: most layers mix tokens with Gated DeltaNet
+(layers/gated_deltanet.py: a recurrent state per request, no KV cache), every
+full_attention_interval-th one with gated attention (the q projection also yields a per-head
+output gate, sigmoid-applied after attention; q/k norms; rope over a quarter of each head). The
+MLPs are Qwen's MoE with a gated shared expert (models/moe.py). Its RMSNorms scale by (1 + w),
+read here as w + 1; the mixer's output norm is a plain w gated by silu(z)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vllmx import ops
+from vllmx.layers import placement
+from vllmx.layers.attention import Attention, AttentionMetadata
+from vllmx.layers.fused_moe import SwiGLUMLP
+from vllmx.layers.gated_deltanet import GatedDeltaNet
+from vllmx.layers.linear import Linear, MergedLinear, take_rows
+from vllmx.layers.norm import RMSNorm
+from vllmx.layers.rotary import get_rope
+from vllmx.models import moe
+from vllmx.models.shapes import require_tensors
+from vllmx.ops import Weight
+
+
+def offset_norm(w: Weight, eps: float) -> RMSNorm:
+    """Qwen3-Next's RMSNorm, x / rms(x) * (1 + w)."""
+    return RMSNorm(Weight.from_numpy(w.to_float32().reshape(-1) + np.float32(1.0)), eps)
+
+
+class Qwen3NextGatedAttention:
+    def __init__(self, i: int, cfg: dict, w: dict[str, Weight], rope):
+        p = f"model.layers.{i}.self_attn."
+        nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+        # q_proj's rows are per head [q (hd); gate (hd)].
+        q_rows = (np.arange(nh)[:, None] * 2 * hd + np.arange(hd)).ravel()
+        qw = w[p + "q_proj.weight"]
+        bias = [w.get(p + f"{n}_proj.bias") for n in "qkv"]
+        if any(b is not None for b in bias):
+            raise ValueError(f"{p[:-1]}: attention_bias is not supported for Qwen3-Next")
+        self.qkv_proj = MergedLinear([take_rows(qw, q_rows), w[p + "k_proj.weight"],
+                                      w[p + "v_proj.weight"]], [None] * 3)
+        self.gate_proj = Linear(take_rows(qw, q_rows + hd))
+        self.o_proj = Linear(w[p + "o_proj.weight"])
+        eps = cfg["rms_norm_eps"]
+        self.q_norm = offset_norm(w[p + "q_norm.weight"], eps)
+        self.k_norm = offset_norm(w[p + "k_norm.weight"], eps)
+        self.rope = rope
+        self.attn = Attention(i, nh, nkv, hd, hd ** -0.5)
+
+    def __call__(self, positions, x, md: AttentionMetadata):
+        out = self.attn.forward_qkv(self.qkv_proj(x), positions, self.rope, self.q_norm,
+                                    self.k_norm, md)
+        ops.sigmoid_gate_(out, self.gate_proj(x))
+        return self.o_proj(out)
+
+
+class Qwen3NextDecoderLayer:
+    def __init__(self, i: int, cfg: dict, w: dict[str, Weight], rope):
+        p = f"model.layers.{i}."
+        eps = cfg["rms_norm_eps"]
+        self.linear = cfg["layer_types"][i] == "linear_attention"
+        self.mixer = (GatedDeltaNet(cfg, w, p + "linear_attn.") if self.linear
+                      else Qwen3NextGatedAttention(i, cfg, w, rope))
+        self.input_layernorm = offset_norm(w[p + "input_layernorm.weight"], eps)
+        self.post_attention_layernorm = offset_norm(w[p + "post_attention_layernorm.weight"], eps)
+        if cfg["sparse_layers"][i]:
+            self.mlp = moe.sparse_block(cfg, w, i)
+        else:
+            self.mlp = SwiGLUMLP([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]],
+                                 w[p + "mlp.down_proj.weight"])
+
+    def __call__(self, positions, h, residual, md: AttentionMetadata):
+        if residual is None:  # the first layer: the embeddings are the residual stream
+            h, residual = self.input_layernorm(h), h
+        else:
+            h, residual = self.input_layernorm(h, residual)
+        h = self.mixer(h, md) if self.linear else self.mixer(positions, h, md)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+
+class Qwen3NextForCausalLM:
+    is_hybrid = True  # request state slots beside the KV cache (worker/model_runner.py)
+
+    def __init__(self, cfg: dict, weights: dict[str, Weight]):
+        if placement.current().on_gpu:
+            raise ValueError("Qwen3-Next runs on the CPU only for now (its Gated DeltaNet and "
+                             "MoE ops have no CUDA kernels yet); run it with device='cpu'")
+        cfg = dict(cfg)
+        cfg.setdefault("rms_norm_eps", 1e-6)
+        cfg["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        n = cfg["num_hidden_layers"]
+        if not cfg.get("layer_types"):
+            every = int(cfg.get("full_attention_interval") or 4)
+            cfg["layer_types"] = ["full_attention" if (i + 1) % every == 0
+                                  else "linear_attention" for i in range(n)]
+        unknown = set(cfg["layer_types"]) - {"linear_attention", "full_attention"}
+        if unknown:
+            raise ValueError(f"Qwen3-Next layer_types {sorted(unknown)} are not supported")
+        if cfg.get("num_experts"):
+            cfg = moe.moe_config(cfg)
+        else:
+            cfg["sparse_layers"] = [False] * n
+        cfg["num_kv_cache_layers"] = cfg["layer_types"].count("full_attention")
+        self.config = cfg
+        self._check_weights(weights)
+        rope = get_rope(cfg, cfg["head_dim"])
+        self.embed_tokens = placement.upload_weight(weights["model.embed_tokens.weight"],
+                                                    "model.embed_tokens.weight")
+        self.layers = [Qwen3NextDecoderLayer(i, cfg, weights, rope) for i in range(n)]
+        self.norm = offset_norm(weights["model.norm.weight"], cfg["rms_norm_eps"])
+        self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
+        self.vocab_size = self.lm_head.weight.shape[0]
+
+    def allocate_states(self, num_slots: int) -> None:
+        for layer in self.layers:
+            if layer.linear:
+                layer.mixer.allocate_states(num_slots)
+
+    def _check_weights(self, weights) -> None:
+        cfg = self.config
+        needed = ["model.embed_tokens.weight", "model.norm.weight"]
+        for i, kind in enumerate(cfg["layer_types"]):
+            p = f"model.layers.{i}."
+            needed += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+            if kind == "linear_attention":
+                needed += [p + "linear_attn." + n for n in (
+                    "in_proj_qkvz.weight", "in_proj_ba.weight", "conv1d.weight", "A_log",
+                    "dt_bias", "norm.weight", "out_proj.weight")]
+            else:
+                needed += [p + f"self_attn.{n}.weight" for n in (
+                    "q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")]
+            needed += [p + "mlp.gate.weight"] if cfg["sparse_layers"][i] else [
+                p + f"mlp.{n}_proj.weight" for n in ("gate", "up", "down")]
+        require_tensors(weights, needed)
+
+    @staticmethod
+    def checkpoint_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+        """The tensors of a Qwen3-Next checkpoint of this config (load_format="dummy")."""
+        h, v = cfg["hidden_size"], cfg["vocab_size"]
+        nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+        hd = cfg.get("head_dim") or h // nh
+        hk, hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+        dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+        n = cfg["num_hidden_layers"]
+        types = cfg.get("layer_types") or [
+            "full_attention" if (i + 1) % int(cfg.get("full_attention_interval") or 4) == 0
+            else "linear_attention" for i in range(n)]
+        shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
+        if not cfg.get("tie_word_embeddings"):
+            shapes["lm_head.weight"] = (v, h)
+        inter = cfg["intermediate_size"]
+        for i, kind in enumerate(types):
+            p = f"model.layers.{i}."
+            shapes[p + "input_layernorm.weight"] = shapes[p + "post_attention_layernorm.weight"] \
+                = (h,)
+            if kind == "linear_attention":
+                a = p + "linear_attn."
+                conv = 2 * hk * dk + hv * dv
+                shapes.update({a + "in_proj_qkvz.weight": (conv + hv * dv, h),
+                               a + "in_proj_ba.weight": (2 * hv, h),
+                               a + "conv1d.weight": (conv, 1, int(cfg["linear_conv_kernel_dim"])),
+                               a + "A_log": (hv,), a + "dt_bias": (hv,),
+                               a + "norm.weight": (dv,), a + "out_proj.weight": (h, hv * dv)})
+            else:
+                a = p + "self_attn."
+                shapes.update({a + "q_proj.weight": (2 * nh * hd, h),
+                               a + "k_proj.weight": (nkv * hd, h),
+                               a + "v_proj.weight": (nkv * hd, h),
+                               a + "o_proj.weight": (h, nh * hd),
+                               a + "q_norm.weight": (hd,), a + "k_norm.weight": (hd,)})
+            shapes[p + "mlp.gate_proj.weight"] = shapes[p + "mlp.up_proj.weight"] = (inter, h)
+            shapes[p + "mlp.down_proj.weight"] = (h, inter)
+        if cfg.get("num_experts"):
+            moe.moe_checkpoint_shapes({**cfg, "layer_types": types}, shapes)
+        return shapes
+
+    def forward(self, input_ids: np.ndarray, positions: np.ndarray,
+                md: AttentionMetadata) -> np.ndarray:
+        h = ops.embedding(input_ids, self.embed_tokens)
+        residual = None
+        for layer in self.layers:
+            h, residual = layer(positions, h, residual, md)
+        h, _ = self.norm(h, residual)
+        return h
+
+    def compute_logits(self, hidden: np.ndarray) -> np.ndarray:
+        return self.lm_head(hidden)

@@ -1,0 +1,119 @@
+"""Hybrid models (Gated DeltaNet layers beside attention; Qwen3-Next): token parity with
+transformers in f32 and bf16 for a tiny random checkpoint, what sets the model apart moving
+the logits, and the request state the engine keeps for it: a state slot per running request,
+taken and given back across chunked prefill, preemption and aborts, so that a batch gives each
+request's tokens alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.models.parity import assert_prompt_logits_match, vllmx_prompt_logits
+from tests.models.test_llama_family_parity import SEED, random_prompts, run_parity
+from tests.models.tiny_checkpoints import VOCAB, make_checkpoint
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def ckpt_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("tiny-hybrid"))
+
+
+def test_parity_f32(ckpt_dir):
+    path = make_checkpoint("qwen3_next", "float32", ckpt_dir)
+    llm, prompts, oracle = run_parity(path, path)
+    assert_prompt_logits_match(llm, prompts, oracle, "qwen3_next", SEED)
+    cfg = llm.llm_engine.model.config
+    assert cfg["layer_types"].count("linear_attention") == 6  # the mixers really are there
+    assert not llm.llm_engine.config.cache_config.enable_prefix_caching
+
+
+def test_parity_bf16(ckpt_dir):
+    path = make_checkpoint("qwen3_next", "bfloat16", ckpt_dir)
+    run_parity(path, path, "float32")  # an f32 KV cache, as for every MoE
+
+
+@pytest.mark.parametrize("feature", ["output_gate", "shared_expert_gate", "conv"])
+def test_each_feature_matters(feature, ckpt_dir):
+    from vllmx import LLM
+    from vllmx.layers.linear import Linear
+    from vllmx.ops import Weight
+
+    llm = LLM(make_checkpoint("qwen3_next", "float32", ckpt_dir), skip_tokenizer_init=True)
+    prompt = random_prompts(np.random.default_rng(SEED))[0]
+    base = vllmx_prompt_logits(llm, prompt)
+    for layer in llm.llm_engine.model.layers:
+        if feature == "output_gate" and not layer.linear:
+            shape = layer.mixer.gate_proj.weight.shape  # sigmoid(0): every gate one half
+            layer.mixer.gate_proj = Linear(Weight.from_numpy(np.zeros(shape, np.float32)))
+        elif feature == "shared_expert_gate" and hasattr(layer.mlp, "shared_expert_gate"):
+            layer.mlp.shared_expert_gate = None
+        elif feature == "conv" and layer.linear:
+            w = np.zeros_like(layer.mixer.conv_weight)
+            w[:, -1] = 1  # the identity: the token alone
+            layer.mixer.conv_weight = w
+    moved = vllmx_prompt_logits(llm, prompt)
+    assert np.abs(moved - base).max() / np.abs(base).max() > 1e-2, feature
+
+
+def test_batched_equals_alone_with_chunks_preemption_and_aborts(ckpt_dir):
+    """12 requests through 4 sequence slots, 32-token steps (prompts in chunks) and a KV cache
+    too small for all (preemption: the state is recomputed from a fresh slot): each gives its
+    tokens alone; an aborted request's slot goes back and serves the next ones."""
+    from vllmx import LLM, SamplingParams
+
+    llm = LLM(make_checkpoint("qwen3_next", "float32", ckpt_dir), skip_tokenizer_init=True,
+              max_num_seqs=4, max_num_batched_tokens=32, num_gpu_blocks_override=10,
+              block_size=16, max_model_len=160)
+    rng = np.random.default_rng()
+    prompts = [{"prompt_token_ids": rng.integers(3, VOCAB, int(rng.integers(5, 70))).tolist()}
+               for _ in range(12)]
+    params = [SamplingParams(temperature=0, max_tokens=int(rng.integers(4, 30)), ignore_eos=True)
+              for _ in prompts]
+    engine = llm.llm_engine
+    batched = llm.generate(prompts, params)
+    assert engine.scheduler.num_preemptions > 0, "the cache was meant to be too small"
+    # Aborts: two requests stopped mid-prefill / mid-decode, then everything again.
+    for i in range(3):
+        engine.add_request(f"abort-{i}", prompts[i], params[i])
+    engine.step()
+    engine.step()
+    engine.abort_request(["abort-0", "abort-2"])
+    while engine.has_unfinished_requests():
+        engine.step()
+    for i, p in enumerate(prompts):
+        alone = llm.generate([p], [params[i]])[0].outputs[0].token_ids
+        assert alone == batched[i].outputs[0].token_ids, f"request {i}"
+    # No slot lost: the runner hears of a finished request at the next step, so the last one
+    # may still hold its slot.
+    runner = engine.model_runner
+    assert sorted(runner._free_slots + list(runner._state_slot.values())) == [0, 1, 2, 3]
+    assert len(runner._state_slot) <= 1
+
+
+def test_speculative_decoding_is_refused(ckpt_dir):
+    from vllmx import LLM
+
+    with pytest.raises(ValueError, match="speculative decoding does not support hybrid"):
+        LLM(make_checkpoint("qwen3_next", "float32", ckpt_dir), skip_tokenizer_init=True,
+            speculative_config={"method": "ngram", "num_speculative_tokens": 2,
+                                "prompt_lookup_max": 3})
+
+
+def test_dummy_shapes_are_the_checkpoints(ckpt_dir):
+    import json
+    import os
+
+    from safetensors import safe_open
+
+    from vllmx.models.registry import get_model_class
+
+    path = make_checkpoint("qwen3_next", "float32", ckpt_dir)
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    with safe_open(os.path.join(path, "model.safetensors"), "np") as f:
+        real = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    assert get_model_class(cfg).checkpoint_shapes(cfg) == real
