@@ -199,6 +199,16 @@ def family_configs(**sizes):
             mlp_only_layers=[2], linear_num_value_heads=4, linear_num_key_heads=2,
             linear_key_head_dim=16, linear_value_head_dim=12, linear_conv_kernel_dim=4,
             pad_token_id=0),
+        # Qwen3.5: the same hybrid, its mixer's projections apart; dense and MoE.
+        "qwen3_5": tf.Qwen3_5TextConfig(
+            **{**common, "num_hidden_layers": 4, "head_dim": 16}, linear_num_value_heads=4,
+            linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=12,
+            linear_conv_kernel_dim=4, pad_token_id=0),
+        "qwen3_5_moe": tf.Qwen3_5MoeTextConfig(
+            **{**common, "num_hidden_layers": 4, "head_dim": 16}, num_experts=8,
+            num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+            linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+            linear_value_head_dim=12, linear_conv_kernel_dim=4, pad_token_id=0),
         # V3's YaRN context extension: mscale != mscale_all_dim scales cos/sin by their
         # ratio, and the softmax by mscale_all_dim's square.
         "deepseek_v3_yarn": tf.DeepseekV3Config(
@@ -228,7 +238,7 @@ RANDOM_VECTORS = ("gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel", "
                   "starcoder2_gguf", "gpt2", "gpt2_scaled", "cohere", "cohere_bias",
                   "cohere_gguf", "cohere2", "falcon", "falcon_one_norm", "falcon_mq", "falcon_seq",
                   "falcon_mq_gguf", "cohere2_gguf", "deepseek_v3", "deepseek_v3_yarn", "deepseek_v2",
-                  "glm4_moe", "gpt_oss", "qwen3_next")
+                  "glm4_moe", "gpt_oss", "qwen3_next", "qwen3_5", "qwen3_5_moe")
 # Their routers' choice bias (a buffer, zero at init) drawn too, so that it steers the pick.
 CHOICE_BIAS = ("deepseek_v3", "deepseek_v3_yarn", "glm4_moe")
 

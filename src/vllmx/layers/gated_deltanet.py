@@ -1,13 +1,13 @@
-"""Gated DeltaNet, the linear-attention mixer of Qwen3-Next (and Qwen3.5): projections to
+"""Gated DeltaNet, the linear-attention mixer of Qwen3-Next and Qwen3.5: projections to
 q, k, v (through a short causal convolution), the output gate z and the per-head b, a; the
 gated delta rule over a [dk, dv] state per value head; a gated RMSNorm; the output projection.
 Its state lives in two tensors of request slots (conv window, recurrent state), carried from
 step to step; AttentionMetadata says which slot each sequence owns and whether it continues.
 
-transformers' in_proj_qkvz / in_proj_ba interleave per key-head group g: [q_g (dk), k_g (dk),
-v_g (r dv), z_g (r dv)] and [b_g (r), a_g (r)], r = Hv / Hk value heads per key head; the rows
-are regrouped at load into [q; k; v] (the convolution's channels, in its weight's order), z,
-b and a."""
+Qwen3.5 stores in_proj_qkv (the convolution's channels, [q; k; v]), in_proj_z, in_proj_b and
+in_proj_a apart. Qwen3-Next's in_proj_qkvz / in_proj_ba interleave per key-head group g:
+[q_g (dk), k_g (dk), v_g (r dv), z_g (r dv)] and [b_g (r), a_g (r)], r = Hv / Hk value heads per
+key head; their rows are regrouped at load into the same four."""
 
 from __future__ import annotations
 
@@ -41,14 +41,18 @@ class GatedDeltaNet:
         def rows(start: int, n: int) -> np.ndarray:
             return (g0 + start + np.arange(n)).ravel()
 
-        qkvz = w[p + "in_proj_qkvz.weight"]
-        self.qkv_proj = Linear(take_rows(qkvz, np.concatenate(
-            [rows(0, dk), rows(dk, dk), rows(2 * dk, r * dv)])))
-        self.z_proj = Linear(take_rows(qkvz, rows(2 * dk + r * dv, r * dv)))
-        ba = w[p + "in_proj_ba.weight"]
-        gb = np.arange(hk)[:, None] * 2 * r
-        self.b_proj = Linear(take_rows(ba, (gb + np.arange(r)).ravel()))
-        self.a_proj = Linear(take_rows(ba, (gb + r + np.arange(r)).ravel()))
+        if p + "in_proj_qkv.weight" in w:  # Qwen3.5
+            self.qkv_proj, self.z_proj, self.b_proj, self.a_proj = (
+                Linear(w[f"{p}in_proj_{n}.weight"]) for n in ("qkv", "z", "b", "a"))
+        else:
+            qkvz = w[p + "in_proj_qkvz.weight"]
+            self.qkv_proj = Linear(take_rows(qkvz, np.concatenate(
+                [rows(0, dk), rows(dk, dk), rows(2 * dk, r * dv)])))
+            self.z_proj = Linear(take_rows(qkvz, rows(2 * dk + r * dv, r * dv)))
+            ba = w[p + "in_proj_ba.weight"]
+            gb = np.arange(hk)[:, None] * 2 * r
+            self.b_proj = Linear(take_rows(ba, (gb + np.arange(r)).ravel()))
+            self.a_proj = Linear(take_rows(ba, (gb + r + np.arange(r)).ravel()))
         conv = w[p + "conv1d.weight"]  # [channels, 1, K]
         self.conv_weight = np.ascontiguousarray(
             conv.to_float32().reshape(conv.shape[0], conv.shape[-1]))

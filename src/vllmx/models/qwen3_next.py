@@ -1,9 +1,13 @@
-"""Qwen3-Next (Qwen3NextForCausalLM), a hybrid: most layers mix tokens with Gated DeltaNet
+"""Qwen3-Next and Qwen3.5 (Qwen3NextForCausalLM, Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM,
+and the text part of Qwen3.5's ...ForConditionalGeneration checkpoints), hybrids: most layers
+mix tokens with Gated DeltaNet
 (layers/gated_deltanet.py: a recurrent state per request, no KV cache), every
 full_attention_interval-th one with gated attention (the q projection also yields a per-head
 output gate, sigmoid-applied after attention; q/k norms; rope over a quarter of each head). The
-MLPs are Qwen's MoE with a gated shared expert (models/moe.py). Its RMSNorms scale by (1 + w),
-read here as w + 1; the mixer's output norm is a plain w gated by silu(z)."""
+MLPs are Qwen's MoE with a gated shared expert (models/moe.py), or dense (Qwen3.5). The
+RMSNorms scale by (1 + w), read here as w + 1; the mixer's output norm is a plain w gated by
+silu(z). Qwen3.5's multimodal rope (mrope_section) gives a text token the same position in all
+three sections, which is the plain rope used here."""
 
 from __future__ import annotations
 
@@ -79,14 +83,34 @@ class Qwen3NextDecoderLayer:
         return self.mlp(h), residual
 
 
+_VISION_ARCHS = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
+
+
+def text_part(cfg: dict, weights):
+    """A ...ForConditionalGeneration checkpoint's language model: its text_config, and its
+    model.language_model.* tensors under the causal LM's names (the vision tower is not
+    loaded; image inputs are not supported)."""
+    cfg = dict(cfg)
+    if not any(a in _VISION_ARCHS for a in cfg.get("architectures") or []):
+        return cfg, weights
+    text = {**cfg.get("text_config", {}), "architectures": cfg["architectures"]}
+    for key in ("tie_word_embeddings", "max_model_len"):
+        if key in cfg:
+            text.setdefault(key, cfg[key])
+    prefix = "model.language_model."
+    renamed = {("model." + n[len(prefix):] if n.startswith(prefix) else n): w
+               for n, w in weights.items() if not n.startswith("model.visual.")}
+    return text, renamed
+
+
 class Qwen3NextForCausalLM:
     is_hybrid = True  # request state slots beside the KV cache (worker/model_runner.py)
 
     def __init__(self, cfg: dict, weights: dict[str, Weight]):
         if placement.current().on_gpu:
-            raise ValueError("Qwen3-Next runs on the CPU only for now (its Gated DeltaNet and "
-                             "MoE ops have no CUDA kernels yet); run it with device='cpu'")
-        cfg = dict(cfg)
+            raise ValueError("Qwen3-Next / Qwen3.5 run on the CPU only for now (the Gated "
+                             "DeltaNet and MoE ops have no CUDA kernels yet); use device='cpu'")
+        cfg, weights = text_part(cfg, weights)
         cfg.setdefault("rms_norm_eps", 1e-6)
         cfg["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
         n = cfg["num_hidden_layers"]
@@ -98,6 +122,8 @@ class Qwen3NextForCausalLM:
         if unknown:
             raise ValueError(f"Qwen3-Next layer_types {sorted(unknown)} are not supported")
         if cfg.get("num_experts"):
+            if "Qwen3NextForCausalLM" not in (cfg.get("architectures") or []):
+                cfg["norm_topk_prob"] = True  # Qwen3.5-MoE's router always renormalizes
             cfg = moe.moe_config(cfg)
         else:
             cfg["sparse_layers"] = [False] * n
@@ -124,9 +150,13 @@ class Qwen3NextForCausalLM:
             p = f"model.layers.{i}."
             needed += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
             if kind == "linear_attention":
-                needed += [p + "linear_attn." + n for n in (
-                    "in_proj_qkvz.weight", "in_proj_ba.weight", "conv1d.weight", "A_log",
-                    "dt_bias", "norm.weight", "out_proj.weight")]
+                a = p + "linear_attn."
+                split = a + "in_proj_qkv.weight" in weights  # Qwen3.5's four projections
+                needed += [a + n for n in (
+                    ("in_proj_qkv.weight", "in_proj_z.weight", "in_proj_b.weight",
+                     "in_proj_a.weight") if split else ("in_proj_qkvz.weight",
+                                                        "in_proj_ba.weight"))
+                    + ("conv1d.weight", "A_log", "dt_bias", "norm.weight", "out_proj.weight")]
             else:
                 needed += [p + f"self_attn.{n}.weight" for n in (
                     "q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")]
@@ -136,7 +166,10 @@ class Qwen3NextForCausalLM:
 
     @staticmethod
     def checkpoint_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
-        """The tensors of a Qwen3-Next checkpoint of this config (load_format="dummy")."""
+        """The tensors of a Qwen3-Next / Qwen3.5 checkpoint of this config
+        (load_format="dummy"; a ...ForConditionalGeneration config: its text part's)."""
+        cfg, _ = text_part(cfg, {})
+        qwen3_5 = "Qwen3NextForCausalLM" not in (cfg.get("architectures") or [])
         h, v = cfg["hidden_size"], cfg["vocab_size"]
         nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
         hd = cfg.get("head_dim") or h // nh
@@ -157,9 +190,15 @@ class Qwen3NextForCausalLM:
             if kind == "linear_attention":
                 a = p + "linear_attn."
                 conv = 2 * hk * dk + hv * dv
-                shapes.update({a + "in_proj_qkvz.weight": (conv + hv * dv, h),
-                               a + "in_proj_ba.weight": (2 * hv, h),
-                               a + "conv1d.weight": (conv, 1, int(cfg["linear_conv_kernel_dim"])),
+                if qwen3_5:
+                    shapes.update({a + "in_proj_qkv.weight": (conv, h),
+                                   a + "in_proj_z.weight": (hv * dv, h),
+                                   a + "in_proj_b.weight": (hv, h),
+                                   a + "in_proj_a.weight": (hv, h)})
+                else:
+                    shapes.update({a + "in_proj_qkvz.weight": (conv + hv * dv, h),
+                                   a + "in_proj_ba.weight": (2 * hv, h)})
+                shapes.update({a + "conv1d.weight": (conv, 1, int(cfg["linear_conv_kernel_dim"])),
                                a + "A_log": (hv,), a + "dt_bias": (hv,),
                                a + "norm.weight": (dv,), a + "out_proj.weight": (h, hv * dv)})
             else:
