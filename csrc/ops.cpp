@@ -338,16 +338,47 @@ void check_gated_delta_rule(const Tensor& out, const Tensor& recurrent_state, co
   }
 }
 
+void check_mamba2_scan(const Tensor& out, const Tensor& ssm_state, const Tensor& x,
+                       const Tensor& dt, const Tensor& B, const Tensor& C, const Tensor& A_log,
+                       const Tensor& D, const Tensor& dt_bias, const Tensor& query_start_loc,
+                       const Tensor& state_indices, const Tensor& has_initial_state,
+                       float dt_min, float dt_max) {
+  const char* op = "mamba2_scan";
+  check_state_args(op, ssm_state, query_start_loc, state_indices, has_initial_state);
+  check_ndim(ssm_state, 4, op, "ssm_state");
+  const int64_t H = ssm_state.shape[1], P = ssm_state.shape[2], N = ssm_state.shape[3];
+  const int64_t T = x.shape[0];
+  for (const Tensor* t : {&out, &x, &dt, &B, &C}) check_ndim(*t, 2, op, "activations");
+  VLLMX_CHECK(x.shape[1] == H * P && out.shape[0] == T && out.shape[1] == H * P, op,
+              "x " + x.str() + " and out " + out.str() + " must be [T, " + i2s(H * P) +
+                  "] for ssm_state " + ssm_state.str());
+  VLLMX_CHECK(dt.shape[0] == T && dt.shape[1] == H, op,
+              "dt " + dt.str() + " must be [T, " + i2s(H) + "]");
+  VLLMX_CHECK(B.shape[0] == T && C.shape[0] == T && B.shape[1] == C.shape[1] &&
+                  B.shape[1] % N == 0 && B.shape[1] > 0 && H % (B.shape[1] / N) == 0,
+              op, "B " + B.str() + " and C " + C.str() + " must be [T, G * " + i2s(N) +
+                      "] with G dividing the " + i2s(H) + " heads");
+  for (const Tensor* t : {&A_log, &D, &dt_bias}) {
+    check_dtype(*t, DType::F32, op, "A_log / D / dt_bias");
+    VLLMX_CHECK(t->ndim == 1 && t->shape[0] == H, op,
+                "A_log, D and dt_bias must be F32[" + i2s(H) + "], got " + t->str());
+  }
+  VLLMX_CHECK(dt_min >= 0 && dt_max >= dt_min, op, "need 0 <= dt_min <= dt_max");
+}
+
 void check_rms_norm_gated(const Tensor& out, const Tensor& x, const Tensor& z, const Tensor& w,
-                          float eps) {
+                          float eps, int64_t group_size, bool norm_before_gate) {
+  (void)norm_before_gate;
   const char* op = "rms_norm_gated";
   check_ndim(x, 2, op, "x");
   check_ndim(w, 1, op, "w");
   for (const Tensor* t : {&out, &z})
     VLLMX_CHECK(t->ndim == 2 && t->shape[0] == x.shape[0] && t->shape[1] == x.shape[1], op,
                 t->str() + " does not match x " + x.str());
-  VLLMX_CHECK(w.shape[0] > 0 && x.shape[1] % w.shape[0] == 0, op,
-              "x " + x.str() + " is not a whole number of groups of w " + w.str());
+  VLLMX_CHECK(group_size > 0 && x.shape[1] % group_size == 0 &&
+                  (w.shape[0] == group_size || w.shape[0] == x.shape[1]),
+              op, "x " + x.str() + " must be whole groups of " + i2s(group_size) +
+                      " values and w " + w.str() + " one group's or the whole row's");
   VLLMX_CHECK(eps >= 0 && std::isfinite(eps), op, "eps must be finite and >= 0");
 }
 
@@ -526,6 +557,7 @@ VLLMX_OP_CHECK(fused_experts, check_fused_experts);
 VLLMX_OP_CHECK(causal_conv1d, check_causal_conv1d);
 VLLMX_OP_CHECK(gated_delta_rule, check_gated_delta_rule);
 VLLMX_OP_CHECK(rms_norm_gated, check_rms_norm_gated);
+VLLMX_OP_CHECK(mamba2_scan, check_mamba2_scan);
 VLLMX_OP_CHECK(sigmoid_gate, check_sigmoid_gate);
 VLLMX_OP_CHECK(swigluoai_and_mul, check_swigluoai_and_mul);
 VLLMX_OP_CHECK(grouped_topk, check_grouped_topk);

@@ -532,10 +532,23 @@ def gated_delta_rule(q, k, v, a, b, A_log, dt_bias, recurrent_state, query_start
     return out
 
 
-def rms_norm_gated(x, z, w, eps: float):
-    """x / rms(x) * w * silu(z) over each group of w.shape[0] values."""
+def rms_norm_gated(x, z, w, eps: float, group_size: int | None = None,
+                   norm_before_gate: bool = True):
+    """Gated RMSNorm over each group of group_size (default w.shape[0]) values:
+    x / rms(x) * w * silu(z), or with norm_before_gate False (Mamba2's) the norm of
+    x * silu(z), times w."""
     out = _empty(x, x.shape)
-    _C.ops.rms_norm_gated(out, x, z, w, eps)
+    _C.ops.rms_norm_gated(out, x, z, w, eps, group_size or w.shape[0], norm_before_gate)
+    return out
+
+
+def mamba2_scan(x, dt, B, C, A_log, D, dt_bias, ssm_state, query_start_loc, state_indices,
+                has_initial_state, dt_min: float = 0.0, dt_max: float = float("inf")):
+    """Mamba2's selective state space over each sequence's state slot (contract in
+    csrc/ops.def): out [T, H * P]."""
+    out = _empty(x, x.shape)
+    _C.ops.mamba2_scan(out, ssm_state, x, dt, B, C, A_log, D, dt_bias, query_start_loc,
+                       state_indices, has_initial_state, dt_min, dt_max)
     return out
 
 

@@ -166,7 +166,7 @@ def test_rms_norm_gated(twin):
     z = rng.standard_normal((7, 48)).astype(np.float32)
     w = rng.standard_normal(16).astype(np.float32)
     out = np.full(x.shape, np.nan, np.float32)
-    _C.ops.rms_norm_gated(out, x, z, w, 1e-6, reference=twin)
+    _C.ops.rms_norm_gated(out, x, z, w, 1e-6, 16, True, reference=twin)
     x3 = x.astype(np.float64).reshape(7, 3, 16)
     want = x3 / np.sqrt((x3 ** 2).mean(-1, keepdims=True) + 1e-6) * w
     want = want.reshape(7, 48) * (z / (1 + np.exp(-z.astype(np.float64))))
@@ -199,3 +199,91 @@ def test_bad_arguments_name_the_problem():
                 np.zeros((1, 4, 8, 8), np.float32), [0, 3], [0], [0])
     with pytest.raises(ValueError, match=r"gate F32\[5, 2\] must be \[T, N\] or \[T, 1\]"):
         _C.ops.sigmoid_gate(np.zeros((5, 4), np.float32), np.zeros((5, 2), np.float32))
+
+
+def mamba2_ref(x, dt, B, C, a_log, D, dt_bias, s0, dt_min=0.0, dt_max=np.inf):
+    """One sequence: x [n, H, P], dt [n, H], B, C [n, G, N], s0 [H, P, N]."""
+    n, H, P = x.shape
+    G = B.shape[1]
+    s = s0.astype(np.float64).copy()
+    out = np.zeros((n, H, P))
+    for t in range(n):
+        for h in range(H):
+            g = h // (H // G)
+            step = np.clip(np.log1p(np.exp(dt[t, h] + dt_bias[h])), dt_min, dt_max)
+            s[h] = s[h] * np.exp(-np.exp(a_log[h]) * step) + step * np.outer(x[t, h], B[t, g])
+            out[t, h] = s[h] @ C[t, g] + D[h] * x[t, h]
+    return out, s
+
+
+def run_mamba2(x, dt, B, C, a_log, D, dt_bias, state, qsl, idx, init, twin=False,
+               dt_min=0.0, dt_max=float("inf")):
+    out = np.full(x.shape, np.nan, np.float32)
+    _C.ops.mamba2_scan(out, state, x, dt, B, C, a_log, D, dt_bias, np.asarray(qsl, np.int32),
+                       np.asarray(idx, np.int32), np.asarray(init, np.int32), dt_min, dt_max,
+                       reference=twin)
+    return out
+
+
+@pytest.mark.parametrize("twin", [False, True], ids=["fast", "twin"])
+@pytest.mark.parametrize("groups,limits", [(1, (0.0, np.inf)), (2, (0.05, 2.0))])
+def test_mamba2_scan_varlen_slots(groups, limits, twin):
+    rng = fresh_rng()
+    H, P, N, lens, slots = 4, 8, 16, [6, 1, 0, 11], 5
+    T = sum(lens)
+    x = rng.standard_normal((T, H * P)).astype(np.float32)
+    dt = rng.standard_normal((T, H)).astype(np.float32)
+    B = rng.standard_normal((T, groups * N)).astype(np.float32)
+    C = rng.standard_normal((T, groups * N)).astype(np.float32)
+    a_log = rng.uniform(-1, 1, H).astype(np.float32)
+    D = rng.standard_normal(H).astype(np.float32)
+    dt_bias = rng.standard_normal(H).astype(np.float32)
+    state = rng.standard_normal((slots, H, P, N)).astype(np.float32)
+    before = state.copy()
+    idx, init = [3, 0, 1, 4], [1, 0, 0, 1]
+    qsl = np.concatenate([[0], np.cumsum(lens)])
+    out = run_mamba2(x, dt, B, C, a_log, D, dt_bias, state, qsl, idx, init, twin, *limits)
+    for s, n in enumerate(lens):
+        if n == 0:
+            continue
+        r = slice(qsl[s], qsl[s + 1])
+        s0 = before[idx[s]] if init[s] else np.zeros((H, P, N))
+        want, s1 = mamba2_ref(x[r].reshape(n, H, P), dt[r], B[r].reshape(n, groups, N),
+                              C[r].reshape(n, groups, N), a_log, D, dt_bias, s0, *limits)
+        assert np.abs(out[r].reshape(n, H, P) - want).max() / np.abs(want).max() < 1e-5
+        assert np.abs(state[idx[s]] - s1).max() / np.abs(s1).max() < 1e-5
+    assert np.array_equal(state[[1, 2]], before[[1, 2]])
+
+
+def test_mamba2_scan_chunks_equal_one_pass():
+    rng = fresh_rng()
+    H, P, N, n = 2, 4, 8, 17
+    x = rng.standard_normal((n, H * P)).astype(np.float32)
+    dt = rng.standard_normal((n, H)).astype(np.float32)
+    B = rng.standard_normal((n, N)).astype(np.float32)
+    C = rng.standard_normal((n, N)).astype(np.float32)
+    a_log, D, dt_bias = (rng.standard_normal(H).astype(np.float32) for _ in range(3))
+    whole = run_mamba2(x, dt, B, C, a_log, D, dt_bias, np.zeros((1, H, P, N), np.float32),
+                       [0, n], [0], [0])
+    state = np.full((1, H, P, N), np.nan, np.float32)
+    parts, cut = [], [0, 3, 4, 12, n]
+    for i in range(len(cut) - 1):
+        r = slice(cut[i], cut[i + 1])
+        parts.append(run_mamba2(x[r], dt[r], B[r], C[r], a_log, D, dt_bias, state,
+                                [0, cut[i + 1] - cut[i]], [0], [int(i > 0)]))
+    assert np.array_equal(np.concatenate(parts), whole)
+
+
+@pytest.mark.parametrize("shared_weight", [True, False])
+def test_rms_norm_gated_after_gate(shared_weight):
+    """Mamba2's form: the norm of x * silu(z) over groups, times w (one per group or the row)."""
+    rng = fresh_rng()
+    x = rng.standard_normal((5, 32)).astype(np.float32)
+    z = rng.standard_normal((5, 32)).astype(np.float32)
+    w = rng.standard_normal(16 if shared_weight else 32).astype(np.float32)
+    out = np.full(x.shape, np.nan, np.float32)
+    _C.ops.rms_norm_gated(out, x, z, w, 1e-5, 16, False)
+    y = (x * (z / (1 + np.exp(-z.astype(np.float64))))).reshape(5, 2, 16)
+    want = (y / np.sqrt((y ** 2).mean(-1, keepdims=True) + 1e-5)).reshape(5, 32)
+    want = want * (np.tile(w, 2) if shared_weight else w)
+    assert np.abs(out - want).max() / np.abs(want).max() < 1e-6

@@ -1,0 +1,91 @@
+// mamba2_scan on the CPU (Mamba2's selective state space, the SSD recurrence: Granite-4 /
+// GraniteMoeHybrid, Nemotron-H, Falcon-H1). Contract in csrc/ops.def. Token by token per head
+// over its [P, N] state, as the GPU's chunked scan computes it regrouped: on the CPU the
+// recurrence is as fast and each token's arithmetic fixed (batch invariant).
+#include "core/kernel_pragmas.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/op_table.h"
+
+namespace vllmx {
+
+namespace {
+
+template <typename F>
+void run_head(int64_t h, int64_t t0, int64_t n, int64_t P, int64_t N, int64_t g,
+              const Tensor& x, const Tensor& dt, const Tensor& B, const Tensor& C, float a_log,
+              float d, float dt_bias, float dt_min, float dt_max, float* state, bool init,
+              const Tensor& out) {
+  std::vector<F> S(static_cast<size_t>(P * N), F(0));
+  if (init)
+    for (int64_t i = 0; i < P * N; ++i) S[i] = F(state[i]);
+  const F A = -std::exp(F(a_log));
+  for (int64_t t = t0; t < t0 + n; ++t) {
+    F step = F(dt.ptr<float>()[t * dt.stride[0] + h]) + F(dt_bias);
+    step = step > F(20) ? step : std::log1p(std::exp(step));  // softplus, torch's threshold
+    step = std::min(std::max(step, F(dt_min)), F(dt_max));
+    const F decay = std::exp(step * A);
+    const float* xt = x.ptr<float>() + t * x.stride[0] + h * P;
+    const float* bt = B.ptr<float>() + t * B.stride[0] + g * N;
+    const float* ct = C.ptr<float>() + t * C.stride[0] + g * N;
+    float* o = out.ptr<float>() + t * out.stride[0] + h * P;
+    for (int64_t p = 0; p < P; ++p) {
+      F* row = S.data() + p * N;
+      const F xs = step * F(xt[p]);
+      F y = 0;
+      for (int64_t s = 0; s < N; ++s) {
+        row[s] = row[s] * decay + xs * F(bt[s]);
+        y += row[s] * F(ct[s]);
+      }
+      o[p] = static_cast<float>(y + F(d) * F(xt[p]));
+    }
+  }
+  for (int64_t i = 0; i < P * N; ++i) state[i] = static_cast<float>(S[i]);
+}
+
+void mamba2_scan(const Tensor& out, const Tensor& ssm_state, const Tensor& x, const Tensor& dt,
+                 const Tensor& B, const Tensor& C, const Tensor& A_log, const Tensor& D,
+                 const Tensor& dt_bias, const Tensor& query_start_loc,
+                 const Tensor& state_indices, const Tensor& has_initial_state, float dt_min,
+                 float dt_max, bool reference) {
+  const char* op = "mamba2_scan";
+  for (const Tensor* t : {&out, &x, &dt, &B, &C}) check_dtype(*t, DType::F32, op, "activations");
+  const int64_t H = ssm_state.shape[1], P = ssm_state.shape[2], N = ssm_state.shape[3];
+  const int64_t G = B.shape[1] / N, slots = ssm_state.shape[0], Bn = state_indices.shape[0];
+  const int32_t* qsl = query_start_loc.ptr<int32_t>();
+  const int32_t* idx = state_indices.ptr<int32_t>();
+  const int32_t* init = has_initial_state.ptr<int32_t>();
+  for (int64_t s = 0; s < Bn; ++s) {
+    VLLMX_CHECK(idx[s] >= 0 && idx[s] < slots, op,
+                "state_indices[" + std::to_string(s) + "] = " + std::to_string(idx[s]) +
+                    " is not a slot of ssm_state " + ssm_state.str());
+    VLLMX_CHECK(qsl[s + 1] >= qsl[s] && qsl[s + 1] <= x.shape[0], op,
+                "query_start_loc must rise within the " + std::to_string(x.shape[0]) + " rows");
+  }
+  const float* al = A_log.ptr<float>();
+  const float* dp = D.ptr<float>();
+  const float* db = dt_bias.ptr<float>();
+  const int64_t items = Bn * H;
+#pragma omp parallel for schedule(dynamic, 1) if (items > 1)
+  for (int64_t it = 0; it < items; ++it) {
+    const int64_t s = it / H, h = it % H, n = qsl[s + 1] - qsl[s];
+    if (n == 0) continue;
+    float* st = ssm_state.ptr<float>() + idx[s] * ssm_state.stride[0] + h * P * N;
+    const int64_t g = h / (H / G);
+    if (reference)
+      run_head<double>(h, qsl[s], n, P, N, g, x, dt, B, C, al[h], dp[h], db[h], dt_min, dt_max,
+                       st, init[s] != 0, out);
+    else
+      run_head<float>(h, qsl[s], n, P, N, g, x, dt, B, C, al[h], dp[h], db[h], dt_min, dt_max,
+                      st, init[s] != 0, out);
+  }
+}
+
+}  // namespace
+
+VLLMX_KERNEL(mamba2_scan, kCPU, mamba2_scan);
+
+}  // namespace vllmx
