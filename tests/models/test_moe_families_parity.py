@@ -2,8 +2,8 @@
 (Glm4MoeForCausalLM: sigmoid routing with a choice bias, shared experts) and gpt-oss (attention
 sinks, alternating windows, biased experts with the clamped SwiGLU) against transformers
 (float32 on the CPU), for tiny random checkpoints in f32 and bf16 (tests/models/
-tiny_checkpoints.py: 16 experts, top-4, 4 groups, a dense first layer, random norm weights and
-choice biases; gpt-oss 8 experts, top-2). The MLA cache is checked to be one latent row a
+tiny_checkpoints.py: 16 experts, top-4, 4 groups (V2-Lite's ungrouped softmax too), a dense
+first layer, random norm weights and choice biases; gpt-oss 8 experts, top-2). The MLA cache is checked to be one latent row a
 token, and what sets each model apart (the groups, the choice bias, the shared expert, the
 scaling factor, the query latent's norm, YaRN's softmax scale, the sinks, the window, the
 experts' biases and activation) is checked to move the logits, so that the parity tests test
@@ -23,7 +23,8 @@ from tests.models.tiny_checkpoints import make_checkpoint
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-FAMILIES = ["deepseek_v3", "deepseek_v3_yarn", "deepseek_v2", "glm4_moe", "gpt_oss"]
+FAMILIES = ["deepseek_v3", "deepseek_v3_yarn", "deepseek_v2", "deepseek_v2_lite", "glm4_moe",
+            "gpt_oss"]
 
 
 @pytest.fixture(scope="module")

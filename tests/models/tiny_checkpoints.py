@@ -223,6 +223,12 @@ def family_configs(**sizes):
                                            **deepseek_moe, n_group=4, topk_group=2,
                                            topk_method="group_limited_greedy",
                                            norm_topk_prob=False, routed_scaling_factor=2.0),
+        # V2-Lite's routing as it ships: softmax over all experts (greedy, one group), not
+        # renormalized, unscaled; what a deepseek2 GGUF and transformers agree on for V2.
+        "deepseek_v2_lite": tf.DeepseekV2Config(**{**mla, "num_hidden_layers": 3},
+                                                q_lora_rank=None, **deepseek_moe, n_group=1,
+                                                topk_group=1, topk_method="greedy",
+                                                norm_topk_prob=False, routed_scaling_factor=1.0),
         # GLM-4.5: GQA with q/k/v biases and q/k norms, neox rope over half of each head,
         # DeepSeek V3's routing in one group (a choice bias), a shared expert.
         "glm4_moe": tf.Glm4MoeConfig(**{**common, "num_hidden_layers": 3, "head_dim": 32},
@@ -238,7 +244,7 @@ RANDOM_VECTORS = ("gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel", "
                   "starcoder2_gguf", "gpt2", "gpt2_scaled", "cohere", "cohere_bias",
                   "cohere_gguf", "cohere2", "falcon", "falcon_one_norm", "falcon_mq", "falcon_seq",
                   "falcon_mq_gguf", "cohere2_gguf", "deepseek_v3", "deepseek_v3_yarn", "deepseek_v2",
-                  "glm4_moe", "gpt_oss", "qwen3_next", "qwen3_5", "qwen3_5_moe")
+                  "deepseek_v2_lite", "glm4_moe", "gpt_oss", "qwen3_next", "qwen3_5", "qwen3_5_moe")
 # Their routers' choice bias (a buffer, zero at init) drawn too, so that it steers the pick.
 CHOICE_BIAS = ("deepseek_v3", "deepseek_v3_yarn", "glm4_moe")
 
@@ -336,10 +342,15 @@ def _split_granite_moe(sd: dict, cfg: dict) -> dict:
 def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool = True) -> str:
     """A GGUF of a tiny checkpoint, matrices in F32 or `qtype` (gguf's quantizer), as llama.cpp's
     converter lays it out; no tokenizer (tests run on token ids). window=False leaves out a
-    Phi-3 sliding_window (llama.cpp ignores it)."""
+    Phi-3 sliding_window (llama.cpp ignores it). DeepSeek V2/V3 families: arch deepseek2
+    (deepseek2_gguf.py)."""
     import gguf
     from safetensors.numpy import load_file
 
+    from tests.models import deepseek2_gguf
+
+    if family in deepseek2_gguf.FAMILIES:
+        return deepseek2_gguf.write_deepseek2_gguf(hf_dir, out_path, qtype)
     with open(os.path.join(hf_dir, "config.json")) as f:
         cfg = json.load(f)
     arch = GGUF_ARCH[family]

@@ -5,7 +5,9 @@ head's query is carried into that space ahead of attention, q_h = [q_pe_h ; q_no
 (W_UK_h: head h's key rows of kv_b_proj), so that q_h . row = q_nope_h . k_nope_h + q_pe_h .
 k_pe, the score of the decompressed key; the attention output's latent part goes back through
 the value rows W_UV_h. The cache is (kv_lora_rank + qk_rope_head_dim) values a token instead of
-heads * (qk_head_dim + v_head_dim), and no key or value is ever decompressed."""
+heads * (qk_head_dim + v_head_dim), and no key or value is ever decompressed. kv_b_proj comes
+whole (HF checkpoints, older GGUFs) or as llama.cpp's converter splits it (k_b_proj = W_UK^T,
+v_b_proj = W_UV, per head); the split ones run in their own block type, as llama.cpp runs them."""
 
 from __future__ import annotations
 
@@ -28,6 +30,24 @@ def _dense(w: Weight) -> tuple[np.ndarray, int]:
     if w.dtype in _NP:
         return np.asarray(w.data).reshape(w.shape), w.dtype
     return w.to_float32(), F32
+
+
+def _up_projections(w: dict[str, Weight], p: str, nh: int, dn: int, dv: int,
+                    r: int) -> tuple[Weight, Weight]:
+    """(W_UK^T [nh, r, dn], W_UV [nh, dv, r]) from kv_b_proj [nh * (dn + dv), r] (head h's key
+    rows W_UK_h [dn, r], then its value rows W_UV_h), or from llama.cpp's split of it: k_b_proj
+    holding W_UK^T already, v_b_proj W_UV. A block type stays one where no transpose is needed,
+    so that its products quantize the activations as llama.cpp's do."""
+    if p + "kv_b_proj.weight" not in w:
+        k_b, v_b = w[p + "k_b_proj.weight"], w[p + "v_b_proj.weight"]
+        return (Weight(np.asarray(k_b.data).reshape(nh, r, -1), k_b.dtype, (nh, r, dn)),
+                Weight(np.asarray(v_b.data).reshape(nh, dv, -1), v_b.dtype, (nh, dv, r)))
+    kv_b = w[p + "kv_b_proj.weight"]
+    rows = np.asarray(kv_b.data).reshape(nh, dn + dv, -1)
+    w_uv = Weight(np.ascontiguousarray(rows[:, dn:]), kv_b.dtype, (nh, dv, r))
+    dense, dt = _dense(kv_b)
+    w_uk_t = dense.reshape(nh, dn + dv, r)[:, :dn].transpose(0, 2, 1)
+    return Weight(np.ascontiguousarray(w_uk_t), dt, (nh, r, dn)), w_uv
 
 
 class MLAAttention:
@@ -58,17 +78,9 @@ class MLAAttention:
         self.k_pe_proj = Linear(take_rows(kv_a, r + np.arange(dr)), None if kv_a_bias is None
                                 else take_rows(kv_a_bias, r + np.arange(dr)))
         self.kv_a_layernorm = RMSNorm(w[p + "kv_a_layernorm.weight"], eps)
-        # kv_b_proj [nh * (dn + dv), r]: head h's key rows W_UK_h [dn, r], then its value rows.
-        kv_b, dt = _dense(w[p + "kv_b_proj.weight"])
-        kv_b = kv_b.reshape(nh, dn + dv, r)
-        # batched_linear computes x_h @ w_h^T: the query side takes W_UK_h^T [r, dn]; the output
-        # side W_UV_h [dv, r] padded with dr zero columns, where the attention output carries
-        # the (meaningless) weighted k_pe ahead of its latent part.
-        self.w_uk_t = Weight(np.ascontiguousarray(kv_b[:, :dn, :].transpose(0, 2, 1)), dt,
-                             (nh, r, dn))
-        w_uv = np.zeros((nh, dv, dr + r), kv_b.dtype)
-        w_uv[:, :, dr:] = kv_b[:, dn:, :]
-        self.w_uv = Weight(w_uv, dt, (nh, dv, dr + r))
+        # batched_linear computes x_h @ w_h^T: the query side takes W_UK_h^T [r, dn], the output
+        # side W_UV_h [dv, r] on the latent part of each head's attention output.
+        self.w_uk_t, self.w_uv = _up_projections(w, p, nh, dn, dv, r)
         self.o_proj = Linear(w[p + "o_proj.weight"], w.get(p + "o_proj.bias"))
         self.rope = rope
         self.attn = Attention(layer_idx, nh, 1, dr + r, scale)
@@ -83,5 +95,7 @@ class MLAAttention:
         kv = ops.concat_columns([self.k_pe_proj(x), self.kv_a_layernorm(self.kv_c_proj(x))])
         # One tensor is the key and the value: rope turns its k_pe part, the cache stores it once.
         o = self.attn.forward(q.reshape(t, nh * (dr + r)), kv, kv, positions, self.rope, md)
-        o = ops.batched_linear(o.reshape(t, nh, dr + r), self.w_uv)
+        # Each head's output row is [the weighted k_pe (meaningless) ; the weighted latent].
+        _, o_lat = ops.split_columns(o.reshape(t * nh, dr + r), [dr, r])
+        o = ops.batched_linear(o_lat.reshape(t, nh, r), self.w_uv)
         return self.o_proj(o.reshape(t, nh * self.dv))

@@ -3,6 +3,7 @@ stay in their block format (memory-mapped), the tokenizer comes from the metadat
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -81,7 +82,66 @@ def gguf_to_hf_config(meta: dict[str, Any]) -> dict[str, Any]:
             "factor": get("rope.scaling.factor", 1.0),
             "original_max_position_embeddings": get("rope.scaling.original_context_length"),
         }
+    if arch == "deepseek2":
+        cfg.update(_deepseek2_config(get, cfg))
     return cfg
+
+
+# llama.cpp's expert_gating_func values (LLAMA_EXPERT_GATING_FUNC_TYPE_*) vllmx routes with.
+_GATING = {1: "softmax", 2: "sigmoid"}
+
+
+def _deepseek2_config(get, cfg: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek V2/V3 (llama.cpp's deepseek2) as DeepseekV2/V3Config fields, read the way
+    llama.cpp reads them: the MLA head sizes from key_length_mla / value_length_mla (older files:
+    key_length / value_length), softmax routing unless expert_gating_func says sigmoid, no
+    renormalization unless expert_weights_norm, and YaRN's scales as llama.cpp applies them."""
+    for key in ("attention.temperature_scale", "rope.scaling.attn_factor",
+                "rope.scaling.yarn_ext_factor"):
+        if get(key):
+            raise ValueError(f"GGUF deepseek2: {key} is not supported")
+    gating = get("expert_gating_func")
+    if gating is None:  # llama.cpp's default for files without the key (GLM-4.7-Flash: sigmoid)
+        gating = 2 if get("block_count") in (47, 48) and cfg["vocab_size"] == 154880 else 1
+    if gating not in _GATING:
+        raise ValueError(f"GGUF deepseek2: expert_gating_func {gating} is not supported "
+                         f"(softmax 1, sigmoid 2)")
+    rot = get("rope.dimension_count")
+    n_group = int(get("expert_group_count") or 1)
+    out = {
+        # V3's multi-token-prediction blocks follow the decoder's in block_count
+        "num_hidden_layers": get("block_count") - int(get("nextn_predict_layers") or 0),
+        "kv_lora_rank": get("attention.kv_lora_rank"),
+        "q_lora_rank": get("attention.q_lora_rank") or None,
+        "qk_rope_head_dim": rot,
+        "qk_nope_head_dim": get("attention.key_length_mla", get("attention.key_length")) - rot,
+        "v_head_dim": get("attention.value_length_mla", get("attention.value_length")),
+        "partial_rotary_factor": None,
+        "n_routed_experts": get("expert_count"),
+        "n_shared_experts": int(get("expert_shared_count") or 0),
+        "first_k_dense_replace": int(get("leading_dense_block_count") or 0),
+        "norm_topk_prob": bool(get("expert_weights_norm", False)),
+        "routed_scaling_factor": float(get("expert_weights_scale") or 1.0),
+        "scoring_func": _GATING[gating],
+        "n_group": n_group,
+        "topk_group": int(get("expert_group_used_count") or 1),
+        "topk_method": "group_limited_greedy" if n_group > 1 else "greedy",
+    }
+    scaling = cfg.get("rope_scaling")
+    if scaling and scaling["rope_type"] != "yarn":
+        raise ValueError(f"GGUF deepseek2: rope scaling {scaling['rope_type']!r} is not "
+                         f"supported (YaRN only)")
+    if scaling:
+        # llama.cpp takes mscale to equal mscale_all_dim (M, 10 x yarn_log_multiplier): cos and
+        # sin unscaled and the softmax scaled by (0.1 M ln factor + 1)^2. Without the key it
+        # scales cos/sin and, again, the softmax by 0.1 ln factor + 1 (M = 1 below).
+        m_all = 10 * float(get("rope.scaling.yarn_log_multiplier") or 0.0)
+        factor = scaling["factor"]
+        out["rope_scaling"] = {
+            **scaling, "beta_fast": get("rope.scaling.yarn_beta_fast", 32.0),
+            "beta_slow": get("rope.scaling.yarn_beta_slow", 1.0), "mscale_all_dim": m_all or 1.0,
+            "attention_factor": 1.0 if m_all or factor <= 1 else 0.1 * math.log(factor) + 1.0}
+    return out
 
 
 def load_gguf(path: str) -> tuple[dict[str, Any], dict[str, Weight]]:

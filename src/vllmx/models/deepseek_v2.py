@@ -4,7 +4,10 @@ first_k_dense_replace layers a dense SwiGLU MLP and the others DeepSeek's MoE (g
 shared experts; models/moe.py). V2 routes on softmax scores (greedy or group_limited_greedy),
 V3 on sigmoid scores steered by e_score_correction_bias (noaux_tc); both rotate interleaved
 pairs (V3's rope_interleave) over the qk_rope_head_dim part of q and of the one shared k_pe, and
-scale attention by YaRN's mscale^2 where the rope is YaRN with mscale_all_dim."""
+scale attention by YaRN's mscale^2 where the rope is YaRN with mscale_all_dim. A GGUF (llama.cpp's
+deepseek2) runs as llama.cpp runs it where llama.cpp departs from transformers: expert groups
+scored by their two best experts also under softmax (gguf_weights), and YaRN's scales as its
+loader reads them (loader/gguf.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import math
 import numpy as np
 
 from vllmx import ops
+from vllmx.device import F32
 from vllmx.layers import placement
 from vllmx.layers.attention import AttentionMetadata
 from vllmx.layers.fused_moe import SwiGLUMLP
@@ -21,6 +25,7 @@ from vllmx.layers.mla import MLAAttention
 from vllmx.layers.norm import RMSNorm
 from vllmx.layers.rotary import get_rope
 from vllmx.models import moe
+from vllmx.models.llama import gguf_name_to_hf
 from vllmx.models.shapes import require_tensors
 from vllmx.ops import Weight
 
@@ -61,11 +66,35 @@ class DeepseekV2DecoderLayer:
         return self.mlp(h), residual
 
 
+def gguf_weights(cfg: dict, weights: dict[str, Weight]) -> dict[str, Weight]:
+    """A deepseek2 GGUF's tensors under the HF names (the name table in models/llama.py; the
+    multi-token-prediction blocks past num_hidden_layers left out); a tensor vllmx would not
+    read is refused by name. llama.cpp scores an expert group by its two best experts whether
+    or not there is a choice bias (vLLM's grouped_topk: by its best one without): a zero bias
+    where the file has none makes grouped_topk score groups as llama.cpp does."""
+    n = cfg["num_hidden_layers"]
+    out = {}
+    for name, w in weights.items():
+        parts = name.split(".")
+        if parts[0] == "blk" and int(parts[1]) >= n:
+            continue
+        hf = gguf_name_to_hf(name, "deepseek2")
+        if hf == name:
+            raise ValueError(f"GGUF deepseek2: tensor {name!r} is not supported")
+        out[hf] = w
+    if cfg["n_group"] > 1:
+        zero = np.zeros(cfg["num_experts"], np.float32)
+        for i in range(cfg["first_k_dense_replace"], n):
+            out.setdefault(f"model.layers.{i}.mlp.gate.e_score_correction_bias",
+                           Weight(zero, F32, zero.shape))
+    return out
+
+
 class DeepseekV2ForCausalLM:
     def __init__(self, cfg: dict, weights: dict[str, Weight]):
-        if cfg.get("gguf_architecture") is not None:
-            raise ValueError("DeepSeek GGUF files are not supported yet (safetensors only)")
         cfg = moe.moe_config(dict(cfg))
+        if cfg.get("gguf_architecture") is not None:
+            weights = gguf_weights(cfg, weights)
         cfg.setdefault("rms_norm_eps", 1e-6)
         # V3's multi-token-prediction layers (num_nextn_predict_layers, stored past the last
         # layer) are a draft model's; decoding here does not read them.
@@ -92,8 +121,10 @@ class DeepseekV2ForCausalLM:
              else ("q_proj",))
         for i in range(cfg["num_hidden_layers"]):
             p = f"model.layers.{i}."
-            needed += [f"{p}self_attn.{n}.weight" for n in q + (
-                "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj")]
+            kv_b = (("kv_b_proj",) if f"{p}self_attn.kv_b_proj.weight" in weights
+                    else ("k_b_proj", "v_b_proj"))  # llama.cpp's split of it
+            needed += [f"{p}self_attn.{n}.weight" for n in q + kv_b + (
+                "kv_a_proj_with_mqa", "kv_a_layernorm", "o_proj")]
             needed += [f"{p}{n}.weight" for n in ("input_layernorm", "post_attention_layernorm")]
             needed += [f"{p}mlp.{n}.weight" for n in (
                 ("gate",) if cfg["sparse_layers"][i] else ("gate_proj", "up_proj", "down_proj"))]

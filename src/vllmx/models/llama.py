@@ -84,6 +84,21 @@ GGUF_ARCH_TO_HF = {
                "blk.{i}.attn_output": "transformer.h.{i}.self_attention.dense",
                "blk.{i}.ffn_up": "transformer.h.{i}.mlp.dense_h_to_4h",
                "blk.{i}.ffn_down": "transformer.h.{i}.mlp.dense_4h_to_h"},
+    # DeepSeek V2/V3 (models/deepseek_v2.py). attn_k_b / attn_v_b are llama.cpp's split of
+    # kv_b_proj (no HF name): W_UK transposed [heads, kv_lora_rank, qk_nope_head_dim] and W_UV
+    # [heads, v_head_dim, kv_lora_rank]. exp_probs_b.bias is the router's choice bias.
+    "deepseek2": {"blk.{i}.attn_q_a": "model.layers.{i}.self_attn.q_a_proj",
+                  "blk.{i}.attn_q_a_norm": "model.layers.{i}.self_attn.q_a_layernorm",
+                  "blk.{i}.attn_q_b": "model.layers.{i}.self_attn.q_b_proj",
+                  "blk.{i}.attn_kv_a_mqa": "model.layers.{i}.self_attn.kv_a_proj_with_mqa",
+                  "blk.{i}.attn_kv_a_norm": "model.layers.{i}.self_attn.kv_a_layernorm",
+                  "blk.{i}.attn_kv_b": "model.layers.{i}.self_attn.kv_b_proj",
+                  "blk.{i}.attn_k_b": "model.layers.{i}.self_attn.k_b_proj",
+                  "blk.{i}.attn_v_b": "model.layers.{i}.self_attn.v_b_proj",
+                  "blk.{i}.exp_probs_b.bias": "model.layers.{i}.mlp.gate.e_score_correction_bias",
+                  "blk.{i}.ffn_gate_shexp": "model.layers.{i}.mlp.shared_experts.gate_proj",
+                  "blk.{i}.ffn_up_shexp": "model.layers.{i}.mlp.shared_experts.up_proj",
+                  "blk.{i}.ffn_down_shexp": "model.layers.{i}.mlp.shared_experts.down_proj"},
     "gpt2": {"token_embd": "transformer.wte", "position_embd": "transformer.wpe",
              "output_norm": "transformer.ln_f", "output": "lm_head",
              "blk.{i}.attn_norm": "transformer.h.{i}.ln_1",
@@ -96,14 +111,17 @@ GGUF_ARCH_TO_HF = {
 
 
 def gguf_name_to_hf(name: str, arch: str | None = None) -> str:
-    base, _, suffix = name.rpartition(".")
-    parts = base.split(".")
-    if parts[0] == "blk":
-        key, i = "blk.{i}." + ".".join(parts[2:]), parts[1]
-    else:
-        key, i = base, ""
+    """The HF name of a GGUF tensor; the tables name a tensor without its suffix (.weight,
+    .bias), or whole where the HF name has none (exp_probs_b.bias); unknown names stay."""
+    parts = name.split(".")
+    key, i = (("blk.{i}." + ".".join(parts[2:]), parts[1]) if parts[0] == "blk"
+              else (name, ""))
     table = GGUF_ARCH_TO_HF.get(arch, {})
     hf = table.get(key) or GGUF_TO_HF.get(key)
+    if hf is not None:
+        return hf.format(i=i)
+    base, _, suffix = key.rpartition(".")
+    hf = table.get(base) or GGUF_TO_HF.get(base)
     return name if hf is None else hf.format(i=i) + "." + suffix
 
 

@@ -52,6 +52,7 @@ _HF_ARCHS = {
 _GGUF_ARCHS = {
     "cohere2": Cohere2ForCausalLM,
     "command-r": CohereForCausalLM,
+    "deepseek2": DeepseekV2ForCausalLM,
     "exaone4": Olmo2ForCausalLM,
     "falcon": FalconForCausalLM,
     "gemma2": Gemma3ForCausalLM,
