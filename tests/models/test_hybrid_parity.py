@@ -1,5 +1,6 @@
 """Hybrid models (Gated DeltaNet layers beside attention: Qwen3-Next, Qwen3.5 dense and MoE, and
-the text part of a Qwen3.5 ...ForConditionalGeneration checkpoint): token parity with
+the text part of a Qwen3.5 ...ForConditionalGeneration checkpoint; Mamba2 layers beside
+attention: Granite-4's GraniteMoeHybrid, with experts and without, with rope and without): token parity with
 transformers in f32 and bf16 for tiny random checkpoints, what sets the model apart moving
 the logits, and the request state the engine keeps for it: a state slot per running request,
 taken and given back across chunked prefill, preemption and aborts, so that a batch gives each
@@ -23,7 +24,7 @@ def ckpt_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("tiny-hybrid"))
 
 
-FAMILIES = ["qwen3_next", "qwen3_5", "qwen3_5_moe"]
+FAMILIES = ["qwen3_next", "qwen3_5", "qwen3_5_moe", "granite_moe_hybrid", "granite_hybrid_dense"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -67,22 +68,30 @@ def test_conditional_generation_checkpoint_runs_its_text_part(tmp_path):
     assert_prompt_logits_match(llm, prompts, oracle, "qwen3_5 (vl)", SEED)
 
 
-@pytest.mark.parametrize("feature", ["output_gate", "shared_expert_gate", "conv"])
-def test_each_feature_matters(feature, ckpt_dir):
+@pytest.mark.parametrize("family,feature", [
+    ("qwen3_next", "output_gate"), ("qwen3_next", "shared_expert_gate"), ("qwen3_next", "conv"),
+    ("granite_moe_hybrid", "conv"), ("granite_moe_hybrid", "ssm_skip"),
+    ("granite_moe_hybrid", "dt_limit")])
+def test_each_feature_matters(family, feature, ckpt_dir):
     from vllmx import LLM
     from vllmx.layers.linear import Linear
     from vllmx.ops import Weight
 
-    llm = LLM(make_checkpoint("qwen3_next", "float32", ckpt_dir), skip_tokenizer_init=True)
+    llm = LLM(make_checkpoint(family, "float32", ckpt_dir), skip_tokenizer_init=True)
     prompt = random_prompts(np.random.default_rng(SEED))[0]
     base = vllmx_prompt_logits(llm, prompt)
     for layer in llm.llm_engine.model.layers:
-        if feature == "output_gate" and not layer.linear:
+        mixer_is_recurrent = getattr(layer, "linear", False) or getattr(layer, "mamba", False)
+        if feature == "ssm_skip" and mixer_is_recurrent:
+            layer.mixer.D = np.zeros_like(layer.mixer.D)
+        elif feature == "dt_limit" and mixer_is_recurrent:
+            layer.mixer.dt_limit = (0.0, 0.05)
+        elif feature == "output_gate" and not layer.linear:
             shape = layer.mixer.gate_proj.weight.shape  # sigmoid(0): every gate one half
             layer.mixer.gate_proj = Linear(Weight.from_numpy(np.zeros(shape, np.float32)))
         elif feature == "shared_expert_gate" and hasattr(layer.mlp, "shared_expert_gate"):
             layer.mlp.shared_expert_gate = None
-        elif feature == "conv" and layer.linear:
+        elif feature == "conv" and mixer_is_recurrent:
             w = np.zeros_like(layer.mixer.conv_weight)
             w[:, -1] = 1  # the identity: the token alone
             layer.mixer.conv_weight = w
@@ -90,13 +99,14 @@ def test_each_feature_matters(feature, ckpt_dir):
     assert np.abs(moved - base).max() / np.abs(base).max() > 1e-2, feature
 
 
-def test_batched_equals_alone_with_chunks_preemption_and_aborts(ckpt_dir):
+@pytest.mark.parametrize("family", ["qwen3_next", "granite_moe_hybrid"])
+def test_batched_equals_alone_with_chunks_preemption_and_aborts(family, ckpt_dir):
     """12 requests through 4 sequence slots, 32-token steps (prompts in chunks) and a KV cache
     too small for all (preemption: the state is recomputed from a fresh slot): each gives its
     tokens alone; an aborted request's slot goes back and serves the next ones."""
     from vllmx import LLM, SamplingParams
 
-    llm = LLM(make_checkpoint("qwen3_next", "float32", ckpt_dir), skip_tokenizer_init=True,
+    llm = LLM(make_checkpoint(family, "float32", ckpt_dir), skip_tokenizer_init=True,
               max_num_seqs=4, max_num_batched_tokens=32, num_gpu_blocks_override=10,
               block_size=16, max_model_len=160)
     rng = np.random.default_rng()

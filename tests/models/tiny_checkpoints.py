@@ -209,6 +209,22 @@ def family_configs(**sizes):
             num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
             linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
             linear_value_head_dim=12, linear_conv_kernel_dim=4, pad_token_id=0),
+        # Granite-4: Mamba2 layers (4 heads of 32, state 16, 2 groups) around an attention one
+        # without rope, GraniteMoe's experts beside the shared MLP, Granite's multipliers.
+        "granite_moe_hybrid": tf.GraniteMoeHybridConfig(
+            **{**common, "num_hidden_layers": 4, "intermediate_size": 32}, num_local_experts=8,
+            num_experts_per_tok=2, shared_intermediate_size=48, mamba_n_heads=4,
+            mamba_d_head=32, mamba_d_state=16, mamba_n_groups=2, mamba_d_conv=4,
+            mamba_expand=2, layer_types=["mamba", "attention", "mamba", "mamba"],
+            embedding_multiplier=3.0, attention_multiplier=0.05, residual_multiplier=0.4,
+            logits_scaling=2.5, pad_token_id=0),
+        # Granite-4's dense variant with rope: no experts, the shared MLP alone.
+        "granite_hybrid_dense": tf.GraniteMoeHybridConfig(
+            **{**common, "num_hidden_layers": 3, "intermediate_size": 32}, num_local_experts=0,
+            shared_intermediate_size=96, mamba_n_heads=2, mamba_d_head=64, mamba_d_state=16,
+            mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2,
+            layer_types=["mamba", "attention", "mamba"], position_embedding_type="rope",
+            pad_token_id=0),
         # V3's YaRN context extension: mscale != mscale_all_dim scales cos/sin by their
         # ratio, and the softmax by mscale_all_dim's square.
         "deepseek_v3_yarn": tf.DeepseekV3Config(
@@ -244,7 +260,8 @@ RANDOM_VECTORS = ("gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel", "
                   "starcoder2_gguf", "gpt2", "gpt2_scaled", "cohere", "cohere_bias",
                   "cohere_gguf", "cohere2", "falcon", "falcon_one_norm", "falcon_mq", "falcon_seq",
                   "falcon_mq_gguf", "cohere2_gguf", "deepseek_v3", "deepseek_v3_yarn", "deepseek_v2",
-                  "deepseek_v2_lite", "glm4_moe", "gpt_oss", "qwen3_next", "qwen3_5", "qwen3_5_moe")
+                  "deepseek_v2_lite", "glm4_moe", "gpt_oss", "qwen3_next", "qwen3_5", "qwen3_5_moe",
+                  "granite_moe_hybrid", "granite_hybrid_dense")
 # Their routers' choice bias (a buffer, zero at init) drawn too, so that it steers the pick.
 CHOICE_BIAS = ("deepseek_v3", "deepseek_v3_yarn", "glm4_moe")
 

@@ -8,6 +8,7 @@ from vllmx.models.falcon import FalconForCausalLM
 from vllmx.models.gemma3 import Gemma3ForCausalLM
 from vllmx.models.gpt2 import GPT2LMHeadModel
 from vllmx.models.gpt_neox import GPTNeoXForCausalLM
+from vllmx.models.granitemoehybrid import GraniteMoeHybridForCausalLM
 from vllmx.models.llama import LlamaForCausalLM
 from vllmx.models.olmo2 import Olmo2ForCausalLM
 from vllmx.models.qwen3_next import Qwen3NextForCausalLM
@@ -29,6 +30,7 @@ _HF_ARCHS = {
     "GptOssForCausalLM": LlamaForCausalLM,
     "GPTNeoXForCausalLM": GPTNeoXForCausalLM,
     "GraniteForCausalLM": LlamaForCausalLM,
+    "GraniteMoeHybridForCausalLM": GraniteMoeHybridForCausalLM,
     "GraniteMoeForCausalLM": LlamaForCausalLM,
     "GraniteMoeSharedForCausalLM": LlamaForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
