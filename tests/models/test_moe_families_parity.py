@@ -12,13 +12,14 @@ it."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 import pytest
 
 from tests.models.parity import assert_prompt_logits_match, vllmx_prompt_logits
 from tests.models.test_llama_family_parity import SEED, random_prompts, run_parity
-from tests.models.tiny_checkpoints import make_checkpoint
+from tests.models.tiny_checkpoints import make_checkpoint, write_gguf
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -104,6 +105,24 @@ def test_each_feature_matters(family, feature, ckpt_dir):
     _perturb(llm.llm_engine.model, feature)
     moved = vllmx_prompt_logits(llm, prompt)
     assert np.abs(moved - base).max() / np.abs(base).max() > 1e-2, feature
+
+
+@pytest.mark.parametrize("family", ["glm4_moe"])
+def test_f32_gguf_is_the_safetensors_run(family, ckpt_dir):
+    """GLM-4.5's F32 GGUF, laid out as llama.cpp's converter lays it out (stacked experts, the
+    nextn layer it appends, random here), gives the checkpoint's logits: the same weights in
+    another layout, and the nextn layer left out."""
+    from vllmx import LLM
+
+    path = make_checkpoint(family, "float32", ckpt_dir)
+    gguf_path = write_gguf(path, family, os.path.join(ckpt_dir, f"{family}.gguf"))
+    prompt = random_prompts(np.random.default_rng(SEED))[0]  # longer than gpt-oss's window
+    # both in f32 (a GGUF's default cache is f16, which moves a router near a tie)
+    want = vllmx_prompt_logits(LLM(path, skip_tokenizer_init=True, kv_cache_dtype="float32"),
+                               prompt)
+    got = vllmx_prompt_logits(LLM(gguf_path, skip_tokenizer_init=True,
+                                  kv_cache_dtype="float32"), prompt)
+    assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max()
 
 
 def test_dummy_weights_have_the_checkpoint_shapes(ckpt_dir):

@@ -227,7 +227,7 @@ GGUF_ARCH = {"llama": "llama", "llama3": "llama", "qwen2": "qwen2", "qwen3": "qw
              "granite": "granite", "smollm3_gguf": "smollm3", "phi3": "phi3", "glm4": "glm4",
              "olmo2": "olmo2", "olmo3": "olmo2", "exaone4_gguf": "exaone4",
              "qwen3_moe_gguf": "qwen3moe", "mixtral": "llama", "granite_moe": "granitemoe",
-             "granite_moe_shared": "granitemoe"}
+             "granite_moe_shared": "granitemoe", "glm4_moe": "glm4moe"}
 # llama.cpp's converter un-permutes Q/K to Meta's interleaved layout for these.
 _PERMUTED = ("llama", "granite", "granitemoe", "smollm3")
 
@@ -314,10 +314,36 @@ def _split_granite_moe(sd: dict, cfg: dict) -> dict:
     return out
 
 
-def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool = True) -> str:
-    """A GGUF of a tiny checkpoint, matrices in F32 or `qtype` (gguf's quantizer), as llama.cpp's
-    converter lays it out; no tokenizer (tests run on token ids). window=False leaves out a
-    Phi-3 sliding_window (llama.cpp ignores it)."""
+def _nextn_layer(tensors: dict, n: int, hidden: int, rng) -> dict:
+    """A GLM-4.5 multi-token-prediction layer blk.{n} as its converter stores it past the last
+    one: a decoder layer (random, shaped as layer n - 1) and the nextn.* projection and norms.
+    llama.cpp loads it and never runs it; a reader that ran it would move the logits."""
+    out = {}
+    for name, t in tensors.items():
+        if name.startswith(f"blk.{n - 1}."):
+            out[f"blk.{n}." + name.split(".", 2)[2]] = (
+                rng.standard_normal(t.shape) * t.std() + t.mean()).astype(np.float32)
+    out[f"blk.{n}.nextn.eh_proj.weight"] = rng.standard_normal((hidden, 2 * hidden)).astype(
+        np.float32)
+    for norm in ("enorm", "hnorm", "shared_head_norm"):
+        out[f"blk.{n}.nextn.{norm}.weight"] = rng.normal(1.0, 0.3, hidden).astype(np.float32)
+    return out
+
+
+def _tensor_qtype(gname: str, t: np.ndarray, qtype, expert_qtype):
+    """llama-quantize's choice: weight matrices and stacked experts (expert_qtype where given)
+    quantized; norms, biases and routers (ffn_gate_inp) kept F32."""
+    if t.ndim < 2 or not gname.endswith(".weight") or ".ffn_gate_inp." in gname:
+        return None
+    return (expert_qtype or qtype) if t.ndim == 3 else qtype
+
+
+def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool = True,
+               expert_qtype=None) -> str:
+    """A GGUF of a tiny checkpoint, matrices in F32 or `qtype` (gguf's quantizer; the stacked
+    experts in `expert_qtype` where given), as llama.cpp's converter lays it out; no tokenizer
+    (tests run on token ids). window=False leaves out a Phi-3 sliding_window (llama.cpp ignores
+    it). GLM-4.5's file gets the multi-token-prediction layer its converter appends."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -325,13 +351,15 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
         cfg = json.load(f)
     arch = GGUF_ARCH[family]
     sd = load_file(os.path.join(hf_dir, "model.safetensors"))
-    num_experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    num_experts = (cfg.get("num_experts") or cfg.get("num_local_experts")
+                   or cfg.get("n_routed_experts"))
+    nextn = cfg.get("num_nextn_predict_layers", 0) if arch == "glm4moe" else 0
     w = gguf.GGUFWriter(out_path, arch)
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // nh
     rope = cfg.get("rope_parameters") or {}
     rope = rope.get("full_attention", rope)  # OLMo 3's per-type rope: the full layers' one
-    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_block_count(cfg["num_hidden_layers"] + nextn)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
     w.add_feed_forward_length(cfg["intermediate_size"])
@@ -357,6 +385,15 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(rope["factor"])
         w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    if arch == "glm4moe":
+        sd = {k.replace("e_score_correction_bias", "e_score_correction.bias"): v
+              for k, v in sd.items()}
+        w.add_expert_shared_count(cfg["n_shared_experts"])
+        w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+        w.add_expert_weights_norm(cfg["norm_topk_prob"])
+        w.add_nextn_predict_layers(nextn)
     if arch == "granitemoe":
         sd = _split_granite_moe(sd, cfg)
         if cfg.get("shared_intermediate_size"):
@@ -392,6 +429,13 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
     if arch == "glm4":  # norms on the attention and MLP outputs
         per_layer |= {"post_self_attn_layernorm": "post_attention_norm",
                       "post_mlp_layernorm": "post_ffw_norm"}
+    if arch == "glm4moe":  # the norm before the MLP, the choice bias, the shared experts
+        per_layer |= {"post_attention_layernorm": "post_attention_norm",
+                      "mlp.gate.e_score_correction": "exp_probs_b",
+                      "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+                      "mlp.shared_experts.up_proj": "ffn_up_shexp",
+                      "mlp.shared_experts.down_proj": "ffn_down_shexp"}
+    tensors = {}
     for name, t in sd.items():
         t = np.ascontiguousarray(t.astype(np.float32))
         if name.startswith("model.layers."):
@@ -404,8 +448,14 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
             gname = f"blk.{i}.{per_layer[rest]}.{suffix}"
         else:
             gname = names[name]
-        if qtype is not None and t.ndim == 2:
-            w.add_tensor(gname, gguf.quants.quantize(t, qtype), raw_dtype=qtype)
+        tensors[gname] = t
+    if nextn:
+        tensors |= _nextn_layer(tensors, cfg["num_hidden_layers"], cfg["hidden_size"],
+                                np.random.default_rng(0))
+    for gname, t in tensors.items():
+        tq = _tensor_qtype(gname, t, qtype, expert_qtype)
+        if tq is not None:
+            w.add_tensor(gname, gguf.quants.quantize(t, tq), raw_dtype=tq)
         else:
             w.add_tensor(gname, t)
     w.write_header_to_file()

@@ -67,6 +67,13 @@ GGUF_ARCH_TO_HF = {
                 "blk.{i}.ffn_norm": "gpt_neox.layers.{i}.post_attention_layernorm",
                 "blk.{i}.ffn_up": "gpt_neox.layers.{i}.mlp.dense_h_to_4h",
                 "blk.{i}.ffn_down": "gpt_neox.layers.{i}.mlp.dense_4h_to_h"},
+    # GLM-4.5: the norm before the MLP is llama.cpp's post_attention_norm; the choice bias
+    # (exp_probs_b.bias) and the shared experts (mlp.shared_experts).
+    "glm4moe": {"blk.{i}.post_attention_norm": "model.layers.{i}.post_attention_layernorm",
+                "blk.{i}.exp_probs_b": "model.layers.{i}.mlp.gate.e_score_correction",
+                "blk.{i}.ffn_gate_shexp": "model.layers.{i}.mlp.shared_experts.gate_proj",
+                "blk.{i}.ffn_up_shexp": "model.layers.{i}.mlp.shared_experts.up_proj",
+                "blk.{i}.ffn_down_shexp": "model.layers.{i}.mlp.shared_experts.down_proj"},
     # GraniteMoeShared's shared MLP (HF: shared_mlp.input_linear = [gate; up], output_linear)
     "granitemoe": {"blk.{i}.ffn_gate_shexp": "model.layers.{i}.shared_mlp.gate_proj",
                    "blk.{i}.ffn_up_shexp": "model.layers.{i}.shared_mlp.up_proj",

@@ -52,8 +52,8 @@ def moe_config(cfg: dict) -> dict:
     out["shared_intermediate_size"] = (int(cfg.get("n_shared_experts") or 0)
                                        * out["moe_intermediate_size"])
     # Mixtral, and llama.cpp's qwen3moe, always renormalize the top-k weights.
-    out["norm_topk_prob"] = True if mixtral or "gguf_architecture" in cfg else bool(
-        cfg.get("norm_topk_prob", False))
+    out["norm_topk_prob"] = True if mixtral or cfg.get("gguf_architecture") == "qwen3moe" else (
+        bool(cfg.get("norm_topk_prob", False)))
     out["routing"] = _routing(cfg, archs)
     step = int(cfg.get("decoder_sparse_step") or cfg.get("moe_layer_freq") or 1)
     first_sparse = int(cfg.get("first_k_dense_replace") or 0)
@@ -68,8 +68,10 @@ def moe_config(cfg: dict) -> dict:
 
 
 def _routing(cfg: dict, archs: list[str]) -> GroupedRouting | None:
-    """DeepSeek's and GLM-4.5's routing (vLLM's grouped_topk), None for a softmax router."""
-    if not any(a in archs for a in ("DeepseekV2ForCausalLM", *_SIGMOID_ARCHS)):
+    """DeepSeek's and GLM-4.5's routing (vLLM's grouped_topk), None for a softmax router. A
+    glm4moe GGUF's config names its scoring and method (loader/gguf.py)."""
+    if not (any(a in archs for a in ("DeepseekV2ForCausalLM", *_SIGMOID_ARCHS))
+            or cfg.get("gguf_architecture") == "glm4moe"):
         return None
     sigmoid = any(a in archs for a in _SIGMOID_ARCHS)
     method = cfg.get("topk_method") or ("noaux_tc" if sigmoid else "greedy")
@@ -168,8 +170,11 @@ def sparse_block(cfg: dict, weights, i: int) -> SparseMoeBlock:
     if routing is not None and routing.num_expert_group == 1 and routing.scoring_func == \
             "softmax":
         routing = None if routing.routed_scaling_factor == 1.0 else routing
-    if routing is not None and p + "gate.e_score_correction_bias" in weights:
-        bias = weights[p + "gate.e_score_correction_bias"].to_float32().reshape(-1)
+    # the choice bias: a checkpoint's buffer, or a GGUF's exp_probs_b.bias
+    bias_name = next((p + n for n in ("gate.e_score_correction_bias",
+                                      "gate.e_score_correction.bias") if p + n in weights), None)
+    if routing is not None and bias_name is not None:
+        bias = weights[bias_name].to_float32().reshape(-1)
         routing = dataclasses.replace(routing, e_score_correction_bias=np.ascontiguousarray(
             bias, dtype=np.float32))
     shared = None
