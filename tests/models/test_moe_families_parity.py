@@ -107,11 +107,12 @@ def test_each_feature_matters(family, feature, ckpt_dir):
     assert np.abs(moved - base).max() / np.abs(base).max() > 1e-2, feature
 
 
-@pytest.mark.parametrize("family", ["glm4_moe"])
+@pytest.mark.parametrize("family", ["glm4_moe", "gpt_oss_gguf"])
 def test_f32_gguf_is_the_safetensors_run(family, ckpt_dir):
-    """GLM-4.5's F32 GGUF, laid out as llama.cpp's converter lays it out (stacked experts, the
-    nextn layer it appends, random here), gives the checkpoint's logits: the same weights in
-    another layout, and the nextn layer left out."""
+    """GLM-4.5's and gpt-oss's F32 GGUFs, laid out as llama.cpp's converter lays them out
+    (gpt-oss's experts de-interleaved, apart and transposed; GLM-4.5's with the nextn layer it
+    appends, random here), give the checkpoint's logits: the same weights in another layout,
+    and the nextn layer left out. (gpt_oss_gguf: the YaRN ramp a GGUF can say, rounded.)"""
     from vllmx import LLM
 
     path = make_checkpoint(family, "float32", ckpt_dir)

@@ -1,12 +1,13 @@
 """MoE GGUFs against llama.cpp: tiny random Qwen3-MoE (arch qwen3moe), Mixtral (arch llama
 with ffn_gate_inp / ffn_{gate,up,down}_exps), GraniteMoe and GraniteMoeShared (arch granitemoe,
-the shared MLP as ffn_{gate,up,down}_shexp) and GLM-4.5 (arch glm4moe: sigmoid routing with
-exp_probs_b, shared experts, a dense first layer, a nextn layer past the last one)
+the shared MLP as ffn_{gate,up,down}_shexp), GLM-4.5 (arch glm4moe: sigmoid routing with
+exp_probs_b, shared experts, a dense first layer, a nextn layer past the last one) and gpt-oss
+(arch gpt-oss: attention sinks, even layers sliding, biased router and experts, swiglu_oai)
 checkpoints written as F32 GGUFs the way llama.cpp's converter lays them out
 (tests/models/tiny_checkpoints.py), then requantized by `vllmx quantize` (Q8_0; Q4_K at hidden
 size 256, so that the experts' rows hold whole k-quant blocks); the router stays f32 as
-llama-quantize leaves it. GLM-4.5 is also written by the gguf package's quantizer: Q8_0, and
-MXFP4 experts beside F32 rest. vllmx's greedy tokens
+llama-quantize leaves it. GLM-4.5 and gpt-oss are also written by the gguf package's quantizer:
+Q8_0, and MXFP4 experts beside F32 rest (as gpt-oss ships). vllmx's greedy tokens
 teacher-forced through llama.cpp on the same file pass TESTING.md's rule for quantized files,
 and the prompt logits match llama.cpp's. Both
 engines keep the KV cache in f32 here: with f16 caches (each rounding its own way) their logits
@@ -35,7 +36,8 @@ SEED = int.from_bytes(os.urandom(4), "little")
 PROMPT_RTOL = {"F32": 1e-4, "Q8_0": 3e-2, "Q4_K": 3e-2, "MXFP4": 3e-2}
 MIN_CLOSE_POSITIONS = {"F32": 1.0, "Q8_0": 0.95, "Q4_K": 0.95, "MXFP4": 0.95}
 FAMILIES = [("qwen3_moe_gguf", "qwen3moe"), ("mixtral", "llama"), ("granite_moe", "granitemoe"),
-            ("granite_moe_shared", "granitemoe"), ("glm4_moe", "glm4moe")]
+            ("granite_moe_shared", "granitemoe"), ("glm4_moe", "glm4moe"),
+            ("gpt_oss_gguf", "gpt-oss")]
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +78,9 @@ def check_against_llamacpp(path: str, family: str, arch: str, qname: str) -> Non
     types = {t.name: t.tensor_type.name for t in reader.tensors}
     experts = min(n for n in types if n.endswith("ffn_gate_exps.weight"))  # a sparse layer's
     assert types[experts.replace("ffn_gate_exps", "ffn_gate_inp")] == "F32"
-    if qname != "F32":  # the experts are quantized
+    if qname != "F32":  # the experts are quantized, their biases (gpt-oss) not
         assert types[experts] == qname
+        assert types.get(experts.replace(".weight", ".bias"), "F32") == "F32"
     llm = LLM(path, skip_tokenizer_init=True, max_model_len=256, kv_cache_dtype="float32")
     ref = llama_cpp.Llama(path, n_ctx=256, n_threads=os.cpu_count(), logits_all=True,
                           verbose=False, type_k=0, type_v=0)  # 0: GGML_TYPE_F32
@@ -109,7 +112,7 @@ def test_greedy_parity_with_llamacpp(family, arch, qname, ckpt_dir):
 
 
 @pytest.mark.parametrize("qname", ["Q8_0", "MXFP4"])
-@pytest.mark.parametrize("family,arch", [("glm4_moe", "glm4moe")])
+@pytest.mark.parametrize("family,arch", [("glm4_moe", "glm4moe"), ("gpt_oss_gguf", "gpt-oss")])
 def test_gguf_writer_files_with_llamacpp(family, arch, qname, ckpt_dir):
     check_against_llamacpp(tiny_gguf(family, qname, ckpt_dir, writer="gguf"), family, arch,
                            qname)

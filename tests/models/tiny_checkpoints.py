@@ -190,6 +190,16 @@ def family_configs(**sizes):
         "gpt_oss": tf.GptOssConfig(**{**common, "num_hidden_layers": 3, "head_dim": 16,
                                       "intermediate_size": 64}, num_local_experts=8,
                                    num_experts_per_tok=2, sliding_window=24, pad_token_id=0),
+        # What a gpt-oss GGUF can say: llama.cpp's YaRN rounds the ramp's ends to whole
+        # dimensions (transformers' truncate, which gpt-oss turns off).
+        "gpt_oss_gguf": tf.GptOssConfig(**{**common, "num_hidden_layers": 3, "head_dim": 16,
+                                           "intermediate_size": 64}, num_local_experts=8,
+                                        num_experts_per_tok=2, sliding_window=24, pad_token_id=0,
+                                        rope_parameters={
+                                            "rope_type": "yarn", "rope_theta": 150000.0,
+                                            "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                            "original_max_position_embeddings": 4096,
+                                            "truncate": True}),
         # V3's YaRN context extension: mscale != mscale_all_dim scales cos/sin by their
         # ratio, and the softmax by mscale_all_dim's square.
         "deepseek_v3_yarn": tf.DeepseekV3Config(
@@ -219,7 +229,7 @@ RANDOM_VECTORS = ("gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel", "
                   "starcoder2_gguf", "gpt2", "gpt2_scaled", "cohere", "cohere_bias",
                   "cohere_gguf", "cohere2", "falcon", "falcon_one_norm", "falcon_mq", "falcon_seq",
                   "falcon_mq_gguf", "cohere2_gguf", "deepseek_v3", "deepseek_v3_yarn", "deepseek_v2",
-                  "glm4_moe", "gpt_oss")
+                  "glm4_moe", "gpt_oss", "gpt_oss_gguf")
 # Their routers' choice bias (a buffer, zero at init) drawn too, so that it steers the pick.
 CHOICE_BIAS = ("deepseek_v3", "deepseek_v3_yarn", "glm4_moe")
 
@@ -227,7 +237,8 @@ GGUF_ARCH = {"llama": "llama", "llama3": "llama", "qwen2": "qwen2", "qwen3": "qw
              "granite": "granite", "smollm3_gguf": "smollm3", "phi3": "phi3", "glm4": "glm4",
              "olmo2": "olmo2", "olmo3": "olmo2", "exaone4_gguf": "exaone4",
              "qwen3_moe_gguf": "qwen3moe", "mixtral": "llama", "granite_moe": "granitemoe",
-             "granite_moe_shared": "granitemoe", "glm4_moe": "glm4moe"}
+             "granite_moe_shared": "granitemoe", "glm4_moe": "glm4moe",
+             "gpt_oss_gguf": "gpt-oss"}
 # llama.cpp's converter un-permutes Q/K to Meta's interleaved layout for these.
 _PERMUTED = ("llama", "granite", "granitemoe", "smollm3")
 
@@ -314,6 +325,30 @@ def _split_granite_moe(sd: dict, cfg: dict) -> dict:
     return out
 
 
+def _split_gpt_oss(sd: dict) -> dict:
+    """gpt-oss's tensors under the names write_gguf maps, as llama.cpp's converter splits them:
+    the transposed gate_up_proj [E, H, 2 I] (gate and up interleaved) into gate and up [E, I, H]
+    and their biases, down_proj [E, I, H] transposed, the router as mlp.gate."""
+    out = {}
+    for name, t in sd.items():
+        name = name.replace(".mlp.router.", ".mlp.gate.")
+        if name.endswith("self_attn.sinks"):
+            out[name + ".weight"] = t
+        elif name.endswith("experts.gate_up_proj"):
+            t, p = t.transpose(0, 2, 1), name.removesuffix("gate_up_proj")
+            out[p + "gate_proj.weight"], out[p + "up_proj.weight"] = t[:, 0::2], t[:, 1::2]
+        elif name.endswith("experts.gate_up_proj_bias"):
+            p = name.removesuffix("gate_up_proj_bias")
+            out[p + "gate_proj.bias"], out[p + "up_proj.bias"] = t[:, 0::2], t[:, 1::2]
+        elif name.endswith("experts.down_proj"):
+            out[name + ".weight"] = t.transpose(0, 2, 1)
+        elif name.endswith("experts.down_proj_bias"):
+            out[name.removesuffix("_bias") + ".bias"] = t
+        else:
+            out[name] = t
+    return out
+
+
 def _nextn_layer(tensors: dict, n: int, hidden: int, rng) -> dict:
     """A GLM-4.5 multi-token-prediction layer blk.{n} as its converter stores it past the last
     one: a decoder layer (random, shaped as layer n - 1) and the nextn.* projection and norms.
@@ -332,7 +367,7 @@ def _nextn_layer(tensors: dict, n: int, hidden: int, rng) -> dict:
 
 def _tensor_qtype(gname: str, t: np.ndarray, qtype, expert_qtype):
     """llama-quantize's choice: weight matrices and stacked experts (expert_qtype where given)
-    quantized; norms, biases and routers (ffn_gate_inp) kept F32."""
+    quantized; norms, biases, sinks and routers (ffn_gate_inp) kept F32."""
     if t.ndim < 2 or not gname.endswith(".weight") or ".ffn_gate_inp." in gname:
         return None
     return (expert_qtype or qtype) if t.ndim == 3 else qtype
@@ -385,6 +420,10 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(rope["factor"])
         w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    if arch == "gpt-oss":
+        sd = _split_gpt_oss(sd)
+        w.add_sliding_window(cfg["sliding_window"])
+        w.add_expert_feed_forward_length(cfg["intermediate_size"])
     if arch == "glm4moe":
         sd = {k.replace("e_score_correction_bias", "e_score_correction.bias"): v
               for k, v in sd.items()}
@@ -398,7 +437,7 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
         sd = _split_granite_moe(sd, cfg)
         if cfg.get("shared_intermediate_size"):
             w.add_expert_shared_feed_forward_length(cfg["shared_intermediate_size"])
-    elif num_experts:
+    elif num_experts and arch != "gpt-oss":
         sd = _stack_experts(sd, num_experts)
     if num_experts:
         w.add_expert_count(num_experts)
@@ -429,9 +468,9 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
     if arch == "glm4":  # norms on the attention and MLP outputs
         per_layer |= {"post_self_attn_layernorm": "post_attention_norm",
                       "post_mlp_layernorm": "post_ffw_norm"}
-    if arch == "glm4moe":  # the norm before the MLP, the choice bias, the shared experts
+    if arch in ("gpt-oss", "glm4moe"):  # the norm before the MLP
         per_layer |= {"post_attention_layernorm": "post_attention_norm",
-                      "mlp.gate.e_score_correction": "exp_probs_b",
+                      "self_attn.sinks": "attn_sinks", "mlp.gate.e_score_correction": "exp_probs_b",
                       "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
                       "mlp.shared_experts.up_proj": "ffn_up_shexp",
                       "mlp.shared_experts.down_proj": "ffn_down_shexp"}

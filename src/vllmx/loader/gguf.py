@@ -83,6 +83,9 @@ def gguf_to_hf_config(meta: dict[str, Any]) -> dict[str, Any]:
             "factor": get("rope.scaling.factor", 1.0),
             "original_max_position_embeddings": get("rope.scaling.original_context_length"),
         }
+        if scaling == "yarn":  # llama.cpp's defaults (32, 1) are transformers' too
+            cfg["rope_scaling"].update(beta_fast=get("rope.scaling.yarn_beta_fast", 32.0),
+                                       beta_slow=get("rope.scaling.yarn_beta_slow", 1.0))
     return cfg
 
 

@@ -67,8 +67,10 @@ GGUF_ARCH_TO_HF = {
                 "blk.{i}.ffn_norm": "gpt_neox.layers.{i}.post_attention_layernorm",
                 "blk.{i}.ffn_up": "gpt_neox.layers.{i}.mlp.dense_h_to_4h",
                 "blk.{i}.ffn_down": "gpt_neox.layers.{i}.mlp.dense_4h_to_h"},
-    # GLM-4.5: the norm before the MLP is llama.cpp's post_attention_norm; the choice bias
-    # (exp_probs_b.bias) and the shared experts (mlp.shared_experts).
+    # gpt-oss and GLM-4.5: the norm before the MLP is llama.cpp's post_attention_norm; gpt-oss's
+    # sinks; GLM-4.5's choice bias (exp_probs_b.bias) and shared experts (mlp.shared_experts).
+    "gpt-oss": {"blk.{i}.post_attention_norm": "model.layers.{i}.post_attention_layernorm",
+                "blk.{i}.attn_sinks": "model.layers.{i}.self_attn.sinks"},
     "glm4moe": {"blk.{i}.post_attention_norm": "model.layers.{i}.post_attention_layernorm",
                 "blk.{i}.exp_probs_b": "model.layers.{i}.mlp.gate.e_score_correction",
                 "blk.{i}.ffn_gate_shexp": "model.layers.{i}.mlp.shared_experts.gate_proj",

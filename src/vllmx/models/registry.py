@@ -52,6 +52,7 @@ _GGUF_ARCHS = {
     "gemma3": Gemma3ForCausalLM,
     "glm4": LlamaForCausalLM,
     "glm4moe": LlamaForCausalLM,
+    "gpt-oss": LlamaForCausalLM,
     "gpt2": GPT2LMHeadModel,
     "gptneox": GPTNeoXForCausalLM,
     "granite": LlamaForCausalLM,
