@@ -126,6 +126,20 @@ def test_f32_gguf_is_the_safetensors_run(family, ckpt_dir):
     assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max()
 
 
+def test_fused_gguf_experts_are_refused_by_name(ckpt_dir):
+    """convert_hf_to_gguf.py --fuse-gate-up-exps writes ffn_gate_up_exps, which the llama.cpp
+    vllmx is checked against does not read for glm4moe or gpt-oss: refused, naming it."""
+    from vllmx.loader.gguf import gguf_to_hf_config, load_gguf
+    from vllmx.models.llama import LlamaForCausalLM
+
+    path = make_checkpoint("glm4_moe", "float32", ckpt_dir)
+    meta, weights = load_gguf(write_gguf(path, "glm4_moe", os.path.join(ckpt_dir, "fused.gguf")))
+    weights = {k.replace("ffn_gate_exps", "ffn_gate_up_exps"): v for k, v in weights.items()
+               if "ffn_up_exps" not in k}
+    with pytest.raises(ValueError, match=r"ffn_gate_up_exps\.weight.*--fuse-gate-up-exps"):
+        LlamaForCausalLM(gguf_to_hf_config(meta), weights)
+
+
 def test_dummy_weights_have_the_checkpoint_shapes(ckpt_dir):
     """load_format="dummy" makes exactly the tensors a real checkpoint of the config has."""
     import json

@@ -214,6 +214,11 @@ class LlamaForCausalLM:
         gguf_arch = cfg.get("gguf_architecture")
         is_gguf = gguf_arch is not None
         if is_gguf:
+            fused = [k for k in weights if ".ffn_gate_up_exps." in k]
+            if fused:  # the llama.cpp vllmx is checked against reads them for none of these
+                raise ValueError(f"GGUF tensor {fused[0]!r}: gate and up experts fused in one "
+                                 f"tensor (convert_hf_to_gguf.py --fuse-gate-up-exps) are not "
+                                 f"supported; convert without that flag")
             weights = {gguf_name_to_hf(k, gguf_arch): v for k, v in weights.items()}
         cfg.setdefault("head_dim", None)
         if not cfg["head_dim"]:
