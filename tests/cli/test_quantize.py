@@ -197,6 +197,8 @@ def test_fallback_types():
     # MoE routers stay f32 (llama-quantize leaves ffn_gate_inp alone); the experts quantize
     assert tensor_type("blk.0.ffn_gate_inp.weight", (8, 256), "Q4_K") == ("F32", None)
     assert tensor_type("blk.0.ffn_up_exps.weight", (8, 64, 256), "Q4_K") == ("Q4_K", None)
+    # only weights quantize: gpt-oss's expert biases [E, rows] stay f32, as llama-quantize's
+    assert tensor_type("blk.0.ffn_up_exps.bias", (8, 256), "Q4_K") == ("F32", None)
     for qtype, want in [("Q2_K", "Q4_0"), ("Q3_K", "Q4_0"), ("Q4_K", "Q5_0"), ("Q5_K", "Q5_1"),
                         ("Q6_K", "Q8_0")]:
         got, msg = tensor_type("blk.0.ffn_down.weight", (64, 96), qtype)

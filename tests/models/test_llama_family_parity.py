@@ -22,7 +22,8 @@ transformers = pytest.importorskip("transformers")
 FAMILIES = ["llama", "llama3", "mistral", "qwen2", "qwen3", "granite", "smollm3", "phi3",
             "phi3_longrope", "glm4", "qwen3_moe",
             "mixtral", "granite_moe", "granite_moe_shared"]
-MOE_FAMILIES = ("qwen3_moe", "qwen3_moe_gguf", "mixtral", "granite_moe", "granite_moe_shared")
+MOE_FAMILIES = ("qwen3_moe", "qwen3_moe_gguf", "mixtral", "granite_moe", "granite_moe_shared",
+                "glm4_moe", "gpt_oss_gguf")
 NUM_PROMPTS, MAX_TOKENS, DELTA = 8, 32, 0.01
 # Prompts the tests do not choose: a fresh seed per run, printed on failure.
 SEED = int.from_bytes(os.urandom(4), "little")

@@ -77,3 +77,32 @@ def test_deepseek_and_glm_fields():
 def test_unknown_topk_method_is_named():
     with pytest.raises(ValueError, match="topk_method 'auxfree' is not supported"):
         moe.moe_config(deepseek(topk_method="auxfree"))
+
+
+def glm4moe_gguf(**kw) -> dict:
+    """A glm4moe GGUF's metadata (GLM-4.5-Air's keys, small sizes), with a nextn layer."""
+    keys = {"block_count": 4, "nextn_predict_layers": 1, "embedding_length": 64,
+            "feed_forward_length": 160, "attention.head_count": 4, "expert_count": 16,
+            "expert_used_count": 4, "expert_feed_forward_length": 32, "expert_shared_count": 1,
+            "leading_dense_block_count": 1, "expert_gating_func": 2,
+            "expert_weights_scale": 2.5, "expert_weights_norm": True, **kw}
+    return {"general.architecture": "glm4moe", **{f"glm4moe.{k}": v for k, v in keys.items()}}
+
+
+def test_glm4moe_gguf_fields():
+    from vllmx.loader.gguf import gguf_to_hf_config
+
+    cfg = moe.moe_config(gguf_to_hf_config(glm4moe_gguf()))
+    assert cfg["num_hidden_layers"] == 3  # the nextn layer past the last one is not run
+    assert cfg["sparse_layers"] == [False, True, True]
+    assert (cfg["shared_intermediate_size"], cfg["norm_topk_prob"]) == (32, True)
+    r = cfg["routing"]
+    assert (r.scoring_func, r.num_expert_group, r.routed_scaling_factor) == ("sigmoid", 1, 2.5)
+    # llama.cpp's defaults where a key is absent: no renormalization, no scaling, no dense layer
+    bare = {k: v for k, v in glm4moe_gguf().items() if not k.endswith(
+        ("expert_weights_norm", "expert_weights_scale", "leading_dense_block_count"))}
+    cfg = moe.moe_config(gguf_to_hf_config(bare))
+    assert (cfg["norm_topk_prob"], cfg["routing"].routed_scaling_factor) == (False, 1.0)
+    assert cfg["sparse_layers"] == [True] * 3
+    with pytest.raises(ValueError, match="glm4moe: expert_gating_func 1 is not supported"):
+        gguf_to_hf_config(glm4moe_gguf(expert_gating_func=1))

@@ -12,13 +12,14 @@ it."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 import pytest
 
 from tests.models.parity import assert_prompt_logits_match, vllmx_prompt_logits
 from tests.models.test_llama_family_parity import SEED, random_prompts, run_parity
-from tests.models.tiny_checkpoints import make_checkpoint
+from tests.models.tiny_checkpoints import make_checkpoint, write_gguf
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -105,6 +106,39 @@ def test_each_feature_matters(family, feature, ckpt_dir):
     _perturb(llm.llm_engine.model, feature)
     moved = vllmx_prompt_logits(llm, prompt)
     assert np.abs(moved - base).max() / np.abs(base).max() > 1e-2, feature
+
+
+@pytest.mark.parametrize("family", ["glm4_moe", "gpt_oss_gguf"])
+def test_f32_gguf_is_the_safetensors_run(family, ckpt_dir):
+    """GLM-4.5's and gpt-oss's F32 GGUFs, laid out as llama.cpp's converter lays them out
+    (gpt-oss's experts de-interleaved, apart and transposed; GLM-4.5's with the nextn layer it
+    appends, random here), give the checkpoint's logits: the same weights in another layout,
+    and the nextn layer left out. (gpt_oss_gguf: the YaRN ramp a GGUF can say, rounded.)"""
+    from vllmx import LLM
+
+    path = make_checkpoint(family, "float32", ckpt_dir)
+    gguf_path = write_gguf(path, family, os.path.join(ckpt_dir, f"{family}.gguf"))
+    prompt = random_prompts(np.random.default_rng(SEED))[0]  # longer than gpt-oss's window
+    # both in f32 (a GGUF's default cache is f16, which moves a router near a tie)
+    want = vllmx_prompt_logits(LLM(path, skip_tokenizer_init=True, kv_cache_dtype="float32"),
+                               prompt)
+    got = vllmx_prompt_logits(LLM(gguf_path, skip_tokenizer_init=True,
+                                  kv_cache_dtype="float32"), prompt)
+    assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max()
+
+
+def test_fused_gguf_experts_are_refused_by_name(ckpt_dir):
+    """convert_hf_to_gguf.py --fuse-gate-up-exps writes ffn_gate_up_exps, which the llama.cpp
+    vllmx is checked against does not read for glm4moe or gpt-oss: refused, naming it."""
+    from vllmx.loader.gguf import gguf_to_hf_config, load_gguf
+    from vllmx.models.llama import LlamaForCausalLM
+
+    path = make_checkpoint("glm4_moe", "float32", ckpt_dir)
+    meta, weights = load_gguf(write_gguf(path, "glm4_moe", os.path.join(ckpt_dir, "fused.gguf")))
+    weights = {k.replace("ffn_gate_exps", "ffn_gate_up_exps"): v for k, v in weights.items()
+               if "ffn_up_exps" not in k}
+    with pytest.raises(ValueError, match=r"ffn_gate_up_exps\.weight.*--fuse-gate-up-exps"):
+        LlamaForCausalLM(gguf_to_hf_config(meta), weights)
 
 
 def test_dummy_weights_have_the_checkpoint_shapes(ckpt_dir):

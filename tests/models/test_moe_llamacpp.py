@@ -1,9 +1,13 @@
 """MoE GGUFs against llama.cpp: tiny random Qwen3-MoE (arch qwen3moe), Mixtral (arch llama
 with ffn_gate_inp / ffn_{gate,up,down}_exps), GraniteMoe and GraniteMoeShared (arch granitemoe,
-the shared MLP as ffn_{gate,up,down}_shexp) checkpoints written as F32 GGUFs the way
-llama.cpp's converter lays them out (tests/models/tiny_checkpoints.py), then requantized by
-`vllmx quantize` (Q8_0; Q4_K at hidden size 256, so that the experts' rows hold whole
-k-quant blocks); the router stays f32 as llama-quantize leaves it. vllmx's greedy tokens
+the shared MLP as ffn_{gate,up,down}_shexp), GLM-4.5 (arch glm4moe: sigmoid routing with
+exp_probs_b, shared experts, a dense first layer, a nextn layer past the last one) and gpt-oss
+(arch gpt-oss: attention sinks, even layers sliding, biased router and experts, swiglu_oai)
+checkpoints written as F32 GGUFs the way llama.cpp's converter lays them out
+(tests/models/tiny_checkpoints.py), then requantized by `vllmx quantize` (Q8_0; Q4_K at hidden
+size 256, so that the experts' rows hold whole k-quant blocks); the router stays f32 as
+llama-quantize leaves it. GLM-4.5 and gpt-oss are also written by the gguf package's quantizer:
+Q8_0, and MXFP4 experts beside F32 rest (as gpt-oss ships). vllmx's greedy tokens
 teacher-forced through llama.cpp on the same file pass TESTING.md's rule for quantized files,
 and the prompt logits match llama.cpp's. Both
 engines keep the KV cache in f32 here: with f16 caches (each rounding its own way) their logits
@@ -29,8 +33,11 @@ gguf = pytest.importorskip("gguf")
 pytest.importorskip("torch")
 
 SEED = int.from_bytes(os.urandom(4), "little")
-PROMPT_RTOL = {"F32": 1e-4, "Q8_0": 3e-2, "Q4_K": 3e-2}
-MIN_CLOSE_POSITIONS = {"F32": 1.0, "Q8_0": 0.95, "Q4_K": 0.95}
+PROMPT_RTOL = {"F32": 1e-4, "Q8_0": 3e-2, "Q4_K": 3e-2, "MXFP4": 3e-2}
+MIN_CLOSE_POSITIONS = {"F32": 1.0, "Q8_0": 0.95, "Q4_K": 0.95, "MXFP4": 0.95}
+FAMILIES = [("qwen3_moe_gguf", "qwen3moe"), ("mixtral", "llama"), ("granite_moe", "granitemoe"),
+            ("granite_moe_shared", "granitemoe"), ("glm4_moe", "glm4moe"),
+            ("gpt_oss_gguf", "gpt-oss")]
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +45,11 @@ def ckpt_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("moe-gguf"))
 
 
-def tiny_gguf(family: str, qname: str, out_dir: str) -> str:
+def tiny_gguf(family: str, qname: str, out_dir: str, writer: str = "quantize") -> str:
+    """The family's tiny checkpoint as an F32 GGUF, requantized by `vllmx quantize`, or written
+    by the gguf package's quantizer (writer "gguf": Q8_0, or MXFP4 experts and F32 rest)."""
+    import gguf
+
     sizes = {"hidden_size": 256, "intermediate_size": 256} if qname == "Q4_K" else {}
     out_dir = os.path.join(out_dir, "h256" if sizes else "h64")
     f32 = os.path.join(out_dir, f"{family}-F32.gguf")
@@ -46,27 +57,30 @@ def tiny_gguf(family: str, qname: str, out_dir: str) -> str:
         write_gguf(make_checkpoint(family, "float32", out_dir, **sizes), family, f32)
     if qname == "F32":
         return f32
+    path = os.path.join(out_dir, f"{family}-{qname}-{writer}.gguf")
+    if writer == "gguf":
+        qtype = gguf.GGMLQuantizationType[qname]
+        src = make_checkpoint(family, "float32", out_dir, **sizes)
+        if qname == "MXFP4":
+            return write_gguf(src, family, path, expert_qtype=qtype)
+        return write_gguf(src, family, path, qtype)
     from vllmx.cli.quantize import quantize_model
 
-    path = os.path.join(out_dir, f"{family}-{qname}.gguf")
     quantize_model(f32, path, qname)
     return path
 
 
-@pytest.mark.parametrize("qname", ["F32", "Q8_0", "Q4_K"])
-@pytest.mark.parametrize("family,arch", [("qwen3_moe_gguf", "qwen3moe"), ("mixtral", "llama"),
-                                         ("granite_moe", "granitemoe"),
-                                         ("granite_moe_shared", "granitemoe")])
-def test_greedy_parity_with_llamacpp(family, arch, qname, ckpt_dir):
+def check_against_llamacpp(path: str, family: str, arch: str, qname: str) -> None:
     from vllmx import LLM, SamplingParams
 
-    path = tiny_gguf(family, qname, ckpt_dir)
     reader = gguf.GGUFReader(path)
     assert reader.fields["general.architecture"].contents() == arch
     types = {t.name: t.tensor_type.name for t in reader.tensors}
-    assert types["blk.0.ffn_gate_inp.weight"] == "F32"
-    if qname != "F32":  # the experts are quantized
-        assert types["blk.0.ffn_gate_exps.weight"] == qname
+    experts = min(n for n in types if n.endswith("ffn_gate_exps.weight"))  # a sparse layer's
+    assert types[experts.replace("ffn_gate_exps", "ffn_gate_inp")] == "F32"
+    if qname != "F32":  # the experts are quantized, their biases (gpt-oss) not
+        assert types[experts] == qname
+        assert types.get(experts.replace(".weight", ".bias"), "F32") == "F32"
     llm = LLM(path, skip_tokenizer_init=True, max_model_len=256, kv_cache_dtype="float32")
     ref = llama_cpp.Llama(path, n_ctx=256, n_threads=os.cpu_count(), logits_all=True,
                           verbose=False, type_k=0, type_v=0)  # 0: GGML_TYPE_F32
@@ -89,3 +103,16 @@ def test_greedy_parity_with_llamacpp(family, arch, qname, ckpt_dir):
     assert close >= MIN_CLOSE_POSITIONS[qname] * positions, (
         f"{family} {qname}: prompt logits within {PROMPT_RTOL[qname]} at {close}/{positions} "
         f"positions, worst {worst:.3g} (seed {SEED})")
+
+
+@pytest.mark.parametrize("qname", ["F32", "Q8_0", "Q4_K"])
+@pytest.mark.parametrize("family,arch", FAMILIES)
+def test_greedy_parity_with_llamacpp(family, arch, qname, ckpt_dir):
+    check_against_llamacpp(tiny_gguf(family, qname, ckpt_dir), family, arch, qname)
+
+
+@pytest.mark.parametrize("qname", ["Q8_0", "MXFP4"])
+@pytest.mark.parametrize("family,arch", [("glm4_moe", "glm4moe"), ("gpt_oss_gguf", "gpt-oss")])
+def test_gguf_writer_files_with_llamacpp(family, arch, qname, ckpt_dir):
+    check_against_llamacpp(tiny_gguf(family, qname, ckpt_dir, writer="gguf"), family, arch,
+                           qname)

@@ -209,22 +209,33 @@ def family_configs(**sizes):
             num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
             linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
             linear_value_head_dim=12, linear_conv_kernel_dim=4, pad_token_id=0),
-        # Granite-4: Mamba2 layers (4 heads of 32, state 16, 2 groups) around an attention one
+        # Granite-4: Mamba2 layers (4 heads of hidden / 2, state 16, 2 groups) around an attention one
         # without rope, GraniteMoe's experts beside the shared MLP, Granite's multipliers.
         "granite_moe_hybrid": tf.GraniteMoeHybridConfig(
             **{**common, "num_hidden_layers": 4, "intermediate_size": 32}, num_local_experts=8,
             num_experts_per_tok=2, shared_intermediate_size=48, mamba_n_heads=4,
-            mamba_d_head=32, mamba_d_state=16, mamba_n_groups=2, mamba_d_conv=4,
+            mamba_d_head=common["hidden_size"] // 2, mamba_d_state=16, mamba_n_groups=2, mamba_d_conv=4,
             mamba_expand=2, layer_types=["mamba", "attention", "mamba", "mamba"],
             embedding_multiplier=3.0, attention_multiplier=0.05, residual_multiplier=0.4,
             logits_scaling=2.5, pad_token_id=0),
         # Granite-4's dense variant with rope: no experts, the shared MLP alone.
         "granite_hybrid_dense": tf.GraniteMoeHybridConfig(
             **{**common, "num_hidden_layers": 3, "intermediate_size": 32}, num_local_experts=0,
-            shared_intermediate_size=96, mamba_n_heads=2, mamba_d_head=64, mamba_d_state=16,
+            shared_intermediate_size=96, mamba_n_heads=2, mamba_d_head=common["hidden_size"],
+            mamba_d_state=16,
             mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2,
             layer_types=["mamba", "attention", "mamba"], position_embedding_type="rope",
             pad_token_id=0),
+        # What a gpt-oss GGUF can say: llama.cpp's YaRN rounds the ramp's ends to whole
+        # dimensions (transformers' truncate, which gpt-oss turns off).
+        "gpt_oss_gguf": tf.GptOssConfig(**{**common, "num_hidden_layers": 3, "head_dim": 16,
+                                           "intermediate_size": 64}, num_local_experts=8,
+                                        num_experts_per_tok=2, sliding_window=24, pad_token_id=0,
+                                        rope_parameters={
+                                            "rope_type": "yarn", "rope_theta": 150000.0,
+                                            "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                            "original_max_position_embeddings": 4096,
+                                            "truncate": True}),
         # V3's YaRN context extension: mscale != mscale_all_dim scales cos/sin by their
         # ratio, and the softmax by mscale_all_dim's square.
         "deepseek_v3_yarn": tf.DeepseekV3Config(
@@ -260,8 +271,8 @@ RANDOM_VECTORS = ("gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel", "
                   "starcoder2_gguf", "gpt2", "gpt2_scaled", "cohere", "cohere_bias",
                   "cohere_gguf", "cohere2", "falcon", "falcon_one_norm", "falcon_mq", "falcon_seq",
                   "falcon_mq_gguf", "cohere2_gguf", "deepseek_v3", "deepseek_v3_yarn", "deepseek_v2",
-                  "deepseek_v2_lite", "glm4_moe", "gpt_oss", "qwen3_next", "qwen3_5", "qwen3_5_moe",
-                  "granite_moe_hybrid", "granite_hybrid_dense")
+                  "deepseek_v2_lite", "glm4_moe", "gpt_oss", "gpt_oss_gguf", "qwen3_next", "qwen3_5",
+                  "qwen3_5_moe", "granite_moe_hybrid", "granite_hybrid_dense")
 # Their routers' choice bias (a buffer, zero at init) drawn too, so that it steers the pick.
 CHOICE_BIAS = ("deepseek_v3", "deepseek_v3_yarn", "glm4_moe")
 
@@ -269,7 +280,8 @@ GGUF_ARCH = {"llama": "llama", "llama3": "llama", "qwen2": "qwen2", "qwen3": "qw
              "granite": "granite", "smollm3_gguf": "smollm3", "phi3": "phi3", "glm4": "glm4",
              "olmo2": "olmo2", "olmo3": "olmo2", "exaone4_gguf": "exaone4",
              "qwen3_moe_gguf": "qwen3moe", "mixtral": "llama", "granite_moe": "granitemoe",
-             "granite_moe_shared": "granitemoe"}
+             "granite_moe_shared": "granitemoe", "glm4_moe": "glm4moe",
+             "gpt_oss_gguf": "gpt-oss"}
 # llama.cpp's converter un-permutes Q/K to Meta's interleaved layout for these.
 _PERMUTED = ("llama", "granite", "granitemoe", "smollm3")
 
@@ -356,11 +368,61 @@ def _split_granite_moe(sd: dict, cfg: dict) -> dict:
     return out
 
 
-def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool = True) -> str:
-    """A GGUF of a tiny checkpoint, matrices in F32 or `qtype` (gguf's quantizer), as llama.cpp's
-    converter lays it out; no tokenizer (tests run on token ids). window=False leaves out a
-    Phi-3 sliding_window (llama.cpp ignores it). DeepSeek V2/V3 families: arch deepseek2
-    (deepseek2_gguf.py)."""
+def _split_gpt_oss(sd: dict) -> dict:
+    """gpt-oss's tensors under the names write_gguf maps, as llama.cpp's converter splits them:
+    the transposed gate_up_proj [E, H, 2 I] (gate and up interleaved) into gate and up [E, I, H]
+    and their biases, down_proj [E, I, H] transposed, the router as mlp.gate."""
+    out = {}
+    for name, t in sd.items():
+        name = name.replace(".mlp.router.", ".mlp.gate.")
+        if name.endswith("self_attn.sinks"):
+            out[name + ".weight"] = t
+        elif name.endswith("experts.gate_up_proj"):
+            t, p = t.transpose(0, 2, 1), name.removesuffix("gate_up_proj")
+            out[p + "gate_proj.weight"], out[p + "up_proj.weight"] = t[:, 0::2], t[:, 1::2]
+        elif name.endswith("experts.gate_up_proj_bias"):
+            p = name.removesuffix("gate_up_proj_bias")
+            out[p + "gate_proj.bias"], out[p + "up_proj.bias"] = t[:, 0::2], t[:, 1::2]
+        elif name.endswith("experts.down_proj"):
+            out[name + ".weight"] = t.transpose(0, 2, 1)
+        elif name.endswith("experts.down_proj_bias"):
+            out[name.removesuffix("_bias") + ".bias"] = t
+        else:
+            out[name] = t
+    return out
+
+
+def _nextn_layer(tensors: dict, n: int, hidden: int, rng) -> dict:
+    """A GLM-4.5 multi-token-prediction layer blk.{n} as its converter stores it past the last
+    one: a decoder layer (random, shaped as layer n - 1) and the nextn.* projection and norms.
+    llama.cpp loads it and never runs it; a reader that ran it would move the logits."""
+    out = {}
+    for name, t in tensors.items():
+        if name.startswith(f"blk.{n - 1}."):
+            out[f"blk.{n}." + name.split(".", 2)[2]] = (
+                rng.standard_normal(t.shape) * t.std() + t.mean()).astype(np.float32)
+    out[f"blk.{n}.nextn.eh_proj.weight"] = rng.standard_normal((hidden, 2 * hidden)).astype(
+        np.float32)
+    for norm in ("enorm", "hnorm", "shared_head_norm"):
+        out[f"blk.{n}.nextn.{norm}.weight"] = rng.normal(1.0, 0.3, hidden).astype(np.float32)
+    return out
+
+
+def _tensor_qtype(gname: str, t: np.ndarray, qtype, expert_qtype):
+    """llama-quantize's choice: weight matrices and stacked experts (expert_qtype where given)
+    quantized; norms, biases, sinks and routers (ffn_gate_inp) kept F32."""
+    if t.ndim < 2 or not gname.endswith(".weight") or ".ffn_gate_inp." in gname:
+        return None
+    return (expert_qtype or qtype) if t.ndim == 3 else qtype
+
+
+def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool = True,
+               expert_qtype=None) -> str:
+    """A GGUF of a tiny checkpoint, matrices in F32 or `qtype` (gguf's quantizer; the stacked
+    experts in `expert_qtype` where given), as llama.cpp's converter lays it out; no tokenizer
+    (tests run on token ids). window=False leaves out a Phi-3 sliding_window (llama.cpp ignores
+    it). GLM-4.5's file gets the multi-token-prediction layer its converter appends. DeepSeek
+    V2/V3 families: arch deepseek2 (deepseek2_gguf.py)."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -372,13 +434,15 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
         cfg = json.load(f)
     arch = GGUF_ARCH[family]
     sd = load_file(os.path.join(hf_dir, "model.safetensors"))
-    num_experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    num_experts = (cfg.get("num_experts") or cfg.get("num_local_experts")
+                   or cfg.get("n_routed_experts"))
+    nextn = cfg.get("num_nextn_predict_layers", 0) if arch == "glm4moe" else 0
     w = gguf.GGUFWriter(out_path, arch)
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // nh
     rope = cfg.get("rope_parameters") or {}
     rope = rope.get("full_attention", rope)  # OLMo 3's per-type rope: the full layers' one
-    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_block_count(cfg["num_hidden_layers"] + nextn)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
     w.add_feed_forward_length(cfg["intermediate_size"])
@@ -404,11 +468,24 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(rope["factor"])
         w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    if arch == "gpt-oss":
+        sd = _split_gpt_oss(sd)
+        w.add_sliding_window(cfg["sliding_window"])
+        w.add_expert_feed_forward_length(cfg["intermediate_size"])
+    if arch == "glm4moe":
+        sd = {k.replace("e_score_correction_bias", "e_score_correction.bias"): v
+              for k, v in sd.items()}
+        w.add_expert_shared_count(cfg["n_shared_experts"])
+        w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+        w.add_expert_weights_norm(cfg["norm_topk_prob"])
+        w.add_nextn_predict_layers(nextn)
     if arch == "granitemoe":
         sd = _split_granite_moe(sd, cfg)
         if cfg.get("shared_intermediate_size"):
             w.add_expert_shared_feed_forward_length(cfg["shared_intermediate_size"])
-    elif num_experts:
+    elif num_experts and arch != "gpt-oss":
         sd = _stack_experts(sd, num_experts)
     if num_experts:
         w.add_expert_count(num_experts)
@@ -439,6 +516,13 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
     if arch == "glm4":  # norms on the attention and MLP outputs
         per_layer |= {"post_self_attn_layernorm": "post_attention_norm",
                       "post_mlp_layernorm": "post_ffw_norm"}
+    if arch in ("gpt-oss", "glm4moe"):  # the norm before the MLP
+        per_layer |= {"post_attention_layernorm": "post_attention_norm",
+                      "self_attn.sinks": "attn_sinks", "mlp.gate.e_score_correction": "exp_probs_b",
+                      "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+                      "mlp.shared_experts.up_proj": "ffn_up_shexp",
+                      "mlp.shared_experts.down_proj": "ffn_down_shexp"}
+    tensors = {}
     for name, t in sd.items():
         t = np.ascontiguousarray(t.astype(np.float32))
         if name.startswith("model.layers."):
@@ -451,8 +535,14 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
             gname = f"blk.{i}.{per_layer[rest]}.{suffix}"
         else:
             gname = names[name]
-        if qtype is not None and t.ndim == 2:
-            w.add_tensor(gname, gguf.quants.quantize(t, qtype), raw_dtype=qtype)
+        tensors[gname] = t
+    if nextn:
+        tensors |= _nextn_layer(tensors, cfg["num_hidden_layers"], cfg["hidden_size"],
+                                np.random.default_rng(0))
+    for gname, t in tensors.items():
+        tq = _tensor_qtype(gname, t, qtype, expert_qtype)
+        if tq is not None:
+            w.add_tensor(gname, gguf.quants.quantize(t, tq), raw_dtype=tq)
         else:
             w.add_tensor(gname, t)
     w.write_header_to_file()

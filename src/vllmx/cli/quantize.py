@@ -3,11 +3,11 @@ safetensors checkpoint (laid out as llama.cpp's converter does) or from a higher
 (metadata copied, tensors requantized). Quantization is llama.cpp's reference quantizers
 (csrc/quant/quantize_k.cpp; bit-identical to llama-quantize without an importance matrix).
 
-Type choice per tensor, as llama-quantize: 1-D tensors (norms, biases, rope_freqs) stay F32;
-token_embd / output take --token-embedding-type / --output-tensor-type (default: --type);
-rows that are not whole blocks of the type fall back (Q4_K -> Q5_0, Q5_K -> Q5_1,
-Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0 where llama.cpp uses IQ4_NL, which vllmx cannot write) and to F16
-where even 32-element blocks do not fit."""
+Type choice per tensor, as llama-quantize: 1-D tensors (norms, rope_freqs), biases (gpt-oss's
+2-D expert ones too) and routers stay F32; token_embd / output take --token-embedding-type /
+--output-tensor-type (default: --type); rows that are not whole blocks of the type fall back
+(Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0 where llama.cpp uses IQ4_NL, which
+vllmx cannot write) and to F16 where even 32-element blocks do not fit."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ _SKIP_KEYS = ("general.architecture", "general.file_type", "general.quantization
 def tensor_type(name: str, shape: tuple[int, ...], qtype: str, output_type: str | None = None,
                 embedding_type: str | None = None) -> tuple[str, str | None]:
     """(GGUF type name, fallback message or None) for one tensor."""
-    if len(shape) < 2 or name.endswith("ffn_gate_inp.weight"):  # llama-quantize keeps routers f32
+    # llama-quantize quantizes only *.weight tensors, and keeps routers f32
+    if len(shape) < 2 or not name.endswith(".weight") or name.endswith("ffn_gate_inp.weight"):
         return "F32", None
     want = qtype
     if name == "output.weight" and output_type:

@@ -67,6 +67,8 @@ def gguf_to_hf_config(meta: dict[str, Any]) -> dict[str, Any]:
         cfg["moe_intermediate_size"] = get("expert_feed_forward_length")
     if arch == "granitemoe":  # GraniteMoeShared's shared MLP (none without the key)
         cfg["shared_intermediate_size"] = get("expert_shared_feed_forward_length")
+    if arch == "glm4moe":
+        cfg.update(_glm4moe_config(arch, get))
     rot = get("rope.dimension_count")
     if rot and cfg["head_dim"]:  # 1.0 too: GPT-NeoX and StableLM default to partial rope
         cfg["partial_rotary_factor"] = rot / cfg["head_dim"]
@@ -82,6 +84,9 @@ def gguf_to_hf_config(meta: dict[str, Any]) -> dict[str, Any]:
             "factor": get("rope.scaling.factor", 1.0),
             "original_max_position_embeddings": get("rope.scaling.original_context_length"),
         }
+        if scaling == "yarn":  # llama.cpp's defaults (32, 1) are transformers' too
+            cfg["rope_scaling"].update(beta_fast=get("rope.scaling.yarn_beta_fast", 32.0),
+                                       beta_slow=get("rope.scaling.yarn_beta_slow", 1.0))
     if arch == "deepseek2":
         cfg.update(_deepseek2_config(get, cfg))
     return cfg
@@ -142,6 +147,22 @@ def _deepseek2_config(get, cfg: dict[str, Any]) -> dict[str, Any]:
             "beta_slow": get("rope.scaling.yarn_beta_slow", 1.0), "mscale_all_dim": m_all or 1.0,
             "attention_factor": 1.0 if m_all or factor <= 1 else 0.1 * math.log(factor) + 1.0}
     return out
+
+
+def _glm4moe_config(arch: str, get) -> dict[str, Any]:
+    """GLM-4.5's MoE keys under Glm4MoeForCausalLM's config names. block_count counts the
+    multi-token-prediction (nextn) layers stored after the last one, which llama.cpp loads but
+    never runs; leading_dense_block_count and expert_weights_norm default as in llama.cpp, which
+    reads no expert groups for glm4moe (GLM-4.5 has one)."""
+    gating = get("expert_gating_func", 2)
+    if gating != 2:  # llama.h's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID, what the converter writes
+        raise ValueError(f"GGUF {arch}: expert_gating_func {gating} is not supported (2: sigmoid)")
+    return {"num_hidden_layers": get("block_count") - get("nextn_predict_layers", 0),
+            "n_shared_experts": get("expert_shared_count", 0),
+            "first_k_dense_replace": get("leading_dense_block_count", 0),
+            "scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_group": 1, "topk_group": 1,
+            "norm_topk_prob": bool(get("expert_weights_norm", False)),
+            "routed_scaling_factor": get("expert_weights_scale") or 1.0}
 
 
 def load_gguf(path: str) -> tuple[dict[str, Any], dict[str, Weight]]:

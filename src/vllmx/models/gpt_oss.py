@@ -5,7 +5,13 @@ every layer. The router has a bias and takes the top k of its logits, then a sof
 those k (topk_softmax renormalized: the same weights); the experts have biases and the clamped
 SwiGLU (fused_experts' swigluoai). transformers stores the experts transposed (x @ W:
 gate_up_proj [E, H, 2 I], down_proj [E, I, H]) with the gate and up columns interleaved; at
-load they become fused_experts' w13 [E, 2 I, H] = [gate; up] rows and w2 [E, H, I]."""
+load they become fused_experts' w13 [E, 2 I, H] = [gate; up] rows and w2 [E, H, I].
+
+llama.cpp's gpt-oss GGUFs (arch gpt-oss) hold the experts as its converter splits them: gate and
+up apart (ffn_gate_exps / ffn_up_exps [E, I, H], de-interleaved, each with a bias [E, I]),
+ffn_down_exps [E, H, I]; its swiglu_oai is the same clamped SwiGLU (alpha 1.702, limit 7), its
+router the same top-k softmax. No key says which layers slide: llama.cpp slides the even ones,
+as transformers' layer_types do."""
 
 from __future__ import annotations
 
@@ -19,13 +25,15 @@ from vllmx.models.shapes import require_tensors
 from vllmx.ops import Weight
 
 GPT_OSS_ARCHS = ("GptOssForCausalLM",)
+GGUF_ARCH = "gpt-oss"
 # fused_experts' swigluoai constants (vLLM's swigluoai_and_mul); a config with others is refused.
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
 MXFP4 = int(GGMLQuantizationType.MXFP4)  # GGML's id, vllmx's dtype id for the block type
 
 
 def is_gpt_oss(cfg: dict) -> bool:
-    return any(a in GPT_OSS_ARCHS for a in cfg.get("architectures") or [])
+    return (any(a in GPT_OSS_ARCHS for a in cfg.get("architectures") or [])
+            or cfg.get("gguf_architecture") == GGUF_ARCH)
 
 
 def gpt_oss_config(cfg: dict) -> dict:
@@ -37,6 +45,9 @@ def gpt_oss_config(cfg: dict) -> dict:
                          f"supported (the experts' kernel runs {SWIGLU_ALPHA}, {SWIGLU_LIMIT})")
     out = moe.moe_config({**cfg, "norm_topk_prob": True})
     out["use_sliding_window"] = True  # only where layer_types says sliding_attention
+    if "gguf_architecture" in cfg:  # llama.cpp's set_swa_pattern(2)
+        out["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention"
+                              for i in range(cfg["num_hidden_layers"])]
     return out
 
 
@@ -89,27 +100,43 @@ def _experts(weights, p: str, i: int, order: np.ndarray) -> tuple[Weight, Weight
             Weight(_transposed(down), down.dtype, (e, h, two_i // 2)))
 
 
+def _gguf_experts(cfg: dict, weights, i: int) -> tuple[Weight, Weight, np.ndarray, np.ndarray]:
+    """(w13, w2, w13 bias [E, 2 I], w2 bias [E, H]) from a GGUF's ffn_{gate,up,down}_exps."""
+    p = f"model.layers.{i}.mlp.experts."
+    names = [p + n + s for s in (".weight", ".bias") for n in ("gate_proj", "up_proj",
+                                                               "down_proj")]
+    require_tensors(weights, names)
+    gate_b, up_b, down_b = (weights[n].to_float32() for n in names[3:])
+    w13, w2 = moe.expert_weights(weights, cfg, i)
+    return w13, w2, np.concatenate([gate_b, up_b], axis=1), down_b
+
+
 def sparse_block(cfg: dict, weights, i: int) -> SparseMoeBlock:
     """Layer i's experts and router, converted to fused_experts' layout."""
     p = f"model.layers.{i}.mlp."
-    names = [p + n for n in ("gate.weight", "gate.bias", "experts.gate_up_proj_bias",
-                             "experts.down_proj_bias")]
-    require_tensors(weights, names)
-    gate, gate_bias, gate_up_bias, down_bias = (weights[n] for n in names)
-    # Interleaved gate / up (gate 0, 2, 4 ..., up 1, 3, 5 ...) -> [gate; up] rows.
-    two_i = gate_up_bias.shape[1]
-    order = np.concatenate([np.arange(0, two_i, 2), np.arange(1, two_i, 2)])
-    w13, w2 = _experts(weights, p, i, order)
-    return SparseMoeBlock(gate, w13, w2, cfg["num_experts_per_tok"], True, name=p[:-1],
-                          gate_bias=gate_bias,
-                          w13_bias=np.ascontiguousarray(gate_up_bias.to_float32()[:, order]),
-                          w2_bias=np.ascontiguousarray(down_bias.to_float32()),
+    require_tensors(weights, [p + "gate.weight", p + "gate.bias"])
+    if p + "experts.gate_proj.weight" in weights:  # a GGUF's, already [gate; up] apart
+        w13, w2, w13_bias, w2_bias = _gguf_experts(cfg, weights, i)
+    else:
+        names = [p + "experts.gate_up_proj_bias", p + "experts.down_proj_bias"]
+        require_tensors(weights, names)
+        gate_up_bias, down_bias = (weights[n] for n in names)
+        # Interleaved gate / up (gate 0, 2, 4 ..., up 1, 3, 5 ...) -> [gate; up] rows.
+        two_i = gate_up_bias.shape[1]
+        order = np.concatenate([np.arange(0, two_i, 2), np.arange(1, two_i, 2)])
+        w13, w2 = _experts(weights, p, i, order)
+        w13_bias, w2_bias = gate_up_bias.to_float32()[:, order], down_bias.to_float32()
+    return SparseMoeBlock(weights[p + "gate.weight"], w13, w2, cfg["num_experts_per_tok"], True,
+                          name=p[:-1], gate_bias=weights[p + "gate.bias"],
+                          w13_bias=np.ascontiguousarray(w13_bias, dtype=np.float32),
+                          w2_bias=np.ascontiguousarray(w2_bias, dtype=np.float32),
                           activation="swigluoai")
 
 
 def attention_sinks(weights, i: int) -> np.ndarray:
-    return np.ascontiguousarray(weights[f"model.layers.{i}.self_attn.sinks"].to_float32(),
-                                dtype=np.float32).reshape(-1)
+    name = f"model.layers.{i}.self_attn.sinks"
+    w = weights[name] if name in weights else weights[name + ".weight"]  # a GGUF's attn_sinks
+    return np.ascontiguousarray(w.to_float32(), dtype=np.float32).reshape(-1)
 
 
 def gpt_oss_checkpoint_shapes(cfg: dict, shapes: dict[str, tuple[int, ...]]) -> None:

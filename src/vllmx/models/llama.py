@@ -67,6 +67,15 @@ GGUF_ARCH_TO_HF = {
                 "blk.{i}.ffn_norm": "gpt_neox.layers.{i}.post_attention_layernorm",
                 "blk.{i}.ffn_up": "gpt_neox.layers.{i}.mlp.dense_h_to_4h",
                 "blk.{i}.ffn_down": "gpt_neox.layers.{i}.mlp.dense_4h_to_h"},
+    # gpt-oss and GLM-4.5: the norm before the MLP is llama.cpp's post_attention_norm; gpt-oss's
+    # sinks; GLM-4.5's choice bias (exp_probs_b.bias) and shared experts (mlp.shared_experts).
+    "gpt-oss": {"blk.{i}.post_attention_norm": "model.layers.{i}.post_attention_layernorm",
+                "blk.{i}.attn_sinks": "model.layers.{i}.self_attn.sinks"},
+    "glm4moe": {"blk.{i}.post_attention_norm": "model.layers.{i}.post_attention_layernorm",
+                "blk.{i}.exp_probs_b": "model.layers.{i}.mlp.gate.e_score_correction",
+                "blk.{i}.ffn_gate_shexp": "model.layers.{i}.mlp.shared_experts.gate_proj",
+                "blk.{i}.ffn_up_shexp": "model.layers.{i}.mlp.shared_experts.up_proj",
+                "blk.{i}.ffn_down_shexp": "model.layers.{i}.mlp.shared_experts.down_proj"},
     # GraniteMoeShared's shared MLP (HF: shared_mlp.input_linear = [gate; up], output_linear)
     "granitemoe": {"blk.{i}.ffn_gate_shexp": "model.layers.{i}.shared_mlp.gate_proj",
                    "blk.{i}.ffn_up_shexp": "model.layers.{i}.shared_mlp.up_proj",
@@ -223,6 +232,11 @@ class LlamaForCausalLM:
         gguf_arch = cfg.get("gguf_architecture")
         is_gguf = gguf_arch is not None
         if is_gguf:
+            fused = [k for k in weights if ".ffn_gate_up_exps." in k]
+            if fused:  # the llama.cpp vllmx is checked against reads them for none of these
+                raise ValueError(f"GGUF tensor {fused[0]!r}: gate and up experts fused in one "
+                                 f"tensor (convert_hf_to_gguf.py --fuse-gate-up-exps) are not "
+                                 f"supported; convert without that flag")
             weights = {gguf_name_to_hf(k, gguf_arch): v for k, v in weights.items()}
         cfg.setdefault("head_dim", None)
         if not cfg["head_dim"]:

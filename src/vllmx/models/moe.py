@@ -51,11 +51,9 @@ def moe_config(cfg: dict) -> dict:
     out["shared_intermediate_size"] = (int(cfg.get("shared_expert_intermediate_size") or 0)
                                        or int(cfg.get("n_shared_experts") or 0)
                                        * out["moe_intermediate_size"])
-    # Mixtral, and llama.cpp's qwen3moe, always renormalize the top-k weights (its deepseek2
-    # as expert_weights_norm says, read into norm_topk_prob).
-    gguf_norm = "gguf_architecture" in cfg and cfg["gguf_architecture"] != "deepseek2"
-    out["norm_topk_prob"] = True if mixtral or gguf_norm else bool(
-        cfg.get("norm_topk_prob", False))
+    # Mixtral, and llama.cpp's qwen3moe, always renormalize the top-k weights.
+    out["norm_topk_prob"] = True if mixtral or cfg.get("gguf_architecture") == "qwen3moe" else (
+        bool(cfg.get("norm_topk_prob", False)))
     out["routing"] = _routing(cfg, archs)
     step = int(cfg.get("decoder_sparse_step") or cfg.get("moe_layer_freq") or 1)
     first_sparse = int(cfg.get("first_k_dense_replace") or 0)
@@ -70,9 +68,10 @@ def moe_config(cfg: dict) -> dict:
 
 
 def _routing(cfg: dict, archs: list[str]) -> GroupedRouting | None:
-    """DeepSeek's and GLM-4.5's routing (vLLM's grouped_topk), None for a softmax router."""
+    """DeepSeek's and GLM-4.5's routing (vLLM's grouped_topk), None for a softmax router. A
+    deepseek2 / glm4moe GGUF's config names its scoring and method (loader/gguf.py)."""
     if not (any(a in archs for a in ("DeepseekV2ForCausalLM", *_SIGMOID_ARCHS))
-            or cfg.get("gguf_architecture") == "deepseek2"):
+            or cfg.get("gguf_architecture") in ("deepseek2", "glm4moe")):
         return None
     sigmoid = any(a in archs for a in _SIGMOID_ARCHS)
     method = cfg.get("topk_method") or ("noaux_tc" if sigmoid else "greedy")
@@ -168,12 +167,15 @@ def sparse_block(cfg: dict, weights, i: int) -> SparseMoeBlock:
     p = f"model.layers.{i}.mlp."
     w13, w2 = expert_weights(weights, cfg, i)
     routing = cfg["routing"]
-    biased = p + "gate.e_score_correction_bias" in weights
+    # the choice bias: a checkpoint's buffer, or a GGUF's exp_probs_b.bias
+    bias_name = next((p + n for n in ("gate.e_score_correction_bias",
+                                      "gate.e_score_correction.bias") if p + n in weights), None)
+    biased = bias_name is not None
     if routing is not None and routing.num_expert_group == 1 and routing.scoring_func == \
             "softmax" and not biased:
         routing = None if routing.routed_scaling_factor == 1.0 else routing
-    if routing is not None and biased:
-        bias = weights[p + "gate.e_score_correction_bias"].to_float32().reshape(-1)
+    if routing is not None and bias_name is not None:
+        bias = weights[bias_name].to_float32().reshape(-1)
         routing = dataclasses.replace(routing, e_score_correction_bias=np.ascontiguousarray(
             bias, dtype=np.float32))
     shared = gate = None

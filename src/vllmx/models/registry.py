@@ -60,6 +60,8 @@ _GGUF_ARCHS = {
     "gemma2": Gemma3ForCausalLM,
     "gemma3": Gemma3ForCausalLM,
     "glm4": LlamaForCausalLM,
+    "glm4moe": LlamaForCausalLM,
+    "gpt-oss": LlamaForCausalLM,
     "gpt2": GPT2LMHeadModel,
     "gptneox": GPTNeoXForCausalLM,
     "granite": LlamaForCausalLM,
