@@ -24,7 +24,7 @@ from tests.models.tiny_checkpoints import make_checkpoint, write_gguf
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-FAMILIES = ["deepseek_v3", "deepseek_v3_yarn", "deepseek_v2", "deepseek_v2_lite", "glm4_moe",
+FAMILIES = ["qwen2_moe", "deepseek_v3", "deepseek_v3_yarn", "deepseek_v2", "deepseek_v2_lite", "glm4_moe",
             "gpt_oss"]
 
 

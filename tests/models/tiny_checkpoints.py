@@ -236,6 +236,12 @@ def family_configs(**sizes):
                                             "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                             "original_max_position_embeddings": 4096,
                                             "truncate": True}),
+        # Qwen2-MoE: q/k/v biases, 8 experts top-2 (not renormalized), a gated shared expert,
+        # every other layer sparse.
+        "qwen2_moe": tf.Qwen2MoeConfig(**{**common, "num_hidden_layers": 4}, num_experts=8,
+                                       num_experts_per_tok=2, moe_intermediate_size=32,
+                                       shared_expert_intermediate_size=48, decoder_sparse_step=2,
+                                       pad_token_id=0),
         # V3's YaRN context extension: mscale != mscale_all_dim scales cos/sin by their
         # ratio, and the softmax by mscale_all_dim's square.
         "deepseek_v3_yarn": tf.DeepseekV3Config(

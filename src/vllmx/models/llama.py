@@ -345,7 +345,8 @@ class LlamaForCausalLM:
             cfg, norms + (("post_self_attn_layernorm", "post_mlp_layernorm") if glm4 else ()),
             qk_norm=("Qwen3ForCausalLM" in archs or "Qwen3MoeForCausalLM" in archs
                      or (glm4_moe and bool(cfg.get("use_qk_norm")))),
-            qkv_bias="Qwen2ForCausalLM" in archs or bool(cfg.get("attention_bias")),
+            qkv_bias=("Qwen2ForCausalLM" in archs or bool(cfg.get("attention_bias"))
+                      or ("Qwen2MoeForCausalLM" in archs and cfg.get("qkv_bias", True))),
             o_bias=bool(cfg.get("attention_bias")) and not (glm4 or glm4_moe),
             tied=bool(cfg.get("tie_word_embeddings")))
         if "Phi3ForCausalLM" in archs or glm4:

@@ -16,7 +16,7 @@ import numpy as np
 from vllmx.layers.fused_moe import GroupedRouting, SparseMoeBlock, SwiGLUMLP
 from vllmx.ops import Weight
 
-MOE_ARCHS = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Glm4MoeForCausalLM", "GptOssForCausalLM",
+MOE_ARCHS = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Glm4MoeForCausalLM", "GptOssForCausalLM",
              "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 # Sigmoid scores and a choice bias (noaux_tc) unless the config says otherwise.
 _SIGMOID_ARCHS = ("Glm4MoeForCausalLM", "DeepseekV3ForCausalLM")

@@ -40,6 +40,7 @@ _HF_ARCHS = {
     "Olmo3ForCausalLM": Olmo2ForCausalLM,
     "Phi3ForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
+    "Qwen2MoeForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
     "Qwen3MoeForCausalLM": LlamaForCausalLM,
     "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
