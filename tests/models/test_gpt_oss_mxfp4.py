@@ -59,8 +59,7 @@ def _mxfp4_checkpoint(src: str, out_dir: str, rng) -> tuple[str, str]:
 
     sd = load_file(os.path.join(src, "model.safetensors"))
     packed, dense = dict(sd), dict(sd)
-    for name in [n for n in sd if n.endswith("experts.gate_up_proj") or
-                 n.endswith("experts.down_proj")]:
+    for name in [n for n in sd if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
         e, cols, rows = sd[name].shape  # stored x @ W: [E, in, out]
         blocks, scales = random_mxfp4(rng, e, rows, cols)
         del packed[name]

@@ -157,5 +157,5 @@ def test_dummy_shapes_are_the_checkpoints(family, ckpt_dir):
     with open(os.path.join(path, "config.json")) as f:
         cfg = json.load(f)
     with safe_open(os.path.join(path, "model.safetensors"), "np") as f:
-        real = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        real = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
     assert get_model_class(cfg).checkpoint_shapes(cfg) == real

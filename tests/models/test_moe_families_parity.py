@@ -155,5 +155,5 @@ def test_dummy_weights_have_the_checkpoint_shapes(ckpt_dir):
         with open(os.path.join(path, "config.json")) as f:
             cfg = json.load(f)
         with safe_open(os.path.join(path, "model.safetensors"), "np") as f:
-            real = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+            real = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
         assert get_model_class(cfg).checkpoint_shapes(cfg) == real, family

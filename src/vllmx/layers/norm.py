@@ -23,6 +23,15 @@ class RMSNorm:
         return x, residual
 
 
+def pre_norm(norm, h, residual):
+    """(normed h, residual) ahead of a layer's mixer: the first layer's residual stream is the
+    embeddings themselves (residual None); later layers add h to it and norm the sum in one op
+    (vLLM's fused_add_rms_norm)."""
+    if residual is None:
+        return norm(h), h
+    return norm(h, residual)
+
+
 class LayerNorm:
     """torch.nn.LayerNorm over the last dim, bias optional (Cohere's has none). weight [H]; or
     [G, D] to norm each of a row's G heads of D values with its own weight (StableLM's and

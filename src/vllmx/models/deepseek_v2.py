@@ -15,16 +15,16 @@ import math
 
 import numpy as np
 
-from vllmx import ops
 from vllmx.device import F32
 from vllmx.layers import placement
 from vllmx.layers.attention import AttentionMetadata
 from vllmx.layers.fused_moe import SwiGLUMLP
 from vllmx.layers.linear import Linear
 from vllmx.layers.mla import MLAAttention
-from vllmx.layers.norm import RMSNorm
+from vllmx.layers.norm import RMSNorm, pre_norm
 from vllmx.layers.rotary import get_rope
 from vllmx.models import moe
+from vllmx.models.decoder import DecoderLM
 from vllmx.models.llama import gguf_name_to_hf
 from vllmx.models.shapes import require_tensors
 from vllmx.ops import Weight
@@ -57,10 +57,7 @@ class DeepseekV2DecoderLayer:
                                  w[p + "mlp.down_proj.weight"])
 
     def __call__(self, positions, h, residual, md: AttentionMetadata):
-        if residual is None:  # the first layer: the embeddings are the residual stream
-            h, residual = self.input_layernorm(h), h
-        else:
-            h, residual = self.input_layernorm(h, residual)
+        h, residual = pre_norm(self.input_layernorm, h, residual)
         h = self.self_attn(positions, h, md)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
@@ -90,7 +87,7 @@ def gguf_weights(cfg: dict, weights: dict[str, Weight]) -> dict[str, Weight]:
     return out
 
 
-class DeepseekV2ForCausalLM:
+class DeepseekV2ForCausalLM(DecoderLM):
     def __init__(self, cfg: dict, weights: dict[str, Weight]):
         cfg = moe.moe_config(dict(cfg))
         if cfg.get("gguf_architecture") is not None:
@@ -158,15 +155,3 @@ class DeepseekV2ForCausalLM:
             shapes[p + "mlp.down_proj.weight"] = (h, inter)
         moe.moe_checkpoint_shapes(m, shapes)
         return shapes
-
-    def forward(self, input_ids: np.ndarray, positions: np.ndarray,
-                md: AttentionMetadata) -> np.ndarray:
-        h = ops.embedding(input_ids, self.embed_tokens)
-        residual = None
-        for layer in self.layers:
-            h, residual = layer(positions, h, residual, md)
-        h, _ = self.norm(h, residual)
-        return h
-
-    def compute_logits(self, hidden: np.ndarray) -> np.ndarray:
-        return self.lm_head(hidden)

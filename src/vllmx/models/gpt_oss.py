@@ -16,7 +16,6 @@ as transformers' layer_types do."""
 from __future__ import annotations
 
 import numpy as np
-
 from gguf import GGMLQuantizationType
 
 from vllmx.layers.fused_moe import SparseMoeBlock

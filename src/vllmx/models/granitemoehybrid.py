@@ -6,17 +6,16 @@ when the config has no experts."""
 
 from __future__ import annotations
 
-import numpy as np
-
 from vllmx import ops
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.fused_moe import SwiGLUMLP
 from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.mamba2 import Mamba2Mixer
-from vllmx.layers.norm import RMSNorm
+from vllmx.layers.norm import RMSNorm, pre_norm
 from vllmx.layers.rotary import get_rope
 from vllmx.models import granitemoe, moe
+from vllmx.models.decoder import DecoderLM
 from vllmx.models.shapes import require_tensors
 from vllmx.ops import Weight
 
@@ -61,10 +60,7 @@ class GraniteMoeHybridDecoderLayer:
         self.residual_multiplier = cfg["residual_multiplier"]
 
     def __call__(self, positions, h, residual, md: AttentionMetadata):
-        if residual is None:  # the first layer: the embeddings are the residual stream
-            h, residual = self.input_layernorm(h), h
-        else:
-            h, residual = self.input_layernorm(h, residual)
+        h, residual = pre_norm(self.input_layernorm, h, residual)
         h = self.mixer(h, md) if self.mamba else self.mixer(positions, h, md)
         if self.residual_multiplier != 1.0:
             ops.scale_(h, self.residual_multiplier)
@@ -100,7 +96,7 @@ def _config(cfg: dict) -> dict:
     return cfg
 
 
-class GraniteMoeHybridForCausalLM:
+class GraniteMoeHybridForCausalLM(DecoderLM):
     is_hybrid = True  # request state slots beside the KV cache (worker/model_runner.py)
 
     def __init__(self, cfg: dict, weights: dict[str, Weight]):
@@ -172,20 +168,3 @@ class GraniteMoeHybridForCausalLM:
                 shapes[p + "block_sparse_moe.input_linear.weight"] = (e, 2 * inter, h)
                 shapes[p + "block_sparse_moe.output_linear.weight"] = (e, h, inter)
         return shapes
-
-    def forward(self, input_ids: np.ndarray, positions: np.ndarray,
-                md: AttentionMetadata) -> np.ndarray:
-        h = ops.embedding(input_ids, self.embed_tokens)
-        if self.embedding_multiplier != 1.0:
-            ops.scale_(h, self.embedding_multiplier)
-        residual = None
-        for layer in self.layers:
-            h, residual = layer(positions, h, residual, md)
-        h, _ = self.norm(h, residual)
-        return h
-
-    def compute_logits(self, hidden: np.ndarray) -> np.ndarray:
-        logits = self.lm_head(hidden)
-        if self.logits_scaling != 1.0:  # Granite divides them
-            ops.scale_(logits, 1.0 / self.logits_scaling)
-        return logits

@@ -12,8 +12,6 @@ optional q/k norm) are the same decoder with a mixture-of-experts MLP in their s
 
 from __future__ import annotations
 
-import numpy as np
-
 from vllmx import ops
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
@@ -22,6 +20,7 @@ from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.norm import RMSNorm
 from vllmx.layers.rotary import RotaryEmbedding
 from vllmx.models import gpt_oss, granitemoe, moe
+from vllmx.models.decoder import DecoderLM
 from vllmx.models.shapes import decoder_shapes, require_tensors
 from vllmx.ops import Weight
 
@@ -226,7 +225,7 @@ def unfuse_phi3(weights: dict[str, Weight], cfg: dict) -> dict[str, Weight]:
 _GGUF_GPTJ_ROPE = ("llama", "mistral", "granite", "granitemoe", "smollm3", "glm4")
 
 
-class LlamaForCausalLM:
+class LlamaForCausalLM(DecoderLM):
     def __init__(self, cfg: dict, weights: dict[str, Weight]):
         cfg = dict(cfg)
         gguf_arch = cfg.get("gguf_architecture")
@@ -372,21 +371,3 @@ class LlamaForCausalLM:
             needed += [f"model.layers.{i}.{n}.weight" for n in (
                 ("mlp.gate",) if sparse[i] else ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"))]
         require_tensors(weights, needed)
-
-    def forward(self, input_ids: np.ndarray, positions: np.ndarray,
-                md: AttentionMetadata) -> np.ndarray:
-        h = ops.embedding(input_ids, self.embed_tokens)
-        if self.embedding_multiplier != 1.0:
-            ops.scale_(h, self.embedding_multiplier)
-        residual = None
-        for layer in self.layers:
-            h, residual = layer(positions, h, residual, md)
-        h, _ = self.norm(h, residual)
-        return h
-
-    def compute_logits(self, hidden: np.ndarray) -> np.ndarray:
-        """Logits of contiguous hidden rows, in the activation dtype."""
-        logits = self.lm_head(hidden)
-        if self.logits_scaling != 1.0:  # Granite divides them
-            ops.scale_(logits, 1.0 / self.logits_scaling)
-        return logits

@@ -19,9 +19,10 @@ from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.fused_moe import SwiGLUMLP
 from vllmx.layers.gated_deltanet import GatedDeltaNet
 from vllmx.layers.linear import Linear, MergedLinear, take_rows
-from vllmx.layers.norm import RMSNorm
+from vllmx.layers.norm import RMSNorm, pre_norm
 from vllmx.layers.rotary import get_rope
 from vllmx.models import moe
+from vllmx.models.decoder import DecoderLM
 from vllmx.models.shapes import require_tensors
 from vllmx.ops import Weight
 
@@ -74,10 +75,7 @@ class Qwen3NextDecoderLayer:
                                  w[p + "mlp.down_proj.weight"])
 
     def __call__(self, positions, h, residual, md: AttentionMetadata):
-        if residual is None:  # the first layer: the embeddings are the residual stream
-            h, residual = self.input_layernorm(h), h
-        else:
-            h, residual = self.input_layernorm(h, residual)
+        h, residual = pre_norm(self.input_layernorm, h, residual)
         h = self.mixer(h, md) if self.linear else self.mixer(positions, h, md)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
@@ -103,7 +101,7 @@ def text_part(cfg: dict, weights):
     return text, renamed
 
 
-class Qwen3NextForCausalLM:
+class Qwen3NextForCausalLM(DecoderLM):
     is_hybrid = True  # request state slots beside the KV cache (worker/model_runner.py)
 
     def __init__(self, cfg: dict, weights: dict[str, Weight]):
@@ -213,15 +211,3 @@ class Qwen3NextForCausalLM:
         if cfg.get("num_experts"):
             moe.moe_checkpoint_shapes({**cfg, "layer_types": types}, shapes)
         return shapes
-
-    def forward(self, input_ids: np.ndarray, positions: np.ndarray,
-                md: AttentionMetadata) -> np.ndarray:
-        h = ops.embedding(input_ids, self.embed_tokens)
-        residual = None
-        for layer in self.layers:
-            h, residual = layer(positions, h, residual, md)
-        h, _ = self.norm(h, residual)
-        return h
-
-    def compute_logits(self, hidden: np.ndarray) -> np.ndarray:
-        return self.lm_head(hidden)
