@@ -230,12 +230,14 @@ void check_fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, 
   const int64_t T = x.shape[0], H = x.shape[1], E = w13.shape[0], I2 = w13.shape[1];
   VLLMX_CHECK(out.dtype == x.dtype && out.shape[0] == T && out.shape[1] == H, op,
               "out " + out.str() + " does not match x " + x.str());
-  VLLMX_CHECK(E >= 1 && I2 % 2 == 0 && I2 > 0 && w13.shape[2] == H, op,
-              "w13 " + w13.str() + " must be [E, 2 * I, H] with H = " + i2s(H) + " (x " +
-                  x.str() + ")");
-  VLLMX_CHECK(w2.shape[0] == E && w2.shape[1] == H && w2.shape[2] == I2 / 2, op,
+  const bool gated = activation != 2;  // relu2's experts have no gate: w13 is up_proj alone
+  const int64_t I = gated ? I2 / 2 : I2;
+  VLLMX_CHECK(E >= 1 && (!gated || I2 % 2 == 0) && I2 > 0 && w13.shape[2] == H, op,
+              "w13 " + w13.str() + " must be [E, " + (gated ? "2 * I" : "I") + ", H] with H = " +
+                  i2s(H) + " (x " + x.str() + ")");
+  VLLMX_CHECK(w2.shape[0] == E && w2.shape[1] == H && w2.shape[2] == I, op,
               "w2 " + w2.str() + " must be [E, H, I] = [" + i2s(E) + ", " + i2s(H) + ", " +
-                  i2s(I2 / 2) + "] for w13 " + w13.str());
+                  i2s(I) + "] for w13 " + w13.str());
   check_dtype(topk_weights, DType::F32, op, "topk_weights");
   check_ndim(topk_weights, 2, op, "topk_weights");
   check_dtype(topk_ids, DType::I32, op, "topk_ids");
@@ -255,8 +257,15 @@ void check_fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, 
   };
   check_bias(w13_bias, I2, "w13_bias");
   check_bias(w2_bias, H, "w2_bias");
-  VLLMX_CHECK(activation == 0 || activation == 1, op,
-              "activation must be 0 (silu) or 1 (swigluoai), got " + i2s(activation));
+  VLLMX_CHECK(activation >= 0 && activation <= 2, op,
+              "activation must be 0 (silu), 1 (swigluoai) or 2 (relu2), got " + i2s(activation));
+}
+
+void check_relu2(const Tensor& out, const Tensor& x) {
+  const char* op = "relu2";
+  check_ndim(x, 2, op, "x");
+  VLLMX_CHECK(out.ndim == 2 && out.shape[0] == x.shape[0] && out.shape[1] == x.shape[1], op,
+              "out " + out.str() + " does not match x " + x.str());
 }
 
 void check_swigluoai_and_mul(const Tensor& out, const Tensor& x, float alpha, float limit) {
@@ -560,6 +569,7 @@ VLLMX_OP_CHECK(rms_norm_gated, check_rms_norm_gated);
 VLLMX_OP_CHECK(mamba2_scan, check_mamba2_scan);
 VLLMX_OP_CHECK(sigmoid_gate, check_sigmoid_gate);
 VLLMX_OP_CHECK(swigluoai_and_mul, check_swigluoai_and_mul);
+VLLMX_OP_CHECK(relu2, check_relu2);
 VLLMX_OP_CHECK(grouped_topk, check_grouped_topk);
 VLLMX_OP_CHECK(batched_linear, check_batched_linear);
 VLLMX_OP_CHECK(write_kv_cache, check_write_kv_cache);

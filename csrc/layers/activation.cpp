@@ -59,6 +59,22 @@ void silu_and_mul(const Tensor& out, const Tensor& x, bool reference) {
   }
 }
 
+// Squared ReLU (Nemotron-H's MLPs and experts): out = max(x, 0)^2, exact in f32 either way.
+void relu2(const Tensor& out, const Tensor& x, bool reference) {
+  (void)reference;
+  check_dtype(x, DType::F32, "relu2", "x");
+  check_dtype(out, DType::F32, "relu2", "out");
+  const int64_t rows = x.shape[0], n = x.shape[1];
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x.ptr<float>() + r * x.stride[0];
+    float* o = out.ptr<float>() + r * out.stride[0];
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = xr[i] > 0.0f ? xr[i] : 0.0f;
+      o[i] = v * v;
+    }
+  }
+}
+
 // gpt-oss's clamped SwiGLU (vLLM's swigluoai_and_mul): the gate clamped above at limit, the up
 // half to [-limit, limit], then gate * sigmoid(alpha * gate) * (up + 1).
 void swigluoai_and_mul(const Tensor& out, const Tensor& x, float alpha, float limit,
@@ -230,6 +246,7 @@ void softcap(const Tensor& x, float cap, bool reference) {
 
 VLLMX_KERNEL(silu_and_mul, kCPU, silu_and_mul);
 VLLMX_KERNEL(swigluoai_and_mul, kCPU, swigluoai_and_mul);
+VLLMX_KERNEL(relu2, kCPU, relu2);
 VLLMX_KERNEL(gelu_and_mul, kCPU, gelu_and_mul);
 VLLMX_KERNEL(gelu, kCPU, gelu);
 VLLMX_KERNEL(softcap, kCPU, softcap);

@@ -26,6 +26,7 @@ inline Tensor stacked_view(const Tensor& w, int64_t g) {
 void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
             bool reference);
 void silu_and_mul(const Tensor& out, const Tensor& x, bool reference);
+void relu2(const Tensor& out, const Tensor& x, bool reference);
 void swigluoai_and_mul(const Tensor& out, const Tensor& x, float alpha, float limit,
                        bool reference);
 

@@ -59,7 +59,9 @@ void run_chunk(const Tensor& out, const Tensor& x, const Tensor& w13, const Tens
                const Tensor& topk_weights, const Tensor& topk_ids, const Tensor& w13_bias,
                const Tensor& w2_bias, int64_t activation, int64_t t0, int64_t t1,
                bool reference) {
-  const int64_t H = x.shape[1], E = w13.shape[0], I = w13.shape[1] / 2, k = topk_ids.shape[1];
+  const int64_t H = x.shape[1], E = w13.shape[0], k = topk_ids.shape[1];
+  const int64_t G = w13.shape[1];  // rows of w13: [gate; up] (2 I), or up alone for relu2 (I)
+  const int64_t I = activation == 2 ? G : G / 2;
   const int64_t T = t1 - t0;
   const int32_t* ids = topk_ids.ptr<int32_t>() + t0 * topk_ids.stride[0];
   const int64_t is = topk_ids.stride[0];
@@ -88,7 +90,7 @@ void run_chunk(const Tensor& out, const Tensor& x, const Tensor& w13, const Tens
   }
 
   float* xg = scratch(0, static_cast<size_t>(max_rows * H));      // the expert's rows, in/out
-  float* gu = scratch(1, static_cast<size_t>(max_rows * 2 * I));  // [gate | up]
+  float* gu = scratch(1, static_cast<size_t>(max_rows * G));      // [gate | up], or up
   float* act = scratch(2, static_cast<size_t>(max_rows * I));     // silu(gate) * up
   float* y = scratch(3, static_cast<size_t>(T * k * H));          // one row per slot
   const float* xp = x.ptr<float>() + t0 * x.stride[0];
@@ -97,9 +99,11 @@ void run_chunk(const Tensor& out, const Tensor& x, const Tensor& w13, const Tens
     const int64_t s0 = offsets[e], n = offsets[e + 1] - s0;
     if (n == 0) continue;
     for (int64_t r = 0; r < n; ++r) std::copy_n(xp + slots[s0 + r] / k * xs, H, xg + r * H);
-    linear(f32_matrix(gu, n, 2 * I), f32_matrix(xg, n, H), stacked_view(w13, e),
+    linear(f32_matrix(gu, n, G), f32_matrix(xg, n, H), stacked_view(w13, e),
            bias_row(w13_bias, e), reference);
-    if (activation == 1)
+    if (activation == 2)
+      relu2(f32_matrix(act, n, I), f32_matrix(gu, n, G), reference);
+    else if (activation == 1)
       swigluoai_and_mul(f32_matrix(act, n, I), f32_matrix(gu, n, 2 * I), kSwigluOaiAlpha,
                         kSwigluOaiLimit, reference);
     else

@@ -360,7 +360,7 @@ def grouped_topk(gating_output, k: int, num_expert_group: int = 1, topk_group: i
     return weights, ids
 
 
-_EXPERT_ACTIVATIONS = {"silu": 0, "swigluoai": 1}
+_EXPERT_ACTIVATIONS = {"silu": 0, "swigluoai": 1, "relu2": 2}
 
 
 def fused_experts(x, w13, w2, topk_weights, topk_ids, w13_bias=None, w2_bias=None,
@@ -374,6 +374,13 @@ def fused_experts(x, w13, w2, topk_weights, topk_ids, w13_bias=None, w2_bias=Non
     out = _empty(x, x.shape)
     _C.ops.fused_experts(out, x, _arg(w13), _arg(w2), topk_weights, topk_ids, w13_bias,
                          w2_bias, _EXPERT_ACTIVATIONS[activation])
+    return out
+
+
+def relu2(x):
+    """max(x, 0)^2 elementwise (Nemotron-H's MLP activation)."""
+    out = _empty(x, x.shape)
+    _C.ops.relu2(out, x)
     return out
 
 

@@ -1,12 +1,15 @@
 """Hybrid models (Gated DeltaNet layers beside attention: Qwen3-Next, Qwen3.5 dense and MoE, and
 the text part of a Qwen3.5 ...ForConditionalGeneration checkpoint; Mamba2 layers beside
-attention: Granite-4's GraniteMoeHybrid, with experts and without, with rope and without): token parity with
+attention: Granite-4's GraniteMoeHybrid, with experts and without, with rope and without;
+Nemotron-H's one-mixer blocks with relu^2 MLPs and experts): token parity with
 transformers in f32 and bf16 for tiny random checkpoints, what sets the model apart moving
 the logits, and the request state the engine keeps for it: a state slot per running request,
 taken and given back across chunked prefill, preemption and aborts, so that a batch gives each
 request's tokens alone."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -24,7 +27,8 @@ def ckpt_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("tiny-hybrid"))
 
 
-FAMILIES = ["qwen3_next", "qwen3_5", "qwen3_5_moe", "granite_moe_hybrid", "granite_hybrid_dense"]
+FAMILIES = ["qwen3_next", "qwen3_5", "qwen3_5_moe", "granite_moe_hybrid", "granite_hybrid_dense",
+            "nemotron_h"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -71,7 +75,7 @@ def test_conditional_generation_checkpoint_runs_its_text_part(tmp_path):
 @pytest.mark.parametrize("family,feature", [
     ("qwen3_next", "output_gate"), ("qwen3_next", "shared_expert_gate"), ("qwen3_next", "conv"),
     ("granite_moe_hybrid", "conv"), ("granite_moe_hybrid", "ssm_skip"),
-    ("granite_moe_hybrid", "dt_limit")])
+    ("granite_moe_hybrid", "dt_limit"), ("nemotron_h", "ssm_skip"), ("nemotron_h", "groups")])
 def test_each_feature_matters(family, feature, ckpt_dir):
     from vllmx import LLM
     from vllmx.layers.linear import Linear
@@ -86,6 +90,9 @@ def test_each_feature_matters(family, feature, ckpt_dir):
             layer.mixer.D = np.zeros_like(layer.mixer.D)
         elif feature == "dt_limit" and mixer_is_recurrent:
             layer.mixer.dt_limit = (0.0, 0.05)
+        elif feature == "groups" and getattr(layer, "kind", "") == "moe":
+            r = layer.mixer.experts.routing
+            layer.mixer.experts.routing = dataclasses.replace(r, topk_group=r.num_expert_group)
         elif feature == "output_gate" and not layer.linear:
             shape = layer.mixer.gate_proj.weight.shape  # sigmoid(0): every gate one half
             layer.mixer.gate_proj = Linear(Weight.from_numpy(np.zeros(shape, np.float32)))
@@ -99,7 +106,7 @@ def test_each_feature_matters(family, feature, ckpt_dir):
     assert np.abs(moved - base).max() / np.abs(base).max() > 1e-2, feature
 
 
-@pytest.mark.parametrize("family", ["qwen3_next", "granite_moe_hybrid"])
+@pytest.mark.parametrize("family", ["qwen3_next", "granite_moe_hybrid", "nemotron_h"])
 def test_batched_equals_alone_with_chunks_preemption_and_aborts(family, ckpt_dir):
     """12 requests through 4 sequence slots, 32-token steps (prompts in chunks) and a KV cache
     too small for all (preemption: the state is recomputed from a fresh slot): each gives its

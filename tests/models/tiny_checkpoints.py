@@ -242,6 +242,18 @@ def family_configs(**sizes):
                                        num_experts_per_tok=2, moe_intermediate_size=32,
                                        shared_expert_intermediate_size=48, decoder_sparse_step=2,
                                        pad_token_id=0),
+        # Nemotron-H: one mixer a block (mamba, MoE, attention, MLP, twice), Mamba2 with 2
+        # groups, attention without rope, relu^2 MLP and experts (8, top-2, sigmoid routing over
+        # 2 groups with a random choice bias) beside a shared relu^2 expert.
+        "nemotron_h": tf.NemotronHConfig(
+            vocab_size=VOCAB, hidden_size=common["hidden_size"], intermediate_size=96,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, mamba_num_heads=4,
+            mamba_head_dim=common["hidden_size"] // 2, ssm_state_size=16, n_groups=2,
+            conv_kernel=4, expand=2, n_routed_experts=8, num_experts_per_tok=2,
+            moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, n_group=2,
+            topk_group=1, routed_scaling_factor=1.5,
+            layers_block_type=["linear_attention", "moe", "full_attention", "mlp"] * 2,
+            max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2),
         # V3's YaRN context extension: mscale != mscale_all_dim scales cos/sin by their
         # ratio, and the softmax by mscale_all_dim's square.
         "deepseek_v3_yarn": tf.DeepseekV3Config(
@@ -278,9 +290,9 @@ RANDOM_VECTORS = ("gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel", "
                   "cohere_gguf", "cohere2", "falcon", "falcon_one_norm", "falcon_mq", "falcon_seq",
                   "falcon_mq_gguf", "cohere2_gguf", "deepseek_v3", "deepseek_v3_yarn", "deepseek_v2",
                   "deepseek_v2_lite", "glm4_moe", "gpt_oss", "gpt_oss_gguf", "qwen3_next", "qwen3_5",
-                  "qwen3_5_moe", "granite_moe_hybrid", "granite_hybrid_dense")
+                  "qwen3_5_moe", "granite_moe_hybrid", "granite_hybrid_dense", "nemotron_h")
 # Their routers' choice bias (a buffer, zero at init) drawn too, so that it steers the pick.
-CHOICE_BIAS = ("deepseek_v3", "deepseek_v3_yarn", "glm4_moe")
+CHOICE_BIAS = ("deepseek_v3", "deepseek_v3_yarn", "glm4_moe", "nemotron_h")
 
 GGUF_ARCH = {"llama": "llama", "llama3": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
              "granite": "granite", "smollm3_gguf": "smollm3", "phi3": "phi3", "glm4": "glm4",

@@ -242,3 +242,26 @@ def test_biases_and_swigluoai(qtype):
         ops.fused_experts(x, ops.Weight(w13, int(qtype), (e, 2 * inter, h)),
                           ops.Weight(w2, int(qtype), (e, h, inter)), tw, ids, b13,
                           np.ascontiguousarray(b2[:, :63]))
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=lambda q: q.name)
+def test_relu2_experts_without_gate(qtype):
+    """Nemotron-H's experts: up_proj alone ([E, I, H]), relu(x)^2, down_proj."""
+    rng = np.random.default_rng(np.random.SeedSequence().entropy)
+    e, h, inter, t, k = 8, 64, 64, 19, 3
+    w1, w1_64 = make_experts(rng, qtype, e, inter, h)
+    w2, w2_64 = make_experts(rng, qtype, e, h, inter)
+    x = rng.standard_normal((t, h)).astype(np.float32)
+    tw, ids = route(rng, t, e, k)
+    want = np.zeros((t, h))
+    for i in range(t):
+        for j in range(k):
+            u = np.maximum(w1_64[ids[i, j]] @ x[i].astype(np.float64), 0)
+            want[i] += tw[i, j] * (w2_64[ids[i, j]] @ (u * u))
+    got = ops.fused_experts(x, ops.Weight(w1, int(qtype), (e, inter, h)),
+                            ops.Weight(w2, int(qtype), (e, h, inter)), tw, ids,
+                            activation="relu2")
+    tol = 1e-5 if qtype == Q.F32 else 3e-2
+    assert np.abs(got - want).max() / np.abs(want).max() < tol
+    x2 = rng.standard_normal((4, 10)).astype(np.float32)
+    assert np.array_equal(ops.relu2(x2), np.maximum(x2, 0) ** 2)

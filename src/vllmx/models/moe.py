@@ -86,7 +86,7 @@ def _routing(cfg: dict, archs: list[str]) -> GroupedRouting | None:
         routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0))
 
 
-def _stack(ws: list[Weight]) -> np.ndarray:
+def stack_experts(ws: list[Weight]) -> np.ndarray:
     """[E, N, row] from E weights [N, row] of one dtype."""
     if len({w.dtype for w in ws}) != 1:
         raise ValueError(f"experts of one layer must share a dtype, got "
@@ -123,9 +123,9 @@ def expert_weights(weights, cfg: dict, i: int) -> tuple[Weight, Weight]:
     ups = [weights[u] for _, u, _ in names]
     downs = [weights[d] for _, _, d in names]
     inter, h = gates[0].shape
-    w13 = np.concatenate([_stack(gates), _stack(ups)], axis=1)
+    w13 = np.concatenate([stack_experts(gates), stack_experts(ups)], axis=1)
     return (Weight(w13, gates[0].dtype, (e_count, 2 * inter, h)),
-            Weight(_stack(downs), downs[0].dtype, (e_count, h, inter)))
+            Weight(stack_experts(downs), downs[0].dtype, (e_count, h, inter)))
 
 
 class RenamedWeights(Mapping):

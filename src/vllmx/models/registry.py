@@ -10,6 +10,7 @@ from vllmx.models.gpt2 import GPT2LMHeadModel
 from vllmx.models.gpt_neox import GPTNeoXForCausalLM
 from vllmx.models.granitemoehybrid import GraniteMoeHybridForCausalLM
 from vllmx.models.llama import LlamaForCausalLM
+from vllmx.models.nemotron_h import NemotronHForCausalLM
 from vllmx.models.olmo2 import Olmo2ForCausalLM
 from vllmx.models.qwen3_next import Qwen3NextForCausalLM
 from vllmx.models.stablelm import StableLmForCausalLM
@@ -36,6 +37,7 @@ _HF_ARCHS = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "MixtralForCausalLM": LlamaForCausalLM,
+    "NemotronHForCausalLM": NemotronHForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "Olmo3ForCausalLM": Olmo2ForCausalLM,
     "Phi3ForCausalLM": LlamaForCausalLM,
