@@ -13,7 +13,7 @@ from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.fused_moe import GroupedRouting, SparseMoeBlock
 from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.mamba2 import Mamba2Mixer
-from vllmx.layers.norm import RMSNorm, ResidualAdd, pre_norm
+from vllmx.layers.norm import ResidualAdd, RMSNorm, pre_norm
 from vllmx.layers.rotary import get_rope
 from vllmx.models import moe
 from vllmx.models.decoder import DecoderLM
