@@ -254,6 +254,22 @@ def family_configs(**sizes):
             topk_group=1, routed_scaling_factor=1.5,
             layers_block_type=["linear_attention", "moe", "full_attention", "mlp"] * 2,
             max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+        # Falcon-H1: Mamba2 (2 groups, the gated norm before the gate) beside attention in
+        # every layer, every muP multiplier away from 1.
+        "falcon_h1": tf.FalconH1Config(
+            **{**common, "num_hidden_layers": 3, "head_dim": 16}, mamba_n_heads=4,
+            mamba_d_head=common["hidden_size"] // 2, mamba_d_ssm=2 * common["hidden_size"],
+            mamba_d_state=16, mamba_n_groups=2, mamba_d_conv=4, mamba_rms_norm=True,
+            embedding_multiplier=2.0, lm_head_multiplier=0.5, attention_in_multiplier=0.7,
+            attention_out_multiplier=1.3, key_multiplier=0.8, ssm_in_multiplier=1.2,
+            ssm_out_multiplier=0.6, ssm_multipliers=[0.5, 1.5, 0.8, 1.25, 0.9],
+            mlp_multipliers=[1.4, 0.7], pad_token_id=0),
+        # ... and without the mixer's norm (the output only gated by silu(z)).
+        "falcon_h1_no_norm": tf.FalconH1Config(
+            **{**common, "num_hidden_layers": 2, "head_dim": 16}, mamba_n_heads=2,
+            mamba_d_head=common["hidden_size"], mamba_d_ssm=2 * common["hidden_size"],
+            mamba_d_state=16, mamba_n_groups=1, mamba_d_conv=4, mamba_rms_norm=False,
+            pad_token_id=0),
         # V3's YaRN context extension: mscale != mscale_all_dim scales cos/sin by their
         # ratio, and the softmax by mscale_all_dim's square.
         "deepseek_v3_yarn": tf.DeepseekV3Config(
@@ -290,7 +306,8 @@ RANDOM_VECTORS = ("gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel", "
                   "cohere_gguf", "cohere2", "falcon", "falcon_one_norm", "falcon_mq", "falcon_seq",
                   "falcon_mq_gguf", "cohere2_gguf", "deepseek_v3", "deepseek_v3_yarn", "deepseek_v2",
                   "deepseek_v2_lite", "glm4_moe", "gpt_oss", "gpt_oss_gguf", "qwen3_next", "qwen3_5",
-                  "qwen3_5_moe", "granite_moe_hybrid", "granite_hybrid_dense", "nemotron_h")
+                  "qwen3_5_moe", "granite_moe_hybrid", "granite_hybrid_dense", "nemotron_h",
+                  "falcon_h1", "falcon_h1_no_norm")
 # Their routers' choice bias (a buffer, zero at init) drawn too, so that it steers the pick.
 CHOICE_BIAS = ("deepseek_v3", "deepseek_v3_yarn", "glm4_moe", "nemotron_h")
 

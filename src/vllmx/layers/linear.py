@@ -43,6 +43,13 @@ def take_rows(w: Weight, rows) -> Weight:
                   (len(rows),) + tuple(w.shape[1:]))
 
 
+def scale_rows(w: Weight, scale) -> Weight:
+    """w with row r times scale[r] (or every row times one scale), as an f32 weight: a model's
+    constant multipliers on a projection's input or output folded into its matrix."""
+    rows = np.asarray(scale, dtype=np.float64).reshape(-1, *([1] * (len(w.shape) - 1)))
+    return Weight.from_numpy((w.to_float32().reshape(w.shape) * rows).astype(np.float32))
+
+
 class Linear:
     def __init__(self, weight: Weight, bias: Weight | None = None):
         self.weight = weight if isinstance(weight, DeviceArray) else packed(weight)

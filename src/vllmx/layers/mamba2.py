@@ -19,7 +19,8 @@ from vllmx.pages import lazy_zeros
 class Mamba2Mixer:
     def __init__(self, w: dict[str, Weight], prefix: str, *, num_heads: int, head_dim: int,
                  state_size: int, n_groups: int, eps: float,
-                 dt_limit: tuple[float, float] = (0.0, float("inf"))):
+                 dt_limit: tuple[float, float] = (0.0, float("inf")), rms_norm: bool = True,
+                 norm_before_gate: bool = False):
         if placement.current().on_gpu:
             raise ValueError(f"{prefix[:-1]}: Mamba2 runs on the CPU only for now; run this "
                              f"model with device='cpu'")
@@ -47,7 +48,11 @@ class Mamba2Mixer:
         self.A_log, self.D, self.dt_bias = (
             np.ascontiguousarray(w[p + n].to_float32().reshape(-1)) for n in ("A_log", "D",
                                                                               "dt_bias"))
-        self.norm_weight = np.ascontiguousarray(w[p + "norm.weight"].to_float32().reshape(-1))
+        # The gated norm (Mamba2's order by default; Falcon-H1 may norm before the gate, or
+        # only gate: y * silu(z))
+        self.norm_before_gate = norm_before_gate
+        self.norm_weight = (np.ascontiguousarray(w[p + "norm.weight"].to_float32().reshape(-1))
+                            if rms_norm else None)
         self.out_proj = Linear(w[p + "out_proj.weight"], w.get(p + "out_proj.bias"))
         self.conv_state = self.ssm_state = None
 
@@ -64,6 +69,10 @@ class Mamba2Mixer:
         xs, b, c = ops.split_columns(xbc, [d_inner, gn, gn])
         y = ops.mamba2_scan(xs, self.dt_proj(x), b, c, self.A_log, self.D, self.dt_bias,
                             self.ssm_state, qsl, idx, init, *self.dt_limit)
-        y = ops.rms_norm_gated(y, self.z_proj(x), self.norm_weight, self.eps,
-                               d_inner // self.g, norm_before_gate=False)
+        z = self.z_proj(x)
+        if self.norm_weight is None:
+            y = ops.silu_and_mul(ops.concat_columns([z, y]))
+        else:
+            y = ops.rms_norm_gated(y, z, self.norm_weight, self.eps, d_inner // self.g,
+                                   norm_before_gate=self.norm_before_gate)
         return self.out_proj(y)

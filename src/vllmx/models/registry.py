@@ -5,6 +5,7 @@ from __future__ import annotations
 from vllmx.models.commandr import Cohere2ForCausalLM, CohereForCausalLM
 from vllmx.models.deepseek_v2 import DeepseekV2ForCausalLM
 from vllmx.models.falcon import FalconForCausalLM
+from vllmx.models.falcon_h1 import FalconH1ForCausalLM
 from vllmx.models.gemma3 import Gemma3ForCausalLM
 from vllmx.models.gpt2 import GPT2LMHeadModel
 from vllmx.models.gpt_neox import GPTNeoXForCausalLM
@@ -23,6 +24,7 @@ _HF_ARCHS = {
     "DeepseekV3ForCausalLM": DeepseekV2ForCausalLM,
     "Exaone4ForCausalLM": Olmo2ForCausalLM,
     "FalconForCausalLM": FalconForCausalLM,
+    "FalconH1ForCausalLM": FalconH1ForCausalLM,
     "Gemma2ForCausalLM": Gemma3ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Glm4ForCausalLM": LlamaForCausalLM,
