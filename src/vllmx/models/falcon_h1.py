@@ -15,7 +15,7 @@ from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.fused_moe import SwiGLUMLP
 from vllmx.layers.linear import Linear, MergedLinear, scale_rows
 from vllmx.layers.mamba2 import Mamba2Mixer
-from vllmx.layers.norm import RMSNorm, ResidualAdd, pre_norm
+from vllmx.layers.norm import ResidualAdd, RMSNorm, pre_norm
 from vllmx.layers.rotary import get_rope
 from vllmx.models.decoder import DecoderLM
 from vllmx.models.shapes import require_tensors
