@@ -32,7 +32,11 @@ llama_cpp = pytest.importorskip("llama_cpp")
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("torch")
 
-SEED = int.from_bytes(os.urandom(4), "little")
+# One fixed draw of weights and prompts (VLLMX_TEST_SEED replays another): with 4- and 8-bit
+# weights a router near a tie can pick another expert than llama.cpp does, and then that one
+# position may fall past the rule's 1.5 nats (seed 3994248822: Mixtral Q4_K, 1.72 nats at 1 of
+# 256 positions, the same before this code changed); fresh draws made the run fail now and then.
+SEED = int(os.environ.get("VLLMX_TEST_SEED", 20261202))
 PROMPT_RTOL = {"F32": 1e-4, "Q8_0": 3e-2, "Q4_K": 3e-2, "MXFP4": 3e-2}
 MIN_CLOSE_POSITIONS = {"F32": 1.0, "Q8_0": 0.95, "Q4_K": 0.95, "MXFP4": 0.95}
 FAMILIES = [("qwen3_moe_gguf", "qwen3moe"), ("mixtral", "llama"), ("granite_moe", "granitemoe"),
