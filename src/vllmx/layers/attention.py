@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from vllmx import ops
+from vllmx.layers.linear import Linear, MergedLinear
+from vllmx.ops import Weight
 
 
 @dataclass
@@ -61,3 +63,23 @@ class Attention:
         return ops.paged_attention(q, key_cache, value_cache, md.block_table, md.query_start_loc,
                                    md.seq_lens, self.scale, md.cache_dtype, self.sliding_window,
                                    self.logits_soft_cap, md.max_query_len, self.sinks)
+
+
+class SelfAttention:
+    """q / k / v / o projections (biases where the checkpoint has them) around Attention, no
+    q/k norm: the attention layers of the hybrids (Granite-4's, Nemotron-H's) under prefix
+    (e.g. "model.layers.3.self_attn.")."""
+
+    def __init__(self, layer_idx: int, cfg: dict, w: dict[str, Weight], prefix: str, rope,
+                 scale: float):
+        nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+        names = [prefix + f"{n}_proj" for n in "qkv"]
+        self.qkv_proj = MergedLinear([w[n + ".weight"] for n in names],
+                                     [w.get(n + ".bias") for n in names])
+        self.o_proj = Linear(w[prefix + "o_proj.weight"], w.get(prefix + "o_proj.bias"))
+        self.rope = rope
+        self.attn = Attention(layer_idx, nh, nkv, hd, scale)
+
+    def __call__(self, positions, x, md: AttentionMetadata):
+        return self.o_proj(self.attn.forward_qkv(self.qkv_proj(x), positions, self.rope, None,
+                                                 None, md))

@@ -16,6 +16,13 @@ from vllmx.ops import Weight
 from vllmx.pages import lazy_zeros
 
 
+def time_step_limit(cfg: dict) -> tuple[float, float]:
+    """A config's Mamba2 time_step_limit (dt's window; (0, inf) when absent), as floats: a
+    config.json writes infinity as {"__float__": "Infinity"}."""
+    limit = cfg.get("time_step_limit") or (0.0, float("inf"))
+    return tuple(float(v["__float__"]) if isinstance(v, dict) else float(v) for v in limit)
+
+
 class Mamba2Mixer:
     def __init__(self, w: dict[str, Weight], prefix: str, *, num_heads: int, head_dim: int,
                  state_size: int, n_groups: int, eps: float,

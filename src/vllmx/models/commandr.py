@@ -17,6 +17,7 @@ from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.norm import LayerNorm, ResidualAdd
 from vllmx.layers.rotary import RotaryEmbedding, get_rope
+from vllmx.models.decoder import DecoderLM
 from vllmx.models.gemma3 import layer_types
 from vllmx.models.llama import gguf_name_to_hf
 from vllmx.models.shapes import decoder_shapes, require_tensors
@@ -68,7 +69,7 @@ class CohereDecoderLayer:
         return m, residual
 
 
-class CohereForCausalLM:
+class CohereForCausalLM(DecoderLM):
     def __init__(self, cfg: dict, weights: dict[str, Weight]):
         cfg = dict(cfg)
         if cfg.get("gguf_architecture") is not None:
@@ -123,15 +124,6 @@ class CohereForCausalLM:
         for i in range(self.config["num_hidden_layers"]):
             needed += [f"model.layers.{i}.{n}.weight" for n in names]
         require_tensors(weights, needed)
-
-    def forward(self, input_ids: np.ndarray, positions: np.ndarray,
-                md: AttentionMetadata) -> np.ndarray:
-        h = ops.embedding(input_ids, self.embed_tokens)
-        residual = None
-        for layer in self.layers:
-            h, residual = layer(positions, h, residual, md)
-        h, _ = self.norm(h, residual)
-        return h
 
     def compute_logits(self, hidden: np.ndarray) -> np.ndarray:
         logits = self.lm_head(hidden)

@@ -1,7 +1,7 @@
-"""The forward pass the RMSNorm decoder families share (Llama and its kin, DeepSeek, the Qwen3
-hybrids, Granite-4): the embeddings (times embedding_multiplier: Granite's), each layer as
-(positions, h, residual, md) -> (h, residual), the final norm fused with the last residual add,
-and lm_head (its logits divided by logits_scaling: Granite's)."""
+"""The forward pass the pre-norm decoder families share (Llama and its kin, DeepSeek, the
+hybrids, StableLM, Starcoder2, Cohere): the embeddings (times embedding_multiplier: Granite's),
+each layer as (positions, h, residual, md) -> (h, residual), the final norm fused with the last
+residual add, and lm_head (its logits divided by logits_scaling: Granite's)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.fused_moe import SwiGLUMLP
 from vllmx.layers.linear import Linear, MergedLinear, scale_rows
-from vllmx.layers.mamba2 import Mamba2Mixer
+from vllmx.layers.mamba2 import Mamba2Mixer, time_step_limit
 from vllmx.layers.norm import ResidualAdd, RMSNorm, pre_norm
 from vllmx.layers.rotary import get_rope
 from vllmx.models.decoder import DecoderLM
@@ -98,9 +98,7 @@ class FalconH1ForCausalLM(DecoderLM):
         cfg = dict(cfg)
         cfg["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
         cfg.setdefault("rms_norm_eps", 1e-5)
-        limit = cfg.get("time_step_limit") or (0.0, float("inf"))
-        cfg["dt_limit"] = tuple(float(v["__float__"]) if isinstance(v, dict) else float(v)
-                                for v in limit)
+        cfg["dt_limit"] = time_step_limit(cfg)
         if cfg.get("hidden_act", "silu") != "silu":
             raise ValueError(f"Falcon-H1 with hidden_act {cfg['hidden_act']!r} is not supported")
         self.config = cfg

@@ -8,32 +8,16 @@ from __future__ import annotations
 
 from vllmx import ops
 from vllmx.layers import placement
-from vllmx.layers.attention import Attention, AttentionMetadata
+from vllmx.layers.attention import AttentionMetadata, SelfAttention
 from vllmx.layers.fused_moe import SwiGLUMLP
-from vllmx.layers.linear import Linear, MergedLinear
-from vllmx.layers.mamba2 import Mamba2Mixer
+from vllmx.layers.linear import Linear
+from vllmx.layers.mamba2 import Mamba2Mixer, time_step_limit
 from vllmx.layers.norm import RMSNorm, pre_norm
 from vllmx.layers.rotary import get_rope
 from vllmx.models import granitemoe, moe
 from vllmx.models.decoder import DecoderLM
 from vllmx.models.shapes import require_tensors
 from vllmx.ops import Weight
-
-
-class GraniteHybridAttention:
-    def __init__(self, i: int, cfg: dict, w: dict[str, Weight], rope):
-        p = f"model.layers.{i}.self_attn."
-        nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-        names = [p + f"{n}_proj" for n in "qkv"]
-        self.qkv_proj = MergedLinear([w[n + ".weight"] for n in names],
-                                     [w.get(n + ".bias") for n in names])
-        self.o_proj = Linear(w[p + "o_proj.weight"], w.get(p + "o_proj.bias"))
-        self.rope = rope
-        self.attn = Attention(i, nh, nkv, hd, float(cfg.get("attention_multiplier") or hd ** -0.5))
-
-    def __call__(self, positions, x, md: AttentionMetadata):
-        return self.o_proj(self.attn.forward_qkv(self.qkv_proj(x), positions, self.rope, None,
-                                                 None, md))
 
 
 class GraniteMoeHybridDecoderLayer:
@@ -47,7 +31,9 @@ class GraniteMoeHybridDecoderLayer:
                 state_size=cfg["mamba_d_state"], n_groups=cfg["mamba_n_groups"], eps=eps,
                 dt_limit=cfg["dt_limit"])
         else:
-            self.mixer = GraniteHybridAttention(i, cfg, w, rope)
+            hd = cfg["head_dim"]
+            self.mixer = SelfAttention(i, cfg, w, p + "self_attn.", rope,
+                                       float(cfg.get("attention_multiplier") or hd ** -0.5))
         self.input_layernorm = RMSNorm(w[p + "input_layernorm.weight"], eps)
         self.post_attention_layernorm = RMSNorm(w[p + "post_attention_layernorm.weight"], eps)
         if cfg["num_experts"]:
@@ -84,9 +70,7 @@ def _config(cfg: dict) -> dict:
     cfg["layer_types"] = types
     cfg["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     cfg.setdefault("rms_norm_eps", 1e-6)
-    limit = cfg.get("time_step_limit") or (0.0, float("inf"))
-    cfg["dt_limit"] = tuple(float(v["__float__"]) if isinstance(v, dict) else float(v)
-                            for v in limit)
+    cfg["dt_limit"] = time_step_limit(cfg)
     if cfg.get("num_local_experts"):
         cfg = granitemoe.granite_moe_config(cfg)
     else:
@@ -155,8 +139,10 @@ class GraniteMoeHybridForCausalLM(DecoderLM):
                     shapes[m + "out_proj.bias"] = (h,)
             else:
                 a = p + "self_attn."
-                shapes.update({a + "q_proj.weight": (nh * hd, h), a + "k_proj.weight": (nkv * hd, h),
-                               a + "v_proj.weight": (nkv * hd, h), a + "o_proj.weight": (h, nh * hd)})
+                shapes.update({a + "q_proj.weight": (nh * hd, h),
+                               a + "k_proj.weight": (nkv * hd, h),
+                               a + "v_proj.weight": (nkv * hd, h),
+                               a + "o_proj.weight": (h, nh * hd)})
                 if cfg.get("attention_bias"):
                     shapes.update({a + "q_proj.bias": (nh * hd,), a + "k_proj.bias": (nkv * hd,),
                                    a + "v_proj.bias": (nkv * hd,), a + "o_proj.bias": (h,)})

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from vllmx import ops
 from vllmx.layers import placement
-from vllmx.layers.attention import Attention, AttentionMetadata
+from vllmx.layers.attention import AttentionMetadata, SelfAttention
 from vllmx.layers.fused_moe import GroupedRouting, SparseMoeBlock
-from vllmx.layers.linear import Linear, MergedLinear
-from vllmx.layers.mamba2 import Mamba2Mixer
+from vllmx.layers.linear import Linear
+from vllmx.layers.mamba2 import Mamba2Mixer, time_step_limit
 from vllmx.layers.norm import ResidualAdd, RMSNorm, pre_norm
 from vllmx.layers.rotary import get_rope
 from vllmx.models import moe
@@ -67,21 +67,6 @@ class NemotronHMoE:
         return shared
 
 
-class NemotronHAttention:
-    def __init__(self, i: int, cfg: dict, w: dict[str, Weight], p: str, rope):
-        nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-        names = [p + f"{n}_proj" for n in "qkv"]
-        self.qkv_proj = MergedLinear([w[n + ".weight"] for n in names],
-                                     [w.get(n + ".bias") for n in names])
-        self.o_proj = Linear(w[p + "o_proj.weight"], w.get(p + "o_proj.bias"))
-        self.rope = rope
-        self.attn = Attention(i, nh, nkv, hd, hd ** -0.5)
-
-    def __call__(self, positions, x, md: AttentionMetadata):
-        return self.o_proj(self.attn.forward_qkv(self.qkv_proj(x), positions, self.rope, None,
-                                                 None, md))
-
-
 class NemotronHBlock:
     def __init__(self, i: int, cfg: dict, w: dict[str, Weight], rope):
         p = f"backbone.layers.{i}.mixer."
@@ -94,7 +79,7 @@ class NemotronHBlock:
                 state_size=cfg["ssm_state_size"], n_groups=cfg["n_groups"],
                 eps=cfg["layer_norm_epsilon"], dt_limit=cfg["dt_limit"])
         elif self.kind == "full_attention":
-            self.mixer = NemotronHAttention(i, cfg, w, p, rope)
+            self.mixer = SelfAttention(i, cfg, w, p, rope, cfg["head_dim"] ** -0.5)
         elif self.kind == "moe":
             self.mixer = NemotronHMoE(cfg, w, p)
         else:
@@ -127,9 +112,7 @@ def _config(cfg: dict) -> dict:
     cfg["num_hidden_layers"] = len(types)
     cfg["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     cfg["layer_norm_epsilon"] = float(cfg.get("layer_norm_epsilon") or 1e-5)
-    limit = cfg.get("time_step_limit") or (0.0, float("inf"))
-    cfg["dt_limit"] = tuple(float(v["__float__"]) if isinstance(v, dict) else float(v)
-                            for v in limit)
+    cfg["dt_limit"] = time_step_limit(cfg)
     cfg["num_kv_cache_layers"] = types.count("full_attention")
     return cfg
 

@@ -16,6 +16,7 @@ from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.norm import LayerNorm, ResidualAdd
 from vllmx.layers.rotary import RotaryEmbedding, get_rope
+from vllmx.models.decoder import DecoderLM
 from vllmx.models.llama import gguf_name_to_hf
 from vllmx.models.shapes import decoder_shapes, require_tensors
 from vllmx.ops import Weight
@@ -88,7 +89,7 @@ class StableLmDecoderLayer:
         return self.mlp(x), residual
 
 
-class StableLmForCausalLM:
+class StableLmForCausalLM(DecoderLM):
     def __init__(self, cfg: dict, weights: dict[str, Weight]):
         cfg = dict(cfg)
         gguf_arch = cfg.get("gguf_architecture")
@@ -157,15 +158,3 @@ class StableLmForCausalLM:
                     needed += ([f"{p}self_attn.{name}.weight"] if "gguf_architecture" in self.config
                                else [f"{p}self_attn.{name}.norms.{h}.weight" for h in range(heads)])
         require_tensors(weights, needed)
-
-    def forward(self, input_ids: np.ndarray, positions: np.ndarray,
-                md: AttentionMetadata) -> np.ndarray:
-        h = ops.embedding(input_ids, self.embed_tokens)
-        residual = None
-        for layer in self.layers:
-            h, residual = layer(positions, h, residual, md)
-        h, _ = self.norm(h, residual)
-        return h
-
-    def compute_logits(self, hidden: np.ndarray) -> np.ndarray:
-        return self.lm_head(hidden)

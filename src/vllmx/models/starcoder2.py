@@ -5,15 +5,13 @@ sliding window on every layer when the config has one, tied embeddings by defaul
 
 from __future__ import annotations
 
-import numpy as np
-
-from vllmx import ops
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.mlp import GeluMLP
 from vllmx.layers.norm import LayerNorm
 from vllmx.layers.rotary import RotaryEmbedding, get_rope
+from vllmx.models.decoder import DecoderLM
 from vllmx.models.llama import gguf_name_to_hf
 from vllmx.models.shapes import require_tensors
 from vllmx.ops import Weight
@@ -57,7 +55,7 @@ class Starcoder2DecoderLayer:
         return self.mlp(x), residual
 
 
-class Starcoder2ForCausalLM:
+class Starcoder2ForCausalLM(DecoderLM):
     def __init__(self, cfg: dict, weights: dict[str, Weight]):
         cfg = dict(cfg)
         if cfg.get("gguf_architecture") is not None:
@@ -109,15 +107,3 @@ class Starcoder2ForCausalLM:
             needed += [f"model.layers.{i}.{n}.weight" for n in _LAYER_TENSORS]
             needed += [f"model.layers.{i}.{n}.bias" for n in _LAYER_TENSORS[:2]]
         require_tensors(weights, needed)
-
-    def forward(self, input_ids: np.ndarray, positions: np.ndarray,
-                md: AttentionMetadata) -> np.ndarray:
-        h = ops.embedding(input_ids, self.embed_tokens)
-        residual = None
-        for layer in self.layers:
-            h, residual = layer(positions, h, residual, md)
-        h, _ = self.norm(h, residual)
-        return h
-
-    def compute_logits(self, hidden: np.ndarray) -> np.ndarray:
-        return self.lm_head(hidden)
