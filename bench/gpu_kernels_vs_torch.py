@@ -80,8 +80,8 @@ def bench_linear(results, tokens):
 def bench_attention(results):
     rng = np.random.default_rng(1)
     nq, nkv, d, bs = 32, 8, 128, 16
-    for batch, ctx, qlen in [(1, 2048, 1), (32, 1024, 1), (32, 4096, 1), (1, 4096, 4096),
-                             (8, 1024, 1024)]:
+    for batch, ctx, qlen in [(1, 2048, 1), (32, 1024, 1), (32, 4096, 1), (128, 1024, 1),
+                             (256, 1024, 1), (1, 4096, 4096), (8, 1024, 1024), (1, 8192, 8192)]:
         nblk = batch * ((ctx + bs - 1) // bs)
         kc32 = rng.standard_normal((nblk, bs, nkv, d)).astype(np.float32)
         vc32 = rng.standard_normal((nblk, bs, nkv, d)).astype(np.float32)
@@ -112,10 +112,15 @@ def bench_attention(results):
              "heads": f"{nq}/{nkv}", "head_dim": d, "vllmx_ms": ours * 1e3,
              "torch_sdpa_ms": theirs * 1e3, "kv_GBps": 2 * kc32.size * 2 / ours / 1e9,
              "ratio": theirs / ours}
+        if qlen > 1:  # causal: query i sees ctx - qlen + i + 1 keys; 4 flops per (q, k, head, d)
+            pairs = qlen * (ctx - qlen) + qlen * (qlen + 1) / 2
+            r["vllmx_tflops"] = 4 * batch * nq * d * pairs / ours / 1e12
+            r["torch_tflops"] = 4 * batch * nq * d * pairs / theirs / 1e12
         results.append(r)
         print(f"attention batch={batch:2d} ctx={ctx:5d} q_len={qlen:4d}: vllmx {ours*1e3:8.3f} ms "
               f"({r['kv_GBps']:6.0f} GB/s KV)  torch SDPA {theirs*1e3:8.3f} ms  "
-              f"ratio {r['ratio']:.2f}")
+              f"ratio {r['ratio']:.2f}" + (f"  ({r['vllmx_tflops']:.0f} / {r['torch_tflops']:.0f}"
+                                            " TFLOP/s)" if qlen > 1 else ""))
 
 
 def main():

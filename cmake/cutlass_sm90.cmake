@@ -50,7 +50,8 @@ if(NOT _cutlass_include OR NOT EXISTS "${_cutlass_include}/cutlass/cutlass.h"
 endif()
 message(STATUS "vllmx: CUTLASS sm_90a GEMM with headers from ${_cutlass_include}")
 
-add_library(vllmx_cuda_sm90 OBJECT cuda/gemm_sm90.cu cuda/gemm_swap_sm90.cu)
+add_library(vllmx_cuda_sm90 OBJECT cuda/gemm_sm90.cu cuda/gemm_swap_sm90.cu
+                                   cuda/attention_prefill_sm90.cu)
 set_target_properties(vllmx_cuda_sm90 PROPERTIES CUDA_ARCHITECTURES 90a-real
                                                  POSITION_INDEPENDENT_CODE ON
                                                  CUDA_RUNTIME_LIBRARY Static)
@@ -61,5 +62,5 @@ target_include_directories(vllmx_cuda_sm90 SYSTEM PRIVATE "${_cutlass_include}")
 target_compile_definitions(vllmx_cuda_sm90 PRIVATE VLLMX_WITH_CUDA NDEBUG)
 target_compile_options(vllmx_cuda_sm90 PRIVATE -O3 -lineinfo --expt-relaxed-constexpr
                                                -Xcompiler=-fno-math-errno)
-target_compile_definitions(vllmx_cuda PRIVATE VLLMX_WITH_SM90_GEMM)
+target_compile_definitions(vllmx_cuda PRIVATE VLLMX_WITH_SM90_GEMM VLLMX_WITH_SM90_ATTENTION)
 target_link_libraries(_C PRIVATE vllmx_cuda_sm90)

@@ -386,6 +386,8 @@ bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) %
 
 struct AttnPlan {
   bool tensor_cores = false;
+  bool prefill_sm90 = false;  // prefill on wgmma (attention_prefill_sm90.cu)
+  int prefill_rows = kPrefillWarps * 16;  // flattened query rows per prefill CTA
   int max_splits = 1;      // decode partitions per sequence at most
   int head_groups = 1;     // decode CTAs per kv head (kDecMaxG query heads each)
   int prefill_tiles = 0;   // upper bound on prefill CTAs along x
@@ -406,9 +408,15 @@ AttnPlan plan_attention(const Tensor& out, const Tensor& q, const Tensor& kc, in
                    nkv * ((nq / nkv + kDecMaxG - 1) / kDecMaxG) <= 65535;
   if (!p.tensor_cores) return p;
   const int64_t G = nq / nkv;
-  // Prefill CTAs: sum over sequences of ceil(q_len * G / 64) <= T * G / 64 + (sequences with
+#ifdef VLLMX_WITH_SM90_ATTENTION
+  if (is_sm90()) {
+    p.prefill_sm90 = true;
+    p.prefill_rows = kSm90PrefillRows;
+  }
+#endif
+  // Prefill CTAs: sum over sequences of ceil(q_len * G / bm) <= T * G / bm + (sequences with
   // q_len >= 2, at most T / 2).
-  const int64_t bm = kPrefillWarps * 16;
+  const int64_t bm = p.prefill_rows;
   p.prefill_tiles = T >= 2 ? static_cast<int>((T * G + bm - 1) / bm + std::min(B, T / 2)) : 0;
   p.tiles_bytes = (static_cast<size_t>(p.prefill_tiles) + 1) * sizeof(int2);
   // Decode: enough partitions for about kDecCtasPerSm CTAs per SM when every sequence decodes
@@ -438,9 +446,12 @@ void launch_tc(const AttnPlan& p, const AttnArgs& a, cudaStream_t s) {
   static const bool smem_ok = (allow_smem(prefill_kernel<D, KV>, kPrefillSmem), true);
   (void)smem_ok;
   if (p.prefill_tiles > 0) {
-    launch(schedule_kernel, 1, 1024, 0, s, a, kPrefillWarps * 16);
-    launch(prefill_kernel<D, KV>, dim3(p.prefill_tiles, a.nkv), kPrefillWarps * 32,
-           kPrefillSmem, s, a);
+    launch(schedule_kernel, 1, 1024, 0, s, a, p.prefill_rows);
+    if (p.prefill_sm90)
+      launch_prefill_sm90(a, p.prefill_tiles, D, std::is_same_v<KV, __nv_bfloat16>, s);
+    else
+      launch(prefill_kernel<D, KV>, dim3(p.prefill_tiles, a.nkv), kPrefillWarps * 32,
+             kPrefillSmem, s, a);
   }
   const dim3 grid(a.nkv * p.head_groups, a.B, p.max_splits);
   launch_decode(a, grid, D, std::is_same_v<KV, __nv_bfloat16>, s);

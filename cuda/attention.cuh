@@ -21,6 +21,7 @@ constexpr int kDecStages = 3;       // decode: K/V tiles in flight (2 CTAs of 10
 constexpr int kDecMaxG = 16;        // decode: query heads (of one kv head) per CTA, one mma tile
 constexpr int kMinPartition = 64;   // decode: fewest keys worth a partition of their own
 constexpr int kMaxSplits = 128;
+constexpr int kSm90PrefillRows = 64;  // prefill CTA on Hopper's wgmma (attention_prefill_sm90.cu)
 
 struct AttnArgs {
   const void* q;
@@ -79,5 +80,9 @@ __device__ __forceinline__ void load_kv_tile(const AttnArgs& a, const int32_t* b
 // size D (64 / 128) and a bf16 (else f16) cache; the zeroed merge counters it needs.
 void launch_decode(const AttnArgs& a, dim3 grid, int D, bool bf16_cache, cudaStream_t s);
 int* done_counters(size_t n);
+// attention_prefill_sm90.cu (built with sm_90a only: VLLMX_WITH_SM90_ATTENTION): the prefill
+// kernel on wgmma over grid (grid_x, nkv), tiles of kSm90PrefillRows rows from a.tiles, for head
+// size D (64 / 128) and a bf16 (else f16) cache.
+void launch_prefill_sm90(const AttnArgs& a, int grid_x, int D, bool bf16_cache, cudaStream_t s);
 
 }  // namespace vllmx::cuda::attn

@@ -260,18 +260,6 @@ constexpr int64_t kSm90MaxSwapT = 128;
 
 bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
-// The sm_90a cubin runs on compute capability 9.0 alone (read once per process; one device).
-bool is_sm90() {
-  static const bool v = [] {
-    int dev = 0, major = 0, minor = 0;
-    return cudaGetDevice(&dev) == cudaSuccess &&
-           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-           cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-           major == 9 && minor == 0;
-  }();
-  return v;
-}
-
 // Whether the CUTLASS GEMM takes this product, and with which tile. TMA moves 16-byte rows: K, N
 // and every row stride a multiple of 8 elements, x, w and out 16-byte aligned.
 bool plan_sm90(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor& w, int64_t T,

@@ -25,6 +25,19 @@ inline int num_sms() {
   return n;
 }
 
+// Compute capability 9.0 exactly: the only one the sm_90a cubins (wgmma kernels) run on (read
+// once per process; one device for now).
+inline bool is_sm90() {
+  static const bool v = [] {
+    int dev = 0, major = 0, minor = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+           major == 9 && minor == 0;
+  }();
+  return v;
+}
+
 // Raises a kernel's dynamic shared-memory limit once (needed above 48 KB).
 template <typename Kernel>
 inline void allow_smem(Kernel kernel, int bytes) {

@@ -309,6 +309,16 @@ def test_attention(dt, D, heads, kind, seqs):
     check_attention(seqs, heads, D, dt, dt, seed=D + heads[0])
 
 
+@pytest.mark.parametrize("heads", [(32, 8), (16, 8), (12, 1)], ids=lambda h: f"{h[0]}q{h[1]}kv")
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dt", [BF16, F16], ids=["bf16", "f16"])
+def test_attention_long_prefill(dt, D, heads):
+    """Prompts of many K/V tiles and row tiles (Hopper's wgmma prefill kernel: 128 rows, 128-key
+    tiles double-buffered), a chunk after a long context, beside decode rows."""
+    check_attention([(1500, 1500), (3000, 700), (260, 260), (900, 1)], heads, D, dt, dt,
+                    seed=D + heads[0], q_scale=2.0)
+
+
 @pytest.mark.parametrize("window,cap", [(8, 0.0), (1, 0.0), (33, 0.0), (1000, 0.0), (0, 5.0),
                                         (20, 30.0), (700, 50.0)])
 @pytest.mark.parametrize("D", [64, 128])

@@ -1,0 +1,368 @@
+// Prefill attention on Hopper's warpgroup MMAs (sm_90a): the FlashAttention-2 loop of
+// attention.cu's prefill kernel with both products on wgmma, which reads its operands straight
+// from shared memory and runs asynchronously, where mma.sync needs every fragment staged through
+// registers by ldmatrix (the prefill kernel on mma.sync ran at about a fifth of cuDNN's rate on
+// the H200). Built for sm_90a alone (cmake/cutlass_sm90.cmake); attention.cu launches it on
+// compute capability 9.0 for head sizes 64 and 128 and keeps the mma.sync kernel elsewhere.
+//
+// One CTA: one warpgroup, 64 query rows (wgmma's M) of one (sequence, kv head); rows are
+// flattened (token, head of the group) as in attention.cu, so a GQA group's heads share every
+// K/V tile. Per tile of 64 keys:
+//   S = Q K^T   wgmma m64n64k16, Q and K from shared memory (K-major),
+//   online softmax of S in f32 registers (base-2 exponent), P rounded to the cache dtype,
+//   O += P V    wgmma m64nDk16, P from registers, V from shared memory (MN-major).
+// Two CTAs fit an SM (83 KB of shared memory, 128 threads each), so one's softmax runs while
+// the other's MMAs do. K/V tiles arrive by cp.async (the paged cache's rows are gathered
+// through the block table, so no TMA box describes a tile), double-buffered, in the 128-byte
+// swizzled layout wgmma reads without bank conflicts. The instructions are CuTe's wrappers
+// (CUTLASS headers, build-time only); the descriptors and layouts are written out here.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+#include <utility>
+
+#include "attention.cuh"
+#include "cute/arch/mma_sm90_gmma.hpp"
+
+#if !defined(CUTE_ARCH_MMA_SM90A_ENABLED) && defined(__CUDA_ARCH__)
+#error "cuda/attention_prefill_sm90.cu is built for sm_90a only"
+#endif
+
+namespace vllmx::cuda::attn {
+
+namespace {
+
+namespace gmma = cute::SM90::GMMA;
+
+constexpr int kThreads = 128;          // one warpgroup
+constexpr int kBM = kSm90PrefillRows;  // query rows per CTA: wgmma's M
+constexpr int kBN = 64;                // keys per K/V tile
+constexpr int kStages = 2;
+static_assert(kBM == 64, "one 64-row wgmma tile per CTA");
+
+template <int D>
+constexpr int smem_bytes() {
+  return (kBM + 2 * kStages * kBN) * D * 2 + 1024;  // Q, K and V stages; 1024: base alignment
+}
+
+// Byte offset of 16-byte chunk c (of D / 8) of row r in a [rows][D] tile stored as wgmma's
+// 128-byte swizzle wants it: D / 64 column blocks of [rows][64 elements], 128-byte rows, chunk
+// c's slot within a row XORed with the row's index in its 8-row (1024-byte) atom.
+__device__ __forceinline__ uint32_t swizzled(int r, int c, int rows) {
+  return static_cast<uint32_t>(((c >> 3) * rows + r) * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+// A shared-memory matrix descriptor for the 128-byte swizzle (layout type 1): start address,
+// leading byte offset (MN-major: between 64-element column blocks; K-major: unused, 16), stride
+// byte offset (between 8-row atoms: 1024). Addresses in 16-byte units.
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
+         static_cast<uint64_t>(lbo >> 4) << 16 | static_cast<uint64_t>(sbo >> 4) << 32 |
+         uint64_t{1} << 62;
+}
+
+// The wgmma instructions for the cache dtype: S (64 x 64 keys, both operands in shared memory)
+// and O (64 x D, P from registers, V column-major in the MMA's terms).
+template <typename KV, int D>
+struct Mma;
+template <>
+struct Mma<__nv_bfloat16, 128> {
+  using S = gmma::MMA_64x64x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
+  using O = gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::MN>;
+};
+template <>
+struct Mma<__nv_bfloat16, 64> {
+  using S = gmma::MMA_64x64x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
+  using O = gmma::MMA_64x64x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::MN>;
+};
+template <>
+struct Mma<__half, 128> {
+  using S = gmma::MMA_64x64x16_F32F16F16_SS<gmma::Major::K, gmma::Major::K>;
+  using O = gmma::MMA_64x128x16_F32F16F16_RS<gmma::Major::K, gmma::Major::MN>;
+};
+template <>
+struct Mma<__half, 64> {
+  using S = gmma::MMA_64x64x16_F32F16F16_SS<gmma::Major::K, gmma::Major::K>;
+  using O = gmma::MMA_64x64x16_F32F16F16_RS<gmma::Major::K, gmma::Major::MN>;
+};
+
+// The CuTe wrappers take each accumulator register as its own argument.
+template <class Op, int N, size_t... I>
+__device__ __forceinline__ void wgmma_ss(uint64_t da, uint64_t db, float (&d)[N],
+                                         gmma::ScaleOut sc, std::index_sequence<I...>) {
+  Op::fma(da, db, d[I]..., sc);
+}
+template <class Op, int N, size_t... I>
+__device__ __forceinline__ void wgmma_rs(const uint32_t (&a)[4], uint64_t db, float (&d)[N],
+                                         std::index_sequence<I...>) {
+  Op::fma(a[0], a[1], a[2], a[3], db, d[I]..., gmma::ScaleOut::One);
+}
+
+// Registers an async MMA writes (or reads) stay where they are across its wait.
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) cute::warpgroup_fence_operand(r[i]);
+}
+
+// This thread's shared-memory writes (cp.async, plain stores) made visible to wgmma, which
+// reads shared memory through the async proxy.
+__device__ __forceinline__ void fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// 2^x in one MUFU instruction (exp2f adds range handling the softmax does not need: its
+// arguments are <= 0 or -inf, whose 2^x is +0).
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <int D, typename KV>
+__global__ void __launch_bounds__(kThreads, 2) prefill_sm90_kernel(AttnArgs a) {
+  pdl_begin();
+  const int num_tiles = *a.num_tiles;
+  if (static_cast<int>(blockIdx.x) >= num_tiles) return;
+  // Last tiles first: within a sequence they see the most keys, so the longest CTAs start early.
+  const int2 tile = a.tiles[num_tiles - 1 - blockIdx.x];
+  const int b = tile.x, row_start = tile.y, g = blockIdx.y;
+  constexpr int CPR = D / 8;               // 16-byte chunks per row
+  constexpr int NS = kBN / 2;              // S accumulators per thread (64 x kBN over 128)
+  constexpr int NO = D / 2;                // O accumulators per thread
+  constexpr int kRowsPerPass = kThreads / CPR;  // K/V rows one pass of the CTA loads
+  constexpr bool kKvBf = std::is_same_v<KV, __nv_bfloat16>;
+  static_assert(kThreads % CPR == 0 && kBN % kRowsPerPass == 0, "K/V tile loads");
+  using M = Mma<KV, D>;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int G = a.G;
+  const int q_len = a.qsl[b + 1] - a.qsl[b], q0 = a.qsl[b];
+  const int ctx_start = a.seq_lens[b] - q_len;
+  const int R = q_len * G;
+  const int first_tok = row_start / G;
+  const int last_tok = min(R - 1, row_start + kBM - 1) / G;
+  const int kbeg = visible_lo(ctx_start + first_tok, a.window);
+  const int kend = ctx_start + last_tok + 1;
+
+  extern __shared__ uint4 smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  const uint32_t pad = (1024 - raw_addr % 1024) % 1024;
+  char* const Qs = reinterpret_cast<char*>(smem_raw) + pad;
+  char* const Ks = Qs + kBM * D * 2;
+  char* const Vs = Ks + kStages * kBN * D * 2;
+  const uint32_t q_addr = raw_addr + pad, k_addr = q_addr + kBM * D * 2;
+  const uint32_t v_addr = k_addr + kStages * kBN * D * 2;
+
+  // Q tile -> shared memory in the cache dtype (the MMA takes one type).
+  for (int i = tid; i < kBM * CPR; i += kThreads) {
+    const int r = i / CPR, c = i % CPR, f = row_start + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (f < R) {
+      const int tok = f / G, head = g * G + f % G;
+      v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.q) +
+                                          (q0 + tok) * a.q_stride +
+                                          static_cast<int64_t>(head) * D + c * 8);
+      if (a.q_bf16 != kKvBf) {
+        float f8[8];
+        unpack8(v, a.q_bf16, f8);
+        v = pack8(f8, kKvBf);
+      }
+    }
+    *reinterpret_cast<uint4*>(Qs + swizzled(r, c, kBM)) = v;
+  }
+
+  // K/V loads: this thread always moves chunk `lc` of rows lr, lr + kRowsPerPass, ...
+  const int32_t* bt_row = a.bt + static_cast<int64_t>(b) * a.bt_stride;
+  const KV* kc = static_cast<const KV*>(a.kc) + static_cast<int64_t>(g) * D + (tid % CPR) * 8;
+  const KV* vc = static_cast<const KV*>(a.vc) + static_cast<int64_t>(g) * D + (tid % CPR) * 8;
+  const int lr = tid / CPR, lc = tid % CPR;
+  const int bs = a.block_size;
+  const int bs_shift = (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1;  // the engine's 16: a shift
+  const int64_t row_elems = static_cast<int64_t>(a.nkv) * D;
+  // Keys [k0, k0 + kBN) -> stage st; keys at or past kend zero-filled (0 * NaN would poison O).
+  auto load_rows = [&](int k0, int st, auto page_of) {
+    char* kt = Ks + st * kBN * D * 2;
+    char* vt = Vs + st * kBN * D * 2;
+#pragma unroll
+    for (int it = 0; it < kBN / kRowsPerPass; ++it) {
+      // Branch-free, so the block-table reads of all rows are in flight together: a row past
+      // kend reads the last key's address (valid) and is zero-filled.
+      const int r = lr + it * kRowsPerPass, pos = min(k0 + r, kend - 1);
+      const int page = page_of(pos);
+      const int64_t off =
+          (static_cast<int64_t>(bt_row[page]) * bs + (pos - page * bs)) * row_elems;
+      const uint32_t o = swizzled(r, lc, kBN);
+      cp_async16(kt + o, kc + off, k0 + r < kend);
+      cp_async16(vt + o, vc + off, k0 + r < kend);
+    }
+    cp_async_commit();
+  };
+  auto load_kv = [&](int k0, int st) {
+    if (bs_shift >= 0)
+      load_rows(k0, st, [&](int pos) { return pos >> bs_shift; });
+    else
+      load_rows(k0, st, [&](int pos) { return pos / bs; });
+  };
+
+  // This thread's two rows: lane / 4 and lane / 4 + 8 of its warp's 16.
+  int pos[2], lo[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int f = row_start + warp * 16 + lane / 4 + h * 8;
+    pos[h] = ctx_start + f / G;
+    lo[h] = visible_lo(pos[h], a.window);
+  }
+  // CTA-uniform bounds that let whole tiles skip the mask.
+  const int pos_first = ctx_start + first_tok;
+  const int lo_last = visible_lo(ctx_start + last_tok, a.window);
+
+  // Accumulator element i of a 64 x N wgmma tile: row lane / 4 + 8 * ((i / 2) % 2) of the
+  // warp's 16, column 8 * (i / 4) + 2 * (lane % 4) + i % 2 (the mma.sync m16n8 layout, repeated).
+  float o[NO];
+#pragma unroll
+  for (int i = 0; i < NO; ++i) o[i] = 0.f;
+  // Running row maxima in S's units (scores before scaling; the scale is positive, so the
+  // maxima commute with it) and sums of 2^(scaled score - scaled max).
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  // exp(scale * s) = 2^(s * mul); soft cap: s -> cap * tanh(scale * s / cap) first, then mul = log2 e.
+  const bool softcap = a.cap > 0.f;
+  const float mul = softcap ? kLog2e : a.scale * kLog2e;
+  const float cap_in = softcap ? a.scale / a.cap : 0.f;
+
+  const int ntiles = (kend - kbeg + kBN - 1) / kBN;
+  load_kv(kbeg, 0);
+  for (int t = 0; t < ntiles; ++t) {
+    const int st = t & 1, k0 = kbeg + t * kBN;
+    if (t + 1 < ntiles) {
+      load_kv(k0 + kBN, st ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    fence_async_shared();
+    __syncthreads();
+
+    // S = Q K^T: D / 16 steps of 16 along the head dim, 4 per 64-element column block.
+    float s[NS];
+    const uint32_t kt = k_addr + st * kBN * D * 2;
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint64_t da = sw128_desc(q_addr + (kk / 4) * kBM * 128 + (kk % 4) * 32, 16, 1024);
+      const uint64_t db = sw128_desc(kt + (kk / 4) * kBN * 128 + (kk % 4) * 32, 16, 1024);
+      wgmma_ss<typename M::S>(da, db, s, kk == 0 ? gmma::ScaleOut::Zero : gmma::ScaleOut::One,
+                              std::make_index_sequence<NS>{});
+    }
+    cute::warpgroup_commit_batch();
+    cute::warpgroup_wait<0>();
+    fence_regs(s);
+
+    if (softcap) {
+#pragma unroll
+      for (int i = 0; i < NS; ++i) s[i] = a.cap * tanhf(s[i] * cap_in);
+    }
+    if (k0 + kBN > kend || k0 + kBN - 1 > pos_first || (a.window > 0 && k0 < lo_last)) {
+#pragma unroll
+      for (int i = 0; i < NS; ++i) {
+        const int col = k0 + 8 * (i / 4) + 2 * (lane % 4) + i % 2, h = (i / 2) % 2;
+        if (!(col < kend && col <= pos[h] && col >= lo[h])) s[i] = -INFINITY;
+      }
+    }
+
+    // Online softmax: a row's kBN scores sit in the 4 lanes of a quad.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < NS / 4; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mnew = fmaxf(m[h], mx);
+      const float base = mnew == -INFINITY ? 0.f : mnew * mul;  // nothing visible yet: 0
+      const float corr = ex2(fmaf(m[h], mul, -base));
+      m[h] = mnew;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < NS / 4; ++j) {
+        s[4 * j + 2 * h] = ex2(fmaf(s[4 * j + 2 * h], mul, -base));
+        s[4 * j + 2 * h + 1] = ex2(fmaf(s[4 * j + 2 * h + 1], mul, -base));
+        sum += s[4 * j + 2 * h] + s[4 * j + 2 * h + 1];
+      }
+      l[h] = l[h] * corr + sum;
+#pragma unroll
+      for (int j = 0; j < NO / 4; ++j) {
+        o[4 * j + 2 * h] *= corr;
+        o[4 * j + 2 * h + 1] *= corr;
+      }
+    }
+
+    // P as wgmma's register A fragments: for keys 16 kk .. 16 kk + 15, the accumulators of key
+    // octets 2 kk and 2 kk + 1 (rows lane / 4, lane / 4 + 8), as mma.sync's m16n8k16 A.
+    uint32_t p[kBN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        p[kk][r] = F16Ops<KV>::pack2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+
+    // O += P V: 16 keys per step; V's 16 rows of 128 bytes per column block are 2048 bytes.
+    const uint32_t vt = v_addr + st * kBN * D * 2;
+    fence_regs(o);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk)
+      wgmma_rs<typename M::O>(p[kk], sw128_desc(vt + kk * 2048, kBN * 128, 1024), o,
+                              std::make_index_sequence<NO>{});
+    cute::warpgroup_commit_batch();
+    cute::warpgroup_wait<0>();
+    fence_regs(o);
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) cute::warpgroup_fence_operand(p[kk][r]);
+    __syncthreads();  // the next iteration's loads overwrite this stage
+  }
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int f = row_start + warp * 16 + lane / 4 + h * 8;
+    if (f >= R) continue;
+    const int tok = f / G, head = g * G + f % G;
+    const float inv = 1.f / l[h];
+    uint16_t* dst = static_cast<uint16_t*>(a.out) + (q0 + tok) * a.out_stride +
+                    static_cast<int64_t>(head) * D;
+#pragma unroll
+    for (int j = 0; j < NO / 4; ++j) {
+      const int col = 8 * j + 2 * (lane % 4);
+      *reinterpret_cast<uint32_t*>(dst + col) =
+          pack2_bits(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv, a.out_bf16);
+    }
+  }
+}
+
+template <int D, typename KV>
+void launch_one(const AttnArgs& a, int grid_x, cudaStream_t s) {
+  constexpr int kSmem = smem_bytes<D>();
+  static const bool smem_ok = (allow_smem(prefill_sm90_kernel<D, KV>, kSmem), true);
+  (void)smem_ok;
+  launch(prefill_sm90_kernel<D, KV>, dim3(grid_x, a.nkv), kThreads, kSmem, s, a);
+}
+
+}  // namespace
+
+void launch_prefill_sm90(const AttnArgs& a, int grid_x, int D, bool bf16_cache, cudaStream_t s) {
+  if (D == 64)
+    bf16_cache ? launch_one<64, __nv_bfloat16>(a, grid_x, s) : launch_one<64, __half>(a, grid_x, s);
+  else
+    bf16_cache ? launch_one<128, __nv_bfloat16>(a, grid_x, s)
+               : launch_one<128, __half>(a, grid_x, s);
+}
+
+}  // namespace vllmx::cuda::attn
