@@ -1,4 +1,6 @@
-# The sm_90a GEMM (cuda/gemm_sm90.cu, CUTLASS 3), included by CMakeLists.txt once CUDA is on.
+# The sm_90a kernels, included by CMakeLists.txt once CUDA is on: the GEMM (cuda/gemm_sm90.cu,
+# gemm_swap_sm90.cu, CUTLASS 3) and prefill attention on wgmma (cuda/attention_prefill_sm90.cu,
+# CuTe's wgmma wrappers).
 #
 # Built only when CMAKE_CUDA_ARCHITECTURES holds 90a (the default list does), and then for
 # sm_90a alone: its wgmma/TMA kernels exist on no other target, and each CUTLASS instantiation

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda_util.cuh"
 #include "mma.cuh"
@@ -51,29 +52,61 @@ __device__ __forceinline__ int visible_lo(int pos, int window) {
   return window > 0 ? max(0, pos - window + 1) : 0;
 }
 
-// Keys [k0, k0 + ROWS) of kv head g of the sequence whose block-table row is bt_row -> stage
-// rows of Ks / Vs (row stride D + 8), by NT threads, one cp.async group. Keys at or past kend
-// are zero-filled (never garbage: 0 * NaN would poison P @ V).
-// Key `hole` is left alone (neither loaded nor zeroed): decode loads it separately.
+// Keys [k0, k0 + ROWS) of kv head g of the sequence whose block-table row is bt_row -> rows
+// of the Ks / Vs tiles, by NT threads, one cp.async group; dst(r, c) is the element offset of
+// 16-byte chunk c of tile row r (a padded or a swizzled layout). Keys at or past kend are
+// zero-filled (never garbage: 0 * NaN would poison P @ V). Key `hole` is left alone (neither
+// loaded nor zeroed): decode loads it separately.
+// Each thread always moves chunk threadIdx.x % (D / 8) of every (NT / (D / 8))-th row, so a row
+// costs it one block-table read and a shift (block sizes that are powers of two, the engine's
+// 16; others divide), and the rows carry no branches, so all their block-table reads are in
+// flight together: a memory-bound decode runs out of issue slots before bandwidth otherwise.
+template <int D, int ROWS, int NT, typename KV, class Dst>
+__device__ __forceinline__ void gather_kv_rows(const AttnArgs& a, const int32_t* bt_row, int g,
+                                               int k0, int kend, KV* Ks, KV* Vs, Dst dst,
+                                               int hole = -1) {
+  constexpr int CPR = D / 8, RPP = NT / CPR;  // rows per pass of the NT threads
+  static_assert(NT % CPR == 0 && ROWS % RPP == 0, "K/V tile loads");
+  const int c = threadIdx.x % CPR, r0 = threadIdx.x / CPR, bs = a.block_size;
+  const KV* kc = static_cast<const KV*>(a.kc) + static_cast<int64_t>(g) * D + c * 8;
+  const KV* vc = static_cast<const KV*>(a.vc) + static_cast<int64_t>(g) * D + c * 8;
+  const int row_elems = a.nkv * D;
+  // kHole: whether key `hole` falls in this tile (decode's first tiles only), so that every
+  // other tile's rows test nothing.
+  auto rows = [&](auto page_of, auto has_hole) {
+    constexpr bool kHole = decltype(has_hole)::value;
+#pragma unroll
+    for (int it = 0; it < ROWS / RPP; ++it) {
+      const int r = r0 + it * RPP, pos = min(k0 + r, kend - 1);  // past kend: a valid address
+      const int page = page_of(pos);
+      // The slot index fits 32 bits (a cache of 2^31 token slots would be terabytes).
+      const int64_t off =
+          static_cast<int64_t>(bt_row[page] * bs + (pos - page * bs)) * row_elems;
+      if (!kHole || k0 + r != hole) {
+        const int o = dst(r, c);
+        cp_async16(Ks + o, kc + off, k0 + r < kend);
+        cp_async16(Vs + o, vc + off, k0 + r < kend);
+      }
+    }
+  };
+  const bool hole_here = hole >= k0 && hole < k0 + ROWS;
+  if ((bs & (bs - 1)) == 0) {
+    const int shift = __ffs(bs) - 1;
+    auto page_of = [&](int pos) { return pos >> shift; };
+    hole_here ? rows(page_of, std::true_type{}) : rows(page_of, std::false_type{});
+  } else {
+    auto page_of = [&](int pos) { return pos / bs; };
+    hole_here ? rows(page_of, std::true_type{}) : rows(page_of, std::false_type{});
+  }
+  cp_async_commit();
+}
+
+// gather_kv_rows into tiles of row stride D + 8 (conflict-free ldmatrix).
 template <int D, int ROWS, int NT, typename KV>
 __device__ __forceinline__ void load_kv_tile(const AttnArgs& a, const int32_t* bt_row, int g,
                                              int k0, int kend, KV* Ks, KV* Vs, int hole = -1) {
-  constexpr int LD = D + 8, CPR = D / 8;
-  const KV* kc = static_cast<const KV*>(a.kc);
-  const KV* vc = static_cast<const KV*>(a.vc);
-  for (int i = threadIdx.x; i < ROWS * CPR; i += NT) {
-    const int r = i / CPR, c = i % CPR, pos = k0 + r;
-    if (pos == hole) continue;
-    const bool ok = pos < kend;
-    int64_t off = 0;
-    if (ok) {
-      const int64_t blk = bt_row[pos / a.block_size];
-      off = ((blk * a.block_size + pos % a.block_size) * a.nkv + g) * D + c * 8;
-    }
-    cp_async16(Ks + r * LD + c * 8, kc + off, ok);
-    cp_async16(Vs + r * LD + c * 8, vc + off, ok);
-  }
-  cp_async_commit();
+  gather_kv_rows<D, ROWS, NT>(a, bt_row, g, k0, kend, Ks, Vs,
+                              [](int r, int c) { return r * (D + 8) + c * 8; }, hole);
 }
 
 // attention_decode.cu: the decode kernel over grid (nkv * head groups, B, max_splits) for head

@@ -131,9 +131,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_sm90_kernel(AttnArgs a) {
   constexpr int CPR = D / 8;               // 16-byte chunks per row
   constexpr int NS = kBN / 2;              // S accumulators per thread (64 x kBN over 128)
   constexpr int NO = D / 2;                // O accumulators per thread
-  constexpr int kRowsPerPass = kThreads / CPR;  // K/V rows one pass of the CTA loads
   constexpr bool kKvBf = std::is_same_v<KV, __nv_bfloat16>;
-  static_assert(kThreads % CPR == 0 && kBN % kRowsPerPass == 0, "K/V tile loads");
   using M = Mma<KV, D>;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -173,37 +171,13 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_sm90_kernel(AttnArgs a) {
     *reinterpret_cast<uint4*>(Qs + swizzled(r, c, kBM)) = v;
   }
 
-  // K/V loads: this thread always moves chunk `lc` of rows lr, lr + kRowsPerPass, ...
+  // K/V tiles in the swizzled layout (byte offsets / 2: elements).
   const int32_t* bt_row = a.bt + static_cast<int64_t>(b) * a.bt_stride;
-  const KV* kc = static_cast<const KV*>(a.kc) + static_cast<int64_t>(g) * D + (tid % CPR) * 8;
-  const KV* vc = static_cast<const KV*>(a.vc) + static_cast<int64_t>(g) * D + (tid % CPR) * 8;
-  const int lr = tid / CPR, lc = tid % CPR;
-  const int bs = a.block_size;
-  const int bs_shift = (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1;  // the engine's 16: a shift
-  const int64_t row_elems = static_cast<int64_t>(a.nkv) * D;
-  // Keys [k0, k0 + kBN) -> stage st; keys at or past kend zero-filled (0 * NaN would poison O).
-  auto load_rows = [&](int k0, int st, auto page_of) {
-    char* kt = Ks + st * kBN * D * 2;
-    char* vt = Vs + st * kBN * D * 2;
-#pragma unroll
-    for (int it = 0; it < kBN / kRowsPerPass; ++it) {
-      // Branch-free, so the block-table reads of all rows are in flight together: a row past
-      // kend reads the last key's address (valid) and is zero-filled.
-      const int r = lr + it * kRowsPerPass, pos = min(k0 + r, kend - 1);
-      const int page = page_of(pos);
-      const int64_t off =
-          (static_cast<int64_t>(bt_row[page]) * bs + (pos - page * bs)) * row_elems;
-      const uint32_t o = swizzled(r, lc, kBN);
-      cp_async16(kt + o, kc + off, k0 + r < kend);
-      cp_async16(vt + o, vc + off, k0 + r < kend);
-    }
-    cp_async_commit();
-  };
   auto load_kv = [&](int k0, int st) {
-    if (bs_shift >= 0)
-      load_rows(k0, st, [&](int pos) { return pos >> bs_shift; });
-    else
-      load_rows(k0, st, [&](int pos) { return pos / bs; });
+    gather_kv_rows<D, kBN, kThreads>(
+        a, bt_row, g, k0, kend, reinterpret_cast<KV*>(Ks + st * kBN * D * 2),
+        reinterpret_cast<KV*>(Vs + st * kBN * D * 2),
+        [](int r, int c) { return static_cast<int>(swizzled(r, c, kBN) / 2); });
   };
 
   // This thread's two rows: lane / 4 and lane / 4 + 8 of its warp's 16.
