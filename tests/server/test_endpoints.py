@@ -64,6 +64,55 @@ def test_metrics_after_traffic(client, server):
     assert server.metric("vllm:num_requests_running") == 0
 
 
+# vLLM's metric families (its tests/entrypoints/openai/test_metrics.py reads these), besides
+# the ones test_metrics_after_traffic checks.
+VLLM_HISTOGRAMS = ("request_prompt_tokens", "request_generation_tokens", "request_params_n",
+                   "request_params_max_tokens", "request_inference_time_seconds",
+                   "request_prefill_time_seconds", "request_decode_time_seconds",
+                   "iteration_tokens_total", "time_to_first_token_seconds",
+                   "inter_token_latency_seconds", "e2e_request_latency_seconds",
+                   "request_queue_time_seconds")
+
+
+def test_metrics_counts_as_vllm(client, server, engine_client):
+    """vLLM's expected values for N sequential requests of P prompt tokens and M new tokens:
+    per-request histograms count N with sums N * P and N * M; iteration_tokens_total observes
+    each step's completed prompts plus generated tokens (M steps a request, summing P + M)."""
+    def sample(name):
+        return {k: server.metric(f"vllm:{name}_{k}") for k in ("count", "sum")}
+
+    before = {h: sample(h) for h in VLLM_HISTOGRAMS}
+    prompt = engine_client.tokenizer.encode("Hello my name is Robert and I love magic")
+    n_req, max_tokens = 4, 6
+    for _ in range(n_req):
+        out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens,
+                                        temperature=0, extra_body={"ignore_eos": True})
+        assert out.usage.completion_tokens == max_tokens
+    d = {h: {k: sample(h)[k] - before[h][k] for k in ("count", "sum")} for h in VLLM_HISTOGRAMS}
+    P = len(prompt)
+    for h in VLLM_HISTOGRAMS:
+        if h not in ("iteration_tokens_total", "inter_token_latency_seconds"):
+            assert d[h]["count"] == n_req, h
+    assert d["request_prompt_tokens"]["sum"] == n_req * P
+    assert d["request_generation_tokens"]["sum"] == n_req * max_tokens
+    assert d["request_params_n"]["sum"] == n_req
+    assert d["request_params_max_tokens"]["sum"] == n_req * max_tokens
+    assert d["iteration_tokens_total"]["count"] == n_req * max_tokens
+    assert d["iteration_tokens_total"]["sum"] == n_req * (P + max_tokens)
+    for h in ("request_inference_time_seconds", "request_prefill_time_seconds",
+              "request_decode_time_seconds"):
+        assert d[h]["sum"] > 0, h
+    # Cumulative buckets: the +Inf one is the count, and they never decrease.
+    text = server.metrics_text()
+    buckets = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:iteration_tokens_total_bucket")]
+    assert buckets == sorted(buckets)
+    assert buckets[-1] == server.metric("vllm:iteration_tokens_total_count")
+    cc = engine_client.vllm_config.cache_config
+    assert server.metric("vllm:cache_config_info", block_size=str(cc.block_size),
+                         num_gpu_blocks=str(cc.num_blocks)) == 1.0
+
+
 def test_stat_logger_line(client, server):
     client.completions.create(model=MODEL, prompt="Log me", temperature=0, max_tokens=3)
     line = server.app.state.stat_logger.log()  # tokens since the last line: one is printed

@@ -14,6 +14,7 @@ unless that token is its last by length (max_tokens, max_model_len)."""
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from dataclasses import dataclass
 
@@ -44,6 +45,15 @@ class SchedulerStats:
     spec_decode_num_drafts: int = 0
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
+    # vLLM's iteration_tokens_total histogram: per step, the prompt tokens of the requests
+    # whose prefill it completed plus the tokens it generated (cumulative counts per bound of
+    # ITERATION_TOKEN_BUCKETS, then the sum and the number of steps).
+    iteration_tokens_buckets: tuple[int, ...] = ()
+    iteration_tokens_sum: int = 0
+    iteration_tokens_count: int = 0
+
+
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 class Scheduler:
@@ -72,6 +82,10 @@ class Scheduler:
         self.spec_decode_num_drafts = 0
         self.spec_decode_num_draft_tokens = 0
         self.spec_decode_num_accepted_tokens = 0
+        # Steps per bucket of ITERATION_TOKEN_BUCKETS (the last: above them all), their sum.
+        self.iteration_tokens_hist = [0] * (len(ITERATION_TOKEN_BUCKETS) + 1)
+        self.iteration_tokens_sum = 0
+        self.iteration_tokens_count = 0
 
     def _priority_key(self, req: Request) -> tuple:
         return req.priority, req.metrics.arrival_time, self._arrival_order[req.request_id]
@@ -208,7 +222,8 @@ class Scheduler:
         """Advances the scheduled requests, caches their blocks that became full, and returns
         those that got a new token or failed (finished with FINISHED_ERROR, req.error set)."""
         updated = []
-        for req_id, n in so.num_scheduled_tokens.items():
+        step_tokens = 0  # for iteration_tokens_total
+        for req_id in so.num_scheduled_tokens:
             req = self.requests.get(req_id)
             if req is None or req.is_finished():
                 continue
@@ -229,8 +244,11 @@ class Scheduler:
                 self.spec_decode_num_drafts += 1
                 self.spec_decode_num_draft_tokens += len(drafts)
                 self.spec_decode_num_accepted_tokens += len(tokens) - 1
+            if tokens and req.num_output_tokens == 0:  # its prefill is done: vLLM counts it here
+                step_tokens += req.num_prompt_tokens
             for token, logprob in zip(tokens or (), out.sampled_logprobs.get(req_id, ())):
                 req.append_output_token(token, logprob)
+                step_tokens += 1
                 self._check_stop(req, token)
                 if req.is_finished():  # the tokens after a stop are dropped
                     break
@@ -247,7 +265,13 @@ class Scheduler:
                 req.spec_token_ids = self._fit_drafts(req, out.spec_token_ids[req_id])
             elif req.spec_token_ids:
                 req.spec_token_ids = []
+        self._observe_iteration(step_tokens)
         return updated
+
+    def _observe_iteration(self, tokens: int) -> None:
+        self.iteration_tokens_hist[bisect.bisect_left(ITERATION_TOKEN_BUCKETS, tokens)] += 1
+        self.iteration_tokens_sum += tokens
+        self.iteration_tokens_count += 1
 
     def _fit_drafts(self, req: Request, drafts: list[int]) -> list[int]:
         """The drafts the request's next step can verify: its KV slots end at max_model_len,
@@ -267,7 +291,9 @@ class Scheduler:
                               float(self.kv_cache_manager.usage), pc.queries, pc.hits,
                               self.num_preemptions, self.spec_decode_num_drafts,
                               self.spec_decode_num_draft_tokens,
-                              self.spec_decode_num_accepted_tokens)
+                              self.spec_decode_num_accepted_tokens,
+                              tuple(itertools.accumulate(self.iteration_tokens_hist)),
+                              self.iteration_tokens_sum, self.iteration_tokens_count)
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats:
         """Prefix-cache queries and hits (tokens) since the last call."""

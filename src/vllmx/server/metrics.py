@@ -18,10 +18,16 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 
+from vllmx.core.scheduler import ITERATION_TOKEN_BUCKETS
 from vllmx.engine.exceptions import EngineDeadError, EngineGenerateError
 from vllmx.outputs import RequestOutput
+from vllmx.sampling_params import SamplingParams
 
 logger = logging.getLogger("vllmx")
 
@@ -31,7 +37,20 @@ _ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
                 7.5, 10.0, 20.0, 40.0, 80.0]
 _LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                     60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+_N_BUCKETS = [1, 2, 5, 10, 20]
 FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+def build_1_2_5_buckets(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to max_value (vLLM's buckets for token counts)."""
+    buckets, exponent = [], 0
+    while True:
+        for m in (1, 2, 5):
+            v = m * 10 ** exponent
+            if v > max_value:
+                return buckets
+            buckets.append(v)
+        exponent += 1
 
 disable_created_metrics()  # no *_created series, as vLLM
 
@@ -46,6 +65,26 @@ class _SchedulerCollector:
     def collect(self):
         s = self.engine_client.get_scheduler_stats()
         labels = [self.model_name]
+        h = HistogramMetricFamily("vllm:iteration_tokens_total",
+                                  "Histogram of number of tokens per engine_step.",
+                                  labels=["model_name"])
+        bounds = [str(float(b)) for b in ITERATION_TOKEN_BUCKETS] + ["+Inf"]
+        if s.iteration_tokens_buckets:
+            h.add_metric(labels, list(zip(bounds, s.iteration_tokens_buckets)),
+                         s.iteration_tokens_sum)
+        yield h
+        # vLLM's cache_config_info: the cache configuration as labels of a constant 1.
+        cc = self.engine_client.vllm_config.cache_config
+        info = {"block_size": cc.block_size, "cache_dtype": cc.kv_cache_dtype,
+                "enable_prefix_caching": cc.enable_prefix_caching,
+                "gpu_memory_utilization": cc.gpu_memory_utilization,
+                "num_gpu_blocks": cc.num_blocks,
+                "num_gpu_blocks_override": cc.num_gpu_blocks_override,
+                "kv_cache_memory_bytes": cc.kv_cache_memory_bytes}
+        g = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                              labels=list(info))
+        g.add_metric([str(v) for v in info.values()], 1.0)
+        yield g
         for name, doc, value in (
                 ("num_requests_running", "Number of requests in model execution batches.",
                  s.num_running_reqs),
@@ -103,6 +142,29 @@ class ServerMetrics:
         self.queue_time = Histogram("vllm:request_queue_time_seconds",
                                     "Histogram of time spent in WAITING phase for request.",
                                     labels, buckets=_LATENCY_BUCKETS, registry=r).labels(model_name)
+        phases = {}
+        for phase, doc in (("inference", "RUNNING"), ("prefill", "PREFILL"),
+                           ("decode", "DECODE")):
+            phases[phase] = Histogram(f"vllm:request_{phase}_time_seconds",
+                                      f"Histogram of time spent in {doc} phase for request.",
+                                      labels, buckets=_LATENCY_BUCKETS,
+                                      registry=r).labels(model_name)
+        self.inference_time, self.prefill_time, self.decode_time = (
+            phases["inference"], phases["prefill"], phases["decode"])
+        self.max_model_len = engine_client.model_config.max_model_len
+        token_buckets = build_1_2_5_buckets(self.max_model_len)
+        self.request_prompt_tokens = Histogram(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", labels,
+            buckets=token_buckets, registry=r).labels(model_name)
+        self.request_generation_tokens = Histogram(
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", labels,
+            buckets=token_buckets, registry=r).labels(model_name)
+        self.request_params_n = Histogram(
+            "vllm:request_params_n", "Histogram of the n request parameter.", labels,
+            buckets=_N_BUCKETS, registry=r).labels(model_name)
+        self.request_params_max_tokens = Histogram(
+            "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
+            labels, buckets=token_buckets, registry=r).labels(model_name)
         # Plain totals for the periodic log.
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
@@ -110,22 +172,25 @@ class ServerMetrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-    async def track(self, outputs: AsyncIterator[RequestOutput],
-                    arrival_time: float) -> AsyncIterator[RequestOutput]:
+    async def track(self, outputs: AsyncIterator[RequestOutput], arrival_time: float,
+                    params: SamplingParams) -> AsyncIterator[RequestOutput]:
         """Passes a request's DELTA outputs through, recording its metrics on the way."""
         first, finished = True, False
+        num_prompt_tokens = num_generated = 0
         last_token_time: dict[int, float] = {}
         try:
             async for out in outputs:
                 now = time.time()
                 if first:
                     first = False
-                    self.prompt_tokens.inc(len(out.prompt_token_ids))
-                    self.num_prompt_tokens += len(out.prompt_token_ids)
+                    num_prompt_tokens = len(out.prompt_token_ids)
+                    self.prompt_tokens.inc(num_prompt_tokens)
+                    self.num_prompt_tokens += num_prompt_tokens
                     self.ttft.observe(now - arrival_time)
                 for c in out.outputs:
                     k = len(c.token_ids)
                     if k:
+                        num_generated += k
                         self.generation_tokens.inc(k)
                         self.num_generation_tokens += k
                         if c.index in last_token_time:
@@ -136,9 +201,7 @@ class ServerMetrics:
                 if out.finished:
                     finished = True
                     self.e2e.observe(now - arrival_time)
-                    m = out.metrics
-                    if m is not None and m.first_scheduled_time:
-                        self.queue_time.observe(max(0.0, m.first_scheduled_time - m.arrival_time))
+                    self._observe_finished(out, num_prompt_tokens, num_generated, params)
                 yield out
         except (EngineGenerateError, EngineDeadError):
             finished = True  # counted as an error, not an abort
@@ -148,6 +211,27 @@ class ServerMetrics:
             if not finished:  # the client went away, or the request was refused
                 self.request_success["abort"].inc()
                 await outputs.aclose()  # aborts the engine request now, not at GC
+
+
+    def _observe_finished(self, out: RequestOutput, num_prompt_tokens: int, num_generated: int,
+                          params: SamplingParams) -> None:
+        """vLLM's per-request histograms, once a request finishes."""
+        self.request_prompt_tokens.observe(num_prompt_tokens)
+        self.request_generation_tokens.observe(num_generated)
+        self.request_params_n.observe(params.n)
+        # (vLLM's server always sets max_tokens: what the context leaves when unset.)
+        self.request_params_max_tokens.observe(
+            params.max_tokens if params.max_tokens is not None
+            else self.max_model_len - num_prompt_tokens)
+        m = out.metrics
+        if m is None or not m.first_scheduled_time:
+            return
+        self.queue_time.observe(max(0.0, m.first_scheduled_time - m.arrival_time))
+        end = m.finished_time or m.last_token_time or time.time()
+        self.inference_time.observe(max(0.0, end - m.first_scheduled_time))
+        if m.first_token_time:
+            self.prefill_time.observe(max(0.0, m.first_token_time - m.first_scheduled_time))
+            self.decode_time.observe(max(0.0, end - m.first_token_time))
 
 
 class StatLogger:

@@ -186,7 +186,7 @@ class OpenAIServing:
                         len(prompt["prompt_token_ids"]), params)
         gen = self.engine_client.generate(prompt, params, request_id=request_id,
                                           priority=priority)
-        return self.metrics.track(gen, time.time())
+        return self.metrics.track(gen, time.time(), params)
 
 
 def _param_of(message: str, kwargs: dict) -> str | None:
