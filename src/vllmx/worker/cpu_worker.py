@@ -23,6 +23,10 @@ from vllmx.worker.worker_base import (
 
 logger = logging.getLogger("vllmx")
 
+# vLLM's dtype names the CPU takes: auto and float32 as they are; bfloat16 / float16 (as vLLM's
+# command lines pass them) set the KV cache's dtype, activations staying float32.
+_CPU_DTYPES = {"auto": F32, **DTYPE_BY_NAME}
+
 
 def _layer_cache(shape, np_dtype, mla: bool) -> tuple[np.ndarray, np.ndarray]:
     """A layer's (key_cache, value_cache); MLA's latent rows are both, one buffer."""
@@ -40,15 +44,22 @@ def _total_memory_bytes() -> int:
 class CpuWorker(WorkerBase):
     def load_model(self) -> None:
         mc = self.config.model_config
-        if mc.dtype not in ("auto", "float32", "float"):
-            raise ValueError(f"dtype={mc.dtype!r}: the CPU backend computes in float32 "
-                             f"(weights stay in their stored format); use dtype='auto'")
+        if mc.dtype not in _CPU_DTYPES:
+            raise ValueError(f"dtype={mc.dtype!r} is not a dtype the CPU backend takes "
+                             f"({', '.join(_CPU_DTYPES)})")
+        if _CPU_DTYPES[mc.dtype] != F32:  # vLLM's command lines name one: run, and say how
+            logger.info("dtype=%s on the CPU: activations are computed in float32 (weights stay "
+                        "in their stored format); the KV cache is %s", mc.dtype,
+                        "the kv_cache_dtype set" if self.config.cache_config.kv_cache_dtype
+                        != "auto" else mc.dtype)
         self.model, self.tokenizer = load_model(mc)
 
     def initialize_kv_cache(self) -> None:
         mc, cc, sc = (self.config.model_config, self.config.cache_config,
                       self.config.scheduler_config)
-        if cc.kv_cache_dtype == "auto":  # f16 by default; an f32 checkpoint keeps f32
+        if cc.kv_cache_dtype == "auto" and _CPU_DTYPES[mc.dtype] != F32:
+            dtype = _CPU_DTYPES[mc.dtype]  # dtype=bfloat16 / float16: the cache holds that
+        elif cc.kv_cache_dtype == "auto":  # f16 by default; an f32 checkpoint keeps f32
             f32_model = mc.hf_config.get("torch_dtype", mc.hf_config.get("dtype")) == "float32"
             dtype = F32 if (f32_model and not mc.is_gguf) else F16
         else:
