@@ -138,3 +138,62 @@ def test_cors(engine_client):
             "Origin": "http://example.com", "Access-Control-Request-Method": "GET"})
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] in (
             "*", "http://example.com")
+
+
+def test_invocations_routes_by_body(client, server):
+    """SageMaker's /invocations (vLLM's): 'messages' is a chat completion, 'prompt' a
+    completion; the answers are those of the routes themselves."""
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi"}],
+            "max_tokens": 6, "temperature": 0}
+    got = httpx.post(f"{server.url}/invocations", json=chat, timeout=60).json()
+    want = client.chat.completions.create(**chat)
+    assert got["object"] == "chat.completion"
+    assert got["choices"][0]["message"]["content"] == want.choices[0].message.content
+    comp = {"model": MODEL, "prompt": "The sky is", "max_tokens": 6, "temperature": 0}
+    got = httpx.post(f"{server.url}/invocations", json=comp, timeout=60).json()
+    assert got["object"] == "text_completion"
+    assert got["choices"][0]["text"] == client.completions.create(**comp).choices[0].text
+    for body, needle in (({"model": MODEL, "input": "x"}, "'messages'"),
+                         ([1, 2], "'messages'"),
+                         ({"model": MODEL, "prompt": "x", "max_tokens": -3}, "max_tokens")):
+        r = httpx.post(f"{server.url}/invocations", json=body)
+        assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text
+    r = httpx.post(f"{server.url}/invocations", content=b"{not json",
+                   headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "BadRequestError"
+
+
+def test_load_endpoint(engine_client, server):
+    assert httpx.get(f"{server.url}/load").json() == {"server_load": 0}  # tracking off
+    with ServerThread(build_app(engine_client, [MODEL], log_stats_interval=None,
+                                enable_server_load_tracking=True)) as s:
+        c = openai.OpenAI(base_url=f"{s.url}/v1", api_key="EMPTY", max_retries=0)
+        stream = c.completions.create(model=MODEL, prompt="Count", max_tokens=20, stream=True,
+                                      extra_body={"ignore_eos": True})
+        next(iter(stream))  # in flight until the stream ends
+        assert httpx.get(f"{s.url}/load").json() == {"server_load": 1}
+        for _ in stream:
+            pass
+        s.wait_for(lambda: httpx.get(f"{s.url}/load").json()["server_load"] == 0)
+        c.completions.create(model=MODEL, prompt="Once", max_tokens=2)
+        assert httpx.get(f"{s.url}/load").json() == {"server_load": 0}
+        bad = httpx.post(f"{s.url}/v1/completions", json={"model": "nope", "prompt": "x"})
+        assert bad.status_code == 404
+        assert httpx.get(f"{s.url}/load").json() == {"server_load": 0}  # failures give it back
+
+
+def test_tokenizer_info_endpoint(engine_client, server):
+    assert httpx.get(f"{server.url}/tokenizer_info").status_code == 404  # off by default
+    with ServerThread(build_app(engine_client, [MODEL], log_stats_interval=None,
+                                enable_tokenizer_info_endpoint=True)) as s:
+        info = httpx.get(f"{s.url}/tokenizer_info").json()
+        tok = engine_client.tokenizer
+        assert info["tokenizer_class"] and isinstance(info["tokenizer_class"], str)
+        assert info["eos_token"] == tok.eos_token
+        assert isinstance(info["chat_template"], str) and info["chat_template"].strip()
+        count = httpx.post(f"{s.url}/tokenize", json={"model": MODEL, "prompt": "Hi"}).json()
+        assert info["model_max_length"] >= count["max_model_len"]
+        assert info["added_tokens_decoder"]
+        for token_id, entry in info["added_tokens_decoder"].items():
+            assert tok.convert_ids_to_tokens(int(token_id)) == entry["content"]
+            assert isinstance(entry["special"], bool)

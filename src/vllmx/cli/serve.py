@@ -70,6 +70,11 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                    help="schedule and launch step N + 1 before step N's tokens reach the host "
                         "(default: on for the GPU without speculative decoding)")
     p.add_argument("--disable-log-requests", action="store_true")
+    p.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                   help="serve /tokenizer_info (the tokenizer's configuration, chat template "
+                        "and special tokens included)")
+    p.add_argument("--enable-server-load-tracking", action="store_true",
+                   help="count the requests in flight for /load")
     p.add_argument("--disable-log-stats", action="store_true")
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
@@ -181,6 +186,8 @@ def run_serve(args: argparse.Namespace) -> int:
                         max_request_body_bytes=(args.max_request_body_bytes
                                                 or DEFAULT_MAX_REQUEST_BODY_BYTES),
                         log_requests=not args.disable_log_requests,
+                        enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
+                        enable_server_load_tracking=args.enable_server_load_tracking,
                         log_stats_interval=None if args.disable_log_stats else 10.0)
         drain = args.shutdown_drain_timeout if args.shutdown_mode == "drain" else 0.0
         server = _make_server(app, uvicorn.Config(

@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import vllmx
@@ -68,6 +69,10 @@ class SSEResponse(StreamingResponse):
 
     media_type = "text/event-stream"
 
+    def __init__(self, content, on_close=None, **kwargs):
+        super().__init__(content, **kwargs)
+        self.on_close = on_close  # called once the stream has ended, however it ended
+
     async def __call__(self, scope, receive, send) -> None:
         async def listen():
             while (await receive())["type"] != "http.disconnect":
@@ -83,6 +88,8 @@ class SSEResponse(StreamingResponse):
             await asyncio.gather(stream, listener, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await self.body_iterator.aclose()
+            if self.on_close is not None:
+                self.on_close()
         error = stream.exception() if stream.done() and not stream.cancelled() else None
         if error is not None and not isinstance(error, OSError):  # OSError: the client left
             raise error
@@ -148,11 +155,16 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
               allowed_origins: list[str] | None = None, log_requests: bool = False,
               log_stats_interval: float | None = 10.0, allow_credentials: bool = False,
               allowed_methods: list[str] | None = None, allowed_headers: list[str] | None = None,
-              max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES) -> FastAPI:
+              max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+              enable_tokenizer_info_endpoint: bool = False,
+              enable_server_load_tracking: bool = False) -> FastAPI:
     """The app over an AsyncLLM. Several apps may share one AsyncLLM; each has its own
     metrics registry. CORS takes vLLM's flags and defaults (any origin, method and header,
     no credentials). app.state.draining (set when the server is asked to stop) makes /health
-    503 and refuses new work with 503 while the requests in flight finish."""
+    503 and refuses new work with 503 while the requests in flight finish. vLLM's optional
+    endpoints: /tokenizer_info (enable_tokenizer_info_endpoint; it exposes the chat template
+    and special tokens), /load's count of requests in flight (enable_server_load_tracking;
+    /load answers 0 without it, as vLLM's)."""
     mc = engine_client.model_config
     names = served_model_names or [mc.model]
     metrics = ServerMetrics(engine_client, names[0])
@@ -174,6 +186,7 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
     app.state.metrics, app.state.stat_logger = metrics, stat_logger
     app.state.engine_client = engine_client
     app.state.draining = False
+    app.state.server_load_metrics = 0
     app.add_middleware(CORSMiddleware, allow_origins=allowed_origins or ["*"],
                        allow_credentials=allow_credentials,
                        allow_methods=allowed_methods or ["*"],
@@ -208,22 +221,35 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
         if not hmac.compare_digest(got, expected_auth):  # constant time: no timing oracle
             raise OpenAIError("Unauthorized", HTTPStatus.UNAUTHORIZED)
 
+    def load_done() -> None:
+        app.state.server_load_metrics -= 1
+
     async def respond(work: Coroutine, request: Request) -> Response:
         if app.state.draining:  # new work while the requests in flight finish
             work.close()
             return error_response("the server is shutting down", HTTPStatus.SERVICE_UNAVAILABLE)
+        # /load: a request counts until its answer is sent (a stream: until it ends).
+        tracked = enable_server_load_tracking
+        if tracked:
+            app.state.server_load_metrics += 1
         try:
-            result = await run_cancellable(work, request)
-        except Exception as e:  # one request fails, not the server
-            err = from_exception(e)
-            if err.status >= 500:
-                logger.exception("request failed")
-            return error_response(err.message, err.status, err.param, err.err_type)
-        if result is None:  # the client is gone
-            return Response(status_code=499)
-        if isinstance(result, AsyncIterator):
-            return SSEResponse(result)
-        return await asyncio.to_thread(JSONResponse, result)  # renders a large answer off the loop
+            try:
+                result = await run_cancellable(work, request)
+            except Exception as e:  # one request fails, not the server
+                err = from_exception(e)
+                if err.status >= 500:
+                    logger.exception("request failed")
+                return error_response(err.message, err.status, err.param, err.err_type)
+            if result is None:  # the client is gone
+                return Response(status_code=499)
+            if isinstance(result, AsyncIterator):
+                response = SSEResponse(result, on_close=load_done if tracked else None)
+                tracked = False  # the stream gives the count back when it ends
+                return response
+            return await asyncio.to_thread(JSONResponse, result)  # renders off the loop
+        finally:
+            if tracked:
+                load_done()
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
 
@@ -243,6 +269,34 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
             {"id": name, "object": "model", "created": int(time.time()), "owned_by": "vllmx",
              "root": mc.path or mc.model, "parent": None, "max_model_len": completion.max_model_len,
              "permission": []} for name in names]}
+
+    # SageMaker's route (vLLM's): the body's own shape says which API it is for.
+    @app.post("/invocations", dependencies=[Depends(check_api_key)])
+    async def invocations(request: Request):
+        try:
+            body = await request.json()
+        except ValueError as e:
+            raise OpenAIError(f"invocations: the body is not JSON ({e})") from None
+        kind = ((ChatCompletionRequest, create_chat_completion) if isinstance(body, dict) and
+                "messages" in body else (CompletionRequest, create_completion)
+                if isinstance(body, dict) and "prompt" in body else None)
+        if kind is None:
+            raise OpenAIError("invocations: the body must be a chat completion request "
+                              "(with 'messages') or a completion request (with 'prompt')")
+        try:
+            parsed = kind[0].model_validate(body)
+        except ValidationError as e:
+            raise RequestValidationError(e.errors()) from None
+        return await kind[1](parsed, request)
+
+    @app.get("/load")
+    async def get_server_load():
+        return {"server_load": app.state.server_load_metrics}
+
+    if enable_tokenizer_info_endpoint:
+        @app.get("/tokenizer_info")
+        async def tokenizer_info():
+            return JSONResponse(completion.tokenizer.tokenizer_info(completion.max_model_len))
 
     app.include_router(v1)
 

@@ -374,6 +374,30 @@ class Tokenizer:
             return self.encode(text, add_special_tokens=False)
         return text
 
+    def tokenizer_info(self, model_max_length: int) -> dict[str, Any]:
+        """vLLM's /tokenizer_info answer: the configuration transformers would report for this
+        tokenizer (tokenizer_config.json's fields), the chat template rendered by default."""
+        try:
+            template = self.get_chat_template()
+        except ValueError:  # none
+            template = None
+        named = set(self._special_tokens_map().values())
+        return {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "name_or_path": self.name_or_path,
+            **self._special_tokens_map(),
+            "chat_template": template,
+            "model_max_length": model_max_length,
+            "clean_up_tokenization_spaces": self.clean_up_tokenization_spaces,
+            "additional_special_tokens": [a.content for _, a in sorted(self._added.items())
+                                          if a.special and a.content not in named],
+            "added_tokens_decoder": {
+                str(i): {"content": a.content, "special": a.special, "lstrip": a.lstrip,
+                         "rstrip": a.rstrip, "normalized": a.normalized,
+                         "single_word": a.single_word}
+                for i, a in sorted(self._added.items())},
+        }
+
     def __repr__(self) -> str:
         return f"Tokenizer(name_or_path={self.name_or_path!r}, vocab_size={self.vocab_size})"
 
