@@ -409,7 +409,7 @@ AttnPlan plan_attention(const Tensor& out, const Tensor& q, const Tensor& kc, in
   if (!p.tensor_cores) return p;
   const int64_t G = nq / nkv;
 #ifdef VLLMX_WITH_SM90_ATTENTION
-  if (is_sm90()) {
+  if (sm90_kernels()) {
     p.prefill_sm90 = true;
     p.prefill_rows = kSm90PrefillRows;
   }

@@ -265,7 +265,7 @@ bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) %
 bool plan_sm90(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor& w, int64_t T,
                int64_t N, int64_t K) {
 #ifdef VLLMX_WITH_SM90_GEMM
-  if (p.wk != kWSame || T < kSm90MinT || !is_sm90()) return false;
+  if (p.wk != kWSame || T < kSm90MinT || !sm90_kernels()) return false;
   // (K == 0: a TMA tensor map has no empty dims.)
   if (K == 0 || K % 8 != 0 || N % 8 != 0 || x.stride[0] % 8 != 0 || w.stride[0] % 8 != 0 ||
       out.stride[0] % 8 != 0 || !aligned(x.data, 16) || !aligned(w.data, 16) ||

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 namespace vllmx::cuda::detail {
 
@@ -25,10 +26,14 @@ inline int num_sms() {
   return n;
 }
 
-// Compute capability 9.0 exactly: the only one the sm_90a cubins (wgmma kernels) run on (read
-// once per process; one device for now).
-inline bool is_sm90() {
+// Whether the sm_90a kernels (the CUTLASS GEMM, the wgmma prefill attention) run: compute
+// capability 9.0 exactly, the only one their cubins run on, unless the environment variable
+// VLLMX_CUDA_SM90=0 keeps the sm_80 kernels (so the tests run both families on one Hopper GPU,
+// as VLLMX_ISA does for the CPU's SIMD levels). Read once per process; one device for now.
+inline bool sm90_kernels() {
   static const bool v = [] {
+    const char* env = std::getenv("VLLMX_CUDA_SM90");
+    if (env != nullptr && env[0] == '0' && env[1] == '\0') return false;
     int dev = 0, major = 0, minor = 0;
     return cudaGetDevice(&dev) == cudaSuccess &&
            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cuda_util.cuh"
+#include "mma.cuh"
 
 namespace vllmx::cuda {
 
@@ -96,6 +97,13 @@ void require_device(const char* what) {
 
 bool built_with_cuda() { return true; }
 bool available() { return probe().count > 0; }
+bool sm90_kernels_in_use() {
+#ifdef VLLMX_WITH_SM90_GEMM
+  return available() && detail::sm90_kernels();
+#else
+  return false;
+#endif
+}
 int device_count() { return probe().count; }
 
 void set_device(int device) {

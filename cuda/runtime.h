@@ -16,6 +16,9 @@ void set_device(int device);
 // The current device's name and compute capability (major * 10 + minor).
 std::string device_name();
 int device_capability();
+// Whether the sm_90a kernels (CUTLASS GEMM, wgmma prefill attention) were built and run on this
+// device (compute capability 9.0; VLLMX_CUDA_SM90=0 keeps the sm_80 ones: cuda/mma.cuh).
+bool sm90_kernels_in_use();
 // Caching allocator: freed blocks are kept per size class and reused; no cudaMalloc/cudaFree
 // inside a step once warm (so steps can be captured in CUDA graphs).
 void* device_malloc(size_t bytes);

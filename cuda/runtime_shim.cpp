@@ -18,6 +18,7 @@ namespace {
 
 bool built_with_cuda() { return false; }
 bool available() { return false; }
+bool sm90_kernels_in_use() { return false; }
 int device_count() { return 0; }
 void set_device(int) { missing("set_device", "cuda/runtime.cu"); }
 std::string device_name() { missing("device_name", "cuda/runtime.cu"); }

@@ -9,6 +9,7 @@ from libcpp.string cimport string
 cdef extern from "runtime.h" namespace "vllmx::cuda" nogil:
     bint c_cuda_available "vllmx::cuda::available"() except +
     bint c_cuda_built "vllmx::cuda::built_with_cuda"() except +
+    bint c_sm90_kernels "vllmx::cuda::sm90_kernels_in_use"() except +
     int c_cuda_device_count "vllmx::cuda::device_count"() except +
     void c_cuda_set_device "vllmx::cuda::set_device"(int) except +
     string c_device_name "vllmx::cuda::device_name"() except +
@@ -54,6 +55,13 @@ def cuda_available():
     if _cuda_state < 0:
         _cuda_state = 1 if c_cuda_available() else 0
     return _cuda_state == 1
+
+
+def cuda_sm90_kernels():
+    """True where the Hopper (sm_90a) GEMM and prefill attention kernels run: built for
+    sm_90a, a compute capability 9.0 GPU, and VLLMX_CUDA_SM90 not 0 (which keeps the sm_80
+    kernels, for tests of both)."""
+    return c_sm90_kernels()
 
 
 def cuda_device_count():
