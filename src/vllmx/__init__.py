@@ -15,8 +15,8 @@ if not _logger.handlers:
 
 from vllmx.llm import LLM  # noqa: E402
 from vllmx.outputs import CompletionOutput, RequestOutput  # noqa: E402
-from vllmx.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
+from vllmx.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestOutputKind",
+__all__ = ["LLM", "SamplingParams", "BeamSearchParams", "RequestOutput", "CompletionOutput", "RequestOutputKind",
            "__version__"]

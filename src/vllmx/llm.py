@@ -5,11 +5,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from vllmx.beam_search import BeamSearch, BeamSearchOutput
 from vllmx.engine.llm_engine import EngineArgs, LLMEngine
 from vllmx.loader import DEFAULT_MODEL
 from vllmx.outputs import RequestOutput
-from vllmx.sampling_params import RequestOutputKind, SamplingParams
-
+from vllmx.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 # vLLM's LLM arguments that have no counterpart here, with the values that mean what vLLM means
 # (anything else raises NotImplementedError instead of being ignored). dtype, device,
@@ -81,6 +81,30 @@ class LLM:
             sp = _copy_final_only(sp)
             ids.append(engine.add_request(None, prompt, sp))
         return self._run_engine(ids, use_tqdm)
+
+    def beam_search(self, prompts, params: BeamSearchParams,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """vLLM's LLM.beam_search: the beam_width best continuations of each prompt (a text,
+        or a dict with "prompt" or "prompt_token_ids"), best first (vllmx/beam_search.py). Each
+        step runs every live beam of every prompt as one batch of one-token requests."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        engine = self.llm_engine
+        step = params.step_params()
+        max_len = engine.config.scheduler_config.max_model_len
+        searches = [BeamSearch(engine.process_inputs(p, step)[1], params,
+                               set(engine.eos_token_ids), max_len) for p in prompts]
+        while batch := [(s, ids) for s in searches for ids in s.pending()]:
+            outs = self.generate([{"prompt_token_ids": ids} for _, ids in batch], step,
+                                 use_tqdm=use_tqdm)
+            start = 0
+            for s in searches:
+                if n := len(s.pending()):
+                    s.advance([o.outputs[0].logprobs[0] for o in outs[start:start + n]])
+                    start += n
+        tok = self.get_tokenizer()
+        decode = tok.decode if tok is not None else None
+        return [BeamSearchOutput(s.result(decode)) for s in searches]
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = True,
              chat_template: str | None = None, add_generation_prompt: bool = True,

@@ -300,3 +300,28 @@ def _convert_logit_bias(logit_bias: dict) -> dict[int, float]:
         raise ValueError(f"logit_bias contains key(s) that cannot be converted to integer "
                          f"token IDs: {invalid!r}")
     return out
+
+
+@dataclass
+class BeamSearchParams:
+    """vLLM's BeamSearchParams."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self):
+        if self.beam_width < 1:
+            raise ValueError(f"beam_width must be at least 1, got {self.beam_width}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be non-negative, got {self.temperature}")
+
+    def step_params(self) -> SamplingParams:
+        """What each beam's one-token request asks the engine for."""
+        return SamplingParams(max_tokens=1, logprobs=2 * self.beam_width,
+                              temperature=self.temperature, ignore_eos=True, detokenize=False)

@@ -11,13 +11,14 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 
+from vllmx.beam_search import BeamSearch
 from vllmx.config import VllmxConfig
 from vllmx.core.scheduler import SchedulerStats
 from vllmx.engine.exceptions import EngineDeadError, EngineGenerateError
 from vllmx.engine.llm_engine import EngineArgs, LLMEngine
 from vllmx.engine.protocol import EngineClient
-from vllmx.outputs import RequestOutput
-from vllmx.sampling_params import SamplingParams
+from vllmx.outputs import CompletionOutput, RequestOutput
+from vllmx.sampling_params import BeamSearchParams, SamplingParams
 
 logger = logging.getLogger("vllmx")
 
@@ -99,6 +100,35 @@ class AsyncLLM(EngineClient):
             self._queues.pop(request_id, None)
             if not finished:  # the caller went away (e.g. a client disconnected): free its blocks
                 self._submit(("abort", request_id))
+
+    async def beam_search(self, prompt, request_id: str,
+                          params: BeamSearchParams) -> AsyncIterator[RequestOutput]:
+        """vLLM's EngineClient.beam_search (vllmx/beam_search.py): one final RequestOutput
+        whose outputs are the beam_width best beams, best first. Each step runs the live
+        beams as concurrent one-token requests (ids request_id-b<step>-<beam>); a caller that
+        stops early aborts them."""
+        step = params.step_params()
+        text, ids = await asyncio.to_thread(self.engine.process_inputs, prompt, step)
+        search = BeamSearch(ids, params, set(self.engine.eos_token_ids),
+                            self.engine.config.scheduler_config.max_model_len)
+
+        async def next_logprobs(req_id: str, tokens: list[int]):
+            final = None
+            async for out in self.generate({"prompt_token_ids": tokens}, step, req_id):
+                final = out
+            return final.outputs[0].logprobs[0]
+
+        k = 0
+        while pending := search.pending():
+            search.advance(list(await asyncio.gather(
+                *(next_logprobs(f"{request_id}-b{k}-{i}", t) for i, t in enumerate(pending)))))
+            k += 1
+        tok = self.tokenizer
+        beams = search.result(tok.decode if tok is not None else None)
+        yield RequestOutput(request_id, text, ids, None, [
+            CompletionOutput(i, b.text or "", b.tokens[len(ids):], b.cum_logprob,
+                             finish_reason=b.finish_reason) for i, b in enumerate(beams)],
+            finished=True)
 
     async def abort(self, request_id: str) -> None:
         self._submit(("abort", request_id))
