@@ -87,3 +87,13 @@ def test_chat_template_kwargs_and_text_parts(client):
         0].message.content
     out = chat(client, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert out.choices[0].message.content
+
+
+def test_chat_use_beam_search(client):
+    """use_beam_search in chat: n distinct beams as the choices, each the requested length."""
+    resp = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Name a color."}], n=2, max_tokens=4,
+        temperature=0, extra_body={"use_beam_search": True, "ignore_eos": True})
+    assert len(resp.choices) == 2
+    assert resp.choices[0].message.content != resp.choices[1].message.content
+    assert resp.usage.completion_tokens == 8

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import openai
+import pytest
+
 from tests.server.conftest import MODEL
 
 PROMPT = "The capital of France is"
@@ -119,3 +122,37 @@ def test_extra_body_params(client, engine_client):
                                                     "include_stop_str_in_output": True})
     assert kept.choices[0].text == " Paris."
     assert stopped.model_extra["stop_reason"] == dot[0]
+
+
+def test_use_beam_search(client):
+    """use_beam_search (vLLM's): n distinct beams as the n choices; one beam is greedy
+    decoding; streamed, the same texts; what beam search would leave unused is a 400 naming
+    it. (The search itself: tests/engine/test_beam_search.py.)"""
+    prompt = "The capital of France is"
+    resp = client.completions.create(model=MODEL, prompt=prompt, n=3, max_tokens=5,
+                                     temperature=0,
+                                     extra_body={"use_beam_search": True, "ignore_eos": True})
+    assert [c.index for c in resp.choices] == [0, 1, 2]
+    assert len({c.text for c in resp.choices}) == 3
+    assert resp.usage.completion_tokens == 15
+    assert all(c.finish_reason == "length" for c in resp.choices)
+
+    greedy = client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, temperature=0,
+                                       extra_body={"use_beam_search": True, "ignore_eos": True})
+    assert len(greedy.choices) == 1
+    plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    assert greedy.choices[0].text == plain.choices[0].text  # one beam is greedy decoding
+    chunks = list(client.completions.create(
+        model=MODEL, prompt=prompt, n=3, max_tokens=5, temperature=0, stream=True,
+        extra_body={"use_beam_search": True, "ignore_eos": True}))
+    streamed = {}
+    for ch in chunks:
+        for c in ch.choices:
+            streamed[c.index] = streamed.get(c.index, "") + c.text
+    assert [streamed[i] for i in range(3)] == [c.text for c in resp.choices]
+    for field, value in (("logprobs", 2), ("stop", ["x"]), ("top_p", 0.5)):
+        with pytest.raises(openai.BadRequestError, match=f"{field} is not supported with "
+                                                         "use_beam_search"):
+            client.completions.create(model=MODEL, prompt=prompt, n=2, max_tokens=3,
+                                      **{field: value}, extra_body={"use_beam_search": True})

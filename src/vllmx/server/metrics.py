@@ -27,7 +27,7 @@ from prometheus_client.core import (
 from vllmx.core.scheduler import ITERATION_TOKEN_BUCKETS
 from vllmx.engine.exceptions import EngineDeadError, EngineGenerateError
 from vllmx.outputs import RequestOutput
-from vllmx.sampling_params import SamplingParams
+from vllmx.sampling_params import BeamSearchParams, SamplingParams
 
 logger = logging.getLogger("vllmx")
 
@@ -173,7 +173,7 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
     async def track(self, outputs: AsyncIterator[RequestOutput], arrival_time: float,
-                    params: SamplingParams) -> AsyncIterator[RequestOutput]:
+                    params: SamplingParams | BeamSearchParams) -> AsyncIterator[RequestOutput]:
         """Passes a request's DELTA outputs through, recording its metrics on the way."""
         first, finished = True, False
         num_prompt_tokens = num_generated = 0
@@ -214,11 +214,11 @@ class ServerMetrics:
 
 
     def _observe_finished(self, out: RequestOutput, num_prompt_tokens: int, num_generated: int,
-                          params: SamplingParams) -> None:
+                          params: SamplingParams | BeamSearchParams) -> None:
         """vLLM's per-request histograms, once a request finishes."""
         self.request_prompt_tokens.observe(num_prompt_tokens)
         self.request_generation_tokens.observe(num_generated)
-        self.request_params_n.observe(params.n)
+        self.request_params_n.observe(getattr(params, "n", None) or params.beam_width)
         # (vLLM's server always sets max_tokens: what the context leaves when unset.)
         self.request_params_max_tokens.observe(
             params.max_tokens if params.max_tokens is not None

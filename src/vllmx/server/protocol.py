@@ -62,6 +62,7 @@ class _SamplingFields(OpenAIBaseModel):
     best_of: int | None = None
     # vLLM's extra sampling parameters
     use_beam_search: bool = False
+    length_penalty: float = 1.0  # beam search's (vLLM's)
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from http import HTTPStatus
 
 from vllmx.outputs import RequestOutput
-from vllmx.sampling_params import RequestOutputKind, SamplingParams
+from vllmx.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from vllmx.server.errors import OpenAIError
 from vllmx.server.metrics import ServerMetrics
 
@@ -61,8 +61,6 @@ class OpenAIServing:
 
     @staticmethod
     def check_unsupported(request) -> None:
-        if request.use_beam_search:
-            raise OpenAIError("beam search is not supported yet", param="use_beam_search")
         rf = request.response_format
         if rf is not None and rf.type != "text":
             raise OpenAIError(f"response_format of type {rf.type!r} is not supported yet "
@@ -114,7 +112,9 @@ class OpenAIServing:
 
     # -- SamplingParams -----------------------------------------------------------------------
     def sampling_params(self, request, max_tokens: int, logprobs: int | None,
-                        prompt_logprobs: int | None) -> SamplingParams:
+                        prompt_logprobs: int | None) -> SamplingParams | BeamSearchParams:
+        if request.use_beam_search:
+            return self.beam_search_params(request, max_tokens, logprobs, prompt_logprobs)
         kwargs = dict(self.default_sampling)
         requested = {
             "n": request.n, "best_of": request.best_of,
@@ -148,6 +148,34 @@ class OpenAIServing:
         # them before queueing the request); bad ids or counts come back as a ValueError.
         return params
 
+    def beam_search_params(self, request, max_tokens: int, logprobs: int | None,
+                           prompt_logprobs: int | None) -> BeamSearchParams:
+        """vLLM's use_beam_search: n beams (beam_width = n), the temperature of the steps (the
+        model's default, else 1.0, when unset), length_penalty. What beam search would leave
+        unused is refused by name (vLLM ignores it silently)."""
+        unused = {"logprobs": logprobs, "prompt_logprobs": prompt_logprobs,
+                  "stop": request.stop or None, "stop_token_ids": request.stop_token_ids or None,
+                  "bad_words": request.bad_words or None, "logit_bias": request.logit_bias,
+                  "allowed_token_ids": request.allowed_token_ids, "top_p": request.top_p,
+                  "top_k": request.top_k, "min_p": request.min_p,
+                  "presence_penalty": request.presence_penalty,
+                  "frequency_penalty": request.frequency_penalty,
+                  "repetition_penalty": request.repetition_penalty,
+                  "min_tokens": request.min_tokens or None}
+        for name, value in unused.items():
+            if value is not None:
+                raise OpenAIError(f"{name} is not supported with use_beam_search", param=name)
+        temperature = request.temperature
+        if temperature is None:
+            temperature = self.default_sampling.get("temperature", 1.0)
+        try:
+            return BeamSearchParams(beam_width=request.n, max_tokens=max_tokens,
+                                    ignore_eos=request.ignore_eos, temperature=temperature,
+                                    length_penalty=request.length_penalty,
+                                    include_stop_str_in_output=request.include_stop_str_in_output)
+        except ValueError as e:
+            raise OpenAIError(str(e), param="n") from e
+
     @functools.cached_property
     def _max_chars_per_token(self) -> int:
         """An upper bound on the characters one token stands for: its longest vocabulary entry
@@ -179,13 +207,16 @@ class OpenAIServing:
                               param=param)
 
     # -- running requests ---------------------------------------------------------------------
-    def generate(self, prompt: dict, params: SamplingParams, request_id: str,
+    def generate(self, prompt: dict, params: SamplingParams | BeamSearchParams, request_id: str,
                  priority: int) -> AsyncIterator[RequestOutput]:
         if self.log_requests:
             logger.info("Received request %s: prompt tokens %d, params %s", request_id,
                         len(prompt["prompt_token_ids"]), params)
-        gen = self.engine_client.generate(prompt, params, request_id=request_id,
-                                          priority=priority)
+        if isinstance(params, BeamSearchParams):
+            gen = self.engine_client.beam_search(prompt, request_id, params)
+        else:
+            gen = self.engine_client.generate(prompt, params, request_id=request_id,
+                                              priority=priority)
         return self.metrics.track(gen, time.time(), params)
 
 
