@@ -156,3 +156,56 @@ def test_use_beam_search(client):
                                                          "use_beam_search"):
             client.completions.create(model=MODEL, prompt=prompt, n=2, max_tokens=3,
                                       **{field: value}, extra_body={"use_beam_search": True})
+
+
+def test_vllm_response_fields(client, server, engine_client):
+    """vLLM's: completions always carry prompt_logprobs (null unless asked); chat answers
+    prompt_logprobs at the top level; return_tokens_as_token_ids names logprob tokens
+    'token_id:<id>' (request field, or the server's --return-tokens-as-token-ids); any chat role
+    reaches the template."""
+    import httpx
+
+    from tests.server.conftest import ServerThread
+    from vllmx.server.app import build_app
+
+    url = server.url
+    r = httpx.post(f"{url}/v1/completions", timeout=60,
+                   json={"model": MODEL, "prompt": "Hi", "max_tokens": 2}).json()
+    assert "prompt_logprobs" in r["choices"][0] and r["choices"][0]["prompt_logprobs"] is None
+    msgs = [{"role": "user", "content": "Hi"}]
+    r = httpx.post(f"{url}/v1/chat/completions", timeout=60,
+                   json={"model": MODEL, "messages": msgs, "max_tokens": 2,
+                         "prompt_logprobs": 0}).json()
+    ids = engine_client.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
+    plp = r["prompt_logprobs"]
+    assert len(plp) == len(ids) and plp[0] is None
+    assert all(list(step) == [str(t)] for step, t in zip(plp[1:], ids[1:]))
+    r = httpx.post(f"{url}/v1/completions", timeout=60,
+                   json={"model": MODEL, "prompt": "Hi", "max_tokens": 3, "logprobs": 1,
+                         "return_tokens_as_token_ids": True}).json()
+    toks = r["choices"][0]["logprobs"]["tokens"]
+    assert len(toks) == 3 and all(t.startswith("token_id:") for t in toks)
+    ids_out = [int(t.split(":")[1]) for t in toks]
+    assert engine_client.tokenizer.decode(ids_out) == r["choices"][0]["text"]
+    r = httpx.post(f"{url}/v1/chat/completions", timeout=60,
+                   json={"model": MODEL, "messages": msgs, "max_tokens": 2, "logprobs": True,
+                         "top_logprobs": 2, "return_tokens_as_token_ids": True}).json()
+    content = r["choices"][0]["logprobs"]["content"]
+    assert all(c["token"].startswith("token_id:") for c in content)
+    assert all(t["token"].startswith("token_id:") for c in content for t in c["top_logprobs"])
+    with ServerThread(build_app(engine_client, [MODEL], log_stats_interval=None,
+                                return_tokens_as_token_ids=True)) as s:
+        got = httpx.post(f"{s.url}/v1/completions", timeout=60,
+                         json={"model": MODEL, "prompt": "Hi", "max_tokens": 2,
+                               "logprobs": 0}).json()
+        assert all(t.startswith("token_id:") for t in got["choices"][0]["logprobs"]["tokens"])
+        got = httpx.post(f"{s.url}/v1/completions", timeout=60,
+                         json={"model": MODEL, "prompt": "Hi", "max_tokens": 2, "logprobs": 0,
+                               "return_tokens_as_token_ids": False}).json()
+        assert not any(t.startswith("token_id:")
+                       for t in got["choices"][0]["logprobs"]["tokens"])
+    r = httpx.post(f"{url}/v1/chat/completions", timeout=60,
+                   json={"model": MODEL, "max_tokens": 2,
+                         "messages": [{"role": "narrator", "content": "Once"},
+                                      {"role": "user", "content": "Go on"}]})
+    assert r.status_code == 200, r.text

@@ -75,6 +75,9 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                         "and special tokens included)")
     p.add_argument("--enable-server-load-tracking", action="store_true",
                    help="count the requests in flight for /load")
+    p.add_argument("--return-tokens-as-token-ids", action="store_true",
+                   help="logprobs name tokens 'token_id:<id>' (a request's "
+                        "return_tokens_as_token_ids overrides it)")
     p.add_argument("--disable-log-stats", action="store_true")
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
@@ -188,6 +191,7 @@ def run_serve(args: argparse.Namespace) -> int:
                         log_requests=not args.disable_log_requests,
                         enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
                         enable_server_load_tracking=args.enable_server_load_tracking,
+                        return_tokens_as_token_ids=args.return_tokens_as_token_ids,
                         log_stats_interval=None if args.disable_log_stats else 10.0)
         drain = args.shutdown_drain_timeout if args.shutdown_mode == "drain" else 0.0
         server = _make_server(app, uvicorn.Config(

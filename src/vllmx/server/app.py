@@ -157,7 +157,8 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
               allowed_methods: list[str] | None = None, allowed_headers: list[str] | None = None,
               max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
               enable_tokenizer_info_endpoint: bool = False,
-              enable_server_load_tracking: bool = False) -> FastAPI:
+              enable_server_load_tracking: bool = False,
+              return_tokens_as_token_ids: bool = False) -> FastAPI:
     """The app over an AsyncLLM. Several apps may share one AsyncLLM; each has its own
     metrics registry. CORS takes vLLM's flags and defaults (any origin, method and header,
     no credentials). app.state.draining (set when the server is asked to stop) makes /health
@@ -168,9 +169,11 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
     mc = engine_client.model_config
     names = served_model_names or [mc.model]
     metrics = ServerMetrics(engine_client, names[0])
-    completion = OpenAIServingCompletion(engine_client, names, metrics, log_requests)
+    completion = OpenAIServingCompletion(engine_client, names, metrics, log_requests,
+                                         return_tokens_as_token_ids=return_tokens_as_token_ids)
     chat = OpenAIServingChat(engine_client, names, metrics, log_requests,
-                             chat_template=chat_template)
+                             chat_template=chat_template,
+                             return_tokens_as_token_ids=return_tokens_as_token_ids)
     stat_logger = StatLogger(metrics, log_stats_interval or 10.0)
 
     @contextlib.asynccontextmanager

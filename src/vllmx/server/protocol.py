@@ -74,6 +74,9 @@ class _SamplingFields(OpenAIBaseModel):
     spaces_between_special_tokens: bool = True
     truncate_prompt_tokens: int | None = None
     prompt_logprobs: int | None = None
+    # vLLM's: logprobs name their tokens "token_id:<id>" (None: the server's
+    # --return-tokens-as-token-ids)
+    return_tokens_as_token_ids: bool | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: Annotated[list[str], Field(max_length=MAX_BAD_WORDS)] | None = None
     # vLLM's extra request parameters
@@ -150,5 +153,4 @@ class DetokenizeRequest(OpenAIBaseModel):
     tokens: list[int]
 
 
-ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 FinishReason = Literal["stop", "length", "abort"]

@@ -10,8 +10,13 @@ from collections.abc import AsyncIterator
 
 from vllmx.outputs import Logprob
 from vllmx.server.errors import OpenAIError, from_exception, sse_error
-from vllmx.server.protocol import ROLES, ChatCompletionRequest, ChatMessage
-from vllmx.server.serving_engine import OpenAIServing, merge_async_iterators, random_uuid
+from vllmx.server.protocol import ChatCompletionRequest, ChatMessage
+from vllmx.server.serving_engine import (
+    OpenAIServing,
+    merge_async_iterators,
+    prompt_logprobs_json,
+    random_uuid,
+)
 
 
 def conversation(messages: list[ChatMessage]) -> list[dict]:
@@ -20,8 +25,10 @@ def conversation(messages: list[ChatMessage]) -> list[dict]:
         raise OpenAIError("messages must contain at least one message", param="messages")
     out = []
     for i, m in enumerate(messages):
-        if m.role not in ROLES:
-            raise OpenAIError(f"messages[{i}].role {m.role!r} is not one of {', '.join(ROLES)}",
+        # Any role reaches the chat template, as in vLLM (custom roles are its
+        # CustomChatCompletionMessageParam); only an empty one is refused.
+        if not m.role:
+            raise OpenAIError(f"messages[{i}].role must not be empty",
                               param=f"messages[{i}].role")
         content = m.content
         if isinstance(content, list):
@@ -137,30 +144,29 @@ class OpenAIServingChat(OpenAIServing):
         if not request.logprobs:
             return None
         k = request.top_logprobs or 0
+        name = self.token_namer(request)
         content = []
         for tok_id, step in zip(token_ids, logprobs or []):
             lp = step.get(tok_id)
-            token = self._decoded(tok_id, lp)
+            token = name(tok_id, lp)
             top = sorted((p.rank, t, p) for t, p in step.items()
                          if p.rank is not None and p.rank <= k)
             content.append({
                 "token": token, "logprob": max(lp.logprob, -9999.0) if lp else -9999.0,
                 "bytes": _token_bytes(token),
-                "top_logprobs": [{"token": self._decoded(t, p), "logprob": max(p.logprob, -9999.0),
-                                  "bytes": _token_bytes(self._decoded(t, p))}
+                "top_logprobs": [{"token": name(t, p), "logprob": max(p.logprob, -9999.0),
+                                  "bytes": _token_bytes(name(t, p))}
                                  for _, t, p in top]})
         return {"content": content}
-
-    def _decoded(self, token_id: int, lp: Logprob | None) -> str:
-        if lp is not None and lp.decoded_token is not None:
-            return lp.decoded_token
-        return self.tokenizer.decode([token_id])
 
     async def _full(self, request, num_prompt, merged, request_id, created, model,
                     echo) -> dict:
         choices: dict[int, dict] = {}
+        prompt_logprobs = None
         try:
             async for _, out in merged:
+                if out.prompt_logprobs is not None:
+                    prompt_logprobs = out.prompt_logprobs
                 for c in out.outputs:
                     ch = choices.setdefault(c.index, {"text": [], "token_ids": [],
                                                       "logprobs": [], "finish_reason": None,
@@ -175,10 +181,10 @@ class OpenAIServingChat(OpenAIServing):
         # The answer's logprobs decode tokens (CPU work that grows with the output): off the
         # event loop.
         return await asyncio.to_thread(self._response, request, num_prompt, choices,
-                                       request_id, created, model, echo)
+                                       request_id, created, model, echo, prompt_logprobs)
 
     def _response(self, request, num_prompt, choices, request_id, created, model,
-                  echo) -> dict:
+                  echo, prompt_logprobs=None) -> dict:
         result, completion_tokens = [], 0
         for idx in sorted(choices):
             ch = choices[idx]
@@ -191,6 +197,7 @@ class OpenAIServingChat(OpenAIServing):
                 "finish_reason": ch["finish_reason"], "stop_reason": ch["stop_reason"]})
         return {"id": request_id, "object": "chat.completion", "created": created,
                 "model": model, "choices": result,
+                "prompt_logprobs": prompt_logprobs_json(prompt_logprobs),
                 "usage": {"prompt_tokens": num_prompt, "completion_tokens": completion_tokens,
                           "total_tokens": num_prompt + completion_tokens}}
 

@@ -12,7 +12,12 @@ from collections.abc import AsyncIterator
 from vllmx.outputs import Logprob
 from vllmx.server.errors import OpenAIError, from_exception, sse_error
 from vllmx.server.protocol import CompletionRequest
-from vllmx.server.serving_engine import OpenAIServing, merge_async_iterators, random_uuid
+from vllmx.server.serving_engine import (
+    OpenAIServing,
+    merge_async_iterators,
+    prompt_logprobs_json,
+    random_uuid,
+)
 
 
 def _clamp(lp: float) -> float:
@@ -23,14 +28,9 @@ class CompletionLogprobs:
     """OpenAI's completion logprobs (tokens, token_logprobs, top_logprobs, text_offset), built
     incrementally so that stream chunks carry only their part."""
 
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
+    def __init__(self, name_token):
+        self._text = name_token  # (token id, Logprob | None) -> the token's name
         self.text_offset = 0
-
-    def _text(self, token_id: int, lp: Logprob | None) -> str:
-        if lp is not None and lp.decoded_token is not None:
-            return lp.decoded_token
-        return self.tokenizer.decode([token_id])
 
     def build(self, token_ids: list[int], logprobs: list[dict[int, Logprob] | None]) -> dict:
         out = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
@@ -167,7 +167,7 @@ class OpenAIServingCompletion(OpenAIServing):
             text = "".join(ch["text"])
             logprobs = None
             if request.logprobs is not None:
-                b = builders.setdefault(idx, CompletionLogprobs(self.tokenizer))
+                b = builders.setdefault(idx, CompletionLogprobs(self.token_namer(request)))
                 logprobs = {"text_offset": [], "token_logprobs": [], "tokens": [],
                             "top_logprobs": []}
                 if request.echo:
@@ -181,8 +181,9 @@ class OpenAIServingCompletion(OpenAIServing):
             completion_tokens += len(ch["token_ids"])
             choice = {"index": idx, "text": text, "logprobs": logprobs,
                       "finish_reason": ch["finish_reason"], "stop_reason": ch["stop_reason"]}
-            if request.prompt_logprobs is not None:
-                choice["prompt_logprobs"] = _prompt_logprobs_json(prompt_logprobs.get(i))
+            # (vLLM always sends the field: null unless prompt_logprobs was asked for.)
+            choice["prompt_logprobs"] = (prompt_logprobs_json(prompt_logprobs.get(i))
+                                         if request.prompt_logprobs is not None else None)
             result_choices.append(choice)
         prompt_tokens = sum(len(ids) for _, ids in prompts)
         return {"id": request_id, "object": "text_completion", "created": created,
@@ -217,7 +218,7 @@ class OpenAIServingCompletion(OpenAIServing):
             async for i, out in outputs():
                 for c in out.outputs:
                     idx = i * n + c.index
-                    b = builders.setdefault(idx, CompletionLogprobs(self.tokenizer))
+                    b = builders.setdefault(idx, CompletionLogprobs(self.token_namer(request)))
                     text, logprobs = c.text, None
                     if request.echo and idx not in echoed:  # the prompt comes first
                         echoed.add(idx)
@@ -249,12 +250,3 @@ class OpenAIServingCompletion(OpenAIServing):
         finally:
             await merged.aclose()
         yield "data: [DONE]\n\n"
-
-
-def _prompt_logprobs_json(plp) -> list | None:
-    if plp is None:
-        return None
-    return [None if step is None else
-            {str(t): {"logprob": _clamp(p.logprob), "rank": p.rank,
-                      "decoded_token": p.decoded_token} for t, p in step.items()}
-            for step in plp]

@@ -34,8 +34,9 @@ def random_uuid() -> str:
 
 class OpenAIServing:
     def __init__(self, engine_client, served_model_names: list[str], metrics: ServerMetrics,
-                 log_requests: bool = True):
+                 log_requests: bool = True, return_tokens_as_token_ids: bool = False):
         self.engine_client = engine_client
+        self.return_tokens_as_token_ids = return_tokens_as_token_ids
         self.served_model_names = served_model_names
         self.metrics = metrics
         self.log_requests = log_requests
@@ -45,6 +46,22 @@ class OpenAIServing:
                                  ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
                                  if mc.gen_config.get(k) is not None}
         self.default_max_tokens = mc.gen_config.get("max_new_tokens")
+
+    def token_namer(self, request):
+        """How logprobs name a token: "token_id:<id>" with return_tokens_as_token_ids (the
+        request's, else the server's), else its text (the Logprob's decoded_token if set)."""
+        as_ids = request.return_tokens_as_token_ids
+        if as_ids is None:
+            as_ids = self.return_tokens_as_token_ids
+        if as_ids:
+            return lambda token_id, lp: f"token_id:{token_id}"
+        tok = self.tokenizer
+
+        def text(token_id: int, lp) -> str:
+            if lp is not None and lp.decoded_token is not None:
+                return lp.decoded_token
+            return tok.decode([token_id])
+        return text
 
     @property
     def tokenizer(self):
@@ -263,3 +280,14 @@ async def merge_async_iterators(*iterators: AsyncIterator) -> AsyncIterator[tupl
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def prompt_logprobs_json(plp) -> list | None:
+    """vLLM's prompt_logprobs in a response: per prompt position (None first) token id ->
+    logprob, rank, decoded_token."""
+    if plp is None:
+        return None
+    return [None if step is None else
+            {str(t): {"logprob": max(p.logprob, -9999.0), "rank": p.rank,
+                      "decoded_token": p.decoded_token} for t, p in step.items()}
+            for step in plp]
