@@ -103,6 +103,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         kv = self.kv_cache_manager
         budget = self.config.max_num_batched_tokens
+        lookahead = self.config.num_lookahead_tokens
         num_scheduled: dict[str, int] = {}
         new_reqs: list[NewRequestData] = []
         cached = CachedRequestData()
@@ -120,7 +121,7 @@ class Scheduler:
             if num_new <= 0 or self._last_token_pending(req):
                 i += 1
                 continue
-            new_blocks = kv.allocate_slots(req, num_new)
+            new_blocks = kv.allocate_slots(req, num_new, None, lookahead)
             while new_blocks is None:
                 victim = self._pick_victim()
                 if self.running.index(victim) < i:  # scheduled earlier in this step: undo it
@@ -134,7 +135,7 @@ class Scheduler:
                 preempted.add(victim.request_id)
                 if victim is req:
                     break
-                new_blocks = kv.allocate_slots(req, num_new)
+                new_blocks = kv.allocate_slots(req, num_new, None, lookahead)
             if new_blocks is None:
                 break
             num_scheduled[req.request_id] = num_new
@@ -155,7 +156,7 @@ class Scheduler:
                 break
             hit_blocks, num_hit = kv.get_computed_blocks(req)
             num_new = min(req.num_tokens - num_hit, budget)
-            if kv.allocate_slots(req, num_new, hit_blocks) is None:
+            if kv.allocate_slots(req, num_new, hit_blocks, lookahead) is None:
                 break
             self.waiting.pop_request()
             if req.status == RequestStatus.WAITING:  # first admission (not a resumption)
