@@ -1,12 +1,12 @@
-"""mtp speculation (vLLM's method): DeepSeek-V3's own multi-token-prediction layer drafts from
-the target's hidden states, the target verifies. Outputs are exactly those without speculation
+"""mtp speculation (vLLM's method): DeepSeek-V3's and GLM-4.5's own multi-token-prediction layer
+drafts from the target's hidden states, the target verifies. Outputs are exactly those without speculation
 whatever the drafts (random MTP weights: ~none accepted; weights built to agree with the
 target: many), batched == alone through chunked prefill, prefix hits and preemption, seeded
 sampling, aborts; the drafts are the argmax of a float64 torch reference of the MTP math on the
 same weights; a model without MTP layers is refused by name.
 
-transformers' DeepseekV3ForCausalLM holds no MTP weights: the tests write the layer stored
-after the last one (model.layers.{N}.*: a decoder layer, enorm / hnorm / eh_proj and
+transformers' DeepseekV3ForCausalLM / Glm4MoeForCausalLM hold no MTP weights: the tests write
+the layer stored after the last one (model.layers.{N}.*: a decoder layer, enorm / hnorm / eh_proj and
 shared_head.norm) into a safetensors file of its own beside the checkpoint."""
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ from tests.spec_decode.test_ngram import prompts, seeded_greedy_penalized, token
 
 pytest.importorskip("torch")
 
-N = 3  # the tiny deepseek_v3's num_hidden_layers: its MTP layer is model.layers.3
+N = 3  # the tiny deepseek_v3's and glm4_moe's num_hidden_layers: the MTP layer's index
 HIDDEN = 64
 # The "aligned" checkpoint: the target's attention and MLP outputs scaled down (its residual
 # stream stays close to the token's embedding, so its next token is nearly a function of the
 # current one) and an MTP layer whose output is that embedding's norm, read through the
 # target's final norm and lm_head: its drafts are the target's tokens more often than not.
 SCALE = 0.1
+FAMILIES = ("deepseek_v3", "glm4_moe")
 
 
 def _write_mtp_layer(path: str, aligned: bool, seed: int = 0) -> None:
@@ -65,14 +66,17 @@ def _write_mtp_layer(path: str, aligned: bool, seed: int = 0) -> None:
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory) -> dict[str, str]:
+    """(family, kind) -> checkpoint: kind "no_mtp" (as transformers writes it), "random",
+    "aligned"."""
     root = str(tmp_path_factory.mktemp("mtp"))
-    base = make_checkpoint("deepseek_v3", "float32", root)
-    out = {"no_mtp": base}
-    for kind in ("random", "aligned"):
-        path = os.path.join(root, kind)
-        shutil.copytree(base, path)
-        _write_mtp_layer(path, aligned=kind == "aligned")
-        out[kind] = path
+    out = {}
+    for family in FAMILIES:
+        base = out[family, "no_mtp"] = make_checkpoint(family, "float32", root)
+        for kind in ("random", "aligned"):
+            path = os.path.join(root, f"{family}-{kind}")
+            shutil.copytree(base, path)
+            _write_mtp_layer(path, aligned=kind == "aligned")
+            out[family, kind] = path
     return out
 
 
@@ -94,23 +98,25 @@ def run(ckpt, ps, sps, spec=None, **kw):
     return outs, stats
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("kind", ["random", "aligned"])
-def test_greedy_output_is_unchanged(ckpts, kind):
+def test_greedy_output_is_unchanged(ckpts, family, kind):
     from vllmx import SamplingParams
 
     rng = np.random.default_rng()
     ps = prompts(rng, 8)
     sps = [SamplingParams(temperature=0, max_tokens=int(rng.integers(1, 40)), ignore_eos=True)
            for _ in ps]
-    want, _ = run(ckpts[kind], ps, sps)
-    got, stats = run(ckpts[kind], ps, sps, spec_cfg())
+    want, _ = run(ckpts[family, kind], ps, sps)
+    got, stats = run(ckpts[family, kind], ps, sps, spec_cfg())
     assert got == want
     assert stats.spec_decode_num_drafts > 0
     if kind == "aligned":  # built to agree with the target often, not always
         assert 0 < stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens
 
 
-def test_batched_equal_alone_through_chunks_prefix_hits_and_preemption(ckpts):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_batched_equal_alone_through_chunks_prefix_hits_and_preemption(ckpts, family):
     """Greedy and seeded requests (drafted) and penalized ones (not), prompts sharing
     prefixes (cache hits: the MTP layer's KV comes with the hit blocks), chunked prefill with
     a small budget and a cache too small for all."""
@@ -121,10 +127,10 @@ def test_batched_equal_alone_through_chunks_prefix_hits_and_preemption(ckpts):
     shared = rng.integers(3, 500, 40).tolist()
     ps += [{"prompt_token_ids": shared + p["prompt_token_ids"][:5]} for p in ps[:3]]
     sps = seeded_greedy_penalized(rng, len(ps), 50)
-    batched, stats = run(ckpts["aligned"], ps, sps, spec_cfg(3), **kw)
+    batched, stats = run(ckpts[family, "aligned"], ps, sps, spec_cfg(3), **kw)
     assert stats.num_preemptions > 0, "the cache was meant to be too small"
     assert stats.spec_decode_num_accepted_tokens > 0
-    alone = [run(ckpts["aligned"], [p], [sp], **kw)[0][0] for p, sp in zip(ps, sps)]
+    alone = [run(ckpts[family, "aligned"], [p], [sp], **kw)[0][0] for p, sp in zip(ps, sps)]
     assert batched == alone
 
 
@@ -134,8 +140,8 @@ def test_abort_mid_verify(ckpts):
     rng = np.random.default_rng()
     ps = prompts(rng, 3)
     sp = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
-    want, _ = run(ckpts["aligned"], ps, [sp] * 3)
-    llm = LLM(ckpts["aligned"], skip_tokenizer_init=True, device="cpu",
+    want, _ = run(ckpts["deepseek_v3", "aligned"], ps, [sp] * 3)
+    llm = LLM(ckpts["deepseek_v3", "aligned"], skip_tokenizer_init=True, device="cpu",
               speculative_config=spec_cfg())
     engine = llm.llm_engine
     for i, p in enumerate(ps):
@@ -156,24 +162,28 @@ def test_abort_mid_verify(ckpts):
 
 class _Reference:
     """float64 torch: the target's final-normed hidden states over a prompt, then the MTP
-    math on the checkpoint's weights (transformers' DeepseekV3DecoderLayer as its decoder
-    layer), chaining k drafts."""
+    math on the checkpoint's weights (transformers' DeepseekV3DecoderLayer /
+    Glm4MoeDecoderLayer as its decoder layer), chaining k drafts."""
 
     def __init__(self, path: str):
         import torch
         import transformers as tf
         from safetensors.numpy import load_file
         from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
+        from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeDecoderLayer
 
         cfg = tf.AutoConfig.from_pretrained(path)
         cfg._attn_implementation = cfg._experts_implementation = "eager"  # (float64 on the CPU)
-        cfg.num_key_value_heads = cfg.num_attention_heads  # MLA: k / v per head (repeat_kv)
+        deepseek = cfg.model_type == "deepseek_v3"
+        if deepseek:
+            cfg.num_key_value_heads = cfg.num_attention_heads  # MLA: k / v per head (repeat_kv)
         self.target = tf.AutoModelForCausalLM.from_pretrained(path, config=cfg,
                                                               dtype=torch.float64).eval()
         w = {n: torch.from_numpy(t).double() for n, t in
              load_file(os.path.join(path, "mtp.safetensors")).items()}
         p = f"model.layers.{N}."
-        self.layer = DeepseekV3DecoderLayer(cfg, layer_idx=N).double().eval()
+        layer_cls = DeepseekV3DecoderLayer if deepseek else Glm4MoeDecoderLayer
+        self.layer = layer_cls(cfg, layer_idx=N).double().eval()
         sd = {n[len(p):]: t for n, t in w.items() if not n[len(p):].startswith(
             ("enorm", "hnorm", "eh_proj", "shared_head", "mlp.experts"))}
         experts = range(cfg.n_routed_experts)
@@ -237,8 +247,9 @@ class _Reference:
         return drafts, np.array(logits)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("kind", ["random", "aligned"])
-def test_drafts_match_a_float64_reference(ckpts, kind):
+def test_drafts_match_a_float64_reference(ckpts, family, kind):
     """Every draft the engine proposes, after prefills and verify steps (captured ones
     included), for requests batched together, is the argmax of the MTP math in float64 on the
     same weights over the request's tokens so far, and their logits agree: the MTP layer's KV,
@@ -248,7 +259,7 @@ def test_drafts_match_a_float64_reference(ckpts, kind):
 
     rng = np.random.default_rng()
     k = 3
-    llm = LLM(ckpts[kind], skip_tokenizer_init=True, device="cpu",
+    llm = LLM(ckpts[family, kind], skip_tokenizer_init=True, device="cpu",
               speculative_config=spec_cfg(k), max_num_batched_tokens=64)
     runner = llm.llm_engine.model_runner
     proposer = runner.drafter
@@ -273,7 +284,7 @@ def test_drafts_match_a_float64_reference(ckpts, kind):
     llm.generate(ps, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
                  use_tqdm=False)
     assert len(calls) > 3
-    reference = _Reference(ckpts[kind])
+    reference = _Reference(ckpts[family, kind])
     for drafts, seqs, logits in calls:
         for row, (r, got) in enumerate(drafts.items()):
             want, ref = reference.drafts(seqs[r][:-1], seqs[r][-1], len(got))
@@ -292,14 +303,15 @@ def test_mtp_config_errors(ckpts, tmp_path):
         SpeculativeConfig.from_dict({**spec_cfg(), "model": "x"})
     llama = make_checkpoint("qwen3", "float32", str(tmp_path))
     zero = str(tmp_path / "zero")
-    shutil.copytree(ckpts["random"], zero)
+    shutil.copytree(ckpts["deepseek_v3", "random"], zero)
     with open(os.path.join(zero, "config.json")) as f:
         cfg = json.load(f)
     with open(os.path.join(zero, "config.json"), "w") as f:
         json.dump({**cfg, "num_nextn_predict_layers": 0}, f)
     for path, msg in ((llama, r"\(Qwen3ForCausalLM\) has none that vllmx runs"),
                       (zero, r"\(DeepseekV3ForCausalLM\) has no multi-token-prediction layers"),
-                      (ckpts["no_mtp"], r"lacks its MTP layer's tensors \(model\.layers\.3\.\*\)")):
+                      (ckpts["glm4_moe", "no_mtp"],
+                       r"lacks its MTP layer's tensors \(model\.layers\.3\.\*\)")):
         with pytest.raises(ValueError, match=msg) as e:
             LLM(path, skip_tokenizer_init=True, device="cpu", speculative_config=spec_cfg())
         assert repr(path) in str(e.value)

@@ -1,5 +1,5 @@
 """Multi-token-prediction drafting (vLLM's mtp method): the target checkpoint's own MTP layer
-(models/deepseek_mtp.py) proposes k tokens greedily from the target's hidden states, which the
+(models/mtp.py) proposes k tokens greedily from the target's hidden states, which the
 target verifies in one forward (worker/model_runner.py).
 
 Its KV cache is one more layer of the target's (index num_hidden_layers) in the target's
@@ -28,7 +28,7 @@ from vllmx.spec_decode.metadata import TargetHiddenStates
 logger = logging.getLogger("vllmx")
 
 # Architectures whose checkpoints store MTP layers past the last decoder layer, and vllmx runs.
-MTP_ARCHS = ("DeepseekV3ForCausalLM",)
+MTP_ARCHS = ("DeepseekV3ForCausalLM", "Glm4MoeForCausalLM")
 
 
 def mtp_layer_count(mc: ModelConfig) -> int:
@@ -55,7 +55,7 @@ class MTPProposer:
     def __init__(self, config: VllmxConfig, spec: SpeculativeConfig, target, kv_caches,
                  cache_dtype: int, device: str):
         from vllmx.loader.safetensors import load_safetensors
-        from vllmx.models.deepseek_mtp import DeepSeekMTP
+        from vllmx.models.mtp import MultiTokenPredictorLayer
 
         if device != "cpu":
             raise ValueError("speculative_config method 'mtp' runs on the CPU so far (as the "
@@ -64,7 +64,7 @@ class MTPProposer:
         mtp_layer_count(mc)
         n = target.config["num_hidden_layers"]
         try:
-            self.model = DeepSeekMTP(target, load_safetensors(mc.path))
+            self.model = MultiTokenPredictorLayer(target, load_safetensors(mc.path))
         except ValueError as e:
             raise ValueError(f"speculative_config method 'mtp': {mc.model!r} lacks its MTP "
                              f"layer's tensors (model.layers.{n}.*): {e}") from e

@@ -1,8 +1,9 @@
-"""DeepSeek-V3's multi-token-prediction layer (vLLM's DeepSeekMTP), the drafter of speculative
-method mtp (spec_decode/mtp_proposer.py). The checkpoint stores it after the last decoder layer,
-as model.layers.{num_hidden_layers}.*: enorm, hnorm, eh_proj, a decoder layer of the target's
-kind (MLA, and MoE past first_k_dense_replace), shared_head.norm and, in some checkpoints, its
-own copies of the embeddings and the output head (else the target's are used).
+"""The multi-token-prediction layer of DeepSeek-V3 and GLM-4.5 (vLLM's DeepSeekMTP /
+Glm4MoeMTP, the same math), the drafter of speculative method mtp (spec_decode/mtp_proposer.py).
+The checkpoint stores it after the last decoder layer, as model.layers.{num_hidden_layers}.*:
+enorm, hnorm, eh_proj, a decoder layer of the target's kind (the target's mtp_block builds it:
+DeepSeek's MLA, GLM's attention; MoE past first_k_dense_replace), shared_head.norm and, in some
+checkpoints, its own copies of the embeddings and the output head (else the target's are used).
 
 At position p it reads the target's hidden state there (the final-normed one lm_head reads, as
 vLLM feeds it) and the embedding of token p + 1, and its logits propose token p + 2:
@@ -22,14 +23,14 @@ from vllmx.layers import placement
 from vllmx.layers.attention import AttentionMetadata
 from vllmx.layers.linear import Linear
 from vllmx.layers.norm import ResidualAdd, RMSNorm
-from vllmx.models import moe
-from vllmx.models.deepseek_v2 import DeepseekV2DecoderLayer, DeepseekV2ForCausalLM
 from vllmx.models.shapes import require_tensors
 from vllmx.ops import Weight
 
 
-class DeepSeekMTP:
-    def __init__(self, target: DeepseekV2ForCausalLM, weights: dict[str, Weight]):
+class MultiTokenPredictorLayer:
+    def __init__(self, target, weights: dict[str, Weight]):
+        """target: the loaded model (DeepseekV2ForCausalLM, LlamaForCausalLM for GLM-4.5),
+        whose mtp_block(weights, i) is its decoder layer i built from the checkpoint."""
         cfg = target.config
         n = cfg["num_hidden_layers"]
         self.layer_idx = n  # its KV cache's index among the layers' caches
@@ -40,10 +41,7 @@ class DeepSeekMTP:
         self.enorm = RMSNorm(weights[p + "enorm.weight"], eps)
         self.hnorm = RMSNorm(weights[p + "hnorm.weight"], eps)
         self.eh_proj = Linear(weights[p + "eh_proj.weight"])
-        # The MoE rule (first_k_dense_replace, moe_layer_freq) extended to its index.
-        layer_cfg = moe.moe_config({**cfg, "num_hidden_layers": n + 1})
-        self.mtp_block = DeepseekV2DecoderLayer(n, layer_cfg, weights, target.rope,
-                                                target.attn_scale)
+        self.mtp_block = target.mtp_block(weights, n)
         self.shared_head_norm = RMSNorm(weights[p + "shared_head.norm.weight"], eps)
         embed = weights.get(p + "embed_tokens.weight")
         self.embed_tokens = (target.embed_tokens if embed is None
