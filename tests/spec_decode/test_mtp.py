@@ -134,6 +134,24 @@ def test_batched_equal_alone_through_chunks_prefix_hits_and_preemption(ckpts, fa
     assert batched == alone
 
 
+@pytest.mark.parametrize("k", [1, 4])
+def test_requests_running_into_max_model_len(ckpts, k):
+    """Requests that end by max_model_len: their drafts stop short of it, and the lookahead
+    slots (clamped to it) hold the chained drafts' KV; k = 1 drafts without chaining."""
+    from vllmx import SamplingParams
+
+    rng = np.random.default_rng()
+    ps = [{"prompt_token_ids": rng.integers(3, 500, int(rng.integers(20, 44))).tolist()}
+          for _ in range(6)]
+    sps = [SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)] * len(ps)
+    kw = {"max_model_len": 48, "block_size": 16}
+    want, _ = run(ckpts["deepseek_v3", "aligned"], ps, sps, **kw)
+    got, stats = run(ckpts["deepseek_v3", "aligned"], ps, sps, spec_cfg(k), **kw)
+    assert got == want
+    assert [len(p["prompt_token_ids"]) + len(t) for p, t in zip(ps, got)] == [48] * len(ps)
+    assert stats.spec_decode_num_accepted_tokens > 0
+
+
 def test_abort_mid_verify(ckpts):
     from vllmx import LLM, SamplingParams
 

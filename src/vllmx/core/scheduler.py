@@ -251,9 +251,10 @@ class Scheduler:
         return updated
 
     def _fit_drafts(self, req: Request, drafts: list[int]) -> list[int]:
-        """The drafts the request's next step can verify: its KV slots end at max_model_len,
-        and a step that accepts every draft also samples one more token, within max_tokens."""
-        k = min(len(drafts), self.max_model_len - req.num_tokens)
+        """The drafts the request's next step can verify: a step that accepts every draft
+        also samples one more token, within max_model_len (the runner's token rows end there)
+        and max_tokens (vLLM caps the step's positions at max_model_len - 1 alike)."""
+        k = min(len(drafts), self.max_model_len - req.num_tokens - 1)
         if req.sampling_params.max_tokens is not None:
             k = min(k, req.sampling_params.max_tokens - req.num_output_tokens - 1)
         return drafts[:max(k, 0)]

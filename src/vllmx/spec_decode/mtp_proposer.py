@@ -86,9 +86,9 @@ class MTPProposer:
                                self.kv_caches, self.cache_dtype)
         out = self.model.forward(t.input_ids, t.positions, ops.gather_rows(t.hidden, t.rows),
                                  md)
-        # The sampled token sits at position seq_len, draft j at seq_len + j: below
-        # max_model_len.
-        ks = np.where(t.sampled, np.minimum(self.k, self.max_model_len - t.seq_lens - 1), 0)
+        # The sampled token sits at position seq_len, draft j at seq_len + j, and a step that
+        # accepts all k samples one more token: below max_model_len (the scheduler's rule).
+        ks = np.where(t.sampled, np.minimum(self.k, self.max_model_len - t.seq_lens - 2), 0)
         live = np.flatnonzero(ks > 0)
         if not live.size:
             return {}
