@@ -137,7 +137,7 @@ class SpeculativeConfig:
     draft_model: `model` (a checkpoint directory or GGUF file, as for the target) with the
     target's vocabulary drafts num_speculative_tokens tokens greedily.
 
-    mtp: the target checkpoint's own multi-token-prediction layer (DeepSeek-V3's
+    mtp: the target checkpoint's own multi-token-prediction layer (DeepSeek-V3's and GLM-4.5's
     num_nextn_predict_layers, stored after its last layer) drafts num_speculative_tokens tokens
     greedily from the target's hidden states (spec_decode/mtp_proposer.py)."""
 

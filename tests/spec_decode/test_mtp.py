@@ -329,7 +329,7 @@ def test_mtp_config_errors(ckpts, tmp_path):
     for path, msg in ((llama, r"\(Qwen3ForCausalLM\) has none that vllmx runs"),
                       (zero, r"\(DeepseekV3ForCausalLM\) has no multi-token-prediction layers"),
                       (ckpts["glm4_moe", "no_mtp"],
-                       r"lacks its MTP layer's tensors \(model\.layers\.3\.\*\)")):
+                       r"lacks its MTP layer's tensors \(model\.layers\.3\.\*;")):
         with pytest.raises(ValueError, match=msg) as e:
             LLM(path, skip_tokenizer_init=True, device="cpu", speculative_config=spec_cfg())
         assert repr(path) in str(e.value)

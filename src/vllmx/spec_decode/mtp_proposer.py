@@ -63,11 +63,13 @@ class MTPProposer:
         mc = config.model_config
         mtp_layer_count(mc)
         n = target.config["num_hidden_layers"]
-        try:
-            self.model = MultiTokenPredictorLayer(target, load_safetensors(mc.path))
-        except ValueError as e:
+        weights = load_safetensors(mc.path)
+        if f"model.layers.{n}.eh_proj.weight" not in weights:
             raise ValueError(f"speculative_config method 'mtp': {mc.model!r} lacks its MTP "
-                             f"layer's tensors (model.layers.{n}.*): {e}") from e
+                             f"layer's tensors (model.layers.{n}.*; num_nextn_predict_layers "
+                             f"says it has one, but the checkpoint was saved without it)")
+        self.model = MultiTokenPredictorLayer(target, weights)
+        del weights
         if len(kv_caches) <= self.model.layer_idx:
             raise RuntimeError("mtp: the KV cache has no layer for the MTP layer")
         self.k = spec.num_speculative_tokens
