@@ -100,6 +100,10 @@ class SchedulerConfig:
     # host, so that the host's per-step work overlaps the GPU's. None: on for the GPU without
     # speculative decoding (the engine resolves it); the CPU gains nothing from it.
     async_scheduling: bool | None = None
+    # vLLM's num_lookahead_tokens: KV slots allocated past a request's scheduled tokens, where
+    # a drafter that shares the target's blocks (mtp: its own layer's KV) writes its chained
+    # drafts; set by the engine.
+    num_lookahead_tokens: int = 0
 
 
 @dataclass
@@ -117,7 +121,8 @@ SPECULATIVE_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp", "medusa
                        "mlp_speculator", "suffix")
 _SPEC_KEYS = {"ngram": {"method", "num_speculative_tokens", "prompt_lookup_min",
                         "prompt_lookup_max"},
-              "draft_model": {"method", "num_speculative_tokens", "model"}}
+              "draft_model": {"method", "num_speculative_tokens", "model"},
+              "mtp": {"method", "num_speculative_tokens"}}
 
 
 @dataclass
@@ -130,7 +135,11 @@ class SpeculativeConfig:
     bounds default to 5 when neither is given, else to each other (vLLM's defaults).
 
     draft_model: `model` (a checkpoint directory or GGUF file, as for the target) with the
-    target's vocabulary drafts num_speculative_tokens tokens greedily."""
+    target's vocabulary drafts num_speculative_tokens tokens greedily.
+
+    mtp: the target checkpoint's own multi-token-prediction layer (DeepSeek-V3's and GLM-4.5's
+    num_nextn_predict_layers, stored after its last layer) drafts num_speculative_tokens tokens
+    greedily from the target's hidden states (spec_decode/mtp_proposer.py)."""
 
     method: str
     num_speculative_tokens: int
@@ -173,6 +182,8 @@ class SpeculativeConfig:
             if not isinstance(self.model, str) or not self.model:
                 raise ValueError("speculative_config method 'draft_model' needs 'model': the "
                                  "draft model's path")
+            return
+        if self.method == "mtp":
             return
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
         if lo is None and hi is None:

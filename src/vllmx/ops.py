@@ -476,6 +476,12 @@ def concat_columns(xs: list):
     return out
 
 
+def copy_rows(out, x) -> None:
+    """out[:] = x ([T, H] both), natively, so that a recorded step replays it (a captured
+    step's hidden states kept for a drafter)."""
+    _C.ops.copy_columns(out, 0, x, 0, x.shape[1])
+
+
 def scatter_tokens(out, dst, tokens, src) -> None:
     """In place: out[dst[i]] = tokens[src[i]] (i32 arrays on one device; an index out of range
     skips its entry): a step's input ids from the tokens the step before sampled, on the device

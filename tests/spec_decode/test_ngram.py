@@ -287,3 +287,19 @@ def test_seeded_sampling_gives_the_same_tokens_with_speculation(model_dir):
     stats = spec.llm_engine.scheduler.make_stats()
     assert stats.spec_decode_num_accepted_tokens > 0
     assert stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens
+
+
+def test_requests_running_into_max_model_len(model_dir):
+    """A request whose drafts are accepted up to max_model_len: a step that accepts every
+    draft also samples one more token, so the drafts stop one short of it (with one more, the
+    runner's token row overflowed)."""
+    from vllmx import SamplingParams
+
+    rng = np.random.default_rng()
+    base, spec = llm_pair(model_dir, max_model_len=64, block_size=16)
+    ps = prompts(rng, 8)
+    sp = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+    got = tokens(spec.generate(ps, sp))
+    assert got == tokens(base.generate(ps, sp))
+    assert [len(p["prompt_token_ids"]) + len(t) for p, t in zip(ps, got)] == [64] * len(ps)
+    assert spec.llm_engine.scheduler.make_stats().spec_decode_num_accepted_tokens > 0

@@ -94,15 +94,19 @@ class KVCacheManager:
         return blocks, len(blocks) * self.block_size
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
-                       new_computed_blocks: list[int] | None = None) -> list[int] | None:
-        """Blocks so that the request can hold num_computed + (hit) + num_new tokens. Returns
-        the newly allocated block ids, or None (nothing changed) when the pool cannot supply
-        them, counting cached free blocks as available (they are evicted on reuse).
+                       new_computed_blocks: list[int] | None = None,
+                       num_lookahead_tokens: int = 0) -> list[int] | None:
+        """Blocks so that the request can hold num_computed + (hit) + num_new tokens, plus
+        num_lookahead_tokens slots after them (vLLM's: where a drafter sharing the blocks
+        writes its chained drafts' KV). Returns the newly allocated block ids, or None (nothing
+        changed) when the pool cannot supply them, counting cached free blocks as available
+        (they are evicted on reuse).
 
         new_computed_blocks: for a waiting request being admitted, the hit from
         get_computed_blocks ([] for a miss); the hit blocks are shared (ref_cnt += 1) and the
         lookup is recorded in the prefix cache stats once the allocation succeeds."""
         blocks = self.req_to_blocks.get(request.request_id, [])
+        num_new_tokens += num_lookahead_tokens
         if (new_computed_blocks is None and request.num_computed_tokens + num_new_tokens
                 <= len(blocks) * self.block_size):
             return []  # (a decode inside its last block: the common case, kept cheap)

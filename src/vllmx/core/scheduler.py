@@ -117,6 +117,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         kv = self.kv_cache_manager
         budget = self.config.max_num_batched_tokens
+        lookahead = self.config.num_lookahead_tokens
         num_scheduled: dict[str, int] = {}
         new_reqs: list[NewRequestData] = []
         cached = CachedRequestData()
@@ -134,7 +135,7 @@ class Scheduler:
             if num_new <= 0 or self._last_token_pending(req):
                 i += 1
                 continue
-            new_blocks = kv.allocate_slots(req, num_new)
+            new_blocks = kv.allocate_slots(req, num_new, None, lookahead)
             while new_blocks is None:
                 victim = self._pick_victim()
                 if self.running.index(victim) < i:  # scheduled earlier in this step: undo it
@@ -148,7 +149,7 @@ class Scheduler:
                 preempted.add(victim.request_id)
                 if victim is req:
                     break
-                new_blocks = kv.allocate_slots(req, num_new)
+                new_blocks = kv.allocate_slots(req, num_new, None, lookahead)
             if new_blocks is None:
                 break
             num_scheduled[req.request_id] = num_new
@@ -169,7 +170,7 @@ class Scheduler:
                 break
             hit_blocks, num_hit = kv.get_computed_blocks(req)
             num_new = min(req.num_tokens - num_hit, budget)
-            if kv.allocate_slots(req, num_new, hit_blocks) is None:
+            if kv.allocate_slots(req, num_new, hit_blocks, lookahead) is None:
                 break
             self.waiting.pop_request()
             if req.status == RequestStatus.WAITING:  # first admission (not a resumption)
@@ -274,9 +275,10 @@ class Scheduler:
         self.iteration_tokens_count += 1
 
     def _fit_drafts(self, req: Request, drafts: list[int]) -> list[int]:
-        """The drafts the request's next step can verify: its KV slots end at max_model_len,
-        and a step that accepts every draft also samples one more token, within max_tokens."""
-        k = min(len(drafts), self.max_model_len - req.num_tokens)
+        """The drafts the request's next step can verify: a step that accepts every draft
+        also samples one more token, within max_model_len (the runner's token rows end there)
+        and max_tokens (vLLM caps the step's positions at max_model_len - 1 alike)."""
+        k = min(len(drafts), self.max_model_len - req.num_tokens - 1)
         if req.sampling_params.max_tokens is not None:
             k = min(k, req.sampling_params.max_tokens - req.num_output_tokens - 1)
         return drafts[:max(k, 0)]

@@ -112,6 +112,15 @@ class LLMEngine:
             from vllmx.spec_decode.ngram_proposer import NgramProposer
 
             self.model_runner.drafter = NgramProposer(spec)
+        elif spec is not None and spec.method == "mtp":
+            from vllmx.spec_decode.mtp_proposer import MTPProposer
+
+            self.model_runner.drafter = MTPProposer(config, spec, self.model,
+                                                    self.worker.kv_caches,
+                                                    self.worker.cache_dtype, self.device)
+            self.model_runner.keep_hidden_states()
+            # The chained drafts write the MTP layer's KV past the scheduled tokens.
+            sc.num_lookahead_tokens = spec.num_speculative_tokens
         elif spec is not None:
             from vllmx.spec_decode.draft_model_proposer import DraftModelProposer
 
@@ -145,6 +154,11 @@ class LLMEngine:
             if self.config.speculative_config is not None:
                 raise ValueError("speculative decoding does not support hybrid (linear "
                                  "attention / state-space) models yet")
+        spec = self.config.speculative_config
+        if spec is not None and spec.method == "mtp":
+            from vllmx.spec_decode.mtp_proposer import mtp_layer_count
+
+            mtp_layer_count(mc)  # a model without MTP layers: the error names it
         self.eos_token_ids = mc.eos_token_ids()
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)

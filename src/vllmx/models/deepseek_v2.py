@@ -94,15 +94,17 @@ class DeepseekV2ForCausalLM(DecoderLM):
             weights = gguf_weights(cfg, weights)
         cfg.setdefault("rms_norm_eps", 1e-6)
         # V3's multi-token-prediction layers (num_nextn_predict_layers, stored past the last
-        # layer) are a draft model's; decoding here does not read them.
+        # layer) are a drafter's (models/mtp.py, speculative method mtp; mtp_block below);
+        # decoding here does not read them.
         interleave = cfg.get("rope_interleave", True)
         dr, r = cfg["qk_rope_head_dim"], cfg["kv_lora_rank"]
         # The KV cache the workers allocate: one head of the latent row, one buffer for K and V.
         cfg["num_key_value_heads"], cfg["head_dim"], cfg["use_mla"] = 1, dr + r, True
         self.config = cfg
         self._check_weights(weights)
-        rope = get_rope(cfg, dr + r, is_neox_style=not interleave, rotary_dim=dr)
-        scale = _softmax_scale(cfg)
+        # (kept: the multi-token-prediction layer attends as the others do)
+        self.rope = rope = get_rope(cfg, dr + r, is_neox_style=not interleave, rotary_dim=dr)
+        self.attn_scale = scale = _softmax_scale(cfg)
         self.embed_tokens = placement.upload_weight(weights["model.embed_tokens.weight"],
                                                     "model.embed_tokens.weight")
         self.layers = [DeepseekV2DecoderLayer(i, cfg, weights, rope, scale)
@@ -110,6 +112,12 @@ class DeepseekV2ForCausalLM(DecoderLM):
         self.norm = RMSNorm(weights["model.norm.weight"], cfg["rms_norm_eps"])
         self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
         self.vocab_size = self.lm_head.weight.shape[0]
+
+    def mtp_block(self, weights: dict[str, Weight], i: int) -> DeepseekV2DecoderLayer:
+        """Decoder layer i >= num_hidden_layers, the multi-token-prediction layer's (the MoE
+        rule, first_k_dense_replace and moe_layer_freq, extended to its index)."""
+        cfg = moe.moe_config({**self.config, "num_hidden_layers": i + 1})
+        return DeepseekV2DecoderLayer(i, cfg, weights, self.rope, self.attn_scale)
 
     def _check_weights(self, weights) -> None:
         cfg = self.config

@@ -330,6 +330,13 @@ class LlamaForCausalLM(DecoderLM):
         self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
         self.vocab_size = self.lm_head.weight.shape[0]
 
+    def mtp_block(self, weights: dict[str, Weight], i: int) -> LlamaDecoderLayer:
+        """Decoder layer i >= num_hidden_layers: GLM-4.5's multi-token-prediction layer
+        (models/mtp.py), sparse by the MoE rule extended to its index, full attention."""
+        cfg = moe.moe_config({**self.config, "num_hidden_layers": i + 1})
+        experts = moe.sparse_block(cfg, weights, i) if cfg["sparse_layers"][i] else None
+        return LlamaDecoderLayer(i, cfg, weights, self.rope, 0, experts)
+
     @staticmethod
     def checkpoint_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
         """The tensors a Hugging Face checkpoint of this config holds (load_format="dummy"):

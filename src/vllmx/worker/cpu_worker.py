@@ -18,6 +18,7 @@ from vllmx.worker.worker_base import (
     DTYPE_NAMES,
     WorkerBase,
     kv_block_bytes,
+    num_draft_kv_layers,
     num_kv_blocks,
 )
 
@@ -65,7 +66,8 @@ class CpuWorker(WorkerBase):
         else:
             dtype = DTYPE_BY_NAME[cc.kv_cache_dtype]
         hf = self.model.config
-        block_bytes = kv_block_bytes(hf, cc.block_size, 4 if dtype == F32 else 2)
+        draft_layers = num_draft_kv_layers(self.config)
+        block_bytes = kv_block_bytes(hf, cc.block_size, 4 if dtype == F32 else 2, draft_layers)
         # vLLM's CPU default: a share of RAM, at most 4 GiB, and never more than max_num_seqs
         # full-length sequences.
         budget = min(4 << 30, int(_total_memory_bytes() * cc.cpu_kv_cache_fraction),
@@ -77,7 +79,7 @@ class CpuWorker(WorkerBase):
         # Pages are committed as blocks are first written (and the block pool reuses freed
         # blocks first), so an idle or lightly used cache costs little resident memory.
         self.kv_caches = [_layer_cache(shape, np_dtype, hf.get("use_mla", False))
-                          for _ in range(hf["num_hidden_layers"])]
+                          for _ in range(hf["num_hidden_layers"] + draft_layers)]
         self.cache_dtype = dtype
         logger.info("KV cache: %d blocks x %d tokens (%s, %.1f MiB), max_model_len %d",
                     num_blocks, cc.block_size, DTYPE_NAMES[dtype],

@@ -35,6 +35,7 @@ from vllmx.layers.sampler import (
     seed_rng_state,
 )
 from vllmx.sampling_params import SamplingParams
+from vllmx.spec_decode.metadata import TargetHiddenStates
 from vllmx.worker.decode_capture import (
     CudaGraphs,
     DecodeCapture,
@@ -96,6 +97,10 @@ class PendingStep:
         self.sample: PendingSample | None = fields.get("sample")
         # req_id -> the row of sample.token_ids holding its (first) new token
         self.sample_rows: dict[str, int] = fields.get("sample_rows", {})
+        # For a drafter that reads the target's hidden states: the step's rows ([T, H]) and
+        # each request's (req_id, first row, first position, rows scheduled).
+        self.hidden = fields.get("hidden")
+        self.layout: list[tuple[str, int, int, int]] = fields.get("layout", [])
 
     @property
     def done(self) -> bool:
@@ -123,6 +128,9 @@ class ModelRunner:
         self.global_rng = np.random.default_rng(seed)
         self.sampler = Sampler()
         self.drafter = None  # speculative decoding: a proposer (spec_decode/), set by the engine
+        # [max tokens, H]: where a captured step leaves its hidden states for a drafter that
+        # reads them (keep_hidden_states; a capture's own activations are gone after it).
+        self.hidden_out: np.ndarray | None = None
         t, b = max_num_batched_tokens, max_num_seqs
         self.input_ids = np.zeros(t, dtype=np.int32)
         self.positions = np.zeros(t, dtype=np.int32)
@@ -152,7 +160,7 @@ class ModelRunner:
         else:
             self.decode_capture = StepTapes(sizes, lambda: LongLived(
                 self.model, self.kv_caches, self.input_ids, self.positions, self.slot_mapping,
-                self.query_start_loc, self.seq_lens, self.block_table))
+                self.query_start_loc, self.seq_lens, self.block_table, self.hidden_out))
         self._decode_logits = None  # GPU: the decode buckets' f32 logits (below)
         self._in_flight: PendingStep | None = None  # the last launched step, until finished
         # (dst, src, tokens) for the step being formed: input ids dst <- tokens[src], the
@@ -277,7 +285,10 @@ class ModelRunner:
         """A decode bucket's forward and f32 logits (every token's): what a capture records,
         and what an eager decode step runs, so both give the same tokens. On the GPU the
         logits land in the buffer every bucket shares (a graph's output must stay put)."""
-        logits = self.model.compute_logits(self.model.forward(*inputs))
+        hidden = self.model.forward(*inputs)
+        if self.hidden_out is not None:  # a native copy, which a capture replays
+            ops.copy_rows(self.hidden_out[:hidden.shape[0]], hidden)
+        logits = self.model.compute_logits(hidden)
         if self.device != "cuda":
             return logits  # the host's logits are f32; a tape's arena keeps them in place
         return ops.embedding(self._rows[:size], logits, out=self._decode_logits[:size])
@@ -287,6 +298,14 @@ class ModelRunner:
         self._pad_decode(nb, size)
         inputs = self._inputs(size, size, max_query_len=1)
         return lambda: self._decode_forward(size, inputs)
+
+    def keep_hidden_states(self) -> None:
+        """Keeps every step's hidden states for a drafter that reads them (mtp): captured steps
+        copy theirs out (set before any capture is recorded)."""
+        if self.device != "cpu" or self.decode_capture.steps:
+            raise RuntimeError("keep_hidden_states: CPU only, before any step is captured")
+        self.hidden_out = np.zeros((len(self.input_ids), self.model.config["hidden_size"]),
+                                   dtype=np.float32)
 
     def capture_model(self) -> None:
         """vLLM's capture_model: the decode buckets this device captures at start-up (the GPU's
@@ -448,9 +467,11 @@ class ModelRunner:
         # (request, first hidden row, prompt positions start .. last - 1) for prompt_logprobs
         prompt_rows: list[tuple[CachedRequestState, int, int, int]] = []
         dst: list[int] = []
+        layout = []  # (req_id, first row, first position, rows)
         for req_id, n in zip(req_ids, num_scheduled.tolist()):
             state = self.requests[req_id]
             start = state.num_computed_tokens
+            layout.append((req_id, t, start, n))
             end = start + n
             if state.sampling_params.prompt_logprobs is not None and state.num_output_tokens == 0:
                 # position p predicts prompt token p + 1
@@ -482,7 +503,11 @@ class ModelRunner:
             except Exception as e:
                 logger.exception("request %s: its prompt logprobs failed", state.req_id)
                 failed[state.req_id] = f"{type(e).__name__}: {e}"
+        if self.hidden_out is not None and logits is not None:
+            hidden = self.hidden_out[:t]  # (a captured step's)
         if not sample_ids:
+            if self.hidden_out is not None:  # the drafter's KV follows the prompt chunks
+                self._draft_from_hidden(layout, hidden, {}, out.failed)
             return PendingStep(None, out)
         if logits is None:
             if not gather:
@@ -508,7 +533,9 @@ class ModelRunner:
                 state.rng_state = after[i]
             i += k + 1
         step = PendingStep(self, out, sample_ids=sample_ids, drafts=drafts, smd=smd,
-                           sample=self.sampler.launch(logits, smd), sample_rows=sample_rows)
+                           sample=self.sampler.launch(logits, smd), sample_rows=sample_rows,
+                           hidden=hidden if self.hidden_out is not None else None,
+                           layout=layout)
         self._in_flight = step
         return step
 
@@ -527,6 +554,7 @@ class ModelRunner:
         rows1: list[int] = []
         toks1: list[int] = []
         to_draft: dict[str, np.ndarray] = {}  # the sequences to propose drafts after
+        rejected: dict[str, int] = {}  # drafts rejected (their rows left out of the drafter's)
         for req_id in step.sample_ids:
             d = drafts[req_id]
             i = step.sample_rows[req_id]
@@ -543,6 +571,7 @@ class ModelRunner:
             while m < len(d) and toks[rows[m]] == d[m]:
                 m += 1
             rows = rows[:m + 1]
+            rejected[req_id] = len(d) - m
             if d:
                 state.rng_state = smd.rng_state[rows[-1]].copy()
             if state.sampling_params.prompt_logprobs is not None and state.num_output_tokens == 0:
@@ -563,13 +592,49 @@ class ModelRunner:
             out.sampled_logprobs[req_id] = [lps[r] for r in rows]
             if sampled.logprobs[rows[0]] is not None:
                 out.logprobs[req_id] = [sampled.logprobs[r] for r in rows]
-            if self.drafter is not None and _drafts_for(state.sampling_params):
+            if (self.drafter is not None and _drafts_for(state.sampling_params)
+                    and step.hidden is None):
                 row = batch.req_id_to_index[req_id]
                 to_draft[req_id] = batch.token_ids[row, :batch.num_tokens[row]]
         if to_draft:
             out.spec_token_ids.update(self.drafter.propose_batch(to_draft))
+        if step.hidden is not None:
+            out.spec_token_ids.update(self._draft_from_hidden(step.layout, step.hidden,
+                                                              rejected, out.failed))
         if rows1:
             batch.append_tokens(np.array(rows1, dtype=np.int64), np.array(toks1, dtype=np.int32))
+
+    def _draft_from_hidden(self, layout, hidden, rejected: dict[str, int],
+                           failed: dict[str, str]) -> dict[str, list[int]]:
+        """A drafter reading the target's hidden states (mtp) runs over each request's rows of
+        this step but its rejected drafts' (so that its own KV follows the target's), each row
+        with the token after its position; those that sampled a token (in `rejected`) and
+        take drafts get them."""
+        batch, b = self.input_batch, len(layout)
+        rows, slots, ids, positions = [], [], [], []
+        qsl, seq_lens = np.zeros(b + 1, np.int32), np.zeros(b, np.int32)
+        batch_rows, sampled, req_ids = np.zeros(b, np.int64), np.zeros(b, bool), []
+        for req_id, row0, start, n in layout:
+            state = self.requests.get(req_id)
+            if state is None or req_id in failed:
+                continue
+            i = len(req_ids)
+            n -= rejected.get(req_id, 0)
+            rows.append(np.arange(row0, row0 + n, dtype=np.int32))
+            slots.append(self.slot_mapping[row0:row0 + n])
+            positions.append(np.arange(start, start + n, dtype=np.int32))
+            ids.extend(state.token_ids[start + 1:start + n + 1])
+            qsl[i + 1], seq_lens[i] = qsl[i] + n, start + n
+            batch_rows[i] = batch.req_id_to_index[req_id]
+            sampled[i] = req_id in rejected and _drafts_for(state.sampling_params)
+            req_ids.append(req_id)
+        if not req_ids:
+            return {}
+        b = len(req_ids)
+        return self.drafter.propose_from_hidden(TargetHiddenStates(
+            req_ids, hidden, np.concatenate(rows), np.asarray(ids, dtype=np.int32),
+            np.concatenate(positions), np.concatenate(slots), qsl[:b + 1], seq_lens[:b],
+            self.block_table[batch_rows[:b]], sampled[:b]))
 
     def _stage_drafts(self, drafts: dict[str, list[int]]) -> None:
         """Writes each request's drafts after its tokens in the persistent batch, where the

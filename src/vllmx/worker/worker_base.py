@@ -42,11 +42,25 @@ class WorkerBase(ABC):
         self.model_runner.capture_model()
 
 
-def kv_block_bytes(hf_config: dict, block_size: int, itemsize: int) -> int:
-    """Bytes of one KV block across all layers (K and V; MLA's one latent row a token)."""
+def num_draft_kv_layers(config: VllmxConfig) -> int:
+    """KV layers a drafter adds to the target's cache, in the target's blocks (mtp: its MTP
+    layer's, at index num_hidden_layers); ValueError where the model has none."""
+    spec = config.speculative_config
+    if spec is None or spec.method != "mtp":
+        return 0
+    from vllmx.spec_decode.mtp_proposer import mtp_layer_count
+
+    return mtp_layer_count(config.model_config)
+
+
+def kv_block_bytes(hf_config: dict, block_size: int, itemsize: int,
+                   draft_layers: int = 0) -> int:
+    """Bytes of one KV block across all layers (K and V; MLA's one latent row a token), the
+    drafter's too."""
     caches = 1 if hf_config.get("use_mla") else 2
     # Hybrid models: only the attention layers write KV (the others' pages stay uncommitted).
-    layers = hf_config.get("num_kv_cache_layers") or hf_config["num_hidden_layers"]
+    layers = (hf_config.get("num_kv_cache_layers") or hf_config["num_hidden_layers"]) \
+        + draft_layers
     return (caches * layers * block_size
             * hf_config["num_key_value_heads"] * hf_config["head_dim"] * itemsize)
 

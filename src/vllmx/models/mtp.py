@@ -1,0 +1,66 @@
+"""The multi-token-prediction layer of DeepSeek-V3 and GLM-4.5 (vLLM's DeepSeekMTP /
+Glm4MoeMTP, the same math), the drafter of speculative method mtp (spec_decode/mtp_proposer.py).
+The checkpoint stores it after the last decoder layer, as model.layers.{num_hidden_layers}.*:
+enorm, hnorm, eh_proj, a decoder layer of the target's kind (the target's mtp_block builds it:
+DeepSeek's MLA, GLM's attention; MoE past first_k_dense_replace), shared_head.norm and, in some
+checkpoints, its own copies of the embeddings and the output head (else the target's are used).
+
+At position p it reads the target's hidden state there (the final-normed one lm_head reads, as
+vLLM feeds it) and the embedding of token p + 1, and its logits propose token p + 2:
+    x = eh_proj([enorm(embed(token p + 1)); hnorm(hidden p)])
+    out = decoder_layer(x) (its residual stream: x + attention + MLP)
+    logits = head(shared_head.norm(out))
+Its decoder layer attends over a KV cache of its own (layer index num_hidden_layers in the
+caches). A further draft chains on `out` in place of the target's hidden state. As in vLLM, the
+embedding at position 0 is zeroed."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vllmx import ops
+from vllmx.layers import placement
+from vllmx.layers.attention import AttentionMetadata
+from vllmx.layers.linear import Linear
+from vllmx.layers.norm import ResidualAdd, RMSNorm
+from vllmx.models.shapes import require_tensors
+from vllmx.ops import Weight
+
+
+class MultiTokenPredictorLayer:
+    def __init__(self, target, weights: dict[str, Weight]):
+        """target: the loaded model (DeepseekV2ForCausalLM, LlamaForCausalLM for GLM-4.5),
+        whose mtp_block(weights, i) is its decoder layer i built from the checkpoint."""
+        cfg = target.config
+        n = cfg["num_hidden_layers"]
+        self.layer_idx = n  # its KV cache's index among the layers' caches
+        p = f"model.layers.{n}."
+        require_tensors(weights, [p + t + ".weight" for t in (
+            "enorm", "hnorm", "eh_proj", "shared_head.norm", "input_layernorm")])
+        eps = cfg["rms_norm_eps"]
+        self.enorm = RMSNorm(weights[p + "enorm.weight"], eps)
+        self.hnorm = RMSNorm(weights[p + "hnorm.weight"], eps)
+        self.eh_proj = Linear(weights[p + "eh_proj.weight"])
+        self.mtp_block = target.mtp_block(weights, n)
+        self.shared_head_norm = RMSNorm(weights[p + "shared_head.norm.weight"], eps)
+        embed = weights.get(p + "embed_tokens.weight")
+        self.embed_tokens = (target.embed_tokens if embed is None
+                             else placement.upload_weight(embed, p + "embed_tokens.weight"))
+        head = weights.get(p + "shared_head.head.weight")
+        self.head = target.lm_head if head is None else Linear(head)
+        self.vocab_size = self.head.weight.shape[0]
+        self._add = ResidualAdd(cfg["hidden_size"])
+
+    def forward(self, input_ids: np.ndarray, positions: np.ndarray, hidden: np.ndarray,
+                md: AttentionMetadata) -> np.ndarray:
+        """Rows of the layer's output (before shared_head.norm) for the tokens after each
+        position (input_ids) and the hidden state at it (the target's, or a draft's own)."""
+        e = ops.embedding(input_ids, self.embed_tokens)
+        e[positions == 0] = 0.0
+        x = self.eh_proj(ops.concat_columns([self.enorm(e), self.hnorm(hidden)]))
+        h, residual = self.mtp_block(positions, x, None, md)
+        self._add(h, residual)
+        return residual
+
+    def compute_logits(self, out: np.ndarray) -> np.ndarray:
+        return self.head(self.shared_head_norm(out))

@@ -1,0 +1,335 @@
+"""mtp speculation (vLLM's method): DeepSeek-V3's and GLM-4.5's own multi-token-prediction layer
+drafts from the target's hidden states, the target verifies. Outputs are exactly those without speculation
+whatever the drafts (random MTP weights: ~none accepted; weights built to agree with the
+target: many), batched == alone through chunked prefill, prefix hits and preemption, seeded
+sampling, aborts; the drafts are the argmax of a float64 torch reference of the MTP math on the
+same weights; a model without MTP layers is refused by name.
+
+transformers' DeepseekV3ForCausalLM / Glm4MoeForCausalLM hold no MTP weights: the tests write
+the layer stored after the last one (model.layers.{N}.*: a decoder layer, enorm / hnorm / eh_proj and
+shared_head.norm) into a safetensors file of its own beside the checkpoint."""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from tests.models.tiny_checkpoints import make_checkpoint
+from tests.spec_decode.test_ngram import prompts, seeded_greedy_penalized, tokens
+
+pytest.importorskip("torch")
+
+N = 3  # the tiny deepseek_v3's and glm4_moe's num_hidden_layers: the MTP layer's index
+HIDDEN = 64
+# The "aligned" checkpoint: the target's attention and MLP outputs scaled down (its residual
+# stream stays close to the token's embedding, so its next token is nearly a function of the
+# current one) and an MTP layer whose output is that embedding's norm, read through the
+# target's final norm and lm_head: its drafts are the target's tokens more often than not.
+SCALE = 0.1
+FAMILIES = ("deepseek_v3", "glm4_moe")
+
+
+def _write_mtp_layer(path: str, aligned: bool, seed: int = 0) -> None:
+    from safetensors.numpy import load_file, save_file
+
+    rng = np.random.default_rng(seed)
+    w = load_file(os.path.join(path, "model.safetensors"))
+    out = {}
+    for name, t in w.items():  # a decoder layer shaped as the last one (MLA + MoE), random
+        if name.startswith(f"model.layers.{N - 1}."):
+            out[f"model.layers.{N}." + name.split(".", 3)[3]] = (
+                rng.standard_normal(t.shape) * t.std() + t.mean()).astype(np.float32)
+    p = f"model.layers.{N}."
+    eh = rng.standard_normal((HIDDEN, 2 * HIDDEN)).astype(np.float32) / np.sqrt(HIDDEN)
+    out[p + "hnorm.weight"] = rng.normal(1.0, 0.3, HIDDEN).astype(np.float32)
+    if aligned:
+        def damp(ws):
+            return {n: t * SCALE if n.endswith(("o_proj.weight", "down_proj.weight")) else t
+                    for n, t in ws.items()}
+
+        w, out = damp(w), damp(out)
+        eh[:, :HIDDEN] = np.eye(HIDDEN)
+        eh[:, HIDDEN:] *= SCALE
+        out[p + "enorm.weight"] = np.ones(HIDDEN, np.float32)
+        out[p + "shared_head.norm.weight"] = w["model.norm.weight"].copy()
+        save_file(w, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    else:
+        out[p + "enorm.weight"] = rng.normal(1.0, 0.3, HIDDEN).astype(np.float32)
+        out[p + "shared_head.norm.weight"] = rng.normal(1.0, 0.3, HIDDEN).astype(np.float32)
+    out[p + "eh_proj.weight"] = eh.astype(np.float32)
+    save_file(out, os.path.join(path, "mtp.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory) -> dict[str, str]:
+    """(family, kind) -> checkpoint: kind "no_mtp" (as transformers writes it), "random",
+    "aligned"."""
+    root = str(tmp_path_factory.mktemp("mtp"))
+    out = {}
+    for family in FAMILIES:
+        base = out[family, "no_mtp"] = make_checkpoint(family, "float32", root)
+        for kind in ("random", "aligned"):
+            path = os.path.join(root, f"{family}-{kind}")
+            shutil.copytree(base, path)
+            _write_mtp_layer(path, aligned=kind == "aligned")
+            out[family, kind] = path
+    return out
+
+
+def spec_cfg(k: int = 3) -> dict:
+    return {"method": "mtp", "num_speculative_tokens": k}
+
+
+def run(ckpt, ps, sps, spec=None, **kw):
+    from vllmx import LLM
+
+    llm = LLM(ckpt, skip_tokenizer_init=True, device="cpu", speculative_config=spec, **kw)
+    outs = tokens(llm.generate(ps, sps, use_tqdm=False))
+    stats = llm.llm_engine.scheduler.make_stats()
+    free = llm.llm_engine.scheduler.kv_cache_manager.num_free_blocks
+    total = llm.llm_engine.config.cache_config.num_blocks
+    del llm
+    gc.collect()
+    assert free == total
+    return outs, stats
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("kind", ["random", "aligned"])
+def test_greedy_output_is_unchanged(ckpts, family, kind):
+    from vllmx import SamplingParams
+
+    rng = np.random.default_rng()
+    ps = prompts(rng, 8)
+    sps = [SamplingParams(temperature=0, max_tokens=int(rng.integers(1, 40)), ignore_eos=True)
+           for _ in ps]
+    want, _ = run(ckpts[family, kind], ps, sps)
+    got, stats = run(ckpts[family, kind], ps, sps, spec_cfg())
+    assert got == want
+    assert stats.spec_decode_num_drafts > 0
+    if kind == "aligned":  # built to agree with the target often, not always
+        assert 0 < stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_batched_equal_alone_through_chunks_prefix_hits_and_preemption(ckpts, family):
+    """Greedy and seeded requests (drafted) and penalized ones (not), prompts sharing
+    prefixes (cache hits: the MTP layer's KV comes with the hit blocks), chunked prefill with
+    a small budget and a cache too small for all."""
+    rng = np.random.default_rng()
+    kw = {"max_num_seqs": 6, "max_num_batched_tokens": 40, "num_gpu_blocks_override": 16,
+          "block_size": 16, "max_model_len": 192}
+    ps = prompts(rng, 12)
+    shared = rng.integers(3, 500, 40).tolist()
+    ps += [{"prompt_token_ids": shared + p["prompt_token_ids"][:5]} for p in ps[:3]]
+    sps = seeded_greedy_penalized(rng, len(ps), 50)
+    batched, stats = run(ckpts[family, "aligned"], ps, sps, spec_cfg(3), **kw)
+    assert stats.num_preemptions > 0, "the cache was meant to be too small"
+    assert stats.spec_decode_num_accepted_tokens > 0
+    alone = [run(ckpts[family, "aligned"], [p], [sp], **kw)[0][0] for p, sp in zip(ps, sps)]
+    assert batched == alone
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_requests_running_into_max_model_len(ckpts, k):
+    """Requests that end by max_model_len: their drafts stop short of it, and the lookahead
+    slots (clamped to it) hold the chained drafts' KV; k = 1 drafts without chaining."""
+    from vllmx import SamplingParams
+
+    rng = np.random.default_rng()
+    ps = [{"prompt_token_ids": rng.integers(3, 500, int(rng.integers(20, 44))).tolist()}
+          for _ in range(6)]
+    sps = [SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)] * len(ps)
+    kw = {"max_model_len": 48, "block_size": 16}
+    want, _ = run(ckpts["deepseek_v3", "aligned"], ps, sps, **kw)
+    got, stats = run(ckpts["deepseek_v3", "aligned"], ps, sps, spec_cfg(k), **kw)
+    assert got == want
+    assert [len(p["prompt_token_ids"]) + len(t) for p, t in zip(ps, got)] == [48] * len(ps)
+    assert stats.spec_decode_num_accepted_tokens > 0
+
+
+def test_abort_mid_verify(ckpts):
+    from vllmx import LLM, SamplingParams
+
+    rng = np.random.default_rng()
+    ps = prompts(rng, 3)
+    sp = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    want, _ = run(ckpts["deepseek_v3", "aligned"], ps, [sp] * 3)
+    llm = LLM(ckpts["deepseek_v3", "aligned"], skip_tokenizer_init=True, device="cpu",
+              speculative_config=spec_cfg())
+    engine = llm.llm_engine
+    for i, p in enumerate(ps):
+        engine.add_request(f"r{i}", p, sp)
+    finals, steps = {}, 0
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                finals[o.request_id] = o.outputs[0].token_ids
+        steps += 1
+        if steps == 4:  # r1 has drafts scheduled for its next verify step
+            assert engine.scheduler.requests["r1"].spec_token_ids
+            engine.abort_request(["r1"])
+    assert finals["r0"] == want[0] and finals["r2"] == want[2]
+    assert "r1" not in finals or finals["r1"] == want[1][:len(finals["r1"])]
+    assert engine.scheduler.kv_cache_manager.usage == 0
+
+
+class _Reference:
+    """float64 torch: the target's final-normed hidden states over a prompt, then the MTP
+    math on the checkpoint's weights (transformers' DeepseekV3DecoderLayer /
+    Glm4MoeDecoderLayer as its decoder layer), chaining k drafts."""
+
+    def __init__(self, path: str):
+        import torch
+        import transformers as tf
+        from safetensors.numpy import load_file
+        from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
+        from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeDecoderLayer
+
+        cfg = tf.AutoConfig.from_pretrained(path)
+        cfg._attn_implementation = cfg._experts_implementation = "eager"  # (float64 on the CPU)
+        deepseek = cfg.model_type == "deepseek_v3"
+        if deepseek:
+            cfg.num_key_value_heads = cfg.num_attention_heads  # MLA: k / v per head (repeat_kv)
+        self.target = tf.AutoModelForCausalLM.from_pretrained(path, config=cfg,
+                                                              dtype=torch.float64).eval()
+        w = {n: torch.from_numpy(t).double() for n, t in
+             load_file(os.path.join(path, "mtp.safetensors")).items()}
+        p = f"model.layers.{N}."
+        layer_cls = DeepseekV3DecoderLayer if deepseek else Glm4MoeDecoderLayer
+        self.layer = layer_cls(cfg, layer_idx=N).double().eval()
+        sd = {n[len(p):]: t for n, t in w.items() if not n[len(p):].startswith(
+            ("enorm", "hnorm", "eh_proj", "shared_head", "mlp.experts"))}
+        experts = range(cfg.n_routed_experts)
+        sd["mlp.experts.gate_up_proj"] = torch.stack([torch.cat(
+            [w[f"{p}mlp.experts.{i}.gate_proj.weight"], w[f"{p}mlp.experts.{i}.up_proj.weight"]])
+            for i in experts])
+        sd["mlp.experts.down_proj"] = torch.stack([w[f"{p}mlp.experts.{i}.down_proj.weight"]
+                                                   for i in experts])
+        self.layer.load_state_dict(sd)
+        self.w = {n[len(p):]: t for n, t in w.items()}
+        self.eps = cfg.rms_norm_eps
+
+    def _rms(self, x, name):
+        return x * (x.pow(2).mean(-1, keepdim=True) + self.eps).rsqrt() * self.w[name]
+
+    def _layer(self, xs):  # the decoder layer over rows 0..len-1 (causal); the last row's out
+        import torch
+
+        t = xs.shape[0]
+        pos = torch.arange(t)[None]
+        cos_sin = self.target.model.rotary_emb(xs[None], pos)
+        mask = torch.full((t, t), float("-inf"), dtype=torch.float64).triu(1)[None, None]
+        return self.layer(xs[None], attention_mask=mask, position_ids=pos,
+                          position_embeddings=cos_sin)[0, -1]
+
+    def _eh(self, tokens, hidden, positions):
+        import torch
+
+        emb = self.target.model.embed_tokens(torch.tensor(tokens))
+        emb[torch.tensor(positions) == 0] = 0
+        return torch.cat([self._rms(emb, "enorm.weight"), self._rms(hidden, "hnorm.weight")],
+                         -1) @ self.w["eh_proj.weight"].T
+
+    def drafts(self, prompt: list[int], sampled: int, k: int):
+        """(k drafts after the prompt and its sampled token, the logits of each)."""
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # (tiny float64 ops: threads only contend, 100x slower)
+        try:
+            with torch.no_grad():
+                return self._drafts(prompt, sampled, k)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _drafts(self, prompt: list[int], sampled: int, k: int):
+        import torch
+
+        n = len(prompt)
+        hidden = self.target.model(input_ids=torch.tensor([prompt])).last_hidden_state[0]
+        xs = self._eh(prompt[1:] + [sampled], hidden, list(range(n)))
+        out = self._layer(xs)
+        drafts, logits = [], []
+        for j in range(k):
+            lg = self._rms(out, "shared_head.norm.weight") @ self.target.lm_head.weight.T
+            drafts.append(int(lg.argmax()))
+            logits.append(lg.numpy())
+            if j + 1 < k:  # the next row: the draft as its token, the output as hidden
+                xs = torch.cat([xs, self._eh([drafts[-1]], out[None], [n + j])])
+                out = self._layer(xs)
+        return drafts, np.array(logits)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("kind", ["random", "aligned"])
+def test_drafts_match_a_float64_reference(ckpts, family, kind):
+    """Every draft the engine proposes, after prefills and verify steps (captured ones
+    included), for requests batched together, is the argmax of the MTP math in float64 on the
+    same weights over the request's tokens so far, and their logits agree: the MTP layer's KV,
+    built pass by pass with rejected rows left out and chained rows rewritten, is the one a
+    single pass over the sequence gives."""
+    from vllmx import LLM, SamplingParams
+
+    rng = np.random.default_rng()
+    k = 3
+    llm = LLM(ckpts[family, kind], skip_tokenizer_init=True, device="cpu",
+              speculative_config=spec_cfg(k), max_num_batched_tokens=64)
+    runner = llm.llm_engine.model_runner
+    proposer = runner.drafter
+    calls, seen = [], []
+    propose, compute_logits = proposer.propose_from_hidden, proposer.model.compute_logits
+
+    def spy_logits(h):
+        out = compute_logits(h)
+        seen.append(np.array(out))
+        return out
+
+    def spy(t):
+        seen.clear()
+        drafts = propose(t)
+        seqs = {r: list(runner.requests[r].token_ids) for r in drafts}
+        calls.append((drafts, seqs, list(seen)))
+        return drafts
+
+    proposer.propose_from_hidden, proposer.model.compute_logits = spy, spy_logits
+    ps = [{"prompt_token_ids": rng.integers(3, 500, int(rng.integers(5, 40))).tolist()}
+          for _ in range(3)]
+    llm.generate(ps, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+                 use_tqdm=False)
+    assert len(calls) > 3
+    reference = _Reference(ckpts[family, kind])
+    for drafts, seqs, logits in calls:
+        for row, (r, got) in enumerate(drafts.items()):
+            want, ref = reference.drafts(seqs[r][:-1], seqs[r][-1], len(got))
+            np.testing.assert_allclose([lg[row] for lg in logits], ref, rtol=1e-4,
+                                       atol=1e-4 * np.abs(ref).max())
+            assert got == want
+
+
+def test_mtp_config_errors(ckpts, tmp_path):
+    import json
+
+    from vllmx import LLM
+    from vllmx.config import SpeculativeConfig
+
+    with pytest.raises(ValueError, match=r"keys \['model'\]"):
+        SpeculativeConfig.from_dict({**spec_cfg(), "model": "x"})
+    llama = make_checkpoint("qwen3", "float32", str(tmp_path))
+    zero = str(tmp_path / "zero")
+    shutil.copytree(ckpts["deepseek_v3", "random"], zero)
+    with open(os.path.join(zero, "config.json")) as f:
+        cfg = json.load(f)
+    with open(os.path.join(zero, "config.json"), "w") as f:
+        json.dump({**cfg, "num_nextn_predict_layers": 0}, f)
+    for path, msg in ((llama, r"\(Qwen3ForCausalLM\) has none that vllmx runs"),
+                      (zero, r"\(DeepseekV3ForCausalLM\) has no multi-token-prediction layers"),
+                      (ckpts["glm4_moe", "no_mtp"],
+                       r"lacks its MTP layer's tensors \(model\.layers\.3\.\*;")):
+        with pytest.raises(ValueError, match=msg) as e:
+            LLM(path, skip_tokenizer_init=True, device="cpu", speculative_config=spec_cfg())
+        assert repr(path) in str(e.value)
