@@ -60,8 +60,8 @@ def test_malformed_json(server, path):
     ({**COMPLETION, "max_tokens": 600}, ["maximum context length", "512"]),
     ({**COMPLETION, "prompt": "hi " * 600}, ["maximum context length"]),
     ({**COMPLETION, "stream_options": {"include_usage": True}}, ["stream"]),
-    ({**COMPLETION, "response_format": {"type": "json_object"}}, ["response_format"]),
-    ({**COMPLETION, "guided_json": {"type": "object"}}, ["structured output"]),
+    ({**COMPLETION, "response_format": {"type": "xml"}}, ["response_format"]),
+    ({**COMPLETION, "guided_json": {"type": "nope"}}, ["Invalid JSON schema", "nope"]),
     ({**COMPLETION, "use_beam_search": True}, ["beam"]),
     ({**COMPLETION, "best_of": 3}, ["best_of"]),
 ])

@@ -25,6 +25,7 @@ from vllmx.engine.request import Request, RequestStatus
 from vllmx.loader import DEFAULT_MODEL
 from vllmx.outputs import RequestOutput
 from vllmx.sampling_params import SamplingParams
+from vllmx.structured_output import StructuredOutputManager
 from vllmx.worker.worker_base import DTYPE_BY_NAME, create_worker
 
 logger = logging.getLogger("vllmx")
@@ -127,6 +128,12 @@ class LLMEngine:
         self._in_flight = None
         self.kv_caches, self.cache_dtype = self.worker.kv_caches, self.worker.cache_dtype
         self.scheduler = Scheduler(sc, cc)
+        # Structured outputs: requests are checked here, matched in the model runner.
+        self.structured_output_manager = None
+        if self.tokenizer is not None:
+            self.structured_output_manager = StructuredOutputManager(
+                self.tokenizer, self.model.vocab_size, self.eos_token_ids)
+        self.model_runner.structured_output_manager = self.structured_output_manager
         self.output_processor = OutputProcessor(self.tokenizer)
         self._next_id = 0
         logger.info("loaded %s in %.2fs", mc.path, time.perf_counter() - t0)
@@ -243,6 +250,11 @@ class LLMEngine:
                                  "given); pass token ids through logit_bias instead")
             params.update_from_tokenizer(self.tokenizer)
         params.verify_token_ids(vocab)
+        if params.structured_outputs is not None:
+            if self.structured_output_manager is None:
+                raise ValueError("structured outputs need a tokenizer (skip_tokenizer_init=True "
+                                 "was given)")
+            self.structured_output_manager.validate(params.structured_outputs)
         # vLLM's --max-logprobs (-1: no limit); logprobs=-1 asks for the whole vocabulary.
         limit = vocab if mc.max_logprobs == -1 else mc.max_logprobs
         for name in ("logprobs", "prompt_logprobs"):

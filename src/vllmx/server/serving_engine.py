@@ -17,6 +17,7 @@ from vllmx.outputs import RequestOutput
 from vllmx.sampling_params import RequestOutputKind, SamplingParams
 from vllmx.server.errors import OpenAIError
 from vllmx.server.metrics import ServerMetrics
+from vllmx.server.structured_outputs import structured_outputs_of
 
 logger = logging.getLogger("vllmx")
 
@@ -63,16 +64,6 @@ class OpenAIServing:
     def check_unsupported(request) -> None:
         if request.use_beam_search:
             raise OpenAIError("beam search is not supported yet", param="use_beam_search")
-        rf = request.response_format
-        if rf is not None and rf.type != "text":
-            raise OpenAIError(f"response_format of type {rf.type!r} is not supported yet "
-                              f"(structured output is not implemented); only "
-                              f"{{'type': 'text'}} is accepted", param="response_format")
-        for name in ("structured_outputs", "guided_json", "guided_regex", "guided_choice",
-                     "guided_grammar"):
-            if getattr(request, name) is not None:
-                raise OpenAIError(f"{name} is not supported yet (structured output is not "
-                                  f"implemented)", param=name)
         if request.stream_options is not None and not request.stream:
             raise OpenAIError("Stream options can only be defined when `stream=True`.",
                               param="stream_options")
@@ -132,6 +123,7 @@ class OpenAIServing:
             "skip_special_tokens": request.skip_special_tokens,
             "spaces_between_special_tokens": request.spaces_between_special_tokens,
             "logit_bias": request.logit_bias, "allowed_token_ids": request.allowed_token_ids,
+            "structured_outputs": structured_outputs_of(request),
         }
         kwargs.update({k: v for k, v in requested.items() if v is not None})
         for name in list(kwargs):

@@ -1,0 +1,87 @@
+"""Structured outputs (vLLM's v1/structured_output): requests constrained by a JSON schema, a
+regex, a choice, a grammar or a structural tag. The manager holds llguidance's view of the
+tokenizer, checks each request's constraint before it is queued (a bad one is a ValueError:
+HTTP 400), makes the model runner one matcher per constrained request, and fills the batch's
+token bitmask on the host each step; the sampler applies it (ops.apply_token_bitmask) before
+sampling. Constrained requests are never drafted (speculative decoding), so each has one
+sampled row per step."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+
+from vllmx.sampling_params import StructuredOutputsParams
+from vllmx.structured_output.backend_guidance import (
+    GuidanceGrammar,
+    serialize_guidance_grammar,
+    validate_guidance_grammar,
+)
+
+__all__ = ["GuidanceGrammar", "StructuredOutputManager", "StructuredOutputsParams",
+           "serialize_guidance_grammar"]
+
+logger = logging.getLogger("vllmx")
+
+
+class StructuredOutputManager:
+    """tokenizer: vllmx's Tokenizer (its `tokenizers` JSON is what llguidance reads, for
+    checkpoints and GGUF vocabularies alike); vocab_size: the model's logits width;
+    eos_token_ids: the ids that end a request (the grammar allows them once it is complete)."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: set[int]):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = sorted(eos_token_ids)
+        self._ll_tokenizer = None
+        self._executor = None
+        self._lock = threading.Lock()  # the first requests may arrive on several threads
+
+    @property
+    def ll_tokenizer(self):
+        """llguidance's tokenizer, built at the first constrained request (about a second for
+        a 262k vocabulary)."""
+        with self._lock:
+            if self._ll_tokenizer is None:
+                import llguidance
+
+                if not self.eos_token_ids:
+                    raise ValueError("structured outputs need an EOS token id (the model and "
+                                     "tokenizer name none)")
+                self._ll_tokenizer = llguidance.LLTokenizer(
+                    self.tokenizer.backend_tokenizer.to_str(),
+                    n_vocab=max(self.vocab_size, self.tokenizer.vocab_size),
+                    eos_token=self.eos_token_ids)
+                self._executor = llguidance.LLExecutor()
+            return self._ll_tokenizer
+
+    def validate(self, so: StructuredOutputsParams) -> str:
+        """The request's llguidance grammar; ValueError naming what is wrong with it."""
+        return validate_guidance_grammar(so, self.ll_tokenizer)
+
+    def grammar_init(self, so: StructuredOutputsParams) -> GuidanceGrammar:
+        """A fresh matcher for one request (the model runner's, per request)."""
+        import llguidance
+
+        matcher = llguidance.LLMatcher(self.ll_tokenizer, serialize_guidance_grammar(so),
+                                       log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"structured output grammar: {matcher.get_error()}")
+        return GuidanceGrammar(matcher, self.eos_token_ids)
+
+    def grammar_bitmask(self, grammars: list[GuidanceGrammar]) -> np.ndarray:
+        """int32 [len(grammars), ceil(vocab_size / 32)]: row i = the tokens grammars[i] allows
+        next. Several rows are computed in parallel (llguidance's threads, GIL released)."""
+        words_ll = (self.ll_tokenizer.vocab_size + 31) // 32
+        mask = np.empty((len(grammars), words_ll), dtype=np.int32)
+        if len(grammars) == 1:
+            grammars[0].fill_bitmask(mask, 0)
+        elif grammars:
+            self._executor.unsafe_compute_mask_ptr(
+                [(g.matcher, i) for i, g in enumerate(grammars)], mask.ctypes.data,
+                4 * words_ll, len(grammars))
+        words = (self.vocab_size + 31) // 32
+        # A tokenizer larger than the logits: its extra ids cannot be sampled anyway.
+        return mask if words == words_ll else np.ascontiguousarray(mask[:, :words])
