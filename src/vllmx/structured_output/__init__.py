@@ -65,8 +65,10 @@ class StructuredOutputManager:
         """A fresh matcher for one request (the model runner's, per request)."""
         import llguidance
 
+        # Without verbose errors: a rejected token's message is one line, not the parser state.
         matcher = llguidance.LLMatcher(self.ll_tokenizer, serialize_guidance_grammar(so),
-                                       log_level=0)
+                                       log_level=0,
+                                       limits=llguidance.LLParserLimits(verbose_errors=False))
         if matcher.is_error():
             raise ValueError(f"structured output grammar: {matcher.get_error()}")
         return GuidanceGrammar(matcher, self.eos_token_ids)

@@ -44,7 +44,8 @@ def _close_objects(schema):
         schema["additionalProperties"] = False
 
 
-def _json_grammar(schema, so: StructuredOutputsParams, what: str) -> str:
+def _schema(schema, so: StructuredOutputsParams, what: str) -> dict | bool:
+    """The schema as an object (parsed from its JSON text), objects closed where asked."""
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -56,6 +57,11 @@ def _json_grammar(schema, so: StructuredOutputsParams, what: str) -> str:
     if so.disable_additional_properties:
         schema = copy.deepcopy(schema)
         _close_objects(schema)
+    return schema
+
+
+def _json_grammar(schema, so: StructuredOutputsParams, what: str) -> str:
+    schema = _schema(schema, so, what)
     options: dict = {"whitespace_flexible": not so.disable_any_whitespace}
     if so.whitespace_pattern is not None:
         options["whitespace_pattern"] = so.whitespace_pattern
@@ -76,7 +82,7 @@ def _structural_tag_grammar(so: StructuredOutputsParams) -> str:
                                  f"triggers {triggers}")
             tags.append(llguidance.StructTag(
                 trigger=trigger, begin=s["begin"], end=s["end"],
-                grammar=_json_grammar(s["schema"], so, f"structural_tag structure {i} schema")))
+                grammar=_schema(s["schema"], so, f"structural_tag structure {i} schema")))
     except (json.JSONDecodeError, KeyError, TypeError, AssertionError) as e:
         raise ValueError(f"structural_tag must be JSON with 'triggers' and 'structures' "
                          f"[{{'begin', 'schema', 'end'}}]: {type(e).__name__}: {e}") from None
