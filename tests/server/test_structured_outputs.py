@@ -35,9 +35,9 @@ def valid(schema: dict, text: str) -> bool:
                                          ("segment", SEGMENT)])
 def test_chat_json_schema(client, name, schema, stream):
     for temperature, seed in ((0.0, None), (0.8, 7)):
-        kw = dict(model=MODEL, messages=[{"role": "user", "content": PROMPTS[name]}],
-                  temperature=temperature, seed=seed, max_tokens=250,
-                  response_format=json_schema_format(schema))
+        kw = {"model": MODEL, "messages": [{"role": "user", "content": PROMPTS[name]}],
+              "temperature": temperature, "seed": seed, "max_tokens": 250,
+              "response_format": json_schema_format(schema)}
         if stream:
             chunks = list(client.chat.completions.create(stream=True, **kw))
             text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -49,8 +49,8 @@ def test_chat_json_schema(client, name, schema, stream):
 
 
 def test_stream_equals_full_under_a_schema(client):
-    kw = dict(model=MODEL, messages=USER, temperature=0, max_tokens=250,
-              response_format=json_schema_format(PERSON))
+    kw = {"model": MODEL, "messages": USER, "temperature": 0, "max_tokens": 250,
+          "response_format": json_schema_format(PERSON)}
     full = client.chat.completions.create(**kw).choices[0].message.content
     chunks = client.chat.completions.create(stream=True, **kw)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == full
@@ -68,9 +68,9 @@ def test_chat_json_object_and_structured_outputs_fields(client):
             ({"grammar": 'start: "The capital is " CITY "."\nCITY: "Paris" | "Lyon"'},
              lambda t: t in ("The capital is Paris.", "The capital is Lyon."))):
         for stream in (False, True):
-            kw = dict(model=MODEL, temperature=0.7, seed=3, max_tokens=40,
-                      messages=[{"role": "user", "content": "The capital of France?"}],
-                      extra_body={"structured_outputs": so})
+            kw = {"model": MODEL, "temperature": 0.7, "seed": 3, "max_tokens": 40,
+                  "messages": [{"role": "user", "content": "The capital of France?"}],
+                  "extra_body": {"structured_outputs": so}}
             if stream:
                 text = "".join(c.choices[0].delta.content or ""
                                for c in client.chat.completions.create(stream=True, **kw)
@@ -92,8 +92,8 @@ def test_completions_constrained(client, stream):
          lambda t: re.fullmatch(r"A\d\d", t)),
     ]
     for extra, check in cases:
-        kw = dict(model=MODEL, prompt=PROMPTS["segment"], temperature=0.8, seed=11,
-                  max_tokens=250, n=2, extra_body=extra)
+        kw = {"model": MODEL, "prompt": PROMPTS["segment"], "temperature": 0.8, "seed": 11,
+              "max_tokens": 250, "n": 2, "extra_body": extra}
         if stream:
             texts = ["", ""]
             for c in client.completions.create(stream=True, **kw):

@@ -19,7 +19,7 @@ from vllmx import LLM, SamplingParams
 from vllmx.sampling_params import StructuredOutputsParams as SO
 
 MAX_TOKENS = 250
-ENGINE = dict(max_model_len=1024, kv_cache_memory_bytes=64 << 20, seed=0)
+ENGINE = {"max_model_len": 1024, "kv_cache_memory_bytes": 64 << 20, "seed": 0}
 
 
 @pytest.fixture(scope="module")
@@ -165,11 +165,11 @@ def mode_outputs(llm):
 
 
 @pytest.mark.parametrize("engine", [
-    dict(num_gpu_blocks_override=24, max_model_len=384, max_num_batched_tokens=64,
-         max_num_seqs=8),
-    dict(speculative_config={"method": "ngram", "num_speculative_tokens": 3,
-                             "prompt_lookup_max": 3, "prompt_lookup_min": 1}),
-    dict(async_scheduling=True),
+    {"num_gpu_blocks_override": 24, "max_model_len": 384, "max_num_batched_tokens": 64,
+     "max_num_seqs": 8},
+    {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
+                            "prompt_lookup_max": 3, "prompt_lookup_min": 1}},
+    {"async_scheduling": True},
 ], ids=["chunked-prefill-preemption", "ngram-speculation", "async-scheduling"])
 def test_engine_modes_give_the_same_answers(llm, smollm2_gguf, engine, mode_outputs):
     reqs, want = mode_outputs

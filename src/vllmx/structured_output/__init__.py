@@ -8,22 +8,17 @@ sampled row per step."""
 
 from __future__ import annotations
 
-import logging
 import threading
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from vllmx.sampling_params import StructuredOutputsParams
-from vllmx.structured_output.backend_guidance import (
-    GuidanceGrammar,
-    serialize_guidance_grammar,
-    validate_guidance_grammar,
-)
 
-__all__ = ["GuidanceGrammar", "StructuredOutputManager", "StructuredOutputsParams",
-           "serialize_guidance_grammar"]
+if TYPE_CHECKING:
+    from vllmx.structured_output.backend_guidance import GuidanceGrammar
 
-logger = logging.getLogger("vllmx")
+__all__ = ["StructuredOutputManager", "StructuredOutputsParams"]
 
 
 class StructuredOutputManager:
@@ -42,7 +37,8 @@ class StructuredOutputManager:
     @property
     def ll_tokenizer(self):
         """llguidance's tokenizer, built at the first constrained request (about a second for
-        a 262k vocabulary)."""
+        a 262k vocabulary). llguidance is imported only then: an engine without constrained
+        requests runs without it."""
         with self._lock:
             if self._ll_tokenizer is None:
                 import llguidance
@@ -59,11 +55,18 @@ class StructuredOutputManager:
 
     def validate(self, so: StructuredOutputsParams) -> str:
         """The request's llguidance grammar; ValueError naming what is wrong with it."""
+        from vllmx.structured_output.backend_guidance import validate_guidance_grammar
+
         return validate_guidance_grammar(so, self.ll_tokenizer)
 
     def grammar_init(self, so: StructuredOutputsParams) -> GuidanceGrammar:
         """A fresh matcher for one request (the model runner's, per request)."""
         import llguidance
+
+        from vllmx.structured_output.backend_guidance import (
+            GuidanceGrammar,
+            serialize_guidance_grammar,
+        )
 
         # Without verbose errors: a rejected token's message is one line, not the parser state.
         matcher = llguidance.LLMatcher(self.ll_tokenizer, serialize_guidance_grammar(so),

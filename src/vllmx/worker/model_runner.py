@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -35,7 +36,7 @@ from vllmx.layers.sampler import (
     seed_rng_state,
 )
 from vllmx.sampling_params import SamplingParams
-from vllmx.structured_output import GuidanceGrammar, StructuredOutputManager
+from vllmx.structured_output import StructuredOutputManager
 from vllmx.worker.decode_capture import (
     CudaGraphs,
     DecodeCapture,
@@ -45,6 +46,9 @@ from vllmx.worker.decode_capture import (
 )
 from vllmx.worker.input_batch import InputBatch
 from vllmx.worker.step_capture import LongLived
+
+if TYPE_CHECKING:
+    from vllmx.structured_output.backend_guidance import GuidanceGrammar
 
 logger = logging.getLogger("vllmx")
 
