@@ -1,7 +1,8 @@
 """llguidance as vllmx uses it, on SmolLM2's GGUF vocabulary: each constraint's grammar, its
 check (ValueError naming llguidance's message), the matcher's masks (EOS only once the grammar is
-complete), disable_additional_properties / disable_any_whitespace, structural tags, and the
-batch's masks computed in parallel equal to one at a time."""
+complete), disable_additional_properties / disable_any_whitespace (per request, or the engine's
+--structured-outputs-config), structural tags, and the batch's masks computed in parallel equal
+to one at a time."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.structured_output.schemas import PERSON, SEGMENT
+from vllmx.config import StructuredOutputsConfig
 from vllmx.sampling_params import StructuredOutputsParams as SO
 from vllmx.structured_output import StructuredOutputManager
 from vllmx.tokenizer.tokenizer import Tokenizer
@@ -133,3 +135,42 @@ def test_batch_masks_equal_single_masks(manager, tokenizer):
     for i, g in enumerate(grammars):
         np.testing.assert_array_equal(batch[i], manager.grammar_bitmask([g])[0])
     assert len({batch[i].tobytes() for i in range(4)}) == 4
+
+
+def test_engine_config_sets_the_defaults(tokenizer, manager):
+    """--structured-outputs-config's disable_any_whitespace applies to every request."""
+    cfg = StructuredOutputsConfig.from_dict('{"backend": "guidance", '
+                                            '"disable_any_whitespace": true}')
+    tight = StructuredOutputManager(tokenizer, tokenizer.vocab_size, {tokenizer.eos_token_id},
+                                    cfg)
+    so = SO(json={"type": "object", "properties": {"a": {"type": "integer"}}})
+    assert (allowed(tight, feed(tight, tokenizer, so, '{"a"'))
+            < allowed(manager, feed(manager, tokenizer, so, '{"a"')))
+    assert so.disable_any_whitespace is False  # the request's own params are left alone
+
+
+@pytest.mark.parametrize("cfg,words", [
+    ({"backend": "xgrammar"}, ["vLLM backend vllmx does not run", "guidance"]),
+    ({"backend": "fast"}, ["not a structured-output backend"]),
+    ({"disable_any_whitespace": "yes"}, ["true or false"]),
+    ({"reasoning_parser": "deepseek_r1"}, ["not supported yet"]),
+    ({"whitespace": True}, ["keys ['whitespace'] are not supported"]),
+    ("{oops", ["not valid JSON"]),
+])
+def test_engine_config_errors(cfg, words):
+    with pytest.raises(ValueError) as e:
+        StructuredOutputsConfig.from_dict(cfg)
+    assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_serve_flag_reaches_engine_args():
+    import argparse
+
+    from vllmx.cli.serve import add_serve_parser, engine_args_from
+
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers())
+    args = parser.parse_args(["serve", "--structured-outputs-config",
+                              '{"disable_additional_properties": true}'])
+    cfg = engine_args_from(args).create_engine_config().structured_outputs_config
+    assert cfg.disable_additional_properties and cfg.backend == "auto"

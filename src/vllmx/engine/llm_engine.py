@@ -17,6 +17,7 @@ from vllmx.config import (
     ParallelConfig,
     SchedulerConfig,
     SpeculativeConfig,
+    StructuredOutputsConfig,
     VllmxConfig,
 )
 from vllmx.core.scheduler import Scheduler
@@ -59,6 +60,9 @@ class EngineArgs:
     speculative_config: dict | str | None = None
     # vLLM's async_scheduling (SchedulerConfig): None = on for the GPU without speculation
     async_scheduling: bool | None = None
+    # vLLM's structured_outputs_config: a dict or its JSON, e.g. {"disable_any_whitespace":
+    # true}; the engine's defaults for constrained requests (config.StructuredOutputsConfig)
+    structured_outputs_config: dict | str | None = None
 
     def create_engine_config(self) -> VllmxConfig:
         if self.block_size < 1:
@@ -91,7 +95,8 @@ class EngineArgs:
                             async_scheduling=self.async_scheduling),
             ParallelConfig(self.num_threads), DeviceConfig(self.device),
             None if self.speculative_config is None
-            else SpeculativeConfig.from_dict(self.speculative_config))
+            else SpeculativeConfig.from_dict(self.speculative_config),
+            StructuredOutputsConfig.from_dict(self.structured_outputs_config))
 
 
 class LLMEngine:
@@ -132,7 +137,8 @@ class LLMEngine:
         self.structured_output_manager = None
         if self.tokenizer is not None:
             self.structured_output_manager = StructuredOutputManager(
-                self.tokenizer, self.model.vocab_size, self.eos_token_ids)
+                self.tokenizer, self.model.vocab_size, self.eos_token_ids,
+                config.structured_outputs_config)
         self.model_runner.structured_output_manager = self.structured_output_manager
         self.output_processor = OutputProcessor(self.tokenizer)
         self._next_id = 0

@@ -8,11 +8,13 @@ sampled row per step."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from vllmx.config import StructuredOutputsConfig
 from vllmx.sampling_params import StructuredOutputsParams
 
 if TYPE_CHECKING:
@@ -24,10 +26,13 @@ __all__ = ["StructuredOutputManager", "StructuredOutputsParams"]
 class StructuredOutputManager:
     """tokenizer: vllmx's Tokenizer (its `tokenizers` JSON is what llguidance reads, for
     checkpoints and GGUF vocabularies alike); vocab_size: the model's logits width;
-    eos_token_ids: the ids that end a request (the grammar allows them once it is complete)."""
+    eos_token_ids: the ids that end a request (the grammar allows them once it is complete);
+    config: the engine's defaults (--structured-outputs-config)."""
 
-    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: set[int]):
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: set[int],
+                 config: StructuredOutputsConfig | None = None):
         self.tokenizer = tokenizer
+        self.config = config or StructuredOutputsConfig()
         self.vocab_size = vocab_size
         self.eos_token_ids = sorted(eos_token_ids)
         self._ll_tokenizer = None
@@ -53,11 +58,21 @@ class StructuredOutputManager:
                 self._executor = llguidance.LLExecutor()
             return self._ll_tokenizer
 
+    def _with_defaults(self, so: StructuredOutputsParams) -> StructuredOutputsParams:
+        """The request's options, or the engine's where it does not set them."""
+        c = self.config
+        if not (c.disable_any_whitespace or c.disable_additional_properties):
+            return so
+        return dataclasses.replace(
+            so, disable_any_whitespace=so.disable_any_whitespace or c.disable_any_whitespace,
+            disable_additional_properties=(so.disable_additional_properties
+                                           or c.disable_additional_properties))
+
     def validate(self, so: StructuredOutputsParams) -> str:
         """The request's llguidance grammar; ValueError naming what is wrong with it."""
         from vllmx.structured_output.backend_guidance import validate_guidance_grammar
 
-        return validate_guidance_grammar(so, self.ll_tokenizer)
+        return validate_guidance_grammar(self._with_defaults(so), self.ll_tokenizer)
 
     def grammar_init(self, so: StructuredOutputsParams) -> GuidanceGrammar:
         """A fresh matcher for one request (the model runner's, per request)."""
@@ -69,7 +84,8 @@ class StructuredOutputManager:
         )
 
         # Without verbose errors: a rejected token's message is one line, not the parser state.
-        matcher = llguidance.LLMatcher(self.ll_tokenizer, serialize_guidance_grammar(so),
+        matcher = llguidance.LLMatcher(self.ll_tokenizer,
+                                       serialize_guidance_grammar(self._with_defaults(so)),
                                        log_level=0,
                                        limits=llguidance.LLParserLimits(verbose_errors=False))
         if matcher.is_error():
