@@ -174,3 +174,15 @@ def test_serve_flag_reaches_engine_args():
                               '{"disable_additional_properties": true}'])
     cfg = engine_args_from(args).create_engine_config().structured_outputs_config
     assert cfg.disable_additional_properties and cfg.backend == "auto"
+
+
+def test_a_constraint_compiles_once_and_each_request_gets_its_own_matcher(manager, tokenizer):
+    so = SO(regex="[0-9]{2}x")
+    manager.validate(so)
+    before = dict(manager._compiled)
+    a, b = manager.grammar_init(so), manager.grammar_init(SO(regex="[0-9]{2}x"))
+    assert manager._compiled == before  # the checked constraint's matcher, copied
+    assert a.matcher is not b.matcher
+    assert a.accept_tokens(tokenizer.encode("12x", add_special_tokens=False))
+    assert allowed(manager, a) == {tokenizer.eos_token_id}
+    assert tokenizer.eos_token_id not in allowed(manager, b)  # b is still at the start

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
     from vllmx.structured_output.backend_guidance import GuidanceGrammar
 
 __all__ = ["StructuredOutputManager", "StructuredOutputsParams"]
+
+_MAX_COMPILED = 256  # constraints whose compiled matchers are kept
 
 
 class StructuredOutputManager:
@@ -37,7 +40,8 @@ class StructuredOutputManager:
         self.eos_token_ids = sorted(eos_token_ids)
         self._ll_tokenizer = None
         self._executor = None
-        self._lock = threading.Lock()  # the first requests may arrive on several threads
+        self._lock = threading.Lock()  # requests are checked on several threads
+        self._compiled: OrderedDict[str, object] = OrderedDict()  # LRU of start-state matchers
 
     @property
     def ll_tokenizer(self):
@@ -68,29 +72,36 @@ class StructuredOutputManager:
             disable_additional_properties=(so.disable_additional_properties
                                            or c.disable_additional_properties))
 
-    def validate(self, so: StructuredOutputsParams) -> str:
-        """The request's llguidance grammar; ValueError naming what is wrong with it."""
-        from vllmx.structured_output.backend_guidance import validate_guidance_grammar
+    def _prototype(self, so: StructuredOutputsParams):
+        """The constraint's compiled matcher in its start state (ValueError when it is not
+        valid), kept for the next requests with the same constraint (a JSON schema sent with
+        every request of an app compiles once)."""
+        from vllmx.structured_output.backend_guidance import compile_guidance_grammar
 
-        return validate_guidance_grammar(self._with_defaults(so), self.ll_tokenizer)
+        so = self._with_defaults(so)
+        key = repr(so)
+        with self._lock:
+            if (matcher := self._compiled.get(key)) is not None:
+                self._compiled.move_to_end(key)
+                return matcher
+        matcher = compile_guidance_grammar(so, self.ll_tokenizer)  # (releases the GIL)
+        with self._lock:
+            self._compiled[key] = matcher
+            if len(self._compiled) > _MAX_COMPILED:
+                self._compiled.popitem(last=False)
+        return matcher
+
+    def validate(self, so: StructuredOutputsParams) -> None:
+        """Compiles the request's constraint (before it is queued, off the engine's step
+        loop); ValueError naming what is wrong with it."""
+        self._prototype(so)
 
     def grammar_init(self, so: StructuredOutputsParams) -> GuidanceGrammar:
-        """A fresh matcher for one request (the model runner's, per request)."""
-        import llguidance
+        """A fresh matcher for one request (the model runner's, per request): a copy of the
+        compiled one."""
+        from vllmx.structured_output.backend_guidance import GuidanceGrammar
 
-        from vllmx.structured_output.backend_guidance import (
-            GuidanceGrammar,
-            serialize_guidance_grammar,
-        )
-
-        # Without verbose errors: a rejected token's message is one line, not the parser state.
-        matcher = llguidance.LLMatcher(self.ll_tokenizer,
-                                       serialize_guidance_grammar(self._with_defaults(so)),
-                                       log_level=0,
-                                       limits=llguidance.LLParserLimits(verbose_errors=False))
-        if matcher.is_error():
-            raise ValueError(f"structured output grammar: {matcher.get_error()}")
-        return GuidanceGrammar(matcher, self.eos_token_ids)
+        return GuidanceGrammar(self._prototype(so).deep_copy(), self.eos_token_ids)
 
     def grammar_bitmask(self, grammars: list[GuidanceGrammar]) -> np.ndarray:
         """int32 [len(grammars), ceil(vocab_size / 32)]: row i = the tokens grammars[i] allows

@@ -106,21 +106,23 @@ def serialize_guidance_grammar(so: StructuredOutputsParams) -> str:
     return _structural_tag_grammar(so)
 
 
-def validate_guidance_grammar(so: StructuredOutputsParams,
-                              tokenizer: llguidance.LLTokenizer) -> str:
-    """The grammar of a constraint, checked against the tokenizer; ValueError naming the
-    constraint and llguidance's message when it is not valid."""
+def compile_guidance_grammar(so: StructuredOutputsParams,
+                             tokenizer: llguidance.LLTokenizer) -> llguidance.LLMatcher:
+    """A fresh matcher for a constraint; ValueError naming the constraint and llguidance's
+    message when it is not valid. Errors stay one line (no parser state dumps) for the
+    tokens a matcher later rejects."""
     kind = next(label for name, label in _KINDS.items() if getattr(so, name) is not None)
     try:
         grammar = serialize_guidance_grammar(so)
     except ValueError as e:
         raise ValueError(f"Invalid {kind} for structured output: {e}") from None
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
-    if is_error:
-        raise ValueError(f"Invalid {kind} for structured output: {messages[0].strip()}")
-    for m in messages:
-        logger.warning("structured output %s: %s", kind, m)
-    return grammar
+    matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0,
+                                   limits=llguidance.LLParserLimits(verbose_errors=False))
+    if matcher.is_error():
+        raise ValueError(f"Invalid {kind} for structured output: {matcher.get_error().strip()}")
+    for w in matcher.get_grammar_warnings():
+        logger.warning("structured output %s: %s", kind, w)
+    return matcher
 
 
 class GuidanceGrammar:
