@@ -492,6 +492,32 @@ void check_apply_logits_processors(
   }
 }
 
+void check_apply_token_bitmask(const Tensor& logits, const Tensor& bitmask,
+                               const Tensor& indices) {
+  const char* op = "apply_token_bitmask";
+  check_dtype(logits, DType::F32, op, "logits");
+  check_ndim(logits, 2, op, "logits");
+  VLLMX_CHECK(logits.shape[1] == 0 || logits.stride[1] == 1, op,
+              "logits " + logits.str() + " must have contiguous rows");
+  check_dtype(bitmask, DType::I32, op, "bitmask");
+  check_ndim(bitmask, 2, op, "bitmask");
+  VLLMX_CHECK(bitmask.is_contiguous(), op, "bitmask " + bitmask.str() + " must be contiguous");
+  const int64_t words = (logits.shape[1] + 31) / 32;
+  VLLMX_CHECK(bitmask.shape[1] == words, op,
+              "bitmask " + bitmask.str() + " must have ceil(V / 32) = " + i2s(words) +
+                  " words per row for logits " + logits.str());
+  if (indices.defined()) {
+    check_dtype(indices, DType::I32, op, "indices");
+    VLLMX_CHECK(indices.ndim == 1 && indices.shape[0] == bitmask.shape[0], op,
+                "indices " + indices.str() + " must have one entry per bitmask row (" +
+                    i2s(bitmask.shape[0]) + ")");
+  } else {
+    VLLMX_CHECK(bitmask.shape[0] == logits.shape[0], op,
+                "bitmask " + bitmask.str() + " needs one row per logits row (logits " +
+                    logits.str() + ") when no indices are given");
+  }
+}
+
 void check_scale(const Tensor& out, const Tensor& x, float) {
   VLLMX_CHECK(out.dtype == x.dtype && out.numel() == x.numel(), "scale",
               "out " + out.str() + " must have x's dtype and size (x " + x.str() + ")");
@@ -560,6 +586,7 @@ void check_fill_uniform(const Tensor& out, int64_t, float low, float high) {
 }  // namespace
 
 VLLMX_OP_CHECK(apply_logits_processors, check_apply_logits_processors);
+VLLMX_OP_CHECK(apply_token_bitmask, check_apply_token_bitmask);
 VLLMX_OP_CHECK(compute_logprobs, check_compute_logprobs);
 VLLMX_OP_CHECK(topk_softmax, check_topk_softmax);
 VLLMX_OP_CHECK(fused_experts, check_fused_experts);

@@ -1,6 +1,7 @@
 // apply_logits_processors on the GPU (allowed ids, bad words, logit bias and min_tokens bans,
-// penalties), so that logits stay on the device whatever a request asks for (compute_logprobs is
-// in sampler.cu, beside the sampling kernel it must agree with). Contract in csrc/ops.def.
+// penalties) and apply_token_bitmask (structured output's grammar masks), so that logits stay on
+// the device whatever a request asks for (compute_logprobs is in sampler.cu, beside the sampling
+// kernel it must agree with). Contracts in csrc/ops.def.
 // One block per row; the row's CSR lists live on the GPU and are trusted for their structure
 // (the sampler builds them), but an id outside the vocabulary is skipped, never followed.
 #include <cmath>
@@ -136,8 +137,41 @@ void apply_logits_processors(
   check_launch("apply_logits_processors kernel");
 }
 
+// One thread per logit: the 32 threads of a warp read one mask word (one transaction) and write
+// 32 consecutive logits. Threads only ever write -inf, so rows named twice need no care; an
+// index outside the batch is skipped (the device cannot report it without a host sync).
+__global__ void __launch_bounds__(kThreads)
+    token_bitmask_kernel(float* logits, int64_t stride, int B, int V, const uint32_t* bitmask,
+                         int words, const int32_t* indices) {
+  pdl_begin();
+  const int r = blockIdx.y;
+  const int v = blockIdx.x * kThreads + threadIdx.x;
+  const int row = indices != nullptr ? indices[r] : r;
+  if (v >= V || row < 0 || row >= B) return;
+  const uint32_t bits = bitmask[static_cast<int64_t>(r) * words + v / 32];
+  if (!((bits >> (v % 32)) & 1u)) logits[row * stride + v] = -INFINITY;
+}
+
+void apply_token_bitmask(const Tensor& logits, const Tensor& bitmask, const Tensor& indices) {
+  // The shapes are the op's contract (csrc/ops.cpp), checked before this runs.
+  const char* op = "apply_token_bitmask";
+  check_rows(logits, op, "logits");
+  check_on_device(bitmask, op, "bitmask");
+  check_on_device(indices, op, "indices");
+  const int64_t B = logits.shape[0], V = logits.shape[1], R = bitmask.shape[0];
+  if (R == 0 || V == 0) return;
+  VLLMX_CHECK(R <= 65535, op, "bitmask " + bitmask.str() + " has more rows than a grid holds");
+  const dim3 grid(static_cast<unsigned>((V + kThreads - 1) / kThreads), static_cast<unsigned>(R));
+  launch(token_bitmask_kernel, grid, kThreads, 0, stream(), logits.ptr<float>(), logits.stride[0],
+         static_cast<int>(B), static_cast<int>(V),
+         reinterpret_cast<const uint32_t*>(bitmask.ptr<int32_t>()),
+         static_cast<int>(bitmask.shape[1]), indices.defined() ? indices.ptr<int32_t>() : nullptr);
+  check_launch("apply_token_bitmask kernel");
+}
+
 }  // namespace
 
 VLLMX_KERNEL(apply_logits_processors, kCUDA, apply_logits_processors);
+VLLMX_KERNEL(apply_token_bitmask, kCUDA, apply_token_bitmask);
 
 }  // namespace vllmx::cuda

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -200,6 +201,59 @@ class SpeculativeConfig:
         self.prompt_lookup_min, self.prompt_lookup_max = lo, hi
 
 
+# vLLM's structured-output backends; llguidance ("guidance") is the one vllmx runs ("auto").
+STRUCTURED_OUTPUT_BACKENDS = ("auto", "guidance", "xgrammar", "outlines", "lm-format-enforcer")
+
+
+@dataclass
+class StructuredOutputsConfig:
+    """vLLM's structured_outputs_config (`--structured-outputs-config '{...}'`): the engine's
+    defaults for every constrained request. disable_any_whitespace / _additional_properties
+    apply to requests that do not ask for them themselves; backend auto means guidance
+    (llguidance); disable_fallback is accepted (there is no other backend to fall back to).
+    Reasoning parsers come later: reasoning_parser must stay empty."""
+
+    backend: str = "auto"
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    reasoning_parser: str = ""
+    enable_in_reasoning: bool = False
+
+    @classmethod
+    def from_dict(cls, cfg: dict | str | None) -> StructuredOutputsConfig:
+        if cfg is None:
+            return cls()
+        if isinstance(cfg, str):
+            try:
+                cfg = json.loads(cfg)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"structured_outputs_config is not valid JSON: {e}") from e
+        if not isinstance(cfg, dict):
+            raise ValueError(  # noqa: TRY004 - a bad flag value, as vLLM reports it
+                f"structured_outputs_config must be a dict, got {type(cfg).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        if unknown := sorted(set(cfg) - known):
+            raise ValueError(f"structured_outputs_config keys {unknown} are not supported "
+                             f"(supported: {', '.join(sorted(known))})")
+        out = cls(**cfg)
+        if out.backend not in STRUCTURED_OUTPUT_BACKENDS[:2]:
+            what = ("a vLLM backend vllmx does not run" if out.backend in
+                    STRUCTURED_OUTPUT_BACKENDS else "not a structured-output backend")
+            raise ValueError(f"structured_outputs_config backend {out.backend!r} is {what}; "
+                             f"vllmx runs 'auto' / 'guidance' (llguidance)")
+        for name in ("disable_fallback", "disable_any_whitespace",
+                     "disable_additional_properties", "enable_in_reasoning"):
+            if not isinstance(getattr(out, name), bool):
+                raise ValueError(  # noqa: TRY004 - a bad flag value, as vLLM reports it
+                    f"structured_outputs_config {name} must be true or false, got "
+                    f"{getattr(out, name)!r}")
+        if out.reasoning_parser or out.enable_in_reasoning:
+            raise ValueError("structured_outputs_config reasoning_parser / "
+                             "enable_in_reasoning: reasoning parsers are not supported yet")
+        return out
+
+
 @dataclass
 class VllmxConfig:
     model_config: ModelConfig
@@ -208,3 +262,5 @@ class VllmxConfig:
     parallel_config: ParallelConfig
     device_config: DeviceConfig = field(default_factory=DeviceConfig)
     speculative_config: SpeculativeConfig | None = None
+    structured_outputs_config: StructuredOutputsConfig = field(
+        default_factory=StructuredOutputsConfig)

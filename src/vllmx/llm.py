@@ -77,9 +77,13 @@ class LLM:
             params = [sampling_params] * len(prompts)
         engine = self.llm_engine
         ids = []
-        for prompt, sp in zip(prompts, params):
-            sp = _copy_final_only(sp)
-            ids.append(engine.add_request(None, prompt, sp))
+        try:
+            for prompt, sp in zip(prompts, params):
+                sp = _copy_final_only(sp)
+                ids.append(engine.add_request(None, prompt, sp))
+        except Exception:
+            engine.abort_request(ids)  # one bad request: none of the batch runs (as vLLM)
+            raise
         return self._run_engine(ids, use_tqdm)
 
     def beam_search(self, prompts, params: BeamSearchParams,

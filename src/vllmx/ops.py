@@ -311,6 +311,17 @@ def apply_logits_processors(logits, **groups: np.ndarray) -> None:
     _C.ops.apply_logits_processors(logits, **groups)
 
 
+def apply_token_bitmask(logits, bitmask: np.ndarray, indices: np.ndarray | None = None) -> None:
+    """In place over logits (float32 [B, V], host or GPU): -inf for every token whose bit is 0
+    in its row's packed grammar mask (bitmask int32 [R, ceil(V / 32)], host; indices int32 [R]:
+    the logits row of each mask row, None: R == B). Uploaded when the logits are on the GPU."""
+    if isinstance(logits, DeviceArray):
+        bitmask = DeviceArray.from_numpy(np.ascontiguousarray(bitmask))
+        if indices is not None:
+            indices = DeviceArray.from_numpy(np.ascontiguousarray(indices))
+    _C.ops.apply_token_bitmask(logits, bitmask, indices)
+
+
 def compute_logprobs(logits, token_ids: np.ndarray, num_logprobs: np.ndarray):
     """Per row of log_softmax(logits): the log-prob of token_ids[n] (float32 [N]), its rank
     (int32 [N]; 0 where num_logprobs[n] < 0) and the num_logprobs[n] most probable tokens

@@ -13,7 +13,6 @@ logger = logging.getLogger("vllmx")
 
 _SAMPLING_EPS = 1e-5  # temperatures below this are greedy
 _MAX_TEMP = 1e-2  # smaller positive temperatures are raised to this (vLLM: avoids inf / nan)
-_STRUCTURED = "structured output is not supported yet"
 # What the native sampler holds: counts and ids are int32, scales float32, seeds int64.
 _INT32_MAX = 2**31 - 1
 _INT64 = (-(2**63), 2**63 - 1)
@@ -31,6 +30,69 @@ class SamplingType(IntEnum):
     GREEDY = 0
     RANDOM = 1
     RANDOM_SEED = 2
+
+
+_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+@dataclass
+class StructuredOutputsParams:
+    """vLLM's structured outputs constraint: exactly one of json (a JSON schema, as a dict or
+    its JSON text), regex, choice (the output is one of the strings), grammar (Lark, or GBNF /
+    EBNF as llama.cpp writes it), json_object (any JSON object) or structural_tag (vLLM's
+    {"structures": [{"begin", "schema", "end"}], "triggers": [...]} as JSON text)."""
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    # Options (vLLM's): JSON without free whitespace between tokens; schemas' objects closed
+    # where they do not say (additionalProperties false); the whitespace JSON may hold.
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+    structural_tag: str | None = None
+
+    def __post_init__(self):
+        given = [name for name in _CONSTRAINTS if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ValueError(f"You can only use one kind of structured outputs constraint but "
+                             f"multiple are specified: {', '.join(given)}")
+        if not given:
+            raise ValueError("You must use one kind of structured outputs constraint but none "
+                             "are specified (json, regex, choice, grammar, json_object or "
+                             "structural_tag)")
+        if hasattr(self.json, "model_json_schema"):  # a pydantic model class
+            self.json = self.json.model_json_schema()
+        checks = {"json": lambda v: isinstance(v, (str, dict)),
+                  "regex": lambda v: isinstance(v, str),
+                  "choice": lambda v: (isinstance(v, (list, tuple)) and len(v) > 0
+                                       and all(isinstance(c, str) for c in v)),
+                  "grammar": lambda v: isinstance(v, str) and v.strip() != "",
+                  "json_object": lambda v: v is True,
+                  "structural_tag": lambda v: isinstance(v, str)}
+        name = given[0]
+        if not checks[name](getattr(self, name)):
+            want = {"json": "a JSON schema (dict or JSON text)", "regex": "a string",
+                    "choice": "a non-empty list of strings", "grammar": "a non-empty string",
+                    "json_object": "true", "structural_tag": "JSON text"}[name]
+            raise ValueError(f"structured_outputs.{name} must be {want}, got "
+                             f"{getattr(self, name)!r:.200}")
+        if self.choice is not None:
+            self.choice = list(self.choice)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> StructuredOutputsParams:
+        """From a request's structured_outputs object; unknown keys are an error."""
+        if not isinstance(d, dict):
+            raise ValueError(  # noqa: TRY004 - bad request input: a 400, as in vLLM
+                f"structured_outputs must be an object, got {type(d).__name__}")
+        known = {f for f in cls.__dataclass_fields__}
+        if unknown := sorted(set(d) - known):
+            raise ValueError(f"structured_outputs has unknown field(s) {unknown}; known: "
+                             f"{sorted(known)}")
+        return cls(**d)
 
 
 @dataclass
@@ -59,8 +121,8 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     truncate_prompt_tokens: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
-    structured_outputs: Any = None
-    guided_decoding: Any = None  # vLLM's older name for structured_outputs
+    structured_outputs: StructuredOutputsParams | None = None
+    guided_decoding: StructuredOutputsParams | None = None  # vLLM's older name for it
     logit_bias: dict[int, float] | None = None  # token id -> bias, clamped to [-100, 100]
     allowed_token_ids: list[int] | None = None
     extra_args: dict[str, Any] | None = None
@@ -72,8 +134,17 @@ class SamplingParams:
     _bad_words_token_ids: list[list[int]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        if self.structured_outputs is not None or self.guided_decoding is not None:
-            raise NotImplementedError(_STRUCTURED)
+        if self.guided_decoding is not None:
+            if self.structured_outputs is not None:
+                raise ValueError("give structured_outputs or guided_decoding (its older name), "
+                                 "not both")
+            self.structured_outputs, self.guided_decoding = self.guided_decoding, None
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
+        if not isinstance(self.structured_outputs, (StructuredOutputsParams, type(None))):
+            raise ValueError(  # noqa: TRY004 - bad request input: a 400, as in vLLM
+                f"structured_outputs must be a StructuredOutputsParams, got "
+                f"{type(self.structured_outputs).__name__}")
         if self.truncate_prompt_tokens is not None and (
                 self.truncate_prompt_tokens == 0 or self.truncate_prompt_tokens < -1):
             raise ValueError(f"truncate_prompt_tokens must be >= 1 or -1, got "

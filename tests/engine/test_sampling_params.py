@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from vllmx import SamplingParams
-from vllmx.sampling_params import RequestOutputKind, SamplingType
+from vllmx.sampling_params import RequestOutputKind, SamplingType, StructuredOutputsParams
 
 
 def test_defaults_match_vllm():
@@ -119,11 +119,32 @@ def test_top_k_past_the_vocabulary_means_no_top_k():
     assert sp.top_k == 49
 
 
+def test_structured_outputs_params():
+    """vLLM's StructuredOutputsParams: exactly one constraint, each of its type; a dict (a
+    request's object) and guided_decoding (the older name) become one."""
+    sp = SamplingParams(structured_outputs={"json": {"type": "object"}})
+    assert isinstance(sp.structured_outputs, StructuredOutputsParams)
+    assert sp.structured_outputs.json == {"type": "object"}
+    sp = SamplingParams(guided_decoding=StructuredOutputsParams(regex="a+"))
+    assert sp.structured_outputs.regex == "a+" and sp.guided_decoding is None
+    assert StructuredOutputsParams(choice=("a", "b")).choice == ["a", "b"]
+    with pytest.raises(ValueError, match="only use one kind .* json, regex"):
+        StructuredOutputsParams(json="{}", regex="a")
+    with pytest.raises(ValueError, match="must use one kind"):
+        StructuredOutputsParams(disable_any_whitespace=True)
+    with pytest.raises(ValueError, match="choice must be a non-empty list of strings"):
+        StructuredOutputsParams(choice=[])
+    with pytest.raises(ValueError, match="choice must be a non-empty list of strings"):
+        StructuredOutputsParams(choice=["a", 1])
+    with pytest.raises(ValueError, match="json must be a JSON schema"):
+        StructuredOutputsParams(json=3)
+    with pytest.raises(ValueError, match="unknown field.*'jsn'"):
+        SamplingParams(structured_outputs={"jsn": {}})
+    with pytest.raises(ValueError, match="not both"):
+        SamplingParams(structured_outputs={"regex": "a"}, guided_decoding={"regex": "b"})
+
+
 def test_not_supported_and_unknown():
-    with pytest.raises(NotImplementedError, match="structured output is not supported yet"):
-        SamplingParams(structured_outputs={"json": {}})
-    with pytest.raises(NotImplementedError, match="structured output is not supported yet"):
-        SamplingParams(guided_decoding={"regex": "a+"})
     with pytest.raises(ValueError, match="truncate_prompt_tokens"):
         SamplingParams(truncate_prompt_tokens=0)
     with pytest.raises(TypeError, match="unexpected keyword argument 'temprature'"):

@@ -1,7 +1,7 @@
 """Every SIMD path of the kernel families whose pickers used to read the CPU's features
-directly (KV-cache writes, attention, the sampler, the activations) and of MoE routing: run at
-each level that VLLMX_ISA caps (tests/ops/simd_levels.py) and compared with the scalar twins on
-fresh random inputs. The quant / linear families have their own per-level tests beside them."""
+directly (KV-cache writes, attention, the sampler, the activations), of MoE routing and of the
+grammar mask: run at each level that VLLMX_ISA caps (tests/ops/simd_levels.py) and compared
+with the scalar twins on fresh random inputs. The quant / linear families have their own per-level tests beside them."""
 
 import pytest
 from simd_levels import SIMD_LEVELS, run_capped
@@ -104,6 +104,20 @@ for renorm in (False, True):
         _C.ops.topk_softmax(w, ids, g, renorm, reference=ref)
         outs.append((w, ids))
     assert np.array_equal(outs[0][1], outs[1][1]) and rel(outs[0][0], outs[1][0]) < 1e-6
+# apply_token_bitmask (structured output's grammar mask): the AVX-512 masked stores and the
+# AVX2 blends against the bit-by-bit twin, rows by index, vocabularies a multiple of 32 and not.
+for vocab in (7, 64, 1000, 49157):
+    logits = (rng.standard_normal((5, vocab)) * 3).astype(np.float32)
+    m = rng.integers(0, 2**32, (3, (vocab + 31) // 32), dtype=np.uint64).astype(np.uint32)
+    m[0, 0], m[1, -1] = 0xFFFFFFFF, 0
+    idx = np.array([4, 1, 2], np.int32)
+    outs = []
+    for ref in (False, True):
+        x = logits.copy()
+        _C.ops.apply_token_bitmask(x, m.view(np.int32), idx, reference=ref)
+        outs.append(x)
+    assert np.array_equal(outs[0], outs[1]), ("bitmask", vocab)
+    assert np.array_equal(outs[0][[0, 3]], logits[[0, 3]]) and np.isinf(outs[0][1]).any()
 print("ok")
 """
 

@@ -49,6 +49,9 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--speculative-config", default=None,
                    help="speculative decoding, vLLM's JSON, e.g. "
                         "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'")
+    p.add_argument("--structured-outputs-config", default=None,
+                   help="structured outputs' engine defaults, vLLM's JSON, e.g. "
+                        "'{\"backend\": \"guidance\", \"disable_any_whitespace\": true}'")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--generation-config", default="auto",
                    help="'auto' (the model's generation_config.json), 'vllm' (none), or a dir")
@@ -120,6 +123,7 @@ def engine_args_from(args: argparse.Namespace):
                 "block_size": args.block_size,
                 "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
                 "speculative_config": args.speculative_config,
+                "structured_outputs_config": args.structured_outputs_config,
                 "async_scheduling": args.async_scheduling,
                 "num_threads": args.threads}
     for name, value in optional.items():

@@ -36,6 +36,8 @@ class AsyncLLM(EngineClient):
         self._next_id = 0
         self._thread = threading.Thread(target=self._run, name="vllmx-engine", daemon=True)
         self._thread.start()
+        if engine.structured_output_manager is not None:  # serving: no stall at first use
+            engine.structured_output_manager.warm_up_async()
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> AsyncLLM:

@@ -17,6 +17,7 @@ from vllmx.config import (
     ParallelConfig,
     SchedulerConfig,
     SpeculativeConfig,
+    StructuredOutputsConfig,
     VllmxConfig,
 )
 from vllmx.core.scheduler import Scheduler
@@ -25,6 +26,7 @@ from vllmx.engine.request import Request, RequestStatus
 from vllmx.loader import DEFAULT_MODEL
 from vllmx.outputs import RequestOutput
 from vllmx.sampling_params import SamplingParams
+from vllmx.structured_output import StructuredOutputManager
 from vllmx.worker.worker_base import DTYPE_BY_NAME, create_worker
 
 logger = logging.getLogger("vllmx")
@@ -58,6 +60,9 @@ class EngineArgs:
     speculative_config: dict | str | None = None
     # vLLM's async_scheduling (SchedulerConfig): None = on for the GPU without speculation
     async_scheduling: bool | None = None
+    # vLLM's structured_outputs_config: a dict or its JSON, e.g. {"disable_any_whitespace":
+    # true}; the engine's defaults for constrained requests (config.StructuredOutputsConfig)
+    structured_outputs_config: dict | str | None = None
 
     def create_engine_config(self) -> VllmxConfig:
         if self.block_size < 1:
@@ -90,7 +95,8 @@ class EngineArgs:
                             async_scheduling=self.async_scheduling),
             ParallelConfig(self.num_threads), DeviceConfig(self.device),
             None if self.speculative_config is None
-            else SpeculativeConfig.from_dict(self.speculative_config))
+            else SpeculativeConfig.from_dict(self.speculative_config),
+            StructuredOutputsConfig.from_dict(self.structured_outputs_config))
 
 
 class LLMEngine:
@@ -136,6 +142,13 @@ class LLMEngine:
         self._in_flight = None
         self.kv_caches, self.cache_dtype = self.worker.kv_caches, self.worker.cache_dtype
         self.scheduler = Scheduler(sc, cc)
+        # Structured outputs: requests are checked here, matched in the model runner.
+        self.structured_output_manager = None
+        if self.tokenizer is not None:
+            self.structured_output_manager = StructuredOutputManager(
+                self.tokenizer, self.model.vocab_size, self.eos_token_ids,
+                config.structured_outputs_config)
+        self.model_runner.structured_output_manager = self.structured_output_manager
         self.output_processor = OutputProcessor(self.tokenizer)
         self._next_id = 0
         logger.info("loaded %s in %.2fs", mc.path, time.perf_counter() - t0)
@@ -257,6 +270,11 @@ class LLMEngine:
                                  "given); pass token ids through logit_bias instead")
             params.update_from_tokenizer(self.tokenizer)
         params.verify_token_ids(vocab)
+        if params.structured_outputs is not None:
+            if self.structured_output_manager is None:
+                raise ValueError("structured outputs need a tokenizer (skip_tokenizer_init=True "
+                                 "was given)")
+            self.structured_output_manager.validate(params.structured_outputs)
         # vLLM's --max-logprobs (-1: no limit); logprobs=-1 asks for the whole vocabulary.
         limit = vocab if mc.max_logprobs == -1 else mc.max_logprobs
         for name in ("logprobs", "prompt_logprobs"):

@@ -146,6 +146,10 @@ class SamplingMetadata:
     num_logprobs: np.ndarray  # i32 [B]: top-k wanted per row (vocab size for -1), -1 = none
     # Keyword arrays for ops.apply_logits_processors; empty when no row needs processing.
     processors: dict[str, np.ndarray] = field(default_factory=dict)
+    # Structured output: the constrained rows' grammar masks (i32 [R, ceil(V / 32)], from
+    # llguidance) and the row of the batch each applies to (i32 [R]); None: no row constrained.
+    grammar_bitmask: np.ndarray | None = None
+    grammar_rows: np.ndarray | None = None
 
     @classmethod
     def build(cls, params: list[SamplingParams], states: list[RequestSamplingState],
@@ -306,7 +310,15 @@ class Sampler:
             logits = logits.numpy()
         return PendingSample.done(self._sample_on_host(logits, md))
 
+    @staticmethod
+    def _apply_grammar(logits, md: SamplingMetadata) -> None:
+        """Masks the constrained rows first, as vLLM does: their log-probs are those of the
+        distribution the grammar leaves (the processors then act on what it allows)."""
+        if md.grammar_bitmask is not None:
+            ops.apply_token_bitmask(logits, md.grammar_bitmask, md.grammar_rows)
+
     def _sample_on_host(self, logits: np.ndarray, md: SamplingMetadata) -> SamplerOutput:
+        self._apply_grammar(logits, md)
         raw = logits
         if md.processors:
             raw = logits.copy()  # logprobs refer to the model's distribution
@@ -322,17 +334,18 @@ class Sampler:
                                                       md.num_logprobs))
 
     def _sample_on_device(self, logits: DeviceArray, md: SamplingMetadata) -> PendingSample:
-        """The host path's steps on the GPU: the processors (their CSR lists uploaded), the
-        sampling kernel with one queued upload of the batch's parameters and generator states
-        (pinned memory), and compute_logprobs over the raw logits when a row wants logprobs or
-        processors changed the distribution; then one queued download of the tokens, log-probs
-        and advanced generators, which result() waits for (and the logprob lists, when asked
-        for)."""
+        """The host path's steps on the GPU: the grammar masks and the processors (their
+        arrays uploaded), the sampling kernel with one queued upload of the batch's parameters
+        and generator states (pinned memory), and compute_logprobs over the raw logits when a
+        row wants logprobs or processors changed the distribution; then one queued download of
+        the tokens, log-probs and advanced generators, which result() waits for (and the
+        logprob lists, when asked for)."""
         from vllmx.device import F32, I32, U64
 
         b = len(md.temperature)
         want_logprobs = bool((md.num_logprobs >= 0).any())
         fused = not md.processors and not want_logprobs
+        self._apply_grammar(logits, md)
         raw = logits
         if md.processors:  # log-probs refer to the model's distribution, as on the host
             raw = DeviceArray.empty(logits.shape, logits.dtype)

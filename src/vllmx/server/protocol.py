@@ -3,7 +3,7 @@ vllm/entrypoints/openai/protocol.py). Responses are plain dicts built by the ser
 
 Unknown fields are accepted and ignored with a warning, as vLLM does, so that clients sending
 newer OpenAI fields keep working; fields that are known but cannot be honoured yet (tools,
-non-text response_format, structured outputs, ...) are rejected by the serving code."""
+beam search, ...) are rejected by the serving code."""
 
 from __future__ import annotations
 
@@ -39,8 +39,13 @@ class StreamOptions(OpenAIBaseModel):
 
 
 class ResponseFormat(OpenAIBaseModel):
+    """OpenAI's response_format (text, json_object, json_schema: {name, schema, strict, ...})
+    and vLLM's structural_tag format (structures [{begin, schema, end}], triggers)."""
+
     type: str
     json_schema: dict[str, Any] | None = None
+    structures: list[dict[str, Any]] | None = None
+    triggers: list[str] | None = None
 
 
 class _SamplingFields(OpenAIBaseModel):
@@ -82,7 +87,8 @@ class _SamplingFields(OpenAIBaseModel):
     # vLLM's extra request parameters
     priority: int = 0
     request_id: str | None = None
-    # structured output (not supported yet: rejected when given)
+    # structured output: vLLM's object (json, regex, choice, grammar, json_object,
+    # structural_tag and options), and its older names for the first four
     structured_outputs: dict[str, Any] | None = None
     guided_json: Any = None
     guided_regex: str | None = None

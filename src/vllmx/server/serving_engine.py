@@ -17,6 +17,7 @@ from vllmx.outputs import RequestOutput
 from vllmx.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from vllmx.server.errors import OpenAIError
 from vllmx.server.metrics import ServerMetrics
+from vllmx.server.structured_outputs import structured_outputs_of
 
 logger = logging.getLogger("vllmx")
 
@@ -78,16 +79,6 @@ class OpenAIServing:
 
     @staticmethod
     def check_unsupported(request) -> None:
-        rf = request.response_format
-        if rf is not None and rf.type != "text":
-            raise OpenAIError(f"response_format of type {rf.type!r} is not supported yet "
-                              f"(structured output is not implemented); only "
-                              f"{{'type': 'text'}} is accepted", param="response_format")
-        for name in ("structured_outputs", "guided_json", "guided_regex", "guided_choice",
-                     "guided_grammar"):
-            if getattr(request, name) is not None:
-                raise OpenAIError(f"{name} is not supported yet (structured output is not "
-                                  f"implemented)", param=name)
         if request.stream_options is not None and not request.stream:
             raise OpenAIError("Stream options can only be defined when `stream=True`.",
                               param="stream_options")
@@ -149,6 +140,7 @@ class OpenAIServing:
             "skip_special_tokens": request.skip_special_tokens,
             "spaces_between_special_tokens": request.spaces_between_special_tokens,
             "logit_bias": request.logit_bias, "allowed_token_ids": request.allowed_token_ids,
+            "structured_outputs": structured_outputs_of(request),
         }
         kwargs.update({k: v for k, v in requested.items() if v is not None})
         for name in list(kwargs):
@@ -178,7 +170,8 @@ class OpenAIServing:
                   "presence_penalty": request.presence_penalty,
                   "frequency_penalty": request.frequency_penalty,
                   "repetition_penalty": request.repetition_penalty,
-                  "min_tokens": request.min_tokens or None}
+                  "min_tokens": request.min_tokens or None,
+                  "structured_outputs": structured_outputs_of(request)}
         for name, value in unused.items():
             if value is not None:
                 raise OpenAIError(f"{name} is not supported with use_beam_search", param=name)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -36,6 +37,7 @@ from vllmx.layers.sampler import (
 )
 from vllmx.sampling_params import SamplingParams
 from vllmx.spec_decode.metadata import TargetHiddenStates
+from vllmx.structured_output import StructuredOutputManager
 from vllmx.worker.decode_capture import (
     CudaGraphs,
     DecodeCapture,
@@ -45,6 +47,9 @@ from vllmx.worker.decode_capture import (
 )
 from vllmx.worker.input_batch import InputBatch
 from vllmx.worker.step_capture import LongLived
+
+if TYPE_CHECKING:
+    from vllmx.structured_output.backend_guidance import GuidanceGrammar
 
 logger = logging.getLogger("vllmx")
 
@@ -61,6 +66,7 @@ class CachedRequestState:
     num_prompt_tokens: int
     rng_state: np.ndarray
     sampling: RequestSamplingState | None = None  # created at the first sampling step
+    grammar: GuidanceGrammar | None = None  # structured output: the request's matcher
     # prompt_logprobs being gathered across prefill chunks: entry i is prompt token i's.
     prompt_logprobs: list[TokenLogprobs | None] | None = None
 
@@ -71,14 +77,19 @@ class CachedRequestState:
 
 def _drafts_for(sp: SamplingParams) -> bool:
     """Whether a request's steps verify drafts: those without penalties (a penalized
-    request's sampler state counts tokens as they are kept, not per verify row)."""
-    return not sp.has_penalties
+    request's sampler state counts tokens as they are kept, not per verify row) and without
+    structured output (its matcher would need a mask per draft and a rollback of the rejected
+    ones: a constrained request samples one row per step instead)."""
+    return not sp.has_penalties and sp.structured_outputs is None
 
 
 def _needs_tokens(state: CachedRequestState) -> bool:
     """Whether sampling the request's next token reads its tokens so far on the host
-    (penalties, bad words, the min_tokens ban): then the step before must be finished first."""
+    (penalties, bad words, the min_tokens ban, a grammar's mask): then the step before must be
+    finished first."""
     st = state.sampling
+    if state.grammar is not None:
+        return True
     return st is not None and (st.penalties or bool(st.bad_words) or (
         len(st.bias_ban_ids) > len(st.bias_ids)
         and state.num_output_tokens <= state.sampling_params.min_tokens))
@@ -131,6 +142,9 @@ class ModelRunner:
         # [max tokens, H]: where a captured step leaves its hidden states for a drafter that
         # reads them (keep_hidden_states; a capture's own activations are gone after it).
         self.hidden_out: np.ndarray | None = None
+        # structured outputs: makes each constrained request's matcher, fills the masks (set
+        # by the engine; None without a tokenizer)
+        self.structured_output_manager: StructuredOutputManager | None = None
         t, b = max_num_batched_tokens, max_num_seqs
         self.input_ids = np.zeros(t, dtype=np.int32)
         self.positions = np.zeros(t, dtype=np.int32)
@@ -423,10 +437,24 @@ class ModelRunner:
             if state.sampling is None:
                 try:
                     state.sampling = RequestSamplingState(state.sampling_params, vocab)
+                    if state.sampling_params.structured_outputs is not None:
+                        state.grammar = self._grammar_init(state)
                 except Exception as e:
                     logger.exception("request %s: its sampler state failed", req_id)
                     failed[req_id] = f"{type(e).__name__}: {e}"
         return failed
+
+    def _grammar_init(self, state: CachedRequestState) -> GuidanceGrammar:
+        """The request's matcher, advanced over the output it already has (a request resumed
+        after preemption starts a fresh state)."""
+        if self.structured_output_manager is None:
+            raise ValueError("structured outputs need a tokenizer")
+        grammar = self.structured_output_manager.grammar_init(
+            state.sampling_params.structured_outputs)
+        if not grammar.accept_tokens(state.token_ids[state.num_prompt_tokens:]):
+            raise ValueError(f"structured output: the output so far does not match the "
+                             f"grammar ({grammar.error})")
+        return grammar
 
     def execute_model(self, so: SchedulerOutput, non_block: bool = False):
         """Runs the scheduled step: its ModelRunnerOutput, or with non_block the launched
@@ -519,6 +547,7 @@ class ModelRunner:
             logits = self.model.compute_logits(rows)
         states = [self.requests[r] for r in sample_ids]
         smd = self._sampling_metadata(states, [drafts[r] for r in sample_ids], logits.shape[1])
+        self._grammar_masks(states, [drafts[r] for r in sample_ids], smd)
         # Each request's generator after this step, known now: a request without drafts
         # takes one draw if it samples at random (greedy rows none), so the next step may be
         # launched before this one's tokens are back. (With drafts, what is accepted decides.)
@@ -579,6 +608,14 @@ class ModelRunner:
                                                or [None] * state.num_prompt_tokens)
                 state.prompt_logprobs = None
             new = [toks[r] for r in rows]
+            if state.grammar is not None and not state.grammar.accept_tokens(new):
+                # Only when the mask left nothing to sample (other settings excluded every
+                # token the grammar allows) and the sampler fell back to an unmasked token.
+                out.failed[req_id] = (
+                    f"structured output: token {new[-1]} does not match the grammar "
+                    f"({state.grammar.error}); do allowed_token_ids, logit_bias, bad_words or "
+                    f"min_tokens exclude every token it allows?")
+                continue
             state.token_ids.extend(new)
             row = batch.req_id_to_index.get(req_id)
             if row is not None:
@@ -635,6 +672,21 @@ class ModelRunner:
             req_ids, hidden, np.concatenate(rows), np.asarray(ids, dtype=np.int32),
             np.concatenate(positions), np.concatenate(slots), qsl[:b + 1], seq_lens[:b],
             self.block_table[batch_rows[:b]], sampled[:b]))
+
+    def _grammar_masks(self, states: list[CachedRequestState], drafts: list[list[int]],
+                       smd: SamplingMetadata) -> None:
+        """The constrained requests' masks for this step (each has one row: never drafted),
+        computed on the host now that their last tokens are in their matchers."""
+        grammars, rows = [], []
+        i = 0
+        for state, d in zip(states, drafts):
+            if state.grammar is not None:
+                grammars.append(state.grammar)
+                rows.append(i)
+            i += 1 + len(d)
+        if grammars:
+            smd.grammar_bitmask = self.structured_output_manager.grammar_bitmask(grammars)
+            smd.grammar_rows = np.array(rows, dtype=np.int32)
 
     def _stage_drafts(self, drafts: dict[str, list[int]]) -> None:
         """Writes each request's drafts after its tokens in the persistent batch, where the

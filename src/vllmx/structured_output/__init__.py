@@ -1,0 +1,135 @@
+"""Structured outputs (vLLM's v1/structured_output): requests constrained by a JSON schema, a
+regex, a choice, a grammar or a structural tag. The manager holds llguidance's view of the
+tokenizer, checks each request's constraint before it is queued (a bad one is a ValueError:
+HTTP 400), makes the model runner one matcher per constrained request, and fills the batch's
+token bitmask on the host each step; the sampler applies it (ops.apply_token_bitmask) before
+sampling. Constrained requests are never drafted (speculative decoding), so each has one
+sampled row per step."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from vllmx.config import StructuredOutputsConfig
+from vllmx.sampling_params import StructuredOutputsParams
+
+if TYPE_CHECKING:
+    from vllmx.structured_output.backend_guidance import GuidanceGrammar
+
+__all__ = ["StructuredOutputManager", "StructuredOutputsParams"]
+
+_MAX_COMPILED = 256  # constraints whose compiled matchers are kept
+
+logger = logging.getLogger("vllmx")
+
+
+class StructuredOutputManager:
+    """tokenizer: vllmx's Tokenizer (its `tokenizers` JSON is what llguidance reads, for
+    checkpoints and GGUF vocabularies alike); vocab_size: the model's logits width;
+    eos_token_ids: the ids that end a request (the grammar allows them once it is complete);
+    config: the engine's defaults (--structured-outputs-config)."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: set[int],
+                 config: StructuredOutputsConfig | None = None):
+        self.tokenizer = tokenizer
+        self.config = config or StructuredOutputsConfig()
+        self.vocab_size = vocab_size
+        self.eos_token_ids = sorted(eos_token_ids)
+        self._ll_tokenizer = None
+        self._executor = None
+        self._lock = threading.Lock()  # requests are checked on several threads
+        self._compiled: OrderedDict[str, object] = OrderedDict()  # LRU of start-state matchers
+
+    @property
+    def ll_tokenizer(self):
+        """llguidance's tokenizer, built at the first constrained request (about a second for
+        a 262k vocabulary). llguidance is imported only then: an engine without constrained
+        requests runs without it."""
+        with self._lock:
+            if self._ll_tokenizer is None:
+                import llguidance
+
+                if not self.eos_token_ids:
+                    raise ValueError("structured outputs need an EOS token id (the model and "
+                                     "tokenizer name none)")
+                self._ll_tokenizer = llguidance.LLTokenizer(
+                    self.tokenizer.backend_tokenizer.to_str(),
+                    n_vocab=max(self.vocab_size, self.tokenizer.vocab_size),
+                    eos_token=self.eos_token_ids)
+                self._executor = llguidance.LLExecutor()
+            return self._ll_tokenizer
+
+    def warm_up_async(self) -> None:
+        """Builds llguidance's tokenizer in a background thread now (the server does, at
+        start-up): its construction holds the GIL for 0.1 s (49k vocabulary) to 2.5 s (262k),
+        which would otherwise stall every request in flight at the first constrained one."""
+        def build():
+            try:
+                self.ll_tokenizer  # noqa: B018 - built and kept by the property
+            except Exception as e:  # noqa: BLE001 - reported again at the first use
+                logger.warning("structured outputs are unavailable: %s: %s",
+                               type(e).__name__, e)
+
+        threading.Thread(target=build, name="vllmx-llguidance-tokenizer", daemon=True).start()
+
+    def _with_defaults(self, so: StructuredOutputsParams) -> StructuredOutputsParams:
+        """The request's options, or the engine's where it does not set them."""
+        c = self.config
+        if not (c.disable_any_whitespace or c.disable_additional_properties):
+            return so
+        return dataclasses.replace(
+            so, disable_any_whitespace=so.disable_any_whitespace or c.disable_any_whitespace,
+            disable_additional_properties=(so.disable_additional_properties
+                                           or c.disable_additional_properties))
+
+    def _prototype(self, so: StructuredOutputsParams):
+        """The constraint's compiled matcher in its start state (ValueError when it is not
+        valid), kept for the next requests with the same constraint (a JSON schema sent with
+        every request of an app compiles once)."""
+        from vllmx.structured_output.backend_guidance import compile_guidance_grammar
+
+        so = self._with_defaults(so)
+        key = repr(so)
+        with self._lock:
+            if (matcher := self._compiled.get(key)) is not None:
+                self._compiled.move_to_end(key)
+                return matcher
+        matcher = compile_guidance_grammar(so, self.ll_tokenizer)  # (releases the GIL)
+        with self._lock:
+            self._compiled[key] = matcher
+            if len(self._compiled) > _MAX_COMPILED:
+                self._compiled.popitem(last=False)
+        return matcher
+
+    def validate(self, so: StructuredOutputsParams) -> None:
+        """Compiles the request's constraint (before it is queued, off the engine's step
+        loop); ValueError naming what is wrong with it."""
+        self._prototype(so)
+
+    def grammar_init(self, so: StructuredOutputsParams) -> GuidanceGrammar:
+        """A fresh matcher for one request (the model runner's, per request): a copy of the
+        compiled one."""
+        from vllmx.structured_output.backend_guidance import GuidanceGrammar
+
+        return GuidanceGrammar(self._prototype(so).deep_copy(), self.eos_token_ids)
+
+    def grammar_bitmask(self, grammars: list[GuidanceGrammar]) -> np.ndarray:
+        """int32 [len(grammars), ceil(vocab_size / 32)]: row i = the tokens grammars[i] allows
+        next. Several rows are computed in parallel (llguidance's threads, GIL released)."""
+        words_ll = (self.ll_tokenizer.vocab_size + 31) // 32
+        mask = np.empty((len(grammars), words_ll), dtype=np.int32)
+        if len(grammars) == 1:
+            grammars[0].fill_bitmask(mask, 0)
+        elif grammars:
+            self._executor.unsafe_compute_mask_ptr(
+                [(g.matcher, i) for i, g in enumerate(grammars)], mask.ctypes.data,
+                4 * words_ll, len(grammars))
+        words = (self.vocab_size + 31) // 32
+        # A tokenizer larger than the logits: its extra ids cannot be sampled anyway.
+        return mask if words == words_ll else np.ascontiguousarray(mask[:, :words])

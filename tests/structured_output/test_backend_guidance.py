@@ -1,0 +1,188 @@
+"""llguidance as vllmx uses it, on SmolLM2's GGUF vocabulary: each constraint's grammar, its
+check (ValueError naming llguidance's message), the matcher's masks (EOS only once the grammar is
+complete), disable_additional_properties / disable_any_whitespace (per request, or the engine's
+--structured-outputs-config), structural tags, and the batch's masks computed in parallel equal
+to one at a time."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.structured_output.schemas import PERSON, SEGMENT
+from vllmx.config import StructuredOutputsConfig
+from vllmx.sampling_params import StructuredOutputsParams as SO
+from vllmx.structured_output import StructuredOutputManager
+from vllmx.tokenizer.tokenizer import Tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_gguf):
+    return Tokenizer.from_gguf_file(smollm2_gguf)
+
+
+@pytest.fixture(scope="module")
+def manager(tokenizer):
+    return StructuredOutputManager(tokenizer, tokenizer.vocab_size, {tokenizer.eos_token_id})
+
+
+def allowed(manager, grammar) -> set[int]:
+    mask = manager.grammar_bitmask([grammar])[0].view(np.uint32)
+    bits = np.unpackbits(mask.view(np.uint8), bitorder="little")[:manager.vocab_size]
+    return set(np.flatnonzero(bits).tolist())
+
+
+def feed(manager, tokenizer, so: SO, text: str):
+    """A matcher for so after the tokens of text (each one allowed by the mask before it)."""
+    g = manager.grammar_init(so)
+    for t in tokenizer.encode(text, add_special_tokens=False):
+        assert t in allowed(manager, g), (text, tokenizer.decode([t]))
+        assert g.accept_tokens([t])
+    return g
+
+
+def test_eos_only_when_the_grammar_is_complete(manager, tokenizer):
+    eos = tokenizer.eos_token_id
+    text = json.dumps({"name": "Ann", "age": 30, "address": {"city": "Oslo", "zip": "01234"}})
+    g = manager.grammar_init(SO(json=PERSON))
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    for t in ids[:-1]:
+        assert eos not in allowed(manager, g)
+        assert g.accept_tokens([t])
+    assert g.accept_tokens(ids[-1:])
+    assert allowed(manager, g) == {eos}  # the object is closed: nothing else may follow
+    assert g.accept_tokens([eos]) and g.terminated
+    assert g.accept_tokens([eos])  # ignore_eos: more EOS past the end is not an error
+
+
+def test_a_rejected_token_is_an_error_state(manager, tokenizer):
+    g = manager.grammar_init(SO(choice=["yes", "no"]))
+    bad = tokenizer.encode("maybe", add_special_tokens=False)[0]
+    assert bad not in allowed(manager, g)
+    assert not g.accept_tokens([bad]) and g.error
+
+
+@pytest.mark.parametrize("so,text", [
+    (SO(regex=r"[0-9]{3}-[0-9]{4}"), "555-1234"),
+    (SO(choice=["Paris", "New York City"]), "New York City"),
+    (SO(grammar='start: "x=" NUM ";"\nNUM: /[0-9]+/'), "x=42;"),
+    (SO(grammar='root ::= "x=" [0-9]+ ";"'), "x=42;"),  # GBNF
+    (SO(json_object=True), '{"any": [1, 2, {"thing": null}]}'),
+    (SO(json=json.dumps(SEGMENT)), '{"start": {"x": 1, "y": 2}, "end": {"x": -3, "y": 4}}'),
+])
+def test_each_kind_accepts_a_matching_text(manager, tokenizer, so, text):
+    g = feed(manager, tokenizer, so, text)
+    assert tokenizer.eos_token_id in allowed(manager, g)
+
+
+def test_additional_properties_and_whitespace_options(manager, tokenizer):
+    open_schema = {"type": "object", "properties": {"a": {"type": "integer"}},
+                   "required": ["a"]}
+    # Open by default (JSON Schema's rule): another key may follow a.
+    g = feed(manager, tokenizer, SO(json=open_schema), '{"a": 1, "b"')
+    assert not g.error
+    closed = manager.grammar_init(SO(json=open_schema, disable_additional_properties=True))
+    assert closed.accept_tokens(tokenizer.encode('{"a": 1', add_special_tokens=False))
+    assert not closed.accept_tokens(tokenizer.encode(', "b"', add_special_tokens=False))
+    flexible = allowed(manager, feed(manager, tokenizer, SO(json=open_schema), '{"a"'))
+    tight = allowed(manager, feed(manager, tokenizer,
+                                  SO(json=open_schema, disable_any_whitespace=True), '{"a"'))
+    assert tight < flexible
+    assert any(tokenizer.decode([t]) != tokenizer.decode([t]).strip() for t in flexible)
+    assert all(tokenizer.decode([t]) == tokenizer.decode([t]).strip() for t in tight)
+
+
+def test_structural_tag(manager, tokenizer):
+    """Free text, where the trigger starts a tool call whose arguments follow the schema."""
+    tag = json.dumps({"triggers": ["<function="], "structures": [{
+        "begin": "<function=get_weather>", "end": "</function>",
+        "schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"], "additionalProperties": False}}]})
+    feed(manager, tokenizer, SO(structural_tag=tag),
+         'Let me check. <function=get_weather>{"city": "Paris"}</function> Done.')
+    g = manager.grammar_init(SO(structural_tag=tag))
+    assert not g.accept_tokens(tokenizer.encode('<function=get_weather>{"town": 1}',
+                                                add_special_tokens=False))
+
+
+@pytest.mark.parametrize("so,words", [
+    (SO(json={"type": "object", "properties": {"a": {"$ref": "#/$defs/nope"}}}),
+     ["Invalid JSON schema", "/$defs/nope"]),
+    (SO(json={"type": "strin"}), ["Invalid JSON schema", "strin"]),
+    (SO(json="{bad"), ["Invalid JSON schema", "not valid JSON"]),
+    (SO(json="[1, 2]"), ["Invalid JSON schema", "must be a JSON schema object"]),
+    (SO(regex="(unclosed"), ["Invalid regex"]),
+    (SO(grammar="start: missing"), ["Invalid grammar", "missing"]),
+    (SO(grammar="root ::= ("), ["Invalid grammar"]),
+    (SO(structural_tag="{}"), ["Invalid structural_tag", "triggers"]),
+])
+def test_invalid_constraints_are_value_errors(manager, so, words):
+    with pytest.raises(ValueError) as e:
+        manager.validate(so)
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
+def test_batch_masks_equal_single_masks(manager, tokenizer):
+    kinds = [SO(json=PERSON), SO(regex="[a-z]+"), SO(choice=["alpha", "beta"]),
+             SO(json_object=True)]
+    grammars = [feed(manager, tokenizer, so, prefix) for so, prefix in
+                zip(kinds, ['{"name": "Jo', "ab", "al", "{"])]
+    batch = manager.grammar_bitmask(grammars)
+    assert batch.shape == (4, (tokenizer.vocab_size + 31) // 32) and batch.dtype == np.int32
+    for i, g in enumerate(grammars):
+        np.testing.assert_array_equal(batch[i], manager.grammar_bitmask([g])[0])
+    assert len({batch[i].tobytes() for i in range(4)}) == 4
+
+
+def test_engine_config_sets_the_defaults(tokenizer, manager):
+    """--structured-outputs-config's disable_any_whitespace applies to every request."""
+    cfg = StructuredOutputsConfig.from_dict('{"backend": "guidance", '
+                                            '"disable_any_whitespace": true}')
+    tight = StructuredOutputManager(tokenizer, tokenizer.vocab_size, {tokenizer.eos_token_id},
+                                    cfg)
+    so = SO(json={"type": "object", "properties": {"a": {"type": "integer"}}})
+    assert (allowed(tight, feed(tight, tokenizer, so, '{"a"'))
+            < allowed(manager, feed(manager, tokenizer, so, '{"a"')))
+    assert so.disable_any_whitespace is False  # the request's own params are left alone
+
+
+@pytest.mark.parametrize("cfg,words", [
+    ({"backend": "xgrammar"}, ["vLLM backend vllmx does not run", "guidance"]),
+    ({"backend": "fast"}, ["not a structured-output backend"]),
+    ({"disable_any_whitespace": "yes"}, ["true or false"]),
+    ({"reasoning_parser": "deepseek_r1"}, ["not supported yet"]),
+    ({"whitespace": True}, ["keys ['whitespace'] are not supported"]),
+    ("{oops", ["not valid JSON"]),
+])
+def test_engine_config_errors(cfg, words):
+    with pytest.raises(ValueError) as e:
+        StructuredOutputsConfig.from_dict(cfg)
+    assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_serve_flag_reaches_engine_args():
+    import argparse
+
+    from vllmx.cli.serve import add_serve_parser, engine_args_from
+
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers())
+    args = parser.parse_args(["serve", "--structured-outputs-config",
+                              '{"disable_additional_properties": true}'])
+    cfg = engine_args_from(args).create_engine_config().structured_outputs_config
+    assert cfg.disable_additional_properties and cfg.backend == "auto"
+
+
+def test_a_constraint_compiles_once_and_each_request_gets_its_own_matcher(manager, tokenizer):
+    so = SO(regex="[0-9]{2}x")
+    manager.validate(so)
+    before = dict(manager._compiled)
+    a, b = manager.grammar_init(so), manager.grammar_init(SO(regex="[0-9]{2}x"))
+    assert manager._compiled == before  # the checked constraint's matcher, copied
+    assert a.matcher is not b.matcher
+    assert a.accept_tokens(tokenizer.encode("12x", add_special_tokens=False))
+    assert allowed(manager, a) == {tokenizer.eos_token_id}
+    assert tokenizer.eos_token_id not in allowed(manager, b)  # b is still at the start
