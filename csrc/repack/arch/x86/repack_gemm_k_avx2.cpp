@@ -52,24 +52,24 @@ VLLMX_TARGET_AVX2 inline __m256i byte_pair_u(__m256i v) {
                                                  z));
 }
 
-// Byte B of every 32-bit lane, sign-extended into both of the lane's s16 halves.
-template <int B>
-VLLMX_TARGET_AVX2 inline __m256i byte_pair_s(__m256i v) {
+// Bytes B0 and B1 of every 32-bit lane, sign-extended into the lane's low and high s16.
+template <int B0, int B1>
+VLLMX_TARGET_AVX2 inline __m256i byte_pairs_s(__m256i v) {
   constexpr char z = -128;
   const __m256i hi = _mm256_shuffle_epi8(
-      v, _mm256_setr_epi8(z, B, z, B, z, 4 + B, z, 4 + B, z, 8 + B, z, 8 + B, z, 12 + B, z, 12 + B,
-                          z, B, z, B, z, 4 + B, z, 4 + B, z, 8 + B, z, 8 + B, z, 12 + B, z,
-                          12 + B));
+      v, _mm256_setr_epi8(z, B0, z, B1, z, 4 + B0, z, 4 + B1, z, 8 + B0, z, 8 + B1, z, 12 + B0, z,
+                          12 + B1, z, B0, z, B1, z, 4 + B0, z, 4 + B1, z, 8 + B0, z, 8 + B1, z,
+                          12 + B0, z, 12 + B1));
   return _mm256_srai_epi16(hi, 8);
 }
 
 template <bool kSigned>
 VLLMX_TARGET_AVX2 inline __m256i byte_pair(__m256i v, int b) {
   switch (b) {
-    case 0: return kSigned ? byte_pair_s<0>(v) : byte_pair_u<0>(v);
-    case 1: return kSigned ? byte_pair_s<1>(v) : byte_pair_u<1>(v);
-    case 2: return kSigned ? byte_pair_s<2>(v) : byte_pair_u<2>(v);
-    default: return kSigned ? byte_pair_s<3>(v) : byte_pair_u<3>(v);
+    case 0: return kSigned ? byte_pairs_s<0, 0>(v) : byte_pair_u<0>(v);
+    case 1: return kSigned ? byte_pairs_s<1, 1>(v) : byte_pair_u<1>(v);
+    case 2: return kSigned ? byte_pairs_s<2, 2>(v) : byte_pair_u<2>(v);
+    default: return kSigned ? byte_pairs_s<3, 3>(v) : byte_pair_u<3>(v);
   }
 }
 
@@ -136,12 +136,30 @@ VLLMX_TARGET_AVX2 __attribute__((always_inline)) inline void superblock(
               return _mm256_or_si256(nib, _mm256_and_si256(hb, m30));
             };
             group_dot<R, 4, 2>(isum, sc16, xs_q, 128 * c + 32 * sh + 16 * half, unpack);
-            // The offset -32 of the 6-bit weights: sc * (32 * sum of the group's activations).
-            const __m256i sc32 = _mm256_srai_epi32(_mm256_slli_epi32(sv, 24 - 8 * (g % 4)), 24);
-            for (int t = 0; t < R; ++t)
-              isum[t] = _mm256_sub_epi32(isum[t],
-                                         _mm256_mullo_epi32(sc32, _mm256_set1_epi32(xs_t[t][g])));
           }
+      // The offset -32 of the 6-bit weights, sum_g sc_g * 32 * ysum_g (ysum_g the sum of group
+      // g's activations, the prepared term / 32): the scales as s16 pairs (2q, 2q + 1) against
+      // the sums paired alike, by madd, then times 32.
+      __m256i scp[8];
+      for (int w = 0; w < 4; ++w) {
+        const __m256i sv = ld(oh + P::sc_off + 64 * w);
+        scp[2 * w] = byte_pairs_s<0, 1>(sv);
+        scp[2 * w + 1] = byte_pairs_s<2, 3>(sv);
+      }
+      for (int t = 0; t < R; ++t) {
+        const __m256i* tp = reinterpret_cast<const __m256i*>(xs_t[t]);
+        // packs_epi32 leaves the pairs of groups (0, 1) (2, 3) (8, 9) (10, 11) (4, 5) (6, 7)
+        // (12, 13) (14, 15) in its 8 lanes: kLane[q] is where pair q went.
+        const __m256i y = _mm256_packs_epi32(_mm256_srai_epi32(_mm256_loadu_si256(tp), 5),
+                                             _mm256_srai_epi32(_mm256_loadu_si256(tp + 1), 5));
+        alignas(32) int32_t yp[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(yp), y);
+        constexpr int kLane[8] = {0, 1, 4, 5, 2, 3, 6, 7};
+        __m256i off = _mm256_setzero_si256();
+        for (int q = 0; q < 8; ++q)
+          off = _mm256_add_epi32(off, _mm256_madd_epi16(scp[q], _mm256_set1_epi32(yp[kLane[q]])));
+        isum[t] = _mm256_sub_epi32(isum[t], _mm256_slli_epi32(off, 5));
+      }
       const __m256 dw = load_f16x8(o + P::d_off + 16 * h);
       for (int t = 0; t < R; ++t) {
         const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(xd[t][s]));
