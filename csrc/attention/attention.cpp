@@ -5,7 +5,8 @@
 // Host side: validation and the plan (work items of a few consecutive query tokens of one
 // sequence x the G = nq / nkv query heads of one kv head, so each converted K/V tile serves up
 // to ~48 query rows). The per-row arithmetic and why it is batch invariant: attention.h. Paths:
-// AVX-512 (attention_avx512.cpp), a portable tiled path in plain f32 (here), and the reference
+// AVX-512 (attention_avx512.cpp), a portable tiled path in plain f32 (attention_tiled.inc, built
+// for the baseline here and for AVX2 in attention_avx2.cpp), and the reference
 // twin, a scalar two-pass softmax in double.
 #include <algorithm>
 #include <cmath>
@@ -69,79 +70,8 @@ void attend_reference(const Args& a, int64_t t, int64_t g, std::vector<double>& 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Portable tiled path in plain f32 (CPUs without AVX-512). Every row goes through the single
-// call of row_step below, so it is compiled (and contracted into FMAs or not) once.
-
-// One online-softmax step of one query row over keys j0 .. j1-1 of a converted tile (K, V:
-// [kTile, D] f32).
-void row_step(const Args& a, const float* qr, const float* K, const float* V, int64_t j0,
-              int64_t j1, float& m, float& l, float* acc) {
-  const int64_t D = a.D;
-  float sc[kTile], p[kTile];
-  float mt = -std::numeric_limits<float>::infinity();
-  for (int64_t j = j0; j < j1; ++j) {
-    float acc8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t d = 0;
-    for (; d + 8 <= D; d += 8)
-      for (int e = 0; e < 8; ++e) acc8[e] += qr[d + e] * K[j * D + d + e];
-    float x = ((acc8[0] + acc8[1]) + (acc8[2] + acc8[3])) +
-              ((acc8[4] + acc8[5]) + (acc8[6] + acc8[7]));
-    for (; d < D; ++d) x += qr[d] * K[j * D + d];
-    x *= a.scale;
-    if (a.cap > 0) x = a.cap * std::tanh(x / a.cap);
-    sc[j] = x;
-    mt = std::max(mt, x);
-  }
-  const float mnew = std::max(m, mt);
-  const float corr = std::exp(m - mnew);
-  float lt = 0;
-  for (int64_t j = j0; j < j1; ++j) {
-    p[j] = std::exp(sc[j] - mnew);
-    lt += p[j];
-  }
-  l = l * corr + lt;
-  m = mnew;
-  for (int64_t d = 0; d < D; ++d) {
-    float x = acc[d] * corr;
-    for (int64_t j = j0; j < j1; ++j) x += p[j] * V[j * D + d];
-    acc[d] = x;
-  }
-}
-
-void attend_item_generic(const Args& a, const WorkItem& w, Scratch& s) {
-  const int64_t D = a.D, G = a.G, R = w.nt * G;
-  float* K = s.get(1, kTile * D);
-  float* V = s.get(3, kTile * D);
-  float* acc = s.get(5, R * D);
-  float* m = s.get(6, R);
-  float* l = s.get(7, R);
-  std::fill(acc, acc + R * D, 0.0f);
-  std::fill(m, m + R, -std::numeric_limits<float>::infinity());
-  std::fill(l, l + R, 0.0f);
-  const int64_t pos_last = w.pos0 + w.nt - 1;
-  for (int64_t ts = attn::window_lo(a, w.pos0) / kTile * kTile; ts <= pos_last; ts += kTile) {
-    attn::TileSpan sp;
-    if (!attn::tile_span(a, w, ts, sp)) continue;
-    for (int64_t pos = sp.k0; pos <= sp.k1; ++pos) {
-      const int64_t off = attn::kv_offset(a, w.b, pos, w.g), j = pos - ts;
-      for (int64_t d = 0; d < D; ++d) {
-        K[j * D + d] = load_f32(a.kc, off + d, a.dtype);
-        V[j * D + d] = load_f32(a.vc, off + d, a.dtype);
-      }
-    }
-    for (int64_t r = sp.i_a * G; r < (sp.i_b + 1) * G; ++r) {
-      int64_t j0, j1;
-      attn::visible_keys(a, w, r / G, ts, j0, j1);
-      const float* qr = a.q + (w.t0 + r / G) * a.q_stride + (w.g * G + r % G) * D;
-      row_step(a, qr, K, V, j0, j1, m[r], l[r], acc + r * D);
-    }
-  }
-  for (int64_t r = 0; r < R; ++r) {
-    float* o = a.out + (w.t0 + r / G) * a.out_stride + (w.g * G + r % G) * D;
-    const float inv = attn::row_inv(a, w.g * G + r % G, m[r], l[r]);
-    for (int64_t d = 0; d < D; ++d) o[d] = acc[r * D + d] * inv;
-  }
-}
+// Portable tiled path (CPUs without AVX2): attention_tiled.inc.
+#include "attention/attention_tiled.inc"
 
 // ---------------------------------------------------------------------------------------------
 // Plan: work items of mt consecutive query tokens x one kv head, longest first (dynamic
@@ -257,9 +187,10 @@ void paged_attention(const Tensor& out, const Tensor& q, const Tensor& key_cache
     }
     return;
   }
-  bool avx512 = false;
+  bool avx512 = false, avx2 = false;
 #if VLLMX_X86
   avx512 = simd_level() >= 2;
+  avx2 = simd_level() == 1;
 #endif
   const std::vector<WorkItem> items = plan(a, get_num_threads());
   const int64_t n = static_cast<int64_t>(items.size());
@@ -273,11 +204,16 @@ void paged_attention(const Tensor& out, const Tensor& q, const Tensor& key_cache
         attn::attend_item_avx512(a, items[i], s);
         continue;
       }
+      if (avx2) {
+        attn::attend_item_avx2(a, items[i], s);
+        continue;
+      }
 #endif
-      attend_item_generic(a, items[i], s);
+      attend_item_tiled(a, items[i], s);
     }
   }
   (void)avx512;
+  (void)avx2;
 }
 
 VLLMX_KERNEL(paged_attention, kCPU, paged_attention);

@@ -102,6 +102,7 @@ struct Scratch {
 
 #if defined(__x86_64__) || defined(_M_X64)
 void attend_item_avx512(const Args& a, const WorkItem& w, Scratch& s);
+void attend_item_avx2(const Args& a, const WorkItem& w, Scratch& s);  // attention_avx2.cpp
 #endif
 
 }  // namespace vllmx::attn

@@ -42,7 +42,7 @@ DType packed_base(DType t) {
 }
 
 bool packed_is_fast(DType base) {
-  // Where the arch layer has no kernel for the packed layout (on x86: below AVX-512 VNNI) the
+  // Where the arch layer has no kernel for the packed layout (on x86: below AVX2) the
   // scalar twin would run, slower than the row-wise kernels.
   return arch_packed_gemm(base) != nullptr || arch_packed_gemm_k(base) != nullptr;
 }

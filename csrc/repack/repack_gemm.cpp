@@ -1,8 +1,9 @@
 // Kernels over packed weights (layout and arithmetic in repack.h): one panel of 16 output rows
 // against 1..kPackedRows activation rows. Here the scalar twin, which spells out the arithmetic
 // element by element, and the selector; the AVX-512 VNNI kernel (arch/x86/repack_gemm.cpp) does
-// the same operations with the 16 rows in the 16 lanes, so the two agree bit for bit, and the
-// result for a row never depends on how many activation rows share the call.
+// the same operations with the 16 rows in the 16 lanes, the AVX2 one (repack_gemm_avx2.cpp) 8
+// rows at a time, so all agree bit for bit, and the result for a row never depends on how many
+// activation rows share the call.
 //
 // No floating-point contraction here: the scalar twin must round exactly where the SIMD one does.
 #include "core/kernel_pragmas.h"

@@ -1,9 +1,9 @@
 // Kernels over packed k-quant weights (layout and arithmetic in repack.h): one panel of 16
 // output rows against 1..kPackedRows activation rows. Here the scalar twin and the selector; the
-// AVX-512 VNNI kernel is in arch/x86/repack_gemm_k.cpp. Per row and super-block both form the
-// k-quant vec_dot's exact integers isum / imin and combine them with the vec_dot's own f32
-// expression, so a row's result equals the vec_dot's bit for bit (quant_k_dot.cpp), whatever the
-// number of rows in the call.
+// AVX-512 VNNI kernel is in arch/x86/repack_gemm_k.cpp, the AVX2 one in repack_gemm_k_avx2.cpp.
+// Per row and super-block all form the k-quant vec_dot's exact integers isum / imin and combine
+// them with the vec_dot's own f32 expression, so a row's result equals the vec_dot's bit for bit
+// (quant_k_dot.cpp), whatever the number of rows in the call.
 //
 // No floating-point contraction here: the combine must round exactly where the vec_dot does.
 #include "core/kernel_pragmas.h"

@@ -190,6 +190,6 @@ print("ok")
 
 @pytest.mark.parametrize("isa", SIMD_LEVELS)
 def test_each_isa_matches_vec_dot(isa):
-    """Below VNNI the packed layout runs its scalar twin; every level gives the vec_dot's bits."""
+    """The scalar twin, the AVX2 and the VNNI kernels: every level gives the vec_dot's bits."""
     r = run_capped(isa, _ISA_SCRIPT)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]

@@ -1,4 +1,5 @@
-// The x86 kernel over packed weights (layout and arithmetic in repack/repack.h): AVX-512 VNNI,
+// The x86 kernel over packed weights (layout and arithmetic in repack/repack.h): AVX-512 VNNI
+// (the AVX2 one is in repack_gemm_avx2.cpp),
 // one panel of 16 output rows against 1..kPackedRows activation rows, the 16 rows in the 16
 // lanes (integer dots by dpbusd, then the scalar twin's f32 multiply and fmas, repack_gemm.cpp),
 // so the two agree bit for bit whatever the number of rows in the call.
@@ -14,6 +15,7 @@
 #include <cstring>
 
 #include "repack/arch/arch.h"
+#include "repack/arch/x86/repack_avx2.h"
 #include "repack/repack_gemm.h"
 
 namespace vllmx {
@@ -134,9 +136,9 @@ static_assert(kPackedRows == 8, "gemm_vnni_any handles up to 8 rows");
 }  // namespace
 
 PackedGemmFn arch_packed_gemm(DType base) {
-  // Only the AVX-512 VNNI kernel beats the row-wise kernels; below it repacking does not pay
-  // (packed_is_fast) and the scalar twin would run.
-  if (simd_level() < 3) return nullptr;
+  // Below VNNI (AVX2, AVX-512 without VNNI) the AVX2 kernel of the same layout.
+  if (simd_level() < 1) return nullptr;
+  if (simd_level() < 3) return avx2_packed_gemm(base);
   switch (base) {
     case DType::Q4_0: return gemm_vnni_any<kP4_0>;
     case DType::Q4_1: return gemm_vnni_any<kP4_1>;

@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "repack/arch/arch.h"
+#include "repack/arch/x86/repack_avx2.h"
 #include "repack/repack_gemm.h"
 
 namespace vllmx {
@@ -198,7 +199,8 @@ void gemm_k_vnni_any(const uint8_t* panel, int64_t nb, const uint8_t* x, int64_t
 }  // namespace
 
 PackedGemmFn arch_packed_gemm_k(DType base) {
-  if (simd_level() < 3) return nullptr;  // as arch_packed_gemm: only VNNI beats the row kernels
+  if (simd_level() < 1) return nullptr;
+  if (simd_level() < 3) return avx2_packed_gemm_k(base);  // repack_gemm_k_avx2.cpp
   switch (base) {
     case DType::Q4_K: return gemm_k_vnni_any<kQ4K>;
     case DType::Q5_K: return gemm_k_vnni_any<kQ5K>;
