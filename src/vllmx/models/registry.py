@@ -71,6 +71,7 @@ _GGUF_ARCHS = {
     "gptneox": GPTNeoXForCausalLM,
     "granite": LlamaForCausalLM,
     "granitemoe": LlamaForCausalLM,
+    "granitehybrid": GraniteMoeHybridForCausalLM,
     "llama": LlamaForCausalLM,
     "mistral": LlamaForCausalLM,
     "olmo2": Olmo2ForCausalLM,

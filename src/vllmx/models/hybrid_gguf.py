@@ -1,0 +1,109 @@
+"""The hybrid models' GGUFs (llama.cpp's archs granitehybrid, ...): their metadata as the
+Hugging Face config fields the model classes read, and their tensors under the checkpoint's
+names and in its layouts, so that each hybrid model runs the same code from either format.
+
+What llama.cpp's converter does to a Mamba2 mixer, undone here: A is stored as -exp(A_log)
+[heads, 1] (read back as A_log = log(-A): exp(log(-A)) is A to a float's last bit), D as
+[heads, 1], dt_bias as the ssm_dt bias, the conv1d weight squeezed to [channels, kernel] and
+the gated norm's weight as [groups, d_inner / groups] (the mixer reads both flat). A tensor
+that no table names is refused by name: vllmx would not run it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from vllmx.ops import Weight
+
+HYBRID_GGUF_ARCHS = ("granitehybrid",)
+
+# Per arch: GGUF tensor names (per layer with {i}, without .weight / .bias) -> HF names.
+_MAMBA2 = {"ssm_in": "in_proj", "ssm_conv1d": "conv1d", "ssm_a": "A_log", "ssm_d": "D",
+           "ssm_dt.bias": "dt_bias", "ssm_norm": "norm", "ssm_out": "out_proj"}
+_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+GGUF_TO_HF: dict[str, dict[str, str]] = {
+    # Granite-4 (GraniteMoeHybrid). The shared MLP is ffn_*_shexp beside experts and the dense
+    # ffn_* without them; both are the model's shared_mlp (gate and up apart).
+    "granitehybrid": {
+        **_TOP,
+        **{f"blk.{{i}}.{g}": f"model.layers.{{i}}.mamba.{h}" for g, h in _MAMBA2.items()},
+        "blk.{i}.attn_norm": "model.layers.{i}.input_layernorm",
+        "blk.{i}.ffn_norm": "model.layers.{i}.post_attention_layernorm",
+        "blk.{i}.attn_q": "model.layers.{i}.self_attn.q_proj",
+        "blk.{i}.attn_k": "model.layers.{i}.self_attn.k_proj",
+        "blk.{i}.attn_v": "model.layers.{i}.self_attn.v_proj",
+        "blk.{i}.attn_output": "model.layers.{i}.self_attn.o_proj",
+        "blk.{i}.ffn_gate_inp": "model.layers.{i}.mlp.gate",
+        "blk.{i}.ffn_gate_exps": "model.layers.{i}.mlp.experts.gate_proj",
+        "blk.{i}.ffn_up_exps": "model.layers.{i}.mlp.experts.up_proj",
+        "blk.{i}.ffn_down_exps": "model.layers.{i}.mlp.experts.down_proj",
+        **{f"blk.{{i}}.ffn_{n}{s}": f"model.layers.{{i}}.shared_mlp.{n}_proj"
+           for n in ("gate", "up", "down") for s in ("", "_shexp")},
+    },
+}
+
+
+def hybrid_config(arch: str, get: Callable[..., Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config fields of a hybrid GGUF (beside loader/gguf.py's common ones)."""
+    return {"granitehybrid": _granitehybrid_config}[arch](get, cfg)
+
+
+def _mamba2_config(get) -> dict[str, Any]:
+    heads = get("ssm.time_step_rank")  # the converter stores the head count there
+    return {"heads": heads, "d_head": get("ssm.inner_size") // heads,
+            "d_state": get("ssm.state_size"), "n_groups": get("ssm.group_count"),
+            "d_conv": get("ssm.conv_kernel")}
+
+
+def _granitehybrid_config(get, cfg: dict[str, Any]) -> dict[str, Any]:
+    """A layer with 0 KV heads is a mamba layer (llama.cpp reads it so); rope only where
+    rope.scaling.finetuned is true (llama.cpp's switch for Granite, true when absent);
+    feed_forward_length is the experts' size, or the dense MLP's without experts."""
+    kv = get("attention.head_count_kv")
+    kv = kv if isinstance(kv, list) else [kv] * get("block_count")
+    m = _mamba2_config(get)
+    experts = int(get("expert_count") or 0)
+    out = {"layer_types": ["attention" if n else "mamba" for n in kv],
+           "num_key_value_heads": max(kv),
+           "head_dim": cfg["hidden_size"] // cfg["num_attention_heads"],
+           "mamba_n_heads": m["heads"], "mamba_d_head": m["d_head"],
+           "mamba_d_state": m["d_state"], "mamba_n_groups": m["n_groups"],
+           "mamba_d_conv": m["d_conv"],
+           "position_embedding_type": "rope" if get("rope.scaling.finetuned", True) else "nope",
+           "num_local_experts": experts}
+    if experts:
+        out["shared_intermediate_size"] = int(get("expert_shared_feed_forward_length") or 0)
+    else:
+        out["shared_intermediate_size"] = get("feed_forward_length")
+    return out
+
+
+def hf_weights(cfg: dict[str, Any], weights: dict[str, Weight]) -> dict[str, Weight]:
+    """A hybrid GGUF's tensors under the checkpoint's names, A as A_log; any tensor the arch's
+    table does not name is refused."""
+    arch = cfg["gguf_architecture"]
+    table = GGUF_TO_HF[arch]
+    out = {}
+    for name, w in weights.items():
+        hf = _hf_name(name, table)
+        if hf is None:
+            raise ValueError(f"GGUF {arch}: tensor {name!r} is not supported by vllmx")
+        if hf.endswith(".A_log"):
+            a = w.to_float32().reshape(-1).astype(np.float64)
+            w = Weight.from_numpy(np.log(-a).astype(np.float32))
+        out[hf] = w
+    return out
+
+
+def _hf_name(name: str, table: dict[str, str]) -> str | None:
+    parts = name.split(".")
+    key, i = (("blk.{i}." + ".".join(parts[2:]), parts[1]) if parts[0] == "blk"
+              else (name, ""))
+    if key in table:  # a whole name: ssm_dt.bias, and ssm_a / ssm_d (no suffix)
+        return table[key].format(i=i)
+    base, _, suffix = key.rpartition(".")
+    if base in table:
+        return f"{table[base].format(i=i)}.{suffix}"
+    return None

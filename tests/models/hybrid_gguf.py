@@ -1,0 +1,143 @@
+"""The hybrid tiny checkpoints (tiny_checkpoints.py) as GGUF files laid out the way llama.cpp's
+convert_hf_to_gguf.py lays them out, for the archs llama.cpp names: granitehybrid (Granite-4),
+nemotron_h, qwen3next / qwen35 / qwen35moe, falcon-h1. What the converter does to a Mamba2
+mixer: A stored as -exp(A_log) [heads, 1], D as [heads, 1], dt_bias as ssm_dt.bias, the conv1d
+weight squeezed to [channels, kernel], the gated norm's weight as [groups, d_inner / groups].
+Matrices in `qtype` (gguf's quantizer) where their rows are whole blocks; norms, biases, the
+conv, A, D and routers stay F32 as llama-quantize leaves them. No tokenizer (tests run on ids)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+FAMILIES = {"granite_moe_hybrid": "granitehybrid", "granite_hybrid_dense": "granitehybrid"}
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's Llama Q/K permutation (rows of each head interleaved for GPT-J rope)."""
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def _mamba2(rest: str, t: np.ndarray, n_groups: int) -> tuple[str, np.ndarray]:
+    """A Mamba2 mixer tensor (its name after the mixer's prefix) as the converter writes it."""
+    if rest == "A_log":
+        return "ssm_a", -np.exp(t.reshape(-1, 1))
+    if rest == "D":
+        return "ssm_d", t.reshape(-1, 1)
+    if rest == "dt_bias":
+        return "ssm_dt.bias", t
+    if rest == "conv1d.weight":
+        return "ssm_conv1d.weight", t.reshape(t.shape[0], -1)
+    if rest == "norm.weight":
+        return "ssm_norm.weight", t.reshape(n_groups, -1)
+    base, _, suffix = rest.rpartition(".")
+    return {"in_proj": "ssm_in", "out_proj": "ssm_out", "conv1d": "ssm_conv1d"}[base] + \
+        "." + suffix, t
+
+
+def _granitehybrid(w, cfg: dict, sd: dict) -> dict:
+    """Granite-4's keys and tensors (GraniteHybridModel): the mamba layers say 0 KV heads, the
+    rope is on only where rope.scaling.finetuned says so, the experts' input_linear split into
+    gate and up, the shared MLP as *_shexp beside experts and as the dense ffn_* without."""
+    n = cfg["num_hidden_layers"]
+    types = cfg["layer_types"]
+    attn = [t in ("attention", "full_attention") for t in types]
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    use_rope = cfg.get("position_embedding_type") == "rope"
+    experts = cfg.get("num_local_experts") or 0
+    w.add_context_length(cfg["max_position_embeddings"] if use_rope else 2 ** 20)
+    w.add_head_count(nh)
+    w.add_head_count_kv([nkv if a else 0 for a in attn])
+    w.add_rope_dimension_count(cfg["hidden_size"] // nh)
+    w.add_rope_freq_base(cfg.get("rope_theta") or
+                         (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+    w.add_rope_scaling_finetuned(use_rope)
+    w.add_embedding_scale(cfg["embedding_multiplier"])
+    w.add_residual_scale(cfg["residual_multiplier"])
+    w.add_attention_scale(cfg["attention_multiplier"])
+    w.add_logit_scale(cfg["logits_scaling"])
+    # llama.cpp sizes the dense MLP by feed_forward_length, the experts by it too (granitemoe)
+    w.add_feed_forward_length(cfg["intermediate_size"] if experts
+                              else cfg["shared_intermediate_size"])
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_expert_shared_feed_forward_length(cfg["shared_intermediate_size"])
+    heads, d_head = cfg["mamba_n_heads"], cfg["mamba_d_head"]
+    w.add_ssm_conv_kernel(cfg["mamba_d_conv"])
+    w.add_ssm_state_size(cfg["mamba_d_state"])
+    w.add_ssm_group_count(cfg["mamba_n_groups"])
+    w.add_ssm_inner_size(heads * d_head)
+    w.add_ssm_time_step_rank(heads)
+    per_layer = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+                 "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+                 "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+                 "block_sparse_moe.router.layer": "ffn_gate_inp",
+                 "block_sparse_moe.output_linear": "ffn_down_exps",
+                 "shared_mlp.output_linear": "ffn_down_shexp" if experts else "ffn_down"}
+    out = {}
+    for name, t in sd.items():
+        if not name.startswith("model.layers."):
+            out[_TOP[name]] = t
+            continue
+        parts = name.split(".")
+        i, rest = int(parts[2]), ".".join(parts[3:])
+        base, _, suffix = rest.rpartition(".")
+        if rest.startswith("mamba."):
+            gname, t = _mamba2(rest[len("mamba."):], t, cfg["mamba_n_groups"])
+            out[f"blk.{i}.{gname}"] = t
+        elif base.endswith("input_linear"):  # [gate; up] apart
+            gate, up = np.split(t, 2, axis=-2)
+            kind = "exps" if base.startswith("block_sparse_moe") else (
+                "shexp" if experts else "")
+            sfx = f"_{kind}" if kind else ""
+            out[f"blk.{i}.ffn_gate{sfx}.{suffix}"] = gate
+            out[f"blk.{i}.ffn_up{sfx}.{suffix}"] = up
+        else:
+            if base == "self_attn.q_proj":
+                t = _permute(t, nh)
+            elif base == "self_attn.k_proj":
+                t = _permute(t, nkv)
+            out[f"blk.{i}.{per_layer[base]}.{suffix}"] = t
+    assert n == len(types)
+    return out
+
+
+_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight"}
+_KEEP_F32 = ("norm", "ffn_gate_inp", "ssm_conv1d", "ssm_a", "ssm_d", "ssm_dt")
+
+
+def write_hybrid_gguf(hf_dir: str, family: str, out_path: str, qtype=None) -> str:
+    import gguf
+    from safetensors.numpy import load_file
+
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        cfg = json.load(f)
+    arch = FAMILIES[family]
+    sd = {k: v.astype(np.float32) for k, v in
+          load_file(os.path.join(hf_dir, "model.safetensors")).items()}
+    w = gguf.GGUFWriter(out_path, arch)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_tokenizer_model("no_vocab")
+    tensors = {"granitehybrid": _granitehybrid}[arch](w, cfg, sd)
+    for name, t in tensors.items():
+        t = np.ascontiguousarray(t, dtype=np.float32)
+        block = 0 if qtype is None else gguf.GGML_QUANT_SIZES[qtype][0]
+        if (block and t.ndim >= 2 and t.shape[-1] % block == 0
+                and not any(k in name for k in _KEEP_F32)):
+            w.add_tensor(name, gguf.quants.quantize(t, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(name, t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out_path
