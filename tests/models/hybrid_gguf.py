@@ -13,7 +13,8 @@ import os
 
 import numpy as np
 
-FAMILIES = {"granite_moe_hybrid": "granitehybrid", "granite_hybrid_dense": "granitehybrid"}
+FAMILIES = {"granite_moe_hybrid": "granitehybrid", "granite_hybrid_dense": "granitehybrid",
+            "nemotron_h_moe_gguf": "nemotron_h_moe", "nemotron_h_dense": "nemotron_h"}
 
 
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -107,6 +108,77 @@ def _granitehybrid(w, cfg: dict, sd: dict) -> dict:
     return out
 
 
+def _nemotron_h(w, cfg: dict, sd: dict) -> dict:
+    """Nemotron-H's keys and tensors (NemotronHModel; with experts the arch is nemotron_h_moe):
+    one mixer a block, its kind told by the per-layer KV heads (attention) and feed-forward
+    lengths (MLP / MoE; both 0: mamba); the experts stacked, their choice bias exp_probs_b."""
+    types = cfg["layers_block_type"]
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    w.add_context_length(2 ** 20)
+    w.add_head_count(nh)
+    w.add_head_count_kv([nkv if t == "full_attention" else 0 for t in types])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_feed_forward_length([cfg["intermediate_size"] if t == "mlp" else
+                               cfg["moe_intermediate_size"] if t == "moe" else 0 for t in types])
+    heads, d_head = cfg["mamba_num_heads"], cfg["mamba_head_dim"]
+    w.add_ssm_conv_kernel(cfg["conv_kernel"])
+    w.add_ssm_state_size(cfg["ssm_state_size"])
+    w.add_ssm_group_count(cfg["n_groups"])
+    w.add_ssm_inner_size(heads * d_head)
+    w.add_ssm_time_step_rank(heads)
+    if "moe" in types:
+        w.add_expert_count(cfg["n_routed_experts"])
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        w.add_expert_shared_feed_forward_length(cfg["moe_shared_expert_intermediate_size"])
+        w.add_expert_shared_count(cfg["n_shared_experts"])
+        w.add_expert_weights_norm(cfg["norm_topk_prob"])
+        w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+        w.add_expert_group_count(cfg["n_group"])
+        w.add_expert_group_used_count(cfg["topk_group"])
+    return _nemotron_h_tensors(cfg, sd)
+
+
+def _nemotron_h_tensors(cfg: dict, sd: dict) -> dict:
+    types = cfg["layers_block_type"]
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    per_layer = {"norm": "attn_norm", "mixer.q_proj": "attn_q", "mixer.k_proj": "attn_k",
+                 "mixer.v_proj": "attn_v", "mixer.o_proj": "attn_output",
+                 "mixer.up_proj": "ffn_up", "mixer.down_proj": "ffn_down",
+                 "mixer.gate": "ffn_gate_inp", "mixer.shared_experts.up_proj": "ffn_up_shexp",
+                 "mixer.shared_experts.down_proj": "ffn_down_shexp"}
+    top = {"backbone.embeddings.weight": "token_embd.weight",
+           "backbone.norm_f.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
+    out = {}
+    for name, t in sd.items():
+        if not name.startswith("backbone.layers."):
+            out[top[name]] = t
+            continue
+        parts = name.split(".")
+        i, rest = int(parts[2]), ".".join(parts[3:])
+        base, _, suffix = rest.rpartition(".")
+        if rest.endswith("e_score_correction_bias"):
+            out[f"blk.{i}.exp_probs_b.bias"] = t
+        elif ".experts." in rest and ".shared_experts." not in rest:
+            j, proj = parts[5], parts[6]
+            if j == "0":  # the layer's experts stacked [E, rows, cols]
+                e = cfg["n_routed_experts"]
+                stacked = np.stack([sd[f"backbone.layers.{i}.mixer.experts.{k}.{proj}.weight"]
+                                    for k in range(e)])
+                out[f"blk.{i}.ffn_{proj.removesuffix('_proj')}_exps.weight"] = stacked
+        elif types[i] == "linear_attention" and rest.startswith("mixer."):
+            gname, t = _mamba2(rest[len("mixer."):], t, cfg["n_groups"])
+            out[f"blk.{i}.{gname}"] = t
+        else:
+            if base == "mixer.q_proj":
+                t = _permute(t, nh)
+            elif base == "mixer.k_proj":
+                t = _permute(t, nkv)
+            out[f"blk.{i}.{per_layer[base]}.{suffix}"] = t
+    return out
+
+
 _TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
         "lm_head.weight": "output.weight"}
 _KEEP_F32 = ("norm", "ffn_gate_inp", "ssm_conv1d", "ssm_a", "ssm_d", "ssm_dt")
@@ -122,12 +194,16 @@ def write_hybrid_gguf(hf_dir: str, family: str, out_path: str, qtype=None) -> st
     sd = {k: v.astype(np.float32) for k, v in
           load_file(os.path.join(hf_dir, "model.safetensors")).items()}
     w = gguf.GGUFWriter(out_path, arch)
-    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_block_count(cfg.get("num_hidden_layers") or len(cfg["layers_block_type"]))
     w.add_embedding_length(cfg["hidden_size"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if "layer_norm_epsilon" in cfg:  # Nemotron-H's name: the converter writes it as such
+        w.add_layer_norm_eps(cfg["layer_norm_epsilon"])
+    else:
+        w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_vocab_size(cfg["vocab_size"])
     w.add_tokenizer_model("no_vocab")
-    tensors = {"granitehybrid": _granitehybrid}[arch](w, cfg, sd)
+    tensors = {"granitehybrid": _granitehybrid, "nemotron_h_moe": _nemotron_h,
+               "nemotron_h": _nemotron_h}[arch](w, cfg, sd)
     for name, t in tensors.items():
         t = np.ascontiguousarray(t, dtype=np.float32)
         block = 0 if qtype is None else gguf.GGML_QUANT_SIZES[qtype][0]

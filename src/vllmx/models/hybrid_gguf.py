@@ -1,4 +1,4 @@
-"""The hybrid models' GGUFs (llama.cpp's archs granitehybrid, ...): their metadata as the
+"""The hybrid models' GGUFs (llama.cpp's archs granitehybrid, nemotron_h, nemotron_h_moe): their metadata as the
 Hugging Face config fields the model classes read, and their tensors under the checkpoint's
 names and in its layouts, so that each hybrid model runs the same code from either format.
 
@@ -17,7 +17,7 @@ import numpy as np
 
 from vllmx.ops import Weight
 
-HYBRID_GGUF_ARCHS = ("granitehybrid",)
+HYBRID_GGUF_ARCHS = ("granitehybrid", "nemotron_h", "nemotron_h_moe")
 
 # Per arch: GGUF tensor names (per layer with {i}, without .weight / .bias) -> HF names.
 _MAMBA2 = {"ssm_in": "in_proj", "ssm_conv1d": "conv1d", "ssm_a": "A_log", "ssm_d": "D",
@@ -43,11 +43,25 @@ GGUF_TO_HF: dict[str, dict[str, str]] = {
            for n in ("gate", "up", "down") for s in ("", "_shexp")},
     },
 }
+# Nemotron-H: one mixer a block, all under mixer.; nemotron_h_moe's experts stacked [E, ...].
+_NEMOTRON_H = {
+    "token_embd": "backbone.embeddings", "output_norm": "backbone.norm_f", "output": "lm_head",
+    "blk.{i}.attn_norm": "backbone.layers.{i}.norm",
+    **{f"blk.{{i}}.{g}": f"backbone.layers.{{i}}.mixer.{h}" for g, h in {
+        **_MAMBA2, "attn_q": "q_proj", "attn_k": "k_proj", "attn_v": "v_proj",
+        "attn_output": "o_proj", "ffn_up": "up_proj", "ffn_down": "down_proj",
+        "ffn_gate_inp": "gate", "exp_probs_b.bias": "gate.e_score_correction_bias",
+        "ffn_up_exps": "experts.up_proj", "ffn_down_exps": "experts.down_proj",
+        "ffn_up_shexp": "shared_experts.up_proj",
+        "ffn_down_shexp": "shared_experts.down_proj"}.items()},
+}
+GGUF_TO_HF["nemotron_h"] = GGUF_TO_HF["nemotron_h_moe"] = _NEMOTRON_H
 
 
 def hybrid_config(arch: str, get: Callable[..., Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """The config fields of a hybrid GGUF (beside loader/gguf.py's common ones)."""
-    return {"granitehybrid": _granitehybrid_config}[arch](get, cfg)
+    return {"granitehybrid": _granitehybrid_config, "nemotron_h": _nemotron_h_config,
+            "nemotron_h_moe": _nemotron_h_config}[arch](get, cfg)
 
 
 def _mamba2_config(get) -> dict[str, Any]:
@@ -78,6 +92,38 @@ def _granitehybrid_config(get, cfg: dict[str, Any]) -> dict[str, Any]:
     else:
         out["shared_intermediate_size"] = get("feed_forward_length")
     return out
+
+
+def _nemotron_h_config(get, cfg: dict[str, Any]) -> dict[str, Any]:
+    """A block's kind from its KV heads and feed-forward length, as llama.cpp reads them:
+    attention where KV heads, else a MoE (nemotron_h_moe) or an MLP (nemotron_h) where a
+    feed-forward length, else mamba. Routing as llama.cpp's: sigmoid with the choice bias,
+    renormalized only where expert_weights_norm says, scaled by expert_weights_scale."""
+    n = get("block_count")
+    kv, ff = get("attention.head_count_kv"), get("feed_forward_length")
+    kv, ff = (v if isinstance(v, list) else [v or 0] * n for v in (kv, ff))
+    ffn = "moe" if get("expert_count") else "mlp"
+    if get("moe_latent_size"):
+        raise ValueError(f"GGUF {cfg['gguf_architecture']}: moe_latent_size (experts in a "
+                         f"latent space) is not supported by vllmx's GGUF loader")
+    m = _mamba2_config(get)
+    n_group = int(get("expert_group_count") or 1)
+    topk_group = get("expert_group_used_count")
+    if n_group > 1 and topk_group is None:
+        raise ValueError(f"GGUF {cfg['gguf_architecture']}: expert_group_count {n_group} "
+                         f"without expert_group_used_count")
+    return {"layers_block_type": ["full_attention" if k else ffn if f else "linear_attention"
+                                  for k, f in zip(kv, ff)],
+            "num_key_value_heads": max(kv), "head_dim": get("attention.key_length"),
+            "intermediate_size": max(ff), "mamba_num_heads": m["heads"],
+            "mamba_head_dim": m["d_head"], "ssm_state_size": m["d_state"],
+            "n_groups": m["n_groups"], "conv_kernel": m["d_conv"],
+            "n_routed_experts": get("expert_count"),
+            "moe_intermediate_size": get("expert_feed_forward_length"),
+            "moe_shared_expert_intermediate_size": get("expert_shared_feed_forward_length"),
+            "n_group": n_group, "topk_group": int(topk_group or 1),
+            "norm_topk_prob": bool(get("expert_weights_norm", False)),
+            "routed_scaling_factor": float(get("expert_weights_scale") or 1.0)}
 
 
 def hf_weights(cfg: dict[str, Any], weights: dict[str, Weight]) -> dict[str, Weight]:

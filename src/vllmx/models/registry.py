@@ -74,6 +74,8 @@ _GGUF_ARCHS = {
     "granitehybrid": GraniteMoeHybridForCausalLM,
     "llama": LlamaForCausalLM,
     "mistral": LlamaForCausalLM,
+    "nemotron_h": NemotronHForCausalLM,
+    "nemotron_h_moe": NemotronHForCausalLM,
     "olmo2": Olmo2ForCausalLM,
     "phi3": LlamaForCausalLM,
     "qwen2": LlamaForCausalLM,
