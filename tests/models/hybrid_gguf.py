@@ -14,7 +14,8 @@ import os
 import numpy as np
 
 FAMILIES = {"granite_moe_hybrid": "granitehybrid", "granite_hybrid_dense": "granitehybrid",
-            "nemotron_h_moe_gguf": "nemotron_h_moe", "nemotron_h_dense": "nemotron_h"}
+            "nemotron_h_moe_gguf": "nemotron_h_moe", "nemotron_h_dense": "nemotron_h",
+            "qwen3_next_gguf": "qwen3next"}
 
 
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -179,6 +180,74 @@ def _nemotron_h_tensors(cfg: dict, sd: dict) -> dict:
     return out
 
 
+def _qwen3next(w, cfg: dict, sd: dict) -> dict:
+    """Qwen3-Next's keys and tensors (Qwen3NextModel): every (1 + w) RMSNorm stored as w + 1
+    (the mixer's gated norm is a plain w), in_proj_qkvz's per-key-head groups regrouped into
+    attn_qkv [q; k; v] and attn_gate (z), in_proj_ba kept as ssm_ba, A as -exp(A_log) [heads],
+    the experts stacked, the shared expert's gate as ffn_gate_inp_shexp."""
+    hk, hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    rope = cfg.get("rope_parameters") or {}
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_rope_freq_base(rope.get("rope_theta", 10000.0))
+    w.add_rope_dimension_count(int(cfg["head_dim"] * rope.get("partial_rotary_factor", 0.25)))
+    w.add_expert_count(cfg["num_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    w.add_ssm_conv_kernel(cfg["linear_conv_kernel_dim"])
+    w.add_ssm_state_size(dk)
+    w.add_ssm_group_count(hk)
+    w.add_ssm_time_step_rank(hv)
+    w.add_ssm_inner_size(dv * hv)
+    w.add_full_attention_interval(cfg.get("full_attention_interval", 4))
+    per_layer = {"input_layernorm": "attn_norm",
+                 "post_attention_layernorm": "post_attention_norm",
+                 "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+                 "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+                 "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+                 "linear_attn.in_proj_ba": "ssm_ba", "linear_attn.out_proj": "ssm_out",
+                 "linear_attn.norm": "ssm_norm", "mlp.gate": "ffn_gate_inp",
+                 "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+                 **{f"mlp.shared_expert.{n}_proj": f"ffn_{n}_shexp" for n in ("gate", "up", "down")}}
+    out = {}
+    for name, t in sd.items():
+        if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+            t = t + 1
+        if not name.startswith("model.layers."):
+            out[_TOP[name]] = t
+            continue
+        parts = name.split(".")
+        i, rest = int(parts[2]), ".".join(parts[3:])
+        base, _, suffix = rest.rpartition(".")
+        if rest == "linear_attn.A_log":
+            out[f"blk.{i}.ssm_a"] = -np.exp(t)
+        elif rest == "linear_attn.dt_bias":
+            out[f"blk.{i}.ssm_dt.bias"] = t
+        elif rest == "linear_attn.conv1d.weight":
+            out[f"blk.{i}.ssm_conv1d.weight"] = t.reshape(t.shape[0], -1)
+        elif rest == "linear_attn.in_proj_qkvz.weight":
+            g = t.reshape(hk, 2 * dk + 2 * (hv // hk) * dv, -1)
+            q, k, v, z = np.split(g, np.cumsum([dk, dk, hv // hk * dv]), axis=1)
+            flat = [x.reshape(-1, t.shape[-1]) for x in (q, k, v, z)]
+            out[f"blk.{i}.attn_qkv.weight"] = np.concatenate(flat[:3])
+            out[f"blk.{i}.attn_gate.weight"] = flat[3]
+        elif ".mlp.experts." in name:
+            e, proj = parts[5], parts[6]
+            if e == "0":
+                stacked = np.stack([sd[f"model.layers.{i}.mlp.experts.{j}.{proj}.weight"]
+                                    for j in range(cfg["num_experts"])])
+                out[f"blk.{i}.ffn_{proj.removesuffix('_proj')}_exps.weight"] = stacked
+        else:
+            out[f"blk.{i}.{per_layer[base]}.{suffix}"] = t
+    return out
+
+
 _TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
         "lm_head.weight": "output.weight"}
 _KEEP_F32 = ("norm", "ffn_gate_inp", "ssm_conv1d", "ssm_a", "ssm_d", "ssm_dt")
@@ -203,7 +272,7 @@ def write_hybrid_gguf(hf_dir: str, family: str, out_path: str, qtype=None) -> st
     w.add_vocab_size(cfg["vocab_size"])
     w.add_tokenizer_model("no_vocab")
     tensors = {"granitehybrid": _granitehybrid, "nemotron_h_moe": _nemotron_h,
-               "nemotron_h": _nemotron_h}[arch](w, cfg, sd)
+               "nemotron_h": _nemotron_h, "qwen3next": _qwen3next}[arch](w, cfg, sd)
     for name, t in tensors.items():
         t = np.ascontiguousarray(t, dtype=np.float32)
         block = 0 if qtype is None else gguf.GGML_QUANT_SIZES[qtype][0]

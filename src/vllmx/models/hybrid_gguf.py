@@ -1,4 +1,5 @@
-"""The hybrid models' GGUFs (llama.cpp's archs granitehybrid, nemotron_h, nemotron_h_moe): their metadata as the
+"""The hybrid models' GGUFs (llama.cpp's archs granitehybrid, nemotron_h, nemotron_h_moe,
+qwen3next): their metadata as the
 Hugging Face config fields the model classes read, and their tensors under the checkpoint's
 names and in its layouts, so that each hybrid model runs the same code from either format.
 
@@ -17,7 +18,7 @@ import numpy as np
 
 from vllmx.ops import Weight
 
-HYBRID_GGUF_ARCHS = ("granitehybrid", "nemotron_h", "nemotron_h_moe")
+HYBRID_GGUF_ARCHS = ("granitehybrid", "nemotron_h", "nemotron_h_moe", "qwen3next")
 
 # Per arch: GGUF tensor names (per layer with {i}, without .weight / .bias) -> HF names.
 _MAMBA2 = {"ssm_in": "in_proj", "ssm_conv1d": "conv1d", "ssm_a": "A_log", "ssm_d": "D",
@@ -56,12 +57,32 @@ _NEMOTRON_H = {
         "ffn_down_shexp": "shared_experts.down_proj"}.items()},
 }
 GGUF_TO_HF["nemotron_h"] = GGUF_TO_HF["nemotron_h_moe"] = _NEMOTRON_H
+# Qwen3-Next: the converter regroups in_proj_qkvz into attn_qkv [q; k; v] and attn_gate (z),
+# Qwen3.5's in_proj_qkv / in_proj_z; ssm_ba stays per key-head group [b_g; a_g] (split below).
+GGUF_TO_HF["qwen3next"] = {
+    **_TOP,
+    "blk.{i}.attn_norm": "model.layers.{i}.input_layernorm",
+    "blk.{i}.post_attention_norm": "model.layers.{i}.post_attention_layernorm",
+    **{f"blk.{{i}}.{g}": f"model.layers.{{i}}.self_attn.{h}" for g, h in {
+        "attn_q": "q_proj", "attn_k": "k_proj", "attn_v": "v_proj", "attn_output": "o_proj",
+        "attn_q_norm": "q_norm", "attn_k_norm": "k_norm"}.items()},
+    **{f"blk.{{i}}.{g}": f"model.layers.{{i}}.linear_attn.{h}" for g, h in {
+        "attn_qkv": "in_proj_qkv", "attn_gate": "in_proj_z", "ssm_ba": "in_proj_ba",
+        "ssm_conv1d": "conv1d", "ssm_a": "A_log", "ssm_dt.bias": "dt_bias", "ssm_norm": "norm",
+        "ssm_out": "out_proj"}.items()},
+    **{f"blk.{{i}}.{g}": f"model.layers.{{i}}.mlp.{h}" for g, h in {
+        "ffn_gate_inp": "gate", "ffn_gate_exps": "experts.gate_proj",
+        "ffn_up_exps": "experts.up_proj", "ffn_down_exps": "experts.down_proj",
+        "ffn_gate_shexp": "shared_expert.gate_proj", "ffn_up_shexp": "shared_expert.up_proj",
+        "ffn_down_shexp": "shared_expert.down_proj",
+        "ffn_gate_inp_shexp": "shared_expert_gate"}.items()},
+}
 
 
 def hybrid_config(arch: str, get: Callable[..., Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """The config fields of a hybrid GGUF (beside loader/gguf.py's common ones)."""
     return {"granitehybrid": _granitehybrid_config, "nemotron_h": _nemotron_h_config,
-            "nemotron_h_moe": _nemotron_h_config}[arch](get, cfg)
+            "nemotron_h_moe": _nemotron_h_config, "qwen3next": _qwen3next_config}[arch](get, cfg)
 
 
 def _mamba2_config(get) -> dict[str, Any]:
@@ -126,6 +147,22 @@ def _nemotron_h_config(get, cfg: dict[str, Any]) -> dict[str, Any]:
             "routed_scaling_factor": float(get("expert_weights_scale") or 1.0)}
 
 
+def _qwen3next_config(get, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Every full_attention_interval-th layer gated attention, the rest Gated DeltaNet (key
+    heads = ssm.group_count, value heads = ssm.time_step_rank, key head size = ssm.state_size);
+    every layer sparse with a gated shared expert, the top-k renormalized as llama.cpp does."""
+    hv = get("ssm.time_step_rank")
+    return {"architectures": ["Qwen3NextForCausalLM"],
+            "full_attention_interval": get("full_attention_interval", 4),
+            "linear_num_key_heads": get("ssm.group_count"), "linear_num_value_heads": hv,
+            "linear_key_head_dim": get("ssm.state_size"),
+            "linear_value_head_dim": get("ssm.inner_size") // hv,
+            "linear_conv_kernel_dim": get("ssm.conv_kernel"),
+            "moe_intermediate_size": get("expert_feed_forward_length"),
+            "shared_expert_intermediate_size": get("expert_shared_feed_forward_length"),
+            "norm_topk_prob": True}
+
+
 def hf_weights(cfg: dict[str, Any], weights: dict[str, Weight]) -> dict[str, Weight]:
     """A hybrid GGUF's tensors under the checkpoint's names, A as A_log; any tensor the arch's
     table does not name is refused."""
@@ -139,8 +176,27 @@ def hf_weights(cfg: dict[str, Any], weights: dict[str, Weight]) -> dict[str, Wei
         if hf.endswith(".A_log"):
             a = w.to_float32().reshape(-1).astype(np.float64)
             w = Weight.from_numpy(np.log(-a).astype(np.float32))
+        elif arch == "qwen3next" and hf.endswith("norm.weight") and ".linear_attn." not in hf:
+            # stored as 1 + w; the model adds the 1 itself (exact but for |1 + w| < 0.5)
+            w = Weight.from_numpy(w.to_float32() - np.float32(1.0))
         out[hf] = w
+    if arch == "qwen3next":
+        _split_ba(cfg, out)
     return out
+
+
+def _split_ba(cfg: dict[str, Any], weights: dict[str, Weight]) -> None:
+    """ssm_ba [b_g (r); a_g (r)] per key-head group g, r = value heads per key head, into
+    Qwen3.5's in_proj_b and in_proj_a (value head g r + j in row g r + j of each)."""
+    from vllmx.layers.linear import take_rows
+
+    hk, hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    r = hv // hk
+    g = np.arange(hk)[:, None] * 2 * r
+    for name in [n for n in weights if n.endswith("linear_attn.in_proj_ba.weight")]:
+        ba = weights.pop(name)
+        weights[name.replace("_ba.", "_b.")] = take_rows(ba, (g + np.arange(r)).ravel())
+        weights[name.replace("_ba.", "_a.")] = take_rows(ba, (g + r + np.arange(r)).ravel())
 
 
 def _hf_name(name: str, table: dict[str, str]) -> str | None:

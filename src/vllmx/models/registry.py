@@ -81,6 +81,7 @@ _GGUF_ARCHS = {
     "qwen2": LlamaForCausalLM,
     "qwen3": LlamaForCausalLM,
     "qwen3moe": LlamaForCausalLM,
+    "qwen3next": Qwen3NextForCausalLM,
     "smollm3": LlamaForCausalLM,
     "stablelm": StableLmForCausalLM,
     "starcoder2": Starcoder2ForCausalLM,
