@@ -15,7 +15,8 @@ import numpy as np
 
 FAMILIES = {"granite_moe_hybrid": "granitehybrid", "granite_hybrid_dense": "granitehybrid",
             "nemotron_h_moe_gguf": "nemotron_h_moe", "nemotron_h_dense": "nemotron_h",
-            "qwen3_next_gguf": "qwen3next"}
+            "qwen3_next_gguf": "qwen3next", "falcon_h1_gguf": "falcon-h1",
+            "falcon_h1_no_norm": "falcon-h1"}
 
 
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -248,6 +249,68 @@ def _qwen3next(w, cfg: dict, sd: dict) -> dict:
     return out
 
 
+def _falcon_h1(w, cfg: dict, sd: dict) -> dict:
+    """Falcon-H1's keys and tensors (FalconH1Model): every muP multiplier folded into the
+    matrices (in_proj's z, x, B, C, dt rows each by its ssm_multiplier and all by
+    ssm_in_multiplier, the MLP's gate and down, q / k / v / o, the embedding and lm_head)."""
+    d_inner = cfg["mamba_d_ssm"]
+    gn = cfg["mamba_n_groups"] * cfg["mamba_d_state"]
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_rope_freq_base((cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+    w.add_ssm_conv_kernel(cfg["mamba_d_conv"])
+    w.add_ssm_inner_size(d_inner)
+    w.add_ssm_state_size(cfg["mamba_d_state"])
+    w.add_ssm_time_step_rank(d_inner // cfg["mamba_d_head"])
+    w.add_ssm_group_count(cfg["mamba_n_groups"])
+
+    def m(key):
+        return cfg.get(key) if cfg.get(key) is not None else 1.0
+
+    gate_m, down_m = cfg.get("mlp_multipliers") or (1.0, 1.0)
+    zxbcdt = cfg.get("ssm_multipliers") or [1.0] * 5
+    rows = np.concatenate([np.full(n, f, np.float32) for n, f in
+                           zip([d_inner, d_inner, gn, gn, cfg["mamba_n_heads"]], zxbcdt)])
+    scale = {"feed_forward.gate_proj": gate_m, "feed_forward.down_proj": down_m,
+             "self_attn.q_proj": m("attention_in_multiplier"),
+             "self_attn.k_proj": m("attention_in_multiplier") * m("key_multiplier"),
+             "self_attn.v_proj": m("attention_in_multiplier"),
+             "self_attn.o_proj": m("attention_out_multiplier"),
+             "mamba.out_proj": m("ssm_out_multiplier")}
+    per_layer = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+                 "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+                 "feed_forward.gate_proj": "ffn_gate", "feed_forward.up_proj": "ffn_up",
+                 "feed_forward.down_proj": "ffn_down"}
+    top = {"model.embed_tokens.weight": ("token_embd.weight", m("embedding_multiplier")),
+           "model.final_layernorm.weight": ("output_norm.weight", 1.0),
+           "lm_head.weight": ("output.weight", m("lm_head_multiplier"))}
+    out = {}
+    for name, t in sd.items():
+        if not name.startswith("model.layers."):
+            gname, f = top[name]
+            out[gname] = t * f
+            continue
+        parts = name.split(".")
+        i, rest = int(parts[2]), ".".join(parts[3:])
+        base, _, suffix = rest.rpartition(".")
+        if rest == "mamba.in_proj.weight":
+            t = t * rows[:, None] * m("ssm_in_multiplier")
+        elif suffix == "weight" and base in scale:
+            t = t * scale[base]
+        if rest.startswith("mamba."):
+            gname, t = _mamba2(rest[len("mamba."):], t, cfg["mamba_n_groups"])
+            out[f"blk.{i}.{gname}"] = t
+        elif rest == "pre_ff_layernorm.weight":  # the converter's table names it whole
+            out[f"blk.{i}.ffn_norm"] = t
+        else:
+            out[f"blk.{i}.{per_layer[base]}.{suffix}"] = t
+    return out
+
+
 _TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
         "lm_head.weight": "output.weight"}
 _KEEP_F32 = ("norm", "ffn_gate_inp", "ssm_conv1d", "ssm_a", "ssm_d", "ssm_dt")
@@ -272,7 +335,8 @@ def write_hybrid_gguf(hf_dir: str, family: str, out_path: str, qtype=None) -> st
     w.add_vocab_size(cfg["vocab_size"])
     w.add_tokenizer_model("no_vocab")
     tensors = {"granitehybrid": _granitehybrid, "nemotron_h_moe": _nemotron_h,
-               "nemotron_h": _nemotron_h, "qwen3next": _qwen3next}[arch](w, cfg, sd)
+               "nemotron_h": _nemotron_h, "qwen3next": _qwen3next,
+               "falcon-h1": _falcon_h1}[arch](w, cfg, sd)
     for name, t in tensors.items():
         t = np.ascontiguousarray(t, dtype=np.float32)
         block = 0 if qtype is None else gguf.GGML_QUANT_SIZES[qtype][0]

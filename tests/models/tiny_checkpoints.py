@@ -280,6 +280,17 @@ def family_configs(**sizes):
             attention_out_multiplier=1.3, key_multiplier=0.8, ssm_in_multiplier=1.2,
             ssm_out_multiplier=0.6, ssm_multipliers=[0.5, 1.5, 0.8, 1.25, 0.9],
             mlp_multipliers=[1.4, 0.7], pad_token_id=0),
+        # ... with the gated norm after the gate (Mamba2's order; the one llama.cpp runs, and
+        # what a falcon-h1 GGUF can hold: no key says where the norm is).
+        "falcon_h1_gguf": tf.FalconH1Config(
+            **{**common, "num_hidden_layers": 3, "head_dim": 16}, mamba_n_heads=4,
+            mamba_d_head=common["hidden_size"] // 2, mamba_d_ssm=2 * common["hidden_size"],
+            mamba_d_state=16, mamba_n_groups=2, mamba_d_conv=4, mamba_rms_norm=True,
+            mamba_norm_before_gate=False, embedding_multiplier=2.0, lm_head_multiplier=0.5,
+            attention_in_multiplier=0.7, attention_out_multiplier=1.3, key_multiplier=0.8,
+            ssm_in_multiplier=1.2, ssm_out_multiplier=0.6,
+            ssm_multipliers=[0.5, 1.5, 0.8, 1.25, 0.9], mlp_multipliers=[1.4, 0.7],
+            pad_token_id=0),
         # ... and without the mixer's norm (the output only gated by silu(z)).
         "falcon_h1_no_norm": tf.FalconH1Config(
             **{**common, "num_hidden_layers": 2, "head_dim": 16}, mamba_n_heads=2,
@@ -324,7 +335,7 @@ RANDOM_VECTORS = ("gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel", "
                   "deepseek_v2_lite", "glm4_moe", "gpt_oss", "gpt_oss_gguf", "qwen3_next", "qwen3_next_gguf", "qwen3_5",
                   "qwen3_5_moe", "granite_moe_hybrid", "granite_hybrid_dense", "nemotron_h",
                   "nemotron_h_moe_gguf", "nemotron_h_dense",
-                  "falcon_h1", "falcon_h1_no_norm")
+                  "falcon_h1", "falcon_h1_gguf", "falcon_h1_no_norm")
 # Their routers' choice bias (a buffer, zero at init) drawn too, so that it steers the pick.
 CHOICE_BIAS = ("deepseek_v3", "deepseek_v3_yarn", "glm4_moe", "nemotron_h", "nemotron_h_moe_gguf")
 

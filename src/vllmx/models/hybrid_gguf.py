@@ -1,5 +1,5 @@
 """The hybrid models' GGUFs (llama.cpp's archs granitehybrid, nemotron_h, nemotron_h_moe,
-qwen3next): their metadata as the
+qwen3next, falcon-h1): their metadata as the
 Hugging Face config fields the model classes read, and their tensors under the checkpoint's
 names and in its layouts, so that each hybrid model runs the same code from either format.
 
@@ -18,7 +18,7 @@ import numpy as np
 
 from vllmx.ops import Weight
 
-HYBRID_GGUF_ARCHS = ("granitehybrid", "nemotron_h", "nemotron_h_moe", "qwen3next")
+HYBRID_GGUF_ARCHS = ("granitehybrid", "nemotron_h", "nemotron_h_moe", "qwen3next", "falcon-h1")
 
 # Per arch: GGUF tensor names (per layer with {i}, without .weight / .bias) -> HF names.
 _MAMBA2 = {"ssm_in": "in_proj", "ssm_conv1d": "conv1d", "ssm_a": "A_log", "ssm_d": "D",
@@ -78,11 +78,27 @@ GGUF_TO_HF["qwen3next"] = {
         "ffn_gate_inp_shexp": "shared_expert_gate"}.items()},
 }
 
+# Falcon-H1: its muP multipliers already folded into the matrices by the converter; the norm
+# before the MLP named whole (the converter's table maps pre_ff_layernorm.weight to ffn_norm).
+GGUF_TO_HF["falcon-h1"] = {
+    "token_embd": "model.embed_tokens", "output_norm": "model.final_layernorm",
+    "output": "lm_head",
+    **{f"blk.{{i}}.{g}": f"model.layers.{{i}}.mamba.{h}" for g, h in _MAMBA2.items()},
+    "blk.{i}.attn_norm": "model.layers.{i}.input_layernorm",
+    "blk.{i}.ffn_norm": "model.layers.{i}.pre_ff_layernorm.weight",
+    **{f"blk.{{i}}.{g}": f"model.layers.{{i}}.self_attn.{h}" for g, h in {
+        "attn_q": "q_proj", "attn_k": "k_proj", "attn_v": "v_proj",
+        "attn_output": "o_proj"}.items()},
+    **{f"blk.{{i}}.ffn_{n}": f"model.layers.{{i}}.feed_forward.{n}_proj"
+       for n in ("gate", "up", "down")},
+}
+
 
 def hybrid_config(arch: str, get: Callable[..., Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """The config fields of a hybrid GGUF (beside loader/gguf.py's common ones)."""
     return {"granitehybrid": _granitehybrid_config, "nemotron_h": _nemotron_h_config,
-            "nemotron_h_moe": _nemotron_h_config, "qwen3next": _qwen3next_config}[arch](get, cfg)
+            "nemotron_h_moe": _nemotron_h_config, "qwen3next": _qwen3next_config,
+            "falcon-h1": _falcon_h1_config}[arch](get, cfg)
 
 
 def _mamba2_config(get) -> dict[str, Any]:
@@ -161,6 +177,17 @@ def _qwen3next_config(get, cfg: dict[str, Any]) -> dict[str, Any]:
             "moe_intermediate_size": get("expert_feed_forward_length"),
             "shared_expert_intermediate_size": get("expert_shared_feed_forward_length"),
             "norm_topk_prob": True}
+
+
+def _falcon_h1_config(get, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The multipliers stay at 1 (folded into the file's matrices); the mixer's gated norm after
+    the gate, as llama.cpp runs every falcon-h1 file (no key says otherwise); whether there is
+    one at all the model reads from the tensors."""
+    m = _mamba2_config(get)
+    return {"mamba_d_ssm": m["heads"] * m["d_head"], "mamba_n_heads": m["heads"],
+            "mamba_d_head": m["d_head"], "mamba_d_state": m["d_state"],
+            "mamba_n_groups": m["n_groups"], "mamba_d_conv": m["d_conv"],
+            "mamba_norm_before_gate": False}
 
 
 def hf_weights(cfg: dict[str, Any], weights: dict[str, Weight]) -> dict[str, Weight]:

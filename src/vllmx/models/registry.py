@@ -62,6 +62,7 @@ _GGUF_ARCHS = {
     "deepseek2": DeepseekV2ForCausalLM,
     "exaone4": Olmo2ForCausalLM,
     "falcon": FalconForCausalLM,
+    "falcon-h1": FalconH1ForCausalLM,
     "gemma2": Gemma3ForCausalLM,
     "gemma3": Gemma3ForCausalLM,
     "glm4": LlamaForCausalLM,
