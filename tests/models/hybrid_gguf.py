@@ -15,7 +15,8 @@ import numpy as np
 
 FAMILIES = {"granite_moe_hybrid": "granitehybrid", "granite_hybrid_dense": "granitehybrid",
             "nemotron_h_moe_gguf": "nemotron_h_moe", "nemotron_h_dense": "nemotron_h",
-            "qwen3_next_gguf": "qwen3next", "falcon_h1_gguf": "falcon-h1",
+            "qwen3_next_gguf": "qwen3next", "qwen3_5_gguf": "qwen35",
+            "qwen3_5_moe_gguf": "qwen35moe", "falcon_h1_gguf": "falcon-h1",
             "falcon_h1_no_norm": "falcon-h1"}
 
 
@@ -185,7 +186,9 @@ def _qwen3next(w, cfg: dict, sd: dict) -> dict:
     """Qwen3-Next's keys and tensors (Qwen3NextModel): every (1 + w) RMSNorm stored as w + 1
     (the mixer's gated norm is a plain w), in_proj_qkvz's per-key-head groups regrouped into
     attn_qkv [q; k; v] and attn_gate (z), in_proj_ba kept as ssm_ba, A as -exp(A_log) [heads],
-    the experts stacked, the shared expert's gate as ffn_gate_inp_shexp."""
+    the experts stacked, the shared expert's gate as ffn_gate_inp_shexp. Qwen3.5 (qwen35,
+    qwen35moe): its projections apart already, the value heads reordered from grouped by key
+    head to tiled (the converter's _LinearAttentionVReorderBase), the mrope sections key."""
     hk, hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
     dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
     rope = cfg.get("rope_parameters") or {}
@@ -197,29 +200,56 @@ def _qwen3next(w, cfg: dict, sd: dict) -> dict:
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_rope_freq_base(rope.get("rope_theta", 10000.0))
     w.add_rope_dimension_count(int(cfg["head_dim"] * rope.get("partial_rotary_factor", 0.25)))
-    w.add_expert_count(cfg["num_experts"])
-    w.add_expert_used_count(cfg["num_experts_per_tok"])
-    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
-    w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    if cfg.get("num_experts"):
+        w.add_expert_count(cfg["num_experts"])
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     w.add_ssm_conv_kernel(cfg["linear_conv_kernel_dim"])
     w.add_ssm_state_size(dk)
     w.add_ssm_group_count(hk)
     w.add_ssm_time_step_rank(hv)
     w.add_ssm_inner_size(dv * hv)
     w.add_full_attention_interval(cfg.get("full_attention_interval", 4))
+    qwen35 = "in_proj_qkv" in "".join(sd)
+    if qwen35:  # interleaved multimodal rope; text positions make it the plain rope
+        rot = int(cfg["head_dim"] * rope.get("partial_rotary_factor", 0.25)) // 2
+        w.add_rope_dimension_sections([rot - rot // 2, rot // 2, 0, 0])
     per_layer = {"input_layernorm": "attn_norm",
                  "post_attention_layernorm": "post_attention_norm",
                  "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
                  "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
                  "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
                  "linear_attn.in_proj_ba": "ssm_ba", "linear_attn.out_proj": "ssm_out",
+                 "linear_attn.in_proj_qkv": "attn_qkv", "linear_attn.in_proj_z": "attn_gate",
+                 "linear_attn.in_proj_b": "ssm_beta", "linear_attn.in_proj_a": "ssm_alpha",
+                 "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
                  "linear_attn.norm": "ssm_norm", "mlp.gate": "ffn_gate_inp",
                  "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
                  **{f"mlp.shared_expert.{n}_proj": f"ffn_{n}_shexp" for n in ("gate", "up", "down")}}
+    r = hv // hk
+
+    def tiled(x: np.ndarray, axis: int, d: int) -> np.ndarray:
+        """Value heads from grouped (g r + j) to tiled (j hk + g) order along axis, as the
+        qwen35 converter stores them for ggml's broadcast."""
+        x = np.moveaxis(x, axis, 0)
+        x = x.reshape(hk, r, d, *x.shape[1:]).swapaxes(0, 1).reshape(x.shape)
+        return np.moveaxis(x, 0, axis)
+
     out = {}
     for name, t in sd.items():
         if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
             t = t + 1
+        if qwen35 and ".linear_attn." in name and hk != hv:
+            rest = name.split(".linear_attn.")[1]
+            if rest == "in_proj_qkv.weight" or rest == "conv1d.weight":
+                t = np.concatenate([t[:2 * hk * dk], tiled(t[2 * hk * dk:], 0, dv)])
+            elif rest == "in_proj_z.weight":
+                t = tiled(t, 0, dv)
+            elif rest in ("in_proj_a.weight", "in_proj_b.weight", "A_log", "dt_bias"):
+                t = tiled(t, 0, 1)
+            elif rest == "out_proj.weight":
+                t = tiled(t, 1, dv)
         if not name.startswith("model.layers."):
             out[_TOP[name]] = t
             continue
@@ -335,7 +365,7 @@ def write_hybrid_gguf(hf_dir: str, family: str, out_path: str, qtype=None) -> st
     w.add_vocab_size(cfg["vocab_size"])
     w.add_tokenizer_model("no_vocab")
     tensors = {"granitehybrid": _granitehybrid, "nemotron_h_moe": _nemotron_h,
-               "nemotron_h": _nemotron_h, "qwen3next": _qwen3next,
+               "nemotron_h": _nemotron_h, "qwen3next": _qwen3next, "qwen35": _qwen3next, "qwen35moe": _qwen3next,
                "falcon-h1": _falcon_h1}[arch](w, cfg, sd)
     for name, t in tensors.items():
         t = np.ascontiguousarray(t, dtype=np.float32)

@@ -216,6 +216,17 @@ def family_configs(**sizes):
             num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
             linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
             linear_value_head_dim=16, linear_conv_kernel_dim=4, pad_token_id=0),
+        # What a qwen35 / qwen35moe GGUF holds (value heads as wide as key heads, as for
+        # qwen3next), heads of a whole Q8_0 block (the file's tiled value heads move in blocks).
+        "qwen3_5_gguf": tf.Qwen3_5TextConfig(
+            **{**common, "num_hidden_layers": 4, "head_dim": 16}, linear_num_value_heads=4,
+            linear_num_key_heads=2, linear_key_head_dim=32, linear_value_head_dim=32,
+            linear_conv_kernel_dim=4, pad_token_id=0),
+        "qwen3_5_moe_gguf": tf.Qwen3_5MoeTextConfig(
+            **{**common, "num_hidden_layers": 4, "head_dim": 16}, num_experts=8,
+            num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+            linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=32,
+            linear_value_head_dim=32, linear_conv_kernel_dim=4, pad_token_id=0),
         # Qwen3.5: the same hybrid, its mixer's projections apart; dense and MoE.
         "qwen3_5": tf.Qwen3_5TextConfig(
             **{**common, "num_hidden_layers": 4, "head_dim": 16}, linear_num_value_heads=4,
@@ -332,7 +343,7 @@ RANDOM_VECTORS = ("gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel", "
                   "starcoder2_gguf", "gpt2", "gpt2_scaled", "cohere", "cohere_bias",
                   "cohere_gguf", "cohere2", "falcon", "falcon_one_norm", "falcon_mq", "falcon_seq",
                   "falcon_mq_gguf", "cohere2_gguf", "deepseek_v3", "deepseek_v3_yarn", "deepseek_v2",
-                  "deepseek_v2_lite", "glm4_moe", "gpt_oss", "gpt_oss_gguf", "qwen3_next", "qwen3_next_gguf", "qwen3_5",
+                  "deepseek_v2_lite", "glm4_moe", "gpt_oss", "gpt_oss_gguf", "qwen3_next", "qwen3_next_gguf", "qwen3_5", "qwen3_5_gguf", "qwen3_5_moe_gguf",
                   "qwen3_5_moe", "granite_moe_hybrid", "granite_hybrid_dense", "nemotron_h",
                   "nemotron_h_moe_gguf", "nemotron_h_dense",
                   "falcon_h1", "falcon_h1_gguf", "falcon_h1_no_norm")

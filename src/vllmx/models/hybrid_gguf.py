@@ -1,5 +1,5 @@
 """The hybrid models' GGUFs (llama.cpp's archs granitehybrid, nemotron_h, nemotron_h_moe,
-qwen3next, falcon-h1): their metadata as the
+qwen3next, qwen35, qwen35moe, falcon-h1): their metadata as the
 Hugging Face config fields the model classes read, and their tensors under the checkpoint's
 names and in its layouts, so that each hybrid model runs the same code from either format.
 
@@ -16,9 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from vllmx.models.qwen35_gguf import qwen35_grouped
 from vllmx.ops import Weight
 
-HYBRID_GGUF_ARCHS = ("granitehybrid", "nemotron_h", "nemotron_h_moe", "qwen3next", "falcon-h1")
+HYBRID_GGUF_ARCHS = ("granitehybrid", "nemotron_h", "nemotron_h_moe", "qwen3next", "qwen35",
+                     "qwen35moe", "falcon-h1")
 
 # Per arch: GGUF tensor names (per layer with {i}, without .weight / .bias) -> HF names.
 _MAMBA2 = {"ssm_in": "in_proj", "ssm_conv1d": "conv1d", "ssm_a": "A_log", "ssm_d": "D",
@@ -78,6 +80,14 @@ GGUF_TO_HF["qwen3next"] = {
         "ffn_gate_inp_shexp": "shared_expert_gate"}.items()},
 }
 
+# Qwen3.5: the mixer's projections stored apart (ssm_beta / ssm_alpha), dense MLPs in qwen35.
+GGUF_TO_HF["qwen35"] = GGUF_TO_HF["qwen35moe"] = {
+    **{k: v for k, v in GGUF_TO_HF["qwen3next"].items() if not k.endswith("ssm_ba")},
+    "blk.{i}.ssm_beta": "model.layers.{i}.linear_attn.in_proj_b",
+    "blk.{i}.ssm_alpha": "model.layers.{i}.linear_attn.in_proj_a",
+    **{f"blk.{{i}}.ffn_{n}": f"model.layers.{{i}}.mlp.{n}_proj" for n in ("gate", "up", "down")},
+}
+
 # Falcon-H1: its muP multipliers already folded into the matrices by the converter; the norm
 # before the MLP named whole (the converter's table maps pre_ff_layernorm.weight to ffn_norm).
 GGUF_TO_HF["falcon-h1"] = {
@@ -98,6 +108,7 @@ def hybrid_config(arch: str, get: Callable[..., Any], cfg: dict[str, Any]) -> di
     """The config fields of a hybrid GGUF (beside loader/gguf.py's common ones)."""
     return {"granitehybrid": _granitehybrid_config, "nemotron_h": _nemotron_h_config,
             "nemotron_h_moe": _nemotron_h_config, "qwen3next": _qwen3next_config,
+            "qwen35": _qwen3next_config, "qwen35moe": _qwen3next_config,
             "falcon-h1": _falcon_h1_config}[arch](get, cfg)
 
 
@@ -164,11 +175,15 @@ def _nemotron_h_config(get, cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _qwen3next_config(get, cfg: dict[str, Any]) -> dict[str, Any]:
-    """Every full_attention_interval-th layer gated attention, the rest Gated DeltaNet (key
-    heads = ssm.group_count, value heads = ssm.time_step_rank, key head size = ssm.state_size);
-    every layer sparse with a gated shared expert, the top-k renormalized as llama.cpp does."""
+    """Qwen3-Next and Qwen3.5: every full_attention_interval-th layer gated attention, the rest
+    Gated DeltaNet (key heads = ssm.group_count, value heads = ssm.time_step_rank, key head size
+    = ssm.state_size); Qwen3-Next and Qwen3.5-MoE every layer sparse with a gated shared
+    expert, the top-k renormalized as llama.cpp does; Qwen3.5's interleaved multimodal rope
+    (rope.dimension_sections) is the plain rope for text positions."""
     hv = get("ssm.time_step_rank")
-    return {"architectures": ["Qwen3NextForCausalLM"],
+    arch = {"qwen3next": "Qwen3NextForCausalLM", "qwen35": "Qwen3_5ForCausalLM",
+            "qwen35moe": "Qwen3_5MoeForCausalLM"}[cfg["gguf_architecture"]]
+    return {"architectures": [arch],
             "full_attention_interval": get("full_attention_interval", 4),
             "linear_num_key_heads": get("ssm.group_count"), "linear_num_value_heads": hv,
             "linear_key_head_dim": get("ssm.state_size"),
@@ -203,12 +218,14 @@ def hf_weights(cfg: dict[str, Any], weights: dict[str, Weight]) -> dict[str, Wei
         if hf.endswith(".A_log"):
             a = w.to_float32().reshape(-1).astype(np.float64)
             w = Weight.from_numpy(np.log(-a).astype(np.float32))
-        elif arch == "qwen3next" and hf.endswith("norm.weight") and ".linear_attn." not in hf:
+        elif arch.startswith("qwen3") and hf.endswith("norm.weight") and ".linear_attn." not in hf:
             # stored as 1 + w; the model adds the 1 itself (exact but for |1 + w| < 0.5)
             w = Weight.from_numpy(w.to_float32() - np.float32(1.0))
         out[hf] = w
     if arch == "qwen3next":
         _split_ba(cfg, out)
+    elif arch in ("qwen35", "qwen35moe"):
+        qwen35_grouped(cfg, out)
     return out
 
 

@@ -83,6 +83,8 @@ _GGUF_ARCHS = {
     "qwen3": LlamaForCausalLM,
     "qwen3moe": LlamaForCausalLM,
     "qwen3next": Qwen3NextForCausalLM,
+    "qwen35": Qwen3NextForCausalLM,
+    "qwen35moe": Qwen3NextForCausalLM,
     "smollm3": LlamaForCausalLM,
     "stablelm": StableLmForCausalLM,
     "starcoder2": Starcoder2ForCausalLM,
