@@ -37,6 +37,16 @@ def family_configs(**sizes):
     expert_size = sizes.get("intermediate_size", 64)  # GraniteMoe's intermediate_size
     granite = {"embedding_multiplier": 3.0, "attention_multiplier": 0.05,
                "residual_multiplier": 0.4, "logits_scaling": 2.5}
+    # Nemotron-H's sizes (its checkpoints name them otherwise)
+    nemotron_h = {
+        "vocab_size": VOCAB, "hidden_size": common["hidden_size"], "intermediate_size": 96,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "mamba_num_heads": 4,
+        "mamba_head_dim": common["hidden_size"] // 2, "ssm_state_size": 16, "n_groups": 2,
+        "conv_kernel": 4, "expand": 2, "n_routed_experts": 8, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32, "moe_shared_expert_intermediate_size": 48, "n_group": 2,
+        "topk_group": 1, "routed_scaling_factor": 1.5,
+        "layers_block_type": ["linear_attention", "moe", "full_attention", "mlp"] * 2,
+        "max_position_embeddings": 512, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
     falcon = {"vocab_size": common["vocab_size"], "hidden_size": common["hidden_size"],
               "ffn_hidden_size": common["intermediate_size"],
               "num_hidden_layers": common["num_hidden_layers"],
@@ -199,6 +209,24 @@ def family_configs(**sizes):
             mlp_only_layers=[2], linear_num_value_heads=4, linear_num_key_heads=2,
             linear_key_head_dim=16, linear_value_head_dim=12, linear_conv_kernel_dim=4,
             pad_token_id=0),
+        # What a qwen3next GGUF holds: every layer sparse (llama.cpp has no dense MLP there),
+        # value heads as wide as key heads (llama.cpp sizes both by ssm.state_size).
+        "qwen3_next_gguf": tf.Qwen3NextConfig(
+            **{**common, "num_hidden_layers": 8, "head_dim": 16}, num_experts=8,
+            num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+            linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+            linear_value_head_dim=16, linear_conv_kernel_dim=4, pad_token_id=0),
+        # What a qwen35 / qwen35moe GGUF holds (value heads as wide as key heads, as for
+        # qwen3next), heads of a whole Q8_0 block (the file's tiled value heads move in blocks).
+        "qwen3_5_gguf": tf.Qwen3_5TextConfig(
+            **{**common, "num_hidden_layers": 4, "head_dim": 16}, linear_num_value_heads=4,
+            linear_num_key_heads=2, linear_key_head_dim=32, linear_value_head_dim=32,
+            linear_conv_kernel_dim=4, pad_token_id=0),
+        "qwen3_5_moe_gguf": tf.Qwen3_5MoeTextConfig(
+            **{**common, "num_hidden_layers": 4, "head_dim": 16}, num_experts=8,
+            num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+            linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=32,
+            linear_value_head_dim=32, linear_conv_kernel_dim=4, pad_token_id=0),
         # Qwen3.5: the same hybrid, its mixer's projections apart; dense and MoE.
         "qwen3_5": tf.Qwen3_5TextConfig(
             **{**common, "num_hidden_layers": 4, "head_dim": 16}, linear_num_value_heads=4,
@@ -245,15 +273,14 @@ def family_configs(**sizes):
         # Nemotron-H: one mixer a block (mamba, MoE, attention, MLP, twice), Mamba2 with 2
         # groups, attention without rope, relu^2 MLP and experts (8, top-2, sigmoid routing over
         # 2 groups with a random choice bias) beside a shared relu^2 expert.
-        "nemotron_h": tf.NemotronHConfig(
-            vocab_size=VOCAB, hidden_size=common["hidden_size"], intermediate_size=96,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16, mamba_num_heads=4,
-            mamba_head_dim=common["hidden_size"] // 2, ssm_state_size=16, n_groups=2,
-            conv_kernel=4, expand=2, n_routed_experts=8, num_experts_per_tok=2,
-            moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, n_group=2,
-            topk_group=1, routed_scaling_factor=1.5,
-            layers_block_type=["linear_attention", "moe", "full_attention", "mlp"] * 2,
-            max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+        "nemotron_h": tf.NemotronHConfig(**nemotron_h),
+        # What a Nemotron-H GGUF can hold (llama.cpp takes every block with a feed-forward
+        # length for a MoE one in nemotron_h_moe and for an MLP in nemotron_h): MoE blocks and
+        # no MLP ones, or the reverse.
+        "nemotron_h_moe_gguf": tf.NemotronHConfig(**{**nemotron_h, "layers_block_type": [
+            "linear_attention", "moe", "full_attention", "moe", "linear_attention", "moe"]}),
+        "nemotron_h_dense": tf.NemotronHConfig(**{**nemotron_h, "layers_block_type": [
+            "linear_attention", "mlp", "full_attention", "mlp", "linear_attention", "mlp"]}),
         # Falcon-H1: Mamba2 (2 groups, the gated norm before the gate) beside attention in
         # every layer, every muP multiplier away from 1.
         "falcon_h1": tf.FalconH1Config(
@@ -264,6 +291,17 @@ def family_configs(**sizes):
             attention_out_multiplier=1.3, key_multiplier=0.8, ssm_in_multiplier=1.2,
             ssm_out_multiplier=0.6, ssm_multipliers=[0.5, 1.5, 0.8, 1.25, 0.9],
             mlp_multipliers=[1.4, 0.7], pad_token_id=0),
+        # ... with the gated norm after the gate (Mamba2's order; the one llama.cpp runs, and
+        # what a falcon-h1 GGUF can hold: no key says where the norm is).
+        "falcon_h1_gguf": tf.FalconH1Config(
+            **{**common, "num_hidden_layers": 3, "head_dim": 16}, mamba_n_heads=4,
+            mamba_d_head=common["hidden_size"] // 2, mamba_d_ssm=2 * common["hidden_size"],
+            mamba_d_state=16, mamba_n_groups=2, mamba_d_conv=4, mamba_rms_norm=True,
+            mamba_norm_before_gate=False, embedding_multiplier=2.0, lm_head_multiplier=0.5,
+            attention_in_multiplier=0.7, attention_out_multiplier=1.3, key_multiplier=0.8,
+            ssm_in_multiplier=1.2, ssm_out_multiplier=0.6,
+            ssm_multipliers=[0.5, 1.5, 0.8, 1.25, 0.9], mlp_multipliers=[1.4, 0.7],
+            pad_token_id=0),
         # ... and without the mixer's norm (the output only gated by silu(z)).
         "falcon_h1_no_norm": tf.FalconH1Config(
             **{**common, "num_hidden_layers": 2, "head_dim": 16}, mamba_n_heads=2,
@@ -305,11 +343,12 @@ RANDOM_VECTORS = ("gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel", "
                   "starcoder2_gguf", "gpt2", "gpt2_scaled", "cohere", "cohere_bias",
                   "cohere_gguf", "cohere2", "falcon", "falcon_one_norm", "falcon_mq", "falcon_seq",
                   "falcon_mq_gguf", "cohere2_gguf", "deepseek_v3", "deepseek_v3_yarn", "deepseek_v2",
-                  "deepseek_v2_lite", "glm4_moe", "gpt_oss", "gpt_oss_gguf", "qwen3_next", "qwen3_5",
+                  "deepseek_v2_lite", "glm4_moe", "gpt_oss", "gpt_oss_gguf", "qwen3_next", "qwen3_next_gguf", "qwen3_5", "qwen3_5_gguf", "qwen3_5_moe_gguf",
                   "qwen3_5_moe", "granite_moe_hybrid", "granite_hybrid_dense", "nemotron_h",
-                  "falcon_h1", "falcon_h1_no_norm")
+                  "nemotron_h_moe_gguf", "nemotron_h_dense",
+                  "falcon_h1", "falcon_h1_gguf", "falcon_h1_no_norm")
 # Their routers' choice bias (a buffer, zero at init) drawn too, so that it steers the pick.
-CHOICE_BIAS = ("deepseek_v3", "deepseek_v3_yarn", "glm4_moe", "nemotron_h")
+CHOICE_BIAS = ("deepseek_v3", "deepseek_v3_yarn", "glm4_moe", "nemotron_h", "nemotron_h_moe_gguf")
 
 GGUF_ARCH = {"llama": "llama", "llama3": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
              "granite": "granite", "smollm3_gguf": "smollm3", "phi3": "phi3", "glm4": "glm4",

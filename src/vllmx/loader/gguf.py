@@ -11,6 +11,7 @@ from gguf import GGMLQuantizationType
 
 from vllmx import _C
 from vllmx.loader.gguf_file import GGUFFile
+from vllmx.models.hybrid_gguf import HYBRID_GGUF_ARCHS, hybrid_config
 from vllmx.ops import BF16, F16, F32, Weight, dtype_name, is_supported
 
 # Dense dtypes as numpy reads them (bf16 as its raw uint16); block types stay uint8 rows.
@@ -59,6 +60,8 @@ def gguf_to_hf_config(meta: dict[str, Any]) -> dict[str, Any]:
         cfg.update(layer_norm_eps=eps, norm_epsilon=eps, layer_norm_epsilon=eps)
     if get("use_parallel_residual") is not None:  # gptneox
         cfg["use_parallel_residual"] = bool(get("use_parallel_residual"))
+    if arch in HYBRID_GGUF_ARCHS:  # per-layer KV heads among them (0: a recurrent layer)
+        cfg.update(hybrid_config(arch, get, cfg))
     if isinstance(cfg["num_key_value_heads"], list):
         raise ValueError(f"GGUF {arch}: per-layer head counts are not supported")
     if get("expert_count"):  # MoE: qwen3moe, Mixtral as llama, granitemoe

@@ -4,7 +4,9 @@ a SwiGLU MLP. Its muP multipliers are constants on projections' inputs and outpu
 the matrices at load (f32): ssm_in_multiplier and the per-part ssm_multipliers (z, x, B, C,
 dt) into in_proj, ssm_out_multiplier into out_proj, attention_in_multiplier into q/k/v and
 key_multiplier into k, attention_out_multiplier into o_proj, mlp_multipliers into gate_proj
-and down_proj; embedding_multiplier and lm_head_multiplier stay scalars."""
+and down_proj; embedding_multiplier and lm_head_multiplier stay scalars. From GGUF (llama.cpp's
+falcon-h1; models/hybrid_gguf.py) the multipliers come folded already, and the gated norm, where
+the file has one, runs after the gate as llama.cpp runs it."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from vllmx.layers.linear import Linear, MergedLinear, scale_rows
 from vllmx.layers.mamba2 import Mamba2Mixer, time_step_limit
 from vllmx.layers.norm import ResidualAdd, RMSNorm, pre_norm
 from vllmx.layers.rotary import get_rope
+from vllmx.models import hybrid_gguf
 from vllmx.models.decoder import DecoderLM
 from vllmx.models.shapes import require_tensors
 from vllmx.ops import Weight
@@ -101,6 +104,9 @@ class FalconH1ForCausalLM(DecoderLM):
         cfg["dt_limit"] = time_step_limit(cfg)
         if cfg.get("hidden_act", "silu") != "silu":
             raise ValueError(f"Falcon-H1 with hidden_act {cfg['hidden_act']!r} is not supported")
+        if "gguf_architecture" in cfg:
+            weights = hybrid_gguf.hf_weights(cfg, weights)
+            cfg["mamba_rms_norm"] = "model.layers.0.mamba.norm.weight" in weights
         self.config = cfg
         require_tensors(weights, ["model.embed_tokens.weight", "model.final_layernorm.weight"])
         rope = get_rope(cfg, cfg["head_dim"])

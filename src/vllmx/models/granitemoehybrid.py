@@ -2,7 +2,9 @@
 attention layers per layer_types ("linear_attention" is a mamba layer here), attention without
 rope unless position_embedding_type is "rope", Granite's four multipliers, and in every layer
 GraniteMoe's experts beside the shared SwiGLU (models/granitemoe.py), or the shared MLP alone
-when the config has no experts."""
+when the config has no experts. From GGUF (llama.cpp's granitehybrid; names and layouts in
+models/hybrid_gguf.py): Q/K rows permuted by the converter, hence GPT-J rope where rope is on,
+and the shared / dense MLP's gate and up apart."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from vllmx.layers.linear import Linear
 from vllmx.layers.mamba2 import Mamba2Mixer, time_step_limit
 from vllmx.layers.norm import RMSNorm, pre_norm
 from vllmx.layers.rotary import get_rope
-from vllmx.models import granitemoe, moe
+from vllmx.models import granitemoe, hybrid_gguf, moe
 from vllmx.models.decoder import DecoderLM
 from vllmx.models.shapes import require_tensors
 from vllmx.ops import Weight
@@ -39,10 +41,11 @@ class GraniteMoeHybridDecoderLayer:
         if cfg["num_experts"]:
             self.mlp = granitemoe.sparse_block(cfg, w, i)
         else:
-            require_tensors(w, [p + "shared_mlp.gate_up_proj.weight",
-                                p + "shared_mlp.down_proj.weight"])
-            self.mlp = SwiGLUMLP([w[p + "shared_mlp.gate_up_proj.weight"]],
-                                 w[p + "shared_mlp.down_proj.weight"])
+            s = p + "shared_mlp."
+            gate_up = ([s + "gate_up_proj.weight"] if s + "gate_up_proj.weight" in w
+                       else [s + "gate_proj.weight", s + "up_proj.weight"])  # a GGUF's
+            require_tensors(w, gate_up + [s + "down_proj.weight"])
+            self.mlp = SwiGLUMLP([w[n] for n in gate_up], w[s + "down_proj.weight"])
         self.residual_multiplier = cfg["residual_multiplier"]
 
     def __call__(self, positions, h, residual, md: AttentionMetadata):
@@ -88,10 +91,13 @@ class GraniteMoeHybridForCausalLM(DecoderLM):
             raise ValueError("GraniteMoeHybrid runs on the CPU only for now (its Mamba2 and MoE "
                              "ops have no CUDA kernels yet); run it with device='cpu'")
         cfg = _config(cfg)
+        gguf = "gguf_architecture" in cfg
+        if gguf:
+            weights = hybrid_gguf.hf_weights(cfg, weights)
         weights = moe.RenamedWeights(weights, granitemoe.granite_moe_name)
         self.config = cfg
         require_tensors(weights, ["model.embed_tokens.weight", "model.norm.weight"])
-        rope = get_rope(cfg, cfg["head_dim"])
+        rope = get_rope(cfg, cfg["head_dim"], is_neox_style=not gguf)
         if cfg.get("position_embedding_type") != "rope":
             rope = rope.identity()  # no rope: the attention layers see no positions
         self.embed_tokens = placement.upload_weight(weights["model.embed_tokens.weight"],

@@ -3,9 +3,13 @@ RMSNorm, per layers_block_type (or the older hybrid_override_pattern: M mamba, *
 - MLP, E MoE): Mamba2 (layers/mamba2.py), attention without rope, an MLP without a gate
 (up, relu^2, down), or the MoE (sigmoid routing steered by e_score_correction_bias over expert
 groups, relu^2 experts without a gate, optionally in a latent space of moe_latent_size between
-two projections, and a shared relu^2 expert on the block's input)."""
+two projections, and a shared relu^2 expert on the block's input). From GGUF (llama.cpp's
+nemotron_h, and nemotron_h_moe with experts; models/hybrid_gguf.py): the experts stacked, the
+blocks' kinds from the per-layer KV heads and feed-forward lengths."""
 
 from __future__ import annotations
+
+import numpy as np
 
 from vllmx import ops
 from vllmx.layers import placement
@@ -15,7 +19,7 @@ from vllmx.layers.linear import Linear
 from vllmx.layers.mamba2 import Mamba2Mixer, time_step_limit
 from vllmx.layers.norm import ResidualAdd, RMSNorm, pre_norm
 from vllmx.layers.rotary import get_rope
-from vllmx.models import moe
+from vllmx.models import hybrid_gguf, moe
 from vllmx.models.decoder import DecoderLM
 from vllmx.models.shapes import require_tensors
 from vllmx.ops import Weight
@@ -34,14 +38,25 @@ class Relu2MLP:
         return self.down_proj(ops.relu2(self.up_proj(x)))
 
 
+def _stacked(w: Weight) -> Weight:
+    """A GGUF's stacked experts with their data [E, rows, row bytes] (a block type's come as
+    [E * rows, row bytes]), as fused_experts takes them."""
+    return Weight(np.asarray(w.data).reshape(w.shape[0], w.shape[1], -1), w.dtype, w.shape)
+
+
 class NemotronHMoE:
     def __init__(self, cfg: dict, w: dict[str, Weight], p: str):
         e = cfg["n_routed_experts"]
-        names = [p + f"experts.{j}.{n}_proj.weight" for j in range(e) for n in ("up", "down")]
-        require_tensors(w, names + [p + "gate.weight"])
-        ups, downs = [w[n] for n in names[0::2]], [w[n] for n in names[1::2]]
-        w1 = Weight(moe.stack_experts(ups), ups[0].dtype, (e,) + tuple(ups[0].shape))
-        w2 = Weight(moe.stack_experts(downs), downs[0].dtype, (e,) + tuple(downs[0].shape))
+        if p + "experts.up_proj.weight" in w:  # a GGUF's, stacked [E, rows, cols]
+            w1, w2 = (_stacked(w[p + f"experts.{n}_proj.weight"]) for n in ("up", "down"))
+        else:
+            names = [p + f"experts.{j}.{n}_proj.weight" for j in range(e)
+                     for n in ("up", "down")]
+            require_tensors(w, names)
+            ups, downs = [w[n] for n in names[0::2]], [w[n] for n in names[1::2]]
+            w1 = Weight(moe.stack_experts(ups), ups[0].dtype, (e,) + tuple(ups[0].shape))
+            w2 = Weight(moe.stack_experts(downs), downs[0].dtype, (e,) + tuple(downs[0].shape))
+        require_tensors(w, [p + "gate.weight"])
         bias = w.get(p + "gate.e_score_correction_bias")
         routing = GroupedRouting(
             num_expert_group=int(cfg.get("n_group") or 1),
@@ -125,6 +140,8 @@ class NemotronHForCausalLM(DecoderLM):
             raise ValueError("Nemotron-H runs on the CPU only for now (its Mamba2 and MoE ops "
                              "have no CUDA kernels yet); run it with device='cpu'")
         cfg = _config(cfg)
+        if "gguf_architecture" in cfg:
+            weights = hybrid_gguf.hf_weights(cfg, weights)
         self.config = cfg
         require_tensors(weights, ["backbone.embeddings.weight", "backbone.norm_f.weight"])
         rope = get_rope(cfg, cfg["head_dim"]).identity()  # Nemotron-H's attention has no rope

@@ -7,7 +7,9 @@ output gate, sigmoid-applied after attention; q/k norms; rope over a quarter of 
 MLPs are Qwen's MoE with a gated shared expert (models/moe.py), or dense (Qwen3.5). The
 RMSNorms scale by (1 + w), read here as w + 1; the mixer's output norm is a plain w gated by
 silu(z). Qwen3.5's multimodal rope (mrope_section) gives a text token the same position in all
-three sections, which is the plain rope used here."""
+three sections, which is the plain rope used here. From GGUF (llama.cpp's qwen3next;
+models/hybrid_gguf.py): the converter's w + 1 norms, regrouped qkv / z and A = -exp(A_log)
+read back into the checkpoint's layout."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from vllmx.layers.gated_deltanet import GatedDeltaNet
 from vllmx.layers.linear import Linear, MergedLinear, take_rows
 from vllmx.layers.norm import RMSNorm, pre_norm
 from vllmx.layers.rotary import get_rope
-from vllmx.models import moe
+from vllmx.models import hybrid_gguf, moe
 from vllmx.models.decoder import DecoderLM
 from vllmx.models.shapes import require_tensors
 from vllmx.ops import Weight
@@ -109,6 +111,8 @@ class Qwen3NextForCausalLM(DecoderLM):
             raise ValueError("Qwen3-Next / Qwen3.5 run on the CPU only for now (the Gated "
                              "DeltaNet and MoE ops have no CUDA kernels yet); use device='cpu'")
         cfg, weights = text_part(cfg, weights)
+        if "gguf_architecture" in cfg:
+            weights = hybrid_gguf.hf_weights(cfg, weights)
         cfg.setdefault("rms_norm_eps", 1e-6)
         cfg["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
         n = cfg["num_hidden_layers"]
