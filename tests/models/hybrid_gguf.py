@@ -211,7 +211,7 @@ def _qwen3next(w, cfg: dict, sd: dict) -> dict:
     w.add_ssm_time_step_rank(hv)
     w.add_ssm_inner_size(dv * hv)
     w.add_full_attention_interval(cfg.get("full_attention_interval", 4))
-    qwen35 = "in_proj_qkv" in "".join(sd)
+    qwen35 = any(k.endswith("linear_attn.in_proj_qkv.weight") for k in sd)  # not _qkvz
     if qwen35:  # interleaved multimodal rope; text positions make it the plain rope
         rot = int(cfg["head_dim"] * rope.get("partial_rotary_factor", 0.25)) // 2
         w.add_rope_dimension_sections([rot - rot // 2, rot // 2, 0, 0])
