@@ -4,6 +4,10 @@ K/V. Prints time, TFLOP/s or GB/s, and the ratio (torch time / vllmx time: > 1 m
 
     python bench/gpu_kernels_vs_torch.py        (on a GPU machine; torch is the peer only)
     python bench/gpu_kernels_vs_torch.py --only linear --tokens 32,64,128,256,512,1024,4096
+    VLLMX_CUDA_SM90=0 python bench/gpu_kernels_vs_torch.py --only linear --json sm80.json
+
+Linear products are timed as 20 of them in one CUDA graph on both sides (decode's conditions);
+VLLMX_CUDA_SM90=0 times the sm_80 kernels (the skinny GEMM, mma.sync) on a Hopper GPU.
 
 Each linear case also checks vllmx's output against torch's (max error / max |torch|), so a
 fast wrong kernel shows up here too.
@@ -34,6 +38,32 @@ def timeit(fn, sync, iters=20):
     return (time.perf_counter() - t) / iters
 
 
+def graphed(fn, ours: bool, n=20):
+    """fn captured n times in one CUDA graph (vllmx's or torch's), as decode steps run it:
+    returns (replay, n). Times kernels without the host's launch cost, which for a 10 us GEMM
+    would otherwise be part of what is measured on either side."""
+    fn()  # warm: workspaces grow before capture
+    if ours:
+        _C.cuda_synchronize()
+        g = _C.CudaGraph()
+        g.capture_begin()
+        for _ in range(n):
+            fn()
+        g.capture_end()
+        return g.replay, n
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            fn()
+    return g.replay, n
+
+
+def graph_time(fn, ours: bool) -> float:
+    replay, n = graphed(fn, ours)
+    return timeit(replay, _C.cuda_synchronize if ours else torch.cuda.synchronize, iters=10) / n
+
+
 def bits_bf16(a: np.ndarray) -> np.ndarray:
     return (a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
@@ -61,11 +91,12 @@ def bench_linear(results, tokens):
             x = DeviceArray.from_numpy(bits_bf16(x32), BF16)
             out = DeviceArray.empty((t, n), BF16)
             xt = torch.from_numpy(x32).to("cuda", torch.bfloat16)
-            ours = timeit(lambda: _C.ops.linear(out, x, w, None), _C.cuda_synchronize)
-            theirs = timeit(lambda: torch.nn.functional.linear(xt, wt), torch.cuda.synchronize)
+            ours = graph_time(lambda: _C.ops.linear(out, x, w, None), True)
+            theirs = graph_time(lambda: torch.nn.functional.linear(xt, wt), False)
             err = linear_error(out, torch.nn.functional.linear(xt, wt))
             flops = 2 * t * n * k
-            r = {"op": "linear_bf16", "N": n, "K": k, "T": t, "vllmx_ms": ours * 1e3,
+            r = {"op": "linear_bf16", "N": n, "K": k, "T": t, "sm90": _C.cuda_sm90_kernels(),
+                 "timing": "cuda graph of 20", "vllmx_ms": ours * 1e3,
                  "torch_ms": theirs * 1e3, "vllmx_tflops": flops / ours / 1e12,
                  "torch_tflops": flops / theirs / 1e12,
                  "vllmx_weight_GBps": n * k * 2 / ours / 1e9, "ratio": theirs / ours,
@@ -128,6 +159,8 @@ def main():
     ap.add_argument("--only", choices=["linear", "attention"], help="run one of the two")
     ap.add_argument("--tokens", default="1,8,32,512,4096",
                     help="linear: comma-separated T (rows of x) to sweep")
+    ap.add_argument("--json", default="gpu_kernels_vs_torch.json",
+                    help="file name for the results (in $OUT, else bench/results)")
     args = ap.parse_args()
     if not _C.cuda_available():
         raise SystemExit("no CUDA GPU")
@@ -137,7 +170,7 @@ def main():
     if args.only in (None, "attention"):
         bench_attention(results)
     dest = os.path.join(os.environ.get("OUT") or os.path.join(os.path.dirname(__file__), "results"),
-                        "gpu_kernels_vs_torch.json")
+                        args.json)
     with open(dest, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                    "results": results}, f, indent=2)

@@ -1,9 +1,9 @@
 // The memory-bound ops: embedding, rms_norm and layer_norm (+ fused residual add), rotary,
-// gelu, silu/gelu-and-mul and the KV-cache write. Activations are f32, f16 or bf16; math is f32
-// and stores round to nearest even. Each op checks shapes and dtypes on the host like its CPU
-// twin; values that live on the GPU (token ids, positions, slots) cannot be checked without a
-// host sync, so the kernels skip out-of-range entries instead: an embedding row of zeros, a
-// token left unrotated, a KV slot not written.
+// gelu, silu/gelu-and-mul, sigmoid_gate and the KV-cache write. Activations are f32, f16 or
+// bf16; math is f32 and stores round to nearest even. Each op checks shapes and dtypes on the
+// host like its CPU twin; values that live on the GPU (token ids, positions, slots) cannot be
+// checked without a host sync, so the kernels skip out-of-range entries instead: an embedding
+// row of zeros, a token left unrotated, a KV slot not written.
 #include <algorithm>
 #include <cmath>
 
@@ -359,6 +359,21 @@ __global__ void softcap_kernel(T* x, int64_t rows, int64_t d, int64_t stride, fl
   }
 }
 
+// ---- sigmoid_gate: x *= sigmoid(gate), gate per element or one per row ----
+template <typename T>
+__global__ void sigmoid_gate_kernel(T* x, const T* gate, int64_t rows, int64_t d,
+                                    int64_t x_stride, int64_t g_stride, bool per_row) {
+  pdl_begin();
+  const int64_t n = rows * d;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / d, c = e % d;
+    T* v = x + r * x_stride + c;
+    const float g = to_f32(gate[r * g_stride + (per_row ? 0 : c)]);
+    *v = from_f32<T>(to_f32(*v) / (1.0f + expf(-g)));
+  }
+}
+
 // ---- write_kv_cache ----
 template <typename TA, typename TC>
 __global__ void write_kv_cache_kernel(const TA* key, const TA* value, TC* key_cache,
@@ -678,6 +693,24 @@ void scale(const Tensor& out, const Tensor& x, float s) {
   check_launch(op);
 }
 
+void sigmoid_gate(const Tensor& x, const Tensor& gate) {
+  // The shapes are the op's contract (csrc/ops.cpp).
+  const char* op = "cuda.sigmoid_gate";
+  check_rows(x, op, "x");
+  check_act(x, op, "x");
+  check_on_device(gate, op, "gate");
+  VLLMX_CHECK(gate.dtype == x.dtype && (gate.shape[1] == 1 || gate.stride[1] == 1), op,
+              "gate " + gate.str() + " must have x's dtype " + x.str());
+  const int64_t rows = x.shape[0], d = x.shape[1];
+  if (rows * d == 0) return;
+  dispatch_float(x.dtype, op, [&](auto v) {
+    using T = decltype(v);
+    launch(sigmoid_gate_kernel<T>, blocks_for(rows * d, kThreads), kThreads, 0, stream(),
+        x.ptr<T>(), gate.ptr<T>(), rows, d, x.stride[0], gate.stride[0], gate.shape[1] == 1);
+  });
+  check_launch(op);
+}
+
 void softcap(const Tensor& x, float cap) {
   // x's shape and cap are the op's contract (csrc/ops.cpp).
   const char* op = "cuda.softcap";
@@ -831,6 +864,7 @@ VLLMX_KERNEL(silu_and_mul, kCUDA, silu_and_mul);
 VLLMX_KERNEL(gelu_and_mul, kCUDA, gelu_and_mul);
 VLLMX_KERNEL(gelu, kCUDA, gelu);
 VLLMX_KERNEL(softcap, kCUDA, softcap);
+VLLMX_KERNEL(sigmoid_gate, kCUDA, sigmoid_gate);
 VLLMX_KERNEL(scale, kCUDA, scale);
 VLLMX_KERNEL(fill_uniform, kCUDA, fill_uniform);
 VLLMX_KERNEL(write_kv_cache, kCUDA, write_kv_cache);

@@ -12,6 +12,8 @@ void sm90_gemm(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s) {
   using C1x2 = Shape<_1, _2, _1>;
   using C2x1 = Shape<_2, _1, _1>;
   switch (tile) {
+    case Sm90Tile::kSwap128x16:
+    case Sm90Tile::kSwap128x32: sm90_gemm_swapped_narrow(a, tile, s); return;
     case Sm90Tile::kSwap128x64:
     case Sm90Tile::kSwap128x128: sm90_gemm_swapped(a, tile, s); return;
     case Sm90Tile::k128x256:

@@ -30,6 +30,8 @@ struct Sm90GemmArgs {
 enum class Sm90Tile {
   k128x128,      // cluster 1x2x1 (x tiles multicast to the pair): any T
   k128x256,      // cluster 2x1x1 (w tiles multicast to the pair): many tiles (large T * N)
+  kSwap128x16,   // swapped, 128 weight rows x 16 tokens: T <= 16
+  kSwap128x32,   // swapped, 128 weight rows x 32 tokens: T <= 32
   kSwap128x64,   // swapped, 128 weight rows x 64 tokens: T <= 64
   kSwap128x128,  // swapped, 128 weight rows x 128 tokens: T <= 128
 };
@@ -38,7 +40,9 @@ enum class Sm90Tile {
 // from a grow-only buffer). Throws std::runtime_error naming the shapes when CUTLASS refuses the
 // problem or the launch fails.
 void sm90_gemm(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
-// gemm_swap_sm90.cu: the kSwap* tiles.
+// gemm_swap_sm90.cu: the kSwap128x64 / kSwap128x128 tiles; gemm_swap_narrow_sm90.cu: the
+// 16- and 32-token ones (decode batches).
 void sm90_gemm_swapped(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
+void sm90_gemm_swapped_narrow(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
 
 }  // namespace vllmx::cuda

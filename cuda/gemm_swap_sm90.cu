@@ -1,5 +1,5 @@
 // The swapped instantiations of cuda/gemm_sm90.cuh (weight rows on wgmma's M, tokens on a
-// 64- or 128-wide N tile): sm90_gemm's path for kSkinnyMaxT < T <= 128. sm_90a only.
+// 64- or 128-wide N tile): sm90_gemm's path for 32 < T <= 128. sm_90a only.
 #include "gemm_sm90.cuh"
 
 namespace vllmx::cuda {

@@ -3,14 +3,15 @@
 // Kernel families, picked by plan_linear() on the host (the kernels hold no policy):
 // - gemv_kernel (cuda/gemv.cu; T <= 4, decode): memory-bound, streams w once.
 // - gemm_skinny_kernel (cuda/gemm_skinny.cu; 4 < T <= 32, x and w of one dtype): w rows on the
-//   mma's M side and split-K, so that small batches stream w at the bandwidth limit.
+//   mma's M side and split-K, so that small batches stream w at the bandwidth limit; on Hopper
+//   from T = kSm90MinT up the CUTLASS GEMM's narrow swapped tiles take over.
 // - gemm_kernel (other T > 4): tensor cores (mma.sync m16n8k16, f32 accumulate) over a multistage
 //   cp.async pipeline. x tiles always arrive by cp.async; w tiles too when w has x's dtype,
 //   otherwise (the other 16-bit type, Q8_0/Q4_0/Q4_1) they are loaded into registers one tile
 //   ahead and dequantized into shared memory as x's dtype before the mma.
 // - sm90_gemm (cuda/gemm_*sm90.cu, CUTLASS 3; builds with sm_90a only): on compute capability
 //   9.0, x and w of one 16-bit dtype, T >= kSm90MinT, TMA-friendly shapes: operands swapped up
-//   to T = 128, stream-K. wgmma reaches several times the mma.sync kernel's rate on Hopper.
+//   to T = 128 (16-, 32-, 64- or 128-token tiles), stream-K. wgmma reaches several times the mma.sync kernel's rate on Hopper.
 // - linear_generic_kernel: one thread per output, any dtype mix (f32 x/out too) and any
 //   alignment; the scalar twin the fast paths fall back to.
 #include <algorithm>
@@ -66,6 +67,8 @@ __global__ void __launch_bounds__(C::kThreads) gemm_kernel(LinearArgs a) {
   const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
   const int KT = (a.K + BK - 1) / BK;
   const T* xp = static_cast<const T*>(a.x);
+  const void* wq = row_weights(a, m0);  // (grouped: this tile's expert; tile_rows == BM)
+  if (wq == nullptr) return;
 
   auto load_a = [&](int kt, int st) {
 #pragma unroll
@@ -78,7 +81,7 @@ __global__ void __launch_bounds__(C::kThreads) gemm_kernel(LinearArgs a) {
   };
   // Same-dtype weights: cp.async like x.
   auto load_b_async = [&](int kt, int st) {
-    const T* wp = static_cast<const T*>(a.w);
+    const T* wp = static_cast<const T*>(wq);
 #pragma unroll
     for (int i = 0; i < C::kBChunks; ++i) {
       const int idx = tid + i * C::kThreads, row = idx / CPR, cc = idx % CPR;
@@ -94,7 +97,7 @@ __global__ void __launch_bounds__(C::kThreads) gemm_kernel(LinearArgs a) {
     for (int i = 0; i < C::kBChunks; ++i) {
       const int idx = tid + i * C::kThreads, row = idx / CPR, cc = idx % CPR;
       const int gn = n0 + row, gk = kt * BK + cc * 8;
-      raw[i] = gn < a.N && gk < a.K ? load_chunk<WK>(a.w, a.w_stride, gn, gk)
+      raw[i] = gn < a.N && gk < a.K ? load_chunk<WK>(wq, a.w_stride, gn, gk)
                                     : make_uint4(0, 0, 0, 0);
     }
   };
@@ -228,10 +231,12 @@ __global__ void linear_generic_kernel(LinearArgs a, DType x_code, DType w_code) 
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<int64_t>(a.T) * a.N) return;
   const int t = static_cast<int>(i / a.N), n = static_cast<int>(i % a.N);
+  const void* w = row_weights(a, t);
+  if (w == nullptr) return;
   float acc = 0.f;
   for (int k = 0; k < a.K; ++k)
     acc = fmaf(load_dense(a.x, t * a.x_stride + k, x_code),
-               load_w_elem(a.w, a.w_stride, w_code, n, k), acc);
+               load_w_elem(w, a.w_stride, w_code, n, k), acc);
   if (a.bias != nullptr) acc += load_dense(a.bias, n, x_code);
   if (x_code == DType::F32)
     static_cast<float*>(a.out)[t * a.out_stride + n] = acc;
@@ -251,11 +256,16 @@ struct LinearPlan {
   Sm90Tile sm90_tile = Sm90Tile::k128x128;
 };
 
-// From here on (above the skinny GEMM's range) the CUTLASS GEMM takes every product it can:
-// swapped for T <= 128 (the weight rows fill wgmma's 128-row tile, the tokens a 64- or 128-wide
-// one), straight above; stream-K spreads the K loop over the SMs where the output has too few
-// tiles for them (bench/gpu_kernels_vs_torch.py measures each range against cuBLAS).
-constexpr int64_t kSm90MinT = kSkinnyMaxT + 1;
+// From here on the CUTLASS GEMM takes every product it can: swapped for T <= 128 (the weight
+// rows fill wgmma's 128-row tile, the tokens the narrowest of a 16-, 32-, 64- or 128-wide one),
+// straight above; stream-K spreads the K loop over the SMs where the output has too few tiles
+// for them. Below kSm90MinT the skinny kernel does as well: at Llama-3-8B's shapes on the H200
+// (bench/gpu_kernels_vs_torch.py, both in CUDA graphs; the skinny one with VLLMX_CUDA_SM90=0)
+// the narrow tiles stream its MLP weights at 3.4-3.5 TB/s (0.84-0.90x cuBLAS) from T = 12 up,
+// where the skinny kernel falls from 3.2 TB/s at T = 12 to 2.4-2.7 at T = 32, and its
+// 128256-row lm_head at 4.3 TB/s (1.01-1.04x cuBLAS) against the skinny's 3.0-3.7; at T = 12
+// the two tie over a layer, the skinny kernel ahead on the 4096 x 4096 projections.
+constexpr int64_t kSm90MinT = 12;
 constexpr int64_t kSm90MaxSwapT = 128;
 
 bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
@@ -272,7 +282,10 @@ bool plan_sm90(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor& 
       !aligned(out.data, 16))
     return false;
   if (T <= kSm90MaxSwapT) {
-    p.sm90_tile = T <= 64 ? Sm90Tile::kSwap128x64 : Sm90Tile::kSwap128x128;
+    p.sm90_tile = T <= 16   ? Sm90Tile::kSwap128x16
+                  : T <= 32 ? Sm90Tile::kSwap128x32
+                  : T <= 64 ? Sm90Tile::kSwap128x64
+                            : Sm90Tile::kSwap128x128;
   } else {
     // 128x256 tiles (weight tiles shared by a 2-CTA cluster along T) once they give every SM
     // at least one tile; before that 128x128 tiles keep twice as many SMs busy.
@@ -315,11 +328,11 @@ LinearPlan plan_linear(const Tensor& out, const Tensor& x, const Tensor& w, int6
     p.max_t = T == 1 ? 1 : kGemvMaxT;
     return p;
   }
+  if (plan_sm90(p, out, x, w, T, N, K)) return p;
   if (p.wk == kWSame && T <= kSkinnyMaxT && K > 0) {
     p.path = Path::kSkinny;
     return p;
   }
-  if (plan_sm90(p, out, x, w, T, N, K)) return p;
   const int64_t large_ctas =
       (T + GemmLarge::BM - 1) / GemmLarge::BM * ((N + GemmLarge::BN - 1) / GemmLarge::BN);
   p.path = large_ctas >= num_sms() ? Path::kGemmLarge : Path::kGemmSmall;
@@ -441,6 +454,26 @@ void run_linear(const LinearPlan& p, const LinearArgs& a, DType xt, DType wt) {
 }
 
 }  // namespace
+
+namespace lin {
+
+// Few rows an expert (decode, small batches): 32-row tiles waste less of each weight tile; from
+// ~96 rows an expert on, 128-row tiles read each weight tile for four times the rows.
+int grouped_tile_rows(bool tensor_cores, int64_t rows, int64_t experts) {
+  if (!tensor_cores) return GemmSmall::BM;  // the generic kernel: any height
+  return rows >= 96 * experts ? GemmLarge::BM : GemmSmall::BM;
+}
+
+void launch_grouped_linear(const LinearArgs& a, DType xt, cudaStream_t s) {
+  LinearPlan p;
+  p.path = Path::kGeneric;
+  if (xt != DType::F32 && a.K % 8 == 0 && a.x_stride % 8 == 0 && a.w_stride % 8 == 0 &&
+      aligned(a.x, 16) && aligned(a.w, 16) && a.w_expert_stride % 16 == 0)
+    p.path = a.tile_rows == GemmLarge::BM ? Path::kGemmLarge : Path::kGemmSmall;
+  run_linear(p, a, xt, xt);
+}
+
+}  // namespace lin
 
 void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
   const LinearArgs a = linear_args(kOp, out, x, w, bias, w.defined() ? w.shape[0] : 0);

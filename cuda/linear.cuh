@@ -36,7 +36,21 @@ struct LinearArgs {
   void* res_out = nullptr;    // with res
   int64_t res_stride = 0, res_out_stride = 0;
   float eps = 0.f;
+  // Grouped products (fused_experts, fused_moe.cu): the rows of x and out come in tiles of
+  // tile_rows, each one expert's; tile_expert[row / tile_rows] names it (< 0: a padding tile,
+  // nothing computed or written) and w is that expert's [N, K] slice of a stacked [E, N, K]
+  // weight, w_expert_stride bytes after the previous expert's. nullptr: one w for every row.
+  const int* tile_expert = nullptr;
+  int tile_rows = 0;
+  int64_t w_expert_stride = 0;
 };
+
+// The weight a row of a grouped product reads (or a.w), nullptr for a padding tile's rows.
+__device__ __forceinline__ const void* row_weights(const LinearArgs& a, int row) {
+  if (a.tile_expert == nullptr) return a.w;
+  const int e = a.tile_expert[row / a.tile_rows];
+  return e < 0 ? nullptr : static_cast<const char*>(a.w) + e * a.w_expert_stride;
+}
 
 // ------------------------------------------------------------------ w chunks (8 elements)
 // A chunk is w[n, k .. k + 8) with k a multiple of 8. raw holds what the global loads fetched;
@@ -140,6 +154,13 @@ constexpr int kGemvMaxT = 4;
 // gk (kWF16 / kWBF16 / a block kind); silu_gated: w is [gate; up] and out act(gate) * up.
 void launch_gemv(const LinearArgs& a, bool bf16_x, int gk, int max_t, bool silu_gated,
                  cudaStream_t s);
+
+// linear.cu: a grouped product (a.tile_expert set) of x and w of dtype xt (bf16 / f16 / f32,
+// one dtype), in row tiles of a.tile_rows rows: the tensor-core GEMM where x is 16-bit and K a
+// multiple of 8 (tensor_cores below), else the generic kernel. grouped_tile_rows picks the tile
+// height the caller pads each expert's rows to, from the rows and experts of the product.
+int grouped_tile_rows(bool tensor_cores, int64_t rows, int64_t experts);
+void launch_grouped_linear(const LinearArgs& a, DType xt, cudaStream_t s);
 
 // gemm_skinny.cu: the skinny GEMM (swapped operands, split-K) for kGemvMaxT < T <= kSkinnyMaxT,
 // x and w of one 16-bit dtype (bf16 if bf16_x, else f16).

@@ -33,9 +33,10 @@ def test_cuda_kernels_registered_as_built():
     and the op table then says so instead of running anything."""
     for name in ("embedding", "linear", "rms_norm", "paged_attention", "sample", "copy_columns",
                  "qk_norm_rope_cache", "rms_norm_linear", "apply_logits_processors",
-                 "compute_logprobs", "topk_softmax", "softcap", "fill_uniform", "scale"):
+                 "compute_logprobs", "topk_softmax", "softcap", "fill_uniform", "scale",
+                 "fused_experts", "sigmoid_gate"):
         assert getattr(_C.ops, name).has_kernel("cuda") == _C.cuda_built(), name
-    for name in ("dequantize", "quantize", "quantize_weight", "repack_weight", "fused_experts"):
+    for name in ("dequantize", "quantize", "quantize_weight", "repack_weight"):
         assert not getattr(_C.ops, name).has_kernel("cuda"), name
 
 

@@ -1,13 +1,15 @@
-"""topk_softmax on the GPU against the float64 reference (f32 router logits exactly; bf16 / f16
-logits are compared with the reference on the same rounded values)."""
+"""The MoE ops on the GPU against float64 references: topk_softmax (f32 router logits exactly;
+bf16 / f16 logits are compared with the reference on the same rounded values) and fused_experts
+(cuda/fused_moe.cu) on the values the GPU was given."""
 import numpy as np
 import pytest
 
+from tests.ops.test_fused_moe import route, swigluoai64
 from tests.ops.test_moe_routing import reference
 from vllmx import _C
 from vllmx.device import BF16, F16, F32, I32, DeviceArray
 
-from .test_cuda_ops import as_f32, host
+from .test_cuda_ops import as_f32, dev, host, rounded
 
 pytestmark = pytest.mark.gpu
 
@@ -25,3 +27,118 @@ def test_topk_softmax(shape, renormalize, dtype):
     w_ref, ids_ref = reference(as_f32(g, dtype), k, renormalize)
     np.testing.assert_array_equal(ids.numpy(), ids_ref)
     assert np.abs(w.numpy() - w_ref).max() < 1e-6
+
+
+# ---- fused_experts (cuda/fused_moe.cu) ----
+
+def experts64(x64, w13, w2, tw, ids, b13=None, b2=None, activation="silu"):
+    """The float64 reference of fused_experts for any activation, with optional biases."""
+    out = np.zeros(x64.shape, np.float64)
+    for t in range(x64.shape[0]):
+        for j in range(ids.shape[1]):
+            e = ids[t, j]
+            gu = w13[e] @ x64[t] + (0 if b13 is None else b13[e])
+            if activation == "relu2":
+                a = np.maximum(gu, 0) ** 2
+            elif activation == "swigluoai":
+                a = swigluoai64(gu)
+            else:
+                g, u = gu[: gu.size // 2], gu[gu.size // 2:]
+                a = g / (1.0 + np.exp(-g)) * u
+            out[t] += tw[t, j] * (w2[e] @ a + (0 if b2 is None else b2[e]))
+    return out
+
+
+def run_gpu(x, w13, w2, tw, ids, dtype, b13=None, b2=None, activation="silu"):
+    """fused_experts on the GPU over x / w13 / w2 (f32 host values) in dtype: (out as f32, the
+    f64 reference on the values the GPU was given)."""
+    xs, w13s, w2s = (rounded(a, dtype) for a in (x, w13, w2))
+    out = DeviceArray.empty(x.shape, dtype)
+    bias = [None if b is None else DeviceArray.from_numpy(b.astype(np.float32)) for b in (b13, b2)]
+    ops_out = ops_fused(out, dev(xs, dtype), dev(w13s, dtype), dev(w2s, dtype), tw, ids,
+                        bias, activation)
+    ref = experts64(xs.astype(np.float64), w13s.astype(np.float64), w2s.astype(np.float64),
+                    tw.astype(np.float64), ids, b13, b2, activation)
+    return as_f32(ops_out.numpy(), dtype), ref
+
+
+def ops_fused(out, x, w13, w2, tw, ids, bias, activation):
+    from vllmx.ops import _EXPERT_ACTIVATIONS
+
+    _C.ops.fused_experts(out, x, w13, w2, DeviceArray.from_numpy(tw),
+                         DeviceArray.from_numpy(ids), bias[0], bias[1],
+                         _EXPERT_ACTIVATIONS[activation])
+    return out
+
+
+# Relative error bars: every intermediate (w13's product, the activation, w2's product) rounds
+# to the activation dtype on the GPU, so bf16 carries ~3 roundings of 2^-9.
+TOL = {F32: 1e-5, F16: 4e-3, BF16: 3e-2}
+
+# (experts, top-k, tokens, hidden, intermediate): decode sizes (32-row tiles), a prefill with
+# >= 96 rows an expert (128-row tiles), sizes not a multiple of 8 (the generic kernel), and
+# more pairs than one chunk holds (16384).
+MOE_SHAPES = [(8, 2, 1, 64, 32), (64, 8, 5, 128, 64), (16, 4, 37, 96, 48), (8, 2, 512, 64, 32),
+              (8, 2, 7, 36, 20), (4, 4, 4200, 16, 8)]
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16, F32], ids=["bf16", "f16", "f32"])
+@pytest.mark.parametrize("shape", MOE_SHAPES, ids=lambda s: "E{}k{}T{}H{}I{}".format(*s))
+def test_fused_experts_vs_float64(shape, dtype):
+    e, k, t, h, i = shape
+    rng = np.random.default_rng(e * 1000 + t + h)
+    x = rng.standard_normal((t, h)).astype(np.float32)
+    w13 = (rng.standard_normal((e, 2 * i, h)) / np.sqrt(h)).astype(np.float32)
+    w2 = (rng.standard_normal((e, h, i)) / np.sqrt(i)).astype(np.float32)
+    tw, ids = route(rng, t, e, k)
+    got, ref = run_gpu(x, w13, w2, tw, ids, dtype)
+    assert np.isfinite(got).all()
+    assert np.abs(got - ref).max() / np.abs(ref).max() < TOL[dtype]
+
+
+@pytest.mark.parametrize("activation", ["swigluoai", "relu2"])
+@pytest.mark.parametrize("dtype", [BF16, F32], ids=["bf16", "f32"])
+def test_fused_experts_biases_and_activations(activation, dtype):
+    e, k, t, h, i = 16, 4, 21, 64, 32
+    rng = np.random.default_rng(7)
+    g = i if activation == "relu2" else 2 * i
+    x = (rng.standard_normal((t, h)) * 2).astype(np.float32)
+    w13 = (rng.standard_normal((e, g, h)) * 2 / np.sqrt(h)).astype(np.float32)
+    w2 = (rng.standard_normal((e, h, i)) / np.sqrt(i)).astype(np.float32)
+    b13 = rng.standard_normal((e, g)).astype(np.float32)
+    b2 = rng.standard_normal((e, h)).astype(np.float32)
+    tw, ids = route(rng, t, e, k)
+    got, ref = run_gpu(x, w13, w2, tw, ids, dtype, b13, b2, activation)
+    assert np.abs(got - ref).max() / np.abs(ref).max() < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [BF16, F32], ids=["bf16", "f32"])
+def test_fused_experts_token_alone_equals_in_batch(dtype):
+    """A token's output bits do not depend on the tokens sharing its experts' tiles."""
+    e, k, t, h, i = 8, 2, 24, 64, 32
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((t, h)).astype(np.float32)
+    w13 = (rng.standard_normal((e, 2 * i, h)) / np.sqrt(h)).astype(np.float32)
+    w2 = (rng.standard_normal((e, h, i)) / np.sqrt(i)).astype(np.float32)
+    tw, ids = route(rng, t, e, k)
+    batch, _ = run_gpu(x, w13, w2, tw, ids, dtype)
+    for r in (0, 5, t - 1):
+        alone, _ = run_gpu(x[r:r + 1], w13, w2, tw[r:r + 1], ids[r:r + 1], dtype)
+        np.testing.assert_array_equal(alone[0], batch[r])
+
+
+def test_fused_experts_bad_arguments_name_the_problem():
+    x = DeviceArray.empty((3, 64), BF16)
+    out = DeviceArray.empty((3, 64), BF16)
+    w13 = DeviceArray.empty((8, 64, 64), BF16)
+    w2 = DeviceArray.empty((8, 64, 32), BF16)
+    tw = DeviceArray.empty((3, 2), F32)
+    ids = DeviceArray.from_numpy(np.zeros((3, 2), np.int32))
+    with pytest.raises(Exception, match="activation"):
+        _C.ops.fused_experts(out, x, w13, w2, tw, ids, None, None, 5)
+    with pytest.raises(Exception, match="w13"):
+        _C.ops.fused_experts(out, x, DeviceArray.empty((8, 64, 64), F16), w2, tw, ids, None,
+                             None, 0)
+    with pytest.raises(Exception, match="topk_weights"):
+        _C.ops.fused_experts(out, x, w13, w2, DeviceArray.empty((3, 3), F32), ids, None, None,
+                             0)

@@ -1,6 +1,6 @@
 """SparseMoeBlock: router + topk_softmax + fused_experts equal to the float64 MoE of the same
-weights; block experts repacked expert by expert; a GPU placement refused by name while
-fused_experts has no CUDA kernel."""
+weights; block experts repacked expert by expert; on a GPU placement what its kernels cannot
+run yet (quantized experts, grouped routing) refused by name."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from vllmx import _C, ops
-from vllmx.layers.fused_moe import SparseMoeBlock
+from vllmx.layers.fused_moe import GroupedRouting, SparseMoeBlock
 from vllmx.layers.placement import Placement, placement
 from vllmx.ops import Weight
 
@@ -63,9 +63,18 @@ def test_block_experts_are_repacked_per_expert():
     assert np.linalg.norm(a - b) / np.linalg.norm(b) < 1e-3
 
 
-@pytest.mark.skipif(_C.ops.fused_experts.has_kernel("cuda"), reason="fused_experts has one")
-def test_gpu_placement_names_the_missing_op():
-    gate, w13, w2 = experts(np.random.default_rng())
+def test_gpu_placement_names_what_it_cannot_run():
+    """Quantized experts and grouped routing have no CUDA kernel yet: named before any upload."""
+    rng = np.random.default_rng()
+    gate, w13, w2 = experts(rng)
+    q8 = int(ops.Q8_0)
+    w13q = Weight(ops.quantize_weight(w13.data.reshape(-1, 64), q8).reshape(8, 64, -1), q8,
+                  w13.shape)
     with placement(Placement("cuda")), pytest.raises(ValueError, match=(
-            r"model.layers.3.mlp: the fused_experts op has no CUDA kernel.*device='cpu'")):
-        SparseMoeBlock(gate, w13, w2, 2, True, name="model.layers.3.mlp")
+            r"model.layers.3.mlp.w13: Q8_0 experts have no CUDA kernel yet.*device='cpu'")):
+        SparseMoeBlock(gate, w13q, w2, 2, True, name="model.layers.3.mlp")
+    if not _C.ops.grouped_topk.has_kernel("cuda"):
+        with placement(Placement("cuda")), pytest.raises(ValueError, match=(
+                r"model.layers.3.mlp: grouped expert routing.*device='cpu'")):
+            SparseMoeBlock(gate, w13, w2, 2, True, name="model.layers.3.mlp",
+                           routing=GroupedRouting(num_expert_group=2, topk_group=1))

@@ -2,7 +2,8 @@
 (topk_softmax, or grouped_topk for DeepSeek V2/V3 and GLM-4.5), then fused_experts over the
 stacked SwiGLU experts, plus the shared experts where the model has them. The experts stay in
 their stored format; on the CPU block experts are repacked once, expert by expert
-(ops.repack_experts)."""
+(ops.repack_experts); on the GPU they are uploaded dense in the activation dtype (the CUDA
+kernel, cuda/fused_moe.cu, sorts the tokens by expert on the device)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vllmx import _C, ops
+from vllmx.device import F32
 from vllmx.layers import placement
 from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.norm import ResidualAdd
@@ -53,17 +55,24 @@ class SparseMoeBlock:
                  shared_experts: SwiGLUMLP | None = None, gate_bias: Weight | None = None,
                  w13_bias: np.ndarray | None = None, w2_bias: np.ndarray | None = None,
                  activation: str = "silu", shared_expert_gate: Weight | None = None):
-        if placement.current().on_gpu and not _C.ops.fused_experts.has_kernel("cuda"):
+        on_gpu = placement.current().on_gpu
+        if on_gpu and routing is not None and not _C.ops.grouped_topk.has_kernel("cuda"):
             raise ValueError(
-                f"{name}: the fused_experts op has no CUDA kernel yet (mixture-of-experts "
-                f"models run on the CPU only); run this model with device='cpu'")
+                f"{name}: grouped expert routing (DeepSeek / GLM-4.5's grouped_topk) has no "
+                f"CUDA kernel yet; run this model with device='cpu'")
         num_experts = w13.shape[0]
         if gate.shape[0] != num_experts or not 1 <= top_k <= num_experts:
             raise ValueError(f"{name}: router {gate.shape} and experts {w13.shape} disagree, or "
                              f"top_k = {top_k} is not in 1..{num_experts}")
+        if on_gpu:  # (the experts first: a type the GPU cannot run fails before any upload)
+            self.w13 = placement.upload_experts(w13, f"{name}.w13")
+            self.w2 = placement.upload_experts(w2, f"{name}.w2")
+            w13_bias, w2_bias = (None if b is None else placement.upload_vector(b, F32)
+                                 for b in (w13_bias, w2_bias))
+        else:
+            self.w13 = ops.repack_experts(w13)
+            self.w2 = ops.repack_experts(w2)
         self.gate = Linear(gate, gate_bias)
-        self.w13 = ops.repack_experts(w13)
-        self.w2 = ops.repack_experts(w2)
         self.top_k = top_k
         self.renormalize = renormalize
         self.routing = routing

@@ -75,6 +75,20 @@ def upload_weight(w: Weight | DeviceArray, name: str = "weight") -> Weight | Dev
     return DeviceArray.from_numpy(np.asarray(w.data).reshape(rows, -1), w.dtype)
 
 
+def upload_experts(w: Weight, name: str = "experts") -> Weight | DeviceArray:
+    """Stacked expert weights [E, N, K] where the current placement wants them: unchanged on the
+    CPU; on the GPU a dense [E, N, K] array in the activation dtype (the CUDA fused_experts
+    kernel runs dense experts only)."""
+    p = _current
+    if not p.on_gpu or isinstance(w, DeviceArray):
+        return w
+    if w.dtype not in (F32, F16, BF16):
+        raise ValueError(
+            f"{name}: {_C.type_info(w.dtype)[0]} experts have no CUDA kernel yet (the GPU runs "
+            f"bf16, f16 and f32 experts); run this model with device='cpu'")
+    return DeviceArray.from_numpy(_dense_as(w, p.dtype).reshape(w.shape), p.dtype)
+
+
 def upload_vector(a: np.ndarray, dtype: int | None = None) -> np.ndarray | DeviceArray:
     """A small f32 host array (norm weight, bias, rope cache) on the current device: unchanged
     on the CPU; on the GPU in `dtype` (default the activation dtype)."""

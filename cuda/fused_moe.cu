@@ -1,0 +1,335 @@
+// fused_experts on the GPU (vLLM's fused MoE; contract in csrc/ops.def), as vLLM's CUDA path
+// runs it: the (token, rank) pairs sorted by expert into row tiles, two grouped GEMMs and the
+// weighted sum, all on the stream without the host learning how many rows each expert got, so
+// a decode step that holds it can be captured in a CUDA graph.
+//
+// 1. moe_align_kernel (one block): counts the pairs per expert, pads each expert's rows to a
+//    whole number of tiles of `bm` rows and gives every pair its row (slot_of_pair), every row
+//    its pair (pair_of_slot, -1 for padding) and every tile its expert (tile_expert, -1 for the
+//    tiles past the last expert's). The tiles a batch can need are bounded without looking at
+//    the ids: ceil(P / bm) + min(P, E) for P pairs.
+// 2. moe_gather_kernel: x's rows copied into that order (zeros in padding rows).
+// 3. the grouped GEMM (linear.cu, launch_grouped_linear): each tile against its expert's w13.
+// 4. moe_act_kernel: + w13's bias, SwiGLU / gpt-oss's clamped SwiGLU / relu2, per row.
+// 5. the grouped GEMM against w2.
+// 6. moe_combine_kernel: out[t] = sum_j w[t, j] (y[slot(t, j)] + w2's bias), j = 0..k-1 in
+//    order, in f32 without fused multiply-adds, like the CPU kernel.
+// A row's GEMM results come from that row alone (the mma tiles' rows are independent), so a
+// token's output does not depend on which other tokens share its experts' tiles. Long batches
+// run in chunks of tokens, which bounds the scratch rows.
+#include <algorithm>
+#include <string>
+
+#include "core/op_table.h"
+#include "cuda_util.cuh"
+#include "linear.cuh"
+#include "runtime.h"
+
+namespace vllmx::cuda {
+
+namespace {
+
+using lin::LinearArgs;
+
+constexpr const char* kOp = "fused_experts";
+constexpr int kAlignThreads = 1024;
+constexpr int kMaxExperts = 4096;  // moe_align_kernel's counts and offsets in shared memory
+constexpr int64_t kMaxChunkPairs = 16384;
+// gpt-oss's SwiGLU constants (vLLM's swigluoai_and_mul defaults; the CPU kernel's).
+constexpr float kSwigluOaiAlpha = 1.702f, kSwigluOaiLimit = 7.0f;
+
+__global__ void __launch_bounds__(kAlignThreads)
+    moe_align_kernel(const int32_t* __restrict__ ids, int64_t id_stride, int P, int k, int E,
+                     int bm, int tiles, int* __restrict__ slot_of_pair,
+                     int* __restrict__ pair_of_slot, int* __restrict__ tile_expert) {
+  pdl_begin();
+  extern __shared__ int align_smem[];
+  int* count = align_smem;     // [E]: pairs per expert, then the fill cursor
+  int* offset = count + E;     // [E + 1]: first row of each expert (padded)
+  const int tid = threadIdx.x;
+  for (int e = tid; e < E; e += kAlignThreads) count[e] = 0;
+  for (int r = tid; r < tiles * bm; r += kAlignThreads) pair_of_slot[r] = -1;
+  for (int i = tid; i < tiles; i += kAlignThreads) tile_expert[i] = -1;
+  __syncthreads();
+  // Ids outside 0..E-1 (the routing kernels never write one) take no row and add nothing.
+  for (int p = tid; p < P; p += kAlignThreads) {
+    const int e = ids[(p / k) * id_stride + p % k];
+    if (e >= 0 && e < E) atomicAdd(&count[e], 1);
+  }
+  __syncthreads();
+  // Exclusive scan of the padded counts by warp 0: each lane a run of experts, then a
+  // shuffle scan of the runs' sums.
+  if (tid < 32) {
+    const int per = (E + 31) / 32, e0 = min(E, tid * per), e1 = min(E, e0 + per);
+    int sum = 0;
+    for (int e = e0; e < e1; ++e) sum += (count[e] + bm - 1) / bm * bm;
+    int incl = sum;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, d);
+      if (tid >= d) incl += v;
+    }
+    int run = incl - sum;
+    for (int e = e0; e < e1; ++e) {
+      offset[e] = run;
+      run += (count[e] + bm - 1) / bm * bm;
+    }
+    if (tid == 31) offset[E] = incl;
+  }
+  __syncthreads();
+  for (int e = tid; e < E; e += kAlignThreads) {
+    for (int i = offset[e] / bm; i < offset[e + 1] / bm; ++i) tile_expert[i] = e;
+    count[e] = 0;  // now the fill cursor
+  }
+  __syncthreads();
+  for (int p = tid; p < P; p += kAlignThreads) {
+    const int e = ids[(p / k) * id_stride + p % k];
+    int s = -1;
+    if (e >= 0 && e < E) {
+      s = offset[e] + atomicAdd(&count[e], 1);
+      pair_of_slot[s] = p;
+    }
+    slot_of_pair[p] = s;
+  }
+}
+
+// xg[r] = x[pair_of_slot[r] / k] (zeros for padding rows); rows of padding tiles are skipped.
+// V: the copy unit (uint4 where rows and strides allow 16-byte moves, else the element).
+template <typename V>
+__global__ void moe_gather_kernel(V* __restrict__ xg, const V* __restrict__ x, int64_t x_stride,
+                                  int row_len, const int* __restrict__ pair_of_slot,
+                                  const int* __restrict__ tile_expert, int bm, int k) {
+  pdl_begin();
+  const int r = blockIdx.x;
+  if (tile_expert[r / bm] < 0) return;
+  const int p = pair_of_slot[r];
+  V* dst = xg + static_cast<int64_t>(r) * row_len;
+  if (p < 0) {
+    for (int c = threadIdx.x; c < row_len; c += blockDim.x) dst[c] = V{};
+    return;
+  }
+  const V* src = x + static_cast<int64_t>(p / k) * x_stride;
+  for (int c = threadIdx.x; c < row_len; c += blockDim.x) dst[c] = src[c];
+}
+
+// act[r, i] from h[r] = w13_e x (+ bias[e]): activation 0 silu(gate) * up, 1 gpt-oss's clamped
+// SwiGLU, 2 relu2 (h is up alone). Math in f32, one rounding to T.
+template <typename T>
+__global__ void moe_act_kernel(T* __restrict__ act, const T* __restrict__ h, int I, int G,
+                               const float* __restrict__ bias, int64_t bias_stride,
+                               const int* __restrict__ tile_expert, int bm, int activation) {
+  pdl_begin();
+  const int r = blockIdx.x;
+  const int e = tile_expert[r / bm];
+  if (e < 0) return;
+  const T* hr = h + static_cast<int64_t>(r) * G;
+  const float* b = bias != nullptr ? bias + e * bias_stride : nullptr;
+  T* out = act + static_cast<int64_t>(r) * I;
+  for (int i = threadIdx.x; i < I; i += blockDim.x) {
+    float g = to_f32(hr[i]) + (b != nullptr ? b[i] : 0.f);
+    float v;
+    if (activation == 2) {
+      g = fmaxf(g, 0.f);
+      v = g * g;
+    } else {
+      float u = to_f32(hr[I + i]) + (b != nullptr ? b[I + i] : 0.f);
+      if (activation == 1) {
+        g = fminf(g, kSwigluOaiLimit);
+        u = fminf(fmaxf(u, -kSwigluOaiLimit), kSwigluOaiLimit);
+        v = g / (1.f + expf(-kSwigluOaiAlpha * g)) * (u + 1.f);
+      } else {
+        v = g / (1.f + expf(-g)) * u;
+      }
+    }
+    out[i] = from_f32<T>(v);
+  }
+}
+
+// out[t, :] = sum_j w[t, j] * (y[slot(t, j)] + bias[e(t, j)]), j in order, no FMA contraction
+// (the CPU kernel's order and rounding).
+template <typename T>
+__global__ void moe_combine_kernel(T* __restrict__ out, int64_t out_stride,
+                                   const T* __restrict__ y, int H,
+                                   const float* __restrict__ weights, int64_t w_stride,
+                                   const int32_t* __restrict__ ids, int64_t id_stride,
+                                   const int* __restrict__ slot_of_pair, int k,
+                                   const float* __restrict__ bias, int64_t bias_stride) {
+  pdl_begin();
+  const int t = blockIdx.x;
+  for (int c = threadIdx.x; c < H; c += blockDim.x) {
+    float acc = 0.f;
+    for (int j = 0; j < k; ++j) {
+      const int s = slot_of_pair[t * k + j];
+      float v = 0.f;
+      if (s >= 0) {
+        v = to_f32(y[static_cast<int64_t>(s) * H + c]);
+        if (bias != nullptr) v = __fadd_rn(v, bias[ids[t * id_stride + j] * bias_stride + c]);
+      }
+      const float wv = __fmul_rn(weights[t * w_stride + j], v);
+      acc = j == 0 ? wv : __fadd_rn(acc, wv);
+    }
+    out[t * out_stride + c] = from_f32<T>(acc);
+  }
+}
+
+// Scratch, grow-only: a captured graph keeps pointing at what it was captured with.
+template <int kRole>
+void* scratch(size_t bytes) {
+  static GrowOnlyBuffer buf;
+  return buf.get(std::max<size_t>(bytes, 16));
+}
+
+size_t dsize(DType d) { return d == DType::F32 ? 4 : 2; }
+
+// x [T, K] gathered into rows by pair_of_slot.
+void gather_rows(void* xg, const Tensor& x, int rows, const int* pair_of_slot,
+                 const int* tile_expert, int bm, int k, cudaStream_t s) {
+  const int64_t K = x.shape[1], es = static_cast<int64_t>(dsize(x.dtype));
+  const bool vec = (K * es) % 16 == 0 && (x.stride[0] * es) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(x.data) % 16 == 0;
+  if (vec) {
+    const int len = static_cast<int>(K * es / 16);
+    launch(moe_gather_kernel<uint4>, rows, 128, 0, s, static_cast<uint4*>(xg),
+           static_cast<const uint4*>(x.data), x.stride[0] * es / 16, len, pair_of_slot,
+           tile_expert, bm, k);
+  } else if (es == 4) {
+    launch(moe_gather_kernel<float>, rows, 128, 0, s, static_cast<float*>(xg),
+           static_cast<const float*>(x.data), x.stride[0], static_cast<int>(K), pair_of_slot,
+           tile_expert, bm, k);
+  } else {
+    launch(moe_gather_kernel<uint16_t>, rows, 128, 0, s, static_cast<uint16_t*>(xg),
+           static_cast<const uint16_t*>(x.data), x.stride[0], static_cast<int>(K),
+           pair_of_slot, tile_expert, bm, k);
+  }
+}
+
+// One grouped product: rows of x_rows [rows, K] against each tile's expert of w [E, N, K].
+void grouped(void* out, const void* x_rows, const Tensor& w, int rows, int bm,
+             const int* tile_expert, DType xt, cudaStream_t s) {
+  LinearArgs a;
+  a.x = x_rows;
+  a.w = w.data;
+  a.bias = nullptr;
+  a.out = out;
+  a.T = rows;
+  a.N = static_cast<int>(w.shape[1]);
+  a.K = static_cast<int>(w.shape[2]);
+  a.x_stride = a.K;
+  a.out_stride = a.N;
+  a.w_stride = w.stride[1];
+  a.pair_store = a.N % 2 == 0;
+  a.tile_expert = tile_expert;
+  a.tile_rows = bm;
+  a.w_expert_stride = w.stride[0] * static_cast<int64_t>(dsize(xt));
+  lin::launch_grouped_linear(a, xt, s);
+}
+
+void check_stack(const Tensor& w, const char* name, DType xt, int64_t E, int64_t N, int64_t K) {
+  check_on_device(w, kOp, name);
+  VLLMX_CHECK(w.defined() && w.ndim == 3 && w.dtype == xt && w.stride[2] == 1 &&
+                  w.stride[1] >= w.shape[2] && w.stride[0] >= w.shape[1] * w.stride[1],
+              kOp,
+              std::string(name) + " " + w.str() + " must be a stacked [E, N, K] weight in x's " +
+                  "dtype with contiguous rows (the GPU runs bf16 / f16 / f32 experts; a " +
+                  "quantized expert has no CUDA kernel yet)");
+  VLLMX_CHECK(w.shape[0] == E && (N < 0 || w.shape[1] == N) && w.shape[2] == K, kOp,
+              std::string(name) + " " + w.str() + " disagrees with the other operands");
+}
+
+void check_bias(const Tensor& b, const char* name, int64_t E, int64_t N) {
+  if (!b.defined()) return;
+  check_on_device(b, kOp, name);
+  VLLMX_CHECK(b.dtype == DType::F32 && b.ndim == 2 && b.shape[0] == E && b.shape[1] == N &&
+                  b.stride[1] == 1,
+              kOp, std::string(name) + " " + b.str() + " must be f32 [" + std::to_string(E) +
+                       ", " + std::to_string(N) + "]");
+}
+
+void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const Tensor& w2,
+                   const Tensor& topk_weights, const Tensor& topk_ids, const Tensor& w13_bias,
+                   const Tensor& w2_bias, int64_t activation) {
+  VLLMX_CHECK(activation >= 0 && activation <= 2, kOp,
+              "activation must be 0 (silu), 1 (swigluoai) or 2 (relu2)");
+  for (const Tensor* t : {&out, &x, &topk_weights, &topk_ids}) check_on_device(*t, kOp, "tensor");
+  check_act(x, kOp, "x");
+  check_rows(x, kOp, "x");
+  check_rows(out, kOp, "out");
+  const DType xt = x.dtype;
+  const int64_t T = x.shape[0], H = x.shape[1];
+  VLLMX_CHECK(out.dtype == xt && out.ndim == 2 && out.shape[0] == T && out.shape[1] == H, kOp,
+              "out " + out.str() + " must be like x " + x.str());
+  VLLMX_CHECK(w13.defined() && w13.ndim == 3, kOp, "w13 must be a stacked [E, 2 I, H] weight");
+  const int64_t E = w13.shape[0], G = w13.shape[1];
+  const int64_t I = activation == 2 ? G : G / 2;
+  VLLMX_CHECK(activation == 2 || G % 2 == 0, kOp, "w13 " + w13.str() + " must be [E, 2 I, H]");
+  check_stack(w13, "w13", xt, E, -1, H);
+  check_stack(w2, "w2", xt, E, H, I);
+  VLLMX_CHECK(E >= 1 && E <= kMaxExperts, kOp,
+              "1 to " + std::to_string(kMaxExperts) + " experts, got w13 " + w13.str());
+  VLLMX_CHECK(topk_ids.dtype == DType::I32 && topk_ids.ndim == 2 && topk_ids.shape[0] == T &&
+                  topk_ids.stride[1] == 1 && topk_ids.shape[1] >= 1,
+              kOp, "topk_ids " + topk_ids.str() + " must be i32 [T, k] for x " + x.str());
+  const int64_t k = topk_ids.shape[1];
+  VLLMX_CHECK(topk_weights.dtype == DType::F32 && topk_weights.ndim == 2 &&
+                  topk_weights.shape[0] == T && topk_weights.shape[1] == k &&
+                  topk_weights.stride[1] == 1,
+              kOp, "topk_weights " + topk_weights.str() + " must be f32 [T, k] like topk_ids");
+  check_bias(w13_bias, "w13_bias", E, G);
+  check_bias(w2_bias, "w2_bias", E, H);
+  if (T == 0 || H == 0) return;
+  VLLMX_CHECK(T * k < (int64_t{1} << 30) && G * H < (int64_t{1} << 31), kOp,
+              "too large: x " + x.str() + ", w13 " + w13.str());
+
+  cudaStream_t s = stream();
+  const size_t es = dsize(xt);
+  const int64_t chunk = std::max<int64_t>(1, kMaxChunkPairs / k);
+  const bool tensor_cores = xt != DType::F32 && H % 8 == 0 && I % 8 == 0;
+  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+    const int64_t nt = std::min(chunk, T - t0), P = nt * k;
+    const int bm = lin::grouped_tile_rows(tensor_cores, P, E);
+    const int64_t tiles = (P + bm - 1) / bm + std::min(P, E), rows = tiles * bm;
+    int* slot_of_pair = static_cast<int*>(scratch<0>(P * sizeof(int)));
+    int* pair_of_slot = static_cast<int*>(scratch<1>(rows * sizeof(int)));
+    int* tile_expert = static_cast<int*>(scratch<2>(tiles * sizeof(int)));
+    void* xg = scratch<3>(rows * std::max(H, I) * es);  // x's rows, then the activations
+    void* h = scratch<4>(rows * G * es);                 // w13's products, then w2's
+    const int32_t* ids = topk_ids.ptr<int32_t>() + t0 * topk_ids.stride[0];
+    launch(moe_align_kernel, 1, kAlignThreads, (2 * E + 1) * sizeof(int), s, ids,
+           topk_ids.stride[0], static_cast<int>(P), static_cast<int>(k), static_cast<int>(E),
+           bm, static_cast<int>(tiles), slot_of_pair, pair_of_slot, tile_expert);
+    check_launch("moe_align_kernel");
+    Tensor xs = x;
+    xs.data = static_cast<char*>(x.data) + t0 * x.stride[0] * static_cast<int64_t>(es);
+    xs.shape[0] = nt;
+    gather_rows(xg, xs, static_cast<int>(rows), pair_of_slot, tile_expert, bm,
+                static_cast<int>(k), s);
+    check_launch("moe_gather_kernel");
+    grouped(h, xg, w13, static_cast<int>(rows), bm, tile_expert, xt, s);
+    void* y = scratch<5>(rows * H * es);
+    dispatch_float(xt, kOp, [&](auto z) {
+      using TA = decltype(z);
+      const int threads = static_cast<int>(std::min<int64_t>(256, (I + 31) / 32 * 32));
+      launch(moe_act_kernel<TA>, static_cast<unsigned>(rows), threads, 0, s,
+             static_cast<TA*>(xg), static_cast<const TA*>(h), static_cast<int>(I),
+             static_cast<int>(G), w13_bias.defined() ? w13_bias.ptr<float>() : nullptr,
+             w13_bias.defined() ? w13_bias.stride[0] : 0, tile_expert, bm,
+             static_cast<int>(activation));
+      check_launch("moe_act_kernel");
+      grouped(y, xg, w2, static_cast<int>(rows), bm, tile_expert, xt, s);
+      const int ct = static_cast<int>(std::min<int64_t>(256, (H + 31) / 32 * 32));
+      launch(moe_combine_kernel<TA>, static_cast<unsigned>(nt), ct, 0, s,
+             out.ptr<TA>() + t0 * out.stride[0], out.stride[0], static_cast<const TA*>(y),
+             static_cast<int>(H), topk_weights.ptr<float>() + t0 * topk_weights.stride[0],
+             topk_weights.stride[0], ids, topk_ids.stride[0], slot_of_pair,
+             static_cast<int>(k), w2_bias.defined() ? w2_bias.ptr<float>() : nullptr,
+             w2_bias.defined() ? w2_bias.stride[0] : 0);
+      check_launch("moe_combine_kernel");
+    });
+  }
+}
+
+}  // namespace
+
+VLLMX_KERNEL(fused_experts, kCUDA, fused_experts);
+
+}  // namespace vllmx::cuda
