@@ -27,6 +27,7 @@ worker gets that folder on its PYTHONPATH, the vllmx worker does not.
     python bench/gpu_vs_vllm.py                                  # both models, both workloads
     python bench/gpu_vs_vllm.py --models llama-3-8b --workloads 1024:128:1,8,32
     python bench/gpu_vs_vllm.py --models qwen3-0.6b --serve --concurrency 1 4 16 64 256
+    python bench/gpu_vs_vllm.py --models qwen3-30b-a3b --workloads 1024:128:1,8,32,64
     python bench/gpu_vs_vllm.py --engines vllmx --vllm-results bench/results/gpu_vs_vllm.json
 
 --vllm-results takes vLLM's numbers from an earlier report (same machine kind, same workloads)
@@ -49,7 +50,19 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_vs_transformers import SHAPES, copy_bandwidth, prompts, summarize  # noqa: E402
+from gpu_vs_transformers import SHAPES as DENSE_SHAPES  # noqa: E402
+from gpu_vs_transformers import copy_bandwidth, prompts, summarize  # noqa: E402
+
+# Beside the dense shapes, a mixture of experts of Qwen3-30B-A3B's shape (48 layers, 128
+# experts of 768, top-8): issue 19's MoE benchmark (transformers has no fast MoE to compare).
+SHAPES = {**DENSE_SHAPES,
+          "qwen3-30b-a3b": dict(arch="Qwen3Moe", model_type="qwen3_moe", vocab_size=151936,
+                                hidden_size=2048, intermediate_size=6144,
+                                moe_intermediate_size=768, num_hidden_layers=48,
+                                num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                                num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                                decoder_sparse_step=1, mlp_only_layers=[],
+                                tie_word_embeddings=False, max_position_embeddings=40960)}
 
 WORKLOADS = ["1024:128:1,8,32,128,256", "7936:64:1,4,16"]
 # vLLM's env.sh (gpu-peers): flashinfer is not bundled, so its sampler must stay off.
@@ -65,8 +78,9 @@ def parse_workload(text: str) -> tuple[int, int, list[int]]:
 def write_config(name: str, out_dir: str) -> str:
     spec = dict(SHAPES[name])
     arch = spec.pop("arch")
+    model_type = spec.pop("model_type", arch.lower())
     os.makedirs(out_dir, exist_ok=True)
-    cfg = {"architectures": [f"{arch}ForCausalLM"], "model_type": arch.lower(),
+    cfg = {"architectures": [f"{arch}ForCausalLM"], "model_type": model_type,
            "torch_dtype": "bfloat16", "rms_norm_eps": 1e-6, "hidden_act": "silu",
            "bos_token_id": 1, "eos_token_id": 2, "rope_theta": 1e6, **spec}
     with open(os.path.join(out_dir, "config.json"), "w") as f:
@@ -278,7 +292,7 @@ def serve_run(engine: str, args, path: str, max_len: int) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--models", nargs="+", default=list(DENSE_SHAPES), choices=list(SHAPES))
     ap.add_argument("--workloads", nargs="+", default=WORKLOADS,
                    help="INPUT:OUTPUT:B1,B2,... (prompt and generated tokens, batch sizes)")
     ap.add_argument("--engines", nargs="+", default=list(WORKERS), choices=list(WORKERS))

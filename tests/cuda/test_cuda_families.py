@@ -1,8 +1,8 @@
-"""The dense families beyond Llama and Qwen3 on the GPU: token parity against transformers on the
-same GPU (bf16: delta 0.5 nats; f32: delta 0.01) for the tiny checkpoints of
-tests/models/tiny_checkpoints.py at head_dim 64 (the tensor-core attention path) and Gemma 2 / 3's
-(head_dim 32: the generic path, with Gemma 2's attention soft cap), prompts longer than their
-sliding windows."""
+"""The families beyond Llama and Qwen3 on the GPU, dense and mixture-of-experts: token parity
+against transformers on the same GPU (bf16: delta 0.5 nats; f32: delta 0.01) for the tiny
+checkpoints of tests/models/tiny_checkpoints.py at head_dim 64 (the tensor-core attention path)
+and Gemma 2 / 3's (head_dim 32: the generic path, with Gemma 2's attention soft cap), prompts
+longer than their sliding windows."""
 
 from __future__ import annotations
 
@@ -20,8 +20,19 @@ transformers = pytest.importorskip("transformers")
 
 FAMILIES = ["granite", "smollm3", "phi3", "phi3_longrope", "glm4", "olmo2", "olmo3", "exaone4",
             "gemma2", "gemma3", "gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel",
-            "starcoder2", "gpt2", "cohere", "cohere2", "falcon", "falcon_seq"]
+            "starcoder2", "gpt2", "cohere", "cohere2", "falcon", "falcon_seq",
+            # mixture of experts (cuda/fused_moe.cu): softmax top-k routing, shared experts
+            "qwen3_moe", "mixtral", "granite_moe", "granite_moe_shared", "qwen2_moe"]
 SIZES = {"hidden_size": 256, "intermediate_size": 512, "max_position_embeddings": 1024}
+# Mixture-of-experts models in bf16: a token whose k-th and (k+1)-th router scores lie within
+# bf16's rounding picks its experts by that rounding, and no tolerance covers the jump. Measured
+# on the tiny Mixtral: transformers' own bf16 greedy tokens, teacher-forced through its f32
+# model, missed the argmax by 2.29 and 0.55 nats (2 of 256 positions). So these are checked
+# against the f32 oracle (one side's rounding, not two), allowing such positions in at most 2%
+# of the 256 (as the quantized-file rule allows 5%), each within MOE_BF16_GAP; f32 keeps the
+# strict rule.
+MOE = {"qwen3_moe", "mixtral", "granite_moe", "granite_moe_shared", "qwen2_moe"}
+MOE_BF16_GAP, MOE_BF16_FAILED = 3.0, 5
 SEED = int.from_bytes(os.urandom(4), "little")  # fresh prompts each run, printed on failure
 
 
@@ -56,9 +67,11 @@ def test_token_parity_vs_transformers_on_gpu(ckpt_dir, family, dtype, delta):
               kv_cache_memory_bytes=256 << 20)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
+    moe_bf16 = family in MOE and dtype == "bfloat16"
     oracle = transformers.AutoModelForCausalLM.from_pretrained(  # sdpa has no soft cap
-        path, dtype=getattr(torch, dtype),
+        path, dtype=torch.float32 if moe_bf16 else getattr(torch, dtype),
         attn_implementation="eager" if family == "gemma2" else "sdpa").cuda().eval()
+    failed = 0
     for prompt, out in zip(prompts, outs):
         toks = list(out.outputs[0].token_ids)
         assert len(toks) == 32
@@ -66,4 +79,9 @@ def test_token_parity_vs_transformers_on_gpu(ckpt_dir, family, dtype, delta):
             logits = oracle(torch.tensor([prompt + toks], device="cuda")).logits[0]
         lp = log_softmax(logits.double().cpu().numpy())
         report = check_positions(lp[len(prompt) - 1:-1], toks, delta)
-        assert report.failed == 0, f"{family} {dtype} (seed {SEED}, len {len(prompt)}): {report}"
+        where = f"{family} {dtype} (seed {SEED}, len {len(prompt)}): {report}"
+        failed += report.failed
+        if moe_bf16:
+            assert failed <= MOE_BF16_FAILED and report.worst_gap < MOE_BF16_GAP, where
+        else:
+            assert report.failed == 0, where

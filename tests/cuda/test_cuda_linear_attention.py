@@ -167,9 +167,10 @@ def test_linear_blocks(xdt, qtype, t, nk):
 @pytest.mark.parametrize("dt", [BF16, F16], ids=["bf16", "f16"])
 def test_linear_skinny(dt, nk):
     """4 < T <= 32 with x and w of one dtype take the skinny GEMM (split-K where N gives few
-    tiles): right against f64 at both token tile widths, and a row's bits do not depend on the
-    batch around it or on the launch (the split partials are summed in a fixed order); past 32
-    rows the other GEMMs take over, still right."""
+    tiles) up to 32 rows, or on Hopper up to 11 (the CUTLASS GEMM's narrow swapped tiles from
+    12): right against f64 at every token tile width, and a row's bits do not depend on the
+    batch around it within one kernel's range or on the launch (the split partials are summed
+    in a fixed order); past the range the other GEMMs take over, still right."""
     n, k = nk
     rng = np.random.default_rng([dt, n, k])
     w, w64 = make_dense(rng, n, k, dt)
@@ -177,13 +178,14 @@ def test_linear_skinny(dt, nk):
     bias = to_bits(rng.standard_normal(n).astype(np.float32) * 0.1, dt)
     want = x64 @ w64.T + from_bits(bias, dt)
     rows = {}
-    for t in (5, 8, 16, 17, 24, 32, 33, 40):
+    for t in (5, 8, 11, 12, 16, 17, 24, 32, 33, 40):
         got = cuda_linear(np.ascontiguousarray(x[:t]), dt, w, dt, bias)
         assert rel_err(got, want[:t]) < TOL[dt], t
         rows[t] = got[:5]
     again = cuda_linear(np.ascontiguousarray(x[:17]), dt, w, dt, bias)[:5]
     assert np.array_equal(again, rows[17])
-    assert all(np.array_equal(rows[t], rows[5]) for t in (8, 16, 17, 24, 32))
+    skinny = (8, 11) if _C.cuda_sm90_kernels() else (8, 11, 12, 16, 17, 24, 32)
+    assert all(np.array_equal(rows[t], rows[5]) for t in skinny)
 
 
 def test_linear_f32_activations_generic():
