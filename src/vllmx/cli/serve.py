@@ -52,6 +52,15 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--structured-outputs-config", default=None,
                    help="structured outputs' engine defaults, vLLM's JSON, e.g. "
                         "'{\"backend\": \"guidance\", \"disable_any_whitespace\": true}'")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="parse tool calls from the output for tool_choice 'auto' (needs "
+                        "--tool-call-parser)")
+    p.add_argument("--tool-call-parser", default=None,
+                   help="the model family's tool call format, vLLM's names: hermes, "
+                        "llama3_json, mistral, pythonic, qwen3_coder, ...")
+    p.add_argument("--reasoning-parser", default=None,
+                   help="split reasoning_content from the answer, vLLM's names: deepseek_r1, "
+                        "qwen3, glm45, granite, mistral, minimax_m2, ...")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--generation-config", default="auto",
                    help="'auto' (the model's generation_config.json), 'vllm' (none), or a dir")
@@ -177,9 +186,12 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from vllmx.engine.async_llm import AsyncLLM
-    from vllmx.server.app import DEFAULT_MAX_REQUEST_BODY_BYTES, build_app
+    from vllmx.server.app import DEFAULT_MAX_REQUEST_BODY_BYTES, build_app, check_parser_flags
 
     logging.getLogger("vllmx").setLevel(logging.INFO)
+    # Bad parser flags fail before the model loads.
+    check_parser_flags(args.enable_auto_tool_choice, args.tool_call_parser,
+                       args.reasoning_parser)
     engine_args = engine_args_from(args)
     chat_template = load_chat_template(args.chat_template)
     engine_client = AsyncLLM.from_engine_args(engine_args)
@@ -196,6 +208,9 @@ def run_serve(args: argparse.Namespace) -> int:
                         enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
                         enable_server_load_tracking=args.enable_server_load_tracking,
                         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+                        enable_auto_tool_choice=args.enable_auto_tool_choice,
+                        tool_call_parser=args.tool_call_parser,
+                        reasoning_parser=args.reasoning_parser,
                         log_stats_interval=None if args.disable_log_stats else 10.0)
         drain = args.shutdown_drain_timeout if args.shutdown_mode == "drain" else 0.0
         server = _make_server(app, uvicorn.Config(

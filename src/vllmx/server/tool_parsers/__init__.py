@@ -1,0 +1,36 @@
+"""Tool call parsers by vLLM's names (--tool-call-parser NAME): each turns one model family's
+call format into OpenAI tool calls, streamed or whole."""
+
+from __future__ import annotations
+
+from vllmx.server.tool_parsers.abstract_tool_parser import (
+    ExtractedToolCallInformation,
+    ParsedOutput,
+    ToolCall,
+    ToolParser,
+)
+from vllmx.server.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
+from vllmx.server.tool_parsers.llama_tool_parser import Llama3JsonToolParser
+from vllmx.server.tool_parsers.mistral_tool_parser import MistralToolParser
+from vllmx.server.tool_parsers.pythonic_tool_parser import PythonicToolParser
+from vllmx.server.tool_parsers.qwen3coder_tool_parser import (
+    Qwen3CoderToolParser,
+    Qwen3XMLToolParser,
+)
+
+TOOL_PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (
+    Hermes2ProToolParser, Llama3JsonToolParser, MistralToolParser, PythonicToolParser,
+    Qwen3CoderToolParser, Qwen3XMLToolParser,
+)}
+
+
+def get_tool_parser(name: str) -> type[ToolParser]:
+    """The parser class registered under name (vLLM's ToolParserManager.get_tool_parser)."""
+    if name not in TOOL_PARSERS:
+        raise ValueError(f"invalid tool call parser: {name!r} (choose from "
+                         f"{', '.join(sorted(TOOL_PARSERS))})")
+    return TOOL_PARSERS[name]
+
+
+__all__ = ["TOOL_PARSERS", "ExtractedToolCallInformation", "ParsedOutput", "ToolCall",
+           "ToolParser", "get_tool_parser"]
