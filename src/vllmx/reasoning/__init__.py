@@ -4,6 +4,7 @@ the answer, in messages and streamed deltas."""
 from __future__ import annotations
 
 from vllmx.reasoning.abs_reasoning_parsers import ReasoningParser
+from vllmx.reasoning.gptoss_reasoning_parser import GptOssReasoningParser
 from vllmx.reasoning.granite_reasoning_parser import GraniteReasoningParser
 from vllmx.reasoning.think_reasoning_parsers import (
     DeepSeekR1ReasoningParser,
@@ -16,6 +17,7 @@ from vllmx.reasoning.think_reasoning_parsers import (
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {p.name: p for p in (
     DeepSeekR1ReasoningParser, Qwen3ReasoningParser, Glm4MoeModelReasoningParser,
     MiniMaxM2ReasoningParser, MistralReasoningParser, GraniteReasoningParser,
+    GptOssReasoningParser,
 )}
 
 

@@ -24,7 +24,7 @@ class BaseThinkingReasoningParser(ReasoningParser):
         lead = text.lstrip()
         if lead.startswith(self.start_token):
             text, in_reasoning = lead[len(self.start_token):], True
-        elif not final and not in_reasoning and self.start_token.startswith(lead):
+        elif not final and self.start_token.startswith(lead):
             return None, ""  # nothing but the start marker's first characters yet: hold
         if not in_reasoning:
             return None, text

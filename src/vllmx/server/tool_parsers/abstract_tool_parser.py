@@ -80,15 +80,24 @@ class TaggedToolParser(ToolParser):
     def parse(self, text: str, request, final: bool) -> ParsedOutput:
         content, calls, pos = [], [], 0
         markers = (self.call_start, *self.section_markers)
+
+        def text_part(part: str) -> None:
+            for m in self.section_markers:
+                part = part.replace(m, "")
+            # Whitespace between and after calls is the format's, not the answer's (vLLM's
+            # content is the text before the first call); an open stretch of it is held.
+            if not (calls and not part.strip()):
+                content.append(part)
+
         while True:
             i = text.find(self.call_start, pos)
             if i < 0:
                 tail = text[pos:]
                 if not final:
                     tail = tail[:len(tail) - held_back(tail, markers)]
-                content.append(tail)
+                text_part(tail)
                 break
-            content.append(text[pos:i])
+            text_part(text[pos:i])
             body_at = i + len(self.call_start)
             j = text.find(self.call_end, body_at)
             body = text[body_at:] if j < 0 else text[body_at:j]
@@ -96,13 +105,10 @@ class TaggedToolParser(ToolParser):
             if got is None:
                 if j < 0 and not final:
                     break  # an open body that may still become a call: hold it
-                content.append(text[i:] if j < 0 else text[i:j + len(self.call_end)])
+                text_part(text[i:] if j < 0 else text[i:j + len(self.call_end)])
             else:
                 calls.extend(got)
             if j < 0:
                 break
             pos = j + len(self.call_end)
-        out = "".join(content)
-        for m in self.section_markers:
-            out = out.replace(m, "")
-        return ParsedOutput(out, calls)
+        return ParsedOutput("".join(content), calls)

@@ -8,6 +8,7 @@ import ast
 import json
 
 from vllmx.server.tool_parsers.abstract_tool_parser import ParsedOutput, ToolCall, ToolParser
+from vllmx.server.tool_parsers.utils import held_back
 
 START, END = "<|python_start|>", "<|python_end|>"
 
@@ -59,6 +60,10 @@ class PythonicToolParser(ToolParser):
         body = text.strip()
         if body.startswith(START):
             body = body[len(START):].removesuffix(END).strip()
+            if not final:
+                body = body[:len(body) - held_back(body, (END,))]
+                if not body:
+                    return ParsedOutput("")
         elif not final and START.startswith(body):  # nothing yet, or maybe <|python_start|>
             return ParsedOutput("")
         if not body.startswith("["):

@@ -38,6 +38,8 @@ class Qwen3CoderToolParser(TaggedToolParser):
             rest = rest[:fn_end] + "</function>"
         elif complete:
             rest += "</function>"  # vLLM reads a call whose </function> is missing
+        elif final:
+            return None  # cut off inside the call
         schema = tool_parameters(request, name)
         params = [(k.strip(), convert_param(xml_value(v), schema.get(k.strip()))
                    if k.strip() in schema else xml_value(v))
