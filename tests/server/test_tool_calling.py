@@ -211,3 +211,16 @@ def test_unknown_parser_names_are_start_up_errors(engine_client):
     with pytest.raises(ValueError, match="requires --tool-call-parser"):
         build_app(engine_client, [MODEL], enable_auto_tool_choice=True,
                   log_stats_interval=None)
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--tool-call-parser", "nope"], "invalid tool call parser: 'nope' (choose from"),
+    (["--reasoning-parser", "nope"], "invalid reasoning parser: 'nope' (choose from"),
+    (["--enable-auto-tool-choice"], "--enable-auto-tool-choice requires --tool-call-parser"),
+])
+def test_serve_refuses_bad_parser_flags_before_loading(flags, words):
+    from tests.server.test_cli_serve import _run
+
+    proc = _run("--port", "1", *flags)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and words in out, out

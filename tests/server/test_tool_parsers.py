@@ -31,80 +31,80 @@ CET = ("get_time", {"zone": "CET"})
 
 # (tool parser, reasoning parser, model output, reasoning, content, calls)
 CASES = [
-    ("hermes", None, 'I\'ll check both.\n<tool_call>\n{"name": "get_weather", "arguments": '
+    ("hermes", None, ('I\'ll check both.\n<tool_call>\n{"name": "get_weather", "arguments": '
      '{"city": "Paris", "unit": "celsius"}}\n</tool_call>\n<tool_call>\n{"name": "get_time", '
-     '"arguments": {"zone": "CET"}}\n</tool_call>', None, "I'll check both.\n", [PARIS, CET]),
-    ("hermes", "qwen3", '<think>\nThe user wants the weather.\n</think>\n\n<tool_call>\n'
+     '"arguments": {"zone": "CET"}}\n</tool_call>'), None, "I'll check both.\n", [PARIS, CET]),
+    ("hermes", "qwen3", ('<think>\nThe user wants the weather.\n</think>\n\n<tool_call>\n'
      '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n'
-     '</tool_call>', "\nThe user wants the weather.\n", "\n\n", [PARIS]),
+     '</tool_call>'), "\nThe user wants the weather.\n", "\n\n", [PARIS]),
     ("hermes", None, "Paris is sunny today.", None, "Paris is sunny today.", []),
-    ("llama3_json", None, '{"name": "get_weather", "parameters": {"city": "Paris", "unit": '
-     '"celsius"}}; {"name": "get_time", "parameters": {"zone": "CET"}}', None, "",
+    ("llama3_json", None, ('{"name": "get_weather", "parameters": {"city": "Paris", "unit": '
+     '"celsius"}}; {"name": "get_time", "parameters": {"zone": "CET"}}'), None, "",
      [PARIS, CET]),
     ("llama3_json", None, '<|python_tag|>{"name": "get_time", "parameters": {"zone": "CET"}}',
      None, "", [CET]),
     ("llama3_json", None, "It is {sunny} in Paris.", None, "It is {sunny} in Paris.", []),
-    ("mistral", None, '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", '
-     '"unit": "celsius"}}, {"name": "get_time", "arguments": {"zone": "CET"}}]', None, "",
+    ("mistral", None, ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", '
+     '"unit": "celsius"}}, {"name": "get_time", "arguments": {"zone": "CET"}}]'), None, "",
      [PARIS, CET]),
-    ("mistral", None, 'Let me look.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": '
-     '"celsius"}[TOOL_CALLS]get_time[ARGS]{"zone": "CET"}', None, "Let me look.",
+    ("mistral", None, ('Let me look.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": '
+     '"celsius"}[TOOL_CALLS]get_time[ARGS]{"zone": "CET"}'), None, "Let me look.",
      [PARIS, CET]),
-    ("mistral", "mistral", '[THINK]Weather needs a tool.[/THINK][TOOL_CALLS]get_time[ARGS]'
-     '{"zone": "CET"}', "Weather needs a tool.", "", [CET]),
+    ("mistral", "mistral", ('[THINK]Weather needs a tool.[/THINK][TOOL_CALLS]get_time[ARGS]'
+     '{"zone": "CET"}'), "Weather needs a tool.", "", [CET]),
     ("pythonic", None, "[get_weather(city='Paris', unit='celsius'), get_time(zone=\"CET\")]",
      None, "", [PARIS, CET]),
-    ("pythonic", None, "<|python_start|>[book(guests=['Ann', 'Bo'], opts={'late': True})]"
-     "<|python_end|>", None, "", [("book", {"guests": ["Ann", "Bo"], "opts": {"late": True}})]),
-    ("qwen3_coder", None, "Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\n"
-     "Paris\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+    ("pythonic", None, ("<|python_start|>[book(guests=['Ann', 'Bo'], opts={'late': True})]"
+     "<|python_end|>"), None, "", [("book", {"guests": ["Ann", "Bo"], "opts": {"late": True}})]),
+    ("qwen3_coder", None, ("Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\n"
+     "Paris\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"),
      None, "Checking.\n", [("get_weather", {"city": "Paris", "days": 3})]),
-    ("qwen3_xml", "qwen3", "<think>\nhm\n</think>\n\n<tool_call>\n<function=get_time>\n"
+    ("qwen3_xml", "qwen3", ("<think>\nhm\n</think>\n\n<tool_call>\n<function=get_time>\n"
      "<parameter=zone>\nCET\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n"
      "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=unit>\n"
-     "celsius\n</parameter>\n</function>\n</tool_call>", "\nhm\n", "\n\n", [CET, PARIS]),
-    ("deepseek_v3", "deepseek_r1", "Weather first.\n</think>\n\nChecking.<｜tool▁calls▁begin｜>"
+     "celsius\n</parameter>\n</function>\n</tool_call>"), "\nhm\n", "\n\n", [CET, PARIS]),
+    ("deepseek_v3", "deepseek_r1", ("Weather first.\n</think>\n\nChecking.<｜tool▁calls▁begin｜>"
      "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\", "
      "\"unit\": \"celsius\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>"
-     "get_time\n```json\n{\"zone\": \"CET\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+     "get_time\n```json\n{\"zone\": \"CET\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
      "Weather first.\n", "\n\nChecking.", [PARIS, CET]),
-    ("deepseek_v31", None, "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather"
+    ("deepseek_v31", None, ("Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather"
      "<｜tool▁sep｜>{\"city\": \"Paris\", \"unit\": \"celsius\"}<｜tool▁call▁end｜>"
      "<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{\"zone\": \"CET\"}<｜tool▁call▁end｜>"
-     "<｜tool▁calls▁end｜>", None, "Checking.", [PARIS, CET]),
-    ("glm45", "glm45", "<think>The user asks about Paris.</think>\nI will check.\n<tool_call>"
+     "<｜tool▁calls▁end｜>"), None, "Checking.", [PARIS, CET]),
+    ("glm45", "glm45", ("<think>The user asks about Paris.</think>\nI will check.\n<tool_call>"
      "get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days"
-     "</arg_key>\n<arg_value>3</arg_value>\n</tool_call>", "The user asks about Paris.",
+     "</arg_key>\n<arg_value>3</arg_value>\n</tool_call>"), "The user asks about Paris.",
      "\nI will check.\n", [("get_weather", {"city": "Paris", "days": 3})]),
-    ("kimi_k2", None, "Sure.<|tool_calls_section_begin|><|tool_call_begin|>"
+    ("kimi_k2", None, ("Sure.<|tool_calls_section_begin|><|tool_call_begin|>"
      "functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Paris\", \"unit\": "
      "\"celsius\"}<|tool_call_end|><|tool_call_begin|>functions.get_time:1"
      "<|tool_call_argument_begin|>{\"zone\": \"CET\"}<|tool_call_end|>"
-     "<|tool_calls_section_end|>", None, "Sure.", [PARIS, CET]),
-    ("granite", None, '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris", '
-     '"unit": "celsius"}}, {"name": "get_time", "arguments": {"zone": "CET"}}]', None, "",
+     "<|tool_calls_section_end|>"), None, "Sure.", [PARIS, CET]),
+    ("granite", None, ('<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris", '
+     '"unit": "celsius"}}, {"name": "get_time", "arguments": {"zone": "CET"}}]'), None, "",
      [PARIS, CET]),
-    ("granite", "granite", 'Here is my thought process: a tool. Here is my response: '
-     '<tool_call>[{"name": "get_time", "arguments": {"zone": "CET"}}]', " a tool. ", "",
+    ("granite", "granite", ('Here is my thought process: a tool. Here is my response: '
+     '<tool_call>[{"name": "get_time", "arguments": {"zone": "CET"}}]'), " a tool. ", "",
      [CET]),
-    ("internlm", None, 'Let me check.<|action_start|><|plugin|>\n{"name": "get_weather", '
-     '"parameters": {"city": "Paris", "unit": "celsius"}}<|action_end|>', None,
+    ("internlm", None, ('Let me check.<|action_start|><|plugin|>\n{"name": "get_weather", '
+     '"parameters": {"city": "Paris", "unit": "celsius"}}<|action_end|>'), None,
      "Let me check.", [PARIS]),
-    ("minimax_m2", "minimax_m2", 'The user asks for weather.\n</think>\n\n<minimax:tool_call>\n'
+    ("minimax_m2", "minimax_m2", ('The user asks for weather.\n</think>\n\n<minimax:tool_call>\n'
      '<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n<parameter '
      'name="days">3</parameter>\n</invoke>\n<invoke name="get_time">\n<parameter name="zone">'
-     'CET</parameter>\n</invoke>\n</minimax:tool_call>', "The user asks for weather.\n", "\n\n",
+     'CET</parameter>\n</invoke>\n</minimax:tool_call>'), "The user asks for weather.\n", "\n\n",
      [("get_weather", {"city": "Paris", "days": 3}), CET]),
-    ("functiongemma", None, "<start_function_call>call:get_weather{city:<escape>Paris<escape>,"
+    ("functiongemma", None, ("<start_function_call>call:get_weather{city:<escape>Paris<escape>,"
      "unit:<escape>celsius<escape>}<end_function_call><start_function_call>call:book{guests:"
-     "[<escape>Ann, Jr.<escape>,<escape>Bo<escape>],opts:{late:true,n:2}}<end_function_call>",
+     "[<escape>Ann, Jr.<escape>,<escape>Bo<escape>],opts:{late:true,n:2}}<end_function_call>"),
      None, "", [PARIS, ("book", {"guests": ["Ann, Jr.", "Bo"], "opts": {"late": True, "n": 2}})]),
-    ("openai", "openai_gptoss", "<|channel|>analysis<|message|>Need the weather tool.<|end|>"
+    ("openai", "openai_gptoss", ("<|channel|>analysis<|message|>Need the weather tool.<|end|>"
      "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
-     "<|message|>{\"city\":\"Paris\",\"unit\":\"celsius\"}<|call|>", "Need the weather tool.",
+     "<|message|>{\"city\":\"Paris\",\"unit\":\"celsius\"}<|call|>"), "Need the weather tool.",
      "", [PARIS]),
-    ("openai", "openai_gptoss", "<|channel|>analysis<|message|>Simple.<|end|><|start|>assistant"
-     "<|channel|>final<|message|>Hello there!", "Simple.", "Hello there!", []),
+    ("openai", "openai_gptoss", ("<|channel|>analysis<|message|>Simple.<|end|><|start|>assistant"
+     "<|channel|>final<|message|>Hello there!"), "Simple.", "Hello there!", []),
 ]
 
 
@@ -179,14 +179,14 @@ MALFORMED = [
     ("deepseek_v3", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>garbage<｜tool▁call▁end｜>"),
     ("deepseek_v31", "<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{\"zone\"<｜tool▁call▁end｜>"),
     ("glm45", "<tool_call></tool_call>"),
-    ("kimi_k2", "<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>[1]"
-                "<|tool_call_end|>"),
+    ("kimi_k2", ("<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>[1]"
+                "<|tool_call_end|>")),
     ("granite", "<|tool_call|>[{\"name\": 3}]"),
     ("internlm", "<|action_start|><|plugin|>\nnot json<|action_end|>"),
     ("minimax_m2", "<minimax:tool_call>\n<invoke>\n</minimax:tool_call>"),
     ("functiongemma", "<start_function_call>call:f{x:<escape>open}<end_function_call>"),
-    ("openai", "<|channel|>commentary to=functions.f <|constrain|>json<|message|>not json"
-               "<|call|>"),
+    ("openai", ("<|channel|>commentary to=functions.f <|constrain|>json<|message|>not json"
+               "<|call|>")),
 ]
 
 
