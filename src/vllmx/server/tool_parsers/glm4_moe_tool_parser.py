@@ -7,7 +7,12 @@ from __future__ import annotations
 import re
 
 from vllmx.server.tool_parsers.abstract_tool_parser import TaggedToolParser, ToolCall
-from vllmx.server.tool_parsers.utils import convert_param, params_json, tool_parameters
+from vllmx.server.tool_parsers.utils import (
+    closed_items,
+    convert_param,
+    params_json,
+    tool_parameters,
+)
 
 _ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 
@@ -25,7 +30,13 @@ class Glm4MoeModelToolParser(TaggedToolParser):
         name = m.group(1)
         schema = tool_parameters(request, name)
         rest = body[m.end():]
-        params = [(k.strip(), convert_param(v, schema.get(k.strip()))) for k, v in _ARG.findall(rest)]
+        params = []
+        for k, v in closed_items(rest, "<arg_key>", "</arg_key>", "</arg_value>"):
+            v = v.lstrip()
+            if not v.startswith("<arg_value>"):
+                return None
+            k = k.strip()
+            params.append((k, convert_param(v[len("<arg_value>"):], schema.get(k))))
         if complete and _ARG.sub("", rest).strip():
             return None  # text that is no argument
         return [ToolCall(name, params_json(params, complete))]

@@ -4,13 +4,15 @@ schema. A stream sends each parameter as it closes."""
 
 from __future__ import annotations
 
-import re
-
 from vllmx.server.tool_parsers.abstract_tool_parser import TaggedToolParser, ToolCall
-from vllmx.server.tool_parsers.utils import convert_param, params_json, tool_parameters
+from vllmx.server.tool_parsers.utils import (
+    closed_items,
+    convert_param,
+    params_json,
+    tool_parameters,
+)
 
-_INVOKE = re.compile(r'<invoke name="([^"]*)">(.*?)(</invoke>|$)', re.DOTALL)
-_PARAM = re.compile(r'<parameter name="([^"]*)">(.*?)</parameter>', re.DOTALL)
+_INVOKE, _END = '<invoke name="', "</invoke>"
 
 
 class MinimaxM2ToolParser(TaggedToolParser):
@@ -20,19 +22,27 @@ class MinimaxM2ToolParser(TaggedToolParser):
 
     def parse_call(self, body, request, complete, final):
         calls, pos = [], 0
-        for m in _INVOKE.finditer(body):
-            if body[pos:m.start()].strip():
+        while (i := body.find(_INVOKE, pos)) >= 0:
+            if body[pos:i].strip():
                 return None  # text between invokes
-            name, inner, closed = m.group(1), m.group(2), bool(m.group(3))
-            if not closed and complete:
+            j = body.find('">', i)
+            if j < 0:
+                break  # the name is not closed yet
+            name = body[i + len(_INVOKE):j]
+            e = body.find(_END, j)
+            inner = body[j + 2:] if e < 0 else body[j + 2:e]
+            if e < 0 and complete:
                 return None
             schema = tool_parameters(request, name)
+            items = closed_items(inner, '<parameter name="', '">', "</parameter>")
             params = [(k, convert_param(v.strip("\n"), schema.get(k)) if k in schema
-                       else v.strip("\n")) for k, v in _PARAM.findall(inner)]
-            if closed and _PARAM.sub("", inner).strip():
+                       else v.strip("\n")) for k, v in items]
+            if e >= 0 and inner.count("</parameter>") != len(items):
                 return None
-            calls.append(ToolCall(name, params_json(params, closed)))
-            pos = m.end()
+            calls.append(ToolCall(name, params_json(params, e >= 0)))
+            if e < 0:
+                return calls
+            pos = e + len(_END)
         if not calls or complete and body[pos:].strip():
             return None
         return calls

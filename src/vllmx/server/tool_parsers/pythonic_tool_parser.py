@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 
 from vllmx.server.tool_parsers.abstract_tool_parser import ParsedOutput, ToolCall, ToolParser
 from vllmx.server.tool_parsers.utils import held_back
@@ -28,28 +29,29 @@ def _call(node: ast.AST) -> ToolCall:
     return ToolCall(node.func.id, json.dumps(args, ensure_ascii=False))
 
 
+# Quoted strings (group q set when closed), brackets, and runs of anything else: the scan
+# below steps a token at a time, so re-reading a long open call each step stays cheap.
+_TOKEN = re.compile(r"""'[^'\\\n]*(?:\\.[^'\\\n]*)*(?P<q>')?|"[^"\\\n]*(?:\\.[^"\\\n]*)*(?P<qq>")?"""
+                    r"""|[()\[\]{}]|[^'"()\[\]{}]+""", re.DOTALL)
+
+
 def _closed_calls(body: str) -> list[str]:
     """The source of each call inside an unfinished list whose closing parenthesis has come."""
-    out, depth, start, quote, i = [], 0, None, None, 0
-    while i < len(body):
-        c = body[i]
-        if quote:
-            if c == "\\":
-                i += 1
-            elif c == quote:
-                quote = None
-        elif c in "'\"":
-            quote = c
-        elif c in "([{":
+    out, depth, start = [], 0, None
+    for m in _TOKEN.finditer(body):
+        tok = m.group()
+        if tok[0] in "'\"":
+            if m.group("q") is None and m.group("qq") is None:
+                break  # an open string
+        elif tok in "([{":
             depth += 1
-        elif c in ")]}":
+        elif tok in ")]}":
             depth -= 1
-            if depth == 0 and c == ")" and start is not None:
-                out.append(body[start:i + 1].strip())
+            if depth == 0 and tok == ")" and start is not None:
+                out.append(body[start:m.end()].strip())
                 start = None
-        elif depth == 0 and c not in ", \n\t" and start is None:
-            start = i
-        i += 1
+        elif depth == 0 and start is None and tok.strip(", \n\t"):
+            start = m.start() + len(tok) - len(tok.lstrip(", \n\t"))
     return out
 
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 import re
 
 from vllmx.server.tool_parsers.abstract_tool_parser import TaggedToolParser, ToolCall
-from vllmx.server.tool_parsers.utils import convert_param, params_json, tool_parameters
-
-_PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|(?=</function>))",
-                    re.DOTALL)
+from vllmx.server.tool_parsers.utils import (
+    closed_items,
+    convert_param,
+    params_json,
+    tool_parameters,
+)
 
 
 def xml_value(raw: str) -> str:
@@ -43,7 +45,8 @@ class Qwen3CoderToolParser(TaggedToolParser):
         schema = tool_parameters(request, name)
         params = [(k.strip(), convert_param(xml_value(v), schema.get(k.strip()))
                    if k.strip() in schema else xml_value(v))
-                  for k, v in _PARAM.findall(rest)]
+                  for k, v in closed_items(rest, "<parameter=", ">", "</parameter>",
+                                           ("</function>",))]
         return [ToolCall(name, params_json(params, closed))]
 
 

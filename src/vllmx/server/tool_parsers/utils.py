@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import json
 import random
+import re
 import string
 import uuid
 from typing import Any
@@ -43,6 +44,15 @@ def skip_ws(s: str, i: int) -> int:
     return i
 
 
+# A JSON string (group 1 set when it is closed), or one bracket. Scanning by these tokens
+# keeps the per-character work in the regex engine: a stream re-reads an open call's
+# arguments every step, so a Python loop per character would cost quadratic time on the event
+# loop (seconds for a 20 kB argument).
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(")?', re.DOTALL)
+_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(")?|[{}\[\]]', re.DOTALL)
+_WORD_END = re.compile(r"[,}\] \t\r\n]")
+
+
 def json_value_end(s: str, i: int) -> int | None:
     """The end of the JSON value starting at s[i], or None while the text ends inside it (an
     object, array or string not closed yet, or a bare word the text may still extend)."""
@@ -50,38 +60,24 @@ def json_value_end(s: str, i: int) -> int | None:
         return None
     c = s[i]
     if c == '"':
-        j = i + 1
-        while j < len(s):
-            if s[j] == "\\":
-                j += 2
-            elif s[j] == '"':
-                return j + 1
-            else:
-                j += 1
-        return None
+        m = _STRING.match(s, i)
+        return m.end() if m.group(1) is not None else None
     if c in "{[":
-        depth, j, in_str = 0, i, False
-        while j < len(s):
-            ch = s[j]
-            if in_str:
-                if ch == "\\":
-                    j += 1
-                elif ch == '"':
-                    in_str = False
-            elif ch == '"':
-                in_str = True
-            elif ch in "{[":
+        depth = 0
+        for m in _TOKEN.finditer(s, i):
+            tok = m.group()
+            if tok[0] == '"':
+                if m.group(1) is None:
+                    return None
+            elif tok in "{[":
                 depth += 1
-            elif ch in "}]":
+            else:
                 depth -= 1
                 if depth == 0:
-                    return j + 1
-            j += 1
+                    return m.end()
         return None
-    j = i
-    while j < len(s) and s[j] not in ",}] \t\r\n":
-        j += 1
-    return j if j < len(s) else None
+    m = _WORD_END.search(s, i)
+    return m.start() if m else None
 
 
 class PartialObject:
@@ -183,6 +179,31 @@ def call_from_object(s: str, i: int, final: bool,
     if args.startswith('"'):  # a string-encoded object: sent whole once it is complete
         args, done = "", False
     return name, args, done, None
+
+
+def closed_items(text: str, start_tag: str, name_end: str, close_tag: str,
+                 stops: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """(name, value) of each START_TAG name NAME_END value CLOSE_TAG in text, in order; an item
+    whose close tag is missing ends where the next item or a stop string begins; the open last
+    item is left out. str.find only: a stream re-reads an open call every step, and lazy
+    regexes over a long value would cost seconds in all."""
+    out, pos = [], 0
+    while True:
+        i = text.find(start_tag, pos)
+        if i < 0:
+            return out
+        j = text.find(name_end, i + len(start_tag))
+        if j < 0:
+            return out
+        v = j + len(name_end)
+        ends = [(k, n) for k, n in ((text.find(close_tag, v), len(close_tag)),
+                                    *((text.find(t, v), 0) for t in (start_tag, *stops)))
+                if k >= 0]
+        if not ends:
+            return out
+        k, skip = min(ends)
+        out.append((text[i + len(start_tag):j], text[v:k]))
+        pos = k + skip
 
 
 def params_json(params: list[tuple[str, Any]], complete: bool) -> str:
