@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import sys
@@ -114,6 +115,21 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+def _structured_outputs_config(args: argparse.Namespace) -> str | None:
+    """--structured-outputs-config, with --reasoning-parser as its reasoning_parser (vLLM's:
+    constraints then apply to the answer after the reasoning)."""
+    cfg = args.structured_outputs_config
+    if not getattr(args, "reasoning_parser", None):
+        return cfg
+    try:
+        d = json.loads(cfg) if cfg else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--structured-outputs-config is not valid JSON: {e}") from e
+    if isinstance(d, dict):
+        d.setdefault("reasoning_parser", args.reasoning_parser)
+    return json.dumps(d)
+
+
 def engine_args_from(args: argparse.Namespace):
     """EngineArgs from the flags; a flag this engine has no field for is a clear error."""
     from vllmx.engine.llm_engine import EngineArgs
@@ -132,7 +148,7 @@ def engine_args_from(args: argparse.Namespace):
                 "block_size": args.block_size,
                 "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
                 "speculative_config": args.speculative_config,
-                "structured_outputs_config": args.structured_outputs_config,
+                "structured_outputs_config": _structured_outputs_config(args),
                 "async_scheduling": args.async_scheduling,
                 "num_threads": args.threads}
     for name, value in optional.items():

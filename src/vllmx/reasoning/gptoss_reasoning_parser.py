@@ -11,6 +11,8 @@ from vllmx.server.tool_parsers.openai_tool_parser import harmony_call_text, harm
 class GptOssReasoningParser(ReasoningParser):
     name = "openai_gptoss"
     keeps_special_tokens = True  # the harmony markers are special tokens
+    reasoning_start = "<|channel|>analysis<|message|>"
+    reasoning_end = "<|channel|>final<|message|>"
 
     def parse(self, text, final, in_reasoning):
         reasoning, content = [], []

@@ -15,6 +15,7 @@ _END = re.compile(r"Here(?: is|'s) my response:")
 
 class GraniteReasoningParser(ReasoningParser):
     name = "granite"
+    reasoning_start, reasoning_end = _STARTS[0], _ENDS[0]
 
     def parse(self, text, final, in_reasoning):
         start = next((s for s in _STARTS if text.startswith(s)), None)

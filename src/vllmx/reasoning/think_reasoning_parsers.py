@@ -14,6 +14,7 @@ from vllmx.server.tool_parsers.utils import held_back
 class BaseThinkingReasoningParser(ReasoningParser):
     start_token: ClassVar[str] = "<think>"
     end_token: ClassVar[str] = "</think>"
+    reasoning_start, reasoning_end = start_token, end_token
 
     def starts_in_reasoning(self, prompt: str) -> bool:
         # The template's generation prompt ends with an open <think> (Qwen3-Thinking-2507,
@@ -60,3 +61,4 @@ class MistralReasoningParser(BaseThinkingReasoningParser):
     name = "mistral"
     keeps_special_tokens = True  # [THINK] / [/THINK] are control tokens
     start_token, end_token = "[THINK]", "[/THINK]"
+    reasoning_start, reasoning_end = start_token, end_token

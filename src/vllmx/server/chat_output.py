@@ -47,9 +47,9 @@ class ChatOutputParser:
                  constrained: bool = False):
         self.plan, self.tool_parser, self.reasoning_parser = plan, tool_parser, reasoning_parser
         self.request = request
-        # A structured-output constraint holds from the first token (the grammar is not
-        # deferred past the reasoning), so the output starts in the answer; only a start
-        # marker the constraint itself writes opens reasoning.
+        # constrained: a structured-output constraint holds from the first token (the engine
+        # has no reasoning parser to defer it past the reasoning), so the output starts in the
+        # answer; only a start marker the constraint itself writes opens reasoning.
         self.in_reasoning = (reasoning_parser.starts_in_reasoning(prompt)
                              if reasoning_parser is not None and not constrained else False)
         if plan.mode == "auto" and tool_parser is not None:

@@ -86,6 +86,14 @@ class OpenAIServingChat(OpenAIServing):
         self.enable_auto_tools = enable_auto_tools
         self.tool_parser = tool_parser(None) if tool_parser is not None else None
         self.reasoning_parser = reasoning_parser(None) if reasoning_parser is not None else None
+        # Whether the engine holds constraints back until this parser's reasoning has ended
+        # (vLLM's structured_outputs_config reasoning_parser; `vllmx serve --reasoning-parser`
+        # sets it): else a constrained output starts in its answer.
+        soc = getattr(getattr(self.engine_client, "vllm_config", None),
+                      "structured_outputs_config", None)
+        self.grammar_after_reasoning = bool(
+            reasoning_parser is not None and soc is not None and not soc.enable_in_reasoning
+            and soc.reasoning_parser == reasoning_parser.name)
 
     def render(self, request, tools=None, for_generation: bool = False) -> tuple[str, list[int]]:
         """The prompt text and ids of a chat request (also used by /tokenize, which tokenizes
@@ -169,7 +177,8 @@ class OpenAIServingChat(OpenAIServing):
                                       (top or 0) if request.logprobs else None,
                                       request.prompt_logprobs)
         reader = ChatOutputParser(plan, self.tool_parser, self.reasoning_parser, request, text,
-                                  getattr(params, "structured_outputs", None) is not None)
+                                  getattr(params, "structured_outputs", None) is not None
+                                  and not self.grammar_after_reasoning)
         return text, ids, params, reader
 
     def _logprobs(self, request, token_ids: list[int],
