@@ -69,6 +69,19 @@ def streamed(client, **kw):
     return reasoning, content, [calls[i] for i in sorted(calls)], finish
 
 
+def answer(client, stream: bool, **kw):
+    """(content, [(name, arguments)], finish_reason) of one choice, streamed or not (each
+    call's id checked: vLLM's chatcmpl-tool-...)."""
+    if stream:
+        _, content, calls, finish = streamed(client, **kw)
+        return content, [(n, a) for _, n, a in calls], finish
+    choice = client.chat.completions.create(**kw).choices[0]
+    calls = choice.message.tool_calls or []
+    assert all(c.id.startswith("chatcmpl-tool-") for c in calls)
+    return (choice.message.content, [(c.function.name, c.function.arguments) for c in calls],
+            choice.finish_reason)
+
+
 def check_calls(calls, names=None):
     assert calls
     for name, arguments in calls:
@@ -80,16 +93,9 @@ def check_calls(calls, names=None):
 @pytest.mark.parametrize("stream", [False, True])
 def test_required_gives_valid_calls(tool_client, stream):
     for temperature, seed in ((0.0, None), (0.9, 1), (0.9, 2)):
-        kw = {"model": MODEL, "messages": USER, "tools": TOOLS, "tool_choice": "required",
-              "temperature": temperature, "seed": seed, "max_tokens": 200}
-        if stream:
-            _, content, calls, finish = streamed(tool_client, **kw)
-            calls = [(n, a) for _, n, a in calls]
-        else:
-            choice = tool_client.chat.completions.create(**kw).choices[0]
-            content, finish = choice.message.content, choice.finish_reason
-            calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
-            assert all(c.id.startswith("chatcmpl-tool-") for c in choice.message.tool_calls)
+        content, calls, finish = answer(
+            tool_client, stream, model=MODEL, messages=USER, tools=TOOLS,
+            tool_choice="required", temperature=temperature, seed=seed, max_tokens=200)
         assert finish == "tool_calls" and not content
         check_calls(calls)
 
@@ -104,16 +110,9 @@ def test_required_without_parallel_calls_gives_one(tool_client):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_named_function(tool_client, stream):
-    kw = {"model": MODEL, "messages": USER, "tools": TOOLS, "max_tokens": 200,
-          "temperature": 0,
-          "tool_choice": {"type": "function", "function": {"name": "get_time"}}}
-    if stream:
-        _, content, calls, finish = streamed(tool_client, **kw)
-        calls = [(n, a) for _, n, a in calls]
-    else:
-        choice = tool_client.chat.completions.create(**kw).choices[0]
-        content, finish = choice.message.content, choice.finish_reason
-        calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+    content, calls, finish = answer(
+        tool_client, stream, model=MODEL, messages=USER, tools=TOOLS, max_tokens=200,
+        temperature=0, tool_choice={"type": "function", "function": {"name": "get_time"}})
     assert finish == "stop" and not content and len(calls) == 1  # OpenAI's finish for named
     check_calls(calls, names={"get_time"})
 
@@ -224,3 +223,25 @@ def test_serve_refuses_bad_parser_flags_before_loading(flags, words):
     proc = _run("--port", "1", *flags)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 2 and words in out, out
+
+
+# Renders each tool's name and its JSON as transformers' templates do (tools | tojson).
+TOOL_TEMPLATE = ("{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+                 "</tools>{% endif %}{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+                 "{% if m.tool_calls %}{% for c in m.tool_calls %}<call>"
+                 "{{ c.function.arguments | tojson }}</call>{% endfor %}{% endif %}"
+                 "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def test_tools_reach_the_chat_template(engine_client):
+    app = build_app(engine_client, [MODEL], log_stats_interval=None,
+                    chat_template=TOOL_TEMPLATE)
+    messages = [*USER, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}]
+    with ServerThread(app) as s:
+        r = post(s, "/tokenize", {"model": MODEL, "messages": messages, "tools": [WEATHER]})
+        text = post(s, "/detokenize", {"model": MODEL, "tokens": r.json()["tokens"]}).json()
+    want = (f"<tools>{json.dumps(WEATHER, ensure_ascii=False)}\n</tools><user>"
+            f"{USER[0]['content']}<assistant><call>{{\"city\": \"Paris\"}}</call><assistant>")
+    assert text["prompt"] == want  # arguments as a mapping, as vLLM hands them to templates

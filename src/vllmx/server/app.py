@@ -340,7 +340,7 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
         completion.check_model(body.model)
         tok = completion.tokenizer
         if hasattr(body, "messages"):
-            _, ids = chat.render(body)
+            _, ids = chat.render(body, body.tools)
         else:
             ids = tok.encode(body.prompt, add_special_tokens=body.add_special_tokens)
         out = {"count": len(ids), "max_model_len": completion.max_model_len, "tokens": ids,
