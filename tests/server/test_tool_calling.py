@@ -7,10 +7,12 @@ tool_choice values are 400s in OpenAI's shape."""
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import jsonschema_rs
 import openai
 import pytest
+from pydantic import BaseModel, Field
 
 from tests.server.conftest import MODEL, ServerThread
 from tests.server.test_errors import check_error, post
@@ -98,6 +100,48 @@ def test_required_gives_valid_calls(tool_client, stream):
             tool_choice="required", temperature=temperature, seed=seed, max_tokens=200)
         assert finish == "tool_calls" and not content
         check_calls(calls)
+
+
+class GetWeather(BaseModel):
+    city: str = Field(max_length=20)
+    unit: Literal["celsius", "fahrenheit"]
+    days: int = Field(ge=1, le=7)
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function",
+                                                 "function": {"name": "GetWeather"}}])
+def test_openai_parse_with_a_pydantic_tool(tool_client, choice):
+    """The client's pydantic_function_tool (strict schema) and parse(): the forced call's
+    arguments come back parsed into the model."""
+    out = tool_client.chat.completions.parse(
+        model=MODEL, messages=USER, tools=[openai.pydantic_function_tool(GetWeather)],
+        tool_choice=choice, temperature=0, max_tokens=200)
+    calls = out.choices[0].message.tool_calls
+    assert calls and all(isinstance(c.function.parsed_arguments, GetWeather) for c in calls)
+    assert GetWeather.model_validate_json(calls[0].function.arguments) == \
+        calls[0].function.parsed_arguments
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_with_several_choices(tool_client, stream):
+    kw = {"model": MODEL, "messages": USER, "tools": TOOLS, "tool_choice": "required",
+          "n": 3, "temperature": 1.0, "seed": 5, "max_tokens": 200}
+    if stream:
+        calls: dict = {}
+        for chunk in tool_client.chat.completions.create(stream=True, **kw):
+            for ch in chunk.choices:
+                for tc in ch.delta.tool_calls or []:
+                    got = calls.setdefault(ch.index, {}).setdefault(tc.index, ["", ""])
+                    got[0] += tc.function.name or ""
+                    got[1] += tc.function.arguments or ""
+        per_choice = [list(calls[i].values()) for i in sorted(calls)]
+    else:
+        out = tool_client.chat.completions.create(**kw)
+        per_choice = [[(c.function.name, c.function.arguments) for c in ch.message.tool_calls]
+                      for ch in out.choices]
+    assert len(per_choice) == 3
+    for calls_of_choice in per_choice:
+        check_calls(calls_of_choice)
 
 
 def test_required_without_parallel_calls_gives_one(tool_client):

@@ -73,9 +73,12 @@ def required_schema(functions: dict[str, dict], parallel: bool) -> dict:
                 raise OpenAIError(f"tools: two tools define $defs.{key} differently; rename "
                                   f"one", param="tools")
             defs[key] = value
+        # Closed, unlike vLLM's: a small model otherwise goes on writing keys a call has no
+        # use for ("description": ...) until max_tokens.
         alternatives.append({"properties": {"name": {"type": "string", "enum": [name]},
                                             "parameters": params},
-                             "required": ["name", "parameters"]})
+                             "required": ["name", "parameters"],
+                             "additionalProperties": False})
     schema = {"type": "array", "minItems": 1,
               "items": {"type": "object", "anyOf": alternatives}}
     if not parallel:
