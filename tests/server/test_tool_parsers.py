@@ -44,6 +44,14 @@ CASES = [
     ("llama3_json", None, '<|python_tag|>{"name": "get_time", "parameters": {"zone": "CET"}}',
      None, "", [CET]),
     ("llama3_json", None, "It is {sunny} in Paris.", None, "It is {sunny} in Paris.", []),
+    ("llama4_json", None, '{"name": "get_time", "parameters": {"zone": "CET"}}', None, "",
+     [CET]),
+    ("llama4_pythonic", None, "<|python_start|>[get_time(zone='CET')]<|python_end|>", None,
+     "", [CET]),
+    ("seed_oss", "seed_oss", ("<seed:think>The user wants the weather.</seed:think>"
+     "<seed:tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+     "<parameter=unit>\ncelsius\n</parameter>\n</function>\n</seed:tool_call>"),
+     "The user wants the weather.", "", [PARIS]),
     ("mistral", None, ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", '
      '"unit": "celsius"}}, {"name": "get_time", "arguments": {"zone": "CET"}}]'), None, "",
      [PARIS, CET]),

@@ -12,12 +12,13 @@ from vllmx.reasoning.think_reasoning_parsers import (
     MiniMaxM2ReasoningParser,
     MistralReasoningParser,
     Qwen3ReasoningParser,
+    SeedOSSReasoningParser,
 )
 
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {p.name: p for p in (
     DeepSeekR1ReasoningParser, Qwen3ReasoningParser, Glm4MoeModelReasoningParser,
     MiniMaxM2ReasoningParser, MistralReasoningParser, GraniteReasoningParser,
-    GptOssReasoningParser,
+    GptOssReasoningParser, SeedOSSReasoningParser,
 )}
 
 

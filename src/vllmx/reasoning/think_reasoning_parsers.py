@@ -62,3 +62,9 @@ class MistralReasoningParser(BaseThinkingReasoningParser):
     keeps_special_tokens = True  # [THINK] / [/THINK] are control tokens
     start_token, end_token = "[THINK]", "[/THINK]"
     reasoning_start, reasoning_end = start_token, end_token
+
+
+class SeedOSSReasoningParser(BaseThinkingReasoningParser):
+    name = "seed_oss"
+    start_token, end_token = "<seed:think>", "</seed:think>"
+    reasoning_start, reasoning_end = start_token, end_token

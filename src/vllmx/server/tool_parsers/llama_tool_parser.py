@@ -55,3 +55,9 @@ class Llama3JsonToolParser(ToolParser):
         if got is None:
             return ParsedOutput(text if final else "")
         return ParsedOutput("", got[0])
+
+
+class Llama4JsonToolParser(Llama3JsonToolParser):
+    """vLLM registers the same parser for Llama 4's JSON calls."""
+
+    name = "llama4_json"

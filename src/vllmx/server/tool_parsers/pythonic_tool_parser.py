@@ -83,3 +83,11 @@ class PythonicToolParser(ToolParser):
         except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
             pass
         return ParsedOutput(text)  # not a list of calls: the text is the answer
+
+
+class Llama4PythonicToolParser(PythonicToolParser):
+    """Llama 4's pythonic calls, between <|python_start|> and <|python_end|> (read by the
+    pythonic parser as well)."""
+
+    name = "llama4_pythonic"
+    keeps_special_tokens = True  # <|python_start|> is special

@@ -54,3 +54,11 @@ class Qwen3XMLToolParser(Qwen3CoderToolParser):
     """vLLM's qwen3_xml reads the same format with a streaming XML parser."""
 
     name = "qwen3_xml"
+
+
+class SeedOssToolParser(Qwen3CoderToolParser):
+    """seed_oss: Seed-OSS writes the same calls inside <seed:tool_call> ... </seed:tool_call>."""
+
+    name = "seed_oss"
+    keeps_special_tokens = True
+    call_start, call_end = "<seed:tool_call>", "</seed:tool_call>"
