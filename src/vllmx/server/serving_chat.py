@@ -148,7 +148,8 @@ class OpenAIServingChat(OpenAIServing):
                                 reader)
 
     def _prepare(self, request: ChatCompletionRequest):
-        """(prompt text, prompt ids, SamplingParams) of a chat request."""
+        """(prompt text, prompt ids, SamplingParams, the ChatOutputParser that reads its
+        output) of a chat request."""
         self.check_model(request.model)
         self.check_unsupported(request)
         plan = plan_tools(request, self.enable_auto_tools and self.tool_parser is not None)
