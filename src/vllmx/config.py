@@ -211,7 +211,8 @@ class StructuredOutputsConfig:
     defaults for every constrained request. disable_any_whitespace / _additional_properties
     apply to requests that do not ask for them themselves; backend auto means guidance
     (llguidance); disable_fallback is accepted (there is no other backend to fall back to).
-    Reasoning parsers come later: reasoning_parser must stay empty."""
+    reasoning_parser (set by `vllmx serve --reasoning-parser`, as vLLM's): constraints apply
+    after the reasoning's end marker, unless enable_in_reasoning."""
 
     backend: str = "auto"
     disable_fallback: bool = False
@@ -248,9 +249,10 @@ class StructuredOutputsConfig:
                 raise ValueError(  # noqa: TRY004 - a bad flag value, as vLLM reports it
                     f"structured_outputs_config {name} must be true or false, got "
                     f"{getattr(out, name)!r}")
-        if out.reasoning_parser or out.enable_in_reasoning:
-            raise ValueError("structured_outputs_config reasoning_parser / "
-                             "enable_in_reasoning: reasoning parsers are not supported yet")
+        if out.reasoning_parser:
+            from vllmx.reasoning import get_reasoning_parser
+
+            get_reasoning_parser(out.reasoning_parser)  # a clear error listing the names
         return out
 
 

@@ -153,7 +153,7 @@ def test_engine_config_sets_the_defaults(tokenizer, manager):
     ({"backend": "xgrammar"}, ["vLLM backend vllmx does not run", "guidance"]),
     ({"backend": "fast"}, ["not a structured-output backend"]),
     ({"disable_any_whitespace": "yes"}, ["true or false"]),
-    ({"reasoning_parser": "deepseek_r1"}, ["not supported yet"]),
+    ({"reasoning_parser": "r1"}, ["invalid reasoning parser: 'r1'", "deepseek_r1"]),
     ({"whitespace": True}, ["keys ['whitespace'] are not supported"]),
     ("{oops", ["not valid JSON"]),
 ])

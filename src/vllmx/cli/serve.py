@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import sys
@@ -52,6 +53,15 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--structured-outputs-config", default=None,
                    help="structured outputs' engine defaults, vLLM's JSON, e.g. "
                         "'{\"backend\": \"guidance\", \"disable_any_whitespace\": true}'")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="parse tool calls from the output for tool_choice 'auto' (needs "
+                        "--tool-call-parser)")
+    p.add_argument("--tool-call-parser", default=None,
+                   help="the model family's tool call format, vLLM's names: hermes, "
+                        "llama3_json, mistral, pythonic, qwen3_coder, ...")
+    p.add_argument("--reasoning-parser", default=None,
+                   help="split reasoning_content from the answer, vLLM's names: deepseek_r1, "
+                        "qwen3, glm45, granite, mistral, minimax_m2, ...")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--generation-config", default="auto",
                    help="'auto' (the model's generation_config.json), 'vllm' (none), or a dir")
@@ -105,6 +115,21 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+def _structured_outputs_config(args: argparse.Namespace) -> str | None:
+    """--structured-outputs-config, with --reasoning-parser as its reasoning_parser (vLLM's:
+    constraints then apply to the answer after the reasoning)."""
+    cfg = args.structured_outputs_config
+    if not getattr(args, "reasoning_parser", None):
+        return cfg
+    try:
+        d = json.loads(cfg) if cfg else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--structured-outputs-config is not valid JSON: {e}") from e
+    if isinstance(d, dict):
+        d.setdefault("reasoning_parser", args.reasoning_parser)
+    return json.dumps(d)
+
+
 def engine_args_from(args: argparse.Namespace):
     """EngineArgs from the flags; a flag this engine has no field for is a clear error."""
     from vllmx.engine.llm_engine import EngineArgs
@@ -123,7 +148,7 @@ def engine_args_from(args: argparse.Namespace):
                 "block_size": args.block_size,
                 "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
                 "speculative_config": args.speculative_config,
-                "structured_outputs_config": args.structured_outputs_config,
+                "structured_outputs_config": _structured_outputs_config(args),
                 "async_scheduling": args.async_scheduling,
                 "num_threads": args.threads}
     for name, value in optional.items():
@@ -177,9 +202,12 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from vllmx.engine.async_llm import AsyncLLM
-    from vllmx.server.app import DEFAULT_MAX_REQUEST_BODY_BYTES, build_app
+    from vllmx.server.app import DEFAULT_MAX_REQUEST_BODY_BYTES, build_app, check_parser_flags
 
     logging.getLogger("vllmx").setLevel(logging.INFO)
+    # Bad parser flags fail before the model loads.
+    check_parser_flags(args.enable_auto_tool_choice, args.tool_call_parser,
+                       args.reasoning_parser)
     engine_args = engine_args_from(args)
     chat_template = load_chat_template(args.chat_template)
     engine_client = AsyncLLM.from_engine_args(engine_args)
@@ -196,6 +224,9 @@ def run_serve(args: argparse.Namespace) -> int:
                         enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
                         enable_server_load_tracking=args.enable_server_load_tracking,
                         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+                        enable_auto_tool_choice=args.enable_auto_tool_choice,
+                        tool_call_parser=args.tool_call_parser,
+                        reasoning_parser=args.reasoning_parser,
                         log_stats_interval=None if args.disable_log_stats else 10.0)
         drain = args.shutdown_drain_timeout if args.shutdown_mode == "drain" else 0.0
         server = _make_server(app, uvicorn.Config(

@@ -150,6 +150,18 @@ def json_response(content: dict) -> Response:
     return Response("{" + ",".join(parts) + "}", media_type="application/json")
 
 
+def check_parser_flags(enable_auto_tool_choice: bool, tool_call_parser: str | None,
+                       reasoning_parser: str | None):
+    """The parser classes the flags name (vLLM's start-up checks)."""
+    from vllmx.reasoning import get_reasoning_parser
+    from vllmx.server.tool_parsers import get_tool_parser
+
+    if enable_auto_tool_choice and not tool_call_parser:
+        raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
+    return (get_tool_parser(tool_call_parser) if tool_call_parser else None,
+            get_reasoning_parser(reasoning_parser) if reasoning_parser else None)
+
+
 def build_app(engine_client, served_model_names: list[str] | None = None,
               chat_template: str | None = None, api_key: str | None = None,
               allowed_origins: list[str] | None = None, log_requests: bool = False,
@@ -158,14 +170,20 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
               max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
               enable_tokenizer_info_endpoint: bool = False,
               enable_server_load_tracking: bool = False,
-              return_tokens_as_token_ids: bool = False) -> FastAPI:
+              return_tokens_as_token_ids: bool = False,
+              enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
+              reasoning_parser: str | None = None) -> FastAPI:
     """The app over an AsyncLLM. Several apps may share one AsyncLLM; each has its own
     metrics registry. CORS takes vLLM's flags and defaults (any origin, method and header,
     no credentials). app.state.draining (set when the server is asked to stop) makes /health
     503 and refuses new work with 503 while the requests in flight finish. vLLM's optional
     endpoints: /tokenizer_info (enable_tokenizer_info_endpoint; it exposes the chat template
     and special tokens), /load's count of requests in flight (enable_server_load_tracking;
-    /load answers 0 without it, as vLLM's)."""
+    /load answers 0 without it, as vLLM's). Tool calling and reasoning take vLLM's flags:
+    enable_auto_tool_choice with a tool_call_parser name, a reasoning_parser name; an unknown
+    name is a ValueError listing the known ones."""
+    tool_parser, reasoner = check_parser_flags(enable_auto_tool_choice, tool_call_parser,
+                                               reasoning_parser)
     mc = engine_client.model_config
     names = served_model_names or [mc.model]
     metrics = ServerMetrics(engine_client, names[0])
@@ -173,7 +191,9 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
                                          return_tokens_as_token_ids=return_tokens_as_token_ids)
     chat = OpenAIServingChat(engine_client, names, metrics, log_requests,
                              chat_template=chat_template,
-                             return_tokens_as_token_ids=return_tokens_as_token_ids)
+                             return_tokens_as_token_ids=return_tokens_as_token_ids,
+                             enable_auto_tools=enable_auto_tool_choice, tool_parser=tool_parser,
+                             reasoning_parser=reasoner)
     stat_logger = StatLogger(metrics, log_stats_interval or 10.0)
 
     @contextlib.asynccontextmanager
@@ -320,7 +340,7 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
         completion.check_model(body.model)
         tok = completion.tokenizer
         if hasattr(body, "messages"):
-            _, ids = chat.render(body)
+            _, ids = chat.render(body, body.tools)
         else:
             ids = tok.encode(body.prompt, add_special_tokens=body.add_special_tokens)
         out = {"count": len(ids), "max_model_len": completion.max_model_len, "tokens": ids,

@@ -149,6 +149,7 @@ class TokenizeChatRequest(OpenAIBaseModel):
     return_token_strs: bool | None = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None  # vLLM's: rendered as the chat would render them
 
 
 TokenizeRequest = TokenizeCompletionRequest | TokenizeChatRequest

@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator
 
 from vllmx.outputs import Logprob
+from vllmx.server.chat_output import ChatOutputParser, ChatStreamState
 from vllmx.server.errors import OpenAIError, from_exception, sse_error
 from vllmx.server.protocol import ChatCompletionRequest, ChatMessage
 from vllmx.server.serving_engine import (
@@ -17,6 +18,7 @@ from vllmx.server.serving_engine import (
     prompt_logprobs_json,
     random_uuid,
 )
+from vllmx.server.tool_choice import plan_tools
 
 
 def conversation(messages: list[ChatMessage]) -> list[dict]:
@@ -40,12 +42,33 @@ def conversation(messages: list[ChatMessage]) -> list[dict]:
                                       param=f"messages[{i}].content")
                 texts.append(part["text"])
             content = "\n".join(texts)
+        elif content is None:
+            content = ""  # vLLM's: no content is empty text (an assistant's tool-call turn)
         msg = {"role": m.role, "content": content}
-        for key in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
+        for key in ("name", "tool_call_id", "reasoning_content"):
             if getattr(m, key) is not None:
                 msg[key] = getattr(m, key)
+        if m.tool_calls is not None:
+            msg["tool_calls"] = [_template_tool_call(c, f"messages[{i}].tool_calls[{j}]")
+                                 for j, c in enumerate(m.tool_calls)]
         out.append(msg)
     return out
+
+
+def _template_tool_call(call: dict, where: str) -> dict:
+    """An assistant's earlier call as chat templates read it: arguments as a mapping (vLLM
+    decodes the JSON text, as transformers' templates iterate or tojson them)."""
+    fn = call.get("function")
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise OpenAIError(f"{where}.function must be an object with a name", param=where)
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError as e:
+            raise OpenAIError(f"{where}.function.arguments is not JSON ({e})",
+                              param=f"{where}.function.arguments") from e
+    return {**call, "function": {**fn, "arguments": args}}
 
 
 def _token_bytes(token: str) -> list[int]:
@@ -53,9 +76,24 @@ def _token_bytes(token: str) -> list[int]:
 
 
 class OpenAIServingChat(OpenAIServing):
-    def __init__(self, *args, chat_template: str | None = None, **kwargs):
+    def __init__(self, *args, chat_template: str | None = None,
+                 enable_auto_tools: bool = False, tool_parser=None, reasoning_parser=None,
+                 **kwargs):
         super().__init__(*args, **kwargs)
         self.chat_template = chat_template
+        # vLLM's --enable-auto-tool-choice / --tool-call-parser / --reasoning-parser: parser
+        # classes, instantiated over the tokenizer once (they keep no per-request state).
+        self.enable_auto_tools = enable_auto_tools
+        self.tool_parser = tool_parser(None) if tool_parser is not None else None
+        self.reasoning_parser = reasoning_parser(None) if reasoning_parser is not None else None
+        # Whether the engine holds constraints back until this parser's reasoning has ended
+        # (vLLM's structured_outputs_config reasoning_parser; `vllmx serve --reasoning-parser`
+        # sets it): else a constrained output starts in its answer.
+        soc = getattr(getattr(self.engine_client, "vllm_config", None),
+                      "structured_outputs_config", None)
+        self.grammar_after_reasoning = bool(
+            reasoning_parser is not None and soc is not None and not soc.enable_in_reasoning
+            and soc.reasoning_parser == reasoning_parser.name)
 
     def render(self, request, tools=None, for_generation: bool = False) -> tuple[str, list[int]]:
         """The prompt text and ids of a chat request (also used by /tokenize, which tokenizes
@@ -87,7 +125,7 @@ class OpenAIServingChat(OpenAIServing):
     async def create_chat_completion(self, request: ChatCompletionRequest,
                                      request_id: str | None):
         # Rendering, tokenizing and checking run in a worker thread: never on the event loop.
-        text, ids, params = await asyncio.to_thread(self._prepare, request)
+        text, ids, params, reader = await asyncio.to_thread(self._prepare, request)
         request_id = f"chatcmpl-{request.request_id or request_id or random_uuid()}"
         merged = merge_async_iterators(self.generate(
             {"prompt": text, "prompt_token_ids": ids}, params, request_id, request.priority))
@@ -105,21 +143,23 @@ class OpenAIServingChat(OpenAIServing):
                 await merged.aclose()
                 raise
             return self._stream(request, len(ids), merged, first, request_id, created, model,
-                                echo)
-        return await self._full(request, len(ids), merged, request_id, created, model, echo)
+                                echo, reader)
+        return await self._full(request, len(ids), merged, request_id, created, model, echo,
+                                reader)
 
     def _prepare(self, request: ChatCompletionRequest):
-        """(prompt text, prompt ids, SamplingParams) of a chat request."""
+        """(prompt text, prompt ids, SamplingParams, the ChatOutputParser that reads its
+        output) of a chat request."""
         self.check_model(request.model)
         self.check_unsupported(request)
-        tools = None
-        if request.tools:
-            if request.tool_choice != "none":
-                raise OpenAIError("tool calling is not supported yet; send tool_choice='none' to "
-                                  "only show the tools to the model", param="tools")
-            tools = request.tools
-        elif request.tool_choice not in (None, "none", "auto"):
-            raise OpenAIError("tool_choice needs tools", param="tool_choice")
+        plan = plan_tools(request, self.enable_auto_tools and self.tool_parser is not None)
+        if plan.schema is not None:  # required / named: forced through structured outputs
+            request.structured_outputs = {"json": plan.schema}
+        # Parsers that read special tokens need them in the text (vLLM's adjust_request).
+        if (plan.mode == "auto" and self.tool_parser.keeps_special_tokens
+                or self.reasoning_parser is not None
+                and self.reasoning_parser.keeps_special_tokens):
+            request.skip_special_tokens = False
         top = request.top_logprobs
         limit = self.max_logprobs
         if top is not None and not (0 <= top <= limit or limit == -1 and top >= 0):
@@ -128,7 +168,7 @@ class OpenAIServingChat(OpenAIServing):
         if top and not request.logprobs:
             raise OpenAIError("when using `top_logprobs`, `logprobs` must be set to true.",
                               param="top_logprobs")
-        text, ids = self.render(request, tools, for_generation=True)
+        text, ids = self.render(request, plan.tools, for_generation=True)
         ids = self.truncate(ids, request.truncate_prompt_tokens)
         # max_completion_tokens replaces max_tokens; 0 is a value (rejected), not "unset".
         max_tokens = (request.max_completion_tokens if request.max_completion_tokens is not None
@@ -137,7 +177,10 @@ class OpenAIServingChat(OpenAIServing):
         params = self.sampling_params(request, max_tokens,
                                       (top or 0) if request.logprobs else None,
                                       request.prompt_logprobs)
-        return text, ids, params
+        reader = ChatOutputParser(plan, self.tool_parser, self.reasoning_parser, request, text,
+                                  getattr(params, "structured_outputs", None) is not None
+                                  and not self.grammar_after_reasoning)
+        return text, ids, params, reader
 
     def _logprobs(self, request, token_ids: list[int],
                   logprobs: list[dict[int, Logprob]] | None) -> dict | None:
@@ -160,7 +203,7 @@ class OpenAIServingChat(OpenAIServing):
         return {"content": content}
 
     async def _full(self, request, num_prompt, merged, request_id, created, model,
-                    echo) -> dict:
+                    echo, reader: ChatOutputParser) -> dict:
         choices: dict[int, dict] = {}
         prompt_logprobs = None
         try:
@@ -181,20 +224,24 @@ class OpenAIServingChat(OpenAIServing):
         # The answer's logprobs decode tokens (CPU work that grows with the output): off the
         # event loop.
         return await asyncio.to_thread(self._response, request, num_prompt, choices,
-                                       request_id, created, model, echo, prompt_logprobs)
+                                       request_id, created, model, echo, reader,
+                                       prompt_logprobs)
 
     def _response(self, request, num_prompt, choices, request_id, created, model,
-                  echo, prompt_logprobs=None) -> dict:
+                  echo, reader: ChatOutputParser, prompt_logprobs=None) -> dict:
         result, completion_tokens = [], 0
         for idx in sorted(choices):
             ch = choices[idx]
             completion_tokens += len(ch["token_ids"])
+            message = reader.message("".join(ch["text"]))
+            if echo:
+                message["content"] = echo + (message["content"] or "")
             result.append({
-                "index": idx,
-                "message": {"role": "assistant", "content": echo + "".join(ch["text"]),
-                            "reasoning_content": None, "tool_calls": []},
+                "index": idx, "message": message,
                 "logprobs": self._logprobs(request, ch["token_ids"], ch["logprobs"]),
-                "finish_reason": ch["finish_reason"], "stop_reason": ch["stop_reason"]})
+                "finish_reason": reader.finish_reason(bool(message["tool_calls"]),
+                                                      ch["finish_reason"]),
+                "stop_reason": ch["stop_reason"]})
         return {"id": request_id, "object": "chat.completion", "created": created,
                 "model": model, "choices": result,
                 "prompt_logprobs": prompt_logprobs_json(prompt_logprobs),
@@ -202,7 +249,7 @@ class OpenAIServingChat(OpenAIServing):
                           "total_tokens": num_prompt + completion_tokens}}
 
     async def _stream(self, request, num_prompt, merged, first, request_id, created, model,
-                      echo) -> AsyncIterator[str]:
+                      echo, reader: ChatOutputParser) -> AsyncIterator[str]:
         opts = request.stream_options
         include_usage = bool(opts and opts.include_usage)
         continuous = bool(include_usage and opts.continuous_usage_stats)
@@ -234,16 +281,25 @@ class OpenAIServingChat(OpenAIServing):
                 async for item in merged:
                     yield item
 
+            states = [ChatStreamState(reader) for _ in range(request.n)]
             async for _, out in outputs():
                 for c in out.outputs:
                     num_tokens[c.index] += len(c.token_ids)
                     logprobs = self._logprobs(request, c.token_ids, c.logprobs)
-                    if not c.text and c.finish_reason is None and not logprobs:
+                    state = states[c.index]
+                    deltas = state.step(c.text, final=c.finish_reason is not None)
+                    if not deltas and c.finish_reason is None and not logprobs:
                         continue
-                    delta = {"content": c.text} if c.text else {}
-                    yield chunk([{"index": c.index, "delta": delta, "logprobs": logprobs,
-                                  "finish_reason": c.finish_reason,
-                                  "stop_reason": c.stop_reason}], continuous)
+                    # The step's logprobs ride on its first chunk, the finish on its last.
+                    deltas = deltas or [{}]
+                    finish = reader.finish_reason(bool(state.calls), c.finish_reason)
+                    for k, delta in enumerate(deltas):
+                        last = k == len(deltas) - 1
+                        yield chunk([{"index": c.index, "delta": delta,
+                                      "logprobs": logprobs if k == 0 else None,
+                                      "finish_reason": finish if last else None,
+                                      "stop_reason": c.stop_reason if last else None}],
+                                    continuous)
             if include_usage:
                 body = {"id": request_id, "object": "chat.completion.chunk",
                         "created": created, "model": model, "choices": [], "usage": usage()}

@@ -45,6 +45,13 @@ class StructuredOutputManager:
         self._executor = None
         self._lock = threading.Lock()  # requests are checked on several threads
         self._compiled: OrderedDict[str, object] = OrderedDict()  # LRU of start-state matchers
+        # vLLM's reasoning_parser: constraints start after the reasoning (unless
+        # enable_in_reasoning), found by the parser's end marker in token ids.
+        self.reasoner = None
+        if self.config.reasoning_parser and not self.config.enable_in_reasoning:
+            from vllmx.reasoning import get_reasoning_parser
+
+            self.reasoner = get_reasoning_parser(self.config.reasoning_parser)(tokenizer)
 
     @property
     def ll_tokenizer(self):
@@ -112,12 +119,18 @@ class StructuredOutputManager:
         loop); ValueError naming what is wrong with it."""
         self._prototype(so)
 
-    def grammar_init(self, so: StructuredOutputsParams) -> GuidanceGrammar:
+    def grammar_init(self, so: StructuredOutputsParams,
+                     prompt_token_ids: list[int] | None = None) -> GuidanceGrammar:
         """A fresh matcher for one request (the model runner's, per request): a copy of the
-        compiled one."""
+        compiled one; behind the reasoning where the engine has a reasoning parser and the
+        prompt has not closed the reasoning already (a template with thinking off)."""
         from vllmx.structured_output.backend_guidance import GuidanceGrammar
+        from vllmx.structured_output.reasoning_gate import ReasoningGatedGrammar
 
-        return GuidanceGrammar(self._prototype(so).deep_copy(), self.eos_token_ids)
+        grammar = GuidanceGrammar(self._prototype(so).deep_copy(), self.eos_token_ids)
+        if self.reasoner is None or self.reasoner.is_reasoning_end(prompt_token_ids or []):
+            return grammar
+        return ReasoningGatedGrammar(grammar, self.reasoner.end_token_ids)
 
     def grammar_bitmask(self, grammars: list[GuidanceGrammar]) -> np.ndarray:
         """int32 [len(grammars), ceil(vocab_size / 32)]: row i = the tokens grammars[i] allows

@@ -133,6 +133,7 @@ class GuidanceGrammar:
         self.matcher = matcher
         self.eos_token_ids = set(eos_token_ids)
         self.terminated = False  # an EOS was accepted: the grammar is done
+        self.active = True  # constraining now (a reasoning-gated one waits: reasoning_gate.py)
 
     @property
     def error(self) -> str:

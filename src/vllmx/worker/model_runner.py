@@ -450,7 +450,7 @@ class ModelRunner:
         if self.structured_output_manager is None:
             raise ValueError("structured outputs need a tokenizer")
         grammar = self.structured_output_manager.grammar_init(
-            state.sampling_params.structured_outputs)
+            state.sampling_params.structured_outputs, state.token_ids[:state.num_prompt_tokens])
         if not grammar.accept_tokens(state.token_ids[state.num_prompt_tokens:]):
             raise ValueError(f"structured output: the output so far does not match the "
                              f"grammar ({grammar.error})")
@@ -680,7 +680,7 @@ class ModelRunner:
         grammars, rows = [], []
         i = 0
         for state, d in zip(states, drafts):
-            if state.grammar is not None:
+            if state.grammar is not None and state.grammar.active:  # not still reasoning
                 grammars.append(state.grammar)
                 rows.append(i)
             i += 1 + len(d)
