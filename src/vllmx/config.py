@@ -28,6 +28,10 @@ class ModelConfig:
     # vLLM's load_format: auto (by the path), safetensors, gguf, or dummy (random weights from
     # config.json alone, for benchmarking shapes without their files)
     load_format: str = "auto"
+    runner: str = "auto"  # vLLM's --runner as given; runner_type: what it resolved to
+    convert: str = "auto"  # vLLM's --convert as given; convert_type: what it resolved to
+    runner_type: str = "generate"
+    convert_type: str = "none"
     vocab_size: int = 0  # the model's, set once it is loaded
     hf_config: dict[str, Any] = field(default_factory=dict)
     gen_config: dict[str, Any] = field(default_factory=dict)

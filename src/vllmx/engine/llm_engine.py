@@ -63,6 +63,13 @@ class EngineArgs:
     # vLLM's structured_outputs_config: a dict or its JSON, e.g. {"disable_any_whitespace":
     # true}; the engine's defaults for constrained requests (config.StructuredOutputsConfig)
     structured_outputs_config: dict | str | None = None
+    # vLLM's --runner (auto | generate | pooling) and --convert (auto | none | embed |
+    # classify): auto picks by the checkpoint's architecture (pooler_config.resolve_runner)
+    runner: str = "auto"
+    convert: str = "auto"
+    # vLLM's pooler_config: {"pooling_type": "CLS" | "MEAN" | "LAST", "normalize": bool}, over
+    # the model's and its sentence-transformers config's defaults
+    pooler_config: dict | str | None = None
 
     def create_engine_config(self) -> VllmxConfig:
         if self.block_size < 1:
@@ -85,7 +92,8 @@ class EngineArgs:
                         max_model_len=self.max_model_len,
                         generation_config=self.generation_config, dtype=self.dtype,
                         enforce_eager=self.enforce_eager, max_logprobs=self.max_logprobs,
-                        load_format=self.load_format),
+                        load_format=self.load_format, runner=self.runner,
+                        convert=self.convert),
             CacheConfig(self.block_size, self.kv_cache_dtype, self.kv_cache_memory_bytes,
                         self.num_gpu_blocks_override,
                         enable_prefix_caching=self.enable_prefix_caching,

@@ -9,13 +9,22 @@ import os
 from vllmx.config import ModelConfig
 from vllmx.loader.dummy import DummyWeights
 from vllmx.loader.gguf import gguf_to_hf_config, load_gguf
-from vllmx.loader.model_source import DEFAULT_MODEL, resolve_model
+from vllmx.loader.model_source import DEFAULT_MODEL, DEFAULT_POOLING_MODEL, resolve_model
 from vllmx.loader.safetensors import load_safetensors
 from vllmx.models.registry import get_model_class
 
 
+def _model_class(model_config: ModelConfig):
+    if model_config.runner_type == "pooling":
+        from vllmx.models.adapters import pooling_model_class
+
+        return pooling_model_class(model_config.hf_config)
+    return get_model_class(model_config.hf_config)
+
+
 def load_model(model_config: ModelConfig):
-    """(model, tokenizer or None). Fills model_config.path / hf_config / gen_config."""
+    """(model, tokenizer or None). Fills model_config.path / hf_config / gen_config. A
+    pooling runner (model_config.runner_type) gets the architecture's pooling model."""
     model_config.path = resolve_model(model_config.model,
                                       weights=model_config.load_format != "dummy")
     tokenizer = None
@@ -29,14 +38,14 @@ def load_model(model_config: ModelConfig):
     if model_config.is_gguf:
         meta, weights = load_gguf(model_config.path)
         model_config.hf_config = gguf_to_hf_config(meta)
-        model_cls = get_model_class(model_config.hf_config)
+        model_cls = _model_class(model_config)
         if not model_config.skip_tokenizer_init and model_config.tokenizer is None:
             from vllmx.tokenizer import Tokenizer
 
             tokenizer = Tokenizer.from_gguf_metadata(meta)
     else:
         model_config.load_hf_config()
-        model_cls = get_model_class(model_config.hf_config)
+        model_cls = _model_class(model_config)
         if fmt == "dummy":
             weights = DummyWeights(model_cls.checkpoint_shapes(model_config.hf_config),
                                    model_config.hf_config, model_config.seed)
@@ -76,4 +85,4 @@ def trim_heap() -> None:
         pass
 
 
-__all__ = ["DEFAULT_MODEL", "load_model", "resolve_model"]
+__all__ = ["DEFAULT_MODEL", "DEFAULT_POOLING_MODEL", "load_model", "resolve_model"]
