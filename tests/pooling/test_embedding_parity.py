@@ -9,8 +9,8 @@ import pytest
 from tests.pooling.checkpoints import make_st_checkpoint
 
 TEXTS = ["The capital of France is Paris.", "A man is eating food.", "hello",
-         "Quantum chromodynamics describes the strong interaction between quarks and gluons, "
-         "the fundamental constituents of hadrons such as the proton and the neutron.",
+         ("Quantum chromodynamics describes the strong interaction between quarks and gluons, "
+          "the fundamental constituents of hadrons such as the proton and the neutron."),
          "A", "Embeddings map text to vectors; similar texts map to nearby vectors."]
 
 

@@ -117,6 +117,8 @@ class PoolingEngine:
             enc = self._tok().backend_tokenizer.encode(*prompt)
             ids, types = list(enc.ids), list(enc.type_ids)
         elif isinstance(prompt, str):
+            if not prompt:  # (its special tokens alone would embed to a constant vector)
+                raise ValueError("the input is empty: a pooling prompt needs some text")
             ids = self._tok().encode(prompt)
         elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             ids = prompt

@@ -151,8 +151,13 @@ class BertModel:
         pos = ops.embedding(batch.positions + np.int32(self.position_offset),
                             self.position_embeddings)
         if self.token_type_embeddings is not None:
-            if token_type_ids is None:
+            types = self.token_type_embeddings.shape[0]
+            # RoBERTa has one type: its tokenizers give every token type 0, pairs included
+            if token_type_ids is None or types == 1:
                 token_type_ids = np.zeros(len(input_ids), np.int32)
+            elif token_type_ids.max() >= types or token_type_ids.min() < 0:
+                raise ValueError(f"token type ids must be in [0, {types}) (type_vocab_size), "
+                                 f"got {int(token_type_ids.max())}")
             self._add(ops.embedding(token_type_ids, self.token_type_embeddings), pos)
         h, _ = self.emb_norm(h, pos)
         nh = cfg["num_attention_heads"]
