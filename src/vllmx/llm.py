@@ -56,7 +56,7 @@ class LLM(PoolingMixin):
         unknown = set(kwargs) - set(EngineArgs.__dataclass_fields__)
         if unknown:
             raise TypeError(f"LLM got unexpected arguments: {', '.join(sorted(unknown))}")
-        from vllmx.pooler_config import create_engine
+        from vllmx.engine.factory import create_engine
 
         engine = create_engine(EngineArgs(model=model, **kwargs))
         if engine.config.model_config.runner_type == "pooling":

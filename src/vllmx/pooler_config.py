@@ -124,20 +124,3 @@ def checkpoint_architectures(path: str) -> list[str]:
     with open(cfg_path) as f:
         return list(json.load(f).get("architectures") or [])
 
-
-def create_engine(args):
-    """An LLMEngine or, for a pooling runner, a PoolingEngine over EngineArgs `args`, with
-    model_config.runner_type / convert_type resolved from the checkpoint."""
-    from vllmx.loader.model_source import resolve_model
-
-    path = resolve_model(args.model, weights=args.load_format != "dummy")
-    runner, convert = resolve_runner(checkpoint_architectures(path), args.runner, args.convert)
-    config = args.create_engine_config()
-    config.model_config.runner_type, config.model_config.convert_type = runner, convert
-    if runner == "pooling":
-        from vllmx.engine.pooling_engine import PoolingEngine
-
-        return PoolingEngine(config, args.pooler_config)
-    from vllmx.engine.llm_engine import LLMEngine
-
-    return LLMEngine(config)

@@ -33,8 +33,16 @@ from vllmx.server.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from vllmx.server.protocol_pooling import (
+    ClassificationRequest,
+    EmbeddingCompletionRequest,
+    PoolingCompletionRequest,
+    RerankRequest,
+    ScoreRequest,
+)
 from vllmx.server.serving_chat import OpenAIServingChat
 from vllmx.server.serving_completion import OpenAIServingCompletion
+from vllmx.server.serving_pooling import OpenAIServingPooling
 
 logger = logging.getLogger("vllmx")
 
@@ -174,6 +182,8 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
     chat = OpenAIServingChat(engine_client, names, metrics, log_requests,
                              chat_template=chat_template,
                              return_tokens_as_token_ids=return_tokens_as_token_ids)
+    pooling = OpenAIServingPooling(engine_client, names, metrics, log_requests)
+    is_pooling = mc.runner_type == "pooling"
     stat_logger = StatLogger(metrics, log_stats_interval or 10.0)
 
     @contextlib.asynccontextmanager
@@ -256,15 +266,48 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
 
+    def check_generative(api: str) -> None:
+        if is_pooling:  # vLLM's answer on a pooling server
+            raise OpenAIError(f"The model does not support {api} API")
+
     @v1.post("/completions")
     async def create_completion(body: CompletionRequest, request: Request):
+        check_generative("Completions")
         return await respond(completion.create_completion(
             body, request.headers.get("X-Request-Id")), request)
 
     @v1.post("/chat/completions")
     async def create_chat_completion(body: ChatCompletionRequest, request: Request):
+        check_generative("Chat Completions")
         return await respond(chat.create_chat_completion(
             body, request.headers.get("X-Request-Id")), request)
+
+    # Pooling endpoints (vLLM's paths: /v1/embeddings; /pooling, /classify, /score and
+    # /rerank at the top and under /v1, /v2/rerank).
+    @v1.post("/embeddings")
+    async def create_embedding(body: EmbeddingCompletionRequest, request: Request):
+        return await respond(pooling.create_embedding(body), request)
+
+    auth = [Depends(check_api_key)]
+
+    @app.post("/pooling", dependencies=auth)
+    async def create_pooling(body: PoolingCompletionRequest, request: Request):
+        return await respond(pooling.create_pooling(body), request)
+
+    @app.post("/classify", dependencies=auth)
+    async def create_classify(body: ClassificationRequest, request: Request):
+        return await respond(pooling.create_classify(body), request)
+
+    @app.post("/score", dependencies=auth)
+    @app.post("/v1/score", dependencies=auth)
+    async def create_score(body: ScoreRequest, request: Request):
+        return await respond(pooling.create_score(body), request)
+
+    @app.post("/rerank", dependencies=auth)
+    @app.post("/v1/rerank", dependencies=auth)
+    @app.post("/v2/rerank", dependencies=auth)
+    async def do_rerank(body: RerankRequest, request: Request):
+        return await respond(pooling.create_rerank(body), request)
 
     @v1.get("/models")
     async def show_available_models():

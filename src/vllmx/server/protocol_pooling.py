@@ -1,0 +1,61 @@
+"""Request bodies of the pooling endpoints, with vLLM's names (vllm/entrypoints/pooling/):
+/v1/embeddings, /pooling, /score, /rerank, /classify."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, StrictInt, StrictStr
+
+from vllmx.server.protocol import OpenAIBaseModel
+
+MAX_INPUTS = 2048  # OpenAI's limit of inputs in one embeddings request
+
+# OpenAI's embeddings input: a text, texts, a token id list, or token id lists.
+TokenIds = Annotated[list[StrictInt], Field(min_length=1)]
+EmbeddingInput = (StrictStr | Annotated[list[StrictStr], Field(min_length=1, max_length=MAX_INPUTS)]
+                  | TokenIds | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_INPUTS)])
+
+
+class _PoolingFields(OpenAIBaseModel):
+    model: str | None = None
+    user: str | None = None
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    request_id: str | None = None
+    priority: int = 0
+
+
+class EmbeddingCompletionRequest(_PoolingFields):
+    input: EmbeddingInput
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    normalize: bool | None = None  # vLLM's extra parameter
+
+
+class PoolingCompletionRequest(EmbeddingCompletionRequest):
+    """vLLM's /pooling: the raw pooled output of `task` (the model's first task by default)."""
+
+    task: Literal["embed", "classify", "score", "token_embed"] | None = None
+    use_activation: bool | None = None
+
+
+class ClassificationRequest(_PoolingFields):
+    input: EmbeddingInput
+    use_activation: bool | None = None
+
+
+class ScoreRequest(_PoolingFields):
+    """text_1 against text_2: one against many (1:N) or pairwise (N:N)."""
+
+    text_1: StrictStr | Annotated[list[StrictStr], Field(min_length=1, max_length=MAX_INPUTS)]
+    text_2: StrictStr | Annotated[list[StrictStr], Field(min_length=1, max_length=MAX_INPUTS)]
+    use_activation: bool | None = None
+
+
+class RerankRequest(_PoolingFields):
+    """documents ranked by relevance to query; top_n <= 0: all of them."""
+
+    query: StrictStr
+    documents: Annotated[list[StrictStr], Field(min_length=1, max_length=MAX_INPUTS)]
+    top_n: int = 0
+    use_activation: bool | None = None
