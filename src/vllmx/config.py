@@ -32,6 +32,7 @@ class ModelConfig:
     convert: str = "auto"  # vLLM's --convert as given; convert_type: what it resolved to
     runner_type: str = "generate"
     convert_type: str = "none"
+    hf_overrides: dict[str, Any] = field(default_factory=dict)  # merged over config.json
     vocab_size: int = 0  # the model's, set once it is loaded
     hf_config: dict[str, Any] = field(default_factory=dict)
     gen_config: dict[str, Any] = field(default_factory=dict)
@@ -50,7 +51,7 @@ class ModelConfig:
     def load_hf_config(self) -> None:
         cfg_path = os.path.join(self.path, "config.json")
         with open(cfg_path) as f:
-            self.hf_config = json.load(f)
+            self.hf_config = {**json.load(f), **self.hf_overrides}
         gen_path = os.path.join(self.path, "generation_config.json")
         if self.generation_config == "auto" and os.path.exists(gen_path):
             with open(gen_path) as f:
@@ -77,6 +78,21 @@ class ModelConfig:
             elif isinstance(src, list):
                 ids.update(int(i) for i in src)
         return ids
+
+
+def parse_hf_overrides(value: dict | str | None) -> dict[str, Any]:
+    """vLLM's hf_overrides as a dict (given as one, or as its JSON)."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"hf_overrides is not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise TypeError(f"hf_overrides must be a dict of config.json keys, got "
+                         f"{type(value).__name__}")
+    return dict(value)
 
 
 @dataclass

@@ -18,6 +18,8 @@ KINDS = {
     "qwen3": ("Qwen3Model", "Qwen3Config", "lasttoken",
               {"num_key_value_heads": 2, "head_dim": 16}),
     "bert_cls": ("BertForSequenceClassification", "BertConfig", None, {"num_labels": 1}),
+    "qwen3_cls": ("Qwen3ForSequenceClassification", "Qwen3Config", None,
+                  {"num_key_value_heads": 2, "head_dim": 16, "num_labels": 2, "pad_token_id": 0}),
     "xlmr_cls": ("XLMRobertaForSequenceClassification", "XLMRobertaConfig", None,
                  {"num_labels": 3, "max_position_embeddings": 130}),
 }

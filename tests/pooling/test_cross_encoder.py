@@ -143,3 +143,45 @@ def test_generate_model_refuses_pooling_calls(smollm2_gguf):
     llm = LLM(smollm2_gguf, max_model_len=256, kv_cache_memory_bytes=32 << 20)
     with pytest.raises(ValueError, match="pooling models"):
         llm.embed("hi")
+
+
+def test_decoder_sequence_classifier_matches_transformers(minilm_dir, tmp_path):
+    """transformers' Qwen3ForSequenceClassification: score.weight over the last token."""
+    import torch
+
+    from vllmx import LLM
+
+    path = make_hf_checkpoint("qwen3_cls", str(tmp_path / "q3cls"), minilm_dir)
+    model, tok = _hf(path, "Qwen3ForSequenceClassification")
+    with torch.no_grad():
+        ref = np.array([torch.softmax(model(**tok(d, return_tensors="pt")).logits[0], -1)
+                        .numpy() for d in DOCS])
+    got = np.array([o.outputs.probs for o in LLM(path).classify(DOCS)])
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-6)
+
+
+def test_qwen3_reranker_from_lm_head(minilm_dir, tmp_path):
+    """Qwen3-Reranker as vLLM serves it: a Qwen3ForCausalLM checkpoint with hf_overrides
+    naming the answer tokens; score = sigmoid(logit('yes') - logit('no')) at the pair's last
+    token, from transformers' LM."""
+    import torch
+    import transformers as tf
+
+    from vllmx import LLM
+
+    path = make_hf_checkpoint("qwen3", str(tmp_path / "rr"), minilm_dir,
+                              architectures=["Qwen3ForCausalLM"])
+    lm = tf.Qwen3ForCausalLM.from_pretrained(path).eval()
+    lm.save_pretrained(path)
+    tok = tf.AutoTokenizer.from_pretrained(path)
+    no, yes = tok.convert_tokens_to_ids(["no", "yes"])
+    with torch.no_grad():
+        ref = []
+        for d in DOCS:
+            logits = lm(**tok(QUERY, d, return_tensors="pt")).logits[0, -1]
+            ref.append(float(torch.sigmoid(logits[yes] - logits[no])))
+    llm = LLM(path, hf_overrides={"architectures": ["Qwen3ForSequenceClassification"],
+                                  "classifier_from_token": ["no", "yes"],
+                                  "is_original_qwen3_reranker": True})
+    got = [o.outputs.score for o in llm.score(QUERY, DOCS)]
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-6)

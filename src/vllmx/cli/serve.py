@@ -60,6 +60,10 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                         "(last-token pooling, as Qwen3-Embedding)")
     p.add_argument("--pooler-config", default=None,
                    help="vLLM's JSON, e.g. '{\"pooling_type\": \"MEAN\", \"normalize\": true}'")
+    p.add_argument("--hf-overrides", default=None,
+                   help="vLLM's JSON merged over config.json, e.g. a Qwen3-Reranker's "
+                        "'{\"architectures\": [\"Qwen3ForSequenceClassification\"], "
+                        "\"classifier_from_token\": [\"no\", \"yes\"]}'")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--generation-config", default="auto",
                    help="'auto' (the model's generation_config.json), 'vllm' (none), or a dir")
@@ -122,7 +126,7 @@ def engine_args_from(args: argparse.Namespace):
     default = DEFAULT_POOLING_MODEL if args.runner == "pooling" else DEFAULT_MODEL
     kwargs = {"model": args.model_flag or args.model or default, "seed": args.seed,
               "runner": args.runner, "convert": args.convert,
-              "pooler_config": args.pooler_config,
+              "pooler_config": args.pooler_config, "hf_overrides": args.hf_overrides,
               "generation_config": args.generation_config, "device": args.device,
               "dtype": args.dtype, "gpu_memory_utilization": args.gpu_memory_utilization,
               "enforce_eager": args.enforce_eager, "max_logprobs": args.max_logprobs,

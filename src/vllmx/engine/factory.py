@@ -13,8 +13,9 @@ def create_engine(args):
     from vllmx.loader.model_source import resolve_model
 
     path = resolve_model(args.model, weights=args.load_format != "dummy")
-    runner, convert = resolve_runner(checkpoint_architectures(path), args.runner, args.convert)
     config = args.create_engine_config()
+    archs = config.model_config.hf_overrides.get("architectures") or checkpoint_architectures(path)
+    runner, convert = resolve_runner(list(archs), args.runner, args.convert)
     config.model_config.runner_type, config.model_config.convert_type = runner, convert
     if runner == "pooling":
         from vllmx.engine.pooling_engine import PoolingEngine

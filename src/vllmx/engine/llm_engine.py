@@ -19,6 +19,7 @@ from vllmx.config import (
     SpeculativeConfig,
     StructuredOutputsConfig,
     VllmxConfig,
+    parse_hf_overrides,
 )
 from vllmx.core.scheduler import Scheduler
 from vllmx.engine.output_processor import OutputProcessor, ParentRequest
@@ -70,6 +71,10 @@ class EngineArgs:
     # vLLM's pooler_config: {"pooling_type": "CLS" | "MEAN" | "LAST", "normalize": bool}, over
     # the model's and its sentence-transformers config's defaults
     pooler_config: dict | str | None = None
+    # vLLM's hf_overrides: a dict (or its JSON) merged over config.json, e.g. a Qwen3-Reranker's
+    # {"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no",
+    # "yes"], "is_original_qwen3_reranker": true}
+    hf_overrides: dict | str | None = None
 
     def create_engine_config(self) -> VllmxConfig:
         if self.block_size < 1:
@@ -93,7 +98,7 @@ class EngineArgs:
                         generation_config=self.generation_config, dtype=self.dtype,
                         enforce_eager=self.enforce_eager, max_logprobs=self.max_logprobs,
                         load_format=self.load_format, runner=self.runner,
-                        convert=self.convert),
+                        convert=self.convert, hf_overrides=parse_hf_overrides(self.hf_overrides)),
             CacheConfig(self.block_size, self.kv_cache_dtype, self.kv_cache_memory_bytes,
                         self.num_gpu_blocks_override,
                         enable_prefix_caching=self.enable_prefix_caching,

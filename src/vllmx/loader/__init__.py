@@ -37,7 +37,7 @@ def load_model(model_config: ModelConfig):
                          f"{model_config.path} is a GGUF file")
     if model_config.is_gguf:
         meta, weights = load_gguf(model_config.path)
-        model_config.hf_config = gguf_to_hf_config(meta)
+        model_config.hf_config = {**gguf_to_hf_config(meta), **model_config.hf_overrides}
         model_cls = _model_class(model_config)
         if not model_config.skip_tokenizer_init and model_config.tokenizer is None:
             from vllmx.tokenizer import Tokenizer
@@ -67,11 +67,24 @@ def load_model(model_config: ModelConfig):
     model_config.finalize_max_model_len()
     meta = None  # the vocabulary lists are built into the tokenizer by now
     # max_model_len bounds the positions, hence the rope caches the model builds.
-    model = model_cls({**model_config.hf_config, "max_model_len": model_config.max_model_len},
-                      weights)
+    cfg = {**model_config.hf_config, "max_model_len": model_config.max_model_len}
+    if model_config.runner_type == "pooling" and cfg.get("classifier_from_token"):
+        cfg["classifier_from_token_ids"] = _token_ids(tokenizer, cfg["classifier_from_token"])
+    model = model_cls(cfg, weights)
     del weights  # what the model keeps it holds itself; a repacked original is freed
     trim_heap()
     return model, tokenizer
+
+
+def _token_ids(tokenizer, tokens: list[str]) -> list[int]:
+    """hf_overrides' classifier_from_token (a reranker's answer tokens) as vocabulary ids."""
+    if tokenizer is None:
+        raise ValueError("classifier_from_token needs the model's tokenizer")
+    ids = [tokenizer.token_to_id(t) for t in tokens]
+    missing = [t for t, i in zip(tokens, ids) if i is None]
+    if missing:
+        raise ValueError(f"classifier_from_token {missing} not in the vocabulary")
+    return ids
 
 
 def trim_heap() -> None:
