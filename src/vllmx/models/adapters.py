@@ -79,6 +79,12 @@ class DecoderForEmbedding:
     def _classifier(self, cfg: dict, weights: dict):
         return None
 
+    @staticmethod
+    def checkpoint_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+        """The decoder's tensors (load_format="dummy"), under its ForCausalLM names."""
+        causal = _causal_lm_config(cfg)
+        return get_model_class(causal).checkpoint_shapes(causal)
+
     def forward(self, input_ids: np.ndarray, batch: PoolingBatch,
                 token_type_ids: np.ndarray | None = None) -> np.ndarray:
         # token_type_ids: unused, a decoder has no token-type embedding (a pair is its two
