@@ -192,3 +192,25 @@ def test_generate_server_refuses_pooling_endpoints(server):
                             ("/classify", {"input": "hi"}, "Classification")):
         _error(httpx.post(f"{server.url}{path}", json=body), 400,
                f"does not support {api}")
+
+
+def test_concurrent_requests_share_forwards(minilm_server, st_vectors, monkeypatch):
+    """Requests arriving together are batched into shared forwards, each answer its own."""
+    import asyncio
+
+    async def run():
+        async with httpx.AsyncClient(base_url=minilm_server.url, timeout=60) as c:
+            return await asyncio.gather(*[
+                c.post("/v1/embeddings", json={"input": TEXTS[i % 3]}) for i in range(24)])
+
+    engine = minilm_server.app.state.engine_client.engine
+    calls = []
+    execute = engine.execute
+    monkeypatch.setattr(engine, "execute", lambda inputs: calls.append(len(inputs))
+                        or execute(inputs))
+    responses = asyncio.run(run())
+    for i, r in enumerate(responses):
+        assert r.status_code == 200, r.text
+        np.testing.assert_allclose(r.json()["data"][0]["embedding"], st_vectors[i % 3],
+                                   atol=1e-5)
+    assert sum(calls) == 24 and len(calls) < 24  # some forwards held several requests

@@ -5,10 +5,12 @@ batch, and calls from several threads (the server's) take turns."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -57,7 +59,7 @@ class PoolingEngine:
         self.matryoshka_dimensions = hf.get("matryoshka_dimensions")
         self.id2label = {int(k): v for k, v in (hf.get("id2label") or {}).items()}
         self._lock = threading.Lock()
-        self._next_id = 0
+        self._request_ids = itertools.count()
         logger.info("loaded %s as a pooling model (%s, %s pooling) in %.2fs", mc.path,
                     mc.convert_type, self.pooler_config.pooling_type, time.perf_counter() - t0)
 
@@ -158,52 +160,88 @@ class PoolingEngine:
         return out
 
     # -- running --------------------------------------------------------------------------------
-    def encode(self, prompts: list, params: list[PoolingParams], task: PoolingTask,
-               request_ids: list[str] | None = None) -> list[PoolingRequestOutput]:
-        """One PoolingRequestOutput per prompt, in order. Every prompt is checked before any
-        runs: one bad prompt fails the call (ValueError naming it)."""
+    def prepare(self, prompts: list, params: list[PoolingParams], task: PoolingTask
+                ) -> list[PoolingInput]:
+        """Every prompt tokenized and checked, every PoolingParams verified for `task`: one
+        bad prompt fails the call (ValueError naming it) before anything runs."""
         if len(params) != len(prompts):
             raise ValueError("the lengths of prompts and pooling_params must be the same")
-        params = [self.verify(p, task) for p in params]
-        tokenized = [self.tokenize(p, pp.truncate_prompt_tokens)
-                     for p, pp in zip(prompts, params)]
         if task == "score" and self.classifier is None:
             raise ValueError("score on an embedding model is the cosine of two embeddings: use "
-                             "score_pairs")
-        with self._lock:
-            data = self.runner.execute([t[0] for t in tokenized], [t[1] for t in tokenized],
-                                       params)
-            if request_ids is None:
-                request_ids = [str(self._next_id + i) for i in range(len(prompts))]
-                self._next_id += len(prompts)
-        return [PoolingRequestOutput(rid, PoolingOutput(d), ids)
-                for rid, d, (ids, _) in zip(request_ids, data, tokenized)]
+                             "prepare_score")
+        out = []
+        for prompt, p in zip(prompts, params):
+            p = self.verify(p, task)
+            ids, types = self.tokenize(prompt, p.truncate_prompt_tokens)
+            out.append(PoolingInput(ids, types, p))
+        return out
 
-    def score_pairs(self, pairs: list[tuple], params: PoolingParams | None = None
-                    ) -> list[PoolingRequestOutput]:
-        """vLLM's scoring of (text_1, text_2) pairs: a cross-encoder's activated logit over the
-        pair as one input; an embedding model's cosine similarity of the two embeddings."""
+    def execute(self, inputs: list[PoolingInput]) -> list[np.ndarray]:
+        """The pooled output of each input, in order (forwards take turns across threads)."""
+        with self._lock:
+            return self.runner.execute([i.token_ids for i in inputs],
+                                       [i.token_type_ids for i in inputs],
+                                       [i.params for i in inputs])
+
+    def outputs(self, inputs: list[PoolingInput], data: list[np.ndarray],
+                request_ids: list[str] | None = None) -> list[PoolingRequestOutput]:
+        if request_ids is None:  # (itertools.count: atomic, never waits for a forward)
+            request_ids = [str(next(self._request_ids)) for _ in inputs]
+        return [PoolingRequestOutput(rid, PoolingOutput(d), i.token_ids)
+                for rid, d, i in zip(request_ids, data, inputs)]
+
+    def encode(self, prompts: list, params: list[PoolingParams], task: PoolingTask,
+               request_ids: list[str] | None = None) -> list[PoolingRequestOutput]:
+        """One PoolingRequestOutput per prompt, in order."""
+        inputs = self.prepare(prompts, params, task)
+        return self.outputs(inputs, self.execute(inputs), request_ids)
+
+    # -- scoring ----------------------------------------------------------------------------------
+    def prepare_score(self, pairs: list[tuple], params: PoolingParams | None = None
+                      ) -> list[PoolingInput]:
+        """vLLM's scoring of (text_1, text_2) pairs: a cross-encoder reads each pair as one
+        input; an embedding model embeds the text_1s, then the text_2s (score_outputs takes
+        their cosines)."""
         if not pairs:
             raise ValueError("score needs at least one pair")
         if self.classifier is not None:
             self.check_task("score")
             items = [(a, b) if isinstance(a, str) and isinstance(b, str)
                      else _concat_ids(self, a, b) for a, b in pairs]
-            return self.encode(items, [params or PoolingParams()] * len(pairs), "score")
+            return self.prepare(items, [params or PoolingParams()] * len(pairs), "score")
+        self.check_task("score")
         # a cosine has no activation: use_activation does not apply (vLLM ignores it too)
         embed = PoolingParams(truncate_prompt_tokens=(params or PoolingParams())
                               .truncate_prompt_tokens, normalize=True)
-        outs = self.encode([a for a, _ in pairs] + [b for _, b in pairs],
-                           [embed] * (2 * len(pairs)), "embed")
-        n = len(pairs)
-        results = []
-        for i in range(n):
-            cos = float(np.dot(outs[i].outputs.data.astype(np.float64),
-                               outs[n + i].outputs.data.astype(np.float64)))
-            results.append(PoolingRequestOutput(
-                outs[i].request_id, PoolingOutput(np.array([cos], np.float32)),
-                outs[i].prompt_token_ids + outs[n + i].prompt_token_ids))
-        return results
+        return self.prepare([a for a, _ in pairs] + [b for _, b in pairs],
+                            [embed] * (2 * len(pairs)), "embed")
+
+    def score_outputs(self, inputs: list[PoolingInput], data: list[np.ndarray]
+                      ) -> list[PoolingRequestOutput]:
+        if self.classifier is not None:
+            return self.outputs(inputs, data)
+        n = len(inputs) // 2
+        outs = self.outputs(inputs[:n], data[:n])
+        for i, out in enumerate(outs):
+            cos = float(np.dot(data[i].astype(np.float64), data[n + i].astype(np.float64)))
+            out.outputs = PoolingOutput(np.array([cos], np.float32))
+            out.prompt_token_ids = inputs[i].token_ids + inputs[n + i].token_ids
+        return outs
+
+    def score_pairs(self, pairs: list[tuple], params: PoolingParams | None = None
+                    ) -> list[PoolingRequestOutput]:
+        inputs = self.prepare_score(pairs, params)
+        return self.score_outputs(inputs, self.execute(inputs))
+
+
+@dataclass
+class PoolingInput:
+    """One prompt ready to run: its tokens (and token types, for a cross-encoder's pair) and
+    its verified PoolingParams."""
+
+    token_ids: list[int]
+    token_type_ids: list[int] | None
+    params: PoolingParams
 
 
 def _concat_ids(engine: PoolingEngine, a, b) -> dict:
