@@ -80,19 +80,23 @@ class ModelConfig:
         return ids
 
 
-def parse_hf_overrides(value: dict | str | None) -> dict[str, Any]:
-    """vLLM's hf_overrides as a dict (given as one, or as its JSON)."""
-    if value is None:
-        return {}
+def json_dict(value: dict | str, name: str) -> dict[str, Any]:
+    """A config flag's value as a dict: given as one, or as its JSON (vLLM's flags take both);
+    ValueError naming the flag otherwise."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError as e:
-            raise ValueError(f"hf_overrides is not JSON: {e}") from None
+            raise ValueError(f"{name} is not valid JSON: {e}") from e
     if not isinstance(value, dict):
-        raise TypeError(f"hf_overrides must be a dict of config.json keys, got "
-                         f"{type(value).__name__}")
+        raise ValueError(  # noqa: TRY004 - a bad flag value, as vLLM reports it
+            f"{name} must be a dict, got {type(value).__name__}")
     return dict(value)
+
+
+def parse_hf_overrides(value: dict | str | None) -> dict[str, Any]:
+    """vLLM's hf_overrides (config.json keys over the checkpoint's) as a dict."""
+    return {} if value is None else json_dict(value, "hf_overrides")
 
 
 @dataclass
@@ -170,13 +174,7 @@ class SpeculativeConfig:
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any] | str) -> SpeculativeConfig:
-        if isinstance(cfg, str):
-            try:
-                cfg = json.loads(cfg)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"speculative_config is not valid JSON: {e}") from e
-        if not isinstance(cfg, dict):
-            raise ValueError(f"speculative_config must be a dict, got {type(cfg).__name__}")
+        cfg = json_dict(cfg, "speculative_config")
         method = cfg.get("method")
         if method is None:
             raise ValueError("speculative_config needs a 'method' (vllmx runs: "
@@ -244,14 +242,7 @@ class StructuredOutputsConfig:
     def from_dict(cls, cfg: dict | str | None) -> StructuredOutputsConfig:
         if cfg is None:
             return cls()
-        if isinstance(cfg, str):
-            try:
-                cfg = json.loads(cfg)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"structured_outputs_config is not valid JSON: {e}") from e
-        if not isinstance(cfg, dict):
-            raise ValueError(  # noqa: TRY004 - a bad flag value, as vLLM reports it
-                f"structured_outputs_config must be a dict, got {type(cfg).__name__}")
+        cfg = json_dict(cfg, "structured_outputs_config")
         known = {f.name for f in dataclasses.fields(cls)}
         if unknown := sorted(set(cfg) - known):
             raise ValueError(f"structured_outputs_config keys {unknown} are not supported "

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from vllmx.beam_search import BeamSearch, BeamSearchOutput
 from vllmx.engine.llm_engine import EngineArgs
-from vllmx.llm_pooling import PoolingMixin
+from vllmx.llm_pooling import PoolingMixin, require_runner
 from vllmx.loader import DEFAULT_MODEL, DEFAULT_POOLING_MODEL
 from vllmx.outputs import RequestOutput
 from vllmx.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
@@ -65,11 +65,7 @@ class LLM(PoolingMixin):
             self.llm_engine = engine
 
     def _generative(self, api: str):
-        if self.llm_engine is None:
-            raise ValueError(f"LLM.{api}() is only supported for generative models. Try "
-                             f"passing `runner='generate'` (`--runner generate`) to use the "
-                             f"model as a generative model.")
-        return self.llm_engine
+        return require_runner(self.llm_engine, api, "generate")
 
     def get_tokenizer(self):
         return (self.llm_engine or self.pooling_engine).tokenizer

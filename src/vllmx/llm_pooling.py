@@ -42,11 +42,7 @@ class PoolingMixin:
     pooling_engine = None
 
     def _pooling(self, api: str):
-        if self.pooling_engine is None:
-            raise ValueError(f"LLM.{api}() is only supported for pooling models. Try passing "
-                             f"`runner='pooling'` (`--runner pooling`) to use the model as a "
-                             f"pooling model.")
-        return self.pooling_engine
+        return require_runner(self.pooling_engine, api, "pooling")
 
     def encode(self, prompts, pooling_params=None, *, pooling_task: str | None = None,
                truncate_prompt_tokens: int | None = None,
@@ -84,6 +80,16 @@ class PoolingMixin:
         if truncate_prompt_tokens is not None:
             params.truncate_prompt_tokens = truncate_prompt_tokens
         return [ScoringRequestOutput.from_base(o) for o in engine.score_pairs(pairs, params)]
+
+
+def require_runner(engine, api: str, runner: str):
+    """engine, or vLLM's ValueError for an LLM method the model's runner does not have."""
+    if engine is None:
+        kind = "pooling" if runner == "pooling" else "generative"
+        raise ValueError(f"LLM.{api}() is only supported for {kind} models. Try passing "
+                         f"`runner='{runner}'` (`--runner {runner}`) to use the model as a "
+                         f"{kind} model.")
+    return engine
 
 
 def score_pairs(data_1, data_2) -> list[tuple]:

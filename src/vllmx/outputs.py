@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -73,10 +73,22 @@ class PoolingRequestOutput:
     prompt_token_ids: list[int]
     finished: bool = True
 
+    output_cls: ClassVar[Any] = None  # a task's subclass: its output class (from_base)
+
+    @classmethod
+    def from_base(cls, out: PoolingRequestOutput):
+        """vLLM's from_base: a raw PoolingRequestOutput as this task's output."""
+        return cls(out.request_id, cls.output_cls.from_base(out.outputs), out.prompt_token_ids,
+                   out.finished)
+
 
 @dataclass
 class EmbeddingOutput:
     embedding: list[float]
+
+    @classmethod
+    def from_base(cls, out: PoolingOutput) -> EmbeddingOutput:
+        return cls(np.asarray(out.data).tolist())
 
     @property
     def hidden_size(self) -> int:
@@ -84,16 +96,12 @@ class EmbeddingOutput:
 
 
 @dataclass
-class EmbeddingRequestOutput(PoolingRequestOutput):
-    @classmethod
-    def from_base(cls, out: PoolingRequestOutput) -> EmbeddingRequestOutput:
-        return cls(out.request_id, EmbeddingOutput(out.outputs.data.tolist()),
-                   out.prompt_token_ids, out.finished)
-
-
-@dataclass
 class ClassificationOutput:
     probs: list[float]
+
+    @classmethod
+    def from_base(cls, out: PoolingOutput) -> ClassificationOutput:
+        return cls(np.asarray(out.data).tolist())
 
     @property
     def num_classes(self) -> int:
@@ -101,21 +109,24 @@ class ClassificationOutput:
 
 
 @dataclass
-class ClassificationRequestOutput(PoolingRequestOutput):
+class ScoringOutput:
+    score: float
+
     @classmethod
-    def from_base(cls, out: PoolingRequestOutput) -> ClassificationRequestOutput:
-        return cls(out.request_id, ClassificationOutput(out.outputs.data.tolist()),
-                   out.prompt_token_ids, out.finished)
+    def from_base(cls, out: PoolingOutput) -> ScoringOutput:
+        return cls(float(np.asarray(out.data).reshape(-1)[0]))
 
 
 @dataclass
-class ScoringOutput:
-    score: float
+class EmbeddingRequestOutput(PoolingRequestOutput):
+    output_cls: ClassVar[Any] = EmbeddingOutput
+
+
+@dataclass
+class ClassificationRequestOutput(PoolingRequestOutput):
+    output_cls: ClassVar[Any] = ClassificationOutput
 
 
 @dataclass
 class ScoringRequestOutput(PoolingRequestOutput):
-    @classmethod
-    def from_base(cls, out: PoolingRequestOutput) -> ScoringRequestOutput:
-        return cls(out.request_id, ScoringOutput(float(np.asarray(out.outputs.data).reshape(-1)[0])),
-                   out.prompt_token_ids, out.finished)
+    output_cls: ClassVar[Any] = ScoringOutput

@@ -25,20 +25,24 @@ def _run(*args: str, **kw) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
+def _wait_healthy(proc: subprocess.Popen, port: int) -> None:
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline, "server did not come up"
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.1)
+
+
 def test_serve_default_model(smollm2_gguf):
     port = _free_port()
     proc = _run("--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
                 "--kv-cache-memory-bytes", "32M", "--api-key", "k", "--disable-log-requests")
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "server did not come up"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        _wait_healthy(proc, port)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k")
         assert client.models.list().data[0].id == "SmolLM2-135M-Instruct"
         out = client.completions.create(model="SmolLM2-135M-Instruct",
@@ -64,15 +68,7 @@ def test_serve_pooling_default_model(minilm_dir):
     proc = _run("--runner", "pooling", "--host", "127.0.0.1", "--port", str(port),
                 "--disable-log-requests", "--disable-log-stats")
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "server did not come up"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        _wait_healthy(proc, port)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY")
         assert client.models.list().data[0].id == "all-MiniLM-L6-v2"
         res = client.embeddings.create(model="all-MiniLM-L6-v2", input=["cat", "a small cat"])

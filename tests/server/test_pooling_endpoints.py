@@ -57,6 +57,17 @@ def st_vectors(minilm_dir):
     return SentenceTransformer(minilm_dir, device="cpu").encode(TEXTS, convert_to_numpy=True)
 
 
+def _hf_logits(path: str, cls_name: str, texts: list[str], pairs: list[str] | None = None):
+    """transformers' logits for texts (or text pairs), padded into one batch."""
+    import torch
+    import transformers as tf
+
+    model = getattr(tf, cls_name).from_pretrained(path).eval()
+    tok = tf.AutoTokenizer.from_pretrained(path)
+    with torch.no_grad():
+        return model(**tok(texts, pairs, padding=True, return_tensors="pt")).logits
+
+
 def _error(r: httpx.Response, status: int, match: str) -> None:
     assert r.status_code == status, r.text
     err = r.json()["error"]
@@ -135,14 +146,10 @@ def test_embedding_bad_input(minilm_server):
 
 def test_rerank_and_score_on_cross_encoder(cross_encoder):
     import torch
-    import transformers as tf
 
     server, path = cross_encoder
-    model = tf.BertForSequenceClassification.from_pretrained(path).eval()
-    tok = tf.AutoTokenizer.from_pretrained(path)
-    with torch.no_grad():
-        enc = tok([QUERY] * len(DOCS), DOCS, padding=True, return_tensors="pt")
-        ref = torch.sigmoid(model(**enc).logits[:, 0]).numpy()
+    ref = torch.sigmoid(_hf_logits(path, "BertForSequenceClassification", [QUERY] * len(DOCS),
+                                   DOCS)[:, 0]).numpy()
     for route in ("/rerank", "/v1/rerank", "/v2/rerank"):
         r = httpx.post(f"{server.url}{route}", json={"query": QUERY, "documents": DOCS,
                                                     "top_n": 2})
@@ -166,14 +173,10 @@ def test_rerank_and_score_on_cross_encoder(cross_encoder):
 
 def test_classify(classifier):
     import torch
-    import transformers as tf
 
     server, path = classifier
-    model = tf.XLMRobertaForSequenceClassification.from_pretrained(path).eval()
-    tok = tf.AutoTokenizer.from_pretrained(path)
-    with torch.no_grad():
-        probs = torch.softmax(model(**tok(DOCS, padding=True, return_tensors="pt")).logits,
-                              -1).numpy()
+    probs = torch.softmax(_hf_logits(path, "XLMRobertaForSequenceClassification", DOCS), -1)
+    probs = probs.numpy()
     r = httpx.post(f"{server.url}/classify", json={"input": DOCS})
     assert r.status_code == 200, r.text
     data = r.json()["data"]

@@ -6,7 +6,6 @@ batch, and calls from several threads (the server's) take turns."""
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import threading
 import time
@@ -15,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vllmx import _C
-from vllmx.config import VllmxConfig
+from vllmx.config import VllmxConfig, json_dict
 from vllmx.layers.pooler import Pooler
 from vllmx.loader import load_model
 from vllmx.outputs import PoolingOutput, PoolingRequestOutput
@@ -78,9 +77,8 @@ class PoolingEngine:
     def _pooler_config(self, override: dict | str | None) -> PoolerConfig:
         mc = self.config.model_config
         cfg = (load_pooler_config(mc.path) if not mc.is_gguf else None) or PoolerConfig()
-        if isinstance(override, str):
-            override = json.loads(override)
-        for key, value in (override or {}).items():
+        override = {} if override is None else json_dict(override, "pooler_config")
+        for key, value in override.items():
             if key not in ("pooling_type", "normalize"):
                 raise ValueError(f"pooler_config key {key!r} is not supported (pooling_type, "
                                  f"normalize)")

@@ -28,6 +28,15 @@ def _prompts(inp) -> list:
     return [x if isinstance(x, str) else {"prompt_token_ids": x} for x in inp]
 
 
+def _encode(data, encoding_format: str):
+    """A vector (or per-token matrix) as OpenAI's float list, or base64 of its little-endian
+    float32 bytes."""
+    vec = np.asarray(data, dtype=np.float32)
+    if encoding_format == "base64":
+        return base64.b64encode(vec.astype("<f4").tobytes()).decode("ascii")
+    return vec.tolist()
+
+
 def _usage(outs) -> dict:
     n = sum(len(o.prompt_token_ids) for o in outs)
     return {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0,
@@ -44,6 +53,10 @@ class OpenAIServingPooling(OpenAIServing):
         if task not in tasks:
             raise OpenAIError(f"The model does not support {API_NAMES[api]} API")
 
+    async def _encode_input(self, body, params: PoolingParams, task: str):
+        prompts = _prompts(body.input)
+        return await self.engine_client.encode(prompts, [params] * len(prompts), task)
+
     def _header(self, prefix: str, body) -> dict:
         return {"id": f"{prefix}-{body.request_id or random_uuid()}", "object": "list",
                 "created": int(time.time()), "model": body.model or self.served_model_names[0]}
@@ -52,14 +65,10 @@ class OpenAIServingPooling(OpenAIServing):
         self._check(body, "embed", "embed")
         params = PoolingParams(truncate_prompt_tokens=body.truncate_prompt_tokens,
                                dimensions=body.dimensions, normalize=body.normalize)
-        prompts = _prompts(body.input)
-        outs = await self.engine_client.encode(prompts, [params] * len(prompts), "embed")
-        data = []
-        for i, o in enumerate(outs):
-            vec = np.asarray(o.outputs.data, dtype=np.float32)
-            emb = (base64.b64encode(vec.astype("<f4").tobytes()).decode("ascii")
-                   if body.encoding_format == "base64" else vec.tolist())
-            data.append({"index": i, "object": "embedding", "embedding": emb})
+        outs = await self._encode_input(body, params, "embed")
+        data = [{"index": i, "object": "embedding",
+                 "embedding": _encode(o.outputs.data, body.encoding_format)}
+                for i, o in enumerate(outs)]
         return {**self._header("embd", body), "data": data, "usage": _usage(outs)}
 
     async def create_pooling(self, body) -> dict:
@@ -72,22 +81,17 @@ class OpenAIServingPooling(OpenAIServing):
         params = PoolingParams(truncate_prompt_tokens=body.truncate_prompt_tokens,
                                dimensions=body.dimensions, normalize=body.normalize,
                                use_activation=body.use_activation)
-        prompts = _prompts(body.input)
-        outs = await self.engine_client.encode(prompts, [params] * len(prompts), task)
-        data = []
-        for i, o in enumerate(outs):
-            vec = np.asarray(o.outputs.data, dtype=np.float32)
-            value = (base64.b64encode(vec.astype("<f4").tobytes()).decode("ascii")
-                     if body.encoding_format == "base64" else vec.tolist())
-            data.append({"index": i, "object": "pooling", "data": value})
+        outs = await self._encode_input(body, params, task)
+        data = [{"index": i, "object": "pooling",
+                 "data": _encode(o.outputs.data, body.encoding_format)}
+                for i, o in enumerate(outs)]
         return {**self._header("pool", body), "data": data, "usage": _usage(outs)}
 
     async def create_classify(self, body) -> dict:
         self._check(body, "classify", "classify")
         params = PoolingParams(truncate_prompt_tokens=body.truncate_prompt_tokens,
                                use_activation=body.use_activation)
-        prompts = _prompts(body.input)
-        outs = await self.engine_client.encode(prompts, [params] * len(prompts), "classify")
+        outs = await self._encode_input(body, params, "classify")
         id2label = self.model_config.hf_config.get("id2label") or {}
         data = []
         for i, o in enumerate(outs):
