@@ -217,3 +217,16 @@ def test_concurrent_requests_share_forwards(minilm_server, st_vectors, monkeypat
         np.testing.assert_allclose(r.json()["data"][0]["embedding"], st_vectors[i % 3],
                                    atol=1e-5)
     assert sum(calls) == 24 and len(calls) < 24  # some forwards held several requests
+
+
+def test_invocations_route_pooling_bodies(minilm_server, st_vectors):
+    """SageMaker's /invocations: an embeddings body embeds, a score body scores."""
+    r = httpx.post(f"{minilm_server.url}/invocations", json={"input": TEXTS[0]})
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose(r.json()["data"][0]["embedding"], st_vectors[0], atol=1e-5)
+    r = httpx.post(f"{minilm_server.url}/invocations", json={"text_1": TEXTS[0],
+                                                            "text_2": TEXTS[0]})
+    assert r.status_code == 200 and r.json()["data"][0]["score"] == pytest.approx(1, abs=1e-5)
+    _error(httpx.post(f"{minilm_server.url}/invocations", json={"prompt": "hi"}), 400,
+           "Completions API")
+    _error(httpx.post(f"{minilm_server.url}/invocations", json={"foo": 1}), 400, "rerank")

@@ -158,6 +158,24 @@ def json_response(content: dict) -> Response:
     return Response("{" + ",".join(parts) + "}", media_type="application/json")
 
 
+def _invocation_kind(body, is_pooling: bool) -> str | None:
+    """Which API a SageMaker /invocations body is for, by its keys (vLLM's route tries each
+    request type in turn): chat, completion, or on a pooling model input / score / rerank."""
+    if not isinstance(body, dict):
+        return None
+    if "messages" in body:
+        return "chat"
+    if "prompt" in body:
+        return "completion"
+    if not is_pooling:
+        return None
+    if "input" in body:
+        return "input"
+    if "text_1" in body:
+        return "score"
+    return "rerank" if "query" in body else None
+
+
 def build_app(engine_client, served_model_names: list[str] | None = None,
               chat_template: str | None = None, api_key: str | None = None,
               allowed_origins: list[str] | None = None, log_requests: bool = False,
@@ -184,6 +202,7 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
                              return_tokens_as_token_ids=return_tokens_as_token_ids)
     pooling = OpenAIServingPooling(engine_client, names, metrics, log_requests)
     is_pooling = mc.runner_type == "pooling"
+    pooling_tasks = getattr(engine_client, "supported_tasks", ())
     stat_logger = StatLogger(metrics, log_stats_interval or 10.0)
 
     @contextlib.asynccontextmanager
@@ -323,17 +342,25 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
             body = await request.json()
         except ValueError as e:
             raise OpenAIError(f"invocations: the body is not JSON ({e})") from None
-        kind = ((ChatCompletionRequest, create_chat_completion) if isinstance(body, dict) and
-                "messages" in body else (CompletionRequest, create_completion)
-                if isinstance(body, dict) and "prompt" in body else None)
+        kind = _invocation_kind(body, is_pooling)
         if kind is None:
             raise OpenAIError("invocations: the body must be a chat completion request "
-                              "(with 'messages') or a completion request (with 'prompt')")
+                              "(with 'messages'), a completion request (with 'prompt'), or "
+                              "on a pooling model an embeddings / classify ('input'), score "
+                              "('text_1', 'text_2') or rerank ('query', 'documents') request")
+        handlers = {"chat": (ChatCompletionRequest, create_chat_completion),
+                    "completion": (CompletionRequest, create_completion),
+                    "embed": (EmbeddingCompletionRequest, create_embedding),
+                    "classify": (ClassificationRequest, create_classify),
+                    "score": (ScoreRequest, create_score), "rerank": (RerankRequest, do_rerank)}
+        if kind == "input":
+            kind = "embed" if "embed" in pooling_tasks else "classify"
+        request_cls, handler = handlers[kind]
         try:
-            parsed = kind[0].model_validate(body)
+            parsed = request_cls.model_validate(body)
         except ValidationError as e:
             raise RequestValidationError(e.errors()) from None
-        return await kind[1](parsed, request)
+        return await handler(parsed, request)
 
     @app.get("/load")
     async def get_server_load():
