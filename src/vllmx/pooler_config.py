@@ -90,6 +90,9 @@ def load_pooler_config(path: str) -> PoolerConfig | None:
         return PoolerConfig(None, "Normalize" in types)
     with open(os.path.join(path, types["Pooling"].get("path", ""), "config.json")) as f:
         st = json.load(f)
+    if st.get("include_prompt") is False:
+        raise ValueError("sentence-transformers pooling with include_prompt=false (an "
+                         "instruction left out of the pooling) is not supported")
     if "pooling_mode" in st:  # sentence-transformers >= 6: a mode name or a list of them
         named = st["pooling_mode"]
         named = [named] if isinstance(named, str) else list(named)

@@ -59,3 +59,20 @@ def test_batches_split_by_token_budget(minilm_dir):
     small = LLM(minilm_dir, max_num_batched_tokens=40, max_num_seqs=2)
     got = np.array([o.outputs.embedding for o in small.embed(TEXTS)])
     np.testing.assert_allclose(got, ref, atol=1e-6)
+
+
+def test_token_embed_matches_sentence_transformers(minilm_dir):
+    """LLM.encode(pooling_task="token_embed"): every token's final hidden state (normalized,
+    vLLM's default), as sentence-transformers' token_embeddings."""
+    from sentence_transformers import SentenceTransformer
+
+    from vllmx import LLM
+
+    st = SentenceTransformer(minilm_dir, device="cpu")
+    refs = st.encode(TEXTS[:3], output_value="token_embeddings")
+    outs = LLM(minilm_dir).encode(TEXTS[:3], pooling_task="token_embed")
+    for out, ref in zip(outs, refs):
+        ref = ref.numpy()
+        ref = ref / np.linalg.norm(ref, axis=1, keepdims=True)
+        assert out.outputs.data.shape == ref.shape == (len(out.prompt_token_ids), 384)
+        np.testing.assert_allclose(out.outputs.data, ref, atol=1e-4)

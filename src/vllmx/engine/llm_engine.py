@@ -116,6 +116,10 @@ class LLMEngine:
     def __init__(self, config: VllmxConfig):
         self.config = config
         mc, cc, sc = config.model_config, config.cache_config, config.scheduler_config
+        if mc.runner == "pooling" or mc.convert not in ("auto", "none"):
+            raise ValueError(f"runner={mc.runner!r} convert={mc.convert!r}: LLMEngine generates; "
+                             f"a pooling model runs on a PoolingEngine (LLM(...) and "
+                             f"engine.factory.create_engine pick it)")
         if config.parallel_config.num_threads:
             _C.set_num_threads(config.parallel_config.num_threads)
         t0 = time.perf_counter()
