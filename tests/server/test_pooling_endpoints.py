@@ -230,3 +230,14 @@ def test_invocations_route_pooling_bodies(minilm_server, st_vectors):
     _error(httpx.post(f"{minilm_server.url}/invocations", json={"prompt": "hi"}), 400,
            "Completions API")
     _error(httpx.post(f"{minilm_server.url}/invocations", json={"foo": 1}), 400, "rerank")
+
+
+def test_pooling_server_shared_routes(minilm_server):
+    """/health, /v1/models, /tokenize and /metrics answer on a pooling server too."""
+    url = minilm_server.url
+    assert httpx.get(f"{url}/health").status_code == 200
+    models = httpx.get(f"{url}/v1/models").json()["data"]
+    assert models[0]["id"] == "minilm" and models[0]["max_model_len"] == 256
+    tok = httpx.post(f"{url}/tokenize", json={"prompt": "hello world"}).json()
+    assert tok["tokens"] == [101, 7592, 2088, 102]
+    assert httpx.get(f"{url}/metrics").status_code == 200
