@@ -241,3 +241,24 @@ def test_pooling_server_shared_routes(minilm_server):
     tok = httpx.post(f"{url}/tokenize", json={"prompt": "hello world"}).json()
     assert tok["tokens"] == [101, 7592, 2088, 102]
     assert httpx.get(f"{url}/metrics").status_code == 200
+
+
+def test_embeddings_chat_form(minilm_dir):
+    """vLLM's chat form of /v1/embeddings: the messages rendered by the chat template, then
+    embedded as those tokens (no special tokens added: the template's own)."""
+    from vllmx.engine.factory import create_engine_client
+    from vllmx.engine.llm_engine import EngineArgs
+
+    client = create_engine_client(EngineArgs(model=minilm_dir))
+    template = "{% for m in messages %}[CLS] {{ m['content'] }} [SEP]{% endfor %}"
+    app = build_app(client, ["m"], chat_template=template, log_stats_interval=None)
+    with ServerThread(app) as s:
+        msgs = [{"role": "user", "content": "hello there"}]
+        r = httpx.post(f"{s.url}/v1/embeddings", json={"messages": msgs})
+        assert r.status_code == 200, r.text
+        ids = httpx.post(f"{s.url}/tokenize", json={"prompt": "hello there"}).json()["tokens"]
+        want = httpx.post(f"{s.url}/v1/embeddings", json={"input": ids}).json()
+        np.testing.assert_allclose(r.json()["data"][0]["embedding"],
+                                   want["data"][0]["embedding"], atol=1e-6)
+        assert r.json()["usage"]["prompt_tokens"] == len(ids)
+        _error(httpx.post(f"{s.url}/v1/embeddings", json={"messages": []}), 400, "messages")

@@ -36,6 +36,7 @@ from vllmx.server.protocol import (
 from vllmx.server.protocol_pooling import (
     ClassificationRequest,
     EmbeddingCompletionRequest,
+    EmbeddingRequest,
     PoolingCompletionRequest,
     RerankRequest,
     ScoreRequest,
@@ -304,8 +305,8 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
     # Pooling endpoints (vLLM's paths: /v1/embeddings; /pooling, /classify, /score and
     # /rerank at the top and under /v1, /v2/rerank).
     @v1.post("/embeddings")
-    async def create_embedding(body: EmbeddingCompletionRequest, request: Request):
-        return await respond(pooling.create_embedding(body), request)
+    async def create_embedding(body: EmbeddingRequest, request: Request):
+        return await respond(pooling.create_embedding(body, chat.render), request)
 
     auth = [Depends(check_api_key)]
 

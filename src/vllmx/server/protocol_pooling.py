@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictInt, StrictStr
 
-from vllmx.server.protocol import OpenAIBaseModel
+from vllmx.server.protocol import ChatMessage, OpenAIBaseModel
 
 MAX_INPUTS = 2048  # OpenAI's limit of inputs in one embeddings request
 
@@ -30,6 +30,24 @@ class EmbeddingCompletionRequest(_PoolingFields):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
     normalize: bool | None = None  # vLLM's extra parameter
+
+
+class EmbeddingChatRequest(_PoolingFields):
+    """vLLM's chat form of /v1/embeddings: the messages rendered by the chat template, then
+    embedded (add_generation_prompt off by default, the template adding special tokens)."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    normalize: bool | None = None
+    add_generation_prompt: bool = False
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+EmbeddingRequest = EmbeddingCompletionRequest | EmbeddingChatRequest
 
 
 class PoolingCompletionRequest(EmbeddingCompletionRequest):

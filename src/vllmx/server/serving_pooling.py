@@ -5,6 +5,7 @@ API, as vLLM does."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 
@@ -53,19 +54,26 @@ class OpenAIServingPooling(OpenAIServing):
         if task not in tasks:
             raise OpenAIError(f"The model does not support {API_NAMES[api]} API")
 
-    async def _encode_input(self, body, params: PoolingParams, task: str):
-        prompts = _prompts(body.input)
+    async def _encode_input(self, body, params: PoolingParams, task: str, render=None):
+        """The request's prompts through the engine. A chat request (messages) is rendered
+        first, by render (the chat server's, in a worker thread) into one prompt's ids."""
+        if hasattr(body, "messages"):
+            _, ids = await asyncio.to_thread(render, body)
+            prompts = [{"prompt_token_ids": ids}]
+        else:
+            prompts = _prompts(body.input)
         return await self.engine_client.encode(prompts, [params] * len(prompts), task)
 
     def _header(self, prefix: str, body) -> dict:
         return {"id": f"{prefix}-{body.request_id or random_uuid()}", "object": "list",
                 "created": int(time.time()), "model": body.model or self.served_model_names[0]}
 
-    async def create_embedding(self, body) -> dict:
+    async def create_embedding(self, body, render=None) -> dict:
+        """render: (chat request) -> (text, ids), for the chat form (EmbeddingChatRequest)."""
         self._check(body, "embed", "embed")
         params = PoolingParams(truncate_prompt_tokens=body.truncate_prompt_tokens,
                                dimensions=body.dimensions, normalize=body.normalize)
-        outs = await self._encode_input(body, params, "embed")
+        outs = await self._encode_input(body, params, "embed", render)
         data = [{"index": i, "object": "embedding",
                  "embedding": _encode(o.outputs.data, body.encoding_format)}
                 for i, o in enumerate(outs)]
