@@ -69,9 +69,10 @@ class DecoderForEmbedding:
         self.classifier = self._classifier(cfg, weights)
         model_cls = get_model_class(cfg)
         self.model = model_cls(cfg, weights)
-        if getattr(self.model, "is_hybrid", False):
-            raise ValueError(f"{archs}: hybrid (recurrent state) decoders cannot be pooling "
-                             f"models in vllmx yet")
+        if getattr(self.model, "is_hybrid", False) or self.model.config.get("use_mla"):
+            raise ValueError(f"{archs}: hybrid (recurrent state) and latent-attention (MLA) "
+                             f"decoders cannot be pooling models in vllmx yet (their caches "
+                             f"are not the scratch cache's layout)")
         self.config = self.model.config
         self.vocab_size = self.model.vocab_size
         self.max_positions = int(cfg.get("max_position_embeddings") or cfg["max_model_len"])
