@@ -56,7 +56,6 @@ class PoolingEngine:
         self.hidden_size = int(hf["hidden_size"])
         self.is_matryoshka = bool(hf.get("is_matryoshka") or hf.get("matryoshka_dimensions"))
         self.matryoshka_dimensions = hf.get("matryoshka_dimensions")
-        self.id2label = {int(k): v for k, v in (hf.get("id2label") or {}).items()}
         self._lock = threading.Lock()
         self._request_ids = itertools.count()
         logger.info("loaded %s as a pooling model (%s, %s pooling) in %.2fs", mc.path,
