@@ -44,7 +44,12 @@ def make_hf_checkpoint(kind: str, out_dir: str, tokenizer_dir: str, seed: int = 
 def make_st_checkpoint(kind: str, out_dir: str, tokenizer_dir: str, **extra) -> str:
     """A sentence-transformers checkpoint: Transformer + Pooling (the kind's mode) +
     Normalize, saved with SentenceTransformer.save."""
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+
+    try:  # sentence-transformers >= 6 moved the modules
+        from sentence_transformers.sentence_transformer import modules as models
+    except ImportError:
+        from sentence_transformers import models
 
     hf_dir = make_hf_checkpoint(kind, out_dir + "-hf", tokenizer_dir, **extra)
     t = models.Transformer(hf_dir)

@@ -262,3 +262,18 @@ def test_embeddings_chat_form(minilm_dir):
                                    want["data"][0]["embedding"], atol=1e-6)
         assert r.json()["usage"]["prompt_tokens"] == len(ids)
         _error(httpx.post(f"{s.url}/v1/embeddings", json={"messages": []}), 400, "messages")
+
+
+def test_matryoshka_dimensions_through_openai_client(minilm_dir, tmp_path):
+    from tests.pooling.checkpoints import make_st_checkpoint
+
+    path = make_st_checkpoint("bert", str(tmp_path / "m"), minilm_dir, is_matryoshka=True)
+    with _serve(path, "m") as s:
+        client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="EMPTY", max_retries=0)
+        full = np.array(client.embeddings.create(model="m", input=TEXTS).data[0].embedding)
+        short = client.embeddings.create(model="m", input=TEXTS, dimensions=16).data[0]
+        assert len(short.embedding) == 16
+        np.testing.assert_allclose(short.embedding, full[:16] / np.linalg.norm(full[:16]),
+                                   atol=1e-6)
+        with pytest.raises(openai.BadRequestError, match="dimensions"):
+            client.embeddings.create(model="m", input="hi", dimensions=65)
