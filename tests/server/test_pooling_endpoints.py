@@ -12,7 +12,7 @@ import numpy as np
 import openai
 import pytest
 
-from tests.pooling.checkpoints import make_hf_checkpoint
+from tests.models.pooling_checkpoints import make_hf_checkpoint
 from tests.server.conftest import ServerThread
 from vllmx.server.app import build_app
 
@@ -265,7 +265,7 @@ def test_embeddings_chat_form(minilm_dir):
 
 
 def test_matryoshka_dimensions_through_openai_client(minilm_dir, tmp_path):
-    from tests.pooling.checkpoints import make_st_checkpoint
+    from tests.models.pooling_checkpoints import make_st_checkpoint
 
     path = make_st_checkpoint("bert", str(tmp_path / "m"), minilm_dir, is_matryoshka=True)
     with _serve(path, "m") as s:

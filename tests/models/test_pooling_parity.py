@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.pooling.checkpoints import make_st_checkpoint
+from tests.models.pooling_checkpoints import make_st_checkpoint
 
 TEXTS = ["The capital of France is Paris.", "A man is eating food.", "hello",
          ("Quantum chromodynamics describes the strong interaction between quarks and gluons, "

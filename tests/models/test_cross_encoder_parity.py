@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.pooling.checkpoints import make_hf_checkpoint, make_st_checkpoint
+from tests.models.pooling_checkpoints import make_hf_checkpoint, make_st_checkpoint
 
 QUERY = "What is the capital of France?"
 DOCS = ["Paris is the capital of France.", "The Eiffel tower is in Paris.", "Bananas are yellow.",
