@@ -165,6 +165,10 @@ def test_rerank_and_score_on_cross_encoder(cross_encoder):
     np.testing.assert_allclose([d["score"] for d in r.json()["data"]], ref, rtol=1e-4)
     _error(httpx.post(f"{server.url}/score", json={"text_1": [QUERY] * 2, "text_2": DOCS}),
            400, "1:N")
+    for first, second in (("queries", "documents"), ("queries", "items"), ("data_1", "data_2")):
+        r = httpx.post(f"{server.url}/v1/score", json={first: QUERY, second: DOCS})
+        np.testing.assert_allclose([d["score"] for d in r.json()["data"]], ref, rtol=1e-4)
+    _error(httpx.post(f"{server.url}/score", json={"queries": QUERY}), 400, "two sides")
     _error(httpx.post(f"{server.url}/rerank", json={"query": QUERY, "documents": []}), 400,
            "documents")
     _error(httpx.post(f"{server.url}/v1/embeddings", json={"input": "hi"}), 400,

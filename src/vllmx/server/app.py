@@ -172,7 +172,7 @@ def _invocation_kind(body, is_pooling: bool) -> str | None:
         return None
     if "input" in body:
         return "input"
-    if "text_1" in body:
+    if {"text_1", "data_1", "queries"} & set(body):
         return "score"
     return "rerank" if "query" in body else None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictInt, StrictStr
+from pydantic import Field, StrictInt, StrictStr, model_validator
 
 from vllmx.server.protocol import ChatMessage, OpenAIBaseModel
 
@@ -62,12 +62,38 @@ class ClassificationRequest(_PoolingFields):
     use_activation: bool | None = None
 
 
-class ScoreRequest(_PoolingFields):
-    """text_1 against text_2: one against many (1:N) or pairwise (N:N)."""
+ScoreInputs = StrictStr | Annotated[list[StrictStr], Field(min_length=1, max_length=MAX_INPUTS)]
+# vLLM's four spellings of the two sides of a score request, in the order it tries them.
+SCORE_FORMS = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"),
+               ("text_1", "text_2"))
 
-    text_1: StrictStr | Annotated[list[StrictStr], Field(min_length=1, max_length=MAX_INPUTS)]
-    text_2: StrictStr | Annotated[list[StrictStr], Field(min_length=1, max_length=MAX_INPUTS)]
+
+class ScoreRequest(_PoolingFields):
+    """The first side against the second: one against many (1:N) or pairwise (N:N)."""
+
+    queries: ScoreInputs | None = None
+    documents: ScoreInputs | None = None
+    items: ScoreInputs | None = None
+    data_1: ScoreInputs | None = None
+    data_2: ScoreInputs | None = None
+    text_1: ScoreInputs | None = None
+    text_2: ScoreInputs | None = None
     use_activation: bool | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self):
+        if self.sides is None:
+            raise ValueError("a score request needs its two sides: queries and documents (or "
+                             "queries and items, data_1 and data_2, text_1 and text_2)")
+        return self
+
+    @property
+    def sides(self) -> tuple | None:
+        """(first side, second side, the second's field name), or None."""
+        for a, b in SCORE_FORMS:
+            if getattr(self, a) is not None and getattr(self, b) is not None:
+                return getattr(self, a), getattr(self, b), b
+        return None
 
 
 class RerankRequest(_PoolingFields):

@@ -109,7 +109,7 @@ class OpenAIServingPooling(OpenAIServing):
                          "probs": probs.tolist(), "num_classes": len(probs)})
         return {**self._header("classify", body), "data": data, "usage": _usage(outs)}
 
-    async def _score(self, body, api: str, text_1, text_2):
+    async def _score(self, body, api: str, text_1, text_2, param: str = "documents"):
         from vllmx.llm_pooling import score_pairs
 
         self._check(body, api, "score")
@@ -119,11 +119,12 @@ class OpenAIServingPooling(OpenAIServing):
         try:
             pairs = score_pairs(text_1, text_2)
         except ValueError as e:
-            raise OpenAIError(str(e), param="text_2") from None
+            raise OpenAIError(str(e), param=param) from None
         return await self.engine_client.score(pairs, params)
 
     async def create_score(self, body) -> dict:
-        outs = await self._score(body, "score", body.text_1, body.text_2)
+        first, second, param = body.sides
+        outs = await self._score(body, "score", first, second, param)
         data = [{"index": i, "object": "score", "score": float(o.outputs.data[0])}
                 for i, o in enumerate(outs)]
         return {**self._header("score", body), "data": data, "usage": _usage(outs)}
