@@ -27,19 +27,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import vllmx
 from vllmx.server.errors import OpenAIError, error_response, from_exception, pydantic_message
 from vllmx.server.metrics import ServerMetrics, StatLogger
+from vllmx.server.pooling_routes import add_pooling_routes, invocation_kind
 from vllmx.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
-)
-from vllmx.server.protocol_pooling import (
-    ClassificationRequest,
-    EmbeddingCompletionRequest,
-    EmbeddingRequest,
-    PoolingCompletionRequest,
-    RerankRequest,
-    ScoreRequest,
 )
 from vllmx.server.serving_chat import OpenAIServingChat
 from vllmx.server.serving_completion import OpenAIServingCompletion
@@ -157,24 +150,6 @@ def json_response(content: dict) -> Response:
             value = dumps(value)
         parts.append(f"{dumps(key)}:{value}")
     return Response("{" + ",".join(parts) + "}", media_type="application/json")
-
-
-def _invocation_kind(body, is_pooling: bool) -> str | None:
-    """Which API a SageMaker /invocations body is for, by its keys (vLLM's route tries each
-    request type in turn): chat, completion, or on a pooling model input / score / rerank."""
-    if not isinstance(body, dict):
-        return None
-    if "messages" in body:
-        return "chat"
-    if "prompt" in body:
-        return "completion"
-    if not is_pooling:
-        return None
-    if "input" in body:
-        return "input"
-    if {"text_1", "data_1", "queries"} & set(body):
-        return "score"
-    return "rerank" if "query" in body else None
 
 
 def build_app(engine_client, served_model_names: list[str] | None = None,
@@ -302,32 +277,8 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
         return await respond(chat.create_chat_completion(
             body, request.headers.get("X-Request-Id")), request)
 
-    # Pooling endpoints (vLLM's paths: /v1/embeddings; /pooling, /classify, /score and
-    # /rerank at the top and under /v1, /v2/rerank).
-    @v1.post("/embeddings")
-    async def create_embedding(body: EmbeddingRequest, request: Request):
-        return await respond(pooling.create_embedding(body, chat.render), request)
-
     auth = [Depends(check_api_key)]
-
-    @app.post("/pooling", dependencies=auth)
-    async def create_pooling(body: PoolingCompletionRequest, request: Request):
-        return await respond(pooling.create_pooling(body), request)
-
-    @app.post("/classify", dependencies=auth)
-    async def create_classify(body: ClassificationRequest, request: Request):
-        return await respond(pooling.create_classify(body), request)
-
-    @app.post("/score", dependencies=auth)
-    @app.post("/v1/score", dependencies=auth)
-    async def create_score(body: ScoreRequest, request: Request):
-        return await respond(pooling.create_score(body), request)
-
-    @app.post("/rerank", dependencies=auth)
-    @app.post("/v1/rerank", dependencies=auth)
-    @app.post("/v2/rerank", dependencies=auth)
-    async def do_rerank(body: RerankRequest, request: Request):
-        return await respond(pooling.create_rerank(body), request)
+    pooling_handlers = add_pooling_routes(app, v1, auth, pooling, chat.render, respond)
 
     @v1.get("/models")
     async def show_available_models():
@@ -343,17 +294,14 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
             body = await request.json()
         except ValueError as e:
             raise OpenAIError(f"invocations: the body is not JSON ({e})") from None
-        kind = _invocation_kind(body, is_pooling)
+        kind = invocation_kind(body, is_pooling)
         if kind is None:
             raise OpenAIError("invocations: the body must be a chat completion request "
                               "(with 'messages'), a completion request (with 'prompt'), or "
                               "on a pooling model an embeddings / classify ('input'), score "
                               "('text_1', 'text_2') or rerank ('query', 'documents') request")
         handlers = {"chat": (ChatCompletionRequest, create_chat_completion),
-                    "completion": (CompletionRequest, create_completion),
-                    "embed": (EmbeddingCompletionRequest, create_embedding),
-                    "classify": (ClassificationRequest, create_classify),
-                    "score": (ScoreRequest, create_score), "rerank": (RerankRequest, do_rerank)}
+                    "completion": (CompletionRequest, create_completion), **pooling_handlers}
         if kind == "input":
             kind = "embed" if "embed" in pooling_tasks else "classify"
         request_cls, handler = handlers[kind]
