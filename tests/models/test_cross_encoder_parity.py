@@ -135,6 +135,8 @@ def test_bad_input(minilm_dir):
         llm.embed({"prompt_token_ids": [101, 10**6]})
     with pytest.raises(ValueError, match="generative models"):
         llm.generate("hi")
+    with pytest.raises(ValueError, match="run on the CPU"):  # no GPU pooling path yet
+        LLM(minilm_dir, device="cuda")
 
 
 def test_generate_model_refuses_pooling_calls(smollm2_gguf):

@@ -33,9 +33,14 @@ class PoolingEngine:
     def __init__(self, config: VllmxConfig, pooler_config: dict | str | None = None):
         self.config = config
         mc, sc = config.model_config, config.scheduler_config
-        if config.device_config.device == "cuda":
+        device = config.device_config.device
+        if device == "cuda":
             raise ValueError("pooling models run on the CPU in vllmx so far (device='cuda' was "
                              "asked); use device='cpu' or 'auto'")
+        if device not in ("auto", "cpu"):
+            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+        if device == "auto" and _C.cuda_built() and _C.cuda_available():
+            logger.info("pooling models run on the CPU in vllmx so far: the GPU stays unused")
         if config.parallel_config.num_threads:
             _C.set_num_threads(config.parallel_config.num_threads)
         t0 = time.perf_counter()
