@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from vllmx.llm_pooling import score_pairs
 from vllmx.pooling_params import PoolingParams
 from vllmx.server.errors import OpenAIError
 from vllmx.server.serving_engine import OpenAIServing, random_uuid
@@ -110,8 +111,6 @@ class OpenAIServingPooling(OpenAIServing):
         return {**self._header("classify", body), "data": data, "usage": _usage(outs)}
 
     async def _score(self, body, api: str, text_1, text_2, param: str = "documents"):
-        from vllmx.llm_pooling import score_pairs
-
         self._check(body, api, "score")
         # (an embedding model scores by cosine, where use_activation does not apply)
         params = PoolingParams(truncate_prompt_tokens=body.truncate_prompt_tokens,
