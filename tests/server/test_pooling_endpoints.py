@@ -13,20 +13,19 @@ import openai
 import pytest
 
 from tests.models.pooling_checkpoints import make_hf_checkpoint
-from tests.server.conftest import ServerThread
-from vllmx.server.app import build_app
+from tests.server.conftest import serving
 
 TEXTS = ["The capital of France is Paris.", "A man is eating food.", "hello there"]
 QUERY = "What is the capital of France?"
 DOCS = ["Bananas are yellow.", "Paris is the capital of France.", "The Eiffel tower is tall."]
 
 
-def _serve(path: str, name: str):
+def _serve(path: str, name: str, **app_kwargs):
     from vllmx.engine.factory import create_engine_client
     from vllmx.engine.llm_engine import EngineArgs
 
-    client = create_engine_client(EngineArgs(model=path, runner="pooling"))
-    return ServerThread(build_app(client, [name], log_stats_interval=None))
+    return serving(create_engine_client(EngineArgs(model=path, runner="pooling")), [name],
+                   **app_kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -250,13 +249,8 @@ def test_pooling_server_shared_routes(minilm_server):
 def test_embeddings_chat_form(minilm_dir):
     """vLLM's chat form of /v1/embeddings: the messages rendered by the chat template, then
     embedded as those tokens (no special tokens added: the template's own)."""
-    from vllmx.engine.factory import create_engine_client
-    from vllmx.engine.llm_engine import EngineArgs
-
-    client = create_engine_client(EngineArgs(model=minilm_dir))
     template = "{% for m in messages %}[CLS] {{ m['content'] }} [SEP]{% endfor %}"
-    app = build_app(client, ["m"], chat_template=template, log_stats_interval=None)
-    with ServerThread(app) as s:
+    with _serve(minilm_dir, "m", chat_template=template) as s:
         msgs = [{"role": "user", "content": "hello there"}]
         r = httpx.post(f"{s.url}/v1/embeddings", json={"messages": msgs})
         assert r.status_code == 200, r.text

@@ -10,9 +10,8 @@ import pytest
 schemathesis = pytest.importorskip("schemathesis")
 from schemathesis import GenerationMode  # noqa: E402
 
-from tests.server.conftest import MODEL, ServerThread  # noqa: E402
+from tests.server.conftest import serving  # noqa: E402
 from tests.server.test_schemathesis import fuzz  # noqa: E402
-from vllmx.server.app import build_app  # noqa: E402
 
 POOLING_ROUTES = {"/v1/embeddings", "/pooling", "/score", "/v1/score", "/rerank", "/v1/rerank",
                   "/v2/rerank", "/classify", "/v1/completions", "/v1/chat/completions",
@@ -25,12 +24,8 @@ def pooling_fuzz_server(minilm_dir):
     from vllmx.engine.llm_engine import EngineArgs
 
     engine = create_engine_client(EngineArgs(model=minilm_dir, max_model_len=48))
-    try:
-        with ServerThread(build_app(engine, [MODEL], log_stats_interval=None,
-                                    max_request_body_bytes=1 << 20)) as s:
-            yield s
-    finally:
-        engine.shutdown()
+    with serving(engine, max_request_body_bytes=1 << 20) as s:
+        yield s
 
 
 @pytest.mark.parametrize("mode", ["positive", "negative"])
