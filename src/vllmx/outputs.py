@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
 
 
 @dataclass
@@ -55,3 +58,75 @@ class RequestOutput:
     kv_transfer_params: dict | None = field(default=None, repr=False)
     # With finish_reason "error": what made this request fail (the engine went on without it).
     error: str | None = None
+
+
+# -- pooling models (vLLM's classes; PoolingOutput.data is a numpy array here, not a tensor) ----
+@dataclass
+class PoolingOutput:
+    data: np.ndarray  # f32: [hidden] (or [dimensions]), [num_labels], or [T, hidden] per token
+
+
+@dataclass
+class PoolingRequestOutput:
+    request_id: str
+    outputs: Any  # PoolingOutput, or the task's own output class below
+    prompt_token_ids: list[int]
+    finished: bool = True
+
+    output_cls: ClassVar[Any] = None  # a task's subclass: its output class (from_base)
+
+    @classmethod
+    def from_base(cls, out: PoolingRequestOutput):
+        """vLLM's from_base: a raw PoolingRequestOutput as this task's output."""
+        return cls(out.request_id, cls.output_cls.from_base(out.outputs), out.prompt_token_ids,
+                   out.finished)
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+    @classmethod
+    def from_base(cls, out: PoolingOutput) -> EmbeddingOutput:
+        return cls(np.asarray(out.data).tolist())
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class ClassificationOutput:
+    probs: list[float]
+
+    @classmethod
+    def from_base(cls, out: PoolingOutput) -> ClassificationOutput:
+        return cls(np.asarray(out.data).tolist())
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass
+class ScoringOutput:
+    score: float
+
+    @classmethod
+    def from_base(cls, out: PoolingOutput) -> ScoringOutput:
+        return cls(float(np.asarray(out.data).reshape(-1)[0]))
+
+
+@dataclass
+class EmbeddingRequestOutput(PoolingRequestOutput):
+    output_cls: ClassVar[Any] = EmbeddingOutput
+
+
+@dataclass
+class ClassificationRequestOutput(PoolingRequestOutput):
+    output_cls: ClassVar[Any] = ClassificationOutput
+
+
+@dataclass
+class ScoringRequestOutput(PoolingRequestOutput):
+    output_cls: ClassVar[Any] = ScoringOutput

@@ -3,6 +3,7 @@ SmolLM2 GGUF (shared by every app of the session)."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import threading
@@ -63,6 +64,17 @@ class ServerThread:
         while not predicate():
             assert time.monotonic() < deadline, "condition not reached in time"
             time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def serving(engine_client, names: list[str] | None = None, **app_kwargs):
+    """A ServerThread over an app on engine_client, which is shut down afterwards."""
+    try:
+        with ServerThread(build_app(engine_client, names or [MODEL], log_stats_interval=None,
+                                    **app_kwargs)) as s:
+            yield s
+    finally:
+        engine_client.shutdown()
 
 
 @pytest.fixture(scope="session")

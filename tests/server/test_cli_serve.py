@@ -10,6 +10,7 @@ import time
 
 import httpx
 import openai
+import pytest
 
 
 def _free_port() -> int:
@@ -24,20 +25,24 @@ def _run(*args: str, **kw) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
+def _wait_healthy(proc: subprocess.Popen, port: int) -> None:
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline, "server did not come up"
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.1)
+
+
 def test_serve_default_model(smollm2_gguf):
     port = _free_port()
     proc = _run("--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
                 "--kv-cache-memory-bytes", "32M", "--api-key", "k", "--disable-log-requests")
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "server did not come up"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        _wait_healthy(proc, port)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k")
         assert client.models.list().data[0].id == "SmolLM2-135M-Instruct"
         out = client.completions.create(model="SmolLM2-135M-Instruct",
@@ -55,3 +60,22 @@ def test_serve_flag_errors():
     assert out.wait(timeout=60) == 2
     text = out.stdout.read()
     assert "device='cuda'" in text and ("without CUDA" in text or "no CUDA GPU" in text), text
+
+
+def test_serve_pooling_default_model(minilm_dir):
+    """`vllmx serve --runner pooling` with no model serves the real all-MiniLM-L6-v2."""
+    port = _free_port()
+    proc = _run("--runner", "pooling", "--host", "127.0.0.1", "--port", str(port),
+                "--disable-log-requests", "--disable-log-stats")
+    try:
+        _wait_healthy(proc, port)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY")
+        assert client.models.list().data[0].id == "all-MiniLM-L6-v2"
+        res = client.embeddings.create(model="all-MiniLM-L6-v2", input=["cat", "a small cat"])
+        a, b = (d.embedding for d in res.data)
+        assert len(a) == 384
+        assert sum(x * x for x in a) == pytest.approx(1.0, abs=1e-5)
+        assert 0.5 < sum(x * y for x, y in zip(a, b)) < 0.9999
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

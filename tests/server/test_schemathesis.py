@@ -14,8 +14,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis.errors import Unsatisfiable  # noqa: E402
 from schemathesis import GenerationMode  # noqa: E402
 
-from tests.server.conftest import MODEL, ServerThread  # noqa: E402
-from vllmx.server.app import build_app  # noqa: E402
+from tests.server.conftest import MODEL, serving  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -25,12 +24,8 @@ def fuzz_server(smollm2_gguf):
 
     engine = AsyncLLM.from_engine_args(EngineArgs(
         model=smollm2_gguf, max_model_len=48, max_num_seqs=16, kv_cache_memory_bytes=8 << 20))
-    try:
-        with ServerThread(build_app(engine, [MODEL], log_stats_interval=None,
-                                    max_request_body_bytes=1 << 20)) as s:
-            yield s
-    finally:
-        engine.shutdown()
+    with serving(engine, max_request_body_bytes=1 << 20) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")

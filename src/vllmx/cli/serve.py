@@ -1,5 +1,6 @@
 """`vllmx serve [MODEL]`: the OpenAI-compatible server, with vLLM's flag names. With no
-model it serves the built-in default (SmolLM2-135M-Instruct)."""
+model it serves the built-in default (SmolLM2-135M-Instruct; with --runner pooling,
+all-MiniLM-L6-v2)."""
 
 from __future__ import annotations
 
@@ -62,6 +63,17 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--reasoning-parser", default=None,
                    help="split reasoning_content from the answer, vLLM's names: deepseek_r1, "
                         "qwen3, glm45, granite, mistral, minimax_m2, ...")
+    p.add_argument("--runner", choices=["auto", "generate", "pooling"], default="auto",
+                   help="auto: by the checkpoint's architecture (vLLM's --runner)")
+    p.add_argument("--convert", choices=["auto", "none", "embed", "classify"], default="auto",
+                   help="serve a generative checkpoint as a pooling model, e.g. 'embed' "
+                        "(last-token pooling, as Qwen3-Embedding)")
+    p.add_argument("--pooler-config", default=None,
+                   help="vLLM's JSON, e.g. '{\"pooling_type\": \"MEAN\", \"normalize\": true}'")
+    p.add_argument("--hf-overrides", default=None,
+                   help="vLLM's JSON merged over config.json, e.g. a Qwen3-Reranker's "
+                        "'{\"architectures\": [\"Qwen3ForSequenceClassification\"], "
+                        "\"classifier_from_token\": [\"no\", \"yes\"]}'")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--generation-config", default="auto",
                    help="'auto' (the model's generation_config.json), 'vllm' (none), or a dir")
@@ -133,10 +145,13 @@ def _structured_outputs_config(args: argparse.Namespace) -> str | None:
 def engine_args_from(args: argparse.Namespace):
     """EngineArgs from the flags; a flag this engine has no field for is a clear error."""
     from vllmx.engine.llm_engine import EngineArgs
-    from vllmx.loader.model_source import DEFAULT_MODEL
+    from vllmx.loader.model_source import DEFAULT_MODEL, DEFAULT_POOLING_MODEL
 
     fields = {f.name for f in dataclasses.fields(EngineArgs)}
-    kwargs = {"model": args.model_flag or args.model or DEFAULT_MODEL, "seed": args.seed,
+    default = DEFAULT_POOLING_MODEL if args.runner == "pooling" else DEFAULT_MODEL
+    kwargs = {"model": args.model_flag or args.model or default, "seed": args.seed,
+              "runner": args.runner, "convert": args.convert,
+              "pooler_config": args.pooler_config, "hf_overrides": args.hf_overrides,
               "generation_config": args.generation_config, "device": args.device,
               "dtype": args.dtype, "gpu_memory_utilization": args.gpu_memory_utilization,
               "enforce_eager": args.enforce_eager, "max_logprobs": args.max_logprobs,
@@ -201,7 +216,7 @@ def _make_server(app, config):
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from vllmx.engine.async_llm import AsyncLLM
+    from vllmx.engine.factory import create_engine_client
     from vllmx.server.app import DEFAULT_MAX_REQUEST_BODY_BYTES, build_app, check_parser_flags
 
     logging.getLogger("vllmx").setLevel(logging.INFO)
@@ -210,7 +225,7 @@ def run_serve(args: argparse.Namespace) -> int:
                        args.reasoning_parser)
     engine_args = engine_args_from(args)
     chat_template = load_chat_template(args.chat_template)
-    engine_client = AsyncLLM.from_engine_args(engine_args)
+    engine_client = create_engine_client(engine_args)
     try:
         app = build_app(engine_client, args.served_model_name or [engine_args.model],
                         chat_template=chat_template, api_key=args.api_key,

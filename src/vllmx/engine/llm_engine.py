@@ -19,6 +19,7 @@ from vllmx.config import (
     SpeculativeConfig,
     StructuredOutputsConfig,
     VllmxConfig,
+    parse_hf_overrides,
 )
 from vllmx.core.scheduler import Scheduler
 from vllmx.engine.output_processor import OutputProcessor, ParentRequest
@@ -63,6 +64,17 @@ class EngineArgs:
     # vLLM's structured_outputs_config: a dict or its JSON, e.g. {"disable_any_whitespace":
     # true}; the engine's defaults for constrained requests (config.StructuredOutputsConfig)
     structured_outputs_config: dict | str | None = None
+    # vLLM's --runner (auto | generate | pooling) and --convert (auto | none | embed |
+    # classify): auto picks by the checkpoint's architecture (pooler_config.resolve_runner)
+    runner: str = "auto"
+    convert: str = "auto"
+    # vLLM's pooler_config: {"pooling_type": "CLS" | "MEAN" | "LAST", "normalize": bool}, over
+    # the model's and its sentence-transformers config's defaults
+    pooler_config: dict | str | None = None
+    # vLLM's hf_overrides: a dict (or its JSON) merged over config.json, e.g. a Qwen3-Reranker's
+    # {"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no",
+    # "yes"], "is_original_qwen3_reranker": true}
+    hf_overrides: dict | str | None = None
 
     def create_engine_config(self) -> VllmxConfig:
         if self.block_size < 1:
@@ -85,7 +97,8 @@ class EngineArgs:
                         max_model_len=self.max_model_len,
                         generation_config=self.generation_config, dtype=self.dtype,
                         enforce_eager=self.enforce_eager, max_logprobs=self.max_logprobs,
-                        load_format=self.load_format),
+                        load_format=self.load_format, runner=self.runner,
+                        convert=self.convert, hf_overrides=parse_hf_overrides(self.hf_overrides)),
             CacheConfig(self.block_size, self.kv_cache_dtype, self.kv_cache_memory_bytes,
                         self.num_gpu_blocks_override,
                         enable_prefix_caching=self.enable_prefix_caching,
@@ -103,6 +116,10 @@ class LLMEngine:
     def __init__(self, config: VllmxConfig):
         self.config = config
         mc, cc, sc = config.model_config, config.cache_config, config.scheduler_config
+        if mc.runner == "pooling" or mc.convert not in ("auto", "none"):
+            raise ValueError(f"runner={mc.runner!r} convert={mc.convert!r}: LLMEngine generates; "
+                             f"a pooling model runs on a PoolingEngine (LLM(...) and "
+                             f"engine.factory.create_engine pick it)")
         if config.parallel_config.num_threads:
             _C.set_num_threads(config.parallel_config.num_threads)
         t0 = time.perf_counter()

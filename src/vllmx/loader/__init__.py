@@ -9,13 +9,22 @@ import os
 from vllmx.config import ModelConfig
 from vllmx.loader.dummy import DummyWeights
 from vllmx.loader.gguf import gguf_to_hf_config, load_gguf
-from vllmx.loader.model_source import DEFAULT_MODEL, resolve_model
+from vllmx.loader.model_source import DEFAULT_MODEL, DEFAULT_POOLING_MODEL, resolve_model
 from vllmx.loader.safetensors import load_safetensors
 from vllmx.models.registry import get_model_class
 
 
+def _model_class(model_config: ModelConfig):
+    if model_config.runner_type == "pooling":
+        from vllmx.models.adapters import pooling_model_class
+
+        return pooling_model_class(model_config.hf_config)
+    return get_model_class(model_config.hf_config)
+
+
 def load_model(model_config: ModelConfig):
-    """(model, tokenizer or None). Fills model_config.path / hf_config / gen_config."""
+    """(model, tokenizer or None). Fills model_config.path / hf_config / gen_config. A
+    pooling runner (model_config.runner_type) gets the architecture's pooling model."""
     model_config.path = resolve_model(model_config.model,
                                       weights=model_config.load_format != "dummy")
     tokenizer = None
@@ -28,15 +37,15 @@ def load_model(model_config: ModelConfig):
                          f"{model_config.path} is a GGUF file")
     if model_config.is_gguf:
         meta, weights = load_gguf(model_config.path)
-        model_config.hf_config = gguf_to_hf_config(meta)
-        model_cls = get_model_class(model_config.hf_config)
+        model_config.hf_config = {**gguf_to_hf_config(meta), **model_config.hf_overrides}
+        model_cls = _model_class(model_config)
         if not model_config.skip_tokenizer_init and model_config.tokenizer is None:
             from vllmx.tokenizer import Tokenizer
 
             tokenizer = Tokenizer.from_gguf_metadata(meta)
     else:
         model_config.load_hf_config()
-        model_cls = get_model_class(model_config.hf_config)
+        model_cls = _model_class(model_config)
         if fmt == "dummy":
             weights = DummyWeights(model_cls.checkpoint_shapes(model_config.hf_config),
                                    model_config.hf_config, model_config.seed)
@@ -58,11 +67,24 @@ def load_model(model_config: ModelConfig):
     model_config.finalize_max_model_len()
     meta = None  # the vocabulary lists are built into the tokenizer by now
     # max_model_len bounds the positions, hence the rope caches the model builds.
-    model = model_cls({**model_config.hf_config, "max_model_len": model_config.max_model_len},
-                      weights)
+    cfg = {**model_config.hf_config, "max_model_len": model_config.max_model_len}
+    if model_config.runner_type == "pooling" and cfg.get("classifier_from_token"):
+        cfg["classifier_from_token_ids"] = _token_ids(tokenizer, cfg["classifier_from_token"])
+    model = model_cls(cfg, weights)
     del weights  # what the model keeps it holds itself; a repacked original is freed
     trim_heap()
     return model, tokenizer
+
+
+def _token_ids(tokenizer, tokens: list[str]) -> list[int]:
+    """hf_overrides' classifier_from_token (a reranker's answer tokens) as vocabulary ids."""
+    if tokenizer is None:
+        raise ValueError("classifier_from_token needs the model's tokenizer")
+    ids = [tokenizer.token_to_id(t) for t in tokens]
+    missing = [t for t, i in zip(tokens, ids) if i is None]
+    if missing:
+        raise ValueError(f"classifier_from_token {missing} not in the vocabulary")
+    return ids
 
 
 def trim_heap() -> None:
@@ -76,4 +98,4 @@ def trim_heap() -> None:
         pass
 
 
-__all__ = ["DEFAULT_MODEL", "load_model", "resolve_model"]
+__all__ = ["DEFAULT_MODEL", "DEFAULT_POOLING_MODEL", "load_model", "resolve_model"]

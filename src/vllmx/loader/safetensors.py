@@ -26,6 +26,8 @@ def _read_file(path: str) -> dict[str, Weight]:
     for name, info in header.items():
         if name == "__metadata__":
             continue
+        if name.endswith(".position_ids") and info["dtype"] == "I64":
+            continue  # a buffer older transformers saved (BERT's 0..n-1), not a weight
         if info["dtype"] not in _DTYPES:
             raise ValueError(
                 f"{path}: tensor {name!r} has dtype {info['dtype']}; vllmx reads F32, F16, BF16 "

@@ -111,9 +111,12 @@ def get_model_class(hf_config: dict):
     for arch in archs:
         if arch in _HF_ARCHS:
             return _HF_ARCHS[arch]
+    pooling = any(a.endswith(("Model", "ForMaskedLM", "ForSequenceClassification"))
+                  for a in archs)
+    hint = " (a pooling model: run it with runner='pooling' / --runner pooling)" if pooling else ""
     raise ValueError(
-        f"model architecture {archs or 'missing from config.json'} is not supported; supported: "
-        f"{', '.join(sorted(_HF_ARCHS))}"
+        f"model architecture {archs or 'missing from config.json'} is not supported for "
+        f"generation{hint}; supported: {', '.join(sorted(_HF_ARCHS))}"
     )
 
 

@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import vllmx
 from vllmx.server.errors import OpenAIError, error_response, from_exception, pydantic_message
 from vllmx.server.metrics import ServerMetrics, StatLogger
+from vllmx.server.pooling_routes import add_pooling_routes, invocation_kind
 from vllmx.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -35,6 +36,7 @@ from vllmx.server.protocol import (
 )
 from vllmx.server.serving_chat import OpenAIServingChat
 from vllmx.server.serving_completion import OpenAIServingCompletion
+from vllmx.server.serving_pooling import OpenAIServingPooling
 
 logger = logging.getLogger("vllmx")
 
@@ -194,6 +196,9 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
                              return_tokens_as_token_ids=return_tokens_as_token_ids,
                              enable_auto_tools=enable_auto_tool_choice, tool_parser=tool_parser,
                              reasoning_parser=reasoner)
+    pooling = OpenAIServingPooling(engine_client, names, metrics, log_requests)
+    is_pooling = mc.runner_type == "pooling"
+    pooling_tasks = getattr(engine_client, "supported_tasks", ())
     stat_logger = StatLogger(metrics, log_stats_interval or 10.0)
 
     @contextlib.asynccontextmanager
@@ -276,15 +281,24 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
 
+    def check_generative(api: str) -> None:
+        if is_pooling:  # vLLM's answer on a pooling server
+            raise OpenAIError(f"The model does not support {api} API")
+
     @v1.post("/completions")
     async def create_completion(body: CompletionRequest, request: Request):
+        check_generative("Completions")
         return await respond(completion.create_completion(
             body, request.headers.get("X-Request-Id")), request)
 
     @v1.post("/chat/completions")
     async def create_chat_completion(body: ChatCompletionRequest, request: Request):
+        check_generative("Chat Completions")
         return await respond(chat.create_chat_completion(
             body, request.headers.get("X-Request-Id")), request)
+
+    auth = [Depends(check_api_key)]
+    pooling_handlers = add_pooling_routes(app, v1, auth, pooling, chat.render, respond)
 
     @v1.get("/models")
     async def show_available_models():
@@ -300,17 +314,22 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
             body = await request.json()
         except ValueError as e:
             raise OpenAIError(f"invocations: the body is not JSON ({e})") from None
-        kind = ((ChatCompletionRequest, create_chat_completion) if isinstance(body, dict) and
-                "messages" in body else (CompletionRequest, create_completion)
-                if isinstance(body, dict) and "prompt" in body else None)
+        kind = invocation_kind(body, is_pooling)
         if kind is None:
             raise OpenAIError("invocations: the body must be a chat completion request "
-                              "(with 'messages') or a completion request (with 'prompt')")
+                              "(with 'messages'), a completion request (with 'prompt'), or "
+                              "on a pooling model an embeddings / classify ('input'), score "
+                              "('text_1', 'text_2') or rerank ('query', 'documents') request")
+        handlers = {"chat": (ChatCompletionRequest, create_chat_completion),
+                    "completion": (CompletionRequest, create_completion), **pooling_handlers}
+        if kind == "input":
+            kind = "embed" if "embed" in pooling_tasks else "classify"
+        request_cls, handler = handlers[kind]
         try:
-            parsed = kind[0].model_validate(body)
+            parsed = request_cls.model_validate(body)
         except ValidationError as e:
             raise RequestValidationError(e.errors()) from None
-        return await kind[1](parsed, request)
+        return await handler(parsed, request)
 
     @app.get("/load")
     async def get_server_load():
