@@ -1,8 +1,8 @@
-// MoE routing on the GPU: topk_softmax (contract in csrc/ops.def). One block per token: the
-// router row's max and softmax denominator by block reductions, then k rounds of a block
-// argmax (ties to the lower expert id) over the experts not yet chosen. E is at most a few
-// hundred and k at most 8 or so, so one pass per round over the row is cheap; the row stays in
-// shared memory as f32.
+// MoE routing on the GPU: topk_softmax and grouped_topk (contracts in csrc/ops.def). One block
+// per token: the router row's max and softmax denominator by block reductions, then k rounds of
+// a block argmax (ties to the lower expert id) over the experts not yet chosen. E is at most a
+// few hundred and k at most 8 or so, so one pass per round over the row is cheap; the row stays
+// in shared memory as f32.
 #include <cfloat>
 
 #include "core/op_table.h"
@@ -93,8 +93,124 @@ void topk_softmax(const Tensor& topk_weights, const Tensor& topk_ids, const Tens
   check_launch("topk_softmax kernel");
 }
 
+// grouped_topk (contract in csrc/ops.def), one block per token as topk_softmax: scores and
+// choice scores in shared memory, each group's score by one thread (best + second best with a
+// choice bias, else best; the CPU kernel's scan), the topk_group best groups and then the k
+// best eligible experts by block argmax rounds (ties to the lower id, as the CPU's sorted
+// insertion keeps them).
+template <typename T>
+__global__ void grouped_topk_kernel(float* __restrict__ weights, int32_t* __restrict__ ids,
+                                    const T* __restrict__ gating, const float* __restrict__ bias,
+                                    int E, int G, int topk_group, int k, int64_t g_stride,
+                                    int64_t w_stride, int64_t i_stride, bool sigmoid,
+                                    bool renormalize, float scaling) {
+  pdl_begin();
+  extern __shared__ float grouped_smem[];
+  float* scores = grouped_smem;         // [E]
+  float* choice = scores + E;           // [E]
+  float* group_score = choice + E;      // [G]
+  bool* eligible = reinterpret_cast<bool*>(group_score + G);  // [E], then [G] groups taken
+  bool* group_taken = eligible + E;
+  const int64_t t = blockIdx.x;
+  const T* g = gating + t * g_stride;
+  for (int e = threadIdx.x; e < E; e += kThreads) scores[e] = to_f32(g[e]);
+  if (!sigmoid) {
+    Best top{-FLT_MAX, -1};
+    for (int e = threadIdx.x; e < E; e += kThreads)
+      if (beats(Best{scores[e], e}, top)) top = Best{scores[e], e};
+    const float m = block_best(top).v;
+    __syncthreads();  // (every thread has read scores[] for the max)
+    float s = 0.f;
+    for (int e = threadIdx.x; e < E; e += kThreads) s += (scores[e] = expf(scores[e] - m));
+    const float denom = block_reduce<kThreads>(s, Sum{});
+    for (int e = threadIdx.x; e < E; e += kThreads) scores[e] /= denom;
+  } else {
+    for (int e = threadIdx.x; e < E; e += kThreads) scores[e] = 1.f / (1.f + expf(-scores[e]));
+  }
+  for (int e = threadIdx.x; e < E; e += kThreads) {
+    choice[e] = bias != nullptr ? scores[e] + bias[e] : scores[e];
+    eligible[e] = G == topk_group;
+  }
+  __syncthreads();
+  const int per = E / G;
+  for (int grp = threadIdx.x; grp < G; grp += kThreads) {
+    const float* c = choice + grp * per;
+    float best = -INFINITY, second = -INFINITY;
+    for (int i = 0; i < per; ++i) {
+      if (c[i] > best) {
+        second = best;
+        best = c[i];
+      } else if (c[i] > second) {
+        second = c[i];
+      }
+    }
+    group_score[grp] = bias != nullptr ? best + second : best;
+    group_taken[grp] = false;
+  }
+  __syncthreads();
+  if (G != topk_group) {
+    for (int j = 0; j < topk_group; ++j) {
+      Best b{-FLT_MAX, -1};
+      for (int grp = threadIdx.x; grp < G; grp += kThreads)
+        if (!group_taken[grp] && beats(Best{group_score[grp], grp}, b))
+          b = Best{group_score[grp], grp};
+      b = block_best(b);
+      if (threadIdx.x == 0) group_taken[b.id] = true;
+      for (int i = threadIdx.x; i < per; i += kThreads) eligible[b.id * per + i] = true;
+      __syncthreads();
+    }
+  }
+  float picked_sum = 0.f;
+  for (int j = 0; j < k; ++j) {
+    Best b{-FLT_MAX, -1};
+    for (int e = threadIdx.x; e < E; e += kThreads)
+      if (eligible[e] && beats(Best{choice[e], e}, b)) b = Best{choice[e], e};
+    b = block_best(b);
+    if (threadIdx.x == 0) {
+      eligible[b.id] = false;
+      ids[t * i_stride + j] = b.id;
+      weights[t * w_stride + j] = scores[b.id];  // scaled below
+    }
+    picked_sum += scores[b.id];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    const float norm = renormalize ? scaling / picked_sum : scaling;
+    for (int j = 0; j < k; ++j) weights[t * w_stride + j] *= norm;
+  }
+}
+
+void grouped_topk(const Tensor& topk_weights, const Tensor& topk_ids, const Tensor& gating_output,
+                  const Tensor& bias, int64_t num_expert_group, int64_t topk_group,
+                  bool sigmoid, bool renormalize, float routed_scaling_factor) {
+  const char* op = "grouped_topk";
+  check_rows(gating_output, op, "gating_output");
+  check_act(gating_output, op, "gating_output");
+  check_rows(topk_weights, op, "topk_weights");
+  check_rows(topk_ids, op, "topk_ids");
+  check_on_device(bias, op, "e_score_correction_bias");
+  const int64_t T = gating_output.shape[0], E = gating_output.shape[1], k = topk_ids.shape[1];
+  VLLMX_CHECK(E <= 8192, op, "at most 8192 experts, got gating_output " + gating_output.str());
+  VLLMX_CHECK(!bias.defined() || (bias.dtype == DType::F32 && bias.stride[0] == 1), op,
+              "e_score_correction_bias " + bias.str() + " must be contiguous f32");
+  if (T == 0) return;
+  const size_t smem = static_cast<size_t>(2 * E + num_expert_group) * sizeof(float) +
+                      static_cast<size_t>(E + num_expert_group) * sizeof(bool);
+  dispatch_float(gating_output.dtype, op, [&](auto z) {
+    using TG = decltype(z);
+    launch(grouped_topk_kernel<TG>, static_cast<unsigned>(T), kThreads, smem, stream(),
+           topk_weights.ptr<float>(), topk_ids.ptr<int32_t>(), gating_output.ptr<TG>(),
+           bias.defined() ? bias.ptr<float>() : nullptr, static_cast<int>(E),
+           static_cast<int>(num_expert_group), static_cast<int>(topk_group),
+           static_cast<int>(k), gating_output.stride[0], topk_weights.stride[0],
+           topk_ids.stride[0], sigmoid, renormalize, routed_scaling_factor);
+  });
+  check_launch("grouped_topk kernel");
+}
+
 }  // namespace
 
 VLLMX_KERNEL(topk_softmax, kCUDA, topk_softmax);
+VLLMX_KERNEL(grouped_topk, kCUDA, grouped_topk);
 
 }  // namespace vllmx::cuda

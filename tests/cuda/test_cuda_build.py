@@ -34,7 +34,7 @@ def test_cuda_kernels_registered_as_built():
     for name in ("embedding", "linear", "rms_norm", "paged_attention", "sample", "copy_columns",
                  "qk_norm_rope_cache", "rms_norm_linear", "apply_logits_processors",
                  "compute_logprobs", "topk_softmax", "softcap", "fill_uniform", "scale",
-                 "fused_experts", "sigmoid_gate"):
+                 "fused_experts", "sigmoid_gate", "grouped_topk"):
         assert getattr(_C.ops, name).has_kernel("cuda") == _C.cuda_built(), name
     for name in ("dequantize", "quantize", "quantize_weight", "repack_weight"):
         assert not getattr(_C.ops, name).has_kernel("cuda"), name

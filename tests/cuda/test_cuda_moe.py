@@ -1,11 +1,11 @@
-"""The MoE ops on the GPU against float64 references: topk_softmax (f32 router logits exactly;
-bf16 / f16 logits are compared with the reference on the same rounded values) and fused_experts
-(cuda/fused_moe.cu) on the values the GPU was given."""
+"""The MoE ops on the GPU against float64 references: topk_softmax and grouped_topk (f32 router
+logits exactly; bf16 / f16 logits are compared with the reference on the same rounded values) and
+fused_experts (cuda/fused_moe.cu) on the values the GPU was given."""
 import numpy as np
 import pytest
 
 from tests.ops.test_fused_moe import route, swigluoai64
-from tests.ops.test_moe_routing import reference
+from tests.ops.test_moe_routing import ROUTINGS, grouped_reference, reference
 from vllmx import _C
 from vllmx.device import BF16, F16, F32, I32, DeviceArray
 
@@ -27,6 +27,26 @@ def test_topk_softmax(shape, renormalize, dtype):
     w_ref, ids_ref = reference(as_f32(g, dtype), k, renormalize)
     np.testing.assert_array_equal(ids.numpy(), ids_ref)
     assert np.abs(w.numpy() - w_ref).max() < 1e-6
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("routing", ROUTINGS, ids=lambda r: f"E{r[1]}-k{r[2]}-G{r[3]}-{r[4]}")
+def test_grouped_topk(routing, dtype):
+    """grouped_topk on the GPU: the float64 reference's experts on the values the GPU was given
+    (bf16 logits compared on their rounded values), its weights within f32 rounding."""
+    t, e, k, groups, topk_group, sigmoid, with_bias, renorm, scaling = routing
+    rng = np.random.default_rng(t * e + k)
+    g = host((rng.standard_normal((t, e)) * 2).astype(np.float32), dtype)
+    bias = rng.uniform(-0.3, 0.3, e).astype(np.float32) if with_bias else None
+    w = DeviceArray.empty((t, k), F32)
+    ids = DeviceArray.empty((t, k), I32)
+    _C.ops.grouped_topk(w, ids, DeviceArray.from_numpy(g, dtype),
+                        None if bias is None else DeviceArray.from_numpy(bias), groups,
+                        topk_group, sigmoid, renorm, scaling)
+    w_ref, ids_ref, _ = grouped_reference(as_f32(g, dtype), k, groups, topk_group, sigmoid,
+                                          renorm, scaling, bias)
+    np.testing.assert_array_equal(ids.numpy(), ids_ref)
+    assert np.abs(w.numpy() - w_ref).max() < 1e-6 * scaling
 
 
 # ---- fused_experts (cuda/fused_moe.cu) ----

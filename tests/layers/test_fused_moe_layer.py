@@ -1,6 +1,6 @@
 """SparseMoeBlock: router + topk_softmax + fused_experts equal to the float64 MoE of the same
-weights; block experts repacked expert by expert; on a GPU placement what its kernels cannot
-run yet (quantized experts, grouped routing) refused by name."""
+weights; block experts repacked expert by expert; on a GPU placement what it cannot run yet
+refused by name."""
 
 from __future__ import annotations
 
@@ -64,7 +64,8 @@ def test_block_experts_are_repacked_per_expert():
 
 
 def test_gpu_placement_names_what_it_cannot_run():
-    """Quantized experts and grouped routing have no CUDA kernel yet: named before any upload."""
+    """Quantized experts (no CUDA kernel yet) and grouped routing (its kernel not yet run on a
+    GPU) are refused by name before any upload."""
     rng = np.random.default_rng()
     gate, w13, w2 = experts(rng)
     q8 = int(ops.Q8_0)
@@ -73,8 +74,8 @@ def test_gpu_placement_names_what_it_cannot_run():
     with placement(Placement("cuda")), pytest.raises(ValueError, match=(
             r"model.layers.3.mlp.w13: Q8_0 experts have no CUDA kernel yet.*device='cpu'")):
         SparseMoeBlock(gate, w13q, w2, 2, True, name="model.layers.3.mlp")
-    if not _C.ops.grouped_topk.has_kernel("cuda"):
-        with placement(Placement("cuda")), pytest.raises(ValueError, match=(
-                r"model.layers.3.mlp: grouped expert routing.*device='cpu'")):
-            SparseMoeBlock(gate, w13, w2, 2, True, name="model.layers.3.mlp",
-                           routing=GroupedRouting(num_expert_group=2, topk_group=1))
+    with placement(Placement("cuda")), pytest.raises(ValueError, match=(
+            r"model.layers.3.mlp: grouped expert routing.*device='cpu'")):
+        SparseMoeBlock(gate, w13, w2, 2, True, name="model.layers.3.mlp",
+                       routing=GroupedRouting(num_expert_group=2, topk_group=1))
+
