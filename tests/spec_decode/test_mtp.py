@@ -11,7 +11,6 @@ shared_head.norm) into a safetensors file of its own beside the checkpoint."""
 
 from __future__ import annotations
 
-import gc
 import os
 import shutil
 
@@ -19,7 +18,8 @@ import numpy as np
 import pytest
 
 from tests.models.tiny_checkpoints import make_checkpoint
-from tests.spec_decode.test_ngram import prompts, seeded_greedy_penalized, tokens
+from tests.spec_decode.harness import run
+from tests.spec_decode.test_ngram import prompts, seeded_greedy_penalized
 
 pytest.importorskip("torch")
 
@@ -82,20 +82,6 @@ def ckpts(tmp_path_factory) -> dict[str, str]:
 
 def spec_cfg(k: int = 3) -> dict:
     return {"method": "mtp", "num_speculative_tokens": k}
-
-
-def run(ckpt, ps, sps, spec=None, **kw):
-    from vllmx import LLM
-
-    llm = LLM(ckpt, skip_tokenizer_init=True, device="cpu", speculative_config=spec, **kw)
-    outs = tokens(llm.generate(ps, sps, use_tqdm=False))
-    stats = llm.llm_engine.scheduler.make_stats()
-    free = llm.llm_engine.scheduler.kv_cache_manager.num_free_blocks
-    total = llm.llm_engine.config.cache_config.num_blocks
-    del llm
-    gc.collect()
-    assert free == total
-    return outs, stats
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -51,6 +51,11 @@ class MultiTokenPredictorLayer:
         self.vocab_size = self.head.weight.shape[0]
         self._add = ResidualAdd(cfg["hidden_size"])
 
+    def combine_hidden_states(self, hidden: np.ndarray) -> np.ndarray:
+        """The target's hidden states as the first pass reads them (its final ones: as they
+        are)."""
+        return hidden
+
     def forward(self, input_ids: np.ndarray, positions: np.ndarray, hidden: np.ndarray,
                 md: AttentionMetadata) -> np.ndarray:
         """Rows of the layer's output (before shared_head.norm) for the tokens after each
