@@ -88,9 +88,10 @@ def eagle_head(path: str, target: str, aligned: bool, seed: int = 0) -> str:
     return _save(path, _config(target, "LlamaForCausalLM"), w)
 
 
-def eagle3_head(path: str, target: str, seed: int = 0, **config) -> str:
+def eagle3_head(path: str, target: str, seed: int = 0, embed: bool = False, **config) -> str:
     """EAGLE-3 (LlamaForCausalLMEagle3): fc over 3 aux hidden states, midlayer reading 2H, its
-    own lm_head over DRAFT_VOCAB tokens mapped to the target's by d2t (the odd target ids), t2d."""
+    own lm_head over DRAFT_VOCAB tokens mapped to the target's by d2t (the odd target ids), t2d;
+    embed: its own embed_tokens too."""
     rng = np.random.default_rng(seed)
     w = _layer(rng, "midlayer.", 2 * HIDDEN)
     w["midlayer.input_layernorm.weight"] = rng.normal(1, 0.3, HIDDEN).astype(np.float32)
@@ -100,6 +101,8 @@ def eagle3_head(path: str, target: str, seed: int = 0, **config) -> str:
     w["lm_head.weight"] = _dense(rng, DRAFT_VOCAB, HIDDEN, 4.0)
     targets = 1 + 2 * np.arange(DRAFT_VOCAB)
     w["d2t"] = (targets - np.arange(DRAFT_VOCAB)).astype(np.int64)
+    if embed:
+        w["embed_tokens.weight"] = (rng.standard_normal((VOCAB, HIDDEN)) * 0.1).astype(np.float32)
     t2d = np.zeros(VOCAB, dtype=bool)
     t2d[targets] = True
     w["t2d"] = t2d
@@ -110,7 +113,8 @@ def eagle3_head(path: str, target: str, seed: int = 0, **config) -> str:
 
 def make_eagle_checkpoints(root: str) -> dict[str, str]:
     """name -> path: "target" (the tiny Llama, TARGET_LAYERS layers), "eagle", "eagle3" (random
-    heads for it), "aligned_target" and "aligned_eagle" (the head built to agree with it)."""
+    heads for it; "eagle3_own" with its own embeddings and norm_before_residual),
+    "aligned_target" and "aligned_eagle" (the head built to agree with it)."""
     target = make_checkpoint("llama", "float32", root, num_hidden_layers=TARGET_LAYERS)
     aligned = os.path.join(root, "aligned_target")
     shutil.copytree(target, aligned)
@@ -118,5 +122,7 @@ def make_eagle_checkpoints(root: str) -> dict[str, str]:
     return {"target": target, "aligned_target": aligned,
             "eagle": eagle_head(os.path.join(root, "eagle"), target, aligned=False),
             "eagle3": eagle3_head(os.path.join(root, "eagle3"), target),
+            "eagle3_own": eagle3_head(os.path.join(root, "eagle3_own"), target, seed=1,
+                                      embed=True, norm_before_residual=True),
             "aligned_eagle": eagle_head(os.path.join(root, "aligned_eagle"), aligned,
                                         aligned=True)}

@@ -21,3 +21,79 @@ def run(ckpt, ps, sps, spec=None, **kw):
     gc.collect()
     assert free == total
     return outs, stats
+
+
+def check_abort_mid_verify(ckpt, spec) -> None:
+    """Three greedy requests, r1 aborted while drafts wait for its next verify step: the others'
+    tokens are those without speculation, r1's a prefix of its, and no KV block is left."""
+    import numpy as np
+
+    from tests.spec_decode.test_ngram import prompts
+    from vllmx import LLM, SamplingParams
+
+    rng = np.random.default_rng()
+    ps = prompts(rng, 3)
+    sp = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    want, _ = run(ckpt, ps, [sp] * 3)
+    engine = LLM(ckpt, skip_tokenizer_init=True, device="cpu",
+                 speculative_config=spec).llm_engine
+    for i, p in enumerate(ps):
+        engine.add_request(f"r{i}", p, sp)
+    finals, steps = {}, 0
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                finals[o.request_id] = o.outputs[0].token_ids
+        steps += 1
+        if steps == 4:  # r1 has drafts scheduled for its next verify step
+            assert engine.scheduler.requests["r1"].spec_token_ids
+            engine.abort_request(["r1"])
+    assert finals["r0"] == want[0] and finals["r2"] == want[2]
+    assert "r1" not in finals or finals["r1"] == want[1][:len(finals["r1"])]
+    assert engine.scheduler.kv_cache_manager.usage == 0
+
+
+def check_drafts_against(ckpt, spec, make_reference) -> None:
+    """Every draft a hidden-state drafter proposes for three requests batched (after prefill
+    chunks and verify steps, captured ones included) is the reference's argmax over the
+    request's tokens so far, and the logits of each draft agree with its: the drafter's KV,
+    built pass by pass with rejected rows left out and chained rows rewritten, is the one a
+    single pass over the sequence gives. make_reference() has drafts(prompt, sampled, k) ->
+    (k drafts, their logits)."""
+    import numpy as np
+
+    from vllmx import LLM, SamplingParams
+
+    rng = np.random.default_rng()
+    llm = LLM(ckpt, skip_tokenizer_init=True, device="cpu", speculative_config=spec,
+              max_num_batched_tokens=64)
+    runner = llm.llm_engine.model_runner
+    proposer = runner.drafter
+    calls, seen = [], []
+    propose, compute_logits = proposer.propose_from_hidden, proposer.model.compute_logits
+
+    def spy_logits(h):
+        out = compute_logits(h)
+        seen.append(np.array(out))
+        return out
+
+    def spy(t):
+        seen.clear()
+        drafts = propose(t)
+        seqs = {r: list(runner.requests[r].token_ids) for r in drafts}
+        calls.append((drafts, seqs, list(seen)))
+        return drafts
+
+    proposer.propose_from_hidden, proposer.model.compute_logits = spy, spy_logits
+    ps = [{"prompt_token_ids": rng.integers(3, 500, int(rng.integers(5, 40))).tolist()}
+          for _ in range(3)]
+    llm.generate(ps, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+                 use_tqdm=False)
+    assert len(calls) > 3
+    reference = make_reference()
+    for drafts, seqs, logits in calls:
+        for row, (r, got) in enumerate(drafts.items()):
+            want, ref = reference.drafts(seqs[r][:-1], seqs[r][-1], len(got))
+            np.testing.assert_allclose([lg[row] for lg in logits], ref, rtol=1e-4,
+                                       atol=1e-4 * np.abs(ref).max())
+            assert got == want

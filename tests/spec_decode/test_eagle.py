@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 
 from tests.spec_decode.eagle_checkpoints import make_eagle_checkpoints
-from tests.spec_decode.harness import run
+from tests.spec_decode.harness import check_abort_mid_verify, run
 from tests.spec_decode.test_ngram import prompts, seeded_greedy_penalized
 
 pytest.importorskip("torch")
 
 # (method, head, target) of each kind of run
 HEADS = {"eagle": ("eagle", "eagle", "target"), "eagle3": ("eagle3", "eagle3", "target"),
+         "eagle3_own": ("eagle3", "eagle3_own", "target"),
          "aligned": ("eagle", "aligned_eagle", "aligned_target")}
 
 
@@ -97,29 +98,7 @@ def test_requests_running_into_max_model_len(ckpts, kind, k):
 
 
 def test_abort_mid_verify(ckpts):
-    from vllmx import LLM, SamplingParams
-
-    rng = np.random.default_rng()
-    ps = prompts(rng, 3)
-    sp = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
-    target, spec = spec_cfg(ckpts, "eagle3")
-    want, _ = run(target, ps, [sp] * 3)
-    llm = LLM(target, skip_tokenizer_init=True, device="cpu", speculative_config=spec)
-    engine = llm.llm_engine
-    for i, p in enumerate(ps):
-        engine.add_request(f"r{i}", p, sp)
-    finals, steps = {}, 0
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            if o.finished:
-                finals[o.request_id] = o.outputs[0].token_ids
-        steps += 1
-        if steps == 4:  # r1 has drafts scheduled for its next verify step
-            assert engine.scheduler.requests["r1"].spec_token_ids
-            engine.abort_request(["r1"])
-    assert finals["r0"] == want[0] and finals["r2"] == want[2]
-    assert "r1" not in finals or finals["r1"] == want[1][:len(finals["r1"])]
-    assert engine.scheduler.kv_cache_manager.usage == 0
+    check_abort_mid_verify(*spec_cfg(ckpts, "eagle3"))
 
 
 def _edit_config(src: str, dst: str, **changes) -> str:

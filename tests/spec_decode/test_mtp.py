@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.models.tiny_checkpoints import make_checkpoint
-from tests.spec_decode.harness import run
+from tests.spec_decode.harness import check_abort_mid_verify, check_drafts_against, run
 from tests.spec_decode.test_ngram import prompts, seeded_greedy_penalized
 
 pytest.importorskip("torch")
@@ -139,29 +139,7 @@ def test_requests_running_into_max_model_len(ckpts, k):
 
 
 def test_abort_mid_verify(ckpts):
-    from vllmx import LLM, SamplingParams
-
-    rng = np.random.default_rng()
-    ps = prompts(rng, 3)
-    sp = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
-    want, _ = run(ckpts["deepseek_v3", "aligned"], ps, [sp] * 3)
-    llm = LLM(ckpts["deepseek_v3", "aligned"], skip_tokenizer_init=True, device="cpu",
-              speculative_config=spec_cfg())
-    engine = llm.llm_engine
-    for i, p in enumerate(ps):
-        engine.add_request(f"r{i}", p, sp)
-    finals, steps = {}, 0
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            if o.finished:
-                finals[o.request_id] = o.outputs[0].token_ids
-        steps += 1
-        if steps == 4:  # r1 has drafts scheduled for its next verify step
-            assert engine.scheduler.requests["r1"].spec_token_ids
-            engine.abort_request(["r1"])
-    assert finals["r0"] == want[0] and finals["r2"] == want[2]
-    assert "r1" not in finals or finals["r1"] == want[1][:len(finals["r1"])]
-    assert engine.scheduler.kv_cache_manager.usage == 0
+    check_abort_mid_verify(ckpts["deepseek_v3", "aligned"], spec_cfg())
 
 
 class _Reference:
@@ -259,42 +237,8 @@ def test_drafts_match_a_float64_reference(ckpts, family, kind):
     same weights over the request's tokens so far, and their logits agree: the MTP layer's KV,
     built pass by pass with rejected rows left out and chained rows rewritten, is the one a
     single pass over the sequence gives."""
-    from vllmx import LLM, SamplingParams
-
-    rng = np.random.default_rng()
-    k = 3
-    llm = LLM(ckpts[family, kind], skip_tokenizer_init=True, device="cpu",
-              speculative_config=spec_cfg(k), max_num_batched_tokens=64)
-    runner = llm.llm_engine.model_runner
-    proposer = runner.drafter
-    calls, seen = [], []
-    propose, compute_logits = proposer.propose_from_hidden, proposer.model.compute_logits
-
-    def spy_logits(h):
-        out = compute_logits(h)
-        seen.append(np.array(out))
-        return out
-
-    def spy(t):
-        seen.clear()
-        drafts = propose(t)
-        seqs = {r: list(runner.requests[r].token_ids) for r in drafts}
-        calls.append((drafts, seqs, list(seen)))
-        return drafts
-
-    proposer.propose_from_hidden, proposer.model.compute_logits = spy, spy_logits
-    ps = [{"prompt_token_ids": rng.integers(3, 500, int(rng.integers(5, 40))).tolist()}
-          for _ in range(3)]
-    llm.generate(ps, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
-                 use_tqdm=False)
-    assert len(calls) > 3
-    reference = _Reference(ckpts[family, kind])
-    for drafts, seqs, logits in calls:
-        for row, (r, got) in enumerate(drafts.items()):
-            want, ref = reference.drafts(seqs[r][:-1], seqs[r][-1], len(got))
-            np.testing.assert_allclose([lg[row] for lg in logits], ref, rtol=1e-4,
-                                       atol=1e-4 * np.abs(ref).max())
-            assert got == want
+    check_drafts_against(ckpts[family, kind], spec_cfg(3),
+                         lambda: _Reference(ckpts[family, kind]))
 
 
 def test_mtp_config_errors(ckpts, tmp_path):

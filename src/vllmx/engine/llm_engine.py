@@ -143,8 +143,7 @@ class LLMEngine:
             drafter = cls(config, spec, self.model, self.worker.kv_caches,
                           self.worker.cache_dtype, self.device)
             self.model_runner.drafter = drafter
-            self.model_runner.keep_hidden_states(getattr(drafter.model, "aux_hidden_state_layers",
-                                                         None))
+            self.model_runner.keep_hidden_states(drafter.model.aux_hidden_state_layers)
             # The chained drafts write the draft layers' KV past the scheduled tokens.
             sc.num_lookahead_tokens = spec.num_speculative_tokens
         elif spec is not None:

@@ -23,6 +23,7 @@ from vllmx.layers.attention import AttentionMetadata
 from vllmx.layers.linear import Linear
 from vllmx.layers.norm import ResidualAdd, RMSNorm
 from vllmx.layers.rotary import RotaryEmbedding
+from vllmx.models.draft_head import DraftHead
 from vllmx.models.llama import LlamaDecoderLayer, rope_config
 from vllmx.models.shapes import require_tensors
 from vllmx.ops import Weight
@@ -72,9 +73,7 @@ def own_or_target(w: dict[str, Weight], target):
     return embed, (target.lm_head if head is None else Linear(head))
 
 
-class EagleLlamaForCausalLM:
-    draft_id_to_target_id: np.ndarray | None = None  # (one vocabulary: the target's)
-
+class EagleLlamaForCausalLM(DraftHead):
     def __init__(self, cfg: dict, weights: dict[str, Weight], target, max_model_len: int):
         first = target.config["num_hidden_layers"]
         w = draft_weights(weights, first)
@@ -90,11 +89,6 @@ class EagleLlamaForCausalLM:
         self.embed_tokens, self.lm_head = own_or_target(w, target)
         self.vocab_size = self.lm_head.weight.shape[0]
         self._add = ResidualAdd(cfg["hidden_size"])
-
-    def combine_hidden_states(self, hidden: np.ndarray) -> np.ndarray:
-        """The target's hidden states as the first pass reads them (its final ones: as they
-        are)."""
-        return hidden
 
     def forward(self, input_ids: np.ndarray, positions: np.ndarray, hidden: np.ndarray,
                 md: AttentionMetadata) -> np.ndarray:

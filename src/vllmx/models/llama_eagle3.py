@@ -24,6 +24,7 @@ from vllmx import ops
 from vllmx.layers.attention import AttentionMetadata
 from vllmx.layers.linear import Linear
 from vllmx.layers.norm import ResidualAdd, RMSNorm
+from vllmx.models.draft_head import DraftHead
 from vllmx.models.llama_eagle import draft_layers, draft_weights, own_or_target
 from vllmx.models.shapes import require_tensors
 from vllmx.ops import Weight
@@ -50,7 +51,7 @@ def aux_hidden_state_layers(cfg: dict, num_target_layers: int) -> tuple[int, ...
     return tuple(sorted(set(ids)))
 
 
-class Eagle3LlamaForCausalLM:
+class Eagle3LlamaForCausalLM(DraftHead):
     def __init__(self, cfg: dict, weights: dict[str, Weight], target, max_model_len: int):
         first = target.config["num_hidden_layers"]
         w = draft_weights(weights, first)
@@ -61,8 +62,7 @@ class Eagle3LlamaForCausalLM:
         eps = cfg.get("rms_norm_eps", 1e-6)
         self.hidden_norm = RMSNorm(w[p + "hidden_norm.weight"], eps)
         self.norm_before_residual = bool(cfg.get("norm_before_residual", False))
-        # The target layers whose entering streams fc reads (None: its final hidden states).
-        self.fc = self.aux_hidden_state_layers = None
+        self.fc = None
         if use_aux_hidden_state(cfg):
             require_tensors(w, ["fc.weight"])
             self.fc = Linear(w["fc.weight"])
@@ -75,7 +75,6 @@ class Eagle3LlamaForCausalLM:
         self.norm = RMSNorm(w["norm.weight"], eps)
         self.embed_tokens, self.lm_head = own_or_target(w, target)
         self.vocab_size = self.lm_head.weight.shape[0]
-        self.draft_id_to_target_id = None
         d2t = w.get("d2t")
         if d2t is not None:  # draft id i is target id i + d2t[i]
             d2t = np.asarray(d2t.data, dtype=np.int64).reshape(-1)

@@ -181,5 +181,5 @@ class EagleProposer:
     def _greedy(self, h: np.ndarray) -> np.ndarray:
         """Each row's draft: the argmax of the head's logits, as a target token id."""
         ids = np.argmax(ops.to_float32(self.model.compute_logits(h)), axis=1).astype(np.int32)
-        d2t = getattr(self.model, "draft_id_to_target_id", None)
+        d2t = self.model.draft_id_to_target_id
         return ids if d2t is None else d2t[ids]
