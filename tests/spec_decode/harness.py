@@ -97,3 +97,46 @@ def check_drafts_against(ckpt, spec, make_reference) -> None:
             np.testing.assert_allclose([lg[row] for lg in logits], ref, rtol=1e-4,
                                        atol=1e-4 * np.abs(ref).max())
             assert got == want
+
+
+def check_batched_equal_alone(ckpt, spec) -> object:
+    """Greedy and seeded requests (drafted) and penalized ones (not), prompts sharing prefixes
+    (cache hits: a drafter's KV in the target's blocks comes with the hit blocks), chunked
+    prefill with a small budget and a cache too small for all: each request's tokens batched
+    are those it gets alone without speculation. Returns the batched run's stats."""
+    import numpy as np
+
+    from tests.spec_decode.test_ngram import prompts, seeded_greedy_penalized
+
+    rng = np.random.default_rng()
+    kw = {"max_num_seqs": 6, "max_num_batched_tokens": 40, "num_gpu_blocks_override": 16,
+          "block_size": 16, "max_model_len": 192}
+    ps = prompts(rng, 12)
+    shared = rng.integers(3, 500, 40).tolist()
+    ps += [{"prompt_token_ids": shared + p["prompt_token_ids"][:5]} for p in ps[:3]]
+    sps = seeded_greedy_penalized(rng, len(ps), 50)
+    batched, stats = run(ckpt, ps, sps, spec, **kw)
+    assert stats.num_preemptions > 0, "the cache was meant to be too small"
+    alone = [run(ckpt, [p], [sp], **kw)[0][0] for p, sp in zip(ps, sps)]
+    assert batched == alone
+    return stats
+
+
+def check_max_model_len(ckpt, spec) -> object:
+    """Requests that end by max_model_len (48): their tokens are those without speculation,
+    their drafts stop short of it, and the lookahead slots (clamped to it) hold the chained
+    drafts' KV. Returns the speculating run's stats."""
+    import numpy as np
+
+    from vllmx import SamplingParams
+
+    rng = np.random.default_rng()
+    ps = [{"prompt_token_ids": rng.integers(3, 500, int(rng.integers(20, 44))).tolist()}
+          for _ in range(6)]
+    sps = [SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)] * len(ps)
+    kw = {"max_model_len": 48, "block_size": 16}
+    want, _ = run(ckpt, ps, sps, **kw)
+    got, stats = run(ckpt, ps, sps, spec, **kw)
+    assert got == want
+    assert [len(p["prompt_token_ids"]) + len(t) for p, t in zip(ps, got)] == [48] * len(ps)
+    return stats

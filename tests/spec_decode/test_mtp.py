@@ -18,8 +18,14 @@ import numpy as np
 import pytest
 
 from tests.models.tiny_checkpoints import make_checkpoint
-from tests.spec_decode.harness import check_abort_mid_verify, check_drafts_against, run
-from tests.spec_decode.test_ngram import prompts, seeded_greedy_penalized
+from tests.spec_decode.harness import (
+    check_abort_mid_verify,
+    check_batched_equal_alone,
+    check_drafts_against,
+    check_max_model_len,
+    run,
+)
+from tests.spec_decode.test_ngram import prompts
 
 pytest.importorskip("torch")
 
@@ -106,35 +112,15 @@ def test_batched_equal_alone_through_chunks_prefix_hits_and_preemption(ckpts, fa
     """Greedy and seeded requests (drafted) and penalized ones (not), prompts sharing
     prefixes (cache hits: the MTP layer's KV comes with the hit blocks), chunked prefill with
     a small budget and a cache too small for all."""
-    rng = np.random.default_rng()
-    kw = {"max_num_seqs": 6, "max_num_batched_tokens": 40, "num_gpu_blocks_override": 16,
-          "block_size": 16, "max_model_len": 192}
-    ps = prompts(rng, 12)
-    shared = rng.integers(3, 500, 40).tolist()
-    ps += [{"prompt_token_ids": shared + p["prompt_token_ids"][:5]} for p in ps[:3]]
-    sps = seeded_greedy_penalized(rng, len(ps), 50)
-    batched, stats = run(ckpts[family, "aligned"], ps, sps, spec_cfg(3), **kw)
-    assert stats.num_preemptions > 0, "the cache was meant to be too small"
+    stats = check_batched_equal_alone(ckpts[family, "aligned"], spec_cfg(3))
     assert stats.spec_decode_num_accepted_tokens > 0
-    alone = [run(ckpts[family, "aligned"], [p], [sp], **kw)[0][0] for p, sp in zip(ps, sps)]
-    assert batched == alone
 
 
 @pytest.mark.parametrize("k", [1, 4])
 def test_requests_running_into_max_model_len(ckpts, k):
     """Requests that end by max_model_len: their drafts stop short of it, and the lookahead
     slots (clamped to it) hold the chained drafts' KV; k = 1 drafts without chaining."""
-    from vllmx import SamplingParams
-
-    rng = np.random.default_rng()
-    ps = [{"prompt_token_ids": rng.integers(3, 500, int(rng.integers(20, 44))).tolist()}
-          for _ in range(6)]
-    sps = [SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)] * len(ps)
-    kw = {"max_model_len": 48, "block_size": 16}
-    want, _ = run(ckpts["deepseek_v3", "aligned"], ps, sps, **kw)
-    got, stats = run(ckpts["deepseek_v3", "aligned"], ps, sps, spec_cfg(k), **kw)
-    assert got == want
-    assert [len(p["prompt_token_ids"]) + len(t) for p, t in zip(ps, got)] == [48] * len(ps)
+    stats = check_max_model_len(ckpts["deepseek_v3", "aligned"], spec_cfg(k))
     assert stats.spec_decode_num_accepted_tokens > 0
 
 
