@@ -29,16 +29,18 @@ def _dense(rng, rows: int, cols: int, scale: float = 1.0) -> np.ndarray:
 
 
 def _layer(rng, prefix: str, qkv_in: int, damp: float = 1.0) -> dict[str, np.ndarray]:
-    """A Llama decoder layer's tensors (no input_layernorm: the callers decide)."""
+    """A Llama decoder layer's tensors (no input_layernorm: the callers decide). Its branches
+    add about their input's size: a chained draft's un-normed stream grows layer by layer, and
+    much faster growth would leave float32's logits too far from float64's to compare."""
     p = prefix
-    return {p + "self_attn.q_proj.weight": _dense(rng, HEADS * HEAD_DIM, qkv_in, 4.0),
-            p + "self_attn.k_proj.weight": _dense(rng, KV_HEADS * HEAD_DIM, qkv_in, 4.0),
-            p + "self_attn.v_proj.weight": _dense(rng, KV_HEADS * HEAD_DIM, qkv_in, 4.0),
-            p + "self_attn.o_proj.weight": _dense(rng, HIDDEN, HEADS * HEAD_DIM, 4.0 * damp),
+    return {p + "self_attn.q_proj.weight": _dense(rng, HEADS * HEAD_DIM, qkv_in, 2.0),
+            p + "self_attn.k_proj.weight": _dense(rng, KV_HEADS * HEAD_DIM, qkv_in, 2.0),
+            p + "self_attn.v_proj.weight": _dense(rng, KV_HEADS * HEAD_DIM, qkv_in),
+            p + "self_attn.o_proj.weight": _dense(rng, HIDDEN, HEADS * HEAD_DIM, damp),
             p + "post_attention_layernorm.weight": rng.normal(1, 0.3, HIDDEN).astype(np.float32),
-            p + "mlp.gate_proj.weight": _dense(rng, INTER, HIDDEN, 4.0),
-            p + "mlp.up_proj.weight": _dense(rng, INTER, HIDDEN, 4.0),
-            p + "mlp.down_proj.weight": _dense(rng, HIDDEN, INTER, 4.0 * damp)}
+            p + "mlp.gate_proj.weight": _dense(rng, INTER, HIDDEN, 2.0),
+            p + "mlp.up_proj.weight": _dense(rng, INTER, HIDDEN),
+            p + "mlp.down_proj.weight": _dense(rng, HIDDEN, INTER, damp)}
 
 
 def _config(target: str, arch: str, **extra) -> dict:

@@ -55,11 +55,12 @@ def check_abort_mid_verify(ckpt, spec) -> None:
 
 def check_drafts_against(ckpt, spec, make_reference) -> None:
     """Every draft a hidden-state drafter proposes for three requests batched (after prefill
-    chunks and verify steps, captured ones included) is the reference's argmax over the
-    request's tokens so far, and the logits of each draft agree with its: the drafter's KV,
-    built pass by pass with rejected rows left out and chained rows rewritten, is the one a
-    single pass over the sequence gives. make_reference() has drafts(prompt, sampled, k) ->
-    (k drafts, their logits)."""
+    chunks and verify steps, captured ones included), then for one whose prompt shares the
+    first's first two blocks (a prefix-cache hit), is the reference's argmax over the request's
+    tokens so far, and the logits of each draft agree with its: the drafter's KV, built pass by
+    pass with rejected rows left out and chained rows rewritten, or taken from hit blocks, is
+    the one a single pass over the sequence gives. make_reference() has drafts(prompt, sampled,
+    k) -> (k drafts, their logits)."""
     import numpy as np
 
     from vllmx import LLM, SamplingParams
@@ -85,11 +86,14 @@ def check_drafts_against(ckpt, spec, make_reference) -> None:
         return drafts
 
     proposer.propose_from_hidden, proposer.model.compute_logits = spy, spy_logits
-    ps = [{"prompt_token_ids": rng.integers(3, 500, int(rng.integers(5, 40))).tolist()}
-          for _ in range(3)]
-    llm.generate(ps, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
-                 use_tqdm=False)
+    ps = [{"prompt_token_ids": rng.integers(3, 500, n).tolist()}
+          for n in (40, *rng.integers(5, 40, 2))]
+    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    llm.generate(ps, sp, use_tqdm=False)
     assert len(calls) > 3
+    hit = ps[0]["prompt_token_ids"][:32] + rng.integers(3, 500, 9).tolist()
+    llm.generate([{"prompt_token_ids": hit}], sp, use_tqdm=False)
+    assert llm.llm_engine.scheduler.kv_cache_manager.prefix_cache_stats.hits > 0
     reference = make_reference()
     for drafts, seqs, logits in calls:
         for row, (r, got) in enumerate(drafts.items()):

@@ -160,7 +160,8 @@ class LLMEngine:
         # SchedulerOutput and the runner's PendingStep).
         self._in_flight = None
         self.kv_caches, self.cache_dtype = self.worker.kv_caches, self.worker.cache_dtype
-        self.scheduler = Scheduler(sc, cc)
+        self.scheduler = Scheduler(sc, cc, use_eagle=spec is not None and spec.method in (
+            "mtp", "eagle", "eagle3"))
         # Structured outputs: requests are checked here, matched in the model runner.
         self.structured_output_manager = None
         if self.tokenizer is not None:
