@@ -117,6 +117,7 @@ def test_eagle_config_errors(ckpts, tmp_path):
                                         eagle_aux_hidden_state_layer_ids=None), "eagle3",
                            (r"fc reads 192 columns, the target's aux hidden states of layers "
                             r"\[1, 2\] are 128")),
+        "eagle1_as_eagle3": (ckpts["eagle"], "eagle3", "not an EAGLE-3 head"),
         "layer_ids": (_edit_config(ckpts["eagle3"], str(tmp_path / "ids"),
                                    eagle_aux_hidden_state_layer_ids=[0, 1, 9]), "eagle3",
                       r"name layers the target lacks \(\[9\]"),

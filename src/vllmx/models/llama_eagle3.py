@@ -53,6 +53,9 @@ def aux_hidden_state_layers(cfg: dict, num_target_layers: int) -> tuple[int, ...
 
 class Eagle3LlamaForCausalLM(DraftHead):
     def __init__(self, cfg: dict, weights: dict[str, Weight], target, max_model_len: int):
+        if not any(n.endswith("hidden_norm.weight") for n in weights):
+            raise ValueError("no midlayer.hidden_norm.weight: not an EAGLE-3 head (an EAGLE-1/2 "
+                             "head runs with method 'eagle')")
         first = target.config["num_hidden_layers"]
         w = draft_weights(weights, first)
         p = f"model.layers.{first}."
