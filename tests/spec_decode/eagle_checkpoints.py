@@ -73,21 +73,24 @@ def _damp_target(path: str) -> None:
     save_file(w, f, metadata={"format": "pt"})
 
 
-def eagle_head(path: str, target: str, aligned: bool, seed: int = 0) -> str:
-    """EAGLE-1 (yuhuili/EAGLE-LLaMA3-Instruct-8B's layout): fc over [embeds; hidden], one
-    layer without input_layernorm, the target's embeddings and lm_head."""
+def eagle_head(path: str, target: str, aligned: bool, seed: int = 0, layers: int = 1) -> str:
+    """EAGLE-1 (yuhuili/EAGLE-LLaMA3-Instruct-8B's layout): fc over [embeds; hidden], layers
+    (the first without input_layernorm), the target's embeddings and lm_head."""
     from safetensors.numpy import load_file
 
     rng = np.random.default_rng(seed)
     # (aligned: the layer reads the un-normed embedding, so its branches must add far less)
     w = _layer(rng, "layers.0.", HIDDEN, 1e-3 if aligned else 1.0)
+    for j in range(1, layers):
+        w.update(_layer(rng, f"layers.{j}.", HIDDEN))
+        w[f"layers.{j}.input_layernorm.weight"] = rng.normal(1, 0.3, HIDDEN).astype(np.float32)
     fc = _dense(rng, HIDDEN, 2 * HIDDEN)
     if aligned:  # the hidden state's part small: the normed one's entries are ~1
         norm = load_file(os.path.join(target, "model.safetensors"))["model.norm.weight"]
         fc[:, :HIDDEN] = np.diag(norm)
         fc[:, HIDDEN:] *= 1e-3
     w["fc.weight"] = fc
-    return _save(path, _config(target, "LlamaForCausalLM"), w)
+    return _save(path, _config(target, "LlamaForCausalLM", num_hidden_layers=layers), w)
 
 
 def eagle3_head(path: str, target: str, seed: int = 0, embed: bool = False, **config) -> str:
@@ -115,7 +118,8 @@ def eagle3_head(path: str, target: str, seed: int = 0, embed: bool = False, **co
 
 def make_eagle_checkpoints(root: str) -> dict[str, str]:
     """name -> path: "target" (the tiny Llama, TARGET_LAYERS layers), "eagle", "eagle3" (random
-    heads for it; "eagle3_own" with its own embeddings and norm_before_residual),
+    heads for it; "eagle_two_layers" with two layers, "eagle3_own" with its own embeddings and
+    norm_before_residual),
     "aligned_target" and "aligned_eagle" (the head built to agree with it)."""
     target = make_checkpoint("llama", "float32", root, num_hidden_layers=TARGET_LAYERS)
     aligned = os.path.join(root, "aligned_target")
@@ -123,6 +127,8 @@ def make_eagle_checkpoints(root: str) -> dict[str, str]:
     _damp_target(aligned)
     return {"target": target, "aligned_target": aligned,
             "eagle": eagle_head(os.path.join(root, "eagle"), target, aligned=False),
+            "eagle_two_layers": eagle_head(os.path.join(root, "eagle_two_layers"), target,
+                                           aligned=False, seed=2, layers=2),
             "eagle3": eagle3_head(os.path.join(root, "eagle3"), target),
             "eagle3_own": eagle3_head(os.path.join(root, "eagle3_own"), target, seed=1,
                                       embed=True, norm_before_residual=True),

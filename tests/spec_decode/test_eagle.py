@@ -27,7 +27,9 @@ from tests.spec_decode.test_ngram import prompts
 pytest.importorskip("torch")
 
 # (method, head, target) of each kind of run
-HEADS = {"eagle": ("eagle", "eagle", "target"), "eagle3": ("eagle3", "eagle3", "target"),
+HEADS = {"eagle": ("eagle", "eagle", "target"),
+         "eagle_two_layers": ("eagle", "eagle_two_layers", "target"),
+         "eagle3": ("eagle3", "eagle3", "target"),
          "eagle3_own": ("eagle3", "eagle3_own", "target"),
          "aligned": ("eagle", "aligned_eagle", "aligned_target")}
 

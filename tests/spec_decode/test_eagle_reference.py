@@ -38,17 +38,22 @@ class _Reference:
              for n, t in load_file(os.path.join(head, "model.safetensors")).items()}
         self.eagle3 = method == "eagle3"
         h = cfg.hidden_size
-        attn_cfg = copy.deepcopy(cfg)
-        attn_cfg.head_dim = h // cfg.num_attention_heads
-        attn_cfg.hidden_size = 2 * h if self.eagle3 else h  # (q/k/v read 2H in EAGLE-3)
-        self.attn = LlamaAttention(attn_cfg, layer_idx=0).double().eval()
-        self.attn.o_proj = torch.nn.Linear(h, h, bias=False).double()
-        self.mlp = LlamaMLP(cfg).double().eval()
-        p = "layers.0."
-        self.attn.load_state_dict({n[len(p) + len("self_attn."):]: t for n, t in w.items()
-                                   if n.startswith(p + "self_attn.")})
-        self.mlp.load_state_dict({n[len(p) + len("mlp."):]: t for n, t in w.items()
-                                  if n.startswith(p + "mlp.")})
+        self.attns, self.mlps = [], []
+        for j in range(self.cfg["num_hidden_layers"]):
+            attn_cfg = copy.deepcopy(cfg)
+            attn_cfg.head_dim = h // cfg.num_attention_heads
+            # (the first layer's q/k/v read 2H in EAGLE-3)
+            attn_cfg.hidden_size = 2 * h if self.eagle3 and j == 0 else h
+            attn = LlamaAttention(attn_cfg, layer_idx=0).double().eval()
+            attn.o_proj = torch.nn.Linear(h, h, bias=False).double()
+            mlp = LlamaMLP(cfg).double().eval()
+            p = f"layers.{j}."
+            attn.load_state_dict({n[len(p) + len("self_attn."):]: t for n, t in w.items()
+                                  if n.startswith(p + "self_attn.")})
+            mlp.load_state_dict({n[len(p) + len("mlp."):]: t for n, t in w.items()
+                                 if n.startswith(p + "mlp.")})
+            self.attns.append(attn)
+            self.mlps.append(mlp)
         self.w, self.eps = w, cfg.rms_norm_eps
         self.lm_head = w.get("lm_head.weight", self.target.lm_head.weight.detach())
         d2t = w.get("d2t")
@@ -58,16 +63,20 @@ class _Reference:
         return x * (x.pow(2).mean(-1, keepdim=True) + self.eps).rsqrt() * self.w[name]
 
     def _layer(self, xs, residual):
-        """The head's layer over rows 0..len-1 (causal): each row's output stream."""
+        """The head's layers over rows 0..len-1 (causal): each row's output stream (the first
+        layer reads xs as they are, the others their input_layernorm of the stream)."""
         import torch
 
         t = xs.shape[0]
         pos = torch.arange(t)[None]
         cos_sin = self.target.model.rotary_emb(xs[None], pos)
         mask = torch.full((t, t), float("-inf"), dtype=torch.float64).triu(1)[None, None]
-        out = residual + self.attn(xs[None], position_embeddings=cos_sin,
-                                   attention_mask=mask)[0][0]
-        return out + self.mlp(self._rms(out, "layers.0.post_attention_layernorm.weight"))
+        out = residual
+        for j, (attn, mlp) in enumerate(zip(self.attns, self.mlps)):
+            x = xs if j == 0 else self._rms(out, f"layers.{j}.input_layernorm.weight")
+            out = out + attn(x[None], position_embeddings=cos_sin, attention_mask=mask)[0][0]
+            out = out + mlp(self._rms(out, f"layers.{j}.post_attention_layernorm.weight"))
+        return out
 
     def _rows(self, tokens, hidden):
         """(layer inputs, residuals) of rows: the next tokens and the hidden states."""
@@ -117,7 +126,8 @@ class _Reference:
         return drafts, np.array(logits)
 
 
-@pytest.mark.parametrize("kind", ["eagle", "eagle3", "eagle3_own", "aligned"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle_two_layers", "eagle3", "eagle3_own",
+                                  "aligned"])
 def test_drafts_match_a_float64_reference(ckpts, kind):  # noqa: F811 - the fixture
     target, spec = spec_cfg(ckpts, kind)
     check_drafts_against(target, spec, lambda: _Reference(target, spec["model"], spec["method"]))
