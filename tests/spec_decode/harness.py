@@ -91,6 +91,7 @@ def check_drafts_against(ckpt, spec, make_reference) -> None:
     sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     llm.generate(ps, sp, use_tqdm=False)
     assert len(calls) > 3
+    assert runner.decode_capture.steps, "no step replayed a capture"
     hit = ps[0]["prompt_token_ids"][:32] + rng.integers(3, 500, 9).tolist()
     llm.generate([{"prompt_token_ids": hit}], sp, use_tqdm=False)
     assert llm.llm_engine.scheduler.kv_cache_manager.prefix_cache_stats.hits > 0
