@@ -147,6 +147,8 @@ SPECULATIVE_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp", "medusa
 _SPEC_KEYS = {"ngram": {"method", "num_speculative_tokens", "prompt_lookup_min",
                         "prompt_lookup_max"},
               "draft_model": {"method", "num_speculative_tokens", "model"},
+              "eagle": {"method", "num_speculative_tokens", "model"},
+              "eagle3": {"method", "num_speculative_tokens", "model"},
               "mtp": {"method", "num_speculative_tokens"}}
 
 
@@ -164,7 +166,11 @@ class SpeculativeConfig:
 
     mtp: the target checkpoint's own multi-token-prediction layer (DeepSeek-V3's and GLM-4.5's
     num_nextn_predict_layers, stored after its last layer) drafts num_speculative_tokens tokens
-    greedily from the target's hidden states (spec_decode/mtp_proposer.py)."""
+    greedily from the target's hidden states (spec_decode/mtp_proposer.py).
+
+    eagle / eagle3: `model` (an EAGLE-1/2 or EAGLE-3 head's checkpoint directory, safetensors)
+    drafts num_speculative_tokens tokens greedily from the target's final hidden states (eagle)
+    or the residual streams entering three of its layers (eagle3; spec_decode/eagle.py)."""
 
     method: str
     num_speculative_tokens: int
@@ -197,10 +203,10 @@ class SpeculativeConfig:
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise ValueError(f"speculative_config num_speculative_tokens must be an integer "
                              f">= 1, got {k!r}")
-        if self.method == "draft_model":
+        if self.method in ("draft_model", "eagle", "eagle3"):
             if not isinstance(self.model, str) or not self.model:
-                raise ValueError("speculative_config method 'draft_model' needs 'model': the "
-                                 "draft model's path")
+                raise ValueError(f"speculative_config method {self.method!r} needs 'model': "
+                                 f"the draft model's path")
             return
         if self.method == "mtp":
             return

@@ -493,6 +493,11 @@ def copy_rows(out, x) -> None:
     _C.ops.copy_columns(out, 0, x, 0, x.shape[1])
 
 
+def copy_columns(out, start: int, x) -> None:
+    """out[:, start:start + width] = x ([T, width]), natively (a recorded step replays it)."""
+    _C.ops.copy_columns(out, start, x, 0, x.shape[1])
+
+
 def scatter_tokens(out, dst, tokens, src) -> None:
     """In place: out[dst[i]] = tokens[src[i]] (i32 arrays on one device; an index out of range
     skips its entry): a step's input ids from the tokens the step before sampled, on the device

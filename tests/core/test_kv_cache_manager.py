@@ -38,6 +38,16 @@ def test_prefix_hits_are_whole_blocks():
         assert n == want and blocks == a_blocks[: want // BS]
 
 
+def test_use_eagle_recomputes_the_last_hit_block():
+    """vLLM's use_eagle: a drafter's KV at a block's last position was made with the token after
+    the block, which the hit does not fix, so the hit's last block is left to recompute."""
+    kv = KVCacheManager(16, BS, use_eagle=True)
+    a_blocks = run_prefill(kv, req("a", range(13)))  # 3 full blocks cached
+    blocks, n = kv.get_computed_blocks(req("b", tuple(range(12)) + (50, 51)))
+    assert (blocks, n) == (a_blocks[:2], 8)
+    assert kv.get_computed_blocks(req("c", tuple(range(4)) + (70, 71))) == ([], 0)
+
+
 def test_never_the_whole_prompt():
     kv = KVCacheManager(16, BS)
     run_prefill(kv, req("a", range(8)))  # exactly two full blocks, both cached

@@ -5,13 +5,12 @@ chunked prefill (the draft's catch-up chunked too) and preemption, seeded sampli
 
 from __future__ import annotations
 
-import gc
-
 import numpy as np
 import pytest
 
 from tests.models.tiny_checkpoints import VOCAB, make_checkpoint
-from tests.spec_decode.test_ngram import prompts, seeded_greedy_penalized, tokens
+from tests.spec_decode.harness import run
+from tests.spec_decode.test_ngram import prompts, seeded_greedy_penalized
 
 pytest.importorskip("torch")
 
@@ -24,20 +23,6 @@ def ckpts(tmp_path_factory) -> dict[str, str]:
 
 def spec_cfg(model: str, k: int = 4) -> dict:
     return {"method": "draft_model", "model": model, "num_speculative_tokens": k}
-
-
-def run(ckpt, ps, sps, spec=None, **kw):
-    from vllmx import LLM
-
-    llm = LLM(ckpt, skip_tokenizer_init=True, device="cpu", speculative_config=spec, **kw)
-    outs = tokens(llm.generate(ps, sps, use_tqdm=False))
-    stats = llm.llm_engine.scheduler.make_stats()
-    free = llm.llm_engine.scheduler.kv_cache_manager.num_free_blocks
-    total = llm.llm_engine.config.cache_config.num_blocks
-    del llm
-    gc.collect()
-    assert free == total
-    return outs, stats
 
 
 @pytest.mark.parametrize("draft", ["qwen3", "llama"])

@@ -11,7 +11,6 @@ shared_head.norm) into a safetensors file of its own beside the checkpoint."""
 
 from __future__ import annotations
 
-import gc
 import os
 import shutil
 
@@ -19,7 +18,14 @@ import numpy as np
 import pytest
 
 from tests.models.tiny_checkpoints import make_checkpoint
-from tests.spec_decode.test_ngram import prompts, seeded_greedy_penalized, tokens
+from tests.spec_decode.harness import (
+    check_abort_mid_verify,
+    check_batched_equal_alone,
+    check_drafts_against,
+    check_max_model_len,
+    run,
+)
+from tests.spec_decode.test_ngram import prompts
 
 pytest.importorskip("torch")
 
@@ -84,20 +90,6 @@ def spec_cfg(k: int = 3) -> dict:
     return {"method": "mtp", "num_speculative_tokens": k}
 
 
-def run(ckpt, ps, sps, spec=None, **kw):
-    from vllmx import LLM
-
-    llm = LLM(ckpt, skip_tokenizer_init=True, device="cpu", speculative_config=spec, **kw)
-    outs = tokens(llm.generate(ps, sps, use_tqdm=False))
-    stats = llm.llm_engine.scheduler.make_stats()
-    free = llm.llm_engine.scheduler.kv_cache_manager.num_free_blocks
-    total = llm.llm_engine.config.cache_config.num_blocks
-    del llm
-    gc.collect()
-    assert free == total
-    return outs, stats
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("kind", ["random", "aligned"])
 def test_greedy_output_is_unchanged(ckpts, family, kind):
@@ -120,62 +112,20 @@ def test_batched_equal_alone_through_chunks_prefix_hits_and_preemption(ckpts, fa
     """Greedy and seeded requests (drafted) and penalized ones (not), prompts sharing
     prefixes (cache hits: the MTP layer's KV comes with the hit blocks), chunked prefill with
     a small budget and a cache too small for all."""
-    rng = np.random.default_rng()
-    kw = {"max_num_seqs": 6, "max_num_batched_tokens": 40, "num_gpu_blocks_override": 16,
-          "block_size": 16, "max_model_len": 192}
-    ps = prompts(rng, 12)
-    shared = rng.integers(3, 500, 40).tolist()
-    ps += [{"prompt_token_ids": shared + p["prompt_token_ids"][:5]} for p in ps[:3]]
-    sps = seeded_greedy_penalized(rng, len(ps), 50)
-    batched, stats = run(ckpts[family, "aligned"], ps, sps, spec_cfg(3), **kw)
-    assert stats.num_preemptions > 0, "the cache was meant to be too small"
+    stats = check_batched_equal_alone(ckpts[family, "aligned"], spec_cfg(3))
     assert stats.spec_decode_num_accepted_tokens > 0
-    alone = [run(ckpts[family, "aligned"], [p], [sp], **kw)[0][0] for p, sp in zip(ps, sps)]
-    assert batched == alone
 
 
 @pytest.mark.parametrize("k", [1, 4])
 def test_requests_running_into_max_model_len(ckpts, k):
     """Requests that end by max_model_len: their drafts stop short of it, and the lookahead
     slots (clamped to it) hold the chained drafts' KV; k = 1 drafts without chaining."""
-    from vllmx import SamplingParams
-
-    rng = np.random.default_rng()
-    ps = [{"prompt_token_ids": rng.integers(3, 500, int(rng.integers(20, 44))).tolist()}
-          for _ in range(6)]
-    sps = [SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)] * len(ps)
-    kw = {"max_model_len": 48, "block_size": 16}
-    want, _ = run(ckpts["deepseek_v3", "aligned"], ps, sps, **kw)
-    got, stats = run(ckpts["deepseek_v3", "aligned"], ps, sps, spec_cfg(k), **kw)
-    assert got == want
-    assert [len(p["prompt_token_ids"]) + len(t) for p, t in zip(ps, got)] == [48] * len(ps)
+    stats = check_max_model_len(ckpts["deepseek_v3", "aligned"], spec_cfg(k))
     assert stats.spec_decode_num_accepted_tokens > 0
 
 
 def test_abort_mid_verify(ckpts):
-    from vllmx import LLM, SamplingParams
-
-    rng = np.random.default_rng()
-    ps = prompts(rng, 3)
-    sp = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
-    want, _ = run(ckpts["deepseek_v3", "aligned"], ps, [sp] * 3)
-    llm = LLM(ckpts["deepseek_v3", "aligned"], skip_tokenizer_init=True, device="cpu",
-              speculative_config=spec_cfg())
-    engine = llm.llm_engine
-    for i, p in enumerate(ps):
-        engine.add_request(f"r{i}", p, sp)
-    finals, steps = {}, 0
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            if o.finished:
-                finals[o.request_id] = o.outputs[0].token_ids
-        steps += 1
-        if steps == 4:  # r1 has drafts scheduled for its next verify step
-            assert engine.scheduler.requests["r1"].spec_token_ids
-            engine.abort_request(["r1"])
-    assert finals["r0"] == want[0] and finals["r2"] == want[2]
-    assert "r1" not in finals or finals["r1"] == want[1][:len(finals["r1"])]
-    assert engine.scheduler.kv_cache_manager.usage == 0
+    check_abort_mid_verify(ckpts["deepseek_v3", "aligned"], spec_cfg())
 
 
 class _Reference:
@@ -273,42 +223,8 @@ def test_drafts_match_a_float64_reference(ckpts, family, kind):
     same weights over the request's tokens so far, and their logits agree: the MTP layer's KV,
     built pass by pass with rejected rows left out and chained rows rewritten, is the one a
     single pass over the sequence gives."""
-    from vllmx import LLM, SamplingParams
-
-    rng = np.random.default_rng()
-    k = 3
-    llm = LLM(ckpts[family, kind], skip_tokenizer_init=True, device="cpu",
-              speculative_config=spec_cfg(k), max_num_batched_tokens=64)
-    runner = llm.llm_engine.model_runner
-    proposer = runner.drafter
-    calls, seen = [], []
-    propose, compute_logits = proposer.propose_from_hidden, proposer.model.compute_logits
-
-    def spy_logits(h):
-        out = compute_logits(h)
-        seen.append(np.array(out))
-        return out
-
-    def spy(t):
-        seen.clear()
-        drafts = propose(t)
-        seqs = {r: list(runner.requests[r].token_ids) for r in drafts}
-        calls.append((drafts, seqs, list(seen)))
-        return drafts
-
-    proposer.propose_from_hidden, proposer.model.compute_logits = spy, spy_logits
-    ps = [{"prompt_token_ids": rng.integers(3, 500, int(rng.integers(5, 40))).tolist()}
-          for _ in range(3)]
-    llm.generate(ps, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
-                 use_tqdm=False)
-    assert len(calls) > 3
-    reference = _Reference(ckpts[family, kind])
-    for drafts, seqs, logits in calls:
-        for row, (r, got) in enumerate(drafts.items()):
-            want, ref = reference.drafts(seqs[r][:-1], seqs[r][-1], len(got))
-            np.testing.assert_allclose([lg[row] for lg in logits], ref, rtol=1e-4,
-                                       atol=1e-4 * np.abs(ref).max())
-            assert got == want
+    check_drafts_against(ckpts[family, kind], spec_cfg(3),
+                         lambda: _Reference(ckpts[family, kind]))
 
 
 def test_mtp_config_errors(ckpts, tmp_path):

@@ -64,7 +64,7 @@ def test_proposer_prefers_the_longest_ngram():
 
 @pytest.mark.parametrize("cfg,msg", [
     ({"num_speculative_tokens": 2}, "needs a 'method'"),
-    ({"method": "eagle3", "num_speculative_tokens": 2}, "does not run yet"),
+    ({"method": "medusa", "num_speculative_tokens": 2}, "does not run yet"),
     ({"method": "magic", "num_speculative_tokens": 2}, "not a speculative method"),
     ({"method": "ngram", "num_speculative_tokens": 2, "model": "x"}, "keys ['model']"),
     ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),

@@ -57,8 +57,12 @@ class PrefixCacheStats:
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
-                 max_model_len: int | None = None):
+                 max_model_len: int | None = None, use_eagle: bool = False):
         self.num_blocks = num_blocks
+        # vLLM's use_eagle: a drafter keeps KV in these blocks (eagle, eagle3, mtp), its KV at a
+        # block's last position made with the token after it, which a hit's last block does
+        # not fix: that block is recomputed (its KV rewritten with this request's next token).
+        self.use_eagle = use_eagle
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.max_model_len = max_model_len  # None: no cap on slots per request
@@ -91,6 +95,8 @@ class KVCacheManager:
         hashes = update_block_hashes(request, self.block_size)
         max_blocks = (request.num_tokens - 1) // self.block_size
         blocks = self.block_pool.find_cached_prefix(hashes[:max_blocks], max_blocks)
+        if self.use_eagle and blocks:
+            blocks = blocks[:-1]
         return blocks, len(blocks) * self.block_size
 
     def allocate_slots(self, request: Request, num_new_tokens: int,

@@ -57,7 +57,8 @@ ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 81
 
 
 class Scheduler:
-    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig):
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                 use_eagle: bool = False):
         self.config = scheduler_config
         if scheduler_config.policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling policy must be 'fcfs' or 'priority', got "
@@ -69,7 +70,7 @@ class Scheduler:
         self.max_model_len = min(scheduler_config.max_model_len or capacity, capacity)
         self.kv_cache_manager = KVCacheManager(cache_config.num_blocks, cache_config.block_size,
                                                cache_config.enable_prefix_caching,
-                                               self.max_model_len)
+                                               self.max_model_len, use_eagle)
         self.requests: dict[str, Request] = {}
         self._arrival_order: dict[str, int] = {}  # breaks priority ties between equal times
         self._counter = itertools.count()

@@ -135,14 +135,16 @@ class LLMEngine:
             from vllmx.spec_decode.ngram_proposer import NgramProposer
 
             self.model_runner.drafter = NgramProposer(spec)
-        elif spec is not None and spec.method == "mtp":
+        elif spec is not None and spec.method in ("mtp", "eagle", "eagle3"):
+            from vllmx.spec_decode.eagle import EagleProposer
             from vllmx.spec_decode.mtp_proposer import MTPProposer
 
-            self.model_runner.drafter = MTPProposer(config, spec, self.model,
-                                                    self.worker.kv_caches,
-                                                    self.worker.cache_dtype, self.device)
-            self.model_runner.keep_hidden_states()
-            # The chained drafts write the MTP layer's KV past the scheduled tokens.
+            cls = MTPProposer if spec.method == "mtp" else EagleProposer
+            drafter = cls(config, spec, self.model, self.worker.kv_caches,
+                          self.worker.cache_dtype, self.device)
+            self.model_runner.drafter = drafter
+            self.model_runner.keep_hidden_states(drafter.model.aux_hidden_state_layers)
+            # The chained drafts write the draft layers' KV past the scheduled tokens.
             sc.num_lookahead_tokens = spec.num_speculative_tokens
         elif spec is not None:
             from vllmx.spec_decode.draft_model_proposer import DraftModelProposer
@@ -158,7 +160,8 @@ class LLMEngine:
         # SchedulerOutput and the runner's PendingStep).
         self._in_flight = None
         self.kv_caches, self.cache_dtype = self.worker.kv_caches, self.worker.cache_dtype
-        self.scheduler = Scheduler(sc, cc)
+        self.scheduler = Scheduler(sc, cc, use_eagle=spec is not None and spec.method in (
+            "mtp", "eagle", "eagle3"))
         # Structured outputs: requests are checked here, matched in the model runner.
         self.structured_output_manager = None
         if self.tokenizer is not None:
@@ -189,6 +192,10 @@ class LLMEngine:
             from vllmx.spec_decode.mtp_proposer import mtp_layer_count
 
             mtp_layer_count(mc)  # a model without MTP layers: the error names it
+        elif spec is not None and spec.method in ("eagle", "eagle3"):
+            from vllmx.spec_decode.eagle import check_eagle_draft
+
+            check_eagle_draft(spec, self.model)  # before the KV cache holds its layers
         self.eos_token_ids = mc.eos_token_ids()
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)

@@ -9,12 +9,14 @@ import struct
 
 import numpy as np
 
-from vllmx.device import U8
+from vllmx.device import I32, I64, U8
 from vllmx.ops import BF16, F16, F32, Weight
 
-# U8: packed tensors a model converts itself (gpt-oss's MXFP4 expert blocks and scales).
+# U8: packed tensors a model converts itself (gpt-oss's MXFP4 expert blocks and scales); the
+# integer and bool ones: index tables (EAGLE-3's d2t / t2d), read as they are.
 _DTYPES = {"F32": (np.float32, F32), "F16": (np.float16, F16), "BF16": (np.uint16, BF16),
-           "U8": (np.uint8, U8)}
+           "U8": (np.uint8, U8), "BOOL": (np.uint8, U8), "I32": (np.int32, I32),
+           "I64": (np.int64, I64)}
 
 
 def _read_file(path: str) -> dict[str, Weight]:
@@ -31,7 +33,7 @@ def _read_file(path: str) -> dict[str, Weight]:
         if info["dtype"] not in _DTYPES:
             raise ValueError(
                 f"{path}: tensor {name!r} has dtype {info['dtype']}; vllmx reads F32, F16, BF16 "
-                f"(and U8 for gpt-oss's packed MXFP4 experts)"
+                f"(and U8, BOOL, I32, I64 for packed blocks and index tables)"
             )
         np_dtype, dtype = _DTYPES[info["dtype"]]
         start, end = info["data_offsets"]

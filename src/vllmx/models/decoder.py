@@ -9,11 +9,22 @@ import numpy as np
 
 from vllmx import ops
 from vllmx.layers.attention import AttentionMetadata
+from vllmx.layers.norm import ResidualAdd
 
 
 class DecoderLM:
     embedding_multiplier = 1.0
     logits_scaling = 1.0
+    # EAGLE-3 drafting (vLLM's aux_hidden_state_layers): the residual stream entering each of
+    # these layers is written, side by side, into aux_hidden_out's columns (set_aux_hidden_state_
+    # layers); natively, so that a recorded step replays it.
+    aux_hidden_state_layers: tuple[int, ...] = ()
+    aux_hidden_out: np.ndarray | None = None
+
+    def set_aux_hidden_state_layers(self, layers: tuple[int, ...], out: np.ndarray) -> None:
+        """layers: ascending, distinct; out: [max tokens, len(layers) * hidden_size]."""
+        self.aux_hidden_state_layers, self.aux_hidden_out = tuple(layers), out
+        self._aux_add = ResidualAdd(self.config["hidden_size"])
 
     def forward(self, input_ids: np.ndarray, positions: np.ndarray,
                 md: AttentionMetadata) -> np.ndarray:
@@ -21,10 +32,22 @@ class DecoderLM:
         if self.embedding_multiplier != 1.0:
             ops.scale_(h, self.embedding_multiplier)
         residual = None
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
+            if i in self.aux_hidden_state_layers:
+                self._keep_aux_hidden_state(i, h, residual)
             h, residual = layer(positions, h, residual, md)
         h, _ = self.norm(h, residual)
         return h
+
+    def _keep_aux_hidden_state(self, layer: int, h, residual) -> None:
+        """h + residual (layer 0: the embeddings) into layer's columns of aux_hidden_out, the
+        model's own h and residual left as they are (its tokens must not change)."""
+        stream = h
+        if residual is not None:
+            stream = ops.concat_columns([residual])  # (a copy)
+            self._aux_add(ops.concat_columns([h]), stream)
+        k, width = self.aux_hidden_state_layers.index(layer), h.shape[1]
+        ops.copy_columns(self.aux_hidden_out[:h.shape[0]], k * width, stream)
 
     def compute_logits(self, hidden: np.ndarray) -> np.ndarray:
         """Logits of contiguous hidden rows, in the activation dtype."""

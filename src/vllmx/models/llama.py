@@ -133,6 +133,19 @@ def gguf_name_to_hf(name: str, arch: str | None = None) -> str:
     return name if hf is None else hf.format(i=i) + "." + suffix
 
 
+def rope_config(cfg: dict) -> tuple[float, dict | None]:
+    """(rope_theta, rope scaling or None) of a Hugging Face config (rope_scaling, or
+    transformers' newer rope_parameters; Phi-3 keeps its original context apart)."""
+    rope_scaling = cfg.get("rope_scaling") or (cfg.get("rope_parameters") or None)
+    if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) == "default":
+        rope_scaling = None
+    if rope_scaling and cfg.get("original_max_position_embeddings"):
+        rope_scaling = {"original_max_position_embeddings":
+                        cfg["original_max_position_embeddings"], **rope_scaling}
+    theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 1e4)
+    return float(theta), rope_scaling
+
+
 class LlamaDecoderLayer:
     def __init__(self, i: int, cfg: dict, w: dict[str, Weight], rope: RotaryEmbedding,
                  sliding_window: int, experts: SparseMoeBlock | None = None):
@@ -159,7 +172,10 @@ class LlamaDecoderLayer:
             self.gate_up_proj = MergedLinear([w[p + "mlp.gate_proj.weight"],
                                               w[p + "mlp.up_proj.weight"]], [None, None])
             self.down_proj = Linear(w[p + "mlp.down_proj.weight"])
-        self.input_layernorm = RMSNorm(w[p + "input_layernorm.weight"], eps)
+        # (None: EAGLE-1's first draft layer, which takes its input un-normed; a target's layers
+        # all have one: LlamaForCausalLM checks)
+        self.input_layernorm = (RMSNorm(w[p + "input_layernorm.weight"], eps)
+                                if p + "input_layernorm.weight" in w else None)
         self.post_attention_layernorm = RMSNorm(w[p + "post_attention_layernorm.weight"], eps)
         # GLM-4's sandwich norms: each branch output normed before the residual add.
         self.post_self_attn_layernorm = self.post_mlp_layernorm = None
@@ -170,6 +186,11 @@ class LlamaDecoderLayer:
     def __call__(self, positions, h, residual, md: AttentionMetadata):
         # Each norm runs with the projection after it (one GEMV on the GPU at decode).
         qkv, residual = self.qkv_proj.norm_proj(h, residual, self.input_layernorm)
+        return self.forward_qkv(positions, qkv, residual, md)
+
+    def forward_qkv(self, positions, qkv, residual, md: AttentionMetadata):
+        """The layer from its q/k/v projection on (EAGLE's first draft layers form that input
+        their own way: models/llama_eagle*.py)."""
         h = self.o_proj(self.attn.forward_qkv(qkv, positions, self.rope, self.q_norm,
                                               self.k_norm, md))
         if self.residual_multiplier != 1.0:  # Granite: residual + branch * multiplier
@@ -292,15 +313,9 @@ class LlamaForCausalLM(DecoderLM):
         rotary_dim = int(head_dim * partial)
         is_neox = gguf_arch not in _GGUF_GPTJ_ROPE and not glm4
         freq_factors = weights.get("rope_freqs.weight")
-        rope_scaling = cfg.get("rope_scaling") or (cfg.get("rope_parameters") or None)
-        if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) == "default":
-            rope_scaling = None
-        if rope_scaling and cfg.get("original_max_position_embeddings"):  # Phi-3 keeps it apart
-            rope_scaling = {"original_max_position_embeddings":
-                            cfg["original_max_position_embeddings"], **rope_scaling}
-        theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 1e4)
+        theta, rope_scaling = rope_config(cfg)
         self.rope = RotaryEmbedding(
-            head_dim, rotary_dim, int(cfg.get("max_position_embeddings") or 2048), float(theta),
+            head_dim, rotary_dim, int(cfg.get("max_position_embeddings") or 2048), theta,
             is_neox, rope_scaling,
             None if freq_factors is None else freq_factors.to_float32().reshape(-1),
             num_positions=cfg.get("max_model_len"))

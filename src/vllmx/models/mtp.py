@@ -23,11 +23,12 @@ from vllmx.layers import placement
 from vllmx.layers.attention import AttentionMetadata
 from vllmx.layers.linear import Linear
 from vllmx.layers.norm import ResidualAdd, RMSNorm
+from vllmx.models.draft_head import DraftHead
 from vllmx.models.shapes import require_tensors
 from vllmx.ops import Weight
 
 
-class MultiTokenPredictorLayer:
+class MultiTokenPredictorLayer(DraftHead):
     def __init__(self, target, weights: dict[str, Weight]):
         """target: the loaded model (DeepseekV2ForCausalLM, LlamaForCausalLM for GLM-4.5),
         whose mtp_block(weights, i) is its decoder layer i built from the checkpoint."""

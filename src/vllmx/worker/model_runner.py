@@ -142,6 +142,7 @@ class ModelRunner:
         # [max tokens, H]: where a captured step leaves its hidden states for a drafter that
         # reads them (keep_hidden_states; a capture's own activations are gone after it).
         self.hidden_out: np.ndarray | None = None
+        self._aux_hidden = False  # hidden_out holds eagle3's aux hidden states, not the final
         # structured outputs: makes each constrained request's matcher, fills the masks (set
         # by the engine; None without a tokenizer)
         self.structured_output_manager: StructuredOutputManager | None = None
@@ -300,7 +301,7 @@ class ModelRunner:
         and what an eager decode step runs, so both give the same tokens. On the GPU the
         logits land in the buffer every bucket shares (a graph's output must stay put)."""
         hidden = self.model.forward(*inputs)
-        if self.hidden_out is not None:  # a native copy, which a capture replays
+        if self.hidden_out is not None and not self._aux_hidden:  # a native copy, replayed
             ops.copy_rows(self.hidden_out[:hidden.shape[0]], hidden)
         logits = self.model.compute_logits(hidden)
         if self.device != "cuda":
@@ -313,13 +314,18 @@ class ModelRunner:
         inputs = self._inputs(size, size, max_query_len=1)
         return lambda: self._decode_forward(size, inputs)
 
-    def keep_hidden_states(self) -> None:
-        """Keeps every step's hidden states for a drafter that reads them (mtp): captured steps
-        copy theirs out (set before any capture is recorded)."""
+    def keep_hidden_states(self, aux_layers: tuple[int, ...] | None = None) -> None:
+        """Keeps every step's hidden states for a drafter that reads them (mtp, eagle): captured
+        steps copy theirs out (set before any capture is recorded). aux_layers (eagle3): the
+        residual streams entering these layers instead, side by side, which the model's forward
+        writes here (captured or not)."""
         if self.device != "cpu" or self.decode_capture.steps:
             raise RuntimeError("keep_hidden_states: CPU only, before any step is captured")
-        self.hidden_out = np.zeros((len(self.input_ids), self.model.config["hidden_size"]),
-                                   dtype=np.float32)
+        width = self.model.config["hidden_size"] * (len(aux_layers) if aux_layers else 1)
+        self.hidden_out = np.zeros((len(self.input_ids), width), dtype=np.float32)
+        self._aux_hidden = bool(aux_layers)
+        if aux_layers:
+            self.model.set_aux_hidden_state_layers(aux_layers, self.hidden_out)
 
     def capture_model(self) -> None:
         """vLLM's capture_model: the decode buckets this device captures at start-up (the GPU's
@@ -531,11 +537,13 @@ class ModelRunner:
             except Exception as e:
                 logger.exception("request %s: its prompt logprobs failed", state.req_id)
                 failed[state.req_id] = f"{type(e).__name__}: {e}"
-        if self.hidden_out is not None and logits is not None:
-            hidden = self.hidden_out[:t]  # (a captured step's)
+        # What the drafter reads: a captured step's copy, or eagle3's aux hidden states.
+        draft_hidden = hidden
+        if self.hidden_out is not None and (logits is not None or self._aux_hidden):
+            draft_hidden = self.hidden_out[:t]
         if not sample_ids:
             if self.hidden_out is not None:  # the drafter's KV follows the prompt chunks
-                self._draft_from_hidden(layout, hidden, {}, out.failed)
+                self._draft_from_hidden(layout, draft_hidden, {}, out.failed)
             return PendingStep(None, out)
         if logits is None:
             if not gather:
@@ -563,7 +571,7 @@ class ModelRunner:
             i += k + 1
         step = PendingStep(self, out, sample_ids=sample_ids, drafts=drafts, smd=smd,
                            sample=self.sampler.launch(logits, smd), sample_rows=sample_rows,
-                           hidden=hidden if self.hidden_out is not None else None,
+                           hidden=draft_hidden if self.hidden_out is not None else None,
                            layout=layout)
         self._in_flight = step
         return step

@@ -44,8 +44,13 @@ class WorkerBase(ABC):
 
 def num_draft_kv_layers(config: VllmxConfig) -> int:
     """KV layers a drafter adds to the target's cache, in the target's blocks (mtp: its MTP
-    layer's, at index num_hidden_layers); ValueError where the model has none."""
+    layer's, at index num_hidden_layers; eagle / eagle3: one per draft layer, from there);
+    ValueError where the model has none."""
     spec = config.speculative_config
+    if spec is not None and spec.method in ("eagle", "eagle3"):
+        from vllmx.spec_decode.eagle import eagle_layer_count
+
+        return eagle_layer_count(spec)
     if spec is None or spec.method != "mtp":
         return 0
     from vllmx.spec_decode.mtp_proposer import mtp_layer_count

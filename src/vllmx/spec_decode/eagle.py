@@ -1,0 +1,185 @@
+"""EAGLE drafting (vLLM's EagleProposer; methods eagle and eagle3, and mtp, which drafts the same
+way from the target's own layer: mtp_proposer.py): a draft head proposes k tokens greedily from
+the target's hidden states, which the target verifies in one forward (worker/model_runner.py).
+
+The head's KV cache is one more layer per draft layer in the target's cache (index
+num_hidden_layers(target) + j) and blocks, so it is allocated, cached by prefix and freed with
+them; the scheduler allocates k lookahead slots past each request's scheduled tokens for the
+chained drafts' KV (vLLM's num_lookahead_tokens). After every target step the head runs over the
+rows the target kept (its rejected drafts' left out), each with the token after its position:
+its KV at those positions follows the target's, and the last row of a request that sampled
+proposes draft 1. Drafts 2..k chain, one row per request: the position after, the last draft as
+its token, the head's own output in place of the target's hidden state. KV it wrote past a
+request's kept tokens is rewritten by the next pass before it is read. Drafts are greedy (a
+single proposal), so the target's acceptance rule keeps its output exactly what it is without
+speculation.
+
+What the head reads from the target: eagle and mtp its final hidden states, eagle3 the residual
+streams entering three of its layers side by side (models/decoder.py keeps them)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import numpy as np
+
+from vllmx import ops
+from vllmx.config import SpeculativeConfig, VllmxConfig
+from vllmx.layers.attention import AttentionMetadata
+from vllmx.spec_decode.metadata import TargetHiddenStates
+
+logger = logging.getLogger("vllmx")
+
+# The draft checkpoints' architectures each method reads (vLLM's names for the same layouts).
+EAGLE_ARCHS = {"eagle": ("LlamaForCausalLM", "EagleLlamaForCausalLM"),
+               "eagle3": ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLM")}
+
+
+def eagle_draft_config(spec: SpeculativeConfig) -> tuple[str, dict]:
+    """(the draft's directory, its config.json) for method eagle / eagle3; ValueError naming
+    the draft where it is not a checkpoint layout vllmx reads."""
+    from vllmx.loader.model_source import resolve_model
+
+    path = resolve_model(spec.model)
+    what = f"speculative_config method {spec.method!r}: the draft {spec.model!r}"
+    if path.endswith(".gguf") or not os.path.exists(os.path.join(path, "config.json")):
+        raise ValueError(f"{what} is not a checkpoint directory with a config.json (EAGLE heads "
+                         f"load from safetensors)")
+    if not any(f.endswith(".safetensors") for f in os.listdir(path)):
+        raise ValueError(f"{what} has no .safetensors files (convert a pytorch_model.bin "
+                         f"head to safetensors)")
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    archs = cfg.get("architectures") or []
+    if not any(a in EAGLE_ARCHS[spec.method] for a in archs):
+        raise ValueError(f"{what} has architectures {archs}; method {spec.method!r} reads "
+                         f"{', '.join(EAGLE_ARCHS[spec.method])} heads")
+    return path, cfg
+
+
+def check_eagle_draft(spec: SpeculativeConfig, target) -> dict:
+    """The draft's config.json, checked against the loaded target (its hidden states feed the
+    draft, and the draft's KV layers sit in the target's cache); ValueError naming both."""
+    from vllmx.models.decoder import DecoderLM
+    from vllmx.models.llama_eagle3 import aux_hidden_state_layers, use_aux_hidden_state
+
+    _, cfg = eagle_draft_config(spec)
+    t = target.config
+    what = f"speculative_config method {spec.method!r}: the draft {spec.model!r}"
+    if t.get("use_mla"):
+        raise ValueError(f"{what}: the target's attention is MLA (its KV cache holds latent "
+                         f"rows), where an EAGLE head's Llama attention cannot keep its KV")
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    mine = {"hidden_size": cfg["hidden_size"], "head_dim": head_dim,
+            "num_key_value_heads": cfg.get("num_key_value_heads") or cfg["num_attention_heads"]}
+    for key, value in mine.items():
+        if value != t[key]:
+            raise ValueError(f"{what} has {key} {value}, the target {t[key]}: vllmx runs EAGLE "
+                             f"heads of the target's hidden size and KV head layout")
+    if cfg.get("target_hidden_size", t["hidden_size"]) != t["hidden_size"]:
+        raise ValueError(f"{what} was trained for a target_hidden_size of "
+                         f"{cfg['target_hidden_size']}; the target has {t['hidden_size']}")
+    if spec.method == "eagle3" and use_aux_hidden_state(cfg):
+        if not isinstance(target, DecoderLM) or getattr(target, "is_hybrid", False):
+            raise ValueError(f"{what}: EAGLE-3 reads the target's aux hidden states, which "
+                             f"{type(target).__name__} does not keep")
+        try:
+            aux_hidden_state_layers(cfg, t["num_hidden_layers"])
+        except ValueError as e:
+            raise ValueError(f"{what}: {e}") from e
+    return cfg
+
+
+def eagle_layer_count(spec: SpeculativeConfig) -> int:
+    """The KV layers the draft adds to the target's cache: one per draft layer."""
+    return int(eagle_draft_config(spec)[1]["num_hidden_layers"])
+
+
+class EagleProposer:
+    def __init__(self, config: VllmxConfig, spec: SpeculativeConfig, target, kv_caches,
+                 cache_dtype: int, device: str):
+        if device != "cpu":
+            raise ValueError(f"speculative_config method {spec.method!r} runs on the CPU so far; "
+                             f"use device='cpu'")
+        self.k = spec.num_speculative_tokens
+        self.max_model_len = config.model_config.max_model_len
+        self.block_size = config.cache_config.block_size
+        self.kv_caches, self.cache_dtype = kv_caches, cache_dtype
+        self.model = self.load_model(config, spec, target)
+        logger.info("%s: the draft proposes %d speculative tokens", spec.method, self.k)
+
+    def load_model(self, config: VllmxConfig, spec: SpeculativeConfig, target):
+        from vllmx.loader.safetensors import load_safetensors
+        from vllmx.models.llama_eagle import EagleLlamaForCausalLM
+        from vllmx.models.llama_eagle3 import Eagle3LlamaForCausalLM
+
+        cfg = check_eagle_draft(spec, target)
+        path, _ = eagle_draft_config(spec)
+        cls = Eagle3LlamaForCausalLM if spec.method == "eagle3" else EagleLlamaForCausalLM
+        try:
+            model = cls(cfg, load_safetensors(path), target, self.max_model_len)
+        except ValueError as e:  # (missing tensors, mismatched shapes: name the draft)
+            raise ValueError(f"speculative_config method {spec.method!r}: the draft "
+                             f"{spec.model!r}: {e}") from e
+        if len(self.kv_caches) < target.config["num_hidden_layers"] + len(model.layers):
+            raise RuntimeError(f"{spec.method}: the KV cache has no layers for the draft's")
+        target_vocab = target.vocab_size
+        d2t = model.draft_id_to_target_id
+        if d2t is None and model.vocab_size != target_vocab:
+            raise ValueError(f"speculative_config method {spec.method!r}: the draft "
+                             f"{spec.model!r} has a vocabulary of {model.vocab_size} tokens and "
+                             f"no d2t mapping to the target's {target_vocab}")
+        if d2t is not None and (len(d2t) != model.vocab_size or d2t.min() < 0
+                                or d2t.max() >= target_vocab):
+            raise ValueError(f"speculative_config method {spec.method!r}: the draft "
+                             f"{spec.model!r}'s d2t maps {len(d2t)} draft ids (its lm_head "
+                             f"has {model.vocab_size}) outside the target's {target_vocab}")
+        return model
+
+    def remove_requests(self, req_ids) -> None:
+        """(Nothing is kept per request: the draft's KV lives in the request's blocks.)"""
+
+    def propose_from_hidden(self, t: TargetHiddenStates) -> dict[str, list[int]]:
+        """Runs the draft over a target step's kept rows; up to k greedy drafts for each
+        request that sampled (t.sampled)."""
+        md = AttentionMetadata(t.slot_mapping, t.block_table, t.query_start_loc, t.seq_lens,
+                               self.kv_caches, self.cache_dtype)
+        hidden = self.model.combine_hidden_states(ops.gather_rows(t.hidden, t.rows))
+        out = self.model.forward(t.input_ids, t.positions, hidden, md)
+        # The sampled token sits at position seq_len, draft j at seq_len + j, and a step that
+        # accepts all k samples one more token: below max_model_len (the scheduler's rule).
+        ks = np.where(t.sampled, np.minimum(self.k, self.max_model_len - t.seq_lens - 2), 0)
+        live = np.flatnonzero(ks > 0)
+        if not live.size:
+            return {}
+        last = t.query_start_loc[1:][live] - 1
+        h = ops.gather_rows(out, last)
+        tokens = self._greedy(h)
+        drafts = {int(i): [int(tok)] for i, tok in zip(live, tokens)}
+        pos = t.positions[last]
+        bs = self.block_size
+        for j in range(1, self.k):
+            keep = ks[live] > j
+            if not keep.any():
+                break
+            live, tokens, pos = live[keep], tokens[keep], pos[keep] + 1
+            h = ops.gather_rows(h, np.flatnonzero(keep))
+            n = len(live)
+            bt = t.block_table[live]
+            slots = bt[np.arange(n), pos // bs] * bs + pos % bs
+            md = AttentionMetadata(slots.astype(np.int32), bt, np.arange(n + 1, dtype=np.int32),
+                                   (pos + 1).astype(np.int32), self.kv_caches,
+                                   self.cache_dtype, max_query_len=1)
+            h = self.model.forward(tokens, pos, h, md)
+            tokens = self._greedy(h)
+            for i, tok in zip(live, tokens):
+                drafts[int(i)].append(int(tok))
+        return {t.req_ids[i]: d for i, d in drafts.items()}
+
+    def _greedy(self, h: np.ndarray) -> np.ndarray:
+        """Each row's draft: the argmax of the head's logits, as a target token id."""
+        ids = np.argmax(ops.to_float32(self.model.compute_logits(h)), axis=1).astype(np.int32)
+        d2t = self.model.draft_id_to_target_id
+        return ids if d2t is None else d2t[ids]
