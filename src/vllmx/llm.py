@@ -79,7 +79,10 @@ class LLM(PoolingMixin):
         keys = ("temperature", "top_p", "top_k", "min_p")
         return SamplingParams(**{k: gen[k] for k in keys if gen.get(k) is not None})
 
-    def generate(self, prompts, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
+    def generate(self, prompts, sampling_params=None, use_tqdm: bool = True,
+                 lora_request=None) -> list[RequestOutput]:
+        """lora_request: a LoRARequest for every prompt, or a list of one per prompt (None: the
+        base model); needs LLM(..., enable_lora=True)."""
         self._generative("generate")
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
@@ -92,12 +95,18 @@ class LLM(PoolingMixin):
             params = list(sampling_params)
         else:
             params = [sampling_params] * len(prompts)
+        if isinstance(lora_request, Sequence):
+            if len(lora_request) != len(prompts):
+                raise ValueError("the lengths of prompts and lora_request must be the same")
+            loras = list(lora_request)
+        else:
+            loras = [lora_request] * len(prompts)
         engine = self.llm_engine
         ids = []
         try:
-            for prompt, sp in zip(prompts, params):
+            for prompt, sp, lora in zip(prompts, params, loras):
                 sp = _copy_final_only(sp)
-                ids.append(engine.add_request(None, prompt, sp))
+                ids.append(engine.add_request(None, prompt, sp, lora_request=lora))
         except Exception:
             engine.abort_request(ids)  # one bad request: none of the batch runs (as vLLM)
             raise
