@@ -268,17 +268,14 @@ class LLMEngine:
                     cache_salt: str | None = None, lora_request=None) -> str:
         """Queues a request (n > 1 fans out into n child requests); returns its id."""
         params = params or SamplingParams()
-        text, ids = self.process_inputs(prompt, params, lora_request)
+        text, ids = self.process_inputs(prompt, params)
         return self.add_processed_request(request_id, text, ids, params, arrival_time,
                                           priority, cache_salt, lora_request)
 
-    def process_inputs(self, prompt, params: SamplingParams,
-                       lora_request=None) -> tuple[str | None, list[int]]:
+    def process_inputs(self, prompt, params: SamplingParams) -> tuple[str | None, list[int]]:
         """The prompt's text and token ids, tokenized, truncated and checked (vLLM's
         Processor.process_inputs): bad input raises here. AsyncLLM runs it in a worker thread,
         so that the engine thread only queues what is already checked."""
-        if lora_request is not None:  # loaded and checked before the request is queued
-            self.add_lora(lora_request)
         text, ids = self._tokenize(prompt)
         ids = self._truncate(ids, params)
         self._validate(ids, params)
@@ -288,12 +285,15 @@ class LLMEngine:
                               params: SamplingParams, arrival_time: float | None = None,
                               priority: int = 0, cache_salt: str | None = None,
                               lora_request=None) -> str:
-        """Queues a request whose inputs process_inputs returned; returns its id."""
+        """Queues a request whose inputs process_inputs returned; returns its id. Its LoRA
+        adapter is loaded (and checked) here, on the thread that steps the engine."""
         if request_id is None:
             request_id = str(self._next_id)
             self._next_id += 1
         if request_id in self.scheduler.requests or request_id in self.output_processor.parents:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if lora_request is not None:
+            self.add_lora(lora_request)
         params.all_stop_token_ids = set(self.eos_token_ids)
         if params.n == 1:
             self._add(Request(request_id, ids, params, text, arrival_time, priority, cache_salt,

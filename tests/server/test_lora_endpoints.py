@@ -1,0 +1,112 @@
+"""LoRA through the server (vLLM's flags and endpoints): --lora-modules served by name and
+listed in /v1/models with their parent, the adapter chosen by the request's `model`, and
+/v1/load_lora_adapter / /v1/unload_lora_adapter (only with allow_runtime_lora_updating)."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from tests.lora.adapters import make_adapter
+from tests.models.tiny_checkpoints import make_checkpoint
+from tests.server.conftest import serving
+
+pytest.importorskip("peft")
+
+BASE = "tiny-llama"
+PROMPT = np.random.default_rng(7).integers(3, 500, 24).tolist()
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("lora-server"))
+    base = make_checkpoint("llama", "float32", out)
+    return base, make_adapter(base, out, "all", seed=1), make_adapter(base, out, "qv", seed=2)
+
+
+def engine(base: str, **kw):
+    from vllmx.engine.async_llm import AsyncLLM
+    from vllmx.engine.llm_engine import EngineArgs
+
+    return AsyncLLM.from_engine_args(EngineArgs(
+        model=base, skip_tokenizer_init=True, max_model_len=256,
+        kv_cache_memory_bytes=16 << 20, max_lora_rank=16, **kw))
+
+
+def offline_tokens(base: str, lora) -> list[int]:
+    from vllmx import LLM, SamplingParams
+
+    llm = LLM(base, skip_tokenizer_init=True, enable_lora=True, max_lora_rank=16)
+    out = llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(temperature=0, max_tokens=8),
+                       lora_request=lora)
+    return list(out[0].outputs[0].token_ids)
+
+
+def served_tokens(client: openai.OpenAI, model: str) -> list[int]:
+    r = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=0,
+                                  logprobs=0)
+    return [int(t.removeprefix("token_id:")) for t in r.choices[0].logprobs.tokens]
+
+
+def test_lora_modules_models_and_load_unload(paths):
+    from vllmx.lora.request import LoRARequest
+    from vllmx.server.serving_models import LoRAModulePath
+
+    base, all_path, qv_path = paths
+    with serving(engine(base, enable_lora=True, max_loras=2), [BASE],
+                 lora_modules=[LoRAModulePath("all", all_path)],
+                 allow_runtime_lora_updating=True, return_tokens_as_token_ids=True) as s:
+        client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="EMPTY", max_retries=0)
+        cards = {m.id: m for m in client.models.list().data}
+        assert set(cards) == {BASE, "all"}
+        assert cards["all"].parent == BASE and cards["all"].root == all_path
+        assert cards[BASE].parent is None
+
+        got_all = served_tokens(client, "all")
+        assert got_all == offline_tokens(base, LoRARequest("all", 1, all_path))
+        assert served_tokens(client, BASE) == offline_tokens(base, None) != got_all
+        with pytest.raises(openai.NotFoundError, match="`qv` does not exist"):
+            served_tokens(client, "qv")
+
+        r = httpx.post(f"{s.url}/v1/load_lora_adapter",
+                       json={"lora_name": "qv", "lora_path": qv_path})
+        assert r.status_code == 200 and "added successfully" in r.text
+        assert "qv" in {m.id for m in client.models.list().data}
+        assert served_tokens(client, "qv") == offline_tokens(base, LoRARequest("qv", 5, qv_path))
+        again = httpx.post(f"{s.url}/v1/load_lora_adapter",
+                           json={"lora_name": "qv", "lora_path": qv_path})
+        assert again.status_code == 400 and "already been loaded" in again.text
+        bad = httpx.post(f"{s.url}/v1/load_lora_adapter",
+                         json={"lora_name": "nope", "lora_path": base})
+        assert bad.status_code == 400 and "adapter_config.json" in bad.text
+        assert "nope" not in {m.id for m in client.models.list().data}
+
+        r = httpx.post(f"{s.url}/v1/unload_lora_adapter", json={"lora_name": "qv"})
+        assert r.status_code == 200 and "removed successfully" in r.text
+        assert {m.id for m in client.models.list().data} == {BASE, "all"}
+        with pytest.raises(openai.NotFoundError):
+            served_tokens(client, "qv")
+        r = httpx.post(f"{s.url}/v1/unload_lora_adapter", json={"lora_name": "qv"})
+        assert r.status_code == 404 and "cannot be found" in r.text
+
+
+def test_runtime_updating_is_gated(paths):
+    base, _, qv_path = paths
+    with serving(engine(base, enable_lora=True), [BASE]) as s:
+        r = httpx.post(f"{s.url}/v1/load_lora_adapter",
+                       json={"lora_name": "qv", "lora_path": qv_path})
+        assert r.status_code == 404
+
+
+def test_lora_flags_need_enable_lora(paths):
+    from vllmx.server.app import build_app
+
+    base, _, _ = paths
+    client = engine(base)
+    try:
+        with pytest.raises(ValueError, match="need --enable-lora"):
+            build_app(client, [BASE], allow_runtime_lora_updating=True)
+    finally:
+        client.shutdown()
