@@ -110,3 +110,30 @@ def test_lora_flags_need_enable_lora(paths):
             build_app(client, [BASE], allow_runtime_lora_updating=True)
     finally:
         client.shutdown()
+
+
+def test_serve_lora_flags():
+    import argparse
+
+    from vllmx.cli.serve import add_serve_parser, engine_args_from
+    from vllmx.server.serving_models import LoRAModulePath, parse_lora_modules
+
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["serve", "m", "--enable-lora", "--lora-modules", "a=/x",
+                              '{"name": "b", "path": "/y", "base_model_name": "m"}',
+                              "--max-loras", "2", "--max-lora-rank", "32"])
+    ea = engine_args_from(args)
+    assert (ea.enable_lora, ea.max_loras, ea.max_lora_rank) == (True, 2, 32)
+    assert parse_lora_modules(args.lora_modules) == [LoRAModulePath("a", "/x"),
+                                                     LoRAModulePath("b", "/y", "m")]
+    with pytest.raises(ValueError, match="expected name=path"):
+        parse_lora_modules(["just-a-path"])
+
+
+def test_serve_lora_modules_need_enable_lora():
+    from tests.server.test_cli_serve import _run
+
+    out = _run("some-model", "--lora-modules", "a=/x")
+    assert out.wait(timeout=60) != 0
+    assert "need --enable-lora" in out.stdout.read()
