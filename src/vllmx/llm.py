@@ -89,18 +89,8 @@ class LLM(PoolingMixin):
         prompts = list(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
-        if isinstance(sampling_params, Sequence):
-            if len(sampling_params) != len(prompts):
-                raise ValueError("the lengths of prompts and sampling_params must be the same")
-            params = list(sampling_params)
-        else:
-            params = [sampling_params] * len(prompts)
-        if isinstance(lora_request, Sequence):
-            if len(lora_request) != len(prompts):
-                raise ValueError("the lengths of prompts and lora_request must be the same")
-            loras = list(lora_request)
-        else:
-            loras = [lora_request] * len(prompts)
+        params = _per_prompt(sampling_params, len(prompts), "sampling_params")
+        loras = _per_prompt(lora_request, len(prompts), "lora_request")
         engine = self.llm_engine
         ids = []
         try:
@@ -169,6 +159,15 @@ class LLM(PoolingMixin):
         if show:
             print(file=sys.stderr)
         return [done[i] for i in ids]
+
+
+def _per_prompt(value, n: int, name: str) -> list:
+    """One value for every prompt, or a sequence of one per prompt (vLLM's rule)."""
+    if isinstance(value, Sequence):
+        if len(value) != n:
+            raise ValueError(f"the lengths of prompts and {name} must be the same")
+        return list(value)
+    return [value] * n
 
 
 def _copy_final_only(sp: SamplingParams) -> SamplingParams:

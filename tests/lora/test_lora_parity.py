@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.lora.adapters import ADAPTERS, make_adapter, peft_model
-from tests.models.parity import check_positions, log_softmax
+from tests.models.parity import check_positions, log_softmax, prompt_logits_rel_error
 from tests.models.tiny_checkpoints import VOCAB, make_checkpoint
 
 torch = pytest.importorskip("torch")
@@ -68,6 +68,16 @@ def test_parity_with_peft(lora_setup):
             report = check_positions(log_softmax(logits)[len(p) - 1:-1], toks, DELTA)
             assert report.failed == 0, f"adapter {name} (seed {SEED}, len {len(p)}): {report}"
         assert changed, f"adapter {name} changed no prompt's tokens: the test proves nothing"
+        # Prompt logits within 1e-3 relative of the oracle's (TESTING.md), the adapter set
+        # for every row as the model runner sets it for a step.
+        lora = reqs[name]
+        for p in ps[:3]:
+            llm.llm_engine.lora_manager.set_active_loras(np.full(len(p), lora.lora_int_id),
+                                                         {lora.lora_int_id: lora})
+            with torch.no_grad():
+                ref = oracle(torch.tensor([p])).logits[0].double().numpy()
+            rel = prompt_logits_rel_error(llm, p, ref)
+            assert rel < 1e-3, f"adapter {name} prompt logits rel. error {rel:.3g} ({SEED})"
 
 
 @pytest.mark.parametrize("max_num_batched_tokens", [8192, 24])
