@@ -140,3 +140,24 @@ def test_max_loras_per_step(llm, base_and_adapter):
     for i, (p, out) in enumerate(zip(prompts, mixed)):
         alone = llm.generate({"prompt_token_ids": p}, sp, lora_request=loras[i % 2])
         assert out.outputs[0].token_ids == alone[0].outputs[0].token_ids
+
+
+def test_remove_while_running(llm, base_and_adapter):
+    """An adapter removed while a request runs with it: the request finishes under it, with
+    the tokens it gets otherwise (the runner loads the adapter again from the request)."""
+    from vllmx import SamplingParams
+    from vllmx.lora.request import LoRARequest
+
+    _, path, _ = base_and_adapter
+    lora = LoRARequest("all", 1, path)
+    sp = SamplingParams(temperature=0, max_tokens=8)
+    prompt = {"prompt_token_ids": list(range(10, 30))}
+    want = llm.generate(prompt, sp, lora_request=lora)[0].outputs[0].token_ids
+    engine = llm.llm_engine
+    rid = engine.add_request(None, prompt, sp, lora_request=lora)
+    engine.step()
+    assert engine.remove_lora(1) and 1 not in engine.list_loras()
+    done = {}
+    while engine.has_unfinished_requests():
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+    assert done[rid].outputs[0].token_ids == want
