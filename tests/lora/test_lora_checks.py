@@ -1,5 +1,5 @@
 """What vllmx refuses by name (DoRA, modules_to_save, embedding / lm_head targets, a rank
-above max_lora_rank, LoRA not enabled), the adapter id in the block hash, and the scheduler's
+above max_lora_rank, LoRA not enabled, a GGUF base), the adapter id in the block hash, and the scheduler's
 max_loras rule."""
 
 from __future__ import annotations
@@ -161,3 +161,13 @@ def test_remove_while_running(llm, base_and_adapter):
     while engine.has_unfinished_requests():
         done.update({o.request_id: o for o in engine.step() if o.finished})
     assert done[rid].outputs[0].token_ids == want
+
+
+def test_gguf_base_refused(base_and_adapter):
+    from tests.models.tiny_checkpoints import write_gguf
+    from vllmx import LLM
+
+    base, _, out = base_and_adapter
+    gguf = write_gguf(base, "llama", os.path.join(out, "base.gguf"))
+    with pytest.raises(ValueError, match="GGUF bases are not supported"):
+        LLM(gguf, skip_tokenizer_init=True, enable_lora=True)

@@ -218,6 +218,11 @@ class LLMEngine:
         if self.device != "cpu":
             raise ValueError(f"LoRA adapters run on the CPU only so far (device is "
                              f"{self.device!r}); start with device='cpu'")
+        if self.config.model_config.is_gguf:
+            # llama.cpp's converter reorders q/k rows for some archs (GPT-J rope); a PEFT
+            # adapter's B rows follow the Hugging Face order.
+            raise ValueError("LoRA adapters need a safetensors base checkpoint; GGUF bases are "
+                             "not supported yet")
         if self.config.model_config.dtype not in ("auto", "float32"):
             raise ValueError(f"LoRA adapters need float32 activations on the CPU, got "
                              f"dtype={self.config.model_config.dtype!r}")
