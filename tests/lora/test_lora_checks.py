@@ -171,3 +171,11 @@ def test_gguf_base_refused(base_and_adapter):
     gguf = write_gguf(base, "llama", os.path.join(out, "base.gguf"))
     with pytest.raises(ValueError, match="GGUF bases are not supported"):
         LLM(gguf, skip_tokenizer_init=True, enable_lora=True)
+
+
+def test_other_architectures_refused(tmp_path):
+    from vllmx import LLM
+
+    path = make_checkpoint("gpt2", "float32", str(tmp_path))
+    with pytest.raises(ValueError, match="LoRA is not supported for GPT2"):
+        LLM(path, skip_tokenizer_init=True, enable_lora=True)

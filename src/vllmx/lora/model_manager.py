@@ -14,6 +14,7 @@ from vllmx.lora.layers import LinearWithLoRA
 from vllmx.lora.models import LoRAModel
 from vllmx.lora.punica import PunicaWrapper
 from vllmx.lora.request import LoRARequest
+from vllmx.models.llama import LlamaDecoderLayer
 
 # Attribute of a decoder layer -> the PEFT module names of its output slices.
 _TARGETS = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "o_proj": ["o_proj"],
@@ -26,7 +27,14 @@ class LoRAModelManager:
         self.punica = PunicaWrapper()
         # per layer: PEFT module name -> the LoRA layer that holds it
         self.modules: list[dict[str, LinearWithLoRA]] = []
-        for layer in getattr(model, "layers", None) or []:
+        # The Llama-family decoder layer only: the one checked against peft (tests/lora).
+        layers = getattr(model, "layers", None) or []
+        if not layers or not all(isinstance(la, LlamaDecoderLayer) for la in layers):
+            raise ValueError(f"LoRA is not supported for {type(model).__name__} "
+                             f"({type(layers[0]).__name__ if layers else 'no decoder layers'}) "
+                             f"yet: vllmx applies adapters to the Llama-family decoders "
+                             f"(LlamaForCausalLM and the architectures it runs)")
+        for layer in layers:
             found = {}
             for attr, slices in _TARGETS.items():
                 base = getattr(layer, attr, None)
@@ -35,9 +43,6 @@ class LoRAModelManager:
                     setattr(layer, attr, wrapped)
                     found.update({m: wrapped for m in slices})
             self.modules.append(found)
-        if not any(self.modules):
-            raise ValueError(f"LoRA is not supported for {type(model).__name__}: vllmx applies "
-                             f"adapters to Llama-family decoders (q/k/v/o and MLP projections)")
         self.requests: dict[int, LoRARequest] = {}  # every adapter added, by lora_int_id
         self.loaded: OrderedDict[int, LoRAModel] = OrderedDict()  # least recently used first
 
