@@ -4,6 +4,10 @@ listed in /v1/models with their parent, the adapter chosen by the request's `mod
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+
 import httpx
 import numpy as np
 import openai
@@ -137,3 +141,47 @@ def test_serve_lora_modules_need_enable_lora():
     out = _run("some-model", "--lora-modules", "a=/x")
     assert out.wait(timeout=60) != 0
     assert "need --enable-lora" in out.stdout.read()
+
+
+def _with_word_tokenizer(base: str) -> str:
+    """A copy of the tiny checkpoint with a word-level tokenizer (w0 ... w511) and a chat
+    template, so that chat requests can reach it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    out = base + "-tok"
+    shutil.copytree(base, out, dirs_exist_ok=True)
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(512)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(os.path.join(out, "tokenizer.json"))
+    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": "w1", "eos_token": "w2", "chat_template":
+                   "{% for m in messages %}{{ m['content'] }} {% endfor %}"}, f)
+    return out
+
+
+def test_chat_under_adapter_streamed(paths):
+    from vllmx.engine.async_llm import AsyncLLM
+    from vllmx.engine.llm_engine import EngineArgs
+    from vllmx.server.serving_models import LoRAModulePath
+
+    base, all_path, _ = paths
+    tok_base = _with_word_tokenizer(base)
+    client_engine = AsyncLLM.from_engine_args(EngineArgs(
+        model=tok_base, max_model_len=256, kv_cache_memory_bytes=16 << 20, enable_lora=True,
+        max_lora_rank=16))
+    with serving(client_engine, [BASE], lora_modules=[LoRAModulePath("all", all_path)]) as s:
+        client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="EMPTY", max_retries=0)
+        msgs = [{"role": "user", "content": " ".join(f"w{t}" for t in PROMPT)}]
+
+        def chat(model: str, stream: bool) -> str:
+            r = client.chat.completions.create(model=model, messages=msgs, max_tokens=8,
+                                               temperature=0, stream=stream)
+            if not stream:
+                return r.choices[0].message.content
+            return "".join(c.choices[0].delta.content or "" for c in r if c.choices)
+
+        lora_text = chat("all", False)
+        assert chat("all", True) == lora_text
+        assert chat(BASE, False) != lora_text
+        with pytest.raises(openai.NotFoundError, match="`qv` does not exist"):
+            chat("qv", False)
