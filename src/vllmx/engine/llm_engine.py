@@ -144,7 +144,9 @@ class LLMEngine:
         self._finish_model_config()
         self.lora_manager = None
         if config.lora_config is not None:
-            self.lora_manager = self._create_lora_manager()
+            from vllmx.lora.model_manager import create_lora_manager
+
+            self.lora_manager = create_lora_manager(self.model, config, self.device)
         self.worker.initialize_kv_cache()
         self.worker.compile_or_warm_up_model()
         self.model_runner = self.worker.model_runner
@@ -211,25 +213,6 @@ class LLMEngine:
         self.eos_token_ids = mc.eos_token_ids()
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
-
-    def _create_lora_manager(self):
-        from vllmx.lora.model_manager import LoRAModelManager
-
-        if self.device != "cpu":
-            raise ValueError(f"LoRA adapters run on the CPU only so far (device is "
-                             f"{self.device!r}); start with device='cpu'")
-        if self.config.model_config.is_gguf:
-            # llama.cpp's converter reorders q/k rows for some archs (GPT-J rope); a PEFT
-            # adapter's B rows follow the Hugging Face order.
-            raise ValueError("LoRA adapters need a safetensors base checkpoint; GGUF bases are "
-                             "not supported yet")
-        if self.config.model_config.dtype not in ("auto", "float32"):
-            raise ValueError(f"LoRA adapters need float32 activations on the CPU, got "
-                             f"dtype={self.config.model_config.dtype!r}")
-        # The CPU step tapes replay a decode step's ops as recorded; the adapters' rows change
-        # from step to step, so decode steps run eagerly.
-        self.config.model_config.enforce_eager = True
-        return LoRAModelManager(self.model, self.config.lora_config)
 
     # -- LoRA adapters (vLLM's add_lora / remove_lora / list_loras) ---------------------------
     def add_lora(self, lora_request) -> bool:

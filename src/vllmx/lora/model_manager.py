@@ -103,3 +103,23 @@ class LoRAModelManager:
             for target in set(found.values()):
                 target.reset_lora(lora_id)
         return True
+
+
+def create_lora_manager(model, config, device: str) -> LoRAModelManager:
+    """The engine's manager, after the checks of what LoRA runs on (config: VllmxConfig)."""
+    mc = config.model_config
+    if device != "cpu":
+        raise ValueError(f"LoRA adapters run on the CPU only so far (device is {device!r}); "
+                         f"start with device='cpu'")
+    if mc.is_gguf:
+        # llama.cpp's converter reorders q/k rows for some archs (GPT-J rope); a PEFT
+        # adapter's B rows follow the Hugging Face order.
+        raise ValueError("LoRA adapters need a safetensors base checkpoint; GGUF bases are "
+                         "not supported yet")
+    if mc.dtype not in ("auto", "float32"):
+        raise ValueError(f"LoRA adapters need float32 activations on the CPU, got "
+                         f"dtype={mc.dtype!r}")
+    # The CPU step tapes replay a decode step's ops as recorded; the adapters' rows change
+    # from step to step, so decode steps run eagerly.
+    mc.enforce_eager = True
+    return LoRAModelManager(model, config.lora_config)
