@@ -179,3 +179,10 @@ def test_other_architectures_refused(tmp_path):
     path = make_checkpoint("gpt2", "float32", str(tmp_path))
     with pytest.raises(ValueError, match="LoRA is not supported for GPT2"):
         LLM(path, skip_tokenizer_init=True, enable_lora=True)
+
+
+def test_pooling_model_refused(minilm_dir):
+    from vllmx import LLM
+
+    with pytest.raises(ValueError, match="not supported for pooling models"):
+        LLM(minilm_dir, enable_lora=True)
