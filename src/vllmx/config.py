@@ -274,6 +274,26 @@ class StructuredOutputsConfig:
 
 
 @dataclass
+class LoRAConfig:
+    """vLLM's LoRAConfig (--enable-lora): at most max_loras adapters in one step, each of rank
+    at most max_lora_rank; max_cpu_loras adapters kept loaded (default max_loras)."""
+
+    max_lora_rank: int = 16
+    max_loras: int = 1
+    max_cpu_loras: int | None = None
+
+    def __post_init__(self):
+        if self.max_loras < 1 or self.max_lora_rank < 1:
+            raise ValueError(f"max_loras ({self.max_loras}) and max_lora_rank "
+                             f"({self.max_lora_rank}) must be positive")
+        if self.max_cpu_loras is None:
+            self.max_cpu_loras = self.max_loras
+        elif self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras "
+                             f"({self.max_loras})")
+
+
+@dataclass
 class VllmxConfig:
     model_config: ModelConfig
     cache_config: CacheConfig
@@ -283,3 +303,4 @@ class VllmxConfig:
     speculative_config: SpeculativeConfig | None = None
     structured_outputs_config: StructuredOutputsConfig = field(
         default_factory=StructuredOutputsConfig)
+    lora_config: LoRAConfig | None = None  # None: LoRA off (vLLM's enable_lora=False)

@@ -79,25 +79,24 @@ class LLM(PoolingMixin):
         keys = ("temperature", "top_p", "top_k", "min_p")
         return SamplingParams(**{k: gen[k] for k in keys if gen.get(k) is not None})
 
-    def generate(self, prompts, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
+    def generate(self, prompts, sampling_params=None, use_tqdm: bool = True,
+                 lora_request=None) -> list[RequestOutput]:
+        """lora_request: a LoRARequest for every prompt, or a list of one per prompt (None: the
+        base model); needs LLM(..., enable_lora=True)."""
         self._generative("generate")
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
-        if isinstance(sampling_params, Sequence):
-            if len(sampling_params) != len(prompts):
-                raise ValueError("the lengths of prompts and sampling_params must be the same")
-            params = list(sampling_params)
-        else:
-            params = [sampling_params] * len(prompts)
+        params = _per_prompt(sampling_params, len(prompts), "sampling_params")
+        loras = _per_prompt(lora_request, len(prompts), "lora_request")
         engine = self.llm_engine
         ids = []
         try:
-            for prompt, sp in zip(prompts, params):
+            for prompt, sp, lora in zip(prompts, params, loras):
                 sp = _copy_final_only(sp)
-                ids.append(engine.add_request(None, prompt, sp))
+                ids.append(engine.add_request(None, prompt, sp, lora_request=lora))
         except Exception:
             engine.abort_request(ids)  # one bad request: none of the batch runs (as vLLM)
             raise
@@ -160,6 +159,15 @@ class LLM(PoolingMixin):
         if show:
             print(file=sys.stderr)
         return [done[i] for i in ids]
+
+
+def _per_prompt(value, n: int, name: str) -> list:
+    """One value for every prompt, or a sequence of one per prompt (vLLM's rule)."""
+    if isinstance(value, Sequence):
+        if len(value) != n:
+            raise ValueError(f"the lengths of prompts and {name} must be the same")
+        return list(value)
+    return [value] * n
 
 
 def _copy_final_only(sp: SamplingParams) -> SamplingParams:

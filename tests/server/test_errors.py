@@ -152,10 +152,11 @@ class FaultyClient(EngineClient):
     async def abort(self, request_id: str) -> None:
         await self.inner.abort(request_id)
 
-    async def generate(self, prompt, params=None, request_id=None, priority=0):
+    async def generate(self, prompt, params=None, request_id=None, priority=0,
+                       lora_request=None):
         if "explode" in (prompt.get("prompt") or ""):
             raise RuntimeError("kaboom inside the request")
-        async for out in self.inner.generate(prompt, params, request_id, priority):
+        async for out in self.inner.generate(prompt, params, request_id, priority, lora_request):
             yield out
 
 

@@ -74,6 +74,17 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                    help="vLLM's JSON merged over config.json, e.g. a Qwen3-Reranker's "
                         "'{\"architectures\": [\"Qwen3ForSequenceClassification\"], "
                         "\"classifier_from_token\": [\"no\", \"yes\"]}'")
+    p.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters (vLLM's)")
+    p.add_argument("--lora-modules", nargs="+", default=[],
+                   help="adapters served by name: name=path or JSON {\"name\", \"path\", "
+                        "\"base_model_name\"} (needs --enable-lora)")
+    p.add_argument("--max-loras", type=int, default=None, help="most adapters in one step")
+    p.add_argument("--max-lora-rank", type=int, default=None, help="largest adapter rank")
+    p.add_argument("--max-cpu-loras", type=int, default=None,
+                   help="adapters kept loaded (default: --max-loras)")
+    p.add_argument("--allow-runtime-lora-updating", action="store_true",
+                   help="add /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's "
+                        "VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--generation-config", default="auto",
                    help="'auto' (the model's generation_config.json), 'vllm' (none), or a dir")
@@ -155,7 +166,7 @@ def engine_args_from(args: argparse.Namespace):
               "generation_config": args.generation_config, "device": args.device,
               "dtype": args.dtype, "gpu_memory_utilization": args.gpu_memory_utilization,
               "enforce_eager": args.enforce_eager, "max_logprobs": args.max_logprobs,
-              "load_format": args.load_format}
+              "load_format": args.load_format, "enable_lora": args.enable_lora}
     optional = {"tokenizer": args.tokenizer, "max_model_len": args.max_model_len,
                 "max_num_seqs": args.max_num_seqs,
                 "max_num_batched_tokens": args.max_num_batched_tokens,
@@ -165,7 +176,8 @@ def engine_args_from(args: argparse.Namespace):
                 "speculative_config": args.speculative_config,
                 "structured_outputs_config": _structured_outputs_config(args),
                 "async_scheduling": args.async_scheduling,
-                "num_threads": args.threads}
+                "num_threads": args.threads, "max_loras": args.max_loras,
+                "max_lora_rank": args.max_lora_rank, "max_cpu_loras": args.max_cpu_loras}
     for name, value in optional.items():
         if value is None:
             continue
@@ -218,12 +230,16 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from vllmx.engine.factory import create_engine_client
     from vllmx.server.app import DEFAULT_MAX_REQUEST_BODY_BYTES, build_app, check_parser_flags
+    from vllmx.server.serving_models import parse_lora_modules
 
     logging.getLogger("vllmx").setLevel(logging.INFO)
     # Bad parser flags fail before the model loads.
     check_parser_flags(args.enable_auto_tool_choice, args.tool_call_parser,
                        args.reasoning_parser)
     engine_args = engine_args_from(args)
+    lora_modules = parse_lora_modules(args.lora_modules)
+    if (lora_modules or args.allow_runtime_lora_updating) and not args.enable_lora:
+        raise ValueError("--lora-modules and --allow-runtime-lora-updating need --enable-lora")
     chat_template = load_chat_template(args.chat_template)
     engine_client = create_engine_client(engine_args)
     try:
@@ -241,7 +257,8 @@ def run_serve(args: argparse.Namespace) -> int:
                         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
                         enable_auto_tool_choice=args.enable_auto_tool_choice,
                         tool_call_parser=args.tool_call_parser,
-                        reasoning_parser=args.reasoning_parser,
+                        reasoning_parser=args.reasoning_parser, lora_modules=lora_modules,
+                        allow_runtime_lora_updating=args.allow_runtime_lora_updating,
                         log_stats_interval=None if args.disable_log_stats else 10.0)
         drain = args.shutdown_drain_timeout if args.shutdown_mode == "drain" else 0.0
         server = _make_server(app, uvicorn.Config(

@@ -44,12 +44,16 @@ def hash_block_tokens(parent_hash: bytes | None, token_ids: Sequence[int],
 def update_block_hashes(request, block_size: int) -> list[bytes]:
     """Extends request.block_hashes to cover every full block of its tokens (incrementally: only
     blocks that filled since the last call are hashed). The cache salt keys the first block,
-    and through the chain every block after it."""
+    and through the chain every block after it; a LoRA request's adapter id keys every block
+    (vLLM's extra keys), so a prefix computed under one adapter never serves another."""
     hashes: list[bytes] = request.block_hashes
     tokens = request.all_token_ids
     parent = hashes[-1] if hashes else None
     for i in range(len(hashes), len(tokens) // block_size):
         extra = (request.cache_salt,) if i == 0 and request.cache_salt is not None else ()
+        lora_id = getattr(request, "lora_int_id", 0)
+        if lora_id:
+            extra += (lora_id,)
         parent = hash_block_tokens(parent, tokens[i * block_size:(i + 1) * block_size], extra)
         hashes.append(parent)
     return hashes

@@ -17,6 +17,7 @@ class NewRequestData:
     block_ids: list[int]
     num_computed_tokens: int
     num_prompt_tokens: int
+    lora_request: object | None = None  # its LoRARequest; None: the base model
 
 
 @dataclass

@@ -58,8 +58,10 @@ ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 81
 
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
-                 use_eagle: bool = False):
+                 use_eagle: bool = False, lora_config=None):
         self.config = scheduler_config
+        # vLLM's LoRA rule: a step holds requests of at most max_loras adapters.
+        self.max_loras = lora_config.max_loras if lora_config is not None else 0
         if scheduler_config.policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling policy must be 'fcfs' or 'priority', got "
                              f"{scheduler_config.policy!r}")
@@ -163,11 +165,16 @@ class Scheduler:
             cached.num_computed_tokens.append(req.num_computed_tokens)
             i += 1
 
-        # Then waiting ones (new and preempted), each starting at its prefix-cache hit.
+        # Then waiting ones (new and preempted), each starting at its prefix-cache hit. A
+        # request of one more adapter than max_loras waits (in order) for a step with room.
+        scheduled_loras = {r.lora_int_id for r in self.running if r.lora_int_id}
         while (len(self.waiting) and budget > 0 and not preempted
                and len(self.running) < self.config.max_num_seqs):
             req = self.waiting.peek_request()
             if req.num_output_placeholders:  # preempted with its last step's token in flight
+                break
+            if (self.max_loras and req.lora_int_id and req.lora_int_id not in scheduled_loras
+                    and len(scheduled_loras) >= self.max_loras):
                 break
             hit_blocks, num_hit = kv.get_computed_blocks(req)
             num_new = min(req.num_tokens - num_hit, budget)
@@ -179,11 +186,14 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             req.num_computed_tokens = num_hit
             self.running.append(req)
+            if req.lora_int_id:
+                scheduled_loras.add(req.lora_int_id)
             num_scheduled[req.request_id] = num_new
             budget -= num_new
             new_reqs.append(NewRequestData(
                 req.request_id, list(req.all_token_ids), req.sampling_params,
-                list(kv.get_block_ids(req.request_id)), num_hit, req.num_prompt_tokens))
+                list(kv.get_block_ids(req.request_id)), num_hit, req.num_prompt_tokens,
+                req.lora_request))
 
         for req_id, n in num_scheduled.items():
             req = self.requests[req_id]

@@ -70,8 +70,8 @@ class AsyncLLM(EngineClient):
         return self.engine.scheduler.make_stats()  # plain reads, racing the step harmlessly
 
     async def generate(self, prompt, sampling_params: SamplingParams | None = None,
-                       request_id: str | None = None,
-                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+                       request_id: str | None = None, priority: int = 0,
+                       lora_request=None) -> AsyncIterator[RequestOutput]:
         """Outputs of one request as they come; aborts the request if the caller stops early."""
         self.check_health()
         params = sampling_params or SamplingParams()
@@ -85,7 +85,7 @@ class AsyncLLM(EngineClient):
             raise ValueError(f"request id {request_id!r} is already in use")
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = (asyncio.get_running_loop(), queue)
-        self._submit(("add", request_id, text, ids, params, priority))
+        self._submit(("add", request_id, text, ids, params, priority, lora_request))
         finished = False
         try:
             while True:
@@ -132,6 +132,24 @@ class AsyncLLM(EngineClient):
                              finish_reason=b.finish_reason) for i, b in enumerate(beams)],
             finished=True)
 
+    # -- LoRA adapters: changed on the engine thread, between steps -------------------------
+    async def add_lora(self, lora_request) -> bool:
+        """Loads an adapter (vLLM's EngineClient.add_lora); a bad one raises ValueError."""
+        return await self._on_engine_thread("add_lora", lora_request)
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        return await self._on_engine_thread("remove_lora", lora_id)
+
+    async def list_loras(self) -> set[int]:
+        return await self._on_engine_thread("list_loras")
+
+    async def _on_engine_thread(self, name: str, *args):
+        self.check_health()
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._submit(("lora", name, args, loop, fut))
+        return await fut
+
     async def abort(self, request_id: str) -> None:
         self._submit(("abort", request_id))
 
@@ -157,11 +175,20 @@ class AsyncLLM(EngineClient):
         while self._commands:
             cmd = self._commands.popleft()
             if cmd[0] == "add":
-                _, rid, text, ids, params, priority = cmd
+                _, rid, text, ids, params, priority, lora = cmd
                 try:
-                    self.engine.add_processed_request(rid, text, ids, params, priority=priority)
+                    self.engine.add_processed_request(rid, text, ids, params, priority=priority,
+                                                      lora_request=lora)
                 except Exception as e:  # reaches the caller's generate()
                     self._deliver(rid, e)
+            elif cmd[0] == "lora":  # (name, args, the caller's loop and future)
+                _, name, args, loop, fut = cmd
+                try:
+                    result = getattr(self.engine, name)(*args)
+                except Exception as e:  # noqa: BLE001 - handed to the caller's await
+                    loop.call_soon_threadsafe(_settle, fut, None, e)
+                else:
+                    loop.call_soon_threadsafe(_settle, fut, result, None)
             else:
                 for out in self.engine.abort_request(cmd[1]):
                     self._deliver(out.request_id, out)
@@ -191,3 +218,11 @@ class AsyncLLM(EngineClient):
                     callback()
                 except Exception:
                     logger.exception("engine-dead callback failed")
+
+
+def _settle(fut: asyncio.Future, result, error: BaseException | None) -> None:
+    if not fut.done():  # the caller may have gone away
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)

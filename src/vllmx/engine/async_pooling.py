@@ -54,8 +54,8 @@ class AsyncPoolingLLM(EngineClient):
         """Never called: this engine has no loop that can die."""
 
     def generate(self, prompt, sampling_params: SamplingParams | None = None,
-                 request_id: str | None = None, priority: int = 0
-                 ) -> AsyncIterator[RequestOutput]:
+                 request_id: str | None = None, priority: int = 0,
+                 lora_request=None) -> AsyncIterator[RequestOutput]:
         raise ValueError("this server runs a pooling model, which cannot generate text; start "
                          "it with a generative model (--runner generate)")
 

@@ -13,6 +13,7 @@ from vllmx.config import (
     LOAD_FORMATS,
     CacheConfig,
     DeviceConfig,
+    LoRAConfig,
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
@@ -75,6 +76,12 @@ class EngineArgs:
     # {"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no",
     # "yes"], "is_original_qwen3_reranker": true}
     hf_overrides: dict | str | None = None
+    # vLLM's LoRA arguments: adapters per request (LoRARequest); at most max_loras of them in
+    # one step, each of rank <= max_lora_rank; max_cpu_loras kept loaded (default max_loras)
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
 
     def create_engine_config(self) -> VllmxConfig:
         if self.block_size < 1:
@@ -109,7 +116,15 @@ class EngineArgs:
             ParallelConfig(self.num_threads), DeviceConfig(self.device),
             None if self.speculative_config is None
             else SpeculativeConfig.from_dict(self.speculative_config),
-            StructuredOutputsConfig.from_dict(self.structured_outputs_config))
+            StructuredOutputsConfig.from_dict(self.structured_outputs_config),
+            self._lora_config())
+
+    def _lora_config(self) -> LoRAConfig | None:
+        if not self.enable_lora:
+            return None
+        if self.speculative_config is not None:
+            raise ValueError("enable_lora does not support speculative decoding yet")
+        return LoRAConfig(self.max_lora_rank, self.max_loras, self.max_cpu_loras)
 
 
 class LLMEngine:
@@ -127,9 +142,15 @@ class LLMEngine:
         self.worker.load_model()
         self.model, self.tokenizer = self.worker.model, self.worker.tokenizer
         self._finish_model_config()
+        self.lora_manager = None
+        if config.lora_config is not None:
+            from vllmx.lora.model_manager import create_lora_manager
+
+            self.lora_manager = create_lora_manager(self.model, config, self.device)
         self.worker.initialize_kv_cache()
         self.worker.compile_or_warm_up_model()
         self.model_runner = self.worker.model_runner
+        self.model_runner.lora_manager = self.lora_manager
         spec = config.speculative_config
         if spec is not None and spec.method == "ngram":
             from vllmx.spec_decode.ngram_proposer import NgramProposer
@@ -161,7 +182,7 @@ class LLMEngine:
         self._in_flight = None
         self.kv_caches, self.cache_dtype = self.worker.kv_caches, self.worker.cache_dtype
         self.scheduler = Scheduler(sc, cc, use_eagle=spec is not None and spec.method in (
-            "mtp", "eagle", "eagle3"))
+            "mtp", "eagle", "eagle3"), lora_config=config.lora_config)
         # Structured outputs: requests are checked here, matched in the model runner.
         self.structured_output_manager = None
         if self.tokenizer is not None:
@@ -200,6 +221,23 @@ class LLMEngine:
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
 
+    # -- LoRA adapters (vLLM's add_lora / remove_lora / list_loras) ---------------------------
+    def add_lora(self, lora_request) -> bool:
+        """Loads an adapter now (checked: a bad one raises ValueError naming it)."""
+        self._lora("add_lora").add_adapter(lora_request)
+        return True
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self._lora("remove_lora").remove_adapter(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return set(self._lora("list_loras").list_adapters())
+
+    def _lora(self, api: str):
+        if self.lora_manager is None:
+            raise ValueError(f"{api}: LoRA is not enabled (start with enable_lora=True)")
+        return self.lora_manager
+
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
         return cls(args.create_engine_config())
@@ -222,12 +260,12 @@ class LLMEngine:
 
     def add_request(self, request_id: str | None, prompt, params: SamplingParams | None = None,
                     arrival_time: float | None = None, priority: int = 0,
-                    cache_salt: str | None = None) -> str:
+                    cache_salt: str | None = None, lora_request=None) -> str:
         """Queues a request (n > 1 fans out into n child requests); returns its id."""
         params = params or SamplingParams()
         text, ids = self.process_inputs(prompt, params)
         return self.add_processed_request(request_id, text, ids, params, arrival_time,
-                                          priority, cache_salt)
+                                          priority, cache_salt, lora_request)
 
     def process_inputs(self, prompt, params: SamplingParams) -> tuple[str | None, list[int]]:
         """The prompt's text and token ids, tokenized, truncated and checked (vLLM's
@@ -240,21 +278,26 @@ class LLMEngine:
 
     def add_processed_request(self, request_id: str | None, text: str | None, ids: list[int],
                               params: SamplingParams, arrival_time: float | None = None,
-                              priority: int = 0, cache_salt: str | None = None) -> str:
-        """Queues a request whose inputs process_inputs returned; returns its id."""
+                              priority: int = 0, cache_salt: str | None = None,
+                              lora_request=None) -> str:
+        """Queues a request whose inputs process_inputs returned; returns its id. Its LoRA
+        adapter is loaded (and checked) here, on the thread that steps the engine."""
         if request_id is None:
             request_id = str(self._next_id)
             self._next_id += 1
         if request_id in self.scheduler.requests or request_id in self.output_processor.parents:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if lora_request is not None:
+            self.add_lora(lora_request)
         params.all_stop_token_ids = set(self.eos_token_ids)
         if params.n == 1:
-            self._add(Request(request_id, ids, params, text, arrival_time, priority, cache_salt))
+            self._add(Request(request_id, ids, params, text, arrival_time, priority, cache_salt,
+                              lora_request))
             return request_id
         parent = ParentRequest(request_id, params)
         for i in range(params.n):
             child = Request(f"{i}_{request_id}", ids, parent.child_params(i), text, arrival_time,
-                            priority, cache_salt)
+                            priority, cache_salt, lora_request)
             self._add(child, i, parent)
         return request_id
 

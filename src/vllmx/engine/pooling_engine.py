@@ -39,6 +39,9 @@ class PoolingEngine:
                              "asked); use device='cpu' or 'auto'")
         if device not in ("auto", "cpu"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+        if config.lora_config is not None:
+            raise ValueError("LoRA adapters are not supported for pooling models yet "
+                             "(enable_lora=True was given)")
         if device == "auto" and _C.cuda_built() and _C.cuda_available():
             logger.info("pooling models run on the CPU in vllmx so far: the GPU stays unused")
         if config.parallel_config.num_threads:

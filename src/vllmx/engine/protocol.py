@@ -38,9 +38,10 @@ class EngineClient(ABC):
 
     @abstractmethod
     def generate(self, prompt, sampling_params: SamplingParams | None = None,
-                 request_id: str | None = None,
-                 priority: int = 0) -> AsyncIterator[RequestOutput]:
-        """One request's outputs as they come; closing the iterator aborts the request. Bad
+                 request_id: str | None = None, priority: int = 0,
+                 lora_request=None) -> AsyncIterator[RequestOutput]:
+        """One request's outputs as they come (with lora_request: under that adapter);
+        closing the iterator aborts the request. Bad
         input raises ValueError before anything is queued; a failure of this request alone
         raises EngineGenerateError, a dead engine EngineDeadError."""
 

@@ -35,10 +35,11 @@ class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int],
                  sampling_params: SamplingParams, prompt: str | None = None,
                  arrival_time: float | None = None, priority: int = 0,
-                 cache_salt: str | None = None):
+                 cache_salt: str | None = None, lora_request=None):
         self.request_id = request_id
         self.priority = priority  # lower is scheduled first (SchedulerConfig.policy="priority")
         self.cache_salt = cache_salt  # extra key of the first block's hash (prefix caching)
+        self.lora_request = lora_request  # the adapter it runs with (LoRARequest); None: base
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
@@ -59,6 +60,10 @@ class Request:
         # Draft tokens to verify in its next step (speculative decoding; vLLM's name).
         self.spec_token_ids: list[int] = []
         self.metrics = RequestMetrics(arrival_time=arrival_time or time.time())
+
+    @property
+    def lora_int_id(self) -> int:
+        return self.lora_request.lora_int_id if self.lora_request is not None else 0
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -12,14 +12,13 @@ import contextlib
 import hmac
 import json
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Coroutine
 from http import HTTPStatus
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -36,6 +35,11 @@ from vllmx.server.protocol import (
 )
 from vllmx.server.serving_chat import OpenAIServingChat
 from vllmx.server.serving_completion import OpenAIServingCompletion
+from vllmx.server.serving_models import (
+    LoadLoRAAdapterRequest,
+    OpenAIServingModels,
+    UnloadLoRAAdapterRequest,
+)
 from vllmx.server.serving_pooling import OpenAIServingPooling
 
 logger = logging.getLogger("vllmx")
@@ -174,7 +178,8 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
               enable_server_load_tracking: bool = False,
               return_tokens_as_token_ids: bool = False,
               enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
-              reasoning_parser: str | None = None) -> FastAPI:
+              reasoning_parser: str | None = None, lora_modules: list | None = None,
+              allow_runtime_lora_updating: bool = False) -> FastAPI:
     """The app over an AsyncLLM. Several apps may share one AsyncLLM; each has its own
     metrics registry. CORS takes vLLM's flags and defaults (any origin, method and header,
     no credentials). app.state.draining (set when the server is asked to stop) makes /health
@@ -183,11 +188,19 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
     and special tokens), /load's count of requests in flight (enable_server_load_tracking;
     /load answers 0 without it, as vLLM's). Tool calling and reasoning take vLLM's flags:
     enable_auto_tool_choice with a tool_call_parser name, a reasoning_parser name; an unknown
-    name is a ValueError listing the known ones."""
+    name is a ValueError listing the known ones. LoRA (an engine with enable_lora): lora_modules
+    (LoRAModulePath) are loaded at start-up and served by name; allow_runtime_lora_updating
+    adds /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM gates them by its
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING)."""
     tool_parser, reasoner = check_parser_flags(enable_auto_tool_choice, tool_call_parser,
                                                reasoning_parser)
     mc = engine_client.model_config
     names = served_model_names or [mc.model]
+    models = OpenAIServingModels(engine_client, names, mc.path or mc.model, mc.max_model_len,
+                                 lora_modules)
+    if (lora_modules or allow_runtime_lora_updating) and (
+            engine_client.vllm_config.lora_config is None):
+        raise ValueError("--lora-modules and --allow-runtime-lora-updating need --enable-lora")
     metrics = ServerMetrics(engine_client, names[0])
     completion = OpenAIServingCompletion(engine_client, names, metrics, log_requests,
                                          return_tokens_as_token_ids=return_tokens_as_token_ids)
@@ -197,12 +210,14 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
                              enable_auto_tools=enable_auto_tool_choice, tool_parser=tool_parser,
                              reasoning_parser=reasoner)
     pooling = OpenAIServingPooling(engine_client, names, metrics, log_requests)
+    completion.models = chat.models = models
     is_pooling = mc.runner_type == "pooling"
     pooling_tasks = getattr(engine_client, "supported_tasks", ())
     stat_logger = StatLogger(metrics, log_stats_interval or 10.0)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        await models.init_static_loras()  # a bad adapter stops the server with its error
         task = asyncio.ensure_future(stat_logger.run()) if log_stats_interval else None
         try:
             yield
@@ -302,10 +317,16 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
 
     @v1.get("/models")
     async def show_available_models():
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": int(time.time()), "owned_by": "vllmx",
-             "root": mc.path or mc.model, "parent": None, "max_model_len": completion.max_model_len,
-             "permission": []} for name in names]}
+        return models.show_available_models()
+
+    if allow_runtime_lora_updating:
+        @v1.post("/load_lora_adapter")
+        async def load_lora_adapter(body: LoadLoRAAdapterRequest):
+            return PlainTextResponse(await models.load_lora_adapter(body))
+
+        @v1.post("/unload_lora_adapter")
+        async def unload_lora_adapter(body: UnloadLoRAAdapterRequest):
+            return PlainTextResponse(await models.unload_lora_adapter(body))
 
     # SageMaker's route (vLLM's): the body's own shape says which API it is for.
     @app.post("/invocations", dependencies=[Depends(check_api_key)])

@@ -128,7 +128,8 @@ class OpenAIServingChat(OpenAIServing):
         text, ids, params, reader = await asyncio.to_thread(self._prepare, request)
         request_id = f"chatcmpl-{request.request_id or request_id or random_uuid()}"
         merged = merge_async_iterators(self.generate(
-            {"prompt": text, "prompt_token_ids": ids}, params, request_id, request.priority))
+            {"prompt": text, "prompt_token_ids": ids}, params, request_id, request.priority,
+            request.model))
         created = int(time.time())
         model = request.model or self.served_model_names[0]
         echo = ""

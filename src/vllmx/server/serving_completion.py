@@ -58,7 +58,7 @@ class OpenAIServingCompletion(OpenAIServing):
         prompts, engine_prompts, params = await asyncio.to_thread(self._prepare, request)
         request_id = f"cmpl-{request.request_id or request_id or random_uuid()}"
         gens = [self.generate(p, sp, f"{request_id}-{i}" if len(prompts) > 1 else request_id,
-                              request.priority)
+                              request.priority, request.model)
                 for i, (p, sp) in enumerate(zip(engine_prompts, params))]
         merged = merge_async_iterators(*gens)
         created = int(time.time())

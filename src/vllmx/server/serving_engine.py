@@ -72,7 +72,14 @@ class OpenAIServing:
         return tok
 
     # -- checks -----------------------------------------------------------------------------
+    # The served names and LoRA adapters (serving_models.py), set by build_app; None: the
+    # served_model_names alone.
+    models = None
+
     def check_model(self, model: str | None) -> None:
+        if self.models is not None:
+            self.models.lora_request(model)  # 404 for a name that is neither
+            return
         if model and model not in self.served_model_names:
             raise OpenAIError(f"The model `{model}` does not exist.", HTTPStatus.NOT_FOUND,
                               param="model")
@@ -218,15 +225,20 @@ class OpenAIServing:
 
     # -- running requests ---------------------------------------------------------------------
     def generate(self, prompt: dict, params: SamplingParams | BeamSearchParams, request_id: str,
-                 priority: int) -> AsyncIterator[RequestOutput]:
+                 priority: int, model: str | None = None) -> AsyncIterator[RequestOutput]:
+        """One request's outputs, under the LoRA adapter its `model` names (if any)."""
+        lora = self.models.lora_request(model) if self.models is not None else None
         if self.log_requests:
             logger.info("Received request %s: prompt tokens %d, params %s", request_id,
                         len(prompt["prompt_token_ids"]), params)
         if isinstance(params, BeamSearchParams):
+            if lora is not None:
+                raise OpenAIError("beam search with a LoRA adapter is not supported yet",
+                                  param="use_beam_search")
             gen = self.engine_client.beam_search(prompt, request_id, params)
         else:
             gen = self.engine_client.generate(prompt, params, request_id=request_id,
-                                              priority=priority)
+                                              priority=priority, lora_request=lora)
         return self.metrics.track(gen, time.time(), params)
 
 

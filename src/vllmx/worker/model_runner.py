@@ -35,6 +35,7 @@ from vllmx.layers.sampler import (
     advance_rng_states,
     seed_rng_state,
 )
+from vllmx.lora.request import LoRARequest
 from vllmx.sampling_params import SamplingParams
 from vllmx.spec_decode.metadata import TargetHiddenStates
 from vllmx.structured_output import StructuredOutputManager
@@ -69,6 +70,7 @@ class CachedRequestState:
     grammar: GuidanceGrammar | None = None  # structured output: the request's matcher
     # prompt_logprobs being gathered across prefill chunks: entry i is prompt token i's.
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    lora_request: LoRARequest | None = None  # its adapter; None: the base model
 
     @property
     def num_output_tokens(self) -> int:
@@ -139,6 +141,7 @@ class ModelRunner:
         self.global_rng = np.random.default_rng(seed)
         self.sampler = Sampler()
         self.drafter = None  # speculative decoding: a proposer (spec_decode/), set by the engine
+        self.lora_manager = None  # LoRA: the LoRAModelManager, set by the engine
         # [max tokens, H]: where a captured step leaves its hidden states for a drafter that
         # reads them (keep_hidden_states; a capture's own activations are gone after it).
         self.hidden_out: np.ndarray | None = None
@@ -372,6 +375,17 @@ class ModelRunner:
         hidden, _ = self._forward(num_tokens, nb)
         ops.to_float32(self.model.compute_logits(hidden[:min(num_seqs, num_tokens)]))
 
+    def _set_active_loras(self, layout, t: int) -> None:
+        """Each row's adapter for the LoRA layers (vLLM's token_lora_mapping)."""
+        ids = np.zeros(t, dtype=np.int32)
+        loras = {}
+        for req_id, row, _, n in layout:
+            lora = self.requests[req_id].lora_request
+            if lora is not None:
+                ids[row:row + n] = lora.lora_int_id
+                loras[lora.lora_int_id] = lora
+        self.lora_manager.set_active_loras(ids, loras)
+
     def _add_request(self, new: NewRequestData) -> None:
         sp = new.sampling_params
         seed = sp.seed if sp.seed is not None else int(self.global_rng.integers(0, 2**63))
@@ -379,7 +393,7 @@ class ModelRunner:
         rng = old.rng_state if old is not None else seed_rng_state(seed)  # resumed: same stream
         self.requests[new.req_id] = CachedRequestState(
             new.req_id, list(new.token_ids), sp, list(new.block_ids), new.num_computed_tokens,
-            new.num_prompt_tokens, rng)
+            new.num_prompt_tokens, rng, lora_request=new.lora_request)
 
     def _update_states(self, so: SchedulerOutput) -> None:
         batch = self.input_batch
@@ -529,6 +543,8 @@ class ModelRunner:
                                  np.fromiter(pending.values(), np.int32, len(pending)),
                                  prev.sample.token_ids)
         nb = len(req_ids)
+        if self.lora_manager is not None:
+            self._set_active_loras(layout, t)
         hidden, logits = self._forward(t, nb, t == len(logits_rows) and not prompt_rows)
         out = ModelRunnerOutput(req_ids, {}, {}, failed=failed)
         for state, row, start, last in prompt_rows:

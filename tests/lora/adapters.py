@@ -1,0 +1,45 @@
+"""Tiny PEFT LoRA adapters over the tiny Llama checkpoint, made by `peft` itself."""
+
+from __future__ import annotations
+
+import os
+
+# name -> PEFT LoraConfig arguments: every supported target, attention only with rsLoRA, and
+# the MLP with o_proj at the largest rank the tests allow.
+ADAPTERS = {
+    "all": {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                         "gate_proj", "up_proj", "down_proj"]},
+    "qv": {"r": 4, "lora_alpha": 8, "use_rslora": True, "target_modules": ["q_proj", "v_proj"]},
+    "mlp": {"r": 16, "lora_alpha": 8, "target_modules": ["o_proj", "gate_proj", "up_proj",
+                                                         "down_proj"]},
+}
+
+
+def make_adapter(base_path: str, out_dir: str, name: str, seed: int = 0, **overrides) -> str:
+    """A PEFT adapter with random A and B (init_lora_weights=False), so that it changes the
+    tokens; B widened so that its effect is not lost among the base weights."""
+    import peft
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    base = transformers.AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    cfg = peft.LoraConfig(**{**ADAPTERS.get(name, {}), **overrides}, init_lora_weights=False)
+    model = peft.get_peft_model(base, cfg)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.mul_(4.0)
+    path = os.path.join(out_dir, f"lora-{name}-{seed}")
+    model.save_pretrained(path)
+    return path
+
+
+def peft_model(base_path: str, adapter_path: str):
+    """transformers + peft with the adapter: the oracle."""
+    import peft
+    import torch
+    import transformers
+
+    base = transformers.AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    return peft.PeftModel.from_pretrained(base, adapter_path).eval()
