@@ -34,9 +34,14 @@ from vllmx.server.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from vllmx.server.responses_routes import add_responses_routes
 from vllmx.server.serving_chat import OpenAIServingChat
 from vllmx.server.serving_completion import OpenAIServingCompletion
 from vllmx.server.serving_pooling import OpenAIServingPooling
+from vllmx.server.serving_responses import (
+    DEFAULT_MAX_STORED_RESPONSES,
+    OpenAIServingResponses,
+)
 
 logger = logging.getLogger("vllmx")
 
@@ -174,7 +179,8 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
               enable_server_load_tracking: bool = False,
               return_tokens_as_token_ids: bool = False,
               enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
-              reasoning_parser: str | None = None) -> FastAPI:
+              reasoning_parser: str | None = None,
+              max_stored_responses: int = DEFAULT_MAX_STORED_RESPONSES) -> FastAPI:
     """The app over an AsyncLLM. Several apps may share one AsyncLLM; each has its own
     metrics registry. CORS takes vLLM's flags and defaults (any origin, method and header,
     no credentials). app.state.draining (set when the server is asked to stop) makes /health
@@ -183,7 +189,8 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
     and special tokens), /load's count of requests in flight (enable_server_load_tracking;
     /load answers 0 without it, as vLLM's). Tool calling and reasoning take vLLM's flags:
     enable_auto_tool_choice with a tool_call_parser name, a reasoning_parser name; an unknown
-    name is a ValueError listing the known ones."""
+    name is a ValueError listing the known ones. /v1/responses keeps at most
+    max_stored_responses responses for GET and previous_response_id (0: none)."""
     tool_parser, reasoner = check_parser_flags(enable_auto_tool_choice, tool_call_parser,
                                                reasoning_parser)
     mc = engine_client.model_config
@@ -197,6 +204,7 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
                              enable_auto_tools=enable_auto_tool_choice, tool_parser=tool_parser,
                              reasoning_parser=reasoner)
     pooling = OpenAIServingPooling(engine_client, names, metrics, log_requests)
+    responses = OpenAIServingResponses(chat, max_stored_responses)
     is_pooling = mc.runner_type == "pooling"
     pooling_tasks = getattr(engine_client, "supported_tasks", ())
     stat_logger = StatLogger(metrics, log_stats_interval or 10.0)
@@ -297,6 +305,7 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
         return await respond(chat.create_chat_completion(
             body, request.headers.get("X-Request-Id")), request)
 
+    add_responses_routes(v1, responses, respond, check_generative)
     auth = [Depends(check_api_key)]
     pooling_handlers = add_pooling_routes(app, v1, auth, pooling, chat.render, respond)
 
