@@ -29,6 +29,7 @@ TIME = {"type": "function", "name": "get_time", "description": "The time in a ti
 TOOLS = [WEATHER, TIME]
 SCHEMAS = {t["name"]: t["parameters"] for t in TOOLS}
 QUESTION = "What is the weather in Paris?"
+BODY = {"model": MODEL, "input": "Hi", "max_output_tokens": 4}
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +100,21 @@ def test_stream_events_in_order(rclient):
     assert final.output[0].id == item_id and final.usage.output_tokens == 24
     assert final.status == "incomplete"
     assert text == rclient.responses.create(**kw).output_text
+
+
+def test_output_text_logprobs(rclient):
+    kw = {"model": MODEL, "input": "Count to five.", "max_output_tokens": 8, "temperature": 0,
+          "include": ["message.output_text.logprobs"], "top_logprobs": 2}
+    r = rclient.responses.create(**kw)
+    lps = r.output[0].content[0].logprobs
+    assert len(lps) == r.usage.output_tokens == 8
+    assert "".join(lp.token for lp in lps) == r.output_text
+    assert all(len(lp.top_logprobs) == 2 and lp.top_logprobs[0].logprob >= lp.logprob
+               for lp in lps)
+    events = events_of(rclient, **kw)
+    streamed = [lp for e in events if e.type == "response.output_text.delta"
+                for lp in e.logprobs]
+    assert [(lp.token, lp.logprob) for lp in streamed] == [(lp.token, lp.logprob) for lp in lps]
 
 
 def check_call(item, names=None):
@@ -200,6 +216,16 @@ def test_store_false_and_the_bound(rclient, rserver):
                 "Cannot cancel a synchronous response.")
 
 
+def test_without_a_store(engine_client):
+    with pytest.raises(ValueError, match="max_stored_responses"):
+        build_app(engine_client, [MODEL], max_stored_responses=-1)
+    app = build_app(engine_client, [MODEL], log_stats_interval=None, max_stored_responses=0)
+    with ServerThread(app) as s:
+        r = post(s, "/v1/responses", BODY).json()
+        assert r["store"] is False  # store=true is ignored, as vLLM's default
+        check_error(httpx.get(f"{s.url}/v1/responses/{r['id']}"), 404)
+
+
 def test_text_format_json_schema_validates(rclient):
     schema = {"type": "object", "properties": {
         "name": {"type": "string", "maxLength": 12},
@@ -219,9 +245,6 @@ def test_text_format_json_schema_validates(rclient):
                                  max_output_tokens=300, temperature=0,
                                  text={"format": {"type": "json_object"}})
     assert r.status == "completed" and isinstance(json.loads(r.output_text), dict)
-
-
-BODY = {"model": MODEL, "input": "Hi", "max_output_tokens": 4}
 
 
 @pytest.mark.parametrize("body,status,param,words", [

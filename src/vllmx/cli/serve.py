@@ -111,6 +111,10 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                         "(default 20, as vLLM)")
     p.add_argument("--max-request-body-bytes", type=_memory_bytes, default=None,
                    help="larger request bodies get 413, unread (default 16M)")
+    p.add_argument("--max-stored-responses", type=int, default=None,
+                   help="/v1/responses with store=true kept in memory for GET and "
+                        "previous_response_id, the oldest dropped first; 0: none kept "
+                        "(default 1024)")
     # CORS: vLLM's flags and defaults.
     p.add_argument("--allowed-origins", nargs="+", default=["*"], help="CORS origins")
     p.add_argument("--allowed-methods", nargs="+", default=["*"], help="CORS methods")
@@ -218,6 +222,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from vllmx.engine.factory import create_engine_client
     from vllmx.server.app import DEFAULT_MAX_REQUEST_BODY_BYTES, build_app, check_parser_flags
+    from vllmx.server.serving_responses import DEFAULT_MAX_STORED_RESPONSES
 
     logging.getLogger("vllmx").setLevel(logging.INFO)
     # Bad parser flags fail before the model loads.
@@ -242,6 +247,9 @@ def run_serve(args: argparse.Namespace) -> int:
                         enable_auto_tool_choice=args.enable_auto_tool_choice,
                         tool_call_parser=args.tool_call_parser,
                         reasoning_parser=args.reasoning_parser,
+                        max_stored_responses=(DEFAULT_MAX_STORED_RESPONSES
+                                              if args.max_stored_responses is None
+                                              else args.max_stored_responses),
                         log_stats_interval=None if args.disable_log_stats else 10.0)
         drain = args.shutdown_drain_timeout if args.shutdown_mode == "drain" else 0.0
         server = _make_server(app, uvicorn.Config(

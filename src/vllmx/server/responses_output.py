@@ -58,6 +58,7 @@ class ResponseEventStream:
         self.text = ""  # the open item's text (reasoning, output text or arguments)
         self.logprobs: list = []
         self.pending_space = ""  # content held until it is more than whitespace
+        self.pending_logprobs: list = []
 
     def event(self, kind: str, **fields) -> str:
         body = {"type": kind, "sequence_number": self.sequence_number, **fields}
@@ -120,8 +121,10 @@ class ResponseEventStream:
         if self.item is None or self.item["type"] != "message":
             if (self.pending_space + delta).isspace():
                 self.pending_space += delta
+                self.pending_logprobs += logprobs or []
                 return []
             delta, self.pending_space = self.pending_space + delta, ""
+            logprobs, self.pending_logprobs = self.pending_logprobs + (logprobs or []), []
             out = self._open_message()
         return [*out, self._text_delta(delta, logprobs)]
 
@@ -145,7 +148,7 @@ class ResponseEventStream:
                 call = delta["tool_calls"][0]
                 fn = call["function"]
                 if "id" in call:  # a new call: its name comes first, alone
-                    self.pending_space = ""
+                    self.pending_space, self.pending_logprobs = "", []
                     out += self.close()
                     out += self._open(function_call_item(f"fc_{random_uuid()}", call["id"],
                                                          fn["name"], "", "in_progress"), None)
@@ -160,6 +163,7 @@ class ResponseEventStream:
         (a call drops it), as unstreamed."""
         out = []
         if self.pending_space:
-            out = [*self._open_message(), self._text_delta(self.pending_space, None)]
-            self.pending_space = ""
+            out = [*self._open_message(), self._text_delta(self.pending_space,
+                                                           self.pending_logprobs)]
+            self.pending_space, self.pending_logprobs = "", []
         return out + self.close(status)

@@ -39,6 +39,8 @@ class StoredResponse:
 class OpenAIServingResponses:
     def __init__(self, chat: OpenAIServingChat,
                  max_stored_responses: int = DEFAULT_MAX_STORED_RESPONSES):
+        if max_stored_responses < 0:
+            raise ValueError(f"max_stored_responses must be >= 0, got {max_stored_responses}")
         self.chat = chat
         self.max_stored_responses = max_stored_responses
         self.store: OrderedDict[str, StoredResponse] = OrderedDict()
