@@ -14,6 +14,7 @@ from vllmx.server.errors import OpenAIError, from_exception, sse_error
 from vllmx.server.protocol import ChatCompletionRequest, ChatMessage
 from vllmx.server.serving_engine import (
     OpenAIServing,
+    first_output,
     merge_async_iterators,
     prompt_logprobs_json,
     random_uuid,
@@ -135,13 +136,7 @@ class OpenAIServingChat(OpenAIServing):
         if request.echo and request.messages and request.messages[-1].role == "assistant":
             echo = conversation(request.messages[-1:])[0]["content"] or ""
         if request.stream:
-            try:
-                first = await merged.__anext__()
-            except StopAsyncIteration:
-                first = None
-            except BaseException:
-                await merged.aclose()
-                raise
+            first = await first_output(merged)
             return self._stream(request, len(ids), merged, first, request_id, created, model,
                                 echo, reader)
         return await self._full(request, len(ids), merged, request_id, created, model, echo,

@@ -23,7 +23,7 @@ from vllmx.server.protocol_responses import ResponsesRequest
 from vllmx.server.responses_input import check_unsupported, items_to_messages, to_chat_request
 from vllmx.server.responses_output import ResponseEventStream, output_items
 from vllmx.server.serving_chat import OpenAIServingChat
-from vllmx.server.serving_engine import merge_async_iterators, random_uuid
+from vllmx.server.serving_engine import first_output, merge_async_iterators, random_uuid
 
 DEFAULT_MAX_STORED_RESPONSES = 1024
 # Chat's tool errors name tools[i].function.x; a Responses tool keeps x at its top.
@@ -105,13 +105,7 @@ class OpenAIServingResponses:
             {"prompt": text, "prompt_token_ids": ids}, params, response_id, request.priority))
         base = self._base(request, response_id, params)
         if request.stream:
-            try:
-                first = await merged.__anext__()
-            except StopAsyncIteration:
-                first = None
-            except BaseException:
-                await merged.aclose()
-                raise
+            first = await first_output(merged)
             return self._stream(request, chat_request, merged, first, base, len(ids), reader,
                                 messages)
         pieces, token_ids, logprobs, finish, cached = [], [], [], None, 0
