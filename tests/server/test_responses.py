@@ -290,3 +290,34 @@ def test_auto_tool_choice_needs_the_server_flags(server):
     err = check_error(post(server, "/v1/responses", {**BODY, "tools": TOOLS}), 400,
                       "--enable-auto-tool-choice")
     assert err["param"] == "tool_choice"
+
+
+def test_reasoning_items(engine_client):
+    """deepseek_r1 reads SmolLM2's unmarked output as reasoning (R1's template opens it): a
+    reasoning item, streamed as reasoning_text events, equal to chat's reasoning_content."""
+    app = build_app(engine_client, [MODEL], log_stats_interval=None,
+                    reasoning_parser="deepseek_r1")
+    with ServerThread(app) as s:
+        client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="EMPTY", max_retries=0)
+        kw = {"model": MODEL, "input": "Why is the sky blue?", "max_output_tokens": 12,
+              "temperature": 0}
+        r = client.responses.create(**kw)
+        (item,) = r.output
+        assert item.type == "reasoning" and item.id.startswith("rs_")
+        chat = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": kw["input"]}], max_tokens=12,
+            temperature=0).choices[0].message
+        assert item.content[0].text == chat.reasoning_content and not r.output_text
+        assert 0 < r.usage.output_tokens_details.reasoning_tokens <= 14
+        events = events_of(client, **kw)
+        types = [e.type for e in events]
+        assert types[2:4] == ["response.output_item.added", "response.content_part.added"]
+        assert types[-4:] == ["response.reasoning_text.done", "response.content_part.done",
+                              "response.output_item.done", "response.completed"]
+        text = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+        assert text == events[-1].response.output[0].content[0].text == chat.reasoning_content
+        # The reasoning item goes back as input of the next turn.
+        again = client.responses.create(model=MODEL, max_output_tokens=4, input=[
+            {"role": "user", "content": kw["input"]}, item.model_dump(exclude_none=True),
+            {"role": "user", "content": "Shorter?"}])
+        assert again.status in ("completed", "incomplete")

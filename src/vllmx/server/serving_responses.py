@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -44,27 +45,29 @@ class OpenAIServingResponses:
         self.chat = chat
         self.max_stored_responses = max_stored_responses
         self.store: OrderedDict[str, StoredResponse] = OrderedDict()
+        # Finished responses are kept from worker threads while the loop reads and deletes.
+        self.store_lock = threading.Lock()
 
     # -- the store ------------------------------------------------------------------------------
-    def _stored(self, response_id: str) -> StoredResponse:
-        if response_id not in self.store:
+    def _stored(self, response_id: str, pop: bool = False) -> StoredResponse:
+        with self.store_lock:
+            got = self.store.pop(response_id, None) if pop else self.store.get(response_id)
+        if got is None:
             raise OpenAIError(f"Response with id '{response_id}' not found.",
                               HTTPStatus.NOT_FOUND, param="response_id")
-        return self.store[response_id]
+        return got
 
     def _keep(self, response: dict, messages: list[ChatMessage]) -> None:
-        if self.max_stored_responses <= 0:  # no store: store=true is ignored, as vLLM's default
-            return
-        self.store[response["id"]] = StoredResponse(response, messages)
-        while len(self.store) > self.max_stored_responses:
-            self.store.popitem(last=False)
+        with self.store_lock:
+            self.store[response["id"]] = StoredResponse(response, messages)
+            while len(self.store) > self.max_stored_responses:
+                self.store.popitem(last=False)
 
     def retrieve(self, response_id: str) -> dict:
         return self._stored(response_id).response
 
     def delete(self, response_id: str) -> dict:
-        self._stored(response_id)
-        del self.store[response_id]
+        self._stored(response_id, pop=True)
         return {"id": response_id, "object": "response", "deleted": True}
 
     def cancel(self, response_id: str) -> dict:
