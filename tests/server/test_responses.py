@@ -102,6 +102,24 @@ def test_stream_events_in_order(rclient):
     assert text == rclient.responses.create(**kw).output_text
 
 
+@pytest.mark.parametrize("tool_choice", ["none", "required"])
+def test_openai_stream_helper(rclient, tool_choice):
+    """The client's responses.stream() rebuilds the response from the events and checks them
+    as it goes; its final response equals the one the server sent last."""
+    kw = {"model": MODEL, "input": QUESTION, "max_output_tokens": 120, "temperature": 0,
+          "tools": TOOLS, "tool_choice": tool_choice}
+    with rclient.responses.stream(**kw) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_response()
+    want = rclient.responses.create(**kw)
+    def shown(items):
+        return [(i.type, i.status, getattr(i, "name", None), getattr(i, "arguments", None),
+                 [c.text for c in getattr(i, "content", None) or []]) for i in items]
+
+    assert shown(final.output) == shown(want.output) and final.output_text == want.output_text
+
+
 def test_output_text_logprobs(rclient):
     kw = {"model": MODEL, "input": "Count to five.", "max_output_tokens": 8, "temperature": 0,
           "include": ["message.output_text.logprobs"], "top_logprobs": 2}
