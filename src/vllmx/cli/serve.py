@@ -25,6 +25,14 @@ def _memory_bytes(text: str) -> int:
     return int(t)
 
 
+def _count(text: str) -> int:
+    """A count (>= 0), refused by argparse before anything loads."""
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
+    return n
+
+
 def add_serve_parser(sub) -> argparse.ArgumentParser:
     from vllmx.loader.model_source import DEFAULT_MODEL
 
@@ -111,7 +119,7 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                         "(default 20, as vLLM)")
     p.add_argument("--max-request-body-bytes", type=_memory_bytes, default=None,
                    help="larger request bodies get 413, unread (default 16M)")
-    p.add_argument("--max-stored-responses", type=int, default=None,
+    p.add_argument("--max-stored-responses", type=_count, default=None,
                    help="/v1/responses with store=true kept in memory for GET and "
                         "previous_response_id, the oldest dropped first; 0: none kept "
                         "(default 1024)")
