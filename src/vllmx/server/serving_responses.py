@@ -15,11 +15,12 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from http import HTTPStatus
 
-from vllmx.server.chat_output import ChatStreamState
+from vllmx.server.chat_output import ChatOutputParser, ChatStreamState
 from vllmx.server.errors import OpenAIError, from_exception
-from vllmx.server.protocol import ChatMessage
+from vllmx.server.protocol import ChatCompletionRequest, ChatMessage
 from vllmx.server.protocol_responses import ResponsesRequest
 from vllmx.server.responses_input import check_unsupported, items_to_messages, to_chat_request
 from vllmx.server.responses_output import ResponseEventStream, output_items
@@ -29,6 +30,21 @@ from vllmx.server.serving_engine import first_output, merge_async_iterators, ran
 DEFAULT_MAX_STORED_RESPONSES = 1024
 # Chat's tool errors name tools[i].function.x; a Responses tool keeps x at its top.
 _CHAT_TOOL_PATH = re.compile(r"(tools\[\d+\])\.function\b")
+
+
+def status_of(finish_reason: str | None) -> str:
+    return "incomplete" if finish_reason == "length" else "completed"
+
+
+@dataclass
+class ResponseRun:
+    """What reading one response's output needs."""
+
+    chat_request: ChatCompletionRequest
+    reader: ChatOutputParser
+    base: dict  # the response's fields besides output, status and usage
+    num_prompt: int
+    messages: list[ChatMessage]  # the conversation, kept with the response
 
 
 class StoredResponse:
@@ -106,11 +122,10 @@ class OpenAIServingResponses:
         response_id = f"resp_{request.request_id or request_id or random_uuid()}"
         merged = merge_async_iterators(self.chat.generate(
             {"prompt": text, "prompt_token_ids": ids}, params, response_id, request.priority))
-        base = self._base(request, response_id, params)
+        run = ResponseRun(chat_request, reader, self._base(request, response_id, params),
+                          len(ids), messages)
         if request.stream:
-            first = await first_output(merged)
-            return self._stream(request, chat_request, merged, first, base, len(ids), reader,
-                                messages)
+            return self._stream(run, merged, await first_output(merged))
         pieces, token_ids, logprobs, finish, cached = [], [], [], None, 0
         try:
             async for _, out in merged:
@@ -122,9 +137,8 @@ class OpenAIServingResponses:
                     finish = c.finish_reason or finish
         except Exception as e:
             raise from_exception(e) from e
-        return await asyncio.to_thread(self._full, request, chat_request, "".join(pieces),
-                                       token_ids, logprobs, finish, cached, base, len(ids),
-                                       reader, messages)
+        return await asyncio.to_thread(self._full, run, "".join(pieces), token_ids, logprobs,
+                                       finish, cached)
 
     def _base(self, request: ResponsesRequest, response_id: str, params) -> dict:
         """The response's fields besides its output, status and usage (the request's echoed,
@@ -146,8 +160,8 @@ class OpenAIServingResponses:
             "truncation": request.truncation, "user": request.user, "background": False,
         }
 
-    def _finish(self, request, base: dict, output: list[dict], finish: str | None,
-                num_prompt: int, num_output: int, cached: int, messages) -> dict:
+    def _finish(self, run: ResponseRun, output: list[dict], finish: str | None,
+                num_output: int, cached: int) -> dict:
         """The finished response (kept when store is set)."""
         reasoning = "".join(c["text"] for item in output if item["type"] == "reasoning"
                             for c in item["content"])
@@ -155,36 +169,32 @@ class OpenAIServingResponses:
         # text, not token ids).
         num_reasoning = (len(self.chat.tokenizer.encode(reasoning, add_special_tokens=False))
                          if reasoning else 0)
-        incomplete = finish == "length"
-        response = {**base, "status": "incomplete" if incomplete else "completed",
-                    "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-                    "output": output, "usage": {
-                        "input_tokens": num_prompt,
-                        "input_tokens_details": {"cached_tokens": cached},
-                        "output_tokens": num_output,
-                        "output_tokens_details": {"reasoning_tokens": num_reasoning},
-                        "total_tokens": num_prompt + num_output}}
-        if base["store"]:
-            self._keep(response, messages)
+        status, num_prompt = status_of(finish), run.num_prompt
+        response = {**run.base, "status": status, "output": output, "usage": {
+            "input_tokens": num_prompt, "input_tokens_details": {"cached_tokens": cached},
+            "output_tokens": num_output,
+            "output_tokens_details": {"reasoning_tokens": num_reasoning},
+            "total_tokens": num_prompt + num_output}}
+        if status == "incomplete":
+            response["incomplete_details"] = {"reason": "max_output_tokens"}
+        if run.base["store"]:
+            self._keep(response, run.messages)
         return response
 
-    def _full(self, request, chat_request, text, token_ids, logprobs, finish, cached, base,
-              num_prompt, reader, messages) -> dict:
-        lps = self.chat.logprobs(chat_request, token_ids, logprobs)
-        status = "incomplete" if finish == "length" else "completed"
-        output = output_items(reader.message(text), lps and lps["content"], status)
-        return self._finish(request, base, output, finish, num_prompt, len(token_ids), cached,
-                            messages)
+    def _full(self, run: ResponseRun, text: str, token_ids: list[int], logprobs: list,
+              finish: str | None, cached: int) -> dict:
+        lps = self.chat.logprobs(run.chat_request, token_ids, logprobs)
+        output = output_items(run.reader.message(text), lps and lps["content"],
+                              status_of(finish))
+        return self._finish(run, output, finish, len(token_ids), cached)
 
-    async def _stream(self, request, chat_request, merged, first, base, num_prompt, reader,
-                      messages) -> AsyncIterator[str]:
+    async def _stream(self, run: ResponseRun, merged, first) -> AsyncIterator[str]:
         events = ResponseEventStream()
         num_output, cached, finish = 0, 0, None
         try:
-            yield events.event("response.created", response={
-                **base, "status": "in_progress", "output": [], "usage": None})
-            yield events.event("response.in_progress", response={
-                **base, "status": "in_progress", "output": [], "usage": None})
+            started = {**run.base, "status": "in_progress", "output": [], "usage": None}
+            yield events.event("response.created", response=started)
+            yield events.event("response.in_progress", response=started)
 
             async def outputs():
                 if first is not None:
@@ -192,20 +202,20 @@ class OpenAIServingResponses:
                 async for item in merged:
                     yield item
 
-            state = ChatStreamState(reader)
+            state = ChatStreamState(run.reader)
             async for _, out in outputs():
                 cached = out.num_cached_tokens
                 for c in out.outputs:
                     num_output += len(c.token_ids)
                     finish = c.finish_reason or finish
-                    lps = self.chat.logprobs(chat_request, c.token_ids, c.logprobs)
+                    lps = self.chat.logprobs(run.chat_request, c.token_ids, c.logprobs)
                     deltas = state.step(c.text, final=c.finish_reason is not None)
                     for e in events.step(deltas, lps and lps["content"]):
                         yield e
-            for e in events.finish("incomplete" if finish == "length" else "completed"):
+            for e in events.finish(status_of(finish)):
                 yield e
-            response = await asyncio.to_thread(self._finish, request, base, events.output,
-                                               finish, num_prompt, num_output, cached, messages)
+            response = await asyncio.to_thread(self._finish, run, events.output, finish,
+                                               num_output, cached)
             yield events.event("response.completed", response=response)
         except Exception as e:  # noqa: BLE001 - the stream ends with the error event
             err = from_exception(e)
