@@ -43,8 +43,7 @@ def rserver(engine_client):
 
 @pytest.fixture(scope="module")
 def rclient(rserver) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{rserver.url}/v1", api_key="EMPTY", max_retries=0,
-                         timeout=120)
+    return rserver.openai_client()
 
 
 def chat_text(client, messages, max_tokens=16) -> str:
@@ -316,7 +315,7 @@ def test_reasoning_items(engine_client):
     app = build_app(engine_client, [MODEL], log_stats_interval=None,
                     reasoning_parser="deepseek_r1")
     with ServerThread(app) as s:
-        client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="EMPTY", max_retries=0)
+        client = s.openai_client()
         kw = {"model": MODEL, "input": "Why is the sky blue?", "max_output_tokens": 12,
               "temperature": 0}
         r = client.responses.create(**kw)
