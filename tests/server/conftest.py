@@ -44,6 +44,11 @@ class ServerThread:
         self.thread.join(timeout=30)
 
     # -- helpers ----------------------------------------------------------------------------
+    def openai_client(self, api_key: str = "EMPTY", timeout: float = 120) -> openai.OpenAI:
+        """The official client on this server, without retries (each request is one test)."""
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0,
+                             timeout=timeout)
+
     def metrics_text(self) -> str:
         return httpx.get(f"{self.url}/metrics").text
 
@@ -97,8 +102,7 @@ def server(engine_client):
 
 @pytest.fixture(scope="session")
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="EMPTY", max_retries=0,
-                         timeout=120)
+    return server.openai_client()
 
 
 @pytest.fixture(scope="session")

@@ -40,7 +40,8 @@ def _wait_healthy(proc: subprocess.Popen, port: int) -> None:
 def test_serve_default_model(smollm2_gguf):
     port = _free_port()
     proc = _run("--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
-                "--kv-cache-memory-bytes", "32M", "--api-key", "k", "--disable-log-requests")
+                "--kv-cache-memory-bytes", "32M", "--api-key", "k", "--disable-log-requests",
+                "--max-stored-responses", "1")
     try:
         _wait_healthy(proc, port)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k")
@@ -49,6 +50,11 @@ def test_serve_default_model(smollm2_gguf):
                                         prompt="The capital of France is", temperature=0,
                                         max_tokens=4)
         assert "Paris" in out.choices[0].text
+        first, second = (client.responses.create(model="SmolLM2-135M-Instruct", input="Hi",
+                                                  max_output_tokens=2) for _ in range(2))
+        assert client.responses.retrieve(second.id).id == second.id
+        with pytest.raises(openai.NotFoundError):  # one kept: the first went
+            client.responses.retrieve(first.id)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -60,6 +66,9 @@ def test_serve_flag_errors():
     assert out.wait(timeout=60) == 2
     text = out.stdout.read()
     assert "device='cuda'" in text and ("without CUDA" in text or "no CUDA GPU" in text), text
+    out = _run("--max-stored-responses", "-1")
+    assert out.wait(timeout=60) == 2
+    assert "--max-stored-responses: must be >= 0, got -1" in out.stdout.read()
 
 
 def test_serve_pooling_default_model(minilm_dir):

@@ -45,8 +45,7 @@ def tool_server(engine_client):
 
 @pytest.fixture(scope="module")
 def tool_client(tool_server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{tool_server.url}/v1", api_key="EMPTY", max_retries=0,
-                         timeout=120)
+    return tool_server.openai_client()
 
 
 def streamed(client, **kw):

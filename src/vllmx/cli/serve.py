@@ -25,6 +25,14 @@ def _memory_bytes(text: str) -> int:
     return int(t)
 
 
+def _count(text: str) -> int:
+    """A count (>= 0), refused by argparse before anything loads."""
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
+    return n
+
+
 def add_serve_parser(sub) -> argparse.ArgumentParser:
     from vllmx.loader.model_source import DEFAULT_MODEL
 
@@ -122,6 +130,10 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                         "(default 20, as vLLM)")
     p.add_argument("--max-request-body-bytes", type=_memory_bytes, default=None,
                    help="larger request bodies get 413, unread (default 16M)")
+    p.add_argument("--max-stored-responses", type=_count, default=None,
+                   help="/v1/responses with store=true kept in memory for GET and "
+                        "previous_response_id, the oldest dropped first; 0: none kept "
+                        "(default 1024)")
     # CORS: vLLM's flags and defaults.
     p.add_argument("--allowed-origins", nargs="+", default=["*"], help="CORS origins")
     p.add_argument("--allowed-methods", nargs="+", default=["*"], help="CORS methods")
@@ -231,6 +243,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from vllmx.engine.factory import create_engine_client
     from vllmx.server.app import DEFAULT_MAX_REQUEST_BODY_BYTES, build_app, check_parser_flags
     from vllmx.server.serving_models import parse_lora_modules
+    from vllmx.server.serving_responses import DEFAULT_MAX_STORED_RESPONSES
 
     logging.getLogger("vllmx").setLevel(logging.INFO)
     # Bad parser flags fail before the model loads.
@@ -259,6 +272,9 @@ def run_serve(args: argparse.Namespace) -> int:
                         tool_call_parser=args.tool_call_parser,
                         reasoning_parser=args.reasoning_parser, lora_modules=lora_modules,
                         allow_runtime_lora_updating=args.allow_runtime_lora_updating,
+                        max_stored_responses=(DEFAULT_MAX_STORED_RESPONSES
+                                              if args.max_stored_responses is None
+                                              else args.max_stored_responses),
                         log_stats_interval=None if args.disable_log_stats else 10.0)
         drain = args.shutdown_drain_timeout if args.shutdown_mode == "drain" else 0.0
         server = _make_server(app, uvicorn.Config(

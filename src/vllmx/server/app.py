@@ -33,6 +33,7 @@ from vllmx.server.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from vllmx.server.responses_routes import add_responses_routes
 from vllmx.server.serving_chat import OpenAIServingChat
 from vllmx.server.serving_completion import OpenAIServingCompletion
 from vllmx.server.serving_models import (
@@ -41,6 +42,10 @@ from vllmx.server.serving_models import (
     UnloadLoRAAdapterRequest,
 )
 from vllmx.server.serving_pooling import OpenAIServingPooling
+from vllmx.server.serving_responses import (
+    DEFAULT_MAX_STORED_RESPONSES,
+    OpenAIServingResponses,
+)
 
 logger = logging.getLogger("vllmx")
 
@@ -179,7 +184,8 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
               return_tokens_as_token_ids: bool = False,
               enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
               reasoning_parser: str | None = None, lora_modules: list | None = None,
-              allow_runtime_lora_updating: bool = False) -> FastAPI:
+              allow_runtime_lora_updating: bool = False,
+              max_stored_responses: int = DEFAULT_MAX_STORED_RESPONSES) -> FastAPI:
     """The app over an AsyncLLM. Several apps may share one AsyncLLM; each has its own
     metrics registry. CORS takes vLLM's flags and defaults (any origin, method and header,
     no credentials). app.state.draining (set when the server is asked to stop) makes /health
@@ -191,7 +197,8 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
     name is a ValueError listing the known ones. LoRA (an engine with enable_lora): lora_modules
     (LoRAModulePath) are loaded at start-up and served by name; allow_runtime_lora_updating
     adds /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM gates them by its
-    VLLM_ALLOW_RUNTIME_LORA_UPDATING)."""
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING). /v1/responses keeps at most
+    max_stored_responses responses for GET and previous_response_id (0: none)."""
     tool_parser, reasoner = check_parser_flags(enable_auto_tool_choice, tool_call_parser,
                                                reasoning_parser)
     mc = engine_client.model_config
@@ -211,6 +218,7 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
                              reasoning_parser=reasoner)
     pooling = OpenAIServingPooling(engine_client, names, metrics, log_requests)
     completion.models = chat.models = models
+    responses = OpenAIServingResponses(chat, max_stored_responses)
     is_pooling = mc.runner_type == "pooling"
     pooling_tasks = getattr(engine_client, "supported_tasks", ())
     stat_logger = StatLogger(metrics, log_stats_interval or 10.0)
@@ -312,6 +320,7 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
         return await respond(chat.create_chat_completion(
             body, request.headers.get("X-Request-Id")), request)
 
+    add_responses_routes(v1, responses, respond, check_generative)
     auth = [Depends(check_api_key)]
     pooling_handlers = add_pooling_routes(app, v1, auth, pooling, chat.render, respond)
 

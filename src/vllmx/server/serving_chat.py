@@ -14,6 +14,7 @@ from vllmx.server.errors import OpenAIError, from_exception, sse_error
 from vllmx.server.protocol import ChatCompletionRequest, ChatMessage
 from vllmx.server.serving_engine import (
     OpenAIServing,
+    first_output,
     merge_async_iterators,
     prompt_logprobs_json,
     random_uuid,
@@ -125,7 +126,7 @@ class OpenAIServingChat(OpenAIServing):
     async def create_chat_completion(self, request: ChatCompletionRequest,
                                      request_id: str | None):
         # Rendering, tokenizing and checking run in a worker thread: never on the event loop.
-        text, ids, params, reader = await asyncio.to_thread(self._prepare, request)
+        text, ids, params, reader = await asyncio.to_thread(self.prepare, request)
         request_id = f"chatcmpl-{request.request_id or request_id or random_uuid()}"
         merged = merge_async_iterators(self.generate(
             {"prompt": text, "prompt_token_ids": ids}, params, request_id, request.priority,
@@ -136,19 +137,13 @@ class OpenAIServingChat(OpenAIServing):
         if request.echo and request.messages and request.messages[-1].role == "assistant":
             echo = conversation(request.messages[-1:])[0]["content"] or ""
         if request.stream:
-            try:
-                first = await merged.__anext__()
-            except StopAsyncIteration:
-                first = None
-            except BaseException:
-                await merged.aclose()
-                raise
+            first = await first_output(merged)
             return self._stream(request, len(ids), merged, first, request_id, created, model,
                                 echo, reader)
         return await self._full(request, len(ids), merged, request_id, created, model, echo,
                                 reader)
 
-    def _prepare(self, request: ChatCompletionRequest):
+    def prepare(self, request: ChatCompletionRequest):
         """(prompt text, prompt ids, SamplingParams, the ChatOutputParser that reads its
         output) of a chat request."""
         self.check_model(request.model)
@@ -183,7 +178,7 @@ class OpenAIServingChat(OpenAIServing):
                                   and not self.grammar_after_reasoning)
         return text, ids, params, reader
 
-    def _logprobs(self, request, token_ids: list[int],
+    def logprobs(self, request, token_ids: list[int],
                   logprobs: list[dict[int, Logprob]] | None) -> dict | None:
         if not request.logprobs:
             return None
@@ -239,7 +234,7 @@ class OpenAIServingChat(OpenAIServing):
                 message["content"] = echo + (message["content"] or "")
             result.append({
                 "index": idx, "message": message,
-                "logprobs": self._logprobs(request, ch["token_ids"], ch["logprobs"]),
+                "logprobs": self.logprobs(request, ch["token_ids"], ch["logprobs"]),
                 "finish_reason": reader.finish_reason(bool(message["tool_calls"]),
                                                       ch["finish_reason"]),
                 "stop_reason": ch["stop_reason"]})
@@ -286,7 +281,7 @@ class OpenAIServingChat(OpenAIServing):
             async for _, out in outputs():
                 for c in out.outputs:
                     num_tokens[c.index] += len(c.token_ids)
-                    logprobs = self._logprobs(request, c.token_ids, c.logprobs)
+                    logprobs = self.logprobs(request, c.token_ids, c.logprobs)
                     state = states[c.index]
                     deltas = state.step(c.text, final=c.finish_reason is not None)
                     if not deltas and c.finish_reason is None and not logprobs:

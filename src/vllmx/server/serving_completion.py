@@ -14,6 +14,7 @@ from vllmx.server.errors import OpenAIError, from_exception, sse_error
 from vllmx.server.protocol import CompletionRequest
 from vllmx.server.serving_engine import (
     OpenAIServing,
+    first_output,
     merge_async_iterators,
     prompt_logprobs_json,
     random_uuid,
@@ -64,13 +65,7 @@ class OpenAIServingCompletion(OpenAIServing):
         created = int(time.time())
         model = request.model or self.served_model_names[0]
         if request.stream:
-            try:
-                first = await merged.__anext__()  # request errors become a status, not a chunk
-            except StopAsyncIteration:
-                first = None
-            except BaseException:
-                await merged.aclose()
-                raise
+            first = await first_output(merged)
             return self._stream(request, prompts, merged, first, request_id, created, model)
         return await self._full(request, prompts, merged, request_id, created, model)
 

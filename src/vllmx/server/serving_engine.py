@@ -287,6 +287,19 @@ async def merge_async_iterators(*iterators: AsyncIterator) -> AsyncIterator[tupl
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def first_output(merged: AsyncIterator):
+    """A stream's first output (None if there is none), awaited before the stream's 200 is
+    sent, so that a request the engine refuses is an HTTP error, not an event in the stream;
+    an error closes merged (aborting its requests)."""
+    try:
+        return await merged.__anext__()
+    except StopAsyncIteration:
+        return None
+    except BaseException:
+        await merged.aclose()
+        raise
+
+
 def prompt_logprobs_json(plp) -> list | None:
     """vLLM's prompt_logprobs in a response: per prompt position (None first) token id ->
     logprob, rank, decoded_token."""
