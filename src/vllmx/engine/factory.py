@@ -11,7 +11,9 @@ def create_engine(args):
     """An LLMEngine or, for a pooling runner, a PoolingEngine over EngineArgs `args`, with
     model_config.runner_type / convert_type resolved from the checkpoint."""
     from vllmx.loader.model_source import resolve_model
+    from vllmx.worker.cuda_worker import resolve_device
 
+    resolve_device(args.device)  # a device that cannot run fails before the model is read
     path = resolve_model(args.model, weights=args.load_format != "dummy")
     config = args.create_engine_config()
     archs = config.model_config.hf_overrides.get("architectures") or checkpoint_architectures(path)
