@@ -1,0 +1,80 @@
+"""What structured output costs in decode throughput, same engine, same prompts, one run
+(issue 16's bar: at most 10% at batch 32 on the CPU with SmolLM2).
+
+32 chat prompts, greedy, 64 new tokens each, generated as one batch twice: free (EOS ignored)
+and under a regex that no 64-token answer can finish (`[a-z ]{600}`: every step masked by
+llguidance, never cut short). Prefill is timed apart (1 new token) and taken off both, as
+bench/gpu_vs_vllm.py does: decode tok/s = batch * (new tokens - 1) / (total - prefill).
+Alternating runs, medians of --repeats.
+
+    python bench/structured_output_cpu.py [--model PATH_OR_ALIAS] [--threads 2] [--batch 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from cpu_vs_llamacpp_lib import cpu_name, git_commit, write_result
+
+QUESTION = "Write a long list of lowercase words about {}, separated by spaces."
+TOPICS = ["rivers", "cities", "birds", "trees", "music", "stars", "bread", "ships"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=None, help="path or alias (default: vllmx's)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+
+    from vllmx import LLM, SamplingParams
+    from vllmx.sampling_params import StructuredOutputsParams
+
+    kw = {"model": args.model} if args.model else {}
+    llm = LLM(**kw, num_threads=args.threads, max_num_seqs=args.batch, device="cpu")
+    tok = llm.get_tokenizer()
+    prompts = [{"prompt_token_ids": tok.apply_chat_template(
+        [{"role": "user", "content": QUESTION.format(TOPICS[i % len(TOPICS)]) + f" ({i})"}],
+        add_generation_prompt=True)} for i in range(args.batch)]
+    n = args.new_tokens
+    free = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+    regex = StructuredOutputsParams(regex="[a-z ]{600}")
+    constrained = SamplingParams(temperature=0, max_tokens=n, structured_outputs=regex)
+
+    def timed(sp) -> float:
+        llm.reset_prefix_cache()
+        t = time.perf_counter()
+        outs = llm.generate(prompts, sp, use_tqdm=False)
+        elapsed = time.perf_counter() - t
+        assert all(len(o.outputs[0].token_ids) == sp.max_tokens for o in outs), \
+            "a run stopped early: the comparison needs every request at max_tokens"
+        return elapsed
+
+    timed(SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
+    timed(constrained)  # warm-up, and llguidance's grammar compiled
+    prefill, t_free, t_con = [], [], []
+    for _ in range(args.repeats):
+        prefill.append(timed(SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)))
+        t_free.append(timed(free))
+        t_con.append(timed(constrained))
+    p = statistics.median(prefill)
+    rate = {name: args.batch * (n - 1) / (statistics.median(ts) - p)
+            for name, ts in (("free", t_free), ("structured", t_con))}
+    cost = 1 - rate["structured"] / rate["free"]
+    print(f"batch {args.batch}, {n} new tokens, {args.threads} threads, median of {args.repeats}")
+    print(f"  decode tok/s: free {rate['free']:.1f}, regex-constrained {rate['structured']:.1f}"
+          f"  -> structured output costs {cost * 100:.1f}%")
+    write_result("structured_output_cpu.json", {
+        "model": os.path.basename(llm.llm_engine.config.model_config.model), "batch": args.batch,
+        "new_tokens": n, "threads": args.threads, "repeats": args.repeats,
+        "prefill_s": p, "decode_tok_s": rate, "cost": cost, "commit": git_commit(),
+        "cpu": cpu_name()})
+
+
+if __name__ == "__main__":
+    main()
