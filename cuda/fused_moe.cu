@@ -23,6 +23,7 @@
 #include "core/op_table.h"
 #include "cuda_util.cuh"
 #include "linear.cuh"
+#include "moe/swigluoai.h"
 #include "runtime.h"
 
 namespace vllmx::cuda {
@@ -35,8 +36,6 @@ constexpr const char* kOp = "fused_experts";
 constexpr int kAlignThreads = 1024;
 constexpr int kMaxExperts = 4096;  // moe_align_kernel's counts and offsets in shared memory
 constexpr int64_t kMaxChunkPairs = 16384;
-// gpt-oss's SwiGLU constants (vLLM's swigluoai_and_mul defaults; the CPU kernel's).
-constexpr float kSwigluOaiAlpha = 1.702f, kSwigluOaiLimit = 7.0f;
 
 __global__ void __launch_bounds__(kAlignThreads)
     moe_align_kernel(const int32_t* __restrict__ ids, int64_t id_stride, int P, int k, int E,
@@ -138,7 +137,7 @@ __global__ void moe_act_kernel(T* __restrict__ act, const T* __restrict__ h, int
         u = fminf(fmaxf(u, -kSwigluOaiLimit), kSwigluOaiLimit);
         v = g / (1.f + expf(-kSwigluOaiAlpha * g)) * (u + 1.f);
       } else {
-        v = g / (1.f + expf(-g)) * u;
+        v = activate<Act::kSilu>(g) * u;
       }
     }
     out[i] = from_f32<T>(v);
@@ -179,12 +178,10 @@ void* scratch(size_t bytes) {
   return buf.get(std::max<size_t>(bytes, 16));
 }
 
-size_t dsize(DType d) { return d == DType::F32 ? 4 : 2; }
-
 // x [T, K] gathered into rows by pair_of_slot.
 void gather_rows(void* xg, const Tensor& x, int rows, const int* pair_of_slot,
                  const int* tile_expert, int bm, int k, cudaStream_t s) {
-  const int64_t K = x.shape[1], es = static_cast<int64_t>(dsize(x.dtype));
+  const int64_t K = x.shape[1], es = type_traits(x.dtype).type_size;
   const bool vec = (K * es) % 16 == 0 && (x.stride[0] * es) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(x.data) % 16 == 0;
   if (vec) {
@@ -220,7 +217,7 @@ void grouped(void* out, const void* x_rows, const Tensor& w, int rows, int bm,
   a.pair_store = a.N % 2 == 0;
   a.tile_expert = tile_expert;
   a.tile_rows = bm;
-  a.w_expert_stride = w.stride[0] * static_cast<int64_t>(dsize(xt));
+  a.w_expert_stride = w.stride[0] * type_traits(xt).type_size;
   lin::launch_grouped_linear(a, xt, s);
 }
 
@@ -281,7 +278,7 @@ void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const 
               "too large: x " + x.str() + ", w13 " + w13.str());
 
   cudaStream_t s = stream();
-  const size_t es = dsize(xt);
+  const size_t es = static_cast<size_t>(type_traits(xt).type_size);
   const int64_t chunk = std::max<int64_t>(1, kMaxChunkPairs / k);
   const bool tensor_cores = xt != DType::F32 && H % 8 == 0 && I % 8 == 0;
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
@@ -299,7 +296,7 @@ void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const 
            bm, static_cast<int>(tiles), slot_of_pair, pair_of_slot, tile_expert);
     check_launch("moe_align_kernel");
     Tensor xs = x;
-    xs.data = static_cast<char*>(x.data) + t0 * x.stride[0] * static_cast<int64_t>(es);
+    xs.data = static_cast<char*>(x.data) + t0 * x.stride[0] * type_traits(xt).type_size;
     xs.shape[0] = nt;
     gather_rows(xg, xs, static_cast<int>(rows), pair_of_slot, tile_expert, bm,
                 static_cast<int>(k), s);

@@ -15,6 +15,7 @@
 
 #include "core/op_table.h"
 #include "layers/cpu_kernels.h"
+#include "moe/swigluoai.h"
 
 namespace vllmx {
 
@@ -52,8 +53,6 @@ Tensor bias_row(const Tensor& b, int64_t e) {
   return v;
 }
 
-// gpt-oss's SwiGLU constants (vLLM's swigluoai_and_mul defaults).
-constexpr float kSwigluOaiAlpha = 1.702f, kSwigluOaiLimit = 7.0f;
 
 void run_chunk(const Tensor& out, const Tensor& x, const Tensor& w13, const Tensor& w2,
                const Tensor& topk_weights, const Tensor& topk_ids, const Tensor& w13_bias,
