@@ -11,7 +11,8 @@
 //   ahead and dequantized into shared memory as x's dtype before the mma.
 // - sm90_gemm (cuda/gemm_*sm90.cu, CUTLASS 3; builds with sm_90a only): on compute capability
 //   9.0, x and w of one 16-bit dtype, T >= kSm90MinT, TMA-friendly shapes: operands swapped up
-//   to T = 128 (16-, 32-, 64- or 128-token tiles), stream-K. wgmma reaches several times the mma.sync kernel's rate on Hopper.
+//   to T = 128 (16-, 32-, 64- or 128-token tiles), stream-K. wgmma reaches several times the
+//   mma.sync kernel's rate on Hopper.
 // - linear_generic_kernel: one thread per output, any dtype mix (f32 x/out too) and any
 //   alignment; the scalar twin the fast paths fall back to.
 #include <algorithm>
