@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from vllmx import _C, ops
-from vllmx.layers.fused_moe import GroupedRouting, SparseMoeBlock
+from vllmx.layers.fused_moe import SparseMoeBlock
 from vllmx.layers.placement import Placement, placement
 from vllmx.ops import Weight
 
@@ -64,8 +64,7 @@ def test_block_experts_are_repacked_per_expert():
 
 
 def test_gpu_placement_names_what_it_cannot_run():
-    """Quantized experts (no CUDA kernel yet) and grouped routing (its kernel not yet run on a
-    GPU) are refused by name before any upload."""
+    """Quantized experts (no CUDA kernel yet) are refused by name before any upload."""
     rng = np.random.default_rng()
     gate, w13, w2 = experts(rng)
     q8 = int(ops.Q8_0)
@@ -74,8 +73,4 @@ def test_gpu_placement_names_what_it_cannot_run():
     with placement(Placement("cuda")), pytest.raises(ValueError, match=(
             r"model.layers.3.mlp.w13: Q8_0 experts have no CUDA kernel yet.*device='cpu'")):
         SparseMoeBlock(gate, w13q, w2, 2, True, name="model.layers.3.mlp")
-    with placement(Placement("cuda")), pytest.raises(ValueError, match=(
-            r"model.layers.3.mlp: grouped expert routing.*device='cpu'")):
-        SparseMoeBlock(gate, w13, w2, 2, True, name="model.layers.3.mlp",
-                       routing=GroupedRouting(num_expert_group=2, topk_group=1))
 

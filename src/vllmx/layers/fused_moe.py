@@ -57,12 +57,6 @@ class SparseMoeBlock:
                  w13_bias: np.ndarray | None = None, w2_bias: np.ndarray | None = None,
                  activation: str = "silu", shared_expert_gate: Weight | None = None):
         on_gpu = placement.current().on_gpu
-        if on_gpu and routing is not None:
-            # cuda/moe.cu's grouped_topk is written and tested against float64
-            # (tests/cuda/test_cuda_moe.py) but has not run on a GPU yet.
-            raise ValueError(
-                f"{name}: grouped expert routing (DeepSeek / GLM-4.5's grouped_topk) runs on "
-                f"the CPU only for now; run this model with device='cpu'")
         num_experts = w13.shape[0]
         if gate.shape[0] != num_experts or not 1 <= top_k <= num_experts:
             raise ValueError(f"{name}: router {gate.shape} and experts {w13.shape} disagree, or "
