@@ -18,12 +18,12 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+# Mixture of experts (cuda/fused_moe.cu): softmax top-k routing, shared experts; GLM-4.5's
+# sigmoid routing over expert groups steered by its choice bias.
+MOE = ["qwen3_moe", "mixtral", "granite_moe", "granite_moe_shared", "qwen2_moe", "glm4_moe"]
 FAMILIES = ["granite", "smollm3", "phi3", "phi3_longrope", "glm4", "olmo2", "olmo3", "exaone4",
             "gemma2", "gemma3", "gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel",
-            "starcoder2", "gpt2", "cohere", "cohere2", "falcon", "falcon_seq",
-            # mixture of experts (cuda/fused_moe.cu): softmax top-k routing, shared experts;
-            # GLM-4.5's sigmoid routing over expert groups steered by its choice bias
-            "qwen3_moe", "mixtral", "granite_moe", "granite_moe_shared", "qwen2_moe", "glm4_moe"]
+            "starcoder2", "gpt2", "cohere", "cohere2", "falcon", "falcon_seq", *MOE]
 SIZES = {"hidden_size": 256, "intermediate_size": 512, "max_position_embeddings": 1024}
 # Mixture-of-experts models in bf16: a token whose k-th and (k+1)-th router scores lie within
 # bf16's rounding picks its experts by that rounding, and no tolerance covers the jump. Measured
@@ -32,7 +32,6 @@ SIZES = {"hidden_size": 256, "intermediate_size": 512, "max_position_embeddings"
 # against the f32 oracle (one side's rounding, not two), allowing such positions in at most 2%
 # of the 256 (as the quantized-file rule allows 5%), each within MOE_BF16_GAP; f32 keeps the
 # strict rule.
-MOE = {"qwen3_moe", "mixtral", "granite_moe", "granite_moe_shared", "qwen2_moe", "glm4_moe"}
 MOE_BF16_GAP, MOE_BF16_FAILED = 3.0, 5
 SEED = int.from_bytes(os.urandom(4), "little")  # fresh prompts each run, printed on failure
 
