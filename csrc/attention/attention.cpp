@@ -73,6 +73,15 @@ void attend_reference(const Args& a, int64_t t, int64_t g, std::vector<double>& 
 // Portable tiled path (CPUs without AVX2): attention_tiled.inc.
 #include "attention/attention_tiled.inc"
 
+// Whether sequence c is a one-token query over exactly sequence b's cache (its length and
+// the blocks holding it).
+bool same_cache_query(const Args& a, int64_t b, int64_t c) {
+  if (a.qsl[c + 1] - a.qsl[c] != 1 || a.seq_lens[c] != a.seq_lens[b]) return false;
+  const int64_t blocks = (a.seq_lens[b] + a.block_size - 1) / a.block_size;
+  return std::equal(a.bt + b * a.bt_stride, a.bt + b * a.bt_stride + blocks,
+                    a.bt + c * a.bt_stride);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Plan: work items of mt consecutive query tokens x one kv head, longest first (dynamic
 // scheduling then balances the causal triangle). mt only changes which rows share a K/V tile.
@@ -81,15 +90,26 @@ std::vector<WorkItem> plan(const Args& a, int threads) {
   const int64_t T = a.qsl[a.B];
   while (mt > 1 && (T + mt - 1) / mt * a.nkv < 4 * threads) mt /= 2;
   std::vector<WorkItem> items;
-  for (int64_t b = 0; b < a.B; ++b) {
+  for (int64_t b = 0; b < a.B;) {
     const int64_t q_len = a.qsl[b + 1] - a.qsl[b];
     const int64_t first_pos = a.seq_lens[b] - q_len;
+    // One-token queries of sequences sharing b's cache (an encoder's rows, each posed as the
+    // last token of the whole sequence) form one item, so that its K/V tiles serve them all.
+    int64_t run = 1;
+    if (q_len == 1)
+      while (run < mt && b + run < a.B && same_cache_query(a, b, b + run)) ++run;
+    if (run > 1) {
+      for (int64_t g = 0; g < a.nkv; ++g) items.push_back({b, g, a.qsl[b], run, first_pos, 0});
+      b += run;
+      continue;
+    }
     for (int64_t i = 0; i < q_len; i += mt)
       for (int64_t g = 0; g < a.nkv; ++g)
-        items.push_back({b, g, a.qsl[b] + i, std::min(mt, q_len - i), first_pos + i});
+        items.push_back({b, g, a.qsl[b] + i, std::min(mt, q_len - i), first_pos + i, 1});
+    ++b;
   }
   auto cost = [&](const WorkItem& w) {
-    return (w.pos0 + w.nt - attn::window_lo(a, w.pos0)) * (w.nt * a.G + 8);
+    return (attn::row_pos(w, w.nt - 1) + 1 - attn::window_lo(a, w.pos0)) * (w.nt * a.G + 8);
   };
   std::stable_sort(items.begin(), items.end(),
                    [&](const WorkItem& x, const WorkItem& y) { return cost(x) > cost(y); });

@@ -49,12 +49,17 @@ inline float row_inv(const Args& a, int64_t h, float m, float l) {
   return corr / (l * corr + std::exp(s - mm));
 }
 
-// Query rows t0 .. t0 + nt - 1 (consecutive tokens of sequence b, at absolute positions
-// pos0 .. pos0 + nt - 1) x the G query heads of kv head g. Row r of the item is token r / G,
-// head g * G + r % G.
+// Query rows t0 .. t0 + nt - 1 x the G query heads of kv head g. Row r of the item is token
+// r / G, head g * G + r % G. step 1: consecutive tokens of sequence b, at absolute positions
+// pos0 .. pos0 + nt - 1. step 0: one-token queries of sequences b .. b + nt - 1 that share b's
+// cache (block table row and length), each at position pos0 (an encoder's rows posed as the
+// last token of the whole sequence: bidirectional attention).
 struct WorkItem {
-  int64_t b, g, t0, nt, pos0;
+  int64_t b, g, t0, nt, pos0, step;
 };
+
+// Absolute position of token i of item w.
+inline int64_t row_pos(const WorkItem& w, int64_t i) { return w.pos0 + i * w.step; }
 
 // First context position visible from absolute position pos.
 inline int64_t window_lo(const Args& a, int64_t pos) {
@@ -74,20 +79,21 @@ struct TileSpan {
   int64_t i_a, i_b, k0, k1;
 };
 inline bool tile_span(const Args& a, const WorkItem& w, int64_t ts, TileSpan& sp) {
-  sp.i_a = std::max<int64_t>(0, ts - w.pos0);
+  // Positions do not decrease with i: the tokens past the tile's start are a suffix.
+  sp.i_a = w.step == 0 ? (w.pos0 >= ts ? 0 : w.nt) : std::max<int64_t>(0, ts - w.pos0);
   sp.i_b = w.nt - 1;
-  while (sp.i_b >= sp.i_a && window_lo(a, w.pos0 + sp.i_b) > ts + kTile - 1) --sp.i_b;
+  while (sp.i_b >= sp.i_a && window_lo(a, row_pos(w, sp.i_b)) > ts + kTile - 1) --sp.i_b;
   if (sp.i_a > sp.i_b) return false;
-  sp.k0 = std::max(ts, window_lo(a, w.pos0 + sp.i_a));
-  sp.k1 = std::min<int64_t>(ts + kTile - 1, w.pos0 + sp.i_b);
+  sp.k0 = std::max(ts, window_lo(a, row_pos(w, sp.i_a)));
+  sp.k1 = std::min<int64_t>(ts + kTile - 1, row_pos(w, sp.i_b));
   return true;
 }
 
 // The keys j0 .. j1-1 (tile-relative) of the tile at ts that token i of item w sees.
 inline void visible_keys(const Args& a, const WorkItem& w, int64_t i, int64_t ts, int64_t& j0,
                          int64_t& j1) {
-  j0 = std::max(window_lo(a, w.pos0 + i), ts) - ts;
-  j1 = std::min<int64_t>(w.pos0 + i, ts + kTile - 1) - ts + 1;
+  j0 = std::max(window_lo(a, row_pos(w, i)), ts) - ts;
+  j1 = std::min<int64_t>(row_pos(w, i), ts + kTile - 1) - ts + 1;
 }
 
 // Per-thread buffers, reused across items and calls; get() returns 64-byte aligned storage.

@@ -225,7 +225,7 @@ void attend_item_vec(const Args& a, const WorkItem& w, Scratch& s) {
   const __m256i lane_lo = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i lane_hi = _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15);
 
-  const int64_t pos_last = w.pos0 + w.nt - 1;
+  const int64_t pos_last = row_pos(w, w.nt - 1);
   for (int64_t ts = window_lo(a, w.pos0) / kTile * kTile; ts <= pos_last; ts += kTile) {
     TileSpan sp;
     if (!tile_span(a, w, ts, sp)) continue;

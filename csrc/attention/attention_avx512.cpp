@@ -226,7 +226,7 @@ VLLMX_TARGET_AVX512 void attend_item_avx512(const Args& a, const WorkItem& w, Sc
   int8_t j0s[kMaxItemTokens], j1s[kMaxItemTokens];
   const __m512 vscale = _mm512_set1_ps(a.scale);
 
-  const int64_t pos_last = w.pos0 + w.nt - 1;
+  const int64_t pos_last = row_pos(w, w.nt - 1);
   // Tiles go by pairs: the pair's scores come from one QK^T pass (two K vectors per q
   // broadcast), then each tile is one online-softmax step.
   for (int64_t ts0 = window_lo(a, w.pos0) / kTile * kTile; ts0 <= pos_last; ts0 += 2 * kTile) {

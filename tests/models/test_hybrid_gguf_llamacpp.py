@@ -91,7 +91,10 @@ def test_f32_gguf_gives_the_checkpoints_logits(family, ckpt_dir):
     for prompt in _prompts()[:3]:
         want = vllmx_prompt_logits(from_hf, prompt)
         rel = np.abs(vllmx_prompt_logits(from_gguf, prompt) - want).max() / np.abs(want).max()
-        assert rel < 1e-5, f"{family}: {rel:.3g}"
+        # The files differ only by f32 roundings (the converter's w + 1 norms, regrouped
+        # projections): 2e-7 - 2e-6 for most families, up to 1.1e-5 for Qwen3-Next (measured
+        # 2026-12-03), whose routing and gated layers amplify them; a layout mistake is >= 1e-3.
+        assert rel < 3e-5, f"{family}: {rel:.3g}"
 
 
 def test_a_tensor_vllmx_would_not_run_is_refused_by_name(ckpt_dir, tmp_path):

@@ -99,6 +99,21 @@ def scenario(seed, seqs, nq, nkv, D, dtype_name, extra_blocks=3):
     return q, kc, vc, cd, bt, qsl, np.array(seq_lens, np.int32)
 
 
+def shared_scenario(seed, nq, nkv, D, dtype_name):
+    """An encoder's layout: one-token queries posed at the end of a whole sequence, rows 0-4 and
+    7-9 over sequence A's cache (70 tokens), row 5 over B's (37), row 6 over a copy of A's
+    blocks of another length (A's first 69 tokens): runs of rows sharing a cache, broken."""
+    rng = np.random.default_rng(seed)
+    kc, vc, cd = make_cache(rng, 5 + 3 + 2, nkv, D, dtype_name)
+    perm = rng.permutation(10).astype(np.int32)
+    a_row, b_row = perm[:5], np.concatenate([perm[5:8], [-1, -1]]).astype(np.int32)
+    bt = np.stack([a_row] * 5 + [b_row, a_row] + [a_row] * 3)
+    sl = np.array([70] * 5 + [37, 69] + [70] * 3, np.int32)
+    qsl = np.arange(len(sl) + 1, dtype=np.int32)
+    q = rng.standard_normal((len(sl), nq * D)).astype(np.float32)
+    return q, kc, vc, cd, bt, qsl, sl
+
+
 CASES = {
     "decode": [(1, 1), (17, 1), (100, 1), (33, 1), (250, 1), (16, 1)],
     "prefill": [(40, 40), (7, 7), (70, 70)],
@@ -250,6 +265,24 @@ def test_decode_equals_prefill_row(heads, D, window, cap):
     assert rel_err(whole, exp) < 1e-5
 
 
+@pytest.mark.parametrize("dtype_name", ["f16", "bf16"])
+@pytest.mark.parametrize("heads,D", [((4, 1), 64), ((12, 12), 32), ((8, 2), 128)])
+@pytest.mark.parametrize("window,cap", [(0, 0.0), (20, 30.0)])
+def test_one_token_queries_sharing_a_cache(dtype_name, heads, D, window, cap):
+    """Rows that share a sequence's cache (an encoder's bidirectional rows) go through one work
+    item: right against float64, and each row's bits are those it gets alone."""
+    nq, nkv = heads
+    q, kc, vc, cd, bt, qsl, sl = shared_scenario(D + nq, nq, nkv, D, dtype_name)
+    out = run(q, kc, vc, bt, qsl, sl, 0.2, cd, window, cap)
+    want = reference(q, upcast(kc, dtype_name), upcast(vc, dtype_name), bt, qsl, sl, 0.2,
+                     window, cap)
+    assert rel_err(out, want) < 1e-5
+    for t in range(len(sl)):
+        alone = run(q[t:t + 1].copy(), kc, vc, bt[t:t + 1], [0, 1], sl[t:t + 1], 0.2, cd, window,
+                    cap)
+        assert np.array_equal(alone.view(np.uint32), out[t:t + 1].view(np.uint32)), t
+
+
 def test_empty_and_zero_query_sequences():
     q, kc, vc, cd, bt, qsl, sl = scenario(3, [(10, 0), (20, 2), (5, 0)], 4, 2, 64, "f32")
     exp = reference(q, upcast(kc, "f32"), upcast(vc, "f32"), bt, qsl, sl, 0.1)
@@ -299,11 +332,15 @@ _ISA_SCRIPT = r"""
 import sys
 import numpy as np
 sys.path.insert(0, sys.argv[1])
-from test_attention import CASES, reference, rel_err, run, scenario, upcast
+from test_attention import CASES, reference, rel_err, run, scenario, shared_scenario, upcast
 for i, (kind, dt, D, window, cap) in enumerate([("prefill", "f16", 64, 0, 0.0),
                                                 ("chunked", "bf16", 80, 20, 30.0),
-                                                ("decode", "f32", 128, 0, 0.0)]):
-    q, kc, vc, cd, bt, qsl, sl = scenario(i, CASES[kind], 8, 2, D, dt)
+                                                ("decode", "f32", 128, 0, 0.0),
+                                                ("shared", "f16", 64, 0, 0.0)]):
+    if kind == "shared":
+        q, kc, vc, cd, bt, qsl, sl = shared_scenario(i, 8, 2, D, dt)
+    else:
+        q, kc, vc, cd, bt, qsl, sl = scenario(i, CASES[kind], 8, 2, D, dt)
     out = run(q, kc, vc, bt, qsl, sl, 0.1, cd, window, cap)
     want = reference(q, upcast(kc, dt), upcast(vc, dt), bt, qsl, sl, 0.1, window, cap)
     assert rel_err(out, want) < 1e-5, (kind, rel_err(out, want))
