@@ -112,8 +112,8 @@ def bench_linear(results, tokens, shapes):
             err = linear_error(out, torch.nn.functional.linear(xt, wt))
             flops = 2 * t * n * k
             r = {"op": "linear_bf16", "N": n, "K": k, "T": t, "sm90": _C.cuda_sm90_kernels(),
-                 "timing": f"cuda graph of 20, {copies} weight copies in turn", "vllmx_ms": ours * 1e3,
-                 "torch_ms": theirs * 1e3, "vllmx_tflops": flops / ours / 1e12,
+                 "timing": f"cuda graph of 20, {copies} weight copies in turn",
+                 "vllmx_ms": ours * 1e3, "torch_ms": theirs * 1e3, "vllmx_tflops": flops / ours / 1e12,
                  "torch_tflops": flops / theirs / 1e12,
                  "vllmx_weight_GBps": n * k * 2 / ours / 1e9, "ratio": theirs / ours,
                  "max_rel_err_vs_torch": err}

@@ -220,6 +220,7 @@ void attend_item_vec(const Args& a, const WorkItem& w, Scratch& s) {
   }
   std::memset(acc, 0, sizeof(float) * R * D);
   int8_t j0s[kMaxItemTokens], j1s[kMaxItemTokens];
+  __m256 vis[kMaxItemTokens][2];  // per token of the item: its visible keys of the tile, by lane
   const __m256 vscale = _mm256_set1_ps(a.scale);
   const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   const __m256i lane_lo = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -242,6 +243,13 @@ void attend_item_vec(const Args& a, const WorkItem& w, Scratch& s) {
       j0s[i] = static_cast<int8_t>(j0);
       j1s[i] = static_cast<int8_t>(j1);
       full = full && j0 == 0 && j1 == kTile;
+      // Visible: j0 <= lane < j1.
+      const __m256i lo = _mm256_set1_epi32(static_cast<int>(j0));
+      const __m256i hi = _mm256_set1_epi32(static_cast<int>(j1));
+      vis[i][0] = _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_cmpgt_epi32(lo, lane_lo),
+                                                          _mm256_cmpgt_epi32(hi, lane_lo)));
+      vis[i][1] = _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_cmpgt_epi32(lo, lane_hi),
+                                                          _mm256_cmpgt_epi32(hi, lane_hi)));
     }
     // Online softmax: per row the max over its visible keys, then the new running max and the
     // correction for all rows, then the probabilities (zero where a key is not visible).
@@ -259,13 +267,9 @@ void attend_item_vec(const Args& a, const WorkItem& w, Scratch& s) {
       }
       _mm256_store_ps(P, s0);
       _mm256_store_ps(P + 8, s1);
-      const __m256i j0 = _mm256_set1_epi32(j0s[r / G]), j1 = _mm256_set1_epi32(j1s[r / G]);
-      // Visible: j0 <= lane < j1.
-      const __m256 ok0 = _mm256_castsi256_ps(_mm256_andnot_si256(
-          _mm256_cmpgt_epi32(j0, lane_lo), _mm256_cmpgt_epi32(j1, lane_lo)));
-      const __m256 ok1 = _mm256_castsi256_ps(_mm256_andnot_si256(
-          _mm256_cmpgt_epi32(j0, lane_hi), _mm256_cmpgt_epi32(j1, lane_hi)));
-      mt[r] = hmax8(_mm256_max_ps(_mm256_blendv_ps(ninf, s0, ok0), _mm256_blendv_ps(ninf, s1, ok1)));
+      const __m256(&ok)[2] = vis[r / G];
+      mt[r] = hmax8(
+          _mm256_max_ps(_mm256_blendv_ps(ninf, s0, ok[0]), _mm256_blendv_ps(ninf, s1, ok[1])));
     }
     for (int64_t r = ra / 8 * 8; r < rb; r += 8) {
       // Rows outside ra .. rb-1 in this group are recomputed from their own m and mt = -inf:
@@ -277,14 +281,10 @@ void attend_item_vec(const Args& a, const WorkItem& w, Scratch& s) {
     }
     for (int64_t r = ra; r < rb; ++r) {
       float* P = S + r * kTile;
-      const __m256i j0 = _mm256_set1_epi32(j0s[r / G]), j1 = _mm256_set1_epi32(j1s[r / G]);
-      const __m256 ok0 = _mm256_castsi256_ps(_mm256_andnot_si256(
-          _mm256_cmpgt_epi32(j0, lane_lo), _mm256_cmpgt_epi32(j1, lane_lo)));
-      const __m256 ok1 = _mm256_castsi256_ps(_mm256_andnot_si256(
-          _mm256_cmpgt_epi32(j0, lane_hi), _mm256_cmpgt_epi32(j1, lane_hi)));
+      const __m256(&ok)[2] = vis[r / G];
       const __m256 mr = _mm256_set1_ps(m[r]);
-      const __m256 p0 = _mm256_and_ps(ok0, exp256(_mm256_sub_ps(_mm256_load_ps(P), mr)));
-      const __m256 p1 = _mm256_and_ps(ok1, exp256(_mm256_sub_ps(_mm256_load_ps(P + 8), mr)));
+      const __m256 p0 = _mm256_and_ps(ok[0], exp256(_mm256_sub_ps(_mm256_load_ps(P), mr)));
+      const __m256 p1 = _mm256_and_ps(ok[1], exp256(_mm256_sub_ps(_mm256_load_ps(P + 8), mr)));
       _mm256_store_ps(P, p0);
       _mm256_store_ps(P + 8, p1);
       l[r] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(l[r]), _mm_set_ss(corr[r]),
