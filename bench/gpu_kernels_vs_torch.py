@@ -8,7 +8,8 @@ K/V. Prints time, TFLOP/s or GB/s, and the ratio (torch time / vllmx time: > 1 m
 
 Linear products are timed as 20 of them in one CUDA graph on both sides (decode's conditions),
 each call on the next of several copies of the weights (>= 256 MB in all), so that neither side
-finds them in the 50 MB L2 as a model's layers never do;
+finds them in the 50 MB L2 as a model's layers never do; decode attention likewise, over
+copies of the K/V cache (`--attention-cases batch:context:q_len,...`);
 VLLMX_CUDA_SM90=0 times the sm_80 kernels (the skinny GEMM, mma.sync) on a Hopper GPU.
 
 Each linear case also checks vllmx's output against torch's (max error / max |torch|), so a
@@ -124,16 +125,22 @@ def bench_linear(results, tokens, shapes):
                   f"ratio {r['ratio']:.2f}  err {err:.1e}{'  WRONG' if err > WRONG else ''}")
 
 
-def bench_attention(results):
+ATTENTION_CASES = ("1:2048:1,8:1024:1,32:1024:1,32:4096:1,128:1024:1,256:1024:1,1:4096:4096,"
+                   "8:1024:1024,1:8192:8192")
+
+
+def bench_attention(results, cases):
     rng = np.random.default_rng(1)
     nq, nkv, d, bs = 32, 8, 128, 16
-    for batch, ctx, qlen in [(1, 2048, 1), (32, 1024, 1), (32, 4096, 1), (128, 1024, 1),
-                             (256, 1024, 1), (1, 4096, 4096), (8, 1024, 1024), (1, 8192, 8192)]:
+    for batch, ctx, qlen in cases:
         nblk = batch * ((ctx + bs - 1) // bs)
         kc32 = rng.standard_normal((nblk, bs, nkv, d)).astype(np.float32)
         vc32 = rng.standard_normal((nblk, bs, nkv, d)).astype(np.float32)
-        kc = DeviceArray.from_numpy(bits_bf16(kc32), BF16)
-        vc = DeviceArray.from_numpy(bits_bf16(vc32), BF16)
+        # Decode streams the cache once a layer: copies in turn (>= 256 MB) keep the next call
+        # from finding it in L2, as the linear products' weights. Prefill is compute-bound.
+        copies = max(1, -(-ROTATE_BYTES // (2 * kc32.size * 2))) if qlen == 1 else 1
+        kcs = [DeviceArray.from_numpy(bits_bf16(kc32), BF16) for _ in range(copies)]
+        vcs = [DeviceArray.from_numpy(bits_bf16(vc32), BF16) for _ in range(copies)]
         per = (ctx + bs - 1) // bs
         table = np.arange(nblk, dtype=np.int32).reshape(batch, per)
         q32 = rng.standard_normal((batch * qlen, nq * d)).astype(np.float32)
@@ -143,22 +150,34 @@ def bench_attention(results):
         sl = DeviceArray.from_numpy(np.full(batch, ctx, np.int32))
         bt = DeviceArray.from_numpy(table)
         scale = d ** -0.5
-        ours = timeit(lambda: _C.ops.paged_attention(out, q, kc, vc, bt, qsl, sl, scale, 0,
-                                                     0.0), _C.cuda_synchronize)
-        kt = torch.from_numpy(kc32.reshape(batch, ctx, nkv, d)).to("cuda", torch.bfloat16)
-        vt = torch.from_numpy(vc32.reshape(batch, ctx, nkv, d)).to("cuda", torch.bfloat16)
+        turn = iter(range(1 << 30))
+
+        def ours_fn():
+            i = next(turn) % copies
+            _C.ops.paged_attention(out, q, kcs[i], vcs[i], bt, qsl, sl, scale, 0, 0.0)
+        kts = [torch.from_numpy(kc32.reshape(batch, ctx, nkv, d)).to("cuda", torch.bfloat16)
+               .transpose(1, 2) for _ in range(copies)]
+        vts = [torch.from_numpy(vc32.reshape(batch, ctx, nkv, d)).to("cuda", torch.bfloat16)
+               .transpose(1, 2) for _ in range(copies)]
         qt = torch.from_numpy(q32.reshape(batch, qlen, nq, d)).to("cuda", torch.bfloat16)
-        qt, kt, vt = qt.transpose(1, 2), kt.transpose(1, 2), vt.transpose(1, 2)
+        qt = qt.transpose(1, 2)
         causal = qlen > 1
 
         def sdpa():
-            torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
+            i = next(turn) % copies
+            torch.nn.functional.scaled_dot_product_attention(qt, kts[i], vts[i], is_causal=causal,
                                                              enable_gqa=True)
-        theirs = timeit(sdpa, torch.cuda.synchronize)
+        if qlen == 1:
+            ours, theirs = graph_time(ours_fn, True), graph_time(sdpa, False)
+        else:
+            ours = timeit(ours_fn, _C.cuda_synchronize)
+            theirs = timeit(sdpa, torch.cuda.synchronize)
         r = {"op": "paged_attention_bf16", "batch": batch, "context": ctx, "q_len": qlen,
              "heads": f"{nq}/{nkv}", "head_dim": d, "vllmx_ms": ours * 1e3,
              "torch_sdpa_ms": theirs * 1e3, "kv_GBps": 2 * kc32.size * 2 / ours / 1e9,
-             "ratio": theirs / ours}
+             "ratio": theirs / ours,
+             "timing": (f"cuda graph of 20, {copies} cache copies in turn" if qlen == 1
+                        else "20 launches")}
         if qlen > 1:  # causal: query i sees ctx - qlen + i + 1 keys; 4 flops per (q, k, head, d)
             pairs = qlen * (ctx - qlen) + qlen * (qlen + 1) / 2
             r["vllmx_tflops"] = 4 * batch * nq * d * pairs / ours / 1e12
@@ -177,6 +196,8 @@ def main():
                     help="linear: comma-separated T (rows of x) to sweep")
     ap.add_argument("--shapes", default=SHAPES,
                     help="linear: comma-separated NxK weight shapes")
+    ap.add_argument("--attention-cases", default=ATTENTION_CASES,
+                    help="attention: comma-separated batch:context:q_len")
     ap.add_argument("--json", default="gpu_kernels_vs_torch.json",
                     help="file name for the results (in $OUT, else bench/results)")
     args = ap.parse_args()
@@ -187,7 +208,8 @@ def main():
         shapes = [tuple(int(v) for v in nk.split("x")) for nk in args.shapes.split(",")]
         bench_linear(results, [int(t) for t in args.tokens.split(",")], shapes)
     if args.only in (None, "attention"):
-        bench_attention(results)
+        bench_attention(results, [tuple(int(v) for v in c.split(":"))
+                                  for c in args.attention_cases.split(",")])
     dest = os.path.join(os.environ.get("OUT") or os.path.join(os.path.dirname(__file__), "results"),
                         args.json)
     with open(dest, "w") as f:

@@ -37,7 +37,6 @@ constexpr int kBN = 64;             // keys per K/V tile
 constexpr int kPrefillWarps = 4;    // prefill CTA: 64 query rows
 constexpr int kGenericThreads = 128;
 constexpr int kGenericMaxD = 1024;
-constexpr int kDecCtasPerSm = 4;   // decode: the partition count's target
 
 // ------------------------------------------------------------------ the tensor-core tile
 
@@ -419,14 +418,17 @@ AttnPlan plan_attention(const Tensor& out, const Tensor& q, const Tensor& kc, in
   const int64_t bm = p.prefill_rows;
   p.prefill_tiles = T >= 2 ? static_cast<int>((T * G + bm - 1) / bm + std::min(B, T / 2)) : 0;
   p.tiles_bytes = (static_cast<size_t>(p.prefill_tiles) + 1) * sizeof(int2);
-  // Decode: enough partitions for about kDecCtasPerSm CTAs per SM when every sequence decodes
-  // (2 fit at a time; a CTA's tiles run one after another, so short partitions spread a large
-  // batch's context over more CTAs in flight). A batch-1 decode of 8 kv heads over 1k keys: 17
-  // partitions of 64 keys, 136 CTAs; batch 32: 3 partitions, 768 CTAs.
+  // Decode: about one CTA an SM when every sequence decodes (a CTA's setup and its split's merge
+  // cost the same for a short partition as for a long one, and more partitions than SMs queue
+  // behind the first ones). Llama-3-8B's 8 kv heads on the H200: batch 1, 17 partitions;
+  // batch 8, 3; batch 32 and up, 1. Measured over 1 / 2 / 3 / 4 / 6 / 8 CTAs an SM
+  // (bench/gpu_kernels_vs_torch.py, caches rotated out of L2), one was fastest or tied at every
+  // batch: b32 x 1024 keys 0.043 ms against 0.059 at the 4 an SM used before, b1 x 8192 0.019
+  // (16 partitions) against 0.021 (33).
   p.head_groups = static_cast<int>((G + kDecMaxG - 1) / kDecMaxG);
   const int64_t base_ctas = std::max<int64_t>(1, B * nkv * p.head_groups);
   const int64_t visible = window > 0 ? std::min(max_ctx, window) : max_ctx;
-  int64_t splits = (kDecCtasPerSm * num_sms() + base_ctas - 1) / base_ctas;
+  int64_t splits = (num_sms() + base_ctas - 1) / base_ctas;
   splits = std::min(splits, (visible + kMinPartition - 1) / kMinPartition);
   p.max_splits = static_cast<int>(std::clamp<int64_t>(splits, 1, kMaxSplits));
   if (p.max_splits > 1)

@@ -267,6 +267,11 @@ struct LinearPlan {
 // 128256-row lm_head at 4.3 TB/s (1.01-1.04x cuBLAS) against the skinny's 3.0-3.7; at T = 12
 // the two tie over a layer, the skinny kernel ahead on the 4096 x 4096 projections.
 constexpr int64_t kSm90MinT = 12;
+// Wide products (Llama-3-8B's 28672-row gate_up) from T = 5: with weights rotated out of L2
+// (bench/results/gpu_linear_decode_rotated.json) the skinny kernel streamed 28672 x 4096 at
+// 3.3 TB/s at T = 8 (0.81x cuBLAS) where the 16-token narrow tile did 4.0 TB/s at T = 12; taking
+// it from T = 5 lifted Llama-3-8B's batch-8 decode 1268 -> 1348 tok/s on the H200.
+constexpr int64_t kSm90WideN = 16384;
 constexpr int64_t kSm90MaxSwapT = 128;
 
 bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
@@ -276,7 +281,8 @@ bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) %
 bool plan_sm90(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor& w, int64_t T,
                int64_t N, int64_t K) {
 #ifdef VLLMX_WITH_SM90_GEMM
-  if (p.wk != kWSame || T < kSm90MinT || !sm90_kernels()) return false;
+  if (p.wk != kWSame || !sm90_kernels()) return false;
+  if (T < kSm90MinT && N < kSm90WideN) return false;
   // (K == 0: a TMA tensor map has no empty dims.)
   if (K == 0 || K % 8 != 0 || N % 8 != 0 || x.stride[0] % 8 != 0 || w.stride[0] % 8 != 0 ||
       out.stride[0] % 8 != 0 || !aligned(x.data, 16) || !aligned(w.data, 16) ||
