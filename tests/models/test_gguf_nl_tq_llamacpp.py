@@ -127,6 +127,11 @@ def test_greedy_parity_with_llamacpp(model_file):
         # side of an 8-bit rounding step (f32 sums in another order, f16 KV) moves by a whole
         # step; the Q4_0, Q8_0 and Q4_K_S files of this model differ by 2-4% the same way, and
         # the F32 file by 0.1%.
+        # MXFP4 files differ more, both engines alike: over 16 seeds the worst prompt was
+        # 0.03-0.097 from llama.cpp, and at seed
+        # 470166742 (0.097) each engine was as far from the exact f32 logits of the dequantized
+        # weights (llama.cpp on an F32 file of them): vllmx 0.022-0.082, llama.cpp 0.024-0.055.
         rel = prompt_logits_rel_error(llm, prompt, logits)
-        assert rel < 8e-2, f"{name} prompt logits rel. error {rel:.3g} (seed {SEED})"
+        bound = 0.12 if name == "MXFP4" else 8e-2
+        assert rel < bound, f"{name} prompt logits rel. error {rel:.3g} (seed {SEED})"
     assert strict >= MIN_STRICT * total, f"{name}: {strict}/{total} strict (seed {SEED})"
