@@ -57,28 +57,27 @@ inline float hmax8(__m256 p) {
   return _mm_cvtss_f32(_mm_max_ss(c, _mm_movehdup_ps(c)));
 }
 
-// Converts one cache row of D (a multiple of 8) elements to f32.
-inline void load_row(float* dst, const char* base, int64_t off, int64_t D, int dtype) {
-  for (int64_t d = 0; d < D; d += 8) {
-    __m256 x;
-    if (dtype == 1) {
-      x = _mm256_cvtph_ps(_mm_loadu_si128(
-          reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(base) + off + d)));
-    } else if (dtype == 30) {
-      const __m128i h = _mm_loadu_si128(
-          reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(base) + off + d));
-      x = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    } else {
-      x = _mm256_loadu_ps(reinterpret_cast<const float*>(base) + off + d);
-    }
-    _mm256_store_ps(dst + d, x);
+// Eight cache elements (off .. off + 7) as f32.
+inline __m256 load8(const char* base, int64_t off, int dtype) {
+  if (dtype == 1)
+    return _mm256_cvtph_ps(_mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(base) + off)));
+  if (dtype == 30) {
+    const __m128i h = _mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(base) + off));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
+  return _mm256_loadu_ps(reinterpret_cast<const float*>(base) + off);
 }
 
-// dst[c * ldd + r] = src[r * lds + c] for an 8 x 8 block.
-inline void transpose8(const float* src, int64_t lds, float* dst, int64_t ldd) {
-  __m256 r[8], t[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_load_ps(src + i * lds);
+// Converts one cache row of D (a multiple of 8) elements to f32.
+inline void load_row(float* dst, const char* base, int64_t off, int64_t D, int dtype) {
+  for (int64_t d = 0; d < D; d += 8) _mm256_store_ps(dst + d, load8(base, off + d, dtype));
+}
+
+// dst[c * ldd + i] = r[i][c] for 8 vectors r[0..7] (an 8 x 8 block, transposed in registers).
+inline void transpose8(__m256 (&r)[8], float* dst, int64_t ldd) {
+  __m256 t[8];
   for (int i = 0; i < 8; i += 2) {
     t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
     t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
@@ -176,30 +175,35 @@ void pv_row(float* acc, int64_t nc, const float* p, float corr, const float* V, 
 }
 
 // Converts the keys k0 .. k1 of the tile at ts (others zero): V row-major into V [16][D], K
-// transposed into KT[d * 16 + j] (Kr: scratch).
+// transposed into KT[d * 16 + j], 8 keys x 8 dims at a time straight from the cache through
+// registers (decode's items have few rows, and converting K and V was a fifth of a MoE decode
+// step with K through a row-major scratch copy first).
 void convert_tile(const Args& a, const WorkItem& w, int64_t ts, int64_t k0, int64_t k1,
-                  float* Kr, float* KT, float* V) {
+                  float* KT, float* V) {
   const int64_t D = a.D;
+  int64_t off[kTile];
   for (int64_t j = 0; j < kTile; ++j) {
     const int64_t pos = ts + j;
-    if (pos < k0 || pos > k1) {
-      std::memset(Kr + j * D, 0, sizeof(float) * D);
+    off[j] = pos < k0 || pos > k1 ? -1 : kv_offset(a, w.b, pos, w.g);
+    if (off[j] < 0)
       std::memset(V + j * D, 0, sizeof(float) * D);
-      continue;
-    }
-    const int64_t off = kv_offset(a, w.b, pos, w.g);
-    load_row(Kr + j * D, a.kc, off, D, a.dtype);
-    load_row(V + j * D, a.vc, off, D, a.dtype);
+    else
+      load_row(V + j * D, a.vc, off[j], D, a.dtype);
   }
+  const __m256 zero = _mm256_setzero_ps();
   for (int64_t h = 0; h < kTile; h += 8)
-    for (int64_t c = 0; c < D; c += 8) transpose8(Kr + h * D + c, D, KT + c * kTile + h, kTile);
+    for (int64_t c = 0; c < D; c += 8) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i)
+        r[i] = off[h + i] < 0 ? zero : load8(a.kc, off[h + i] + c, a.dtype);
+      transpose8(r, KT + c * kTile + h, kTile);
+    }
 }
 
 void attend_item_vec(const Args& a, const WorkItem& w, Scratch& s) {
   const int64_t D = a.D, G = a.G, nc = D / 8;
   const int64_t R = w.nt * G, Rp = (R + 7) / 8 * 8;
   float* qt = s.get(0, D * R);
-  float* Kr = s.get(1, kTile * D);
   float* KT = s.get(2, D * kTile);
   float* V = s.get(3, kTile * D);
   float* S = s.get(4, R * kTile);  // per row: scores, then probabilities
@@ -230,7 +234,7 @@ void attend_item_vec(const Args& a, const WorkItem& w, Scratch& s) {
   for (int64_t ts = window_lo(a, w.pos0) / kTile * kTile; ts <= pos_last; ts += kTile) {
     TileSpan sp;
     if (!tile_span(a, w, ts, sp)) continue;
-    convert_tile(a, w, ts, sp.k0, sp.k1, Kr, KT, V);
+    convert_tile(a, w, ts, sp.k0, sp.k1, KT, V);
     const int64_t ra = sp.i_a * G, rb = (sp.i_b + 1) * G;
     for (int64_t r = ra; r < rb; r += kQkRows) {
       const int64_t n = std::min<int64_t>(kQkRows, rb - r);
