@@ -8,6 +8,11 @@ Random bf16 models of the benchmark's shapes (bench/gpu_vs_transformers.py) with
 step (generate) against the graph replayed alone, i.e. the host's share.
 
     python bench/gpu_decode_profile.py --models qwen3-0.6b llama-3-8b --layers 28 8
+    python bench/gpu_decode_profile.py --models llama-3-8b --layers 8 --batch 8 --prefill
+
+--prefill also profiles the prompts' prefill (a 1-token generate of batch x context tokens,
+eager) the same way. Kernels launched with programmatic dependent launch start before their
+predecessor ends, so a kernel's traced time includes its wait: read the gaps and the span too.
 """
 
 from __future__ import annotations
@@ -30,8 +35,41 @@ def short(name: str) -> str:
     return name.split("::")[-1][:48]
 
 
+def kernel_summary(prof, reps: int, layers: int, out_dir: str) -> dict:
+    """The last of `reps` identical repetitions in a torch.profiler trace: its kernels grouped by
+    name (count, time, gaps before them), printed and returned."""
+    path = os.path.join(out_dir, "trace.json")
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    kernels = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+                     key=lambda e: e["ts"])
+    per_step = len(kernels) // reps
+    step = kernels[-per_step:]  # the last repetition
+    rows: dict[str, list] = {}
+    busy = 0.0
+    for i, e in enumerate(step):
+        gap = 0.0 if i == 0 else e["ts"] - (step[i - 1]["ts"] + step[i - 1]["dur"])
+        r = rows.setdefault(short(e["name"]), [0, 0.0, 0.0])
+        r[0] += 1
+        r[1] += e["dur"]
+        r[2] += gap
+        busy += e["dur"]
+    span = step[-1]["ts"] + step[-1]["dur"] - step[0]["ts"]
+    print(f"traced span {span / 1e3:.3f} ms, kernels busy {busy / 1e3:.3f} ms, "
+          f"{per_step} kernels ({per_step / layers:.1f} per layer)")
+    print(f"{'kernel':48s} {'n':>4s} {'us each':>8s} {'us total':>9s} {'gap before':>10s}")
+    for k, (c, d, g) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
+        print(f"{k:48s} {c:4d} {d / c:8.2f} {d:9.1f} {g / c:10.2f}")
+    first = step[:per_step // layers + 2]
+    print("first layer in order: " + ", ".join(f"{short(e['name'])} {e['dur']:.1f}"
+                                                for e in first))
+    return {"span_ms": span / 1e3, "busy_ms": busy / 1e3, "kernels": per_step,
+            "by_kernel": {k: {"n": c, "us": d, "gap_us": g} for k, (c, d, g) in rows.items()}}
+
+
 def profile(name: str, layers: int, batch: int, ctx: int, out_dir: str,
-            host_profile: bool = False) -> dict:
+            host_profile: bool = False, prefill: bool = False) -> dict:
     import numpy as np
     import torch
     import transformers
@@ -91,38 +129,22 @@ def profile(name: str, layers: int, batch: int, ctx: int, out_dir: str,
         for _ in range(reps):
             graph.replay()
         _C.cuda_synchronize()
-    path = os.path.join(out_dir, "trace.json")
-    prof.export_chrome_trace(path)
-    with open(path) as f:
-        events = json.load(f)["traceEvents"]
-    kernels = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
-                     key=lambda e: e["ts"])
-    per_step = len(kernels) // reps
-    step = kernels[-per_step:]  # the last replay
-    rows: dict[str, list] = {}
-    busy = 0.0
-    for i, e in enumerate(step):
-        gap = 0.0 if i == 0 else e["ts"] - (step[i - 1]["ts"] + step[i - 1]["dur"])
-        r = rows.setdefault(short(e["name"]), [0, 0.0, 0.0])
-        r[0] += 1
-        r[1] += e["dur"]
-        r[2] += gap
-        busy += e["dur"]
-    span = step[-1]["ts"] + step[-1]["dur"] - step[0]["ts"]
     print(f"\n== {name}, {layers} layers, batch {batch}, context {ctx}: "
           f"{weight_bytes / 1e9:.2f} GB of weights")
-    print(f"engine decode step {engine_step_ms:.3f} ms; graph replay {graph_ms:.3f} ms; "
-          f"traced span {span / 1e3:.3f} ms, kernels busy {busy / 1e3:.3f} ms, "
-          f"{per_step} kernels ({per_step / layers:.1f} per layer)")
-    print(f"{'kernel':48s} {'n':>4s} {'us each':>8s} {'us total':>9s} {'gap before':>10s}")
-    for k, (c, d, g) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
-        print(f"{k:48s} {c:4d} {d / c:8.2f} {d:9.1f} {g / c:10.2f}")
-    first = step[:per_step // layers + 2]
-    print("first layer in order: " + ", ".join(f"{short(e['name'])} {e['dur']:.1f}"
-                                                for e in first))
-    return {"engine_step_ms": engine_step_ms, "graph_ms": graph_ms, "span_ms": span / 1e3,
-            "busy_ms": busy / 1e3, "kernels": per_step,
-            "by_kernel": {k: {"n": c, "us": d, "gap_us": g} for k, (c, d, g) in rows.items()}}
+    print(f"engine decode step {engine_step_ms:.3f} ms; graph replay {graph_ms:.3f} ms")
+    summary = kernel_summary(prof, reps, layers, out_dir)
+    result = {"engine_step_ms": engine_step_ms, "graph_ms": graph_ms, **summary}
+    if prefill:  # the prompts' prefill (max_tokens 1), eager: every kernel of reps identical runs
+        prefill_ms = min(times[0], times[2]) * 1e3
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                llm.reset_prefix_cache()
+                llm.generate(ps, p1)
+            _C.cuda_synchronize()
+        print(f"\n== prefill of {batch} x {ctx} tokens: {prefill_ms:.2f} ms "
+              f"({batch * ctx / prefill_ms * 1e3:,.0f} tok/s, a 1-token generate)")
+        result["prefill"] = {"ms": prefill_ms, **kernel_summary(prof, reps, layers, out_dir)}
+    return result
 
 
 def main() -> int:
@@ -132,11 +154,14 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=1088)
     ap.add_argument("--host-profile", action="store_true", help="cProfile a generate call")
+    ap.add_argument("--prefill", action="store_true",
+                    help="also the kernels of the prompts' prefill (batch x context tokens)")
     args = ap.parse_args()
     report = {}
     for name, layers in zip(args.models, args.layers):
         with tempfile.TemporaryDirectory() as d:
-            report[name] = profile(name, layers, args.batch, args.context, d, args.host_profile)
+            report[name] = profile(name, layers, args.batch, args.context, d, args.host_profile,
+                                   args.prefill)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "gpu_decode_profile.json"), "w") as f:
             json.dump(report, f, indent=1)
