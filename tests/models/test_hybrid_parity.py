@@ -144,6 +144,30 @@ def test_batched_equals_alone_with_chunks_preemption_and_aborts(family, ckpt_dir
     assert len(runner._state_slot) <= 1
 
 
+@pytest.mark.parametrize("family", ["qwen3_next", "granite_moe_hybrid", "falcon_h1"])
+def test_taped_decode_steps_equal_eager_ones(family, ckpt_dir):
+    """Decode steps replay CPU tapes for hybrids too (their state ops update the request's slot
+    rows in place): a batch's tokens and logprobs are the eager engine's bit for bit, over
+    several buckets, with requests finishing at different steps."""
+    from vllmx import LLM, SamplingParams
+
+    rng = np.random.default_rng()
+    prompts = [{"prompt_token_ids": rng.integers(3, VOCAB, int(rng.integers(5, 40))).tolist()}
+               for _ in range(6)]
+    params = [SamplingParams(temperature=0, max_tokens=int(rng.integers(3, 24)), logprobs=2,
+                             ignore_eos=True) for _ in prompts]
+    runs = []
+    for eager in (False, True):
+        llm = LLM(make_checkpoint(family, "float32", ckpt_dir), skip_tokenizer_init=True,
+                  max_num_seqs=8, max_model_len=128, enforce_eager=eager)
+        outs = llm.generate(prompts, params)
+        runs.append([(o.outputs[0].token_ids, [{k: v.logprob for k, v in lp.items()}
+                                               for lp in o.outputs[0].logprobs]) for o in outs])
+        if not eager:
+            assert llm.llm_engine.model_runner.decode_capture.steps, "no decode step was taped"
+    assert runs[0] == runs[1]
+
+
 def test_speculative_decoding_is_refused(ckpt_dir):
     from vllmx import LLM
 

@@ -87,6 +87,4 @@ class CpuWorker(WorkerBase):
         self.model_runner = ModelRunner(self.model, self.kv_caches, dtype, cc.block_size,
                                         sc.max_num_batched_tokens, sc.max_num_seqs,
                                         mc.max_model_len, mc.seed,
-                                        # a hybrid model's state ops are not taped yet
-                                        enforce_eager=mc.enforce_eager or getattr(
-                                            self.model, "is_hybrid", False))
+                                        enforce_eager=mc.enforce_eager)

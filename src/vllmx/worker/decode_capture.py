@@ -108,14 +108,16 @@ class CudaGraphs(DecodeCapture):
 
 
 class StepTapes(DecodeCapture):
-    def __init__(self, sizes: list[int], long_lived: Callable):
+    def __init__(self, sizes: list[int], long_lived: Callable, state=None):
         """long_lived(): the step_capture.LongLived memory a tape may read in place (built at
-        the first recording, when the KV cache and input buffers exist)."""
+        the first recording, when the KV cache and input buffers exist); state: the
+        step_capture.StateRows a hybrid model's steps update in place, or None."""
         from vllmx.worker.step_capture import Arena
 
         super().__init__(sizes)
         self._long_lived_fn = long_lived
         self._long_lived = None
+        self._state = state
         self.arena = Arena()  # shared by every bucket's tape: one step runs at a time
 
     def capture(self, forward: Callable):
@@ -123,5 +125,5 @@ class StepTapes(DecodeCapture):
 
         if self._long_lived is None:
             self._long_lived = self._long_lived_fn()
-        step, _ = capture(forward, self._long_lived, self.arena)
+        step, _ = capture(forward, self._long_lived, self.arena, self._state)
         return step

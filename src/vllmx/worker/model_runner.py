@@ -47,7 +47,7 @@ from vllmx.worker.decode_capture import (
     tape_capture_sizes,
 )
 from vllmx.worker.input_batch import InputBatch
-from vllmx.worker.step_capture import LongLived
+from vllmx.worker.step_capture import LongLived, StateRows, walk
 
 if TYPE_CHECKING:
     from vllmx.structured_output.backend_guidance import GuidanceGrammar
@@ -167,6 +167,7 @@ class ModelRunner:
             self._state_slot, self._free_slots = {}, list(range(b - 1, -1, -1))
             self.state_indices = np.full(b, b, dtype=np.int32)
             self.has_initial_state = np.zeros(b, dtype=np.int32)
+            self._state_rows_used = 0  # rows of state_indices the step being formed uses
         # longrope: (original context, row offset) for requests whose prompt is longer
         self._long_prompt = getattr(getattr(model, "rope", None), "long_prompt_offset", None)
         self.block_table = self.input_batch.block_table
@@ -176,9 +177,18 @@ class ModelRunner:
         elif device == "cuda":
             self.decode_capture = CudaGraphs(sizes)
         else:
+            # A hybrid model's tape reads its state slots from the runner's state_indices and
+            # updates their rows in place (StateRows: put back before the capture's check).
+            state = None
+            if self._state_slot is not None:
+                arrays = [a for o in walk(model) if hasattr(o, "state_arrays")
+                          for a in o.state_arrays()]
+                state = StateRows(arrays, lambda: self.state_indices[:self._state_rows_used])
             self.decode_capture = StepTapes(sizes, lambda: LongLived(
                 self.model, self.kv_caches, self.input_ids, self.positions, self.slot_mapping,
-                self.query_start_loc, self.seq_lens, self.block_table, self.hidden_out))
+                self.query_start_loc, self.seq_lens, self.block_table, self.hidden_out,
+                getattr(self, "state_indices", None), getattr(self, "has_initial_state", None)),
+                state)
         self._decode_logits = None  # GPU: the decode buckets' f32 logits (below)
         self._in_flight: PendingStep | None = None  # the last launched step, until finished
         # (dst, src, tokens) for the step being formed: input ids dst <- tokens[src], the
@@ -297,6 +307,7 @@ class ModelRunner:
         self.state_indices[:n] = [self._state_slot[r] for r in batch.req_ids[:n]]
         self.has_initial_state[:nb] = 0
         self.has_initial_state[:n] = self.positions[self.query_start_loc[:n]] > 0
+        self._state_rows_used = nb
         return self.state_indices[:nb], self.has_initial_state[:nb]
 
     def _decode_forward(self, size: int, inputs: tuple):

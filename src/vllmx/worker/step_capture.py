@@ -39,10 +39,9 @@ def _addr(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
-def host_arrays(*objs) -> list[np.ndarray]:
-    """The numpy arrays reachable from objs through attributes, lists, tuples and dicts (a model's
-    weights, norm weights, rope caches ...): the memory a captured forward may read as is."""
-    found: list[np.ndarray] = []
+def walk(*objs):
+    """Every object reachable from objs through attributes of vllmx objects, lists, tuples,
+    dicts and Weights, once each."""
     seen: set[int] = set()
     stack = list(objs)
     while stack:
@@ -50,9 +49,8 @@ def host_arrays(*objs) -> list[np.ndarray]:
         if id(o) in seen or o is None or isinstance(o, (str, bytes, int, float, bool)):
             continue
         seen.add(id(o))
-        if isinstance(o, np.ndarray):
-            found.append(o)
-        elif isinstance(o, Weight):
+        yield o
+        if isinstance(o, Weight):
             stack.append(o.data)
         elif isinstance(o, dict):
             stack.extend(o.values())
@@ -60,7 +58,12 @@ def host_arrays(*objs) -> list[np.ndarray]:
             stack.extend(o)
         elif hasattr(o, "__dict__") and type(o).__module__.startswith("vllmx."):
             stack.extend(vars(o).values())
-    return found
+
+
+def host_arrays(*objs) -> list[np.ndarray]:
+    """The numpy arrays reachable from objs (a model's weights, norm weights, rope caches ...):
+    the memory a captured forward may read as is."""
+    return [o for o in walk(*objs) if isinstance(o, np.ndarray)]
 
 
 class LongLived:
@@ -126,10 +129,13 @@ class Arena:
             step.output = self.view(step.offset, step.dtype, step.shape)
 
 
-def capture(forward, long_lived: LongLived,
-            arena: Arena | None = None) -> tuple[CapturedStep, np.ndarray]:
+def capture(forward, long_lived: LongLived, arena: Arena | None = None,
+            state: StateRows | None = None) -> tuple[CapturedStep, np.ndarray]:
     """Runs forward() once while recording it; returns the checked, packed capture (in arena,
-    or an arena of its own) and its output, which has the eager forward's bits."""
+    or an arena of its own) and its output, which has the eager forward's bits. state: the
+    recurrent-state rows the step updates in place (hybrid models), put back before the check's
+    replay so that the step advances them once, and checked after it too."""
+    before = state.snapshot() if state is not None else None
     tape = _C.StepTape()
     _C.record_begin(tape)
     try:
@@ -147,12 +153,43 @@ def capture(forward, long_lived: LongLived,
     tape.relocate(_STAGING, size, arena.base)
     step = CapturedStep(tape, arena, offset, dtype, shape)
     arena.steps.append(step)
+    if state is not None:
+        recorded = state.digest()
+        state.restore(before)
+        del before
     replayed = step.replay()
-    if _digest(replayed) != digest:  # bits, so that NaNs compare too
+    if _digest(replayed) != digest or (state is not None and state.digest() != recorded):
+        # (bits, so that NaNs compare too)
         raise RuntimeError("step capture: the replayed forward differs from the recorded one; "
                            "the forward changes an activation outside the native ops (numpy "
                            "work in place), which a tape cannot replay")
     return step, replayed
+
+
+class StateRows:
+    """Rows of recurrent-state arrays that a step updates in place (a hybrid model's conv and
+    SSM / delta-rule states, slot first): rows() names the slots the step being captured uses.
+    A snapshot holds just those rows, once (a request's Mamba2 state can be megabytes a layer)."""
+
+    def __init__(self, arrays: list[np.ndarray], rows):
+        self.arrays, self.rows = arrays, rows
+
+    def snapshot(self) -> list[np.ndarray]:
+        r = np.unique(self.rows())
+        return [a[r] for a in self.arrays]
+
+    def restore(self, saved: list[np.ndarray]) -> None:
+        r = np.unique(self.rows())
+        for a, b in zip(self.arrays, saved):
+            a[r] = b
+
+    def digest(self) -> bytes:
+        r = np.unique(self.rows())
+        h = hashlib.blake2b()
+        for a in self.arrays:
+            for i in r:  # row by row: no copy of all of them at once
+                h.update(np.ascontiguousarray(a[i]).view(np.uint8))
+        return h.digest()
 
 
 def _digest(a: np.ndarray) -> bytes:
