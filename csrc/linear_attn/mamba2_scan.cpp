@@ -14,6 +14,8 @@ namespace vllmx {
 
 namespace {
 
+constexpr int kLanes = 8;  // partial sums of a state row's dot with C
+
 template <typename F>
 void run_head(int64_t h, int64_t t0, int64_t n, int64_t P, int64_t N, int64_t g,
               const Tensor& x, const Tensor& dt, const Tensor& B, const Tensor& C, float a_log,
@@ -35,12 +37,23 @@ void run_head(int64_t h, int64_t t0, int64_t n, int64_t P, int64_t N, int64_t g,
     for (int64_t p = 0; p < P; ++p) {
       F* row = S.data() + p * N;
       const F xs = step * F(xt[p]);
-      F y = 0;
-      for (int64_t s = 0; s < N; ++s) {
+      // y = row . C in kLanes interleaved partial sums, then a fixed tree: one sum in order
+      // was a chain of N dependent adds, the compiler may not reorder, and took a third of a
+      // Mamba2 hybrid's prefill.
+      F part[kLanes] = {};
+      int64_t s = 0;
+      for (; s + kLanes <= N; s += kLanes)
+        for (int j = 0; j < kLanes; ++j) {
+          row[s + j] = row[s + j] * decay + xs * F(bt[s + j]);
+          part[j] += row[s + j] * F(ct[s + j]);
+        }
+      for (; s < N; ++s) {
         row[s] = row[s] * decay + xs * F(bt[s]);
-        y += row[s] * F(ct[s]);
+        part[s % kLanes] += row[s] * F(ct[s]);
       }
-      o[p] = static_cast<float>(y + F(d) * F(xt[p]));
+      for (int w = kLanes / 2; w > 0; w /= 2)
+        for (int j = 0; j < w; ++j) part[j] += part[j + w];
+      o[p] = static_cast<float>(part[0] + F(d) * F(xt[p]));
     }
   }
   for (int64_t i = 0; i < P * N; ++i) state[i] = static_cast<float>(S[i]);
