@@ -71,10 +71,10 @@ class GatedDeltaNet:
         self.conv_state = lazy_zeros((num_slots, self.conv_weight.shape[0], k - 1), np.float32)
         self.recurrent_state = lazy_zeros((num_slots, self.hv, self.dk, self.dv), np.float32)
 
-
     def state_arrays(self) -> list[np.ndarray]:
         """The per-request state this layer updates in place, slot first."""
         return [self.conv_state, self.recurrent_state]
+
     def __call__(self, x, md: AttentionMetadata):
         kd, vd = self.hk * self.dk, self.hv * self.dv
         idx, init, qsl = md.state_indices, md.has_initial_state, md.query_start_loc

@@ -68,10 +68,10 @@ class Mamba2Mixer:
         self.conv_state = lazy_zeros((num_slots, self.conv_weight.shape[0], k - 1), np.float32)
         self.ssm_state = lazy_zeros((num_slots, self.h, self.p, self.n), np.float32)
 
-
     def state_arrays(self) -> list[np.ndarray]:
         """The per-request state this layer updates in place, slot first."""
         return [self.conv_state, self.ssm_state]
+
     def __call__(self, x, md: AttentionMetadata):
         idx, init, qsl = md.state_indices, md.has_initial_state, md.query_start_loc
         xbc = ops.causal_conv1d(self.xbc_proj(x), self.conv_weight, self.conv_bias,

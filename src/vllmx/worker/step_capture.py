@@ -160,9 +160,10 @@ def capture(forward, long_lived: LongLived, arena: Arena | None = None,
     replayed = step.replay()
     if _digest(replayed) != digest or (state is not None and state.digest() != recorded):
         # (bits, so that NaNs compare too)
-        raise RuntimeError("step capture: the replayed forward differs from the recorded one; "
-                           "the forward changes an activation outside the native ops (numpy "
-                           "work in place), which a tape cannot replay")
+        raise RuntimeError("step capture: the replayed forward differs from the recorded one "
+                           "(its output or the state rows it updates); the forward changes an "
+                           "activation or a state outside the native ops (numpy work in "
+                           "place), which a tape cannot replay")
     return step, replayed
 
 
