@@ -7,10 +7,11 @@
 # runs' own reports stay on the machine.
 #
 #   bash bench/gpu_ab.sh MODELS WORKLOADS [PATCH ...]
-#   bash bench/gpu_ab.sh "llama-3-8b qwen3-0.6b" "1024:128:1,4,8,32" .gpu/a.patch .gpu/b.patch
+#   bash bench/gpu_ab.sh "llama-3-8b qwen3-0.6b" "1024:128:1,4,8,32 7936:64:4" .gpu/a.patch .gpu/b.patch
 #
-# Patches are `git diff` output (applied with patch -p1; the machine has no git). Runs against
-# no vLLM: compare variants with each other, and with vLLM through gpu_vs_vllm.py itself.
+# WORKLOADS: one or more of gpu_vs_vllm.py's IN:OUT:BATCHES, space-separated. Patches are
+# `git diff` output (applied with patch -p1; the machine has no git). Runs against no vLLM:
+# compare variants with each other, and with vLLM through gpu_vs_vllm.py itself.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [[ $# -ge 2 ]] || { sed -n 2,12p "$0"; exit 2; }
@@ -26,7 +27,7 @@ export PYTHONPATH=/tmp/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 run() {  # variant tag
   # shellcheck disable=SC2086
   OUT="$RUNS/$1" python3 bench/gpu_vs_vllm.py --engines vllmx --models $MODELS \
-    --workloads "$WORKLOADS" >"$RUNS/$1.log" 2>&1 || { echo "$1: run failed"; tail -20 "$RUNS/$1.log"; }
+    --workloads $WORKLOADS >"$RUNS/$1.log" 2>&1 || { echo "$1: run failed"; tail -20 "$RUNS/$1.log"; }
   echo "$1 done (${SECONDS}s)"
 }
 rebuild() {

@@ -1,4 +1,4 @@
-// The skinny GEMM: out[T, N] = x[T, K] @ w[N, K]^T for 4 < T <= 32 (decode batches), x and w of
+// The skinny GEMM: out[T, N] = x[T, K] @ w[N, K]^T for 3 <= T <= 32 (decode batches), x and w of
 // one 16-bit dtype. There the product is bound by streaming w (T FLOP per
 // weight byte against the H200's ~200 FLOP/byte ridge), so the kernel is built to keep HBM busy:
 // - swapped operands: w rows are the mma's M side (16 per warp, 64 per CTA) and the T tokens its

@@ -1,10 +1,12 @@
 // linear on the GPU: out[T, N] = x[T, K] @ w[N, K]^T (+ bias[N]), x/out bf16 or f16.
 //
 // Kernel families, picked by plan_linear() on the host (the kernels hold no policy):
-// - gemv_kernel (cuda/gemv.cu; T <= 4, decode): memory-bound, streams w once.
-// - gemm_skinny_kernel (cuda/gemm_skinny.cu; 4 < T <= 32, x and w of one dtype): w rows on the
+// - gemv_kernel (cuda/gemv.cu; T <= 4 for block weights, T <= 2 for same-dtype ones, decode):
+//   memory-bound, streams w once.
+// - gemm_skinny_kernel (cuda/gemm_skinny.cu; 3 <= T <= 32, x and w of one dtype): w rows on the
 //   mma's M side and split-K, so that small batches stream w at the bandwidth limit; on Hopper
-//   from T = kSm90MinT up the CUTLASS GEMM's narrow swapped tiles take over.
+//   the CUTLASS GEMM's narrow swapped tiles take products above 4096 x 4096 from T =
+//   kSm90MinT up (the widest from T = 3).
 // - gemm_kernel (other T > 4): tensor cores (mma.sync m16n8k16, f32 accumulate) over a multistage
 //   cp.async pipeline. x tiles always arrive by cp.async; w tiles too when w has x's dtype,
 //   otherwise (the other 16-bit type, Q8_0/Q4_0/Q4_1) they are loaded into registers one tile
@@ -273,6 +275,7 @@ constexpr int64_t kSm90MinT = 12;
 // it from T = 5 lifted Llama-3-8B's batch-8 decode 1268 -> 1348 tok/s on the H200.
 constexpr int64_t kSm90WideN = 16384;
 constexpr int64_t kSm90MaxSwapT = 128;
+constexpr int64_t kSkinnyMaxElems = int64_t{4096} * 4096;
 
 bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
@@ -283,6 +286,10 @@ bool plan_sm90(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor& 
 #ifdef VLLMX_WITH_SM90_GEMM
   if (p.wk != kWSame || !sm90_kernels()) return false;
   if (T < kSm90MinT && N < kSm90WideN) return false;
+  // Products up to 4096 x 4096 stay on the skinny kernel to T = 32: split-K keeps every SM
+  // busy where the narrow tiles have too few weight tiles for them (Qwen3-0.6B's batch-32
+  // decode 10375 -> 11902 tok/s on the H200, Llama-3-8B's unchanged; bench/gpu_ab.sh).
+  if (T <= kSkinnyMaxT && N * K <= kSkinnyMaxElems) return false;
   // (K == 0: a TMA tensor map has no empty dims.)
   if (K == 0 || K % 8 != 0 || N % 8 != 0 || x.stride[0] % 8 != 0 || w.stride[0] % 8 != 0 ||
       out.stride[0] % 8 != 0 || !aligned(x.data, 16) || !aligned(w.data, 16) ||
@@ -329,7 +336,7 @@ LinearPlan plan_linear(const Tensor& out, const Tensor& x, const Tensor& w, int6
   else
     ok = ok && aligned(w.data, 16) && w.stride[0] % 8 == 0;
   if (!ok || T > (int64_t{1} << 30) || N > (int64_t{1} << 30)) return p;
-  if (T <= kGemvMaxT) {
+  if (T <= kGemvMaxT && (p.wk != kWSame || T < kSkinnyMinT)) {
     // GEMV streams w once; T = 1 gets its own instantiation (fewer registers, no row guards).
     p.path = Path::kGemv;
     p.max_t = T == 1 ? 1 : kGemvMaxT;
