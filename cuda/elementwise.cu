@@ -146,6 +146,49 @@ __global__ void fused_add_rms_norm_kernel(T* out, T* res_out, const T* x, const 
     orow[i] = from_f32<T>(to_f32(ro[i]) * inv * to_f32(w[i]));
 }
 
+// fused_add_rms_norm_kernel's arithmetic in 16-byte vectors, a thread's chunks held in
+// registers between the two passes (kPer chunks of Vec16<T>::N at most, n a multiple of N).
+template <typename T, typename W, int kPer>
+__global__ void fused_add_rms_norm_vec_kernel(T* out, T* res_out, const T* x, const T* res,
+                                              const W* w, int64_t n, int64_t out_stride,
+                                              int64_t res_out_stride, int64_t x_stride,
+                                              int64_t res_stride, float eps) {
+  constexpr int V = Vec16<T>::N;
+  pdl_begin();
+  const T* xr = x + blockIdx.x * x_stride;
+  const T* rr = res + blockIdx.x * res_stride;
+  T* ro = res_out + blockIdx.x * res_out_stride;
+  T* orow = out + blockIdx.x * out_stride;
+  const int64_t chunks = n / V;
+  Vec16<T> sum[kPer];
+  float ss = 0.0f;
+#pragma unroll
+  for (int p = 0; p < kPer; ++p) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(p) * blockDim.x;
+    if (c >= chunks) break;
+    Vec16<T> r;
+    sum[p].load(xr + c * V);
+    r.load(rr + c * V);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float v = sum[p].f[j] + r.f[j];
+      ss += v * v;
+      sum[p].f[j] = to_f32(from_f32<T>(v));  // the residual as stored
+    }
+    sum[p].store(ro + c * V);
+  }
+  ss = block_sum(ss);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+#pragma unroll
+  for (int p = 0; p < kPer; ++p) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(p) * blockDim.x;
+    if (c >= chunks) break;
+#pragma unroll
+    for (int j = 0; j < V; ++j) sum[p].f[j] = sum[p].f[j] * inv * to_f32(w[c * V + j]);
+    sum[p].store(orow + c * V);
+  }
+}
+
 // ---- layer_norm ----
 // One CTA per (row, group) of d values. With res (one group per row), res_out = x + res is
 // stored first, rounded to T, and the statistics are those of what was stored (transformers
@@ -300,6 +343,26 @@ __global__ void act_and_mul_kernel(T* out, const T* x, int64_t rows, int64_t d, 
     const int64_t r = e / d, i = e % d;
     const T* xr = x + r * x_stride;
     out[r * out_stride + i] = from_f32<T>(activate<kAct>(to_f32(xr[i])) * to_f32(xr[i + d]));
+  }
+}
+
+// act_and_mul_kernel in 16-byte vectors (d and the row strides multiples of Vec16<T>::N).
+template <typename T, Act kAct>
+__global__ void act_and_mul_vec_kernel(T* out, const T* x, int64_t rows, int64_t d,
+                                       int64_t x_stride, int64_t out_stride) {
+  constexpr int V = Vec16<T>::N;
+  pdl_begin();
+  const int64_t dv = d / V, n = rows * dv;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / dv, i = e % dv * V;
+    const T* xr = x + r * x_stride + i;
+    Vec16<T> g, u;
+    g.load(xr);
+    u.load(xr + d);
+#pragma unroll
+    for (int j = 0; j < V; ++j) g.f[j] = activate<kAct>(g.f[j]) * u.f[j];
+    g.store(out + r * out_stride + i);
   }
 }
 
@@ -493,7 +556,20 @@ void norm_impl(const char* op, const Tensor& out, const Tensor& res_out, const T
     using T = decltype(xv);
     auto run = [&](auto wv) {
       using W = decltype(wv);
-      if (fused)
+      // Vectors where every row allows them: up to 2 chunks a thread (4 past 2048 chunks).
+      constexpr int V = Vec16<T>::N;
+      const int64_t chunks = n / V;
+      if (fused && n % V == 0 && chunks <= 4 * 1024 && vec16_ok<T>(out.data, out.stride[0]) &&
+          vec16_ok<T>(res_out.data, res_out.stride[0]) && vec16_ok<T>(x.data, x.stride[0]) &&
+          vec16_ok<T>(res.data, res.stride[0])) {
+        const int vthreads =
+            static_cast<int>(std::min<int64_t>(1024, ((chunks + 1) / 2 + 31) / 32 * 32));
+        auto kernel = chunks <= 2 * 1024 ? fused_add_rms_norm_vec_kernel<T, W, 2>
+                                         : fused_add_rms_norm_vec_kernel<T, W, 4>;
+        launch(kernel, rows, vthreads, 0, stream(), out.ptr<T>(), res_out.ptr<T>(), x.ptr<T>(),
+               res.ptr<T>(), w.ptr<W>(), n, out.stride[0], res_out.stride[0], x.stride[0],
+               res.stride[0], eps);
+      } else if (fused)
         launch(fused_add_rms_norm_kernel<T, W>, rows, threads, 0, stream(), out.ptr<T>(),
                res_out.ptr<T>(), x.ptr<T>(), res.ptr<T>(), w.ptr<W>(), n, out.stride[0],
                res_out.stride[0], x.stride[0], res.stride[0], eps);
@@ -625,8 +701,13 @@ void act_impl(const char* op, const Tensor& out, const Tensor& x) {
   if (rows * d == 0) return;
   dispatch_float(x.dtype, op, [&](auto v) {
     using T = decltype(v);
-    launch(act_and_mul_kernel<T, kAct>, blocks_for(rows * d, kThreads), kThreads, 0, stream(),
-        out.ptr<T>(), x.ptr<T>(), rows, d, x.stride[0], out.stride[0]);
+    constexpr int V = Vec16<T>::N;
+    if (d % V == 0 && vec16_ok<T>(x.data, x.stride[0]) && vec16_ok<T>(out.data, out.stride[0]))
+      launch(act_and_mul_vec_kernel<T, kAct>, blocks_for(rows * d / V, kThreads), kThreads, 0,
+             stream(), out.ptr<T>(), x.ptr<T>(), rows, d, x.stride[0], out.stride[0]);
+    else
+      launch(act_and_mul_kernel<T, kAct>, blocks_for(rows * d, kThreads), kThreads, 0,
+             stream(), out.ptr<T>(), x.ptr<T>(), rows, d, x.stride[0], out.stride[0]);
   });
   check_launch(op);
 }

@@ -127,7 +127,9 @@ def test_rms_norm(rng, dtype, w_act, T, H):
 
 
 @pytest.mark.parametrize("dtype", ACT)
-@pytest.mark.parametrize("T,H", [(1, 64), (9, 2048)])
+# 16-byte vectors where H allows them (2 chunks a thread, 4 past 2048 chunks: 20480), the
+# scalar kernel where it does not (1001; f32's 20480 is 5120 chunks).
+@pytest.mark.parametrize("T,H", [(1, 64), (9, 2048), (5, 1001), (3, 20480)])
 def test_fused_add_rms_norm(rng, dtype, T, H):
     x = rounded(rng.standard_normal((T, H)).astype(np.float32), dtype)
     res = rounded(rng.standard_normal((T, H)).astype(np.float32), dtype)
@@ -211,8 +213,9 @@ def test_rotary(rng, dtype, is_neox, rot_dim, with_k):
 # ---- gated activations ----
 @pytest.mark.parametrize("dtype", ACT)
 @pytest.mark.parametrize("act", ["silu", "gelu", "gelu_tanh"])
-def test_act_and_mul(rng, dtype, act):
-    T, d = 13, 1000
+@pytest.mark.parametrize("d", [1000, 1003])  # 16-byte vectors / the scalar kernel
+def test_act_and_mul(rng, dtype, act, d):
+    T = 13
     x = rounded(rng.standard_normal((T, 2 * d)).astype(np.float32) * 2, dtype)
     ref = np.empty((T, d), np.float32)
     out = DeviceArray.empty((T, d), dtype)
