@@ -11,7 +11,8 @@
 namespace vllmx {
 
 // Cephes-style expf, ~1 ulp, for x in [lo, 88.7] (inputs are clamped there; NaN gives exp(lo)).
-// Callers pick lo: the sampler uses -150 (underflows to 0), attention -103.
+// Callers pick lo: the sampler -87 (zeroing what lies below: sampler.cpp exp_or_zero),
+// attention -103.
 VLLMX_TARGET_AVX512 inline __m512 exp512(__m512 x, float lo) {
   x = _mm512_max_ps(x, _mm512_set1_ps(lo));
   x = _mm512_min_ps(x, _mm512_set1_ps(88.7f));

@@ -123,13 +123,22 @@ int64_t count_above_scalar(const float* x, int64_t n, float thr) {
 }
 
 #if VLLMX_X86
-constexpr float kExpLo = -150.0f;  // exp512 underflows to 0 below this
+// exp(x) for x <= 0, and exactly 0 below kExpLo. exp512 would make a subnormal there, or
+// underflow through one, and on Intel each such vector is a microcode assist: a grammar-masked
+// row (-inf but for the allowed tokens) took 8x as long as a free one (32 x 49152 logits'
+// greedy log-probs 4.1 against 0.53 ms). What is dropped is below 2^-126 of the row's maximum,
+// whose own term is 1, so no sum or draw changes.
+constexpr float kExpLo = -87.0f;
 VLLMX_TARGET_AVX512 inline __mmask16 tail_mask(int64_t left) {
   return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1);
 }
 VLLMX_TARGET_AVX512 inline __m512d sum16_pd(__m512 v) {
   return _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)),
                        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+}
+VLLMX_TARGET_AVX512 inline __m512 exp_or_zero(__m512 x) {
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpLo), _CMP_GE_OQ);
+  return _mm512_maskz_mov_ps(keep, exp512(x, kExpLo));
 }
 VLLMX_TARGET_AVX512 float max_avx512(const float* x, int64_t n) {
   __m512 m = _mm512_set1_ps(-kInf);
@@ -153,7 +162,7 @@ VLLMX_TARGET_AVX512 double exp_sum_avx512(const float* x, int64_t n, float m) {
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 k = tail_mask(n - i);
     const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-kInf), k, x + i);
-    s = _mm512_add_pd(s, sum16_pd(exp512(_mm512_sub_ps(v, vm), kExpLo)));
+    s = _mm512_add_pd(s, sum16_pd(exp_or_zero(_mm512_sub_ps(v, vm))));
   }
   return _mm512_reduce_add_pd(s);
 }
@@ -164,7 +173,7 @@ VLLMX_TARGET_AVX512 double exp_store_avx512(float* w, const float* x, int64_t n,
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 k = tail_mask(n - i);
     const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-kInf), k, x + i);
-    __m512 e = exp512(_mm512_sub_ps(_mm512_div_ps(v, vt), vm), kExpLo);
+    __m512 e = exp_or_zero(_mm512_sub_ps(_mm512_div_ps(v, vt), vm));
     e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(e, vp, _CMP_GE_OQ), e);
     _mm512_mask_storeu_ps(w + i, k, e);
     s = _mm512_add_pd(s, sum16_pd(e));

@@ -86,6 +86,25 @@ def test_logprobs_random_rows(ref):
 
 
 @pytest.mark.parametrize("ref", [False, True])
+def test_grammar_masked_rows(ref):
+    """Rows a grammar mask left -inf but for 1 to 2000 tokens, one with allowed logits 90-120
+    below its maximum (exp's subnormal range, which the fast path takes as 0): greedy and
+    sampled picks among the allowed tokens, log-probs as float64's."""
+    rng = np.random.default_rng(11)
+    B, V = 6, 49152
+    logits = np.full((B, V), -np.inf, np.float32)
+    allowed = [rng.choice(V, size=n, replace=False) for n in (1, 3, 40, 2000, 7, 500)]
+    for b, a in enumerate(allowed):
+        logits[b, a] = rng.standard_normal(len(a)) * 3
+    logits[4, allowed[4][:3]] = logits[4, allowed[4]].max() - np.float32([90, 100, 120])
+    ls = log_softmax64(logits)
+    for t in (0.0, 1.0):
+        ids, lp = call(logits, t, rng_state=states(rng, B), ref=ref)
+        assert all(ids[b] in set(allowed[b].tolist()) for b in range(B))
+        np.testing.assert_allclose(lp, ls[np.arange(B), ids], atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("ref", [False, True])
 def test_seeded_independent_of_batch(ref):
     rng = np.random.default_rng(3)
     V = 3000
