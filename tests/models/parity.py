@@ -59,7 +59,7 @@ def vllmx_prompt_logits(llm, token_ids: list[int]) -> np.ndarray:
         query_start_loc=np.array([0, n], dtype=np.int32),
         seq_lens=np.array([n], dtype=np.int32), kv_caches=caches, cache_dtype=engine.cache_dtype)
     if getattr(model, "is_hybrid", False):  # the runner's scratch state slot, started fresh
-        scratch = len(engine.model_runner.state_indices)
+        scratch = len(engine.model_runner.state_slots.state_indices)
         md.state_indices = np.array([scratch], dtype=np.int32)
         md.has_initial_state = np.zeros(1, dtype=np.int32)
     hidden = model.forward(np.asarray(token_ids, dtype=np.int32),

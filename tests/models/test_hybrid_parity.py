@@ -38,7 +38,7 @@ def test_parity_f32(family, ckpt_dir):
     llm, prompts, oracle = run_parity(path, path)
     assert_prompt_logits_match(llm, prompts, oracle, family, SEED)
     runner = llm.llm_engine.model_runner
-    assert runner._state_slot is not None  # the runner keeps state slots for its mixers
+    assert runner.state_slots is not None  # the runner keeps state slots for its mixers
     assert not llm.llm_engine.config.cache_config.enable_prefix_caching
 
 
@@ -139,9 +139,9 @@ def test_batched_equals_alone_with_chunks_preemption_and_aborts(family, ckpt_dir
         assert alone == batched[i].outputs[0].token_ids, f"request {i}"
     # No slot lost: the runner hears of a finished request at the next step, so the last one
     # may still hold its slot.
-    runner = engine.model_runner
-    assert sorted(runner._free_slots + list(runner._state_slot.values())) == [0, 1, 2, 3]
-    assert len(runner._state_slot) <= 1
+    slots = engine.model_runner.state_slots
+    assert sorted(slots._free + list(slots._slot.values())) == [0, 1, 2, 3]
+    assert len(slots._slot) <= 1
 
 
 @pytest.mark.parametrize("family", ["qwen3_next", "granite_moe_hybrid", "falcon_h1"])

@@ -48,7 +48,8 @@ from vllmx.worker.decode_capture import (
     tape_capture_sizes,
 )
 from vllmx.worker.input_batch import InputBatch
-from vllmx.worker.step_capture import LongLived, StateRows, walk
+from vllmx.worker.state_slots import StateSlots
+from vllmx.worker.step_capture import LongLived
 
 if TYPE_CHECKING:
     from vllmx.structured_output.backend_guidance import GuidanceGrammar
@@ -163,16 +164,8 @@ class ModelRunner:
         # The running requests' rows persist across steps (worker/input_batch.py); the block
         # table the kernels read is its array.
         self.input_batch = InputBatch(b, max_model_len, block_size)
-        # Hybrid models: a state slot per running request in the model's conv / recurrent
-        # state tensors (slot b: the padding rows' scratch), taken when the request starts or
-        # resumes and given back when it finishes or is preempted (its state is recomputed).
-        self._state_slot: dict[str, int] | None = None
-        if getattr(model, "is_hybrid", False):
-            model.allocate_states(b + 1)
-            self._state_slot, self._free_slots = {}, list(range(b - 1, -1, -1))
-            self.state_indices = np.full(b, b, dtype=np.int32)
-            self.has_initial_state = np.zeros(b, dtype=np.int32)
-            self._state_rows_used = 0  # rows of state_indices the step being formed uses
+        # Hybrid models: a recurrent-state slot per running request (worker/state_slots.py).
+        self.state_slots = StateSlots(model, b) if getattr(model, "is_hybrid", False) else None
         # longrope: (original context, row offset) for requests whose prompt is longer
         self._long_prompt = getattr(getattr(model, "rope", None), "long_prompt_offset", None)
         self.block_table = self.input_batch.block_table
@@ -182,18 +175,14 @@ class ModelRunner:
         elif device == "cuda":
             self.decode_capture = CudaGraphs(sizes)
         else:
-            # A hybrid model's tape reads its state slots from the runner's state_indices and
-            # updates their rows in place (StateRows: put back before the capture's check).
-            state = None
-            if self._state_slot is not None:
-                arrays = [a for o in walk(model) if hasattr(o, "state_arrays")
-                          for a in o.state_arrays()]
-                state = StateRows(arrays, lambda: self.state_indices[:self._state_rows_used])
+            # A hybrid model's tape reads its state slots from the long-lived state_indices
+            # and updates their rows in place (put back before the capture's check).
+            slots = self.state_slots
+            state = (slots.state_indices, slots.has_initial_state) if slots else (None, None)
             self.decode_capture = StepTapes(sizes, lambda: LongLived(
                 self.model, self.kv_caches, self.input_ids, self.positions, self.slot_mapping,
-                self.query_start_loc, self.seq_lens, self.block_table, self.hidden_out,
-                getattr(self, "state_indices", None), getattr(self, "has_initial_state", None)),
-                state)
+                self.query_start_loc, self.seq_lens, self.block_table, self.hidden_out, *state),
+                slots.step_rows() if slots else None)
         self._decode_logits = None  # GPU: the decode buckets' f32 logits (below)
         self._in_flight: PendingStep | None = None  # the last launched step, until finished
         # (dst, src, tokens) for the step being formed: input ids dst <- tokens[src], the
@@ -298,22 +287,11 @@ class ModelRunner:
         md = AttentionMetadata(self.slot_mapping[:t], self.block_table[:nb],
                                self.query_start_loc[:nb + 1], self.seq_lens[:nb],
                                self.kv_caches, self.cache_dtype, max_query_len)
-        if self._state_slot is not None:
-            md.state_indices, md.has_initial_state = self._state_rows(nb)
+        if self.state_slots is not None:
+            n = min(nb, self.input_batch.num_reqs)
+            md.state_indices, md.has_initial_state = self.state_slots.rows(
+                self.input_batch.req_ids[:n], nb, self.positions[self.query_start_loc[:n]])
         return self.input_ids[:t], self.positions[:t], md
-
-    def _state_rows(self, nb: int) -> tuple[np.ndarray, np.ndarray]:
-        """The first nb rows' state slots, and whether each continues its sequence (its first
-        token this step is past position 0); padding rows take the scratch slot, fresh."""
-        batch = self.input_batch
-        n = min(nb, batch.num_reqs)
-        scratch = len(self.state_indices)
-        self.state_indices[:nb] = scratch
-        self.state_indices[:n] = [self._state_slot[r] for r in batch.req_ids[:n]]
-        self.has_initial_state[:nb] = 0
-        self.has_initial_state[:n] = self.positions[self.query_start_loc[:n]] > 0
-        self._state_rows_used = nb
-        return self.state_indices[:nb], self.has_initial_state[:nb]
 
     def _decode_forward(self, size: int, inputs: tuple):
         """A decode bucket's forward and f32 logits (every token's): what a capture records,
@@ -416,17 +394,14 @@ class ModelRunner:
         for req_id in so.finished_req_ids:
             self.requests.pop(req_id, None)
             batch.remove_request(req_id)
-        if self._state_slot is not None:
-            for req_id in so.finished_req_ids | so.preempted_req_ids:
-                slot = self._state_slot.pop(req_id, None)
-                if slot is not None:
-                    self._free_slots.append(slot)
+        if self.state_slots is not None:
+            self.state_slots.give_back(so.finished_req_ids | so.preempted_req_ids)
         if self.drafter is not None:  # (a preempted request's drafter state starts over)
             self.drafter.remove_requests(so.finished_req_ids | so.preempted_req_ids)
         for new in so.scheduled_new_reqs:  # new, or resumed after preemption: a fresh row
             self._add_request(new)
-            if self._state_slot is not None and new.req_id not in self._state_slot:
-                self._state_slot[new.req_id] = self._free_slots.pop()
+            if self.state_slots is not None:
+                self.state_slots.take(new.req_id)
             batch.add_request(new.req_id, new.token_ids, new.num_computed_tokens,
                               new.block_ids, self._rope_offset(new.num_prompt_tokens))
         c = so.scheduled_cached_reqs
