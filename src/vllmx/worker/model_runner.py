@@ -711,13 +711,11 @@ class ModelRunner:
             return None
         rows = np.array(rows, dtype=np.int32)
 
-        def masks() -> tuple[np.ndarray, np.ndarray]:
-            return self.structured_output_manager.grammar_bitmask(grammars), rows
-
+        manager = self.structured_output_manager
         if self.grammar_masks_in_background:
-            return self.structured_output_manager.run_async(masks)
+            return manager.run_async(lambda: (manager.grammar_bitmask(grammars), rows))
         done = futures.Future()
-        done.set_result(masks())
+        done.set_result((manager.grammar_bitmask(grammars, parallel=False), rows))
         return done
 
     def _stage_drafts(self, drafts: dict[str, list[int]]) -> None:
