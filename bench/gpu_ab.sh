@@ -14,7 +14,7 @@
 # compare variants with each other, and with vLLM through gpu_vs_vllm.py itself.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-[[ $# -ge 2 ]] || { sed -n 2,12p "$0"; exit 2; }
+[[ $# -ge 2 ]] || { sed -n 2,14p "$0"; exit 2; }
 MODELS=$1 WORKLOADS=$2
 shift 2
 RUNS=$(mktemp -d)

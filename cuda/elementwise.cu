@@ -149,10 +149,10 @@ __global__ void fused_add_rms_norm_kernel(T* out, T* res_out, const T* x, const 
 // fused_add_rms_norm_kernel's arithmetic in 16-byte vectors, a thread's chunks held in
 // registers between the two passes (kPer chunks of Vec16<T>::N at most, n a multiple of N).
 template <typename T, typename W, int kPer>
-__global__ void fused_add_rms_norm_vec_kernel(T* out, T* res_out, const T* x, const T* res,
-                                              const W* w, int64_t n, int64_t out_stride,
-                                              int64_t res_out_stride, int64_t x_stride,
-                                              int64_t res_stride, float eps) {
+__global__ void __launch_bounds__(1024)
+    fused_add_rms_norm_vec_kernel(T* out, T* res_out, const T* x, const T* res, const W* w,
+                                  int64_t n, int64_t out_stride, int64_t res_out_stride,
+                                  int64_t x_stride, int64_t res_stride, float eps) {
   constexpr int V = Vec16<T>::N;
   pdl_begin();
   const T* xr = x + blockIdx.x * x_stride;

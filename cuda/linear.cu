@@ -269,10 +269,11 @@ struct LinearPlan {
 // 128256-row lm_head at 4.3 TB/s (1.01-1.04x cuBLAS) against the skinny's 3.0-3.7; at T = 12
 // the two tie over a layer, the skinny kernel ahead on the 4096 x 4096 projections.
 constexpr int64_t kSm90MinT = 12;
-// Wide products (Llama-3-8B's 28672-row gate_up) from T = 5: with weights rotated out of L2
-// (bench/results/gpu_linear_decode_rotated.json) the skinny kernel streamed 28672 x 4096 at
-// 3.3 TB/s at T = 8 (0.81x cuBLAS) where the 16-token narrow tile did 4.0 TB/s at T = 12; taking
-// it from T = 5 lifted Llama-3-8B's batch-8 decode 1268 -> 1348 tok/s on the H200.
+// Wide products (Llama-3-8B's 28672-row gate_up) from the GEMV's end (T = 3): with weights
+// rotated out of L2 (bench/results/gpu_linear_decode_rotated.json) the skinny kernel streamed
+// 28672 x 4096 at 3.3 TB/s at T = 8 (0.81x cuBLAS) where the 16-token narrow tile did 4.0 TB/s
+// at T = 12; taking it from T = 5 lifted Llama-3-8B's batch-8 decode 1268 -> 1348 tok/s on the
+// H200, and T = 3-4 came with the skinny change (kSkinnyMinT) that lifted batch 4.
 constexpr int64_t kSm90WideN = 16384;
 constexpr int64_t kSm90MaxSwapT = 128;
 constexpr int64_t kSkinnyMaxElems = int64_t{4096} * 4096;

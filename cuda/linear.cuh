@@ -146,8 +146,9 @@ __device__ __forceinline__ void store_out(const LinearArgs& a, bool bf, int t, i
   }
 }
 
-// GEMV up to 4 rows (same-dtype weights up to 2, kSkinnyMinT): beyond that its f32 FMAs (8 x 4
-// rows per 16-byte chunk) hold it far below the copy bandwidth (T = 8 measured 1.0-2.1 TB/s on the H200), and the mma GEMM does better.
+// GEMV up to 4 rows (same-dtype weights up to 2: kSkinnyMinT): beyond that its f32 FMAs (8 x 4
+// rows per 16-byte chunk) hold it far below the copy bandwidth (T = 8 measured 1.0-2.1 TB/s on
+// the H200), and the mma GEMM does better.
 constexpr int kGemvMaxT = 4;
 
 // gemv.cu: the GEMV for x of T <= max_t (1 or kGemvMaxT) rows, bf16 (else f16) x, w read as

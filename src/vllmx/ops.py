@@ -202,7 +202,8 @@ def batched_linear(x, w, out=None):
 
 def linear_act_and_mul(x, w, act: str = "silu"):
     """act(x @ gate^T) * (x @ up^T) for w = [gate; up] (a merged gate_up_proj); act is "silu",
-    "gelu" (erf) or "gelu_tanh". On the GPU decode rows take one fused GEMV."""
+    "gelu" (erf) or "gelu_tanh". On the GPU decode rows take one fused GEMV (up to 4 rows of
+    block weights, 2 of bf16 / f16 ones)."""
     code = _act_code("linear_act_and_mul", act)
     if not _fused("linear_act_and_mul", x):
         return act_and_mul(linear(x, w), act)
@@ -218,7 +219,7 @@ def rms_norm_linear(x, residual, norm_w, eps: float, w, bias=None, act: str | No
     is None), y = rms_norm(h) * norm_w, out = linear(y, w, bias), or linear_act_and_mul(y, w,
     act) when act is given. Returns (out, h), h being the residual stream from here on. Without
     the fused op (the CPU) the residual is updated in place (vLLM's fused_add_rms_norm); on the
-    GPU decode rows take one GEMV that normalizes x as it reads it."""
+    GPU decode rows (as in linear_act_and_mul) take one GEMV that normalizes x as it reads it."""
     code = -1 if act is None else _act_code("rms_norm_linear", act)
     if not _fused("rms_norm_linear", x):
         if residual is None:

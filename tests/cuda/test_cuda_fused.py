@@ -206,7 +206,7 @@ def test_rms_norm_linear(rng, dtype, T, with_res, act, wdt):
                            DeviceArray.empty((T, n), dtype) if act >= 0 else None, act)
     if with_res:  # x + residual rounds the same way on every path
         np.testing.assert_array_equal(res_out.numpy(), want_res)
-    if T > 4:  # not a GEMV: the separate ops themselves
+    if T > 4 or (T > 2 and wdt == dtype):  # not a GEMV: the separate ops themselves
         np.testing.assert_array_equal(out.numpy(), want)
     else:  # the norm's f32 sum runs in another order
         assert_close(as_f32(out.numpy(), dtype), as_f32(want, dtype), dtype, "rms_norm_linear")

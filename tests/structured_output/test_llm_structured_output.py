@@ -184,16 +184,3 @@ def test_engine_modes_give_the_same_answers(llm, smollm2_gguf, engine, mode_outp
     check_json(got[:-1], [n for _, _, n in reqs])
     if "num_gpu_blocks_override" in engine:
         assert other.llm_engine.scheduler.num_preemptions > 0
-
-
-def test_masks_in_background_give_the_same_answers(smollm2_gguf, mode_outputs):
-    """The GPU's way, forced on the CPU: the masks computed in the manager's thread while the
-    forward runs give the answers computed in line."""
-    reqs, want = mode_outputs
-    other = LLM(smollm2_gguf, **ENGINE)
-    runner = other.llm_engine.model_runner
-    runner.grammar_masks_in_background = True
-    got = other.chat([m for m, _, _ in reqs] + [chat("Tell me a story.")],
-                     [p for _, p, _ in reqs] + [MODE_FREE], use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
-    assert runner.structured_output_manager._mask_thread is not None  # it did run there

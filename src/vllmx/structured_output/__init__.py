@@ -2,8 +2,8 @@
 regex, a choice, a grammar or a structural tag. The manager holds llguidance's view of the
 tokenizer, checks each request's constraint before it is queued (a bad one is a ValueError:
 HTTP 400), makes the model runner one matcher per constrained request, and fills the batch's
-token bitmask on the host each step, in its own thread while the step's forward runs; the
-sampler applies it (ops.apply_token_bitmask) before sampling. Constrained requests are never drafted (speculative decoding), so each has one
+token bitmask on the host each step; the sampler applies it (ops.apply_token_bitmask) before
+sampling. Constrained requests are never drafted (speculative decoding), so each has one
 sampled row per step."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import dataclasses
 import logging
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -44,7 +43,6 @@ class StructuredOutputManager:
         self.eos_token_ids = sorted(eos_token_ids)
         self._ll_tokenizer = None
         self._executor = None
-        self._mask_thread: ThreadPoolExecutor | None = None  # grammar_bitmask_async's
         self._lock = threading.Lock()  # requests are checked on several threads
         self._compiled: OrderedDict[str, object] = OrderedDict()  # LRU of start-state matchers
         # vLLM's reasoning_parser: constraints start after the reasoning (unless
@@ -134,15 +132,6 @@ class StructuredOutputManager:
             return grammar
         return ReasoningGatedGrammar(grammar, self.reasoner.end_token_ids)
 
-    def run_async(self, fn) -> Future:
-        """fn() (a step's grammar_bitmask) in the manager's own thread, so that the masks are
-        computed while the step's forward runs, as vLLM does: the model runner starts it
-        before the forward and collects it before sampling. The matchers must not change
-        until it is done."""
-        if self._mask_thread is None:
-            self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="vllmx-grammar")
-        return self._mask_thread.submit(fn)
-
     def grammar_bitmask(self, grammars: list[GuidanceGrammar],
                         parallel: bool = True) -> np.ndarray:
         """int32 [len(grammars), ceil(vocab_size / 32)]: row i = the tokens grammars[i] allows
@@ -150,7 +139,7 @@ class StructuredOutputManager:
         other on this thread, for a CPU whose cores run the forward right after: llguidance's
         idle threads keep spinning for a while, and on 2 cores the taped forward ran beside
         them ~1 ms a step slower than the rows took on one thread (SmolLM2, batch 32: a JSON
-        schema's cost 11.5-12.5% in parallel, 7.0% in line; bench/structured_output_cpu.py)."""
+        schema's cost 11.5-12.5% in parallel, 1.2-4.4% in line; bench/structured_output_cpu.py)."""
         words_ll = (self.ll_tokenizer.vocab_size + 31) // 32
         mask = np.empty((len(grammars), words_ll), dtype=np.int32)
         if len(grammars) == 1 or not parallel:

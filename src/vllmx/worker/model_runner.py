@@ -13,7 +13,6 @@ finishes step N, and the tokens step N sampled reach step N + 1's input ids on t
 from __future__ import annotations
 
 import logging
-from concurrent import futures
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -151,10 +150,6 @@ class ModelRunner:
         # structured outputs: makes each constrained request's matcher, fills the masks (set
         # by the engine; None without a tokenizer)
         self.structured_output_manager: StructuredOutputManager | None = None
-        # Grammar masks computed in the background while the forward runs: on the GPU; on the
-        # CPU the forward uses every core (SmolLM2 at batch 32 on 2 cores: the taped forward
-        # slowed from 38 to 54 ms a step beside them, more than the 10 ms they take alone).
-        self.grammar_masks_in_background = device == "cuda"
         t, b = max_num_batched_tokens, max_num_seqs
         self.input_ids = np.zeros(t, dtype=np.int32)
         self.positions = np.zeros(t, dtype=np.int32)
@@ -536,13 +531,7 @@ class ModelRunner:
         nb = len(req_ids)
         if self.lora_manager is not None:
             self._set_active_loras(layout, t)
-        states = [self.requests[r] for r in sample_ids]
-        masks = self._grammar_masks(states, [drafts[r] for r in sample_ids])
-        try:
-            hidden, logits = self._forward(t, nb, t == len(logits_rows) and not prompt_rows)
-        finally:
-            if masks is not None:  # (the matchers stay untouched until it is done)
-                futures.wait([masks])
+        hidden, logits = self._forward(t, nb, t == len(logits_rows) and not prompt_rows)
         out = ModelRunnerOutput(req_ids, {}, {}, failed=failed)
         for state, row, start, last in prompt_rows:
             try:
@@ -566,9 +555,9 @@ class ModelRunner:
             else:
                 rows = ops.gather_rows(hidden, np.asarray(logits_rows, dtype=np.int32))
             logits = self.model.compute_logits(rows)
+        states = [self.requests[r] for r in sample_ids]
         smd = self._sampling_metadata(states, [drafts[r] for r in sample_ids], logits.shape[1])
-        if masks is not None:
-            smd.grammar_bitmask, smd.grammar_rows = masks.result()
+        self._grammar_masks(states, [drafts[r] for r in sample_ids], smd)
         # Each request's generator after this step, known now: a request without drafts
         # takes one draw if it samples at random (greedy rows none), so the next step may be
         # launched before this one's tokens are back. (With drafts, what is accepted decides.)
@@ -694,12 +683,13 @@ class ModelRunner:
             np.concatenate(positions), np.concatenate(slots), qsl[:b + 1], seq_lens[:b],
             self.block_table[batch_rows[:b]], sampled[:b]))
 
-    def _grammar_masks(self, states: list[CachedRequestState],
-                       drafts: list[list[int]]) -> futures.Future | None:
-        """The constrained requests' masks for this step (each has one row: never drafted)
-        and their rows among the sampled ones (their last tokens are in their matchers
-        already); None without constrained requests. Computed in the manager's thread while the
-        forward runs where grammar_masks_in_background, else now."""
+    def _grammar_masks(self, states: list[CachedRequestState], drafts: list[list[int]],
+                       smd: SamplingMetadata) -> None:
+        """The constrained requests' masks for this step (each has one row: never drafted),
+        computed on the host now that their last tokens are in their matchers. On the GPU the
+        forward is only queued by now, so they are computed while it runs, on llguidance's
+        threads; on the CPU, whose cores run the forward, one row after another (see
+        StructuredOutputManager.grammar_bitmask)."""
         grammars, rows = [], []
         i = 0
         for state, d in zip(states, drafts):
@@ -707,16 +697,10 @@ class ModelRunner:
                 grammars.append(state.grammar)
                 rows.append(i)
             i += 1 + len(d)
-        if not grammars:
-            return None
-        rows = np.array(rows, dtype=np.int32)
-
-        manager = self.structured_output_manager
-        if self.grammar_masks_in_background:
-            return manager.run_async(lambda: (manager.grammar_bitmask(grammars), rows))
-        done = futures.Future()
-        done.set_result((manager.grammar_bitmask(grammars, parallel=False), rows))
-        return done
+        if grammars:
+            smd.grammar_bitmask = self.structured_output_manager.grammar_bitmask(
+                grammars, parallel=self.device != "cpu")
+            smd.grammar_rows = np.array(rows, dtype=np.int32)
 
     def _stage_drafts(self, drafts: dict[str, list[int]]) -> None:
         """Writes each request's drafts after its tokens in the persistent batch, where the
