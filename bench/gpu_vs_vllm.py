@@ -287,6 +287,11 @@ def serve_run(engine: str, args, path: str, max_len: int) -> dict:
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+    if "error" in result:  # why the server stopped (e.g. a module its image lacks) is in its log
+        with open(log.name, errors="replace") as f:
+            result["server_log_tail"] = f.read()[-2000:]
+        print(f"  {engine} serve failed: {result['error']}\n{result['server_log_tail']}",
+              flush=True)
     return result
 
 
