@@ -240,6 +240,16 @@ def test_vllm_arguments_are_honoured_or_refused(tiny_llama):
         LLM(tiny_llama, skip_tokenizer_init=True, gpu_memory_utilization=1.5)
     with pytest.raises(TypeError, match="not_an_argument"):
         LLM(tiny_llama, skip_tokenizer_init=True, not_an_argument=1)
+    # Zero or negative sizes are refused by name before anything is built from them (they
+    # had surfaced as a KV cache of no blocks, a negative array, or a stalled scheduler).
+    for name, value in [("max_num_seqs", 0), ("max_num_batched_tokens", 0),
+                        ("max_model_len", -3), ("kv_cache_memory_bytes", 0),
+                        ("num_gpu_blocks_override", -2), ("num_threads", 0),
+                        ("block_size", 0)]:
+        with pytest.raises(ValueError, match=f"{name} must be >= 1, got {value}"):
+            LLM(tiny_llama, skip_tokenizer_init=True, device="cpu", **{name: value})
+    with pytest.raises(ValueError, match="max_logprobs must be >= 0, or -1"):
+        LLM(tiny_llama, skip_tokenizer_init=True, device="cpu", max_logprobs=-2)
     llm = LLM(tiny_llama, skip_tokenizer_init=True, dtype="auto", tensor_parallel_size=1,
               trust_remote_code=True, enforce_eager=True, device="cpu")
     assert llm.generate([{"prompt_token_ids": [5, 6]}], greedy(4))[0].outputs[0].token_ids

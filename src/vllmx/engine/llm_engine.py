@@ -83,9 +83,24 @@ class EngineArgs:
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
 
+    def _check_sizes(self) -> None:
+        """Counts and sizes a user gives, checked before anything is built from them: a zero or
+        negative one would otherwise surface later as a KV cache of no blocks, an array of
+        negative size or a scheduler that cannot make progress."""
+        at_least_1 = {"block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
+                      "max_num_batched_tokens": self.max_num_batched_tokens,
+                      "max_model_len": self.max_model_len, "num_threads": self.num_threads,
+                      "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
+                      "num_gpu_blocks_override": self.num_gpu_blocks_override}
+        for name, value in at_least_1.items():
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.max_logprobs < -1:
+            raise ValueError(f"max_logprobs must be >= 0, or -1 for no limit, got "
+                             f"{self.max_logprobs}")
+
     def create_engine_config(self) -> VllmxConfig:
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be positive, got {self.block_size}")
+        self._check_sizes()
         if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in DTYPE_BY_NAME:
             raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of auto, "
                              f"{', '.join(DTYPE_BY_NAME)}")
