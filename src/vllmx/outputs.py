@@ -59,6 +59,33 @@ class RequestOutput:
     # With finish_reason "error": what made this request fail (the engine went on without it).
     error: str | None = None
 
+    def add(self, next_output: RequestOutput, aggregate: bool) -> None:
+        """vLLM's RequestOutput.add: folds a later output of the same request into this one,
+        sample by sample (`index`). aggregate (DELTA outputs): text, token ids and logprobs
+        appended; otherwise (CUMULATIVE) the later sample replaces the earlier."""
+        self.finished |= next_output.finished
+        self.num_cached_tokens = next_output.num_cached_tokens
+        self.metrics = next_output.metrics
+        self.error = next_output.error if next_output.error is not None else self.error
+        if self.prompt_logprobs is None:  # DELTA sends them once, with the first output
+            self.prompt_logprobs = next_output.prompt_logprobs
+        for nxt in next_output.outputs:
+            for i, cur in enumerate(self.outputs):
+                if cur.index != nxt.index:
+                    continue
+                if aggregate:
+                    cur.text += nxt.text
+                    cur.token_ids = cur.token_ids + nxt.token_ids
+                    if nxt.logprobs:
+                        cur.logprobs = (cur.logprobs or []) + nxt.logprobs
+                    cur.cumulative_logprob = nxt.cumulative_logprob
+                    cur.finish_reason, cur.stop_reason = nxt.finish_reason, nxt.stop_reason
+                else:
+                    self.outputs[i] = nxt
+                break
+            else:
+                self.outputs.append(nxt)
+
 
 # -- pooling models (vLLM's classes; PoolingOutput.data is a numpy array here, not a tensor) ----
 @dataclass

@@ -1,7 +1,7 @@
 """AsyncLLM: the engine behind an asyncio interface (what the server uses). The step loop
 runs in its own thread; native ops release the GIL, so the event loop keeps serving while a
 step runs. Requests and aborts reach the loop through a command queue, outputs come back
-through one asyncio.Queue per request."""
+through one RequestOutputCollector per request (engine/output_collector.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from vllmx.config import VllmxConfig
 from vllmx.core.scheduler import SchedulerStats
 from vllmx.engine.exceptions import EngineDeadError, EngineGenerateError
 from vllmx.engine.llm_engine import EngineArgs, LLMEngine
+from vllmx.engine.output_collector import RequestOutputCollector
 from vllmx.engine.protocol import EngineClient
 from vllmx.outputs import CompletionOutput, RequestOutput
-from vllmx.sampling_params import BeamSearchParams, SamplingParams
+from vllmx.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 logger = logging.getLogger("vllmx")
 
@@ -27,7 +28,7 @@ class AsyncLLM(EngineClient):
     def __init__(self, engine: LLMEngine):
         self.engine = engine
         self._commands: collections.deque = collections.deque()
-        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._queues: dict[str, RequestOutputCollector] = {}
         self._wake = threading.Condition()
         self._shutdown = False
         self._dead_error: BaseException | None = None
@@ -83,15 +84,14 @@ class AsyncLLM(EngineClient):
             self._next_id += 1
         if request_id in self._queues:
             raise ValueError(f"request id {request_id!r} is already in use")
-        queue: asyncio.Queue = asyncio.Queue()
-        self._queues[request_id] = (asyncio.get_running_loop(), queue)
+        queue = RequestOutputCollector(asyncio.get_running_loop(),
+                                       params.output_kind == RequestOutputKind.DELTA)
+        self._queues[request_id] = queue
         self._submit(("add", request_id, text, ids, params, priority, lora_request))
         finished = False
         try:
             while True:
                 out = await queue.get()
-                if isinstance(out, BaseException):
-                    raise out
                 finished = out.finished
                 if out.error is not None:
                     raise EngineGenerateError(f"request {request_id} failed: {out.error}")
@@ -166,10 +166,9 @@ class AsyncLLM(EngineClient):
             self._wake.notify()
 
     def _deliver(self, request_id: str, item) -> None:
-        entry = self._queues.get(request_id)
-        if entry is not None:
-            loop, queue = entry
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+        queue = self._queues.get(request_id)
+        if queue is not None:
+            queue.put(item)
 
     def _apply_commands(self) -> None:
         while self._commands:

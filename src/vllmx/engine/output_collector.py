@@ -1,0 +1,50 @@
+"""RequestOutputCollector: vLLM's per-request output slot between the engine and a caller,
+here across threads (the engine thread puts, the caller's event loop gets).
+
+While the caller is behind, a DELTA output merges into the one already waiting (so a stream
+sends the tokens of several steps in one chunk) and a CUMULATIVE one replaces it, instead of
+queueing one wake-up and one chunk per token. Under load this is what keeps a server's event
+loop, which shares the GIL with the engine thread, from taking as much Python time per step
+as there are running streams times the steps it fell behind."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from vllmx.outputs import RequestOutput
+
+
+class RequestOutputCollector:
+    def __init__(self, loop: asyncio.AbstractEventLoop, aggregate: bool):
+        self._loop = loop
+        self._aggregate = aggregate  # DELTA outputs: merged, not replaced
+        self._lock = threading.Lock()
+        self._output: RequestOutput | BaseException | None = None
+        self._ready = asyncio.Event()  # set and cleared on the loop's thread only
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        """From the engine thread: an output, or the error that ends the request."""
+        with self._lock:
+            pending = self._output
+            if isinstance(pending, RequestOutput) and isinstance(item, RequestOutput):
+                pending.add(item, self._aggregate)
+                return  # the caller was woken when `pending` arrived
+            self._output = item  # an error ends the stream: it replaces what waits
+            wake = pending is None
+        if wake:
+            self._loop.call_soon_threadsafe(self._ready.set)
+
+    async def get(self) -> RequestOutput:
+        """The next (possibly merged) output; raises the error that ended the request."""
+        while True:
+            with self._lock:
+                out, self._output = self._output, None
+                if out is None:
+                    self._ready.clear()
+            if out is None:
+                await self._ready.wait()
+                continue
+            if isinstance(out, BaseException):
+                raise out
+            return out
