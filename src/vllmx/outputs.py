@@ -43,6 +43,10 @@ class RequestMetrics:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
+    # vLLM's inter-token latency, measured where the tokens are made: one gap (seconds) per
+    # step that gave this request tokens after its first, so that outputs merged on their way
+    # to a slow consumer (engine/output_collector.py) still count every step.
+    inter_token_latencies: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -73,11 +77,13 @@ class RequestOutput:
             for i, cur in enumerate(self.outputs):
                 if cur.index != nxt.index:
                     continue
-                if aggregate:
+                if aggregate:  # (the engine makes fresh lists for every DELTA output)
                     cur.text += nxt.text
-                    cur.token_ids = cur.token_ids + nxt.token_ids
+                    cur.token_ids.extend(nxt.token_ids)
                     if nxt.logprobs:
-                        cur.logprobs = (cur.logprobs or []) + nxt.logprobs
+                        if cur.logprobs is None:
+                            cur.logprobs = []
+                        cur.logprobs.extend(nxt.logprobs)
                     cur.cumulative_logprob = nxt.cumulative_logprob
                     cur.finish_reason, cur.stop_reason = nxt.finish_reason, nxt.stop_reason
                 else:

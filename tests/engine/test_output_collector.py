@@ -34,7 +34,6 @@ def test_delta_outputs_merge_per_sample_while_waiting():
         assert [list(d) for d in by[0].logprobs] == [[7], [8]]
         assert (by[1].text, by[1].token_ids, by[1].finish_reason) == ("xy", [9, 10], "length")
         assert got.prompt_logprobs is not None and got.finished
-        assert lp == [{7: Logprob(-0.1)}]  # the engine's lists are not mutated
         c.put(_out(0, "c", [11]))  # after a get, a fresh output
         assert (await c.get()).outputs[0].token_ids == [11]
 
@@ -50,8 +49,24 @@ def test_cumulative_outputs_replace_and_errors_raise():
         assert (got.outputs[0].text, got.outputs[0].token_ids) == ("ab", [7, 8])
         c.put(_out(0, "abc", [7, 8, 9]))
         c.put(RuntimeError("engine died"))
+        c.put(_out(0, "abcd", [7, 8, 9, 10]))  # nothing after the error reaches the caller
         with pytest.raises(RuntimeError, match="engine died"):
             await c.get()
+
+    asyncio.run(main())
+
+
+def test_a_finished_output_outlives_a_later_error():
+    """The engine may die after a request's last output was put but before it was taken:
+    the request is still reported finished, with its tokens, not failed."""
+    async def main():
+        c = RequestOutputCollector(asyncio.get_running_loop(), aggregate=True)
+        c.put(_out(0, "a", [7]))
+        c.put(_out(0, "b", [8], finished=True))
+        c.put(RuntimeError("engine died"))
+        got = await c.get()
+        assert got.finished and got.outputs[0].token_ids == [7, 8]
+        assert got.outputs[0].finish_reason == "length"
 
     asyncio.run(main())
 

@@ -23,7 +23,9 @@ def test_bench_serve_random(server, smollm2_gguf, tmp_path, capsys):
     assert r["completed"] == 8 and r["failed"] == 0
     assert r["total_input_tokens"] == 8 * 32 and r["total_output_tokens"] == 8 * 8
     assert r["output_lens"] == [8] * 8
-    assert all(len(itl) == 7 for itl in r["itls"])
+    # One gap per streamed chunk: 7 for 8 tokens, fewer where a lagging stream's tokens
+    # were merged into one chunk (engine/output_collector.py), as vLLM's server does.
+    assert all(1 <= len(itl) <= 7 for itl in r["itls"])
     assert 0 < r["mean_ttft_ms"] <= r["mean_e2el_ms"]
     assert r["median_tpot_ms"] > 0 and r["request_throughput"] > 0
 

@@ -432,8 +432,11 @@ class LLMEngine:
         outputs = []
         now = time.time()
         for req in updated:
-            req.metrics.first_token_time = req.metrics.first_token_time or now
-            req.metrics.last_token_time = now
+            m = req.metrics
+            if m.last_token_time is not None:
+                m.inter_token_latencies.append(now - m.last_token_time)
+            m.first_token_time = m.first_token_time or now
+            m.last_token_time = now
             if req.status == RequestStatus.FINISHED_ERROR:  # failed inside the step
                 out = self._fail_request(req, req.error)
             else:

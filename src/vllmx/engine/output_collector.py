@@ -27,10 +27,15 @@ class RequestOutputCollector:
         """From the engine thread: an output, or the error that ends the request."""
         with self._lock:
             pending = self._output
-            if isinstance(pending, RequestOutput) and isinstance(item, RequestOutput):
-                pending.add(item, self._aggregate)
-                return  # the caller was woken when `pending` arrived
-            self._output = item  # an error ends the stream: it replaces what waits
+            if isinstance(pending, BaseException):
+                return  # the request has failed: nothing after its error reaches the caller
+            if isinstance(pending, RequestOutput):
+                if isinstance(item, RequestOutput):
+                    pending.add(item, self._aggregate)
+                if pending.finished or isinstance(item, RequestOutput):
+                    return  # the caller was woken when `pending` arrived (and a finished
+                    # request stays finished, even if the engine dies before it is taken)
+            self._output = item  # an error ends an unfinished stream: it replaces what waits
             wake = pending is None
         if wake:
             self._loop.call_soon_threadsafe(self._ready.set)

@@ -177,7 +177,7 @@ class ServerMetrics:
         """Passes a request's DELTA outputs through, recording its metrics on the way."""
         first, finished = True, False
         num_prompt_tokens = num_generated = 0
-        last_token_time: dict[int, float] = {}
+        itl_seen: dict[int, int] = {}  # per sample's RequestMetrics: its gaps observed so far
         try:
             async for out in outputs:
                 now = time.time()
@@ -187,15 +187,18 @@ class ServerMetrics:
                     self.prompt_tokens.inc(num_prompt_tokens)
                     self.num_prompt_tokens += num_prompt_tokens
                     self.ttft.observe(now - arrival_time)
+                m = out.metrics
+                if m is not None:  # the engine's per-step gaps, however outputs were merged
+                    gaps = m.inter_token_latencies
+                    for gap in gaps[itl_seen.get(id(m), 0):]:
+                        self.itl.observe(gap)
+                    itl_seen[id(m)] = len(gaps)
                 for c in out.outputs:
                     k = len(c.token_ids)
                     if k:
                         num_generated += k
                         self.generation_tokens.inc(k)
                         self.num_generation_tokens += k
-                        if c.index in last_token_time:
-                            self.itl.observe((now - last_token_time[c.index]) / k)
-                        last_token_time[c.index] = now
                     if c.finish_reason in self.request_success:
                         self.request_success[c.finish_reason].inc()
                 if out.finished:
