@@ -27,6 +27,8 @@ worker gets that folder on its PYTHONPATH, the vllmx worker does not.
     python bench/gpu_vs_vllm.py                                  # both models, both workloads
     python bench/gpu_vs_vllm.py --models llama-3-8b --workloads 1024:128:1,8,32
     python bench/gpu_vs_vllm.py --models qwen3-0.6b --serve --concurrency 1 4 16 64 256
+    python bench/gpu_vs_vllm.py --models llama-3-8b --serve --skip-offline --engines vllmx \
+        --concurrency 64 256 --py-spy /tmp/site/bin/py-spy     # + where the server's GIL goes
     python bench/gpu_vs_vllm.py --models qwen3-30b-a3b --workloads 1024:128:1,8,32,64
     python bench/gpu_vs_vllm.py --engines vllmx --vllm-results bench/results/gpu_vs_vllm.json
 
@@ -249,6 +251,41 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> float:
     raise RuntimeError(f"the server was not ready after {timeout:.0f} s")
 
 
+def start_py_spy(args, engine: str, pid: int, c: int, path: str):
+    """--py-spy: a GIL profile of vllmx's server process (every thread, only samples holding
+    the GIL) for 8 s, 3 s into each run at concurrency >= 64: which thread's Python the
+    serving run waits on (the engine's step loop or the event loop's streams)."""
+    if not args.py_spy or engine != "vllmx" or c < 64:
+        return None
+    out = os.path.join(os.environ.get("OUT") or path, f"gil-c{c}.txt")
+    cmd = [args.py_spy, "record", "-p", str(pid), "-d", "8", "-r", "200", "-f", "raw", "-o", out,
+           "--threads", "--gil", "--nonblocking"]
+    return subprocess.Popen(["bash", "-c", 'sleep 3; exec "$@"', "_", *cmd],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), out
+
+
+def finish_py_spy(proc: subprocess.Popen, out: str) -> dict:
+    """Samples holding the GIL per thread, and the 12 functions most often on their stacks."""
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return {"error": "py-spy did not finish"}
+    if not os.path.exists(out):
+        return {"error": "py-spy wrote nothing"}
+    threads: dict[str, int] = {}
+    funcs: dict[str, int] = {}
+    with open(out) as f:
+        for line in f:
+            stack, _, n = line.rstrip().rpartition(" ")
+            frames = stack.split(";")
+            threads[frames[0]] = threads.get(frames[0], 0) + int(n)
+            for fn in set(frames[1:]):
+                funcs[fn] = funcs.get(fn, 0) + int(n)
+    top = sorted(funcs.items(), key=lambda kv: -kv[1])[:12]
+    return {"samples_by_thread": threads, "top_inclusive": dict(top), "raw": out}
+
+
 def serve_run(engine: str, args, path: str, max_len: int) -> dict:
     port = 8100 if engine == "vllmx" else 8200
     url = f"http://127.0.0.1:{port}"
@@ -266,9 +303,12 @@ def serve_run(engine: str, args, path: str, max_len: int) -> dict:
                      "--random-output-len", str(out), "--num-prompts", str(max(16, 4 * c)),
                      "--max-concurrency", str(c), "--ignore-eos", "--save-result",
                      "--result-filename", dest]
+            spy = start_py_spy(args, engine, proc.pid, c, path)
             done = subprocess.run(bench, capture_output=True, text=True,
                                   env=engine_env("vllmx", args.vllm_site),
                                   timeout=args.worker_timeout)
+            if spy is not None:
+                result[f"gil_c{c}"] = finish_py_spy(*spy)
             if done.returncode != 0 or not os.path.exists(dest):
                 result[str(c)] = {"error": done.stderr[-1500:]}
                 continue
@@ -313,6 +353,8 @@ def main() -> int:
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16, 64, 256])
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--vllm-site", default="/root/vllm-site")
+    ap.add_argument("--py-spy", default=None, metavar="PATH",
+                    help="py-spy binary: GIL profile of vllmx's server at concurrency >= 64")
     ap.add_argument("--vllm-results", default=None,
                     help="vLLM's offline numbers from an earlier report of this script, instead "
                          "of running vLLM (with --engines vllmx)")
