@@ -12,6 +12,13 @@ Prefill is timed apart (1 new token) and taken off each, as bench/gpu_vs_vllm.py
 tok/s = batch * (new tokens - 1) / (total - prefill). Alternating runs, medians of --repeats.
 
     python bench/structured_output_cpu.py [--model PATH_OR_ALIAS] [--threads 2] [--batch 32]
+
+On the GPU (which has no internet, so no default model to download): write a random-weight
+checkpoint of a real shape with the default model's tokenizer here, carry it, and run it there
+with load_format="dummy":
+
+    python bench/structured_output_cpu.py --write-dummy .gpu/so-qwen3 [--shape qwen3-0.6b]
+    python bench/structured_output_cpu.py --model .gpu/so-qwen3 --load-format dummy --device cuda
 """
 
 from __future__ import annotations
@@ -34,13 +41,22 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--load-format", default="auto", help="dummy: random weights (GPU shapes)")
+    ap.add_argument("--write-dummy", metavar="DIR",
+                    help="write a --shape config with the default model's tokenizer, then exit")
+    ap.add_argument("--shape", default="qwen3-0.6b")
     args = ap.parse_args()
+    if args.write_dummy:
+        write_dummy(args.write_dummy, args.shape)
+        return
 
     from vllmx import LLM, SamplingParams
     from vllmx.sampling_params import StructuredOutputsParams
 
     kw = {"model": args.model} if args.model else {}
-    llm = LLM(**kw, num_threads=args.threads, max_num_seqs=args.batch, device="cpu")
+    llm = LLM(**kw, num_threads=args.threads, max_num_seqs=args.batch, device=args.device,
+              load_format=args.load_format, max_model_len=2048)  # chat prompt + new tokens
     tok = llm.get_tokenizer()
     prompts = [{"prompt_token_ids": tok.apply_chat_template(
         [{"role": "user", "content": QUESTION.format(TOPICS[i % len(TOPICS)]) + f" ({i})"}],
@@ -82,11 +98,38 @@ def main() -> None:
     print(f"  decode tok/s: free {rate['free']:.1f}, "
           + ", ".join(f"{name}-constrained {rate[name]:.1f} (costs {cost[name] * 100:.1f}%)"
                       for name in constraints))
-    write_result("structured_output_cpu.json", {
+    on_gpu = args.device != "cpu"
+    write_result("structured_output_gpu.json" if on_gpu else "structured_output_cpu.json", {
         "model": os.path.basename(llm.llm_engine.config.model_config.model), "batch": args.batch,
         "new_tokens": n, "threads": args.threads, "repeats": args.repeats,
         "prefill_s": p, "decode_tok_s": rate, "cost": cost, "commit": git_commit(),
-        "cpu": cpu_name()})
+        "device": args.device, "load_format": args.load_format, "cpu": cpu_name()})
+
+
+def write_dummy(out_dir: str, shape: str) -> None:
+    """config.json of `shape` (bench/gpu_vs_transformers.py's shapes) sized to the default
+    model's vocabulary, and that tokenizer (tokenizer.json, its chat template and special
+    tokens) beside it: a checkpoint load_format="dummy" fills with random weights."""
+    import json
+
+    from gpu_vs_vllm import write_config
+
+    from vllmx import LLM
+
+    tok = LLM(device="cpu", num_threads=1, max_model_len=256).get_tokenizer()
+    write_config(shape, out_dir)
+    path = os.path.join(out_dir, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    cfg.update(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+               tie_word_embeddings=True)
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=1)
+    tok.backend_tokenizer.save(os.path.join(out_dir, "tokenizer.json"))
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": tok.bos_token,
+                   "eos_token": tok.eos_token, "chat_template": tok.chat_template}, f)
+    print(f"wrote {out_dir}: {shape} shape, vocabulary {len(tok)}")
 
 
 if __name__ == "__main__":
