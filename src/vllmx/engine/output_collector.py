@@ -5,7 +5,8 @@ While the caller is behind, a DELTA output merges into the one already waiting (
 sends the tokens of several steps in one chunk) and a CUMULATIVE one replaces it, instead of
 queueing one wake-up and one chunk per token. Under load this is what keeps a server's event
 loop, which shares the GIL with the engine thread, from taking as much Python time per step
-as there are running streams times the steps it fell behind."""
+as there are running streams times the steps it fell behind. The loop is woken (a write to its
+self-pipe) only when the caller is actually waiting, not for every output."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ class RequestOutputCollector:
         self._aggregate = aggregate  # DELTA outputs: merged, not replaced
         self._lock = threading.Lock()
         self._output: RequestOutput | BaseException | None = None
-        self._ready = asyncio.Event()  # set and cleared on the loop's thread only
+        self._waiter: asyncio.Future | None = None  # the caller's, while it waits in get()
 
     def put(self, item: RequestOutput | BaseException) -> None:
         """From the engine thread: an output, or the error that ends the request."""
@@ -33,12 +34,12 @@ class RequestOutputCollector:
                 if isinstance(item, RequestOutput):
                     pending.add(item, self._aggregate)
                 if pending.finished or isinstance(item, RequestOutput):
-                    return  # the caller was woken when `pending` arrived (and a finished
-                    # request stays finished, even if the engine dies before it is taken)
+                    return  # (a finished request stays finished, even if the engine dies
+                    # before its last output is taken)
             self._output = item  # an error ends an unfinished stream: it replaces what waits
-            wake = pending is None
-        if wake:
-            self._loop.call_soon_threadsafe(self._ready.set)
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            self._loop.call_soon_threadsafe(_wake, waiter)
 
     async def get(self) -> RequestOutput:
         """The next (possibly merged) output; raises the error that ended the request."""
@@ -46,10 +47,20 @@ class RequestOutputCollector:
             with self._lock:
                 out, self._output = self._output, None
                 if out is None:
-                    self._ready.clear()
+                    waiter = self._waiter = self._loop.create_future()
             if out is None:
-                await self._ready.wait()
+                try:
+                    await waiter
+                finally:
+                    with self._lock:  # (cancelled: put() must not wake a dead future)
+                        if self._waiter is waiter:
+                            self._waiter = None
                 continue
             if isinstance(out, BaseException):
                 raise out
             return out
+
+
+def _wake(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
