@@ -114,6 +114,20 @@ class _SchedulerCollector:
             yield c
 
 
+class _TokenCounter:
+    """vllm:generation_tokens_total, the server's plain running count at scrape time."""
+
+    def __init__(self, metrics: ServerMetrics, model_name: str):
+        self.metrics = metrics
+        self.model_name = model_name
+
+    def collect(self):
+        c = CounterMetricFamily("vllm:generation_tokens", "Number of generation tokens processed.",
+                                labels=["model_name"])
+        c.add_metric([self.model_name], self.metrics.num_generation_tokens)
+        yield c
+
+
 class ServerMetrics:
     def __init__(self, engine_client, model_name: str):
         self.engine_client = engine_client
@@ -124,9 +138,9 @@ class ServerMetrics:
         r = self.registry
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
                                      labels, registry=r).labels(model_name)
-        self.generation_tokens = Counter("vllm:generation_tokens",
-                                         "Number of generation tokens processed.", labels,
-                                         registry=r).labels(model_name)
+        # vllm:generation_tokens is read from num_generation_tokens when scraped (_TokenCounter):
+        # a Counter's locked inc() for every streamed chunk cost the event loop ~2% under load.
+        r.register(_TokenCounter(self, model_name))
         success = Counter("vllm:request_success", "Count of successfully processed requests.",
                           ["model_name", "finished_reason"], registry=r)
         self.request_success = {f: success.labels(model_name, f) for f in FINISH_REASONS}
@@ -197,7 +211,6 @@ class ServerMetrics:
                     k = len(c.token_ids)
                     if k:
                         num_generated += k
-                        self.generation_tokens.inc(k)
                         self.num_generation_tokens += k
                     if c.finish_reason in self.request_success:
                         self.request_success[c.finish_reason].inc()

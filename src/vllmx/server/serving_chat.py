@@ -18,6 +18,7 @@ from vllmx.server.serving_engine import (
     merge_async_iterators,
     prompt_logprobs_json,
     random_uuid,
+    sse_chunks,
 )
 from vllmx.server.tool_choice import plan_tools
 
@@ -256,12 +257,10 @@ class OpenAIServingChat(OpenAIServing):
             return {"prompt_tokens": num_prompt, "completion_tokens": g,
                     "total_tokens": num_prompt + g}
 
+        write = sse_chunks(request_id, "chat.completion.chunk", created, model)
+
         def chunk(choices, with_usage=False) -> str:
-            body = {"id": request_id, "object": "chat.completion.chunk", "created": created,
-                    "model": model, "choices": choices}
-            if with_usage:
-                body["usage"] = usage()
-            return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+            return write(choices, usage() if with_usage else None)
 
         try:
             for i in range(request.n):

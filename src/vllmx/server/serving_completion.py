@@ -5,7 +5,6 @@ whole."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 
@@ -18,6 +17,7 @@ from vllmx.server.serving_engine import (
     merge_async_iterators,
     prompt_logprobs_json,
     random_uuid,
+    sse_chunks,
 )
 
 
@@ -196,12 +196,7 @@ class OpenAIServingCompletion(OpenAIServing):
         num_tokens: dict[int, int] = {}
         echoed: set[int] = set()
 
-        def chunk(choices, usage=None) -> str:
-            body = {"id": request_id, "object": "text_completion", "created": created,
-                    "model": model, "choices": choices}
-            if usage is not None:
-                body["usage"] = usage
-            return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+        chunk = sse_chunks(request_id, "text_completion", created, model)
 
         async def outputs():
             if first is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import json
 import logging
 import time
 import uuid
@@ -298,6 +299,20 @@ async def first_output(merged: AsyncIterator):
     except BaseException:
         await merged.aclose()
         raise
+
+
+def sse_chunks(request_id: str, obj: str, created: int, model: str):
+    """chunk(choices, usage=None) -> one `data:` line of a stream, the text json.dumps writes
+    for {"id", "object", "created", "model", "choices"[, "usage"]}; the four fields every
+    chunk repeats are serialized once per stream, not once per token."""
+    head = json.dumps({"id": request_id, "object": obj, "created": created, "model": model},
+                      ensure_ascii=False)[:-1]
+
+    def chunk(choices: list, usage: dict | None = None) -> str:
+        tail = "" if usage is None else f', "usage": {json.dumps(usage, ensure_ascii=False)}'
+        return f'data: {head}, "choices": {json.dumps(choices, ensure_ascii=False)}{tail}}}\n\n'
+
+    return chunk
 
 
 def prompt_logprobs_json(plp) -> list | None:
