@@ -221,13 +221,19 @@ def rms_norm_linear(x, residual, norm_w, eps: float, w, bias=None, act: str | No
     the fused op (the CPU) the residual is updated in place (vLLM's fused_add_rms_norm); on the
     GPU decode rows (as in linear_act_and_mul) take one GEMV that normalizes x as it reads it."""
     code = -1 if act is None else _act_code("rms_norm_linear", act)
-    if not _fused("rms_norm_linear", x):
+    # (A biased gate_up (Llama's mlp_bias) is activated after its bias: the separate ops.)
+    if not _fused("rms_norm_linear", x) or (bias is not None and act is not None):
         if residual is None:
             h, residual = rms_norm(x, norm_w, eps), x
         else:
             fused_add_rms_norm(x, residual, norm_w, eps)
             h = x
-        out = linear(h, w, bias) if act is None else linear_act_and_mul(h, w, act)
+        if act is None:
+            out = linear(h, w, bias)
+        elif bias is None:
+            out = linear_act_and_mul(h, w, act)
+        else:
+            out = act_and_mul(linear(h, w, bias), act)
         return out, residual
     t, k, n = x.shape[0], x.shape[1], w.shape[0]
     out = _empty(x, (t, n if code < 0 else n // 2))

@@ -19,7 +19,7 @@ from tests.models.tiny_checkpoints import GGUF_ARCH, VOCAB, make_checkpoint, wri
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-FAMILIES = ["llama", "llama3", "mistral", "qwen2", "qwen3", "granite", "smollm3", "phi3",
+FAMILIES = ["llama", "llama_mlp_bias_gelu", "llama_gelu_tanh", "llama3", "mistral", "qwen2", "qwen3", "granite", "smollm3", "phi3",
             "phi3_longrope", "glm4", "qwen3_moe",
             "mixtral", "granite_moe", "granite_moe_shared"]
 MOE_FAMILIES = ("qwen3_moe", "qwen3_moe_gguf", "mixtral", "granite_moe", "granite_moe_shared",
@@ -133,3 +133,20 @@ def test_longrope_prompt_longer_than_the_original_context(ckpt_dir):
             logits = oracle(torch.tensor([prompt + toks])).logits[0].double().numpy()
         report = check_positions(log_softmax(logits)[len(prompt) - 1: -1], toks, DELTA)
         assert report.failed == 0, f"prompt len {len(prompt)} (seed {SEED}): {report}"
+
+
+def test_unsupported_mlp_activation_is_refused_by_name(ckpt_dir):
+    """A hidden_act the gated MLP does not run fails at load, naming it (it had run as silu)."""
+    import json
+
+    from vllmx import LLM
+
+    path = make_checkpoint("llama", "float32", os.path.join(ckpt_dir, "relu"))
+    cfg_path = os.path.join(path, "config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    cfg["hidden_act"] = "relu"
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+    with pytest.raises(ValueError, match="hidden_act 'relu' is not supported"):
+        LLM(path, skip_tokenizer_init=True)

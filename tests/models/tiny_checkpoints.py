@@ -55,6 +55,9 @@ def family_configs(**sizes):
               "bos_token_id": 1, "eos_token_id": 2}
     return {
         "llama": tf.LlamaConfig(**common),
+        # Llama's gated-MLP options: biases on gate/up/down and an activation other than silu
+        "llama_mlp_bias_gelu": tf.LlamaConfig(**common, mlp_bias=True, hidden_act="gelu"),
+        "llama_gelu_tanh": tf.LlamaConfig(**common, hidden_act="gelu_pytorch_tanh"),
         "llama3": tf.LlamaConfig(**common, rope_parameters={
             "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
             "low_freq_factor": 1.0, "high_freq_factor": 4.0,

@@ -168,10 +168,12 @@ class LlamaDecoderLayer:
                               cfg["attn_scale"], sliding_window)
         self.residual_multiplier = cfg["residual_multiplier"]
         self.experts = experts  # a sparse layer's MLP; else the dense SwiGLU below
-        if experts is None:
-            self.gate_up_proj = MergedLinear([w[p + "mlp.gate_proj.weight"],
-                                              w[p + "mlp.up_proj.weight"]], [None, None])
-            self.down_proj = Linear(w[p + "mlp.down_proj.weight"])
+        if experts is None:  # (biases: Llama's mlp_bias)
+            self.gate_up_proj = MergedLinear(
+                [w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]],
+                [w.get(p + "mlp.gate_proj.bias"), w.get(p + "mlp.up_proj.bias")])
+            self.down_proj = Linear(w[p + "mlp.down_proj.weight"], w.get(p + "mlp.down_proj.bias"))
+            self.act = cfg["mlp_act"]
         # (None: EAGLE-1's first draft layer, which takes its input un-normed; a target's layers
         # all have one: LlamaForCausalLM checks)
         self.input_layernorm = (RMSNorm(w[p + "input_layernorm.weight"], eps)
@@ -202,13 +204,28 @@ class LlamaDecoderLayer:
             h = self.experts(h)
         else:
             h, residual = self.gate_up_proj.norm_proj(h, residual, self.post_attention_layernorm,
-                                                      act="silu")
+                                                      act=self.act)
             h = self.down_proj(h)
         if self.residual_multiplier != 1.0:
             ops.scale_(h, self.residual_multiplier)
         if self.post_mlp_layernorm is not None:
             h = self.post_mlp_layernorm(h)
         return h, residual
+
+
+# transformers' hidden_act for the gated MLP -> the act_and_mul op's activation.
+_MLP_ACTS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
+             "gelu_new": "gelu_tanh"}
+
+
+def mlp_act(hidden_act: str | None) -> str:
+    """The gated MLP's activation from config.json's hidden_act (None: silu), or a ValueError
+    naming one that is not run (it would otherwise be silently run as silu)."""
+    act = _MLP_ACTS.get(hidden_act or "silu")
+    if act is None:
+        raise ValueError(f"hidden_act {hidden_act!r} is not supported for this architecture "
+                         f"(supported: {', '.join(_MLP_ACTS)})")
+    return act
 
 
 def split_rows(w: Weight, sizes: list[int]) -> list[Weight]:
@@ -263,6 +280,7 @@ class LlamaForCausalLM(DecoderLM):
             cfg["head_dim"] = cfg["hidden_size"] // cfg["num_attention_heads"]
         cfg["num_key_value_heads"] = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
         cfg.setdefault("rms_norm_eps", 1e-6)
+        cfg["mlp_act"] = mlp_act(cfg.get("hidden_act"))
         archs = cfg.get("architectures") or []
         phi3 = "Phi3ForCausalLM" in archs or gguf_arch == "phi3"
         granite_moe = granitemoe.is_granite_moe(cfg)
