@@ -173,7 +173,7 @@ class LlamaDecoderLayer:
                 [w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]],
                 [w.get(p + "mlp.gate_proj.bias"), w.get(p + "mlp.up_proj.bias")])
             self.down_proj = Linear(w[p + "mlp.down_proj.weight"], w.get(p + "mlp.down_proj.bias"))
-            self.act = cfg["mlp_act"]
+            self.act = mlp_act(cfg.get("hidden_act"))
         # (None: EAGLE-1's first draft layer, which takes its input un-normed; a target's layers
         # all have one: LlamaForCausalLM checks)
         self.input_layernorm = (RMSNorm(w[p + "input_layernorm.weight"], eps)
@@ -280,7 +280,6 @@ class LlamaForCausalLM(DecoderLM):
             cfg["head_dim"] = cfg["hidden_size"] // cfg["num_attention_heads"]
         cfg["num_key_value_heads"] = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
         cfg.setdefault("rms_norm_eps", 1e-6)
-        cfg["mlp_act"] = mlp_act(cfg.get("hidden_act"))
         archs = cfg.get("architectures") or []
         phi3 = "Phi3ForCausalLM" in archs or gguf_arch == "phi3"
         granite_moe = granitemoe.is_granite_moe(cfg)
