@@ -114,9 +114,10 @@ def write_dummy(out_dir: str, shape: str) -> None:
 
     from gpu_vs_vllm import write_config
 
-    from vllmx import LLM
+    from vllmx.loader.model_source import DEFAULT_MODEL, fetch_builtin
+    from vllmx.tokenizer.tokenizer import Tokenizer
 
-    tok = LLM(device="cpu", num_threads=1, max_model_len=256).get_tokenizer()
+    tok = Tokenizer.from_gguf_file(fetch_builtin(DEFAULT_MODEL))  # (its weights not loaded)
     write_config(shape, out_dir)
     path = os.path.join(out_dir, "config.json")
     with open(path) as f:
