@@ -12,6 +12,16 @@ finds them in the 50 MB L2 as a model's layers never do; decode attention likewi
 copies of the K/V cache (`--attention-cases batch:context:q_len,...`);
 VLLMX_CUDA_SM90=0 times the sm_80 kernels (the skinny GEMM, mma.sync) on a Hopper GPU.
 
+`--plans` times each linear case once per kernel the planner could pick (vllmx._C
+cuda_linear_tuning forces it), to choose the planner's thresholds from one build:
+
+    python bench/gpu_kernels_vs_torch.py --only linear --tokens 8,16,32,64,128,256,512 \
+        --plans auto,skinny,skinny:w4,swap128x32,swap128x32:data_parallel,128x128:split_k:2
+
+A plan is `auto` (the planner), `skinny[:wN]` (the skinny GEMM, split-K aiming at N CTAs per
+SM) or a CUTLASS tile (LINEAR_TUNING_PATHS) with an optional scheduler decomposition and splits;
+a plan that cannot take a case is left out of it.
+
 Each linear case also checks vllmx's output against torch's (max error / max |torch|), so a
 fast wrong kernel shows up here too.
 """
@@ -92,7 +102,22 @@ SHAPES = "4096x4096,6144x4096,28672x4096,4096x14336,128256x4096"
 ROTATE_BYTES = 256 << 20
 
 
-def bench_linear(results, tokens, shapes):
+def parse_plan(spec: str) -> dict:
+    """`auto`, `skinny[:wN]` or `tile[:decomposition[:splits]]` -> cuda_linear_tuning's kwargs."""
+    name, *rest = spec.split(":")
+    if name == "auto":
+        return {}
+    if name == "skinny":
+        return {"path": name, "skinny_waves": int(rest[0].lstrip("w")) if rest else 0}
+    kw = {"path": name}
+    if rest:
+        kw["decomposition"] = rest[0]
+    if len(rest) > 1:
+        kw["splits"] = int(rest[1])
+    return kw
+
+
+def bench_linear(results, tokens, shapes, plans=("auto",)):
     rng = np.random.default_rng(0)
     for n, k in shapes:
         w32 = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
@@ -106,23 +131,33 @@ def bench_linear(results, tokens, shapes):
             out = DeviceArray.empty((t, n), BF16)
             xt = torch.from_numpy(x32).to("cuda", torch.bfloat16)
             turn = iter(range(1 << 30))  # each captured call takes the next weight copy
-            ours = graph_time(lambda: _C.ops.linear(out, x, ws[next(turn) % copies], None), True)
             theirs = graph_time(
                 lambda: torch.nn.functional.linear(xt, wts[next(turn) % copies]), False)
-            _C.ops.linear(out, x, w, None)
-            err = linear_error(out, torch.nn.functional.linear(xt, wt))
-            flops = 2 * t * n * k
-            r = {"op": "linear_bf16", "N": n, "K": k, "T": t, "sm90": _C.cuda_sm90_kernels(),
-                 "timing": f"cuda graph of 20, {copies} weight copies in turn",
-                 "vllmx_ms": ours * 1e3, "torch_ms": theirs * 1e3, "vllmx_tflops": flops / ours / 1e12,
-                 "torch_tflops": flops / theirs / 1e12,
-                 "vllmx_weight_GBps": n * k * 2 / ours / 1e9, "ratio": theirs / ours,
-                 "max_rel_err_vs_torch": err}
-            results.append(r)
-            print(f"linear N={n:6d} K={k:5d} T={t:4d}: vllmx {ours*1e3:8.3f} ms "
-                  f"({r['vllmx_tflops']:6.1f} TFLOP/s, {r['vllmx_weight_GBps']:6.0f} GB/s w)  "
-                  f"torch {theirs*1e3:8.3f} ms ({r['torch_tflops']:6.1f} TFLOP/s)  "
-                  f"ratio {r['ratio']:.2f}  err {err:.1e}{'  WRONG' if err > WRONG else ''}")
+            ref = torch.nn.functional.linear(xt, wt)
+            for plan in plans:
+                try:
+                    _C.cuda_linear_tuning(**parse_plan(plan))
+                    ours = graph_time(
+                        lambda: _C.ops.linear(out, x, ws[next(turn) % copies], None), True)
+                    _C.ops.linear(out, x, w, None)
+                except ValueError:  # this kernel cannot take this product
+                    continue
+                finally:
+                    _C.cuda_linear_tuning()
+                err = linear_error(out, ref)
+                flops = 2 * t * n * k
+                r = {"op": "linear_bf16", "N": n, "K": k, "T": t, "plan": plan,
+                     "sm90": _C.cuda_sm90_kernels(),
+                     "timing": f"cuda graph of 20, {copies} weight copies in turn",
+                     "vllmx_ms": ours * 1e3, "torch_ms": theirs * 1e3,
+                     "vllmx_tflops": flops / ours / 1e12, "torch_tflops": flops / theirs / 1e12,
+                     "vllmx_weight_GBps": n * k * 2 / ours / 1e9, "ratio": theirs / ours,
+                     "max_rel_err_vs_torch": err}
+                results.append(r)
+                print(f"linear N={n:6d} K={k:5d} T={t:4d} {plan:>24}: vllmx {ours*1e6:7.1f} us "
+                      f"({r['vllmx_tflops']:6.1f} TFLOP/s, {r['vllmx_weight_GBps']:6.0f} GB/s w)  "
+                      f"torch {theirs*1e6:7.1f} us  ratio {r['ratio']:.2f}  err {err:.1e}"
+                      f"{'  WRONG' if err > WRONG else ''}", flush=True)
 
 
 ATTENTION_CASES = ("1:2048:1,8:1024:1,32:1024:1,32:4096:1,128:1024:1,256:1024:1,1:4096:4096,"
@@ -196,6 +231,8 @@ def main():
                     help="linear: comma-separated T (rows of x) to sweep")
     ap.add_argument("--shapes", default=SHAPES,
                     help="linear: comma-separated NxK weight shapes")
+    ap.add_argument("--plans", default="auto",
+                    help="linear: comma-separated kernels to time each case on (see above)")
     ap.add_argument("--attention-cases", default=ATTENTION_CASES,
                     help="attention: comma-separated batch:context:q_len")
     ap.add_argument("--json", default="gpu_kernels_vs_torch.json",
@@ -206,7 +243,8 @@ def main():
     results: list[dict] = []
     if args.only in (None, "linear"):
         shapes = [tuple(int(v) for v in nk.split("x")) for nk in args.shapes.split(",")]
-        bench_linear(results, [int(t) for t in args.tokens.split(",")], shapes)
+        bench_linear(results, [int(t) for t in args.tokens.split(",")], shapes,
+                     args.plans.split(","))
     if args.only in (None, "attention"):
         bench_attention(results, [tuple(int(v) for v in c.split(":"))
                                   for c in args.attention_cases.split(",")])

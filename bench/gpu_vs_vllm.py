@@ -251,21 +251,43 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> float:
     raise RuntimeError(f"the server was not ready after {timeout:.0f} s")
 
 
-def start_py_spy(args, engine: str, pid: int, c: int, path: str):
-    """--py-spy: a GIL profile of vllmx's server process (every thread, only samples holding
-    the GIL) for 8 s, 3 s into each run at concurrency >= 64: which thread's Python the
-    serving run waits on (the engine's step loop or the event loop's streams)."""
+def start_py_spy(args, engine: str, pid: int, c: int, path: str, mode: str):
+    """--py-spy: a profile of vllmx's server process for 8 s, 3 s into each run at concurrency
+    >= 64. mode "gil": only samples holding the GIL (which thread's Python the serving run
+    waits on: the engine's step loop or the event loop's streams); mode "idle": every thread
+    at every sample, idle included (where the engine thread's time goes: its Python, or
+    waiting on the device inside a native call)."""
     if not args.py_spy or engine != "vllmx" or c < 64:
         return None
-    out = os.path.join(os.environ.get("OUT") or path, f"gil-c{c}.txt")
+    out = os.path.join(os.environ.get("OUT") or path, f"{mode}-c{c}.txt")
     cmd = [args.py_spy, "record", "-p", str(pid), "-d", "8", "-r", "200", "-f", "raw", "-o", out,
-           "--threads", "--gil", "--nonblocking"]
+           "--threads", "--nonblocking", "--gil" if mode == "gil" else "--idle"]
     return subprocess.Popen(["bash", "-c", 'sleep 3; exec "$@"', "_", *cmd],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), out
 
 
+def scrape_steps(url: str) -> tuple[float, float] | None:
+    """(engine steps, tokens they scheduled) so far: vllm:iteration_tokens_total's count and
+    sum, which both servers export (differences over a run: steps/s and tokens per step)."""
+    import urllib.request
+
+    count = total = 0.0
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name.startswith("vllm:iteration_tokens_total_count"):
+            count += float(value)
+        elif name.startswith("vllm:iteration_tokens_total_sum"):
+            total += float(value)
+    return count, total
+
+
 def finish_py_spy(proc: subprocess.Popen, out: str) -> dict:
-    """Samples holding the GIL per thread, and the 12 functions most often on their stacks."""
+    """Samples per thread, and the 12 functions most often on their stacks."""
     try:
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
@@ -303,12 +325,15 @@ def serve_run(engine: str, args, path: str, max_len: int) -> dict:
                      "--random-output-len", str(out), "--num-prompts", str(max(16, 4 * c)),
                      "--max-concurrency", str(c), "--ignore-eos", "--save-result",
                      "--result-filename", dest]
-            spy = start_py_spy(args, engine, proc.pid, c, path)
+            spies = {m: start_py_spy(args, engine, proc.pid, c, path, m) for m in ("gil", "idle")}
+            steps0 = scrape_steps(url)
             done = subprocess.run(bench, capture_output=True, text=True,
                                   env=engine_env("vllmx", args.vllm_site),
                                   timeout=args.worker_timeout)
-            if spy is not None:
-                result[f"gil_c{c}"] = finish_py_spy(*spy)
+            steps1 = scrape_steps(url)
+            for m, spy in spies.items():
+                if spy is not None:
+                    result[f"{m}_c{c}"] = finish_py_spy(*spy)
             if done.returncode != 0 or not os.path.exists(dest):
                 result[str(c)] = {"error": done.stderr[-1500:]}
                 continue
@@ -316,7 +341,12 @@ def serve_run(engine: str, args, path: str, max_len: int) -> dict:
                 r = json.load(f)
             result[str(c)] = {k: r[k] for k in (
                 "completed", "failed", "output_throughput", "median_ttft_ms", "p99_ttft_ms",
-                "median_tpot_ms", "p99_tpot_ms")}
+                "median_tpot_ms", "p99_tpot_ms", "duration")}
+            if steps0 is None or steps1 is None:
+                continue
+            n = steps1[0] - steps0[0]
+            result[str(c)].update(steps=n, tokens_per_step=(steps1[1] - steps0[1]) / max(n, 1),
+                                  ms_per_step=1e3 * r["duration"] / max(n, 1))
             print(f"  {engine} serve c={c}: {result[str(c)]}", flush=True)
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         result["error"] = f"{type(e).__name__}: {e}"
