@@ -210,7 +210,8 @@ void launch_gemm_skinny(const LinearArgs& a, bool bf16, cudaStream_t s) {
   // Splits so that the CTAs fill the GPU once (two per SM fit at either token width; a second,
   // partial wave would leave most SMs idle at its end), each split at least kMinTilesPerSplit
   // stages long; then no split is left empty. A function of N and K only, never of T.
-  int splits = std::clamp(2 * num_sms() / tiles, 1, kMaxSplits);
+  const int waves = linear_tuning().skinny_waves > 0 ? linear_tuning().skinny_waves : 2;
+  int splits = std::clamp(waves * num_sms() / tiles, 1, kMaxSplits);
   splits = std::max(1, std::min(splits, k_tiles / kMinTilesPerSplit));
   const int per = (k_tiles + splits - 1) / splits;
   splits = std::max(1, (k_tiles + per - 1) / per);

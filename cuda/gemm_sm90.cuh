@@ -136,6 +136,10 @@ void run(const Sm90GemmArgs& a, cudaStream_t s) {
   cudaGetDevice(&device);
   args.hw_info.device_id = device;
   args.hw_info.sm_count = a.num_sms;
+  if (a.decomposition >= 0)
+    args.scheduler.decomposition_mode =
+        static_cast<cutlass::gemm::kernel::detail::DecompositionMode>(a.decomposition);
+  if (a.splits > 0) args.scheduler.splits = a.splits;
 
   Adapter gemm;
   check(gemm.can_implement(args), "can_implement", a);

@@ -25,6 +25,8 @@ struct Sm90GemmArgs {
   int64_t x_stride, w_stride, out_stride;  // elements
   bool bf16;                               // else f16
   int num_sms;                             // the persistent grid's size
+  int decomposition = -1;                  // stream-K scheduler: cutlass DecompositionMode,
+  int splits = 0;                          // -1 / 0: its heuristic (set_linear_tuning only)
 };
 
 enum class Sm90Tile {

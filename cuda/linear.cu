@@ -18,6 +18,7 @@
 // - linear_generic_kernel: one thread per output, any dtype mix (f32 x/out too) and any
 //   alignment; the scalar twin the fast paths fall back to.
 #include <algorithm>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 
@@ -280,8 +281,31 @@ constexpr int64_t kSkinnyMaxElems = int64_t{4096} * 4096;
 
 bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
-// Whether the CUTLASS GEMM takes this product, and with which tile. TMA moves 16-byte rows: K, N
-// and every row stride a multiple of 8 elements, x, w and out 16-byte aligned.
+// set_linear_tuning's kernels by number (bench/gpu_kernels_vs_torch.py --plans names them).
+enum class ForcedPath {
+  kSkinny,
+  kSwap16,
+  kSwap32,
+  kSwap64,
+  kSwap128,
+  k128x128,
+  k128x256,
+  kGemmSmall,
+  kGemmLarge,
+  kCount
+};
+LinearTuning g_tuning;
+
+// TMA moves 16-byte rows: K, N and every row stride a multiple of 8 elements, x, w and out
+// 16-byte aligned (K == 0: a TMA tensor map has no empty dims).
+bool sm90_operands_ok(const Tensor& out, const Tensor& x, const Tensor& w, int64_t N,
+                      int64_t K) {
+  return K != 0 && K % 8 == 0 && N % 8 == 0 && x.stride[0] % 8 == 0 && w.stride[0] % 8 == 0 &&
+         out.stride[0] % 8 == 0 && aligned(x.data, 16) && aligned(w.data, 16) &&
+         aligned(out.data, 16);
+}
+
+// Whether the CUTLASS GEMM takes this product, and with which tile.
 bool plan_sm90(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor& w, int64_t T,
                int64_t N, int64_t K) {
 #ifdef VLLMX_WITH_SM90_GEMM
@@ -291,11 +315,7 @@ bool plan_sm90(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor& 
   // busy where the narrow tiles have too few weight tiles for them (Qwen3-0.6B's batch-32
   // decode 10375 -> 11902 tok/s on the H200, Llama-3-8B's unchanged; bench/gpu_ab.sh).
   if (T <= kSkinnyMaxT && N * K <= kSkinnyMaxElems) return false;
-  // (K == 0: a TMA tensor map has no empty dims.)
-  if (K == 0 || K % 8 != 0 || N % 8 != 0 || x.stride[0] % 8 != 0 || w.stride[0] % 8 != 0 ||
-      out.stride[0] % 8 != 0 || !aligned(x.data, 16) || !aligned(w.data, 16) ||
-      !aligned(out.data, 16))
-    return false;
+  if (!sm90_operands_ok(out, x, w, N, K)) return false;
   if (T <= kSm90MaxSwapT) {
     p.sm90_tile = T <= 16   ? Sm90Tile::kSwap128x16
                   : T <= 32 ? Sm90Tile::kSwap128x32
@@ -316,8 +336,8 @@ bool plan_sm90(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor& 
 #endif
 }
 
-LinearPlan plan_linear(const Tensor& out, const Tensor& x, const Tensor& w, int64_t T,
-                       int64_t N, int64_t K) {
+LinearPlan plan_auto(const Tensor& out, const Tensor& x, const Tensor& w, int64_t T, int64_t N,
+                     int64_t K) {
   LinearPlan p;
   const DType xt = x.dtype, wt = w.dtype;
   if (xt == DType::F32) return p;
@@ -351,6 +371,45 @@ LinearPlan plan_linear(const Tensor& out, const Tensor& x, const Tensor& w, int6
   const int64_t large_ctas =
       (T + GemmLarge::BM - 1) / GemmLarge::BM * ((N + GemmLarge::BN - 1) / GemmLarge::BN);
   p.path = large_ctas >= num_sms() ? Path::kGemmLarge : Path::kGemmSmall;
+  return p;
+}
+
+// set_linear_tuning's kernel in place of the planner's (same-dtype products on a vector path).
+void force_plan(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor& w, int64_t T,
+                int64_t N, int64_t K) {
+  const auto f = static_cast<ForcedPath>(g_tuning.path);
+  bool ok = true;
+  if (f == ForcedPath::kSkinny) {
+    ok = T <= kSkinnyMaxT && K > 0;
+    p.path = Path::kSkinny;
+  } else if (f == ForcedPath::kGemmSmall || f == ForcedPath::kGemmLarge) {
+    p.path = f == ForcedPath::kGemmSmall ? Path::kGemmSmall : Path::kGemmLarge;
+  } else {
+#ifdef VLLMX_WITH_SM90_GEMM
+    constexpr Sm90Tile tiles[] = {Sm90Tile::kSwap128x16,  Sm90Tile::kSwap128x32,
+                                  Sm90Tile::kSwap128x64,  Sm90Tile::kSwap128x128,
+                                  Sm90Tile::k128x128,     Sm90Tile::k128x256};
+    constexpr int64_t max_t[] = {16, 32, 64, 128, int64_t{1} << 30, int64_t{1} << 30};
+    const int i = g_tuning.path - static_cast<int>(ForcedPath::kSwap16);
+    ok = sm90_kernels() && sm90_operands_ok(out, x, w, N, K) && T <= max_t[i];
+    p.path = Path::kSm90;
+    p.sm90_tile = tiles[i];
+#else
+    ok = false;
+#endif
+  }
+  if (!ok)
+    throw std::invalid_argument("linear: the forced kernel (set_linear_tuning path " +
+                                std::to_string(g_tuning.path) + ") cannot take x [" +
+                                std::to_string(T) + ", " + std::to_string(K) + "] @ w [" +
+                                std::to_string(N) + ", " + std::to_string(K) + "]^T");
+}
+
+LinearPlan plan_linear(const Tensor& out, const Tensor& x, const Tensor& w, int64_t T,
+                       int64_t N, int64_t K) {
+  LinearPlan p = plan_auto(out, x, w, T, N, K);
+  if (g_tuning.path >= 0 && p.wk == kWSame && p.path != Path::kGeneric)
+    force_plan(p, out, x, w, T, N, K);
   return p;
 }
 
@@ -450,7 +509,8 @@ void run_linear(const LinearPlan& p, const LinearArgs& a, DType xt, DType wt) {
   if (p.path == Path::kSm90) {
 #ifdef VLLMX_WITH_SM90_GEMM  // (plan_sm90 takes this path only where the GEMM was built)
     const Sm90GemmArgs g{a.x, a.w, a.bias, a.out, a.T, a.N, a.K, a.x_stride, a.w_stride,
-                         a.out_stride, xt == DType::BF16, num_sms()};
+                         a.out_stride, xt == DType::BF16, num_sms(), g_tuning.decomposition,
+                         g_tuning.splits};
     sm90_gemm(g, p.sm90_tile, s);
 #endif
   } else if (p.path == Path::kSkinny) {
@@ -472,6 +532,8 @@ void run_linear(const LinearPlan& p, const LinearArgs& a, DType xt, DType wt) {
 
 namespace lin {
 
+const LinearTuning& linear_tuning() { return g_tuning; }
+
 // Few rows an expert (decode, small batches): 32-row tiles waste less of each weight tile; from
 // ~96 rows an expert on, 128-row tiles read each weight tile for four times the rows.
 int grouped_tile_rows(bool tensor_cores, int64_t rows, int64_t experts) {
@@ -489,6 +551,16 @@ void launch_grouped_linear(const LinearArgs& a, DType xt, cudaStream_t s) {
 }
 
 }  // namespace lin
+
+void set_linear_tuning(int path, int skinny_waves, int decomposition, int splits) {
+  if (path < -1 || path >= static_cast<int>(ForcedPath::kCount) || skinny_waves < 0 ||
+      decomposition < -1 || decomposition > 3 || splits < 0)
+    throw std::invalid_argument("set_linear_tuning: path " + std::to_string(path) +
+                                ", skinny_waves " + std::to_string(skinny_waves) +
+                                ", decomposition " + std::to_string(decomposition) +
+                                ", splits " + std::to_string(splits) + " out of range");
+  g_tuning = LinearTuning{path, skinny_waves, decomposition, splits};
+}
 
 void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
   const LinearArgs a = linear_args(kOp, out, x, w, bias, w.defined() ? w.shape[0] : 0);

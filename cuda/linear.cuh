@@ -172,4 +172,16 @@ constexpr int kSkinnyMinT = 3;
 constexpr int kSkinnyMaxT = 32;
 void launch_gemm_skinny(const LinearArgs& a, bool bf16_x, cudaStream_t s);
 
+// What set_linear_tuning (runtime.h) forces; the engine never sets it. path: -1 the planner's
+// own, else a ForcedPath (linear.cu); skinny_waves: the skinny GEMM's CTAs per SM that its
+// split-K aims at (0: two); decomposition / splits: the CUTLASS GEMM's stream-K scheduler
+// (cutlass DecompositionMode, -1 its heuristic; splits 0 its own).
+struct LinearTuning {
+  int path = -1;
+  int skinny_waves = 0;
+  int decomposition = -1;
+  int splits = 0;
+};
+const LinearTuning& linear_tuning();
+
 }  // namespace vllmx::cuda::lin

@@ -19,6 +19,11 @@ int device_capability();
 // Whether the sm_90a kernels (CUTLASS GEMM, wgmma prefill attention) were built and run on this
 // device (compute capability 9.0; VLLMX_CUDA_SM90=0 keeps the sm_80 ones: cuda/mma.cuh).
 bool sm90_kernels_in_use();
+// Benchmarks only (bench/gpu_kernels_vs_torch.py --plans): force one linear kernel, and the
+// split-K of the skinny and CUTLASS GEMMs, on every product it can take, so one build times
+// each kernel against the others and cuBLAS at the same shapes; a product the forced kernel
+// cannot take raises. path -1 and zeros / -1 elsewhere restore the planner (cuda/linear.cu).
+void set_linear_tuning(int path, int skinny_waves, int decomposition, int splits);
 // Caching allocator: freed blocks are kept per size class and reused; no cudaMalloc/cudaFree
 // inside a step once warm (so steps can be captured in CUDA graphs).
 void* device_malloc(size_t bytes);

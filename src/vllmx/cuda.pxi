@@ -10,6 +10,7 @@ cdef extern from "runtime.h" namespace "vllmx::cuda" nogil:
     bint c_cuda_available "vllmx::cuda::available"() except +
     bint c_cuda_built "vllmx::cuda::built_with_cuda"() except +
     bint c_sm90_kernels "vllmx::cuda::sm90_kernels_in_use"() except +
+    void c_set_linear_tuning "vllmx::cuda::set_linear_tuning"(int, int, int, int) except +
     int c_cuda_device_count "vllmx::cuda::device_count"() except +
     void c_cuda_set_device "vllmx::cuda::set_device"(int) except +
     string c_device_name "vllmx::cuda::device_name"() except +
@@ -62,6 +63,25 @@ def cuda_sm90_kernels():
     sm_90a, a compute capability 9.0 GPU, and VLLMX_CUDA_SM90 not 0 (which keeps the sm_80
     kernels, for tests of both)."""
     return c_sm90_kernels()
+
+
+# The kernels set_linear_tuning can force (cuda/linear.cu's ForcedPath, in order), and the
+# CUTLASS stream-K scheduler's decompositions (cutlass DecompositionMode, in order).
+LINEAR_TUNING_PATHS = ("skinny", "swap128x16", "swap128x32", "swap128x64", "swap128x128",
+                       "128x128", "128x256", "gemm_small", "gemm_large")
+LINEAR_TUNING_DECOMPOSITIONS = ("heuristic", "data_parallel", "split_k", "stream_k")
+
+
+def cuda_linear_tuning(path=None, skinny_waves=0, decomposition=None, splits=0):
+    """Benchmarks only (bench/gpu_kernels_vs_torch.py --plans): every same-dtype linear product
+    from now on runs on the kernel `path` (a LINEAR_TUNING_PATHS name; None: the planner's
+    choice), the skinny GEMM's split-K aiming at skinny_waves CTAs per SM (0: its default) and
+    the CUTLASS GEMM's scheduler on `decomposition` with `splits` (None / 0: its heuristic). A
+    product the forced kernel cannot take raises ValueError. cuda_linear_tuning() restores the
+    defaults."""
+    code = -1 if path is None else LINEAR_TUNING_PATHS.index(path)
+    mode = -1 if decomposition is None else LINEAR_TUNING_DECOMPOSITIONS.index(decomposition)
+    c_set_linear_tuning(code, skinny_waves, mode, splits)
 
 
 def cuda_device_count():

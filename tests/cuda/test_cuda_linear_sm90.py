@@ -138,3 +138,49 @@ def test_linear_gemm_repeat_is_deterministic(t, n, k):
         _C.ops.linear(out, xd, (wd, dt))
         outs.append(out.numpy())
     assert all(np.array_equal(outs[0], o) for o in outs[1:])
+
+
+# Every kernel cuda_linear_tuning can force, at a T each one takes, with the schedulers the
+# benchmark sweeps (bench/gpu_kernels_vs_torch.py --plans): each must be right on its own, since
+# the planner's thresholds are chosen from their timings.
+TUNING_PLANS = [
+    ({"path": "skinny"}, 24), ({"path": "skinny", "skinny_waves": 4}, 24),
+    ({"path": "swap128x16"}, 9), ({"path": "swap128x32"}, 24), ({"path": "swap128x64"}, 40),
+    ({"path": "swap128x128"}, 100), ({"path": "128x128"}, 200), ({"path": "128x256"}, 300),
+    ({"path": "swap128x32", "decomposition": "data_parallel"}, 24),
+    ({"path": "swap128x64", "decomposition": "split_k", "splits": 3}, 40),
+    ({"path": "128x128", "decomposition": "stream_k"}, 200),
+    ({"path": "gemm_small"}, 24), ({"path": "gemm_large"}, 200),
+]
+
+
+@pytest.mark.parametrize("plan,t", TUNING_PLANS, ids=lambda v: str(v))
+def test_linear_tuning_forced_kernels(plan, t):
+    if not _C.cuda_sm90_kernels() and plan["path"].startswith(("swap", "128x")):
+        pytest.skip("the CUTLASS tiles run on compute capability 9.0 only")
+    rng = np.random.default_rng([t, len(plan)])
+    w, w64 = make_dense(rng, 1536, 2048, BF16)
+    x, x64 = make_x(rng, t, 2048, BF16)
+    b = bias_bits(rng, 1536, BF16)
+    _C.cuda_linear_tuning(**plan)
+    try:
+        got = cuda_linear(x, BF16, w, BF16, b)
+    finally:
+        _C.cuda_linear_tuning()
+    check(got, x64 @ w64.T + from_bits(b, BF16), BF16)
+
+
+def test_linear_tuning_refuses_what_a_kernel_cannot_take():
+    rng = np.random.default_rng(5)
+    w, _ = make_dense(rng, 256, 512, BF16)
+    x, _ = make_x(rng, 40, 512, BF16)
+    _C.cuda_linear_tuning(path="skinny")  # the skinny GEMM takes T <= 32
+    try:
+        with pytest.raises(ValueError, match="forced kernel"):
+            cuda_linear(x, BF16, w, BF16)
+    finally:
+        _C.cuda_linear_tuning()
+    with pytest.raises(ValueError):
+        _C.cuda_linear_tuning(skinny_waves=-1)
+    with pytest.raises(ValueError):
+        _C.cuda_linear_tuning(path="no-such-kernel")
