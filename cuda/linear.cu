@@ -13,8 +13,9 @@
 //   ahead and dequantized into shared memory as x's dtype before the mma.
 // - sm90_gemm (cuda/gemm_*sm90.cu, CUTLASS 3; builds with sm_90a only): on compute capability
 //   9.0, x and w of one 16-bit dtype, T >= kSm90MinT, TMA-friendly shapes: operands swapped up
-//   to T = 128 (16-, 32-, 64- or 128-token tiles), stream-K. wgmma reaches several times the
-//   mma.sync kernel's rate on Hopper.
+//   to T = 128 (16-, 32-, 64- or 128-token tiles); CUTLASS's stream-K scheduler runs each
+//   product data-parallel, split-K or stream-K (plan_sm90_schedule). wgmma reaches several
+//   times the mma.sync kernel's rate on Hopper.
 // - linear_generic_kernel: one thread per output, any dtype mix (f32 x/out too) and any
 //   alignment; the scalar twin the fast paths fall back to.
 #include <algorithm>
@@ -258,6 +259,8 @@ struct LinearPlan {
   int max_t = 8;  // GEMV: rows handled by one launch's registers (1 or 8)
   int act = -1;   // GEMV: an Act to apply as act(gate) * up (linear_act_and_mul), or -1
   Sm90Tile sm90_tile = Sm90Tile::k128x128;
+  int sm90_decomposition = -1;  // the stream-K scheduler's (cutlass DecompositionMode): -1 its
+  int sm90_splits = 0;          // heuristic; splits for kSplitK
 };
 
 // From here on the CUTLASS GEMM takes every product it can: swapped for T <= 128 (the weight
@@ -305,6 +308,48 @@ bool sm90_operands_ok(const Tensor& out, const Tensor& x, const Tensor& w, int64
          aligned(out.data, 16);
 }
 
+// The stream-K scheduler's decomposition for a product on p.sm90_tile. Its heuristic splits the
+// K loop over the SMs whenever the tiles are fewer than them, and every such launch queues a
+// workspace memset and ends in a fix-up; measured on the H200 over Llama-3-8B's and Qwen3-0.6B's
+// products at T = 8-1024 (bench/gpu_kernels_vs_torch.py --plans, bench/results/
+// gpu_linear_plans.json) that costs 2-4 us a product where each tile's K loop is short:
+// - K <= 3072 (48 steps of 64) and one wave of tiles: data-parallel, one tile a CTA (Qwen3-0.6B's
+//   four products at T = 48-256: 10-14 us -> 8-10);
+// - K <= 6144 and at most 40 tiles: split-K in two (Llama-3-8B's o_proj at T = 48-128: 20-25 us
+//   -> 17-21), up to one wave: data-parallel (its qkv at T = 16-64: 21-23 us -> 19-21);
+// - deeper K (the 14336-deep down_proj) on at most 40 tiles of 32 tokens or more: split-K in
+//   three (its T = 48-128: 41-46 us -> 38-43);
+// - more than a wave of tiles, and the 16-token tile on deep K: the heuristic.
+void plan_sm90_schedule(LinearPlan& p, int64_t T, int64_t N, int64_t K) {
+#ifdef VLLMX_WITH_SM90_GEMM
+  constexpr int kDataParallel = 1, kSplitK = 2;  // cutlass DecompositionMode
+  int64_t tiles;
+  switch (p.sm90_tile) {
+    case Sm90Tile::kSwap128x16: tiles = (N + 127) / 128 * ((T + 15) / 16); break;
+    case Sm90Tile::kSwap128x32: tiles = (N + 127) / 128 * ((T + 31) / 32); break;
+    case Sm90Tile::kSwap128x64: tiles = (N + 127) / 128 * ((T + 63) / 64); break;
+    case Sm90Tile::kSwap128x128: tiles = (N + 127) / 128 * ((T + 127) / 128); break;
+    case Sm90Tile::k128x128: tiles = (T + 127) / 128 * ((N + 127) / 128); break;
+    default: tiles = (T + 127) / 128 * ((N + 255) / 256); break;
+  }
+  const int64_t k_steps = (K + 63) / 64;
+  if (tiles > num_sms()) return;
+  if (k_steps > 96) {
+    if (tiles <= 40 && p.sm90_tile != Sm90Tile::kSwap128x16) {
+      p.sm90_decomposition = kSplitK;
+      p.sm90_splits = 3;
+    }
+  } else if (k_steps > 48 && tiles <= 40) {
+    p.sm90_decomposition = kSplitK;
+    p.sm90_splits = 2;
+  } else {
+    p.sm90_decomposition = kDataParallel;
+  }
+#else
+  (void)p, (void)T, (void)N, (void)K;
+#endif
+}
+
 // Whether the CUTLASS GEMM takes this product, and with which tile.
 bool plan_sm90(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor& w, int64_t T,
                int64_t N, int64_t K) {
@@ -313,8 +358,12 @@ bool plan_sm90(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor& 
   if (T < kSm90MinT && N < kSm90WideN) return false;
   // Products up to 4096 x 4096 stay on the skinny kernel to T = 32: split-K keeps every SM
   // busy where the narrow tiles have too few weight tiles for them (Qwen3-0.6B's batch-32
-  // decode 10375 -> 11902 tok/s on the H200, Llama-3-8B's unchanged; bench/gpu_ab.sh).
-  if (T <= kSkinnyMaxT && N * K <= kSkinnyMaxElems) return false;
+  // decode 10375 -> 11902 tok/s on the H200, Llama-3-8B's unchanged; bench/gpu_ab.sh). Except
+  // from T = 17 the wide and shallow ones (N >= 4096, K <= 3072): there the 32-token tile without
+  // split-K (below) streams them faster, 7.6-8.3 us against 8.3-10.2 for Qwen3-0.6B's qkv and
+  // gate_up (bench/results/gpu_linear_plans.json).
+  const bool wide_shallow = T > 16 && N >= 4096 && K <= 3072;
+  if (T <= kSkinnyMaxT && N * K <= kSkinnyMaxElems && !wide_shallow) return false;
   if (!sm90_operands_ok(out, x, w, N, K)) return false;
   if (T <= kSm90MaxSwapT) {
     p.sm90_tile = T <= 16   ? Sm90Tile::kSwap128x16
@@ -324,10 +373,14 @@ bool plan_sm90(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor& 
   } else {
     // 128x256 tiles (weight tiles shared by a 2-CTA cluster along T) once they give every SM
     // at least one tile; before that 128x128 tiles keep twice as many SMs busy.
+    // Not where a pair's second 128 rows would be empty (T = 384: a quarter of its SMs idle;
+    // Llama-3-8B's gate_up 146 us on 128x128 tiles against 186 on 128x256).
     const int64_t m_pairs = (T + 255) / 256, n_tiles256 = (N + 255) / 256;
-    p.sm90_tile =
-        2 * m_pairs * n_tiles256 >= num_sms() ? Sm90Tile::k128x256 : Sm90Tile::k128x128;
+    p.sm90_tile = 2 * m_pairs * n_tiles256 >= num_sms() && 2 * m_pairs == (T + 127) / 128
+                      ? Sm90Tile::k128x256
+                      : Sm90Tile::k128x128;
   }
+  plan_sm90_schedule(p, T, N, K);
   p.path = Path::kSm90;
   return true;
 #else
@@ -394,6 +447,8 @@ void force_plan(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor&
     ok = sm90_kernels() && sm90_operands_ok(out, x, w, N, K) && T <= max_t[i];
     p.path = Path::kSm90;
     p.sm90_tile = tiles[i];
+    p.sm90_decomposition = -1;  // the scheduler's heuristic unless the tuning names one
+    p.sm90_splits = 0;
 #else
     ok = false;
 #endif
@@ -509,8 +564,10 @@ void run_linear(const LinearPlan& p, const LinearArgs& a, DType xt, DType wt) {
   if (p.path == Path::kSm90) {
 #ifdef VLLMX_WITH_SM90_GEMM  // (plan_sm90 takes this path only where the GEMM was built)
     const Sm90GemmArgs g{a.x, a.w, a.bias, a.out, a.T, a.N, a.K, a.x_stride, a.w_stride,
-                         a.out_stride, xt == DType::BF16, num_sms(), g_tuning.decomposition,
-                         g_tuning.splits};
+                         a.out_stride, xt == DType::BF16, num_sms(),
+                         g_tuning.decomposition >= 0 ? g_tuning.decomposition
+                                                     : p.sm90_decomposition,
+                         g_tuning.splits > 0 ? g_tuning.splits : p.sm90_splits};
     sm90_gemm(g, p.sm90_tile, s);
 #endif
   } else if (p.path == Path::kSkinny) {
