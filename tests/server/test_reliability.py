@@ -36,6 +36,9 @@ HOSTILE_COMPLETIONS = [
     ({"logprobs": BIG}, "logprobs"),
     ({"logprobs": 21}, "logprobs"),
     ({"prompt_logprobs": 2**40}, "prompt_logprobs"),
+    ({"prompt_logprobs": -2}, "positive value or -1"),
+    ({"prompt_logprobs": 1, "stream": True}, "not available when `stream=True`"),
+    ({"prompt_logprobs": -1, "stream": True}, "not available when `stream=True`"),
     ({"truncate_prompt_tokens": BIG}, "truncate_prompt_tokens"),
     ({"prompt": [-1]}, "vocabulary"),
     ({"prompt": [2**64]}, "vocabulary"),
@@ -54,6 +57,8 @@ HOSTILE_CHATS = [
     ({"logprobs": True, "top_logprobs": BIG}, "top_logprobs"),
     ({"seed": BIG}, "seed"),
     ({"temperature": 1.7e308}, "temperature"),
+    ({"prompt_logprobs": 2, "stream": True}, "not available when `stream=True`"),
+    ({"prompt_logprobs": -3}, "positive value or -1"),
 ]
 
 

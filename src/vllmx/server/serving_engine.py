@@ -92,6 +92,16 @@ class OpenAIServing:
                               param="stream_options")
         if request.n < 1:
             raise OpenAIError(f"n must be at least 1, got {request.n}.", param="n")
+        # vLLM's rules (its request models' check_logprobs): prompt logprobs come with the
+        # whole response, never in a stream; -1 asks for the whole vocabulary.
+        plp = request.prompt_logprobs
+        if plp is not None:
+            if request.stream and (plp > 0 or plp == -1):
+                raise OpenAIError("`prompt_logprobs` are not available when `stream=True`.",
+                                  param="prompt_logprobs")
+            if plp < -1:
+                raise OpenAIError("`prompt_logprobs` must be a positive value or -1.",
+                                  param="prompt_logprobs")
 
     def truncate(self, ids: list[int], truncate_prompt_tokens: int | None) -> list[int]:
         """vLLM's truncate_prompt_tokens: keep the last k prompt tokens (-1: max_model_len)."""
