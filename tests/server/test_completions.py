@@ -158,6 +158,24 @@ def test_use_beam_search(client):
                                       **{field: value}, extra_body={"use_beam_search": True})
 
 
+def test_response_keys_are_vllms(server):
+    """Every key of vLLM's completion and chat response models is present (null where vllmx has
+    nothing to say), so that a client comparing /invocations' raw JSON with the openai client's
+    parsed object, or reading a key vLLM always sends, finds the same shape."""
+    import httpx
+
+    r = httpx.post(f"{server.url}/v1/completions", timeout=60,
+                   json={"model": MODEL, "prompt": "Hi", "max_tokens": 2}).json()
+    assert set(r) == {"id", "object", "created", "model", "choices", "service_tier",
+                      "system_fingerprint", "usage", "kv_transfer_params"}
+    assert r["service_tier"] is None and r["system_fingerprint"] is None
+    r = httpx.post(f"{server.url}/v1/chat/completions", timeout=60,
+                   json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+                         "max_tokens": 2}).json()
+    assert set(r) == {"id", "object", "created", "model", "choices", "service_tier",
+                      "system_fingerprint", "usage", "prompt_logprobs", "kv_transfer_params"}
+
+
 def test_vllm_response_fields(client, server, engine_client):
     """vLLM's: completions always carry prompt_logprobs (null unless asked); chat answers
     prompt_logprobs at the top level; return_tokens_as_token_ids names logprob tokens

@@ -57,7 +57,9 @@ def from_exception(e: BaseException) -> OpenAIError:
 
 
 def pydantic_message(errors: list[dict]) -> tuple[str, str | None]:
-    """One readable line from pydantic/FastAPI validation errors, and the offending field."""
+    """One readable line from pydantic/FastAPI validation errors, and the offending field. Each
+    error keeps pydantic's type in brackets as pydantic prints it (vLLM's messages carry pydantic's
+    own text, and clients match on e.g. "greater_than_equal")."""
     parts, param = [], None
     for err in errors:
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
@@ -65,7 +67,8 @@ def pydantic_message(errors: list[dict]) -> tuple[str, str | None]:
             return f"Invalid JSON: {err.get('ctx', {}).get('error', err.get('msg'))}", None
         where = ".".join(loc)
         param = param or (where or None)
-        parts.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
+        text = f"{where}: {err.get('msg')}" if where else str(err.get("msg"))
+        parts.append(f"{text} [type={err['type']}]" if err.get("type") else text)
     return "; ".join(parts) or "invalid request", param
 
 

@@ -240,10 +240,12 @@ class OpenAIServingChat(OpenAIServing):
                                                       ch["finish_reason"]),
                 "stop_reason": ch["stop_reason"]})
         return {"id": request_id, "object": "chat.completion", "created": created,
-                "model": model, "choices": result,
-                "prompt_logprobs": prompt_logprobs_json(prompt_logprobs),
+                "model": model, "choices": result, "service_tier": None,
+                "system_fingerprint": None,
                 "usage": {"prompt_tokens": num_prompt, "completion_tokens": completion_tokens,
-                          "total_tokens": num_prompt + completion_tokens}}
+                          "total_tokens": num_prompt + completion_tokens},
+                "prompt_logprobs": prompt_logprobs_json(prompt_logprobs),
+                "kv_transfer_params": None}
 
     async def _stream(self, request, num_prompt, merged, first, request_id, created, model,
                       echo, reader: ChatOutputParser) -> AsyncIterator[str]:

@@ -181,10 +181,14 @@ class OpenAIServingCompletion(OpenAIServing):
                                          if request.prompt_logprobs is not None else None)
             result_choices.append(choice)
         prompt_tokens = sum(len(ids) for _, ids in prompts)
+        # (vLLM's response model: OpenAI's service_tier / system_fingerprint and its own
+        # kv_transfer_params, null here, are always present.)
         return {"id": request_id, "object": "text_completion", "created": created,
-                "model": model, "choices": result_choices,
+                "model": model, "choices": result_choices, "service_tier": None,
+                "system_fingerprint": None,
                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                          "total_tokens": prompt_tokens + completion_tokens}}
+                          "total_tokens": prompt_tokens + completion_tokens},
+                "kv_transfer_params": None}
 
     async def _stream(self, request, prompts, merged, first, request_id, created,
                       model) -> AsyncIterator[str]:
