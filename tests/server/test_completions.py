@@ -227,3 +227,28 @@ def test_vllm_response_fields(client, server, engine_client):
                          "messages": [{"role": "narrator", "content": "Once"},
                                       {"role": "user", "content": "Go on"}]})
     assert r.status_code == 200, r.text
+
+
+def test_chat_top_logprobs_minus_one_is_the_vocabulary(server, engine_client):
+    """vLLM's top_logprobs = -1: every token of the vocabulary, allowed only where
+    --max-logprobs allows that many (else the engine's "greater than max allowed" 400)."""
+    import httpx
+
+    from tests.server.conftest import ServerThread
+    from vllmx.server.app import build_app
+
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+            "logprobs": True, "top_logprobs": -1}
+    r = httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json=body)
+    assert r.status_code == 400 and "greater than max allowed" in r.json()["error"]["message"]
+    mc = engine_client.vllm_config.model_config
+    old, mc.max_logprobs = mc.max_logprobs, -1
+    try:
+        with ServerThread(build_app(engine_client, [MODEL], log_stats_interval=None)) as s:
+            r = httpx.post(f"{s.url}/v1/chat/completions", timeout=120, json=body)
+    finally:
+        mc.max_logprobs = old
+    assert r.status_code == 200, r.text
+    content = r.json()["choices"][0]["logprobs"]["content"]
+    assert len(content) == 2
+    assert all(len(c["top_logprobs"]) == mc.vocab_size for c in content)

@@ -54,7 +54,7 @@ def test_malformed_json(server, path):
     ({**COMPLETION, "min_tokens": 5}, ["min_tokens"]),
     ({**COMPLETION, "logprobs": 50}, ["logprobs"]),
     ({**COMPLETION, "stop_token_ids": [10**9]}, ["stop_token_ids"]),
-    ({**COMPLETION, "prompt": ""}, ["empty"]),
+    ({**COMPLETION, "prompt": ""}, ["decoder prompt cannot be empty"]),  # vLLM's words
     ({**COMPLETION, "prompt": [10**9]}, ["vocabulary"]),
     ({**COMPLETION, "suffix": "x"}, ["suffix"]),
     ({**COMPLETION, "max_tokens": 600}, ["maximum context length", "512"]),
@@ -177,3 +177,21 @@ def test_health_503_when_engine_dead(engine_client):
     with ServerThread(build_app(FaultyClient(engine_client, dead=True), [MODEL],
                                 log_stats_interval=None)) as s:
         check_error(httpx.get(f"{s.url}/health"), 503, "stopped")
+
+
+def test_vllm_flags_for_what_vllmx_always_does():
+    """vLLM command lines with --enable-chunked-prefill or --disable-frontend-multiprocessing
+    start (vllmx chunks prefills and runs its engine in the server's process anyway);
+    --no-enable-chunked-prefill asks for a mode vllmx lacks: refused by name."""
+    import argparse
+
+    from vllmx.cli.serve import add_serve_parser, engine_args_from
+
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["serve", "m", "--enable-chunked-prefill",
+                              "--disable-frontend-multiprocessing"])
+    assert engine_args_from(args).model == "m"
+    args = parser.parse_args(["serve", "m", "--no-enable-chunked-prefill"])
+    with pytest.raises(ValueError, match="no-enable-chunked-prefill"):
+        engine_args_from(args)

@@ -53,6 +53,13 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=None)
+    # vLLM's flags for what vllmx always does: prefills are chunked to the step's token budget
+    # (--no-enable-chunked-prefill is refused, not ignored), and the API server and the engine
+    # share one process (vLLM's --disable-frontend-multiprocessing).
+    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
+                   default=None, help="on always (vLLM's flag; --no-... is refused)")
+    p.add_argument("--disable-frontend-multiprocessing", action="store_true",
+                   help="vLLM's flag; vllmx's server and engine share one process already")
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument("--kv-cache-memory-bytes", type=_memory_bytes, default=None,
                    help="KV cache size, e.g. 2G (default: a share of RAM)")
@@ -170,6 +177,9 @@ def engine_args_from(args: argparse.Namespace):
     from vllmx.engine.llm_engine import EngineArgs
     from vllmx.loader.model_source import DEFAULT_MODEL, DEFAULT_POOLING_MODEL
 
+    if getattr(args, "enable_chunked_prefill", None) is False:
+        raise ValueError("--no-enable-chunked-prefill: vllmx always chunks prefills to "
+                         "--max-num-batched-tokens (vLLM's default); it has no unchunked mode")
     fields = {f.name for f in dataclasses.fields(EngineArgs)}
     default = DEFAULT_POOLING_MODEL if args.runner == "pooling" else DEFAULT_MODEL
     kwargs = {"model": args.model_flag or args.model or default, "seed": args.seed,

@@ -159,7 +159,8 @@ class OpenAIServingChat(OpenAIServing):
             request.skip_special_tokens = False
         top = request.top_logprobs
         limit = self.max_logprobs
-        if top is not None and not (0 <= top <= limit or limit == -1 and top >= 0):
+        # -1 (vLLM's): the whole vocabulary, which the engine checks against --max-logprobs.
+        if top is not None and top != -1 and not (0 <= top <= limit or limit == -1 and top >= 0):
             raise OpenAIError(f"top_logprobs must be in [0, {limit}], got {top}",
                               param="top_logprobs")
         if top and not request.logprobs:
@@ -184,6 +185,8 @@ class OpenAIServingChat(OpenAIServing):
         if not request.logprobs:
             return None
         k = request.top_logprobs or 0
+        if k == -1:  # the whole vocabulary
+            k = float("inf")
         name = self.token_namer(request)
         content = []
         for tok_id, step in zip(token_ids, logprobs or []):

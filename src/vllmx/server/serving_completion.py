@@ -25,6 +25,10 @@ def _clamp(lp: float) -> float:
     return max(lp, -9999.0)  # -inf is not JSON; OpenAI uses -9999
 
 
+# vLLM's words (its input processor's), which clients match on.
+EMPTY_PROMPT = "The decoder prompt cannot be empty (prompt must not be empty)"
+
+
 class CompletionLogprobs:
     """OpenAI's completion logprobs (tokens, token_logprobs, top_logprobs, text_offset), built
     incrementally so that stream chunks carry only their part."""
@@ -93,7 +97,7 @@ class OpenAIServingCompletion(OpenAIServing):
         if isinstance(p, str):
             items: list = [p]
         elif not p:
-            raise OpenAIError("prompt must not be empty", param="prompt")
+            raise OpenAIError(EMPTY_PROMPT, param="prompt")
         elif isinstance(p[0], int):
             items = [p]
         else:
@@ -103,13 +107,13 @@ class OpenAIServingCompletion(OpenAIServing):
         for item in items:
             if isinstance(item, str):
                 if not item:
-                    raise OpenAIError("prompt must not be empty", param="prompt")
+                    raise OpenAIError(EMPTY_PROMPT, param="prompt")
                 ids = self.encode_prompt(item, request.add_special_tokens,
                                          request.truncate_prompt_tokens)
                 text = item
             else:
                 if not item:
-                    raise OpenAIError("prompt must not be empty", param="prompt")
+                    raise OpenAIError(EMPTY_PROMPT, param="prompt")
                 ids = list(item)
                 self.check_prompt_ids(ids)
                 text = tok.decode(ids) if tok is not None else None
