@@ -17,6 +17,16 @@ def family_configs(**sizes):
               "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2, **sizes}
     rot = common["hidden_size"] // common["num_attention_heads"] // 4  # longrope's factors
     mha = {k: v for k, v in common.items() if k != "num_key_value_heads"}  # GPT-NeoX's heads
+    # The Qwen3-Next / Qwen3.5 hybrids: 8 experts top-2 beside a shared expert, and Gated
+    # DeltaNet mixers of 2 key heads for 4 value heads (key and value head sizes given).
+    hybrid_moe = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                  "shared_expert_intermediate_size": 48}
+
+    def gated_deltanet(key_dim: int, value_dim: int) -> dict:
+        return {"linear_num_value_heads": 4, "linear_num_key_heads": 2,
+                "linear_key_head_dim": key_dim, "linear_value_head_dim": value_dim,
+                "linear_conv_kernel_dim": 4, "pad_token_id": 0}
+
     # GPT-2's names for the common sizes; weights 4x wider than its default init, else its tiny
     # attention scores are so flat that the attention scale hardly moves the logits.
     gpt2 = {"vocab_size": common["vocab_size"], "n_embd": common["hidden_size"],
@@ -202,39 +212,26 @@ def family_configs(**sizes):
         # for 4 value heads, dk != dv; 8 experts top-2 with a gated shared expert, one dense
         # layer (mlp_only_layers).
         "qwen3_next": tf.Qwen3NextConfig(
-            **{**common, "num_hidden_layers": 8, "head_dim": 16}, num_experts=8,
-            num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
-            mlp_only_layers=[2], linear_num_value_heads=4, linear_num_key_heads=2,
-            linear_key_head_dim=16, linear_value_head_dim=12, linear_conv_kernel_dim=4,
-            pad_token_id=0),
+            **{**common, "num_hidden_layers": 8, "head_dim": 16}, **hybrid_moe,
+            mlp_only_layers=[2], **gated_deltanet(16, 12)),
         # What a qwen3next GGUF holds: every layer sparse (llama.cpp has no dense MLP there),
         # value heads as wide as key heads (llama.cpp sizes both by ssm.state_size).
         "qwen3_next_gguf": tf.Qwen3NextConfig(
-            **{**common, "num_hidden_layers": 8, "head_dim": 16}, num_experts=8,
-            num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
-            linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
-            linear_value_head_dim=16, linear_conv_kernel_dim=4, pad_token_id=0),
+            **{**common, "num_hidden_layers": 8, "head_dim": 16}, **hybrid_moe,
+            **gated_deltanet(16, 16)),
         # What a qwen35 / qwen35moe GGUF holds (value heads as wide as key heads, as for
         # qwen3next), heads of a whole Q8_0 block (the file's tiled value heads move in blocks).
         "qwen3_5_gguf": tf.Qwen3_5TextConfig(
-            **{**common, "num_hidden_layers": 4, "head_dim": 16}, linear_num_value_heads=4,
-            linear_num_key_heads=2, linear_key_head_dim=32, linear_value_head_dim=32,
-            linear_conv_kernel_dim=4, pad_token_id=0),
+            **{**common, "num_hidden_layers": 4, "head_dim": 16}, **gated_deltanet(32, 32)),
         "qwen3_5_moe_gguf": tf.Qwen3_5MoeTextConfig(
-            **{**common, "num_hidden_layers": 4, "head_dim": 16}, num_experts=8,
-            num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
-            linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=32,
-            linear_value_head_dim=32, linear_conv_kernel_dim=4, pad_token_id=0),
+            **{**common, "num_hidden_layers": 4, "head_dim": 16}, **hybrid_moe,
+            **gated_deltanet(32, 32)),
         # Qwen3.5: the same hybrid, its mixer's projections apart; dense and MoE.
         "qwen3_5": tf.Qwen3_5TextConfig(
-            **{**common, "num_hidden_layers": 4, "head_dim": 16}, linear_num_value_heads=4,
-            linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=12,
-            linear_conv_kernel_dim=4, pad_token_id=0),
+            **{**common, "num_hidden_layers": 4, "head_dim": 16}, **gated_deltanet(16, 12)),
         "qwen3_5_moe": tf.Qwen3_5MoeTextConfig(
-            **{**common, "num_hidden_layers": 4, "head_dim": 16}, num_experts=8,
-            num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
-            linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
-            linear_value_head_dim=12, linear_conv_kernel_dim=4, pad_token_id=0),
+            **{**common, "num_hidden_layers": 4, "head_dim": 16}, **hybrid_moe,
+            **gated_deltanet(16, 12)),
         # Granite-4: Mamba2 layers (4 heads of hidden / 2, state 16, 2 groups) around an attention one
         # without rope, GraniteMoe's experts beside the shared MLP, Granite's multipliers.
         "granite_moe_hybrid": tf.GraniteMoeHybridConfig(
