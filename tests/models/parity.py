@@ -20,20 +20,77 @@ class ParityReport:
                 f"worst gap {self.worst_gap:.4g} nats")
 
 
-def check_positions(logprobs_rows, tokens, delta: float) -> ParityReport:
-    """logprobs_rows[j]: the oracle's log-softmax at the position that produced tokens[j]."""
+def check_positions(logprobs_rows, tokens, delta) -> ParityReport:
+    """logprobs_rows[j]: the oracle's log-softmax at the position that produced tokens[j];
+    delta: one bound, or one per row."""
     strict = near = failed = 0
     worst = 0.0
-    for row, tok in zip(logprobs_rows, tokens):
+    deltas = np.broadcast_to(np.asarray(delta, dtype=np.float64), (len(tokens),))
+    for row, tok, bound in zip(logprobs_rows, tokens, deltas):
         gap = float(np.max(row) - row[tok])
         worst = max(worst, gap)
         if int(np.argmax(row)) == tok or gap == 0.0:
             strict += 1
-        elif gap <= delta:
+        elif gap <= bound:
             near += 1
         else:
             failed += 1
     return ParityReport(strict, near, failed, worst)
+
+
+# A router whose k-th and (k+1)-th expert logits lie this close is at a tie that f32 rounding
+# (another summation order) may break either way; the expert it picks then changes that token's
+# hidden state and, through the KV cache, every later position of the request. Measured: seed
+# 1160853819 put two of Mixtral's layer-0 logits 1e-7 apart, and two later tokens of that prompt
+# came out 0.012 and 0.034 nats off the oracle's best.
+ROUTER_TIE = 1e-4
+ROUTER_TIE_DELTA = 0.1
+
+
+class RouterTies:
+    """Records the routers' logits during one forward of a transformers MoE oracle (batch 1),
+    by hooking its modules named ...Router (each family's top-k router); first(k) is the
+    first position where some layer's top-k choice is within ROUTER_TIE of a tie. For routers
+    that add a choice bias or pick by groups (DeepSeek, GLM-4.5) the logits' margin is a proxy
+    for the selection's."""
+
+    def __init__(self, oracle):
+        self.oracle, self.rows, self.hooks = oracle, [], []
+
+    def __enter__(self):
+        for module in self.oracle.modules():
+            if type(module).__name__.lower().endswith("router"):
+                self.hooks.append(module.register_forward_hook(self._record))
+        return self
+
+    def _record(self, module, args, out):
+        logits = out[0] if isinstance(out, tuple) else out
+        self.rows.append(logits.detach().double().reshape(-1, logits.shape[-1]).numpy())
+
+    def __exit__(self, *exc):
+        for hook in self.hooks:
+            hook.remove()
+
+    def first(self, k: int) -> int | None:
+        ties = []
+        for logits in self.rows:
+            if logits.shape[-1] <= k:  # a shared expert's one-logit gate, not a choice
+                continue
+            top = -np.sort(-logits, axis=-1)
+            close = np.flatnonzero(top[:, k - 1] - top[:, k] < ROUTER_TIE)
+            ties.extend(close[:1].tolist())
+        return min(ties) if ties else None
+
+
+def position_deltas(oracle, ties: RouterTies, first_row: int, n: int, delta: float) -> np.ndarray:
+    """delta for the n rows from position first_row on; ROUTER_TIE_DELTA from the first router
+    tie on (TESTING.md's near-tie rule, carried through the model's own discrete choice)."""
+    deltas = np.full(n, delta)
+    k = getattr(oracle.config, "num_experts_per_tok", None)
+    tie = ties.first(k) if k else None
+    if tie is not None:
+        deltas[max(tie - first_row, 0):] = ROUTER_TIE_DELTA
+    return deltas
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -67,11 +124,15 @@ def vllmx_prompt_logits(llm, token_ids: list[int]) -> np.ndarray:
     return model.compute_logits(hidden)
 
 
-def prompt_logits_rel_error(llm, prompt: list[int], ref: np.ndarray) -> float:
+def prompt_logits_rel_error(llm, prompt: list[int], ref: np.ndarray, rows: int | None = None) -> float:
     """vllmx's prompt logits against ref's rows for the prompt (the oracle's, or llama.cpp's
-    rows for prompt + generated tokens): the largest difference over the largest |ref|."""
-    ref = ref[: len(prompt)]
-    return float(np.abs(vllmx_prompt_logits(llm, prompt) - ref).max() / np.abs(ref).max())
+    rows for prompt + generated tokens), the first `rows` of them if given: the largest
+    difference over the largest |ref|."""
+    n = len(prompt) if rows is None else min(rows, len(prompt))
+    if n == 0:
+        return 0.0
+    ref = ref[:n]
+    return float(np.abs(vllmx_prompt_logits(llm, prompt)[:n] - ref).max() / np.abs(ref).max())
 
 
 def assert_prompt_logits_match(llm, prompts, oracle, what: str, seed: int) -> None:
@@ -79,8 +140,10 @@ def assert_prompt_logits_match(llm, prompts, oracle, what: str, seed: int) -> No
     relative, for the first three prompts."""
     import torch
 
+    k = getattr(oracle.config, "num_experts_per_tok", None)
     for prompt in prompts[:3]:
-        with torch.no_grad():
+        with torch.no_grad(), RouterTies(oracle) as ties:
             ref = oracle(torch.tensor([prompt])).logits[0].double().numpy()
-        rel = prompt_logits_rel_error(llm, prompt, ref)
+        tie = ties.first(k) if k else None  # rows from a router tie on may take other experts
+        rel = prompt_logits_rel_error(llm, prompt, ref, rows=tie)
         assert rel < 1e-3, f"{what} prompt logits rel. error {rel:.3g} (seed {seed})"
