@@ -90,7 +90,11 @@ class ChatOutputParser:
         calls = [{"id": c.id or self.make_id(), "type": "function",
                   "function": {"name": c.name, "arguments": c.arguments}}
                  for c in m.tool_calls if c.name is not None]
-        return {"role": "assistant", "content": m.content if m.content or not calls else None,
+        # vLLM's: a forced call (named or required) comes with content "", never null; auto
+        # calls with no text besides them with null.
+        forced = self.plan.mode in ("named", "required")
+        return {"role": "assistant",
+                "content": m.content if m.content or forced or not calls else None,
                 "reasoning_content": m.reasoning or None, "tool_calls": calls}
 
 
