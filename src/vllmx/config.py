@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -293,6 +294,41 @@ class LoRAConfig:
                              f"({self.max_loras})")
 
 
+# A version as PEP 440 spells it (what vLLM's packaging.version.parse accepts): epoch, release,
+# pre / post / dev segments in their long and short spellings, a local label; any case.
+_PEP440 = re.compile(
+    r"\s*v?(?:\d+!)?(?P<release>\d+(?:\.\d+)*)"
+    r"(?:[-_.]?(?:a|b|c|rc|alpha|beta|pre|preview)[-_.]?\d*)?"
+    r"(?:-\d+|[-_.]?(?:post|rev|r)[-_.]?\d*)?"
+    r"(?:[-_.]?dev[-_.]?\d*)?"
+    r"(?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?\s*", re.IGNORECASE)
+
+
+@dataclass
+class ObservabilityConfig:
+    """vLLM's ObservabilityConfig (metrics). show_hidden_metrics_for_version
+    (`--show-hidden-metrics-for-version 0.10`): vLLM's escape hatch for the deprecated metrics
+    it has hidden; which of them a version shows is server/metrics.py's HIDDEN_METRICS. As in
+    vLLM, a value that is not a version is refused."""
+
+    show_hidden_metrics_for_version: str | None = None
+
+    def __post_init__(self):
+        v = self.show_hidden_metrics_for_version
+        if v is not None and (not isinstance(v, str) or not _PEP440.fullmatch(v)):
+            raise ValueError(f"show_hidden_metrics_for_version: Invalid version: {v!r} (a "
+                             f"version such as '0.10', as vLLM's flag takes)")
+
+    @property
+    def show_hidden_metrics_minor(self) -> tuple[int, int] | None:
+        """(major, minor) of show_hidden_metrics_for_version ("0.10.2": (0, 10)); None: unset."""
+        v = self.show_hidden_metrics_for_version
+        if v is None:
+            return None
+        release = [int(x) for x in _PEP440.fullmatch(v)["release"].split(".")]
+        return release[0], (release[1:] or [0])[0]
+
+
 @dataclass
 class VllmxConfig:
     model_config: ModelConfig
@@ -304,3 +340,4 @@ class VllmxConfig:
     structured_outputs_config: StructuredOutputsConfig = field(
         default_factory=StructuredOutputsConfig)
     lora_config: LoRAConfig | None = None  # None: LoRA off (vLLM's enable_lora=False)
+    observability_config: ObservabilityConfig = field(default_factory=ObservabilityConfig)

@@ -69,6 +69,10 @@ def test_serve_flag_errors():
     out = _run("--max-stored-responses", "-1")
     assert out.wait(timeout=60) == 2
     assert "--max-stored-responses: must be >= 0, got -1" in out.stdout.read()
+    # vLLM's validation: a value that is not a version stops the server before the model loads.
+    out = _run("--show-hidden-metrics-for-version", "latest")
+    assert out.wait(timeout=60) == 2
+    assert "show_hidden_metrics_for_version: Invalid version: 'latest'" in out.stdout.read()
 
 
 def test_serve_pooling_default_model(minilm_dir):

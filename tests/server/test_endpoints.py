@@ -5,10 +5,14 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 import vllmx
 from tests.server.conftest import MODEL, ServerThread
+from vllmx.config import ObservabilityConfig
+from vllmx.engine.llm_engine import EngineArgs
 from vllmx.server.app import build_app
+from vllmx.server.metrics import HIDDEN_METRICS, ServerMetrics
 
 
 def test_models_version_health(client, server):
@@ -111,6 +115,71 @@ def test_metrics_counts_as_vllm(client, server, engine_client):
     cc = engine_client.vllm_config.cache_config
     assert server.metric("vllm:cache_config_info", block_size=str(cc.block_size),
                          num_gpu_blocks=str(cc.num_blocks)) == 1.0
+
+
+def _samples(text: str) -> dict[tuple[str, tuple], float]:
+    """(sample name, labels) -> value of a /metrics page."""
+    return {(smp.name, tuple(sorted(smp.labels.items()))): smp.value
+            for fam in text_string_to_metric_families(text) for smp in fam.samples}
+
+
+def _renamed(samples: dict, old: str, new: str) -> dict:
+    """The samples of metric `old`, named as `new` (vLLM's hidden metric and its replacement)."""
+    return {(name.replace(old, new, 1), labels): v for (name, labels), v in samples.items()
+            if name.startswith(old)}
+
+
+def test_hidden_metrics_absent_by_default(client, server):
+    client.completions.create(model=MODEL, prompt="Hidden", temperature=0, max_tokens=3)
+    text = server.metrics_text()
+    assert "vllm:kv_cache_usage_perc" in text
+    for name in HIDDEN_METRICS:
+        assert name not in text, name
+
+
+def test_hidden_metrics_shown_with_the_flag(engine_client, monkeypatch):
+    """--show-hidden-metrics-for-version 0.10 (vLLM 0.11's escape hatch; vllmx's own previous
+    minor version 0.0 the same): vLLM's deprecated names, each with exactly its replacement's
+    samples, scraped while a request holds KV blocks and after a prefix cache hit."""
+    monkeypatch.setattr(engine_client.vllm_config, "observability_config",
+                        ObservabilityConfig("0.10"))
+    with ServerThread(build_app(engine_client, [MODEL], log_stats_interval=None)) as s:
+        c = s.openai_client()
+        prompt = "The prefix cache counts this prompt's blocks the second time. " * 4
+        for _ in range(2):
+            c.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
+        stream = c.completions.create(model=MODEL, prompt="Keep going", max_tokens=12,
+                                      stream=True, extra_body={"ignore_eos": True})
+        next(iter(stream))
+        during = _samples(s.metrics_text())
+        for _ in stream:
+            pass
+        after = _samples(s.metrics_text())
+    key = ("vllm:gpu_cache_usage_perc", (("model_name", MODEL),))
+    assert during[key] > 0  # blocks held by the stream
+    for old, (new, _) in HIDDEN_METRICS.items():
+        for samples in (during, after):
+            mirrored = _renamed(samples, old, new)
+            assert mirrored and mirrored == _renamed(samples, new, new), old
+    assert after[("vllm:gpu_prefix_cache_hits_total", (("model_name", MODEL),))] > 0
+    # this app's requests: 1 + 1 + 11 gaps between tokens
+    assert after[("vllm:time_per_output_token_seconds_count", (("model_name", MODEL),))] == 13
+
+
+def test_hidden_metrics_by_version(engine_client, monkeypatch):
+    """Each hidden metric is shown for the versions before the vLLM release that hid it."""
+    for version, shown in (("0.11", {"vllm:time_per_output_token_seconds"}),
+                           ("0.0", set(HIDDEN_METRICS)), ("0.12", set()), ("1.0", set())):
+        monkeypatch.setattr(engine_client.vllm_config, "observability_config",
+                            ObservabilityConfig(version))
+        text = ServerMetrics(engine_client, MODEL).render().decode()
+        assert {n for n in HIDDEN_METRICS if n in text} == shown, version
+
+
+@pytest.mark.parametrize("value", ["abc", "latest", "0.x", "", "0..10"])
+def test_hidden_metrics_version_must_be_a_version(value):
+    with pytest.raises(ValueError, match=f"Invalid version: '{value}'"):
+        EngineArgs(show_hidden_metrics_for_version=value).create_engine_config()
 
 
 def test_stat_logger_line(client, server):

@@ -130,6 +130,10 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                    help="logprobs name tokens 'token_id:<id>' (a request's "
                         "return_tokens_as_token_ids overrides it)")
     p.add_argument("--disable-log-stats", action="store_true")
+    p.add_argument("--show-hidden-metrics-for-version", default=None, metavar="X.Y",
+                   help="also serve the deprecated metrics vLLM hid after version X.Y "
+                        "(vllm:gpu_cache_usage_perc, ...), each mirroring its replacement, as "
+                        "vLLM's escape hatch")
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
     p.add_argument("--max-logprobs", type=int, default=20,
@@ -199,7 +203,8 @@ def engine_args_from(args: argparse.Namespace):
                 "structured_outputs_config": _structured_outputs_config(args),
                 "async_scheduling": args.async_scheduling,
                 "num_threads": args.threads, "max_loras": args.max_loras,
-                "max_lora_rank": args.max_lora_rank, "max_cpu_loras": args.max_cpu_loras}
+                "max_lora_rank": args.max_lora_rank, "max_cpu_loras": args.max_cpu_loras,
+                "show_hidden_metrics_for_version": args.show_hidden_metrics_for_version}
     for name, value in optional.items():
         if value is None:
             continue

@@ -15,6 +15,7 @@ from vllmx.config import (
     DeviceConfig,
     LoRAConfig,
     ModelConfig,
+    ObservabilityConfig,
     ParallelConfig,
     SchedulerConfig,
     SpeculativeConfig,
@@ -82,6 +83,9 @@ class EngineArgs:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    # vLLM's show_hidden_metrics_for_version (ObservabilityConfig): e.g. "0.10" shows the
+    # deprecated metrics vLLM hid after that version (server/metrics.py HIDDEN_METRICS)
+    show_hidden_metrics_for_version: str | None = None
 
     def _check_sizes(self) -> None:
         """Counts and sizes a user gives, checked before anything is built from them: a zero or
@@ -132,7 +136,8 @@ class EngineArgs:
             None if self.speculative_config is None
             else SpeculativeConfig.from_dict(self.speculative_config),
             StructuredOutputsConfig.from_dict(self.structured_outputs_config),
-            self._lora_config())
+            self._lora_config(),
+            ObservabilityConfig(self.show_hidden_metrics_for_version))
 
     def _lora_config(self) -> LoRAConfig | None:
         if not self.enable_lora:

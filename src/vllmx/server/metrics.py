@@ -40,6 +40,33 @@ _LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30
 _N_BUCKETS = [1, 2, 5, 10, 20]
 FINISH_REASONS = ("stop", "length", "abort", "error")
 
+# vLLM's deprecated metrics: name -> (the replacement whose values it repeats, the vLLM version
+# that hid it). vLLM shows a hidden metric for one release more when
+# --show-hidden-metrics-for-version names its previous minor version; vllmx, not versioned as
+# vLLM is, shows each for any version before the one that hid it (what a vLLM server of that
+# version served): "0.10" (vLLM 0.11's value) all four, "0.11" (vLLM 0.12's) the last one,
+# "0.0" (vLLM's rule on vllmx 0.1.x's own version) all four. None is shown by default.
+HIDDEN_METRICS = {
+    "vllm:gpu_cache_usage_perc": ("vllm:kv_cache_usage_perc", (0, 11)),
+    "vllm:gpu_prefix_cache_queries": ("vllm:prefix_cache_queries", (0, 11)),
+    "vllm:gpu_prefix_cache_hits": ("vllm:prefix_cache_hits", (0, 11)),
+    "vllm:time_per_output_token_seconds": ("vllm:inter_token_latency_seconds", (0, 12)),
+}
+
+
+def shown_hidden_metrics(version: tuple[int, int] | None) -> set[str]:
+    """The names of HIDDEN_METRICS that --show-hidden-metrics-for-version (major, minor)
+    shows: those vLLM hid only after that version."""
+    if version is None:
+        return set()
+    shown = {name for name, (_, hidden_in) in HIDDEN_METRICS.items() if version < hidden_in}
+    if not shown:
+        logger.warning("--show-hidden-metrics-for-version %d.%d shows no metric: vllmx's hidden "
+                       "metrics are %s, shown for versions before the one that hid each",
+                       *version, ", ".join(f"{n} (hidden in vLLM {'.'.join(map(str, v))})"
+                                           for n, (_, v) in HIDDEN_METRICS.items()))
+    return shown
+
 
 def build_1_2_5_buckets(max_value: int) -> list[int]:
     """1, 2, 5, 10, 20, 50, ... up to max_value (vLLM's buckets for token counts)."""
@@ -58,9 +85,22 @@ disable_created_metrics()  # no *_created series, as vLLM
 class _SchedulerCollector:
     """Gauges and counters that the scheduler keeps, read when /metrics is scraped."""
 
-    def __init__(self, engine_client, model_name: str):
+    def __init__(self, engine_client, model_name: str, hidden: set[str]):
         self.engine_client = engine_client
         self.model_name = model_name
+        # replacement -> the hidden metric shown beside it, with its values
+        self.deprecated_names = {new: old for old, (new, _) in HIDDEN_METRICS.items()
+                                 if old in hidden}
+
+    def _family(self, kind, name: str, doc: str, value: float):
+        f = kind(f"vllm:{name}", doc, labels=["model_name"])
+        f.add_metric([self.model_name], value)
+        yield f
+        old = self.deprecated_names.get(f"vllm:{name}")
+        if old is not None:
+            f = kind(old, f"{doc} DEPRECATED: Use vllm:{name} instead.", labels=["model_name"])
+            f.add_metric([self.model_name], value)
+            yield f
 
     def collect(self):
         s = self.engine_client.get_scheduler_stats()
@@ -92,9 +132,7 @@ class _SchedulerCollector:
                  s.num_waiting_reqs),
                 ("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
                  s.kv_cache_usage)):
-            g = GaugeMetricFamily(f"vllm:{name}", doc, labels=["model_name"])
-            g.add_metric(labels, value)
-            yield g
+            yield from self._family(GaugeMetricFamily, name, doc, value)
         for name, doc, value in (
                 ("prefix_cache_queries",
                  "Prefix cache queries, in terms of number of queried tokens.",
@@ -109,9 +147,7 @@ class _SchedulerCollector:
                  s.spec_decode_num_draft_tokens),
                 ("spec_decode_num_accepted_tokens", "Number of accepted tokens.",
                  s.spec_decode_num_accepted_tokens)):
-            c = CounterMetricFamily(f"vllm:{name}", doc, labels=["model_name"])
-            c.add_metric(labels, value)
-            yield c
+            yield from self._family(CounterMetricFamily, name, doc, value)
 
 
 class _TokenCounter:
@@ -133,7 +169,9 @@ class ServerMetrics:
         self.engine_client = engine_client
         self.model_name = model_name
         self.registry = CollectorRegistry()
-        self.registry.register(_SchedulerCollector(engine_client, model_name))
+        hidden = shown_hidden_metrics(
+            engine_client.vllm_config.observability_config.show_hidden_metrics_minor)
+        self.registry.register(_SchedulerCollector(engine_client, model_name, hidden))
         labels = ["model_name"]
         r = self.registry
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
@@ -150,6 +188,13 @@ class ServerMetrics:
         self.itl = Histogram("vllm:inter_token_latency_seconds",
                              "Histogram of inter-token latency in seconds.", labels,
                              buckets=_ITL_BUCKETS, registry=r).labels(model_name)
+        # vLLM's deprecated name for the same histogram: observed with it, when shown.
+        self.tpot = None
+        if "vllm:time_per_output_token_seconds" in hidden:
+            self.tpot = Histogram("vllm:time_per_output_token_seconds",
+                                  "Histogram of time per output token in seconds. DEPRECATED: "
+                                  "Use vllm:inter_token_latency_seconds instead.", labels,
+                                  buckets=_ITL_BUCKETS, registry=r).labels(model_name)
         self.e2e = Histogram("vllm:e2e_request_latency_seconds",
                              "Histogram of e2e request latency in seconds.", labels,
                              buckets=_LATENCY_BUCKETS, registry=r).labels(model_name)
@@ -206,6 +251,8 @@ class ServerMetrics:
                     gaps = m.inter_token_latencies
                     for gap in gaps[itl_seen.get(id(m), 0):]:
                         self.itl.observe(gap)
+                        if self.tpot is not None:
+                            self.tpot.observe(gap)
                     itl_seen[id(m)] = len(gaps)
                 for c in out.outputs:
                     k = len(c.token_ids)
