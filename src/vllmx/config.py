@@ -26,6 +26,10 @@ class ModelConfig:
     dtype: str = "auto"  # GPU activations: auto (checkpoint's bf16/f16, else bf16) | bfloat16 | float16
     enforce_eager: bool = False  # no decode step capture (CUDA graphs / CPU step tapes)
     max_logprobs: int = 20  # most logprobs / prompt_logprobs per request (vLLM's); -1: all
+    # Most logprob entries one request may hold (positions x (k + 1), times n): each is a Python
+    # object of ~340 bytes kept until the request ends, so 4M is ~1.4 GB; vLLM's default 20
+    # logprobs fit 190K tokens. A request over it is refused before it runs.
+    max_logprob_entries: int = 1 << 22
     # vLLM's load_format: auto (by the path), safetensors, gguf, or dummy (random weights from
     # config.json alone, for benchmarking shapes without their files)
     load_format: str = "auto"

@@ -250,6 +250,30 @@ def test_vllm_arguments_are_honoured_or_refused(tiny_llama):
             LLM(tiny_llama, skip_tokenizer_init=True, device="cpu", **{name: value})
     with pytest.raises(ValueError, match="max_logprobs must be >= 0, or -1"):
         LLM(tiny_llama, skip_tokenizer_init=True, device="cpu", max_logprobs=-2)
+    with pytest.raises(ValueError, match="max_logprob_entries must be >= 1, got 0"):
+        LLM(tiny_llama, skip_tokenizer_init=True, device="cpu", max_logprob_entries=0)
     llm = LLM(tiny_llama, skip_tokenizer_init=True, dtype="auto", tensor_parallel_size=1,
               trust_remote_code=True, enforce_eager=True, device="cpu")
     assert llm.generate([{"prompt_token_ids": [5, 6]}], greedy(4))[0].outputs[0].token_ids
+
+
+def test_logprob_entries_a_request_may_hold_are_bounded(tiny_llama):
+    """Every logprob entry stays in memory until its request ends: the whole vocabulary at
+    each position of a long answer took a server past 24 GB. A request whose tokens x
+    (logprobs + 1), prompt logprobs and n add up past max_logprob_entries is refused before it
+    runs, naming the bound; one at the bound runs, and the engine goes on serving."""
+    from vllmx import LLM, SamplingParams
+
+    llm = LLM(tiny_llama, skip_tokenizer_init=True, device="cpu", max_logprobs=-1,
+              max_logprob_entries=4 * (VOCAB + 1))
+    prompt = [{"prompt_token_ids": [5, 6, 7]}]
+    ok = llm.generate(prompt, SamplingParams(max_tokens=4, logprobs=-1, ignore_eos=True))
+    assert [len(d) for d in ok[0].outputs[0].logprobs] == [VOCAB] * 4
+    over = [SamplingParams(max_tokens=5, logprobs=-1),
+            SamplingParams(max_tokens=4, logprobs=-1, n=2),
+            SamplingParams(max_tokens=4, logprobs=-1, prompt_logprobs=0),
+            SamplingParams(max_tokens=None, logprobs=-1)]  # up to max_model_len tokens
+    for params in over:
+        with pytest.raises(ValueError, match="max_logprob_entries = " + str(4 * (VOCAB + 1))):
+            llm.generate(prompt, params)
+    assert llm.generate(prompt, greedy(3))[0].outputs[0].token_ids

@@ -246,8 +246,17 @@ def test_chat_top_logprobs_minus_one_is_the_vocabulary(server, engine_client):
     try:
         with ServerThread(build_app(engine_client, [MODEL], log_stats_interval=None)) as s:
             r = httpx.post(f"{s.url}/v1/chat/completions", timeout=120, json=body)
+            # Without max_tokens the answer may run to the context's end: the whole vocabulary
+            # at each of those positions is more than a request may hold (it had taken the
+            # server past 24 GB), a 400 naming the bound, and the server goes on.
+            long = httpx.post(f"{s.url}/v1/chat/completions", timeout=60,
+                              json={**body, "max_tokens": None})
+            again = httpx.post(f"{s.url}/v1/chat/completions", timeout=60,
+                               json={**body, "top_logprobs": 2})
     finally:
         mc.max_logprobs = old
+    assert long.status_code == 400 and "max_logprob_entries" in long.json()["error"]["message"]
+    assert again.status_code == 200, again.text
     assert r.status_code == 200, r.text
     content = r.json()["choices"][0]["logprobs"]["content"]
     assert len(content) == 2

@@ -139,6 +139,10 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--max-logprobs", type=int, default=20,
                    help="most logprobs / prompt_logprobs a request may ask for; -1: no limit "
                         "(default 20, as vLLM)")
+    p.add_argument("--max-logprob-entries", type=int, default=1 << 22,
+                   help="most logprob entries one request may hold: tokens x (logprobs + 1), "
+                        "prompt logprobs, times n; more is a 400 before it runs (default 4194304, "
+                        "about 1.4 GB)")
     p.add_argument("--max-request-body-bytes", type=_memory_bytes, default=None,
                    help="larger request bodies get 413, unread (default 16M)")
     p.add_argument("--max-stored-responses", type=_count, default=None,
@@ -192,6 +196,7 @@ def engine_args_from(args: argparse.Namespace):
               "generation_config": args.generation_config, "device": args.device,
               "dtype": args.dtype, "gpu_memory_utilization": args.gpu_memory_utilization,
               "enforce_eager": args.enforce_eager, "max_logprobs": args.max_logprobs,
+              "max_logprob_entries": args.max_logprob_entries,
               "load_format": args.load_format, "enable_lora": args.enable_lora}
     optional = {"tokenizer": args.tokenizer, "max_model_len": args.max_model_len,
                 "max_num_seqs": args.max_num_seqs,

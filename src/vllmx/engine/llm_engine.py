@@ -57,6 +57,7 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
     max_logprobs: int = 20  # vLLM's: most logprobs / prompt_logprobs a request may ask; -1 all
+    max_logprob_entries: int = 1 << 22  # ModelConfig's: logprob entries one request may hold
     load_format: str = "auto"  # auto | safetensors | gguf | dummy (random weights, vLLM's)
     # vLLM's speculative_config: a dict or its JSON, e.g. {"method": "ngram",
     # "num_speculative_tokens": 4}; None: no speculation (config.SpeculativeConfig)
@@ -102,6 +103,8 @@ class EngineArgs:
         if self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be >= 0, or -1 for no limit, got "
                              f"{self.max_logprobs}")
+        if self.max_logprob_entries < 1:
+            raise ValueError(f"max_logprob_entries must be >= 1, got {self.max_logprob_entries}")
 
     def create_engine_config(self) -> VllmxConfig:
         self._check_sizes()
@@ -123,6 +126,7 @@ class EngineArgs:
                         max_model_len=self.max_model_len,
                         generation_config=self.generation_config, dtype=self.dtype,
                         enforce_eager=self.enforce_eager, max_logprobs=self.max_logprobs,
+                        max_logprob_entries=self.max_logprob_entries,
                         load_format=self.load_format, runner=self.runner,
                         convert=self.convert, hf_overrides=parse_hf_overrides(self.hf_overrides)),
             CacheConfig(self.block_size, self.kv_cache_dtype, self.kv_cache_memory_bytes,
@@ -370,6 +374,22 @@ class LLMEngine:
                 what = "sample logprobs" if name == "logprobs" else "prompt logprobs"
                 raise ValueError(f"Requested {what} of {vocab if k == -1 else k}, which is "
                                  f"greater than max allowed: {limit}")
+        # What they add up to: each entry is kept until the request ends, the whole vocabulary at
+        # every position of a long answer would take the process down (24 GB by 1,500 tokens).
+        new = min(params.max_tokens or mc.max_model_len, mc.max_model_len - len(ids))
+        entries = 0
+        if params.logprobs is not None:
+            entries += ((vocab if params.logprobs == -1 else params.logprobs) + 1) * new
+        if params.prompt_logprobs is not None:
+            k = vocab if params.prompt_logprobs == -1 else params.prompt_logprobs
+            entries += (k + 1) * len(ids)
+        entries *= max(params.n, 1)
+        if entries > mc.max_logprob_entries:
+            raise ValueError(
+                f"the logprobs asked for add up to {entries} entries ({new} tokens x "
+                f"(logprobs + 1), prompt logprobs, n = {params.n}), more than one request may "
+                f"hold (max_logprob_entries = {mc.max_logprob_entries}): ask for fewer logprobs "
+                f"or set max_tokens")
 
     def _child_ids(self, request_id: str) -> list[str]:
         parent = self.output_processor.parents.get(request_id)
