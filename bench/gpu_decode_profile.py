@@ -2,13 +2,15 @@
 the CUDA profiler (CUPTI through torch.profiler, which records every kernel of the process,
 vllmx's included), and the gaps between them.
 
-Random bf16 models of the benchmark's shapes (bench/gpu_vs_transformers.py) with fewer layers
-(per-layer kernels are the same at any depth): the graph of a decode bucket is replayed at a
+Random bf16 models of the benchmark's shapes (bench/gpu_vs_vllm.py's, the MoE one too) with
+fewer layers (per-layer kernels are the same at any depth; weights made by the engine,
+load_format="dummy"): the graph of a decode bucket is replayed at a
 1088-token context and the trace's kernels are grouped by name. Also the engine's own decode
 step (generate) against the graph replayed alone, i.e. the host's share.
 
     python bench/gpu_decode_profile.py --models qwen3-0.6b llama-3-8b --layers 28 8
     python bench/gpu_decode_profile.py --models llama-3-8b --layers 8 --batch 8 --prefill
+    python bench/gpu_decode_profile.py --models qwen3-30b-a3b --layers 4 --batch 32
 
 --prefill also profiles the prompts' prefill (a 1-token generate of batch x context tokens,
 eager) the same way. Kernels launched with programmatic dependent launch start before their
@@ -26,7 +28,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_vs_transformers import SHAPES, stage_decode
+from gpu_vs_transformers import stage_decode
+from gpu_vs_vllm import SHAPES, weight_bytes, write_config
 
 
 def short(name: str) -> str:
@@ -72,22 +75,15 @@ def profile(name: str, layers: int, batch: int, ctx: int, out_dir: str,
             host_profile: bool = False, prefill: bool = False) -> dict:
     import numpy as np
     import torch
-    import transformers
 
-    spec = dict(SHAPES[name], num_hidden_layers=layers)
-    arch = spec.pop("arch")
-    cfg = getattr(transformers, f"{arch}Config")(**spec, bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    model.save_pretrained(out_dir)
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    del model
-    torch.cuda.empty_cache()
+    SHAPES[name] = dict(SHAPES[name], num_hidden_layers=layers)
+    write_config(name, out_dir)  # random weights made by the engine (load_format="dummy")
+    weight_total = weight_bytes(out_dir)
+    spec = SHAPES[name]
 
     from vllmx import _C, LLM, SamplingParams
 
-    llm = LLM(out_dir, skip_tokenizer_init=True, device="cuda", max_model_len=ctx + 256,
+    llm = LLM(out_dir, load_format="dummy", skip_tokenizer_init=True, device="cuda", max_model_len=ctx + 256,
               max_num_seqs=max(batch, 8), gpu_memory_utilization=0.5)
     rng = np.random.default_rng(0)
     ps = [{"prompt_token_ids": rng.integers(3, spec["vocab_size"], ctx).tolist()}
@@ -130,7 +126,7 @@ def profile(name: str, layers: int, batch: int, ctx: int, out_dir: str,
             graph.replay()
         _C.cuda_synchronize()
     print(f"\n== {name}, {layers} layers, batch {batch}, context {ctx}: "
-          f"{weight_bytes / 1e9:.2f} GB of weights")
+          f"{weight_total / 1e9:.2f} GB of weights")
     print(f"engine decode step {engine_step_ms:.3f} ms; graph replay {graph_ms:.3f} ms")
     summary = kernel_summary(prof, reps, layers, out_dir)
     result = {"engine_step_ms": engine_step_ms, "graph_ms": graph_ms, **summary}
