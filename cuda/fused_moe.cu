@@ -8,11 +8,12 @@
 //    its pair (pair_of_slot, -1 for padding) and every tile its expert (tile_expert, -1 for the
 //    tiles past the last expert's). The tiles a batch can need are bounded without looking at
 //    the ids: ceil(P / bm) + min(P, E) for P pairs.
-// 2. moe_gather_kernel: x's rows copied into that order (zeros in padding rows).
-// 3. the grouped GEMM (linear.cu, launch_grouped_linear): each tile against its expert's w13.
-// 4. moe_act_kernel: + w13's bias, SwiGLU / gpt-oss's clamped SwiGLU / relu2, per row.
-// 5. the grouped GEMM against w2.
-// 6. moe_combine_kernel: out[t] = sum_j w[t, j] (y[slot(t, j)] + w2's bias), j = 0..k-1 in
+// 2. the grouped GEMM (linear.cu, launch_grouped_linear): each tile against its expert's w13,
+//    its rows read from x through pair_of_slot (zeros in padding rows), so x is never copied
+//    into that order (a kernel fewer on a decode step's chain of small ones).
+// 3. moe_act_kernel: + w13's bias, SwiGLU / gpt-oss's clamped SwiGLU / relu2, per row.
+// 4. the grouped GEMM against w2.
+// 5. moe_combine_kernel: out[t] = sum_j w[t, j] (y[slot(t, j)] + w2's bias), j = 0..k-1 in
 //    order, in f32 without fused multiply-adds, like the CPU kernel.
 // A row's GEMM results come from that row alone (the mma tiles' rows are independent), so a
 // token's output does not depend on which other tokens share its experts' tiles. Long batches
@@ -92,25 +93,6 @@ __global__ void __launch_bounds__(kAlignThreads)
   }
 }
 
-// xg[r] = x[pair_of_slot[r] / k] (zeros for padding rows); rows of padding tiles are skipped.
-// V: the copy unit (uint4 where rows and strides allow 16-byte moves, else the element).
-template <typename V>
-__global__ void moe_gather_kernel(V* __restrict__ xg, const V* __restrict__ x, int64_t x_stride,
-                                  int row_len, const int* __restrict__ pair_of_slot,
-                                  const int* __restrict__ tile_expert, int bm, int k) {
-  pdl_begin();
-  const int r = blockIdx.x;
-  if (tile_expert[r / bm] < 0) return;
-  const int p = pair_of_slot[r];
-  V* dst = xg + static_cast<int64_t>(r) * row_len;
-  if (p < 0) {
-    for (int c = threadIdx.x; c < row_len; c += blockDim.x) dst[c] = V{};
-    return;
-  }
-  const V* src = x + static_cast<int64_t>(p / k) * x_stride;
-  for (int c = threadIdx.x; c < row_len; c += blockDim.x) dst[c] = src[c];
-}
-
 // act[r, i] from h[r] = w13_e x (+ bias[e]): activation 0 silu(gate) * up, 1 gpt-oss's clamped
 // SwiGLU, 2 relu2 (h is up alone). Math in f32, one rounding to T.
 template <typename T>
@@ -178,40 +160,22 @@ void* scratch(size_t bytes) {
   return buf.get(std::max<size_t>(bytes, 16));
 }
 
-// x [T, K] gathered into rows by pair_of_slot.
-void gather_rows(void* xg, const Tensor& x, int rows, const int* pair_of_slot,
-                 const int* tile_expert, int bm, int k, cudaStream_t s) {
-  const int64_t K = x.shape[1], es = type_traits(x.dtype).type_size;
-  const bool vec = (K * es) % 16 == 0 && (x.stride[0] * es) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(x.data) % 16 == 0;
-  if (vec) {
-    const int len = static_cast<int>(K * es / 16);
-    launch(moe_gather_kernel<uint4>, rows, 128, 0, s, static_cast<uint4*>(xg),
-           static_cast<const uint4*>(x.data), x.stride[0] * es / 16, len, pair_of_slot,
-           tile_expert, bm, k);
-  } else if (es == 4) {
-    launch(moe_gather_kernel<float>, rows, 128, 0, s, static_cast<float*>(xg),
-           static_cast<const float*>(x.data), x.stride[0], static_cast<int>(K), pair_of_slot,
-           tile_expert, bm, k);
-  } else {
-    launch(moe_gather_kernel<uint16_t>, rows, 128, 0, s, static_cast<uint16_t*>(xg),
-           static_cast<const uint16_t*>(x.data), x.stride[0], static_cast<int>(K),
-           pair_of_slot, tile_expert, bm, k);
-  }
-}
-
-// One grouped product: rows of x_rows [rows, K] against each tile's expert of w [E, N, K].
-void grouped(void* out, const void* x_rows, const Tensor& w, int rows, int bm,
-             const int* tile_expert, DType xt, cudaStream_t s) {
+// One grouped product: `rows` rows against each tile's expert of w [E, N, K]; row r reads x's
+// row x_row_of[r] / x_row_div (x_row_of nullptr: row r), x_stride elements apart.
+void grouped(void* out, const void* x, int64_t x_stride, const int* x_row_of, int x_row_div,
+             const Tensor& w, int rows, int bm, const int* tile_expert, DType xt,
+             cudaStream_t s) {
   LinearArgs a;
-  a.x = x_rows;
+  a.x = x;
   a.w = w.data;
   a.bias = nullptr;
   a.out = out;
   a.T = rows;
   a.N = static_cast<int>(w.shape[1]);
   a.K = static_cast<int>(w.shape[2]);
-  a.x_stride = a.K;
+  a.x_stride = x_stride;
+  a.x_row_of = x_row_of;
+  a.x_row_div = x_row_div;
   a.out_stride = a.N;
   a.w_stride = w.stride[1];
   a.pair_store = a.N % 2 == 0;
@@ -288,20 +252,17 @@ void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const 
     int* slot_of_pair = static_cast<int*>(scratch<0>(P * sizeof(int)));
     int* pair_of_slot = static_cast<int*>(scratch<1>(rows * sizeof(int)));
     int* tile_expert = static_cast<int*>(scratch<2>(tiles * sizeof(int)));
-    void* xg = scratch<3>(rows * std::max(H, I) * es);  // x's rows, then the activations
+    void* xg = scratch<3>(rows * I * es);  // the activations, row by row
     void* h = scratch<4>(rows * G * es);                 // w13's products, then w2's
     const int32_t* ids = topk_ids.ptr<int32_t>() + t0 * topk_ids.stride[0];
     launch(moe_align_kernel, 1, kAlignThreads, (2 * E + 1) * sizeof(int), s, ids,
            topk_ids.stride[0], static_cast<int>(P), static_cast<int>(k), static_cast<int>(E),
            bm, static_cast<int>(tiles), slot_of_pair, pair_of_slot, tile_expert);
     check_launch("moe_align_kernel");
-    Tensor xs = x;
-    xs.data = static_cast<char*>(x.data) + t0 * x.stride[0] * type_traits(xt).type_size;
-    xs.shape[0] = nt;
-    gather_rows(xg, xs, static_cast<int>(rows), pair_of_slot, tile_expert, bm,
-                static_cast<int>(k), s);
-    check_launch("moe_gather_kernel");
-    grouped(h, xg, w13, static_cast<int>(rows), bm, tile_expert, xt, s);
+    // w13's product reads x's rows (this chunk's) through pair_of_slot: no gathered copy.
+    const char* x0 = static_cast<const char*>(x.data) + t0 * x.stride[0] * es;
+    grouped(h, x0, x.stride[0], pair_of_slot, static_cast<int>(k), w13,
+            static_cast<int>(rows), bm, tile_expert, xt, s);
     void* y = scratch<5>(rows * H * es);
     dispatch_float(xt, kOp, [&](auto z) {
       using TA = decltype(z);
@@ -312,7 +273,7 @@ void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const 
              w13_bias.defined() ? w13_bias.stride[0] : 0, tile_expert, bm,
              static_cast<int>(activation));
       check_launch("moe_act_kernel");
-      grouped(y, xg, w2, static_cast<int>(rows), bm, tile_expert, xt, s);
+      grouped(y, xg, I, nullptr, 1, w2, static_cast<int>(rows), bm, tile_expert, xt, s);
       const int ct = static_cast<int>(std::min<int64_t>(256, (H + 31) / 32 * 32));
       launch(moe_combine_kernel<TA>, static_cast<unsigned>(nt), ct, 0, s,
              out.ptr<TA>() + t0 * out.stride[0], out.stride[0], static_cast<const TA*>(y),

@@ -75,13 +75,18 @@ __global__ void __launch_bounds__(C::kThreads) gemm_kernel(LinearArgs a) {
   const void* wq = row_weights(a, m0);  // (grouped: this tile's expert; tile_rows == BM)
   if (wq == nullptr) return;
 
+  // The x row each of this thread's A chunks reads (the same at every k step), -1: zeros.
+  int a_src[C::kAChunks];
+#pragma unroll
+  for (int i = 0; i < C::kAChunks; ++i) a_src[i] = x_row(a, m0 + (tid + i * C::kThreads) / CPR);
   auto load_a = [&](int kt, int st) {
 #pragma unroll
     for (int i = 0; i < C::kAChunks; ++i) {
       const int idx = tid + i * C::kThreads, row = idx / CPR, cc = idx % CPR;
-      const int gm = m0 + row, gk = kt * BK + cc * 8;
-      const bool ok = gm < a.T && gk < a.K;
-      cp_async16(As + (st * BM + row) * LDS + cc * 8, ok ? xp + gm * a.x_stride + gk : xp, ok);
+      const int gk = kt * BK + cc * 8;
+      const bool ok = a_src[i] >= 0 && gk < a.K;
+      cp_async16(As + (st * BM + row) * LDS + cc * 8,
+                 ok ? xp + a_src[i] * a.x_stride + gk : xp, ok);
     }
   };
   // Same-dtype weights: cp.async like x.
@@ -238,9 +243,10 @@ __global__ void linear_generic_kernel(LinearArgs a, DType x_code, DType w_code) 
   const int t = static_cast<int>(i / a.N), n = static_cast<int>(i % a.N);
   const void* w = row_weights(a, t);
   if (w == nullptr) return;
+  const int src = x_row(a, t);  // -1: a padding row of zeros
   float acc = 0.f;
-  for (int k = 0; k < a.K; ++k)
-    acc = fmaf(load_dense(a.x, t * a.x_stride + k, x_code),
+  for (int k = 0; src >= 0 && k < a.K; ++k)
+    acc = fmaf(load_dense(a.x, src * a.x_stride + k, x_code),
                load_w_elem(w, a.w_stride, w_code, n, k), acc);
   if (a.bias != nullptr) acc += load_dense(a.bias, n, x_code);
   if (x_code == DType::F32)

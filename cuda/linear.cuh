@@ -43,7 +43,20 @@ struct LinearArgs {
   const int* tile_expert = nullptr;
   int tile_rows = 0;
   int64_t w_expert_stride = 0;
+  // Grouped products may read x's rows through a map instead of a gathered copy (the GEMM and
+  // generic kernels): row r of the product is x's row x_row_of[r] / x_row_div, zeros where
+  // x_row_of[r] < 0 (a padding row). nullptr: row r is x's row r.
+  const int* x_row_of = nullptr;
+  int x_row_div = 1;
 };
+
+// The row of x that row r of a product reads, -1 for zeros (r past T or a padding row).
+__device__ __forceinline__ int x_row(const LinearArgs& a, int r) {
+  if (r >= a.T) return -1;
+  if (a.x_row_of == nullptr) return r;
+  const int p = a.x_row_of[r];
+  return p < 0 ? -1 : p / a.x_row_div;
+}
 
 // The weight a row of a grouped product reads (or a.w), nullptr for a padding tile's rows.
 __device__ __forceinline__ const void* row_weights(const LinearArgs& a, int row) {
