@@ -76,17 +76,16 @@ def profile(name: str, layers: int, batch: int, ctx: int, out_dir: str,
     import numpy as np
     import torch
 
-    SHAPES[name] = dict(SHAPES[name], num_hidden_layers=layers)
-    write_config(name, out_dir)  # random weights made by the engine (load_format="dummy")
+    write_config(name, out_dir, num_hidden_layers=layers)  # weights: load_format="dummy"
     weight_total = weight_bytes(out_dir)
-    spec = SHAPES[name]
+    vocab = SHAPES[name]["vocab_size"]
 
     from vllmx import _C, LLM, SamplingParams
 
     llm = LLM(out_dir, load_format="dummy", skip_tokenizer_init=True, device="cuda", max_model_len=ctx + 256,
               max_num_seqs=max(batch, 8), gpu_memory_utilization=0.5)
     rng = np.random.default_rng(0)
-    ps = [{"prompt_token_ids": rng.integers(3, spec["vocab_size"], ctx).tolist()}
+    ps = [{"prompt_token_ids": rng.integers(3, vocab, ctx).tolist()}
           for _ in range(batch)]
     p1 = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     pn = SamplingParams(temperature=0, max_tokens=129, min_tokens=129, ignore_eos=True)

@@ -77,8 +77,9 @@ def parse_workload(text: str) -> tuple[int, int, list[int]]:
     return int(inp), int(out), [int(b) for b in batches.split(",")]
 
 
-def write_config(name: str, out_dir: str) -> str:
-    spec = dict(SHAPES[name])
+def write_config(name: str, out_dir: str, **overrides) -> str:
+    """config.json of shape `name` (overrides: fields changed, e.g. num_hidden_layers)."""
+    spec = dict(SHAPES[name], **overrides)
     arch = spec.pop("arch")
     model_type = spec.pop("model_type", arch.lower())
     os.makedirs(out_dir, exist_ok=True)

@@ -253,7 +253,7 @@ void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const 
     int* pair_of_slot = static_cast<int*>(scratch<1>(rows * sizeof(int)));
     int* tile_expert = static_cast<int*>(scratch<2>(tiles * sizeof(int)));
     void* xg = scratch<3>(rows * I * es);  // the activations, row by row
-    void* h = scratch<4>(rows * G * es);                 // w13's products, then w2's
+    void* h = scratch<4>(rows * G * es);   // w13's products, then w2's
     const int32_t* ids = topk_ids.ptr<int32_t>() + t0 * topk_ids.stride[0];
     launch(moe_align_kernel, 1, kAlignThreads, (2 * E + 1) * sizeof(int), s, ids,
            topk_ids.stride[0], static_cast<int>(P), static_cast<int>(k), static_cast<int>(E),

@@ -49,7 +49,7 @@ ROUTER_TIE_DELTA = 0.1
 
 class RouterTies:
     """Records the routers' logits during one forward of a transformers MoE oracle (batch 1),
-    by hooking its modules named ...Router (each family's top-k router); first(k) is the
+    by hooking its modules named ...Router (each family's top-k router); first() is the
     first position where some layer's top-k choice is within ROUTER_TIE of a tie. For routers
     that add a choice bias or pick by groups (DeepSeek, GLM-4.5) the logits' margin is a proxy
     for the selection's."""
@@ -71,7 +71,11 @@ class RouterTies:
         for hook in self.hooks:
             hook.remove()
 
-    def first(self, k: int) -> int | None:
+    def first(self) -> int | None:
+        """None too for an oracle without experts (no num_experts_per_tok)."""
+        k = getattr(self.oracle.config, "num_experts_per_tok", None)
+        if not k:
+            return None
         ties = []
         for logits in self.rows:
             if logits.shape[-1] <= k:  # a shared expert's one-logit gate, not a choice
@@ -82,12 +86,11 @@ class RouterTies:
         return min(ties) if ties else None
 
 
-def position_deltas(oracle, ties: RouterTies, first_row: int, n: int, delta: float) -> np.ndarray:
+def position_deltas(ties: RouterTies, first_row: int, n: int, delta: float) -> np.ndarray:
     """delta for the n rows from position first_row on; ROUTER_TIE_DELTA from the first router
     tie on (TESTING.md's near-tie rule, carried through the model's own discrete choice)."""
     deltas = np.full(n, delta)
-    k = getattr(oracle.config, "num_experts_per_tok", None)
-    tie = ties.first(k) if k else None
+    tie = ties.first()
     if tie is not None:
         deltas[max(tie - first_row, 0):] = ROUTER_TIE_DELTA
     return deltas
@@ -140,10 +143,9 @@ def assert_prompt_logits_match(llm, prompts, oracle, what: str, seed: int) -> No
     relative, for the first three prompts."""
     import torch
 
-    k = getattr(oracle.config, "num_experts_per_tok", None)
     for prompt in prompts[:3]:
         with torch.no_grad(), RouterTies(oracle) as ties:
             ref = oracle(torch.tensor([prompt])).logits[0].double().numpy()
-        tie = ties.first(k) if k else None  # rows from a router tie on may take other experts
-        rel = prompt_logits_rel_error(llm, prompt, ref, rows=tie)
+        # rows from a router tie on may take other experts
+        rel = prompt_logits_rel_error(llm, prompt, ref, rows=ties.first())
         assert rel < 1e-3, f"{what} prompt logits rel. error {rel:.3g} (seed {seed})"

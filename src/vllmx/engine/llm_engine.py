@@ -368,22 +368,22 @@ class LLMEngine:
             self.structured_output_manager.validate(params.structured_outputs)
         # vLLM's --max-logprobs (-1: no limit); logprobs=-1 asks for the whole vocabulary.
         limit = vocab if mc.max_logprobs == -1 else mc.max_logprobs
+        asked = {}  # entries a position: the top k (as counts) and the chosen token
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(params, name)
-            if k is not None and (vocab if k == -1 else k) > limit:
+            if k is None:
+                continue
+            k = vocab if k == -1 else k
+            if k > limit:
                 what = "sample logprobs" if name == "logprobs" else "prompt logprobs"
-                raise ValueError(f"Requested {what} of {vocab if k == -1 else k}, which is "
-                                 f"greater than max allowed: {limit}")
+                raise ValueError(f"Requested {what} of {k}, which is greater than max allowed: "
+                                 f"{limit}")
+            asked[name] = k + 1
         # What they add up to: each entry is kept until the request ends, the whole vocabulary at
         # every position of a long answer would take the process down (24 GB by 1,500 tokens).
         new = min(params.max_tokens or mc.max_model_len, mc.max_model_len - len(ids))
-        entries = 0
-        if params.logprobs is not None:
-            entries += ((vocab if params.logprobs == -1 else params.logprobs) + 1) * new
-        if params.prompt_logprobs is not None:
-            k = vocab if params.prompt_logprobs == -1 else params.prompt_logprobs
-            entries += (k + 1) * len(ids)
-        entries *= max(params.n, 1)
+        entries = params.n * (asked.get("logprobs", 0) * new
+                              + asked.get("prompt_logprobs", 0) * len(ids))
         if entries > mc.max_logprob_entries:
             raise ValueError(
                 f"the logprobs asked for add up to {entries} entries ({new} tokens x "
