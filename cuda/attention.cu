@@ -381,7 +381,6 @@ __global__ void __launch_bounds__(kGenericThreads) attention_generic_kernel(Attn
 // ------------------------------------------------------------------ host: plan and launch
 
 std::string i2s(int64_t v) { return std::to_string(v); }
-bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 struct AttnPlan {
   bool tensor_cores = false;

@@ -25,6 +25,11 @@ inline void check_launch(const char* kernel) { check_cuda(cudaGetLastError(), ke
 
 inline cudaStream_t stream() { return static_cast<cudaStream_t>(current_stream()); }
 
+// Whether p is a multiple of `bytes` (vector loads, cp.async, TMA).
+inline bool aligned(const void* p, int bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
 // ---- programmatic dependent launch (Hopper) ----
 // A decode step is ~15 short dependent kernels per layer; between two of them the GPU drains
 // one grid and only then launches the next. Launched by launch() on sm_90, a kernel may be set

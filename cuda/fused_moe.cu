@@ -10,19 +10,27 @@
 //    the ids: ceil(P / bm) + min(P, E) for P pairs.
 // 2. the grouped GEMM (linear.cu, launch_grouped_linear): each tile against its expert's w13,
 //    its rows read from x through pair_of_slot (zeros in padding rows), so x is never copied
-//    into that order (a kernel fewer on a decode step's chain of small ones).
+//    into that order (a kernel fewer on a decode step's chain of small ones). On Hopper, for
+//    chunks with enough work (sm90_tile), CUTLASS's grouped wgmma GEMM (gemm_grouped_sm90.cu)
+//    instead: one group an expert, its rows counted by moe_align_kernel, straight 128-row tiles
+//    for prefill and swapped ones (the expert's weights on wgmma's 128-row side) for decode
+//    batches; TMA reads whole tiles, so there moe_gather_kernel first copies x's rows into
+//    expert order.
 // 3. moe_act_kernel: + w13's bias, SwiGLU / gpt-oss's clamped SwiGLU / relu2, per row.
 // 4. the grouped GEMM against w2.
 // 5. moe_combine_kernel: out[t] = sum_j w[t, j] (y[slot(t, j)] + w2's bias), j = 0..k-1 in
 //    order, in f32 without fused multiply-adds, like the CPU kernel.
 // A row's GEMM results come from that row alone (the mma tiles' rows are independent), so a
-// token's output does not depend on which other tokens share its experts' tiles. Long batches
-// run in chunks of tokens, which bounds the scratch rows.
+// token's output does not depend on which other tokens share its experts' tiles (on the path
+// a batch takes: the wgmma GEMM's sums round differently from mma.sync's). Long batches run in
+// chunks of tokens, which bounds the scratch rows; each chunk reads every routed expert's
+// weights again, so chunks are as long as kChunkScratchBytes allows.
 #include <algorithm>
 #include <string>
 
 #include "core/op_table.h"
 #include "cuda_util.cuh"
+#include "gemm_sm90.h"
 #include "linear.cuh"
 #include "moe/swigluoai.h"
 #include "runtime.h"
@@ -36,12 +44,24 @@ using lin::LinearArgs;
 constexpr const char* kOp = "fused_experts";
 constexpr int kAlignThreads = 1024;
 constexpr int kMaxExperts = 4096;  // moe_align_kernel's counts and offsets in shared memory
-constexpr int64_t kMaxChunkPairs = 16384;
+// A chunk's (token, rank) pairs: as many as kChunkScratchBytes of scratch rows hold, from
+// kMinChunkPairs (what any expert size gets) to kMaxChunkPairs (16384 tokens at top-8, a whole
+// prefill step of the usual token budgets). In chunks of 16384 pairs a prefill step of 8192
+// tokens read Qwen3-30B-A3B's 1.2 GB of experts a layer four times.
+constexpr int64_t kChunkScratchBytes = int64_t{1} << 30;
+constexpr int64_t kMinChunkPairs = 16384;
+constexpr int64_t kMaxChunkPairs = 131072;
+// The wgmma path's row tiles: an expert's rows start 8 rows apart (TMA's 16-byte alignment of
+// a row for any K) and its groups read no padding rows, so the tile height costs nothing.
+constexpr int kSm90ExpertRows = 8;
 
+// expert_first / expert_rows (or nullptr): each expert's first row and its row count, for the
+// grouped wgmma GEMM's problem shapes.
 __global__ void __launch_bounds__(kAlignThreads)
     moe_align_kernel(const int32_t* __restrict__ ids, int64_t id_stride, int P, int k, int E,
                      int bm, int tiles, int* __restrict__ slot_of_pair,
-                     int* __restrict__ pair_of_slot, int* __restrict__ tile_expert) {
+                     int* __restrict__ pair_of_slot, int* __restrict__ tile_expert,
+                     int* __restrict__ expert_first, int* __restrict__ expert_rows) {
   pdl_begin();
   extern __shared__ int align_smem[];
   int* count = align_smem;     // [E]: pairs per expert, then the fill cursor
@@ -91,6 +111,26 @@ __global__ void __launch_bounds__(kAlignThreads)
     }
     slot_of_pair[p] = s;
   }
+  if (expert_first == nullptr) return;
+  __syncthreads();
+  for (int e = tid; e < E; e += kAlignThreads) {
+    expert_first[e] = offset[e];
+    expert_rows[e] = count[e];
+  }
+}
+
+// xs[r] = x[pair_of_slot[r] / k] for the rows that hold a pair (16-byte chunks, `chunks` a row):
+// the grouped wgmma GEMM's A operand in expert order. Padding rows are left as they are; no
+// group reads them.
+__global__ void moe_gather_kernel(uint4* __restrict__ xs, const char* __restrict__ x,
+                                  int64_t x_row_bytes, int chunks,
+                                  const int* __restrict__ pair_of_slot, int k) {
+  pdl_begin();
+  const int r = blockIdx.x, p = pair_of_slot[r];
+  if (p < 0) return;
+  const uint4* src = reinterpret_cast<const uint4*>(x + (p / k) * x_row_bytes);
+  uint4* dst = xs + static_cast<int64_t>(r) * chunks;
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) dst[c] = src[c];
 }
 
 // act[r, i] from h[r] = w13_e x (+ bias[e]): activation 0 silu(gate) * up, 1 gpt-oss's clamped
@@ -185,6 +225,53 @@ void grouped(void* out, const void* x, int64_t x_stride, const int* x_row_of, in
   lin::launch_grouped_linear(a, xt, s);
 }
 
+#ifdef VLLMX_WITH_SM90_GEMM
+// TMA's terms for an expert stack: 16-byte aligned, rows and experts a multiple of 16 bytes apart.
+bool tma_stack(const Tensor& w) {
+  const int64_t es = type_traits(w.dtype).type_size;
+  return aligned(w.data, 16) && w.stride[1] * es % 16 == 0 && w.stride[0] * es % 16 == 0;
+}
+
+// The grouped wgmma GEMM's tile for a chunk of P pairs over E experts whose products are at
+// least N wide, or false: the mma.sync kernels. Straight 128 x 128 tiles where rows an expert are
+// many; else the swapped ones, which give an active expert's weights N / 128 units of work and
+// no split-K, so they take only chunks with at least two units an SM (not a batch of 1-2
+// tokens, whose 8-16 experts the mma.sync kernel's 64-row tiles spread over more SMs).
+bool sm90_tile(int64_t P, int64_t E, int64_t N, Sm90GroupedTile* tile) {
+  if (lin::grouped_rows_many(P, E)) {
+    *tile = Sm90GroupedTile::k128x128;
+    return true;
+  }
+  const int64_t active = std::min(P, E);
+  if (active * (N / 128) < 2 * detail::num_sms()) return false;
+  *tile = P <= 16 * active ? Sm90GroupedTile::kSwap128x16 : Sm90GroupedTile::kSwap128x64;
+  return true;
+}
+
+// One grouped product on CUTLASS's wgmma GEMM (gemm_grouped_sm90.cu): expert e's rows of x (in
+// expert order, x_stride apart, counted by moe_align_kernel) against its slice of w.
+void grouped_sm90(void* out, const void* x, int64_t x_stride, const Tensor& w,
+                  const int* expert_first, const int* expert_rows, Sm90GroupedTile tile,
+                  DType xt, cudaStream_t s) {
+  Sm90GroupedArgs g;
+  g.x = x;
+  g.w = w.data;
+  g.out = out;
+  g.experts = static_cast<int>(w.shape[0]);
+  g.N = static_cast<int>(w.shape[1]);
+  g.K = static_cast<int>(w.shape[2]);
+  g.x_stride = x_stride;
+  g.w_stride = w.stride[1];
+  g.out_stride = g.N;
+  g.w_expert_stride = w.stride[0];
+  g.expert_first = expert_first;
+  g.expert_rows = expert_rows;
+  g.bf16 = xt == DType::BF16;
+  g.num_sms = detail::num_sms();
+  sm90_grouped_gemm(g, tile, s);
+}
+#endif
+
 void check_stack(const Tensor& w, const char* name, DType xt, int64_t E, int64_t N, int64_t K) {
   check_on_device(w, kOp, name);
   VLLMX_CHECK(w.defined() && w.ndim == 3 && w.dtype == xt && w.stride[2] == 1 &&
@@ -243,26 +330,66 @@ void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const 
 
   cudaStream_t s = stream();
   const size_t es = static_cast<size_t>(type_traits(xt).type_size);
-  const int64_t chunk = std::max<int64_t>(1, kMaxChunkPairs / k);
   const bool tensor_cores = xt != DType::F32 && H % 8 == 0 && I % 8 == 0;
+  // Hopper's grouped wgmma GEMM for the chunks sm90_tile gives one, where x's rows can be copied
+  // in 16-byte chunks and TMA takes the weights.
+#ifdef VLLMX_WITH_SM90_GEMM
+  const bool sm90_ok = tensor_cores && detail::sm90_kernels() && aligned(x.data, 16) &&
+                       x.stride[0] * static_cast<int64_t>(es) % 16 == 0 && tma_stack(w13) &&
+                       tma_stack(w2);
+#endif
+  // Scratch a row: w13's products, the activations, w2's products, x's gathered copy.
+  const int64_t row_bytes = (G + I + 2 * H) * static_cast<int64_t>(es);
+  const int64_t chunk_pairs =
+      std::clamp(kChunkScratchBytes / row_bytes, kMinChunkPairs, kMaxChunkPairs);
+  const int64_t chunk = std::max<int64_t>(1, chunk_pairs / k);
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
     const int64_t nt = std::min(chunk, T - t0), P = nt * k;
-    const int bm = lin::grouped_tile_rows(tensor_cores, P, E);
+    bool sm90 = false;
+#ifdef VLLMX_WITH_SM90_GEMM
+    Sm90GroupedTile tile{};
+    sm90 = sm90_ok && sm90_tile(P, E, std::min(G, H), &tile);
+#endif
+    const int bm = sm90 ? kSm90ExpertRows : lin::grouped_tile_rows(tensor_cores, P, E);
     const int64_t tiles = (P + bm - 1) / bm + std::min(P, E), rows = tiles * bm;
     int* slot_of_pair = static_cast<int*>(scratch<0>(P * sizeof(int)));
     int* pair_of_slot = static_cast<int*>(scratch<1>(rows * sizeof(int)));
     int* tile_expert = static_cast<int*>(scratch<2>(tiles * sizeof(int)));
     void* xg = scratch<3>(rows * I * es);  // the activations, row by row
     void* h = scratch<4>(rows * G * es);   // w13's products, then w2's
+    int* expert_first = sm90 ? static_cast<int*>(scratch<6>(2 * E * sizeof(int))) : nullptr;
+    int* expert_rows = sm90 ? expert_first + E : nullptr;
     const int32_t* ids = topk_ids.ptr<int32_t>() + t0 * topk_ids.stride[0];
     launch(moe_align_kernel, 1, kAlignThreads, (2 * E + 1) * sizeof(int), s, ids,
            topk_ids.stride[0], static_cast<int>(P), static_cast<int>(k), static_cast<int>(E),
-           bm, static_cast<int>(tiles), slot_of_pair, pair_of_slot, tile_expert);
+           bm, static_cast<int>(tiles), slot_of_pair, pair_of_slot, tile_expert, expert_first,
+           expert_rows);
     check_launch("moe_align_kernel");
-    // w13's product reads x's rows (this chunk's) through pair_of_slot: no gathered copy.
     const char* x0 = static_cast<const char*>(x.data) + t0 * x.stride[0] * es;
-    grouped(h, x0, x.stride[0], pair_of_slot, static_cast<int>(k), w13,
-            static_cast<int>(rows), bm, tile_expert, xt, s);
+    // The wgmma and mma.sync products of w13 and w2; on the mma.sync path w13's product reads
+    // x's rows (this chunk's) through pair_of_slot: no gathered copy.
+    auto product = [&](void* out_rows, const void* in_rows, int64_t in_stride, const int* row_of,
+                       int row_div, const Tensor& w) {
+#ifdef VLLMX_WITH_SM90_GEMM
+      if (sm90) {
+        grouped_sm90(out_rows, in_rows, in_stride, w, expert_first, expert_rows, tile, xt, s);
+        return;
+      }
+#endif
+      grouped(out_rows, in_rows, in_stride, row_of, row_div, w, static_cast<int>(rows), bm,
+              tile_expert, xt, s);
+    };
+    if (sm90) {
+      void* xs = scratch<7>(rows * H * es);
+      const int chunks = static_cast<int>(H * static_cast<int64_t>(es) / 16);
+      launch(moe_gather_kernel, static_cast<unsigned>(rows),
+             std::min(256, (chunks + 31) / 32 * 32), 0, s, static_cast<uint4*>(xs), x0, x.stride[0] * static_cast<int64_t>(es), chunks,
+             pair_of_slot, static_cast<int>(k));
+      check_launch("moe_gather_kernel");
+      product(h, xs, H, nullptr, 1, w13);
+    } else {
+      product(h, x0, x.stride[0], pair_of_slot, static_cast<int>(k), w13);
+    }
     void* y = scratch<5>(rows * H * es);
     dispatch_float(xt, kOp, [&](auto z) {
       using TA = decltype(z);
@@ -273,7 +400,7 @@ void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const 
              w13_bias.defined() ? w13_bias.stride[0] : 0, tile_expert, bm,
              static_cast<int>(activation));
       check_launch("moe_act_kernel");
-      grouped(y, xg, I, nullptr, 1, w2, static_cast<int>(rows), bm, tile_expert, xt, s);
+      product(y, xg, I, nullptr, 1, w2);
       const int ct = static_cast<int>(std::min<int64_t>(256, (H + 31) / 32 * 32));
       launch(moe_combine_kernel<TA>, static_cast<unsigned>(nt), ct, 0, s,
              out.ptr<TA>() + t0 * out.stride[0], out.stride[0], static_cast<const TA*>(y),

@@ -47,4 +47,26 @@ void sm90_gemm(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
 void sm90_gemm_swapped(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
 void sm90_gemm_swapped_narrow(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
 
+// gemm_grouped_sm90.cu: fused_experts' grouped product, one group an expert e < experts:
+// out[f : f + m, :N] = x[f : f + m, :K] @ w[e]^T with f = expert_first[e], m = expert_rows[e]
+// (device arrays, written by an earlier kernel on the stream; m may be 0). x, w, out of one
+// 16-bit dtype, 16-byte aligned, K, N and the strides multiples of 8 elements (the caller
+// checks). Rows of x or out that no expert names are neither read nor written.
+struct Sm90GroupedArgs {
+  const void* x;
+  const void* w;  // [experts, N, K]
+  void* out;
+  int experts, N, K;
+  int64_t x_stride, w_stride, out_stride;  // elements between rows
+  int64_t w_expert_stride;                 // elements between experts
+  const int* expert_first;
+  const int* expert_rows;
+  bool bf16;    // else f16
+  int num_sms;  // the persistent grid's size
+};
+// Its tiles: 128 rows x 128 weight rows where an expert has many rows (prefill); weights on the
+// 128-row side and an expert's rows on a 16- or 64-wide one where it has few (decode).
+enum class Sm90GroupedTile { k128x128, kSwap128x16, kSwap128x64 };
+void sm90_grouped_gemm(const Sm90GroupedArgs& g, Sm90GroupedTile tile, cudaStream_t s);
+
 }  // namespace vllmx::cuda

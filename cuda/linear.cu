@@ -288,7 +288,6 @@ constexpr int64_t kSm90WideN = 16384;
 constexpr int64_t kSm90MaxSwapT = 128;
 constexpr int64_t kSkinnyMaxElems = int64_t{4096} * 4096;
 
-bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 // set_linear_tuning's kernels by number (bench/gpu_kernels_vs_torch.py --plans names them).
 enum class ForcedPath {
@@ -304,6 +303,26 @@ enum class ForcedPath {
   kCount
 };
 LinearTuning g_tuning;
+
+#ifdef VLLMX_WITH_SM90_GEMM
+// The CUTLASS tiles' extents in w rows and tokens (gemm_sm90.h), the one place that knows them:
+// the swapped tiles in order of width, which the planner takes the first wide enough from.
+struct Sm90Extent {
+  Sm90Tile tile;
+  bool swapped;
+  int64_t w_rows, tokens;
+};
+constexpr Sm90Extent kSm90Extents[] = {
+    {Sm90Tile::kSwap128x16, true, 128, 16},   {Sm90Tile::kSwap128x32, true, 128, 32},
+    {Sm90Tile::kSwap128x64, true, 128, 64},   {Sm90Tile::kSwap128x128, true, 128, 128},
+    {Sm90Tile::k128x128, false, 128, 128},    {Sm90Tile::k128x256, false, 256, 128}};
+constexpr const Sm90Extent& extent(Sm90Tile t) {
+  for (const Sm90Extent& e : kSm90Extents)
+    if (e.tile == t) return e;
+  return kSm90Extents[0];  // (every tile is listed)
+}
+static_assert(kSm90Extents[3].tokens == kSm90MaxSwapT, "the widest swapped tile's tokens");
+#endif
 
 // TMA moves 16-byte rows: K, N and every row stride a multiple of 8 elements, x, w and out
 // 16-byte aligned (K == 0: a TMA tensor map has no empty dims).
@@ -329,15 +348,8 @@ bool sm90_operands_ok(const Tensor& out, const Tensor& x, const Tensor& w, int64
 void plan_sm90_schedule(LinearPlan& p, int64_t T, int64_t N, int64_t K) {
 #ifdef VLLMX_WITH_SM90_GEMM
   constexpr int kDataParallel = 1, kSplitK = 2;  // cutlass DecompositionMode
-  int64_t tiles;
-  switch (p.sm90_tile) {
-    case Sm90Tile::kSwap128x16: tiles = (N + 127) / 128 * ((T + 15) / 16); break;
-    case Sm90Tile::kSwap128x32: tiles = (N + 127) / 128 * ((T + 31) / 32); break;
-    case Sm90Tile::kSwap128x64: tiles = (N + 127) / 128 * ((T + 63) / 64); break;
-    case Sm90Tile::kSwap128x128: tiles = (N + 127) / 128 * ((T + 127) / 128); break;
-    case Sm90Tile::k128x128: tiles = (T + 127) / 128 * ((N + 127) / 128); break;
-    default: tiles = (T + 127) / 128 * ((N + 255) / 256); break;
-  }
+  const Sm90Extent& e = extent(p.sm90_tile);
+  const int64_t tiles = (N + e.w_rows - 1) / e.w_rows * ((T + e.tokens - 1) / e.tokens);
   const int64_t k_steps = (K + 63) / 64;
   if (tiles > num_sms()) return;
   if (k_steps > 96) {
@@ -372,10 +384,12 @@ bool plan_sm90(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor& 
   if (T <= kSkinnyMaxT && N * K <= kSkinnyMaxElems && !wide_shallow) return false;
   if (!sm90_operands_ok(out, x, w, N, K)) return false;
   if (T <= kSm90MaxSwapT) {
-    p.sm90_tile = T <= 16   ? Sm90Tile::kSwap128x16
-                  : T <= 32 ? Sm90Tile::kSwap128x32
-                  : T <= 64 ? Sm90Tile::kSwap128x64
-                            : Sm90Tile::kSwap128x128;
+    for (const Sm90Extent& e : kSm90Extents) {  // the narrowest swapped tile that holds T
+      if (e.swapped && T <= e.tokens) {
+        p.sm90_tile = e.tile;
+        break;
+      }
+    }
   } else {
     // 128x256 tiles (weight tiles shared by a 2-CTA cluster along T) once they give every SM
     // at least one tile; before that 128x128 tiles keep twice as many SMs busy.
@@ -445,14 +459,11 @@ void force_plan(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor&
     p.path = f == ForcedPath::kGemmSmall ? Path::kGemmSmall : Path::kGemmLarge;
   } else {
 #ifdef VLLMX_WITH_SM90_GEMM
-    constexpr Sm90Tile tiles[] = {Sm90Tile::kSwap128x16,  Sm90Tile::kSwap128x32,
-                                  Sm90Tile::kSwap128x64,  Sm90Tile::kSwap128x128,
-                                  Sm90Tile::k128x128,     Sm90Tile::k128x256};
-    constexpr int64_t max_t[] = {16, 32, 64, 128, int64_t{1} << 30, int64_t{1} << 30};
-    const int i = g_tuning.path - static_cast<int>(ForcedPath::kSwap16);
-    ok = sm90_kernels() && sm90_operands_ok(out, x, w, N, K) && T <= max_t[i];
+    // ForcedPath's CUTLASS tiles are kSm90Extents' in its order.
+    const Sm90Extent& e = kSm90Extents[g_tuning.path - static_cast<int>(ForcedPath::kSwap16)];
+    ok = sm90_kernels() && sm90_operands_ok(out, x, w, N, K) && (!e.swapped || T <= e.tokens);
     p.path = Path::kSm90;
-    p.sm90_tile = tiles[i];
+    p.sm90_tile = e.tile;
     p.sm90_decomposition = -1;  // the scheduler's heuristic unless the tuning names one
     p.sm90_splits = 0;
 #else
@@ -599,9 +610,11 @@ const LinearTuning& linear_tuning() { return g_tuning; }
 
 // Few rows an expert (decode, small batches): 32-row tiles waste less of each weight tile; from
 // ~96 rows an expert on, 128-row tiles read each weight tile for four times the rows.
+bool grouped_rows_many(int64_t rows, int64_t experts) { return rows >= 96 * experts; }
+
 int grouped_tile_rows(bool tensor_cores, int64_t rows, int64_t experts) {
   if (!tensor_cores) return GemmSmall::BM;  // the generic kernel: any height
-  return rows >= 96 * experts ? GemmLarge::BM : GemmSmall::BM;
+  return grouped_rows_many(rows, experts) ? GemmLarge::BM : GemmSmall::BM;
 }
 
 void launch_grouped_linear(const LinearArgs& a, DType xt, cudaStream_t s) {

@@ -52,20 +52,21 @@ def test_grouped_topk(routing, dtype):
 # ---- fused_experts (cuda/fused_moe.cu) ----
 
 def experts64(x64, w13, w2, tw, ids, b13=None, b2=None, activation="silu"):
-    """The float64 reference of fused_experts for any activation, with optional biases."""
+    """The float64 reference of fused_experts for any activation, with optional biases: each
+    rank's tokens expert by expert, as matrix products (prefill-sized batches stay quick)."""
     out = np.zeros(x64.shape, np.float64)
-    for t in range(x64.shape[0]):
-        for j in range(ids.shape[1]):
-            e = ids[t, j]
-            gu = w13[e] @ x64[t] + (0 if b13 is None else b13[e])
+    for j in range(ids.shape[1]):
+        for e in np.unique(ids[:, j]):
+            rows = ids[:, j] == e
+            gu = x64[rows] @ w13[e].T + (0 if b13 is None else b13[e])
             if activation == "relu2":
                 a = np.maximum(gu, 0) ** 2
             elif activation == "swigluoai":
                 a = swigluoai64(gu)
             else:
-                g, u = gu[: gu.size // 2], gu[gu.size // 2:]
+                g, u = gu[:, : gu.shape[1] // 2], gu[:, gu.shape[1] // 2:]
                 a = g / (1.0 + np.exp(-g)) * u
-            out[t] += tw[t, j] * (w2[e] @ a + (0 if b2 is None else b2[e]))
+            out[rows] += tw[rows, j, None] * (a @ w2[e].T + (0 if b2 is None else b2[e]))
     return out
 
 
@@ -95,11 +96,14 @@ def ops_fused(out, x, w13, w2, tw, ids, bias, activation):
 # to the activation dtype on the GPU, so bf16 carries ~3 roundings of 2^-9.
 TOL = {F32: 1e-5, F16: 4e-3, BF16: 3e-2}
 
-# (experts, top-k, tokens, hidden, intermediate): decode sizes (32-row tiles), a prefill with
-# >= 96 rows an expert (128-row tiles), sizes not a multiple of 8 (the generic kernel), and
-# more pairs than one chunk holds (16384).
-MOE_SHAPES = [(8, 2, 1, 64, 32), (64, 8, 5, 128, 64), (16, 4, 37, 96, 48), (8, 2, 512, 64, 32),
-              (8, 2, 7, 36, 20), (4, 4, 4200, 16, 8)]
+# (experts, top-k, tokens, hidden, intermediate): decode sizes (32-row tiles), batches wide
+# enough for Hopper's swapped grouped wgmma tiles (5 and 40 rows an expert: the 16- and 64-wide
+# ones), prefills with >= 96 rows an expert (128-row tiles; on Hopper the straight wgmma
+# ones), sizes not a multiple of 8 (the generic kernel), and more pairs than one chunk holds
+# (131072 for these sizes).
+MOE_SHAPES = [(8, 2, 1, 64, 32), (64, 8, 5, 128, 64), (16, 4, 37, 96, 48),
+              (64, 8, 40, 640, 320), (32, 4, 320, 1152, 576), (8, 2, 512, 64, 32),
+              (16, 4, 1000, 256, 136), (8, 2, 7, 36, 20), (4, 4, 33000, 16, 8)]
 
 
 @pytest.mark.parametrize("dtype", [BF16, F16, F32], ids=["bf16", "f16", "f32"])
@@ -129,6 +133,21 @@ def test_fused_experts_biases_and_activations(activation, dtype):
     b2 = rng.standard_normal((e, h)).astype(np.float32)
     tw, ids = route(rng, t, e, k)
     got, ref = run_gpu(x, w13, w2, tw, ids, dtype, b13, b2, activation)
+    assert np.abs(got - ref).max() / np.abs(ref).max() < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16])
+def test_fused_experts_prefill_with_idle_experts(dtype):
+    """A prefill-sized batch routed to 6 of 64 experts: the experts without rows are groups of
+    no rows (the wgmma path's zero-row problems) and must leave the others' rows alone."""
+    e, k, t, h, i = 64, 2, 3200, 128, 64
+    rng = np.random.default_rng(23)
+    x = rng.standard_normal((t, h)).astype(np.float32)
+    w13 = (rng.standard_normal((e, 2 * i, h)) / np.sqrt(h)).astype(np.float32)
+    w2 = (rng.standard_normal((e, h, i)) / np.sqrt(i)).astype(np.float32)
+    tw, ids = route(rng, t, e, k, used=[3, 9, 10, 40, 41, 63])
+    got, ref = run_gpu(x, w13, w2, tw, ids, dtype)
+    assert np.isfinite(got).all()
     assert np.abs(got - ref).max() / np.abs(ref).max() < TOL[dtype]
 
 
