@@ -44,15 +44,17 @@ using lin::LinearArgs;
 constexpr const char* kOp = "fused_experts";
 constexpr int kAlignThreads = 1024;
 constexpr int kMaxExperts = 4096;  // moe_align_kernel's counts and offsets in shared memory
-// A chunk's (token, rank) pairs: as many as kChunkScratchBytes of scratch rows hold, from
-// kMinChunkPairs (what any expert size gets) to kMaxChunkPairs (16384 tokens at top-8, a whole
-// prefill step of the usual token budgets). In chunks of 16384 pairs a prefill step of 8192
+// A chunk's (token, rank) pairs: about as many as kChunkScratchBytes of scratch rows hold (the
+// padding rows on top; past it where kMinChunkPairs rows are wider, e.g. Mixtral's ~1.6 GB),
+// from kMinChunkPairs to kMaxChunkPairs (16384 tokens at top-8, a whole prefill step of the
+// usual token budgets). In chunks of 16384 pairs a prefill step of 8192
 // tokens read Qwen3-30B-A3B's 1.2 GB of experts a layer four times.
 constexpr int64_t kChunkScratchBytes = int64_t{1} << 30;
 constexpr int64_t kMinChunkPairs = 16384;
 constexpr int64_t kMaxChunkPairs = 131072;
-// The wgmma path's row tiles: an expert's rows start 8 rows apart (TMA's 16-byte alignment of
-// a row for any K) and its groups read no padding rows, so the tile height costs nothing.
+// The wgmma path's row tiles: its groups take each expert's rows alone, so short tiles only
+// keep the padding rows few. Those rows are never written by the GEMMs: moe_act_kernel turns
+// whatever they hold into activations no group reads and no pair's slot names.
 constexpr int kSm90ExpertRows = 8;
 
 // expert_first / expert_rows (or nullptr): each expert's first row and its row count, for the
@@ -235,8 +237,9 @@ bool tma_stack(const Tensor& w) {
 // The grouped wgmma GEMM's tile for a chunk of P pairs over E experts whose products are at
 // least N wide, or false: the mma.sync kernels. Straight 128 x 128 tiles where rows an expert are
 // many; else the swapped ones, which give an active expert's weights N / 128 units of work and
-// no split-K, so they take only chunks with at least two units an SM (not a batch of 1-2
-// tokens, whose 8-16 experts the mma.sync kernel's 64-row tiles spread over more SMs).
+// no split-K, so they take only chunks with at least two units an SM (Qwen3-30B-A3B on the H200
+// from 3 tokens; not a batch of 1-2, whose 8-16 experts the mma.sync kernel's 64-row tiles
+// spread over more SMs; never Mixtral's decode, 8 experts x 32 units).
 bool sm90_tile(int64_t P, int64_t E, int64_t N, Sm90GroupedTile* tile) {
   if (lin::grouped_rows_many(P, E)) {
     *tile = Sm90GroupedTile::k128x128;
@@ -356,7 +359,7 @@ void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const 
     int* pair_of_slot = static_cast<int*>(scratch<1>(rows * sizeof(int)));
     int* tile_expert = static_cast<int*>(scratch<2>(tiles * sizeof(int)));
     void* xg = scratch<3>(rows * I * es);  // the activations, row by row
-    void* h = scratch<4>(rows * G * es);   // w13's products, then w2's
+    void* h = scratch<4>(rows * G * es);   // w13's products
     int* expert_first = sm90 ? static_cast<int*>(scratch<6>(2 * E * sizeof(int))) : nullptr;
     int* expert_rows = sm90 ? expert_first + E : nullptr;
     const int32_t* ids = topk_ids.ptr<int32_t>() + t0 * topk_ids.stride[0];
@@ -383,8 +386,8 @@ void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const 
       void* xs = scratch<7>(rows * H * es);
       const int chunks = static_cast<int>(H * static_cast<int64_t>(es) / 16);
       launch(moe_gather_kernel, static_cast<unsigned>(rows),
-             std::min(256, (chunks + 31) / 32 * 32), 0, s, static_cast<uint4*>(xs), x0, x.stride[0] * static_cast<int64_t>(es), chunks,
-             pair_of_slot, static_cast<int>(k));
+             std::min(256, (chunks + 31) / 32 * 32), 0, s, static_cast<uint4*>(xs), x0,
+             x.stride[0] * static_cast<int64_t>(es), chunks, pair_of_slot, static_cast<int>(k));
       check_launch("moe_gather_kernel");
       product(h, xs, H, nullptr, 1, w13);
     } else {

@@ -1,13 +1,14 @@
-// sm90_grouped_gemm (cuda/gemm_sm90.h): fused_experts' two products on Hopper for prefill-sized
-// chunks, as one CUTLASS 3 grouped (pointer-array) GEMM a product: TMA loads and warp-specialized
-// wgmma like the dense sm90_gemm, one group an expert, every group's shape, operand pointers and
-// strides read from device arrays that grouped_args_kernel fills from the routing's row counts on
-// the stream. So the host never learns how many rows an expert got (no sync), and CUTLASS's group
-// tile scheduler walks only the tiles of experts that have rows.
+// sm90_grouped_gemm (cuda/gemm_sm90.h): fused_experts' two products on Hopper, each as one
+// CUTLASS 3 grouped (pointer-array) GEMM: TMA loads and warp-specialized wgmma like the dense
+// sm90_gemm, one group an expert, every group's shape, operand pointers and strides read from
+// device arrays that grouped_args_kernel fills from the routing's row counts on the stream. So
+// the host never learns how many rows an expert got (no sync; decode steps stay in CUDA graphs),
+// and CUTLASS's group tile scheduler walks only the tiles of experts that have rows.
 //
-// Where rows an expert are many (the planner takes this path from 96 on average, as it takes the
-// mma.sync kernel's 128-row tile), the mma.sync grouped GEMM (linear.cu's gemm_kernel) runs at a
-// fraction of wgmma's rate. sm_90a only, like the other CUTLASS instantiations.
+// fused_moe.cu's sm90_tile picks the tiles: straight 128 x 128 ones for prefill chunks (from 96
+// rows an expert on average, where the mma.sync grouped GEMM, linear.cu's gemm_kernel, runs at a
+// fraction of wgmma's rate), swapped 128 x 16 / 128 x 64 ones for decode batches with enough
+// active experts. sm_90a only, like the other CUTLASS instantiations.
 #include <stdexcept>
 #include <string>
 #include <type_traits>

@@ -19,6 +19,7 @@
 // - linear_generic_kernel: one thread per output, any dtype mix (f32 x/out too) and any
 //   alignment; the scalar twin the fast paths fall back to.
 #include <algorithm>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -288,7 +289,6 @@ constexpr int64_t kSm90WideN = 16384;
 constexpr int64_t kSm90MaxSwapT = 128;
 constexpr int64_t kSkinnyMaxElems = int64_t{4096} * 4096;
 
-
 // set_linear_tuning's kernels by number (bench/gpu_kernels_vs_torch.py --plans names them).
 enum class ForcedPath {
   kSkinny,
@@ -322,6 +322,10 @@ constexpr const Sm90Extent& extent(Sm90Tile t) {
   return kSm90Extents[0];  // (every tile is listed)
 }
 static_assert(kSm90Extents[3].tokens == kSm90MaxSwapT, "the widest swapped tile's tokens");
+// force_plan indexes the table by ForcedPath, from kSwap16 on.
+static_assert(std::size(kSm90Extents) ==
+                  static_cast<int>(ForcedPath::kCount) - static_cast<int>(ForcedPath::kSwap16) - 2,
+              "one extent per forced CUTLASS tile");
 #endif
 
 // TMA moves 16-byte rows: K, N and every row stride a multiple of 8 elements, x, w and out

@@ -175,7 +175,8 @@ void launch_gemv(const LinearArgs& a, bool bf16_x, int gk, int max_t, bool silu_
 // height the caller pads each expert's rows to, from the rows and experts of the product.
 int grouped_tile_rows(bool tensor_cores, int64_t rows, int64_t experts);
 // Whether a grouped product's rows an expert are many (prefill): 128-row tiles, and on Hopper
-// the grouped wgmma GEMM (fused_moe.cu).
+// the grouped wgmma GEMM's straight tiles (fused_moe.cu's sm90_tile; its swapped ones take
+// decode batches with enough experts).
 bool grouped_rows_many(int64_t rows, int64_t experts);
 void launch_grouped_linear(const LinearArgs& a, DType xt, cudaStream_t s);
 
