@@ -89,7 +89,7 @@ def _drafts_for(sp: SamplingParams) -> bool:
 def _needs_tokens(state: CachedRequestState) -> bool:
     """Whether sampling the request's next token reads its tokens so far on the host
     (penalties, bad words, the min_tokens ban, a grammar's mask): then the step before must be
-    finished first."""
+    finished before this one samples."""
     st = state.sampling
     if state.grammar is not None:
         return True
@@ -481,16 +481,19 @@ class ModelRunner:
             return PendingStep(None, ModelRunnerOutput([], {}, {}, failed=failed))
         drafts = {r: so.scheduled_spec_decode_tokens.get(r, ()) for r in req_ids}
         # Requests whose last token the step in flight samples: their input id comes from
-        # where it was sampled, unless this step reads tokens on the host (then the step in
-        # flight finishes first).
-        prev, pending = self._in_flight, {}
+        # where it was sampled, unless this step has drafts (then the step in flight finishes
+        # first). Sampling that reads tokens on the host (penalties, bad words, the min_tokens
+        # ban, a grammar's mask) waits for the step in flight only once this step's forward is
+        # queued, so on the GPU the forward runs while the host takes those tokens and
+        # computes the masks (vLLM's async scheduling with structured outputs).
+        prev, pending, finish_prev = self._in_flight, {}, False
         if prev is not None and not prev.done:
             on_host = not isinstance(prev.sample.token_ids, DeviceArray)
-            if (any(drafts.values()) or any(_needs_tokens(self.requests[r]) for r in req_ids)
-                    or (on_host and self.device == "cuda")):
+            if any(drafts.values()) or (on_host and self.device == "cuda"):
                 prev.get_output()
             else:
                 pending = {r: prev.sample_rows[r] for r in req_ids if r in prev.sample_rows}
+                finish_prev = any(_needs_tokens(self.requests[r]) for r in req_ids)
         num_scheduled = np.array([so.num_scheduled_tokens[r] for r in req_ids], dtype=np.int32)
         self._stage_drafts(drafts)
         self.input_batch.prepare_inputs(num_scheduled, self.input_ids, self.positions,
@@ -555,6 +558,8 @@ class ModelRunner:
             else:
                 rows = ops.gather_rows(hidden, np.asarray(logits_rows, dtype=np.int32))
             logits = self.model.compute_logits(rows)
+        if finish_prev:  # its tokens into the states and matchers this step samples from
+            prev.get_output()
         states = [self.requests[r] for r in sample_ids]
         smd = self._sampling_metadata(states, [drafts[r] for r in sample_ids], logits.shape[1])
         self._grammar_masks(states, [drafts[r] for r in sample_ids], smd)
