@@ -82,8 +82,8 @@ def profile(name: str, layers: int, batch: int, ctx: int, out_dir: str,
 
     from vllmx import _C, LLM, SamplingParams
 
-    llm = LLM(out_dir, load_format="dummy", skip_tokenizer_init=True, device="cuda", max_model_len=ctx + 256,
-              max_num_seqs=max(batch, 8), gpu_memory_utilization=0.5)
+    llm = LLM(out_dir, load_format="dummy", skip_tokenizer_init=True, device="cuda",
+              max_model_len=ctx + 256, max_num_seqs=max(batch, 8), gpu_memory_utilization=0.5)
     rng = np.random.default_rng(0)
     ps = [{"prompt_token_ids": rng.integers(3, vocab, ctx).tolist()}
           for _ in range(batch)]

@@ -47,8 +47,8 @@ constexpr int kMaxExperts = 4096;  // moe_align_kernel's counts and offsets in s
 // A chunk's (token, rank) pairs: about as many as kChunkScratchBytes of scratch rows hold (the
 // padding rows on top; past it where kMinChunkPairs rows are wider, e.g. Mixtral's ~1.6 GB),
 // from kMinChunkPairs to kMaxChunkPairs (16384 tokens at top-8, a whole prefill step of the
-// usual token budgets). In chunks of 16384 pairs a prefill step of 8192
-// tokens read Qwen3-30B-A3B's 1.2 GB of experts a layer four times.
+// usual token budgets). In chunks of 16384 pairs a prefill step of 8192 tokens read
+// Qwen3-30B-A3B's 1.2 GB of experts a layer four times.
 constexpr int64_t kChunkScratchBytes = int64_t{1} << 30;
 constexpr int64_t kMinChunkPairs = 16384;
 constexpr int64_t kMaxChunkPairs = 131072;
