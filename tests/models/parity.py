@@ -50,7 +50,7 @@ ROUTER_TIE_DELTA = 0.1
 class RouterTies:
     """Records the routers' logits during one forward of a transformers MoE oracle (batch 1),
     by hooking its modules named ...Router (each family's top-k router); first() is the
-    first position where some layer's top-k choice is within ROUTER_TIE of a tie. For routers
+    first position where some layer's top-k choice is within `margin` (ROUTER_TIE) of a tie. For routers
     that add a choice bias or pick by groups (DeepSeek, GLM-4.5) the logits' margin is a proxy
     for the selection's."""
 
@@ -71,7 +71,7 @@ class RouterTies:
         for hook in self.hooks:
             hook.remove()
 
-    def first(self) -> int | None:
+    def first(self, margin: float = ROUTER_TIE) -> int | None:
         """None too for an oracle without experts (no num_experts_per_tok)."""
         k = getattr(self.oracle.config, "num_experts_per_tok", None)
         if not k:
@@ -81,7 +81,7 @@ class RouterTies:
             if logits.shape[-1] <= k:  # a shared expert's one-logit gate, not a choice
                 continue
             top = -np.sort(-logits, axis=-1)
-            close = np.flatnonzero(top[:, k - 1] - top[:, k] < ROUTER_TIE)
+            close = np.flatnonzero(top[:, k - 1] - top[:, k] < margin)
             ties.extend(close[:1].tolist())
         return min(ties) if ties else None
 

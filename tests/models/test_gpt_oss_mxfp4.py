@@ -14,7 +14,7 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.models.parity import check_positions, log_softmax, vllmx_prompt_logits
+from tests.models.parity import RouterTies, check_positions, log_softmax, vllmx_prompt_logits
 from tests.models.test_llama_family_parity import SEED, random_prompts
 from tests.models.tiny_checkpoints import make_checkpoint
 
@@ -80,6 +80,12 @@ def _mxfp4_checkpoint(src: str, out_dir: str, rng) -> tuple[str, str]:
     return paths[0], paths[1]
 
 
+# A top-k margin the 8-bit activations of the MXFP4 path may flip (the f32 paths: ROUTER_TIE).
+# Measured, seed 3210645266: a margin of 4e-4 flipped (that row 0.28 off, the later ones
+# 0.012-0.043); margins of 2e-3 to 3e-3 in the other prompts did not.
+MXFP4_ROUTER_TIE = 2e-3
+
+
 def test_mxfp4_checkpoint_against_transformers(tmp_path):
     import transformers
 
@@ -95,20 +101,20 @@ def test_mxfp4_checkpoint_against_transformers(tmp_path):
                         SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
     for prompt, out in zip(prompts, outs):
         toks = out.outputs[0].token_ids
-        with torch.no_grad():
+        with torch.no_grad(), RouterTies(oracle) as ties:
             logits = oracle(torch.tensor([prompt + toks])).logits[0].double().numpy()
         report = check_positions(log_softmax(logits)[len(prompt) - 1: -1], toks, 0.5)
         assert report.failed == 0, f"seed {SEED}, prompt len {len(prompt)}: {report}"
-        # Per prompt position: a router near a tie may pick another expert at a position
-        # than the f32 oracle does (the 8-bit activations move its input a little), which
-        # moves that row a lot; the rows that pick the same agree within the rounding.
+        # Per prompt position, up to the first router near a tie: there the 8-bit activations
+        # may pick another expert than the f32 oracle does, which moves that row a lot and,
+        # through the KV cache, every later one; the rows before it agree within the rounding.
         ours_rows = vllmx_prompt_logits(llm, prompt)
+        tie = ties.first(MXFP4_ROUTER_TIE)
+        rows = len(prompt) if tie is None else min(tie, len(prompt))
         ref = logits[: len(prompt)]
         rel = np.abs(ours_rows - ref).max(1) / np.abs(ref).max(1)
-        # At most 10% of the rows, or one on a short prompt (seed 2569939727: 1 of 4 rows).
-        far = int(np.sum(rel >= 3e-2))
-        assert far <= max(1, len(rel) // 10), \
-            f"{far} of {len(rel)} rows beyond 3e-2 (seed {SEED}): {np.sort(rel)}"
+        assert (rel[:rows] < 3e-2).all(), \
+            f"rows before the first router tie ({rows}) beyond 3e-2 (seed {SEED}): {rel}"
 
 
 @pytest.mark.parametrize("family,method", [("gpt_oss", "awq"), ("llama", "gptq"),
