@@ -8,7 +8,8 @@ by llguidance and none is cut short:
   strings), the kind of request vLLM's structured-output benchmark sends;
 - regex `[a-z ]{600}`: a bounded repetition, llguidance's costly case (every step's lexer state
   is new, so its token-trie walk finds nothing cached: ~10x the json mask's time).
-Prefill is timed apart (1 new token) and taken off each, as bench/gpu_vs_vllm.py does: decode
+--sampling adds free requests with 5 top logprobs and with penalties, the other sampling that
+reads host state. Prefill is timed apart (1 new token) and taken off each, as bench/gpu_vs_vllm.py does: decode
 tok/s = batch * (new tokens - 1) / (total - prefill). Alternating runs, medians of --repeats.
 
     python bench/structured_output_cpu.py [--model PATH_OR_ALIAS] [--threads 2] [--batch 32]
@@ -46,6 +47,9 @@ def main() -> None:
     ap.add_argument("--write-dummy", metavar="DIR",
                     help="write a --shape config with the default model's tokenizer, then exit")
     ap.add_argument("--shape", default="qwen3-0.6b")
+    ap.add_argument("--sampling", action="store_true",
+                    help="also time free requests with 5 top logprobs and with penalties (what "
+                         "the other sampling that crosses to the host costs)")
     args = ap.parse_args()
     if args.write_dummy:
         write_dummy(args.write_dummy, args.shape)
@@ -72,6 +76,10 @@ def main() -> None:
     runs = {"free": SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)}
     runs.update({name: SamplingParams(temperature=0, max_tokens=n, structured_outputs=so)
                  for name, so in constraints.items()})
+    if args.sampling:
+        runs["logprobs"] = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=5)
+        runs["penalties"] = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True,
+                                           repetition_penalty=1.1, presence_penalty=0.5)
 
     def timed(sp) -> float:
         llm.reset_prefix_cache()
@@ -93,11 +101,11 @@ def main() -> None:
     p = statistics.median(prefill)
     rate = {name: args.batch * (n - 1) / (statistics.median(ts) - p)
             for name, ts in times.items()}
-    cost = {name: 1 - rate[name] / rate["free"] for name in constraints}
+    cost = {name: 1 - rate[name] / rate["free"] for name in runs if name != "free"}
     print(f"batch {args.batch}, {n} new tokens, {args.threads} threads, median of {args.repeats}")
     print(f"  decode tok/s: free {rate['free']:.1f}, "
-          + ", ".join(f"{name}-constrained {rate[name]:.1f} (costs {cost[name] * 100:.1f}%)"
-                      for name in constraints))
+          + ", ".join(f"{name}{'-constrained' if name in constraints else ''} "
+                      f"{rate[name]:.1f} (costs {cost[name] * 100:.1f}%)" for name in cost))
     on_gpu = args.device != "cpu"
     write_result("structured_output_gpu.json" if on_gpu else "structured_output_cpu.json", {
         "model": os.path.basename(llm.llm_engine.config.model_config.model), "batch": args.batch,

@@ -69,6 +69,12 @@ def _empty(like, shape: tuple[int, ...], dtype=None):
     return np.empty(shape, dtype=like.dtype if dtype is None else dtype)
 
 
+def _on_device(a):
+    """A host array's device copy (the upload waits: the host array may go right after);
+    a DeviceArray as it is."""
+    return a if isinstance(a, DeviceArray) else DeviceArray.from_numpy(np.ascontiguousarray(a))
+
+
 def _rows(table) -> int:
     """Elements in a table's last dim (a block type's bytes / block bytes * block size)."""
     if isinstance(table, Weight):
@@ -314,37 +320,50 @@ def apply_logits_processors(logits, **groups: np.ndarray) -> None:
     bias (and min_tokens bans), penalties; each group as CSR int32 host arrays (csrc/ops.def),
     uploaded when the logits are on the GPU."""
     if isinstance(logits, DeviceArray):
-        groups = {k: DeviceArray.from_numpy(np.ascontiguousarray(v)) for k, v in groups.items()}
+        groups = {k: _on_device(v) for k, v in groups.items()}
     _C.ops.apply_logits_processors(logits, **groups)
 
 
 def apply_token_bitmask(logits, bitmask: np.ndarray, indices: np.ndarray | None = None) -> None:
     """In place over logits (float32 [B, V], host or GPU): -inf for every token whose bit is 0
     in its row's packed grammar mask (bitmask int32 [R, ceil(V / 32)], host; indices int32 [R]:
-    the logits row of each mask row, None: R == B). Uploaded when the logits are on the GPU."""
+    the logits row of each mask row, None: R == B). Uploaded when the logits are on the GPU
+    (unless they are there already: the sampler stages them)."""
     if isinstance(logits, DeviceArray):
-        bitmask = DeviceArray.from_numpy(np.ascontiguousarray(bitmask))
+        bitmask = _on_device(bitmask)
         if indices is not None:
-            indices = DeviceArray.from_numpy(np.ascontiguousarray(indices))
+            indices = _on_device(indices)
     _C.ops.apply_token_bitmask(logits, bitmask, indices)
 
 
-def compute_logprobs(logits, token_ids: np.ndarray, num_logprobs: np.ndarray):
+def num_top_logprobs(num_logprobs: np.ndarray, vocab: int) -> int:
+    """K of compute_logprobs' top lists: the largest count, at most the vocabulary (0: none)."""
+    return max(0, min(int(num_logprobs.max(initial=0)), vocab))
+
+
+def compute_logprobs(logits, token_ids: np.ndarray, num_logprobs: np.ndarray, out=None,
+                     counts=None):
     """Per row of log_softmax(logits): the log-prob of token_ids[n] (float32 [N]), its rank
     (int32 [N]; 0 where num_logprobs[n] < 0) and the num_logprobs[n] most probable tokens
-    (int32 / float32 [N, K], K = the largest count; padded with -1 / -inf). num_logprobs is a
+    (int32 / float32 [N, K], K = num_top_logprobs; padded with -1 / -inf). num_logprobs is a
     host array; with device logits it and token_ids (host or device) go to the GPU and the
-    results are DeviceArrays: the logits never leave it."""
+    results are DeviceArrays: the logits never leave it. out: the four arrays to write instead
+    (top ones None when K = 0), counts: num_logprobs already on the GPU (the sampler's
+    staging buffer)."""
     n, vocab = logits.shape
-    k = min(int(num_logprobs.max()), vocab) if n else 0
-    token_logprob, rank = _empty(logits, (n,), np.float32), _empty(logits, (n,), np.int32)
-    top_ids = _empty(logits, (n, k), np.int32) if k > 0 else None
-    top_logprobs = _empty(logits, (n, k), np.float32) if k > 0 else None
-    counts = num_logprobs
+    k = num_top_logprobs(num_logprobs, vocab) if n else 0
+    if out is None:
+        out = (_empty(logits, (n,), np.float32), _empty(logits, (n,), np.int32),
+               _empty(logits, (n, k), np.int32) if k > 0 else None,
+               _empty(logits, (n, k), np.float32) if k > 0 else None)
+    token_logprob, rank, top_ids, top_logprobs = out
+    if counts is None:
+        counts = num_logprobs
     if isinstance(logits, DeviceArray):
-        if not isinstance(token_ids, DeviceArray):
-            token_ids = DeviceArray.from_numpy(np.ascontiguousarray(token_ids, dtype=np.int32))
-        counts = DeviceArray.from_numpy(np.ascontiguousarray(num_logprobs, dtype=np.int32))
+        token_ids = _on_device(np.asarray(token_ids, dtype=np.int32)
+                               if isinstance(token_ids, np.ndarray) else token_ids)
+        counts = _on_device(np.asarray(counts, dtype=np.int32)
+                            if isinstance(counts, np.ndarray) else counts)
     _C.ops.compute_logprobs(token_logprob, rank, top_ids, top_logprobs, logits, token_ids,
                             counts)
     if top_ids is None:  # callers index [N, 0] arrays

@@ -59,3 +59,47 @@ def test_sampler_with_grammar_masks_on_device_gives_the_host_tokens(logprobs):
     for r, row in enumerate(rows):
         t = int(host.sampled_token_ids[row])
         assert (bitmask[r, t // 32].view(np.uint32) >> (t % 32)) & 1
+
+
+def test_sampler_steps_in_flight_keep_their_own_staging():
+    """Three steps launched the way asynchronous scheduling does (the next launched before the
+    last one's result is read), each with its own masks, processors and logprob counts staged
+    in the sampler's pinned buffers: each gives the host sampler's tokens, log-probs, lists
+    and generators, so no step reads another's uploads or downloads."""
+    from tests.ops.test_sampler_processors import make_batch, op_args
+
+    rng = np.random.default_rng(11)
+    B, V = 10, 4000
+
+    def md(s, rows, nl, bitmask, processors):
+        t = np.where(np.arange(B) % 3 == 0, 0.0, 0.7).astype(np.float32)
+        r = np.random.default_rng(s)
+        return SamplingMetadata(t, np.zeros(B, np.int32), np.ones(B, np.float32),
+                                np.zeros(B, np.float32),
+                                r.integers(1, 2**63, (B, 2)).astype(np.uint64), nl.copy(),
+                                dict(processors), bitmask, rows)
+
+    steps = []
+    for s in range(3):
+        rows = np.sort(rng.choice(B, 3 + s, replace=False)).astype(np.int32)
+        args = (s, rows, rng.integers(-1, 6, B).astype(np.int32),
+                random_bitmask(rng, len(rows), V), op_args(make_batch(rng, B, V)))
+        steps.append((args, (rng.standard_normal((B, V)) * 3).astype(np.float32)))
+    sampler = Sampler()
+    dev_mds = [md(*args) for args, _ in steps]
+    launched = [sampler.launch(DeviceArray.from_numpy(x), m)
+                for (_, x), m in zip(steps[:2], dev_mds)]
+    results = [launched[0].result()]
+    launched.append(sampler.launch(DeviceArray.from_numpy(steps[2][1]), dev_mds[2]))
+    results += [launched[1].result(), launched[2].result()]
+    for (args, x), dev_md, dev in zip(steps, dev_mds, results):
+        host_md = md(*args)
+        host = Sampler()(x.copy(), host_md)
+        np.testing.assert_array_equal(dev.sampled_token_ids, host.sampled_token_ids)
+        np.testing.assert_array_equal(dev_md.rng_state, host_md.rng_state)
+        assert np.abs(dev.sampled_logprobs - host.sampled_logprobs).max() < 1e-5
+        for d, h in zip(dev.logprobs, host.logprobs):
+            assert (d is None) == (h is None)
+            if d is not None:
+                assert d.token_ids == h.token_ids and d.rank == h.rank
+                assert np.allclose(d.logprobs, h.logprobs, atol=1e-5)

@@ -13,13 +13,14 @@ batch's arrays costs O(new tokens + distinct tokens), not O(sequence length x vo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from vllmx import ops
 from vllmx.core.sched_output import TokenLogprobs
-from vllmx.device import DeviceArray
+from vllmx.device import DeviceArray, dtype_id
 from vllmx.sampling_params import SamplingParams
 
 _EMPTY_I32 = np.zeros(0, dtype=np.int32)
@@ -311,11 +312,13 @@ class Sampler:
         return PendingSample.done(self._sample_on_host(logits, md))
 
     @staticmethod
-    def _apply_grammar(logits, md: SamplingMetadata) -> None:
+    def _apply_grammar(logits, md: SamplingMetadata, bitmask=None, rows=None) -> None:
         """Masks the constrained rows first, as vLLM does: their log-probs are those of the
-        distribution the grammar leaves (the processors then act on what it allows)."""
+        distribution the grammar leaves (the processors then act on what it allows). bitmask,
+        rows: md's, already on the device."""
         if md.grammar_bitmask is not None:
-            ops.apply_token_bitmask(logits, md.grammar_bitmask, md.grammar_rows)
+            ops.apply_token_bitmask(logits, md.grammar_bitmask if bitmask is None else bitmask,
+                                    md.grammar_rows if rows is None else rows)
 
     def _sample_on_host(self, logits: np.ndarray, md: SamplingMetadata) -> SamplerOutput:
         self._apply_grammar(logits, md)
@@ -334,59 +337,78 @@ class Sampler:
                                                       md.num_logprobs))
 
     def _sample_on_device(self, logits: DeviceArray, md: SamplingMetadata) -> PendingSample:
-        """The host path's steps on the GPU: the grammar masks and the processors (their
-        arrays uploaded), the sampling kernel with one queued upload of the batch's parameters
-        and generator states (pinned memory), and compute_logprobs over the raw logits when a
-        row wants logprobs or processors changed the distribution; then one queued download of
-        the tokens, log-probs and advanced generators, which result() waits for (and the
-        logprob lists, when asked for)."""
-        from vllmx.device import F32, I32, U64
-
-        b = len(md.temperature)
+        """The host path's steps on the GPU: the grammar masks and the processors, the sampling
+        kernel, and compute_logprobs over the raw logits when a row wants logprobs or
+        processors changed the distribution. Every host array they read (generator states,
+        sampling parameters, masks, the processors' lists, logprob counts) goes up in one
+        queued copy from pinned memory, and everything they give back (tokens, log-probs,
+        advanced generators, the top lists) comes down in one, which result() waits for.
+        Nothing here waits for the GPU: a step's sampling is queued while the forward before
+        it may still run (a pageable upload would wait for the whole stream, that forward
+        included, and leave the GPU idle for the host's turn)."""
+        b, vocab = logits.shape
         want_logprobs = bool((md.num_logprobs >= 0).any())
         fused = not md.processors and not want_logprobs
-        self._apply_grammar(logits, md)
-        raw = logits
-        if md.processors:  # log-probs refer to the model's distribution, as on the host
-            raw = DeviceArray.empty(logits.shape, logits.dtype)
-            raw.copy_from(logits)
-            ops.apply_logits_processors(logits, **md.processors)
-        fields = [("rng", md.rng_state, U64), ("temperature", md.temperature, F32),
-                  ("top_k", md.top_k, I32), ("top_p", md.top_p, F32), ("min_p", md.min_p, F32),
-                  ("ids", None, I32), ("logprobs", None, F32)]
-        offsets, off = {}, 0
-        for name, host, _ in fields:
-            offsets[name] = off
-            off += -(-(16 * b if name == "rng" else 4 * b) // 8) * 8
+        k = ops.num_top_logprobs(md.num_logprobs, vocab)
+        # (name, shape, dtype, host array to send); the first `n_back` come back
+        fields = [("rng", (b, 2), np.uint64, md.rng_state), ("ids", (b,), np.int32, None),
+                  ("logprobs", (b,), np.float32, None)]
+        if not fused:
+            fields += [("top_ids", (b, k), np.int32, None), ("top_lps", (b, k), np.float32, None),
+                       ("rank", (b,), np.int32, None)]
+        n_back = len(fields)
+        sent = [("temperature", md.temperature, np.float32), ("top_k", md.top_k, np.int32),
+                ("top_p", md.top_p, np.float32), ("min_p", md.min_p, np.float32)]
+        if not fused:
+            sent.append(("num_logprobs", md.num_logprobs, np.int32))
+        if md.grammar_bitmask is not None:
+            sent.append(("bitmask", md.grammar_bitmask, np.int32))
+            if md.grammar_rows is not None:
+                sent.append(("grammar_rows", md.grammar_rows, np.int32))
+        sent += [(name, a, a.dtype) for name, a in md.processors.items()]
+        fields += [(name, np.shape(a), dtype, a) for name, a, dtype in sent]
+        offsets, off = [], 0
+        for _, shape, dtype, _ in fields:
+            offsets.append(off)
+            off += -(-(math.prod(shape) * np.dtype(dtype).itemsize) // 8) * 8
+        back_bytes = offsets[n_back]
         slot = self._staging[self._num_launched % 2]
         self._num_launched += 1
         pinned, buf = slot.get(off)
         staging = pinned.array(np.uint8, off)
-        for name, host, _ in fields:
-            if host is not None:
-                raw_bytes = np.ascontiguousarray(host).view(np.uint8).reshape(-1)
-                staging[offsets[name]:offsets[name] + raw_bytes.size] = raw_bytes
-        pinned.copy_to_device(buf, offsets["ids"])
-        dev = {name: DeviceArray(buf, dt, (b, 2) if name == "rng" else (b,), offsets[name])
-               for name, _, dt in fields}
+        dev, host = {}, {}
+        for (name, shape, dtype, a), o in zip(fields, offsets):
+            n = math.prod(shape) * np.dtype(dtype).itemsize
+            host[name] = staging[o:o + n].view(dtype).reshape(shape)
+            dev[name] = DeviceArray(buf, dtype_id(dtype), shape, o)
+            if a is not None:
+                host[name][...] = a
+        pinned.copy_to_device(buf, off)
+
+        self._apply_grammar(logits, md, dev.get("bitmask"), dev.get("grammar_rows"))
+        raw = logits
+        if md.processors:  # log-probs refer to the model's distribution, as on the host
+            raw = DeviceArray.empty(logits.shape, logits.dtype)
+            raw.copy_from(logits)
+            ops.apply_logits_processors(logits, **{name: dev[name] for name in md.processors})
         ops.sample(logits, dev["temperature"], dev["top_k"], dev["top_p"], dev["min_p"],
                    dev["rng"], out=(dev["ids"], dev["logprobs"] if fused else None))
         if not fused:
-            lps, rank, top_ids, top_lps = ops.compute_logprobs(raw, dev["ids"], md.num_logprobs)
-        pinned.copy_from_device(buf, off)
+            ops.compute_logprobs(raw, dev["ids"], md.num_logprobs, counts=dev["num_logprobs"],
+                                 out=(dev["logprobs"], dev["rank"],
+                                      dev["top_ids"] if k else None,
+                                      dev["top_lps"] if k else None))
+        pinned.copy_from_device(buf, back_bytes)
         slot.event.record()
-
-        def field(name, dtype, n):
-            return staging[offsets[name]:offsets[name] + n * np.dtype(dtype).itemsize].view(dtype)
 
         def finish() -> SamplerOutput:
             slot.event.synchronize()
-            md.rng_state[:] = field("rng", np.uint64, 2 * b).reshape(b, 2)
-            ids = field("ids", np.int32, b).copy()
+            md.rng_state[:] = host["rng"]
+            ids, lps = host["ids"].copy(), host["logprobs"].copy()
             if fused:
-                return SamplerOutput(ids, field("logprobs", np.float32, b).copy(), [None] * b)
-            host = _host(lps, rank, top_ids, top_lps)
-            return SamplerOutput(ids, host[0], token_logprobs(ids, *host, md.num_logprobs))
+                return SamplerOutput(ids, lps, [None] * b)
+            return SamplerOutput(ids, lps, token_logprobs(
+                ids, lps, host["rank"], host["top_ids"], host["top_lps"], md.num_logprobs))
 
         return PendingSample(dev["ids"], finish)
 
