@@ -174,10 +174,17 @@ def mode_outputs(llm):
     {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
                             "prompt_lookup_max": 3, "prompt_lookup_min": 1}},
     {"async_scheduling": True},
-], ids=["chunked-prefill-preemption", "ngram-speculation", "async-scheduling"])
+    {"async_scheduling": True, "masks_on_thread": True},
+], ids=["chunked-prefill-preemption", "ngram-speculation", "async-scheduling",
+        "async-scheduling-masks-on-thread"])
 def test_engine_modes_give_the_same_answers(llm, smollm2_gguf, engine, mode_outputs):
+    """masks_on_thread: the GPU's way (each step's masks on the runner's thread, its sampling
+    queued at the next launch), here on the CPU."""
     reqs, want = mode_outputs
+    engine = dict(engine)
+    on_thread = engine.pop("masks_on_thread", False)
     other = LLM(smollm2_gguf, **{**ENGINE, **engine})
+    other.llm_engine.model_runner.masks_on_thread = on_thread
     got = other.chat([m for m, _, _ in reqs] + [chat("Tell me a story.")],
                      [p for _, p, _ in reqs] + [MODE_FREE], use_tqdm=False)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]

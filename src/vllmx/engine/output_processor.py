@@ -47,7 +47,7 @@ class RequestState:
     def _decode_token(self, token_id: int) -> str | None:
         if self.tokenizer is None or not self.request.sampling_params.detokenize:
             return None
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return self.tokenizer.decode_token(token_id)
 
     def to_dict(self, lp: TokenLogprobs) -> dict[int, Logprob]:
         ranks = {}

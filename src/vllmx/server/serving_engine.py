@@ -62,7 +62,7 @@ class OpenAIServing:
         def text(token_id: int, lp) -> str:
             if lp is not None and lp.decoded_token is not None:
                 return lp.decoded_token
-            return tok.decode([token_id])
+            return tok.decode_token(token_id)
         return text
 
     @property

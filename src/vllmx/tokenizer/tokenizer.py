@@ -93,6 +93,7 @@ class Tokenizer:
         name_or_path: str | None = None,
     ):
         self._tok = tokenizer
+        self._token_text: dict[int, str] = {}  # decode_token's cache
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.unk_token = unk_token
@@ -315,6 +316,15 @@ class Tokenizer:
         # transformers skips the clean-up for BPE models (it corrupts their output).
         if cleanup and type(self._tok.model).__name__ != "BPE":
             text = _clean_up_tokenization(text)
+        return text
+
+    def decode_token(self, token_id: int) -> str:
+        """decode([token_id]) with special tokens kept, cached per id: logprobs name each
+        step's top tokens one by one (5 top logprobs at batch 32: 192 decodes a step, ~2 us
+        each through tokenizers)."""
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self._token_text[token_id] = self.decode([token_id])
         return text
 
     def convert_ids_to_tokens(self, ids: int | Iterable[int], skip_special_tokens: bool = False):

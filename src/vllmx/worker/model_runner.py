@@ -13,6 +13,8 @@ finishes step N, and the tokens step N sampled reach step N + 1's input ids on t
 from __future__ import annotations
 
 import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -115,13 +117,22 @@ class PendingStep:
         # each request's (req_id, first row, first position, rows scheduled).
         self.hidden = fields.get("hidden")
         self.layout: list[tuple[str, int, int, int]] = fields.get("layout", [])
+        # Queues the sampling where the step's grammar masks were still being computed when it
+        # was launched: at the next step's launch (before its forward) or at get_output().
+        self._sample_later = fields.get("sample_later")
 
     @property
     def done(self) -> bool:
         return self._runner is None
 
+    def launch_sample(self) -> None:
+        if self._sample_later is not None:
+            sample_later, self._sample_later = self._sample_later, None
+            self.sample = sample_later()
+
     def get_output(self) -> ModelRunnerOutput:
         if self._runner is not None:
+            self.launch_sample()
             runner, self._runner = self._runner, None
             runner._finish(self)
         return self.out
@@ -180,6 +191,10 @@ class ModelRunner:
                 slots.step_rows() if slots else None)
         self._decode_logits = None  # GPU: the decode buckets' f32 logits (below)
         self._in_flight: PendingStep | None = None  # the last launched step, until finished
+        # Grammar masks on a thread of the runner's and llguidance's (_grammar_masks): on the
+        # GPU; on the CPU, whose cores run the forward, in line.
+        self.masks_on_thread = device != "cpu"
+        self._mask_thread: ThreadPoolExecutor | None = None
         # (dst, src, tokens) for the step being formed: input ids dst <- tokens[src], the
         # tokens the step in flight sampled (scatter_tokens, where the tokens are)
         self._token_fixup: tuple | None = None
@@ -470,6 +485,8 @@ class ModelRunner:
         return step if non_block else step.get_output()
 
     def _launch(self, so: SchedulerOutput) -> PendingStep:
+        if self._in_flight is not None:  # its sampling queued before this step's forward
+            self._in_flight.launch_sample()
         self._token_fixup = self._logits_rows = None
         self._update_states(so)
         req_ids = list(so.num_scheduled_tokens)
@@ -562,7 +579,7 @@ class ModelRunner:
             prev.get_output()
         states = [self.requests[r] for r in sample_ids]
         smd = self._sampling_metadata(states, [drafts[r] for r in sample_ids], logits.shape[1])
-        self._grammar_masks(states, [drafts[r] for r in sample_ids], smd)
+        masks = self._grammar_masks(states, [drafts[r] for r in sample_ids], smd)
         # Each request's generator after this step, known now: a request without drafts
         # takes one draw if it samples at random (greedy rows none), so the next step may be
         # launched before this one's tokens are back. (With drafts, what is accepted decides.)
@@ -576,8 +593,16 @@ class ModelRunner:
             if not k:
                 state.rng_state = after[i]
             i += k + 1
+
+        def sample():
+            if masks is not None:
+                smd.grammar_bitmask = masks.result()
+            return self.sampler.launch(logits, smd)
+
         step = PendingStep(self, out, sample_ids=sample_ids, drafts=drafts, smd=smd,
-                           sample=self.sampler.launch(logits, smd), sample_rows=sample_rows,
+                           sample=None if masks is not None else sample(),
+                           sample_later=sample if masks is not None else None,
+                           sample_rows=sample_rows,
                            hidden=draft_hidden if self.hidden_out is not None else None,
                            layout=layout)
         self._in_flight = step
@@ -689,12 +714,14 @@ class ModelRunner:
             self.block_table[batch_rows[:b]], sampled[:b]))
 
     def _grammar_masks(self, states: list[CachedRequestState], drafts: list[list[int]],
-                       smd: SamplingMetadata) -> None:
+                       smd: SamplingMetadata) -> Future | None:
         """The constrained requests' masks for this step (each has one row: never drafted),
-        computed on the host now that their last tokens are in their matchers. On the GPU the
-        forward is only queued by now, so they are computed while it runs, on llguidance's
-        threads; on the CPU, whose cores run the forward, one row after another (see
-        StructuredOutputManager.grammar_bitmask)."""
+        now that their last tokens are in their matchers. On the GPU they are computed on
+        llguidance's threads, started from a thread of the runner's so that the host does
+        not wait for them: the step's sampling does (PendingStep.launch_sample), and they are
+        computed while the engine takes the last step's outputs and schedules the next one,
+        with this step's forward running. On the CPU, whose cores run the next forward, one
+        row after another here (see StructuredOutputManager.grammar_bitmask), and None."""
         grammars, rows = [], []
         i = 0
         for state, d in zip(states, drafts):
@@ -702,10 +729,26 @@ class ModelRunner:
                 grammars.append(state.grammar)
                 rows.append(i)
             i += 1 + len(d)
-        if grammars:
-            smd.grammar_bitmask = self.structured_output_manager.grammar_bitmask(
-                grammars, parallel=self.device != "cpu")
-            smd.grammar_rows = np.array(rows, dtype=np.int32)
+        if not grammars:
+            return None
+        smd.grammar_rows = np.array(rows, dtype=np.int32)
+        manager = self.structured_output_manager
+        if not self.masks_on_thread:
+            smd.grammar_bitmask = manager.grammar_bitmask(grammars, parallel=False)
+            return None
+        if self._mask_thread is None:
+            self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="vllmx-grammar-masks")
+        started = threading.Event()
+
+        def compute():
+            started.set()
+            return manager.grammar_bitmask(grammars)  # (llguidance releases the GIL)
+
+        masks = self._mask_thread.submit(compute)
+        # Until the thread is inside llguidance: a thread waiting for the GIL gets it only
+        # when this one blocks or after the interpreter's 5 ms switch interval.
+        started.wait()
+        return masks
 
     def _stage_drafts(self, drafts: dict[str, list[int]]) -> None:
         """Writes each request's drafts after its tokens in the persistent batch, where the
