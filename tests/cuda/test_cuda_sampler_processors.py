@@ -76,6 +76,12 @@ def test_sampler_on_device_gives_the_host_tokens(logprobs):
     host_md, dev_md = md(), md()
     host = Sampler()(logits.copy(), host_md)
     dev = Sampler()(DeviceArray.from_numpy(logits), dev_md)
+    assert_same_sample(dev, host, dev_md, host_md)
+
+
+def assert_same_sample(dev, host, dev_md, host_md):
+    """The device sampler's output is the host's: tokens, advanced generators, log-probs
+    (1e-5) and logprob lists."""
     np.testing.assert_array_equal(dev.sampled_token_ids, host.sampled_token_ids)
     np.testing.assert_array_equal(dev_md.rng_state, host_md.rng_state)
     assert np.abs(dev.sampled_logprobs - host.sampled_logprobs).max() < 1e-5

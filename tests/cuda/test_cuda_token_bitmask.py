@@ -66,6 +66,7 @@ def test_sampler_steps_in_flight_keep_their_own_staging():
     last one's result is read), each with its own masks, processors and logprob counts staged
     in the sampler's pinned buffers: each gives the host sampler's tokens, log-probs, lists
     and generators, so no step reads another's uploads or downloads."""
+    from tests.cuda.test_cuda_sampler_processors import assert_same_sample
     from tests.ops.test_sampler_processors import make_batch, op_args
 
     rng = np.random.default_rng(11)
@@ -94,12 +95,4 @@ def test_sampler_steps_in_flight_keep_their_own_staging():
     results += [launched[1].result(), launched[2].result()]
     for (args, x), dev_md, dev in zip(steps, dev_mds, results):
         host_md = md(*args)
-        host = Sampler()(x.copy(), host_md)
-        np.testing.assert_array_equal(dev.sampled_token_ids, host.sampled_token_ids)
-        np.testing.assert_array_equal(dev_md.rng_state, host_md.rng_state)
-        assert np.abs(dev.sampled_logprobs - host.sampled_logprobs).max() < 1e-5
-        for d, h in zip(dev.logprobs, host.logprobs):
-            assert (d is None) == (h is None)
-            if d is not None:
-                assert d.token_ids == h.token_ids and d.rank == h.rank
-                assert np.allclose(d.logprobs, h.logprobs, atol=1e-5)
+        assert_same_sample(dev, Sampler()(x.copy(), host_md), dev_md, host_md)
