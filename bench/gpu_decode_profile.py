@@ -40,7 +40,11 @@ def short(name: str) -> str:
 
 def kernel_summary(prof, reps: int, layers: int, out_dir: str) -> dict:
     """The last of `reps` identical repetitions in a torch.profiler trace: its kernels grouped by
-    name (count, time, gaps before them), printed and returned."""
+    name (count, time, gaps before them, and the time each adds to the step), printed and
+    returned. A kernel launched with programmatic dependent launch starts while its
+    predecessor runs and waits inside, so its traced time overstates it; what it adds, the
+    time from the last end before it to its own end, is what to read (these add up to the
+    span; a kernel that ends before its predecessor adds 0)."""
     path = os.path.join(out_dir, "trace.json")
     prof.export_chrome_trace(path)
     with open(path) as f:
@@ -51,24 +55,30 @@ def kernel_summary(prof, reps: int, layers: int, out_dir: str) -> dict:
     step = kernels[-per_step:]  # the last repetition
     rows: dict[str, list] = {}
     busy = 0.0
+    last_end = step[0]["ts"]
     for i, e in enumerate(step):
         gap = 0.0 if i == 0 else e["ts"] - (step[i - 1]["ts"] + step[i - 1]["dur"])
-        r = rows.setdefault(short(e["name"]), [0, 0.0, 0.0])
+        end = e["ts"] + e["dur"]
+        r = rows.setdefault(short(e["name"]), [0, 0.0, 0.0, 0.0])
         r[0] += 1
         r[1] += e["dur"]
         r[2] += gap
+        r[3] += max(0.0, end - last_end)
+        last_end = max(last_end, end)
         busy += e["dur"]
     span = step[-1]["ts"] + step[-1]["dur"] - step[0]["ts"]
     print(f"traced span {span / 1e3:.3f} ms, kernels busy {busy / 1e3:.3f} ms, "
           f"{per_step} kernels ({per_step / layers:.1f} per layer)")
-    print(f"{'kernel':48s} {'n':>4s} {'us each':>8s} {'us total':>9s} {'gap before':>10s}")
-    for k, (c, d, g) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
-        print(f"{k:48s} {c:4d} {d / c:8.2f} {d:9.1f} {g / c:10.2f}")
+    print(f"{'kernel':48s} {'n':>4s} {'us each':>8s} {'us total':>9s} {'gap before':>10s} "
+          f"{'adds each':>9s}")
+    for k, (c, d, g, a) in sorted(rows.items(), key=lambda kv: -kv[1][3]):
+        print(f"{k:48s} {c:4d} {d / c:8.2f} {d:9.1f} {g / c:10.2f} {a / c:9.2f}")
     first = step[:per_step // layers + 2]
     print("first layer in order: " + ", ".join(f"{short(e['name'])} {e['dur']:.1f}"
                                                 for e in first))
     return {"span_ms": span / 1e3, "busy_ms": busy / 1e3, "kernels": per_step,
-            "by_kernel": {k: {"n": c, "us": d, "gap_us": g} for k, (c, d, g) in rows.items()}}
+            "by_kernel": {k: {"n": c, "us": d, "gap_us": g, "adds_us": a}
+                          for k, (c, d, g, a) in rows.items()}}
 
 
 def profile(name: str, layers: int, batch: int, ctx: int, out_dir: str,

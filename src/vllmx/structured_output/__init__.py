@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import threading
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -43,6 +44,7 @@ class StructuredOutputManager:
         self.eos_token_ids = sorted(eos_token_ids)
         self._ll_tokenizer = None
         self._executor = None
+        self._mask_thread: ThreadPoolExecutor | None = None  # grammar_bitmask_async's
         self._lock = threading.Lock()  # requests are checked on several threads
         self._compiled: OrderedDict[str, object] = OrderedDict()  # LRU of start-state matchers
         # vLLM's reasoning_parser: constraints start after the reasoning (unless
@@ -152,3 +154,21 @@ class StructuredOutputManager:
         words = (self.vocab_size + 31) // 32
         # A tokenizer larger than the logits: its extra ids cannot be sampled anyway.
         return mask if words == words_ll else np.ascontiguousarray(mask[:, :words])
+
+    def grammar_bitmask_async(self, grammars: list[GuidanceGrammar]) -> Future:
+        """grammar_bitmask(grammars) on llguidance's threads, started from a thread of the
+        manager's: returns once they are computing, not when they are done (the GPU's model
+        runner takes the Future's result only when it queues the step's sampling)."""
+        if self._mask_thread is None:
+            self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="vllmx-grammar-masks")
+        started = threading.Event()
+
+        def compute():
+            started.set()
+            return self.grammar_bitmask(grammars)  # (llguidance releases the GIL)
+
+        masks = self._mask_thread.submit(compute)
+        # Until the thread is inside llguidance: a thread waiting for the GIL gets it only
+        # when this one blocks or after the interpreter's 5 ms switch interval.
+        started.wait()
+        return masks

@@ -13,8 +13,7 @@ finishes step N, and the tokens step N sampled reach step N + 1's input ids on t
 from __future__ import annotations
 
 import logging
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -194,7 +193,6 @@ class ModelRunner:
         # Grammar masks on a thread of the runner's and llguidance's (_grammar_masks): on the
         # GPU; on the CPU, whose cores run the forward, in line.
         self.masks_on_thread = device != "cpu"
-        self._mask_thread: ThreadPoolExecutor | None = None
         # (dst, src, tokens) for the step being formed: input ids dst <- tokens[src], the
         # tokens the step in flight sampled (scatter_tokens, where the tokens are)
         self._token_fixup: tuple | None = None
@@ -717,8 +715,8 @@ class ModelRunner:
                        smd: SamplingMetadata) -> Future | None:
         """The constrained requests' masks for this step (each has one row: never drafted),
         now that their last tokens are in their matchers. On the GPU they are computed on
-        llguidance's threads, started from a thread of the runner's so that the host does
-        not wait for them: the step's sampling does (PendingStep.launch_sample), and they are
+        llguidance's threads, started from the manager's thread so that the host does not
+        wait for them: the step's sampling does (PendingStep.launch_sample), and they are
         computed while the engine takes the last step's outputs and schedules the next one,
         with this step's forward running. On the CPU, whose cores run the next forward, one
         row after another here (see StructuredOutputManager.grammar_bitmask), and None."""
@@ -736,19 +734,7 @@ class ModelRunner:
         if not self.masks_on_thread:
             smd.grammar_bitmask = manager.grammar_bitmask(grammars, parallel=False)
             return None
-        if self._mask_thread is None:
-            self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="vllmx-grammar-masks")
-        started = threading.Event()
-
-        def compute():
-            started.set()
-            return manager.grammar_bitmask(grammars)  # (llguidance releases the GIL)
-
-        masks = self._mask_thread.submit(compute)
-        # Until the thread is inside llguidance: a thread waiting for the GIL gets it only
-        # when this one blocks or after the interpreter's 5 ms switch interval.
-        started.wait()
-        return masks
+        return manager.grammar_bitmask_async(grammars)
 
     def _stage_drafts(self, drafts: dict[str, list[int]]) -> None:
         """Writes each request's drafts after its tokens in the persistent batch, where the
