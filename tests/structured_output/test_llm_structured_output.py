@@ -191,3 +191,32 @@ def test_engine_modes_give_the_same_answers(llm, smollm2_gguf, engine, mode_outp
     check_json(got[:-1], [n for _, _, n in reqs])
     if "num_gpu_blocks_override" in engine:
         assert other.llm_engine.scheduler.num_preemptions > 0
+
+
+@pytest.mark.parametrize("on_thread", [False, True], ids=["in-line", "on-thread"])
+def test_failing_masks_fail_their_requests_and_the_engine_goes_on(smollm2_gguf, monkeypatch,
+                                                                   on_thread):
+    """A failure while a step's masks are computed (in line, or on the runner's thread, the
+    GPU's way) fails that step's constrained requests with the error (finish_reason "error")
+    and nothing else: a free request beside them gets its tokens, the engine neither hangs
+    nor dies, and the next requests, constrained and free, are served."""
+    other = LLM(smollm2_gguf, **ENGINE, async_scheduling=True)
+    runner = other.llm_engine.model_runner
+    runner.masks_on_thread = on_thread
+    manager = runner.structured_output_manager
+
+    def broken(grammars, parallel=True):
+        raise RuntimeError("mask failure for the test")
+
+    sp = SamplingParams(temperature=0, max_tokens=8, structured_outputs=SO(choice=["yes", "no"]))
+    free = SamplingParams(temperature=0, max_tokens=4)
+    with monkeypatch.context() as m:
+        m.setattr(manager, "grammar_bitmask", broken)
+        failed = other.chat([chat("Yes or no?"), chat("Hi.")], [sp, free], use_tqdm=False)
+    assert failed[0].outputs[0].finish_reason == "error"
+    assert len(failed[1].outputs[0].token_ids) == 4
+    assert other.llm_engine.get_num_unfinished_requests() == 0
+    constrained, free_out = other.chat([chat("Yes or no?"), chat("Hi.")], [sp, free],
+                                       use_tqdm=False)
+    assert constrained.outputs[0].text in ("yes", "no")
+    assert len(free_out.outputs[0].token_ids) == 4

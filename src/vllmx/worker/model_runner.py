@@ -32,6 +32,7 @@ from vllmx.layers.sampler import (
     PendingSample,
     RequestSamplingState,
     Sampler,
+    SamplerOutput,
     SamplingMetadata,
     advance_rng_states,
     seed_rng_state,
@@ -116,8 +117,9 @@ class PendingStep:
         # each request's (req_id, first row, first position, rows scheduled).
         self.hidden = fields.get("hidden")
         self.layout: list[tuple[str, int, int, int]] = fields.get("layout", [])
-        # Queues the sampling where the step's grammar masks were still being computed when it
-        # was launched: at the next step's launch (before its forward) or at get_output().
+        # Queues the step's sampling: at once, or where its grammar masks were still being
+        # computed when it was launched, at the next step's launch (before its forward) or at
+        # get_output().
         self._sample_later = fields.get("sample_later")
 
     @property
@@ -125,9 +127,20 @@ class PendingStep:
         return self._runner is None
 
     def launch_sample(self) -> None:
-        if self._sample_later is not None:
-            sample_later, self._sample_later = self._sample_later, None
+        """Queues the sampling (once). Where it fails (its masks, or the sampler refusing its
+        settings), the step's sampled requests fail with that error and the others go on."""
+        if self._sample_later is None:
+            return
+        sample_later, self._sample_later = self._sample_later, None
+        try:
             self.sample = sample_later()
+        except Exception as e:
+            logger.exception("a step's sampling failed")
+            for req_id in self.sample_ids:
+                self.out.failed[req_id] = f"sampling failed: {type(e).__name__}: {e}"
+            n = len(self.smd.temperature)
+            self.sample = PendingSample.done(SamplerOutput(
+                np.zeros(n, np.int32), np.zeros(n, np.float32), [None] * n))
 
     def get_output(self) -> ModelRunnerOutput:
         if self._runner is not None:
@@ -594,15 +607,24 @@ class ModelRunner:
 
         def sample():
             if masks is not None:
-                smd.grammar_bitmask = masks.result()
+                try:
+                    smd.grammar_bitmask = masks.result()
+                except Exception as e:  # the constrained requests fail, the others go on
+                    logger.exception("computing a step's grammar masks failed")
+                    for state in states:
+                        if state.grammar is not None and state.grammar.active:
+                            out.failed[state.req_id] = (
+                                f"structured output: computing the grammar masks failed: "
+                                f"{type(e).__name__}: {e}")
+                    smd.grammar_rows = None
             return self.sampler.launch(logits, smd)
 
         step = PendingStep(self, out, sample_ids=sample_ids, drafts=drafts, smd=smd,
-                           sample=None if masks is not None else sample(),
-                           sample_later=sample if masks is not None else None,
-                           sample_rows=sample_rows,
+                           sample_later=sample, sample_rows=sample_rows,
                            hidden=draft_hidden if self.hidden_out is not None else None,
                            layout=layout)
+        if masks is None or masks.done():
+            step.launch_sample()
         self._in_flight = step
         return step
 
@@ -719,7 +741,8 @@ class ModelRunner:
         wait for them: the step's sampling does (PendingStep.launch_sample), and they are
         computed while the engine takes the last step's outputs and schedules the next one,
         with this step's forward running. On the CPU, whose cores run the next forward, one
-        row after another here (see StructuredOutputManager.grammar_bitmask), and None."""
+        row after another here (see StructuredOutputManager.grammar_bitmask), the Future done.
+        None: no row is constrained."""
         grammars, rows = [], []
         i = 0
         for state, d in zip(states, drafts):
@@ -731,10 +754,14 @@ class ModelRunner:
             return None
         smd.grammar_rows = np.array(rows, dtype=np.int32)
         manager = self.structured_output_manager
-        if not self.masks_on_thread:
-            smd.grammar_bitmask = manager.grammar_bitmask(grammars, parallel=False)
-            return None
-        return manager.grammar_bitmask_async(grammars)
+        if self.masks_on_thread:
+            return manager.grammar_bitmask_async(grammars)
+        masks = Future()
+        try:
+            masks.set_result(manager.grammar_bitmask(grammars, parallel=False))
+        except Exception as e:  # noqa: BLE001 - the step's sampling fails with it (launch_sample)
+            masks.set_exception(e)
+        return masks
 
     def _stage_drafts(self, drafts: dict[str, list[int]]) -> None:
         """Writes each request's drafts after its tokens in the persistent batch, where the
