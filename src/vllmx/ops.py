@@ -360,10 +360,10 @@ def compute_logprobs(logits, token_ids: np.ndarray, num_logprobs: np.ndarray, ou
     if counts is None:
         counts = num_logprobs
     if isinstance(logits, DeviceArray):
-        token_ids = _on_device(np.asarray(token_ids, dtype=np.int32)
-                               if isinstance(token_ids, np.ndarray) else token_ids)
-        counts = _on_device(np.asarray(counts, dtype=np.int32)
-                            if isinstance(counts, np.ndarray) else counts)
+        token_ids = _on_device(token_ids if isinstance(token_ids, DeviceArray)
+                               else np.asarray(token_ids, dtype=np.int32))
+        counts = _on_device(counts if isinstance(counts, DeviceArray)
+                            else np.asarray(counts, dtype=np.int32))
     _C.ops.compute_logprobs(token_logprob, rank, top_ids, top_logprobs, logits, token_ids,
                             counts)
     if top_ids is None:  # callers index [N, 0] arrays

@@ -384,22 +384,24 @@ class Sampler:
             if a is not None:
                 host[name][...] = a
         pinned.copy_to_device(buf, off)
-
-        self._apply_grammar(logits, md, dev.get("bitmask"), dev.get("grammar_rows"))
-        raw = logits
-        if md.processors:  # log-probs refer to the model's distribution, as on the host
-            raw = DeviceArray.empty(logits.shape, logits.dtype)
-            raw.copy_from(logits)
-            ops.apply_logits_processors(logits, **{name: dev[name] for name in md.processors})
-        ops.sample(logits, dev["temperature"], dev["top_k"], dev["top_p"], dev["min_p"],
-                   dev["rng"], out=(dev["ids"], dev["logprobs"] if fused else None))
-        if not fused:
-            ops.compute_logprobs(raw, dev["ids"], md.num_logprobs, counts=dev["num_logprobs"],
-                                 out=(dev["logprobs"], dev["rank"],
-                                      dev["top_ids"] if k else None,
-                                      dev["top_lps"] if k else None))
-        pinned.copy_from_device(buf, back_bytes)
-        slot.event.record()
+        try:
+            self._apply_grammar(logits, md, dev.get("bitmask"), dev.get("grammar_rows"))
+            raw = logits
+            if md.processors:  # log-probs refer to the model's distribution, as on the host
+                raw = DeviceArray.empty(logits.shape, logits.dtype)
+                raw.copy_from(logits)
+                ops.apply_logits_processors(logits, **{n: dev[n] for n in md.processors})
+            ops.sample(logits, dev["temperature"], dev["top_k"], dev["top_p"], dev["min_p"],
+                       dev["rng"], out=(dev["ids"], dev["logprobs"] if fused else None))
+            if not fused:
+                ops.compute_logprobs(raw, dev["ids"], md.num_logprobs,
+                                     counts=dev["num_logprobs"],
+                                     out=(dev["logprobs"], dev["rank"],
+                                          dev["top_ids"] if k else None,
+                                          dev["top_lps"] if k else None))
+            pinned.copy_from_device(buf, back_bytes)
+        finally:  # (where an op refused, the slot's next use still waits for the upload)
+            slot.event.record()
 
         def finish() -> SamplerOutput:
             slot.event.synchronize()

@@ -501,6 +501,11 @@ class ModelRunner:
         self._token_fixup = self._logits_rows = None
         self._update_states(so)
         req_ids = list(so.num_scheduled_tokens)
+        prev = self._in_flight
+        if prev is not None and not prev.done and prev.out.failed:
+            # Failed in the step in flight (its sampling, say), which this step was scheduled
+            # before: not run again (its blocks are freed once that step's output is taken).
+            req_ids = [r for r in req_ids if r not in prev.out.failed]
         failed = self._prepare_requests(req_ids)
         if failed:
             req_ids = [r for r in req_ids if r not in failed]
@@ -754,10 +759,10 @@ class ModelRunner:
             return None
         smd.grammar_rows = np.array(rows, dtype=np.int32)
         manager = self.structured_output_manager
-        if self.masks_on_thread:
-            return manager.grammar_bitmask_async(grammars)
         masks = Future()
         try:
+            if self.masks_on_thread:
+                return manager.grammar_bitmask_async(grammars)
             masks.set_result(manager.grammar_bitmask(grammars, parallel=False))
         except Exception as e:  # noqa: BLE001 - the step's sampling fails with it (launch_sample)
             masks.set_exception(e)
