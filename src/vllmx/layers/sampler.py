@@ -312,16 +312,15 @@ class Sampler:
         return PendingSample.done(self._sample_on_host(logits, md))
 
     @staticmethod
-    def _apply_grammar(logits, md: SamplingMetadata, bitmask=None, rows=None) -> None:
+    def _apply_grammar(logits, bitmask, rows) -> None:
         """Masks the constrained rows first, as vLLM does: their log-probs are those of the
         distribution the grammar leaves (the processors then act on what it allows). bitmask,
-        rows: md's, already on the device."""
-        if md.grammar_bitmask is not None:
-            ops.apply_token_bitmask(logits, md.grammar_bitmask if bitmask is None else bitmask,
-                                    md.grammar_rows if rows is None else rows)
+        rows: SamplingMetadata's (on the logits' device), None: no row is constrained."""
+        if bitmask is not None:
+            ops.apply_token_bitmask(logits, bitmask, rows)
 
     def _sample_on_host(self, logits: np.ndarray, md: SamplingMetadata) -> SamplerOutput:
-        self._apply_grammar(logits, md)
+        self._apply_grammar(logits, md.grammar_bitmask, md.grammar_rows)
         raw = logits
         if md.processors:
             raw = logits.copy()  # logprobs refer to the model's distribution
@@ -385,7 +384,7 @@ class Sampler:
                 host[name][...] = a
         pinned.copy_to_device(buf, off)
         try:
-            self._apply_grammar(logits, md, dev.get("bitmask"), dev.get("grammar_rows"))
+            self._apply_grammar(logits, dev.get("bitmask"), dev.get("grammar_rows"))
             raw = logits
             if md.processors:  # log-probs refer to the model's distribution, as on the host
                 raw = DeviceArray.empty(logits.shape, logits.dtype)

@@ -110,7 +110,7 @@ class PendingStep:
         self.sample_ids: list[str] = fields.get("sample_ids", [])
         self.drafts: dict[str, list[int]] = fields.get("drafts", {})
         self.smd: SamplingMetadata | None = fields.get("smd")
-        self.sample: PendingSample | None = fields.get("sample")
+        self.sample: PendingSample | None = None  # set by launch_sample
         # req_id -> the row of sample.token_ids holding its (first) new token
         self.sample_rows: dict[str, int] = fields.get("sample_rows", {})
         # For a drafter that reads the target's hidden states: the step's rows ([T, H]) and
@@ -203,8 +203,8 @@ class ModelRunner:
                 slots.step_rows() if slots else None)
         self._decode_logits = None  # GPU: the decode buckets' f32 logits (below)
         self._in_flight: PendingStep | None = None  # the last launched step, until finished
-        # Grammar masks on a thread of the runner's and llguidance's (_grammar_masks): on the
-        # GPU; on the CPU, whose cores run the forward, in line.
+        # Grammar masks started on the StructuredOutputManager's thread (_grammar_masks): on
+        # the GPU; on the CPU, whose cores run the forward, in line.
         self.masks_on_thread = device != "cpu"
         # (dst, src, tokens) for the step being formed: input ids dst <- tokens[src], the
         # tokens the step in flight sampled (scatter_tokens, where the tokens are)
@@ -519,7 +519,7 @@ class ModelRunner:
         # ban, a grammar's mask) waits for the step in flight only once this step's forward is
         # queued, so on the GPU the forward runs while the host takes those tokens and
         # computes the masks (vLLM's async scheduling with structured outputs).
-        prev, pending, finish_prev = self._in_flight, {}, False
+        pending, finish_prev = {}, False
         if prev is not None and not prev.done:
             on_host = not isinstance(prev.sample.token_ids, DeviceArray)
             if any(drafts.values()) or (on_host and self.device == "cuda"):
