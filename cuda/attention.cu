@@ -416,18 +416,22 @@ AttnPlan plan_attention(const Tensor& out, const Tensor& q, const Tensor& kc, in
   // q_len >= 2, at most T / 2).
   const int64_t bm = p.prefill_rows;
   p.prefill_tiles = T >= 2 ? static_cast<int>((T * G + bm - 1) / bm + std::min(B, T / 2)) : 0;
-  p.tiles_bytes = (static_cast<size_t>(p.prefill_tiles) + 1) * sizeof(int2);
-  // Decode: about one CTA an SM when every sequence decodes (a CTA's setup and its split's merge
-  // cost the same for a short partition as for a long one, and more partitions than SMs queue
-  // behind the first ones). Llama-3-8B's 8 kv heads on the H200: batch 1, 17 partitions;
-  // batch 8, 3; batch 32 and up, 1. Measured over 1 / 2 / 3 / 4 / 6 / 8 CTAs an SM
-  // (bench/gpu_kernels_vs_torch.py, caches rotated out of L2), one was fastest or tied at every
-  // batch: b32 x 1024 keys 0.043 ms against 0.059 at the 4 an SM used before, b1 x 8192 0.019
-  // (16 partitions) against 0.021 (33).
+  // (rounded to 16 bytes: the decode partials that follow are read as float4)
+  p.tiles_bytes = ((static_cast<size_t>(p.prefill_tiles) + 1) * sizeof(int2) + 15) / 16 * 16;
+  // Decode: as many partitions as keep every CTA resident at once, two an SM (109 KB of shared
+  // memory and 184 registers a thread each), when every sequence decodes. Fewer CTAs leave
+  // bandwidth unused (a CTA keeps two 32 KB tiles in flight: six stages instead of three gained
+  // <= 4%), more queue behind the first wave. Measured (bench/attention_decode_bench.cu,
+  // Llama-3-8B's heads, caches out of L2), partitions: µs: b8 x 1088 keys 3: 15.4 (the rule
+  // before, one CTA an SM rounded up), 4: 13.9, 6: 18.6; b4 x 8000 4: 44.1, 5: 49.0, 8: 37.8;
+  // b1 x 32000 16: 45.0, 33: 39.1, 66: 44.7; b16 x 8000 1: 152.6, 2: 136.0, 3: 159.6. (One an SM
+  // measured best while the merge read its partials one L2 round trip after another, a cost
+  // that grew with the partitions.) Llama-3-8B's 8 kv heads on the H200: batch 1, 17
+  // partitions (its 1088 keys / kMinPartition); batch 8, 4; batch 32 and up, 1.
   p.head_groups = static_cast<int>((G + kDecMaxG - 1) / kDecMaxG);
   const int64_t base_ctas = std::max<int64_t>(1, B * nkv * p.head_groups);
   const int64_t visible = window > 0 ? std::min(max_ctx, window) : max_ctx;
-  int64_t splits = (num_sms() + base_ctas - 1) / base_ctas;
+  int64_t splits = kDecCtasPerSm * num_sms() / base_ctas;
   splits = std::min(splits, (visible + kMinPartition - 1) / kMinPartition);
   p.max_splits = static_cast<int>(std::clamp<int64_t>(splits, 1, kMaxSplits));
   if (p.max_splits > 1)

@@ -19,6 +19,7 @@ constexpr int kDecWarps = 4;        // decode CTA: each warp takes 16 keys of a 
 constexpr int kDecThreads = kDecWarps * 32;
 constexpr int kDecKeys = kDecWarps * 16;  // decode: keys per K/V tile
 constexpr int kDecStages = 3;       // decode: K/V tiles in flight (2 CTAs of 109 KB per SM)
+constexpr int kDecCtasPerSm = 2;   // decode CTAs resident on an SM (plan_attention's partitions)
 constexpr int kDecMaxG = 16;        // decode: query heads (of one kv head) per CTA, one mma tile
 constexpr int kMinPartition = 64;   // decode: fewest keys worth a partition of their own
 constexpr int kMaxSplits = 128;

@@ -270,41 +270,65 @@ __global__ void __launch_bounds__(kDecThreads) decode_kernel(AttnArgs a) {
   __syncthreads();
   if (!last) return;
   __threadfence();
-  float* wts = red;  // [kDecMaxG][kMaxSplits]: each partition's weight in the merge
+  // Each partition's weight in the merge: a warp a head, its lanes over the partitions. Every
+  // load of the merge is issued before the first is used: one after another, each would be an
+  // L2 round trip: Qwen3-30B-A3B's batch-1 decode, 17 partitions of 8 heads, 17.4 -> 8.6 µs.
+  float* wts = red;  // [kDecMaxG][kMaxSplits]
+  constexpr int kPerLane = kMaxSplits / 32;
+  float lse[kHeadsPerWarp][kPerLane];
+#pragma unroll
+  for (int j = 0; j < kHeadsPerWarp; ++j)
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int h = warp + j * kDecWarps, sp = lane + k * 32;
+      lse[j][k] = h < nh && sp < nsplit
+                      ? __ldcg(a.part_lse + slot0 + h * a.max_splits + sp) : -INFINITY;
+    }
 #pragma unroll
   for (int j = 0; j < kHeadsPerWarp; ++j) {
     const int h = warp + j * kDecWarps;
-    if (h < nh) {
-      const float* lse = a.part_lse + slot0 + h * a.max_splits;
-      float mx = -INFINITY;
-      for (int sp = lane; sp < nsplit; sp += 32) mx = fmaxf(mx, __ldcg(lse + sp));
-      mx = warp_max(mx);
-      float sum = 0.f;
-      for (int sp = lane; sp < nsplit; sp += 32) {
-        const float w = exp2f(__ldcg(lse + sp) - mx);
-        wts[h * kMaxSplits + sp] = w;
-        sum += w;
-      }
-      const float inv = 1.f / warp_sum(sum);
-      for (int sp = lane; sp < nsplit; sp += 32) wts[h * kMaxSplits + sp] *= inv;
+    if (h >= nh) break;  // (uniform across the warp)
+    float mx = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) mx = fmaxf(mx, lse[j][k]);
+    mx = warp_max(mx);
+    float sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      lse[j][k] = exp2f(lse[j][k] - mx);  // -inf (no partition) -> 0
+      sum += lse[j][k];
     }
+    const float inv = 1.f / warp_sum(sum);
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k)
+      if (lane + k * 32 < nsplit) wts[h * kMaxSplits + lane + k * 32] = lse[j][k] * inv;
   }
   __syncthreads();
-  for (int i = tid; i < nh * D; i += kDecThreads) {
-    const int h = i / D, d = i % D;
-    const float* po = a.part_o + (slot0 + h * a.max_splits) * D + d;
+  // A thread sums 4 consecutive elements of one head over the partitions, 12 at a time (16
+  // would spill).
+  constexpr int V4 = D / 4, kBatch = 12;
+  for (int i = tid; i < nh * V4; i += kDecThreads) {
+    const int h = i / V4, c4 = i % V4;
+    const float4* po =
+        reinterpret_cast<const float4*>(a.part_o + (slot0 + h * a.max_splits) * D) + c4;
     const float* wh = wts + h * kMaxSplits;
-    float v = 0.f;
-    // 16 partials in flight at a time: one after another, each would be an L2 round trip.
-    for (int sp0 = 0; sp0 < nsplit; sp0 += 16) {
-      float pv[16];
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int sp0 = 0; sp0 < nsplit; sp0 += kBatch) {
+      float4 pv[kBatch];
 #pragma unroll
-      for (int j = 0; j < 16; ++j) pv[j] = sp0 + j < nsplit ? __ldcg(po + (sp0 + j) * D) : 0.f;
+      for (int j = 0; j < kBatch; ++j)
+        pv[j] = sp0 + j < nsplit ? __ldcg(po + (sp0 + j) * V4) : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-      for (int j = 0; j < 16; ++j)
-        if (sp0 + j < nsplit) v = fmaf(wh[sp0 + j], pv[j], v);
+      for (int j = 0; j < kBatch; ++j) {
+        const float w = sp0 + j < nsplit ? wh[sp0 + j] : 0.f;
+        v.x = fmaf(w, pv[j].x, v.x), v.y = fmaf(w, pv[j].y, v.y);
+        v.z = fmaf(w, pv[j].z, v.z), v.w = fmaf(w, pv[j].w, v.w);
+      }
     }
-    out[static_cast<int64_t>(h0) * D + i] = float_to_bits(v, a.out_bf16);
+    // (out rows are 4-byte aligned: the plan asks no more of them)
+    uint32_t* o = reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(h0 + h) * D + c4 * 4);
+    o[0] = pack2_bits(v.x, v.y, a.out_bf16);
+    o[1] = pack2_bits(v.z, v.w, a.out_bf16);
   }
 }
 

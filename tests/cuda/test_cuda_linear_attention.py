@@ -348,6 +348,14 @@ def test_attention_many_decode_rows():
     check_attention(seqs, (32, 8), 128, BF16, BF16, seed=9, cpu_oracle=False)
 
 
+@pytest.mark.parametrize("heads,ctx", [((32, 8), 5000), ((8, 1), 9000), ((32, 4), 1088)],
+                         ids=["33-splits", "128-splits", "17-splits"])
+def test_attention_one_long_decode(heads, ctx):
+    """One sequence decoding alone: its keys split into up to kMaxSplits partitions, and the last
+    CTA to finish merges them all (weights in rounds of 32 lanes, partials 12 at a time)."""
+    check_attention([(ctx, 1)], heads, 128, BF16, BF16, seed=ctx, q_scale=2.0)
+
+
 def test_attention_zero_query_sequences():
     check_attention([(10, 0), (50, 3), (20, 0), (30, 1), (5, 0)], (8, 2), 64, F16, F16)
 
