@@ -25,8 +25,10 @@ KINDS = {
 }
 
 
-def make_hf_checkpoint(kind: str, out_dir: str, tokenizer_dir: str, seed: int = 0,
+def make_hf_checkpoint(kind: str, out_dir: str, tokenizer_dir: str | None, seed: int = 0,
                        **extra) -> str:
+    """The kind's transformers checkpoint, with the tokenizer of tokenizer_dir (None: none,
+    for token-id prompts)."""
     import torch
     import transformers as tf
 
@@ -36,7 +38,7 @@ def make_hf_checkpoint(kind: str, out_dir: str, tokenizer_dir: str, seed: int = 
     cfg = getattr(tf, config_cls)(**{**_COMMON, "initializer_range": 0.2, **kind_extra, **extra})
     model = getattr(tf, model_cls)(cfg).eval()
     model.save_pretrained(out_dir)
-    for name in TOKENIZER_FILES:
+    for name in TOKENIZER_FILES if tokenizer_dir else ():
         shutil.copy(os.path.join(tokenizer_dir, name), out_dir)
     return out_dir
 

@@ -15,6 +15,8 @@ import numpy as np
 
 from vllmx import _C
 from vllmx.config import VllmxConfig, json_dict
+from vllmx.device import F32
+from vllmx.layers.placement import Placement, placement
 from vllmx.layers.pooler import Pooler
 from vllmx.loader import load_model
 from vllmx.outputs import PoolingOutput, PoolingRequestOutput
@@ -24,6 +26,7 @@ from vllmx.pooler_config import (
     sentence_transformers_max_seq_length,
 )
 from vllmx.pooling_params import PoolingParams, PoolingTask
+from vllmx.worker.cuda_worker import model_activation_dtype, resolve_device
 from vllmx.worker.pooling_runner import PoolingModelRunner
 
 logger = logging.getLogger("vllmx")
@@ -33,22 +36,21 @@ class PoolingEngine:
     def __init__(self, config: VllmxConfig, pooler_config: dict | str | None = None):
         self.config = config
         mc, sc = config.model_config, config.scheduler_config
-        device = config.device_config.device
-        if device == "cuda":
-            raise ValueError("pooling models run on the CPU in vllmx so far (device='cuda' was "
-                             "asked); use device='cpu' or 'auto'")
-        if device not in ("auto", "cpu"):
-            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
         if config.lora_config is not None:
             raise ValueError("LoRA adapters are not supported for pooling models yet "
                              "(enable_lora=True was given)")
-        if device == "auto" and _C.cuda_built() and _C.cuda_available():
-            logger.info("pooling models run on the CPU in vllmx so far: the GPU stays unused")
+        self.device = resolve_device(config.device_config.device)
         if config.parallel_config.num_threads:
             _C.set_num_threads(config.parallel_config.num_threads)
         t0 = time.perf_counter()
         asked_len = mc.max_model_len
-        self.model, self.tokenizer = load_model(mc)
+        # On the GPU in the activation dtype vLLM's dtype="auto" picks (bf16 for an f32
+        # checkpoint such as MiniLM; dtype="float32" runs the exact f32 kernels).
+        act_dtype = F32
+        if self.device == "cuda":
+            act_dtype = model_activation_dtype(mc)
+        with placement(Placement(self.device, act_dtype)):
+            self.model, self.tokenizer = load_model(mc)
         if self.tokenizer is not None:  # lengths are checked here, never silently cut
             self.tokenizer.backend_tokenizer.no_truncation()
             self.tokenizer.backend_tokenizer.no_padding()
@@ -59,15 +61,16 @@ class PoolingEngine:
         self.classifier = getattr(self.model, "classifier", None)
         pooler = Pooler(self.pooler_config.pooling_type, self.classifier)
         self.runner = PoolingModelRunner(self.model, pooler, sc.max_num_batched_tokens,
-                                         sc.max_num_seqs)
+                                         sc.max_num_seqs, self.device, act_dtype)
         hf = mc.hf_config
         self.hidden_size = int(hf["hidden_size"])
         self.is_matryoshka = bool(hf.get("is_matryoshka") or hf.get("matryoshka_dimensions"))
         self.matryoshka_dimensions = hf.get("matryoshka_dimensions")
         self._lock = threading.Lock()
         self._request_ids = itertools.count()
-        logger.info("loaded %s as a pooling model (%s, %s pooling) in %.2fs", mc.path,
-                    mc.convert_type, self.pooler_config.pooling_type, time.perf_counter() - t0)
+        logger.info("loaded %s as a pooling model (%s, %s pooling) on the %s in %.2fs", mc.path,
+                    mc.convert_type, self.pooler_config.pooling_type,
+                    "GPU" if self.device == "cuda" else "CPU", time.perf_counter() - t0)
 
     def _finish_max_model_len(self, asked: int | None) -> None:
         """vLLM's rule: the model's positions, capped by sentence-transformers' max_seq_length

@@ -5,7 +5,10 @@ dead once the layer is done, since every sequence is complete). Causal attention
 embedders) is the ordinary prefill over it. Bidirectional attention (BERT, XLM-R) is the same
 paged_attention op with each query row posed as a one-token query at the end of its whole
 sequence, i.e. as a decode row: a decode row sees every position of its context, which is
-exactly the encoder's mask, so the op table (and each device's kernel) serves both."""
+exactly the encoder's mask, so the op table (and each device's kernel) serves both.
+
+On the GPU the batch's index arrays are copied to the device once per forward and the scratch
+cache is a device array in the activation dtype (the tensor-core kernels' cache types)."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vllmx import ops
-from vllmx.device import F32
+from vllmx.device import F32, DeviceArray
 from vllmx.layers.attention import AttentionMetadata
 
 BLOCK_SIZE = 16
@@ -30,9 +33,12 @@ class PoolingBatch:
     slot_mapping: np.ndarray  # i32 [T]
     block_table: np.ndarray  # i32 [B, max_blocks]
     seq_lens: np.ndarray  # i32 [B]
+    device: str = "cpu"  # where the forward runs: "cpu" | "cuda"
+    cache_dtype: int = F32  # the scratch cache's dtype (on the GPU the activation dtype)
 
     @classmethod
-    def from_lens(cls, lens: list[int]) -> PoolingBatch:
+    def from_lens(cls, lens: list[int], device: str = "cpu",
+                  cache_dtype: int = F32) -> PoolingBatch:
         lens_a = np.asarray(lens, dtype=np.int32)
         qsl = np.zeros(len(lens) + 1, dtype=np.int32)
         np.cumsum(lens_a, out=qsl[1:])
@@ -43,22 +49,34 @@ class PoolingBatch:
         seq_of_row = np.repeat(np.arange(len(lens)), lens_a)
         positions = (np.arange(int(qsl[-1]), dtype=np.int32) - qsl[seq_of_row]).astype(np.int32)
         slots = (first_block[seq_of_row] * BLOCK_SIZE + positions).astype(np.int32)
-        return cls(qsl, positions, slots, block_table.astype(np.int32), lens_a)
+        return cls(qsl, positions, slots, block_table.astype(np.int32), lens_a, device,
+                   cache_dtype)
+
+    def to_device(self, a: np.ndarray):
+        """A host index array where the forward runs (a device copy on the GPU)."""
+        if self.device != "cuda":
+            return a
+        return DeviceArray.from_numpy(np.ascontiguousarray(a, dtype=np.int32))
 
     @property
     def num_blocks(self) -> int:
         return int((-(-self.seq_lens // BLOCK_SIZE)).sum())
 
-    def scratch_cache(self, num_kv_heads: int, head_size: int) -> tuple[np.ndarray, np.ndarray]:
+    def scratch_cache(self, num_kv_heads: int, head_size: int) -> tuple:
         shape = (self.num_blocks, BLOCK_SIZE, num_kv_heads, head_size)
+        if self.device == "cuda":
+            return (DeviceArray.empty(shape, self.cache_dtype),
+                    DeviceArray.empty(shape, self.cache_dtype))
         return np.empty(shape, np.float32), np.empty(shape, np.float32)
 
     def causal_metadata(self, num_layers: int, num_kv_heads: int,
                         head_size: int) -> AttentionMetadata:
         """A decoder's prefill of the whole batch, every layer on one scratch cache."""
         cache = self.scratch_cache(num_kv_heads, head_size)
-        return AttentionMetadata(self.slot_mapping, self.block_table, self.query_start_loc,
-                                 self.seq_lens, [cache] * num_layers, F32,
+        dev = self.to_device
+        return AttentionMetadata(dev(self.slot_mapping), dev(self.block_table),
+                                 dev(self.query_start_loc), dev(self.seq_lens),
+                                 [cache] * num_layers, self.cache_dtype,
                                  int(np.diff(self.query_start_loc).max()))
 
 
@@ -70,9 +88,11 @@ class EncoderAttentionMetadata:
         self.batch = batch
         self.key_cache, self.value_cache = batch.scratch_cache(num_kv_heads, head_size)
         lens = np.diff(batch.query_start_loc)
-        self.row_block_table = np.ascontiguousarray(np.repeat(batch.block_table, lens, axis=0))
-        self.row_seq_lens = np.repeat(batch.seq_lens, lens).astype(np.int32)
-        self.row_query_start_loc = np.arange(len(self.row_seq_lens) + 1, dtype=np.int32)
+        dev = batch.to_device
+        self.slot_mapping = dev(batch.slot_mapping)
+        self.row_block_table = dev(np.ascontiguousarray(np.repeat(batch.block_table, lens, axis=0)))
+        self.row_seq_lens = dev(np.repeat(batch.seq_lens, lens).astype(np.int32))
+        self.row_query_start_loc = dev(np.arange(int(lens.sum()) + 1, dtype=np.int32))
 
 
 class EncoderAttention:
@@ -84,7 +104,7 @@ class EncoderAttention:
         self.scale = scale
 
     def __call__(self, q, k, v, md: EncoderAttentionMetadata):
-        ops.write_kv_cache(k, v, md.key_cache, md.value_cache, md.batch.slot_mapping, F32)
+        ops.write_kv_cache(k, v, md.key_cache, md.value_cache, md.slot_mapping, F32)
         return ops.paged_attention(q, md.key_cache, md.value_cache, md.row_block_table,
                                    md.row_query_start_loc, md.row_seq_lens, self.scale, F32,
                                    max_query_len=1)

@@ -8,6 +8,7 @@ import numpy as np
 
 from vllmx.layers.encoder_attention import PoolingBatch
 from vllmx.layers.linear import Linear
+from vllmx.layers.placement import Placement, placement
 from vllmx.models.bert import BertModel
 from vllmx.models.registry import get_model_class
 from vllmx.ops import Weight
@@ -66,7 +67,8 @@ class DecoderForEmbedding:
         cfg = _causal_lm_config(cfg)
         if "lm_head.weight" not in weights:
             cfg = {**cfg, "tie_word_embeddings": True}  # the head is never used here
-        self.classifier = self._classifier(cfg, weights)
+        with placement(Placement()):  # the head runs on the host, over the pooled rows
+            self.classifier = self._classifier(cfg, weights)
         model_cls = get_model_class(cfg)
         self.model = model_cls(cfg, weights)
         if getattr(self.model, "is_hybrid", False) or self.model.config.get("use_mla"):
@@ -93,7 +95,8 @@ class DecoderForEmbedding:
         c = self.config
         md = batch.causal_metadata(c["num_hidden_layers"], c["num_key_value_heads"],
                                    c["head_dim"])
-        return self.model.forward(input_ids, batch.positions, md)
+        return self.model.forward(batch.to_device(input_ids), batch.to_device(batch.positions),
+                                  md)
 
 
 class DecoderForSequenceClassification(DecoderForEmbedding):

@@ -68,7 +68,8 @@ class BertLayer:
 
 class ClassifierHead:
     """dense -> tanh -> out over the pooled (CLS) rows: BERT's pooler + classifier, RoBERTa's
-    classifier.dense + classifier.out_proj. Runs on the B pooled rows only."""
+    classifier.dense + classifier.out_proj. Runs on the B pooled rows only, on the host (the
+    pooler brings them there)."""
 
     def __init__(self, dense: Weight, dense_bias: Weight, out: Weight, out_bias: Weight | None):
         self.dense = Linear(dense, dense_bias)
@@ -123,6 +124,11 @@ class BertModel:
     def _classifier(w, archs) -> ClassifierHead | None:
         if not any(a.endswith("ForSequenceClassification") for a in archs):
             return None
+        with placement.placement(placement.Placement()):  # on the host: it reads pooled rows
+            return BertModel._classifier_head(w)
+
+    @staticmethod
+    def _classifier_head(w) -> ClassifierHead:
         if "classifier.out_proj.weight" in w:  # RoBERTa's head
             return ClassifierHead(w["classifier.dense.weight"], w["classifier.dense.bias"],
                                   w["classifier.out_proj.weight"], w.get("classifier.out_proj.bias"))
@@ -146,9 +152,9 @@ class BertModel:
 
     def forward(self, input_ids: np.ndarray, batch: PoolingBatch,
                 token_type_ids: np.ndarray | None = None) -> np.ndarray:
-        cfg = self.config
-        h = ops.embedding(input_ids, self.word_embeddings)
-        pos = ops.embedding(batch.positions + np.int32(self.position_offset),
+        cfg, dev = self.config, batch.to_device
+        h = ops.embedding(dev(input_ids), self.word_embeddings)
+        pos = ops.embedding(dev(batch.positions + np.int32(self.position_offset)),
                             self.position_embeddings)
         if self.token_type_embeddings is not None:
             types = self.token_type_embeddings.shape[0]
@@ -158,7 +164,7 @@ class BertModel:
             elif token_type_ids.max() >= types or token_type_ids.min() < 0:
                 raise ValueError(f"token type ids must be in [0, {types}) (type_vocab_size), "
                                  f"got {int(token_type_ids.max())}")
-            self._add(ops.embedding(token_type_ids, self.token_type_embeddings), pos)
+            self._add(ops.embedding(dev(token_type_ids), self.token_type_embeddings), pos)
         h, _ = self.emb_norm(h, pos)
         nh = cfg["num_attention_heads"]
         md = EncoderAttentionMetadata(batch, nh, cfg["hidden_size"] // nh)

@@ -71,6 +71,16 @@ def activation_dtype(dtype: str, hf_config: dict) -> int:
     return DTYPE_BY_NAME[dtype]
 
 
+def model_activation_dtype(model_config) -> int:
+    """activation_dtype for a ModelConfig's checkpoint (its config.json read for its dtype)."""
+    path = resolve_model(model_config.model, weights=model_config.load_format != "dummy")
+    hf = {}
+    if not path.endswith(".gguf"):  # the checkpoint's dtype decides dtype="auto"
+        with open(os.path.join(path, "config.json")) as f:
+            hf = json.load(f)
+    return activation_dtype(model_config.dtype, hf)
+
+
 def allocate_kv_caches(num_blocks: int, block_size: int, layers: int, nkv: int, head_dim: int,
                        dtype: int) -> list[tuple[DeviceArray, DeviceArray]]:
     # Zeroed: the padded rows of a decode bucket read slot 0 of block 0 (and discard the result),
@@ -108,12 +118,7 @@ class CudaWorker(WorkerBase):
         _C.cuda_empty_cache()
         self.report = StartupReport()
         used0 = self.report.used()
-        path = resolve_model(mc.model, weights=mc.load_format != "dummy")
-        hf = {}
-        if not path.endswith(".gguf"):  # the checkpoint's dtype decides dtype="auto"
-            with open(os.path.join(path, "config.json")) as f:
-                hf = json.load(f)
-        self.act_dtype = activation_dtype(mc.dtype, hf)
+        self.act_dtype = model_activation_dtype(mc)
         with placement(Placement("cuda", self.act_dtype)):
             self.model, self.tokenizer = load_model(mc)
         self.weight_bytes = self.report.used() - used0
