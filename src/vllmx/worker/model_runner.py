@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,21 +23,16 @@ from vllmx.core.sched_output import (
     ModelRunnerOutput,
     NewRequestData,
     SchedulerOutput,
-    TokenLogprobs,
 )
 from vllmx.device import DeviceArray
 from vllmx.layers.attention import AttentionMetadata
 from vllmx.layers.sampler import (
-    PendingSample,
     RequestSamplingState,
     Sampler,
-    SamplerOutput,
     SamplingMetadata,
     advance_rng_states,
     seed_rng_state,
 )
-from vllmx.lora.request import LoRARequest
-from vllmx.sampling_params import SamplingParams
 from vllmx.spec_decode.metadata import TargetHiddenStates
 from vllmx.structured_output import StructuredOutputManager
 from vllmx.worker.decode_capture import (
@@ -51,6 +45,12 @@ from vllmx.worker.decode_capture import (
 from vllmx.worker.input_batch import InputBatch
 from vllmx.worker.state_slots import StateSlots
 from vllmx.worker.step_capture import LongLived
+from vllmx.worker.step_state import (
+    CachedRequestState,
+    PendingStep,
+    drafts_for,
+    needs_tokens,
+)
 
 if TYPE_CHECKING:
     from vllmx.structured_output.backend_guidance import GuidanceGrammar
@@ -59,96 +59,6 @@ logger = logging.getLogger("vllmx")
 
 # Prompt positions whose logits (for prompt_logprobs) are computed at once: bounds the memory.
 _PROMPT_LOGITS_CHUNK = 256
-
-@dataclass
-class CachedRequestState:
-    req_id: str
-    token_ids: list[int]
-    sampling_params: SamplingParams
-    block_ids: list[int]
-    num_computed_tokens: int
-    num_prompt_tokens: int
-    rng_state: np.ndarray
-    sampling: RequestSamplingState | None = None  # created at the first sampling step
-    grammar: GuidanceGrammar | None = None  # structured output: the request's matcher
-    # prompt_logprobs being gathered across prefill chunks: entry i is prompt token i's.
-    prompt_logprobs: list[TokenLogprobs | None] | None = None
-    lora_request: LoRARequest | None = None  # its adapter; None: the base model
-
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
-
-
-def _drafts_for(sp: SamplingParams) -> bool:
-    """Whether a request's steps verify drafts: those without penalties (a penalized
-    request's sampler state counts tokens as they are kept, not per verify row) and without
-    structured output (its matcher would need a mask per draft and a rollback of the rejected
-    ones: a constrained request samples one row per step instead)."""
-    return not sp.has_penalties and sp.structured_outputs is None
-
-
-def _needs_tokens(state: CachedRequestState) -> bool:
-    """Whether sampling the request's next token reads its tokens so far on the host
-    (penalties, bad words, the min_tokens ban, a grammar's mask): then the step before must be
-    finished before this one samples."""
-    st = state.sampling
-    if state.grammar is not None:
-        return True
-    return st is not None and (st.penalties or bool(st.bad_words) or (
-        len(st.bias_ban_ids) > len(st.bias_ids)
-        and state.num_output_tokens <= state.sampling_params.min_tokens))
-
-
-class PendingStep:
-    """A launched step (vLLM's AsyncModelRunnerOutput): get_output() waits for its tokens,
-    keeps them in the runner's request states (once) and returns the ModelRunnerOutput."""
-
-    def __init__(self, runner: ModelRunner | None, out: ModelRunnerOutput, **fields):
-        self._runner = runner
-        self.out = out
-        self.sample_ids: list[str] = fields.get("sample_ids", [])
-        self.drafts: dict[str, list[int]] = fields.get("drafts", {})
-        self.smd: SamplingMetadata | None = fields.get("smd")
-        self.sample: PendingSample | None = None  # set by launch_sample
-        # req_id -> the row of sample.token_ids holding its (first) new token
-        self.sample_rows: dict[str, int] = fields.get("sample_rows", {})
-        # For a drafter that reads the target's hidden states: the step's rows ([T, H]) and
-        # each request's (req_id, first row, first position, rows scheduled).
-        self.hidden = fields.get("hidden")
-        self.layout: list[tuple[str, int, int, int]] = fields.get("layout", [])
-        # Queues the step's sampling: at once, or where its grammar masks were still being
-        # computed when it was launched, at the next step's launch (before its forward) or at
-        # get_output().
-        self._sample_later = fields.get("sample_later")
-
-    @property
-    def done(self) -> bool:
-        return self._runner is None
-
-    def launch_sample(self) -> None:
-        """Queues the sampling (once). Where it fails (its masks, or the sampler refusing its
-        settings), the step's sampled requests fail with that error and the others go on."""
-        if self._sample_later is None:
-            return
-        sample_later, self._sample_later = self._sample_later, None
-        try:
-            self.sample = sample_later()
-        except Exception as e:
-            logger.exception("a step's sampling failed")
-            for req_id in self.sample_ids:
-                self.out.failed[req_id] = f"sampling failed: {type(e).__name__}: {e}"
-            n = len(self.smd.temperature)
-            self.sample = PendingSample.done(SamplerOutput(
-                np.zeros(n, np.int32), np.zeros(n, np.float32), [None] * n))
-
-    def get_output(self) -> ModelRunnerOutput:
-        if self._runner is not None:
-            self.launch_sample()
-            runner, self._runner = self._runner, None
-            runner._finish(self)
-        return self.out
-
 
 class ModelRunner:
     def __init__(self, model, kv_caches, cache_dtype: int, block_size: int,
@@ -526,7 +436,7 @@ class ModelRunner:
                 prev.get_output()
             else:
                 pending = {r: prev.sample_rows[r] for r in req_ids if r in prev.sample_rows}
-                finish_prev = any(_needs_tokens(self.requests[r]) for r in req_ids)
+                finish_prev = any(needs_tokens(self.requests[r]) for r in req_ids)
         num_scheduled = np.array([so.num_scheduled_tokens[r] for r in req_ids], dtype=np.int32)
         self._stage_drafts(drafts)
         self.input_batch.prepare_inputs(num_scheduled, self.input_ids, self.positions,
@@ -694,7 +604,7 @@ class ModelRunner:
             out.sampled_logprobs[req_id] = [lps[r] for r in rows]
             if sampled.logprobs[rows[0]] is not None:
                 out.logprobs[req_id] = [sampled.logprobs[r] for r in rows]
-            if (self.drafter is not None and _drafts_for(state.sampling_params)
+            if (self.drafter is not None and drafts_for(state.sampling_params)
                     and step.hidden is None):
                 row = batch.req_id_to_index[req_id]
                 to_draft[req_id] = batch.token_ids[row, :batch.num_tokens[row]]
@@ -728,7 +638,7 @@ class ModelRunner:
             ids.extend(state.token_ids[start + 1:start + n + 1])
             qsl[i + 1], seq_lens[i] = qsl[i] + n, start + n
             batch_rows[i] = batch.req_id_to_index[req_id]
-            sampled[i] = req_id in rejected and _drafts_for(state.sampling_params)
+            sampled[i] = req_id in rejected and drafts_for(state.sampling_params)
             req_ids.append(req_id)
         if not req_ids:
             return {}

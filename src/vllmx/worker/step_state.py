@@ -1,0 +1,117 @@
+"""The model runner's per-request and per-step state: CachedRequestState (vLLM's name: what the
+runner keeps of a scheduled request between steps), the predicates on it that decide how a
+step samples it, and PendingStep (a launched step whose tokens are still on their way)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from vllmx.core.sched_output import ModelRunnerOutput, TokenLogprobs
+from vllmx.layers.sampler import (
+    PendingSample,
+    RequestSamplingState,
+    SamplerOutput,
+    SamplingMetadata,
+)
+from vllmx.lora.request import LoRARequest
+from vllmx.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from vllmx.structured_output.backend_guidance import GuidanceGrammar
+    from vllmx.worker.model_runner import ModelRunner
+
+logger = logging.getLogger("vllmx")
+
+
+@dataclass
+class CachedRequestState:
+    req_id: str
+    token_ids: list[int]
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+    num_prompt_tokens: int
+    rng_state: np.ndarray
+    sampling: RequestSamplingState | None = None  # created at the first sampling step
+    grammar: GuidanceGrammar | None = None  # structured output: the request's matcher
+    # prompt_logprobs being gathered across prefill chunks: entry i is prompt token i's.
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    lora_request: LoRARequest | None = None  # its adapter; None: the base model
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+
+def drafts_for(sp: SamplingParams) -> bool:
+    """Whether a request's steps verify drafts: those without penalties (a penalized
+    request's sampler state counts tokens as they are kept, not per verify row) and without
+    structured output (its matcher would need a mask per draft and a rollback of the rejected
+    ones: a constrained request samples one row per step instead)."""
+    return not sp.has_penalties and sp.structured_outputs is None
+
+
+def needs_tokens(state: CachedRequestState) -> bool:
+    """Whether sampling the request's next token reads its tokens so far on the host
+    (penalties, bad words, the min_tokens ban, a grammar's mask): then the step before must be
+    finished before this one samples."""
+    st = state.sampling
+    if state.grammar is not None:
+        return True
+    return st is not None and (st.penalties or bool(st.bad_words) or (
+        len(st.bias_ban_ids) > len(st.bias_ids)
+        and state.num_output_tokens <= state.sampling_params.min_tokens))
+
+
+class PendingStep:
+    """A launched step (vLLM's AsyncModelRunnerOutput): get_output() waits for its tokens,
+    keeps them in the runner's request states (once) and returns the ModelRunnerOutput."""
+
+    def __init__(self, runner: ModelRunner | None, out: ModelRunnerOutput, **fields):
+        self._runner = runner
+        self.out = out
+        self.sample_ids: list[str] = fields.get("sample_ids", [])
+        self.drafts: dict[str, list[int]] = fields.get("drafts", {})
+        self.smd: SamplingMetadata | None = fields.get("smd")
+        self.sample: PendingSample | None = None  # set by launch_sample
+        # req_id -> the row of sample.token_ids holding its (first) new token
+        self.sample_rows: dict[str, int] = fields.get("sample_rows", {})
+        # For a drafter that reads the target's hidden states: the step's rows ([T, H]) and
+        # each request's (req_id, first row, first position, rows scheduled).
+        self.hidden = fields.get("hidden")
+        self.layout: list[tuple[str, int, int, int]] = fields.get("layout", [])
+        # Queues the step's sampling: at once, or where its grammar masks were still being
+        # computed when it was launched, at the next step's launch (before its forward) or at
+        # get_output().
+        self._sample_later = fields.get("sample_later")
+
+    @property
+    def done(self) -> bool:
+        return self._runner is None
+
+    def launch_sample(self) -> None:
+        """Queues the sampling (once). Where it fails (its masks, or the sampler refusing its
+        settings), the step's sampled requests fail with that error and the others go on."""
+        if self._sample_later is None:
+            return
+        sample_later, self._sample_later = self._sample_later, None
+        try:
+            self.sample = sample_later()
+        except Exception as e:
+            logger.exception("a step's sampling failed")
+            for req_id in self.sample_ids:
+                self.out.failed[req_id] = f"sampling failed: {type(e).__name__}: {e}"
+            n = len(self.smd.temperature)
+            self.sample = PendingSample.done(SamplerOutput(
+                np.zeros(n, np.int32), np.zeros(n, np.float32), [None] * n))
+
+    def get_output(self) -> ModelRunnerOutput:
+        if self._runner is not None:
+            self.launch_sample()
+            runner, self._runner = self._runner, None
+            runner._finish(self)
+        return self.out
