@@ -45,8 +45,43 @@ __device__ float block_sum(float v) {
 __device__ __forceinline__ float f16_bits(const uint8_t* p) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(p[0] | (p[1] << 8))));
 }
+// The 6-bit scale and min of sub-block j of a Q4_K / Q5_K block's 12 scale bytes.
+__device__ __forceinline__ void scale_min_k4(const uint8_t* q, int j, int& sc, int& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
 template <int kType>
 __device__ __forceinline__ float dequant(const uint8_t* row, int64_t e) {
+  if constexpr (kType == static_cast<int>(DType::Q4_K) ||
+                kType == static_cast<int>(DType::Q5_K)) {
+    constexpr bool k5 = kType == static_cast<int>(DType::Q5_K);
+    const uint8_t* blk = row + e / 256 * (k5 ? 176 : 144);
+    const int i = static_cast<int>(e % 256), j = i / 32, l = i % 32;
+    int sc, m;
+    scale_min_k4(blk + 4, j, sc, m);
+    const uint8_t qb = blk[(k5 ? 48 : 16) + 32 * (j / 2) + l];
+    int q = j % 2 ? qb >> 4 : qb & 0xF;
+    if constexpr (k5) q |= ((blk[16 + l] >> j) & 1) << 4;
+    return __fsub_rn(__fmul_rn(__fmul_rn(f16_bits(blk), static_cast<float>(sc)),
+                               static_cast<float>(q)),
+                     __fmul_rn(f16_bits(blk + 2), static_cast<float>(m)));
+  }
+  if constexpr (kType == static_cast<int>(DType::Q6_K)) {
+    const uint8_t* blk = row + e / 256 * 210;
+    const int i = static_cast<int>(e % 256), h = i / 128, qt = i % 128 / 32, l = i % 32;
+    const uint8_t lb = blk[64 * h + 32 * (qt % 2) + l];
+    const int hi = (blk[128 + 32 * h + l] >> (2 * qt)) & 3;
+    const int q = ((qt >= 2 ? lb >> 4 : lb & 0xF) | (hi << 4)) - 32;
+    const int8_t sc = static_cast<int8_t>(blk[192 + 8 * h + l / 16 + 2 * qt]);
+    return __fmul_rn(__fmul_rn(f16_bits(blk + 208), static_cast<float>(sc)),
+                     static_cast<float>(q));
+  }
   const int64_t b = e / 32;
   const int j = static_cast<int>(e % 32);
   if constexpr (kType == static_cast<int>(DType::Q8_0)) {
@@ -517,9 +552,22 @@ void embedding(const Tensor& out, const Tensor& ids, const Tensor& table) {
           launch(embedding_quant_kernel<To, static_cast<int>(DType::Q4_1)>, grid, kThreads, 0,
                  stream(), op_, ip, tp, vocab, hidden, rb);
           break;
+        case DType::Q4_K:
+          launch(embedding_quant_kernel<To, static_cast<int>(DType::Q4_K)>, grid, kThreads, 0,
+                 stream(), op_, ip, tp, vocab, hidden, rb);
+          break;
+        case DType::Q5_K:
+          launch(embedding_quant_kernel<To, static_cast<int>(DType::Q5_K)>, grid, kThreads, 0,
+                 stream(), op_, ip, tp, vocab, hidden, rb);
+          break;
+        case DType::Q6_K:
+          launch(embedding_quant_kernel<To, static_cast<int>(DType::Q6_K)>, grid, kThreads, 0,
+                 stream(), op_, ip, tp, vocab, hidden, rb);
+          break;
         default:
           fail(op, std::string("table dtype ") + dtype_name(td) +
-                       " is not supported on the GPU (f32, f16, bf16, Q8_0, Q4_0, Q4_1)");
+                       " is not supported on the GPU (f32, f16, bf16, Q8_0, Q4_0, Q4_1, Q4_K, "
+                       "Q5_K, Q6_K)");
       }
     }
   });

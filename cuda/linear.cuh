@@ -13,12 +13,18 @@ namespace vllmx::cuda::lin {
 using namespace detail;
 
 // How w is read, relative to x's 16-bit dtype.
-enum WKind : int { kWSame = 0, kWF16 = 1, kWBF16 = 2, kWQ8_0 = 3, kWQ4_0 = 4, kWQ4_1 = 5 };
+enum WKind : int {
+  kWSame = 0, kWF16 = 1, kWBF16 = 2, kWQ8_0 = 3, kWQ4_0 = 4, kWQ4_1 = 5,
+  kWQ4_K = 6, kWQ5_K = 7, kWQ6_K = 8  // the k-quants of Q4_K_M / Q5_K_M / Q6_K files
+};
 
 __host__ __device__ constexpr bool is_quant(int wk) { return wk >= kWQ8_0; }
+__host__ __device__ constexpr bool is_kquant(int wk) { return wk >= kWQ4_K; }
 __host__ __device__ constexpr int block_bytes(int wk) {
-  return wk == kWQ8_0 ? 34 : wk == kWQ4_0 ? 18 : 20;
+  return wk == kWQ8_0 ? 34 : wk == kWQ4_0 ? 18 : wk == kWQ4_1 ? 20
+       : wk == kWQ4_K ? 144 : wk == kWQ5_K ? 176 : 210;
 }
+__host__ __device__ constexpr int block_elems(int wk) { return is_kquant(wk) ? 256 : 32; }
 
 struct LinearArgs {
   const void* x;
@@ -66,9 +72,34 @@ __device__ __forceinline__ const void* row_weights(const LinearArgs& a, int row)
 }
 
 // ------------------------------------------------------------------ w chunks (8 elements)
-// A chunk is w[n, k .. k + 8) with k a multiple of 8. raw holds what the global loads fetched;
-// chunk_to_float turns it into f32. For block types x = q * d (+ m), exactly like
-// gguf.quants.dequantize in f32.
+// A chunk is w[n, k .. k + 8) with k a multiple of 8. raw holds what the global loads fetched
+// (for the k-quants already cut down to the chunk's scale, min and bits); chunk_to_float turns
+// it into f32. For block types x = q * d (+ m), for the k-quants x = (d * sc) * q - dmin * m,
+// as gguf.quants.dequantize computes them in f32.
+
+// The 6-bit scale and min of sub-block j (0..7) from a Q4_K / Q5_K block's 12 scale bytes,
+// given as three little-endian words (llama.cpp's get_scale_min_k4).
+__device__ __forceinline__ uint32_t kquant_scale_min(uint32_t s0, uint32_t s1, uint32_t s2,
+                                                     int j) {
+  auto byte = [&](int i) -> uint32_t {
+    const uint32_t w = i < 4 ? s0 : i < 8 ? s1 : s2;
+    return (w >> (8 * (i % 4))) & 0xff;
+  };
+  uint32_t sc, m;
+  if (j < 4) {
+    sc = byte(j) & 63;
+    m = byte(j + 4) & 63;
+  } else {
+    sc = (byte(j + 4) & 0xf) | ((byte(j - 4) >> 6) << 4);
+    m = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4);
+  }
+  return sc | (m << 8);
+}
+
+__device__ __forceinline__ uint32_t ldg_u16x2(const uint8_t* p) {  // 2-byte aligned p
+  const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+  return __ldg(h) | (static_cast<uint32_t>(__ldg(h + 1)) << 16);
+}
 
 template <int WK>
 __device__ __forceinline__ uint4 load_chunk(const void* w, int64_t w_stride, int n, int k) {
@@ -76,11 +107,57 @@ __device__ __forceinline__ uint4 load_chunk(const void* w, int64_t w_stride, int
     const uint16_t* row = static_cast<const uint16_t*>(w) + n * w_stride;
     return __ldg(reinterpret_cast<const uint4*>(row + k));
   } else {
-    const uint8_t* blk =
-        static_cast<const uint8_t*>(w) + n * w_stride + (k / 32) * block_bytes(WK);
-    const int c = (k / 8) % 4;  // which 8 elements of the 32-element block
+    const uint8_t* blk = static_cast<const uint8_t*>(w) + n * w_stride +
+                         (k / block_elems(WK)) * block_bytes(WK);
+    const int c = (k / 8) % 4;  // which 8 elements of the 32-element (sub-)block
     uint4 r;
-    if constexpr (WK == kWQ8_0) {  // d (f16), qs[32] (i8); 2-byte aligned
+    if constexpr (WK == kWQ4_K || WK == kWQ5_K) {
+      // d, dmin (f16), scales[12], [Q5_K: qh[32]], qs[128]: sub-block j = e / 32 of the 256
+      // holds its 4 low bits in qs[32 (j / 2) + l] (low nibble for even j, high for odd);
+      // Q5_K's fifth bit is bit j of qh[l]. 16-byte aligned blocks.
+      const int e = k % 256, j = e / 32, l = e % 32;
+      const uint32_t* u = reinterpret_cast<const uint32_t*>(blk);
+      r.x = __ldg(u);
+      r.w = kquant_scale_min(__ldg(u + 1), __ldg(u + 2), __ldg(u + 3), j);
+      const int qs0 = (WK == kWQ4_K ? 16 : 48) + 32 * (j / 2) + l;
+      r.y = __ldg(reinterpret_cast<const uint32_t*>(blk + qs0));
+      r.z = __ldg(reinterpret_cast<const uint32_t*>(blk + qs0 + 4));
+      if constexpr (WK == kWQ5_K) {
+        const uint32_t h0 = __ldg(reinterpret_cast<const uint32_t*>(blk + 16 + l));
+        const uint32_t h1 = __ldg(reinterpret_cast<const uint32_t*>(blk + 16 + l + 4));
+        uint32_t bits = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          bits |= ((h0 >> (8 * i + j)) & 1u) << i;
+          bits |= ((h1 >> (8 * i + j)) & 1u) << (4 + i);
+        }
+        r.w |= bits << 16;
+      }
+      return r;
+    } else if constexpr (WK == kWQ6_K) {
+      // ql[128], qh[64], scales[16] (i8), d (f16); 210-byte blocks, so 2-byte loads. Element
+      // e: half h = e / 128, quarter q = e % 128 / 32, l = e % 32: its low 4 bits are
+      // ql[64 h + 32 (q % 2) + l] (high nibble for q >= 2), its top 2 bits bits 2q.. of
+      // qh[32 h + l], its scale scales[8 h + l / 16 + 2 q].
+      const int e = k % 256, h = e / 128, q = e % 128 / 32, l = e % 32;
+      const uint8_t* ql = blk + 64 * h + 32 * (q % 2) + l;
+      r.y = ldg_u16x2(ql);
+      r.z = ldg_u16x2(ql + 4);
+      const uint8_t* qh = blk + 128 + 32 * h + l;
+      const uint32_t h0 = ldg_u16x2(qh), h1 = ldg_u16x2(qh + 4);
+      uint32_t bits = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        bits |= ((h0 >> (8 * i + 2 * q)) & 3u) << (2 * i);
+        bits |= ((h1 >> (8 * i + 2 * q)) & 3u) << (8 + 2 * i);
+      }
+      const int si = 8 * h + l / 16 + 2 * q;
+      const uint32_t sc2 = __ldg(reinterpret_cast<const uint16_t*>(blk + 192) + si / 2);
+      const uint32_t sc = si % 2 ? sc2 >> 8 : sc2 & 0xff;
+      r.x = __ldg(reinterpret_cast<const uint16_t*>(blk + 208)) | (sc << 16);
+      r.w = bits;
+      return r;
+    } else if constexpr (WK == kWQ8_0) {  // d (f16), qs[32] (i8); 2-byte aligned
       const uint16_t* h = reinterpret_cast<const uint16_t*>(blk);
       r.x = __ldg(h);
       const uint16_t* q = h + 1 + c * 4;
@@ -110,6 +187,34 @@ __device__ __forceinline__ void chunk_to_float(const uint4& r, int k, bool same_
     unpack8(r, same_bf16, f);
   } else if constexpr (WK == kWF16 || WK == kWBF16) {
     unpack8(r, WK == kWBF16, f);
+  } else if constexpr (WK == kWQ4_K || WK == kWQ5_K) {
+    const float d = __half2float(__ushort_as_half(static_cast<uint16_t>(r.x & 0xffff)));
+    const float dmin = __half2float(__ushort_as_half(static_cast<uint16_t>(r.x >> 16)));
+    const float dl = __fmul_rn(d, static_cast<float>(r.w & 63));
+    const float ml = __fmul_rn(dmin, static_cast<float>((r.w >> 8) & 63));
+    const int shift = (k % 256 / 32) % 2 ? 4 : 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      int q0 = ((r.y >> (8 * j)) >> shift) & 0xf, q1 = ((r.z >> (8 * j)) >> shift) & 0xf;
+      if constexpr (WK == kWQ5_K) {
+        q0 |= ((r.w >> (16 + j)) & 1) << 4;
+        q1 |= ((r.w >> (20 + j)) & 1) << 4;
+      }
+      // (rounded twice, as the CPU's dequantize and numpy do: no contraction into an FMA)
+      f[j] = __fsub_rn(__fmul_rn(dl, static_cast<float>(q0)), ml);
+      f[4 + j] = __fsub_rn(__fmul_rn(dl, static_cast<float>(q1)), ml);
+    }
+  } else if constexpr (WK == kWQ6_K) {
+    const float d = __half2float(__ushort_as_half(static_cast<uint16_t>(r.x & 0xffff)));
+    const float dl = __fmul_rn(d, static_cast<float>(static_cast<int8_t>((r.x >> 16) & 0xff)));
+    const int shift = k % 128 / 32 >= 2 ? 4 : 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int q0 = (((r.y >> (8 * j)) >> shift) & 0xf) | (((r.w >> (2 * j)) & 3) << 4);
+      const int q1 = (((r.z >> (8 * j)) >> shift) & 0xf) | (((r.w >> (8 + 2 * j)) & 3) << 4);
+      f[j] = __fmul_rn(dl, static_cast<float>(q0 - 32));
+      f[4 + j] = __fmul_rn(dl, static_cast<float>(q1 - 32));
+    }
   } else {
     const float d = __half2float(__ushort_as_half(static_cast<uint16_t>(r.x & 0xffff)));
     if constexpr (WK == kWQ8_0) {

@@ -8,7 +8,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
-from vllmx import _C
+from vllmx import _C, ops
 
 
 def _cuda_ok() -> bool:
@@ -82,10 +82,15 @@ def make_dense(rng, n, k, wdt):
     return bits, from_bits(bits, wdt)
 
 
+K_QUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
+
+
 def make_block(rng, n, k, qtype):
     w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
     w += np.float32(0.02) * rng.standard_normal((n, 1)).astype(np.float32)
-    blocks = quants.quantize(w, qtype)
+    # (gguf-py quantizes the 32-element types; the k-quants by llama.cpp's reference quantizer)
+    blocks = (ops.quantize_weight(w, int(qtype)) if qtype in K_QUANTS
+              else quants.quantize(w, qtype))
     return blocks, quants.dequantize(blocks, qtype).astype(np.float64)
 
 
@@ -160,6 +165,31 @@ def test_linear_blocks(xdt, qtype, t, nk):
         want = x64 @ w64.T + (0 if b is None else from_bits(b, xdt))
         got = cuda_linear(x, xdt, w, int(qtype), b)
         assert rel_err(got, want) < TOL[xdt]
+
+
+@pytest.mark.parametrize("nk", [(576, 512), (130, 4096), (1536, 256), (3, 2816)],
+                         ids=lambda s: f"N{s[0]}K{s[1]}")
+@pytest.mark.parametrize("t", T_SIZES)
+@pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda q: q.name)
+@pytest.mark.parametrize("xdt", [BF16, F16], ids=["bf16", "f16"])
+def test_linear_k_quants(xdt, qtype, t, nk):
+    """Q4_K / Q5_K / Q6_K weights (a Q4_K_M or Q5_K_M file's) through the GEMV, the mma.sync
+    GEMMs (dequantized by 8-element chunks of their 256-element super-blocks) and, in f32, the
+    generic kernel: each against the f64 product of gguf's dequantized weights, which the
+    GPU's dequantization matches bit for bit (the CPU's formulas, no FMA contraction)."""
+    n, k = nk
+    rng = np.random.default_rng([xdt, int(qtype), t, n, k])
+    w, w64 = make_block(rng, n, k, qtype)
+    x, x64 = make_x(rng, t, k, xdt)
+    bias = to_bits(rng.standard_normal(n).astype(np.float32) * 0.1, xdt)
+    for b in (None, bias):
+        want = x64 @ w64.T + (0 if b is None else from_bits(b, xdt))
+        assert rel_err(cuda_linear(x, xdt, w, int(qtype), b), want) < TOL[xdt]
+    if t <= 9:
+        x32 = x64.astype(np.float32)
+        out = to_dev(np.full((t, n), np.nan, np.float32))
+        _C.ops.linear(out, to_dev(x32), (to_dev(w, int(qtype)), int(qtype)))
+        assert rel_err(out.numpy(), x32.astype(np.float64) @ w64.T) < 1e-5
 
 
 @pytest.mark.parametrize("nk", [(4096, 4096), (1000, 2048), (77, 1536), (200, 64), (300, 1000),

@@ -7,12 +7,13 @@ import zlib
 import numpy as np
 import pytest
 
-from vllmx import _C
+from vllmx import _C, ops
 from vllmx.device import BF16, F16, F32, I32, U64, DeviceArray
 
 pytestmark = pytest.mark.gpu
 
 Q4_0, Q4_1, Q8_0 = (int(_C.DType[n]) for n in ("Q4_0", "Q4_1", "Q8_0"))
+Q4_K, Q5_K, Q6_K = (int(_C.DType[n]) for n in ("Q4_K", "Q5_K", "Q6_K"))
 ACT = [F32, F16, BF16]
 TOL = {F32: 1e-5, F16: 1e-2, BF16: 1e-2}
 
@@ -82,11 +83,14 @@ def random_blocks(rng, rows, n, dtype):
 
 
 @pytest.mark.parametrize("out_dtype", ACT)
-@pytest.mark.parametrize("table_dtype", [F32, F16, BF16, Q8_0, Q4_0, Q4_1])
+@pytest.mark.parametrize("table_dtype", [F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K])
 def test_embedding(rng, table_dtype, out_dtype):
     vocab, hidden, T = 300, 256, 37
     if table_dtype in (Q8_0, Q4_0, Q4_1):
         table = random_blocks(rng, vocab, hidden, table_dtype)
+    elif table_dtype in (Q4_K, Q5_K, Q6_K):  # (the reference quantizer of real-valued rows)
+        table = ops.quantize_weight(rng.standard_normal((vocab, hidden)).astype(np.float32),
+                                    table_dtype)
     else:
         table = host(rng.standard_normal((vocab, hidden)).astype(np.float32), table_dtype)
     ids = rng.integers(0, vocab, T).astype(np.int32)
