@@ -72,6 +72,23 @@ __device__ __forceinline__ float dequant(const uint8_t* row, int64_t e) {
                                static_cast<float>(q)),
                      __fmul_rn(f16_bits(blk + 2), static_cast<float>(m)));
   }
+  if constexpr (kType == static_cast<int>(DType::IQ4_NL) ||
+                kType == static_cast<int>(DType::IQ4_XS)) {
+    // kvalues_iq4nl (csrc/quant/quant_nl.h); IQ4_XS: d * (6-bit scale - 32) per 32 values.
+    constexpr int8_t kv[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                               1,    13,   25,  38,  53,  69,  89,  113};
+    const bool xs = kType == static_cast<int>(DType::IQ4_XS);
+    const uint8_t* blk = row + (xs ? e / 256 * 136 : e / 32 * 18);
+    const int i = static_cast<int>(xs ? e % 256 : e % 32), ib = i / 32, l = i % 32;
+    float dl = f16_bits(blk);
+    if (xs) {
+      const int lo = (blk[4 + ib / 2] >> (4 * (ib % 2))) & 0xF;
+      const int hi = ((blk[2] | (blk[3] << 8)) >> (2 * ib)) & 3;
+      dl = __fmul_rn(dl, static_cast<float>((lo | (hi << 4)) - 32));
+    }
+    const uint8_t qb = blk[(xs ? 8 + 16 * ib : 2) + l % 16];
+    return __fmul_rn(dl, static_cast<float>(kv[l < 16 ? qb & 0xF : qb >> 4]));
+  }
   if constexpr (kType == static_cast<int>(DType::Q6_K)) {
     const uint8_t* blk = row + e / 256 * 210;
     const int i = static_cast<int>(e % 256), h = i / 128, qt = i % 128 / 32, l = i % 32;
@@ -564,10 +581,18 @@ void embedding(const Tensor& out, const Tensor& ids, const Tensor& table) {
           launch(embedding_quant_kernel<To, static_cast<int>(DType::Q6_K)>, grid, kThreads, 0,
                  stream(), op_, ip, tp, vocab, hidden, rb);
           break;
+        case DType::IQ4_NL:
+          launch(embedding_quant_kernel<To, static_cast<int>(DType::IQ4_NL)>, grid, kThreads, 0,
+                 stream(), op_, ip, tp, vocab, hidden, rb);
+          break;
+        case DType::IQ4_XS:
+          launch(embedding_quant_kernel<To, static_cast<int>(DType::IQ4_XS)>, grid, kThreads, 0,
+                 stream(), op_, ip, tp, vocab, hidden, rb);
+          break;
         default:
           fail(op, std::string("table dtype ") + dtype_name(td) +
                        " is not supported on the GPU (f32, f16, bf16, Q8_0, Q4_0, Q4_1, Q4_K, "
-                       "Q5_K, Q6_K)");
+                       "Q5_K, Q6_K, IQ4_NL, IQ4_XS)");
       }
     }
   });

@@ -200,7 +200,9 @@ void launch_kind(const LinearArgs& a, int gk, int max_t, bool silu_gated, cudaSt
     case kWQ4_1: launch_act<T, kWQ4_1>(a, max_t, silu_gated, s); break;
     case kWQ4_K: launch_act<T, kWQ4_K>(a, max_t, silu_gated, s); break;
     case kWQ5_K: launch_act<T, kWQ5_K>(a, max_t, silu_gated, s); break;
-    default: launch_act<T, kWQ6_K>(a, max_t, silu_gated, s); break;
+    case kWQ6_K: launch_act<T, kWQ6_K>(a, max_t, silu_gated, s); break;
+    case kWIQ4_NL: launch_act<T, kWIQ4_NL>(a, max_t, silu_gated, s); break;
+    default: launch_act<T, kWIQ4_XS>(a, max_t, silu_gated, s); break;
   }
 }
 

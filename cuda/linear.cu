@@ -9,8 +9,8 @@
 //   kSm90MinT up (the widest from T = 3).
 // - gemm_kernel (other T > 4): tensor cores (mma.sync m16n8k16, f32 accumulate) over a multistage
 //   cp.async pipeline. x tiles always arrive by cp.async; w tiles too when w has x's dtype,
-//   otherwise (the other 16-bit type, Q8_0/Q4_0/Q4_1, the k-quants Q4_K/Q5_K/Q6_K) they are
-//   loaded into registers one tile
+//   otherwise (the other 16-bit type, Q8_0/Q4_0/Q4_1, the k-quants Q4_K/Q5_K/Q6_K, IQ4_NL /
+//   IQ4_XS) they are loaded into registers one tile
 //   ahead and dequantized into shared memory as x's dtype before the mma.
 // - sm90_gemm (cuda/gemm_*sm90.cu, CUTLASS 3; builds with sm_90a only): on compute capability
 //   9.0, x and w of one 16-bit dtype, T >= kSm90MinT, TMA-friendly shapes: operands swapped up
@@ -218,7 +218,8 @@ __device__ __forceinline__ float load_dense(const void* p, int64_t i, DType dt) 
   return bits_to_float(static_cast<const uint16_t*>(p)[i], dt == DType::BF16);
 }
 
-// w[n, k] as f32: a dense weight, or Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K blocks.
+// w[n, k] as f32: a dense weight, or Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS
+// blocks.
 __device__ float load_w_elem(const void* w, int64_t w_stride, DType dt, int n, int k) {
   if (dt == DType::F32 || dt == DType::F16 || dt == DType::BF16)
     return load_dense(w, n * w_stride + k, dt);
@@ -234,7 +235,9 @@ __device__ float load_w_elem(const void* w, int64_t w_stride, DType dt, int n, i
     case DType::Q4_1: chunk(std::integral_constant<int, kWQ4_1>{}); break;
     case DType::Q4_K: chunk(std::integral_constant<int, kWQ4_K>{}); break;
     case DType::Q5_K: chunk(std::integral_constant<int, kWQ5_K>{}); break;
-    default: chunk(std::integral_constant<int, kWQ6_K>{}); break;  // Q6_K
+    case DType::Q6_K: chunk(std::integral_constant<int, kWQ6_K>{}); break;
+    case DType::IQ4_NL: chunk(std::integral_constant<int, kWIQ4_NL>{}); break;
+    default: chunk(std::integral_constant<int, kWIQ4_XS>{}); break;  // IQ4_XS
   }
   float v = f[0];
 #pragma unroll
@@ -433,13 +436,16 @@ LinearPlan plan_auto(const Tensor& out, const Tensor& x, const Tensor& w, int64_
     case DType::Q4_K: p.wk = kWQ4_K; break;
     case DType::Q5_K: p.wk = kWQ5_K; break;
     case DType::Q6_K: p.wk = kWQ6_K; break;
+    case DType::IQ4_NL: p.wk = kWIQ4_NL; break;
+    case DType::IQ4_XS: p.wk = kWIQ4_XS; break;
     default: return p;  // f32 weights: generic
   }
   // Vector paths read x (and dense w) in aligned 16-byte chunks of 8 elements.
   bool ok = K % 8 == 0 && aligned(x.data, 16) && x.stride[0] % 8 == 0 && aligned(out.data, 2);
-  if (is_quant(p.wk))  // (Q8_0, Q4_0 and Q6_K blocks are read in 2-byte words, the others 4)
+  if (is_quant(p.wk))  // (Q8_0, Q4_0, IQ4_NL and Q6_K blocks are read in 2-byte words)
     ok = ok && aligned(w.data, 4) && w.stride[0] % 2 == 0 &&
-         (p.wk == kWQ8_0 || p.wk == kWQ4_0 || p.wk == kWQ6_K || w.stride[0] % 4 == 0);
+         (p.wk == kWQ8_0 || p.wk == kWQ4_0 || p.wk == kWIQ4_NL || p.wk == kWQ6_K ||
+          w.stride[0] % 4 == 0);
   else
     ok = ok && aligned(w.data, 16) && w.stride[0] % 8 == 0;
   if (!ok || T > (int64_t{1} << 30) || N > (int64_t{1} << 30)) return p;
@@ -531,6 +537,8 @@ void dispatch_wk(const LinearPlan& p, const LinearArgs& a, cudaStream_t s) {
     case kWQ4_K: launch_tc<T, kWQ4_K>(p, a, s); break;
     case kWQ5_K: launch_tc<T, kWQ5_K>(p, a, s); break;
     case kWQ6_K: launch_tc<T, kWQ6_K>(p, a, s); break;
+    case kWIQ4_NL: launch_tc<T, kWIQ4_NL>(p, a, s); break;
+    case kWIQ4_XS: launch_tc<T, kWIQ4_XS>(p, a, s); break;
     default: launch_tc<T, kOther>(p, a, s); break;  // the other 16-bit dtype
   }
 }
@@ -558,7 +566,7 @@ LinearArgs linear_args(const char* op, const Tensor& out, const Tensor& x, const
   VLLMX_CHECK(out.dtype == xt, op, "out " + out.str() + " must have x's dtype (x " + x.str() + ")");
   VLLMX_CHECK(wt == DType::F32 || wt == DType::F16 || wt == DType::BF16 || wt == DType::Q8_0 ||
             wt == DType::Q4_0 || wt == DType::Q4_1 || wt == DType::Q4_K || wt == DType::Q5_K ||
-            wt == DType::Q6_K,
+            wt == DType::Q6_K || wt == DType::IQ4_NL || wt == DType::IQ4_XS,
         op, std::string("unsupported weight dtype ") + dtype_name(wt) + " (id " +
                  i2s(static_cast<int>(wt)) + ") for w " + w.str());
   const int64_t T = x.shape[0], K = x.shape[1], N = w.shape[0];

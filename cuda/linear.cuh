@@ -15,16 +15,26 @@ using namespace detail;
 // How w is read, relative to x's 16-bit dtype.
 enum WKind : int {
   kWSame = 0, kWF16 = 1, kWBF16 = 2, kWQ8_0 = 3, kWQ4_0 = 4, kWQ4_1 = 5,
-  kWQ4_K = 6, kWQ5_K = 7, kWQ6_K = 8  // the k-quants of Q4_K_M / Q5_K_M / Q6_K files
+  kWQ4_K = 6, kWQ5_K = 7, kWQ6_K = 8,  // the k-quants of Q4_K_M / Q5_K_M / Q6_K files
+  kWIQ4_NL = 9, kWIQ4_XS = 10           // 4-bit codes into the non-linear kvalues_iq4nl table
 };
 
 __host__ __device__ constexpr bool is_quant(int wk) { return wk >= kWQ8_0; }
-__host__ __device__ constexpr bool is_kquant(int wk) { return wk >= kWQ4_K; }
 __host__ __device__ constexpr int block_bytes(int wk) {
-  return wk == kWQ8_0 ? 34 : wk == kWQ4_0 ? 18 : wk == kWQ4_1 ? 20
-       : wk == kWQ4_K ? 144 : wk == kWQ5_K ? 176 : 210;
+  return wk == kWQ8_0 ? 34 : wk == kWQ4_0 || wk == kWIQ4_NL ? 18 : wk == kWQ4_1 ? 20
+       : wk == kWQ4_K ? 144 : wk == kWQ5_K ? 176 : wk == kWQ6_K ? 210 : 136;  // IQ4_XS
 }
-__host__ __device__ constexpr int block_elems(int wk) { return is_kquant(wk) ? 256 : 32; }
+__host__ __device__ constexpr int block_elems(int wk) {  // 256: super-blocks of 8 sub-blocks
+  return wk == kWQ4_K || wk == kWQ5_K || wk == kWQ6_K || wk == kWIQ4_XS ? 256 : 32;
+}
+
+// kvalues_iq4nl[q] (-127, -104, ..., 113), four to a word, picked by a byte permute (no table
+// in memory, whose per-lane indices would serialize).
+__device__ __forceinline__ float iq4nl_value(int q) {
+  const uint32_t lo = __byte_perm(0xBFAD9881u, 0xF6EADDCFu, q & 7);
+  const uint32_t hi = __byte_perm(0x26190D01u, 0x71594535u, q & 7);
+  return static_cast<float>(static_cast<int8_t>((q & 8 ? hi : lo) & 0xff));
+}
 
 struct LinearArgs {
   const void* x;
@@ -134,6 +144,19 @@ __device__ __forceinline__ uint4 load_chunk(const void* w, int64_t w_stride, int
         r.w |= bits << 16;
       }
       return r;
+    } else if constexpr (WK == kWIQ4_XS) {
+      // d (f16), scales_h (2 bits a sub-block), scales_l[4] (4 bits a sub-block), qs[128]: sub-
+      // block ib = e / 32's codes in qs[16 ib ..], value l in the low nibble of byte l, value
+      // l + 16 in the high one. 8-byte aligned blocks.
+      const int e = k % 256, ib = e / 32, l = e % 32;
+      const uint32_t* u = reinterpret_cast<const uint32_t*>(blk);
+      const uint32_t head = __ldg(u), sl = __ldg(u + 1);
+      r.x = head;
+      r.w = ((sl >> (8 * (ib / 2) + 4 * (ib % 2))) & 0xF) | (((head >> (16 + 2 * ib)) & 3) << 4);
+      const uint8_t* qs = blk + 8 + 16 * ib + l % 16;
+      r.y = __ldg(reinterpret_cast<const uint32_t*>(qs));
+      r.z = __ldg(reinterpret_cast<const uint32_t*>(qs + 4));
+      return r;
     } else if constexpr (WK == kWQ6_K) {
       // ql[128], qh[64], scales[16] (i8), d (f16); 210-byte blocks, so 2-byte loads. Element
       // e: half h = e / 128, quarter q = e % 128 / 32, l = e % 32: its low 4 bits are
@@ -163,7 +186,7 @@ __device__ __forceinline__ uint4 load_chunk(const void* w, int64_t w_stride, int
       const uint16_t* q = h + 1 + c * 4;
       r.y = __ldg(q) | (static_cast<uint32_t>(__ldg(q + 1)) << 16);
       r.z = __ldg(q + 2) | (static_cast<uint32_t>(__ldg(q + 3)) << 16);
-    } else if constexpr (WK == kWQ4_0) {  // d, qs[16]: element j low nibble, j + 16 high
+    } else if constexpr (WK == kWQ4_0 || WK == kWIQ4_NL) {  // d, qs[16]: j low nibble, j + 16 high
       const uint16_t* h = reinterpret_cast<const uint16_t*>(blk);
       r.x = __ldg(h);
       const uint16_t* q = h + 1 + (c & 1) * 4;
@@ -203,6 +226,16 @@ __device__ __forceinline__ void chunk_to_float(const uint4& r, int k, bool same_
       // (rounded twice, as the CPU's dequantize and numpy do: no contraction into an FMA)
       f[j] = __fsub_rn(__fmul_rn(dl, static_cast<float>(q0)), ml);
       f[4 + j] = __fsub_rn(__fmul_rn(dl, static_cast<float>(q1)), ml);
+    }
+  } else if constexpr (WK == kWIQ4_NL || WK == kWIQ4_XS) {
+    const float d = __half2float(__ushort_as_half(static_cast<uint16_t>(r.x & 0xffff)));
+    const float dl = WK == kWIQ4_XS ? __fmul_rn(d, static_cast<float>(static_cast<int>(r.w) - 32))
+                                    : d;
+    const int shift = (WK == kWIQ4_XS ? k % 32 >= 16 : (k / 8) % 4 >= 2) ? 4 : 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      f[j] = __fmul_rn(dl, iq4nl_value(((r.y >> (8 * j)) >> shift) & 0xf));
+      f[4 + j] = __fmul_rn(dl, iq4nl_value(((r.z >> (8 * j)) >> shift) & 0xf));
     }
   } else if constexpr (WK == kWQ6_K) {
     const float d = __half2float(__ushort_as_half(static_cast<uint16_t>(r.x & 0xffff)));

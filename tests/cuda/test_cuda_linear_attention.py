@@ -83,9 +83,18 @@ def make_dense(rng, n, k, wdt):
 
 
 K_QUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
+IQ4 = {Q.IQ4_NL: (32, 18), Q.IQ4_XS: (256, 136)}  # block values, bytes
 
 
 def make_block(rng, n, k, qtype):
+    if qtype in IQ4:  # no quantizer writes them here: random codes and scales, a small f16 d
+        values, nbytes = IQ4[qtype]
+        blk = rng.integers(0, 256, (n, k // values, nbytes), dtype=np.uint8)
+        d = rng.uniform(0.2, 1.0, (n, k // values)) / (np.sqrt(k) * (64 if qtype == Q.IQ4_NL
+                                                                     else 2048))
+        blk[..., 0:2] = d.astype(np.float16)[..., None].view(np.uint8)
+        blocks = blk.reshape(n, -1)
+        return blocks, quants.dequantize(blocks, qtype).astype(np.float64)
     w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
     w += np.float32(0.02) * rng.standard_normal((n, 1)).astype(np.float32)
     # (gguf-py quantizes the 32-element types; the k-quants by llama.cpp's reference quantizer)
@@ -170,12 +179,12 @@ def test_linear_blocks(xdt, qtype, t, nk):
 @pytest.mark.parametrize("nk", [(576, 512), (130, 4096), (1536, 256), (3, 2816)],
                          ids=lambda s: f"N{s[0]}K{s[1]}")
 @pytest.mark.parametrize("t", T_SIZES)
-@pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", K_QUANTS + tuple(IQ4), ids=lambda q: q.name)
 @pytest.mark.parametrize("xdt", [BF16, F16], ids=["bf16", "f16"])
 def test_linear_k_quants(xdt, qtype, t, nk):
-    """Q4_K / Q5_K / Q6_K weights (a Q4_K_M or Q5_K_M file's) through the GEMV, the mma.sync
-    GEMMs (dequantized by 8-element chunks of their 256-element super-blocks) and, in f32, the
-    generic kernel: each against the f64 product of gguf's dequantized weights, which the
+    """Q4_K / Q5_K / Q6_K weights (a Q4_K_M or Q5_K_M file's) and IQ4_NL / IQ4_XS through the
+    GEMV, the mma.sync GEMMs (dequantized by 8-element chunks of their blocks) and, in f32,
+    the generic kernel: each against the f64 product of gguf's dequantized weights, which the
     GPU's dequantization matches bit for bit (the CPU's formulas, no FMA contraction)."""
     n, k = nk
     rng = np.random.default_rng([xdt, int(qtype), t, n, k])

@@ -14,6 +14,7 @@ pytestmark = pytest.mark.gpu
 
 Q4_0, Q4_1, Q8_0 = (int(_C.DType[n]) for n in ("Q4_0", "Q4_1", "Q8_0"))
 Q4_K, Q5_K, Q6_K = (int(_C.DType[n]) for n in ("Q4_K", "Q5_K", "Q6_K"))
+IQ4_NL, IQ4_XS = int(_C.DType.IQ4_NL), int(_C.DType.IQ4_XS)
 ACT = [F32, F16, BF16]
 TOL = {F32: 1e-5, F16: 1e-2, BF16: 1e-2}
 
@@ -83,11 +84,18 @@ def random_blocks(rng, rows, n, dtype):
 
 
 @pytest.mark.parametrize("out_dtype", ACT)
-@pytest.mark.parametrize("table_dtype", [F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K])
+@pytest.mark.parametrize("table_dtype", [F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K,
+                                         IQ4_NL, IQ4_XS])
 def test_embedding(rng, table_dtype, out_dtype):
     vocab, hidden, T = 300, 256, 37
     if table_dtype in (Q8_0, Q4_0, Q4_1):
         table = random_blocks(rng, vocab, hidden, table_dtype)
+    elif table_dtype in (IQ4_NL, IQ4_XS):  # random codes and scales, a small f16 d
+        values, nbytes = (32, 18) if table_dtype == IQ4_NL else (256, 136)
+        blk = rng.integers(0, 256, (vocab, hidden // values, nbytes), dtype=np.uint8)
+        d = rng.uniform(0.001, 0.05, (vocab, hidden // values)).astype(np.float16)
+        blk[..., 0:2] = d[..., None].view(np.uint8)
+        table = blk.reshape(vocab, -1)
     elif table_dtype in (Q4_K, Q5_K, Q6_K):  # (the reference quantizer of real-valued rows)
         table = ops.quantize_weight(rng.standard_normal((vocab, hidden)).astype(np.float32),
                                     table_dtype)
