@@ -48,3 +48,31 @@ def test_chunked_repack_of_a_mapped_weight(qtype, tmp_path, monkeypatch):
     assert np.array_equal(packed.data, whole)
     assert mapping_rss_kib(path) * 1024 <= 2 * PAGE  # at most the partial first and last page
     assert np.array_equal(src, blocks)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_align_weight_of_a_mapped_dense_weight(dtype, tmp_path, monkeypatch):
+    """A dense weight mapped from a file at an offset off the cache line comes back on a 64-byte
+    boundary, copied chunk by chunk with the same bytes, the source's pages dropped; the linear
+    op gives the same bits over either."""
+    n, k, skip = 150, 96, 1000 + 4
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((n, k)).astype(dtype)
+    path = str(tmp_path / "w.bin")
+    with open(path, "wb") as f:
+        f.write(b"\0" * skip + w.tobytes())
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    src = np.frombuffer(mm, dtype=dtype, count=n * k, offset=skip).reshape(n, k)
+    assert src.ctypes.data % 64 != 0
+    weight = ops.Weight.from_numpy(src)
+    monkeypatch.setattr(ops, "_REPACK_CHUNK_BYTES", 7 * k * src.itemsize)  # chunks of 7 rows
+    aligned = ops.align_weight(weight)
+    assert aligned is not weight and aligned.data.ctypes.data % 64 == 0
+    assert aligned.dtype == weight.dtype and aligned.shape == weight.shape
+    np.testing.assert_array_equal(aligned.data, w)
+    assert mapping_rss_kib(path) <= 2 * PAGE // 1024  # (the partial pages at either end)
+    np.testing.assert_array_equal(src, w)  # the source still reads the same
+    x = rng.standard_normal((5, k)).astype(np.float32)
+    assert np.array_equal(ops.linear(x, aligned), ops.linear(x, weight))
+    assert ops.align_weight(aligned) is aligned

@@ -29,6 +29,8 @@ def packed(weight: Weight) -> Weight:
         p = placement.upload_weight(weight)
     else:
         p = ops.repack_weight(weight)
+        if p is weight:  # a dense weight: at least on a cache-line boundary
+            p = ops.align_weight(weight)
     if p is not weight:
         _packed[key] = p
         weakref.finalize(weight.data, _packed.pop, key, None)
