@@ -556,39 +556,16 @@ void embedding(const Tensor& out, const Tensor& ids, const Tensor& table) {
       VLLMX_CHECK(rb >= row_bytes(td, hidden), op, "table " + table.str() + " rows are too short");
       const uint8_t* tp = table.ptr<uint8_t>();
       const int32_t* ip = ids.ptr<int32_t>();
+      auto quant = [&](auto type) {
+        launch(embedding_quant_kernel<To, decltype(type)::value>, grid, kThreads, 0, stream(),
+               op_, ip, tp, vocab, hidden, rb);
+      };
+#define VLLMX_EMBED(T) \
+  case DType::T: quant(std::integral_constant<int, static_cast<int>(DType::T)>{}); break;
       switch (td) {
-        case DType::Q8_0:
-          launch(embedding_quant_kernel<To, static_cast<int>(DType::Q8_0)>, grid, kThreads, 0,
-                 stream(), op_, ip, tp, vocab, hidden, rb);
-          break;
-        case DType::Q4_0:
-          launch(embedding_quant_kernel<To, static_cast<int>(DType::Q4_0)>, grid, kThreads, 0,
-                 stream(), op_, ip, tp, vocab, hidden, rb);
-          break;
-        case DType::Q4_1:
-          launch(embedding_quant_kernel<To, static_cast<int>(DType::Q4_1)>, grid, kThreads, 0,
-                 stream(), op_, ip, tp, vocab, hidden, rb);
-          break;
-        case DType::Q4_K:
-          launch(embedding_quant_kernel<To, static_cast<int>(DType::Q4_K)>, grid, kThreads, 0,
-                 stream(), op_, ip, tp, vocab, hidden, rb);
-          break;
-        case DType::Q5_K:
-          launch(embedding_quant_kernel<To, static_cast<int>(DType::Q5_K)>, grid, kThreads, 0,
-                 stream(), op_, ip, tp, vocab, hidden, rb);
-          break;
-        case DType::Q6_K:
-          launch(embedding_quant_kernel<To, static_cast<int>(DType::Q6_K)>, grid, kThreads, 0,
-                 stream(), op_, ip, tp, vocab, hidden, rb);
-          break;
-        case DType::IQ4_NL:
-          launch(embedding_quant_kernel<To, static_cast<int>(DType::IQ4_NL)>, grid, kThreads, 0,
-                 stream(), op_, ip, tp, vocab, hidden, rb);
-          break;
-        case DType::IQ4_XS:
-          launch(embedding_quant_kernel<To, static_cast<int>(DType::IQ4_XS)>, grid, kThreads, 0,
-                 stream(), op_, ip, tp, vocab, hidden, rb);
-          break;
+        VLLMX_EMBED(Q8_0) VLLMX_EMBED(Q4_0) VLLMX_EMBED(Q4_1) VLLMX_EMBED(Q4_K) VLLMX_EMBED(Q5_K)
+        VLLMX_EMBED(Q6_K) VLLMX_EMBED(IQ4_NL) VLLMX_EMBED(IQ4_XS)
+#undef VLLMX_EMBED
         default:
           fail(op, std::string("table dtype ") + dtype_name(td) +
                        " is not supported on the GPU (f32, f16, bf16, Q8_0, Q4_0, Q4_1, Q4_K, "

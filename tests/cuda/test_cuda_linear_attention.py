@@ -165,15 +165,20 @@ def test_linear_odd_k(t, k):
 def test_linear_blocks(xdt, qtype, t, nk):
     """Block weights are dequantized exactly (gguf's numbers); the activations are NOT quantized
     on the GPU (unlike the CPU op), so the oracle is the f64 product of the dequantized weights."""
-    n, k = nk
+    check_linear_blocks(xdt, qtype, t, *nk)
+
+
+def check_linear_blocks(xdt, qtype, t, n, k):
+    """linear over a block weight, with and without a bias, against the f64 oracle; returns
+    the weight and its exact values."""
     rng = np.random.default_rng([xdt, int(qtype), t, n, k])
     w, w64 = make_block(rng, n, k, qtype)
     x, x64 = make_x(rng, t, k, xdt)
     bias = to_bits(rng.standard_normal(n).astype(np.float32) * 0.1, xdt)
     for b in (None, bias):
         want = x64 @ w64.T + (0 if b is None else from_bits(b, xdt))
-        got = cuda_linear(x, xdt, w, int(qtype), b)
-        assert rel_err(got, want) < TOL[xdt]
+        assert rel_err(cuda_linear(x, xdt, w, int(qtype), b), want) < TOL[xdt]
+    return w, w64, x64
 
 
 @pytest.mark.parametrize("nk", [(576, 512), (130, 4096), (1536, 256), (3, 2816)],
@@ -187,13 +192,7 @@ def test_linear_k_quants(xdt, qtype, t, nk):
     the generic kernel: each against the f64 product of gguf's dequantized weights, which the
     GPU's dequantization matches bit for bit (the CPU's formulas, no FMA contraction)."""
     n, k = nk
-    rng = np.random.default_rng([xdt, int(qtype), t, n, k])
-    w, w64 = make_block(rng, n, k, qtype)
-    x, x64 = make_x(rng, t, k, xdt)
-    bias = to_bits(rng.standard_normal(n).astype(np.float32) * 0.1, xdt)
-    for b in (None, bias):
-        want = x64 @ w64.T + (0 if b is None else from_bits(b, xdt))
-        assert rel_err(cuda_linear(x, xdt, w, int(qtype), b), want) < TOL[xdt]
+    w, w64, x64 = check_linear_blocks(xdt, qtype, t, n, k)
     if t <= 9:
         x32 = x64.astype(np.float32)
         out = to_dev(np.full((t, n), np.nan, np.float32))
