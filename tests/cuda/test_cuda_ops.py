@@ -6,6 +6,7 @@ import zlib
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType
 
 from vllmx import _C, ops
 from vllmx.device import BF16, F16, F32, I32, U64, DeviceArray
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.gpu
 
 Q4_0, Q4_1, Q8_0 = (int(_C.DType[n]) for n in ("Q4_0", "Q4_1", "Q8_0"))
 Q4_K, Q5_K, Q6_K = (int(_C.DType[n]) for n in ("Q4_K", "Q5_K", "Q6_K"))
-IQ4_NL, IQ4_XS = int(_C.DType.IQ4_NL), int(_C.DType.IQ4_XS)
+IQ4_NL, IQ4_XS = int(GGMLQuantizationType.IQ4_NL), int(GGMLQuantizationType.IQ4_XS)  # (gguf's ids)
 ACT = [F32, F16, BF16]
 TOL = {F32: 1e-5, F16: 1e-2, BF16: 1e-2}
 
