@@ -505,7 +505,7 @@ class ModelRunner:
             prev.get_output()
         states = [self.requests[r] for r in sample_ids]
         smd = self._sampling_metadata(states, [drafts[r] for r in sample_ids], logits.shape[1])
-        masks = self._grammar_masks(states, [drafts[r] for r in sample_ids], smd)
+        masks, constrained = self._grammar_masks(states, [drafts[r] for r in sample_ids], smd)
         # Each request's generator after this step, known now: a request without drafts
         # takes one draw if it samples at random (greedy rows none), so the next step may be
         # launched before this one's tokens are back. (With drafts, what is accepted decides.)
@@ -526,11 +526,9 @@ class ModelRunner:
                     smd.grammar_bitmask = masks.result()
                 except Exception as e:  # the constrained requests fail, the others go on
                     logger.exception("computing a step's grammar masks failed")
-                    for state in states:
-                        if state.grammar is not None and state.grammar.active:
-                            out.failed[state.req_id] = (
-                                f"structured output: computing the grammar masks failed: "
-                                f"{type(e).__name__}: {e}")
+                    for req_id in constrained:
+                        out.failed[req_id] = (f"structured output: computing the grammar masks "
+                                              f"failed: {type(e).__name__}: {e}")
                     smd.grammar_rows = None
             return self.sampler.launch(logits, smd)
 
@@ -649,7 +647,7 @@ class ModelRunner:
             self.block_table[batch_rows[:b]], sampled[:b]))
 
     def _grammar_masks(self, states: list[CachedRequestState], drafts: list[list[int]],
-                       smd: SamplingMetadata) -> Future | None:
+                       smd: SamplingMetadata) -> tuple[Future | None, list[str]]:
         """The constrained requests' masks for this step (each has one row: never drafted),
         now that their last tokens are in their matchers. On the GPU they are computed on
         llguidance's threads, started from the manager's thread so that the host does not
@@ -657,26 +655,28 @@ class ModelRunner:
         computed while the engine takes the last step's outputs and schedules the next one,
         with this step's forward running. On the CPU, whose cores run the next forward, one
         row after another here (see StructuredOutputManager.grammar_bitmask), the Future done.
-        None: no row is constrained."""
-        grammars, rows = [], []
+        Also the ids of the requests masked (those a failure of the masks fails); (None, [])
+        where no row is constrained."""
+        grammars, rows, constrained = [], [], []
         i = 0
         for state, d in zip(states, drafts):
             if state.grammar is not None and state.grammar.active:  # not still reasoning
                 grammars.append(state.grammar)
                 rows.append(i)
+                constrained.append(state.req_id)
             i += 1 + len(d)
         if not grammars:
-            return None
+            return None, []
         smd.grammar_rows = np.array(rows, dtype=np.int32)
         manager = self.structured_output_manager
         masks = Future()
         try:
             if self.masks_on_thread:
-                return manager.grammar_bitmask_async(grammars)
+                return manager.grammar_bitmask_async(grammars), constrained
             masks.set_result(manager.grammar_bitmask(grammars, parallel=False))
         except Exception as e:  # noqa: BLE001 - the step's sampling fails with it (launch_sample)
             masks.set_exception(e)
-        return masks
+        return masks, constrained
 
     def _stage_drafts(self, drafts: dict[str, list[int]]) -> None:
         """Writes each request's drafts after its tokens in the persistent batch, where the
