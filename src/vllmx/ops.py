@@ -64,17 +64,22 @@ def _arg(t):
 _ALIGN_FROM_BYTES = 1 << 16
 
 
-def _host_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """np.empty, large arrays on a 64-byte boundary: the CPU kernels read rows in 64-byte loads,
-    which straddle cache lines otherwise (malloc's large blocks start 16 bytes past a page; 4%
-    of MiniLM's f32 linear on two cores)."""
+def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """np.empty on a 64-byte boundary: the CPU kernels read rows in 64-byte loads, which
+    straddle cache lines otherwise."""
     dt = np.dtype(dtype)
     nbytes = int(np.prod(shape)) * dt.itemsize
-    if nbytes < _ALIGN_FROM_BYTES:
-        return np.empty(shape, dtype=dt)
     buf = np.empty(nbytes + 64, np.uint8)
     start = -buf.ctypes.data % 64
     return buf[start:start + nbytes].view(dt).reshape(shape)
+
+
+def _host_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """np.empty, large arrays on a 64-byte boundary (malloc's large blocks start 16 bytes past a
+    page; 4% of MiniLM's f32 linear on two cores)."""
+    if int(np.prod(shape)) * np.dtype(dtype).itemsize < _ALIGN_FROM_BYTES:
+        return np.empty(shape, dtype=dtype)
+    return aligned_empty(shape, dtype)
 
 
 def _empty(like, shape: tuple[int, ...], dtype=None):
@@ -132,9 +137,7 @@ def repack_weight(w: Weight) -> Weight:
         return w
     src = np.ascontiguousarray(w.data).reshape(w.shape[0], -1)
     # 64-byte aligned, so that the kernels' 64-byte loads of a panel never straddle lines.
-    buf = np.empty(src.nbytes + 64, np.uint8)
-    start = -buf.ctypes.data % 64
-    out = buf[start:start + src.nbytes].reshape(src.shape)
+    out = aligned_empty(src.shape, np.uint8)
     # Panels cover the bytes of their 16 rows, so whole panels repack independently: chunk by
     # chunk, dropping the file pages of each source chunk (if mapped) once it is copied, so that
     # the original and the copy are never both resident.
@@ -154,9 +157,7 @@ def align_weight(w: Weight) -> Weight:
     if w.dtype not in (F32, F16, BF16) or len(w.shape) != 2 or w.data.ctypes.data % 64 == 0:
         return w
     src = np.ascontiguousarray(w.data).reshape(w.shape[0], -1)
-    buf = np.empty(src.nbytes + 64, np.uint8)
-    start = -buf.ctypes.data % 64
-    out = buf[start:start + src.nbytes].view(src.dtype).reshape(src.shape)
+    out = aligned_empty(src.shape, src.dtype)
     step = max(1, _REPACK_CHUNK_BYTES // max(src.strides[0], 1))
     for r in range(0, src.shape[0], step):
         out[r:r + step] = src[r:r + step]
@@ -172,9 +173,7 @@ def repack_experts(w: Weight) -> Weight:
     if packed < 0 or len(w.shape) != 3 or w.shape[1] < 16:
         return w
     src = np.ascontiguousarray(w.data).reshape(w.shape[0], w.shape[1], -1)
-    buf = np.empty(src.nbytes + 64, np.uint8)
-    start = -buf.ctypes.data % 64
-    out = buf[start:start + src.nbytes].reshape(src.shape)
+    out = aligned_empty(src.shape, np.uint8)
     for e in range(src.shape[0]):
         _C.ops.repack_weight((out[e], packed), (src[e], w.dtype))
         release_file_pages(src[e])

@@ -117,18 +117,14 @@ class BertModel:
         self._add = ResidualAdd(cfg["hidden_size"])
         self.layers = [BertLayer(i, cfg, w) for i in range(cfg["num_hidden_layers"])]
         self.max_positions = cfg["max_position_embeddings"] - self.position_offset
-        self.classifier = self._classifier(w, archs)
+        with placement.placement(placement.Placement()):  # on the host: it reads pooled rows
+            self.classifier = self._classifier(w, archs)
         self.vocab_size = cfg["vocab_size"]
 
     @staticmethod
     def _classifier(w, archs) -> ClassifierHead | None:
         if not any(a.endswith("ForSequenceClassification") for a in archs):
             return None
-        with placement.placement(placement.Placement()):  # on the host: it reads pooled rows
-            return BertModel._classifier_head(w)
-
-    @staticmethod
-    def _classifier_head(w) -> ClassifierHead:
         if "classifier.out_proj.weight" in w:  # RoBERTa's head
             return ClassifierHead(w["classifier.dense.weight"], w["classifier.dense.bias"],
                                   w["classifier.out_proj.weight"], w.get("classifier.out_proj.bias"))
