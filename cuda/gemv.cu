@@ -195,14 +195,10 @@ void launch_kind(const LinearArgs& a, int gk, int max_t, bool silu_gated, cudaSt
   switch (gk) {
     case kWF16: launch_act<T, kWF16>(a, max_t, silu_gated, s); break;
     case kWBF16: launch_act<T, kWBF16>(a, max_t, silu_gated, s); break;
-    case kWQ8_0: launch_act<T, kWQ8_0>(a, max_t, silu_gated, s); break;
-    case kWQ4_0: launch_act<T, kWQ4_0>(a, max_t, silu_gated, s); break;
-    case kWQ4_1: launch_act<T, kWQ4_1>(a, max_t, silu_gated, s); break;
-    case kWQ4_K: launch_act<T, kWQ4_K>(a, max_t, silu_gated, s); break;
-    case kWQ5_K: launch_act<T, kWQ5_K>(a, max_t, silu_gated, s); break;
-    case kWQ6_K: launch_act<T, kWQ6_K>(a, max_t, silu_gated, s); break;
-    case kWIQ4_NL: launch_act<T, kWIQ4_NL>(a, max_t, silu_gated, s); break;
-    default: launch_act<T, kWIQ4_XS>(a, max_t, silu_gated, s); break;
+    default:
+      visit_quant_kind(gk, [&](auto wk) {
+        launch_act<T, decltype(wk)::value>(a, max_t, silu_gated, s);
+      });
   }
 }
 

@@ -225,20 +225,10 @@ __device__ float load_w_elem(const void* w, int64_t w_stride, DType dt, int n, i
     return load_dense(w, n * w_stride + k, dt);
   float f[8];
   const int k8 = k / 8 * 8;
-  auto chunk = [&](auto wk) {
+  visit_quant_kind(quant_kind(dt), [&](auto wk) {
     constexpr int WK = decltype(wk)::value;
     chunk_to_float<WK>(load_chunk<WK>(w, w_stride, n, k8), k8, false, f);
-  };
-  switch (dt) {
-    case DType::Q8_0: chunk(std::integral_constant<int, kWQ8_0>{}); break;
-    case DType::Q4_0: chunk(std::integral_constant<int, kWQ4_0>{}); break;
-    case DType::Q4_1: chunk(std::integral_constant<int, kWQ4_1>{}); break;
-    case DType::Q4_K: chunk(std::integral_constant<int, kWQ4_K>{}); break;
-    case DType::Q5_K: chunk(std::integral_constant<int, kWQ5_K>{}); break;
-    case DType::Q6_K: chunk(std::integral_constant<int, kWQ6_K>{}); break;
-    case DType::IQ4_NL: chunk(std::integral_constant<int, kWIQ4_NL>{}); break;
-    default: chunk(std::integral_constant<int, kWIQ4_XS>{}); break;  // IQ4_XS
-  }
+  });
   float v = f[0];
 #pragma unroll
   for (int j = 1; j < 8; ++j)
@@ -430,15 +420,9 @@ LinearPlan plan_auto(const Tensor& out, const Tensor& x, const Tensor& w, int64_
   switch (wt) {
     case DType::F16: p.wk = xt == DType::F16 ? kWSame : kWF16; break;
     case DType::BF16: p.wk = xt == DType::BF16 ? kWSame : kWBF16; break;
-    case DType::Q8_0: p.wk = kWQ8_0; break;
-    case DType::Q4_0: p.wk = kWQ4_0; break;
-    case DType::Q4_1: p.wk = kWQ4_1; break;
-    case DType::Q4_K: p.wk = kWQ4_K; break;
-    case DType::Q5_K: p.wk = kWQ5_K; break;
-    case DType::Q6_K: p.wk = kWQ6_K; break;
-    case DType::IQ4_NL: p.wk = kWIQ4_NL; break;
-    case DType::IQ4_XS: p.wk = kWIQ4_XS; break;
-    default: return p;  // f32 weights: generic
+    default:
+      p.wk = quant_kind(wt);
+      if (p.wk < 0) return p;  // f32 weights: generic
   }
   // Vector paths read x (and dense w) in aligned 16-byte chunks of 8 elements.
   bool ok = K % 8 == 0 && aligned(x.data, 16) && x.stride[0] % 8 == 0 && aligned(out.data, 2);
@@ -531,15 +515,10 @@ void dispatch_wk(const LinearPlan& p, const LinearArgs& a, cudaStream_t s) {
   constexpr int kOther = std::is_same_v<T, __nv_bfloat16> ? kWF16 : kWBF16;
   switch (p.wk) {
     case kWSame: launch_tc<T, kWSame>(p, a, s); break;
-    case kWQ8_0: launch_tc<T, kWQ8_0>(p, a, s); break;
-    case kWQ4_0: launch_tc<T, kWQ4_0>(p, a, s); break;
-    case kWQ4_1: launch_tc<T, kWQ4_1>(p, a, s); break;
-    case kWQ4_K: launch_tc<T, kWQ4_K>(p, a, s); break;
-    case kWQ5_K: launch_tc<T, kWQ5_K>(p, a, s); break;
-    case kWQ6_K: launch_tc<T, kWQ6_K>(p, a, s); break;
-    case kWIQ4_NL: launch_tc<T, kWIQ4_NL>(p, a, s); break;
-    case kWIQ4_XS: launch_tc<T, kWIQ4_XS>(p, a, s); break;
-    default: launch_tc<T, kOther>(p, a, s); break;  // the other 16-bit dtype
+    case kWF16:
+    case kWBF16: launch_tc<T, kOther>(p, a, s); break;  // the other 16-bit dtype
+    default:
+      visit_quant_kind(p.wk, [&](auto wk) { launch_tc<T, decltype(wk)::value>(p, a, s); });
   }
 }
 
@@ -564,9 +543,7 @@ LinearArgs linear_args(const char* op, const Tensor& out, const Tensor& x, const
   VLLMX_CHECK(xt == DType::BF16 || xt == DType::F16 || xt == DType::F32, op,
         "x must be bf16, f16 or f32, got " + x.str());
   VLLMX_CHECK(out.dtype == xt, op, "out " + out.str() + " must have x's dtype (x " + x.str() + ")");
-  VLLMX_CHECK(wt == DType::F32 || wt == DType::F16 || wt == DType::BF16 || wt == DType::Q8_0 ||
-            wt == DType::Q4_0 || wt == DType::Q4_1 || wt == DType::Q4_K || wt == DType::Q5_K ||
-            wt == DType::Q6_K || wt == DType::IQ4_NL || wt == DType::IQ4_XS,
+  VLLMX_CHECK(wt == DType::F32 || wt == DType::F16 || wt == DType::BF16 || quant_kind(wt) >= 0,
         op, std::string("unsupported weight dtype ") + dtype_name(wt) + " (id " +
                  i2s(static_cast<int>(wt)) + ") for w " + w.str());
   const int64_t T = x.shape[0], K = x.shape[1], N = w.shape[0];

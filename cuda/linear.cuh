@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda_util.cuh"
 #include "mma.cuh"
@@ -20,6 +21,38 @@ enum WKind : int {
 };
 
 __host__ __device__ constexpr bool is_quant(int wk) { return wk >= kWQ8_0; }
+
+// The chunk reader of a block-quantized weight dtype, -1 for any other dtype: the one list of
+// the block types the CUDA linear takes.
+__host__ __device__ constexpr int quant_kind(DType dt) {
+  switch (dt) {
+    case DType::Q8_0: return kWQ8_0;
+    case DType::Q4_0: return kWQ4_0;
+    case DType::Q4_1: return kWQ4_1;
+    case DType::Q4_K: return kWQ4_K;
+    case DType::Q5_K: return kWQ5_K;
+    case DType::Q6_K: return kWQ6_K;
+    case DType::IQ4_NL: return kWIQ4_NL;
+    case DType::IQ4_XS: return kWIQ4_XS;
+    default: return -1;
+  }
+}
+
+// f(std::integral_constant<int, wk>{}) for a block kind wk (is_quant), so that a kernel's
+// template is instantiated for each block type from one list.
+template <class F>
+__host__ __device__ __forceinline__ void visit_quant_kind(int wk, F&& f) {
+  switch (wk) {
+    case kWQ8_0: f(std::integral_constant<int, kWQ8_0>{}); break;
+    case kWQ4_0: f(std::integral_constant<int, kWQ4_0>{}); break;
+    case kWQ4_1: f(std::integral_constant<int, kWQ4_1>{}); break;
+    case kWQ4_K: f(std::integral_constant<int, kWQ4_K>{}); break;
+    case kWQ5_K: f(std::integral_constant<int, kWQ5_K>{}); break;
+    case kWQ6_K: f(std::integral_constant<int, kWQ6_K>{}); break;
+    case kWIQ4_NL: f(std::integral_constant<int, kWIQ4_NL>{}); break;
+    default: f(std::integral_constant<int, kWIQ4_XS>{}); break;
+  }
+}
 __host__ __device__ constexpr int block_bytes(int wk) {
   return wk == kWQ8_0 ? 34 : wk == kWQ4_0 || wk == kWIQ4_NL ? 18 : wk == kWQ4_1 ? 20
        : wk == kWQ4_K ? 144 : wk == kWQ5_K ? 176 : wk == kWQ6_K ? 210 : 136;  // IQ4_XS

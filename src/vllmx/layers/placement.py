@@ -28,7 +28,7 @@ class Placement:
 _current = Placement()
 
 # Weight types a model may place on the GPU: those the CUDA linear and embedding kernels take
-# (cuda/linear.cu, elementwise.cu) and whose kernels have passed their GPU tests. The k-quants
+# (cuda/linear.cu, embedding.cu) and whose kernels have passed their GPU tests. The k-quants
 # (Q4_K, Q5_K, Q6_K) and IQ4_NL / IQ4_XS have kernels whose dequantization matches gguf's bit
 # for bit in a host emulation but have not run on a GPU yet (tests/cuda/
 # test_cuda_linear_attention.py test_linear_k_quants, test_cuda_ops.py test_embedding): until
