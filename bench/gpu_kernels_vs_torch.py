@@ -19,8 +19,11 @@ cuda_linear_tuning forces it), to choose the planner's thresholds from one build
         --plans auto,skinny,skinny:w4,swap128x32,swap128x32:data_parallel,128x128:split_k:2
 
 A plan is `auto` (the planner), `skinny[:wN]` (the skinny GEMM, split-K aiming at N CTAs per
-SM) or a CUTLASS tile (LINEAR_TUNING_PATHS) with an optional scheduler decomposition and splits;
+SM), `gemv`, `gemm_small` or a CUTLASS tile (LINEAR_TUNING_PATHS) with an optional scheduler decomposition and splits;
 a plan that cannot take a case is left out of it.
+
+`--weight-type Q4_K` (any GGUF block type vllmx's CUDA linear takes) times vllmx on the blocks
+against cuBLAS on their bf16 values: the GB/s column is then the blocks' bytes.
 
 Each linear case also checks vllmx's output against torch's (max error / max |torch|), so a
 fast wrong kernel shows up here too.
@@ -36,7 +39,7 @@ import time
 import numpy as np
 import torch
 
-from vllmx import _C
+from vllmx import _C, ops
 from vllmx.device import BF16, DeviceArray
 
 
@@ -117,13 +120,38 @@ def parse_plan(spec: str) -> dict:
     return kw
 
 
-def bench_linear(results, tokens, shapes, plans=("auto",)):
+def block_weight(rng, n: int, k: int, wtype: str) -> tuple[np.ndarray, int, np.ndarray]:
+    """(stored weight, vllmx dtype, its f32 values) of an [n, k] weight of GGUF type wtype: a
+    normal draw quantized by llama.cpp's reference quantizer, or for the i-quants (which no
+    quantizer here writes) random codes under a small scale."""
+    import gguf
+
+    qt = gguf.GGMLQuantizationType[wtype]
+    if wtype in ops.QUANTIZE_TYPES:
+        w32 = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
+        blocks = ops.quantize_weight(w32, ops.QUANTIZE_TYPES[wtype])
+    else:
+        values, nbytes = gguf.GGML_QUANT_SIZES[qt]
+        blocks = rng.integers(0, 256, (n, k // values, nbytes), dtype=np.uint8)
+        d = (rng.uniform(0.5, 1.0, (n, k // values)) * 2e-4).astype(np.float16)
+        blocks[..., 0:2] = d[..., None].view(np.uint8)
+        blocks = blocks.reshape(n, -1)
+    return blocks, int(qt), gguf.quants.dequantize(blocks, qt).astype(np.float32)
+
+
+def bench_linear(results, tokens, shapes, plans=("auto",), wtype="BF16"):
+    """wtype: BF16, or a GGUF block type run by vllmx against cuBLAS on its bf16 values."""
     rng = np.random.default_rng(0)
     for n, k in shapes:
-        w32 = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
-        copies = max(1, -(-ROTATE_BYTES // (n * k * 2)))
-        ws = [DeviceArray.from_numpy(bits_bf16(w32), BF16) for _ in range(copies)]
-        wts = [torch.from_numpy(w32).to("cuda", torch.bfloat16) for _ in range(copies)]
+        if wtype == "BF16":
+            w32 = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
+            stored, wdt = bits_bf16(w32), BF16
+        else:
+            stored, wdt, w32 = block_weight(rng, n, k, wtype)
+        copies = max(1, -(-ROTATE_BYTES // stored.nbytes))
+        ws = [DeviceArray.from_numpy(stored, wdt) for _ in range(copies)]
+        wts = [torch.from_numpy(w32).to("cuda", torch.bfloat16)
+               for _ in range(max(1, -(-ROTATE_BYTES // (n * k * 2))))]
         w, wt = ws[0], wts[0]
         for t in tokens:
             x32 = rng.standard_normal((t, k)).astype(np.float32)
@@ -132,7 +160,7 @@ def bench_linear(results, tokens, shapes, plans=("auto",)):
             xt = torch.from_numpy(x32).to("cuda", torch.bfloat16)
             turn = iter(range(1 << 30))  # each captured call takes the next weight copy
             theirs = graph_time(
-                lambda: torch.nn.functional.linear(xt, wts[next(turn) % copies]), False)
+                lambda: torch.nn.functional.linear(xt, wts[next(turn) % len(wts)]), False)
             ref = torch.nn.functional.linear(xt, wt)
             for plan in plans:
                 try:
@@ -146,12 +174,12 @@ def bench_linear(results, tokens, shapes, plans=("auto",)):
                     _C.cuda_linear_tuning()
                 err = linear_error(out, ref)
                 flops = 2 * t * n * k
-                r = {"op": "linear_bf16", "N": n, "K": k, "T": t, "plan": plan,
+                r = {"op": f"linear_{wtype.lower()}", "N": n, "K": k, "T": t, "plan": plan,
                      "sm90": _C.cuda_sm90_kernels(),
                      "timing": f"cuda graph of 20, {copies} weight copies in turn",
                      "vllmx_ms": ours * 1e3, "torch_ms": theirs * 1e3,
                      "vllmx_tflops": flops / ours / 1e12, "torch_tflops": flops / theirs / 1e12,
-                     "vllmx_weight_GBps": n * k * 2 / ours / 1e9, "ratio": theirs / ours,
+                     "vllmx_weight_GBps": stored.nbytes / ours / 1e9, "ratio": theirs / ours,
                      "max_rel_err_vs_torch": err}
                 results.append(r)
                 print(f"linear N={n:6d} K={k:5d} T={t:4d} {plan:>24}: vllmx {ours*1e6:7.1f} us "
@@ -231,6 +259,9 @@ def main():
                     help="linear: comma-separated T (rows of x) to sweep")
     ap.add_argument("--shapes", default=SHAPES,
                     help="linear: comma-separated NxK weight shapes")
+    ap.add_argument("--weight-type", default="BF16",
+                    help="linear: BF16 or a GGUF block type (Q4_K, Q6_K, IQ4_XS, ...): vllmx "
+                         "on the blocks, torch on their bf16 values")
     ap.add_argument("--plans", default="auto",
                     help="linear: comma-separated kernels to time each case on (see above)")
     ap.add_argument("--attention-cases", default=ATTENTION_CASES,
@@ -244,7 +275,7 @@ def main():
     if args.only in (None, "linear"):
         shapes = [tuple(int(v) for v in nk.split("x")) for nk in args.shapes.split(",")]
         bench_linear(results, [int(t) for t in args.tokens.split(",")], shapes,
-                     args.plans.split(","))
+                     args.plans.split(","), args.weight_type)
     if args.only in (None, "attention"):
         bench_attention(results, [tuple(int(v) for v in c.split(":"))
                                   for c in args.attention_cases.split(",")])

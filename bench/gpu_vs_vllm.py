@@ -461,7 +461,9 @@ def save(report: dict, name: str) -> None:
 
 def git_commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+        # (-dirty: the run's tree had changes beyond the commit)
+        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"],
+                              capture_output=True,
                               text=True, cwd=os.path.dirname(os.path.abspath(__file__)),
                               check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):

@@ -15,21 +15,17 @@
 // to CUTLASS's wgmma GEMM from T = 40 (the swapped tile reloads x's fragments in every warp),
 // hence kSkinnyMaxT = 32. Unlike the other kernels it issues loads before pdl_begin() (weights
 // only, never a previous kernel's output).
-#include <algorithm>
-
-#include "linear.cuh"
-#include "runtime.h"
+#include "gemm_skinny.cuh"
 
 namespace vllmx::cuda::lin {
 
 namespace {
 
-constexpr int kRows = 64;  // w rows per CTA: 4 warps x 16
+using namespace skinny;
+
 constexpr int kBK = 64;    // K per pipeline stage
-constexpr int kThreads = 128;
 constexpr int kLds = kBK + 8;  // smem row stride in elements: conflict-free ldmatrix
 constexpr int kCpr = kBK / 8;  // 16-byte chunks per tile row
-constexpr int kMaxSplits = 16;
 constexpr int kMinTilesPerSplit = 4;  // a split shorter than this is mostly pipeline fill
 
 // Stages by token tile: two CTAs fit an SM's shared memory at either width.
@@ -49,8 +45,8 @@ __global__ void __launch_bounds__(kThreads)
   T* Xs = Ws + S * kRows * kLds;              // [S][TT][kLds]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int n0 = blockIdx.x * kRows, split = blockIdx.y, splits = gridDim.y;
-  const int kt0 = split * tiles_per_split;
+  const int n0 = blockIdx.x * kRows;
+  const int kt0 = blockIdx.y * tiles_per_split;
   const int nkt = min((a.K + kBK - 1) / kBK, kt0 + tiles_per_split) - kt0;
   const T* wp = static_cast<const T*>(a.w);
   const T* xp = static_cast<const T*>(a.x);
@@ -125,63 +121,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
   }
 
-  // acc[j][e] is w row warp * 16 + lane / 4 (+ 8 for e >= 2), token j * 8 + (lane % 4) * 2
-  // (+ 1 for odd e): its index in the CTA's [kRows][TT] tile.
-  auto local = [&](int j, int e) {
-    return (warp * 16 + lane / 4 + (e >= 2 ? 8 : 0)) * TT + j * 8 + (lane % 4) * 2 + (e & 1);
-  };
-  if (splits == 1) {
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int n = n0 + warp * 16 + lane / 4 + (e >= 2 ? 8 : 0);
-        const int t = j * 8 + (lane % 4) * 2 + (e & 1);
-        if (n < a.N && t < a.T) store_out(a, kBf, t, n, acc[j][e], 0.f, false);
-      }
-    return;
-  }
-  float* mine = partials + (static_cast<int64_t>(blockIdx.x) * splits + split) * kRows * TT;
-#pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; e += 2)
-      *reinterpret_cast<float2*>(mine + local(j, e)) = make_float2(acc[j][e], acc[j][e + 1]);
-  __threadfence();  // the partials are visible before the ticket says so
-  __syncthreads();
-  __shared__ bool last;
-  if (tid == 0) last = atomicAdd(&counters[blockIdx.x], 1) == splits - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  // The last CTA adds the tile's partials split by split (a fixed order), every thread over its
-  // float4s of the [kRows][TT] tile, all loads of all splits in flight at once.
-  constexpr int kTile4 = kRows * TT / 4, kVec = kTile4 / kThreads;
-  const float4* tile =
-      reinterpret_cast<const float4*>(partials) + static_cast<int64_t>(blockIdx.x) * splits * kTile4;
-  float4 sum[kVec];
-#pragma unroll
-  for (int v = 0; v < kVec; ++v) sum[v] = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-  for (int sp = 0; sp < kMaxSplits; ++sp) {
-    if (sp < splits) {
-#pragma unroll
-      for (int v = 0; v < kVec; ++v) {
-        const float4 p = __ldcg(tile + sp * kTile4 + tid + v * kThreads);
-        sum[v].x += p.x, sum[v].y += p.y, sum[v].z += p.z, sum[v].w += p.w;
-      }
-    }
-  }
-  if (tid == 0) counters[blockIdx.x] = 0;  // ready for the next launch (and graph replay)
-#pragma unroll
-  for (int v = 0; v < kVec; ++v) {
-    const int idx = (tid + v * kThreads) * 4, n = n0 + idx / TT, t = idx % TT;
-    const float r[4] = {sum[v].x, sum[v].y, sum[v].z, sum[v].w};
-    if (n < a.N)
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-        if (t + c < a.T) store_out(a, kBf, t + c, n, r[c], 0.f, false);
-  }
+  skinny_epilogue<NT>(a, kBf, acc, n0, partials, counters);
 }
 
 template <typename T, int NT>
@@ -207,28 +147,14 @@ void launch_typed(const LinearArgs& a, dim3 grid, int per, float* partials, int*
 
 void launch_gemm_skinny(const LinearArgs& a, bool bf16, cudaStream_t s) {
   const int tiles = (a.N + kRows - 1) / kRows, k_tiles = (a.K + kBK - 1) / kBK;
-  // Splits so that the CTAs fill the GPU once (two per SM fit at either token width; a second,
-  // partial wave would leave most SMs idle at its end), each split at least kMinTilesPerSplit
-  // stages long; then no split is left empty. A function of N and K only, never of T.
+  // Two CTAs fit an SM at either token width.
   const int waves = linear_tuning().skinny_waves > 0 ? linear_tuning().skinny_waves : 2;
-  int splits = std::clamp(waves * num_sms() / tiles, 1, kMaxSplits);
-  splits = std::max(1, std::min(splits, k_tiles / kMinTilesPerSplit));
-  const int per = (k_tiles + splits - 1) / splits;
-  splits = std::max(1, (k_tiles + per - 1) / per);
-  float* partials = nullptr;
-  int* counters = nullptr;
-  if (splits > 1) {
-    static GrowOnlyBuffer partial_buf, counter_buf(/*zeroed=*/true);
-    const int tt = a.T <= 16 ? 16 : 32;
-    partials = static_cast<float*>(
-        partial_buf.get(static_cast<size_t>(tiles) * splits * kRows * tt * sizeof(float)));
-    counters = static_cast<int*>(counter_buf.get(static_cast<size_t>(tiles) * sizeof(int)));
-  }
-  const dim3 grid(tiles, splits);
+  const SplitK sk = plan_split(tiles, k_tiles, waves, kMinTilesPerSplit, a.T <= 16 ? 16 : 32);
+  const dim3 grid(tiles, sk.splits);
   if (bf16)
-    launch_typed<__nv_bfloat16>(a, grid, per, partials, counters, s);
+    launch_typed<__nv_bfloat16>(a, grid, sk.per, sk.partials, sk.counters, s);
   else
-    launch_typed<__half>(a, grid, per, partials, counters, s);
+    launch_typed<__half>(a, grid, sk.per, sk.partials, sk.counters, s);
 }
 
 }  // namespace vllmx::cuda::lin

@@ -299,6 +299,7 @@ enum class ForcedPath {
   k128x256,
   kGemmSmall,
   kGemmLarge,
+  kGemv,
   kCount
 };
 LinearTuning g_tuning;
@@ -323,7 +324,7 @@ constexpr const Sm90Extent& extent(Sm90Tile t) {
 static_assert(kSm90Extents[3].tokens == kSm90MaxSwapT, "the widest swapped tile's tokens");
 // force_plan indexes the table by ForcedPath, from kSwap16 on.
 static_assert(std::size(kSm90Extents) ==
-                  static_cast<int>(ForcedPath::kCount) - static_cast<int>(ForcedPath::kSwap16) - 2,
+                  static_cast<int>(ForcedPath::kCount) - static_cast<int>(ForcedPath::kSwap16) - 3,
               "one extent per forced CUTLASS tile");
 #endif
 
@@ -412,6 +413,12 @@ bool plan_sm90(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor& 
 #endif
 }
 
+// Block weights from kQuantSkinnyMinT to kSkinnyMaxT rows go to the quantized skinny GEMM
+// (whole 256-element stages of K).
+bool quant_skinny_ok(int wk, int64_t T, int64_t K) {
+  return is_quant(wk) && T <= kSkinnyMaxT && K % 256 == 0 && K > 0;
+}
+
 LinearPlan plan_auto(const Tensor& out, const Tensor& x, const Tensor& w, int64_t T, int64_t N,
                      int64_t K) {
   LinearPlan p;
@@ -433,6 +440,10 @@ LinearPlan plan_auto(const Tensor& out, const Tensor& x, const Tensor& w, int64_
   else
     ok = ok && aligned(w.data, 16) && w.stride[0] % 8 == 0;
   if (!ok || T > (int64_t{1} << 30) || N > (int64_t{1} << 30)) return p;
+  if (quant_skinny_ok(p.wk, T, K) && T >= kQuantSkinnyMinT) {
+    p.path = Path::kSkinny;
+    return p;
+  }
   if (T <= kGemvMaxT && (p.wk != kWSame || T < kSkinnyMinT)) {
     // GEMV streams w once; T = 1 gets its own instantiation (fewer registers, no row guards).
     p.path = Path::kGemv;
@@ -450,21 +461,28 @@ LinearPlan plan_auto(const Tensor& out, const Tensor& x, const Tensor& w, int64_
   return p;
 }
 
-// set_linear_tuning's kernel in place of the planner's (same-dtype products on a vector path).
+// set_linear_tuning's kernel in place of the planner's (same-dtype and block-weight products on
+// a vector path).
 void force_plan(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor& w, int64_t T,
                 int64_t N, int64_t K) {
   const auto f = static_cast<ForcedPath>(g_tuning.path);
   bool ok = true;
   if (f == ForcedPath::kSkinny) {
-    ok = T <= kSkinnyMaxT && K > 0;
+    ok = is_quant(p.wk) ? quant_skinny_ok(p.wk, T, K) : T <= kSkinnyMaxT && K > 0;
     p.path = Path::kSkinny;
+  } else if (f == ForcedPath::kGemv) {
+    ok = T <= kGemvMaxT;
+    p.path = Path::kGemv;
+    p.max_t = T == 1 ? 1 : kGemvMaxT;
   } else if (f == ForcedPath::kGemmSmall || f == ForcedPath::kGemmLarge) {
     p.path = f == ForcedPath::kGemmSmall ? Path::kGemmSmall : Path::kGemmLarge;
   } else {
 #ifdef VLLMX_WITH_SM90_GEMM
-    // ForcedPath's CUTLASS tiles are kSm90Extents' in its order.
+    // ForcedPath's CUTLASS tiles are kSm90Extents' in its order (same-dtype products only).
+    ok = p.wk == kWSame;
     const Sm90Extent& e = kSm90Extents[g_tuning.path - static_cast<int>(ForcedPath::kSwap16)];
-    ok = sm90_kernels() && sm90_operands_ok(out, x, w, N, K) && (!e.swapped || T <= e.tokens);
+    ok = ok && sm90_kernels() && sm90_operands_ok(out, x, w, N, K) &&
+         (!e.swapped || T <= e.tokens);
     p.path = Path::kSm90;
     p.sm90_tile = e.tile;
     p.sm90_decomposition = -1;  // the scheduler's heuristic unless the tuning names one
@@ -483,7 +501,9 @@ void force_plan(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor&
 LinearPlan plan_linear(const Tensor& out, const Tensor& x, const Tensor& w, int64_t T,
                        int64_t N, int64_t K) {
   LinearPlan p = plan_auto(out, x, w, T, N, K);
-  if (g_tuning.path >= 0 && p.wk == kWSame && p.path != Path::kGeneric)
+  // (Dense weights of the other 16-bit dtype keep the planner's kernel: only the GEMV and the
+  // mma.sync GEMMs read them.)
+  if (g_tuning.path >= 0 && (p.wk == kWSame || is_quant(p.wk)) && p.path != Path::kGeneric)
     force_plan(p, out, x, w, T, N, K);
   return p;
 }
@@ -590,7 +610,10 @@ void run_linear(const LinearPlan& p, const LinearArgs& a, DType xt, DType wt) {
     sm90_gemm(g, p.sm90_tile, s);
 #endif
   } else if (p.path == Path::kSkinny) {
-    launch_gemm_skinny(a, xt == DType::BF16, s);
+    if (is_quant(p.wk))
+      launch_gemm_skinny_quant(a, xt == DType::BF16, p.wk, s);
+    else
+      launch_gemm_skinny(a, xt == DType::BF16, s);
   } else if (p.path == Path::kGeneric) {
     const int64_t n = static_cast<int64_t>(a.T) * a.N;
     const int threads = 128;

@@ -139,100 +139,118 @@ __device__ __forceinline__ uint32_t kquant_scale_min(uint32_t s0, uint32_t s1, u
   return sc | (m << 8);
 }
 
-__device__ __forceinline__ uint32_t ldg_u16x2(const uint8_t* p) {  // 2-byte aligned p
-  const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
-  return __ldg(h) | (static_cast<uint32_t>(__ldg(h + 1)) << 16);
+// A chunk's words from global memory (read-only loads) or, kGlobal false, from shared memory
+// (the skinny GEMM's staged blocks, which keep their global alignment modulo 16).
+template <bool kGlobal>
+struct ChunkLoad {
+  static __device__ __forceinline__ uint32_t u16(const uint8_t* p) {
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+    if constexpr (kGlobal) return __ldg(h);
+    else return *h;
+  }
+  static __device__ __forceinline__ uint32_t u32(const uint8_t* p) {
+    const uint32_t* u = reinterpret_cast<const uint32_t*>(p);
+    if constexpr (kGlobal) return __ldg(u);
+    else return *u;
+  }
+  static __device__ __forceinline__ uint32_t u16x2(const uint8_t* p) {  // 2-byte aligned p
+    return u16(p) | (u16(p + 2) << 16);
+  }
+};
+
+// The chunk of elements k .. k + 8 of a block-quantized row that starts at blk_row (k counted
+// from there; blk_row is at a block boundary).
+template <int WK, bool kGlobal = true>
+__device__ __forceinline__ uint4 load_block_chunk(const uint8_t* blk_row, int k) {
+  using L = ChunkLoad<kGlobal>;
+  const uint8_t* blk = blk_row + (k / block_elems(WK)) * block_bytes(WK);
+  const int c = (k / 8) % 4;  // which 8 elements of the 32-element (sub-)block
+  uint4 r;
+  if constexpr (WK == kWQ4_K || WK == kWQ5_K) {
+    // d, dmin (f16), scales[12], [Q5_K: qh[32]], qs[128]: sub-block j = e / 32 of the 256
+    // holds its 4 low bits in qs[32 (j / 2) + l] (low nibble for even j, high for odd);
+    // Q5_K's fifth bit is bit j of qh[l]. 16-byte aligned blocks.
+    const int e = k % 256, j = e / 32, l = e % 32;
+    r.x = L::u32(blk);
+    r.w = kquant_scale_min(L::u32(blk + 4), L::u32(blk + 8), L::u32(blk + 12), j);
+    const int qs0 = (WK == kWQ4_K ? 16 : 48) + 32 * (j / 2) + l;
+    r.y = L::u32(blk + qs0);
+    r.z = L::u32(blk + qs0 + 4);
+    if constexpr (WK == kWQ5_K) {
+      const uint32_t h0 = L::u32(blk + 16 + l);
+      const uint32_t h1 = L::u32(blk + 16 + l + 4);
+      uint32_t bits = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        bits |= ((h0 >> (8 * i + j)) & 1u) << i;
+        bits |= ((h1 >> (8 * i + j)) & 1u) << (4 + i);
+      }
+      r.w |= bits << 16;
+    }
+    return r;
+  } else if constexpr (WK == kWIQ4_XS) {
+    // d (f16), scales_h (2 bits a sub-block), scales_l[4] (4 bits a sub-block), qs[128]: sub-
+    // block ib = e / 32's codes in qs[16 ib ..], value l in the low nibble of byte l, value
+    // l + 16 in the high one. 8-byte aligned blocks.
+    const int e = k % 256, ib = e / 32, l = e % 32;
+    const uint32_t head = L::u32(blk), sl = L::u32(blk + 4);
+    r.x = head;
+    r.w = ((sl >> (8 * (ib / 2) + 4 * (ib % 2))) & 0xF) | (((head >> (16 + 2 * ib)) & 3) << 4);
+    const uint8_t* qs = blk + 8 + 16 * ib + l % 16;
+    r.y = L::u32(qs);
+    r.z = L::u32(qs + 4);
+    return r;
+  } else if constexpr (WK == kWQ6_K) {
+    // ql[128], qh[64], scales[16] (i8), d (f16); 210-byte blocks, so 2-byte loads. Element
+    // e: half h = e / 128, quarter q = e % 128 / 32, l = e % 32: its low 4 bits are
+    // ql[64 h + 32 (q % 2) + l] (high nibble for q >= 2), its top 2 bits bits 2q.. of
+    // qh[32 h + l], its scale scales[8 h + l / 16 + 2 q].
+    const int e = k % 256, h = e / 128, q = e % 128 / 32, l = e % 32;
+    const uint8_t* ql = blk + 64 * h + 32 * (q % 2) + l;
+    r.y = L::u16x2(ql);
+    r.z = L::u16x2(ql + 4);
+    const uint8_t* qh = blk + 128 + 32 * h + l;
+    const uint32_t h0 = L::u16x2(qh), h1 = L::u16x2(qh + 4);
+    uint32_t bits = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      bits |= ((h0 >> (8 * i + 2 * q)) & 3u) << (2 * i);
+      bits |= ((h1 >> (8 * i + 2 * q)) & 3u) << (8 + 2 * i);
+    }
+    const int si = 8 * h + l / 16 + 2 * q;
+    const uint32_t sc2 = L::u16(blk + 192 + 2 * (si / 2));
+    const uint32_t sc = si % 2 ? sc2 >> 8 : sc2 & 0xff;
+    r.x = L::u16(blk + 208) | (sc << 16);
+    r.w = bits;
+    return r;
+  } else if constexpr (WK == kWQ8_0) {  // d (f16), qs[32] (i8); 2-byte aligned
+    r.x = L::u16(blk);
+    const uint8_t* q = blk + 2 + c * 8;
+    r.y = L::u16x2(q);
+    r.z = L::u16x2(q + 4);
+  } else if constexpr (WK == kWQ4_0 || WK == kWIQ4_NL) {  // d, qs[16]: j low nibble, j + 16 high
+    r.x = L::u16(blk);
+    const uint8_t* q = blk + 2 + (c & 1) * 8;
+    r.y = L::u16x2(q);
+    r.z = L::u16x2(q + 4);
+  } else {  // Q4_1: d, m, qs[16]; 4-byte aligned
+    r.x = L::u32(blk);
+    r.y = L::u32(blk + 4 + (c & 1) * 8);
+    r.z = L::u32(blk + 8 + (c & 1) * 8);
+  }
+  r.w = 0;
+  return r;
 }
 
+// Chunk w[n, k .. k + 8) (k a multiple of 8): 16 bytes of a dense row, or what the block
+// types' loads fetched (for the k-quants already cut down to the chunk's scale, min and bits).
 template <int WK>
 __device__ __forceinline__ uint4 load_chunk(const void* w, int64_t w_stride, int n, int k) {
   if constexpr (!is_quant(WK)) {
     const uint16_t* row = static_cast<const uint16_t*>(w) + n * w_stride;
     return __ldg(reinterpret_cast<const uint4*>(row + k));
   } else {
-    const uint8_t* blk = static_cast<const uint8_t*>(w) + n * w_stride +
-                         (k / block_elems(WK)) * block_bytes(WK);
-    const int c = (k / 8) % 4;  // which 8 elements of the 32-element (sub-)block
-    uint4 r;
-    if constexpr (WK == kWQ4_K || WK == kWQ5_K) {
-      // d, dmin (f16), scales[12], [Q5_K: qh[32]], qs[128]: sub-block j = e / 32 of the 256
-      // holds its 4 low bits in qs[32 (j / 2) + l] (low nibble for even j, high for odd);
-      // Q5_K's fifth bit is bit j of qh[l]. 16-byte aligned blocks.
-      const int e = k % 256, j = e / 32, l = e % 32;
-      const uint32_t* u = reinterpret_cast<const uint32_t*>(blk);
-      r.x = __ldg(u);
-      r.w = kquant_scale_min(__ldg(u + 1), __ldg(u + 2), __ldg(u + 3), j);
-      const int qs0 = (WK == kWQ4_K ? 16 : 48) + 32 * (j / 2) + l;
-      r.y = __ldg(reinterpret_cast<const uint32_t*>(blk + qs0));
-      r.z = __ldg(reinterpret_cast<const uint32_t*>(blk + qs0 + 4));
-      if constexpr (WK == kWQ5_K) {
-        const uint32_t h0 = __ldg(reinterpret_cast<const uint32_t*>(blk + 16 + l));
-        const uint32_t h1 = __ldg(reinterpret_cast<const uint32_t*>(blk + 16 + l + 4));
-        uint32_t bits = 0;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          bits |= ((h0 >> (8 * i + j)) & 1u) << i;
-          bits |= ((h1 >> (8 * i + j)) & 1u) << (4 + i);
-        }
-        r.w |= bits << 16;
-      }
-      return r;
-    } else if constexpr (WK == kWIQ4_XS) {
-      // d (f16), scales_h (2 bits a sub-block), scales_l[4] (4 bits a sub-block), qs[128]: sub-
-      // block ib = e / 32's codes in qs[16 ib ..], value l in the low nibble of byte l, value
-      // l + 16 in the high one. 8-byte aligned blocks.
-      const int e = k % 256, ib = e / 32, l = e % 32;
-      const uint32_t* u = reinterpret_cast<const uint32_t*>(blk);
-      const uint32_t head = __ldg(u), sl = __ldg(u + 1);
-      r.x = head;
-      r.w = ((sl >> (8 * (ib / 2) + 4 * (ib % 2))) & 0xF) | (((head >> (16 + 2 * ib)) & 3) << 4);
-      const uint8_t* qs = blk + 8 + 16 * ib + l % 16;
-      r.y = __ldg(reinterpret_cast<const uint32_t*>(qs));
-      r.z = __ldg(reinterpret_cast<const uint32_t*>(qs + 4));
-      return r;
-    } else if constexpr (WK == kWQ6_K) {
-      // ql[128], qh[64], scales[16] (i8), d (f16); 210-byte blocks, so 2-byte loads. Element
-      // e: half h = e / 128, quarter q = e % 128 / 32, l = e % 32: its low 4 bits are
-      // ql[64 h + 32 (q % 2) + l] (high nibble for q >= 2), its top 2 bits bits 2q.. of
-      // qh[32 h + l], its scale scales[8 h + l / 16 + 2 q].
-      const int e = k % 256, h = e / 128, q = e % 128 / 32, l = e % 32;
-      const uint8_t* ql = blk + 64 * h + 32 * (q % 2) + l;
-      r.y = ldg_u16x2(ql);
-      r.z = ldg_u16x2(ql + 4);
-      const uint8_t* qh = blk + 128 + 32 * h + l;
-      const uint32_t h0 = ldg_u16x2(qh), h1 = ldg_u16x2(qh + 4);
-      uint32_t bits = 0;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        bits |= ((h0 >> (8 * i + 2 * q)) & 3u) << (2 * i);
-        bits |= ((h1 >> (8 * i + 2 * q)) & 3u) << (8 + 2 * i);
-      }
-      const int si = 8 * h + l / 16 + 2 * q;
-      const uint32_t sc2 = __ldg(reinterpret_cast<const uint16_t*>(blk + 192) + si / 2);
-      const uint32_t sc = si % 2 ? sc2 >> 8 : sc2 & 0xff;
-      r.x = __ldg(reinterpret_cast<const uint16_t*>(blk + 208)) | (sc << 16);
-      r.w = bits;
-      return r;
-    } else if constexpr (WK == kWQ8_0) {  // d (f16), qs[32] (i8); 2-byte aligned
-      const uint16_t* h = reinterpret_cast<const uint16_t*>(blk);
-      r.x = __ldg(h);
-      const uint16_t* q = h + 1 + c * 4;
-      r.y = __ldg(q) | (static_cast<uint32_t>(__ldg(q + 1)) << 16);
-      r.z = __ldg(q + 2) | (static_cast<uint32_t>(__ldg(q + 3)) << 16);
-    } else if constexpr (WK == kWQ4_0 || WK == kWIQ4_NL) {  // d, qs[16]: j low nibble, j + 16 high
-      const uint16_t* h = reinterpret_cast<const uint16_t*>(blk);
-      r.x = __ldg(h);
-      const uint16_t* q = h + 1 + (c & 1) * 4;
-      r.y = __ldg(q) | (static_cast<uint32_t>(__ldg(q + 1)) << 16);
-      r.z = __ldg(q + 2) | (static_cast<uint32_t>(__ldg(q + 3)) << 16);
-    } else {  // Q4_1: d, m, qs[16]; 4-byte aligned
-      const uint32_t* u = reinterpret_cast<const uint32_t*>(blk);
-      r.x = __ldg(u);
-      r.y = __ldg(u + 1 + (c & 1) * 2);
-      r.z = __ldg(u + 2 + (c & 1) * 2);
-    }
-    r.w = 0;
-    return r;
+    return load_block_chunk<WK>(static_cast<const uint8_t*>(w) + n * w_stride, k);
   }
 }
 
@@ -359,6 +377,13 @@ void launch_grouped_linear(const LinearArgs& a, DType xt, cudaStream_t s);
 constexpr int kSkinnyMinT = 3;
 constexpr int kSkinnyMaxT = 32;
 void launch_gemm_skinny(const LinearArgs& a, bool bf16_x, cudaStream_t s);
+
+// gemm_skinny_quant.cu: the skinny GEMM for block weights (wk a block kind, K a multiple of
+// 256) from kQuantSkinnyMinT to kSkinnyMaxT rows: 16-byte copies of the blocks into shared
+// memory, dequantized into the mma's fragments, where the GEMV's narrow loads of 18- to
+// 210-byte blocks left the H200's bandwidth mostly unused.
+constexpr int kQuantSkinnyMinT = 2;
+void launch_gemm_skinny_quant(const LinearArgs& a, bool bf16_x, int wk, cudaStream_t s);
 
 // What set_linear_tuning (runtime.h) forces; the engine never sets it. path: -1 the planner's
 // own, else a ForcedPath (linear.cu); skinny_waves: the skinny GEMM's CTAs per SM that its

@@ -68,13 +68,13 @@ def cuda_sm90_kernels():
 # The kernels set_linear_tuning can force (cuda/linear.cu's ForcedPath, in order), and the
 # CUTLASS stream-K scheduler's decompositions (cutlass DecompositionMode, in order).
 LINEAR_TUNING_PATHS = ("skinny", "swap128x16", "swap128x32", "swap128x64", "swap128x128",
-                       "128x128", "128x256", "gemm_small", "gemm_large")
+                       "128x128", "128x256", "gemm_small", "gemm_large", "gemv")
 LINEAR_TUNING_DECOMPOSITIONS = ("heuristic", "data_parallel", "split_k", "stream_k")
 
 
 def cuda_linear_tuning(path=None, skinny_waves=0, decomposition=None, splits=0):
-    """Benchmarks only (bench/gpu_kernels_vs_torch.py --plans): every same-dtype linear product
-    from now on runs on the kernel `path` (a LINEAR_TUNING_PATHS name; None: the planner's
+    """Benchmarks only (bench/gpu_kernels_vs_torch.py --plans): every same-dtype or
+    block-quantized linear product from now on runs on the kernel `path` (a LINEAR_TUNING_PATHS name; None: the planner's
     choice), the skinny GEMM's split-K aiming at skinny_waves CTAs per SM (0: its default) and
     the CUTLASS GEMM's scheduler on `decomposition` with `splits` (None / 0: its heuristic). A
     product the forced kernel cannot take raises ValueError. cuda_linear_tuning() restores the

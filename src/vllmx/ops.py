@@ -499,6 +499,8 @@ Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(_C.DType[name])
 QUANTIZE_TYPES = {"F32": F32, "F16": F16, "BF16": BF16, "Q4_0": Q4_0, "Q4_1": Q4_1,
                   "Q5_0": Q5_0, "Q5_1": Q5_1, "Q8_0": Q8_0, "Q2_K": Q2_K, "Q3_K": Q3_K,
                   "Q4_K": Q4_K, "Q5_K": Q5_K, "Q6_K": Q6_K}
+# The i-quants with a 16-value non-linear table (read, never written by quantize_weight).
+IQ4_NL, IQ4_XS = int(_C.DType.IQ4_NL), int(_C.DType.IQ4_XS)
 
 
 def quantize_weight(x: np.ndarray, dtype: int) -> np.ndarray:

@@ -188,7 +188,8 @@ def check_linear_blocks(xdt, qtype, t, n, k):
 @pytest.mark.parametrize("xdt", [BF16, F16], ids=["bf16", "f16"])
 def test_linear_k_quants(xdt, qtype, t, nk):
     """Q4_K / Q5_K / Q6_K weights (a Q4_K_M or Q5_K_M file's) and IQ4_NL / IQ4_XS through the
-    GEMV, the mma.sync GEMMs (dequantized by 8-element chunks of their blocks) and, in f32,
+    GEMV, the quantized skinny GEMM (T = 4-9), the mma.sync GEMMs (dequantized by 8-element
+    chunks of their blocks) and, in f32,
     the generic kernel: each against the f64 product of gguf's dequantized weights, which the
     GPU's dequantization matches bit for bit (the CPU's formulas, no FMA contraction)."""
     n, k = nk
@@ -225,6 +226,30 @@ def test_linear_skinny(dt, nk):
     again = cuda_linear(np.ascontiguousarray(x[:17]), dt, w, dt, bias)[:3]
     assert np.array_equal(again, rows[17])
     assert all(np.array_equal(rows[t], rows[5]) for t in (3, 4, 8, 11, 12, 16, 17, 24, 32))
+
+
+@pytest.mark.parametrize("nk", [(1000, 4096), (77, 2816)], ids=lambda s: f"N{s[0]}K{s[1]}")
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1] + list(K_QUANTS) + list(IQ4),
+                         ids=lambda q: q.name)
+@pytest.mark.parametrize("dt", [BF16, F16], ids=["bf16", "f16"])
+def test_linear_skinny_blocks(dt, qtype, nk):
+    """2 <= T <= 32 rows over block weights with K a multiple of 256 take the quantized skinny
+    GEMM (the blocks copied 16 bytes at a time, rows at any offset from a 16-byte boundary:
+    Q6_K's 210- and IQ4_XS's 136-byte blocks on 2816-element rows; split-K over 4096; 8-, 16-
+    and 32-token tiles): right against f64 at every tile width, and a row's bits do not
+    depend on the batch around it (the splits are a function of N and K, summed in order)."""
+    n, k = nk
+    rng = np.random.default_rng([dt, int(qtype), n, k])
+    w, w64 = make_block(rng, n, k, qtype)
+    x, x64 = make_x(rng, 33, k, dt)
+    bias = to_bits(rng.standard_normal(n).astype(np.float32) * 0.1, dt)
+    want = x64 @ w64.T + from_bits(bias, dt)
+    rows = {}
+    for t in (2, 3, 8, 9, 16, 17, 32, 33):
+        got = cuda_linear(np.ascontiguousarray(x[:t]), dt, w, int(qtype), bias)
+        assert rel_err(got, want[:t]) < TOL[dt], t
+        rows[t] = got[:2]
+    assert all(np.array_equal(rows[t], rows[2]) for t in (3, 8, 9, 16, 17, 32))
 
 
 def test_linear_f32_activations_generic():

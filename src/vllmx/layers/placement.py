@@ -28,12 +28,11 @@ class Placement:
 _current = Placement()
 
 # Weight types a model may place on the GPU: those the CUDA linear and embedding kernels take
-# (cuda/linear.cu, embedding.cu) and whose kernels have passed their GPU tests. The k-quants
-# (Q4_K, Q5_K, Q6_K) and IQ4_NL / IQ4_XS have kernels whose dequantization matches gguf's bit
-# for bit in a host emulation but have not run on a GPU yet (tests/cuda/
-# test_cuda_linear_attention.py test_linear_k_quants, test_cuda_ops.py test_embedding): until
-# they have, a Q4_K_M or IQ4_XS file is refused on the GPU by name, never run unchecked.
-CUDA_WEIGHT_TYPES = {F32, F16, BF16, ops.Q4_0, ops.Q4_1, ops.Q8_0}
+# (cuda/linear.cu, embedding.cu), each tested there against the CPU's dequantization
+# (tests/cuda test_linear_blocks, test_linear_k_quants, test_embedding): the dense types, the
+# 32-blocks Q8_0 / Q4_0 / Q4_1, the k-quants of Q4_K_M / Q5_K_M / Q6_K files and IQ4_NL / IQ4_XS.
+CUDA_WEIGHT_TYPES = {F32, F16, BF16, ops.Q4_0, ops.Q4_1, ops.Q8_0, ops.Q4_K, ops.Q5_K, ops.Q6_K,
+                     ops.IQ4_NL, ops.IQ4_XS}
 
 
 def current() -> Placement:
@@ -73,7 +72,8 @@ def upload_weight(w: Weight | DeviceArray, name: str = "weight") -> Weight | Dev
     if w.dtype not in CUDA_WEIGHT_TYPES:
         raise ValueError(
             f"{name}: GGUF type {_C.type_info(w.dtype)[0]} has no CUDA kernel (CUDA runs bf16, "
-            f"f16, f32, Q8_0, Q4_0 and Q4_1 weights); run this model with device='cpu'")
+            f"f16, f32, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS weights); run this "
+            f"model with device='cpu'")
     if w.dtype in (F32, F16, BF16):
         return DeviceArray.from_numpy(_dense_as(w, p.dtype), p.dtype)
     rows = w.shape[0] if len(w.shape) > 1 else 1
