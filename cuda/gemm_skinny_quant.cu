@@ -1,5 +1,5 @@
 // The skinny GEMM for block-quantized weights: out[T, N] = x[T, K] @ w[N, K]^T for decode
-// batches (kQuantSkinnyMinT <= T <= kSkinnyMaxT), x bf16 or f16, w in a GGUF block type
+// batches (quant_skinny_min_t <= T <= kSkinnyMaxT), x bf16 or f16, w in a GGUF block type
 // (Q8_0, Q4_0, Q4_1, IQ4_NL and the 256-blocks Q4_K, Q5_K, Q6_K, IQ4_XS), K a multiple of 256.
 // The dense skinny GEMM's shape (gemm_skinny.cu: swapped operands, w rows on the mma's M side,
 // split-K with an ordered reduction, weight loads issued before the programmatic-launch wait),
@@ -15,8 +15,9 @@
 //   to x's dtype). The mma's k order inside those 32 elements is permuted to fit: its step s
 //   takes elements 8t + 4s .. 8t + 4s + 3 as k = 2t, 2t + 1, 2t + 8, 2t + 9, and x's fragments
 //   are read from the same elements (one 8-byte load), so the sum is the same product.
-// Where the GEMV (kGemvMaxT) streams a block type's bytes with 2- and 4-byte loads a thread at a
-// time, this keeps ~100 KB in flight per SM with 16-byte copies.
+//   Q4_K and Q6_K (the bulk of Q4_K_M files) have stage readers of their own (q4k_stage,
+//   q6k_stage) that give each thread whole sub-blocks, read once (with the I2F-free
+//   conversions, Q4_K at T = 8 on Llama-3-8B's shapes went from 557-688 to 726-986 GB/s).
 #include "gemm_skinny.cuh"
 
 namespace vllmx::cuda::lin {
@@ -40,6 +41,109 @@ struct StageBytes {
 
 template <int WK, int NT>
 constexpr int kSmemBytes = kStages * (kRows * StageBytes<WK>::kSlot + 8 * NT * kXLds * 2);
+
+// One stage (one super-block a row) of Q4_K, the bulk of Q4_K_M files, by sub-block pairs:
+// thread t of a quad owns sub-blocks 2t and 2t + 1 of its two rows, which share the 32 bytes
+// qs[32t ..] (low nibbles 2t, high 2t + 1), so it reads them as eight words and works out two
+// scales and mins, not one per 8 elements. mma step s takes bytes 2s, 2s + 1: their low
+// nibbles (elements 64t + 2s, + 1) as k = 2t, 2t + 1 and their high ones (elements 64t + 32 +
+// 2s, + 1) as k = 2t + 8, 2t + 9, and x's fragments the same elements. Nibbles become f32
+// through the exponent of 2^23 (no I2F), then d * sc * q - dmin * m in one FMA (the CPU
+// rounds twice; both are rounded to x's dtype for the mma).
+template <typename T, int NT>
+__device__ __forceinline__ void q4k_stage(const uint8_t* w0, const uint8_t* w1, const T* xt,
+                                          int g, int t, float (&acc)[NT][4]) {
+  constexpr bool kBf = std::is_same_v<T, __nv_bfloat16>;
+  using L = ChunkLoad<false>;
+  float dl[2][2], ml[2][2];  // [row][sub-block 2t, 2t + 1]
+  uint32_t q[2][8];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const uint8_t* blk = r ? w1 : w0;
+    const uint32_t head = L::u32(blk), s0 = L::u32(blk + 4), s1 = L::u32(blk + 8),
+                   s2 = L::u32(blk + 12);
+    const float d = __half2float(__ushort_as_half(static_cast<uint16_t>(head & 0xffff)));
+    const float dmin = __half2float(__ushort_as_half(static_cast<uint16_t>(head >> 16)));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t sm = kquant_scale_min(s0, s1, s2, 2 * t + h);
+      dl[r][h] = d * small_uint_to_float(sm & 63);
+      ml[r][h] = dmin * small_uint_to_float((sm >> 8) & 63);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[r][i] = L::u32(blk + 16 + 32 * t + 4 * i);
+  }
+  // The pair of nibbles (bytes b, b + 1 of word w, the low or high ones) as f32 values.
+  auto pair = [&](uint32_t w, int b, int hi, float dlv, float mlv) {
+    const uint32_t v = w >> (8 * b + 4 * hi);
+    const float f0 = small_uint_to_float(v & 0xF), f1 = small_uint_to_float((v >> 8) & 0xF);
+    return pack2_bits(fmaf(dlv, f0, -mlv), fmaf(dlv, f1, -mlv), kBf);
+  };
+#pragma unroll
+  for (int s = 0; s < 16; ++s) {
+    const int wi = s / 2, b = 2 * (s % 2);
+    const uint32_t af[4] = {pair(q[0][wi], b, 0, dl[0][0], ml[0][0]),
+                            pair(q[1][wi], b, 0, dl[1][0], ml[1][0]),
+                            pair(q[0][wi], b, 1, dl[0][1], ml[0][1]),
+                            pair(q[1][wi], b, 1, dl[1][1], ml[1][1])};
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const T* xr = xt + (j * 8 + g) * kXLds + 64 * t + 2 * s;
+      mma16816<T>(acc[j], af, *reinterpret_cast<const uint32_t*>(xr),
+                  *reinterpret_cast<const uint32_t*>(xr + 32));
+    }
+  }
+}
+
+// One stage of Q6_K (the output, attn_v and half the ffn_down of Q4_K_M files), likewise by
+// quarters: thread t of a quad owns, in half h = t / 2 of the super-block, quarters j = t % 2
+// and j + 2, whose low 4 bits share ql[64h + 32j ..] (low / high nibbles) and top 2 bits
+// qh[32h ..] (bits 2j and 2j + 4), with four of the 16 scales. Step s takes elements l = 2s,
+// 2s + 1 of both quarters. 210-byte blocks: 2-byte loads.
+template <typename T, int NT>
+__device__ __forceinline__ void q6k_stage(const uint8_t* w0, const uint8_t* w1, const T* xt,
+                                          int g, int t, float (&acc)[NT][4]) {
+  constexpr bool kBf = std::is_same_v<T, __nv_bfloat16>;
+  using L = ChunkLoad<false>;
+  const int h = t / 2, j = t % 2;
+  float dl[2][4];  // [row][quarter j: l < 16, l >= 16; quarter j + 2: l < 16, l >= 16]
+  uint32_t ql[2][8], qh[2][8];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const uint8_t* blk = r ? w1 : w0;
+    const float d = __half2float(__ushort_as_half(static_cast<uint16_t>(L::u16(blk + 208))));
+    const uint32_t sc_lo = L::u16(blk + 192 + 8 * h + 2 * j);
+    const uint32_t sc_hi = L::u16(blk + 192 + 8 * h + 2 * j + 4);
+    const uint32_t sc[4] = {sc_lo & 0xff, sc_lo >> 8, sc_hi & 0xff, sc_hi >> 8};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dl[r][i] = d * small_int_to_float(static_cast<int8_t>(sc[i]));
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      ql[r][i] = L::u16x2(blk + 64 * h + 32 * j + 4 * i);
+      qh[r][i] = L::u16x2(blk + 128 + 32 * h + 4 * i);
+    }
+  }
+  // Elements l = b, b + 1 of word i (quarter j, or j + 2 where hi) as f32 values.
+  auto pair = [&](int r, int i, int b, int hi, float dlv) {
+    const uint32_t lo4 = ql[r][i] >> (8 * b + 4 * hi), top = qh[r][i] >> (8 * b + 2 * j + 4 * hi);
+    const float f0 = small_uint_to_float((lo4 & 0xF) | ((top & 3) << 4));
+    const float f1 = small_uint_to_float(((lo4 >> 8) & 0xF) | (((top >> 8) & 3) << 4));
+    return pack2_bits(fmaf(dlv, f0, -32.f * dlv), fmaf(dlv, f1, -32.f * dlv), kBf);
+  };
+#pragma unroll
+  for (int s = 0; s < 16; ++s) {
+    const int i = s / 2, b = 2 * (s % 2), half16 = s / 8;
+    const uint32_t af[4] = {pair(0, i, b, 0, dl[0][half16]), pair(1, i, b, 0, dl[1][half16]),
+                            pair(0, i, b, 1, dl[0][2 + half16]),
+                            pair(1, i, b, 1, dl[1][2 + half16])};
+#pragma unroll
+    for (int jj = 0; jj < NT; ++jj) {
+      const T* xr = xt + (jj * 8 + g) * kXLds + 128 * h + 32 * j + 2 * s;
+      mma16816<T>(acc[jj], af, *reinterpret_cast<const uint32_t*>(xr),
+                  *reinterpret_cast<const uint32_t*>(xr + 64));
+    }
+  }
+}
 
 template <typename T, int WK, int NT>
 __global__ void __launch_bounds__(kThreads)
@@ -125,6 +229,11 @@ __global__ void __launch_bounds__(kThreads)
     const uint8_t* w0 = Ws + (st * kRows + r0) * SB::kSlot + head(span(r0, i));
     const uint8_t* w1 = Ws + (st * kRows + r0 + 8) * SB::kSlot + head(span(r0 + 8, i));
     const T* xt = Xs + st * TT * kXLds;
+    if constexpr (WK == kWQ4_K) {
+      q4k_stage<T, NT>(w0, w1, xt, g, t, acc);
+    } else if constexpr (WK == kWQ6_K) {
+      q6k_stage<T, NT>(w0, w1, xt, g, t, acc);
+    } else {
 #pragma unroll 2
     for (int u = 0; u < kBK / 32; ++u) {
       const int k = u * 32 + 8 * t;
@@ -144,6 +253,7 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
+    }
     cp_async_wait<S - 2>();
     __syncthreads();
   }
@@ -151,31 +261,40 @@ __global__ void __launch_bounds__(kThreads)
   skinny_epilogue<NT>(a, kBf, acc, n0, partials, counters);
 }
 
+// CTAs of an instantiation an SM holds (shared memory decides).
 template <typename T, int WK, int NT>
-void launch_nt(const LinearArgs& a, int tiles, cudaStream_t s) {
-  constexpr int smem = kSmemBytes<WK, NT>;
-  auto* kernel = gemm_skinny_quant_kernel<T, WK, NT>;
-  // CTAs an SM holds (shared memory decides), for the split-K plan.
-  static const int per_sm = [&] {
-    allow_smem(kernel, smem);
-    int n = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem);
-    return std::max(n, 1);
+int ctas_per_sm() {
+  static const int n = [] {
+    auto* kernel = gemm_skinny_quant_kernel<T, WK, NT>;
+    allow_smem(kernel, kSmemBytes<WK, NT>);
+    int per_sm = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kSmemBytes<WK, NT>);
+    return std::max(per_sm, 1);
   }();
-  const SplitK sk = plan_split(tiles, a.K / kBK, per_sm, kMinStagesPerSplit, 8 * NT);
-  launch(kernel, dim3(tiles, sk.splits), kThreads, smem, s, a, sk.per, sk.partials,
-         sk.counters);
+  return n;
+}
+
+template <typename T, int WK, int NT>
+void launch_nt(const LinearArgs& a, const SplitK& sk, int tiles, cudaStream_t s) {
+  ctas_per_sm<T, WK, NT>();  // (raises the kernel's shared memory limit once)
+  launch(gemm_skinny_quant_kernel<T, WK, NT>, dim3(tiles, sk.splits), kThreads,
+         kSmemBytes<WK, NT>, s, a, sk.per, sk.partials, sk.counters);
 }
 
 template <typename T, int WK>
 void launch_typed(const LinearArgs& a, cudaStream_t s) {
   const int tiles = (a.N + kRows - 1) / kRows;
+  // The split plan takes the widest token tile's occupancy (the fewest CTAs an SM holds) at
+  // every T, so that it is a function of N, K and the block type alone: a row's bits do not
+  // depend on the batch.
+  const SplitK sk = plan_split(tiles, a.K / kBK, ctas_per_sm<T, WK, 4>(), kMinStagesPerSplit,
+                               a.T <= 8 ? 8 : a.T <= 16 ? 16 : 32);
   if (a.T <= 8)
-    launch_nt<T, WK, 1>(a, tiles, s);
+    launch_nt<T, WK, 1>(a, sk, tiles, s);
   else if (a.T <= 16)
-    launch_nt<T, WK, 2>(a, tiles, s);
+    launch_nt<T, WK, 2>(a, sk, tiles, s);
   else
-    launch_nt<T, WK, 4>(a, tiles, s);
+    launch_nt<T, WK, 4>(a, sk, tiles, s);
 }
 
 }  // namespace

@@ -413,7 +413,7 @@ bool plan_sm90(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor& 
 #endif
 }
 
-// Block weights from kQuantSkinnyMinT to kSkinnyMaxT rows go to the quantized skinny GEMM
+// Block weights from quant_skinny_min_t to kSkinnyMaxT rows go to the quantized skinny GEMM
 // (whole 256-element stages of K).
 bool quant_skinny_ok(int wk, int64_t T, int64_t K) {
   return is_quant(wk) && T <= kSkinnyMaxT && K % 256 == 0 && K > 0;
@@ -440,7 +440,7 @@ LinearPlan plan_auto(const Tensor& out, const Tensor& x, const Tensor& w, int64_
   else
     ok = ok && aligned(w.data, 16) && w.stride[0] % 8 == 0;
   if (!ok || T > (int64_t{1} << 30) || N > (int64_t{1} << 30)) return p;
-  if (quant_skinny_ok(p.wk, T, K) && T >= kQuantSkinnyMinT) {
+  if (quant_skinny_ok(p.wk, T, K) && T >= quant_skinny_min_t(p.wk)) {
     p.path = Path::kSkinny;
     return p;
   }

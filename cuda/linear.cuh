@@ -61,12 +61,22 @@ __host__ __device__ constexpr int block_elems(int wk) {  // 256: super-blocks of
   return wk == kWQ4_K || wk == kWQ5_K || wk == kWQ6_K || wk == kWIQ4_XS ? 256 : 32;
 }
 
+// Small integers as f32 without an I2F conversion (a quarter-rate instruction on Hopper, the
+// block dequantizers' bottleneck): q's bits under the exponent of 2^23 (+ 2^22 for signed q),
+// minus that power: exact for |q| < 2^22.
+__device__ __forceinline__ float small_uint_to_float(uint32_t q) {
+  return __int_as_float(0x4B000000u | q) - 8388608.f;
+}
+__device__ __forceinline__ float small_int_to_float(int q) {
+  return __int_as_float(0x4B400000 + q) - 12582912.f;
+}
+
 // kvalues_iq4nl[q] (-127, -104, ..., 113), four to a word, picked by a byte permute (no table
 // in memory, whose per-lane indices would serialize).
 __device__ __forceinline__ float iq4nl_value(int q) {
   const uint32_t lo = __byte_perm(0xBFAD9881u, 0xF6EADDCFu, q & 7);
   const uint32_t hi = __byte_perm(0x26190D01u, 0x71594535u, q & 7);
-  return static_cast<float>(static_cast<int8_t>((q & 8 ? hi : lo) & 0xff));
+  return small_int_to_float(static_cast<int8_t>((q & 8 ? hi : lo) & 0xff));
 }
 
 struct LinearArgs {
@@ -264,8 +274,8 @@ __device__ __forceinline__ void chunk_to_float(const uint4& r, int k, bool same_
   } else if constexpr (WK == kWQ4_K || WK == kWQ5_K) {
     const float d = __half2float(__ushort_as_half(static_cast<uint16_t>(r.x & 0xffff)));
     const float dmin = __half2float(__ushort_as_half(static_cast<uint16_t>(r.x >> 16)));
-    const float dl = __fmul_rn(d, static_cast<float>(r.w & 63));
-    const float ml = __fmul_rn(dmin, static_cast<float>((r.w >> 8) & 63));
+    const float dl = __fmul_rn(d, small_uint_to_float(r.w & 63));
+    const float ml = __fmul_rn(dmin, small_uint_to_float((r.w >> 8) & 63));
     const int shift = (k % 256 / 32) % 2 ? 4 : 0;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -275,12 +285,12 @@ __device__ __forceinline__ void chunk_to_float(const uint4& r, int k, bool same_
         q1 |= ((r.w >> (20 + j)) & 1) << 4;
       }
       // (rounded twice, as the CPU's dequantize and numpy do: no contraction into an FMA)
-      f[j] = __fsub_rn(__fmul_rn(dl, static_cast<float>(q0)), ml);
-      f[4 + j] = __fsub_rn(__fmul_rn(dl, static_cast<float>(q1)), ml);
+      f[j] = __fsub_rn(__fmul_rn(dl, small_uint_to_float(q0)), ml);
+      f[4 + j] = __fsub_rn(__fmul_rn(dl, small_uint_to_float(q1)), ml);
     }
   } else if constexpr (WK == kWIQ4_NL || WK == kWIQ4_XS) {
     const float d = __half2float(__ushort_as_half(static_cast<uint16_t>(r.x & 0xffff)));
-    const float dl = WK == kWIQ4_XS ? __fmul_rn(d, static_cast<float>(static_cast<int>(r.w) - 32))
+    const float dl = WK == kWIQ4_XS ? __fmul_rn(d, small_int_to_float(static_cast<int>(r.w) - 32))
                                     : d;
     const int shift = (WK == kWIQ4_XS ? k % 32 >= 16 : (k / 8) % 4 >= 2) ? 4 : 0;
 #pragma unroll
@@ -290,22 +300,22 @@ __device__ __forceinline__ void chunk_to_float(const uint4& r, int k, bool same_
     }
   } else if constexpr (WK == kWQ6_K) {
     const float d = __half2float(__ushort_as_half(static_cast<uint16_t>(r.x & 0xffff)));
-    const float dl = __fmul_rn(d, static_cast<float>(static_cast<int8_t>((r.x >> 16) & 0xff)));
+    const float dl = __fmul_rn(d, small_int_to_float(static_cast<int8_t>((r.x >> 16) & 0xff)));
     const int shift = k % 128 / 32 >= 2 ? 4 : 0;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int q0 = (((r.y >> (8 * j)) >> shift) & 0xf) | (((r.w >> (2 * j)) & 3) << 4);
       const int q1 = (((r.z >> (8 * j)) >> shift) & 0xf) | (((r.w >> (8 + 2 * j)) & 3) << 4);
-      f[j] = __fmul_rn(dl, static_cast<float>(q0 - 32));
-      f[4 + j] = __fmul_rn(dl, static_cast<float>(q1 - 32));
+      f[j] = __fmul_rn(dl, small_int_to_float(q0 - 32));
+      f[4 + j] = __fmul_rn(dl, small_int_to_float(q1 - 32));
     }
   } else {
     const float d = __half2float(__ushort_as_half(static_cast<uint16_t>(r.x & 0xffff)));
     if constexpr (WK == kWQ8_0) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        f[j] = d * static_cast<float>(static_cast<int8_t>((r.y >> (8 * j)) & 0xff));
-        f[4 + j] = d * static_cast<float>(static_cast<int8_t>((r.z >> (8 * j)) & 0xff));
+        f[j] = d * small_int_to_float(static_cast<int8_t>((r.y >> (8 * j)) & 0xff));
+        f[4 + j] = d * small_int_to_float(static_cast<int8_t>((r.z >> (8 * j)) & 0xff));
       }
     } else {
       const int shift = ((k / 8) % 4) >= 2 ? 4 : 0;
@@ -316,11 +326,11 @@ __device__ __forceinline__ void chunk_to_float(const uint4& r, int k, bool same_
         const int q0 = ((r.y >> (8 * j)) >> shift) & 0xf;
         const int q1 = ((r.z >> (8 * j)) >> shift) & 0xf;
         if constexpr (WK == kWQ4_0) {
-          f[j] = static_cast<float>(q0 - 8) * d;
-          f[4 + j] = static_cast<float>(q1 - 8) * d;
+          f[j] = small_int_to_float(q0 - 8) * d;
+          f[4 + j] = small_int_to_float(q1 - 8) * d;
         } else {
-          f[j] = static_cast<float>(q0) * d + m;
-          f[4 + j] = static_cast<float>(q1) * d + m;
+          f[j] = small_uint_to_float(q0) * d + m;
+          f[4 + j] = small_uint_to_float(q1) * d + m;
         }
       }
     }
@@ -379,10 +389,14 @@ constexpr int kSkinnyMaxT = 32;
 void launch_gemm_skinny(const LinearArgs& a, bool bf16_x, cudaStream_t s);
 
 // gemm_skinny_quant.cu: the skinny GEMM for block weights (wk a block kind, K a multiple of
-// 256) from kQuantSkinnyMinT to kSkinnyMaxT rows: 16-byte copies of the blocks into shared
-// memory, dequantized into the mma's fragments, where the GEMV's narrow loads of 18- to
-// 210-byte blocks left the H200's bandwidth mostly unused.
-constexpr int kQuantSkinnyMinT = 2;
+// 256) from quant_skinny_min_t(wk) to kSkinnyMaxT rows: 16-byte copies of the blocks into
+// shared memory, dequantized into the mma's fragments, where the GEMV's narrow loads of 18- to
+// 210-byte blocks leave the H200's bandwidth mostly unused. From one row for Q4_K and Q6_K,
+// whose stage readers take a thread's sub-blocks whole (H200, T = 1, Llama-3-8B's shapes,
+// bench/results/gpu_linear_q4_k_q6_k_skinny.json: Q4_K 744-1010 GB/s against the GEMV's
+// 545-756, Q6_K 988-1235 against 577-758); from two for the others, where at one row the
+// GEMV ties or wins (Q4_0 and Q8_0 on 28672 x 4096: 1057 / 1921 GB/s against 965 / 1712).
+constexpr int quant_skinny_min_t(int wk) { return wk == kWQ4_K || wk == kWQ6_K ? 1 : 2; }
 void launch_gemm_skinny_quant(const LinearArgs& a, bool bf16_x, int wk, cudaStream_t s);
 
 // What set_linear_tuning (runtime.h) forces; the engine never sets it. path: -1 the planner's
