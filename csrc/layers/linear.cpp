@@ -251,6 +251,93 @@ const DenseTable& dense_ref() {
   return t;
 }
 
+// ------------------------------------------------------------------ f32 panels (F32_X16)
+// One or two 16-row panels (repack.h) against mr (1..kPanelMR) activation rows: out[m * os + i]
+// = sum over k of x[m][k] * panel[k][i], even k into one FMA chain and odd k into another,
+// added at the end, then the bias. The chains are the same for any mr or pairing of panels, so
+// a row's bits do not depend on the batch; the scalar twin computes the same chains.
+constexpr int kPanelMR = 6;
+using PanelFn = void (*)(const float* x, int64_t xs, int mr, const float* p0, const float* p1,
+                         int64_t K, float* out, int64_t os, const float* bias);
+
+template <int NP>
+void f32_panels_scalar(const float* x, int64_t xs, int mr, const float* p0, const float* p1,
+                       int64_t K, float* out, int64_t os, const float* bias) {
+  for (int m = 0; m < mr; ++m)
+    for (int i = 0; i < 16 * NP; ++i) {
+      const float* p = (i < 16 ? p0 : p1) + i % 16;
+      float even = 0.0f, odd = 0.0f;
+      for (int64_t k = 0; k < K; ++k) {
+        float& acc = k % 2 ? odd : even;
+        acc = std::fma(x[m * xs + k], p[k * kPackRows], acc);
+      }
+      const float v = even + odd;
+      out[m * os + i] = bias ? v + bias[i] : v;
+    }
+}
+
+#if VLLMX_X86
+template <int MR, int NP>
+VLLMX_TARGET_AVX512 void f32_panels_512_rows(const float* x, int64_t xs, const float* p0,
+                                             const float* p1, int64_t K, float* out, int64_t os,
+                                             const float* bias) {
+  const float* pp[2] = {p0, p1};
+  __m512 even[MR][NP], odd[MR][NP];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NP; ++j) even[m][j] = odd[m][j] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 2 <= K; k += 2) {
+    __m512 we[NP], wo[NP];
+    for (int j = 0; j < NP; ++j) {
+      we[j] = _mm512_loadu_ps(pp[j] + k * kPackRows);
+      wo[j] = _mm512_loadu_ps(pp[j] + (k + 1) * kPackRows);
+    }
+    for (int m = 0; m < MR; ++m) {
+      const __m512 xe = _mm512_set1_ps(x[m * xs + k]), xo = _mm512_set1_ps(x[m * xs + k + 1]);
+      for (int j = 0; j < NP; ++j) {
+        even[m][j] = _mm512_fmadd_ps(xe, we[j], even[m][j]);
+        odd[m][j] = _mm512_fmadd_ps(xo, wo[j], odd[m][j]);
+      }
+    }
+  }
+  if (k < K)
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < NP; ++j)
+        even[m][j] = _mm512_fmadd_ps(_mm512_set1_ps(x[m * xs + k]),
+                                     _mm512_loadu_ps(pp[j] + k * kPackRows), even[m][j]);
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NP; ++j) {
+      __m512 v = _mm512_add_ps(even[m][j], odd[m][j]);
+      if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + 16 * j));
+      _mm512_storeu_ps(out + m * os + 16 * j, v);
+    }
+}
+
+template <int NP>
+void f32_panels_512(const float* x, int64_t xs, int mr, const float* p0, const float* p1,
+                    int64_t K, float* out, int64_t os, const float* bias) {
+  static_assert(kPanelMR == 6, "f32_panels_512 handles up to 6 rows");
+  switch (mr) {
+    case 1: return f32_panels_512_rows<1, NP>(x, xs, p0, p1, K, out, os, bias);
+    case 2: return f32_panels_512_rows<2, NP>(x, xs, p0, p1, K, out, os, bias);
+    case 3: return f32_panels_512_rows<3, NP>(x, xs, p0, p1, K, out, os, bias);
+    case 4: return f32_panels_512_rows<4, NP>(x, xs, p0, p1, K, out, os, bias);
+    case 5: return f32_panels_512_rows<5, NP>(x, xs, p0, p1, K, out, os, bias);
+    default: return f32_panels_512_rows<6, NP>(x, xs, p0, p1, K, out, os, bias);
+  }
+}
+#endif
+
+// The panel kernels by panel count (1, 2): the SIMD ones, or the scalar twins.
+const PanelFn* panel_fns(bool reference) {
+  static const PanelFn ref[2] = {f32_panels_scalar<1>, f32_panels_scalar<2>};
+#if VLLMX_X86
+  static const PanelFn fast[2] = {f32_panels_512<1>, f32_panels_512<2>};
+  if (!reference && dense_panel_is_fast()) return fast;
+#endif
+  return ref;
+}
+
 // ------------------------------------------------------------------ tiling
 
 // Grows, never shrinks: no per-call allocation once warm. Two slots (block and packed
@@ -315,9 +402,10 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b
   check_ndim(w, 2, op, "w");
   const DType wt = w.dtype;
   const bool dense = wt == DType::F32 || wt == DType::F16 || wt == DType::BF16;
-  const bool packed = is_packed(wt);
-  const QuantTraits* qt = dense ? nullptr : quant_traits(packed ? packed_base(wt) : wt);
-  if (!dense && (qt == nullptr || qt->vec_dot == nullptr))
+  const bool panels = wt == DType::F32_X16;
+  const bool packed = is_packed(wt) && !panels;
+  const QuantTraits* qt = dense || panels ? nullptr : quant_traits(packed ? packed_base(wt) : wt);
+  if (!dense && !panels && (qt == nullptr || qt->vec_dot == nullptr))
     fail(op, std::string("unsupported weight dtype ") + dtype_name(wt) + " (id " +
                  std::to_string(static_cast<int>(wt)) + ")");
   const int64_t T = x.shape[0], K = x.shape[1], N = w.shape[0];
@@ -346,6 +434,40 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b
   if (K == 0) {
     for (int64_t t = 0; t < T; ++t)
       for (int64_t n = 0; n < N; ++n) op_[t * os + n] = bp ? 0.0f + bp[n] : 0.0f;
+    return;
+  }
+
+  if (panels) {
+    // Whole panels of 16 rows; the rows past the last one are plain f32 rows (repack.h).
+    const PanelFn* fns = panel_fns(reference);
+    const DenseTable& tab = reference ? dense_ref() : dense_fast();
+    const float* wp = static_cast<const float*>(w.data);
+    const int64_t panel_end = N / kPackRows * kPackRows;
+    auto body = [&](int64_t t0, int64_t t1, int64_t n0, int64_t n1) {
+      for (int64_t t = t0; t < t1; t += kPanelMR) {
+        const int mr = static_cast<int>(std::min<int64_t>(kPanelMR, t1 - t));
+        const float* xr = xp + t * xs;
+        float* orow = op_ + t * os;
+        for (int64_t n = n0; n < std::min(n1, panel_end); n += 2 * kPackRows) {
+          const bool two = n + kPackRows < std::min(n1, panel_end);
+          fns[two](xr, xs, mr, wp + n * K, wp + (n + kPackRows) * K, K, orow + n, os,
+                   bp ? bp + n : nullptr);
+        }
+        float tmp[kMaxMR * kMaxNR];
+        for (int64_t m0 = 0; m0 < mr; m0 += kMaxMR) {
+          const int mm = std::min(kMaxMR, mr - static_cast<int>(m0));
+          for (int64_t n = std::max(n0, panel_end); n < n1; n += kMaxNR) {
+            const int nr = static_cast<int>(std::min<int64_t>(kMaxNR, n1 - n));
+            tab.fn[kF32][nr](xr + m0 * xs, xs, mm, wp + n * K, K, K, tmp);
+            for (int m = 0; m < mm; ++m)
+              for (int r = 0; r < nr; ++r)
+                orow[(m0 + m) * os + n + r] =
+                    bp ? tmp[m * kMaxNR + r] + bp[n + r] : tmp[m * kMaxNR + r];
+          }
+        }
+      }
+    };
+    for_tiles(T, N, K * 4, kPackRows, !reference, body);
     return;
   }
 
@@ -454,6 +576,14 @@ void batched_linear(const Tensor& out, const Tensor& x, const Tensor& w, bool re
     }
     linear(og, xg, stacked_view(w, g), Tensor{}, reference);
   }
+}
+
+bool dense_panel_is_fast() {
+#if VLLMX_X86
+  return simd_level() >= 2;
+#else
+  return false;
+#endif
 }
 
 VLLMX_KERNEL(linear, kCPU, linear);

@@ -127,7 +127,7 @@ _REPACK_CHUNK_BYTES = 4 << 20
 
 
 def repack_weight(w: Weight) -> Weight:
-    """A copy of a block weight in the packed layout of the CPU linear kernels
+    """A copy of a block or f32 weight in the packed layout of the CPU linear kernels
     (csrc/repack/repack.h): same shape and bytes, its own dtype id. Only `linear` reads packed
     weights (embedding and dequantize need the original, which stays readable). Returns w
     itself where this CPU has no packed kernel for its dtype, or where it has fewer than 16
@@ -137,7 +137,7 @@ def repack_weight(w: Weight) -> Weight:
         return w
     src = np.ascontiguousarray(w.data).reshape(w.shape[0], -1)
     # 64-byte aligned, so that the kernels' 64-byte loads of a panel never straddle lines.
-    out = aligned_empty(src.shape, np.uint8)
+    out = aligned_empty(src.shape, src.dtype)
     # Panels cover the bytes of their 16 rows, so whole panels repack independently: chunk by
     # chunk, dropping the file pages of each source chunk (if mapped) once it is copied, so that
     # the original and the copy are never both resident.
@@ -170,7 +170,8 @@ def repack_experts(w: Weight) -> Weight:
     """repack_weight for stacked experts [E, N, K]: each expert's [N, K] block repacked on its
     own (panels never straddle two experts). Returns w where repack_weight would."""
     packed = _C.packed_dtype(w.dtype)
-    if packed < 0 or len(w.shape) != 3 or w.shape[1] < 16:
+    # (f32 experts stay rows: the MoE kernels read f32 experts as they are)
+    if packed < 0 or w.dtype == F32 or len(w.shape) != 3 or w.shape[1] < 16:
         return w
     src = np.ascontiguousarray(w.data).reshape(w.shape[0], w.shape[1], -1)
     out = aligned_empty(src.shape, np.uint8)

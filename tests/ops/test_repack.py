@@ -72,7 +72,7 @@ def test_packed_dtypes():
         name, bs, ts, quantized, supported = _C.type_info(pid)
         assert (name, bs, quantized, supported) == (q.name + "_X16", 32, True, True)
         assert ts == quants.GGML_QUANT_SIZES[q][1]  # same bytes as the blocks they pack
-    for q in (Q.F32, Q.F16, Q.Q8_1, Q.Q2_K):
+    for q in (Q.F16, Q.Q8_1, Q.Q2_K):  # (F32's panels: test_repack_f32.py)
         assert _C.packed_dtype(int(q), False) == -1
 
 
