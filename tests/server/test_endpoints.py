@@ -114,7 +114,9 @@ def test_metrics_counts_as_vllm(client, server, engine_client):
     assert buckets[-1] == server.metric("vllm:iteration_tokens_total_count")
     cc = engine_client.vllm_config.cache_config
     assert server.metric("vllm:cache_config_info", block_size=str(cc.block_size),
-                         num_gpu_blocks=str(cc.num_blocks)) == 1.0
+                         num_gpu_blocks=str(cc.num_blocks), cpu_offload_gb="0",
+                         swap_space_bytes="0", num_cpu_blocks="None",
+                         sliding_window="None") == 1.0
 
 
 def _samples(text: str) -> dict[tuple[str, tuple], float]:

@@ -54,7 +54,13 @@ def test_malformed_json(server, path):
     ({**COMPLETION, "min_tokens": 5}, ["min_tokens"]),
     ({**COMPLETION, "logprobs": 50}, ["logprobs"]),
     ({**COMPLETION, "stop_token_ids": [10**9]}, ["stop_token_ids"]),
-    ({**COMPLETION, "prompt": ""}, ["decoder prompt cannot be empty"]),  # vLLM's words
+    # vLLM's words: its request check for a missing or "" prompt, its input processor's for an
+    # empty one in a list
+    ({**COMPLETION, "prompt": ""}, ["Either prompt or prompt_embeds must be provided"]),
+    ({k: v for k, v in COMPLETION.items() if k != "prompt"}, ["Either prompt or prompt_embeds"]),
+    ({**COMPLETION, "prompt": ["hi", ""]}, ["decoder prompt cannot be empty"]),
+    ({**COMPLETION, "prompt": "", "prompt_embeds": []}, ["Either prompt or prompt_embeds"]),
+    ({**COMPLETION, "prompt_embeds": ["AAAA"]}, ["prompt_embeds is not supported"]),
     ({**COMPLETION, "prompt": [10**9]}, ["vocabulary"]),
     ({**COMPLETION, "suffix": "x"}, ["suffix"]),
     ({**COMPLETION, "max_tokens": 600}, ["maximum context length", "512"]),

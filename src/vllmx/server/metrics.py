@@ -113,14 +113,18 @@ class _SchedulerCollector:
             h.add_metric(labels, list(zip(bounds, s.iteration_tokens_buckets)),
                          s.iteration_tokens_sum)
         yield h
-        # vLLM's cache_config_info: the cache configuration as labels of a constant 1.
+        # vLLM's cache_config_info: the cache configuration as labels of a constant 1. Its
+        # labels for what vllmx does not have say so: no KV offload or swap space (preemption
+        # recomputes), no CPU blocks beside the cache's own, no cache-wide sliding window.
         cc = self.engine_client.vllm_config.cache_config
         info = {"block_size": cc.block_size, "cache_dtype": cc.kv_cache_dtype,
                 "enable_prefix_caching": cc.enable_prefix_caching,
                 "gpu_memory_utilization": cc.gpu_memory_utilization,
                 "num_gpu_blocks": cc.num_blocks,
                 "num_gpu_blocks_override": cc.num_gpu_blocks_override,
-                "kv_cache_memory_bytes": cc.kv_cache_memory_bytes}
+                "kv_cache_memory_bytes": cc.kv_cache_memory_bytes,
+                "cpu_offload_gb": 0, "swap_space_bytes": 0, "num_cpu_blocks": None,
+                "sliding_window": None}
         g = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
                               labels=list(info))
         g.add_metric([str(v) for v in info.values()], 1.0)

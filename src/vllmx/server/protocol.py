@@ -97,12 +97,24 @@ class _SamplingFields(OpenAIBaseModel):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[int] | list[list[int]] | None = None
+    # vLLM's prompt as embeddings (with its --enable-prompt-embeds): vllmx refuses it by name
+    prompt_embeds: bytes | list[bytes] | None = None
     echo: bool = False
     logprobs: int | None = None
     max_tokens: int | None = 16
     suffix: str | None = None
     add_special_tokens: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prompt_or_embeds(cls, data):
+        """vLLM's check, in its words: a prompt that is missing or "" needs embeddings."""
+        if isinstance(data, dict):
+            prompt, embeds = data.get("prompt"), data.get("prompt_embeds")
+            if (prompt is None or prompt == "") and (embeds is None or embeds == []):
+                raise ValueError("Either prompt or prompt_embeds must be provided and non-empty.")
+        return data
 
 
 class ChatMessage(OpenAIBaseModel):

@@ -25,7 +25,7 @@ def _clamp(lp: float) -> float:
     return max(lp, -9999.0)  # -inf is not JSON; OpenAI uses -9999
 
 
-# vLLM's words (its input processor's), which clients match on.
+# vLLM's words (its input processor's: an empty prompt in a list), which clients match on.
 EMPTY_PROMPT = "The decoder prompt cannot be empty (prompt must not be empty)"
 
 
@@ -93,6 +93,10 @@ class OpenAIServingCompletion(OpenAIServing):
         return prompts, engine_prompts, params
 
     def _prompts(self, request: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+        if request.prompt_embeds:
+            raise OpenAIError("prompt_embeds is not supported: vllmx takes a prompt as text or "
+                              "token ids (vLLM takes embeddings with --enable-prompt-embeds)",
+                              param="prompt_embeds")
         p = request.prompt
         if isinstance(p, str):
             items: list = [p]
