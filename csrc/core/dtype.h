@@ -47,7 +47,9 @@ enum class DType : int32_t {
   Q4_K_X16 = 69,
   Q5_K_X16 = 70,
   Q6_K_X16 = 71,
-  F32_X16 = 72,  // dense f32 in panels of 16 rows: for each k, the 16 rows' k-th elements
+  F32_X16 = 72,  // dense weights in panels of 16 rows: for each k, the 16 rows' k-th elements
+  F16_X16 = 73,
+  BF16_X16 = 74,
   U8 = 100,  // raw bytes (not a GGML type)
   U64 = 101,
 };

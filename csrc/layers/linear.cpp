@@ -251,25 +251,26 @@ const DenseTable& dense_ref() {
   return t;
 }
 
-// ------------------------------------------------------------------ f32 panels (F32_X16)
-// One or two 16-row panels (repack.h) against mr (1..kPanelMR) activation rows: out[m * os + i]
-// = sum over k of x[m][k] * panel[k][i], even k into one FMA chain and odd k into another,
-// added at the end, then the bias. The chains are the same for any mr or pairing of panels, so
-// a row's bits do not depend on the batch; the scalar twin computes the same chains.
+// ------------------------------------------------------------------ dense panels (*_X16)
+// One or two 16-row panels of a dense weight (F32_X16, F16_X16, BF16_X16; repack.h) against mr
+// (1..kPanelMR) activation rows: out[m * os + i] = sum over k of x[m][k] * panel[k][i], the
+// weight upcast exactly to f32, even k into one FMA chain and odd k into another, added at the
+// end, then the bias. The chains are the same for any mr or pairing of panels, so a row's bits
+// do not depend on the batch; the scalar twin computes the same chains.
 constexpr int kPanelMR = 6;
-using PanelFn = void (*)(const float* x, int64_t xs, int mr, const float* p0, const float* p1,
+using PanelFn = void (*)(const float* x, int64_t xs, int mr, const void* p0, const void* p1,
                          int64_t K, float* out, int64_t os, const float* bias);
 
-template <int NP>
-void f32_panels_scalar(const float* x, int64_t xs, int mr, const float* p0, const float* p1,
-                       int64_t K, float* out, int64_t os, const float* bias) {
+template <int WT, int NP>
+void dense_panels_scalar(const float* x, int64_t xs, int mr, const void* p0, const void* p1,
+                         int64_t K, float* out, int64_t os, const float* bias) {
   for (int m = 0; m < mr; ++m)
     for (int i = 0; i < 16 * NP; ++i) {
-      const float* p = (i < 16 ? p0 : p1) + i % 16;
+      const void* p = i < 16 ? p0 : p1;
       float even = 0.0f, odd = 0.0f;
       for (int64_t k = 0; k < K; ++k) {
         float& acc = k % 2 ? odd : even;
-        acc = std::fma(x[m * xs + k], p[k * kPackRows], acc);
+        acc = std::fma(x[m * xs + k], load_w_scalar<WT>(p, k * kPackRows + i % 16), acc);
       }
       const float v = even + odd;
       out[m * os + i] = bias ? v + bias[i] : v;
@@ -277,11 +278,21 @@ void f32_panels_scalar(const float* x, int64_t xs, int mr, const float* p0, cons
 }
 
 #if VLLMX_X86
-template <int MR, int NP>
-VLLMX_TARGET_AVX512 void f32_panels_512_rows(const float* x, int64_t xs, const float* p0,
-                                             const float* p1, int64_t K, float* out, int64_t os,
-                                             const float* bias) {
-  const float* pp[2] = {p0, p1};
+// The 16 rows' k-th elements of a panel as f32.
+template <int WT>
+VLLMX_TARGET_AVX512 __m512 panel_load(const void* p, int64_t k) {
+  if constexpr (WT == kF32) return _mm512_loadu_ps(static_cast<const float*>(p) + k * kPackRows);
+  const __m256i h = _mm256_loadu_si256(
+      reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + k * kPackRows));
+  if constexpr (WT == kF16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+template <int WT, int MR, int NP>
+VLLMX_TARGET_AVX512 void dense_panels_512_rows(const float* x, int64_t xs, const void* p0,
+                                               const void* p1, int64_t K, float* out,
+                                               int64_t os, const float* bias) {
+  const void* pp[2] = {p0, p1};
   __m512 even[MR][NP], odd[MR][NP];
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NP; ++j) even[m][j] = odd[m][j] = _mm512_setzero_ps();
@@ -289,8 +300,8 @@ VLLMX_TARGET_AVX512 void f32_panels_512_rows(const float* x, int64_t xs, const f
   for (; k + 2 <= K; k += 2) {
     __m512 we[NP], wo[NP];
     for (int j = 0; j < NP; ++j) {
-      we[j] = _mm512_loadu_ps(pp[j] + k * kPackRows);
-      wo[j] = _mm512_loadu_ps(pp[j] + (k + 1) * kPackRows);
+      we[j] = panel_load<WT>(pp[j], k);
+      wo[j] = panel_load<WT>(pp[j], k + 1);
     }
     for (int m = 0; m < MR; ++m) {
       const __m512 xe = _mm512_set1_ps(x[m * xs + k]), xo = _mm512_set1_ps(x[m * xs + k + 1]);
@@ -303,8 +314,8 @@ VLLMX_TARGET_AVX512 void f32_panels_512_rows(const float* x, int64_t xs, const f
   if (k < K)
     for (int m = 0; m < MR; ++m)
       for (int j = 0; j < NP; ++j)
-        even[m][j] = _mm512_fmadd_ps(_mm512_set1_ps(x[m * xs + k]),
-                                     _mm512_loadu_ps(pp[j] + k * kPackRows), even[m][j]);
+        even[m][j] = _mm512_fmadd_ps(_mm512_set1_ps(x[m * xs + k]), panel_load<WT>(pp[j], k),
+                                     even[m][j]);
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NP; ++j) {
       __m512 v = _mm512_add_ps(even[m][j], odd[m][j]);
@@ -313,26 +324,27 @@ VLLMX_TARGET_AVX512 void f32_panels_512_rows(const float* x, int64_t xs, const f
     }
 }
 
-template <int NP>
-void f32_panels_512(const float* x, int64_t xs, int mr, const float* p0, const float* p1,
-                    int64_t K, float* out, int64_t os, const float* bias) {
-  static_assert(kPanelMR == 6, "f32_panels_512 handles up to 6 rows");
+template <int WT, int NP>
+void dense_panels_512(const float* x, int64_t xs, int mr, const void* p0, const void* p1,
+                      int64_t K, float* out, int64_t os, const float* bias) {
+  static_assert(kPanelMR == 6, "dense_panels_512 handles up to 6 rows");
   switch (mr) {
-    case 1: return f32_panels_512_rows<1, NP>(x, xs, p0, p1, K, out, os, bias);
-    case 2: return f32_panels_512_rows<2, NP>(x, xs, p0, p1, K, out, os, bias);
-    case 3: return f32_panels_512_rows<3, NP>(x, xs, p0, p1, K, out, os, bias);
-    case 4: return f32_panels_512_rows<4, NP>(x, xs, p0, p1, K, out, os, bias);
-    case 5: return f32_panels_512_rows<5, NP>(x, xs, p0, p1, K, out, os, bias);
-    default: return f32_panels_512_rows<6, NP>(x, xs, p0, p1, K, out, os, bias);
+    case 1: return dense_panels_512_rows<WT, 1, NP>(x, xs, p0, p1, K, out, os, bias);
+    case 2: return dense_panels_512_rows<WT, 2, NP>(x, xs, p0, p1, K, out, os, bias);
+    case 3: return dense_panels_512_rows<WT, 3, NP>(x, xs, p0, p1, K, out, os, bias);
+    case 4: return dense_panels_512_rows<WT, 4, NP>(x, xs, p0, p1, K, out, os, bias);
+    case 5: return dense_panels_512_rows<WT, 5, NP>(x, xs, p0, p1, K, out, os, bias);
+    default: return dense_panels_512_rows<WT, 6, NP>(x, xs, p0, p1, K, out, os, bias);
   }
 }
 #endif
 
-// The panel kernels by panel count (1, 2): the SIMD ones, or the scalar twins.
+// The panel kernels of weight kind WT by panel count (1, 2): the SIMD ones, or the scalar twins.
+template <int WT>
 const PanelFn* panel_fns(bool reference) {
-  static const PanelFn ref[2] = {f32_panels_scalar<1>, f32_panels_scalar<2>};
+  static const PanelFn ref[2] = {dense_panels_scalar<WT, 1>, dense_panels_scalar<WT, 2>};
 #if VLLMX_X86
-  static const PanelFn fast[2] = {f32_panels_512<1>, f32_panels_512<2>};
+  static const PanelFn fast[2] = {dense_panels_512<WT, 1>, dense_panels_512<WT, 2>};
   if (!reference && dense_panel_is_fast()) return fast;
 #endif
   return ref;
@@ -402,7 +414,7 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b
   check_ndim(w, 2, op, "w");
   const DType wt = w.dtype;
   const bool dense = wt == DType::F32 || wt == DType::F16 || wt == DType::BF16;
-  const bool panels = wt == DType::F32_X16;
+  const bool panels = wt == DType::F32_X16 || wt == DType::F16_X16 || wt == DType::BF16_X16;
   const bool packed = is_packed(wt) && !panels;
   const QuantTraits* qt = dense || panels ? nullptr : quant_traits(packed ? packed_base(wt) : wt);
   if (!dense && !panels && (qt == nullptr || qt->vec_dot == nullptr))
@@ -438,10 +450,14 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b
   }
 
   if (panels) {
-    // Whole panels of 16 rows; the rows past the last one are plain f32 rows (repack.h).
-    const PanelFn* fns = panel_fns(reference);
+    // Whole panels of 16 rows; the rows past the last one are plain rows (repack.h).
+    const int wk = wt == DType::F32_X16 ? kF32 : wt == DType::F16_X16 ? kF16 : kBF16;
+    const PanelFn* fns = wk == kF32   ? panel_fns<kF32>(reference)
+                         : wk == kF16 ? panel_fns<kF16>(reference)
+                                      : panel_fns<kBF16>(reference);
     const DenseTable& tab = reference ? dense_ref() : dense_fast();
-    const float* wp = static_cast<const float*>(w.data);
+    const int64_t esz = type_traits(wt).type_size;
+    const uint8_t* wp = static_cast<const uint8_t*>(w.data);
     const int64_t panel_end = N / kPackRows * kPackRows;
     auto body = [&](int64_t t0, int64_t t1, int64_t n0, int64_t n1) {
       for (int64_t t = t0; t < t1; t += kPanelMR) {
@@ -450,15 +466,15 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b
         float* orow = op_ + t * os;
         for (int64_t n = n0; n < std::min(n1, panel_end); n += 2 * kPackRows) {
           const bool two = n + kPackRows < std::min(n1, panel_end);
-          fns[two](xr, xs, mr, wp + n * K, wp + (n + kPackRows) * K, K, orow + n, os,
-                   bp ? bp + n : nullptr);
+          fns[two](xr, xs, mr, wp + n * K * esz, wp + (n + kPackRows) * K * esz, K, orow + n,
+                   os, bp ? bp + n : nullptr);
         }
         float tmp[kMaxMR * kMaxNR];
         for (int64_t m0 = 0; m0 < mr; m0 += kMaxMR) {
           const int mm = std::min(kMaxMR, mr - static_cast<int>(m0));
           for (int64_t n = std::max(n0, panel_end); n < n1; n += kMaxNR) {
             const int nr = static_cast<int>(std::min<int64_t>(kMaxNR, n1 - n));
-            tab.fn[kF32][nr](xr + m0 * xs, xs, mm, wp + n * K, K, K, tmp);
+            tab.fn[wk][nr](xr + m0 * xs, xs, mm, wp + n * K * esz, K, K, tmp);
             for (int m = 0; m < mm; ++m)
               for (int r = 0; r < nr; ++r)
                 orow[(m0 + m) * os + n + r] =
@@ -467,7 +483,7 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b
         }
       }
     };
-    for_tiles(T, N, K * 4, kPackRows, !reference, body);
+    for_tiles(T, N, K * esz, kPackRows, !reference, body);
     return;
   }
 

@@ -24,6 +24,8 @@ DType packed_dtype(DType base) {
     case DType::Q5_K: return DType::Q5_K_X16;
     case DType::Q6_K: return DType::Q6_K_X16;
     case DType::F32: return DType::F32_X16;
+    case DType::F16: return DType::F16_X16;
+    case DType::BF16: return DType::BF16_X16;
     default: return kNotPacked;
   }
 }
@@ -39,6 +41,8 @@ DType packed_base(DType t) {
     case DType::Q5_K_X16: return DType::Q5_K;
     case DType::Q6_K_X16: return DType::Q6_K;
     case DType::F32_X16: return DType::F32;
+    case DType::F16_X16: return DType::F16;
+    case DType::BF16_X16: return DType::BF16;
     default: return kNotPacked;
   }
 }
@@ -46,7 +50,8 @@ DType packed_base(DType t) {
 bool packed_is_fast(DType base) {
   // Where the arch layer has no kernel for the packed layout (on x86: below AVX2; f32: below
   // AVX-512) the scalar twin would run, slower than the row-wise kernels.
-  if (base == DType::F32) return dense_panel_is_fast();
+  if (base == DType::F32 || base == DType::F16 || base == DType::BF16)
+    return dense_panel_is_fast();
   return arch_packed_gemm(base) != nullptr || arch_packed_gemm_k(base) != nullptr;
 }
 
@@ -105,18 +110,19 @@ void repack_panel(const BaseLayout& L, const uint8_t* src, int64_t ws, int64_t n
   }
 }
 
-// F32 -> F32_X16 (layout in repack.h).
-void repack_dense_f32(const float* src, int64_t N, int64_t K, float* dst) {
+// A dense weight (elements of type E) into its *_X16 panels (layout in repack.h).
+template <typename E>
+void repack_dense(const E* src, int64_t N, int64_t K, E* dst) {
   const int64_t panels = N / kPackRows;
 #pragma omp parallel for schedule(static) if (N * K > (1 << 18))
   for (int64_t p = 0; p < panels; ++p) {
-    const float* s = src + p * kPackRows * K;
-    float* d = dst + p * kPackRows * K;
+    const E* s = src + p * kPackRows * K;
+    E* d = dst + p * kPackRows * K;
     for (int64_t k = 0; k < K; ++k)
       for (int64_t r = 0; r < kPackRows; ++r) d[k * kPackRows + r] = s[r * K + k];
   }
   const int64_t done = panels * kPackRows * K;
-  std::memcpy(dst + done, src + done, static_cast<size_t>(N * K - done) * sizeof(float));
+  std::memcpy(dst + done, src + done, static_cast<size_t>(N * K - done) * sizeof(E));
 }
 
 }  // namespace
@@ -127,7 +133,7 @@ void repack_weight(const Tensor& out, const Tensor& w) {
   const DType pt = packed_dtype(w.dtype);
   if (pt == kNotPacked)
     fail(op, std::string("no packed layout for ") + w.str() +
-                 "; only F32, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights");
+                 "; only F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights");
   check_ndim(w, 2, op, "w");
   if (out.dtype != pt || out.ndim != 2 || out.shape[0] != w.shape[0] ||
       out.shape[1] != w.shape[1])
@@ -136,10 +142,13 @@ void repack_weight(const Tensor& out, const Tensor& w) {
                  w.str());
   const int64_t N = w.shape[0], K = w.shape[1], nb = K / type_traits(w.dtype).block_size;
   const int64_t rb = row_bytes(w.dtype, K);
-  if (w.dtype == DType::F32) {  // strides in elements
+  if (!is_quantized(w.dtype)) {  // f32 / f16 / bf16; strides in elements
     VLLMX_CHECK(N <= 1 || (w.stride[0] == K && out.stride[0] == K), op,
           "w " + w.str() + " and out must have contiguous rows");
-    repack_dense_f32(static_cast<const float*>(w.data), N, K, static_cast<float*>(out.data));
+    if (w.dtype == DType::F32)
+      repack_dense(static_cast<const float*>(w.data), N, K, static_cast<float*>(out.data));
+    else
+      repack_dense(static_cast<const uint16_t*>(w.data), N, K, static_cast<uint16_t*>(out.data));
     return;
   }
   VLLMX_CHECK(N <= 1 || (w.stride[0] == rb && out.stride[0] == rb), op,

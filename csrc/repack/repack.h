@@ -23,9 +23,10 @@
 // acc = fma(float(isum), d_w * d_x, acc) and, for the *_1 types, macc = fma(m_w, s_x, macc),
 // block after block; out = acc + macc (+ bias). Nothing depends on T or on the tile.
 //
-// Dense f32 (F32_X16; kernels in linear.cpp): a panel holds, for k = 0 .. K - 1 in turn, the 16
-// rows' k-th elements (64 bytes), so that the kernel accumulates 16 outputs at once with one
-// load a k against broadcast activations, as an outer product: each output's sum runs over k in
+// Dense weights (F32_X16, F16_X16, BF16_X16; kernels in linear.cpp): a panel holds, for k = 0 ..
+// K - 1 in turn, the 16 rows' k-th elements (64 or 32 bytes), so that the kernel accumulates 16
+// outputs at once with one load a k (upcast exactly to f32) against broadcast activations, as
+// an outer product: each output's sum runs over k in
 // order (even and odd k in two sums, added at the end), the same for any number of activation
 // rows, hence the same bits in any batch. Rows past the last whole panel follow as they were.
 //
@@ -58,14 +59,14 @@ constexpr int64_t kPackRows = 16;
 
 // What packed_dtype / packed_base answer where there is no packed layout (a dtype no weight has).
 constexpr DType kNotPacked = DType::U8;
-// The packed dtype of a weight type (Q4_0 -> Q4_0_X16, F32 -> F32_X16), or kNotPacked.
+// The packed dtype of a weight type (Q4_0 -> Q4_0_X16, BF16 -> BF16_X16), or kNotPacked.
 DType packed_dtype(DType base);
 // The weight type a packed dtype holds (Q4_0_X16 -> Q4_0), or kNotPacked if t is not packed.
 DType packed_base(DType t);
 inline bool is_packed(DType t) { return packed_base(t) != kNotPacked; }
 // Whether repacking pays on this CPU (a SIMD kernel for the packed layout exists).
 bool packed_is_fast(DType base);
-// Whether this CPU has the SIMD kernel of F32_X16 panels (linear.cpp: AVX-512).
+// Whether this CPU has the SIMD kernels of dense panels (linear.cpp: AVX-512).
 bool dense_panel_is_fast();
 
 inline bool is_k_quant(DType base) {

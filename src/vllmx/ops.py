@@ -170,8 +170,8 @@ def repack_experts(w: Weight) -> Weight:
     """repack_weight for stacked experts [E, N, K]: each expert's [N, K] block repacked on its
     own (panels never straddle two experts). Returns w where repack_weight would."""
     packed = _C.packed_dtype(w.dtype)
-    # (f32 experts stay rows: the MoE kernels read f32 experts as they are)
-    if packed < 0 or w.dtype == F32 or len(w.shape) != 3 or w.shape[1] < 16:
+    # (dense experts stay rows: the MoE kernels read them as they are)
+    if packed < 0 or w.dtype in (F32, F16, BF16) or len(w.shape) != 3 or w.shape[1] < 16:
         return w
     src = np.ascontiguousarray(w.data).reshape(w.shape[0], w.shape[1], -1)
     out = aligned_empty(src.shape, np.uint8)

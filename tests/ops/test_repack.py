@@ -72,7 +72,7 @@ def test_packed_dtypes():
         name, bs, ts, quantized, supported = _C.type_info(pid)
         assert (name, bs, quantized, supported) == (q.name + "_X16", 32, True, True)
         assert ts == quants.GGML_QUANT_SIZES[q][1]  # same bytes as the blocks they pack
-    for q in (Q.F16, Q.Q8_1, Q.Q2_K):  # (F32's panels: test_repack_f32.py)
+    for q in (Q.Q8_1, Q.Q2_K, Q.I32):  # (the dense types' panels: test_repack_f32.py)
         assert _C.packed_dtype(int(q), False) == -1
 
 
@@ -80,9 +80,8 @@ def test_bad_args_raise():
     rng = np.random.default_rng(1)
     w = make_blocks(rng, Q.Q4_0, 32, 64)
     with pytest.raises(ValueError, match="repack_weight: no packed layout"):
-        h = np.zeros((32, 64), np.float16)
-        _C.ops.repack_weight((np.empty_like(h), _C.packed_dtype(int(Q.F16), False)),
-                             (h, int(Q.F16)))
+        h = np.zeros((32, 64), np.int32)
+        _C.ops.repack_weight((np.empty_like(h), int(Q.I32)), (h, int(Q.I32)))
     with pytest.raises(ValueError, match=r"repack_weight: out Q4_0_X16\[16, 64\] must be"):
         _C.ops.repack_weight((np.empty((16, 36), np.uint8), _C.packed_dtype(int(Q.Q4_0), False)),
                              (w, int(Q.Q4_0)))
