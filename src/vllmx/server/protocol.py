@@ -97,9 +97,7 @@ class _SamplingFields(OpenAIBaseModel):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]] | None = None
-    # vLLM's prompt as embeddings (with its --enable-prompt-embeds): vllmx refuses it by name
-    prompt_embeds: bytes | list[bytes] | None = None
+    prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool = False
     logprobs: int | None = None
     max_tokens: int | None = 16
@@ -109,10 +107,14 @@ class CompletionRequest(_SamplingFields):
     @model_validator(mode="before")
     @classmethod
     def _prompt_or_embeds(cls, data):
-        """vLLM's check, in its words: a prompt that is missing or "" needs embeddings."""
+        """vLLM's checks, in its words: a prompt that is missing or "" needs embeddings; and
+        vLLM's prompt_embeds (its --enable-prompt-embeds), which vllmx refuses by name."""
         if isinstance(data, dict):
             prompt, embeds = data.get("prompt"), data.get("prompt_embeds")
-            if (prompt is None or prompt == "") and (embeds is None or embeds == []):
+            if embeds:
+                raise ValueError("prompt_embeds is not supported: vllmx takes a prompt as text or "
+                                 "token ids (vLLM takes embeddings with --enable-prompt-embeds)")
+            if prompt is None or prompt == "":
                 raise ValueError("Either prompt or prompt_embeds must be provided and non-empty.")
         return data
 

@@ -93,10 +93,6 @@ class OpenAIServingCompletion(OpenAIServing):
         return prompts, engine_prompts, params
 
     def _prompts(self, request: CompletionRequest) -> list[tuple[str | None, list[int]]]:
-        if request.prompt_embeds:
-            raise OpenAIError("prompt_embeds is not supported: vllmx takes a prompt as text or "
-                              "token ids (vLLM takes embeddings with --enable-prompt-embeds)",
-                              param="prompt_embeds")
         p = request.prompt
         if isinstance(p, str):
             items: list = [p]
