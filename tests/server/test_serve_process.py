@@ -88,10 +88,13 @@ def test_sigterm_drains_in_flight_requests():
 
 
 def test_sigterm_aborts_what_outlasts_the_drain_timeout():
-    with serve_process(*FLAGS, "--shutdown-drain-timeout", "1") as (url, proc):
+    # 4000 tokens outlast 0.5 s + the 1 s drain on any CPU (240 did not: SmolLM2 wrote them in
+    # ~1.2 s on a Zen 5 core pair, and the stream finished before the drain ran out)
+    with serve_process(*FLAGS, "--max-model-len", "4096", "--kv-cache-memory-bytes", "160M",
+                       "--shutdown-drain-timeout", "1") as (url, proc):
         async def run():
             async with httpx.AsyncClient(base_url=url, timeout=60) as http:
-                stream = asyncio.ensure_future(_stream(http, _body(1, 240, MODEL)))
+                stream = asyncio.ensure_future(_stream(http, _body(1, 4000, MODEL)))
                 await asyncio.sleep(0.5)
                 proc.send_signal(signal.SIGTERM)
                 t0 = time.monotonic()
@@ -102,5 +105,5 @@ def test_sigterm_aborts_what_outlasts_the_drain_timeout():
                 return got, time.monotonic() - t0
 
         got, waited = asyncio.run(run())
-        assert got != 240 and waited < 10
+        assert got != 4000 and waited < 10
         assert wait_exit(proc, 30) < 10
