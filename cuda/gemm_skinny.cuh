@@ -39,6 +39,24 @@ inline SplitK plan_split(int tiles, int k_tiles, int ctas_per_sm, int min_per, i
   return p;
 }
 
+// The start of both skinny kernels' pipelines: the first S - 1 stages' weight copies before
+// the wait for the previous kernel (w is never its output; x may be), then x's, one commit
+// group a stage, and the wait for stage 0.
+template <int S, class LoadW, class LoadX>
+__device__ __forceinline__ void skinny_prologue(int nkt, const LoadW& load_w, const LoadX& load_x) {
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s)
+    if (s < nkt) load_w(s, s);
+  pdl_begin();
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {
+    if (s < nkt) load_x(s, s);
+    cp_async_commit();
+  }
+  cp_async_wait<S - 2>();
+  __syncthreads();
+}
+
 // The end of both skinny kernels: acc[j][e] (an m16n8 tile per 8 tokens, warp w's 16 rows)
 // to out directly, or with split-K through f32 partials that the tile's last CTA adds in split
 // order (an atomic ticket), so that no bit depends on which CTA finished first.

@@ -206,17 +206,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
 
-#pragma unroll
-  for (int s = 0; s < S - 1; ++s)
-    if (s < nkt) load_w(s, s);
-  pdl_begin();
-#pragma unroll
-  for (int s = 0; s < S - 1; ++s) {
-    if (s < nkt) load_x(s, s);
-    cp_async_commit();
-  }
-  cp_async_wait<S - 2>();
-  __syncthreads();
+  skinny_prologue<S>(nkt, load_w, load_x);
 
   const int g = lane / 4, t = lane % 4, r0 = warp * 16 + g;
   for (int i = 0; i < nkt; ++i) {
