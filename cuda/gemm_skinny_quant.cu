@@ -145,6 +145,34 @@ __device__ __forceinline__ void q6k_stage(const uint8_t* w0, const uint8_t* w1, 
   }
 }
 
+// One stage of any other block type by 8-element chunks (linear.cuh's chunk reader): thread t of
+// a quad takes chunk t of each 32 elements of its two rows, mma step s its elements 4s .. 4s + 3
+// as k = 2t, 2t + 1, 2t + 8, 2t + 9 (the k order above).
+template <typename T, int WK, int NT>
+__device__ __forceinline__ void chunk_stage(const uint8_t* w0, const uint8_t* w1, const T* xt,
+                                            int g, int t, float (&acc)[NT][4]) {
+  constexpr bool kBf = std::is_same_v<T, __nv_bfloat16>;
+#pragma unroll 2
+  for (int u = 0; u < kBK / 32; ++u) {
+    const int k = u * 32 + 8 * t;
+    float f0[8], f1[8];
+    chunk_to_float<WK>(load_block_chunk<WK, false>(w0, k), k, kBf, f0);
+    chunk_to_float<WK>(load_block_chunk<WK, false>(w1, k), k, kBf, f1);
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const uint32_t af[4] = {pack2_bits(f0[4 * s], f0[4 * s + 1], kBf),
+                              pack2_bits(f1[4 * s], f1[4 * s + 1], kBf),
+                              pack2_bits(f0[4 * s + 2], f0[4 * s + 3], kBf),
+                              pack2_bits(f1[4 * s + 2], f1[4 * s + 3], kBf)};
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const uint2 b = *reinterpret_cast<const uint2*>(xt + (j * 8 + g) * kXLds + k + 4 * s);
+        mma16816<T>(acc[j], af, b.x, b.y);
+      }
+    }
+  }
+}
+
 template <typename T, int WK, int NT>
 __global__ void __launch_bounds__(kThreads)
     gemm_skinny_quant_kernel(LinearArgs a, int stages_per_split, float* partials, int* counters) {
@@ -224,25 +252,7 @@ __global__ void __launch_bounds__(kThreads)
     } else if constexpr (WK == kWQ6_K) {
       q6k_stage<T, NT>(w0, w1, xt, g, t, acc);
     } else {
-#pragma unroll 2
-    for (int u = 0; u < kBK / 32; ++u) {
-      const int k = u * 32 + 8 * t;
-      float f0[8], f1[8];
-      chunk_to_float<WK>(load_block_chunk<WK, false>(w0, k), k, kBf, f0);
-      chunk_to_float<WK>(load_block_chunk<WK, false>(w1, k), k, kBf, f1);
-#pragma unroll
-      for (int s = 0; s < 2; ++s) {
-        const uint32_t af[4] = {pack2_bits(f0[4 * s], f0[4 * s + 1], kBf),
-                                pack2_bits(f1[4 * s], f1[4 * s + 1], kBf),
-                                pack2_bits(f0[4 * s + 2], f0[4 * s + 3], kBf),
-                                pack2_bits(f1[4 * s + 2], f1[4 * s + 3], kBf)};
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          const uint2 b = *reinterpret_cast<const uint2*>(xt + (j * 8 + g) * kXLds + k + 4 * s);
-          mma16816<T>(acc[j], af, b.x, b.y);
-        }
-      }
-    }
+      chunk_stage<T, WK, NT>(w0, w1, xt, g, t, acc);
     }
     cp_async_wait<S - 2>();
     __syncthreads();

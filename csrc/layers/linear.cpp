@@ -449,51 +449,14 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b
     return;
   }
 
-  if (panels) {
-    // Whole panels of 16 rows; the rows past the last one are plain rows (repack.h).
-    const int wk = wt == DType::F32_X16 ? kF32 : wt == DType::F16_X16 ? kF16 : kBF16;
-    const PanelFn* fns = wk == kF32   ? panel_fns<kF32>(reference)
-                         : wk == kF16 ? panel_fns<kF16>(reference)
-                                      : panel_fns<kBF16>(reference);
-    const DenseTable& tab = reference ? dense_ref() : dense_fast();
-    const int64_t esz = type_traits(wt).type_size;
-    const uint8_t* wp = static_cast<const uint8_t*>(w.data);
-    const int64_t panel_end = N / kPackRows * kPackRows;
-    auto body = [&](int64_t t0, int64_t t1, int64_t n0, int64_t n1) {
-      for (int64_t t = t0; t < t1; t += kPanelMR) {
-        const int mr = static_cast<int>(std::min<int64_t>(kPanelMR, t1 - t));
-        const float* xr = xp + t * xs;
-        float* orow = op_ + t * os;
-        for (int64_t n = n0; n < std::min(n1, panel_end); n += 2 * kPackRows) {
-          const bool two = n + kPackRows < std::min(n1, panel_end);
-          fns[two](xr, xs, mr, wp + n * K * esz, wp + (n + kPackRows) * K * esz, K, orow + n,
-                   os, bp ? bp + n : nullptr);
-        }
-        float tmp[kMaxMR * kMaxNR];
-        for (int64_t m0 = 0; m0 < mr; m0 += kMaxMR) {
-          const int mm = std::min(kMaxMR, mr - static_cast<int>(m0));
-          for (int64_t n = std::max(n0, panel_end); n < n1; n += kMaxNR) {
-            const int nr = static_cast<int>(std::min<int64_t>(kMaxNR, n1 - n));
-            tab.fn[wk][nr](xr + m0 * xs, xs, mm, wp + n * K * esz, K, K, tmp);
-            for (int m = 0; m < mm; ++m)
-              for (int r = 0; r < nr; ++r)
-                orow[(m0 + m) * os + n + r] =
-                    bp ? tmp[m * kMaxNR + r] + bp[n + r] : tmp[m * kMaxNR + r];
-          }
-        }
-      }
-    };
-    for_tiles(T, N, K * esz, kPackRows, !reference, body);
-    return;
-  }
-
-  if (dense) {
-    const int wk = wt == DType::F32 ? kF32 : wt == DType::F16 ? kF16 : kBF16;
+  if (dense || panels) {
+    const DType base = panels ? packed_base(wt) : wt;
+    const int wk = base == DType::F32 ? kF32 : base == DType::F16 ? kF16 : kBF16;
     const DenseTable& tab = reference ? dense_ref() : dense_fast();
     const int64_t ws = w.stride[0];  // elements
     const int64_t esz = type_traits(wt).type_size;
     const uint8_t* wp = static_cast<const uint8_t*>(w.data);
-    auto body = [&](int64_t t0, int64_t t1, int64_t n0, int64_t n1) {
+    auto rows_body = [&](int64_t t0, int64_t t1, int64_t n0, int64_t n1) {
       float tmp[kMaxMR * kMaxNR];
       for (int64_t t = t0; t < t1; t += kMaxMR) {
         const int mr = static_cast<int>(std::min<int64_t>(kMaxMR, t1 - t));
@@ -508,7 +471,27 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b
         }
       }
     };
-    for_tiles(T, N, K * esz, kMaxNR, !reference, body);
+    if (dense) {
+      for_tiles(T, N, K * esz, kMaxNR, !reference, rows_body);
+      return;
+    }
+    // Panels: whole panels of 16 rows; the rows past the last one are plain rows (repack.h).
+    const PanelFn* fns = wk == kF32   ? panel_fns<kF32>(reference)
+                         : wk == kF16 ? panel_fns<kF16>(reference)
+                                      : panel_fns<kBF16>(reference);
+    const int64_t panel_end = N / kPackRows * kPackRows;
+    auto panel_body = [&](int64_t t0, int64_t t1, int64_t n0, int64_t n1) {
+      for (int64_t t = t0; t < t1; t += kPanelMR) {
+        const int mr = static_cast<int>(std::min<int64_t>(kPanelMR, t1 - t));
+        for (int64_t n = n0; n < std::min(n1, panel_end); n += 2 * kPackRows) {
+          const bool two = n + kPackRows < std::min(n1, panel_end);
+          fns[two](xp + t * xs, xs, mr, wp + n * ws * esz, wp + (n + kPackRows) * ws * esz, K,
+                   op_ + t * os + n, os, bp ? bp + n : nullptr);
+        }
+      }
+      if (n1 > panel_end) rows_body(t0, t1, std::max(n0, panel_end), n1);
+    };
+    for_tiles(T, N, K * esz, kPackRows, !reference, panel_body);
     return;
   }
 
