@@ -46,6 +46,10 @@ def dtype_id(np_dtype) -> int:
 class DeviceArray(getattr(_C, "DeviceArrayBase", object)):
     """`buffer` (a _C.DeviceBuffer) bytes from `offset`, storage `shape`, `dtype` id."""
 
+    # What a block-type array's values are read as by an op with no other hint of the model's
+    # dtype (an embedding lookup's output): placement.upload_weight sets the activation dtype.
+    dequant_dtype: int = BF16
+
     def __init__(self, buffer: _C.DeviceBuffer, dtype: int, shape: tuple[int, ...],
                  offset: int = 0) -> None:
         self.buffer = buffer

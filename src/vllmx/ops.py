@@ -106,10 +106,11 @@ def _rows(table) -> int:
 
 def embedding(ids, table, out_dtype: int | None = None, out=None):
     """table[ids]: [T, H] rows, dequantized. On the host f32; on the GPU out_dtype (default: the
-    table's dtype if dense, else bf16), or into out when given."""
+    table's dtype if dense, else its dequant_dtype, the model's activation dtype), or into out
+    when given."""
     if out is None and isinstance(ids, DeviceArray):
         if out_dtype is None:
-            out_dtype = table.dtype if table.dtype in (F32, F16, BF16) else BF16
+            out_dtype = table.dtype if table.dtype in (F32, F16, BF16) else table.dequant_dtype
         out = DeviceArray.empty((ids.shape[0], _rows(table)), out_dtype)
     elif out is None:
         out = _host_empty((ids.shape[0], _rows(table)), np.float32)

@@ -77,7 +77,9 @@ def upload_weight(w: Weight | DeviceArray, name: str = "weight") -> Weight | Dev
     if w.dtype in (F32, F16, BF16):
         return DeviceArray.from_numpy(_dense_as(w, p.dtype), p.dtype)
     rows = w.shape[0] if len(w.shape) > 1 else 1
-    return DeviceArray.from_numpy(np.asarray(w.data).reshape(rows, -1), w.dtype)
+    out = DeviceArray.from_numpy(np.asarray(w.data).reshape(rows, -1), w.dtype)
+    out.dequant_dtype = p.dtype  # an embedding's rows come out in the activation dtype
+    return out
 
 
 def upload_experts(w: Weight, name: str = "experts") -> Weight | DeviceArray:
