@@ -135,6 +135,9 @@ void launch_typed(const LinearArgs& a, dim3 grid, int per, float* partials, int*
 }  // namespace
 
 void launch_gemm_skinny(const LinearArgs& a, bool bf16, cudaStream_t s) {
+#ifdef VLLMX_WITH_SM90_GEMM
+  if (launch_gemm_skinny_bulk(a, bf16, s)) return;
+#endif
   const int tiles = (a.N + kRows - 1) / kRows, k_tiles = (a.K + kBK - 1) / kBK;
   // Two CTAs fit an SM at either token width.
   const int waves = linear_tuning().skinny_waves > 0 ? linear_tuning().skinny_waves : 2;

@@ -24,12 +24,17 @@ struct SplitK {
 // leave most SMs idle at its end), each split at least min_per stages long; then no split is
 // left empty. A function of N, K and the kernel, never of T: a row's bits do not depend on the
 // batch. tt: the token tile the partials hold.
-inline SplitK plan_split(int tiles, int k_tiles, int ctas_per_sm, int min_per, int tt) {
+inline SplitK split_k(int tiles, int k_tiles, int ctas_per_sm, int min_per) {
   SplitK p;
   p.splits = std::clamp(ctas_per_sm * num_sms() / tiles, 1, kMaxSplits);
   p.splits = std::max(1, std::min(p.splits, k_tiles / min_per));
   p.per = (k_tiles + p.splits - 1) / p.splits;
   p.splits = std::max(1, (k_tiles + p.per - 1) / p.per);
+  return p;
+}
+// split_k with its scratch.
+inline SplitK plan_split(int tiles, int k_tiles, int ctas_per_sm, int min_per, int tt) {
+  SplitK p = split_k(tiles, k_tiles, ctas_per_sm, min_per);
   if (p.splits > 1) {
     static GrowOnlyBuffer partial_buf, counter_buf(/*zeroed=*/true);
     p.partials = static_cast<float*>(
@@ -57,13 +62,15 @@ __device__ __forceinline__ void skinny_prologue(int nkt, const LoadW& load_w, co
   __syncthreads();
 }
 
-// The end of both skinny kernels: acc[j][e] (an m16n8 tile per 8 tokens, warp w's 16 rows)
+// The end of the skinny kernels: acc[j][e] (an m16n8 tile per 8 tokens, warp w's 16 rows)
 // to out directly, or with split-K through f32 partials that the tile's last CTA adds in split
-// order (an atomic ticket), so that no bit depends on which CTA finished first.
+// order (an atomic ticket), so that no bit depends on which CTA finished first. Threads not
+// active (a producer warp past the kThreads that hold acc) only join its barriers.
 template <int NT>
 __device__ __forceinline__ void skinny_epilogue(const LinearArgs& a, bool kBf,
                                                 const float (&acc)[NT][4], int n0,
-                                                float* partials, int* counters) {
+                                                float* partials, int* counters,
+                                                bool active = true) {
   constexpr int TT = 8 * NT;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int split = blockIdx.y, splits = gridDim.y;
@@ -73,6 +80,7 @@ __device__ __forceinline__ void skinny_epilogue(const LinearArgs& a, bool kBf,
     return (warp * 16 + lane / 4 + (e >= 2 ? 8 : 0)) * TT + j * 8 + (lane % 4) * 2 + (e & 1);
   };
   if (splits == 1) {
+    if (!active) return;
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
@@ -84,17 +92,18 @@ __device__ __forceinline__ void skinny_epilogue(const LinearArgs& a, bool kBf,
     return;
   }
   float* mine = partials + (static_cast<int64_t>(blockIdx.x) * splits + split) * kRows * TT;
+  if (active)
 #pragma unroll
-  for (int j = 0; j < NT; ++j)
+    for (int j = 0; j < NT; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; e += 2)
-      *reinterpret_cast<float2*>(mine + local(j, e)) = make_float2(acc[j][e], acc[j][e + 1]);
+      for (int e = 0; e < 4; e += 2)
+        *reinterpret_cast<float2*>(mine + local(j, e)) = make_float2(acc[j][e], acc[j][e + 1]);
   __threadfence();  // the partials are visible before the ticket says so
   __syncthreads();
   __shared__ bool last;
   if (tid == 0) last = atomicAdd(&counters[blockIdx.x], 1) == splits - 1;
   __syncthreads();
-  if (!last) return;
+  if (!last || !active) return;
   __threadfence();
   // The last CTA adds the tile's partials split by split (a fixed order), every thread over its
   // float4s of the [kRows][TT] tile, all loads of all splits in flight at once.
@@ -127,3 +136,10 @@ __device__ __forceinline__ void skinny_epilogue(const LinearArgs& a, bool kBf,
 }
 
 }  // namespace vllmx::cuda::lin::skinny
+
+namespace vllmx::cuda::lin {
+// gemm_skinny_bulk_sm90.cu: the skinny GEMM fed by TMA, where the GPU, the product's shape
+// (skinny_bulk_fits) and its operands' alignment suit it (returns false, launching nothing,
+// where they do not).
+bool launch_gemm_skinny_bulk(const LinearArgs& a, bool bf16, cudaStream_t s);
+}  // namespace vllmx::cuda::lin

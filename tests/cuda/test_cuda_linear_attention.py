@@ -207,8 +207,9 @@ def test_linear_k_quants(xdt, qtype, t, nk):
 @pytest.mark.parametrize("dt", [BF16, F16], ids=["bf16", "f16"])
 def test_linear_skinny(dt, nk):
     """3 <= T <= 32 with x and w of one dtype take the skinny GEMM (split-K where N gives few
-    tiles; on Hopper only products up to 4096 x 4096, like all of these, stay on it past T = 11,
-    where the CUTLASS GEMM's narrow swapped tiles take larger ones): right against f64 at every
+    tiles; on Hopper products up to 4096 x 4096, like all of these, and those its TMA kernel
+    takes stay on it past T = 11, where the CUTLASS GEMM's narrow swapped tiles take other
+    larger ones; 4096 x 4096 is on the TMA kernel there): right against f64 at every
     token tile width, and a row's bits do not depend on the batch around it within the kernel's
     range or on the launch (the split partials are summed in a fixed order); past the range the
     other GEMMs take over, still right."""
@@ -226,6 +227,34 @@ def test_linear_skinny(dt, nk):
     again = cuda_linear(np.ascontiguousarray(x[:17]), dt, w, dt, bias)[:3]
     assert np.array_equal(again, rows[17])
     assert all(np.array_equal(rows[t], rows[5]) for t in (3, 4, 8, 11, 12, 16, 17, 24, 32))
+
+
+@pytest.mark.parametrize("nk", [(6390, 1024), (4040, 1024), (2000, 4096), (4096, 14336)],
+                         ids=lambda s: f"N{s[0]}K{s[1]}")
+@pytest.mark.parametrize("dt", [BF16, F16], ids=["bf16", "f16"])
+def test_linear_skinny_bulk(dt, nk):
+    """The skinny GEMM forced for every T up to 32: on Hopper these shapes (K a multiple of 128,
+    tiles x splits filling most SMs) take its bulk-copy kernel (gemm_skinny_bulk_sm90.cu) —
+    6390 rows unsplit with a 54-row last tile, 4040 split in two with an 8-row one, 2000 in four
+    with 16, and the 14336-deep down_proj — elsewhere the cp.async one. Right against f64, a
+    row's bits the same at every T and on a second launch."""
+    n, k = nk
+    rng = np.random.default_rng([dt, n, k, 1])
+    w, w64 = make_dense(rng, n, k, dt)
+    x, x64 = make_x(rng, 32, k, dt)
+    want = x64 @ w64.T
+    rows = {}
+    _C.cuda_linear_tuning(path="skinny")
+    try:
+        for t in (3, 5, 8, 16, 17, 24, 32):
+            got = cuda_linear(np.ascontiguousarray(x[:t]), dt, w, dt)
+            assert rel_err(got, want[:t]) < TOL[dt], t
+            rows[t] = got[:3]
+        again = cuda_linear(np.ascontiguousarray(x[:24]), dt, w, dt)[:3]
+    finally:
+        _C.cuda_linear_tuning()
+    assert np.array_equal(again, rows[24])
+    assert all(np.array_equal(rows[t], rows[3]) for t in rows)
 
 
 @pytest.mark.parametrize("nk", [(1000, 4096), (77, 2816)], ids=lambda s: f"N{s[0]}K{s[1]}")

@@ -1,0 +1,246 @@
+// The skinny GEMM on Hopper's tensor memory accelerator: out[T, N] = x[T, K] @ w[N, K]^T for
+// kSkinnyMinT <= T <= kSkinnyMaxT, x and w of one 16-bit dtype. The same product, split and
+// epilogue as gemm_skinny.cu (swapped operands on mma.sync, split-K summed in split order by
+// the tile's last CTA), fed differently: there every thread issues 16-byte cp.async copies, and
+// ncu on the H200 put that kernel at 63% of DRAM bandwidth where cuBLAS's TMA-fed kernel
+// reaches 79% (Llama-3-8B's down_proj at T = 8: 39.9 us against 31.5). Here one producer thread
+// moves each stage as two TMA boxes (64 w rows x 64 k, TT tokens x 64 k; rows past N, tokens
+// past T and k past K arrive as zeros) into a ring of 22 stages (18 at 32 tokens), one CTA an
+// SM, so 144-176 KB of weights are in flight per SM; four consumer warps run the MMAs and hand
+// each stage back through an empty barrier. Deeper cp.async pipelines did not get there (see
+// bench/results/gpu_linear_skinny_tma.json), nor did one 256-byte cp.async.bulk copy a row,
+// 3x slower: the copy engine's cost is per request, and a box is one request.
+//
+// Batch invariant as gemm_skinny.cu's kernel is (the split and the summation order are fixed by
+// N and K), though not bit-equal to it. Compiled for sm_90a only (cmake/cutlass_sm90.cmake).
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include "gemm_skinny.cuh"
+
+namespace vllmx::cuda::lin {
+
+namespace {
+
+using namespace skinny;
+
+constexpr int kBK = 64;                      // K per stage: one 128-byte swizzled box row
+constexpr int kConsumerWarps = kThreads / 32;
+constexpr int kBulkThreads = kThreads + 32;  // the consumers and one producer warp
+constexpr int kSmemBudget = 220 * 1024;      // one CTA an SM (228 KB, less reserved)
+constexpr int kMinStagesPerSplit = 8;        // a split shorter than this is mostly pipeline fill
+
+template <int NT>
+constexpr int kStageBytes = (kRows + 8 * NT) * kBK * 2;
+template <int NT>
+constexpr int kStages = kSmemBudget / kStageBytes<NT>;
+// The stages, their barriers, and slack to align the ring to the 1024 bytes over which the
+// 128-byte swizzle repeats.
+template <int NT>
+constexpr int kSmemBytes = kStages<NT> * kStageBytes<NT> + 2 * kStages<NT> * 8 + 1024;
+static_assert(kStages<2> == 22 && kStages<4> == 18, "stages by token tile");
+static_assert(kRows * kBK * 2 % 1024 == 0 && 16 * kBK * 2 % 1024 == 0, "boxes keep 1024 alignment");
+
+// Byte offset of element k (< 64) of row r in a box written with the 128-byte swizzle: 16-byte
+// chunk c of a 128-byte row sits at chunk c ^ (r % 8), so the eight rows an ldmatrix phase reads
+// fall in eight bank groups.
+__device__ __forceinline__ int swizzled(int r, int k) {
+  return r * 128 + (((k / 8) ^ (r % 8)) * 16);
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* b, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(b)), "r"(count));
+}
+// The producer's arrival on a stage's full barrier, announcing the bytes its copies will bring.
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* b, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(b)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(b)) : "memory");
+}
+// Waits until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* b, uint32_t parity) {
+  asm volatile(
+      "{\n\t.reg .pred done;\n"
+      "WAIT:\n\t"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
+      "@!done bra WAIT;\n}" ::"r"(smem_addr(b)),
+      "r"(parity)
+      : "memory");
+}
+// The box of map at (k, row) into shared dst, counted on barrier b.
+__device__ __forceinline__ void tma_box(void* dst, const CUtensorMap& map, int k, int row,
+                                        uint64_t* b) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(k), "r"(row), "r"(smem_addr(b))
+      : "memory");
+}
+
+// NT: 8-token mma tiles (T <= 8 NT). w_map / x_map: boxes of 64 rows / TT tokens x kBK.
+// partials / counters: split-K scratch (splits > 1).
+template <typename T, int NT>
+__global__ void __launch_bounds__(kBulkThreads, 1)
+    gemm_skinny_bulk_kernel(LinearArgs a, const __grid_constant__ CUtensorMap w_map,
+                            const __grid_constant__ CUtensorMap x_map, int tiles_per_split,
+                            float* partials, int* counters) {
+  constexpr int TT = 8 * NT, S = kStages<NT>;
+  constexpr bool kBf = std::is_same_v<T, __nv_bfloat16>;
+  extern __shared__ uint8_t bulk_smem[];
+  uint8_t* Ws = bulk_smem + (1024 - smem_addr(bulk_smem) % 1024) % 1024;  // [S][kRows][128 B]
+  uint8_t* Xs = Ws + S * kRows * kBK * 2;                                   // [S][TT][128 B]
+  uint64_t* full = reinterpret_cast<uint64_t*>(Xs + S * TT * kBK * 2);      // [S]
+  uint64_t* empty = full + S;                                               // [S]
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int n0 = blockIdx.x * kRows;
+  const int kt0 = blockIdx.y * tiles_per_split;
+  const int nkt = min((a.K + kBK - 1) / kBK, kt0 + tiles_per_split) - kt0;
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kConsumerWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+
+  if (warp == kConsumerWarps) {
+    if (lane == 0) {  // the producer
+      constexpr uint32_t kTx = kStageBytes<NT>;  // whole boxes, zeros included
+      auto copy_w = [&](int i, int s) {
+        mbar_expect_tx(&full[s], kTx);
+        tma_box(Ws + s * kRows * kBK * 2, w_map, (kt0 + i) * kBK, n0, &full[s]);
+      };
+      auto copy_x = [&](int i, int s) {
+        tma_box(Xs + s * TT * kBK * 2, x_map, (kt0 + i) * kBK, 0, &full[s]);
+      };
+      // The first stages' weights before the wait for the previous kernel (w is never its
+      // output; x may be).
+      const int first = min(S, nkt);
+      for (int i = 0; i < first; ++i) copy_w(i, i);
+      pdl_begin();
+      for (int i = 0; i < first; ++i) copy_x(i, i);
+      for (int i = first; i < nkt; ++i) {
+        const int s = i % S;
+        mbar_wait(&empty[s], (i / S - 1) & 1);  // the consumers are done with round i / S - 1
+        copy_w(i, s);
+        copy_x(i, s);
+      }
+    } else {
+      pdl_begin();
+    }
+    __syncwarp();
+  } else {
+    pdl_begin();  // (out may still be read by the previous kernel)
+    for (int i = 0; i < nkt; ++i) {
+      const int s = i % S;
+      mbar_wait(&full[s], (i / S) & 1);
+      const uint8_t* wt = Ws + s * kRows * kBK * 2;
+      const uint8_t* xt = Xs + s * TT * kBK * 2;
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        uint32_t af[4];
+        ldmatrix_x4(af, wt + swizzled(warp * 16 + lane % 16, kk * 16 + (lane / 16) * 8));
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+          uint32_t r[4];
+          ldmatrix_x4(r, xt + swizzled(np * 16 + lane % 8 + (lane / 16) * 8,
+                                       kk * 16 + ((lane / 8) % 2) * 8));
+          mma16816<T>(acc[2 * np], af, r[0], r[1]);
+          mma16816<T>(acc[2 * np + 1], af, r[2], r[3]);
+        }
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[s]);
+    }
+  }
+
+  skinny_epilogue<NT>(a, kBf, acc, n0, partials, counters, warp < kConsumerWarps);
+}
+
+// A 2-D tensor map over rows of 16-bit elements: boxes of kBK elements x box_rows rows,
+// 128-byte swizzled, zeros past its edges. False where the driver refuses it.
+bool make_map(CUtensorMap* map, const void* base, int64_t cols, int64_t rows,
+              int64_t row_stride, int box_rows) {
+  static const auto encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+#if CUDART_VERSION >= 12050
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                             cudaEnableDefault, &q);
+#else
+    const cudaError_t err =
+        cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &q);
+#endif
+    if (err != cudaSuccess || q != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_stride) * 2};
+  const cuuint32_t box[2] = {kBK, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(base), dims, strides,
+                box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <typename T, int NT>
+bool launch_nt(const LinearArgs& a, dim3 grid, const SplitK& sk, cudaStream_t s) {
+  CUtensorMap w_map, x_map;
+  if (!make_map(&w_map, a.w, a.K, a.N, a.w_stride, kRows) ||
+      !make_map(&x_map, a.x, a.K, a.T, a.x_stride, 8 * NT))
+    return false;
+  static const bool smem_ok =
+      (allow_smem(gemm_skinny_bulk_kernel<T, NT>, kSmemBytes<NT>), true);
+  (void)smem_ok;
+  launch(gemm_skinny_bulk_kernel<T, NT>, grid, kBulkThreads, kSmemBytes<NT>, s, a, w_map, x_map,
+         sk.per, sk.partials, sk.counters);
+  return true;
+}
+
+}  // namespace
+
+// One CTA an SM, one wave: only where the tiles, split, fill most SMs at once. On the H200
+// (bench/gpu_kernels_vs_torch.py --plans auto,skinny, weights rotated out of L2) that is
+// Llama-3-8B's o_proj (4096 x 4096: 11.6-12.2 us at T = 4-32, cuBLAS 12.4-13.4, the cp.async
+// kernel 12.5-16.5) and down_proj (4096 x 14336: 30.5-32.3 us, cuBLAS 31.6-33.8, the CUTLASS
+// GEMM the planner took from T = 12: 37-44) and Qwen3-0.6B's qkv (4096 x 1024: 5.3-6.7 us,
+// cuBLAS 5.3-5.4); the rest (6144 rows: 96 CTAs; 28672: 3.4 waves; 1024 rows x 2048-3072: the
+// cp.async kernel's two CTAs an SM ran them as fast) stay where they were.
+bool skinny_bulk_fits(int64_t N, int64_t K) {
+  if (!sm90_kernels() || K <= 0 || N <= 0 || N > int64_t{1} << 30 || K > int64_t{1} << 30)
+    return false;
+  const int tiles = static_cast<int>((N + kRows - 1) / kRows);
+  const int k_tiles = static_cast<int>((K + kBK - 1) / kBK);
+  if (tiles > num_sms()) return false;
+  const SplitK sk = split_k(tiles, k_tiles, 1, kMinStagesPerSplit);
+  return 4 * tiles * sk.splits >= 3 * num_sms();
+}
+
+bool launch_gemm_skinny_bulk(const LinearArgs& a, bool bf16, cudaStream_t s) {
+  // TMA: 16-byte aligned bases and row strides.
+  if (!skinny_bulk_fits(a.N, a.K) || a.w_stride % 8 != 0 || a.x_stride % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(a.w) % 16 != 0 || reinterpret_cast<uintptr_t>(a.x) % 16 != 0)
+    return false;
+  const int tiles = (a.N + kRows - 1) / kRows, k_tiles = (a.K + kBK - 1) / kBK;
+  const SplitK sk = plan_split(tiles, k_tiles, 1, kMinStagesPerSplit, a.T <= 16 ? 16 : 32);
+  const dim3 grid(tiles, sk.splits);
+  if (a.T <= 16)
+    return bf16 ? launch_nt<__nv_bfloat16, 2>(a, grid, sk, s) : launch_nt<__half, 2>(a, grid, sk, s);
+  return bf16 ? launch_nt<__nv_bfloat16, 4>(a, grid, sk, s) : launch_nt<__half, 4>(a, grid, sk, s);
+}
+
+}  // namespace vllmx::cuda::lin
