@@ -139,7 +139,7 @@ __device__ __forceinline__ void skinny_epilogue(const LinearArgs& a, bool kBf,
 
 namespace vllmx::cuda::lin {
 // gemm_skinny_bulk_sm90.cu: the skinny GEMM fed by TMA, where the GPU, the product's shape
-// (skinny_bulk_fits) and its operands' alignment suit it (returns false, launching nothing,
-// where they do not).
+// (skinny_bulk_ctas_per_sm) and its operands' alignment suit it (returns false, launching
+// nothing, where they do not).
 bool launch_gemm_skinny_bulk(const LinearArgs& a, bool bf16, cudaStream_t s);
 }  // namespace vllmx::cuda::lin

@@ -6,8 +6,9 @@
 // reaches 79% (Llama-3-8B's down_proj at T = 8: 39.9 us against 31.5). Here one producer thread
 // moves each stage as two TMA boxes (64 w rows x 64 k, TT tokens x 64 k; rows past N, tokens
 // past T and k past K arrive as zeros) into a ring of 22 stages (18 at 32 tokens), one CTA an
-// SM, so 144-176 KB of weights are in flight per SM; four consumer warps run the MMAs and hand
-// each stage back through an empty barrier. Deeper cp.async pipelines did not get there (see
+// SM, so 144-176 KB of weights are in flight per SM (or two CTAs of half the ring where that
+// fills the SMs better); four consumer warps run the MMAs and hand each stage back through an
+// empty barrier. Deeper cp.async pipelines did not get there (see
 // bench/results/gpu_linear_skinny_tma.json), nor did one 256-byte cp.async.bulk copy a row,
 // 3x slower: the copy engine's cost is per request, and a box is one request.
 //
@@ -27,18 +28,24 @@ using namespace skinny;
 constexpr int kBK = 64;                      // K per stage: one 128-byte swizzled box row
 constexpr int kConsumerWarps = kThreads / 32;
 constexpr int kBulkThreads = kThreads + 32;  // the consumers and one producer warp
-constexpr int kSmemBudget = 220 * 1024;      // one CTA an SM (228 KB, less reserved)
 constexpr int kMinStagesPerSplit = 8;        // a split shorter than this is mostly pipeline fill
 
+// C: CTAs an SM. One where the product's tiles, split, fill 3/4 of the SMs in one wave; two
+// (half the ring each) where they fill 70% of twice as many slots and not the SMs (6144 rows:
+// 96 tiles, 192 CTAs).
+template <int C>
+constexpr int kSmemBudget = C == 1 ? 220 * 1024 : 108 * 1024;  // of 228 KB, less reserved
 template <int NT>
 constexpr int kStageBytes = (kRows + 8 * NT) * kBK * 2;
-template <int NT>
-constexpr int kStages = kSmemBudget / kStageBytes<NT>;
+template <int NT, int C>
+constexpr int kStages = kSmemBudget<C> / kStageBytes<NT>;
 // The stages, their barriers, and slack to align the ring to the 1024 bytes over which the
 // 128-byte swizzle repeats.
-template <int NT>
-constexpr int kSmemBytes = kStages<NT> * kStageBytes<NT> + 2 * kStages<NT> * 8 + 1024;
-static_assert(kStages<2> == 22 && kStages<4> == 18, "stages by token tile");
+template <int NT, int C>
+constexpr int kSmemBytes = kStages<NT, C> * kStageBytes<NT> + 2 * kStages<NT, C> * 8 + 1024;
+static_assert(kStages<2, 1> == 22 && kStages<4, 1> == 18 && kStages<2, 2> == 10 &&
+                  kStages<4, 2> == 9,
+              "stages by token tile and CTAs an SM");
 static_assert(kRows * kBK * 2 % 1024 == 0 && 16 * kBK * 2 % 1024 == 0, "boxes keep 1024 alignment");
 
 // Byte offset of element k (< 64) of row r in a box written with the 128-byte swizzle: 16-byte
@@ -82,12 +89,12 @@ __device__ __forceinline__ void tma_box(void* dst, const CUtensorMap& map, int k
 
 // NT: 8-token mma tiles (T <= 8 NT). w_map / x_map: boxes of 64 rows / TT tokens x kBK.
 // partials / counters: split-K scratch (splits > 1).
-template <typename T, int NT>
-__global__ void __launch_bounds__(kBulkThreads, 1)
+template <typename T, int NT, int C>
+__global__ void __launch_bounds__(kBulkThreads, C)
     gemm_skinny_bulk_kernel(LinearArgs a, const __grid_constant__ CUtensorMap w_map,
                             const __grid_constant__ CUtensorMap x_map, int tiles_per_split,
                             float* partials, int* counters) {
-  constexpr int TT = 8 * NT, S = kStages<NT>;
+  constexpr int TT = 8 * NT, S = kStages<NT, C>;
   constexpr bool kBf = std::is_same_v<T, __nv_bfloat16>;
   extern __shared__ uint8_t bulk_smem[];
   uint8_t* Ws = bulk_smem + (1024 - smem_addr(bulk_smem) % 1024) % 1024;  // [S][kRows][128 B]
@@ -197,50 +204,61 @@ bool make_map(CUtensorMap* map, const void* base, int64_t cols, int64_t rows,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <typename T, int NT>
+template <typename T, int NT, int C>
 bool launch_nt(const LinearArgs& a, dim3 grid, const SplitK& sk, cudaStream_t s) {
   CUtensorMap w_map, x_map;
   if (!make_map(&w_map, a.w, a.K, a.N, a.w_stride, kRows) ||
       !make_map(&x_map, a.x, a.K, a.T, a.x_stride, 8 * NT))
     return false;
-  static const bool smem_ok =
-      (allow_smem(gemm_skinny_bulk_kernel<T, NT>, kSmemBytes<NT>), true);
+  constexpr auto kernel = gemm_skinny_bulk_kernel<T, NT, C>;
+  static const bool smem_ok = (allow_smem(kernel, kSmemBytes<NT, C>), true);
   (void)smem_ok;
-  launch(gemm_skinny_bulk_kernel<T, NT>, grid, kBulkThreads, kSmemBytes<NT>, s, a, w_map, x_map,
-         sk.per, sk.partials, sk.counters);
+  launch(kernel, grid, kBulkThreads, kSmemBytes<NT, C>, s, a, w_map, x_map, sk.per, sk.partials,
+         sk.counters);
   return true;
+}
+
+template <typename T, int C>
+bool launch_c(const LinearArgs& a, dim3 grid, const SplitK& sk, cudaStream_t s) {
+  return a.T <= 16 ? launch_nt<T, 2, C>(a, grid, sk, s) : launch_nt<T, 4, C>(a, grid, sk, s);
 }
 
 }  // namespace
 
-// One CTA an SM, one wave: only where the tiles, split, fill most SMs at once. On the H200
-// (bench/gpu_kernels_vs_torch.py --plans auto,skinny, weights rotated out of L2) that is
-// Llama-3-8B's o_proj (4096 x 4096: 11.6-12.2 us at T = 4-32, cuBLAS 12.4-13.4, the cp.async
-// kernel 12.5-16.5) and down_proj (4096 x 14336: 30.5-32.3 us, cuBLAS 31.6-33.8, the CUTLASS
-// GEMM the planner took from T = 12: 37-44) and Qwen3-0.6B's qkv (4096 x 1024: 5.3-6.7 us,
-// cuBLAS 5.3-5.4); the rest (6144 rows: 96 CTAs; 28672: 3.4 waves; 1024 rows x 2048-3072: the
-// cp.async kernel's two CTAs an SM ran them as fast) stay where they were.
-bool skinny_bulk_fits(int64_t N, int64_t K) {
+// Measured on the H200 (bench/gpu_kernels_vs_torch.py, weights rotated out of L2): one CTA an SM
+// runs Llama-3-8B's o_proj (4096 x 4096: 11.6-12.2 us at T = 4-32, cuBLAS 12.4-13.4, the
+// cp.async kernel 12.5-16.5) and down_proj (4096 x 14336: 30.5-32.3 us, cuBLAS 31.6-33.8, the
+// CUTLASS GEMM the planner took from T = 12: 37-44) and Qwen3-0.6B's qkv (4096 x 1024: 5.3-6.7
+// us, cuBLAS 5.3-5.4); two, Llama-3-8B's qkv (6144 x 4096: 16.3 us at T = 4-16, 18.3 at 24-32;
+// cuBLAS 14.8-15.6, before 18.4-19.3) and Qwen3-0.6B's gate_up (6144 x 1024: 6.2-6.3 at T = 4-16
+// against 6.6-6.9, but 8.0-8.3 at 24-32 against the CUTLASS tile's 7.8-7.9, which the planner
+// keeps there). 28672 rows (3.4 waves) and 1024 x 2048-3072 (too few tiles) stay where they were.
+int skinny_bulk_ctas_per_sm(int64_t N, int64_t K) {
   if (!sm90_kernels() || K <= 0 || N <= 0 || N > int64_t{1} << 30 || K > int64_t{1} << 30)
-    return false;
+    return 0;
   const int tiles = static_cast<int>((N + kRows - 1) / kRows);
-  const int k_tiles = static_cast<int>((K + kBK - 1) / kBK);
-  if (tiles > num_sms()) return false;
-  const SplitK sk = split_k(tiles, k_tiles, 1, kMinStagesPerSplit);
-  return 4 * tiles * sk.splits >= 3 * num_sms();
+  const int k_tiles = static_cast<int>((K + kBK - 1) / kBK), sms = num_sms();
+  if (tiles <= sms &&
+      4 * tiles * split_k(tiles, k_tiles, 1, kMinStagesPerSplit).splits >= 3 * sms)
+    return 1;
+  if (tiles <= 2 * sms &&
+      10 * tiles * split_k(tiles, k_tiles, 2, kMinStagesPerSplit).splits >= 7 * 2 * sms)
+    return 2;
+  return 0;
 }
 
 bool launch_gemm_skinny_bulk(const LinearArgs& a, bool bf16, cudaStream_t s) {
+  const int c = skinny_bulk_ctas_per_sm(a.N, a.K);
   // TMA: 16-byte aligned bases and row strides.
-  if (!skinny_bulk_fits(a.N, a.K) || a.w_stride % 8 != 0 || a.x_stride % 8 != 0 ||
+  if (c == 0 || a.w_stride % 8 != 0 || a.x_stride % 8 != 0 ||
       reinterpret_cast<uintptr_t>(a.w) % 16 != 0 || reinterpret_cast<uintptr_t>(a.x) % 16 != 0)
     return false;
   const int tiles = (a.N + kRows - 1) / kRows, k_tiles = (a.K + kBK - 1) / kBK;
-  const SplitK sk = plan_split(tiles, k_tiles, 1, kMinStagesPerSplit, a.T <= 16 ? 16 : 32);
+  const SplitK sk = plan_split(tiles, k_tiles, c, kMinStagesPerSplit, a.T <= 16 ? 16 : 32);
   const dim3 grid(tiles, sk.splits);
-  if (a.T <= 16)
-    return bf16 ? launch_nt<__nv_bfloat16, 2>(a, grid, sk, s) : launch_nt<__half, 2>(a, grid, sk, s);
-  return bf16 ? launch_nt<__nv_bfloat16, 4>(a, grid, sk, s) : launch_nt<__half, 4>(a, grid, sk, s);
+  if (c == 1)
+    return bf16 ? launch_c<__nv_bfloat16, 1>(a, grid, sk, s) : launch_c<__half, 1>(a, grid, sk, s);
+  return bf16 ? launch_c<__nv_bfloat16, 2>(a, grid, sk, s) : launch_c<__half, 2>(a, grid, sk, s);
 }
 
 }  // namespace vllmx::cuda::lin

@@ -386,9 +386,11 @@ bool plan_sm90(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor& 
   // gate_up (bench/results/gpu_linear_plans.json).
   const bool wide_shallow = T > 16 && N >= 4096 && K <= 3072;
   if (T <= kSkinnyMaxT && N * K <= kSkinnyMaxElems && !wide_shallow) return false;
-  // Where the skinny GEMM runs on TMA it beats the narrow tiles at any T it takes (Llama-3-8B's
-  // down_proj at T = 12-32: 30.5-32.3 us against 37-44; gemm_skinny_bulk_sm90.cu).
-  if (T <= kSkinnyMaxT && skinny_bulk_fits(N, K)) return false;
+  // Where the skinny GEMM runs on TMA it beats the narrow tiles (Llama-3-8B's down_proj at
+  // T = 12-32: 30.5-32.3 us against 37-44), but for wide shallow products on its two-CTA layout
+  // past 16 tokens (Qwen3-0.6B's gate_up: 8.0-8.3 us against 7.8-7.9; gemm_skinny_bulk_sm90.cu).
+  const int bulk = skinny_bulk_ctas_per_sm(N, K);
+  if (T <= kSkinnyMaxT && bulk > 0 && !(wide_shallow && bulk == 2)) return false;
   if (!sm90_operands_ok(out, x, w, N, K)) return false;
   if (T <= kSm90MaxSwapT) {
     for (const Sm90Extent& e : kSm90Extents) {  // the narrowest swapped tile that holds T

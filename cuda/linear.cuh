@@ -387,9 +387,10 @@ void launch_grouped_linear(const LinearArgs& a, DType xt, cudaStream_t s);
 constexpr int kSkinnyMinT = 3;
 constexpr int kSkinnyMaxT = 32;
 void launch_gemm_skinny(const LinearArgs& a, bool bf16_x, cudaStream_t s);
-// Whether, on this GPU, launch_gemm_skinny runs an N x K product on its TMA-fed kernel
-// (gemm_skinny_bulk_sm90.cu; only where VLLMX_WITH_SM90_GEMM builds it).
-bool skinny_bulk_fits(int64_t N, int64_t K);
+// The CTAs an SM (1 or 2) with which launch_gemm_skinny runs an N x K product on its TMA-fed
+// kernel on this GPU, or 0 where it runs the cp.async one (gemm_skinny_bulk_sm90.cu; only where
+// VLLMX_WITH_SM90_GEMM builds it).
+int skinny_bulk_ctas_per_sm(int64_t N, int64_t K);
 
 // gemm_skinny_quant.cu: the skinny GEMM for block weights (wk a block kind, K a multiple of
 // 256) from quant_skinny_min_t(wk) to kSkinnyMaxT rows: 16-byte copies of the blocks into

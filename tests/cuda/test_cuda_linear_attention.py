@@ -229,15 +229,17 @@ def test_linear_skinny(dt, nk):
     assert all(np.array_equal(rows[t], rows[5]) for t in (3, 4, 8, 11, 12, 16, 17, 24, 32))
 
 
-@pytest.mark.parametrize("nk", [(6390, 1024), (4040, 1024), (2000, 4096), (4096, 14336)],
+@pytest.mark.parametrize("nk", [(6390, 1024), (4040, 1024), (2000, 4096), (4096, 14336),
+                                (6100, 2048)],
                          ids=lambda s: f"N{s[0]}K{s[1]}")
 @pytest.mark.parametrize("dt", [BF16, F16], ids=["bf16", "f16"])
 def test_linear_skinny_bulk(dt, nk):
     """The skinny GEMM forced for every T up to 32: on Hopper these shapes (K a multiple of 128,
     tiles x splits filling most SMs) take its bulk-copy kernel (gemm_skinny_bulk_sm90.cu) —
     6390 rows unsplit with a 54-row last tile, 4040 split in two with an 8-row one, 2000 in four
-    with 16, and the 14336-deep down_proj — elsewhere the cp.async one. Right against f64, a
-    row's bits the same at every T and on a second launch."""
+    with 16, the 14336-deep down_proj, and 6100 rows (96 tiles) two CTAs an SM, split in two,
+    with 20 — elsewhere the cp.async one. Right against f64, a row's bits the same at every T
+    and on a second launch."""
     n, k = nk
     rng = np.random.default_rng([dt, n, k, 1])
     w, w64 = make_dense(rng, n, k, dt)
