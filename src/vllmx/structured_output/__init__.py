@@ -4,7 +4,8 @@ tokenizer, checks each request's constraint before it is queued (a bad one is a 
 HTTP 400), makes the model runner one matcher per constrained request, and fills the batch's
 token bitmask on the host each step; the sampler applies it (ops.apply_token_bitmask) before
 sampling. Constrained requests are never drafted (speculative decoding), so each has one
-sampled row per step."""
+sampled row per step; the tokens a grammar forces after it are fast-forwarded by the model
+runner (GuidanceGrammar.fast_forward, ModelRunner._forced_tokens)."""
 
 from __future__ import annotations
 

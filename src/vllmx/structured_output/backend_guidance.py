@@ -151,6 +151,28 @@ class GuidanceGrammar:
                 return False
         return True
 
+    def fast_forward(self, limit: int, stop_ids: set[int] | frozenset = frozenset()) -> list[int]:
+        """The tokens the grammar forces next, at most `limit`, consumed: the model runner
+        appends them to the request's output without sampling them. llguidance's
+        compute_ff_tokens proposes them (the forced bytes, tokenized canonically); each is
+        kept only while the mask at its position allows it alone, the one token any sampling
+        would pick (a forced byte run may also be spelled by other tokens, which the model
+        could prefer). Never EOS nor one of stop_ids (their sampling decides stop, ignore_eos
+        and min_tokens as usual), nothing past the end."""
+        if self.terminated or limit <= 0:
+            return []
+        forced = []
+        for t in self.matcher.compute_ff_tokens()[:limit]:
+            mask = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint32)
+            if (t in self.eos_token_ids or t in stop_ids or int(np.bitwise_count(mask).sum()) != 1
+                    or not (int(mask[t >> 5]) >> (t & 31)) & 1):
+                break
+            if not self.matcher.consume_token(t):
+                raise RuntimeError(f"structured output: the grammar rejected its own forced "
+                                   f"token {t} ({self.error})")
+            forced.append(t)
+        return forced
+
     def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
         """Row `row` of bitmask (int32 [R, ceil(V / 32)]) = the tokens allowed next (only EOS
         once the grammar is complete or stopped)."""

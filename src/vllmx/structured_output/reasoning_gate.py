@@ -20,6 +20,9 @@ class ReasoningGatedGrammar:
     def __getattr__(self, name):  # matcher, error, terminated, fill_bitmask: the grammar's
         return getattr(self.grammar, name)
 
+    def fast_forward(self, limit: int, stop_ids: set[int] | frozenset = frozenset()) -> list[int]:
+        return self.grammar.fast_forward(limit, stop_ids) if self.active else []
+
     def accept_tokens(self, tokens: list[int]) -> bool:
         if self.active:
             return self.grammar.accept_tokens(tokens)

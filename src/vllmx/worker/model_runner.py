@@ -113,6 +113,7 @@ class ModelRunner:
                 slots.step_rows() if slots else None)
         self._decode_logits = None  # GPU: the decode buckets' f32 logits (below)
         self._in_flight: PendingStep | None = None  # the last launched step, until finished
+        self._launching = False  # in _launch (steps scheduled before the last one's tokens)
         # Grammar masks started on the StructuredOutputManager's thread (_grammar_masks): on
         # the GPU; on the CPU, whose cores run the forward, in line.
         self.masks_on_thread = device != "cpu"
@@ -406,6 +407,13 @@ class ModelRunner:
         return step if non_block else step.get_output()
 
     def _launch(self, so: SchedulerOutput) -> PendingStep:
+        self._launching = True
+        try:
+            return self._launch_step(so)
+        finally:
+            self._launching = False
+
+    def _launch_step(self, so: SchedulerOutput) -> PendingStep:
         if self._in_flight is not None:  # its sampling queued before this step's forward
             self._in_flight.launch_sample()
         self._token_fixup = self._logits_rows = None
@@ -589,17 +597,26 @@ class ModelRunner:
                     f"({state.grammar.error}); do allowed_token_ids, logit_bias, bad_words or "
                     f"min_tokens exclude every token it allows?")
                 continue
+            try:
+                forced = self._forced_tokens(step, state, len(new))
+            except Exception as e:  # (that request fails, not the engine)
+                logger.exception("fast-forwarding a structured output's forced tokens failed")
+                out.failed[req_id] = (f"structured output: fast-forwarding the grammar's forced "
+                                      f"tokens failed ({type(e).__name__}: {e})")
+                continue
             state.token_ids.extend(new)
+            state.token_ids.extend(forced)
             row = batch.req_id_to_index.get(req_id)
             if row is not None:
-                if len(new) == 1 and self.drafter is None:
+                if len(new) == 1 and self.drafter is None and not forced:
                     rows1.append(row)
                     toks1.append(new[0])
                 else:
-                    for tok in new:
+                    for tok in new + forced:
                         batch.append_token(req_id, tok)
-            out.sampled_token_ids[req_id] = new
-            out.sampled_logprobs[req_id] = [lps[r] for r in rows]
+            out.sampled_token_ids[req_id] = new + forced
+            # (Only requests without logprobs fast-forward: these values are never shown.)
+            out.sampled_logprobs[req_id] = [lps[r] for r in rows] + [0.0] * len(forced)
             if sampled.logprobs[rows[0]] is not None:
                 out.logprobs[req_id] = [sampled.logprobs[r] for r in rows]
             if (self.drafter is not None and drafts_for(state.sampling_params)
@@ -613,6 +630,34 @@ class ModelRunner:
                                                               rejected, out.failed))
         if rows1:
             batch.append_tokens(np.array(rows1, dtype=np.int64), np.array(toks1, dtype=np.int32))
+
+    def _forced_tokens(self, step: PendingStep, state: CachedRequestState,
+                       num_new: int) -> list[int]:
+        """Structured outputs' fast-forward: the tokens the request's grammar forces after
+        this step's (a JSON schema's next key, a regex's literal text), appended to its
+        output unsampled; the next step computes their KV together with the token after them,
+        which it samples, as a prefill chunk would. Any sampling would have picked them, and
+        a random request's generator takes the one draw a step each would have taken, so
+        greedy and seeded outputs are those without it. Not for requests that return logprobs
+        (none are computed for these tokens) or whose allowed_token_ids / bad_words could ban
+        the one token the grammar allows (then its sampling fails the request), nor while a
+        later step is scheduled (asynchronous scheduling: the scheduler counted one token from
+        this step, and a step launched from it reads that token alone); within max_tokens and
+        max_model_len; stop ids are sampled (min_tokens bans them)."""
+        grammar, sp = state.grammar, state.sampling_params
+        if (grammar is None or not grammar.active or sp.logprobs is not None
+                or sp.allowed_token_ids or sp.bad_words):
+            return []
+        if self._launching or (self._in_flight is not None and self._in_flight is not step):
+            return []
+        n = len(state.token_ids) + num_new
+        limit = self.max_model_len - n
+        if sp.max_tokens is not None:
+            limit = min(limit, sp.max_tokens - (n - state.num_prompt_tokens))
+        forced = grammar.fast_forward(limit, set(sp.stop_token_ids or ()) | sp.all_stop_token_ids)
+        if forced and not sp.greedy:
+            state.rng_state = advance_rng_states(state.rng_state, len(forced))
+        return forced
 
     def _draft_from_hidden(self, layout, hidden, rejected: dict[str, int],
                            failed: dict[str, str]) -> dict[str, list[int]]:
