@@ -5,7 +5,7 @@ HTTP 400), makes the model runner one matcher per constrained request, and fills
 token bitmask on the host each step; the sampler applies it (ops.apply_token_bitmask) before
 sampling. Constrained requests are never drafted (speculative decoding), so each has one
 sampled row per step; the tokens a grammar forces after it are fast-forwarded by the model
-runner (GuidanceGrammar.fast_forward, ModelRunner._forced_tokens)."""
+runner (GuidanceGrammar.fast_forward; worker/structured_output_runner_mixin.py)."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+from collections.abc import Collection
 
 import llguidance
 import numpy as np
@@ -151,14 +152,14 @@ class GuidanceGrammar:
                 return False
         return True
 
-    def fast_forward(self, limit: int, stop_ids: set[int] | frozenset = frozenset()) -> list[int]:
+    def fast_forward(self, limit: int, stop_ids: Collection[int] = ()) -> list[int]:
         """The tokens the grammar forces next, at most `limit`, consumed: the model runner
         appends them to the request's output without sampling them. llguidance's
         compute_ff_tokens proposes them (the forced bytes, tokenized canonically); each is
         kept only while the mask at its position allows it alone, the one token any sampling
         would pick (a forced byte run may also be spelled by other tokens, which the model
-        could prefer). Never EOS nor one of stop_ids (their sampling decides stop, ignore_eos
-        and min_tokens as usual), nothing past the end."""
+        could prefer). Never EOS nor one of stop_ids (a request's stop_token_ids: their
+        sampling decides stop, ignore_eos and min_tokens as usual), nothing past the end."""
         if self.terminated or limit <= 0:
             return []
         forced = []

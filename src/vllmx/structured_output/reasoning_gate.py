@@ -4,6 +4,8 @@ reasoning parser's end marker has been generated, and constrains the tokens afte
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from vllmx.structured_output.backend_guidance import GuidanceGrammar
 
 
@@ -20,7 +22,7 @@ class ReasoningGatedGrammar:
     def __getattr__(self, name):  # matcher, error, terminated, fill_bitmask: the grammar's
         return getattr(self.grammar, name)
 
-    def fast_forward(self, limit: int, stop_ids: set[int] | frozenset = frozenset()) -> list[int]:
+    def fast_forward(self, limit: int, stop_ids: Collection[int] = ()) -> list[int]:
         return self.grammar.fast_forward(limit, stop_ids) if self.active else []
 
     def accept_tokens(self, tokens: list[int]) -> bool:

@@ -13,8 +13,6 @@ finishes step N, and the tokens step N sampled reach step N + 1's input ids on t
 from __future__ import annotations
 
 import logging
-from concurrent.futures import Future
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,7 +32,6 @@ from vllmx.layers.sampler import (
     seed_rng_state,
 )
 from vllmx.spec_decode.metadata import TargetHiddenStates
-from vllmx.structured_output import StructuredOutputManager
 from vllmx.worker.decode_capture import (
     CudaGraphs,
     DecodeCapture,
@@ -51,16 +48,14 @@ from vllmx.worker.step_state import (
     drafts_for,
     needs_tokens,
 )
-
-if TYPE_CHECKING:
-    from vllmx.structured_output.backend_guidance import GuidanceGrammar
+from vllmx.worker.structured_output_runner_mixin import StructuredOutputModelRunnerMixin
 
 logger = logging.getLogger("vllmx")
 
 # Prompt positions whose logits (for prompt_logprobs) are computed at once: bounds the memory.
 _PROMPT_LOGITS_CHUNK = 256
 
-class ModelRunner:
+class ModelRunner(StructuredOutputModelRunnerMixin):
     def __init__(self, model, kv_caches, cache_dtype: int, block_size: int,
                  max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, seed: int,
                  device: str = "cpu", enforce_eager: bool = False):
@@ -82,7 +77,7 @@ class ModelRunner:
         self._aux_hidden = False  # hidden_out holds eagle3's aux hidden states, not the final
         # structured outputs: makes each constrained request's matcher, fills the masks (set
         # by the engine; None without a tokenizer)
-        self.structured_output_manager: StructuredOutputManager | None = None
+        self.structured_output_manager = None
         t, b = max_num_batched_tokens, max_num_seqs
         self.input_ids = np.zeros(t, dtype=np.int32)
         self.positions = np.zeros(t, dtype=np.int32)
@@ -387,18 +382,6 @@ class ModelRunner:
                     failed[req_id] = f"{type(e).__name__}: {e}"
         return failed
 
-    def _grammar_init(self, state: CachedRequestState) -> GuidanceGrammar:
-        """The request's matcher, advanced over the output it already has (a request resumed
-        after preemption starts a fresh state)."""
-        if self.structured_output_manager is None:
-            raise ValueError("structured outputs need a tokenizer")
-        grammar = self.structured_output_manager.grammar_init(
-            state.sampling_params.structured_outputs, state.token_ids[:state.num_prompt_tokens])
-        if not grammar.accept_tokens(state.token_ids[state.num_prompt_tokens:]):
-            raise ValueError(f"structured output: the output so far does not match the "
-                             f"grammar ({grammar.error})")
-        return grammar
-
     def execute_model(self, so: SchedulerOutput, non_block: bool = False):
         """Runs the scheduled step: its ModelRunnerOutput, or with non_block the launched
         PendingStep (asynchronous scheduling), whose get_output() the engine calls after it
@@ -631,34 +614,6 @@ class ModelRunner:
         if rows1:
             batch.append_tokens(np.array(rows1, dtype=np.int64), np.array(toks1, dtype=np.int32))
 
-    def _forced_tokens(self, step: PendingStep, state: CachedRequestState,
-                       num_new: int) -> list[int]:
-        """Structured outputs' fast-forward: the tokens the request's grammar forces after
-        this step's (a JSON schema's next key, a regex's literal text), appended to its
-        output unsampled; the next step computes their KV together with the token after them,
-        which it samples, as a prefill chunk would. Any sampling would have picked them, and
-        a random request's generator takes the one draw a step each would have taken, so
-        greedy and seeded outputs are those without it. Not for requests that return logprobs
-        (none are computed for these tokens) or whose allowed_token_ids / bad_words could ban
-        the one token the grammar allows (then its sampling fails the request), nor while a
-        later step is scheduled (asynchronous scheduling: the scheduler counted one token from
-        this step, and a step launched from it reads that token alone); within max_tokens and
-        max_model_len; stop ids are sampled (min_tokens bans them)."""
-        grammar, sp = state.grammar, state.sampling_params
-        if (grammar is None or not grammar.active or sp.logprobs is not None
-                or sp.allowed_token_ids or sp.bad_words):
-            return []
-        if self._launching or (self._in_flight is not None and self._in_flight is not step):
-            return []
-        n = len(state.token_ids) + num_new
-        limit = self.max_model_len - n
-        if sp.max_tokens is not None:
-            limit = min(limit, sp.max_tokens - (n - state.num_prompt_tokens))
-        forced = grammar.fast_forward(limit, set(sp.stop_token_ids or ()) | sp.all_stop_token_ids)
-        if forced and not sp.greedy:
-            state.rng_state = advance_rng_states(state.rng_state, len(forced))
-        return forced
-
     def _draft_from_hidden(self, layout, hidden, rejected: dict[str, int],
                            failed: dict[str, str]) -> dict[str, list[int]]:
         """A drafter reading the target's hidden states (mtp) runs over each request's rows of
@@ -690,38 +645,6 @@ class ModelRunner:
             req_ids, hidden, np.concatenate(rows), np.asarray(ids, dtype=np.int32),
             np.concatenate(positions), np.concatenate(slots), qsl[:b + 1], seq_lens[:b],
             self.block_table[batch_rows[:b]], sampled[:b]))
-
-    def _grammar_masks(self, states: list[CachedRequestState], drafts: list[list[int]],
-                       smd: SamplingMetadata) -> tuple[Future | None, list[str]]:
-        """The constrained requests' masks for this step (each has one row: never drafted),
-        now that their last tokens are in their matchers. On the GPU they are computed on
-        llguidance's threads, started from the manager's thread so that the host does not
-        wait for them: the step's sampling does (PendingStep.launch_sample), and they are
-        computed while the engine takes the last step's outputs and schedules the next one,
-        with this step's forward running. On the CPU, whose cores run the next forward, one
-        row after another here (see StructuredOutputManager.grammar_bitmask), the Future done.
-        Also the ids of the requests masked (those a failure of the masks fails); (None, [])
-        where no row is constrained."""
-        grammars, rows, constrained = [], [], []
-        i = 0
-        for state, d in zip(states, drafts):
-            if state.grammar is not None and state.grammar.active:  # not still reasoning
-                grammars.append(state.grammar)
-                rows.append(i)
-                constrained.append(state.req_id)
-            i += 1 + len(d)
-        if not grammars:
-            return None, []
-        smd.grammar_rows = np.array(rows, dtype=np.int32)
-        manager = self.structured_output_manager
-        masks = Future()
-        try:
-            if self.masks_on_thread:
-                return manager.grammar_bitmask_async(grammars), constrained
-            masks.set_result(manager.grammar_bitmask(grammars, parallel=False))
-        except Exception as e:  # noqa: BLE001 - the step's sampling fails with it (launch_sample)
-            masks.set_exception(e)
-        return masks, constrained
 
     def _stage_drafts(self, drafts: dict[str, list[int]]) -> None:
         """Writes each request's drafts after its tokens in the persistent batch, where the
