@@ -24,6 +24,12 @@ HEAD_DIM = HIDDEN // HEADS
 # vllmx's Q4_0 / Q8_0 files of this model (types tested against real models) measure 58-63 of
 # 64 positions strict against llama.cpp, so the bar here is 85% (the delta is TESTING.md's).
 MIN_STRICT = 0.85
+# Greedy positions checked per file: 16 prompts x 16 tokens. With 4 prompts (64 positions) the
+# fraction was the draw's as much as the model's: IQ4_XS (activations as Q8_K, one int8 scale
+# per 256 values, so a value f32 rounding moves across a step moves further than under Q8_0)
+# measured 57-63 of 64 over 24 seeds and 54 at seed 310707837, which failed CI; over 256
+# positions the same seeds give 90.2-96.9% (that seed 90.2%), IQ4_NL 93.8-98.4%.
+PROMPT_LENS = (5, 17, 33, 9, 12, 28, 7, 21, 40, 15, 3, 26, 11, 35, 19, 8)
 # Weights and prompts; printed on failure (VLLMX_TEST_SEED replays one).
 SEED = int(os.environ.get("VLLMX_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
 Q = gguf.GGMLQuantizationType
@@ -114,7 +120,7 @@ def test_greedy_parity_with_llamacpp(model_file):
     ref = llama_cpp.Llama(path, n_ctx=256, n_threads=os.cpu_count(), logits_all=True,
                           verbose=False)
     rng = np.random.default_rng(SEED)
-    prompts = [rng.integers(3, VOCAB, size=n).tolist() for n in (5, 17, 33, 9)]
+    prompts = [rng.integers(3, VOCAB, size=n).tolist() for n in PROMPT_LENS]
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
     strict = total = 0
@@ -131,7 +137,10 @@ def test_greedy_parity_with_llamacpp(model_file):
         # 0.03-0.097 from llama.cpp, and at seed
         # 470166742 (0.097) each engine was as far from the exact f32 logits of the dequantized
         # weights (llama.cpp on an F32 file of them): vllmx 0.022-0.082, llama.cpp 0.024-0.055.
+        # IQ4_XS's Q8_K activations move further on such a step: over 31 seeds x 16 prompts its
+        # worst prompt was 0.0895 from llama.cpp (median 0.038, 99th percentile 0.068), where
+        # IQ4_NL's was 0.043 and TQ1_0 / TQ2_0's 0.072.
         rel = prompt_logits_rel_error(llm, prompt, logits)
-        bound = 0.12 if name == "MXFP4" else 8e-2
+        bound = {"MXFP4": 0.12, "IQ4_XS": 0.11}.get(name, 8e-2)
         assert rel < bound, f"{name} prompt logits rel. error {rel:.3g} (seed {SEED})"
     assert strict >= MIN_STRICT * total, f"{name}: {strict}/{total} strict (seed {SEED})"
