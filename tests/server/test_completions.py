@@ -159,21 +159,33 @@ def test_use_beam_search(client):
 
 
 def test_response_keys_are_vllms(server):
-    """Every key of vLLM's completion and chat response models is present (null where vllmx has
-    nothing to say), so that a client comparing /invocations' raw JSON with the openai client's
-    parsed object, or reading a key vLLM always sends, finds the same shape."""
+    """Every key of vLLM 0.26's completion and chat response models (its model_dump; null where
+    vllmx has nothing to say), so that a client comparing /invocations' raw JSON with the openai
+    client's parsed object, or reading a key vLLM always sends, finds the same shape."""
     import httpx
 
     r = httpx.post(f"{server.url}/v1/completions", timeout=60,
                    json={"model": MODEL, "prompt": "Hi", "max_tokens": 2}).json()
     assert set(r) == {"id", "object", "created", "model", "choices", "service_tier",
-                      "system_fingerprint", "usage", "kv_transfer_params"}
+                      "system_fingerprint", "usage", "kv_transfer_params", "ec_transfer_params",
+                      "metrics"}
     assert r["service_tier"] is None and r["system_fingerprint"] is None
+    assert set(r["choices"][0]) == {"index", "text", "logprobs", "finish_reason", "stop_reason",
+                                    "token_ids", "prompt_logprobs", "prompt_token_ids",
+                                    "routed_experts"}
+    assert set(r["usage"]) == {"prompt_tokens", "completion_tokens", "total_tokens",
+                               "prompt_tokens_details"}
     r = httpx.post(f"{server.url}/v1/chat/completions", timeout=60,
                    json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
                          "max_tokens": 2}).json()
     assert set(r) == {"id", "object", "created", "model", "choices", "service_tier",
-                      "system_fingerprint", "usage", "prompt_logprobs", "kv_transfer_params"}
+                      "system_fingerprint", "usage", "prompt_logprobs", "prompt_token_ids",
+                      "prompt_text", "kv_transfer_params", "ec_transfer_params", "metrics"}
+    assert set(r["choices"][0]) == {"index", "message", "logprobs", "finish_reason",
+                                    "stop_reason", "token_ids", "routed_experts"}
+    # (tool_calls only when there are calls, as vLLM's serializer drops an empty list)
+    assert set(r["choices"][0]["message"]) == {"role", "content", "refusal", "annotations",
+                                               "audio", "function_call", "reasoning"}
 
 
 def test_vllm_response_fields(client, server, engine_client):

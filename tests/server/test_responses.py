@@ -311,7 +311,7 @@ def test_auto_tool_choice_needs_the_server_flags(server):
 
 def test_reasoning_items(engine_client):
     """deepseek_r1 reads SmolLM2's unmarked output as reasoning (R1's template opens it): a
-    reasoning item, streamed as reasoning_text events, equal to chat's reasoning_content."""
+    reasoning item, streamed as reasoning_text events, equal to chat's reasoning."""
     app = build_app(engine_client, [MODEL], log_stats_interval=None,
                     reasoning_parser="deepseek_r1")
     with ServerThread(app) as s:
@@ -324,7 +324,7 @@ def test_reasoning_items(engine_client):
         chat = client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": kw["input"]}], max_tokens=12,
             temperature=0).choices[0].message
-        assert item.content[0].text == chat.reasoning_content and not r.output_text
+        assert item.content[0].text == chat.reasoning and not r.output_text
         assert 0 < r.usage.output_tokens_details.reasoning_tokens <= 14
         events = events_of(client, **kw)
         types = [e.type for e in events]
@@ -332,7 +332,7 @@ def test_reasoning_items(engine_client):
         assert types[-4:] == ["response.reasoning_text.done", "response.content_part.done",
                               "response.output_item.done", "response.completed"]
         text = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
-        assert text == events[-1].response.output[0].content[0].text == chat.reasoning_content
+        assert text == events[-1].response.output[0].content[0].text == chat.reasoning
         # The reasoning item goes back as input of the next turn.
         again = client.responses.create(model=MODEL, max_output_tokens=4, input=[
             {"role": "user", "content": kw["input"]}, item.model_dump(exclude_none=True),

@@ -1,7 +1,7 @@
 """Tool calling and reasoning through the server on SmolLM2 with the official openai client:
 tool_choice required / named forced by structured outputs give valid calls, streamed and not;
 auto parses the model's hermes-format output (the output steered there by a regex, as SmolLM2
-does not call tools by itself); a reasoning parser splits reasoning_content; bad tools and
+does not call tools by itself); a reasoning parser splits off `reasoning`; bad tools and
 tool_choice values are 400s in OpenAI's shape."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def streamed(client, **kw):
             continue
         ch = chunk.choices[0]
         delta = ch.delta
-        reasoning += getattr(delta, "reasoning_content", None) or ""
+        reasoning += getattr(delta, "reasoning", None) or ""
         content += delta.content or ""
         for tc in delta.tool_calls or []:
             if tc.index not in calls:
@@ -187,7 +187,7 @@ def test_auto_parses_hermes_calls_and_reasoning(tool_client, stream):
     else:
         m = tool_client.chat.completions.create(**kw).choices[0]
         finish, msg = m.finish_reason, m.message
-        reasoning, content = msg.reasoning_content, msg.content
+        reasoning, content = msg.reasoning, msg.content
         calls = [(c.function.name, c.function.arguments) for c in msg.tool_calls]
     assert finish == "tool_calls"
     assert reasoning and "think" not in reasoning

@@ -127,7 +127,7 @@ def stream(r: ChatOutputParser, chunks: list[str]) -> tuple[str, str, list]:
     state, reasoning, content, calls = ChatStreamState(r), "", "", {}
     for k, chunk in enumerate(chunks):
         for delta in state.step(chunk, final=k == len(chunks) - 1):
-            reasoning += delta.get("reasoning_content", "")
+            reasoning += delta.get("reasoning", "")
             content += delta.get("content", "")
             for tc in delta.get("tool_calls", []):
                 if "id" in tc:  # the first delta of a call: its name alone
@@ -147,16 +147,16 @@ def test_every_parser_has_a_recorded_case():
 def test_parse_whole(case):
     tp, rp, text, reasoning, content, calls = case
     msg = reader(tp, rp).message(text)
-    assert msg["reasoning_content"] == reasoning
+    assert msg["reasoning"] == reasoning
     assert (msg["content"] or "") == content
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
-            for c in msg["tool_calls"]] == calls
-    assert len({c["id"] for c in msg["tool_calls"]}) == len(calls)
+            for c in msg.get("tool_calls", [])] == calls
+    assert len({c["id"] for c in msg.get("tool_calls", [])}) == len(calls)
     if tp == "kimi_k2":
-        assert [c["id"] for c in msg["tool_calls"]] == ["functions.get_weather:0",
+        assert [c["id"] for c in msg.get("tool_calls", [])] == ["functions.get_weather:0",
                                                          "functions.get_time:1"]
     if tp == "mistral":
-        assert all(len(c["id"]) == 9 and c["id"].isalnum() for c in msg["tool_calls"])
+        assert all(len(c["id"]) == 9 and c["id"].isalnum() for c in msg.get("tool_calls", []))
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}")
@@ -164,8 +164,9 @@ def test_streamed_deltas_add_up_at_every_boundary(case):
     tp, rp, text, *_ = case
     r = reader(tp, rp)
     msg = r.message(text)
-    want = (msg["reasoning_content"] or "", msg["content"] or "",
-            [(c["function"]["name"], c["function"]["arguments"]) for c in msg["tool_calls"]])
+    want = (msg["reasoning"] or "", msg["content"] or "",
+            [(c["function"]["name"], c["function"]["arguments"])
+             for c in msg.get("tool_calls", [])])
     splits = [list(text)] + [[text[:k], text[k:]] for k in range(len(text) + 1)]
     for chunks in splits:
         reasoning, content, calls = stream(r, chunks)
@@ -202,7 +203,7 @@ MALFORMED = [
 def test_malformed_output_is_content(tp, text):
     r = reader(tp, None)
     msg = r.message(text)
-    assert msg["tool_calls"] == []
+    assert "tool_calls" not in msg  # (vLLM leaves the key out when there are none)
     assert msg["content"] and msg["content"].strip()
     for chunks in [list(text)] + [[text[:k], text[k:]] for k in range(len(text) + 1)]:
         stream(r, chunks)  # no crash, whatever it could send before the text went wrong
@@ -228,7 +229,7 @@ def test_malformed_output_is_content(tp, text):
 def test_reasoning_parsers(rp, prompt, text, reasoning, content):
     r = reader(None, rp, prompt)
     msg = r.message(text)
-    assert (msg["reasoning_content"], msg["content"]) == (reasoning, content)
+    assert (msg["reasoning"], msg["content"]) == (reasoning, content)
     for chunks in [list(text)] + [[text[:k], text[k:]] for k in range(len(text) + 1)]:
         got = stream(r, chunks)
         assert got[:2] == (reasoning or "", content), chunks

@@ -76,8 +76,8 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                    help="the model family's tool call format, vLLM's names: hermes, "
                         "llama3_json, mistral, pythonic, qwen3_coder, ...")
     p.add_argument("--reasoning-parser", default=None,
-                   help="split reasoning_content from the answer, vLLM's names: deepseek_r1, "
-                        "qwen3, glm45, granite, mistral, minimax_m2, ...")
+                   help="split the reasoning from the answer (a message's `reasoning`), vLLM's "
+                        "names: deepseek_r1, qwen3, glm45, granite, mistral, minimax_m2, ...")
     p.add_argument("--runner", choices=["auto", "generate", "pooling"], default="auto",
                    help="auto: by the checkpoint's architecture (vLLM's --runner)")
     p.add_argument("--convert", choices=["auto", "none", "embed", "classify"], default="auto",
@@ -126,6 +126,9 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                         "and special tokens included)")
     p.add_argument("--enable-server-load-tracking", action="store_true",
                    help="count the requests in flight for /load")
+    p.add_argument("--enable-prompt-tokens-details", action="store_true",
+                   help="usage.prompt_tokens_details.cached_tokens: the prompt tokens the "
+                        "prefix cache held")
     p.add_argument("--return-tokens-as-token-ids", action="store_true",
                    help="logprobs name tokens 'token_id:<id>' (a request's "
                         "return_tokens_as_token_ids overrides it)")
@@ -288,6 +291,7 @@ def run_serve(args: argparse.Namespace) -> int:
                         enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
                         enable_server_load_tracking=args.enable_server_load_tracking,
                         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+                        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
                         enable_auto_tool_choice=args.enable_auto_tool_choice,
                         tool_call_parser=args.tool_call_parser,
                         reasoning_parser=args.reasoning_parser, lora_modules=lora_modules,

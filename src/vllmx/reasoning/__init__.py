@@ -1,5 +1,6 @@
-"""Reasoning parsers by vLLM's names (--reasoning-parser NAME): reasoning_content apart from
-the answer, in messages and streamed deltas."""
+"""Reasoning parsers by vLLM's names (--reasoning-parser NAME): the reasoning apart from the
+answer, as `reasoning` in messages and streamed deltas (vLLM's name; it replaced
+reasoning_content)."""
 
 from __future__ import annotations
 

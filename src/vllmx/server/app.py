@@ -182,6 +182,7 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
               enable_tokenizer_info_endpoint: bool = False,
               enable_server_load_tracking: bool = False,
               return_tokens_as_token_ids: bool = False,
+              enable_prompt_tokens_details: bool = False,
               enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
               reasoning_parser: str | None = None, lora_modules: list | None = None,
               allow_runtime_lora_updating: bool = False,
@@ -192,7 +193,8 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
     503 and refuses new work with 503 while the requests in flight finish. vLLM's optional
     endpoints: /tokenizer_info (enable_tokenizer_info_endpoint; it exposes the chat template
     and special tokens), /load's count of requests in flight (enable_server_load_tracking;
-    /load answers 0 without it, as vLLM's). Tool calling and reasoning take vLLM's flags:
+    /load answers 0 without it, as vLLM's); usage's prompt_tokens_details with the prompt's
+    prefix-cache hit (enable_prompt_tokens_details). Tool calling and reasoning take vLLM's flags:
     enable_auto_tool_choice with a tool_call_parser name, a reasoning_parser name; an unknown
     name is a ValueError listing the known ones. LoRA (an engine with enable_lora): lora_modules
     (LoRAModulePath) are loaded at start-up and served by name; allow_runtime_lora_updating
@@ -209,11 +211,14 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
             engine_client.vllm_config.lora_config is None):
         raise ValueError("--lora-modules and --allow-runtime-lora-updating need --enable-lora")
     metrics = ServerMetrics(engine_client, names[0])
-    completion = OpenAIServingCompletion(engine_client, names, metrics, log_requests,
-                                         return_tokens_as_token_ids=return_tokens_as_token_ids)
+    completion = OpenAIServingCompletion(
+        engine_client, names, metrics, log_requests,
+        return_tokens_as_token_ids=return_tokens_as_token_ids,
+        enable_prompt_tokens_details=enable_prompt_tokens_details)
     chat = OpenAIServingChat(engine_client, names, metrics, log_requests,
                              chat_template=chat_template,
                              return_tokens_as_token_ids=return_tokens_as_token_ids,
+                             enable_prompt_tokens_details=enable_prompt_tokens_details,
                              enable_auto_tools=enable_auto_tool_choice, tool_parser=tool_parser,
                              reasoning_parser=reasoner)
     pooling = OpenAIServingPooling(engine_client, names, metrics, log_requests)

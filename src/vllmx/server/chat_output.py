@@ -1,9 +1,9 @@
 """One chat choice's output read as an assistant message: the reasoning parser splits off
-reasoning_content, then the answer is read by the tool plan (auto: the --tool-call-parser;
+the reasoning, then the answer is read by the tool plan (auto: the --tool-call-parser;
 required: the forced JSON list; named: the forced arguments; none: content as it is).
 
 Streaming re-reads the text so far each step and sends what grew since the last step, in
-vLLM's delta shapes ({"reasoning_content"}, {"content"}, {"tool_calls": [{index, id, type,
+vLLM's delta shapes ({"reasoning"}, {"content"}, {"tool_calls": [{index, id, type,
 function: {name, arguments: ""}}]} then {"tool_calls": [{index, function: {arguments}}]}), so
 the deltas add up to the message the same output gives unstreamed."""
 
@@ -93,9 +93,16 @@ class ChatOutputParser:
         # vLLM's: a forced call (named or required) comes with content "", never null; auto
         # calls with no text besides them with null.
         forced = self.plan.mode in ("named", "required")
-        return {"role": "assistant",
-                "content": m.content if m.content or forced or not calls else None,
-                "reasoning_content": m.reasoning or None, "tool_calls": calls}
+        # vLLM's ChatMessage: OpenAI's fields (null where vllmx has no source of them),
+        # tool_calls only when there are some, and its `reasoning` (which replaced
+        # reasoning_content).
+        message = {"role": "assistant",
+                   "content": m.content if m.content or forced or not calls else None,
+                   "refusal": None, "annotations": None, "audio": None, "function_call": None}
+        if calls:
+            message["tool_calls"] = calls
+        message["reasoning"] = m.reasoning or None
+        return message
 
 
 class ChatStreamState:
@@ -118,8 +125,7 @@ class ChatStreamState:
         for key, now in (("reasoning", m.reasoning or ""), ("content", m.content)):
             sent = getattr(self, key)
             if len(now) > len(sent) and now.startswith(sent):
-                out.append({"reasoning_content" if key == "reasoning" else key:
-                            now[len(sent):]})
+                out.append({key: now[len(sent):]})
                 setattr(self, key, now)
             elif not now.startswith(sent):
                 logger.debug("stream: %s no longer extends what was sent", key)

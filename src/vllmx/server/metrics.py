@@ -137,6 +137,19 @@ class _SchedulerCollector:
                 ("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
                  s.kv_cache_usage)):
             yield from self._family(GaugeMetricFamily, name, doc, value)
+        # vLLM's split of the waiting requests: "capacity" (waiting for room in a step) and
+        # "deferred" (set aside, out of order, by a transient constraint such as the LoRA
+        # budget). vllmx sets none aside: a request whose adapter would exceed --max-loras
+        # holds the queue in order, so every waiting request waits for capacity.
+        g = GaugeMetricFamily(
+            "vllm:num_requests_waiting_by_reason",
+            "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for "
+            "scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, "
+            "KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
+            labels=["model_name", "reason"])
+        g.add_metric([self.model_name, "capacity"], s.num_waiting_reqs)
+        g.add_metric([self.model_name, "deferred"], 0)
+        yield g
         for name, doc, value in (
                 ("prefix_cache_queries",
                  "Prefix cache queries, in terms of number of queried tokens.",

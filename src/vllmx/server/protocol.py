@@ -34,7 +34,7 @@ class OpenAIBaseModel(BaseModel):
 
 
 class StreamOptions(OpenAIBaseModel):
-    include_usage: bool | None = True
+    include_usage: bool | None = False  # vLLM's default: `stream_options: {}` sends no usage
     continuous_usage_stats: bool | None = False
 
 
@@ -82,6 +82,9 @@ class _SamplingFields(OpenAIBaseModel):
     # vLLM's: logprobs name their tokens "token_id:<id>" (None: the server's
     # --return-tokens-as-token-ids)
     return_tokens_as_token_ids: bool | None = None
+    # vLLM's: the prompt's and each choice's token ids beside the text (streamed: the prompt's
+    # on a choice's first chunk, each chunk its new tokens)
+    return_token_ids: bool | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: Annotated[list[str], Field(max_length=MAX_BAD_WORDS)] | None = None
     # vLLM's extra request parameters
@@ -125,7 +128,8 @@ class ChatMessage(OpenAIBaseModel):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
-    reasoning_content: str | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None  # vLLM's older name for reasoning, still read
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -145,6 +149,7 @@ class ChatCompletionRequest(_SamplingFields):
     documents: list[dict[str, str]] | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    return_prompt_text: bool | None = None  # vLLM's: the templated prompt as prompt_text
 
 
 class TokenizeCompletionRequest(OpenAIBaseModel):

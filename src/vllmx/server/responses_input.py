@@ -2,7 +2,7 @@
 construct_input_messages and construct_tool_dicts): instructions become the system message,
 input items become chat messages (function_call items an assistant's tool_calls,
 function_call_output items tool messages, reasoning items the next assistant message's
-reasoning_content), function tools move under "function", tool_choice and text.format take
+reasoning), function tools move under "function", tool_choice and text.format take
 chat's shapes. The chat path then renders, plans tools and parses the output as it does for
 chat, so nothing here repeats it. What cannot be honoured is a 400 naming the field."""
 
@@ -119,7 +119,7 @@ def items_to_messages(items: list[dict], call_ids: set[str], what: str = "input"
                                         content=_text(item.get("output"), f"{where}.output")))
         elif kind == "reasoning":
             messages.append(ChatMessage(role="assistant", content="",
-                                        reasoning_content=_reasoning_text(item, where)))
+                                        reasoning=_reasoning_text(item, where)))
         else:
             raise OpenAIError(f"{where}.type {kind!r} is not supported (message, function_call, "
                               f"function_call_output and reasoning items only)",

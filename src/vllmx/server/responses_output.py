@@ -37,9 +37,9 @@ def output_items(message: dict, logprobs: list | None, status: str) -> list[dict
     """The items of a chat message (chat_output.ChatOutputParser.message). Whitespace the model
     wrote before its calls is no answer (vLLM's streaming drops it too)."""
     items = []
-    if message["reasoning_content"]:
-        items.append(reasoning_item(f"rs_{random_uuid()}", message["reasoning_content"]))
-    content, calls = message["content"] or "", message["tool_calls"]
+    if message["reasoning"]:
+        items.append(reasoning_item(f"rs_{random_uuid()}", message["reasoning"]))
+    content, calls = message["content"] or "", message.get("tool_calls", [])
     if content and not (calls and content.isspace()):
         items.append(message_item(f"msg_{random_uuid()}", content, logprobs, status))
     for c in calls:
@@ -132,15 +132,15 @@ class ResponseEventStream:
         """The events of one step's chat deltas; the step's logprobs ride on its text."""
         out = []
         for delta in deltas:
-            if "reasoning_content" in delta:
+            if "reasoning" in delta:
                 if self.item is None or self.item["type"] != "reasoning":
                     out += self.close()
                     out += self._open({"id": f"rs_{random_uuid()}", "type": "reasoning",
                                        "summary": [], "status": "in_progress"},
                                       {"type": "reasoning_text", "text": ""})
-                self.text += delta["reasoning_content"]
+                self.text += delta["reasoning"]
                 out.append(self.event("response.reasoning_text.delta", **self._where(),
-                                      content_index=0, delta=delta["reasoning_content"]))
+                                      content_index=0, delta=delta["reasoning"]))
             elif "content" in delta:
                 out += self._content(delta["content"], logprobs)
                 logprobs = None

@@ -47,9 +47,14 @@ def conversation(messages: list[ChatMessage]) -> list[dict]:
         elif content is None:
             content = ""  # vLLM's: no content is empty text (an assistant's tool-call turn)
         msg = {"role": m.role, "content": content}
-        for key in ("name", "tool_call_id", "reasoning_content"):
+        for key in ("name", "tool_call_id"):
             if getattr(m, key) is not None:
                 msg[key] = getattr(m, key)
+        # vLLM's `reasoning`, or its older `reasoning_content`; the template sees both names
+        # (and `thinking`: tokenizer/chat_template.py)
+        reasoning = m.reasoning if m.reasoning is not None else m.reasoning_content
+        if reasoning is not None:
+            msg["reasoning"] = reasoning
         if m.tool_calls is not None:
             msg["tool_calls"] = [_template_tool_call(c, f"messages[{i}].tool_calls[{j}]")
                                  for j, c in enumerate(m.tool_calls)]
@@ -137,11 +142,12 @@ class OpenAIServingChat(OpenAIServing):
         echo = ""
         if request.echo and request.messages and request.messages[-1].role == "assistant":
             echo = conversation(request.messages[-1:])[0]["content"] or ""
+        prompt = (text, ids)
         if request.stream:
             first = await first_output(merged)
-            return self._stream(request, len(ids), merged, first, request_id, created, model,
+            return self._stream(request, prompt, merged, first, request_id, created, model,
                                 echo, reader)
-        return await self._full(request, len(ids), merged, request_id, created, model, echo,
+        return await self._full(request, prompt, merged, request_id, created, model, echo,
                                 reader)
 
     def prepare(self, request: ChatCompletionRequest):
@@ -202,12 +208,14 @@ class OpenAIServingChat(OpenAIServing):
                                  for _, t, p in top]})
         return {"content": content}
 
-    async def _full(self, request, num_prompt, merged, request_id, created, model,
+    async def _full(self, request, prompt, merged, request_id, created, model,
                     echo, reader: ChatOutputParser) -> dict:
         choices: dict[int, dict] = {}
         prompt_logprobs = None
+        cached = 0
         try:
             async for _, out in merged:
+                cached = out.num_cached_tokens
                 if out.prompt_logprobs is not None:
                     prompt_logprobs = out.prompt_logprobs
                 for c in out.outputs:
@@ -223,12 +231,16 @@ class OpenAIServingChat(OpenAIServing):
             raise from_exception(e) from e
         # The answer's logprobs decode tokens (CPU work that grows with the output): off the
         # event loop.
-        return await asyncio.to_thread(self._response, request, num_prompt, choices,
+        return await asyncio.to_thread(self._response, request, prompt, choices,
                                        request_id, created, model, echo, reader,
-                                       prompt_logprobs)
+                                       prompt_logprobs, cached)
 
-    def _response(self, request, num_prompt, choices, request_id, created, model,
-                  echo, reader: ChatOutputParser, prompt_logprobs=None) -> dict:
+    def _response(self, request, prompt, choices, request_id, created, model,
+                  echo, reader: ChatOutputParser, prompt_logprobs=None, cached=0) -> dict:
+        """vLLM's ChatCompletionResponse, every key (its model_dump): the ids with
+        return_token_ids, the templated prompt with return_prompt_text, null for what vllmx
+        has no source of (routed experts, transfer params, per-request timing metrics)."""
+        text, ids = prompt
         result, completion_tokens = [], 0
         for idx in sorted(choices):
             ch = choices[idx]
@@ -239,28 +251,33 @@ class OpenAIServingChat(OpenAIServing):
             result.append({
                 "index": idx, "message": message,
                 "logprobs": self.logprobs(request, ch["token_ids"], ch["logprobs"]),
-                "finish_reason": reader.finish_reason(bool(message["tool_calls"]),
+                "finish_reason": reader.finish_reason(bool(message.get("tool_calls")),
                                                       ch["finish_reason"]),
-                "stop_reason": ch["stop_reason"]})
+                "stop_reason": ch["stop_reason"],
+                "token_ids": ch["token_ids"] if request.return_token_ids else None,
+                "routed_experts": None})
         return {"id": request_id, "object": "chat.completion", "created": created,
                 "model": model, "choices": result, "service_tier": None,
                 "system_fingerprint": None,
-                "usage": {"prompt_tokens": num_prompt, "completion_tokens": completion_tokens,
-                          "total_tokens": num_prompt + completion_tokens},
+                "usage": self.usage(len(ids), completion_tokens, cached),
                 "prompt_logprobs": prompt_logprobs_json(prompt_logprobs),
-                "kv_transfer_params": None}
+                "prompt_token_ids": list(ids) if request.return_token_ids else None,
+                "prompt_text": text if request.return_prompt_text else None,
+                "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
 
-    async def _stream(self, request, num_prompt, merged, first, request_id, created, model,
+    async def _stream(self, request, prompt, merged, first, request_id, created, model,
                       echo, reader: ChatOutputParser) -> AsyncIterator[str]:
+        text, ids = prompt
+        num_prompt = len(ids)
         opts = request.stream_options
         include_usage = bool(opts and opts.include_usage)
         continuous = bool(include_usage and opts.continuous_usage_stats)
+        with_ids = bool(request.return_token_ids)
         num_tokens = [0] * request.n
+        cached = 0
 
-        def usage():
-            g = sum(num_tokens)
-            return {"prompt_tokens": num_prompt, "completion_tokens": g,
-                    "total_tokens": num_prompt + g}
+        def usage():  # continuous_usage_stats: the counts alone, as vLLM's chunks have them
+            return self.usage(num_prompt, sum(num_tokens), stream=True)
 
         write = sse_chunks(request_id, "chat.completion.chunk", created, model)
 
@@ -268,9 +285,23 @@ class OpenAIServingChat(OpenAIServing):
             return write(choices, usage() if with_usage else None)
 
         try:
+            # The first chunk (vLLM's) carries the prompt's ids and text where asked for.
+            extra = {}
+            if with_ids:
+                extra["prompt_token_ids"] = list(ids)
+            if request.return_prompt_text:
+                extra["prompt_text"] = text
             for i in range(request.n):
-                yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
-                              "logprobs": None, "finish_reason": None}], continuous)
+                role = [{"index": i, "delta": {"role": "assistant", "content": ""},
+                         "logprobs": None, "finish_reason": None}]
+                if i == 0 and extra:
+                    body = {"id": request_id, "object": "chat.completion.chunk",
+                            "created": created, "model": model, "choices": role, **extra}
+                    if continuous:
+                        body["usage"] = usage()
+                    yield f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+                else:
+                    yield chunk(role, continuous)
                 if echo:
                     yield chunk([{"index": i, "delta": {"content": echo}, "logprobs": None,
                                   "finish_reason": None}], continuous)
@@ -283,14 +314,18 @@ class OpenAIServingChat(OpenAIServing):
 
             states = [ChatStreamState(reader) for _ in range(request.n)]
             async for _, out in outputs():
+                cached = out.num_cached_tokens
                 for c in out.outputs:
                     num_tokens[c.index] += len(c.token_ids)
                     logprobs = self.logprobs(request, c.token_ids, c.logprobs)
                     state = states[c.index]
                     deltas = state.step(c.text, final=c.finish_reason is not None)
-                    if not deltas and c.finish_reason is None and not logprobs:
+                    # (with return_token_ids a step's tokens are sent even without text)
+                    if (not deltas and c.finish_reason is None and not logprobs
+                            and not (with_ids and c.token_ids)):
                         continue
-                    # The step's logprobs ride on its first chunk, the finish on its last.
+                    # The step's logprobs and token ids ride on its first chunk, the finish
+                    # on its last.
                     deltas = deltas or [{}]
                     finish = reader.finish_reason(bool(state.calls), c.finish_reason)
                     for k, delta in enumerate(deltas):
@@ -298,11 +333,14 @@ class OpenAIServingChat(OpenAIServing):
                         yield chunk([{"index": c.index, "delta": delta,
                                       "logprobs": logprobs if k == 0 else None,
                                       "finish_reason": finish if last else None,
-                                      "stop_reason": c.stop_reason if last else None}],
+                                      "stop_reason": c.stop_reason if last else None,
+                                      "token_ids": list(c.token_ids) if with_ids and k == 0
+                                      else None}],
                                     continuous)
             if include_usage:
                 body = {"id": request_id, "object": "chat.completion.chunk",
-                        "created": created, "model": model, "choices": [], "usage": usage()}
+                        "created": created, "model": model, "choices": [],
+                        "usage": self.usage(num_prompt, sum(num_tokens), cached, stream=True)}
                 yield f"data: {json.dumps(body)}\n\n"
         except Exception as e:  # noqa: BLE001 - the stream ends with the error event
             yield sse_error(e)

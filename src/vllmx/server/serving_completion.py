@@ -134,8 +134,10 @@ class OpenAIServingCompletion(OpenAIServing):
         n = request.n
         choices: dict[int, dict] = {}
         prompt_logprobs: dict[int, list] = {}
+        cached: dict[int, int] = {}  # prompt -> its prefix-cache hit
         try:
             async for i, out in merged:
+                cached[i] = out.num_cached_tokens
                 if out.prompt_logprobs is not None:
                     prompt_logprobs[i] = out.prompt_logprobs
                 for c in out.outputs:
@@ -153,10 +155,14 @@ class OpenAIServingCompletion(OpenAIServing):
         # Building the answer (logprob tokens decoded, echoed prompts) is CPU work that grows
         # with the output: off the event loop.
         return await asyncio.to_thread(self._response, request, prompts, choices,
-                                       prompt_logprobs, request_id, created, model)
+                                       prompt_logprobs, request_id, created, model,
+                                       sum(cached.values()))
 
     def _response(self, request, prompts, choices, prompt_logprobs, request_id, created,
-                  model) -> dict:
+                  model, cached: int = 0) -> dict:
+        """vLLM's CompletionResponse, every key (its model_dump): each choice's and its
+        prompt's token ids with return_token_ids, null for what vllmx has no source of."""
+        with_ids = bool(request.return_token_ids)
         n = request.n
         builders: dict[int, CompletionLogprobs] = {}
         result_choices = []
@@ -178,21 +184,21 @@ class OpenAIServingCompletion(OpenAIServing):
             if request.echo:
                 text = (prompts[i][0] or "") + text
             completion_tokens += len(ch["token_ids"])
-            choice = {"index": idx, "text": text, "logprobs": logprobs,
-                      "finish_reason": ch["finish_reason"], "stop_reason": ch["stop_reason"]}
-            # (vLLM always sends the field: null unless prompt_logprobs was asked for.)
-            choice["prompt_logprobs"] = (prompt_logprobs_json(prompt_logprobs.get(i))
-                                         if request.prompt_logprobs is not None else None)
-            result_choices.append(choice)
+            result_choices.append({
+                "index": idx, "text": text, "logprobs": logprobs,
+                "finish_reason": ch["finish_reason"], "stop_reason": ch["stop_reason"],
+                "token_ids": ch["token_ids"] if with_ids else None,
+                # (vLLM always sends the field: null unless prompt_logprobs was asked for.)
+                "prompt_logprobs": (prompt_logprobs_json(prompt_logprobs.get(i))
+                                    if request.prompt_logprobs is not None else None),
+                "prompt_token_ids": list(prompts[i][1]) if with_ids else None,
+                "routed_experts": None})
         prompt_tokens = sum(len(ids) for _, ids in prompts)
-        # (vLLM's response model: OpenAI's service_tier / system_fingerprint and its own
-        # kv_transfer_params, null here, are always present.)
         return {"id": request_id, "object": "text_completion", "created": created,
                 "model": model, "choices": result_choices, "service_tier": None,
                 "system_fingerprint": None,
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                          "total_tokens": prompt_tokens + completion_tokens},
-                "kv_transfer_params": None}
+                "usage": self.usage(prompt_tokens, completion_tokens, cached),
+                "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
 
     async def _stream(self, request, prompts, merged, first, request_id, created,
                       model) -> AsyncIterator[str]:
@@ -203,6 +209,9 @@ class OpenAIServingCompletion(OpenAIServing):
         builders: dict[int, CompletionLogprobs] = {}
         num_tokens: dict[int, int] = {}
         echoed: set[int] = set()
+        with_ids = bool(request.return_token_ids)
+        ids_sent: set[int] = set()  # choices whose prompt ids went out (return_token_ids)
+        cached: dict[int, int] = {}
 
         chunk = sse_chunks(request_id, "text_completion", created, model)
 
@@ -214,6 +223,7 @@ class OpenAIServingCompletion(OpenAIServing):
 
         try:
             async for i, out in outputs():
+                cached[i] = out.num_cached_tokens
                 for c in out.outputs:
                     idx = i * n + c.index
                     b = builders.setdefault(idx, CompletionLogprobs(self.token_namer(request)))
@@ -228,21 +238,27 @@ class OpenAIServingCompletion(OpenAIServing):
                         logprobs = gen if logprobs is None else {
                             k: logprobs[k] + gen[k] for k in gen}
                     num_tokens[idx] = num_tokens.get(idx, 0) + len(c.token_ids)
-                    if not text and c.finish_reason is None and not logprobs:
+                    if (not text and c.finish_reason is None and not logprobs
+                            and not (with_ids and c.token_ids)):
                         continue
+                    # vLLM's stream choice: the prompt's ids on a choice's first chunk and each
+                    # chunk's new tokens (return_token_ids), both keys always there.
+                    prompt_ids = None
+                    if with_ids and idx not in ids_sent:
+                        ids_sent.add(idx)
+                        prompt_ids = list(prompts[i][1])
                     choice = {"index": idx, "text": text, "logprobs": logprobs,
-                              "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+                              "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+                              "prompt_token_ids": prompt_ids,
+                              "token_ids": list(c.token_ids) if with_ids else None}
                     usage = None
                     if continuous:
-                        p = len(prompts[i][1])
-                        usage = {"prompt_tokens": p, "completion_tokens": num_tokens[idx],
-                                 "total_tokens": p + num_tokens[idx]}
+                        usage = self.usage(len(prompts[i][1]), num_tokens[idx], stream=True)
                     yield chunk([choice], usage)
             if include_usage:
-                p = sum(len(ids) for _, ids in prompts)
-                g = sum(num_tokens.values())
-                yield chunk([], {"prompt_tokens": p, "completion_tokens": g,
-                                 "total_tokens": p + g})
+                yield chunk([], self.usage(sum(len(ids) for _, ids in prompts),
+                                           sum(num_tokens.values()), sum(cached.values()),
+                                           stream=True))
         except Exception as e:  # noqa: BLE001 - the stream ends with the error event
             yield sse_error(e)
         finally:

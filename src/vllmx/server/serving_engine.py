@@ -36,9 +36,11 @@ def random_uuid() -> str:
 
 class OpenAIServing:
     def __init__(self, engine_client, served_model_names: list[str], metrics: ServerMetrics,
-                 log_requests: bool = True, return_tokens_as_token_ids: bool = False):
+                 log_requests: bool = True, return_tokens_as_token_ids: bool = False,
+                 enable_prompt_tokens_details: bool = False):
         self.engine_client = engine_client
         self.return_tokens_as_token_ids = return_tokens_as_token_ids
+        self.enable_prompt_tokens_details = enable_prompt_tokens_details
         self.served_model_names = served_model_names
         self.metrics = metrics
         self.log_requests = log_requests
@@ -48,6 +50,23 @@ class OpenAIServing:
                                  ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
                                  if mc.gen_config.get(k) is not None}
         self.default_max_tokens = mc.gen_config.get("max_new_tokens")
+
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None,
+              stream: bool = False) -> dict:
+        """vLLM's usage object: in a response, prompt_tokens_details always (null unless
+        --enable-prompt-tokens-details: then the prompt's prefix-cache hit as cached_tokens;
+        vllmx counts no cache writes or multimodal tokens, null); in a stream's last chunk,
+        whose nulls vLLM leaves out, only the cached tokens, where enabled."""
+        u = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+             "total_tokens": prompt_tokens + completion_tokens}
+        details = None
+        if self.enable_prompt_tokens_details and cached_tokens is not None:
+            details = ({"cached_tokens": cached_tokens} if stream else
+                       {"cached_tokens": cached_tokens, "created_cache_tokens": None,
+                        "multimodal_tokens": None})
+        if details is not None or not stream:
+            u["prompt_tokens_details"] = details
+        return u
 
     def token_namer(self, request):
         """How logprobs name a token: "token_id:<id>" with return_tokens_as_token_ids (the
