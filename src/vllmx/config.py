@@ -12,6 +12,8 @@ from typing import Any
 
 # vLLM's load_format values vllmx reads (dummy: random weights from config.json alone).
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+# vLLM's --fingerprint-mode values (server/fingerprint.py)
+FINGERPRINT_MODES = ("full", "hash", "custom", "none")
 
 
 @dataclass

@@ -169,7 +169,7 @@ def test_response_keys_are_vllms(server):
     assert set(r) == {"id", "object", "created", "model", "choices", "service_tier",
                       "system_fingerprint", "usage", "kv_transfer_params", "ec_transfer_params",
                       "metrics"}
-    assert r["service_tier"] is None and r["system_fingerprint"] is None
+    assert r["service_tier"] is None and r["system_fingerprint"].startswith("vllmx-")
     assert set(r["choices"][0]) == {"index", "text", "logprobs", "finish_reason", "stop_reason",
                                     "token_ids", "prompt_logprobs", "prompt_token_ids",
                                     "routed_experts"}

@@ -2,7 +2,9 @@
 without (issue 21): an empty stream_options sends no usage, return_token_ids (the prompt's
 and each choice's ids, streamed as deltas), return_prompt_text, the message's `reasoning`
 (read back from input messages, as is the older reasoning_content),
---enable-prompt-tokens-details' cached_tokens, and vllm:num_requests_waiting_by_reason."""
+--enable-prompt-tokens-details' cached_tokens, and vllm:num_requests_waiting_by_reason; and
+0.26's server flags around them: --fingerprint-mode (system_fingerprint),
+--enable-per-request-metrics, --enable-force-include-usage."""
 
 from __future__ import annotations
 
@@ -136,3 +138,85 @@ def test_waiting_by_reason(server):
     waiting = server.metric("vllm:num_requests_waiting")
     assert server.metric("vllm:num_requests_waiting_by_reason", reason="capacity") == waiting
     assert server.metric("vllm:num_requests_waiting_by_reason", reason="deferred") == 0
+
+
+def test_system_fingerprint(server, engine_client):
+    """vLLM's default --fingerprint-mode full: "vllmx-<version>-<hash8>" in every response, the
+    same for one configuration and another for a different one; streamed, on a choice's last
+    chunk, or on the usage chunk when one follows; none: null; custom: the value given."""
+    import re
+
+    from vllmx import __version__
+    from vllmx.server.app import build_app
+    from vllmx.server.fingerprint import build_system_fingerprint
+
+    comp = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
+    chat = {"model": MODEL, "messages": MSGS, "max_tokens": 2}
+    fp = httpx.post(f"{server.url}/v1/completions", json=comp, timeout=60).json()[
+        "system_fingerprint"]
+    assert re.fullmatch(rf"vllmx-{re.escape(__version__)}-[0-9a-f]{{8}}", fp)
+    assert httpx.post(f"{server.url}/v1/chat/completions", json=chat,
+                      timeout=60).json()["system_fingerprint"] == fp
+    for path, body in (("/v1/completions", comp), ("/v1/chat/completions", chat)):
+        chunks = sse(server.url, path, body)
+        stamped = [c for c in chunks if "system_fingerprint" in c]
+        assert stamped == [chunks[-1]] and chunks[-1]["choices"][0]["finish_reason"]
+        assert stamped[0]["system_fingerprint"] == fp
+        chunks = sse(server.url, path, {**body, "stream_options": {"include_usage": True}})
+        assert [c for c in chunks if "system_fingerprint" in c] == [chunks[-1]]
+        assert chunks[-1]["choices"] == [] and chunks[-1]["system_fingerprint"] == fp
+    cfg = engine_client.vllm_config
+    assert build_system_fingerprint(cfg) == build_system_fingerprint(cfg, "hash") == fp
+    other = __import__("copy").deepcopy(cfg)
+    other.cache_config.kv_cache_dtype = "float32"
+    assert build_system_fingerprint(other) != fp
+    other = __import__("copy").deepcopy(cfg)
+    other.cache_config.num_blocks += 1  # what start-up measured: not the configuration
+    assert build_system_fingerprint(other) == fp
+    with ServerThread(build_app(engine_client, [MODEL], log_stats_interval=None,
+                                fingerprint_mode="none")) as s:
+        assert httpx.post(f"{s.url}/v1/completions", json=comp,
+                          timeout=60).json()["system_fingerprint"] is None
+        assert all("system_fingerprint" not in c for c in sse(s.url, "/v1/completions", comp))
+    with ServerThread(build_app(engine_client, [MODEL], log_stats_interval=None,
+                                fingerprint_mode="custom", fingerprint_value="fleet-7")) as s:
+        assert httpx.post(f"{s.url}/v1/chat/completions", json=chat,
+                          timeout=60).json()["system_fingerprint"] == "fleet-7"
+    with pytest.raises(ValueError, match="fingerprint mode"):
+        build_system_fingerprint(cfg, "partial")
+
+
+def test_per_request_metrics_and_forced_usage(engine_client):
+    """--enable-per-request-metrics: `metrics` with vLLM's five timings, consistent with each
+    other; null for n > 1 (not one stream's) and without the flag; streamed, on the usage
+    chunk. --enable-force-include-usage: a stream without stream_options still ends with
+    usage, and every chunk carries it."""
+    from vllmx.server.app import build_app
+
+    comp = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}
+    keys = {"time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms",
+            "tokens_per_second"}
+    with ServerThread(build_app(engine_client, [MODEL], log_stats_interval=None,
+                                enable_per_request_metrics=True)) as s:
+        for path, body in (("/v1/completions", comp),
+                           ("/v1/chat/completions", {"model": MODEL, "messages": MSGS,
+                                                     "max_tokens": 8, "temperature": 0})):
+            m = httpx.post(f"{s.url}{path}", json=body, timeout=60).json()["metrics"]
+            assert set(m) == keys and all(v is not None and v >= 0 for v in m.values())
+            assert m["mean_itl_ms"] == pytest.approx(m["generation_time_ms"] / 7)
+            # tokens over the time from scheduling to the last token (TTFT + generation)
+            total_s = (m["time_to_first_token_ms"] + m["generation_time_ms"]) / 1000
+            assert m["tokens_per_second"] == pytest.approx(8 / total_s, rel=1e-6)
+            last = sse(s.url, path, {**body, "stream_options": {"include_usage": True}})[-1]
+            assert set(last["metrics"]) == keys
+        r = httpx.post(f"{s.url}/v1/completions", timeout=60,
+                       json={**comp, "n": 2, "temperature": 1.0, "seed": 1}).json()
+        assert r["metrics"] is None and len(r["choices"]) == 2
+    with ServerThread(build_app(engine_client, [MODEL], log_stats_interval=None,
+                                enable_force_include_usage=True)) as s:
+        chunks = sse(s.url, "/v1/completions", comp)
+        assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 8
+        assert all("usage" in c for c in chunks)
+    with ServerThread(build_app(engine_client, [MODEL], log_stats_interval=None)) as s:
+        assert httpx.post(f"{s.url}/v1/completions", json=comp,
+                          timeout=60).json()["metrics"] is None

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 
-from vllmx.config import LOAD_FORMATS
+from vllmx.config import FINGERPRINT_MODES, LOAD_FORMATS
 
 logger = logging.getLogger("vllmx")
 
@@ -129,6 +129,17 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--enable-prompt-tokens-details", action="store_true",
                    help="usage.prompt_tokens_details.cached_tokens: the prompt tokens the "
                         "prefix cache held")
+    p.add_argument("--enable-per-request-metrics", action="store_true",
+                   help="responses carry `metrics`: time to first token, queue and generation "
+                        "time, mean inter-token latency, tokens per second (a stream's usage "
+                        "chunk)")
+    p.add_argument("--enable-force-include-usage", action="store_true",
+                   help="every stream ends with a usage chunk and carries usage on each chunk")
+    p.add_argument("--fingerprint-mode", choices=FINGERPRINT_MODES, default="full",
+                   help="system_fingerprint: full / hash 'vllmx-<version>-<config hash>', "
+                        "custom: --fingerprint-value, none: null")
+    p.add_argument("--fingerprint-value", default=None,
+                   help="the system_fingerprint of --fingerprint-mode custom")
     p.add_argument("--return-tokens-as-token-ids", action="store_true",
                    help="logprobs name tokens 'token_id:<id>' (a request's "
                         "return_tokens_as_token_ids overrides it)")
@@ -292,6 +303,10 @@ def run_serve(args: argparse.Namespace) -> int:
                         enable_server_load_tracking=args.enable_server_load_tracking,
                         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
                         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+                        enable_per_request_metrics=args.enable_per_request_metrics,
+                        enable_force_include_usage=args.enable_force_include_usage,
+                        fingerprint_mode=args.fingerprint_mode,
+                        fingerprint_value=args.fingerprint_value,
                         enable_auto_tool_choice=args.enable_auto_tool_choice,
                         tool_call_parser=args.tool_call_parser,
                         reasoning_parser=args.reasoning_parser, lora_modules=lora_modules,

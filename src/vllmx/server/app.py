@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import vllmx
 from vllmx.server.errors import OpenAIError, error_response, from_exception, pydantic_message
+from vllmx.server.fingerprint import build_system_fingerprint
 from vllmx.server.metrics import ServerMetrics, StatLogger
 from vllmx.server.pooling_routes import add_pooling_routes, invocation_kind
 from vllmx.server.protocol import (
@@ -183,6 +184,9 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
               enable_server_load_tracking: bool = False,
               return_tokens_as_token_ids: bool = False,
               enable_prompt_tokens_details: bool = False,
+              enable_per_request_metrics: bool = False,
+              enable_force_include_usage: bool = False,
+              fingerprint_mode: str = "full", fingerprint_value: str | None = None,
               enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
               reasoning_parser: str | None = None, lora_modules: list | None = None,
               allow_runtime_lora_updating: bool = False,
@@ -194,9 +198,11 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
     endpoints: /tokenizer_info (enable_tokenizer_info_endpoint; it exposes the chat template
     and special tokens), /load's count of requests in flight (enable_server_load_tracking;
     /load answers 0 without it, as vLLM's); usage's prompt_tokens_details with the prompt's
-    prefix-cache hit (enable_prompt_tokens_details). Tool calling and reasoning take vLLM's flags:
-    enable_auto_tool_choice with a tool_call_parser name, a reasoning_parser name; an unknown
-    name is a ValueError listing the known ones. LoRA (an engine with enable_lora): lora_modules
+    prefix-cache hit (enable_prompt_tokens_details), responses' per-request timing metrics
+    (enable_per_request_metrics), usage in every stream (enable_force_include_usage), and
+    system_fingerprint by vLLM's fingerprint_mode (server/fingerprint.py). Tool calling and
+    reasoning take vLLM's flags: enable_auto_tool_choice with a tool_call_parser name, a
+    reasoning_parser name; an unknown name is a ValueError listing the known ones. LoRA (an engine with enable_lora): lora_modules
     (LoRAModulePath) are loaded at start-up and served by name; allow_runtime_lora_updating
     adds /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM gates them by its
     VLLM_ALLOW_RUNTIME_LORA_UPDATING). /v1/responses keeps at most
@@ -211,14 +217,15 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
             engine_client.vllm_config.lora_config is None):
         raise ValueError("--lora-modules and --allow-runtime-lora-updating need --enable-lora")
     metrics = ServerMetrics(engine_client, names[0])
-    completion = OpenAIServingCompletion(
-        engine_client, names, metrics, log_requests,
-        return_tokens_as_token_ids=return_tokens_as_token_ids,
-        enable_prompt_tokens_details=enable_prompt_tokens_details)
+    answer = {"return_tokens_as_token_ids": return_tokens_as_token_ids,
+              "enable_prompt_tokens_details": enable_prompt_tokens_details,
+              "enable_per_request_metrics": enable_per_request_metrics,
+              "enable_force_include_usage": enable_force_include_usage,
+              "system_fingerprint": build_system_fingerprint(
+                  engine_client.vllm_config, fingerprint_mode, fingerprint_value)}
+    completion = OpenAIServingCompletion(engine_client, names, metrics, log_requests, **answer)
     chat = OpenAIServingChat(engine_client, names, metrics, log_requests,
-                             chat_template=chat_template,
-                             return_tokens_as_token_ids=return_tokens_as_token_ids,
-                             enable_prompt_tokens_details=enable_prompt_tokens_details,
+                             chat_template=chat_template, **answer,
                              enable_auto_tools=enable_auto_tool_choice, tool_parser=tool_parser,
                              reasoning_parser=reasoner)
     pooling = OpenAIServingPooling(engine_client, names, metrics, log_requests)

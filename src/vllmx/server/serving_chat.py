@@ -14,6 +14,7 @@ from vllmx.server.errors import OpenAIError, from_exception, sse_error
 from vllmx.server.protocol import ChatCompletionRequest, ChatMessage
 from vllmx.server.serving_engine import (
     OpenAIServing,
+    drop_nulls,
     first_output,
     merge_async_iterators,
     prompt_logprobs_json,
@@ -212,10 +213,10 @@ class OpenAIServingChat(OpenAIServing):
                     echo, reader: ChatOutputParser) -> dict:
         choices: dict[int, dict] = {}
         prompt_logprobs = None
-        cached = 0
+        cached, timestamps = 0, None
         try:
             async for _, out in merged:
-                cached = out.num_cached_tokens
+                cached, timestamps = out.num_cached_tokens, out.metrics
                 if out.prompt_logprobs is not None:
                     prompt_logprobs = out.prompt_logprobs
                 for c in out.outputs:
@@ -233,10 +234,11 @@ class OpenAIServingChat(OpenAIServing):
         # event loop.
         return await asyncio.to_thread(self._response, request, prompt, choices,
                                        request_id, created, model, echo, reader,
-                                       prompt_logprobs, cached)
+                                       prompt_logprobs, cached, timestamps)
 
     def _response(self, request, prompt, choices, request_id, created, model,
-                  echo, reader: ChatOutputParser, prompt_logprobs=None, cached=0) -> dict:
+                  echo, reader: ChatOutputParser, prompt_logprobs=None, cached=0,
+                  timestamps=None) -> dict:
         """vLLM's ChatCompletionResponse, every key (its model_dump): the ids with
         return_token_ids, the templated prompt with return_prompt_text, null for what vllmx
         has no source of (routed experts, transfer params, per-request timing metrics)."""
@@ -258,23 +260,22 @@ class OpenAIServingChat(OpenAIServing):
                 "routed_experts": None})
         return {"id": request_id, "object": "chat.completion", "created": created,
                 "model": model, "choices": result, "service_tier": None,
-                "system_fingerprint": None,
+                "system_fingerprint": self.system_fingerprint,
                 "usage": self.usage(len(ids), completion_tokens, cached),
                 "prompt_logprobs": prompt_logprobs_json(prompt_logprobs),
                 "prompt_token_ids": list(ids) if request.return_token_ids else None,
                 "prompt_text": text if request.return_prompt_text else None,
-                "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
+                "kv_transfer_params": None, "ec_transfer_params": None,
+                "metrics": self.timing(timestamps, completion_tokens, request.n == 1)}
 
     async def _stream(self, request, prompt, merged, first, request_id, created, model,
                       echo, reader: ChatOutputParser) -> AsyncIterator[str]:
         text, ids = prompt
         num_prompt = len(ids)
-        opts = request.stream_options
-        include_usage = bool(opts and opts.include_usage)
-        continuous = bool(include_usage and opts.continuous_usage_stats)
+        include_usage, continuous = self.include_usage(request)
         with_ids = bool(request.return_token_ids)
         num_tokens = [0] * request.n
-        cached = 0
+        cached, timestamps = 0, None
 
         def usage():  # continuous_usage_stats: the counts alone, as vLLM's chunks have them
             return self.usage(num_prompt, sum(num_tokens), stream=True)
@@ -314,7 +315,7 @@ class OpenAIServingChat(OpenAIServing):
 
             states = [ChatStreamState(reader) for _ in range(request.n)]
             async for _, out in outputs():
-                cached = out.num_cached_tokens
+                cached, timestamps = out.num_cached_tokens, out.metrics
                 for c in out.outputs:
                     num_tokens[c.index] += len(c.token_ids)
                     logprobs = self.logprobs(request, c.token_ids, c.logprobs)
@@ -330,18 +331,25 @@ class OpenAIServingChat(OpenAIServing):
                     finish = reader.finish_reason(bool(state.calls), c.finish_reason)
                     for k, delta in enumerate(deltas):
                         last = k == len(deltas) - 1
-                        yield chunk([{"index": c.index, "delta": delta,
+                        # vLLM's: the fingerprint on a choice's last chunk, unless a usage
+                        # chunk follows (it is the stream's last then).
+                        stamp = (last and finish is not None and not include_usage
+                                 and self.system_fingerprint is not None)
+                        yield write([{"index": c.index, "delta": delta,
                                       "logprobs": logprobs if k == 0 else None,
                                       "finish_reason": finish if last else None,
                                       "stop_reason": c.stop_reason if last else None,
                                       "token_ids": list(c.token_ids) if with_ids and k == 0
                                       else None}],
-                                    continuous)
+                                    usage() if continuous else None,
+                                    {"system_fingerprint": self.system_fingerprint}
+                                    if stamp else None)
             if include_usage:
-                body = {"id": request_id, "object": "chat.completion.chunk",
-                        "created": created, "model": model, "choices": [],
-                        "usage": self.usage(num_prompt, sum(num_tokens), cached, stream=True)}
-                yield f"data: {json.dumps(body)}\n\n"
+                g = sum(num_tokens)
+                extra = {"system_fingerprint": self.system_fingerprint,
+                         "metrics": drop_nulls(self.timing(timestamps, g, request.n == 1))}
+                yield write([], self.usage(num_prompt, g, cached, stream=True),
+                            {k: v for k, v in extra.items() if v is not None})
         except Exception as e:  # noqa: BLE001 - the stream ends with the error event
             yield sse_error(e)
         finally:

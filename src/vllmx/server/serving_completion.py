@@ -13,6 +13,7 @@ from vllmx.server.errors import OpenAIError, from_exception, sse_error
 from vllmx.server.protocol import CompletionRequest
 from vllmx.server.serving_engine import (
     OpenAIServing,
+    drop_nulls,
     first_output,
     merge_async_iterators,
     prompt_logprobs_json,
@@ -135,9 +136,11 @@ class OpenAIServingCompletion(OpenAIServing):
         choices: dict[int, dict] = {}
         prompt_logprobs: dict[int, list] = {}
         cached: dict[int, int] = {}  # prompt -> its prefix-cache hit
+        timestamps = None  # the last output's (per-request metrics: one prompt, n = 1)
         try:
             async for i, out in merged:
                 cached[i] = out.num_cached_tokens
+                timestamps = out.metrics
                 if out.prompt_logprobs is not None:
                     prompt_logprobs[i] = out.prompt_logprobs
                 for c in out.outputs:
@@ -156,10 +159,10 @@ class OpenAIServingCompletion(OpenAIServing):
         # with the output: off the event loop.
         return await asyncio.to_thread(self._response, request, prompts, choices,
                                        prompt_logprobs, request_id, created, model,
-                                       sum(cached.values()))
+                                       sum(cached.values()), timestamps)
 
     def _response(self, request, prompts, choices, prompt_logprobs, request_id, created,
-                  model, cached: int = 0) -> dict:
+                  model, cached: int = 0, timestamps=None) -> dict:
         """vLLM's CompletionResponse, every key (its model_dump): each choice's and its
         prompt's token ids with return_token_ids, null for what vllmx has no source of."""
         with_ids = bool(request.return_token_ids)
@@ -196,22 +199,23 @@ class OpenAIServingCompletion(OpenAIServing):
         prompt_tokens = sum(len(ids) for _, ids in prompts)
         return {"id": request_id, "object": "text_completion", "created": created,
                 "model": model, "choices": result_choices, "service_tier": None,
-                "system_fingerprint": None,
+                "system_fingerprint": self.system_fingerprint,
                 "usage": self.usage(prompt_tokens, completion_tokens, cached),
-                "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
+                "kv_transfer_params": None, "ec_transfer_params": None,
+                "metrics": self.timing(timestamps, completion_tokens,
+                                       len(prompts) == 1 and n == 1)}
 
     async def _stream(self, request, prompts, merged, first, request_id, created,
                       model) -> AsyncIterator[str]:
         n = request.n
-        opts = request.stream_options
-        include_usage = bool(opts and opts.include_usage)
-        continuous = bool(include_usage and opts.continuous_usage_stats)
+        include_usage, continuous = self.include_usage(request)
         builders: dict[int, CompletionLogprobs] = {}
         num_tokens: dict[int, int] = {}
         echoed: set[int] = set()
         with_ids = bool(request.return_token_ids)
         ids_sent: set[int] = set()  # choices whose prompt ids went out (return_token_ids)
         cached: dict[int, int] = {}
+        timestamps = None
 
         chunk = sse_chunks(request_id, "text_completion", created, model)
 
@@ -224,6 +228,7 @@ class OpenAIServingCompletion(OpenAIServing):
         try:
             async for i, out in outputs():
                 cached[i] = out.num_cached_tokens
+                timestamps = out.metrics
                 for c in out.outputs:
                     idx = i * n + c.index
                     b = builders.setdefault(idx, CompletionLogprobs(self.token_namer(request)))
@@ -254,11 +259,20 @@ class OpenAIServingCompletion(OpenAIServing):
                     usage = None
                     if continuous:
                         usage = self.usage(len(prompts[i][1]), num_tokens[idx], stream=True)
-                    yield chunk([choice], usage)
+                    # vLLM's: the fingerprint on a choice's last chunk, unless a usage chunk
+                    # follows (it is the stream's last then).
+                    last = (not include_usage and c.finish_reason is not None
+                            and self.system_fingerprint is not None)
+                    yield chunk([choice], usage,
+                                {"system_fingerprint": self.system_fingerprint} if last else None)
             if include_usage:
-                yield chunk([], self.usage(sum(len(ids) for _, ids in prompts),
-                                           sum(num_tokens.values()), sum(cached.values()),
-                                           stream=True))
+                g = sum(num_tokens.values())
+                extra = {"system_fingerprint": self.system_fingerprint,
+                         "metrics": drop_nulls(self.timing(timestamps, g,
+                                                           len(prompts) == 1 and n == 1))}
+                yield chunk([], self.usage(sum(len(ids) for _, ids in prompts), g,
+                                           sum(cached.values()), stream=True),
+                            {k: v for k, v in extra.items() if v is not None})
         except Exception as e:  # noqa: BLE001 - the stream ends with the error event
             yield sse_error(e)
         finally:

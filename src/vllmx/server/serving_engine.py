@@ -37,10 +37,16 @@ def random_uuid() -> str:
 class OpenAIServing:
     def __init__(self, engine_client, served_model_names: list[str], metrics: ServerMetrics,
                  log_requests: bool = True, return_tokens_as_token_ids: bool = False,
-                 enable_prompt_tokens_details: bool = False):
+                 enable_prompt_tokens_details: bool = False,
+                 enable_per_request_metrics: bool = False,
+                 enable_force_include_usage: bool = False,
+                 system_fingerprint: str | None = None):
         self.engine_client = engine_client
         self.return_tokens_as_token_ids = return_tokens_as_token_ids
         self.enable_prompt_tokens_details = enable_prompt_tokens_details
+        self.enable_per_request_metrics = enable_per_request_metrics
+        self.enable_force_include_usage = enable_force_include_usage
+        self.system_fingerprint = system_fingerprint
         self.served_model_names = served_model_names
         self.metrics = metrics
         self.log_requests = log_requests
@@ -67,6 +73,39 @@ class OpenAIServing:
         if details is not None or not stream:
             u["prompt_tokens_details"] = details
         return u
+
+    def include_usage(self, request) -> tuple[bool, bool]:
+        """(a stream's usage chunk, usage on every chunk): stream_options', or both with
+        --enable-force-include-usage (vLLM's should_include_usage)."""
+        if self.enable_force_include_usage:
+            return True, True
+        opts = request.stream_options
+        usage = bool(opts and opts.include_usage)
+        return usage, bool(usage and opts.continuous_usage_stats)
+
+    def timing(self, metrics, num_generated: int, single: bool) -> dict | None:
+        """vLLM's per-request timing metrics (--enable-per-request-metrics) from one
+        request's timestamps, None where off or where one stream does not own them (several
+        prompts or n > 1, as vLLM suppresses them): time to first token and queue time from
+        when it was scheduled, generation time and mean inter-token latency over its decode,
+        tokens per second from scheduling to its last token; null where a timestamp is
+        missing."""
+        if not (self.enable_per_request_metrics and single):
+            return None
+        m = metrics
+        sched = m.first_scheduled_time if m else None
+        first = m.first_token_time if m else None
+        last = m.last_token_time if m else None
+        ms = 1000.0
+        out = {"time_to_first_token_ms": (first - sched) * ms if sched and first else None,
+               "generation_time_ms": (last - first) * ms if first and last else None,
+               "queue_time_ms": (sched - m.arrival_time) * ms if m and sched else None,
+               "mean_itl_ms": ((last - first) / (num_generated - 1) * ms
+                               if first and last and num_generated > 1 else None),
+               "tokens_per_second": None}
+        if sched and last and last > sched:
+            out["tokens_per_second"] = num_generated / (last - sched)
+        return out
 
     def token_namer(self, request):
         """How logprobs name a token: "token_id:<id>" with return_tokens_as_token_ids (the
@@ -330,15 +369,25 @@ async def first_output(merged: AsyncIterator):
         raise
 
 
+def drop_nulls(d: dict | None) -> dict | None:
+    """d without its null fields (vLLM's exclude_none on a stream's last chunk), None if
+    nothing is left."""
+    if d is None:
+        return None
+    return {k: v for k, v in d.items() if v is not None} or None
+
+
 def sse_chunks(request_id: str, obj: str, created: int, model: str):
-    """chunk(choices, usage=None) -> one `data:` line of a stream, the text json.dumps writes
-    for {"id", "object", "created", "model", "choices"[, "usage"]}; the four fields every
-    chunk repeats are serialized once per stream, not once per token."""
+    """chunk(choices, usage=None, extra=None) -> one `data:` line of a stream, the text json.dumps
+    writes for {"id", "object", "created", "model", "choices"[, "usage"][, extra's keys]}; the
+    four fields every chunk repeats are serialized once per stream, not once per token."""
     head = json.dumps({"id": request_id, "object": obj, "created": created, "model": model},
                       ensure_ascii=False)[:-1]
 
-    def chunk(choices: list, usage: dict | None = None) -> str:
+    def chunk(choices: list, usage: dict | None = None, extra: dict | None = None) -> str:
         tail = "" if usage is None else f', "usage": {json.dumps(usage, ensure_ascii=False)}'
+        if extra:  # (system_fingerprint, metrics: a stream's last chunk)
+            tail += ", " + json.dumps(extra, ensure_ascii=False)[1:-1]
         return f'data: {head}, "choices": {json.dumps(choices, ensure_ascii=False)}{tail}}}\n\n'
 
     return chunk
