@@ -57,7 +57,10 @@ def fuzz(operation, mode: GenerationMode) -> Counter:
         response = case.call(timeout=120)
         statuses[response.status_code] += 1
         assert response.status_code < 500, (case.as_curl_command(), response.text[:2000])
-        if response.status_code >= 400 and operation.path != "/metrics":  # OpenAI's shape
+        if response.status_code >= 400 and operation.path.startswith("/v1/messages"):
+            err = response.json()  # Anthropic's API: Anthropic's shape
+            assert err["type"] == "error" and set(err["error"]) == {"type", "message"}
+        elif response.status_code >= 400 and operation.path != "/metrics":  # OpenAI's shape
             assert set(response.json()["error"]) == {"message", "type", "param", "code"}
 
     try:

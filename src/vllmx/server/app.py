@@ -37,6 +37,7 @@ from vllmx.server.protocol import (
 from vllmx.server.responses_routes import add_responses_routes
 from vllmx.server.serving_chat import OpenAIServingChat
 from vllmx.server.serving_completion import OpenAIServingCompletion
+from vllmx.server.serving_messages import AnthropicServingMessages, add_messages_routes
 from vllmx.server.serving_models import (
     LoadLoRAAdapterRequest,
     OpenAIServingModels,
@@ -281,16 +282,21 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
         if expected_auth is None:
             return
         got = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-        if not hmac.compare_digest(got, expected_auth):  # constant time: no timing oracle
+        # (Anthropic's clients send the key as x-api-key: accepted too, the same key)
+        key = request.headers.get("x-api-key", "").encode("utf-8", "surrogateescape")
+        if not (hmac.compare_digest(got, expected_auth)  # constant time: no timing oracle
+                | hmac.compare_digest(b"Bearer " + key, expected_auth)):
             raise OpenAIError("Unauthorized", HTTPStatus.UNAUTHORIZED)
 
     def load_done() -> None:
         app.state.server_load_metrics -= 1
 
-    async def respond(work: Coroutine, request: Request) -> Response:
+    async def respond(work: Coroutine, request: Request, on_error=error_response) -> Response:
+        """work's answer: a dict as JSON, a stream as SSE, an exception as on_error's
+        (OpenAI's error shape, or Anthropic's on /v1/messages)."""
         if app.state.draining:  # new work while the requests in flight finish
             work.close()
-            return error_response("the server is shutting down", HTTPStatus.SERVICE_UNAVAILABLE)
+            return on_error("the server is shutting down", HTTPStatus.SERVICE_UNAVAILABLE)
         # /load: a request counts until its answer is sent (a stream: until it ends).
         tracked = enable_server_load_tracking
         if tracked:
@@ -302,7 +308,7 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
                 err = from_exception(e)
                 if err.status >= 500:
                     logger.exception("request failed")
-                return error_response(err.message, err.status, err.param, err.err_type)
+                return on_error(err.message, err.status, err.param, err.err_type)
             if result is None:  # the client is gone
                 return Response(status_code=499)
             if isinstance(result, AsyncIterator):
@@ -333,6 +339,7 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
             body, request.headers.get("X-Request-Id")), request)
 
     add_responses_routes(v1, responses, respond, check_generative)
+    add_messages_routes(v1, AnthropicServingMessages(chat), respond, check_generative)
     auth = [Depends(check_api_key)]
     pooling_handlers = add_pooling_routes(app, v1, auth, pooling, chat.render, respond)
 
