@@ -203,8 +203,9 @@ def build_app(engine_client, served_model_names: list[str] | None = None,
     (enable_per_request_metrics), usage in every stream (enable_force_include_usage), and
     system_fingerprint by vLLM's fingerprint_mode (server/fingerprint.py). Tool calling and
     reasoning take vLLM's flags: enable_auto_tool_choice with a tool_call_parser name, a
-    reasoning_parser name; an unknown name is a ValueError listing the known ones. LoRA (an engine with enable_lora): lora_modules
-    (LoRAModulePath) are loaded at start-up and served by name; allow_runtime_lora_updating
+    reasoning_parser name; an unknown name is a ValueError listing the known ones. LoRA (an
+    engine with enable_lora): lora_modules (LoRAModulePath) are loaded at start-up and served
+    by name; allow_runtime_lora_updating
     adds /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM gates them by its
     VLLM_ALLOW_RUNTIME_LORA_UPDATING). /v1/responses keeps at most
     max_stored_responses responses for GET and previous_response_id (0: none)."""

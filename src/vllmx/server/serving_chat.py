@@ -20,6 +20,7 @@ from vllmx.server.serving_engine import (
     prompt_logprobs_json,
     random_uuid,
     sse_chunks,
+    stream_outputs,
 )
 from vllmx.server.tool_choice import plan_tools
 
@@ -278,12 +279,9 @@ class OpenAIServingChat(OpenAIServing):
         cached, timestamps = 0, None
 
         def usage():  # continuous_usage_stats: the counts alone, as vLLM's chunks have them
-            return self.usage(num_prompt, sum(num_tokens), stream=True)
+            return self.usage(num_prompt, sum(num_tokens), stream=True) if continuous else None
 
         write = sse_chunks(request_id, "chat.completion.chunk", created, model)
-
-        def chunk(choices, with_usage=False) -> str:
-            return write(choices, usage() if with_usage else None)
 
         try:
             # The first chunk (vLLM's) carries the prompt's ids and text where asked for.
@@ -293,28 +291,15 @@ class OpenAIServingChat(OpenAIServing):
             if request.return_prompt_text:
                 extra["prompt_text"] = text
             for i in range(request.n):
-                role = [{"index": i, "delta": {"role": "assistant", "content": ""},
-                         "logprobs": None, "finish_reason": None}]
-                if i == 0 and extra:
-                    body = {"id": request_id, "object": "chat.completion.chunk",
-                            "created": created, "model": model, "choices": role, **extra}
-                    if continuous:
-                        body["usage"] = usage()
-                    yield f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
-                else:
-                    yield chunk(role, continuous)
+                yield write([{"index": i, "delta": {"role": "assistant", "content": ""},
+                              "logprobs": None, "finish_reason": None}],
+                            usage(), extra if i == 0 else None)
                 if echo:
-                    yield chunk([{"index": i, "delta": {"content": echo}, "logprobs": None,
-                                  "finish_reason": None}], continuous)
-
-            async def outputs():
-                if first is not None:
-                    yield first
-                async for item in merged:
-                    yield item
+                    yield write([{"index": i, "delta": {"content": echo}, "logprobs": None,
+                                  "finish_reason": None}], usage())
 
             states = [ChatStreamState(reader) for _ in range(request.n)]
-            async for _, out in outputs():
+            async for _, out in stream_outputs(first, merged):
                 cached, timestamps = out.num_cached_tokens, out.metrics
                 for c in out.outputs:
                     num_tokens[c.index] += len(c.token_ids)
@@ -341,15 +326,14 @@ class OpenAIServingChat(OpenAIServing):
                                       "stop_reason": c.stop_reason if last else None,
                                       "token_ids": list(c.token_ids) if with_ids and k == 0
                                       else None}],
-                                    usage() if continuous else None,
+                                    usage(),
                                     {"system_fingerprint": self.system_fingerprint}
                                     if stamp else None)
             if include_usage:
                 g = sum(num_tokens)
                 extra = {"system_fingerprint": self.system_fingerprint,
                          "metrics": drop_nulls(self.timing(timestamps, g, request.n == 1))}
-                yield write([], self.usage(num_prompt, g, cached, stream=True),
-                            {k: v for k, v in extra.items() if v is not None})
+                yield write([], self.usage(num_prompt, g, cached, stream=True), drop_nulls(extra))
         except Exception as e:  # noqa: BLE001 - the stream ends with the error event
             yield sse_error(e)
         finally:

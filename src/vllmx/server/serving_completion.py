@@ -19,6 +19,7 @@ from vllmx.server.serving_engine import (
     prompt_logprobs_json,
     random_uuid,
     sse_chunks,
+    stream_outputs,
 )
 
 
@@ -219,14 +220,8 @@ class OpenAIServingCompletion(OpenAIServing):
 
         chunk = sse_chunks(request_id, "text_completion", created, model)
 
-        async def outputs():
-            if first is not None:
-                yield first
-            async for item in merged:
-                yield item
-
         try:
-            async for i, out in outputs():
+            async for i, out in stream_outputs(first, merged):
                 cached[i] = out.num_cached_tokens
                 timestamps = out.metrics
                 for c in out.outputs:
@@ -272,7 +267,7 @@ class OpenAIServingCompletion(OpenAIServing):
                                                            len(prompts) == 1 and n == 1))}
                 yield chunk([], self.usage(sum(len(ids) for _, ids in prompts), g,
                                            sum(cached.values()), stream=True),
-                            {k: v for k, v in extra.items() if v is not None})
+                            drop_nulls(extra))
         except Exception as e:  # noqa: BLE001 - the stream ends with the error event
             yield sse_error(e)
         finally:

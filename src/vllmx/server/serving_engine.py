@@ -369,6 +369,15 @@ async def first_output(merged: AsyncIterator):
         raise
 
 
+async def stream_outputs(first, merged: AsyncIterator):
+    """A stream's outputs: first (awaited by first_output before the 200 was sent; None if
+    there was none), then the rest of merged."""
+    if first is not None:
+        yield first
+    async for item in merged:
+        yield item
+
+
 def drop_nulls(d: dict | None) -> dict | None:
     """d without its null fields (vLLM's exclude_none on a stream's last chunk), None if
     nothing is left."""

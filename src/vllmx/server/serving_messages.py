@@ -42,7 +42,12 @@ from vllmx.server.protocol_anthropic import (
     MessagesRequest,
 )
 from vllmx.server.serving_chat import OpenAIServingChat
-from vllmx.server.serving_engine import first_output, merge_async_iterators, random_uuid
+from vllmx.server.serving_engine import (
+    first_output,
+    merge_async_iterators,
+    random_uuid,
+    stream_outputs,
+)
 
 _UNSUPPORTED_BLOCKS = ("image", "document")
 
@@ -250,14 +255,8 @@ class AnthropicServingMessages:
                 "content": [], "stop_reason": None, "stop_sequence": None,
                 "usage": {"input_tokens": num_prompt, "output_tokens": 0}})
 
-            async def outputs():
-                if first is not None:
-                    yield first
-                async for item in merged:
-                    yield item
-
             state = ChatStreamState(reader)
-            async for _, out in outputs():
+            async for _, out in stream_outputs(first, merged):
                 cached = out.num_cached_tokens
                 for c in out.outputs:
                     num_output += len(c.token_ids)

@@ -25,7 +25,12 @@ from vllmx.server.protocol_responses import ResponsesRequest
 from vllmx.server.responses_input import check_unsupported, items_to_messages, to_chat_request
 from vllmx.server.responses_output import ResponseEventStream, output_items
 from vllmx.server.serving_chat import OpenAIServingChat
-from vllmx.server.serving_engine import first_output, merge_async_iterators, random_uuid
+from vllmx.server.serving_engine import (
+    first_output,
+    merge_async_iterators,
+    random_uuid,
+    stream_outputs,
+)
 
 DEFAULT_MAX_STORED_RESPONSES = 1024
 # Chat's tool errors name tools[i].function.x; a Responses tool keeps x at its top.
@@ -196,14 +201,8 @@ class OpenAIServingResponses:
             yield events.event("response.created", response=started)
             yield events.event("response.in_progress", response=started)
 
-            async def outputs():
-                if first is not None:
-                    yield first
-                async for item in merged:
-                    yield item
-
             state = ChatStreamState(run.reader)
-            async for _, out in outputs():
+            async for _, out in stream_outputs(first, merged):
                 cached = out.num_cached_tokens
                 for c in out.outputs:
                     num_output += len(c.token_ids)
