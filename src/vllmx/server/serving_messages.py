@@ -224,37 +224,13 @@ class AnthropicServingMessages:
         _delta (text_delta, thinking_delta then signature_delta, input_json_delta) / _stop,
         message_delta (stop_reason, output tokens), message_stop; an error event if the
         request fails on the way."""
-        def event(kind: str, **body) -> str:
-            return f"event: {kind}\ndata: {json.dumps({'type': kind, **body})}\n\n"
-
-        block = {"index": -1, "kind": None}  # the open content block
-
-        def close() -> list[str]:
-            if block["kind"] is None:
-                return []
-            out = []
-            if block["kind"] == "thinking":
-                out.append(event("content_block_delta", index=block["index"], delta={
-                    "type": "signature_delta", "signature": uuid.uuid4().hex}))
-            out.append(event("content_block_stop", index=block["index"]))
-            block["kind"] = None
-            return out
-
-        def open_block(kind: str, content_block: dict) -> list[str]:
-            out = close()
-            block["index"] += 1
-            block["kind"] = kind
-            out.append(event("content_block_start", index=block["index"],
-                             content_block=content_block))
-            return out
-
-        num_output, finish, stop, cached, called = 0, None, None, 0, False
+        blocks = _BlockEvents()
+        num_output, finish, stop, cached = 0, None, None, 0
         try:
-            yield event("message_start", message={
+            yield _event("message_start", message={
                 "id": msg_id, "type": "message", "role": "assistant", "model": model,
                 "content": [], "stop_reason": None, "stop_sequence": None,
                 "usage": {"input_tokens": num_prompt, "output_tokens": 0}})
-
             state = ChatStreamState(reader)
             async for _, out in stream_outputs(first, merged):
                 cached = out.num_cached_tokens
@@ -263,48 +239,80 @@ class AnthropicServingMessages:
                     if c.finish_reason is not None:
                         finish, stop = c.finish_reason, c.stop_reason
                     for delta in state.step(c.text, final=c.finish_reason is not None):
-                        for e in self._events(delta, block, event, open_block):
+                        for e in blocks.delta(delta):
                             yield e
-            called = bool(state.calls)
-            if block["index"] < 0:  # nothing at all: one empty text block
-                for e in open_block("text", {"type": "text", "text": ""}):
-                    yield e
-            for e in close():
+            for e in blocks.finish():
                 yield e
-            reason, sequence = stop_reason(finish, stop, called)
-            usage = self.usage(num_prompt, num_output, cached)
-            yield event("message_delta", delta={"stop_reason": reason, "stop_sequence": sequence},
-                        usage=usage)
-            yield event("message_stop")
+            reason, sequence = stop_reason(finish, stop, bool(state.calls))
+            yield _event("message_delta",
+                         delta={"stop_reason": reason, "stop_sequence": sequence},
+                         usage=self.usage(num_prompt, num_output, cached))
+            yield _event("message_stop")
         except Exception as e:  # noqa: BLE001 - the stream ends with the error event
             err = from_exception(e)
-            yield event("error", error={"type": anthropic_error_type(err.status),
-                                        "message": err.message})
+            yield _event("error", error={"type": anthropic_error_type(err.status),
+                                         "message": err.message})
         finally:
             await merged.aclose()
 
-    @staticmethod
-    def _events(delta: dict, block: dict, event, open_block) -> list[str]:
+
+def _event(kind: str, **body) -> str:
+    """One server-sent event of Anthropic's stream."""
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, **body})}\n\n"
+
+
+class _BlockEvents:
+    """A streamed message's content blocks: the one open (its index and kind), opened and
+    closed as the chat deltas change kind."""
+
+    def __init__(self):
+        self.index, self.kind = -1, None
+
+    def _close(self) -> list[str]:
+        if self.kind is None:
+            return []
+        out = []
+        if self.kind == "thinking":  # Anthropic ends a thinking block with its signature
+            out.append(_event("content_block_delta", index=self.index, delta={
+                "type": "signature_delta", "signature": uuid.uuid4().hex}))
+        out.append(_event("content_block_stop", index=self.index))
+        self.kind = None
+        return out
+
+    def _open(self, content_block: dict) -> list[str]:
+        out = self._close()
+        self.index += 1
+        self.kind = content_block["type"]
+        out.append(_event("content_block_start", index=self.index, content_block=content_block))
+        return out
+
+    def _add(self, delta: dict) -> str:
+        return _event("content_block_delta", index=self.index, delta=delta)
+
+    def delta(self, delta: dict) -> list[str]:
         """The events of one chat delta ({"reasoning"}, {"content"} or {"tool_calls"})."""
         out = []
         if "reasoning" in delta:
-            if block["kind"] != "thinking":
-                out += open_block("thinking", {"type": "thinking", "thinking": ""})
-            out.append(event("content_block_delta", index=block["index"], delta={
-                "type": "thinking_delta", "thinking": delta["reasoning"]}))
+            if self.kind != "thinking":
+                out += self._open({"type": "thinking", "thinking": ""})
+            out.append(self._add({"type": "thinking_delta", "thinking": delta["reasoning"]}))
         if delta.get("content"):
-            if block["kind"] != "text":
-                out += open_block("text", {"type": "text", "text": ""})
-            out.append(event("content_block_delta", index=block["index"], delta={
-                "type": "text_delta", "text": delta["content"]}))
+            if self.kind != "text":
+                out += self._open({"type": "text", "text": ""})
+            out.append(self._add({"type": "text_delta", "text": delta["content"]}))
         for tc in delta.get("tool_calls", []):
             if "id" in tc:  # a call's first delta: its name
-                out += open_block("tool_use", {"type": "tool_use", "id": tc["id"],
-                                               "name": tc["function"]["name"], "input": {}})
+                out += self._open({"type": "tool_use", "id": tc["id"],
+                                   "name": tc["function"]["name"], "input": {}})
             if tc["function"].get("arguments"):
-                out.append(event("content_block_delta", index=block["index"], delta={
-                    "type": "input_json_delta", "partial_json": tc["function"]["arguments"]}))
+                out.append(self._add({"type": "input_json_delta",
+                                      "partial_json": tc["function"]["arguments"]}))
         return out
+
+    def finish(self) -> list[str]:
+        """The last block closed; one empty text block if there was none, as Anthropic sends."""
+        out = self._open({"type": "text", "text": ""}) if self.index < 0 else []
+        return out + self._close()
 
 
 def anthropic_error_type(status: int) -> str:
