@@ -12,8 +12,15 @@ by llguidance and none is cut short:
   grammar forces: the runner fast-forwards those tokens (appended unsampled, their KV computed
   with the next step's), so its tok/s counts tokens the steps did not sample one by one.
 --sampling adds free requests with 5 top logprobs and with penalties, the other sampling that
-reads host state. Prefill is timed apart (1 new token) and taken off each, as bench/gpu_vs_vllm.py does: decode
-tok/s = batch * (new tokens - 1) / (total - prefill). Alternating runs, medians of --repeats.
+reads host state. Decode is timed by the requests' own clocks (RequestOutput.metrics): from the
+step that gave the last first token (the batch's prefill) to the last token, decode tok/s =
+batch * (new tokens - 1) / that span. (Until 2026-12-05 the prefill was timed in a run of its
+own and taken off each run's wall time, as bench/gpu_vs_vllm.py does against vLLM; on the 2-core
+machines that run's time and the prefill inside each run differed by up to 0.3 s from run to
+run, a constant ~10% of decode charged or credited to whichever run followed.) Alternating
+runs, the best of --repeats: the 2-core machines run in two speeds ~20% apart that last a few
+seconds each (2026-12-05, free decode 1.84 / 1.50 / 1.79 / 1.46 s in turn), so a median
+compares whichever speed each setting happened to get.
 
     python bench/structured_output_cpu.py [--model PATH_OR_ALIAS] [--threads 2] [--batch 32]
 
@@ -30,8 +37,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import statistics
-import time
 
 from cpu_vs_llamacpp_lib import cpu_name, git_commit, write_result
 
@@ -89,28 +94,26 @@ def main() -> None:
         runs["penalties"] = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True,
                                            repetition_penalty=1.1, presence_penalty=0.5)
 
-    def timed(sp) -> float:
+    def decode_time(sp) -> float:
+        """Seconds from the batch's last first token to its last token."""
         llm.reset_prefix_cache()
-        t = time.perf_counter()
         outs = llm.generate(prompts, sp, use_tqdm=False)
-        elapsed = time.perf_counter() - t
         assert all(len(o.outputs[0].token_ids) == sp.max_tokens for o in outs), \
             "a run stopped early: the comparison needs every request at max_tokens"
-        return elapsed
+        return (max(o.metrics.last_token_time for o in outs)
+                - max(o.metrics.first_token_time for o in outs))
 
-    timed(SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
+    decode_time(SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
     for name in constraints:
-        timed(runs[name])  # warm-up, and llguidance's grammar compiled
-    prefill, times = [], {name: [] for name in runs}
+        decode_time(runs[name])  # warm-up, and llguidance's grammar compiled
+    times = {name: [] for name in runs}
     for _ in range(args.repeats):
-        prefill.append(timed(SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)))
         for name, sp in runs.items():
-            times[name].append(timed(sp))
-    p = statistics.median(prefill)
-    rate = {name: args.batch * (n - 1) / (statistics.median(ts) - p)
-            for name, ts in times.items()}
+            times[name].append(decode_time(sp))
+    print("  decode seconds:", {k: [round(x, 3) for x in v] for k, v in times.items()})
+    rate = {name: args.batch * (n - 1) / min(ts) for name, ts in times.items()}
     cost = {name: 1 - rate[name] / rate["free"] for name in runs if name != "free"}
-    print(f"batch {args.batch}, {n} new tokens, {args.threads} threads, median of {args.repeats}")
+    print(f"batch {args.batch}, {n} new tokens, {args.threads} threads, best of {args.repeats}")
     print(f"  decode tok/s: free {rate['free']:.1f}, "
           + ", ".join(f"{name}{'-constrained' if name in constraints else ''} "
                       f"{rate[name]:.1f} (costs {cost[name] * 100:.1f}%)" for name in cost))
@@ -118,7 +121,7 @@ def main() -> None:
     write_result("structured_output_gpu.json" if on_gpu else "structured_output_cpu.json", {
         "model": os.path.basename(llm.llm_engine.config.model_config.model), "batch": args.batch,
         "new_tokens": n, "threads": args.threads, "repeats": args.repeats,
-        "prefill_s": p, "decode_tok_s": rate, "cost": cost, "commit": git_commit(),
+        "decode_tok_s": rate, "cost": cost, "commit": git_commit(),
         "device": args.device, "load_format": args.load_format, "cpu": cpu_name()})
 
 

@@ -186,3 +186,39 @@ def test_a_constraint_compiles_once_and_each_request_gets_its_own_matcher(manage
     assert a.accept_tokens(tokenizer.encode("12x", add_special_tokens=False))
     assert allowed(manager, a) == {tokenizer.eos_token_id}
     assert tokenizer.eos_token_id not in allowed(manager, b)  # b is still at the start
+
+
+@pytest.mark.parametrize("so,text", [
+    (SO(json=PERSON), '{"name": "Jo", "age": 41, "address": {"city": "Rome", "zip": "00100"}}'),
+    (SO(json=PERSON, disable_any_whitespace=True),
+     '{"name":"Jo","age":41,"address":{"city":"Rome","zip":"00100"}}'),
+    (SO(json=json.dumps(SEGMENT)), '{"start": {"x": 1, "y": 2}, "end": {"x": -3, "y": 4}}'),
+    (SO(json_object=True), '{"any": [1, 2, {"thing": null}]}'),
+    (SO(regex="[a-z]+"), "abc"),  # complete after every letter: EOS and more letters
+    (SO(regex="[a-z ]{12}"), "hello worlds"),
+    (SO(regex=r"[0-9]{3}-[0-9]{4}"), "555-1234"),
+    (SO(regex=r"The answer is (yes|no)\."), "The answer is no."),
+    (SO(choice=["Paris", "New York City"]), "New York City"),
+    (SO(grammar='start: "x=" NUM ";"\nNUM: /[0-9]+/'), "x=42;"),
+])
+def test_allows_is_the_masks_bit(manager, tokenizer, so, text):
+    """GuidanceGrammar.allows(t) (a sampled token checked instead of a mask computed) says
+    what the mask says, for every token of the vocabulary at every state along a text: its
+    start, the middle, complete (EOS allowed), terminated by an EOS; or None (ask the mask),
+    and then only where the grammar forces bytes (the mask a single canonical token or few)."""
+    eos = tokenizer.eos_token_id
+    g = manager.grammar_init(so)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    seen_eos = decided = 0
+    for t in ids + [eos, None]:
+        mask = allowed(manager, g)
+        says = [g.allows(u) for u in range(manager.vocab_size)]
+        if says[0] is None:
+            assert all(x is None for x in says) and g.matcher.compute_ff_bytes()
+        else:
+            assert {u for u, x in enumerate(says) if x} == mask, (text, t)
+            decided += 1
+        seen_eos += eos in mask
+        if t is not None:
+            assert g.accept_tokens([t])
+    assert g.terminated and seen_eos >= 2 and decided >= 2

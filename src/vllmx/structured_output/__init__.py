@@ -3,7 +3,8 @@ regex, a choice, a grammar or a structural tag. The manager holds llguidance's v
 tokenizer, checks each request's constraint before it is queued (a bad one is a ValueError:
 HTTP 400), makes the model runner one matcher per constrained request, and fills the batch's
 token bitmask on the host each step; the sampler applies it (ops.apply_token_bitmask) before
-sampling. Constrained requests are never drafted (speculative decoding), so each has one
+sampling. (On the CPU a greedy row without logprobs is sampled unmasked and its token checked
+instead; the mask only where the grammar refuses it: StructuredOutputModelRunnerMixin.) Constrained requests are never drafted (speculative decoding), so each has one
 sampled row per step; the tokens a grammar forces after it are fast-forwarded by the model
 runner (GuidanceGrammar.fast_forward; worker/structured_output_runner_mixin.py)."""
 

@@ -496,7 +496,8 @@ class ModelRunner(StructuredOutputModelRunnerMixin):
             prev.get_output()
         states = [self.requests[r] for r in sample_ids]
         smd = self._sampling_metadata(states, [drafts[r] for r in sample_ids], logits.shape[1])
-        masks, constrained = self._grammar_masks(states, [drafts[r] for r in sample_ids], smd)
+        masks, constrained, checked = self._grammar_masks(states,
+                                                          [drafts[r] for r in sample_ids], smd)
         # Each request's generator after this step, known now: a request without drafts
         # takes one draw if it samples at random (greedy rows none), so the next step may be
         # launched before this one's tokens are back. (With drafts, what is accepted decides.)
@@ -511,17 +512,26 @@ class ModelRunner(StructuredOutputModelRunnerMixin):
                 state.rng_state = after[i]
             i += k + 1
 
+        def fail_constrained(e: Exception) -> None:  # (the others go on)
+            logger.exception("computing a step's grammar masks failed")
+            for req_id in constrained:
+                out.failed[req_id] = (f"structured output: computing the grammar masks "
+                                      f"failed: {type(e).__name__}: {e}")
+
         def sample():
             if masks is not None:
                 try:
                     smd.grammar_bitmask = masks.result()
-                except Exception as e:  # the constrained requests fail, the others go on
-                    logger.exception("computing a step's grammar masks failed")
-                    for req_id in constrained:
-                        out.failed[req_id] = (f"structured output: computing the grammar masks "
-                                              f"failed: {type(e).__name__}: {e}")
+                except Exception as e:  # noqa: BLE001 - logged there; those requests fail
+                    fail_constrained(e)
                     smd.grammar_rows = None
-            return self.sampler.launch(logits, smd)
+            pending = self.sampler.launch(logits, smd)
+            if checked:  # (the CPU's: sampled already)
+                try:
+                    self._grammar_check(pending.result(), logits, checked)
+                except Exception as e:  # noqa: BLE001 - logged there; those requests fail
+                    fail_constrained(e)
+            return pending
 
         step = PendingStep(self, out, sample_ids=sample_ids, drafts=drafts, smd=smd,
                            sample_later=sample, sample_rows=sample_rows,
