@@ -261,6 +261,40 @@ void check_fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, 
               "activation must be 0 (silu), 1 (swigluoai) or 2 (relu2), got " + i2s(activation));
 }
 
+void check_add_lora_linear(const Tensor& y, const Tensor& x, const Tensor& lora_a,
+                           const Tensor& lora_b, const Tensor& lora_indices,
+                           const Tensor& output_slices) {
+  const char* op = "add_lora_linear";
+  check_ndim(x, 2, op, "x");
+  check_ndim(y, 2, op, "y");
+  check_ndim(lora_a, 3, op, "lora_a");
+  check_ndim(lora_b, 3, op, "lora_b");
+  check_dtype(lora_indices, DType::I32, op, "lora_indices");
+  check_ndim(lora_indices, 1, op, "lora_indices");
+  check_dtype(output_slices, DType::I32, op, "output_slices");
+  check_ndim(output_slices, 1, op, "output_slices");
+  const int64_t T = x.shape[0], K = x.shape[1], N = y.shape[1], L = lora_a.shape[0];
+  const int64_t S = output_slices.shape[0] - 1, r = lora_b.shape[2];
+  VLLMX_CHECK(y.shape[0] == T && lora_indices.shape[0] == T, op,
+              "y " + y.str() + " and lora_indices " + lora_indices.str() +
+                  " must have x's rows (x " + x.str() + ")");
+  VLLMX_CHECK(S >= 1 && r >= 1, op,
+              "output_slices " + output_slices.str() + " must hold S + 1 >= 2 offsets and lora_b " +
+                  lora_b.str() + " a rank >= 1");
+  VLLMX_CHECK(lora_a.shape[1] == S * r && lora_a.shape[2] == K, op,
+              "lora_a " + lora_a.str() + " must be [L, S r, K] = [L, " + i2s(S * r) + ", " +
+                  i2s(K) + "] (x " + x.str() + ", lora_b " + lora_b.str() + ", S = " + i2s(S) +
+                  " slices)");
+  VLLMX_CHECK(lora_b.shape[0] == L && lora_b.shape[1] == N, op,
+              "lora_b " + lora_b.str() + " must be [L, N, r] with L = " + i2s(L) + ", N = " +
+                  i2s(N) + " (y " + y.str() + ")");
+  const int32_t* o = output_slices.ptr<int32_t>();
+  const int64_t os = output_slices.stride[0];
+  bool ok = o[0] == 0 && o[S * os] == N;
+  for (int64_t i = 0; i < S; ++i) ok = ok && o[i * os] < o[(i + 1) * os];
+  VLLMX_CHECK(ok, op, "output_slices must rise from 0 to N = " + i2s(N) + " (y " + y.str() + ")");
+}
+
 void check_relu2(const Tensor& out, const Tensor& x) {
   const char* op = "relu2";
   check_ndim(x, 2, op, "x");
@@ -597,6 +631,7 @@ VLLMX_OP_CHECK(mamba2_scan, check_mamba2_scan);
 VLLMX_OP_CHECK(sigmoid_gate, check_sigmoid_gate);
 VLLMX_OP_CHECK(swigluoai_and_mul, check_swigluoai_and_mul);
 VLLMX_OP_CHECK(relu2, check_relu2);
+VLLMX_OP_CHECK(add_lora_linear, check_add_lora_linear);
 VLLMX_OP_CHECK(grouped_topk, check_grouped_topk);
 VLLMX_OP_CHECK(batched_linear, check_batched_linear);
 VLLMX_OP_CHECK(write_kv_cache, check_write_kv_cache);

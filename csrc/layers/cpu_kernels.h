@@ -1,11 +1,35 @@
 // CPU kernels that other CPU kernels compose (fused_experts runs each expert's rows through
-// linear and silu_and_mul). Each is the op table's kernel, with its checks; reference selects
+// linear and silu_and_mul; add_lora_linear each adapter's rows through linear), and their
+// helpers. Each is the op table's kernel, with its checks; reference selects
 // the scalar twin.
 #pragma once
+#include <vector>
+
 #include "core/tensor.h"
 #include "core/dtype.h"
 
 namespace vllmx {
+
+// A per-thread f32 buffer for one role (slot) of an op's temporaries: grows, never shrinks, so a
+// warm call allocates nothing. An op is done with it before it returns.
+inline float* f32_scratch(int slot, size_t floats) {
+  static thread_local std::vector<float> buf[4];
+  if (buf[slot].size() < floats) buf[slot].resize(floats + floats / 4);
+  return buf[slot].data();
+}
+
+// A row-major f32 [rows, cols] view of data.
+inline Tensor f32_matrix(float* data, int64_t rows, int64_t cols) {
+  Tensor t;
+  t.data = data;
+  t.dtype = DType::F32;
+  t.ndim = 2;
+  t.shape[0] = rows;
+  t.shape[1] = cols;
+  t.stride[0] = cols;
+  t.stride[1] = 1;
+  return t;
+}
 
 // Matrix g of a stacked weight [G, N, K] (fused_experts' experts, batched_linear's groups), as
 // the 2-D [N, K] view linear takes.

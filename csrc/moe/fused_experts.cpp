@@ -21,25 +21,6 @@ namespace vllmx {
 
 namespace {
 
-// Grows, never shrinks; one per buffer role, so a warm call allocates nothing.
-float* scratch(int slot, size_t floats) {
-  static thread_local std::vector<float> buf[4];
-  if (buf[slot].size() < floats) buf[slot].resize(floats + floats / 4);
-  return buf[slot].data();
-}
-
-Tensor f32_matrix(float* data, int64_t rows, int64_t cols) {
-  Tensor t;
-  t.data = data;
-  t.dtype = DType::F32;
-  t.ndim = 2;
-  t.shape[0] = rows;
-  t.shape[1] = cols;
-  t.stride[0] = cols;
-  t.stride[1] = 1;
-  return t;
-}
-
 // Tokens [t0, t1): their k slots each, grouped by expert, through the experts, summed into out.
 // Row e of a stacked bias [E, n] as a vector view; none where the op got none.
 Tensor bias_row(const Tensor& b, int64_t e) {
@@ -88,10 +69,10 @@ void run_chunk(const Tensor& out, const Tensor& x, const Tensor& w13, const Tens
       for (int64_t j = 0; j < k; ++j) slots[next[ids[t * is + j]]++] = t * k + j;
   }
 
-  float* xg = scratch(0, static_cast<size_t>(max_rows * H));      // the expert's rows, in/out
-  float* gu = scratch(1, static_cast<size_t>(max_rows * G));      // [gate | up], or up
-  float* act = scratch(2, static_cast<size_t>(max_rows * I));     // silu(gate) * up
-  float* y = scratch(3, static_cast<size_t>(T * k * H));          // one row per slot
+  float* xg = f32_scratch(0, static_cast<size_t>(max_rows * H));      // the expert's rows, in/out
+  float* gu = f32_scratch(1, static_cast<size_t>(max_rows * G));      // [gate | up], or up
+  float* act = f32_scratch(2, static_cast<size_t>(max_rows * I));     // silu(gate) * up
+  float* y = f32_scratch(3, static_cast<size_t>(T * k * H));          // one row per slot
   const float* xp = x.ptr<float>() + t0 * x.stride[0];
   const int64_t xs = x.stride[0];
   for (int64_t e = 0; e < E; ++e) {

@@ -124,6 +124,13 @@ def linear(x, w, bias=None):
     return out
 
 
+def packed_dtype(dtype: int, shape: tuple[int, ...]) -> int:
+    """The dtype repack_weight gives a weight of this dtype and shape: its packed layout, or
+    dtype itself where this CPU has no packed kernel for it or it has fewer than 16 rows."""
+    packed = _C.packed_dtype(dtype)
+    return dtype if packed < 0 or len(shape) != 2 or shape[0] < 16 else packed
+
+
 _REPACK_CHUNK_BYTES = 4 << 20
 
 
@@ -133,8 +140,8 @@ def repack_weight(w: Weight) -> Weight:
     weights (embedding and dequantize need the original, which stays readable). Returns w
     itself where this CPU has no packed kernel for its dtype, or where it has fewer than 16
     rows."""
-    packed = _C.packed_dtype(w.dtype)
-    if packed < 0 or len(w.shape) != 2 or w.shape[0] < 16:
+    packed = packed_dtype(w.dtype, w.shape)
+    if packed == w.dtype:
         return w
     src = np.ascontiguousarray(w.data).reshape(w.shape[0], -1)
     # 64-byte aligned, so that the kernels' 64-byte loads of a panel never straddle lines.
@@ -448,6 +455,16 @@ def fused_experts(x, w13, w2, topk_weights, topk_ids, w13_bias=None, w2_bias=Non
     _C.ops.fused_experts(out, x, _arg(w13), _arg(w2), topk_weights, topk_ids, w13_bias,
                          w2_bias, _EXPERT_ACTIVATIONS[activation])
     return out
+
+
+def add_lora_linear(y, x, lora_a, lora_b, lora_indices: np.ndarray,
+                    output_slices: np.ndarray) -> None:
+    """In place, for y's column slices [o_i, o_i+1) (output_slices i32 [S + 1], o_0 = 0, o_S =
+    N): y[t, o_i:o_i+1] += (x[t] @ lora_a[s, i r:(i + 1) r]^T) @ lora_b[s, o_i:o_i+1]^T for
+    s = lora_indices[t] >= 0 (-1: no adapter); lora_a [L, S r, K], lora_b [L, N, r] f32 arrays
+    or Weights in linear's 16-row panels (F32_X16: each slot's A, each slot's slices of B)
+    (vLLM's punica add_lora_linear with its output_slices)."""
+    _C.ops.add_lora_linear(y, x, _arg(lora_a), _arg(lora_b), lora_indices, output_slices)
 
 
 def relu2(x):

@@ -116,3 +116,32 @@ def test_prefix_cache_keyed_by_adapter(lora_setup):
                 enable_prefix_caching=False)
     assert other.outputs[0].token_ids == fresh.generate(
         prompt, greedy(8), lora_request=reqs["qv"])[0].outputs[0].token_ids
+
+
+def test_taped_decode_equals_eager(lora_setup, monkeypatch):
+    """Decode steps with adapters replay their step tapes (the rows' slots are the LoRA op's
+    input), and give the tokens of an engine that runs every step eagerly; three adapters and
+    the base model through two slots, so slots are rewritten between steps."""
+    from vllmx import LLM
+    from vllmx.worker import step_capture
+
+    base, adapters = lora_setup
+    reqs = [None] + list(lora_requests(adapters).values())
+    ps = prompts(np.random.default_rng(SEED), 12)
+    loras = [reqs[i % len(reqs)] for i in range(len(ps))]
+    kw = {"skip_tokenizer_init": True, "enable_lora": True, "max_loras": 2,
+          "max_lora_rank": 16, "enable_prefix_caching": False, "max_num_seqs": 8}
+    replays = [0]
+    real = step_capture.CapturedStep.replay
+
+    def counted(self, *a, **k):
+        replays[0] += 1
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(step_capture.CapturedStep, "replay", counted)
+    taped = LLM(base, **kw).generate([{"prompt_token_ids": p} for p in ps], greedy(16),
+                                     lora_request=loras)
+    assert replays[0] > 10
+    eager = LLM(base, enforce_eager=True, **kw).generate(
+        [{"prompt_token_ids": p} for p in ps], greedy(16), lora_request=loras)
+    assert [o.outputs[0].token_ids for o in taped] == [o.outputs[0].token_ids for o in eager]

@@ -1,8 +1,10 @@
 """LoRA around a Linear or a MergedLinear (vLLM's RowParallelLinearWithLoRA /
 MergedColumnParallelLinearWithLoRA / MergedQKVParallelLinearWithLoRA): the base output plus
-each token's adapter product. A merged projection holds one slice per module (q, k, v or gate,
-up); an adapter's A matrices are stacked and its B matrices placed block-diagonally, so each
-adapter costs two matmuls per projection whatever slices it targets."""
+each row's adapter product. The adapters sit in max_loras slots of two stacks (vLLM's
+lora_a_stacked / lora_b_stacked): A [slots, S * max_rank, in] for S slices (q, k, v or gate,
+up), each slice's rows in its own max_rank band, and B [slots, out, max_rank], each slice's
+rows those of its output columns, a smaller rank padded with zeros; so each projection costs
+one add_lora_linear whatever slices an adapter targets. Each part in linear's 16-row panels."""
 
 from __future__ import annotations
 
@@ -15,8 +17,31 @@ from vllmx.lora.punica import PunicaWrapper
 from vllmx.ops import Weight
 
 
+def _stack(slots: int, rows: int, cols: int, min_rows: int) -> Weight:
+    """Zeros [slots, rows, cols] for adapter matrices whose parts (a slot, or its slices of rows
+    [o_i, o_i+1)) are written in the layout repack_weight gives a part: linear's 16-row panels
+    (F32_X16) where this CPU has them and every part (min_rows) fills one, the rank being small
+    (short dot products for the row kernel); on 64-byte boundaries (the panels' loads). Pages
+    untouched until a slot is written."""
+    nbytes = slots * rows * cols * 4
+    raw = np.zeros(nbytes + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    data = raw[start:start + nbytes].view(np.float32).reshape(slots, rows, cols)
+    return Weight(data, ops.packed_dtype(ops.F32, (min_rows, cols)), (slots, rows, cols))
+
+
+def _write(stack: Weight, slot: int, row0: int, part: np.ndarray) -> None:
+    """part (f32 [rows, cols]) into the stack's slot at row0, in the stack's layout."""
+    if stack.dtype != ops.F32:
+        packed = ops.repack_weight(Weight.from_numpy(part))
+        assert packed.dtype == stack.dtype  # (_stack's rule is repack_weight's)
+        part = packed.data
+    stack.data[slot, row0:row0 + part.shape[0]] = part
+
+
 class LinearWithLoRA:
-    def __init__(self, base: Linear | MergedLinear, slices: list[str], punica: PunicaWrapper):
+    def __init__(self, base: Linear | MergedLinear, slices: list[str], punica: PunicaWrapper,
+                 max_loras: int, max_lora_rank: int):
         self.base_layer = base
         self.punica = punica
         self.slices = slices  # module names, in the order of the base layer's output columns
@@ -26,7 +51,13 @@ class LinearWithLoRA:
         else:
             self.output_sizes = [base.weight.shape[0]]
             self.input_size = base.weight.shape[-1]
-        self.lora_weights: dict[int, tuple[Weight, Weight]] = {}
+        self.max_lora_rank = max_lora_rank
+        offsets = np.cumsum([0] + self.output_sizes)
+        self.output_slices = offsets.astype(np.int32)  # (read by every step's op: long-lived)
+        self.lora_a_stacked = _stack(max_loras, len(slices) * max_lora_rank, self.input_size,
+                                     len(slices) * max_lora_rank)
+        self.lora_b_stacked = _stack(max_loras, int(offsets[-1]), max_lora_rank,
+                                     min(self.output_sizes))
 
     def check_lora(self, name: str, module: str, w: LoRALayerWeights) -> None:
         out = self.output_sizes[self.slices.index(module)]
@@ -35,42 +66,35 @@ class LinearWithLoRA:
                              f"{w.lora_b.shape} do not fit the base model's {module} "
                              f"({out} x {self.input_size})")
 
-    def set_lora(self, lora_id: int, per_slice: dict[str, LoRALayerWeights]) -> None:
-        parts = [(i, per_slice[m]) for i, m in enumerate(self.slices) if m in per_slice]
-        if not parts:
-            return
-        a = np.concatenate([w.lora_a for _, w in parts])
-        b = np.zeros((sum(self.output_sizes), a.shape[0]), np.float32)
-        offsets = np.cumsum([0] + self.output_sizes)
-        col = 0
-        for i, w in parts:
-            r = w.lora_a.shape[0]
-            b[offsets[i]:offsets[i + 1], col:col + r] = w.lora_b
-            col += r
-        self.lora_weights[lora_id] = (Weight.from_numpy(a), Weight.from_numpy(b))
-
-    def reset_lora(self, lora_id: int) -> None:
-        self.lora_weights.pop(lora_id, None)
-
-    def _active(self) -> bool:
-        return any(i in self.lora_weights for i, _ in self.punica.groups)
+    def set_lora(self, slot: int, per_slice: dict[str, LoRALayerWeights]) -> None:
+        """Slot `slot` holds an adapter's matrices for the slices it targets (zeros for the
+        others: the slot may have held another adapter)."""
+        r = self.max_lora_rank
+        a = np.zeros(self.lora_a_stacked.shape[1:], np.float32)
+        offsets = self.output_slices
+        for i, m in enumerate(self.slices):
+            w = per_slice.get(m)
+            b = np.zeros((offsets[i + 1] - offsets[i], r), np.float32)
+            if w is not None:
+                rank = w.lora_a.shape[0]
+                a[i * r:i * r + rank] = w.lora_a
+                b[:, :rank] = w.lora_b
+            _write(self.lora_b_stacked, slot, int(offsets[i]), b)
+        _write(self.lora_a_stacked, slot, 0, a)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         y = self.base_layer(x)
-        if self._active():
-            self.punica.add_lora_linear(y, x, self.lora_weights)
+        self.punica.add_lora_linear(y, x, self.lora_a_stacked, self.lora_b_stacked,
+                                    self.output_slices)
         return y
 
+    # The fused base ops (norm + matmul, matmul + act_and_mul) have no room for the adapters,
+    # so with LoRA on they run apart: every step runs the same ops whichever adapters its rows
+    # have, as a step tape replays them.
     def act_and_mul(self, x: np.ndarray, act: str = "silu") -> np.ndarray:
-        if not self._active():
-            return self.base_layer.act_and_mul(x, act)
         return ops.act_and_mul(self(x), act)
 
     def norm_proj(self, x, residual, norm, act: str | None = None):
-        # The fused norm + matmul op has no room for the adapters: with any in the step the
-        # norm runs alone and its output feeds both the base matmul and the LoRA product.
-        if not self._active():
-            return self.base_layer.norm_proj(x, residual, norm, act)
         h, residual = (norm(x), x) if residual is None else norm(x, residual)
         y = self(h)
         return (y if act is None else ops.act_and_mul(y, act)), residual

@@ -1,6 +1,8 @@
 """LoRAModelManager (vLLM's LRUCacheLoRAModelManager): wraps the model's projections with LoRA
 layers, keeps up to max_cpu_loras adapters loaded (least recently used evicted, reloaded from
-their path when asked again), and tells the layers which rows run which adapter each step."""
+their path when asked again), puts each step's adapters in the layers' max_loras slots (the
+least recently used slot of an adapter the step does not run is rewritten), and tells the
+layers which rows run which slot."""
 
 from __future__ import annotations
 
@@ -22,9 +24,9 @@ _TARGETS = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "o_proj": ["o_proj"],
 
 
 class LoRAModelManager:
-    def __init__(self, model, lora_config: LoRAConfig):
+    def __init__(self, model, lora_config: LoRAConfig, max_num_tokens: int):
         self.lora_config = lora_config
-        self.punica = PunicaWrapper()
+        self.punica = PunicaWrapper(max_num_tokens)
         # per layer: PEFT module name -> the LoRA layer that holds it
         self.modules: list[dict[str, LinearWithLoRA]] = []
         # The Llama-family decoder layer only: the one checked against peft (tests/lora).
@@ -39,12 +41,16 @@ class LoRAModelManager:
             for attr, slices in _TARGETS.items():
                 base = getattr(layer, attr, None)
                 if isinstance(base, (Linear, MergedLinear)):
-                    wrapped = LinearWithLoRA(base, slices, self.punica)
+                    wrapped = LinearWithLoRA(base, slices, self.punica, lora_config.max_loras,
+                                             lora_config.max_lora_rank)
                     setattr(layer, attr, wrapped)
                     found.update({m: wrapped for m in slices})
             self.modules.append(found)
         self.requests: dict[int, LoRARequest] = {}  # every adapter added, by lora_int_id
         self.loaded: OrderedDict[int, LoRAModel] = OrderedDict()  # least recently used first
+        # The adapter id in each slot (None: empty), and the slots least recently used first.
+        self.slots: list[int | None] = [None] * lora_config.max_loras
+        self._slot_order: list[int] = list(range(lora_config.max_loras))
 
     def add_adapter(self, req: LoRARequest) -> None:
         """Loads (or refreshes as most recently used) an adapter; a bad checkpoint raises
@@ -73,35 +79,57 @@ class LoRAModelManager:
 
     def set_active_loras(self, token_lora_ids: np.ndarray,
                          lora_requests: dict[int, LoRARequest]) -> None:
-        """The step's adapter per row (0: the base model); adapters evicted (or removed while
-        requests still run with them) are loaded again from their requests."""
-        for lora_id in np.unique(token_lora_ids).tolist():
-            if lora_id > 0:
-                self._ensure_loaded(lora_requests[lora_id])
-        self.punica.update_metadata(token_lora_ids)
+        """The step's adapter per row (0: the base model): each adapter in a slot (loaded
+        again from its request where it was evicted, or removed while requests still run with
+        it), and each row's slot for the layers."""
+        step_ids = [i for i in np.unique(token_lora_ids).tolist() if i > 0]
+        if len(step_ids) > len(self.slots):
+            raise ValueError(f"LoRA: a step with {len(step_ids)} adapters, more than max_loras "
+                             f"{len(self.slots)}")
+        lut = {0: -1}
+        for lora_id in step_ids:
+            self._ensure_loaded(lora_requests[lora_id])
+            lut[lora_id] = self._slot_for(lora_id, step_ids)
+        slots = np.array([lut[i] for i in token_lora_ids.tolist()], dtype=np.int32)
+        self.punica.update_metadata(slots)
+
+    def _slot_for(self, lora_id: int, step_ids: list[int]) -> int:
+        """The adapter's slot, written now where it has none: an empty slot, else the least
+        recently used one of an adapter this step does not run."""
+        if lora_id in self.slots:
+            slot = self.slots.index(lora_id)
+        else:
+            slot = next((s for s in self._slot_order if self.slots[s] is None), None)
+            if slot is None:
+                slot = next(s for s in self._slot_order if self.slots[s] not in step_ids)
+            lora = self.loaded[lora_id]
+            for i, found in enumerate(self.modules):
+                for target in dict.fromkeys(found.values()):
+                    target.set_lora(slot, {m: lora.loras[(i, m)] for m in target.slices
+                                           if (i, m) in lora.loras})
+            self.slots[slot] = lora_id
+        self._slot_order.remove(slot)
+        self._slot_order.append(slot)
+        return slot
 
     def _activate(self, lora: LoRAModel) -> None:
-        per_module: dict[int, dict[LinearWithLoRA, dict]] = {}
+        """Checks an adapter against the layers and keeps it loaded (its slot is written when
+        a step runs it)."""
         for (i, module), w in lora.loras.items():
             target = self.modules[i].get(module) if i < len(self.modules) else None
             if target is None:
                 raise ValueError(f"LoRA adapter {lora.name!r}: layer {i} {module} is not in the "
                                  f"base model (or not a dense projection there)")
             target.check_lora(lora.name, module, w)
-            per_module.setdefault(i, {}).setdefault(target, {})[module] = w
         while len(self.loaded) >= self.lora_config.max_cpu_loras:
             self._deactivate(next(iter(self.loaded)))
-        for targets in per_module.values():
-            for target, per_slice in targets.items():
-                target.set_lora(lora.id, per_slice)
         self.loaded[lora.id] = lora
 
     def _deactivate(self, lora_id: int) -> bool:
         if self.loaded.pop(lora_id, None) is None:
             return False
-        for found in self.modules:
-            for target in set(found.values()):
-                target.reset_lora(lora_id)
+        if lora_id in self.slots:  # (its slot is free; what it holds is rewritten on reuse)
+            self.slots[self.slots.index(lora_id)] = None
         return True
 
 
@@ -119,7 +147,6 @@ def create_lora_manager(model, config, device: str) -> LoRAModelManager:
     if mc.dtype not in ("auto", "float32"):
         raise ValueError(f"LoRA adapters need float32 activations on the CPU, got "
                          f"dtype={mc.dtype!r}")
-    # The CPU step tapes replay a decode step's ops as recorded; the adapters' rows change
-    # from step to step, so decode steps run eagerly.
-    mc.enforce_eager = True
-    return LoRAModelManager(model, config.lora_config)
+    # (Decode steps replay their tapes: the rows' slots are the op's input, not its shape.)
+    return LoRAModelManager(model, config.lora_config,
+                            config.scheduler_config.max_num_batched_tokens)

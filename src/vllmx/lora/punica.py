@@ -1,31 +1,34 @@
-"""The step's token -> adapter mapping and the batched LoRA product (vLLM's PunicaWrapper, the
-sgmv shape): the rows of one adapter are gathered, run through its A then its B with the linear
-op, and added into the base output; rows of the base model (adapter 0) are left alone."""
+"""The step's row -> adapter slot mapping (vLLM's PunicaWrapper over its max_loras slots) and
+the batched LoRA product: one add_lora_linear a projection, which groups the rows by slot (the
+sgmv shape). The mapping lives in one long-lived buffer that the op reads, so a step tape
+(worker/step_capture.py) records the op once and replays it with the slots the rows have at
+each step."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from vllmx import ops
-from vllmx.ops import Weight
 
 
 class PunicaWrapper:
-    def __init__(self):
-        # (lora_int_id, the step's row indices that run it), one entry per adapter in the step
-        self.groups: list[tuple[int, np.ndarray]] = []
+    def __init__(self, max_num_tokens: int):
+        # Each row's slot in the LoRA layers' stacks, -1: the base model (the rows past the
+        # step's, a tape's padding among them, too).
+        self.token_lora_indices = np.full(max_num_tokens, -1, dtype=np.int32)
 
-    def update_metadata(self, token_lora_ids: np.ndarray) -> None:
-        """Groups the step's rows by adapter; called once a step, before the forward."""
-        ids = np.asarray(token_lora_ids)
-        self.groups = [(int(i), np.flatnonzero(ids == i)) for i in np.unique(ids) if i > 0]
+    def update_metadata(self, token_lora_slots: np.ndarray) -> None:
+        """The step's rows' slots (-1: none); called once a step, before the forward."""
+        t = len(token_lora_slots)
+        self.token_lora_indices[:t] = token_lora_slots
+        self.token_lora_indices[t:] = -1
 
-    def add_lora_linear(self, y: np.ndarray, x: np.ndarray,
-                        weights: dict[int, tuple[Weight, Weight]]) -> None:
-        """y[rows] += (x[rows] A^T) B^T for each adapter's rows (B holds the scaling)."""
-        for lora_id, rows in self.groups:
-            ab = weights.get(lora_id)
-            if ab is None:  # the adapter does not target this module
-                continue
-            shrunk = ops.linear(np.ascontiguousarray(x[rows]), ab[0])
-            y[rows] += ops.linear(shrunk, ab[1])
+    def add_lora_linear(self, y: np.ndarray, x: np.ndarray, lora_a, lora_b,
+                        output_slices: np.ndarray) -> None:
+        """y[t] += (x[t] A_s^T) B_s^T for each row's slot s, slice by slice of y's columns (B
+        holds the scaling)."""
+        t = x.shape[0]
+        if t > len(self.token_lora_indices):
+            raise ValueError(f"LoRA: a forward of {t} rows, more than the "
+                             f"{len(self.token_lora_indices)} (max_num_batched_tokens) mapped")
+        ops.add_lora_linear(y, x, lora_a, lora_b, self.token_lora_indices[:t], output_slices)
