@@ -43,3 +43,24 @@ def peft_model(base_path: str, adapter_path: str):
 
     base = transformers.AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
     return peft.PeftModel.from_pretrained(base, adapter_path).eval()
+
+
+def check_against_peft(outs, base_toks, prompts, base_path: str, adapter_path: str, delta: float,
+                       what: str) -> None:
+    """vllmx's greedy outputs through an adapter, position by position against transformers +
+    peft (TESTING.md's token parity, delta); the adapter must change some prompt's tokens
+    (base_toks: the base model's)."""
+    import torch
+
+    from tests.models.parity import check_positions, log_softmax
+
+    oracle = peft_model(base_path, adapter_path)
+    changed = 0
+    for p, out, b in zip(prompts, outs, base_toks):
+        toks = out.outputs[0].token_ids
+        changed += toks != b
+        with torch.no_grad():
+            logits = oracle(torch.tensor([p + toks])).logits[0].double().numpy()
+        report = check_positions(log_softmax(logits)[len(p) - 1:-1], toks, delta)
+        assert report.failed == 0, f"{what} (len {len(p)}): {report}"
+    assert changed, f"{what}: the adapter changed no prompt's tokens: the test proves nothing"

@@ -163,16 +163,6 @@ def test_remove_while_running(llm, base_and_adapter):
     assert done[rid].outputs[0].token_ids == want
 
 
-def test_gguf_base_refused(base_and_adapter):
-    from tests.models.tiny_checkpoints import write_gguf
-    from vllmx import LLM
-
-    base, _, out = base_and_adapter
-    gguf = write_gguf(base, "llama", os.path.join(out, "base.gguf"))
-    with pytest.raises(ValueError, match="GGUF bases are not supported"):
-        LLM(gguf, skip_tokenizer_init=True, enable_lora=True)
-
-
 def test_other_architectures_refused(tmp_path):
     from vllmx import LLM
 

@@ -61,9 +61,15 @@ def _gguf_name(hf_name: str, table: dict[str, str]) -> str | None:
     return table[key].format(i=i) + "." + suffix if key in table else None
 
 
-def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     """HF's rotate-half Q/K rows back to Meta's interleaved pairs (llama.cpp's LlamaModel)."""
     return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """permute_qk's inverse: Meta's interleaved Q/K rows as HF's rotate-half rows."""
+    return (w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:])
             .swapaxes(1, 2).reshape(w.shape))
 
 
@@ -127,9 +133,9 @@ def hf_tensors(model_dir: str, arch: str, cfg: dict) -> list[SourceTensor]:
         def load(w=w, hf_name=hf_name):
             t = w.to_float32()
             if arch in _PERMUTED and hf_name.endswith("self_attn.q_proj.weight"):
-                t = _permute(t, nh)
+                t = permute_qk(t, nh)
             elif arch in _PERMUTED and hf_name.endswith("self_attn.k_proj.weight"):
-                t = _permute(t, nkv)
+                t = permute_qk(t, nkv)
             elif arch in _GEMMA and hf_name.endswith("norm.weight"):
                 t = t + np.float32(1.0)
             return np.ascontiguousarray(t, dtype=np.float32)

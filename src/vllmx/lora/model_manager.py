@@ -7,16 +7,18 @@ layers which rows run which slot."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import numpy as np
 
 from vllmx.config import LoRAConfig
 from vllmx.layers.linear import Linear, MergedLinear
+from vllmx.loader.hf_to_gguf import HF_ARCHITECTURES, permute_qk, unpermute_qk
 from vllmx.lora.layers import LinearWithLoRA
 from vllmx.lora.models import LoRAModel
 from vllmx.lora.punica import PunicaWrapper
 from vllmx.lora.request import LoRARequest
-from vllmx.models.llama import LlamaDecoderLayer
+from vllmx.models.llama import GGUF_PERMUTED_QK, LlamaDecoderLayer
 
 # Attribute of a decoder layer -> the PEFT module names of its output slices.
 _TARGETS = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "o_proj": ["o_proj"],
@@ -24,8 +26,10 @@ _TARGETS = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "o_proj": ["o_proj"],
 
 
 class LoRAModelManager:
-    def __init__(self, model, lora_config: LoRAConfig, max_num_tokens: int):
+    def __init__(self, model, lora_config: LoRAConfig, max_num_tokens: int,
+                 base: BaseLayout | None = None):
         self.lora_config = lora_config
+        self.base = base or BaseLayout()
         self.punica = PunicaWrapper(max_num_tokens)
         # per layer: PEFT module name -> the LoRA layer that holds it
         self.modules: list[dict[str, LinearWithLoRA]] = []
@@ -113,8 +117,24 @@ class LoRAModelManager:
         return slot
 
     def _activate(self, lora: LoRAModel) -> None:
-        """Checks an adapter against the layers and keeps it loaded (its slot is written when
-        a step runs it)."""
+        """Checks an adapter against the base model, its q/k B rows in the base's layout, and
+        keeps it loaded (its slot is written when a step runs it)."""
+        base = self.base
+        if lora.gguf_architecture is not None and lora.gguf_architecture != base.gguf_arch:
+            raise ValueError(f"LoRA adapter {lora.name!r} is a GGUF adapter for architecture "
+                             f"{lora.gguf_architecture!r}; the base model's is "
+                             f"{base.gguf_arch!r}")
+        if lora.qk_layout != base.qk_layout:
+            if base.num_heads is None:
+                raise ValueError(f"LoRA adapter {lora.name!r}: its q/k rows are laid out for "
+                                 f"{lora.qk_layout!r} checkpoints, the base model's for "
+                                 f"{base.qk_layout!r}, and its head counts are unknown")
+            move = permute_qk if base.qk_layout == "gguf" else unpermute_qk
+            for (_, module), w in lora.loras.items():
+                heads = {"q_proj": base.num_heads, "k_proj": base.num_kv_heads}.get(module)
+                if heads is not None:
+                    w.lora_b = np.ascontiguousarray(move(w.lora_b, heads))
+            lora.qk_layout = base.qk_layout
         for (i, module), w in lora.loras.items():
             target = self.modules[i].get(module) if i < len(self.modules) else None
             if target is None:
@@ -133,20 +153,41 @@ class LoRAModelManager:
         return True
 
 
+@dataclass
+class BaseLayout:
+    """What an adapter's rows must follow: the base model's q/k row layout ("gguf": Meta's
+    interleaved rows of a GGUF_PERMUTED_QK arch's GGUF; "hf" otherwise), its head counts (for
+    permuting a PEFT adapter's q/k B rows onto a GGUF base, or a GGUF adapter's onto a
+    checkpoint) and its GGUF architecture (a GGUF adapter must name the same)."""
+
+    qk_layout: str = "hf"
+    num_heads: int | None = None
+    num_kv_heads: int | None = None
+    gguf_arch: str | None = None
+
+    @staticmethod
+    def of(model_config) -> BaseLayout:
+        cfg = model_config.hf_config
+        arch = cfg.get("gguf_architecture")
+        if arch is None:  # a checkpoint: the GGUF arch llama.cpp's converter would give it
+            arch = next((HF_ARCHITECTURES[a] for a in cfg.get("architectures") or []
+                         if a in HF_ARCHITECTURES), None)
+            layout = "hf"
+        else:
+            layout = "gguf" if arch in GGUF_PERMUTED_QK else "hf"
+        heads = cfg.get("num_attention_heads")
+        return BaseLayout(layout, heads, cfg.get("num_key_value_heads") or heads, arch)
+
+
 def create_lora_manager(model, config, device: str) -> LoRAModelManager:
     """The engine's manager, after the checks of what LoRA runs on (config: VllmxConfig)."""
     mc = config.model_config
     if device != "cpu":
         raise ValueError(f"LoRA adapters run on the CPU only so far (device is {device!r}); "
                          f"start with device='cpu'")
-    if mc.is_gguf:
-        # llama.cpp's converter reorders q/k rows for some archs (GPT-J rope); a PEFT
-        # adapter's B rows follow the Hugging Face order.
-        raise ValueError("LoRA adapters need a safetensors base checkpoint; GGUF bases are "
-                         "not supported yet")
     if mc.dtype not in ("auto", "float32"):
         raise ValueError(f"LoRA adapters need float32 activations on the CPU, got "
                          f"dtype={mc.dtype!r}")
     # (Decode steps replay their tapes: the rows' slots are the op's input, not its shape.)
     return LoRAModelManager(model, config.lora_config,
-                            config.scheduler_config.max_num_batched_tokens)
+                            config.scheduler_config.max_num_batched_tokens, BaseLayout.of(mc))

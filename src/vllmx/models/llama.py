@@ -258,9 +258,12 @@ def unfuse_phi3(weights: dict[str, Weight], cfg: dict) -> dict[str, Weight]:
     return out
 
 
-# llama.cpp's archs whose rope rotates interleaved pairs (GPT-J style): Llama's Q/K stored
-# un-permuted to Meta's layout, and GLM-4's own.
-_GGUF_GPTJ_ROPE = ("llama", "mistral", "granite", "granitemoe", "smollm3", "glm4")
+# llama.cpp's archs whose GGUF Q/K rows are Meta's interleaved pairs, permuted from Hugging
+# Face's rotate-half rows by its converter (LlamaModel): a PEFT adapter's q/k B rows need the
+# same permutation on them (lora/model_manager.py).
+GGUF_PERMUTED_QK = ("llama", "mistral", "granite", "granitemoe", "smollm3")
+# llama.cpp's archs whose rope rotates interleaved pairs (GPT-J style): those, and GLM-4's own.
+_GGUF_GPTJ_ROPE = (*GGUF_PERMUTED_QK, "glm4")
 
 
 class LlamaForCausalLM(DecoderLM):
