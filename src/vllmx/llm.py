@@ -102,21 +102,23 @@ class LLM(PoolingMixin):
             raise
         return self._run_engine(ids, use_tqdm)
 
-    def beam_search(self, prompts, params: BeamSearchParams,
+    def beam_search(self, prompts, params: BeamSearchParams, lora_request=None,
                     use_tqdm: bool = False) -> list[BeamSearchOutput]:
         """vLLM's LLM.beam_search: the beam_width best continuations of each prompt (a text,
         or a dict with "prompt" or "prompt_token_ids"), best first (vllmx/beam_search.py). Each
-        step runs every live beam of every prompt as one batch of one-token requests."""
+        step runs every live beam of every prompt as one batch of one-token requests, under the
+        prompt's LoRA adapter (lora_request: one for all prompts or one per prompt)."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
+        loras = _per_prompt(lora_request, len(prompts), "lora_request")
         engine = self._generative("beam_search")
         step = params.step_params()
         max_len = engine.config.scheduler_config.max_model_len
         searches = [BeamSearch(engine.process_inputs(p, step)[1], params,
                                set(engine.eos_token_ids), max_len) for p in prompts]
-        while batch := [(s, ids) for s in searches for ids in s.pending()]:
+        while batch := [(lora, ids) for s, lora in zip(searches, loras) for ids in s.pending()]:
             outs = self.generate([{"prompt_token_ids": ids} for _, ids in batch], step,
-                                 use_tqdm=use_tqdm)
+                                 use_tqdm=use_tqdm, lora_request=[lora for lora, _ in batch])
             start = 0
             for s in searches:
                 if n := len(s.pending()):

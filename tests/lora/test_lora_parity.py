@@ -137,3 +137,74 @@ def test_taped_decode_equals_eager(lora_setup, monkeypatch):
     eager = LLM(base, enforce_eager=True, **kw).generate(
         [{"prompt_token_ids": p} for p in ps], greedy(16), lora_request=loras)
     assert [o.outputs[0].token_ids for o in taped] == [o.outputs[0].token_ids for o in eager]
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_speculative_decoding_keeps_each_adapters_tokens(lora_setup, method):
+    """Drafted requests of three adapters and the base model in one batch get the tokens they
+    get without speculation: the target verifies each row under its request's adapter (a
+    draft model drafts without adapters, which only lowers acceptance)."""
+    from vllmx import LLM
+
+    base, adapters = lora_setup
+    reqs = [None] + list(lora_requests(adapters).values())
+    rng = np.random.default_rng(SEED)
+    # Prompts that repeat themselves, so that prompt lookup finds drafts.
+    ps = [(rng.integers(3, VOCAB, size=int(n)).tolist() * 3)[:48]
+          for n in rng.integers(4, 12, size=8)]
+    loras = [reqs[i % len(reqs)] for i in range(len(ps))]
+    spec = ({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+             "prompt_lookup_min": 1} if method == "ngram"
+            else {"method": "draft_model", "model": base, "num_speculative_tokens": 3})
+    kw = {"skip_tokenizer_init": True, "enable_lora": True, "max_loras": 4, "max_lora_rank": 16,
+          "enable_prefix_caching": False}
+    want = LLM(base, **kw).generate([{"prompt_token_ids": p} for p in ps], greedy(24),
+                                    lora_request=loras)
+    llm = LLM(base, speculative_config=spec, **kw)
+    got = llm.generate([{"prompt_token_ids": p} for p in ps], greedy(24), lora_request=loras)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    sched = llm.llm_engine.scheduler
+    assert sched.spec_decode_num_drafts > 0 and sched.spec_decode_num_accepted_tokens > 0
+
+
+def test_beam_search_under_adapters(lora_setup):
+    """LLM.beam_search and AsyncLLM.beam_search (the server's) run each prompt's beams under
+    its adapter: width 1 is that adapter's greedy output, each beam's cum_logprob is the sum
+    of its tokens' log-probs under a forward with the adapter, and the adapters' beams differ
+    from the base model's."""
+    import asyncio
+    import math
+
+    from vllmx import LLM, BeamSearchParams, SamplingParams
+    from vllmx.engine.async_llm import AsyncLLM
+
+    base, adapters = lora_setup
+    reqs = lora_requests(adapters)
+    llm = LLM(base, skip_tokenizer_init=True, enable_lora=True, max_loras=3, max_lora_rank=16)
+    prompt = {"prompt_token_ids": [5, 17, 42, 9]}
+    lora = reqs["all"]
+    one = llm.beam_search([prompt], BeamSearchParams(beam_width=1, max_tokens=8, ignore_eos=True),
+                          lora_request=lora)[0]
+    greedy_out = llm.generate([prompt], greedy(8), lora_request=lora)[0].outputs[0]
+    assert one.sequences[0].tokens[4:] == greedy_out.token_ids
+    params = BeamSearchParams(beam_width=3, max_tokens=6, ignore_eos=True)
+    loras = [None, reqs["all"], reqs["mlp"]]
+    outs = llm.beam_search([prompt] * 3, params, lora_request=loras)
+    assert len({tuple(tuple(b.tokens) for b in o.sequences) for o in outs}) == 3
+    for out, lr in zip(outs[1:], loras[1:]):
+        for b in out.sequences:
+            scored = llm.generate([{"prompt_token_ids": b.tokens}],
+                                  SamplingParams(max_tokens=1, prompt_logprobs=0),
+                                  lora_request=lr)[0]
+            lps = [scored.prompt_logprobs[i][t].logprob for i, t in enumerate(b.tokens) if i >= 4]
+            assert math.isclose(sum(lps), b.cum_logprob, rel_tol=1e-4, abs_tol=1e-4)
+    engine = AsyncLLM(llm.llm_engine)
+    try:
+        async def run():
+            return [o async for o in engine.beam_search(prompt, "bs", params,
+                                                        lora_request=reqs["all"])]
+
+        got = asyncio.run(run())[0].outputs
+    finally:
+        engine.shutdown()
+    assert [c.token_ids for c in got] == [b.tokens[4:] for b in outs[1].sequences]

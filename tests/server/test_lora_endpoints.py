@@ -96,6 +96,28 @@ def test_lora_modules_models_and_load_unload(paths):
         assert r.status_code == 404 and "cannot be found" in r.text
 
 
+def test_beam_search_under_the_requests_adapter(paths):
+    """use_beam_search with an adapter's `model`: LLM.beam_search's beams under that adapter."""
+    from vllmx import LLM, BeamSearchParams
+    from vllmx.lora.request import LoRARequest
+    from vllmx.server.serving_models import LoRAModulePath
+
+    base, all_path, _ = paths
+    llm = LLM(base, skip_tokenizer_init=True, enable_lora=True, max_lora_rank=16)
+    want = llm.beam_search([{"prompt_token_ids": PROMPT}],
+                           BeamSearchParams(beam_width=2, max_tokens=6, ignore_eos=True),
+                           lora_request=LoRARequest("all", 1, all_path))[0].sequences
+    with serving(engine(base, enable_lora=True), [BASE],
+                 lora_modules=[LoRAModulePath("all", all_path)],
+                 return_tokens_as_token_ids=True) as s:
+        r = httpx.post(f"{s.url}/v1/completions", json={
+            "model": "all", "prompt": PROMPT, "max_tokens": 6, "n": 2, "use_beam_search": True,
+            "ignore_eos": True, "return_token_ids": True})
+        assert r.status_code == 200, r.text
+        got = [c["token_ids"] for c in r.json()["choices"]]
+    assert got == [b.tokens[len(PROMPT):] for b in want]
+
+
 def test_runtime_updating_is_gated(paths):
     base, _, qv_path = paths
     with serving(engine(base, enable_lora=True), [BASE]) as s:

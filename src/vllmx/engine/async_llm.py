@@ -103,12 +103,12 @@ class AsyncLLM(EngineClient):
             if not finished:  # the caller went away (e.g. a client disconnected): free its blocks
                 self._submit(("abort", request_id))
 
-    async def beam_search(self, prompt, request_id: str,
-                          params: BeamSearchParams) -> AsyncIterator[RequestOutput]:
+    async def beam_search(self, prompt, request_id: str, params: BeamSearchParams,
+                          lora_request=None) -> AsyncIterator[RequestOutput]:
         """vLLM's EngineClient.beam_search (vllmx/beam_search.py): one final RequestOutput
         whose outputs are the beam_width best beams, best first. Each step runs the live
-        beams as concurrent one-token requests (ids request_id-b<step>-<beam>); a caller that
-        stops early aborts them."""
+        beams as concurrent one-token requests (ids request_id-b<step>-<beam>), under
+        lora_request's adapter if given; a caller that stops early aborts them."""
         step = params.step_params()
         text, ids = await asyncio.to_thread(self.engine.process_inputs, prompt, step)
         search = BeamSearch(ids, params, set(self.engine.eos_token_ids),
@@ -116,7 +116,8 @@ class AsyncLLM(EngineClient):
 
         async def next_logprobs(req_id: str, tokens: list[int]):
             final = None
-            async for out in self.generate({"prompt_token_ids": tokens}, step, req_id):
+            async for out in self.generate({"prompt_token_ids": tokens}, step, req_id,
+                                           lora_request=lora_request):
                 final = out
             return final.outputs[0].logprobs[0]
 

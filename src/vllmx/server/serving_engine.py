@@ -301,10 +301,7 @@ class OpenAIServing:
             logger.info("Received request %s: prompt tokens %d, params %s", request_id,
                         len(prompt["prompt_token_ids"]), params)
         if isinstance(params, BeamSearchParams):
-            if lora is not None:
-                raise OpenAIError("beam search with a LoRA adapter is not supported yet",
-                                  param="use_beam_search")
-            gen = self.engine_client.beam_search(prompt, request_id, params)
+            gen = self.engine_client.beam_search(prompt, request_id, params, lora_request=lora)
         else:
             gen = self.engine_client.generate(prompt, params, request_id=request_id,
                                               priority=priority, lora_request=lora)
