@@ -222,3 +222,40 @@ def test_allows_is_the_masks_bit(manager, tokenizer, so, text):
         if t is not None:
             assert g.accept_tokens([t])
     assert g.terminated and seen_eos >= 2 and decided >= 2
+
+
+def test_draft_prefix_and_masks_with_drafts(manager, tokenizer):
+    """Speculative decoding's drafts: cut where the grammar stops allowing them (a refused
+    token, an EOS, a terminated grammar); the masks of a grammar with drafts are those of its
+    states after each draft prefix, in line and on llguidance's threads alike, and the
+    matchers are left as they were."""
+    eos = tokenizer.eos_token_id
+    text = '{"name": "Jo", "age": 41, "address": {"city": "Rome", "zip": "00100"}}'
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    bad = tokenizer.encode("maybe", add_special_tokens=False)[0]
+    g = manager.grammar_init(SO(json=PERSON))
+    assert g.accept_tokens(ids[:4])
+    rest = ids[4:]
+    assert g.draft_prefix(rest[:5]) == 5
+    assert g.draft_prefix(rest[:3] + [bad] + rest[3:5]) == 3
+    assert g.draft_prefix([]) == 0
+    before = allowed(manager, g)
+    other = feed(manager, tokenizer, SO(regex="[a-z]+"), "ab")
+    choice = manager.grammar_init(SO(choice=["alpha", "beta"]))
+    grammars = [g, choice, other]
+    drafts = [rest[:4], [], tokenizer.encode("cd", add_special_tokens=False)]
+    inline = manager.grammar_bitmask(grammars, drafts, parallel=False)
+    threads = manager.grammar_bitmask(grammars, drafts)
+    assert inline.shape[0] == 4 + 1 + 1 + len(drafts[2]) + 1
+    np.testing.assert_array_equal(inline, threads)
+    assert allowed(manager, g) == before  # (rolled back)
+    row = 0
+    for grammar, d in zip(grammars, drafts):
+        for j in range(len(d) + 1):
+            np.testing.assert_array_equal(inline[row], manager.grammar_bitmask([grammar])[0])
+            row += 1
+            if j < len(d):
+                assert grammar.accept_tokens([d[j]])
+    done = feed(manager, tokenizer, SO(choice=["yes", "no"]), "yes")
+    assert done.draft_prefix([eos, eos]) == 0  # (EOS drafts are never kept)
+    assert done.accept_tokens([eos]) and done.terminated and done.draft_prefix([eos]) == 0

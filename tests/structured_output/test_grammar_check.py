@@ -56,9 +56,9 @@ def run(llm, monkeypatch, masks_on_thread: bool):
         answers.append(allows(self, token))
         return answers[-1]
 
-    def counted_bitmask(self, grammars, parallel=True):
+    def counted_bitmask(self, grammars, drafts=None, parallel=True):
         masked[0] += len(grammars)
-        return bitmask(self, grammars, parallel)
+        return bitmask(self, grammars, drafts, parallel)
 
     with monkeypatch.context() as m:
         m.setattr(GuidanceGrammar, "allows", counted_allows)

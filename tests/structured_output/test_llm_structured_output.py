@@ -205,7 +205,7 @@ def test_failing_masks_fail_their_requests_and_the_engine_goes_on(smollm2_gguf, 
     runner.masks_on_thread = on_thread
     manager = runner.structured_output_manager
 
-    def broken(grammars, parallel=True):
+    def broken(grammars, drafts=None, parallel=True):
         raise RuntimeError("mask failure for the test")
 
     sp = SamplingParams(temperature=0, max_tokens=8, structured_outputs=SO(choice=["yes", "no"]))

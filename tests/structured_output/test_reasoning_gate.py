@@ -104,3 +104,21 @@ def test_serve_reasoning_parser_reaches_the_engine_config():
         cfg = engine_args_from(parser.parse_args(["serve", *flags])) \
             .create_engine_config().structured_outputs_config
         assert (cfg.reasoning_parser, cfg.enable_in_reasoning) == want
+
+
+def test_drafts_stop_at_the_token_that_closes_the_reasoning(tokenizer):
+    """Before the end marker, drafts are free up to the token that would complete it (that
+    token is sampled unconstrained; the grammar constrains what follows); after it, the
+    grammar cuts them."""
+    m = manager(tokenizer, reasoning_parser="deepseek_r1")
+    g = m.grammar_init(SO(json=SCHEMA))
+    reasoning = tokenizer.encode("Paris is in France, so", add_special_tokens=False)
+    end = tokenizer.encode("</think>", add_special_tokens=False)
+    assert g.draft_prefix(reasoning) == len(reasoning)
+    assert g.draft_prefix(reasoning[:2] + end + reasoning) == 2 + len(end) - 1
+    assert g.accept_tokens(reasoning[:3] + end[:-1])
+    assert g.draft_prefix(end[-1:] + reasoning) == 0  # (the marker's last token closes it)
+    assert g.accept_tokens(end[-1:]) and g.active
+    answer = tokenizer.encode('{"city": "Paris"}', add_special_tokens=False)
+    assert g.draft_prefix(answer) == len(answer)
+    assert g.draft_prefix(reasoning) == 0

@@ -4,9 +4,11 @@ tokenizer, checks each request's constraint before it is queued (a bad one is a 
 HTTP 400), makes the model runner one matcher per constrained request, and fills the batch's
 token bitmask on the host each step; the sampler applies it (ops.apply_token_bitmask) before
 sampling. (On the CPU a greedy row without logprobs is sampled unmasked and its token checked
-instead; the mask only where the grammar refuses it: StructuredOutputModelRunnerMixin.) Constrained requests are never drafted (speculative decoding), so each has one
-sampled row per step; the tokens a grammar forces after it are fast-forwarded by the model
-runner (GuidanceGrammar.fast_forward; worker/structured_output_runner_mixin.py)."""
+instead; the mask only where the grammar refuses it: StructuredOutputModelRunnerMixin.) With
+speculative decoding a constrained request's drafts are cut where its grammar stops allowing
+them, and each verify row is masked (or checked) at the grammar's state after the drafts
+before it; the tokens a grammar forces after a step's are fast-forwarded by the model runner
+(GuidanceGrammar.fast_forward; worker/structured_output_runner_mixin.py)."""
 
 from __future__ import annotations
 
@@ -137,37 +139,56 @@ class StructuredOutputManager:
         return ReasoningGatedGrammar(grammar, self.reasoner.end_token_ids)
 
     def grammar_bitmask(self, grammars: list[GuidanceGrammar],
+                        drafts: list[list[int]] | None = None,
                         parallel: bool = True) -> np.ndarray:
-        """int32 [len(grammars), ceil(vocab_size / 32)]: row i = the tokens grammars[i] allows
-        next. parallel: the rows on llguidance's threads (GIL released); else one after the
-        other on this thread, for a CPU whose cores run the forward right after: llguidance's
-        idle threads keep spinning for a while, and on 2 cores the taped forward ran beside
-        them ~1 ms a step slower than the rows took on one thread (SmolLM2, batch 32: a JSON
-        schema's cost 11.5-12.5% in parallel, 1.2-4.4% in line; bench/structured_output_cpu.py)."""
+        """int32 [rows, ceil(vocab_size / 32)]: the tokens each grammar allows next, and with
+        drafts (speculative decoding's, one list per grammar, each allowed by it) one row more
+        per draft: the tokens allowed after the drafts before it (the matchers are left as
+        they were). parallel: the rows on llguidance's threads (GIL released); else one after
+        the other on this thread, for a CPU whose cores run the forward right after:
+        llguidance's idle threads keep spinning for a while, and on 2 cores the taped forward
+        ran beside them ~1 ms a step slower than the rows took on one thread (SmolLM2, batch
+        32: a JSON schema's cost 11.5-12.5% in parallel, 1.2-4.4% in line;
+        bench/structured_output_cpu.py)."""
+        drafts = drafts or [[] for _ in grammars]
         words_ll = (self.ll_tokenizer.vocab_size + 31) // 32
-        mask = np.empty((len(grammars), words_ll), dtype=np.int32)
+        starts = np.cumsum([0] + [1 + len(d) for d in drafts])
+        rows = int(starts[-1])
+        mask = (np.zeros if rows > len(grammars) else np.empty)((rows, words_ll), np.int32)
         if len(grammars) == 1 or not parallel:
-            for i, g in enumerate(grammars):
-                g.fill_bitmask(mask, i)
+            for g, d, r in zip(grammars, drafts, starts.tolist()):
+                for j in range(len(d) + 1):
+                    g.fill_bitmask(mask, r + j)
+                    if j < len(d) and not g.matcher.consume_token(d[j]):
+                        raise RuntimeError(f"structured output: a draft the grammar allowed "
+                                           f"was refused ({g.error})")
+                if d:
+                    g.matcher.rollback(len(d))
         elif grammars:
-            self._executor.unsafe_compute_mask_ptr(
-                [(g.matcher, i) for i, g in enumerate(grammars)], mask.ctypes.data,
-                4 * words_ll, len(grammars))
+            entries = list(zip(grammars, drafts, starts.tolist()))
+            if plain := [(g.matcher, r) for g, d, r in entries if not d]:
+                self._executor.unsafe_compute_mask_ptr(plain, mask.ctypes.data, 4 * words_ll,
+                                                       rows)
+            # (llguidance's drafted call refuses an empty draft list)
+            if drafted := [(g.matcher, r, list(d)) for g, d, r in entries if d]:
+                self._executor.unsafe_compute_mask_ptr_with_draft_token(
+                    drafted, mask.ctypes.data, 4 * words_ll, rows)
         words = (self.vocab_size + 31) // 32
         # A tokenizer larger than the logits: its extra ids cannot be sampled anyway.
         return mask if words == words_ll else np.ascontiguousarray(mask[:, :words])
 
-    def grammar_bitmask_async(self, grammars: list[GuidanceGrammar]) -> Future:
-        """grammar_bitmask(grammars) on llguidance's threads, started from a thread of the
-        manager's: returns once they are computing, not when they are done (the GPU's model
-        runner takes the Future's result only when it queues the step's sampling)."""
+    def grammar_bitmask_async(self, grammars: list[GuidanceGrammar],
+                              drafts: list[list[int]] | None = None) -> Future:
+        """grammar_bitmask(grammars, drafts) on llguidance's threads, started from a thread of
+        the manager's: returns once they are computing, not when they are done (the GPU's
+        model runner takes the Future's result only when it queues the step's sampling)."""
         if self._mask_thread is None:
             self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="vllmx-grammar-masks")
         started = threading.Event()
 
         def compute():
             started.set()
-            return self.grammar_bitmask(grammars)  # (llguidance releases the GIL)
+            return self.grammar_bitmask(grammars, drafts)  # (llguidance releases the GIL)
 
         masks = self._mask_thread.submit(compute)
         # Until the thread is inside llguidance: a thread waiting for the GIL gets it only

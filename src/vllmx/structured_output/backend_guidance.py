@@ -174,6 +174,14 @@ class GuidanceGrammar:
             forced.append(t)
         return forced
 
+    def draft_prefix(self, drafts: list[int]) -> int:
+        """How many of speculative decoding's drafts, in order, the grammar allows from here
+        (they are cut there): none once terminated, none from an EOS on (validate_tokens stops
+        there; its sampling decides the stop)."""
+        if self.terminated or not drafts:
+            return 0
+        return self.matcher.validate_tokens(list(drafts))
+
     def allows(self, token: int) -> bool | None:
         """Whether fill_bitmask's mask would have `token`'s bit, told without computing the
         mask (~3 us against 30-300 us): llguidance's validate_tokens walks the token's bytes.

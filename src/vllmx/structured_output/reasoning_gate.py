@@ -25,14 +25,31 @@ class ReasoningGatedGrammar:
     def fast_forward(self, limit: int, stop_ids: Collection[int] = ()) -> list[int]:
         return self.grammar.fast_forward(limit, stop_ids) if self.active else []
 
-    def accept_tokens(self, tokens: list[int]) -> bool:
-        if self.active:
-            return self.grammar.accept_tokens(tokens)
+    def _marker_end(self, tokens: list[int]) -> tuple[list[int], int | None]:
+        """(the last tokens seen and these, where in them the end marker ends first: the
+        index after its last token; None: not in them)."""
         n = len(self.end_token_ids)
         seen = self._tail + list(tokens)
         for i in range(max(0, len(self._tail) - n + 1), len(seen) - n + 1):
             if seen[i:i + n] == self.end_token_ids:
-                self.active = True
-                return self.grammar.accept_tokens(seen[i + n:])
+                return seen, i + n
+        return seen, None
+
+    def draft_prefix(self, drafts: list[int]) -> int:
+        """The grammar's, once active; before, the drafts up to the one that would close the
+        reasoning (that token is sampled, unconstrained, and the grammar starts after it)."""
+        if self.active:
+            return self.grammar.draft_prefix(drafts)
+        _, end = self._marker_end(drafts)
+        return len(drafts) if end is None else end - 1 - len(self._tail)
+
+    def accept_tokens(self, tokens: list[int]) -> bool:
+        if self.active:
+            return self.grammar.accept_tokens(tokens)
+        seen, end = self._marker_end(tokens)
+        if end is not None:
+            self.active = True
+            return self.grammar.accept_tokens(seen[end:])
+        n = len(self.end_token_ids)
         self._tail = seen[-(n - 1):] if n > 1 else []
         return True

@@ -621,6 +621,8 @@ class ModelRunner(StructuredOutputModelRunnerMixin):
         if step.hidden is not None:
             out.spec_token_ids.update(self._draft_from_hidden(step.layout, step.hidden,
                                                               rejected, out.failed))
+        if self.structured_output_manager is not None:
+            self._grammar_drafts(out.spec_token_ids)
         if rows1:
             batch.append_tokens(np.array(rows1, dtype=np.int64), np.array(toks1, dtype=np.int32))
 

@@ -49,10 +49,10 @@ class CachedRequestState:
 
 def drafts_for(sp: SamplingParams) -> bool:
     """Whether a request's steps verify drafts: those without penalties (a penalized
-    request's sampler state counts tokens as they are kept, not per verify row) and without
-    structured output (its matcher would need a mask per draft and a rollback of the rejected
-    ones: a constrained request samples one row per step instead)."""
-    return not sp.has_penalties and sp.structured_outputs is None
+    request's sampler state counts tokens as they are kept, not per verify row). A constrained
+    request's drafts are cut where its grammar stops allowing them, and each of its verify
+    rows is masked (or checked) at the grammar's state after the drafts before it."""
+    return not sp.has_penalties
 
 
 def needs_tokens(state: CachedRequestState) -> bool:
