@@ -13,11 +13,16 @@ one sequence at a time). vllmx's outputs with speculation must equal its outputs
 --draft PATH runs vLLM's draft_model method instead (PATH drafting for --model, e.g. the Q4_1
 file for an F16 copy made by `vllmx quantize --type F16`), vllmx with and without it only
 (llama.cpp's draft-model decoding is not driven here yet).
+
+--structured: the workload copies JSON records from its prompts under a JSON schema (structured
+outputs: the drafts cut where the grammar stops allowing them, each verify row masked or
+checked), vllmx with and without speculation only.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
@@ -53,6 +58,24 @@ TASKS = [
     f"Quote the first sentence, then the last one:\n\n{PARAGRAPH}",
 ]
 
+RECORDS = [
+    {"name": "Ada Lovelace", "age": 36, "city": "London", "email": "ada@example.com",
+     "tags": ["math", "poetry"]},
+    {"name": "Alan Turing", "age": 41, "city": "Manchester", "email": "alan@example.com",
+     "tags": ["logic", "running"]},
+    {"name": "Grace Hopper", "age": 85, "city": "Arlington", "email": "grace@example.com",
+     "tags": ["compilers", "navy"]},
+    {"name": "Edsger Dijkstra", "age": 72, "city": "Nuenen", "email": "edsger@example.com",
+     "tags": ["algorithms"]},
+]
+RECORD_SCHEMA = {"type": "object", "required": ["name", "age", "city", "email", "tags"],
+                 "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                "city": {"type": "string"}, "email": {"type": "string"},
+                                "tags": {"type": "array", "items": {"type": "string"}}}}
+JSON_TASKS = [f"Copy this record as JSON exactly: {json.dumps(r)}" for r in RECORDS] + [
+    f"Copy this record as JSON exactly, with the age one year more: {json.dumps(r)}"
+    for r in RECORDS]
+
 
 def vllmx_engine(model, threads, spec):
     from vllmx import LLM
@@ -61,10 +84,13 @@ def vllmx_engine(model, threads, spec):
                speculative_config=spec)
 
 
-def vllmx_run(llm, prompts, max_tokens, concurrency) -> tuple[float, list[list[int]]]:
+def vllmx_run(llm, prompts, max_tokens, concurrency,
+              structured: bool = False) -> tuple[float, list[list[int]]]:
     from vllmx import SamplingParams
+    from vllmx.sampling_params import StructuredOutputsParams
 
-    sp = SamplingParams(temperature=0, max_tokens=max_tokens)
+    sp = SamplingParams(temperature=0, max_tokens=max_tokens, structured_outputs=(
+        StructuredOutputsParams(json=RECORD_SCHEMA) if structured else None))
     t = time.perf_counter()
     outs = []
     for i in range(0, len(prompts), concurrency):
@@ -99,7 +125,10 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--draft", default=None, help="draft model (method draft_model)")
+    ap.add_argument("--structured", action="store_true",
+                    help="copy JSON records under a JSON schema (vllmx only)")
     args = ap.parse_args()
+    only_vllmx = args.draft or args.structured
 
     import llama_cpp
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
@@ -116,7 +145,8 @@ def main() -> None:
     base, specd = vllmx_engine(model, args.threads, None), vllmx_engine(model, args.threads, spec)
     tok = base.get_tokenizer()
     prompts = [tok.apply_chat_template([{"role": "user", "content": t}], tokenize=True,
-                                       add_generation_prompt=True) for t in TASKS]
+                                       add_generation_prompt=True)
+               for t in (JSON_TASKS if args.structured else TASKS)]
     kw = dict(n_ctx=2048, n_batch=512, n_threads=args.threads, n_threads_batch=args.threads,
               flash_attn=True, verbose=False)
     plain_cpp = llama_cpp.Llama(model, **kw)
@@ -124,13 +154,14 @@ def main() -> None:
         max_ngram_size=args.lookup_max, num_pred_tokens=args.k), **kw)
 
     m = spec["method"]
+    st = args.structured
     runs = {
-        "vllmx c1": lambda: vllmx_run(base, prompts, args.max_tokens, 1),
-        f"vllmx+{m} c1": lambda: vllmx_run(specd, prompts, args.max_tokens, 1),
-        "vllmx c8": lambda: vllmx_run(base, prompts, args.max_tokens, 8),
-        f"vllmx+{m} c8": lambda: vllmx_run(specd, prompts, args.max_tokens, 8),
+        "vllmx c1": lambda: vllmx_run(base, prompts, args.max_tokens, 1, st),
+        f"vllmx+{m} c1": lambda: vllmx_run(specd, prompts, args.max_tokens, 1, st),
+        "vllmx c8": lambda: vllmx_run(base, prompts, args.max_tokens, 8, st),
+        f"vllmx+{m} c8": lambda: vllmx_run(specd, prompts, args.max_tokens, 8, st),
     }
-    if not args.draft:
+    if not only_vllmx:
         runs["llama.cpp c1"] = lambda: llamacpp_run(plain_cpp, prompts, args.max_tokens)
         runs["llama.cpp+lookup c1"] = lambda: llamacpp_run(spec_cpp, prompts, args.max_tokens)
     for f in runs.values():  # warm-up (CPU tapes recorded, caches warm)
@@ -157,7 +188,7 @@ def main() -> None:
     r = {k: v["tok_s"] for k, v in results.items()}
     ratios = {f"{m} vs none, c1": r[f"vllmx+{m} c1"] / r["vllmx c1"],
               f"{m} vs none, c8": r[f"vllmx+{m} c8"] / r["vllmx c8"]}
-    if not args.draft:
+    if not only_vllmx:
         ratios["ngram vs llama.cpp lookup, c1"] = r["vllmx+ngram c1"] / r["llama.cpp+lookup c1"]
         ratios["llama.cpp lookup vs none, c1"] = r["llama.cpp+lookup c1"] / r["llama.cpp c1"]
     for k, v in ratios.items():
@@ -166,10 +197,11 @@ def main() -> None:
     out = {"model": os.path.basename(model), "threads": args.threads, "cpu": cpu_name(),
            "vllmx": __version__, "llama_cpp_python": llama_cpp.__version__,
            "commit": git_commit(), "speculative_config": spec, "max_tokens": args.max_tokens,
-           "repeats": args.repeats, "results": results, "ratios": ratios,
+           "repeats": args.repeats, "structured": args.structured, "results": results,
+           "ratios": ratios,
            "acceptance": acceptance}
     name = os.path.basename(model) + (f"_draft_{os.path.basename(args.draft)}" if args.draft
-                                       else "")
+                                       else "") + ("_structured" if args.structured else "")
     write_result(f"spec_decode_cpu_{name}.json", out)
 
 
