@@ -27,11 +27,9 @@ from vllmx.layers.attention import AttentionMetadata
 from vllmx.layers.sampler import (
     RequestSamplingState,
     Sampler,
-    SamplingMetadata,
     advance_rng_states,
     seed_rng_state,
 )
-from vllmx.spec_decode.metadata import TargetHiddenStates
 from vllmx.worker.decode_capture import (
     CudaGraphs,
     DecodeCapture,
@@ -40,6 +38,7 @@ from vllmx.worker.decode_capture import (
     tape_capture_sizes,
 )
 from vllmx.worker.input_batch import InputBatch
+from vllmx.worker.spec_decode_runner_mixin import SpecDecodeModelRunnerMixin
 from vllmx.worker.state_slots import StateSlots
 from vllmx.worker.step_capture import LongLived
 from vllmx.worker.step_state import (
@@ -55,7 +54,7 @@ logger = logging.getLogger("vllmx")
 # Prompt positions whose logits (for prompt_logprobs) are computed at once: bounds the memory.
 _PROMPT_LOGITS_CHUNK = 256
 
-class ModelRunner(StructuredOutputModelRunnerMixin):
+class ModelRunner(SpecDecodeModelRunnerMixin, StructuredOutputModelRunnerMixin):
     def __init__(self, model, kv_caches, cache_dtype: int, block_size: int,
                  max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, seed: int,
                  device: str = "cpu", enforce_eager: bool = False):
@@ -237,19 +236,6 @@ class ModelRunner(StructuredOutputModelRunnerMixin):
         self._pad_decode(nb, size)
         inputs = self._inputs(size, size, max_query_len=1)
         return lambda: self._decode_forward(size, inputs)
-
-    def keep_hidden_states(self, aux_layers: tuple[int, ...] | None = None) -> None:
-        """Keeps every step's hidden states for a drafter that reads them (mtp, eagle): captured
-        steps copy theirs out (set before any capture is recorded). aux_layers (eagle3): the
-        residual streams entering these layers instead, side by side, which the model's forward
-        writes here (captured or not)."""
-        if self.device != "cpu" or self.decode_capture.steps:
-            raise RuntimeError("keep_hidden_states: CPU only, before any step is captured")
-        width = self.model.config["hidden_size"] * (len(aux_layers) if aux_layers else 1)
-        self.hidden_out = np.zeros((len(self.input_ids), width), dtype=np.float32)
-        self._aux_hidden = bool(aux_layers)
-        if aux_layers:
-            self.model.set_aux_hidden_state_layers(aux_layers, self.hidden_out)
 
     def capture_model(self) -> None:
         """vLLM's capture_model: the decode buckets this device captures at start-up (the GPU's
@@ -616,78 +602,9 @@ class ModelRunner(StructuredOutputModelRunnerMixin):
                     and step.hidden is None):
                 row = batch.req_id_to_index[req_id]
                 to_draft[req_id] = batch.token_ids[row, :batch.num_tokens[row]]
-        if to_draft:
-            out.spec_token_ids.update(self.drafter.propose_batch(to_draft))
-        if step.hidden is not None:
-            out.spec_token_ids.update(self._draft_from_hidden(step.layout, step.hidden,
-                                                              rejected, out.failed))
-        if self.structured_output_manager is not None:
-            self._grammar_drafts(out.spec_token_ids)
+        self._propose_drafts(step, to_draft, rejected, out)
         if rows1:
             batch.append_tokens(np.array(rows1, dtype=np.int64), np.array(toks1, dtype=np.int32))
-
-    def _draft_from_hidden(self, layout, hidden, rejected: dict[str, int],
-                           failed: dict[str, str]) -> dict[str, list[int]]:
-        """A drafter reading the target's hidden states (mtp) runs over each request's rows of
-        this step but its rejected drafts' (so that its own KV follows the target's), each row
-        with the token after its position; those that sampled a token (in `rejected`) and
-        take drafts get them."""
-        batch, b = self.input_batch, len(layout)
-        rows, slots, ids, positions = [], [], [], []
-        qsl, seq_lens = np.zeros(b + 1, np.int32), np.zeros(b, np.int32)
-        batch_rows, sampled, req_ids = np.zeros(b, np.int64), np.zeros(b, bool), []
-        for req_id, row0, start, n in layout:
-            state = self.requests.get(req_id)
-            if state is None or req_id in failed:
-                continue
-            i = len(req_ids)
-            n -= rejected.get(req_id, 0)
-            rows.append(np.arange(row0, row0 + n, dtype=np.int32))
-            slots.append(self.slot_mapping[row0:row0 + n])
-            positions.append(np.arange(start, start + n, dtype=np.int32))
-            ids.extend(state.token_ids[start + 1:start + n + 1])
-            qsl[i + 1], seq_lens[i] = qsl[i] + n, start + n
-            batch_rows[i] = batch.req_id_to_index[req_id]
-            sampled[i] = req_id in rejected and drafts_for(state.sampling_params)
-            req_ids.append(req_id)
-        if not req_ids:
-            return {}
-        b = len(req_ids)
-        return self.drafter.propose_from_hidden(TargetHiddenStates(
-            req_ids, hidden, np.concatenate(rows), np.asarray(ids, dtype=np.int32),
-            np.concatenate(positions), np.concatenate(slots), qsl[:b + 1], seq_lens[:b],
-            self.block_table[batch_rows[:b]], sampled[:b]))
-
-    def _stage_drafts(self, drafts: dict[str, list[int]]) -> None:
-        """Writes each request's drafts after its tokens in the persistent batch, where the
-        step's input ids are read from (not counted as its tokens: the accepted ones are
-        appended after the step)."""
-        batch = self.input_batch
-        for req_id, d in drafts.items():
-            if d:
-                row = batch.req_id_to_index[req_id]
-                n = batch.num_tokens[row]
-                batch.token_ids[row, n:n + len(d)] = d
-
-    @staticmethod
-    def _sampling_metadata(states: list[CachedRequestState], drafts: list[list[int]],
-                           vocab: int) -> SamplingMetadata:
-        """One row per sampled position: a request with k drafts has k + 1, the j-th seeing
-        its tokens and the first j drafts (what the sequence holds there if they are
-        accepted)."""
-        if not any(drafts):  # one row per request
-            return SamplingMetadata.build(
-                [s.sampling_params for s in states], [s.sampling for s in states],
-                [s.token_ids for s in states], [s.num_prompt_tokens for s in states],
-                [s.rng_state for s in states], vocab)
-        rows = [(s, list(d[:j])) for s, d in zip(states, drafts) for j in range(len(d) + 1)]
-        # A random row's generator: the request's after the draws of the rows before it.
-        rng = [s.rng_state if not d or s.sampling_params.greedy
-               else advance_rng_states(s.rng_state, len(d)) for s, d in rows]
-        return SamplingMetadata.build(
-            [s.sampling_params for s, _ in rows], [s.sampling for s, _ in rows],
-            [s.token_ids + d if d else s.token_ids for s, d in rows],
-            [s.num_prompt_tokens for s, _ in rows], rng, vocab)
 
     def _gather_prompt_logprobs(self, state: CachedRequestState, hidden: np.ndarray, row: int,
                                 start: int, last: int) -> None:

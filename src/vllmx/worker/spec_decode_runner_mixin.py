@@ -1,0 +1,115 @@
+"""The model runner's speculative-decoding steps (as vLLM splits its runner into mixins): the
+drafts staged after each request's tokens, one sampled row per verified position, the hidden
+states a drafter reads (mtp, eagle, eagle3) and the drafts proposed after a step."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from vllmx.core.sched_output import ModelRunnerOutput
+from vllmx.layers.sampler import SamplingMetadata, advance_rng_states
+from vllmx.spec_decode.metadata import TargetHiddenStates
+from vllmx.worker.step_state import CachedRequestState, PendingStep, drafts_for
+
+if TYPE_CHECKING:
+    from vllmx.worker.input_batch import InputBatch
+
+
+class SpecDecodeModelRunnerMixin:
+    """For ModelRunner: reads its drafter, input_batch, requests, device, model, the step
+    buffers (input_ids, slot_mapping, block_table) and decode_capture, and writes hidden_out."""
+
+    drafter: object | None
+    input_batch: InputBatch
+    requests: dict[str, CachedRequestState]
+
+    def keep_hidden_states(self, aux_layers: tuple[int, ...] | None = None) -> None:
+        """Keeps every step's hidden states for a drafter that reads them (mtp, eagle): captured
+        steps copy theirs out (set before any capture is recorded). aux_layers (eagle3): the
+        residual streams entering these layers instead, side by side, which the model's forward
+        writes here (captured or not)."""
+        if self.device != "cpu" or self.decode_capture.steps:
+            raise RuntimeError("keep_hidden_states: CPU only, before any step is captured")
+        width = self.model.config["hidden_size"] * (len(aux_layers) if aux_layers else 1)
+        self.hidden_out = np.zeros((len(self.input_ids), width), dtype=np.float32)
+        self._aux_hidden = bool(aux_layers)
+        if aux_layers:
+            self.model.set_aux_hidden_state_layers(aux_layers, self.hidden_out)
+
+    def _draft_from_hidden(self, layout, hidden, rejected: dict[str, int],
+                           failed: dict[str, str]) -> dict[str, list[int]]:
+        """A drafter reading the target's hidden states (mtp) runs over each request's rows of
+        this step but its rejected drafts' (so that its own KV follows the target's), each row
+        with the token after its position; those that sampled a token (in `rejected`) and
+        take drafts get them."""
+        batch, b = self.input_batch, len(layout)
+        rows, slots, ids, positions = [], [], [], []
+        qsl, seq_lens = np.zeros(b + 1, np.int32), np.zeros(b, np.int32)
+        batch_rows, sampled, req_ids = np.zeros(b, np.int64), np.zeros(b, bool), []
+        for req_id, row0, start, n in layout:
+            state = self.requests.get(req_id)
+            if state is None or req_id in failed:
+                continue
+            i = len(req_ids)
+            n -= rejected.get(req_id, 0)
+            rows.append(np.arange(row0, row0 + n, dtype=np.int32))
+            slots.append(self.slot_mapping[row0:row0 + n])
+            positions.append(np.arange(start, start + n, dtype=np.int32))
+            ids.extend(state.token_ids[start + 1:start + n + 1])
+            qsl[i + 1], seq_lens[i] = qsl[i] + n, start + n
+            batch_rows[i] = batch.req_id_to_index[req_id]
+            sampled[i] = req_id in rejected and drafts_for(state.sampling_params)
+            req_ids.append(req_id)
+        if not req_ids:
+            return {}
+        b = len(req_ids)
+        return self.drafter.propose_from_hidden(TargetHiddenStates(
+            req_ids, hidden, np.concatenate(rows), np.asarray(ids, dtype=np.int32),
+            np.concatenate(positions), np.concatenate(slots), qsl[:b + 1], seq_lens[:b],
+            self.block_table[batch_rows[:b]], sampled[:b]))
+
+    def _propose_drafts(self, step: PendingStep, to_draft: dict[str, np.ndarray],
+                        rejected: dict[str, int], out: ModelRunnerOutput) -> None:
+        """The next step's drafts into out.spec_token_ids: proposed from the sequences in
+        to_draft (ngram, draft_model) or from this step's hidden states (mtp, eagle), each
+        constrained request's cut where its grammar stops allowing them."""
+        if to_draft:
+            out.spec_token_ids.update(self.drafter.propose_batch(to_draft))
+        if step.hidden is not None:
+            out.spec_token_ids.update(self._draft_from_hidden(step.layout, step.hidden,
+                                                              rejected, out.failed))
+        if self.structured_output_manager is not None:
+            self._grammar_drafts(out.spec_token_ids)
+
+    def _stage_drafts(self, drafts: dict[str, list[int]]) -> None:
+        """Writes each request's drafts after its tokens in the persistent batch, where the
+        step's input ids are read from (not counted as its tokens: the accepted ones are
+        appended after the step)."""
+        batch = self.input_batch
+        for req_id, d in drafts.items():
+            if d:
+                row = batch.req_id_to_index[req_id]
+                n = batch.num_tokens[row]
+                batch.token_ids[row, n:n + len(d)] = d
+
+    @staticmethod
+    def _sampling_metadata(states: list[CachedRequestState], drafts: list[list[int]],
+                           vocab: int) -> SamplingMetadata:
+        """One row per sampled position: a request with k drafts has k + 1, the j-th seeing
+        its tokens and the first j drafts (what the sequence holds there if they are
+        accepted)."""
+        if not any(drafts):  # one row per request
+            return SamplingMetadata.build(
+                [s.sampling_params for s in states], [s.sampling for s in states],
+                [s.token_ids for s in states], [s.num_prompt_tokens for s in states],
+                [s.rng_state for s in states], vocab)
+        rows = [(s, list(d[:j])) for s, d in zip(states, drafts) for j in range(len(d) + 1)]
+        # A random row's generator: the request's after the draws of the rows before it.
+        rng = [s.rng_state if not d or s.sampling_params.greedy
+               else advance_rng_states(s.rng_state, len(d)) for s, d in rows]
+        return SamplingMetadata.build(
+            [s.sampling_params for s, _ in rows], [s.sampling for s, _ in rows],
+            [s.token_ids + d if d else s.token_ids for s, d in rows],
+            [s.num_prompt_tokens for s, _ in rows], rng, vocab)
