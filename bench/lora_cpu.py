@@ -9,6 +9,7 @@ adapters. Greedy, --new-tokens each, EOS ignored; decode timed by the requests' 
 (the batch's last first token to its last token), alternating runs, the best of --repeats.
 
     python bench/lora_cpu.py --threads 2 [--batch 32 --adapters 4 --rank 16 --repeats 5]
+                             [--dtype bfloat16: the base's weights in bf16, the adapters too]
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def write_checkpoints(workdir: str, adapters: int, rank: int) -> tuple[str, list
         torch.manual_seed(0)
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SHAPE))
         model.save_pretrained(base, safe_serialization=True)
+        model.to(torch.bfloat16).save_pretrained(base + "-bf16", safe_serialization=True)
     paths = []
     for i in range(adapters):
         path = os.path.join(workdir, f"lora{i}-r{rank}")
@@ -59,8 +61,12 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--workdir", default="/tmp/vllmx-lora-bench")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="the base checkpoint's weights (activations stay f32 on the CPU)")
     args = ap.parse_args()
     base, paths = write_checkpoints(args.workdir, args.adapters, args.rank)
+    if args.dtype == "bfloat16":
+        base += "-bf16"
 
     from vllmx import LLM, SamplingParams
     from vllmx.lora.request import LoRARequest
@@ -96,8 +102,9 @@ def main() -> None:
     print(f"  decode tok/s: base {rate['base']:.1f}, {args.adapters} adapters "
           f"{rate['lora']:.1f} ({ratio:.2f}x the base)")
     print("  decode seconds:", json.dumps({k: [round(x, 3) for x in v] for k, v in times.items()}))
-    write_result("lora_cpu.json", {
-        "shape": "SmolLM2-135M (random, f32)", "batch": args.batch, "adapters": args.adapters,
+    write_result("lora_cpu_bf16.json" if args.dtype == "bfloat16" else "lora_cpu.json", {
+        "shape": f"SmolLM2-135M (random, {args.dtype})", "batch": args.batch,
+        "adapters": args.adapters,
         "rank": args.rank, "new_tokens": n, "threads": args.threads, "repeats": args.repeats,
         "decode_tok_s": rate, "ratio": ratio, "commit": git_commit(), "cpu": cpu_name()})
 

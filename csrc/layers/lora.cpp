@@ -14,6 +14,7 @@
 
 #include "core/op_table.h"
 #include "layers/cpu_kernels.h"
+#include "repack/repack.h"
 
 namespace vllmx {
 
@@ -41,10 +42,12 @@ void add_lora_linear(const Tensor& y, const Tensor& x, const Tensor& lora_a,
   const char* op = "add_lora_linear";
   check_dtype(x, DType::F32, op, "x");
   check_dtype(y, DType::F32, op, "y");
-  for (const auto& [w, name] : {std::pair{&lora_a, "lora_a"}, std::pair{&lora_b, "lora_b"}})
-    VLLMX_CHECK(w->dtype == DType::F32 || w->dtype == DType::F32_X16, op,
-                std::string(name) + " must be F32 or F32_X16 (each slot in 16-row panels), got " +
+  for (const auto& [w, name] : {std::pair{&lora_a, "lora_a"}, std::pair{&lora_b, "lora_b"}}) {
+    const DType d = is_packed(w->dtype) ? packed_base(w->dtype) : w->dtype;
+    VLLMX_CHECK(d == DType::F32 || d == DType::F16 || d == DType::BF16, op,
+                std::string(name) + " must be f32, f16 or bf16 (or their 16-row panels), got " +
                     w->str());
+  }
   const int64_t T = x.shape[0], K = x.shape[1], N = y.shape[1];
   const int64_t L = lora_a.shape[0], R = lora_a.shape[1], r = lora_b.shape[2];
   const int64_t S = output_slices.shape[0] - 1;

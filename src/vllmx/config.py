@@ -280,16 +280,25 @@ class StructuredOutputsConfig:
         return out
 
 
+LORA_DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
 @dataclass
 class LoRAConfig:
     """vLLM's LoRAConfig (--enable-lora): at most max_loras adapters in one step, each of rank
-    at most max_lora_rank; max_cpu_loras adapters kept loaded (default max_loras)."""
+    at most max_lora_rank; max_cpu_loras adapters kept loaded (default max_loras); lora_dtype
+    the adapters' weights as applied: "auto" the model's (on the CPU the checkpoint's dense
+    weight dtype, float32 for a GGUF; on the GPU the activation dtype), or float32 / float16 /
+    bfloat16."""
 
     max_lora_rank: int = 16
     max_loras: int = 1
     max_cpu_loras: int | None = None
+    lora_dtype: str = "auto"
 
     def __post_init__(self):
+        if self.lora_dtype not in LORA_DTYPES:
+            raise ValueError(f"lora_dtype must be one of {LORA_DTYPES}, got {self.lora_dtype!r}")
         if self.max_loras < 1 or self.max_lora_rank < 1:
             raise ValueError(f"max_loras ({self.max_loras}) and max_lora_rank "
                              f"({self.max_lora_rank}) must be positive")

@@ -46,15 +46,15 @@ def peft_model(base_path: str, adapter_path: str):
 
 
 def check_against_peft(outs, base_toks, prompts, base_path: str, adapter_path: str, delta: float,
-                       what: str) -> None:
+                       what: str, oracle=None) -> None:
     """vllmx's greedy outputs through an adapter, position by position against transformers +
-    peft (TESTING.md's token parity, delta); the adapter must change some prompt's tokens
-    (base_toks: the base model's)."""
+    peft (TESTING.md's token parity, delta; oracle: that model, if already made); the adapter
+    must change some prompt's tokens (base_toks: the base model's)."""
     import torch
 
     from tests.models.parity import check_positions, log_softmax
 
-    oracle = peft_model(base_path, adapter_path)
+    oracle = oracle or peft_model(base_path, adapter_path)
     changed = 0
     for p, out, b in zip(prompts, outs, base_toks):
         toks = out.outputs[0].token_ids

@@ -208,3 +208,31 @@ def test_beam_search_under_adapters(lora_setup):
     finally:
         engine.shutdown()
     assert [c.token_ids for c in got] == [b.tokens[4:] for b in outs[1].sequences]
+
+
+@pytest.mark.parametrize("lora_dtype,want_dtype", [("auto", "bfloat16"), ("float32", "float32")])
+def test_bf16_base_keeps_adapters_in_lora_dtype(tmp_path, lora_dtype, want_dtype):
+    """On a bf16 checkpoint lora_dtype "auto" keeps the adapters in bf16 (vLLM keeps them in the
+    model's dtype), "float32" in f32: the tokens of transformers + peft over the bf16 weights
+    and the adapter's weights as rounded to that dtype (delta 0.01)."""
+    from vllmx import LLM
+    from vllmx.device import BF16, F32
+
+    base = make_checkpoint("llama", "bfloat16", str(tmp_path))
+    path = make_adapter(base, str(tmp_path), "all", seed=5)
+    llm = LLM(base, skip_tokenizer_init=True, kv_cache_dtype="float32", enable_lora=True,
+              max_lora_rank=16, lora_dtype=lora_dtype)
+    layers = llm.llm_engine.lora_manager.modules[0]
+    assert {la.dtype for la in layers.values()} == {BF16 if want_dtype == "bfloat16" else F32}
+    ps = prompts(np.random.default_rng(SEED), 6)
+    base_toks = [o.outputs[0].token_ids for o in
+                 llm.generate([{"prompt_token_ids": p} for p in ps], greedy())]
+    outs = llm.generate([{"prompt_token_ids": p} for p in ps], greedy(),
+                        lora_request=lora_requests({"all": path})["all"])
+    oracle = peft_model(base, path)
+    with torch.no_grad():
+        for name, p in oracle.named_parameters():
+            if "lora_" in name:  # (their scalings are powers of two: rounding commutes)
+                p.copy_(p.to(getattr(torch, want_dtype)).to(torch.float32))
+    check_against_peft(outs, base_toks, ps, base, path, DELTA, f"{lora_dtype} (seed {SEED})",
+                       oracle)

@@ -1,7 +1,7 @@
 """add_lora_linear (LoRA's batched product, vLLM's punica add_lora_linear with its output
 slices) against a float64 numpy reference on fresh random inputs: rows of several adapter
 slots and of none (-1) in one call, one to three output slices, each slot as rows or in
-linear's 16-row panels, the scalar twin; a row's result bit for bit the same alone, moved, or
+linear's 16-row panels, in f32, f16 or bf16, the scalar twin; a row's result bit for bit the same alone, moved, or
 beside other adapters; the contract's errors."""
 
 import itertools
@@ -37,11 +37,27 @@ def reference(y, x, a, b, idx, slices):
     return out
 
 
-def panels(a: np.ndarray, b: np.ndarray, slices) -> tuple[Weight, Weight]:
+def stored(m: np.ndarray, dtype: int) -> Weight:
+    """f32 values as a dense weight of dtype (bf16 rounded to nearest even)."""
+    m = np.ascontiguousarray(m)
+    if dtype == ops.F32:
+        return Weight.from_numpy(m)
+    if dtype == ops.F16:
+        return Weight.from_numpy(m.astype(np.float16))
+    return Weight(ops.quantize_weight(m.reshape(-1, m.shape[-1]), ops.BF16).reshape(m.shape),
+                  ops.BF16, m.shape)
+
+
+def rounded(m: np.ndarray, dtype: int) -> np.ndarray:
+    """m as dtype holds it, back in f32."""
+    return stored(m, dtype).to_float32().reshape(m.shape)
+
+
+def panels(a: np.ndarray, b: np.ndarray, slices, dtype: int = ops.F32) -> tuple[Weight, Weight]:
     """The stacks as the LoRA layers keep them: each slot's A, and each slot's slices of B, in
-    repack_weight's layout (16-row panels, F32_X16, where this CPU has them)."""
+    dtype and repack_weight's layout (16-row panels where this CPU has them)."""
     def pack(m):
-        return ops.repack_weight(Weight.from_numpy(np.ascontiguousarray(m)))
+        return ops.repack_weight(stored(m, dtype))
 
     pa = [pack(m) for m in a]
     pb = [[pack(m[o0:o1]) for o0, o1 in itertools.pairwise(slices)] for m in b]
@@ -55,17 +71,21 @@ SHAPES = [(1, 8, 64, (96,), 1), (4, 16, 576, (576, 192, 192), 32), (3, 16, 256, 
           (2, 4, 1536, (576,), 5), (4, 16, 576, (1536, 1536), 9)]
 
 
+@pytest.mark.parametrize("dtype", [ops.F32, ops.F16, ops.BF16], ids=["f32", "f16", "bf16"])
 @pytest.mark.parametrize("packed", [False, True], ids=["rows", "panels"])
 @pytest.mark.parametrize("twin", [False, True], ids=["fast", "twin"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "L{}r{}K{}N{}T{}".format(*s))
-def test_vs_float64(shape, twin, packed):
+def test_vs_float64(shape, twin, packed, dtype):
+    """The stacks in f32, f16 or bf16 (lora_dtype), as rows or panels: the reference on the
+    values they hold (upcast exactly), within f32 rounding."""
     rng = np.random.default_rng()
     a, b, x, y, idx, slices = make(rng, *shape)
+    a, b = rounded(a, dtype), rounded(b, dtype)
     want = reference(y, x, a, b, idx, slices)
     got = y.copy()
-    wa, wb = panels(a, b, slices) if packed else (a, b)
+    wa, wb = panels(a, b, slices, dtype) if packed else (stored(a, dtype), stored(b, dtype))
     if packed and shape[1] * len(shape[3]) >= 16:
-        assert wa.dtype != ops.F32  # (this CPU has the panels)
+        assert wa.dtype != dtype  # (this CPU has the panels)
     _C.ops.add_lora_linear(got, x, ops._arg(wa), ops._arg(wb), idx, slices, reference=twin)
     err = np.abs(got - want).max() / np.abs(want).max()
     assert err < 2e-6, err

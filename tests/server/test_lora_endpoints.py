@@ -142,15 +142,20 @@ def test_serve_lora_flags():
     import argparse
 
     from vllmx.cli.serve import add_serve_parser, engine_args_from
+    from vllmx.config import LoRAConfig
     from vllmx.server.serving_models import LoRAModulePath, parse_lora_modules
 
     parser = argparse.ArgumentParser()
     add_serve_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["serve", "m", "--enable-lora", "--lora-modules", "a=/x",
                               '{"name": "b", "path": "/y", "base_model_name": "m"}',
-                              "--max-loras", "2", "--max-lora-rank", "32"])
+                              "--max-loras", "2", "--max-lora-rank", "32",
+                              "--lora-dtype", "bfloat16"])
     ea = engine_args_from(args)
-    assert (ea.enable_lora, ea.max_loras, ea.max_lora_rank) == (True, 2, 32)
+    assert (ea.enable_lora, ea.max_loras, ea.max_lora_rank, ea.lora_dtype) == (
+        True, 2, 32, "bfloat16")
+    with pytest.raises(ValueError, match="lora_dtype must be one of"):
+        LoRAConfig(lora_dtype="int8")
     assert parse_lora_modules(args.lora_modules) == [LoRAModulePath("a", "/x"),
                                                      LoRAModulePath("b", "/y", "m")]
     with pytest.raises(ValueError, match="expected name=path"):

@@ -95,6 +95,9 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                         "\"base_model_name\"} (needs --enable-lora)")
     p.add_argument("--max-loras", type=int, default=None, help="most adapters in one step")
     p.add_argument("--max-lora-rank", type=int, default=None, help="largest adapter rank")
+    p.add_argument("--lora-dtype", default=None, choices=["auto", "float32", "float16",
+                                                          "bfloat16"],
+                   help="the adapters' weights as applied (default auto: the model's)")
     p.add_argument("--max-cpu-loras", type=int, default=None,
                    help="adapters kept loaded (default: --max-loras)")
     p.add_argument("--allow-runtime-lora-updating", action="store_true",
@@ -223,6 +226,7 @@ def engine_args_from(args: argparse.Namespace):
                 "async_scheduling": args.async_scheduling,
                 "num_threads": args.threads, "max_loras": args.max_loras,
                 "max_lora_rank": args.max_lora_rank, "max_cpu_loras": args.max_cpu_loras,
+                "lora_dtype": args.lora_dtype,
                 "show_hidden_metrics_for_version": args.show_hidden_metrics_for_version}
     for name, value in optional.items():
         if value is None:

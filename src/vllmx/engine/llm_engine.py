@@ -84,6 +84,7 @@ class EngineArgs:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    lora_dtype: str = "auto"  # the adapters' weights: the model's dtype, or float32/16, bfloat16
     # vLLM's show_hidden_metrics_for_version (ObservabilityConfig): e.g. "0.10" shows the
     # deprecated metrics vLLM hid after that version (server/metrics.py HIDDEN_METRICS)
     show_hidden_metrics_for_version: str | None = None
@@ -148,7 +149,8 @@ class EngineArgs:
             return None
         # (With speculative decoding the target verifies each row under its request's adapter;
         # a drafter runs without adapters, which costs acceptance, never tokens.)
-        return LoRAConfig(self.max_lora_rank, self.max_loras, self.max_cpu_loras)
+        return LoRAConfig(self.max_lora_rank, self.max_loras, self.max_cpu_loras,
+                          self.lora_dtype)
 
 
 class LLMEngine:

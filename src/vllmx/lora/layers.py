@@ -4,7 +4,8 @@ each row's adapter product. The adapters sit in max_loras slots of two stacks (v
 lora_a_stacked / lora_b_stacked): A [slots, S * max_rank, in] for S slices (q, k, v or gate,
 up), each slice's rows in its own max_rank band, and B [slots, out, max_rank], each slice's
 rows those of its output columns, a smaller rank padded with zeros; so each projection costs
-one add_lora_linear whatever slices an adapter targets. Each part in linear's 16-row panels."""
+one add_lora_linear whatever slices an adapter targets. Each part in lora_dtype, in linear's
+16-row panels."""
 
 from __future__ import annotations
 
@@ -17,31 +18,39 @@ from vllmx.lora.punica import PunicaWrapper
 from vllmx.ops import Weight
 
 
-def _stack(slots: int, rows: int, cols: int, min_rows: int) -> Weight:
-    """Zeros [slots, rows, cols] for adapter matrices whose parts (a slot, or its slices of rows
-    [o_i, o_i+1)) are written in the layout repack_weight gives a part: linear's 16-row panels
-    (F32_X16) where this CPU has them and every part (min_rows) fills one, the rank being small
-    (short dot products for the row kernel); on 64-byte boundaries (the panels' loads). Pages
-    untouched until a slot is written."""
-    nbytes = slots * rows * cols * 4
+_HOST = {ops.F32: np.float32, ops.F16: np.float16, ops.BF16: np.uint16}  # storage per dtype
+
+
+def _stack(slots: int, rows: int, cols: int, min_rows: int, dtype: int) -> Weight:
+    """Zeros [slots, rows, cols] of dtype (f32, f16 or bf16) for adapter matrices whose parts
+    (a slot, or its slices of rows [o_i, o_i+1)) are written in the layout repack_weight gives
+    a part: linear's 16-row panels (F32_X16 / F16_X16 / BF16_X16) where this CPU has them and
+    every part (min_rows) fills one, the rank being small (short dot products for the row
+    kernel); on 64-byte boundaries (the panels' loads). Pages untouched until a slot is
+    written."""
+    host = np.dtype(_HOST[dtype])
+    nbytes = slots * rows * cols * host.itemsize
     raw = np.zeros(nbytes + 64, np.uint8)
     start = -raw.ctypes.data % 64
-    data = raw[start:start + nbytes].view(np.float32).reshape(slots, rows, cols)
-    return Weight(data, ops.packed_dtype(ops.F32, (min_rows, cols)), (slots, rows, cols))
+    data = raw[start:start + nbytes].view(host).reshape(slots, rows, cols)
+    return Weight(data, ops.packed_dtype(dtype, (min_rows, cols)), (slots, rows, cols))
 
 
-def _write(stack: Weight, slot: int, row0: int, part: np.ndarray) -> None:
-    """part (f32 [rows, cols]) into the stack's slot at row0, in the stack's layout."""
-    if stack.dtype != ops.F32:
-        packed = ops.repack_weight(Weight.from_numpy(part))
-        assert packed.dtype == stack.dtype  # (_stack's rule is repack_weight's)
-        part = packed.data
-    stack.data[slot, row0:row0 + part.shape[0]] = part
+def _write(stack: Weight, dtype: int, slot: int, row0: int, part: np.ndarray) -> None:
+    """part (f32 [rows, cols]) into the stack's slot at row0, in dtype (rounded to nearest
+    even) and the stack's layout."""
+    w = (Weight.from_numpy(part) if dtype == ops.F32
+         else Weight.from_numpy(part.astype(np.float16)) if dtype == ops.F16
+         else Weight(ops.quantize_weight(part, ops.BF16), ops.BF16, part.shape))
+    if stack.dtype != dtype:
+        w = ops.repack_weight(w)
+        assert w.dtype == stack.dtype  # (_stack's rule is repack_weight's)
+    stack.data[slot, row0:row0 + part.shape[0]] = w.data.reshape(part.shape)
 
 
 class LinearWithLoRA:
     def __init__(self, base: Linear | MergedLinear, slices: list[str], punica: PunicaWrapper,
-                 max_loras: int, max_lora_rank: int):
+                 max_loras: int, max_lora_rank: int, dtype: int = ops.F32):
         self.base_layer = base
         self.punica = punica
         self.slices = slices  # module names, in the order of the base layer's output columns
@@ -54,10 +63,11 @@ class LinearWithLoRA:
         self.max_lora_rank = max_lora_rank
         offsets = np.cumsum([0] + self.output_sizes)
         self.output_slices = offsets.astype(np.int32)  # (read by every step's op: long-lived)
+        self.dtype = dtype  # the adapters' weights as applied (lora_dtype)
         self.lora_a_stacked = _stack(max_loras, len(slices) * max_lora_rank, self.input_size,
-                                     len(slices) * max_lora_rank)
+                                     len(slices) * max_lora_rank, dtype)
         self.lora_b_stacked = _stack(max_loras, int(offsets[-1]), max_lora_rank,
-                                     min(self.output_sizes))
+                                     min(self.output_sizes), dtype)
 
     def check_lora(self, name: str, module: str, w: LoRALayerWeights) -> None:
         out = self.output_sizes[self.slices.index(module)]
@@ -79,8 +89,8 @@ class LinearWithLoRA:
                 rank = w.lora_a.shape[0]
                 a[i * r:i * r + rank] = w.lora_a
                 b[:, :rank] = w.lora_b
-            _write(self.lora_b_stacked, slot, int(offsets[i]), b)
-        _write(self.lora_a_stacked, slot, 0, a)
+            _write(self.lora_b_stacked, self.dtype, slot, int(offsets[i]), b)
+        _write(self.lora_a_stacked, self.dtype, slot, 0, a)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         y = self.base_layer(x)

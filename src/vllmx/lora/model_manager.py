@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vllmx import ops
 from vllmx.config import LoRAConfig
 from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.loader.hf_to_gguf import HF_ARCHITECTURES, permute_qk, unpermute_qk
@@ -30,7 +31,7 @@ _TARGETS = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "o_proj": ["o_proj"],
 
 class LoRAModelManager:
     def __init__(self, model, lora_config: LoRAConfig, max_num_tokens: int,
-                 base: BaseLayout | None = None):
+                 base: BaseLayout | None = None, dtype: int = ops.F32):
         self.lora_config = lora_config
         self.base = base or BaseLayout()
         self.punica = PunicaWrapper(max_num_tokens)
@@ -49,7 +50,7 @@ class LoRAModelManager:
                 base = getattr(layer, attr, None)
                 if isinstance(base, (Linear, MergedLinear)):
                     wrapped = LinearWithLoRA(base, slices, self.punica, lora_config.max_loras,
-                                             lora_config.max_lora_rank)
+                                             lora_config.max_lora_rank, dtype)
                     setattr(layer, attr, wrapped)
                     found.update({m: wrapped for m in slices})
             self.modules.append(found)
@@ -193,4 +194,18 @@ def create_lora_manager(model, config, device: str) -> LoRAModelManager:
                          f"dtype={mc.dtype!r}")
     # (Decode steps replay their tapes: the rows' slots are the op's input, not its shape.)
     return LoRAModelManager(model, config.lora_config,
-                            config.scheduler_config.max_num_batched_tokens, BaseLayout.of(mc))
+                            config.scheduler_config.max_num_batched_tokens, BaseLayout.of(mc),
+                            lora_weight_dtype(config.lora_config.lora_dtype, mc))
+
+
+_DTYPES = {"float32": ops.F32, "float16": ops.F16, "bfloat16": ops.BF16}
+
+
+def lora_weight_dtype(lora_dtype: str, model_config) -> int:
+    """The adapters' weight dtype on the CPU: lora_dtype's, or for "auto" the checkpoint's
+    dense weights' (vLLM keeps adapters in the model's dtype; a GGUF's: float32)."""
+    if lora_dtype != "auto":
+        return _DTYPES[lora_dtype]
+    cfg = model_config.hf_config
+    stored = None if model_config.is_gguf else cfg.get("torch_dtype", cfg.get("dtype"))
+    return _DTYPES.get(stored, ops.F32)
