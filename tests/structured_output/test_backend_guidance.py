@@ -259,3 +259,12 @@ def test_draft_prefix_and_masks_with_drafts(manager, tokenizer):
     done = feed(manager, tokenizer, SO(choice=["yes", "no"]), "yes")
     assert done.draft_prefix([eos, eos]) == 0  # (EOS drafts are never kept)
     assert done.accept_tokens([eos]) and done.terminated and done.draft_prefix([eos]) == 0
+    # A lexeme's max_tokens, which validate_tokens over several tokens does not enforce: the
+    # drafts stop there, and the masks with them are computed without a refused draft.
+    limited = manager.grammar_init(SO(grammar='start: x "!"\nx[max_tokens=3]: /[a-z ]+/'))
+    words = tokenizer.encode("the cat sat on the mat", add_special_tokens=False)
+    assert limited.matcher.validate_tokens(words) > 3
+    assert limited.draft_prefix(words) == 3 and limited.draft_prefix(words[:2] + [eos]) == 2
+    cut = words[:limited.draft_prefix(words)]
+    assert manager.grammar_bitmask([limited], [cut], parallel=False).shape[0] == 4
+    assert limited.accept_tokens(cut)  # (the matcher was left where it was)

@@ -86,3 +86,22 @@ def test_constrained_requests_are_drafted(smollm2_gguf, monkeypatch):
     monkeypatch.setattr(ModelRunner, "_grammar_drafts", spy)
     llm.chat([m for m, _ in reqs], [p for _, p in reqs], use_tqdm=False)
     assert sum(drafted) > 20 and llm.llm_engine.scheduler.spec_decode_num_accepted_tokens > 20
+
+
+@pytest.mark.parametrize("on_thread", [False, True], ids=["in-line", "masks-on-thread"])
+def test_drafts_past_a_lexemes_max_tokens(smollm2_gguf, on_thread):
+    """A grammar whose lexeme has a max_tokens (which llguidance's validate_tokens does not
+    enforce over several tokens) beside a JSON request: drafts stop at the limit, no matcher
+    is left in an error state, and both get the tokens they get without speculation."""
+    words = "the cat sat on the mat and the cat sat on the mat"
+    reqs = [(chat(f"Repeat exactly: {words}, {words}"), SamplingParams(
+                temperature=0, max_tokens=20,
+                structured_outputs=SO(grammar='start: x "."\nx[max_tokens=5]: /[a-z ]+/'))),
+            requests()[0]]
+    want = LLM(smollm2_gguf, **ENGINE).chat([m for m, _ in reqs], [p for _, p in reqs],
+                                            use_tqdm=False)
+    llm = LLM(smollm2_gguf, speculative_config=SPEC, **ENGINE)
+    llm.llm_engine.model_runner.masks_on_thread = on_thread
+    got = llm.chat([m for m, _ in reqs], [p for _, p in reqs], use_tqdm=False)
+    assert [o.outputs[0].finish_reason for o in got] == ["stop", "stop"]
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]

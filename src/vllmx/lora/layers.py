@@ -17,7 +17,6 @@ from vllmx.lora.models import LoRALayerWeights
 from vllmx.lora.punica import PunicaWrapper
 from vllmx.ops import Weight
 
-
 _HOST = {ops.F32: np.float32, ops.F16: np.float16, ops.BF16: np.uint16}  # storage per dtype
 
 

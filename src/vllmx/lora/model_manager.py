@@ -128,6 +128,12 @@ class LoRAModelManager:
             raise ValueError(f"LoRA adapter {lora.name!r} is a GGUF adapter for architecture "
                              f"{lora.gguf_architecture!r}; the base model's is "
                              f"{base.gguf_arch!r}")
+        for (i, module), w in lora.loras.items():
+            target = self.modules[i].get(module) if i < len(self.modules) else None
+            if target is None:
+                raise ValueError(f"LoRA adapter {lora.name!r}: layer {i} {module} is not in the "
+                                 f"base model (or not a dense projection there)")
+            target.check_lora(lora.name, module, w)
         if lora.qk_layout != base.qk_layout:
             if base.num_heads is None:
                 raise ValueError(f"LoRA adapter {lora.name!r}: its q/k rows are laid out for "
@@ -139,12 +145,6 @@ class LoRAModelManager:
                 if heads is not None:
                     w.lora_b = np.ascontiguousarray(move(w.lora_b, heads))
             lora.qk_layout = base.qk_layout
-        for (i, module), w in lora.loras.items():
-            target = self.modules[i].get(module) if i < len(self.modules) else None
-            if target is None:
-                raise ValueError(f"LoRA adapter {lora.name!r}: layer {i} {module} is not in the "
-                                 f"base model (or not a dense projection there)")
-            target.check_lora(lora.name, module, w)
         while len(self.loaded) >= self.lora_config.max_cpu_loras:
             self._deactivate(next(iter(self.loaded)))
         self.loaded[lora.id] = lora

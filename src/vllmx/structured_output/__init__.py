@@ -143,8 +143,8 @@ class StructuredOutputManager:
                         parallel: bool = True) -> np.ndarray:
         """int32 [rows, ceil(vocab_size / 32)]: the tokens each grammar allows next, and with
         drafts (speculative decoding's, one list per grammar, each allowed by it) one row more
-        per draft: the tokens allowed after the drafts before it (the matchers are left as
-        they were). parallel: the rows on llguidance's threads (GIL released); else one after
+        per draft: the tokens allowed after the drafts before it (consumed by copies of the
+        matchers, which are left as they were). parallel: the rows on llguidance's threads (GIL released); else one after
         the other on this thread, for a CPU whose cores run the forward right after:
         llguidance's idle threads keep spinning for a while, and on 2 cores the taped forward
         ran beside them ~1 ms a step slower than the rows took on one thread (SmolLM2, batch
@@ -157,20 +157,21 @@ class StructuredOutputManager:
         mask = (np.zeros if rows > len(grammars) else np.empty)((rows, words_ll), np.int32)
         if len(grammars) == 1 or not parallel:
             for g, d, r in zip(grammars, drafts, starts.tolist()):
-                for j in range(len(d) + 1):
-                    g.fill_bitmask(mask, r + j)
-                    if j < len(d) and not g.matcher.consume_token(d[j]):
+                g.fill_bitmask(mask, r)
+                cur = g.copy() if d else g  # (drafts consumed by a copy: GuidanceGrammar.copy)
+                for j, t in enumerate(d):
+                    if not cur.matcher.consume_token(t):
                         raise RuntimeError(f"structured output: a draft the grammar allowed "
-                                           f"was refused ({g.error})")
-                if d:
-                    g.matcher.rollback(len(d))
+                                           f"was refused ({cur.error})")
+                    cur.fill_bitmask(mask, r + 1 + j)
         elif grammars:
             entries = list(zip(grammars, drafts, starts.tolist()))
             if plain := [(g.matcher, r) for g, d, r in entries if not d]:
                 self._executor.unsafe_compute_mask_ptr(plain, mask.ctypes.data, 4 * words_ll,
                                                        rows)
-            # (llguidance's drafted call refuses an empty draft list)
-            if drafted := [(g.matcher, r, list(d)) for g, d, r in entries if d]:
+            # (llguidance's drafted call refuses an empty draft list; copies again, since it
+            # rolls its matchers back)
+            if drafted := [(g.matcher.deep_copy(), r, list(d)) for g, d, r in entries if d]:
                 self._executor.unsafe_compute_mask_ptr_with_draft_token(
                     drafted, mask.ctypes.data, 4 * words_ll, rows)
         words = (self.vocab_size + 31) // 32

@@ -174,13 +174,23 @@ class GuidanceGrammar:
             forced.append(t)
         return forced
 
+    def copy(self) -> GuidanceGrammar:
+        """A matcher of its own in this one's state (llguidance's deep_copy, ~1 us): what the
+        drafts of a verify step are consumed by, since rolling a matcher back fails where a
+        draft ended a lexeme at its max_tokens (the matcher is then in an error state)."""
+        other = GuidanceGrammar(self.matcher.deep_copy(), self.eos_token_ids)
+        other.terminated = self.terminated
+        return other
+
     def draft_prefix(self, drafts: list[int]) -> int:
         """How many of speculative decoding's drafts, in order, the grammar allows from here
-        (they are cut there): none once terminated, none from an EOS on (validate_tokens stops
-        there; its sampling decides the stop)."""
-        if self.terminated or not drafts:
+        (they are cut there): none once terminated, none from an EOS on (its sampling decides
+        the stop). Consumed by a copy, not validate_tokens, which over several tokens may pass a
+        lexeme's max_tokens (llguidance says so) that consuming enforces."""
+        n = next((i for i, t in enumerate(drafts) if t in self.eos_token_ids), len(drafts))
+        if self.terminated or n == 0:
             return 0
-        return self.matcher.validate_tokens(list(drafts))
+        return self.matcher.deep_copy().try_consume_tokens(list(drafts[:n]))
 
     def allows(self, token: int) -> bool | None:
         """Whether fill_bitmask's mask would have `token`'s bit, told without computing the

@@ -98,19 +98,18 @@ class StructuredOutputModelRunnerMixin:
         processors applied)."""
         ids = sampled.sampled_token_ids
         for row, g, d in checked:
-            j = 0
+            cur, j = g, 0  # (drafts accepted are consumed by a copy: GuidanceGrammar.copy)
             while True:
                 r = row + j
-                if not g.allows(int(ids[r])):
-                    ids[r], sampled.sampled_logprobs[r] = self._masked_greedy(logits[r], g)
+                if not cur.allows(int(ids[r])):
+                    ids[r], sampled.sampled_logprobs[r] = self._masked_greedy(logits[r], cur)
                 if j == len(d) or int(ids[r]) != d[j]:
                     break
-                if not g.matcher.consume_token(d[j]):
+                cur = cur.copy() if cur is g else cur
+                if not cur.matcher.consume_token(d[j]):
                     raise RuntimeError(f"structured output: a draft the grammar allowed was "
-                                       f"refused ({g.error})")
+                                       f"refused ({cur.error})")
                 j += 1
-            if j:
-                g.matcher.rollback(j)
 
     def _masked_greedy(self, logits_row: np.ndarray, grammar) -> tuple[int, float]:
         """The greedy token of one row of logits under the grammar's mask, and its log-prob."""
