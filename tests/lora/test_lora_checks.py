@@ -163,6 +163,33 @@ def test_remove_while_running(llm, base_and_adapter):
     assert done[rid].outputs[0].token_ids == want
 
 
+def test_an_adapter_that_cannot_be_reloaded_fails_its_requests_only(llm, base_and_adapter):
+    """A queued request's adapter evicted from the loaded ones (max_cpu_loras 1) and its files
+    gone before the request runs: the request fails naming it (finish_reason "error"), a
+    base-model request in the same steps gets its tokens, and the engine goes on serving."""
+    from vllmx import SamplingParams
+    from vllmx.lora.request import LoRARequest
+
+    _, path, out = base_and_adapter
+    gone_dir = shutil.copytree(path, os.path.join(out, "soon-gone"))
+    gone, kept = LoRARequest("soon-gone", 41, gone_dir), LoRARequest("all", 42, path)
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    prompt = {"prompt_token_ids": list(range(10, 30))}
+    want_kept = llm.generate(prompt, sp, lora_request=kept)[0].outputs[0].token_ids
+    want_base = llm.generate(prompt, sp)[0].outputs[0].token_ids
+    engine = llm.llm_engine
+    rid = engine.add_request(None, prompt, sp, lora_request=gone)  # (loaded here)
+    engine.add_lora(kept)  # evicts it
+    shutil.rmtree(gone_dir)
+    base_rid = engine.add_request(None, prompt, sp)
+    done = {}
+    while engine.has_unfinished_requests():
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+    assert done[rid].outputs[0].finish_reason == "error"
+    assert done[base_rid].outputs[0].token_ids == want_base
+    assert llm.generate(prompt, sp, lora_request=kept)[0].outputs[0].token_ids == want_kept
+
+
 def test_other_architectures_refused(tmp_path):
     from vllmx import LLM
 

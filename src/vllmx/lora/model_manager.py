@@ -86,20 +86,31 @@ class LoRAModelManager:
         return dict(self.requests)
 
     def set_active_loras(self, token_lora_ids: np.ndarray,
-                         lora_requests: dict[int, LoRARequest]) -> None:
+                         lora_requests: dict[int, LoRARequest]) -> dict[int, str]:
         """The step's adapter per row (0: the base model): each adapter in a slot (loaded
         again from its request where it was evicted, or removed while requests still run with
-        it), and each row's slot for the layers."""
+        it), and each row's slot for the layers. Returns the adapters that could not be loaded
+        again (their files gone or changed), with the error: their rows run without them, and
+        the model runner fails their requests, not the step."""
         step_ids = [i for i in np.unique(token_lora_ids).tolist() if i > 0]
         if len(step_ids) > len(self.slots):
             raise ValueError(f"LoRA: a step with {len(step_ids)} adapters, more than max_loras "
                              f"{len(self.slots)}")
-        lut = {0: -1}
+        for lora_id in step_ids:  # (loading one then evicts none of the step's)
+            if lora_id in self.loaded:
+                self.loaded.move_to_end(lora_id)
+        lut, failed = {0: -1}, {}
         for lora_id in step_ids:
-            self._ensure_loaded(lora_requests[lora_id])
+            try:
+                self._ensure_loaded(lora_requests[lora_id])
+            except (ValueError, OSError) as e:
+                failed[lora_id] = f"{type(e).__name__}: {e}"
+                lut[lora_id] = -1
+                continue
             lut[lora_id] = self._slot_for(lora_id, step_ids)
         slots = np.array([lut[i] for i in token_lora_ids.tolist()], dtype=np.int32)
         self.punica.update_metadata(slots)
+        return failed
 
     def _slot_for(self, lora_id: int, step_ids: list[int]) -> int:
         """The adapter's slot, written now where it has none: an empty slot, else the least

@@ -282,8 +282,10 @@ class ModelRunner(SpecDecodeModelRunnerMixin, StructuredOutputModelRunnerMixin):
         hidden, _ = self._forward(num_tokens, nb)
         ops.to_float32(self.model.compute_logits(hidden[:min(num_seqs, num_tokens)]))
 
-    def _set_active_loras(self, layout, t: int) -> None:
-        """Each row's adapter for the LoRA layers (vLLM's token_lora_mapping)."""
+    def _set_active_loras(self, layout, t: int) -> dict[str, str]:
+        """Each row's adapter for the LoRA layers (vLLM's token_lora_mapping); the requests
+        whose adapter could not be loaded again, with the error (they fail, the step goes
+        on)."""
         ids = np.zeros(t, dtype=np.int32)
         loras = {}
         for req_id, row, _, n in layout:
@@ -291,7 +293,15 @@ class ModelRunner(SpecDecodeModelRunnerMixin, StructuredOutputModelRunnerMixin):
             if lora is not None:
                 ids[row:row + n] = lora.lora_int_id
                 loras[lora.lora_int_id] = lora
-        self.lora_manager.set_active_loras(ids, loras)
+        bad = self.lora_manager.set_active_loras(ids, loras)
+        out = {}
+        for req_id, _, _, _ in layout:
+            lora = self.requests[req_id].lora_request
+            if lora is not None and lora.lora_int_id in bad:
+                logger.error("request %s: LoRA adapter %r: %s", req_id, lora.lora_name,
+                             bad[lora.lora_int_id])
+                out[req_id] = f"LoRA adapter {lora.lora_name!r}: {bad[lora.lora_int_id]}"
+        return out
 
     def _add_request(self, new: NewRequestData) -> None:
         sp = new.sampling_params
@@ -453,7 +463,7 @@ class ModelRunner(SpecDecodeModelRunnerMixin, StructuredOutputModelRunnerMixin):
                                  prev.sample.token_ids)
         nb = len(req_ids)
         if self.lora_manager is not None:
-            self._set_active_loras(layout, t)
+            failed.update(self._set_active_loras(layout, t))
         hidden, logits = self._forward(t, nb, t == len(logits_rows) and not prompt_rows)
         out = ModelRunnerOutput(req_ids, {}, {}, failed=failed)
         for state, row, start, last in prompt_rows:
