@@ -19,11 +19,16 @@ from vllmx.lora.layers import LinearWithLoRA
 from vllmx.lora.models import LoRAModel
 from vllmx.lora.punica import PunicaWrapper
 from vllmx.lora.request import LoRARequest
+from vllmx.models.commandr import CohereDecoderLayer
 from vllmx.models.gemma3 import Gemma3DecoderLayer
 from vllmx.models.llama import GGUF_PERMUTED_QK, LlamaDecoderLayer
+from vllmx.models.olmo2 import Olmo2DecoderLayer
+from vllmx.models.stablelm import StableLmDecoderLayer
 
-# Decoder layers whose projections are these attributes, as Linear / MergedLinear.
-_LORA_LAYERS = (LlamaDecoderLayer, Gemma3DecoderLayer)
+# Decoder layers whose projections are these attributes, as Linear / MergedLinear (each family
+# checked against peft: tests/lora).
+_LORA_LAYERS = (LlamaDecoderLayer, Gemma3DecoderLayer, Olmo2DecoderLayer, StableLmDecoderLayer,
+                CohereDecoderLayer)
 # Attribute of a decoder layer -> the PEFT module names of its output slices.
 _TARGETS = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "o_proj": ["o_proj"],
             "gate_up_proj": ["gate_proj", "up_proj"], "down_proj": ["down_proj"]}
@@ -37,13 +42,14 @@ class LoRAModelManager:
         self.punica = PunicaWrapper(max_num_tokens)
         # per layer: PEFT module name -> the LoRA layer that holds it
         self.modules: list[dict[str, LinearWithLoRA]] = []
-        # The decoder layers checked against peft (tests/lora): the Llama family's and Gemma's.
+        # The decoder layers checked against peft (tests/lora).
         layers = getattr(model, "layers", None) or []
         if not layers or not all(isinstance(la, _LORA_LAYERS) for la in layers):
             raise ValueError(f"LoRA is not supported for {type(model).__name__} "
                              f"({type(layers[0]).__name__ if layers else 'no decoder layers'}) "
                              f"yet: vllmx applies adapters to the Llama-family decoders "
-                             f"(LlamaForCausalLM and the architectures it runs) and Gemma 2 / 3")
+                             f"(LlamaForCausalLM and the architectures it runs), Gemma 2 / 3, "
+                             f"OLMo 2 / 3, EXAONE 4, StableLM and Cohere (Command R, Cohere 2)")
         for layer in layers:
             found = {}
             for attr, slices in _TARGETS.items():
