@@ -20,7 +20,7 @@ pytest.importorskip("peft")
 SEED = int.from_bytes(os.urandom(4), "little")
 
 
-@pytest.mark.parametrize("family", ["gemma3", "olmo2", "stablelm", "cohere"])
+@pytest.mark.parametrize("family", ["gemma3", "olmo2", "exaone4", "stablelm", "cohere", "cohere2"])
 def test_parity_with_peft_and_mixed_batch(tmp_path, family):
     from tests.models import test_gemma3_parity, tiny_checkpoints
     from vllmx import LLM, SamplingParams
