@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from vllmx import _C, ops
+from vllmx.layers.placement import host_as
 from vllmx.ops import Weight
 
 
@@ -39,13 +40,7 @@ def reference(y, x, a, b, idx, slices):
 
 def stored(m: np.ndarray, dtype: int) -> Weight:
     """f32 values as a dense weight of dtype (bf16 rounded to nearest even)."""
-    m = np.ascontiguousarray(m)
-    if dtype == ops.F32:
-        return Weight.from_numpy(m)
-    if dtype == ops.F16:
-        return Weight.from_numpy(m.astype(np.float16))
-    return Weight(ops.quantize_weight(m.reshape(-1, m.shape[-1]), ops.BF16).reshape(m.shape),
-                  ops.BF16, m.shape)
+    return Weight(host_as(m, dtype), dtype, m.shape)
 
 
 def rounded(m: np.ndarray, dtype: int) -> np.ndarray:

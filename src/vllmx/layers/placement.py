@@ -63,6 +63,13 @@ def _dense_as(w: Weight, dtype: int) -> np.ndarray:
     return ops.quantize_weight(f32, BF16)
 
 
+def host_as(a: np.ndarray, dtype: int) -> np.ndarray:
+    """An f32 host array in a dense dtype's host form (f16; bf16 as uint16, rounded to nearest
+    even): what a device array of that dtype is copied from, or a host weight of it holds."""
+    a = np.ascontiguousarray(a, np.float32)
+    return _dense_as(Weight.from_numpy(a.reshape(-1, a.shape[-1])), dtype).reshape(a.shape)
+
+
 def upload_weight(w: Weight | DeviceArray, name: str = "weight") -> Weight | DeviceArray:
     """A matmul / embedding weight where the current placement wants it: unchanged on the CPU;
     on the GPU dense weights in the activation dtype, block types as stored."""
@@ -103,5 +110,5 @@ def upload_vector(a: np.ndarray, dtype: int | None = None) -> np.ndarray | Devic
     if not p.on_gpu:
         return a
     dtype = p.dtype if dtype is None else dtype
-    a = np.asarray(a, np.float32)
-    return DeviceArray.from_numpy(_dense_as(Weight.from_numpy(a), dtype).reshape(a.shape), dtype)
+    return DeviceArray.from_numpy(host_as(np.reshape(a, (1, -1)), dtype).reshape(np.shape(a)),
+                                  dtype)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from vllmx import ops
+from vllmx.layers import placement
 from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.lora.models import LoRALayerWeights
 from vllmx.lora.punica import PunicaWrapper
@@ -38,9 +39,7 @@ def _stack(slots: int, rows: int, cols: int, min_rows: int, dtype: int) -> Weigh
 def _write(stack: Weight, dtype: int, slot: int, row0: int, part: np.ndarray) -> None:
     """part (f32 [rows, cols]) into the stack's slot at row0, in dtype (rounded to nearest
     even) and the stack's layout."""
-    w = (Weight.from_numpy(part) if dtype == ops.F32
-         else Weight.from_numpy(part.astype(np.float16)) if dtype == ops.F16
-         else Weight(ops.quantize_weight(part, ops.BF16), ops.BF16, part.shape))
+    w = Weight(placement.host_as(part, dtype), dtype, part.shape)
     if stack.dtype != dtype:
         w = ops.repack_weight(w)
         assert w.dtype == stack.dtype  # (_stack's rule is repack_weight's)

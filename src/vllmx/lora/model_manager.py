@@ -24,6 +24,7 @@ from vllmx.models.gemma3 import Gemma3DecoderLayer
 from vllmx.models.llama import GGUF_PERMUTED_QK, LlamaDecoderLayer
 from vllmx.models.olmo2 import Olmo2DecoderLayer
 from vllmx.models.stablelm import StableLmDecoderLayer
+from vllmx.worker.worker_base import DTYPE_BY_NAME
 
 # Decoder layers whose projections are these attributes, as Linear / MergedLinear (each family
 # checked against peft: tests/lora).
@@ -215,14 +216,11 @@ def create_lora_manager(model, config, device: str) -> LoRAModelManager:
                             lora_weight_dtype(config.lora_config.lora_dtype, mc))
 
 
-_DTYPES = {"float32": ops.F32, "float16": ops.F16, "bfloat16": ops.BF16}
-
-
 def lora_weight_dtype(lora_dtype: str, model_config) -> int:
     """The adapters' weight dtype on the CPU: lora_dtype's, or for "auto" the checkpoint's
     dense weights' (vLLM keeps adapters in the model's dtype; a GGUF's: float32)."""
     if lora_dtype != "auto":
-        return _DTYPES[lora_dtype]
+        return DTYPE_BY_NAME[lora_dtype]
     cfg = model_config.hf_config
     stored = None if model_config.is_gguf else cfg.get("torch_dtype", cfg.get("dtype"))
-    return _DTYPES.get(stored, ops.F32)
+    return DTYPE_BY_NAME.get(stored, ops.F32)

@@ -144,12 +144,12 @@ class StructuredOutputManager:
         """int32 [rows, ceil(vocab_size / 32)]: the tokens each grammar allows next, and with
         drafts (speculative decoding's, one list per grammar, each allowed by it) one row more
         per draft: the tokens allowed after the drafts before it (consumed by copies of the
-        matchers, which are left as they were). parallel: the rows on llguidance's threads (GIL released); else one after
-        the other on this thread, for a CPU whose cores run the forward right after:
-        llguidance's idle threads keep spinning for a while, and on 2 cores the taped forward
-        ran beside them ~1 ms a step slower than the rows took on one thread (SmolLM2, batch
-        32: a JSON schema's cost 11.5-12.5% in parallel, 1.2-4.4% in line;
-        bench/structured_output_cpu.py)."""
+        matchers, which are left as they were). parallel: the rows on llguidance's threads
+        (GIL released); else one after the other on this thread, for a CPU whose cores run the
+        forward right after: llguidance's idle threads keep spinning for a while, and on 2
+        cores the taped forward ran beside them ~1 ms a step slower than the rows took on one
+        thread (SmolLM2, batch 32: a JSON schema's cost 11.5-12.5% in parallel, 1.2-4.4% in
+        line; bench/structured_output_cpu.py)."""
         drafts = drafts or [[] for _ in grammars]
         words_ll = (self.ll_tokenizer.vocab_size + 31) // 32
         starts = np.cumsum([0] + [1 + len(d) for d in drafts])

@@ -149,8 +149,10 @@ class StructuredOutputModelRunnerMixin:
             return []
         if self._launching or (self._in_flight is not None and self._in_flight is not step):
             return []
-        if step.drafts.get(state.req_id):  # (the scheduler takes a verify step's tokens as
-            return []                      # accepted drafts + 1, rejections counted from them)
+        # The scheduler takes a verify step's tokens as accepted drafts + 1 (rejections are
+        # counted from them), so a step that verified drafts appends nothing more.
+        if step.drafts.get(state.req_id):
+            return []
         n = len(state.token_ids) + num_new
         limit = self.max_model_len - n
         if sp.max_tokens is not None:
