@@ -3,6 +3,7 @@
 // helpers. Each is the op table's kernel, with its checks; reference selects
 // the scalar twin.
 #pragma once
+#include <algorithm>
 #include <vector>
 
 #include "core/tensor.h"
@@ -29,6 +30,27 @@ inline Tensor f32_matrix(float* data, int64_t rows, int64_t cols) {
   t.stride[0] = cols;
   t.stride[1] = 1;
   return t;
+}
+
+// Items 0 .. n-1 grouped by bucket (a counting sort, stable in item order; an item whose bucket
+// is negative is left out): bucket b's items are members[offsets[b] .. offsets[b + 1]). Returns
+// the largest bucket's size. bucket(i) is in [-1, buckets), checked by the caller.
+template <typename Bucket>
+int64_t group_by_bucket(int64_t n, int64_t buckets, Bucket bucket, std::vector<int64_t>& offsets,
+                        std::vector<int64_t>& members) {
+  offsets.assign(static_cast<size_t>(buckets + 1), 0);
+  for (int64_t i = 0; i < n; ++i)
+    if (const int64_t b = bucket(i); b >= 0) ++offsets[static_cast<size_t>(b) + 1];
+  int64_t largest = 0;
+  for (int64_t b = 0; b < buckets; ++b) {
+    largest = std::max(largest, offsets[b + 1]);
+    offsets[b + 1] += offsets[b];
+  }
+  members.resize(static_cast<size_t>(offsets[buckets]));
+  std::vector<int64_t> next(offsets.begin(), offsets.end() - 1);
+  for (int64_t i = 0; i < n; ++i)
+    if (const int64_t b = bucket(i); b >= 0) members[next[b]++] = i;
+  return largest;
 }
 
 // Matrix g of a stacked weight [G, N, K] (fused_experts' experts, batched_linear's groups), as

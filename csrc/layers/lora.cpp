@@ -52,31 +52,22 @@ void add_lora_linear(const Tensor& y, const Tensor& x, const Tensor& lora_a,
   const int64_t L = lora_a.shape[0], R = lora_a.shape[1], r = lora_b.shape[2];
   const int64_t S = output_slices.shape[0] - 1;
   std::vector<int64_t> o(static_cast<size_t>(S + 1));
-  for (int64_t i = 0; i <= S; ++i) o[i] = output_slices.ptr<int32_t>()[i * output_slices.stride[0]];
+  for (int64_t i = 0; i <= S; ++i)
+    o[i] = output_slices.ptr<int32_t>()[i * output_slices.stride[0]];
   const int32_t* idx = lora_indices.ptr<int32_t>();
   const int64_t is = lora_indices.stride[0];
 
-  // Rows of slot s: rows[offsets[s] .. offsets[s + 1]).
-  std::vector<int64_t> offsets(static_cast<size_t>(L + 1), 0);
   for (int64_t t = 0; t < T; ++t) {
     const int32_t s = idx[t * is];
     if (s < -1 || s >= L)
       fail(op, "lora_indices[" + std::to_string(t) + "] = " + std::to_string(s) +
                    " is neither -1 (no adapter) nor a slot of lora_a " + lora_a.str());
-    if (s >= 0) ++offsets[static_cast<size_t>(s) + 1];
   }
-  int64_t max_rows = 0;
-  for (int64_t s = 0; s < L; ++s) {
-    max_rows = std::max(max_rows, offsets[s + 1]);
-    offsets[s + 1] += offsets[s];
-  }
+  // Rows of slot s: rows[offsets[s] .. offsets[s + 1]).
+  std::vector<int64_t> offsets, rows;
+  const int64_t max_rows = group_by_bucket(
+      T, L, [&](int64_t t) { return idx[t * is]; }, offsets, rows);
   if (max_rows == 0) return;
-  std::vector<int64_t> rows(static_cast<size_t>(offsets[L]));
-  {
-    std::vector<int64_t> next(offsets.begin(), offsets.end() - 1);
-    for (int64_t t = 0; t < T; ++t)
-      if (idx[t * is] >= 0) rows[next[idx[t * is]]++] = t;
-  }
 
   float* xg = f32_scratch(0, static_cast<size_t>(max_rows * K));  // the slot's rows of x
   float* h = f32_scratch(1, static_cast<size_t>(max_rows * R));   // their x A^T

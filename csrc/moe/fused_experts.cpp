@@ -46,8 +46,6 @@ void run_chunk(const Tensor& out, const Tensor& x, const Tensor& w13, const Tens
   const int32_t* ids = topk_ids.ptr<int32_t>() + t0 * topk_ids.stride[0];
   const int64_t is = topk_ids.stride[0];
 
-  // Slots s = t * k + j (t from t0) by expert: slots[offsets[e] .. offsets[e + 1]).
-  std::vector<int64_t> offsets(static_cast<size_t>(E + 1), 0);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < k; ++j) {
       const int32_t e = ids[t * is + j];
@@ -55,24 +53,16 @@ void run_chunk(const Tensor& out, const Tensor& x, const Tensor& w13, const Tens
         fail("fused_experts", "topk_ids[" + std::to_string(t0 + t) + ", " + std::to_string(j) +
                                   "] = " + std::to_string(e) + " is not an expert of w13 " +
                                   w13.str());
-      ++offsets[static_cast<size_t>(e) + 1];
     }
-  int64_t max_rows = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    max_rows = std::max(max_rows, offsets[e + 1]);
-    offsets[e + 1] += offsets[e];
-  }
-  std::vector<int64_t> slots(static_cast<size_t>(T * k));
-  {
-    std::vector<int64_t> next(offsets.begin(), offsets.end() - 1);
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t j = 0; j < k; ++j) slots[next[ids[t * is + j]]++] = t * k + j;
-  }
+  // Slots s = t * k + j (t from t0) by expert: slots[offsets[e] .. offsets[e + 1]).
+  std::vector<int64_t> offsets, slots;
+  const int64_t max_rows = group_by_bucket(
+      T * k, E, [&](int64_t s) { return ids[s / k * is + s % k]; }, offsets, slots);
 
-  float* xg = f32_scratch(0, static_cast<size_t>(max_rows * H));      // the expert's rows, in/out
-  float* gu = f32_scratch(1, static_cast<size_t>(max_rows * G));      // [gate | up], or up
-  float* act = f32_scratch(2, static_cast<size_t>(max_rows * I));     // silu(gate) * up
-  float* y = f32_scratch(3, static_cast<size_t>(T * k * H));          // one row per slot
+  float* xg = f32_scratch(0, static_cast<size_t>(max_rows * H));   // the expert's rows, in/out
+  float* gu = f32_scratch(1, static_cast<size_t>(max_rows * G));   // [gate | up], or up
+  float* act = f32_scratch(2, static_cast<size_t>(max_rows * I));  // silu(gate) * up
+  float* y = f32_scratch(3, static_cast<size_t>(T * k * H));       // one row per slot
   const float* xp = x.ptr<float>() + t0 * x.stride[0];
   const int64_t xs = x.stride[0];
   for (int64_t e = 0; e < E; ++e) {
