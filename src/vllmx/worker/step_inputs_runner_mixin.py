@@ -1,0 +1,157 @@
+"""The model runner's step inputs and forwards (as vLLM splits its runner into mixins): the
+step's host buffers staged where the model reads them (on the GPU one pinned copy a step), a
+decode step's bucket padded and replayed from its capture, the verify steps' CPU tapes, the
+start-up captures and profile_run."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vllmx import ops
+from vllmx.layers.attention import AttentionMetadata
+
+
+class StepInputsModelRunnerMixin:
+    """For ModelRunner: reads its model, device, KV caches, the step's host buffers (input_ids,
+    positions, slot_mapping, query_start_loc, seq_lens, block_table), their device staging and
+    decode_capture."""
+
+    # -- GPU: one input copy per step ---------------------------------------------------------
+    def _stage(self, t: int, nb: int, max_query_len: int = 0) -> tuple:
+        """Copies the first t tokens / nb requests of the host inputs to the device in one
+        transfer; returns the device views (ids, positions, AttentionMetadata). max_query_len 1:
+        a decode bucket (its views are built once and kept)."""
+        m = self.max_blocks_per_req
+        parts = [(self.input_ids, t), (self.positions, t), (self.slot_mapping, t),
+                 (self.query_start_loc, nb + 1), (self.seq_lens, nb),
+                 (self.block_table[:nb].reshape(-1), nb * m)]
+        fixup, self._token_fixup = self._token_fixup, None
+        if fixup is not None:
+            parts += [(fixup[0], len(fixup[0])), (fixup[1], len(fixup[1]))]
+        rows, self._logits_rows = self._logits_rows, None
+        if rows is not None:
+            parts.append((rows, len(rows)))
+        off = 0
+        i = self._num_staged % 2
+        self._num_staged += 1
+        pinned, staging, staged = self._pinned[i], self._staging[i], self._staged[i]
+        staged.synchronize()  # the copy two steps ago has left this staging array
+        for host, n in parts:
+            staging[off:off + n] = host[:n]
+            off += n
+        pinned.copy_to_device(self._dev_staging.buffer, 4 * off, self._dev_staging.offset)
+        staged.record()
+        end = off
+        if rows is not None:  # the hidden rows the step samples from
+            self._staged_rows = self._dev_staging[end - len(rows):end]
+            end -= len(rows)
+        if fixup is not None:  # the input ids the step in flight samples, on the device
+            n = len(fixup[0])
+            ops.scatter_tokens(self._dev_staging[0:t], self._dev_staging[end - 2 * n:end - n],
+                               fixup[2], self._dev_staging[end - n:end])
+        key = (t, nb, max_query_len)
+        staged = self._stage_views.get(key)
+        if staged is None:
+            views, off = [], 0
+            for _, n in parts[:6]:  # (not the fixup's)
+                views.append(self._dev_staging[off:off + n])
+                off += n
+            ids, pos, slots, qsl, seq_lens, bt = views
+            md = AttentionMetadata(slots, bt.reshape(nb, m), qsl, seq_lens, self.kv_caches,
+                                   self.cache_dtype, max_query_len)
+            staged = (ids, pos, md)
+            if max_query_len == 1:
+                self._stage_views[key] = staged
+        return staged
+
+    def _pad_decode(self, nb: int, size: int) -> None:
+        """Rows nb..size of a decode bucket: one token each, at position 0, whose KV write is
+        skipped (slot -1) and whose output is never read."""
+        self.input_ids[nb:size] = 0
+        self.positions[nb:size] = 0
+        self.slot_mapping[nb:size] = -1
+        self.seq_lens[nb:size] = 1
+        self.query_start_loc[nb + 1:size + 1] = self.query_start_loc[nb] + np.arange(
+            1, size - nb + 1, dtype=np.int32)
+        self.block_table[nb:size] = 0
+
+    def _inputs(self, t: int, nb: int, max_query_len: int = 0) -> tuple:
+        """(input ids, positions, AttentionMetadata) of the first t tokens / nb requests, where
+        the model reads them: the host buffers' slices, or their device copy."""
+        if self.device == "cuda":
+            return self._stage(t, nb, max_query_len)
+        if self._token_fixup is not None:
+            dst, src, tokens = self._token_fixup
+            self._token_fixup = None
+            ops.scatter_tokens(self.input_ids[:t], dst, tokens, src)
+        md = AttentionMetadata(self.slot_mapping[:t], self.block_table[:nb],
+                               self.query_start_loc[:nb + 1], self.seq_lens[:nb],
+                               self.kv_caches, self.cache_dtype, max_query_len)
+        if self.state_slots is not None:
+            n = min(nb, self.input_batch.num_reqs)
+            md.state_indices, md.has_initial_state = self.state_slots.rows(
+                self.input_batch.req_ids[:n], nb, self.positions[self.query_start_loc[:n]])
+        return self.input_ids[:t], self.positions[:t], md
+
+    def _decode_forward(self, size: int, inputs: tuple):
+        """A decode bucket's forward and f32 logits (every token's): what a capture records,
+        and what an eager decode step runs, so both give the same tokens. On the GPU the
+        logits land in the buffer every bucket shares (a graph's output must stay put)."""
+        hidden = self.model.forward(*inputs)
+        if self.hidden_out is not None and not self._aux_hidden:  # a native copy, replayed
+            ops.copy_rows(self.hidden_out[:hidden.shape[0]], hidden)
+        logits = self.model.compute_logits(hidden)
+        if self.device != "cuda":
+            return logits  # the host's logits are f32; a tape's arena keeps them in place
+        return ops.embedding(self._rows[:size], logits, out=self._decode_logits[:size])
+
+    def _prepare_decode(self, nb: int, size: int):
+        """Pads rows nb..size and stages the bucket's inputs; returns the bucket's forward."""
+        self._pad_decode(nb, size)
+        inputs = self._inputs(size, size, max_query_len=1)
+        return lambda: self._decode_forward(size, inputs)
+
+    def capture_model(self) -> None:
+        """vLLM's capture_model: the decode buckets this device captures at start-up (the GPU's
+        graphs; the CPU records its tapes as buckets first run)."""
+        self.query_start_loc[0] = 0
+        self.decode_capture.capture_all(lambda size: self._prepare_decode(0, size))
+
+    def _forward(self, t: int, nb: int, sample_all: bool = False):
+        """(hidden states, None) or, for a decode bucket, (None, f32 logits of the t rows).
+        sample_all: every token of the step is sampled (a decode step, t == nb, or a
+        speculative verify step). A decode step replays its bucket's capture; so does a verify
+        step on the CPU, whose tapes are keyed (nb, t) (its buckets are every batch size, so it
+        needs no padding; the tape reads the step's lengths from the input buffers), while the
+        GPU's verify steps run eagerly. Both results are views of memory the next step
+        overwrites (a capture's output buffer): the step consumes them first."""
+        if sample_all and t == nb:
+            size = self.decode_capture.bucket(nb)
+            if size is not None:
+                logits = self.decode_capture.run(size, self._prepare_decode(nb, size))
+                return None, logits[:nb]
+        elif sample_all and self.device != "cuda" and self.decode_capture.bucket(nb) == nb:
+            inputs = self._inputs(t, nb)
+            logits = self.decode_capture.run((nb, t), lambda: self._decode_forward(t, inputs))
+            return None, logits
+        return self.model.forward(*self._inputs(t, nb)), None
+
+    def profile_run(self) -> None:
+        """vLLM's profile_run: one forward of the largest step the scheduler can form
+        (max_num_batched_tokens prompt tokens in at most max_num_seqs sequences of at most
+        max_model_len each; KV writes skipped, reads from block 0) plus logits for max_num_seqs
+        rows, so that afterwards the device's allocator holds what a step needs."""
+        num_seqs, per_seq = len(self.seq_lens), min(len(self.input_ids), self.max_model_len)
+        num_tokens = min(len(self.input_ids), num_seqs * per_seq)
+        nb = -(-num_tokens // per_seq)
+        lens = np.full(nb, per_seq, dtype=np.int32)
+        lens[-1] = num_tokens - per_seq * (nb - 1)
+        self.input_ids[:num_tokens] = 0
+        self.positions[:num_tokens] = np.concatenate([np.arange(n, dtype=np.int32) for n in lens])
+        self.slot_mapping[:num_tokens] = -1
+        self.query_start_loc[0] = 0
+        self.query_start_loc[1:nb + 1] = np.cumsum(lens)
+        self.seq_lens[:nb] = lens
+        self.block_table[:nb] = 0
+        hidden, _ = self._forward(num_tokens, nb)
+        ops.to_float32(self.model.compute_logits(hidden[:min(num_seqs, num_tokens)]))
