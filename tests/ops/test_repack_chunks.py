@@ -10,7 +10,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
-from vllmx import _C, ops
+from vllmx import _C, ops, weights
 
 PAGE = mmap.PAGESIZE
 
@@ -43,7 +43,7 @@ def test_chunked_repack_of_a_mapped_weight(qtype, tmp_path, monkeypatch):
     whole = np.empty_like(blocks)
     _C.ops.repack_weight((whole, _C.packed_dtype(int(qtype), False)), (blocks, int(qtype)))
 
-    monkeypatch.setattr(ops, "_REPACK_CHUNK_BYTES", 3 * 16 * blocks.shape[1] + 1)  # 48 rows
+    monkeypatch.setattr(weights, "_REPACK_CHUNK_BYTES", 3 * 16 * blocks.shape[1] + 1)  # 48 rows
     packed = ops.repack_weight(ops.Weight(src, int(qtype), (n, k)))
     assert np.array_equal(packed.data, whole)
     assert mapping_rss_kib(path) * 1024 <= 2 * PAGE  # at most the partial first and last page
@@ -66,7 +66,7 @@ def test_align_weight_of_a_mapped_dense_weight(dtype, tmp_path, monkeypatch):
     src = np.frombuffer(mm, dtype=dtype, count=n * k, offset=skip).reshape(n, k)
     assert src.ctypes.data % 64 != 0
     weight = ops.Weight.from_numpy(src)
-    monkeypatch.setattr(ops, "_REPACK_CHUNK_BYTES", 7 * k * src.itemsize)  # chunks of 7 rows
+    monkeypatch.setattr(weights, "_REPACK_CHUNK_BYTES", 7 * k * src.itemsize)  # chunks of 7 rows
     aligned = ops.align_weight(weight)
     assert aligned is not weight and aligned.data.ctypes.data % 64 == 0
     assert aligned.dtype == weight.dtype and aligned.shape == weight.shape
