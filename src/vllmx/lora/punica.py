@@ -9,19 +9,25 @@ from __future__ import annotations
 import numpy as np
 
 from vllmx import ops
+from vllmx.device import DeviceArray
 
 
 class PunicaWrapper:
-    def __init__(self, max_num_tokens: int):
+    def __init__(self, max_num_tokens: int, on_gpu: bool = False):
         # Each row's slot in the LoRA layers' stacks, -1: the base model (the rows past the
-        # step's, a tape's padding among them, too).
+        # step's, a tape's or a graph's padding among them, too).
         self.token_lora_indices = np.full(max_num_tokens, -1, dtype=np.int32)
+        # On the GPU the op reads the device copy, written before each forward (a CUDA graph
+        # reads it where it was captured).
+        self._device = DeviceArray.from_numpy(self.token_lora_indices) if on_gpu else None
 
     def update_metadata(self, token_lora_slots: np.ndarray) -> None:
         """The step's rows' slots (-1: none); called once a step, before the forward."""
         t = len(token_lora_slots)
         self.token_lora_indices[:t] = token_lora_slots
         self.token_lora_indices[t:] = -1
+        if self._device is not None:  # (queued after the steps before it, which read it)
+            self._device.copy_from(self.token_lora_indices)
 
     def add_lora_linear(self, y: np.ndarray, x: np.ndarray, lora_a, lora_b,
                         output_slices: np.ndarray) -> None:
@@ -31,4 +37,6 @@ class PunicaWrapper:
         if t > len(self.token_lora_indices):
             raise ValueError(f"LoRA: a forward of {t} rows, more than the "
                              f"{len(self.token_lora_indices)} (max_num_batched_tokens) mapped")
-        ops.add_lora_linear(y, x, lora_a, lora_b, self.token_lora_indices[:t], output_slices)
+        indices = (self.token_lora_indices[:t] if self._device is None
+                   else DeviceArray(self._device.buffer, self._device.dtype, (t,)))
+        ops.add_lora_linear(y, x, lora_a, lora_b, indices, output_slices)
