@@ -19,6 +19,7 @@
 //   q6k_stage) that give each thread whole sub-blocks, read once (with the I2F-free
 //   conversions, Q4_K at T = 8 on Llama-3-8B's shapes went from 557-688 to 726-986 GB/s).
 #include "gemm_skinny.cuh"
+#include "kquant_mma.cuh"
 
 namespace vllmx::cuda::lin {
 
@@ -28,7 +29,18 @@ using namespace skinny;
 
 constexpr int kBK = 256;        // K per stage: one k-quant super-block
 constexpr int kStages = 4;
-constexpr int kXLds = kBK + 8;  // x's smem row stride in elements
+constexpr int kXLds = kBK + 8;  // x's smem row stride in elements (Q4_K: XTile)
+
+// x's rows in shared memory: padded to kXLds elements, or for Q4_K (whose reads the swizzle
+// spreads over the banks) kq::kXRow with chunk c of row r at kq::x_chunk(r, c).
+template <int WK>
+struct XTile {
+  static constexpr bool kSwizzled = WK == kWQ4_K;
+  static constexpr int kLds = kSwizzled ? kq::kXRow : kXLds;
+  static __device__ __forceinline__ int chunk(int row, int c) {
+    return kSwizzled ? kq::x_chunk(row, c) : c;
+  }
+};
 constexpr int kMinStagesPerSplit = 2;
 
 template <int WK>
@@ -40,57 +52,48 @@ struct StageBytes {
 };
 
 template <int WK, int NT>
-constexpr int kSmemBytes = kStages * (kRows * StageBytes<WK>::kSlot + 8 * NT * kXLds * 2);
+constexpr int kSmemBytes =
+    kStages * (kRows * StageBytes<WK>::kSlot + 8 * NT * XTile<WK>::kLds * 2);
 
-// One stage (one super-block a row) of Q4_K, the bulk of Q4_K_M files, by sub-block pairs:
-// thread t of a quad owns sub-blocks 2t and 2t + 1 of its two rows, which share the 32 bytes
-// qs[32t ..] (low nibbles 2t, high 2t + 1), so it reads them as eight words and works out two
-// scales and mins, not one per 8 elements. mma step s takes bytes 2s, 2s + 1: their low
-// nibbles (elements 64t + 2s, + 1) as k = 2t, 2t + 1 and their high ones (elements 64t + 32 +
-// 2s, + 1) as k = 2t + 8, 2t + 9, and x's fragments the same elements. Nibbles become f32
-// through the exponent of 2^23 (no I2F), then d * sc * q - dmin * m in one FMA (the CPU
-// rounds twice; both are rounded to x's dtype for the mma).
+// One stage (one super-block a row) of Q4_K, the bulk of Q4_K_M files, with the codes as the
+// mma's A operand and each sub-block's scale and min applied to its product (kquant_mma.cuh:
+// the mapping, and why). Per sub-block, for each 8-token tile: two mmas over the weights, two
+// over all-ones for x's sum, four FMA pairs; nothing is rounded to x's dtype. Reads: the two
+// rows' 16-byte heads, 8 bytes of each row's codes per 32-byte group (a half warp's 64-bit
+// loads hit 32 banks: rows 160 bytes apart), x's 16-byte chunks (swizzled, kq::x_chunk).
 template <typename T, int NT>
 __device__ __forceinline__ void q4k_stage(const uint8_t* w0, const uint8_t* w1, const T* xt,
                                           int g, int t, float (&acc)[NT][4]) {
-  constexpr bool kBf = std::is_same_v<T, __nv_bfloat16>;
-  using L = ChunkLoad<false>;
-  float dl[2][2], ml[2][2];  // [row][sub-block 2t, 2t + 1]
-  uint32_t q[2][8];
+  using C = kq::Codes<std::is_same_v<T, __nv_bfloat16>>;
+  const uint4 hv0 = *reinterpret_cast<const uint4*>(w0);
+  const uint4 hv1 = *reinterpret_cast<const uint4*>(w1);
+  const kq::Q4kHead h0(hv0.x, hv0.y, hv0.z, hv0.w), h1(hv1.x, hv1.y, hv1.z, hv1.w);
+  const uint32_t ones[4] = {C::kOnes, C::kOnes, C::kOnes, C::kOnes};
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const uint8_t* blk = r ? w1 : w0;
-    const uint32_t head = L::u32(blk), s0 = L::u32(blk + 4), s1 = L::u32(blk + 8),
-                   s2 = L::u32(blk + 12);
-    const float d = __half2float(__ushort_as_half(static_cast<uint16_t>(head & 0xffff)));
-    const float dmin = __half2float(__ushort_as_half(static_cast<uint16_t>(head >> 16)));
+  for (int j = 0; j < 4; ++j) {
+    const uint2 q0 = *reinterpret_cast<const uint2*>(w0 + kq::q4k_qs_offset(j, t));
+    const uint2 q1 = *reinterpret_cast<const uint2*>(w1 + kq::q4k_qs_offset(j, t));
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t sm = kquant_scale_min(s0, s1, s2, 2 * t + h);
-      dl[r][h] = d * small_uint_to_float(sm & 63);
-      ml[r][h] = dmin * small_uint_to_float((sm >> 8) & 63);
-    }
+    for (int hi = 0; hi < 2; ++hi) {
+      const int sb = 2 * j + hi;
+      float dl0, mlp0, dl1, mlp1;
+      h0.sub(sb, C::kOff, dl0, mlp0);
+      h1.sub(sb, C::kOff, dl1, mlp1);
+      uint32_t a0[4], a1[4];
+      kq::afrag(kq::nibbles(q0.x, hi), kq::nibbles(q1.x, hi), C::kMagic, a0);
+      kq::afrag(kq::nibbles(q0.y, hi), kq::nibbles(q1.y, hi), C::kMagic, a1);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) q[r][i] = L::u32(blk + 16 + 32 * t + 4 * i);
-  }
-  // The pair of nibbles (bytes b, b + 1 of word w, the low or high ones) as f32 values.
-  auto pair = [&](uint32_t w, int b, int hi, float dlv, float mlv) {
-    const uint32_t v = w >> (8 * b + 4 * hi);
-    const float f0 = small_uint_to_float(v & 0xF), f1 = small_uint_to_float((v >> 8) & 0xF);
-    return pack2_bits(fmaf(dlv, f0, -mlv), fmaf(dlv, f1, -mlv), kBf);
-  };
-#pragma unroll
-  for (int s = 0; s < 16; ++s) {
-    const int wi = s / 2, b = 2 * (s % 2);
-    const uint32_t af[4] = {pair(q[0][wi], b, 0, dl[0][0], ml[0][0]),
-                            pair(q[1][wi], b, 0, dl[1][0], ml[1][0]),
-                            pair(q[0][wi], b, 1, dl[0][1], ml[0][1]),
-                            pair(q[1][wi], b, 1, dl[1][1], ml[1][1])};
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const T* xr = xt + (j * 8 + g) * kXLds + 64 * t + 2 * s;
-      mma16816<T>(acc[j], af, *reinterpret_cast<const uint32_t*>(xr),
-                  *reinterpret_cast<const uint32_t*>(xr + 32));
+      for (int jj = 0; jj < NT; ++jj) {
+        const int row = jj * 8 + g;
+        const uint4 xv = *reinterpret_cast<const uint4*>(
+            xt + row * kq::kXRow + kq::x_chunk(row, 4 * sb + t) * 8);
+        float c[4], cx[4];
+        mma16816_zero<T>(c, a0, xv.x, xv.y);
+        mma16816<T>(c, a1, xv.z, xv.w);
+        mma16816_zero<T>(cx, ones, xv.x, xv.y);
+        mma16816<T>(cx, ones, xv.z, xv.w);
+        kq::scale_acc(acc[jj], c, cx, dl0, mlp0, dl1, mlp1);
+      }
     }
   }
 }
@@ -181,7 +184,8 @@ __global__ void __launch_bounds__(kThreads)
   constexpr bool kBf = std::is_same_v<T, __nv_bfloat16>;
   extern __shared__ uint4 skinny_quant_smem[];
   uint8_t* Ws = reinterpret_cast<uint8_t*>(skinny_quant_smem);  // [S][kRows][kSlot]
-  T* Xs = reinterpret_cast<T*>(Ws + S * kRows * SB::kSlot);    // [S][TT][kXLds]
+  using XT = XTile<WK>;
+  T* Xs = reinterpret_cast<T*>(Ws + S * kRows * SB::kSlot);    // [S][TT][XT::kLds]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int n0 = blockIdx.x * kRows;
@@ -198,33 +202,64 @@ __global__ void __launch_bounds__(kThreads)
            static_cast<int64_t>(kt0 + i) * SB::kRow;
   };
   auto head = [](const uint8_t* p) { return static_cast<int>(reinterpret_cast<uintptr_t>(p) & 15); };
-  auto load_w = [&](int i, int st) {
-    constexpr int kTotal = kRows * SB::kCopies;
+  // Where a row's span sits in its 16-byte granule is the same at every stage when a stage's
+  // bytes are whole granules (all but Q6_K's 210 and IQ4_XS's 136 a row): then this thread's
+  // copies are worked out once, and a stage only adds its offset (the copies' index arithmetic
+  // had been ~150 instructions a stage, as many as Q4_K's whole product).
+  constexpr bool kFixedHead = SB::kRow % 16 == 0;
+  constexpr int kWTotal = kRows * SB::kCopies, kWPer = (kWTotal + kThreads - 1) / kThreads;
+  // One copy: A copy starting past the span is not made (zeros); the last one made may reach 15
+  // bytes beyond it, inside the 16-byte granule of an allocation.
+  auto w_copy = [&](int c, int i, const uint8_t*& src, int& dst, bool& ok) {
+    const int idx = tid + c * kThreads, r = idx / SB::kCopies, cc = idx % SB::kCopies;
+    const uint8_t* p = span(r, i);
+    const int h = head(p);
+    ok = n0 + r < a.N && cc * 16 < h + SB::kRow;
+    src = ok ? p - h + cc * 16 : w_none;
+    dst = r * SB::kSlot + cc * 16;
+  };
+  const uint8_t* w_src0[kWPer];
+  int w_dst[kWPer];
+  bool w_ok[kWPer];
+  if constexpr (kFixedHead) {
 #pragma unroll
-    for (int c = 0; c < (kTotal + kThreads - 1) / kThreads; ++c) {
-      const int idx = tid + c * kThreads;
-      if (idx >= kTotal) break;
-      const int r = idx / SB::kCopies, cc = idx % SB::kCopies;
-      const uint8_t* src = span(r, i);
-      const int h = head(src);
-      // A copy starting past the span is not made (zeros); the last one made may reach 15
-      // bytes beyond it, inside the 16-byte granule of an allocation.
-      const bool ok = n0 + r < a.N && cc * 16 < h + SB::kRow;
-      cp_async16(Ws + (st * kRows + r) * SB::kSlot + cc * 16, ok ? src - h + cc * 16 : w_none,
-                 ok);
+    for (int c = 0; c < kWPer; ++c)
+      if (tid + c * kThreads < kWTotal) w_copy(c, 0, w_src0[c], w_dst[c], w_ok[c]);
+  }
+  auto load_w = [&](int i, int st) {
+#pragma unroll
+    for (int c = 0; c < kWPer; ++c) {
+      if (tid + c * kThreads >= kWTotal) break;
+      const uint8_t* src;
+      int dst;
+      bool ok;
+      if constexpr (kFixedHead) {
+        src = w_ok[c] ? w_src0[c] + static_cast<int64_t>(i) * SB::kRow : w_none;
+        dst = w_dst[c];
+        ok = w_ok[c];
+      } else {
+        w_copy(c, i, src, dst, ok);
+      }
+      cp_async16(Ws + st * kRows * SB::kSlot + dst, src, ok);
     }
   };
-  auto load_x = [&](int i, int st) {
-    constexpr int kCpr = kBK / 8;
-    const int kb = (kt0 + i) * kBK;
+  // x: this thread's copies at stage 0 (nullptr: a padding token, zeros), a stage kBK on.
+  constexpr int kCpr = kBK / 8, kXTotal = TT * kCpr, kXPer = (kXTotal + kThreads - 1) / kThreads;
+  const T* x_src0[kXPer];
+  int x_dst[kXPer];
 #pragma unroll
-    for (int c = 0; c < (TT * kCpr + kThreads - 1) / kThreads; ++c) {
-      const int idx = tid + c * kThreads;
-      if (idx >= TT * kCpr) break;
-      const int row = idx / kCpr, cc = idx % kCpr;
-      const bool ok = row < a.T;  // padding tokens read as zeros
-      cp_async16(Xs + (st * TT + row) * kXLds + cc * 8,
-                 ok ? xp + static_cast<int64_t>(row) * a.x_stride + kb + cc * 8 : xp, ok);
+  for (int c = 0; c < kXPer; ++c) {
+    const int idx = tid + c * kThreads, row = idx / kCpr, cc = idx % kCpr;
+    x_src0[c] = row < a.T ? xp + static_cast<int64_t>(row) * a.x_stride + kt0 * kBK + cc * 8
+                          : nullptr;
+    x_dst[c] = row * XT::kLds + XT::chunk(row, cc) * 8;
+  }
+  auto load_x = [&](int i, int st) {
+#pragma unroll
+    for (int c = 0; c < kXPer; ++c) {
+      if (tid + c * kThreads >= kXTotal) break;
+      const bool ok = x_src0[c] != nullptr;
+      cp_async16(Xs + st * TT * XT::kLds + x_dst[c], ok ? x_src0[c] + i * kBK : xp, ok);
     }
   };
 
@@ -237,6 +272,7 @@ __global__ void __launch_bounds__(kThreads)
   skinny_prologue<S>(nkt, load_w, load_x);
 
   const int g = lane / 4, t = lane % 4, r0 = warp * 16 + g;
+  const int w_head0 = head(span(r0, 0)), w_head1 = head(span(r0 + 8, 0));
   for (int i = 0; i < nkt; ++i) {
     const int ni = i + S - 1, nst = ni % S, st = i % S;
     if (ni < nkt) {  // stage nst was last read in iteration i - 1, behind its closing barrier
@@ -244,9 +280,11 @@ __global__ void __launch_bounds__(kThreads)
       load_x(ni, nst);
     }
     cp_async_commit();
-    const uint8_t* w0 = Ws + (st * kRows + r0) * SB::kSlot + head(span(r0, i));
-    const uint8_t* w1 = Ws + (st * kRows + r0 + 8) * SB::kSlot + head(span(r0 + 8, i));
-    const T* xt = Xs + st * TT * kXLds;
+    const int h0 = kFixedHead ? w_head0 : head(span(r0, i));
+    const int h1 = kFixedHead ? w_head1 : head(span(r0 + 8, i));
+    const uint8_t* w0 = Ws + (st * kRows + r0) * SB::kSlot + h0;
+    const uint8_t* w1 = Ws + (st * kRows + r0 + 8) * SB::kSlot + h1;
+    const T* xt = Xs + st * TT * XT::kLds;
     if constexpr (WK == kWQ4_K) {
       q4k_stage<T, NT>(w0, w1, xt, g, t, acc);
     } else if constexpr (WK == kWQ6_K) {
