@@ -31,12 +31,13 @@ constexpr int kBK = 256;        // K per stage: one k-quant super-block
 constexpr int kStages = 4;
 constexpr int kXLds = kBK + 8;  // x's smem row stride in elements (Q4_K: XTile)
 
-// x's rows in shared memory: padded to kXLds elements, or for Q4_K (whose reads the swizzle
-// spreads over the banks) kq::kXRow with chunk c of row r at kq::x_chunk(r, c).
+// x's rows in shared memory: padded to kXLds elements; for Q4_K (whose reads the swizzle
+// spreads over the banks) kq::kXRow with chunk c of row r at kq::x_chunk(r, c); for Q6_K
+// kq::kXRowQ6k.
 template <int WK>
 struct XTile {
   static constexpr bool kSwizzled = WK == kWQ4_K;
-  static constexpr int kLds = kSwizzled ? kq::kXRow : kXLds;
+  static constexpr int kLds = kSwizzled ? kq::kXRow : WK == kWQ6_K ? kq::kXRowQ6k : kXLds;
   static __device__ __forceinline__ int chunk(int row, int c) {
     return kSwizzled ? kq::x_chunk(row, c) : c;
   }
@@ -98,54 +99,51 @@ __device__ __forceinline__ void q4k_stage(const uint8_t* w0, const uint8_t* w1, 
   }
 }
 
-// One stage of Q6_K (the output, attn_v and half the ffn_down of Q4_K_M files), likewise by
-// quarters: thread t of a quad owns, in half h = t / 2 of the super-block, quarters j = t % 2
-// and j + 2, whose low 4 bits share ql[64h + 32j ..] (low / high nibbles) and top 2 bits
-// qh[32h ..] (bits 2j and 2j + 4), with four of the 16 scales. Step s takes elements l = 2s,
-// 2s + 1 of both quarters. 210-byte blocks: 2-byte loads.
+// One stage of Q6_K (the output, attn_v and half the ffn_down of Q4_K_M files) as Q4_K's
+// (kquant_mma.cuh): the 6-bit codes as A, one mma a 16-element sub-block, its scale after.
+// 210-byte blocks keep their global alignment modulo 16 in shared memory, so the words of ql,
+// qh and the scales are read as 16-bit halves (one bank each for a warp's 32 threads: rows
+// 240 bytes apart).
 template <typename T, int NT>
 __device__ __forceinline__ void q6k_stage(const uint8_t* w0, const uint8_t* w1, const T* xt,
                                           int g, int t, float (&acc)[NT][4]) {
-  constexpr bool kBf = std::is_same_v<T, __nv_bfloat16>;
+  using C = kq::Codes<std::is_same_v<T, __nv_bfloat16>>;
   using L = ChunkLoad<false>;
-  const int h = t / 2, j = t % 2;
-  float dl[2][4];  // [row][quarter j: l < 16, l >= 16; quarter j + 2: l < 16, l >= 16]
-  uint32_t ql[2][8], qh[2][8];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const uint8_t* blk = r ? w1 : w0;
-    const float d = __half2float(__ushort_as_half(static_cast<uint16_t>(L::u16(blk + 208))));
-    const uint32_t sc_lo = L::u16(blk + 192 + 8 * h + 2 * j);
-    const uint32_t sc_hi = L::u16(blk + 192 + 8 * h + 2 * j + 4);
-    const uint32_t sc[4] = {sc_lo & 0xff, sc_lo >> 8, sc_hi & 0xff, sc_hi >> 8};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) dl[r][i] = d * small_int_to_float(static_cast<int8_t>(sc[i]));
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      ql[r][i] = L::u16x2(blk + 64 * h + 32 * j + 4 * i);
-      qh[r][i] = L::u16x2(blk + 128 + 32 * h + 4 * i);
-    }
-  }
-  // Elements l = b, b + 1 of word i (quarter j, or j + 2 where hi) as f32 values.
-  auto pair = [&](int r, int i, int b, int hi, float dlv) {
-    const uint32_t lo4 = ql[r][i] >> (8 * b + 4 * hi), top = qh[r][i] >> (8 * b + 2 * j + 4 * hi);
-    const float f0 = small_uint_to_float((lo4 & 0xF) | ((top & 3) << 4));
-    const float f1 = small_uint_to_float(((lo4 >> 8) & 0xF) | (((top >> 8) & 3) << 4));
-    return pack2_bits(fmaf(dlv, f0, -32.f * dlv), fmaf(dlv, f1, -32.f * dlv), kBf);
+  auto head = [](const uint8_t* w) {
+    return kq::Q6kHead(L::u16(w + 208), L::u16x2(w + 192), L::u16x2(w + 196),
+                       L::u16x2(w + 200), L::u16x2(w + 204));
   };
+  const kq::Q6kHead h0 = head(w0), h1 = head(w1);
+  const uint32_t ones[4] = {C::kOnes, C::kOnes, C::kOnes, C::kOnes};
 #pragma unroll
-  for (int s = 0; s < 16; ++s) {
-    const int i = s / 2, b = 2 * (s % 2), half16 = s / 8;
-    const uint32_t af[4] = {pair(0, i, b, 0, dl[0][half16]), pair(1, i, b, 0, dl[1][half16]),
-                            pair(0, i, b, 1, dl[0][2 + half16]),
-                            pair(1, i, b, 1, dl[1][2 + half16])};
+  for (int hf = 0; hf < 2; ++hf)
 #pragma unroll
-    for (int jj = 0; jj < NT; ++jj) {
-      const T* xr = xt + (jj * 8 + g) * kXLds + 128 * h + 32 * j + 2 * s;
-      mma16816<T>(acc[jj], af, *reinterpret_cast<const uint32_t*>(xr),
-                  *reinterpret_cast<const uint32_t*>(xr + 64));
+    for (int l16 = 0; l16 < 2; ++l16) {
+      const uint32_t ql0[2] = {L::u16x2(w0 + kq::q6k_ql_offset(hf, 0, l16, t)),
+                               L::u16x2(w0 + kq::q6k_ql_offset(hf, 1, l16, t))};
+      const uint32_t ql1[2] = {L::u16x2(w1 + kq::q6k_ql_offset(hf, 0, l16, t)),
+                               L::u16x2(w1 + kq::q6k_ql_offset(hf, 1, l16, t))};
+      const uint32_t qh0 = L::u16x2(w0 + kq::q6k_qh_offset(hf, l16, t));
+      const uint32_t qh1 = L::u16x2(w1 + kq::q6k_qh_offset(hf, l16, t));
+#pragma unroll
+      for (int qq = 0; qq < 4; ++qq) {
+        float dl0, mlp0, dl1, mlp1;
+        h0.sub(8 * hf + 2 * qq + l16, C::kOff, dl0, mlp0);
+        h1.sub(8 * hf + 2 * qq + l16, C::kOff, dl1, mlp1);
+        uint32_t a[4];
+        kq::afrag(kq::q6k_codes(ql0[qq & 1], qh0, qq), kq::q6k_codes(ql1[qq & 1], qh1, qq),
+                  C::kMagic, a);
+#pragma unroll
+        for (int jj = 0; jj < NT; ++jj) {
+          const uint2 xv = *reinterpret_cast<const uint2*>(
+              xt + (jj * 8 + g) * kq::kXRowQ6k + kq::q6k_x_offset(hf, qq, l16, t));
+          float c[4], cx[4];
+          mma16816_zero<T>(c, a, xv.x, xv.y);
+          mma16816_zero<T>(cx, ones, xv.x, xv.y);
+          kq::scale_acc(acc[jj], c, cx, dl0, mlp0, dl1, mlp1);
+        }
+      }
     }
-  }
 }
 
 // One stage of any other block type by 8-element chunks (linear.cuh's chunk reader): thread t of

@@ -129,6 +129,45 @@ VLLMX_KQ_FN void afrag(uint32_t c0, uint32_t c1, uint32_t magic, uint32_t (&a)[4
 constexpr int kXRow = 256;
 VLLMX_KQ_FN int x_chunk(int row, int c) { return c ^ ((row & 1) << 2); }
 
+// Q6_K (210-byte super-blocks: ql[128], qh[64], 16 int8 scales, f16 d) likewise, with its
+// 16-element sub-blocks one mma each. Element 128 hf + 32 qq + l has its low 4 bits in
+// ql[64 hf + 32 (qq & 1) + l] (the high nibble for qq >= 2) and its top 2 in bits 2 qq of
+// qh[32 hf + l], scale sc[8 hf + 2 qq + l / 16], value d * sc * (q - 32). Thread t reads, per
+// (hf, l16 = l / 16), the words of ql and qh at l = 16 l16 + 4 t (elements 4t .. 4t + 3 of the
+// four sub-blocks qq = 0..3 there), and x's 4 elements of each, one 8-byte load.
+VLLMX_KQ_FN int q6k_ql_offset(int hf, int part, int l16, int t) {
+  return 64 * hf + 32 * part + 16 * l16 + 4 * t;
+}
+VLLMX_KQ_FN int q6k_qh_offset(int hf, int l16, int t) { return 128 + 32 * hf + 16 * l16 + 4 * t; }
+VLLMX_KQ_FN int q6k_x_offset(int hf, int qq, int l16, int t) {
+  return 128 * hf + 32 * qq + 16 * l16 + 4 * t;
+}
+// The four 6-bit codes (bytes) of sub-block qq from the ql word of part qq & 1 and the qh word.
+VLLMX_KQ_FN uint32_t q6k_codes(uint32_t ql, uint32_t qh, int qq) {
+  return ((qq >= 2 ? ql >> 4 : ql) & 0x0F0F0F0Fu) | (((qh >> (2 * qq)) & 0x03030303u) << 4);
+}
+// x's rows for Q6_K: 272 elements, so that a half warp's 8-byte loads (rows g .. g + 3, 8 bytes
+// at 8t) fall on 32 banks.
+constexpr int kXRowQ6k = 272;
+
+// A Q6_K super-block's d and 16 scales (four little-endian words).
+struct Q6kHead {
+  float d, nd;  // -d * (2^23 + 2^22)
+  uint32_t sc[4];
+  VLLMX_KQ_FN Q6kHead(uint32_t d_bits, uint32_t s0, uint32_t s1, uint32_t s2, uint32_t s3)
+      : d(half_bits_to_float(d_bits)), sc{s0, s1, s2, s3} {
+    nd = d * -12582912.f;
+  }
+  // Sub-block sidx's d * sc (the signed byte under 2^23 + 2^22's exponent, d times that less
+  // d times the power, before one rounding) and (off + 32) d sc: the product's offset (off)
+  // and Q6_K's own (q - 32).
+  VLLMX_KQ_FN void sub(int sidx, float off, float& dl, float& mlp) const {
+    const int32_t s = static_cast<int8_t>((sc[sidx / 4] >> (8 * (sidx % 4))) & 0xffu);
+    dl = fma_f32(d, bits_as_float(0x4B400000u + static_cast<uint32_t>(s)), nd);
+    mlp = dl * (off + 32.f);
+  }
+};
+
 // A sub-block's products into the output: c (rows g, g + 8 x tokens 2t, 2t + 1) times dl, less
 // (off dl + ml) X, row by row in the one order every batch size takes.
 VLLMX_KQ_FN void scale_acc(float (&acc)[4], const float (&c)[4], const float (&cx)[4], float dl0,

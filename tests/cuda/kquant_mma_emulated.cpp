@@ -1,12 +1,13 @@
-// gemm_skinny_quant.cu's Q4_K stage on the CPU: the warp's 32 threads run kquant_mma.cuh's
+// gemm_skinny_quant.cu's Q4_K and Q6_K stages on the CPU: the warp's 32 threads run kquant_mma.cuh's
 // functions in the kernel's loop order, and each mma.sync m16n8k16 is emulated from the
 // fragment layouts PTX documents (A: a[0] rows g, k 2t..2t+1; a[1] row g + 8; a[2], a[3] the
 // same at k + 8. B: b0 k 2t..2t+1, b1 k 2t+8..2t+9, column g. C: c[0..1] row g, columns 2t,
 // 2t + 1; c[2..3] row g + 8), the product summed in f64 and rounded to f32 as the tensor core
 // returns it. Built and run by test_kquant_mma.py.
 //
-// stdin: int32 bf16 (1: x bf16, 0: f16), int32 T (1..8), then 16 rows x 144 bytes of Q4_K
-// super-blocks, then T x 256 x's 16-bit values. stdout: 16 x T float32, out[row][token].
+// stdin: int32 type (0: Q4_K, 1: Q6_K), int32 bf16 (1: x bf16, 0: f16), int32 T (1..8), then
+// 16 rows of one super-block (144 / 210 bytes), then T x 256 x's 16-bit values. stdout: 16 x T
+// float32, out[row][token].
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -58,33 +59,53 @@ uint32_t word(const uint8_t* p) {
   return w;
 }
 
-}  // namespace
+struct Warp {
+  bool bf16;
+  uint32_t magic, ones;
+  float off;
+  float acc[32][4] = {};
+  explicit Warp(bool bf) : bf16(bf) {
+    magic = bf ? Codes<true>::kMagic : Codes<false>::kMagic;
+    off = bf ? Codes<true>::kOff : Codes<false>::kOff;
+    ones = bf ? Codes<true>::kOnes : Codes<false>::kOnes;
+  }
+  // One sub-block's mmas (1 or 2 a thread: A registers a[i], x's B registers b[i]) and its
+  // scales, as the kernel runs them.
+  void sub_block(int n, const uint32_t (*a)[32][4], const uint32_t (*b)[32][2],
+                 const float (&dl0)[32], const float (&mlp0)[32], const float (&dl1)[32],
+                 const float (&mlp1)[32]) {
+    uint32_t aones[32][4];
+    for (auto& r : aones) r[0] = r[1] = r[2] = r[3] = ones;
+    const float zero[32][4] = {};
+    float c[32][4], cx[32][4];
+    mma(a[0], b[0], zero, bf16, c);
+    mma(aones, b[0], zero, bf16, cx);
+    for (int i = 1; i < n; ++i) {
+      mma(a[i], b[i], c, bf16, c);
+      mma(aones, b[i], cx, bf16, cx);
+    }
+    for (int lane = 0; lane < 32; ++lane)
+      scale_acc(acc[lane], c[lane], cx[lane], dl0[lane], mlp0[lane], dl1[lane], mlp1[lane]);
+  }
+};
 
-int main() {
-  int32_t bf16_flag, T;
-  if (std::fread(&bf16_flag, 4, 1, stdin) != 1 || std::fread(&T, 4, 1, stdin) != 1) return 1;
-  if (T < 1 || T > 8) return 1;
-  const bool bf16 = bf16_flag != 0;
-  std::vector<uint8_t> blocks(16 * 144);
-  std::vector<uint16_t> x(T * 256);
-  if (std::fread(blocks.data(), 1, blocks.size(), stdin) != blocks.size()) return 1;
-  if (std::fread(x.data(), 2, x.size(), stdin) != x.size()) return 1;
+uint32_t xword(const std::vector<uint16_t>& xs, int at) {
+  uint32_t w;
+  std::memcpy(&w, &xs[at], 4);
+  return w;
+}
 
-  // x as the kernel's shared memory holds it: 8 token rows (zeros past T), chunks swizzled.
+// The Q4_K stage: x's rows swizzled (kXRow, x_chunk), per 32-byte group j and nibble half the
+// sub-block 2j + hi, two mmas (words i = 0, 1 of a thread's 8 bytes).
+void q4k(Warp& w, const uint8_t* blk, const std::vector<uint16_t>& x, int T) {
   std::vector<uint16_t> xs(8 * kXRow, 0);
   for (int row = 0; row < T; ++row)
     for (int c = 0; c < 32; ++c)
       std::memcpy(&xs[row * kXRow + x_chunk(row, c) * 8], &x[row * 256 + c * 8], 16);
-
-  const uint32_t magic = bf16 ? Codes<true>::kMagic : Codes<false>::kMagic;
-  const float off = bf16 ? Codes<true>::kOff : Codes<false>::kOff;
-  const uint32_t ones = bf16 ? Codes<true>::kOnes : Codes<false>::kOnes;
-  float acc[32][4] = {};
-  const uint8_t* blk = blocks.data();
-  for (int j = 0; j < 4; ++j) {
+  for (int j = 0; j < 4; ++j)
     for (int hi = 0; hi < 2; ++hi) {
       const int sb = 2 * j + hi;
-      uint32_t a0[32][4], a1[32][4], aones[32][4], b_lo[32][2], b_hi[32][2];
+      uint32_t a[2][32][4], b[2][32][2];
       float dl0[32], mlp0[32], dl1[32], mlp1[32];
       for (int lane = 0; lane < 32; ++lane) {
         const int g = lane / 4, t = lane % 4;
@@ -92,33 +113,79 @@ int main() {
         const uint8_t* w1 = blk + (g + 8) * 144;
         const Q4kHead h0(word(w0), word(w0 + 4), word(w0 + 8), word(w0 + 12));
         const Q4kHead h1(word(w1), word(w1 + 4), word(w1 + 8), word(w1 + 12));
-        h0.sub(sb, off, dl0[lane], mlp0[lane]);
-        h1.sub(sb, off, dl1[lane], mlp1[lane]);
-        const uint8_t* q0 = w0 + q4k_qs_offset(j, t);
-        const uint8_t* q1 = w1 + q4k_qs_offset(j, t);
-        afrag(nibbles(word(q0), hi), nibbles(word(q1), hi), magic, a0[lane]);
-        afrag(nibbles(word(q0 + 4), hi), nibbles(word(q1 + 4), hi), magic, a1[lane]);
-        for (int r = 0; r < 4; ++r) aones[lane][r] = ones;
-        uint32_t xv[4];
-        std::memcpy(xv, &xs[g * kXRow + x_chunk(g, 4 * sb + t) * 8], 16);
-        b_lo[lane][0] = xv[0], b_lo[lane][1] = xv[1], b_hi[lane][0] = xv[2], b_hi[lane][1] = xv[3];
+        h0.sub(sb, w.off, dl0[lane], mlp0[lane]);
+        h1.sub(sb, w.off, dl1[lane], mlp1[lane]);
+        for (int i = 0; i < 2; ++i) {
+          const uint8_t* q0 = w0 + q4k_qs_offset(j, t) + 4 * i;
+          const uint8_t* q1 = w1 + q4k_qs_offset(j, t) + 4 * i;
+          afrag(nibbles(word(q0), hi), nibbles(word(q1), hi), w.magic, a[i][lane]);
+          const int at = g * kXRow + x_chunk(g, 4 * sb + t) * 8 + 4 * i;
+          b[i][lane][0] = xword(xs, at);
+          b[i][lane][1] = xword(xs, at + 2);
+        }
       }
-      const float zero[32][4] = {};
-      float c[32][4], cx[32][4];
-      mma(a0, b_lo, zero, bf16, c);
-      mma(a1, b_hi, c, bf16, c);
-      mma(aones, b_lo, zero, bf16, cx);
-      mma(aones, b_hi, cx, bf16, cx);
-      for (int lane = 0; lane < 32; ++lane)
-        scale_acc(acc[lane], c[lane], cx[lane], dl0[lane], mlp0[lane], dl1[lane], mlp1[lane]);
+      w.sub_block(2, a, b, dl0, mlp0, dl1, mlp1);
     }
-  }
+}
+
+// The Q6_K stage: x's rows kXRowQ6k long, one mma a 16-element sub-block (hf, qq, l16).
+void q6k(Warp& w, const uint8_t* blk, const std::vector<uint16_t>& x, int T) {
+  std::vector<uint16_t> xs(8 * kXRowQ6k, 0);
+  for (int row = 0; row < T; ++row)
+    std::memcpy(&xs[row * kXRowQ6k], &x[row * 256], 512);
+  for (int hf = 0; hf < 2; ++hf)
+    for (int l16 = 0; l16 < 2; ++l16)
+      for (int qq = 0; qq < 4; ++qq) {
+        uint32_t a[1][32][4], b[1][32][2];
+        float dl0[32], mlp0[32], dl1[32], mlp1[32];
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane / 4, t = lane % 4;
+          const uint8_t* w0 = blk + g * 210;
+          const uint8_t* w1 = blk + (g + 8) * 210;
+          auto head = [](const uint8_t* p) {
+            return Q6kHead(p[208] | (p[209] << 8), word(p + 192), word(p + 196), word(p + 200),
+                           word(p + 204));
+          };
+          head(w0).sub(8 * hf + 2 * qq + l16, w.off, dl0[lane], mlp0[lane]);
+          head(w1).sub(8 * hf + 2 * qq + l16, w.off, dl1[lane], mlp1[lane]);
+          const int part = qq & 1;
+          afrag(q6k_codes(word(w0 + q6k_ql_offset(hf, part, l16, t)),
+                          word(w0 + q6k_qh_offset(hf, l16, t)), qq),
+                q6k_codes(word(w1 + q6k_ql_offset(hf, part, l16, t)),
+                          word(w1 + q6k_qh_offset(hf, l16, t)), qq),
+                w.magic, a[0][lane]);
+          const int at = g * kXRowQ6k + q6k_x_offset(hf, qq, l16, t);
+          b[0][lane][0] = xword(xs, at);
+          b[0][lane][1] = xword(xs, at + 2);
+        }
+        w.sub_block(1, a, b, dl0, mlp0, dl1, mlp1);
+      }
+}
+
+}  // namespace
+
+int main() {
+  int32_t type, bf16_flag, T;
+  if (std::fread(&type, 4, 1, stdin) != 1 || std::fread(&bf16_flag, 4, 1, stdin) != 1 ||
+      std::fread(&T, 4, 1, stdin) != 1)
+    return 1;
+  if (T < 1 || T > 8 || (type != 0 && type != 1)) return 1;
+  const int block = type == 0 ? 144 : 210;
+  std::vector<uint8_t> blocks(16 * block);
+  std::vector<uint16_t> x(T * 256);
+  if (std::fread(blocks.data(), 1, blocks.size(), stdin) != blocks.size()) return 1;
+  if (std::fread(x.data(), 2, x.size(), stdin) != x.size()) return 1;
+  Warp w(bf16_flag != 0);
+  if (type == 0)
+    q4k(w, blocks.data(), x, T);
+  else
+    q6k(w, blocks.data(), x, T);
   std::vector<float> out(16 * T, 0.f);
   for (int lane = 0; lane < 32; ++lane) {
     const int g = lane / 4, t = lane % 4;
     for (int e = 0; e < 4; ++e) {
       const int row = g + (e / 2) * 8, tok = 2 * t + e % 2;
-      if (tok < T) out[row * T + tok] = acc[lane][e];
+      if (tok < T) out[row * T + tok] = w.acc[lane][e];
     }
   }
   std::fwrite(out.data(), 4, out.size(), stdout);
