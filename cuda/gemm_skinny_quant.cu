@@ -15,9 +15,9 @@
 //   to x's dtype). The mma's k order inside those 32 elements is permuted to fit: its step s
 //   takes elements 8t + 4s .. 8t + 4s + 3 as k = 2t, 2t + 1, 2t + 8, 2t + 9, and x's fragments
 //   are read from the same elements (one 8-byte load), so the sum is the same product.
-//   Q4_K and Q6_K (the bulk of Q4_K_M files) have stage readers of their own (q4k_stage,
-//   q6k_stage) that give each thread whole sub-blocks, read once (with the I2F-free
-//   conversions, Q4_K at T = 8 on Llama-3-8B's shapes went from 557-688 to 726-986 GB/s).
+//   Q4_K, Q5_K and Q6_K (the bulk of Q4_K_M / Q5_K_M files) have stages of their own
+//   (q4k_stage, q6k_stage) that take the codes themselves as A and apply each sub-block's
+//   scale to its product (kquant_mma.cuh), where the others dequantize every weight first.
 #include "gemm_skinny.cuh"
 #include "kquant_mma.cuh"
 
@@ -31,12 +31,12 @@ constexpr int kBK = 256;        // K per stage: one k-quant super-block
 constexpr int kStages = 4;
 constexpr int kXLds = kBK + 8;  // x's smem row stride in elements (Q4_K: XTile)
 
-// x's rows in shared memory: padded to kXLds elements; for Q4_K (whose reads the swizzle
-// spreads over the banks) kq::kXRow with chunk c of row r at kq::x_chunk(r, c); for Q6_K
+// x's rows in shared memory: padded to kXLds elements; for Q4_K and Q5_K (whose reads the
+// swizzle spreads over the banks) kq::kXRow with chunk c of row r at kq::x_chunk(r, c); for Q6_K
 // kq::kXRowQ6k.
 template <int WK>
 struct XTile {
-  static constexpr bool kSwizzled = WK == kWQ4_K;
+  static constexpr bool kSwizzled = WK == kWQ4_K || WK == kWQ5_K;
   static constexpr int kLds = kSwizzled ? kq::kXRow : WK == kWQ6_K ? kq::kXRowQ6k : kXLds;
   static __device__ __forceinline__ int chunk(int row, int c) {
     return kSwizzled ? kq::x_chunk(row, c) : c;
@@ -62,18 +62,29 @@ constexpr int kSmemBytes =
 // over all-ones for x's sum, four FMA pairs; nothing is rounded to x's dtype. Reads: the two
 // rows' 16-byte heads, 8 bytes of each row's codes per 32-byte group (a half warp's 64-bit
 // loads hit 32 banks: rows 160 bytes apart), x's 16-byte chunks (swizzled, kq::x_chunk).
-template <typename T, int NT>
+// Q5_K (kQ5, the bulk of Q5_K_M files) is the same stage with each code's fifth bit from qh.
+template <typename T, int NT, bool kQ5 = false>
 __device__ __forceinline__ void q4k_stage(const uint8_t* w0, const uint8_t* w1, const T* xt,
                                           int g, int t, float (&acc)[NT][4]) {
   using C = kq::Codes<std::is_same_v<T, __nv_bfloat16>>;
+  constexpr int kQsAt = kQ5 ? kq::kQ5kQsAt : 16;
   const uint4 hv0 = *reinterpret_cast<const uint4*>(w0);
   const uint4 hv1 = *reinterpret_cast<const uint4*>(w1);
   const kq::Q4kHead h0(hv0.x, hv0.y, hv0.z, hv0.w), h1(hv1.x, hv1.y, hv1.z, hv1.w);
   const uint32_t ones[4] = {C::kOnes, C::kOnes, C::kOnes, C::kOnes};
+  uint2 qh0 = make_uint2(0, 0), qh1 = make_uint2(0, 0);
+  if constexpr (kQ5) {
+    qh0 = *reinterpret_cast<const uint2*>(w0 + kq::q5k_qh_offset(t));
+    qh1 = *reinterpret_cast<const uint2*>(w1 + kq::q5k_qh_offset(t));
+  }
+  // The codes of a word (element 4 i .. 4 i + 3 of thread t's 8) of sub-block sb.
+  auto codes = [&](uint32_t q, uint32_t qh, int hi, int sb) {
+    return kQ5 ? kq::nibbles(q, hi) | kq::q5k_high_bits(qh, sb) : kq::nibbles(q, hi);
+  };
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const uint2 q0 = *reinterpret_cast<const uint2*>(w0 + kq::q4k_qs_offset(j, t));
-    const uint2 q1 = *reinterpret_cast<const uint2*>(w1 + kq::q4k_qs_offset(j, t));
+    const uint2 q0 = *reinterpret_cast<const uint2*>(w0 + kq::q4k_qs_offset(j, t, kQsAt));
+    const uint2 q1 = *reinterpret_cast<const uint2*>(w1 + kq::q4k_qs_offset(j, t, kQsAt));
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
       const int sb = 2 * j + hi;
@@ -81,8 +92,8 @@ __device__ __forceinline__ void q4k_stage(const uint8_t* w0, const uint8_t* w1, 
       h0.sub(sb, C::kOff, dl0, mlp0);
       h1.sub(sb, C::kOff, dl1, mlp1);
       uint32_t a0[4], a1[4];
-      kq::afrag(kq::nibbles(q0.x, hi), kq::nibbles(q1.x, hi), C::kMagic, a0);
-      kq::afrag(kq::nibbles(q0.y, hi), kq::nibbles(q1.y, hi), C::kMagic, a1);
+      kq::afrag(codes(q0.x, qh0.x, hi, sb), codes(q1.x, qh1.x, hi, sb), C::kMagic, a0);
+      kq::afrag(codes(q0.y, qh0.y, hi, sb), codes(q1.y, qh1.y, hi, sb), C::kMagic, a1);
 #pragma unroll
       for (int jj = 0; jj < NT; ++jj) {
         const int row = jj * 8 + g;
@@ -283,8 +294,8 @@ __global__ void __launch_bounds__(kThreads)
     const uint8_t* w0 = Ws + (st * kRows + r0) * SB::kSlot + h0;
     const uint8_t* w1 = Ws + (st * kRows + r0 + 8) * SB::kSlot + h1;
     const T* xt = Xs + st * TT * XT::kLds;
-    if constexpr (WK == kWQ4_K) {
-      q4k_stage<T, NT>(w0, w1, xt, g, t, acc);
+    if constexpr (WK == kWQ4_K || WK == kWQ5_K) {
+      q4k_stage<T, NT, WK == kWQ5_K>(w0, w1, xt, g, t, acc);
     } else if constexpr (WK == kWQ6_K) {
       q6k_stage<T, NT>(w0, w1, xt, g, t, acc);
     } else {

@@ -108,8 +108,16 @@ struct Q4kHead {
   }
 };
 
-// Where thread t's 8 bytes of qs group j start in the block.
-VLLMX_KQ_FN int q4k_qs_offset(int j, int t) { return 16 + 32 * j + 8 * t; }
+// Where thread t's 8 bytes of qs group j start in the block (Q5_K: qs_at 48, after qh).
+VLLMX_KQ_FN int q4k_qs_offset(int j, int t, int qs_at = 16) { return qs_at + 32 * j + 8 * t; }
+
+// Q5_K (176 bytes: Q4_K's head, qh[32], then Q4_K's qs): element l of sub-block sb has a fifth
+// bit, bit sb of qh[l]. Thread t's 8 bytes of qh (16 + 8t) hold it for the 8 elements whose
+// codes it reads in every qs group; this puts those bits of a word's 4 elements at bit 4 of
+// their bytes.
+constexpr int kQ5kQhAt = 16, kQ5kQsAt = 48;
+VLLMX_KQ_FN int q5k_qh_offset(int t) { return kQ5kQhAt + 8 * t; }
+VLLMX_KQ_FN uint32_t q5k_high_bits(uint32_t qh, int sb) { return ((qh >> sb) & 0x01010101u) << 4; }
 
 // A word's low (hi = 0) or high nibbles, one a byte.
 VLLMX_KQ_FN uint32_t nibbles(uint32_t w, int hi) { return (hi ? w >> 4 : w) & 0x0F0F0F0Fu; }

@@ -419,11 +419,12 @@ bool plan_sm90(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor& 
 }
 
 // Block weights from quant_skinny_min_t to kSkinnyMaxT rows go to the quantized skinny GEMM
-// (whole 256-element stages of K). Its Q4_K stage reads a super-block's head and codes with
-// 16- and 8-byte loads, so every row starts on a 16-byte boundary (always so for a weight of
-// its own: 144-byte blocks, K a multiple of 256).
+// (whole 256-element stages of K). Its Q4_K / Q5_K stage reads a super-block's head and codes
+// with 16- and 8-byte loads, so every row starts on a 16-byte boundary (always so for a weight
+// of its own: 144- / 176-byte blocks, K a multiple of 256).
 bool quant_skinny_ok(int wk, const Tensor& w, int64_t T, int64_t K) {
-  if (wk == kWQ4_K && !(aligned(w.data, 16) && w.stride[0] % 16 == 0)) return false;
+  if ((wk == kWQ4_K || wk == kWQ5_K) && !(aligned(w.data, 16) && w.stride[0] % 16 == 0))
+    return false;
   return is_quant(wk) && T <= kSkinnyMaxT && K % 256 == 0 && K > 0;
 }
 

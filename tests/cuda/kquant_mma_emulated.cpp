@@ -1,12 +1,12 @@
-// gemm_skinny_quant.cu's Q4_K and Q6_K stages on the CPU: the warp's 32 threads run kquant_mma.cuh's
+// gemm_skinny_quant.cu's Q4_K / Q5_K and Q6_K stages on the CPU: the warp's 32 threads run kquant_mma.cuh's
 // functions in the kernel's loop order, and each mma.sync m16n8k16 is emulated from the
 // fragment layouts PTX documents (A: a[0] rows g, k 2t..2t+1; a[1] row g + 8; a[2], a[3] the
 // same at k + 8. B: b0 k 2t..2t+1, b1 k 2t+8..2t+9, column g. C: c[0..1] row g, columns 2t,
 // 2t + 1; c[2..3] row g + 8), the product summed in f64 and rounded to f32 as the tensor core
 // returns it. Built and run by test_kquant_mma.py.
 //
-// stdin: int32 type (0: Q4_K, 1: Q6_K), int32 bf16 (1: x bf16, 0: f16), int32 T (1..8), then
-// 16 rows of one super-block (144 / 210 bytes), then T x 256 x's 16-bit values. stdout: 16 x T
+// stdin: int32 type (0: Q4_K, 1: Q6_K, 2: Q5_K), int32 bf16 (1: x bf16, 0: f16), int32 T (1..8), then
+// 16 rows of one super-block (144 / 210 / 176 bytes), then T x 256 x's 16-bit values. stdout: 16 x T
 // float32, out[row][token].
 #include <cstdint>
 #include <cstdio>
@@ -95,9 +95,11 @@ uint32_t xword(const std::vector<uint16_t>& xs, int at) {
   return w;
 }
 
-// The Q4_K stage: x's rows swizzled (kXRow, x_chunk), per 32-byte group j and nibble half the
-// sub-block 2j + hi, two mmas (words i = 0, 1 of a thread's 8 bytes).
-void q4k(Warp& w, const uint8_t* blk, const std::vector<uint16_t>& x, int T) {
+// The Q4_K stage (Q5_K: q5, 176-byte blocks with each code's fifth bit in qh): x's rows
+// swizzled (kXRow, x_chunk), per 32-byte group j and nibble half the sub-block 2j + hi, two mmas
+// (words i = 0, 1 of a thread's 8 bytes).
+void q4k(Warp& w, const uint8_t* blk, const std::vector<uint16_t>& x, int T, bool q5) {
+  const int bytes = q5 ? 176 : 144, qs_at = q5 ? kQ5kQsAt : 16;
   std::vector<uint16_t> xs(8 * kXRow, 0);
   for (int row = 0; row < T; ++row)
     for (int c = 0; c < 32; ++c)
@@ -109,16 +111,21 @@ void q4k(Warp& w, const uint8_t* blk, const std::vector<uint16_t>& x, int T) {
       float dl0[32], mlp0[32], dl1[32], mlp1[32];
       for (int lane = 0; lane < 32; ++lane) {
         const int g = lane / 4, t = lane % 4;
-        const uint8_t* w0 = blk + g * 144;
-        const uint8_t* w1 = blk + (g + 8) * 144;
+        const uint8_t* w0 = blk + g * bytes;
+        const uint8_t* w1 = blk + (g + 8) * bytes;
         const Q4kHead h0(word(w0), word(w0 + 4), word(w0 + 8), word(w0 + 12));
         const Q4kHead h1(word(w1), word(w1 + 4), word(w1 + 8), word(w1 + 12));
         h0.sub(sb, w.off, dl0[lane], mlp0[lane]);
         h1.sub(sb, w.off, dl1[lane], mlp1[lane]);
         for (int i = 0; i < 2; ++i) {
-          const uint8_t* q0 = w0 + q4k_qs_offset(j, t) + 4 * i;
-          const uint8_t* q1 = w1 + q4k_qs_offset(j, t) + 4 * i;
-          afrag(nibbles(word(q0), hi), nibbles(word(q1), hi), w.magic, a[i][lane]);
+          const uint8_t* q0 = w0 + q4k_qs_offset(j, t, qs_at) + 4 * i;
+          const uint8_t* q1 = w1 + q4k_qs_offset(j, t, qs_at) + 4 * i;
+          uint32_t c0 = nibbles(word(q0), hi), c1 = nibbles(word(q1), hi);
+          if (q5) {
+            c0 |= q5k_high_bits(word(w0 + q5k_qh_offset(t) + 4 * i), sb);
+            c1 |= q5k_high_bits(word(w1 + q5k_qh_offset(t) + 4 * i), sb);
+          }
+          afrag(c0, c1, w.magic, a[i][lane]);
           const int at = g * kXRow + x_chunk(g, 4 * sb + t) * 8 + 4 * i;
           b[i][lane][0] = xword(xs, at);
           b[i][lane][1] = xword(xs, at + 2);
@@ -169,17 +176,17 @@ int main() {
   if (std::fread(&type, 4, 1, stdin) != 1 || std::fread(&bf16_flag, 4, 1, stdin) != 1 ||
       std::fread(&T, 4, 1, stdin) != 1)
     return 1;
-  if (T < 1 || T > 8 || (type != 0 && type != 1)) return 1;
-  const int block = type == 0 ? 144 : 210;
+  if (T < 1 || T > 8 || type < 0 || type > 2) return 1;
+  const int block = type == 0 ? 144 : type == 1 ? 210 : 176;
   std::vector<uint8_t> blocks(16 * block);
   std::vector<uint16_t> x(T * 256);
   if (std::fread(blocks.data(), 1, blocks.size(), stdin) != blocks.size()) return 1;
   if (std::fread(x.data(), 2, x.size(), stdin) != x.size()) return 1;
   Warp w(bf16_flag != 0);
-  if (type == 0)
-    q4k(w, blocks.data(), x, T);
-  else
+  if (type == 1)
     q6k(w, blocks.data(), x, T);
+  else
+    q4k(w, blocks.data(), x, T, type == 2);
   std::vector<float> out(16 * T, 0.f);
   for (int lane = 0; lane < 32; ++lane) {
     const int g = lane / 4, t = lane % 4;

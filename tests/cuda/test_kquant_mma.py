@@ -1,10 +1,11 @@
-"""The quantized skinny GEMM's Q4_K and Q6_K stages, checked on the CPU (no GPU needed): the warp's
-threads run cuda/kquant_mma.cuh's functions (what each reads of a super-block and of x, the A
-registers built from the 4-bit codes, each sub-block's scale and min applied to its product)
-with every mma.sync emulated from PTX's fragment layouts (kquant_mma_emulated.cpp). Their
-output must be the f64 product of gguf's dequantized weights: a thread reading the wrong bytes,
-a wrong byte permute, a k order A and B do not share, or a scale on the wrong sub-block is off
-by far more than f32 rounding. The GPU tests (test_cuda_linear_attention.py) run the kernel."""
+"""The quantized skinny GEMM's Q4_K, Q5_K and Q6_K stages, checked on the CPU (no GPU
+needed): the warp's threads run cuda/kquant_mma.cuh's functions (what each reads of a
+super-block and of x, the A registers built from the codes, each sub-block's scale and min
+applied to its product) with every mma.sync emulated from PTX's fragment layouts
+(kquant_mma_emulated.cpp). Their output must be the f64 product of gguf's dequantized weights:
+a thread reading the wrong bytes, a wrong byte permute, a k order A and B do not share, or a
+scale on the wrong sub-block is off by far more than f32 rounding. The GPU tests
+(test_cuda_linear_attention.py) run the kernel."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def bits16(x: np.ndarray, bf16: bool) -> np.ndarray:
     return h.view(np.uint16), h.astype(np.float64)
 
 
-TYPES = {"Q4_K": 0, "Q6_K": 1}  # the emulator's stage
+TYPES = {"Q4_K": 0, "Q6_K": 1, "Q5_K": 2}  # the emulator's stage
 
 
 def quantize(w: np.ndarray, qtype: str) -> tuple[np.ndarray, np.ndarray]:
@@ -90,7 +91,7 @@ def test_a_wrong_mapping_is_seen(emulator, qtype):
     blocks, w64 = quantize(rng.standard_normal((16, 256)) * 0.05, qtype)
     xbits, x64 = bits16(rng.standard_normal((1, 256)), True)
     bad = blocks.copy()
-    at = 56 if qtype == "Q4_K" else 40  # a byte of qs / ql
+    at = {"Q4_K": 56, "Q5_K": 88, "Q6_K": 40}[qtype]  # a byte of qs / ql
     bad[5, at] = ((bad[5, at] & 0xF) << 4) | (bad[5, at] >> 4)
     if bad[5, at] == blocks[5, at]:
         bad[5, at] ^= 0x11
