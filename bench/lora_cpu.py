@@ -145,6 +145,8 @@ def main() -> None:
     common = {"skip_tokenizer_init": True, "num_threads": args.threads,
               "max_num_seqs": args.batch, "max_model_len": 512, "enable_prefix_caching": False,
               "device": args.device, "load_format": args.load_format}
+    if args.device != "cpu":  # two engines share the GPU: a fixed cache each, not a fraction
+        common["kv_cache_memory_bytes"] = 4 << 30
     engines = {"base": LLM(base, **common),
                "lora": LLM(base, enable_lora=True, max_loras=args.adapters,
                            max_lora_rank=args.rank, **common)}
