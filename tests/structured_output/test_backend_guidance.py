@@ -176,16 +176,35 @@ def test_serve_flag_reaches_engine_args():
     assert cfg.disable_additional_properties and cfg.backend == "auto"
 
 
-def test_a_constraint_compiles_once_and_each_request_gets_its_own_matcher(manager, tokenizer):
-    so = SO(regex="[0-9]{2}x")
+def test_a_constraint_compiles_once_per_mask_thread(manager, tokenizer, monkeypatch):
+    """Requests copy a constraint's compiled matchers in turn, one compiled per llguidance
+    thread at most (copies of one share its lexer's lock), and each request its own copy."""
+    import vllmx.structured_output as so_mod
+
+    monkeypatch.setattr(so_mod, "mask_threads", lambda: 3)
+    so = SO(regex="a[0-9]x")
     manager.validate(so)
-    before = dict(manager._compiled)
-    a, b = manager.grammar_init(so), manager.grammar_init(SO(regex="[0-9]{2}x"))
-    assert manager._compiled == before  # the checked constraint's matcher, copied
-    assert a.matcher is not b.matcher
-    assert a.accept_tokens(tokenizer.encode("12x", add_special_tokens=False))
+    key = repr(so)
+    assert len(manager._compiled[key][0]) == 1
+    grammars = [manager.grammar_init(SO(regex="a[0-9]x")) for _ in range(7)]
+    pool = manager._compiled[key][0]
+    assert len(pool) == 3 and len({id(m) for m in pool}) == 3  # the checked one, then 2 more
+    manager.validate(so)
+    assert manager._compiled[key][0] == pool  # checking again compiles nothing
+    assert len({id(g.matcher) for g in grammars}) == 7
+    a, b = grammars[0], grammars[1]
+    assert a.accept_tokens(tokenizer.encode("a1x", add_special_tokens=False))
     assert allowed(manager, a) == {tokenizer.eos_token_id}
     assert tokenizer.eos_token_id not in allowed(manager, b)  # b is still at the start
+    assert [g.lexer for g in grammars] == [0, 1, 2, 0, 1, 2, 0]
+    # Rows in different states, copies of 3 compiled matchers: the batch's masks (its rows
+    # handed to llguidance grouped by lexer) are each row's own.
+    for i, g in enumerate(grammars[1:], 1):
+        assert g.accept_tokens(tokenizer.encode("a1x"[:i % 4], add_special_tokens=False))
+    batch = manager.grammar_bitmask(grammars)
+    assert len({row.tobytes() for row in batch}) == 4
+    for i, g in enumerate(grammars):
+        np.testing.assert_array_equal(batch[i], manager.grammar_bitmask([g])[0])
 
 
 @pytest.mark.parametrize("so,text", [

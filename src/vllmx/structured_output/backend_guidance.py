@@ -130,9 +130,11 @@ class GuidanceGrammar:
     """One request's matcher: the tokens it has accepted, the mask of the next token (EOS only
     where the grammar is complete), and whether it has ended."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, eos_token_ids: list[int]):
+    def __init__(self, matcher: llguidance.LLMatcher, eos_token_ids: list[int],
+                 lexer: int = 0):
         self.matcher = matcher
         self.eos_token_ids = set(eos_token_ids)
+        self.lexer = lexer  # which compiled matcher it copies (its copies share a lock)
         self.terminated = False  # an EOS was accepted: the grammar is done
         self.active = True  # constraining now (a reasoning-gated one waits: reasoning_gate.py)
 
@@ -178,7 +180,7 @@ class GuidanceGrammar:
         """A matcher of its own in this one's state (llguidance's deep_copy, ~1 us): what the
         drafts of a verify step are consumed by, since rolling a matcher back fails where a
         draft ended a lexeme at its max_tokens (the matcher is then in an error state)."""
-        other = GuidanceGrammar(self.matcher.deep_copy(), self.eos_token_ids)
+        other = GuidanceGrammar(self.matcher.deep_copy(), self.eos_token_ids, self.lexer)
         other.terminated = self.terminated
         return other
 
