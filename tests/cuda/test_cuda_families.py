@@ -21,9 +21,11 @@ transformers = pytest.importorskip("transformers")
 # Mixture of experts (cuda/fused_moe.cu): softmax top-k routing, shared experts; GLM-4.5's
 # sigmoid routing over expert groups steered by its choice bias; gpt-oss's biased experts and
 # clamped SwiGLU beside attention sinks (head_dim 16: the generic attention kernel; the
-# tensor-core kernels' sinks: test_cuda_linear_attention.py).
+# tensor-core kernels' sinks: test_cuda_linear_attention.py); DeepSeek V2 / V3's multi-head
+# latent attention (batched_linear per head, head size 40: the generic kernel, one latent cache
+# for keys and values).
 MOE = ["qwen3_moe", "mixtral", "granite_moe", "granite_moe_shared", "qwen2_moe", "glm4_moe",
-       "gpt_oss"]
+       "gpt_oss", "deepseek_v2", "deepseek_v3"]
 FAMILIES = ["granite", "smollm3", "phi3", "phi3_longrope", "glm4", "olmo2", "olmo3", "exaone4",
             "gemma2", "gemma3", "gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel",
             "starcoder2", "gpt2", "cohere", "cohere2", "falcon", "falcon_seq", *MOE]
