@@ -17,6 +17,9 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <mutex>
+#include <unordered_map>
+
 #include "gemm_skinny.cuh"
 
 namespace vllmx::cuda::lin {
@@ -204,11 +207,46 @@ bool make_map(CUtensorMap* map, const void* base, int64_t cols, int64_t rows,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// make_map through a cache: encoding is host work on every eager launch (mixed steps,
+// enforce_eager; a graph captures its maps once), and a map is a function of its arguments
+// alone, so the weights' maps (and the activation buffers', per T) are encoded once. Cleared
+// when full; a buffer freed and reallocated at the same address with the same shape gets the
+// same, still right, map.
+bool cached_map(CUtensorMap* map, const void* base, int64_t cols, int64_t rows,
+                int64_t row_stride, int box_rows) {
+  struct Key {
+    const void* base;
+    int64_t cols, rows, stride;
+    int box_rows;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      size_t h = std::hash<const void*>()(k.base);
+      for (int64_t v : {k.cols, k.rows, k.stride, int64_t{k.box_rows}})
+        h = h * 1000003u ^ std::hash<int64_t>()(v);
+      return h;
+    }
+  };
+  static std::mutex mu;
+  static std::unordered_map<Key, CUtensorMap, KeyHash> cache;
+  const Key key{base, cols, rows, row_stride, box_rows};
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache.find(key); it != cache.end()) {
+    *map = it->second;
+    return true;
+  }
+  if (!make_map(map, base, cols, rows, row_stride, box_rows)) return false;
+  if (cache.size() >= 4096) cache.clear();
+  cache.emplace(key, *map);
+  return true;
+}
+
 template <typename T, int NT, int C>
 bool launch_nt(const LinearArgs& a, dim3 grid, const SplitK& sk, cudaStream_t s) {
   CUtensorMap w_map, x_map;
-  if (!make_map(&w_map, a.w, a.K, a.N, a.w_stride, kRows) ||
-      !make_map(&x_map, a.x, a.K, a.T, a.x_stride, 8 * NT))
+  if (!cached_map(&w_map, a.w, a.K, a.N, a.w_stride, kRows) ||
+      !cached_map(&x_map, a.x, a.K, a.T, a.x_stride, 8 * NT))
     return false;
   constexpr auto kernel = gemm_skinny_bulk_kernel<T, NT, C>;
   static const bool smem_ok = (allow_smem(kernel, kSmemBytes<NT, C>), true);

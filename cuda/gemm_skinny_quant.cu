@@ -15,10 +15,11 @@
 //   to x's dtype). The mma's k order inside those 32 elements is permuted to fit: its step s
 //   takes elements 8t + 4s .. 8t + 4s + 3 as k = 2t, 2t + 1, 2t + 8, 2t + 9, and x's fragments
 //   are read from the same elements (one 8-byte load), so the sum is the same product.
-//   Q4_K and Q6_K (the bulk of Q4_K_M files) have stage readers of their own (q4k_stage,
-//   q6k_stage) that give each thread whole sub-blocks, read once (with the I2F-free
-//   conversions, Q4_K at T = 8 on Llama-3-8B's shapes went from 557-688 to 726-986 GB/s).
+//   Q4_K, Q5_K and Q6_K (the bulk of Q4_K_M / Q5_K_M files) have stages of their own
+//   (q4k_stage, q6k_stage) that take the codes themselves as A and apply each sub-block's
+//   scale to its product (kquant_mma.cuh), where the others dequantize every weight first.
 #include "gemm_skinny.cuh"
+#include "kquant_mma.cuh"
 
 namespace vllmx::cuda::lin {
 
@@ -28,7 +29,19 @@ using namespace skinny;
 
 constexpr int kBK = 256;        // K per stage: one k-quant super-block
 constexpr int kStages = 4;
-constexpr int kXLds = kBK + 8;  // x's smem row stride in elements
+constexpr int kXLds = kBK + 8;  // x's smem row stride in elements (Q4_K: XTile)
+
+// x's rows in shared memory: padded to kXLds elements; for Q4_K and Q5_K (whose reads the
+// swizzle spreads over the banks) kq::kXRow with chunk c of row r at kq::x_chunk(r, c); for Q6_K
+// kq::kXRowQ6k.
+template <int WK>
+struct XTile {
+  static constexpr bool kSwizzled = WK == kWQ4_K || WK == kWQ5_K;
+  static constexpr int kLds = kSwizzled ? kq::kXRow : WK == kWQ6_K ? kq::kXRowQ6k : kXLds;
+  static __device__ __forceinline__ int chunk(int row, int c) {
+    return kSwizzled ? kq::x_chunk(row, c) : c;
+  }
+};
 constexpr int kMinStagesPerSplit = 2;
 
 template <int WK>
@@ -40,109 +53,108 @@ struct StageBytes {
 };
 
 template <int WK, int NT>
-constexpr int kSmemBytes = kStages * (kRows * StageBytes<WK>::kSlot + 8 * NT * kXLds * 2);
+constexpr int kSmemBytes =
+    kStages * (kRows * StageBytes<WK>::kSlot + 8 * NT * XTile<WK>::kLds * 2);
 
-// One stage (one super-block a row) of Q4_K, the bulk of Q4_K_M files, by sub-block pairs:
-// thread t of a quad owns sub-blocks 2t and 2t + 1 of its two rows, which share the 32 bytes
-// qs[32t ..] (low nibbles 2t, high 2t + 1), so it reads them as eight words and works out two
-// scales and mins, not one per 8 elements. mma step s takes bytes 2s, 2s + 1: their low
-// nibbles (elements 64t + 2s, + 1) as k = 2t, 2t + 1 and their high ones (elements 64t + 32 +
-// 2s, + 1) as k = 2t + 8, 2t + 9, and x's fragments the same elements. Nibbles become f32
-// through the exponent of 2^23 (no I2F), then d * sc * q - dmin * m in one FMA (the CPU
-// rounds twice; both are rounded to x's dtype for the mma).
-template <typename T, int NT>
+// One stage (one super-block a row) of Q4_K, the bulk of Q4_K_M files, with the codes as the
+// mma's A operand and each sub-block's scale and min applied to its product (kquant_mma.cuh:
+// the mapping, and why). Per sub-block, for each 8-token tile: two mmas over the weights, two
+// over all-ones for x's sum, four FMA pairs; nothing is rounded to x's dtype. Reads: the two
+// rows' 16-byte heads, 8 bytes of each row's codes per 32-byte group (a half warp's 64-bit
+// loads hit 32 banks: rows 160 bytes apart), x's 16-byte chunks (swizzled, kq::x_chunk).
+// Q5_K (kQ5, the bulk of Q5_K_M files) is the same stage with each code's fifth bit from qh.
+template <typename T, int NT, bool kQ5 = false>
 __device__ __forceinline__ void q4k_stage(const uint8_t* w0, const uint8_t* w1, const T* xt,
                                           int g, int t, float (&acc)[NT][4]) {
-  constexpr bool kBf = std::is_same_v<T, __nv_bfloat16>;
-  using L = ChunkLoad<false>;
-  float dl[2][2], ml[2][2];  // [row][sub-block 2t, 2t + 1]
-  uint32_t q[2][8];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const uint8_t* blk = r ? w1 : w0;
-    const uint32_t head = L::u32(blk), s0 = L::u32(blk + 4), s1 = L::u32(blk + 8),
-                   s2 = L::u32(blk + 12);
-    const float d = __half2float(__ushort_as_half(static_cast<uint16_t>(head & 0xffff)));
-    const float dmin = __half2float(__ushort_as_half(static_cast<uint16_t>(head >> 16)));
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t sm = kquant_scale_min(s0, s1, s2, 2 * t + h);
-      dl[r][h] = d * small_uint_to_float(sm & 63);
-      ml[r][h] = dmin * small_uint_to_float((sm >> 8) & 63);
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) q[r][i] = L::u32(blk + 16 + 32 * t + 4 * i);
+  using C = kq::Codes<std::is_same_v<T, __nv_bfloat16>>;
+  constexpr int kQsAt = kQ5 ? kq::kQ5kQsAt : 16;
+  const uint4 hv0 = *reinterpret_cast<const uint4*>(w0);
+  const uint4 hv1 = *reinterpret_cast<const uint4*>(w1);
+  const kq::Q4kHead h0(hv0.x, hv0.y, hv0.z, hv0.w), h1(hv1.x, hv1.y, hv1.z, hv1.w);
+  const uint32_t ones[4] = {C::kOnes, C::kOnes, C::kOnes, C::kOnes};
+  uint2 qh0 = make_uint2(0, 0), qh1 = make_uint2(0, 0);
+  if constexpr (kQ5) {
+    qh0 = *reinterpret_cast<const uint2*>(w0 + kq::q5k_qh_offset(t));
+    qh1 = *reinterpret_cast<const uint2*>(w1 + kq::q5k_qh_offset(t));
   }
-  // The pair of nibbles (bytes b, b + 1 of word w, the low or high ones) as f32 values.
-  auto pair = [&](uint32_t w, int b, int hi, float dlv, float mlv) {
-    const uint32_t v = w >> (8 * b + 4 * hi);
-    const float f0 = small_uint_to_float(v & 0xF), f1 = small_uint_to_float((v >> 8) & 0xF);
-    return pack2_bits(fmaf(dlv, f0, -mlv), fmaf(dlv, f1, -mlv), kBf);
+  // The codes of a word (element 4 i .. 4 i + 3 of thread t's 8) of sub-block sb.
+  auto codes = [&](uint32_t q, uint32_t qh, int hi, int sb) {
+    return kQ5 ? kq::nibbles(q, hi) | kq::q5k_high_bits(qh, sb) : kq::nibbles(q, hi);
   };
 #pragma unroll
-  for (int s = 0; s < 16; ++s) {
-    const int wi = s / 2, b = 2 * (s % 2);
-    const uint32_t af[4] = {pair(q[0][wi], b, 0, dl[0][0], ml[0][0]),
-                            pair(q[1][wi], b, 0, dl[1][0], ml[1][0]),
-                            pair(q[0][wi], b, 1, dl[0][1], ml[0][1]),
-                            pair(q[1][wi], b, 1, dl[1][1], ml[1][1])};
+  for (int j = 0; j < 4; ++j) {
+    const uint2 q0 = *reinterpret_cast<const uint2*>(w0 + kq::q4k_qs_offset(j, t, kQsAt));
+    const uint2 q1 = *reinterpret_cast<const uint2*>(w1 + kq::q4k_qs_offset(j, t, kQsAt));
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const T* xr = xt + (j * 8 + g) * kXLds + 64 * t + 2 * s;
-      mma16816<T>(acc[j], af, *reinterpret_cast<const uint32_t*>(xr),
-                  *reinterpret_cast<const uint32_t*>(xr + 32));
+    for (int hi = 0; hi < 2; ++hi) {
+      const int sb = 2 * j + hi;
+      float dl0, mlp0, dl1, mlp1;
+      h0.sub(sb, C::kOff, dl0, mlp0);
+      h1.sub(sb, C::kOff, dl1, mlp1);
+      uint32_t a0[4], a1[4];
+      kq::afrag(codes(q0.x, qh0.x, hi, sb), codes(q1.x, qh1.x, hi, sb), C::kMagic, a0);
+      kq::afrag(codes(q0.y, qh0.y, hi, sb), codes(q1.y, qh1.y, hi, sb), C::kMagic, a1);
+#pragma unroll
+      for (int jj = 0; jj < NT; ++jj) {
+        const int row = jj * 8 + g;
+        const uint4 xv = *reinterpret_cast<const uint4*>(
+            xt + row * kq::kXRow + kq::x_chunk(row, 4 * sb + t) * 8);
+        float c[4], cx[4];
+        mma16816_zero<T>(c, a0, xv.x, xv.y);
+        mma16816<T>(c, a1, xv.z, xv.w);
+        mma16816_zero<T>(cx, ones, xv.x, xv.y);
+        mma16816<T>(cx, ones, xv.z, xv.w);
+        kq::scale_acc(acc[jj], c, cx, dl0, mlp0, dl1, mlp1);
+      }
     }
   }
 }
 
-// One stage of Q6_K (the output, attn_v and half the ffn_down of Q4_K_M files), likewise by
-// quarters: thread t of a quad owns, in half h = t / 2 of the super-block, quarters j = t % 2
-// and j + 2, whose low 4 bits share ql[64h + 32j ..] (low / high nibbles) and top 2 bits
-// qh[32h ..] (bits 2j and 2j + 4), with four of the 16 scales. Step s takes elements l = 2s,
-// 2s + 1 of both quarters. 210-byte blocks: 2-byte loads.
+// One stage of Q6_K (the output, attn_v and half the ffn_down of Q4_K_M files) as Q4_K's
+// (kquant_mma.cuh): the 6-bit codes as A, one mma a 16-element sub-block, its scale after.
+// 210-byte blocks keep their global alignment modulo 16 in shared memory, so the words of ql,
+// qh and the scales are read as 16-bit halves (one bank each for a warp's 32 threads: rows
+// 240 bytes apart).
 template <typename T, int NT>
 __device__ __forceinline__ void q6k_stage(const uint8_t* w0, const uint8_t* w1, const T* xt,
                                           int g, int t, float (&acc)[NT][4]) {
-  constexpr bool kBf = std::is_same_v<T, __nv_bfloat16>;
+  using C = kq::Codes<std::is_same_v<T, __nv_bfloat16>>;
   using L = ChunkLoad<false>;
-  const int h = t / 2, j = t % 2;
-  float dl[2][4];  // [row][quarter j: l < 16, l >= 16; quarter j + 2: l < 16, l >= 16]
-  uint32_t ql[2][8], qh[2][8];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const uint8_t* blk = r ? w1 : w0;
-    const float d = __half2float(__ushort_as_half(static_cast<uint16_t>(L::u16(blk + 208))));
-    const uint32_t sc_lo = L::u16(blk + 192 + 8 * h + 2 * j);
-    const uint32_t sc_hi = L::u16(blk + 192 + 8 * h + 2 * j + 4);
-    const uint32_t sc[4] = {sc_lo & 0xff, sc_lo >> 8, sc_hi & 0xff, sc_hi >> 8};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) dl[r][i] = d * small_int_to_float(static_cast<int8_t>(sc[i]));
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      ql[r][i] = L::u16x2(blk + 64 * h + 32 * j + 4 * i);
-      qh[r][i] = L::u16x2(blk + 128 + 32 * h + 4 * i);
-    }
-  }
-  // Elements l = b, b + 1 of word i (quarter j, or j + 2 where hi) as f32 values.
-  auto pair = [&](int r, int i, int b, int hi, float dlv) {
-    const uint32_t lo4 = ql[r][i] >> (8 * b + 4 * hi), top = qh[r][i] >> (8 * b + 2 * j + 4 * hi);
-    const float f0 = small_uint_to_float((lo4 & 0xF) | ((top & 3) << 4));
-    const float f1 = small_uint_to_float(((lo4 >> 8) & 0xF) | (((top >> 8) & 3) << 4));
-    return pack2_bits(fmaf(dlv, f0, -32.f * dlv), fmaf(dlv, f1, -32.f * dlv), kBf);
+  auto head = [](const uint8_t* w) {
+    return kq::Q6kHead(L::u16(w + 208), L::u16x2(w + 192), L::u16x2(w + 196),
+                       L::u16x2(w + 200), L::u16x2(w + 204));
   };
+  const kq::Q6kHead h0 = head(w0), h1 = head(w1);
+  const uint32_t ones[4] = {C::kOnes, C::kOnes, C::kOnes, C::kOnes};
 #pragma unroll
-  for (int s = 0; s < 16; ++s) {
-    const int i = s / 2, b = 2 * (s % 2), half16 = s / 8;
-    const uint32_t af[4] = {pair(0, i, b, 0, dl[0][half16]), pair(1, i, b, 0, dl[1][half16]),
-                            pair(0, i, b, 1, dl[0][2 + half16]),
-                            pair(1, i, b, 1, dl[1][2 + half16])};
+  for (int hf = 0; hf < 2; ++hf)
 #pragma unroll
-    for (int jj = 0; jj < NT; ++jj) {
-      const T* xr = xt + (jj * 8 + g) * kXLds + 128 * h + 32 * j + 2 * s;
-      mma16816<T>(acc[jj], af, *reinterpret_cast<const uint32_t*>(xr),
-                  *reinterpret_cast<const uint32_t*>(xr + 64));
+    for (int l16 = 0; l16 < 2; ++l16) {
+      const uint32_t ql0[2] = {L::u16x2(w0 + kq::q6k_ql_offset(hf, 0, l16, t)),
+                               L::u16x2(w0 + kq::q6k_ql_offset(hf, 1, l16, t))};
+      const uint32_t ql1[2] = {L::u16x2(w1 + kq::q6k_ql_offset(hf, 0, l16, t)),
+                               L::u16x2(w1 + kq::q6k_ql_offset(hf, 1, l16, t))};
+      const uint32_t qh0 = L::u16x2(w0 + kq::q6k_qh_offset(hf, l16, t));
+      const uint32_t qh1 = L::u16x2(w1 + kq::q6k_qh_offset(hf, l16, t));
+#pragma unroll
+      for (int qq = 0; qq < 4; ++qq) {
+        float dl0, mlp0, dl1, mlp1;
+        h0.sub(8 * hf + 2 * qq + l16, C::kOff, dl0, mlp0);
+        h1.sub(8 * hf + 2 * qq + l16, C::kOff, dl1, mlp1);
+        uint32_t a[4];
+        kq::afrag(kq::q6k_codes(ql0[qq & 1], qh0, qq), kq::q6k_codes(ql1[qq & 1], qh1, qq),
+                  C::kMagic, a);
+#pragma unroll
+        for (int jj = 0; jj < NT; ++jj) {
+          const uint2 xv = *reinterpret_cast<const uint2*>(
+              xt + (jj * 8 + g) * kq::kXRowQ6k + kq::q6k_x_offset(hf, qq, l16, t));
+          float c[4], cx[4];
+          mma16816_zero<T>(c, a, xv.x, xv.y);
+          mma16816_zero<T>(cx, ones, xv.x, xv.y);
+          kq::scale_acc(acc[jj], c, cx, dl0, mlp0, dl1, mlp1);
+        }
+      }
     }
-  }
 }
 
 // One stage of any other block type by 8-element chunks (linear.cuh's chunk reader): thread t of
@@ -181,7 +193,8 @@ __global__ void __launch_bounds__(kThreads)
   constexpr bool kBf = std::is_same_v<T, __nv_bfloat16>;
   extern __shared__ uint4 skinny_quant_smem[];
   uint8_t* Ws = reinterpret_cast<uint8_t*>(skinny_quant_smem);  // [S][kRows][kSlot]
-  T* Xs = reinterpret_cast<T*>(Ws + S * kRows * SB::kSlot);    // [S][TT][kXLds]
+  using XT = XTile<WK>;
+  T* Xs = reinterpret_cast<T*>(Ws + S * kRows * SB::kSlot);    // [S][TT][XT::kLds]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int n0 = blockIdx.x * kRows;
@@ -198,33 +211,64 @@ __global__ void __launch_bounds__(kThreads)
            static_cast<int64_t>(kt0 + i) * SB::kRow;
   };
   auto head = [](const uint8_t* p) { return static_cast<int>(reinterpret_cast<uintptr_t>(p) & 15); };
-  auto load_w = [&](int i, int st) {
-    constexpr int kTotal = kRows * SB::kCopies;
+  // Where a row's span sits in its 16-byte granule is the same at every stage when a stage's
+  // bytes are whole granules (all but Q6_K's 210 and IQ4_XS's 136 a row): then this thread's
+  // copies are worked out once, and a stage only adds its offset (the copies' index arithmetic
+  // had been ~150 instructions a stage, as many as Q4_K's whole product).
+  constexpr bool kFixedHead = SB::kRow % 16 == 0;
+  constexpr int kWTotal = kRows * SB::kCopies, kWPer = (kWTotal + kThreads - 1) / kThreads;
+  // One copy: A copy starting past the span is not made (zeros); the last one made may reach 15
+  // bytes beyond it, inside the 16-byte granule of an allocation.
+  auto w_copy = [&](int c, int i, const uint8_t*& src, int& dst, bool& ok) {
+    const int idx = tid + c * kThreads, r = idx / SB::kCopies, cc = idx % SB::kCopies;
+    const uint8_t* p = span(r, i);
+    const int h = head(p);
+    ok = n0 + r < a.N && cc * 16 < h + SB::kRow;
+    src = ok ? p - h + cc * 16 : w_none;
+    dst = r * SB::kSlot + cc * 16;
+  };
+  const uint8_t* w_src0[kWPer];
+  int w_dst[kWPer];
+  bool w_ok[kWPer];
+  if constexpr (kFixedHead) {
 #pragma unroll
-    for (int c = 0; c < (kTotal + kThreads - 1) / kThreads; ++c) {
-      const int idx = tid + c * kThreads;
-      if (idx >= kTotal) break;
-      const int r = idx / SB::kCopies, cc = idx % SB::kCopies;
-      const uint8_t* src = span(r, i);
-      const int h = head(src);
-      // A copy starting past the span is not made (zeros); the last one made may reach 15
-      // bytes beyond it, inside the 16-byte granule of an allocation.
-      const bool ok = n0 + r < a.N && cc * 16 < h + SB::kRow;
-      cp_async16(Ws + (st * kRows + r) * SB::kSlot + cc * 16, ok ? src - h + cc * 16 : w_none,
-                 ok);
+    for (int c = 0; c < kWPer; ++c)
+      if (tid + c * kThreads < kWTotal) w_copy(c, 0, w_src0[c], w_dst[c], w_ok[c]);
+  }
+  auto load_w = [&](int i, int st) {
+#pragma unroll
+    for (int c = 0; c < kWPer; ++c) {
+      if (tid + c * kThreads >= kWTotal) break;
+      const uint8_t* src;
+      int dst;
+      bool ok;
+      if constexpr (kFixedHead) {
+        src = w_ok[c] ? w_src0[c] + static_cast<int64_t>(i) * SB::kRow : w_none;
+        dst = w_dst[c];
+        ok = w_ok[c];
+      } else {
+        w_copy(c, i, src, dst, ok);
+      }
+      cp_async16(Ws + st * kRows * SB::kSlot + dst, src, ok);
     }
   };
-  auto load_x = [&](int i, int st) {
-    constexpr int kCpr = kBK / 8;
-    const int kb = (kt0 + i) * kBK;
+  // x: this thread's copies at stage 0 (nullptr: a padding token, zeros), a stage kBK on.
+  constexpr int kCpr = kBK / 8, kXTotal = TT * kCpr, kXPer = (kXTotal + kThreads - 1) / kThreads;
+  const T* x_src0[kXPer];
+  int x_dst[kXPer];
 #pragma unroll
-    for (int c = 0; c < (TT * kCpr + kThreads - 1) / kThreads; ++c) {
-      const int idx = tid + c * kThreads;
-      if (idx >= TT * kCpr) break;
-      const int row = idx / kCpr, cc = idx % kCpr;
-      const bool ok = row < a.T;  // padding tokens read as zeros
-      cp_async16(Xs + (st * TT + row) * kXLds + cc * 8,
-                 ok ? xp + static_cast<int64_t>(row) * a.x_stride + kb + cc * 8 : xp, ok);
+  for (int c = 0; c < kXPer; ++c) {
+    const int idx = tid + c * kThreads, row = idx / kCpr, cc = idx % kCpr;
+    x_src0[c] = row < a.T ? xp + static_cast<int64_t>(row) * a.x_stride + kt0 * kBK + cc * 8
+                          : nullptr;
+    x_dst[c] = row * XT::kLds + XT::chunk(row, cc) * 8;
+  }
+  auto load_x = [&](int i, int st) {
+#pragma unroll
+    for (int c = 0; c < kXPer; ++c) {
+      if (tid + c * kThreads >= kXTotal) break;
+      const bool ok = x_src0[c] != nullptr;
+      cp_async16(Xs + st * TT * XT::kLds + x_dst[c], ok ? x_src0[c] + i * kBK : xp, ok);
     }
   };
 
@@ -237,6 +281,7 @@ __global__ void __launch_bounds__(kThreads)
   skinny_prologue<S>(nkt, load_w, load_x);
 
   const int g = lane / 4, t = lane % 4, r0 = warp * 16 + g;
+  const int w_head0 = head(span(r0, 0)), w_head1 = head(span(r0 + 8, 0));
   for (int i = 0; i < nkt; ++i) {
     const int ni = i + S - 1, nst = ni % S, st = i % S;
     if (ni < nkt) {  // stage nst was last read in iteration i - 1, behind its closing barrier
@@ -244,11 +289,13 @@ __global__ void __launch_bounds__(kThreads)
       load_x(ni, nst);
     }
     cp_async_commit();
-    const uint8_t* w0 = Ws + (st * kRows + r0) * SB::kSlot + head(span(r0, i));
-    const uint8_t* w1 = Ws + (st * kRows + r0 + 8) * SB::kSlot + head(span(r0 + 8, i));
-    const T* xt = Xs + st * TT * kXLds;
-    if constexpr (WK == kWQ4_K) {
-      q4k_stage<T, NT>(w0, w1, xt, g, t, acc);
+    const int h0 = kFixedHead ? w_head0 : head(span(r0, i));
+    const int h1 = kFixedHead ? w_head1 : head(span(r0 + 8, i));
+    const uint8_t* w0 = Ws + (st * kRows + r0) * SB::kSlot + h0;
+    const uint8_t* w1 = Ws + (st * kRows + r0 + 8) * SB::kSlot + h1;
+    const T* xt = Xs + st * TT * XT::kLds;
+    if constexpr (WK == kWQ4_K || WK == kWQ5_K) {
+      q4k_stage<T, NT, WK == kWQ5_K>(w0, w1, xt, g, t, acc);
     } else if constexpr (WK == kWQ6_K) {
       q6k_stage<T, NT>(w0, w1, xt, g, t, acc);
     } else {

@@ -419,8 +419,12 @@ bool plan_sm90(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor& 
 }
 
 // Block weights from quant_skinny_min_t to kSkinnyMaxT rows go to the quantized skinny GEMM
-// (whole 256-element stages of K).
-bool quant_skinny_ok(int wk, int64_t T, int64_t K) {
+// (whole 256-element stages of K). Its Q4_K / Q5_K stage reads a super-block's head and codes
+// with 16- and 8-byte loads, so every row starts on a 16-byte boundary (always so for a weight
+// of its own: 144- / 176-byte blocks, K a multiple of 256).
+bool quant_skinny_ok(int wk, const Tensor& w, int64_t T, int64_t K) {
+  if ((wk == kWQ4_K || wk == kWQ5_K) && !(aligned(w.data, 16) && w.stride[0] % 16 == 0))
+    return false;
   return is_quant(wk) && T <= kSkinnyMaxT && K % 256 == 0 && K > 0;
 }
 
@@ -445,7 +449,7 @@ LinearPlan plan_auto(const Tensor& out, const Tensor& x, const Tensor& w, int64_
   else
     ok = ok && aligned(w.data, 16) && w.stride[0] % 8 == 0;
   if (!ok || T > (int64_t{1} << 30) || N > (int64_t{1} << 30)) return p;
-  if (quant_skinny_ok(p.wk, T, K) && T >= quant_skinny_min_t(p.wk)) {
+  if (quant_skinny_ok(p.wk, w, T, K) && T >= quant_skinny_min_t(p.wk)) {
     p.path = Path::kSkinny;
     return p;
   }
@@ -473,7 +477,7 @@ void force_plan(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor&
   const auto f = static_cast<ForcedPath>(g_tuning.path);
   bool ok = true;
   if (f == ForcedPath::kSkinny) {
-    ok = is_quant(p.wk) ? quant_skinny_ok(p.wk, T, K) : T <= kSkinnyMaxT && K > 0;
+    ok = is_quant(p.wk) ? quant_skinny_ok(p.wk, w, T, K) : T <= kSkinnyMaxT && K > 0;
     p.path = Path::kSkinny;
   } else if (f == ForcedPath::kGemv) {
     ok = T <= kGemvMaxT;
