@@ -678,6 +678,14 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b
   run_linear(plan_linear(out, x, w, a.T, a.N, a.K), a, x.dtype, w.dtype);
 }
 
+// MLA's per-head projections (the contract in csrc/ops.def): group by group through linear, each
+// group's rows a strided view of x and out, so each gets linear's plan and bits. One launch a
+// group: DeepSeek's 16-128 heads' products are small.
+void batched_linear(const Tensor& out, const Tensor& x, const Tensor& w) {
+  for (int64_t g = 0; g < x.shape[1]; ++g)
+    linear(group_view(out, g), group_view(x, g), stacked_view(w, g), Tensor{});
+}
+
 void linear_act_and_mul(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& tmp,
                         int act) {
   const char* op = "linear_act_and_mul";
@@ -764,6 +772,7 @@ void rms_norm_linear(const Tensor& out, const Tensor& res_out, const Tensor& x,
 }
 
 VLLMX_KERNEL(linear, kCUDA, linear);
+VLLMX_KERNEL(batched_linear, kCUDA, batched_linear);
 VLLMX_KERNEL(linear_act_and_mul, kCUDA, linear_act_and_mul);
 VLLMX_KERNEL(rms_norm_linear, kCUDA, rms_norm_linear);
 

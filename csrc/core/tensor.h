@@ -71,4 +71,31 @@ inline void check_ndim(const Tensor& t, int nd, const char* op, const char* name
     fail(op, std::string(name) + " must have " + std::to_string(nd) + " dims, got " + t.str());
 }
 
+// Matrix g of a stacked weight [G, N, K] (fused_experts' experts, batched_linear's groups), as
+// the 2-D [N, K] view linear takes.
+inline Tensor stacked_view(const Tensor& w, int64_t g) {
+  Tensor v = w;
+  const TypeTraits& tt = type_traits(w.dtype);
+  const int64_t bytes = tt.quantized ? w.stride[0] : w.stride[0] * tt.type_size;
+  v.data = static_cast<uint8_t*>(w.data) + g * bytes;
+  v.ndim = 2;
+  v.shape[0] = w.shape[1];
+  v.shape[1] = w.shape[2];
+  v.stride[0] = w.stride[1];
+  v.stride[1] = w.stride[2];
+  v.shape[2] = v.stride[2] = 0;
+  return v;
+}
+// Group g of a dense [T, G, K] tensor (batched_linear's x and out) as the strided 2-D [T, K]
+// view linear takes.
+inline Tensor group_view(const Tensor& t, int64_t g) {
+  Tensor v = t;
+  v.data = static_cast<uint8_t*>(t.data) + g * t.stride[1] * type_traits(t.dtype).type_size;
+  v.ndim = 2;
+  v.shape[1] = t.shape[2];
+  v.stride[1] = t.stride[2];
+  v.shape[2] = v.stride[2] = 0;
+  return v;
+}
+
 }  // namespace vllmx

@@ -53,21 +53,6 @@ int64_t group_by_bucket(int64_t n, int64_t buckets, Bucket bucket, std::vector<i
   return largest;
 }
 
-// Matrix g of a stacked weight [G, N, K] (fused_experts' experts, batched_linear's groups), as
-// the 2-D [N, K] view linear takes.
-inline Tensor stacked_view(const Tensor& w, int64_t g) {
-  Tensor v = w;
-  const TypeTraits& tt = type_traits(w.dtype);
-  const int64_t bytes = tt.quantized ? w.stride[0] : w.stride[0] * tt.type_size;
-  v.data = static_cast<uint8_t*>(w.data) + g * bytes;
-  v.ndim = 2;
-  v.shape[0] = w.shape[1];
-  v.shape[1] = w.shape[2];
-  v.stride[0] = w.stride[1];
-  v.stride[1] = w.stride[2];
-  v.shape[2] = v.stride[2] = 0;
-  return v;
-}
 
 void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
             bool reference);

@@ -563,18 +563,8 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b
 
 // Group by group through linear: each group's rows are a strided 2-D view of x and out.
 void batched_linear(const Tensor& out, const Tensor& x, const Tensor& w, bool reference) {
-  const int64_t G = x.shape[1];
-  for (int64_t g = 0; g < G; ++g) {
-    Tensor xg = x, og = out;
-    for (Tensor* t : {&xg, &og}) {
-      t->data = static_cast<float*>(t->data) + g * t->stride[1];
-      t->ndim = 2;
-      t->shape[1] = t->shape[2];
-      t->stride[1] = 1;
-      t->shape[2] = t->stride[2] = 0;
-    }
-    linear(og, xg, stacked_view(w, g), Tensor{}, reference);
-  }
+  for (int64_t g = 0; g < x.shape[1]; ++g)
+    linear(group_view(out, g), group_view(x, g), stacked_view(w, g), Tensor{}, reference);
 }
 
 bool dense_panel_is_fast() {

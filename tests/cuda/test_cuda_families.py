@@ -20,7 +20,10 @@ transformers = pytest.importorskip("transformers")
 
 # Mixture of experts (cuda/fused_moe.cu): softmax top-k routing, shared experts; GLM-4.5's
 # sigmoid routing over expert groups steered by its choice bias.
-MOE = ["qwen3_moe", "mixtral", "granite_moe", "granite_moe_shared", "qwen2_moe", "glm4_moe"]
+# DeepSeek V2 / V3's multi-head latent attention: batched_linear per head, head size 40 (the
+# generic kernel), one latent cache for keys and values.
+MOE = ["qwen3_moe", "mixtral", "granite_moe", "granite_moe_shared", "qwen2_moe", "glm4_moe",
+       "deepseek_v2", "deepseek_v3"]
 FAMILIES = ["granite", "smollm3", "phi3", "phi3_longrope", "glm4", "olmo2", "olmo3", "exaone4",
             "gemma2", "gemma3", "gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel",
             "starcoder2", "gpt2", "cohere", "cohere2", "falcon", "falcon_seq", *MOE]

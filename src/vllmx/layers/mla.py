@@ -7,7 +7,9 @@ k_pe, the score of the decompressed key; the attention output's latent part goes
 the value rows W_UV_h. The cache is (kv_lora_rank + qk_rope_head_dim) values a token instead of
 heads * (qk_head_dim + v_head_dim), and no key or value is ever decompressed. kv_b_proj comes
 whole (HF checkpoints, older GGUFs) or as llama.cpp's converter splits it (k_b_proj = W_UK^T,
-v_b_proj = W_UV, per head); the split ones run in their own block type, as llama.cpp runs them."""
+v_b_proj = W_UV, per head); the split ones run in their own block type, as llama.cpp runs them
+(on the GPU both stacks are dense, in the activation dtype, and the attention over the
+576-wide rows of DeepSeek's shapes runs on the generic kernel)."""
 
 from __future__ import annotations
 
@@ -53,9 +55,6 @@ def _up_projections(w: dict[str, Weight], p: str, nh: int, dn: int, dv: int,
 class MLAAttention:
     def __init__(self, layer_idx: int, cfg: dict, w: dict[str, Weight], prefix: str,
                  rope: RotaryEmbedding, scale: float):
-        if placement.current().on_gpu:
-            raise ValueError(f"{prefix[:-1]}: multi-head latent attention runs on the CPU only "
-                             f"for now; run this model with device='cpu'")
         nh, dn, dr = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"]
         dv, r, eps = cfg["v_head_dim"], cfg["kv_lora_rank"], cfg["rms_norm_eps"]
         self.nh, self.dn, self.dr, self.dv, self.r = nh, dn, dr, dv, r
@@ -81,6 +80,11 @@ class MLAAttention:
         # batched_linear computes x_h @ w_h^T: the query side takes W_UK_h^T [r, dn], the output
         # side W_UV_h [dv, r] on the latent part of each head's attention output.
         self.w_uk_t, self.w_uv = _up_projections(w, p, nh, dn, dv, r)
+        if placement.current().on_gpu:  # dense stacks in the activation dtype (CUDA's
+            # batched_linear runs each head through linear; a GGUF's block types dequantized)
+            self.w_uk_t, self.w_uv = (placement.upload_experts(
+                m if m.dtype in _NP else Weight(m.to_float32(), F32, m.shape), p + name)
+                for m, name in ((self.w_uk_t, "w_uk_t"), (self.w_uv, "w_uv")))
         self.o_proj = Linear(w[p + "o_proj.weight"], w.get(p + "o_proj.bias"))
         self.rope = rope
         self.attn = Attention(layer_idx, nh, 1, dr + r, scale)

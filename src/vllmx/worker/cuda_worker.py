@@ -82,12 +82,17 @@ def model_activation_dtype(model_config) -> int:
 
 
 def allocate_kv_caches(num_blocks: int, block_size: int, layers: int, nkv: int, head_dim: int,
-                       dtype: int) -> list[tuple[DeviceArray, DeviceArray]]:
+                       dtype: int, mla: bool = False) -> list[tuple[DeviceArray, DeviceArray]]:
+    """Each layer's (key_cache, value_cache); MLA's latent rows are both, one buffer (as
+    kv_block_bytes counts them)."""
     # Zeroed: the padded rows of a decode bucket read slot 0 of block 0 (and discard the result),
     # which must not hold NaN bit patterns from whatever used the memory before.
     shape = (num_blocks, block_size, nkv, head_dim)
-    return [(DeviceArray.zeros(shape, dtype), DeviceArray.zeros(shape, dtype))
-            for _ in range(layers)]
+    caches = []
+    for _ in range(layers):
+        k = DeviceArray.zeros(shape, dtype)
+        caches.append((k, k if mla else DeviceArray.zeros(shape, dtype)))
+    return caches
 
 
 class StartupReport:
@@ -129,11 +134,12 @@ class CudaWorker(WorkerBase):
                       self.config.scheduler_config)
         report, hf = self.report, self.model.config
         nkv, hd, layers = hf["num_key_value_heads"], hf["head_dim"], hf["num_hidden_layers"]
+        mla = bool(hf.get("use_mla"))
         dtype = self.act_dtype if cc.kv_cache_dtype == "auto" else DTYPE_BY_NAME[
             cc.kv_cache_dtype]
         # Profile with a one-block cache (reads of block 0, writes skipped).
         runner = ModelRunner(self.model,
-                             allocate_kv_caches(1, cc.block_size, layers, nkv, hd, dtype),
+                             allocate_kv_caches(1, cc.block_size, layers, nkv, hd, dtype, mla),
                              dtype, cc.block_size, sc.max_num_batched_tokens, sc.max_num_seqs,
                              mc.max_model_len, mc.seed, device="cuda")
         before = report.used()
@@ -150,7 +156,8 @@ class CudaWorker(WorkerBase):
             f"gpu_memory_utilization={cc.gpu_memory_utilization} of "
             f"{report.total / 2**30:.1f} GiB leaves; lower max_model_len or "
             f"max_num_batched_tokens, or raise gpu_memory_utilization")
-        self.kv_caches = allocate_kv_caches(num_blocks, cc.block_size, layers, nkv, hd, dtype)
+        self.kv_caches = allocate_kv_caches(num_blocks, cc.block_size, layers, nkv, hd, dtype,
+                                            mla)
         self.cache_dtype, runner.kv_caches = dtype, self.kv_caches
         report.parts.append(f"KV cache {num_blocks * block_bytes / 2**30:.2f} GiB = "
                             f"{num_blocks} blocks x {cc.block_size} tokens "
