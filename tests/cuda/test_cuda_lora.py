@@ -101,9 +101,10 @@ def test_bf16_mixed_batch_equals_alone(lora_setup, eager):
     from vllmx.lora.request import LoRARequest
 
     base, paths = lora_setup
+    # (a fixed cache: a second engine shares the GPU below)
     llm = LLM(base, device="cuda", dtype="bfloat16", skip_tokenizer_init=True,
               enable_lora=True, max_loras=2, max_lora_rank=16, enforce_eager=eager,
-              enable_prefix_caching=False)
+              enable_prefix_caching=False, kv_cache_memory_bytes=256 << 20)
     reqs = [None] + [LoRARequest(f"a{i}", i + 1, p) for i, p in enumerate(paths)]
     ps = prompts(12)
     loras = [reqs[i % len(reqs)] for i in range(len(ps))]
@@ -114,7 +115,7 @@ def test_bf16_mixed_batch_equals_alone(lora_setup, eager):
     if not eager:
         other = LLM(base, device="cuda", dtype="bfloat16", skip_tokenizer_init=True,
                     enable_lora=True, max_loras=2, max_lora_rank=16, enforce_eager=True,
-                    enable_prefix_caching=False)
+                    enable_prefix_caching=False, kv_cache_memory_bytes=256 << 20)
         want = other.generate([{"prompt_token_ids": p} for p in ps], greedy(),
                               lora_request=loras)
         assert [o.outputs[0].token_ids for o in mixed] == [o.outputs[0].token_ids
