@@ -215,7 +215,7 @@ __device__ __forceinline__ void attend_rows(const AttnArgs& a, int b, int g, int
     const int f = row_start + warp * 16 + lane / 4 + h * 8;
     if (f >= R) continue;
     const int tok = f / G, head = g * G + f % G;
-    const float inv = 1.f / l[h];
+    const float inv = 1.f / (l[h] + sink_term(a, head, m[h]));
     uint16_t* dst = static_cast<uint16_t*>(a.out) + (q0 + tok) * a.out_stride +
                     static_cast<int64_t>(head) * D;
 #pragma unroll
@@ -365,7 +365,8 @@ __global__ void __launch_bounds__(kGenericThreads) attention_generic_kernel(Attn
       }
     }
   }
-  const float inv = 1.f / l;
+  // (natural units here: the sink's own logit)
+  const float inv = 1.f / (l + (a.sinks == nullptr ? 0.f : expf(a.sinks[head] - m)));
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int d = tid + i * kGenericThreads;
@@ -470,8 +471,6 @@ void paged_attention(const Tensor& out, const Tensor& q, const Tensor& key_cache
                      const Tensor& query_start_loc, const Tensor& seq_lens, float scale,
                      int64_t sliding_window, float logits_soft_cap, int64_t max_query_len,
                      const Tensor& sinks) {
-  VLLMX_CHECK(!sinks.defined(), kOp,
-              "attention sinks have no CUDA kernel yet (gpt-oss runs on the CPU only)");
   // The shapes are the op's contract (csrc/ops.cpp), checked before this runs; here what the
   // GPU adds (activation dtypes, layouts, index ranges). The contents of block_table /
   // query_start_loc / seq_lens live on the GPU and are trusted (reading them would need a host
@@ -525,6 +524,12 @@ void paged_attention(const Tensor& out, const Tensor& q, const Tensor& key_cache
   a.window = sliding_window > 0 ? static_cast<int>(std::min<int64_t>(sliding_window, INT_MAX)) : 0;
   a.q_bf16 = qt == DType::BF16;
   a.out_bf16 = qt == DType::BF16;
+  if (sinks.defined()) {
+    check_on_device(sinks, kOp, "sinks");
+    VLLMX_CHECK(sinks.dtype == DType::F32 && sinks.stride[0] == 1, kOp,
+                "sinks must be contiguous f32 [nq], got " + sinks.str());
+    a.sinks = sinks.ptr<float>();
+  }
   cudaStream_t s = stream();
 
   AttnPlan p = plan_attention(out, q, key_cache, T, B, nq, nkv, D, max_ctx, a.window);

@@ -37,6 +37,7 @@ struct AttnArgs {
   int B, T, nq, nkv, G, D, block_size;
   float scale, cap;  // cap > 0: soft cap
   int window;        // > 0: sliding window
+  const float* sinks;  // f32 [nq] (gpt-oss's attention sinks: natural-log logits), or null
   bool q_bf16, out_bf16;
   // Split-KV decode scratch: part_o [B, nq, max_splits, D], part_lse [B, nq, max_splits], and
   // per (sequence, head group) the count of partitions done (zero between launches).
@@ -48,6 +49,13 @@ struct AttnArgs {
   int2* tiles;
   int* num_tiles;
 };
+
+// gpt-oss's sinks: what query head `head`'s sink adds to a row's softmax denominator, given the
+// row's running maximum m and sum l in base-2 units (2^(scaled score - m)); 0 without sinks. A
+// sink far above the scores overflows to inf: the row's output is then 0, its limit.
+__device__ __forceinline__ float sink_term(const AttnArgs& a, int head, float m) {
+  return a.sinks == nullptr ? 0.f : exp2f(fmaf(a.sinks[head], kLog2e, -m));
+}
 
 __device__ __forceinline__ int visible_lo(int pos, int window) {
   return window > 0 ? max(0, pos - window + 1) : 0;

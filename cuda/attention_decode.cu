@@ -249,6 +249,8 @@ __global__ void __launch_bounds__(kDecThreads) decode_kernel(AttnArgs a) {
       if (mw != -INFINITY) sum_l += ml[(w * kDecMaxG + r) * 2 + 1] * exp2f(mw - mx);
       v += red[(w * kDecMaxG + r) * D + d];
     }
+    if (direct)  // (partitions merged below add the sink once, to their sum)
+      sum_l += sink_term(a, h0 + r, mx);
     v /= sum_l;
     if (direct)
       out[static_cast<int64_t>(h0) * D + i] = float_to_bits(v, a.out_bf16);
@@ -298,7 +300,7 @@ __global__ void __launch_bounds__(kDecThreads) decode_kernel(AttnArgs a) {
       lse[j][k] = exp2f(lse[j][k] - mx);  // -inf (no partition) -> 0
       sum += lse[j][k];
     }
-    const float inv = 1.f / warp_sum(sum);
+    const float inv = 1.f / (warp_sum(sum) + sink_term(a, h0 + h, mx));
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k)
       if (lane + k * 32 < nsplit) wts[h * kMaxSplits + lane + k * 32] = lse[j][k] * inv;

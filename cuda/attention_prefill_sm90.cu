@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_sm90_kernel(AttnArgs a) {
     const int f = row_start + warp * 16 + lane / 4 + h * 8;
     if (f >= R) continue;
     const int tok = f / G, head = g * G + f % G;
-    const float inv = 1.f / l[h];
+    const float inv = 1.f / (l[h] + sink_term(a, head, m[h] * mul));
     uint16_t* dst = static_cast<uint16_t*>(a.out) + (q0 + tok) * a.out_stride +
                     static_cast<int64_t>(head) * D;
 #pragma unroll

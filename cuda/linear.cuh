@@ -395,12 +395,16 @@ int skinny_bulk_ctas_per_sm(int64_t N, int64_t K);
 // gemm_skinny_quant.cu: the skinny GEMM for block weights (wk a block kind, K a multiple of
 // 256) from quant_skinny_min_t(wk) to kSkinnyMaxT rows: 16-byte copies of the blocks into
 // shared memory, dequantized into the mma's fragments, where the GEMV's narrow loads of 18- to
-// 210-byte blocks leave the H200's bandwidth mostly unused. From one row for Q4_K and Q6_K,
-// whose stage readers take a thread's sub-blocks whole (H200, T = 1, Llama-3-8B's shapes,
+// 210-byte blocks leave the H200's bandwidth mostly unused. From one row for the k-quants,
+// whose stages take a thread's sub-blocks whole (H200, T = 1, Llama-3-8B's shapes,
 // bench/results/gpu_linear_q4_k_q6_k_skinny.json: Q4_K 744-1010 GB/s against the GEMV's
-// 545-756, Q6_K 988-1235 against 577-758); from two for the others, where at one row the
-// GEMV ties or wins (Q4_0 and Q8_0 on 28672 x 4096: 1057 / 1921 GB/s against 965 / 1712).
-constexpr int quant_skinny_min_t(int wk) { return wk == kWQ4_K || wk == kWQ6_K ? 1 : 2; }
+// 545-756, Q6_K 988-1235 against 577-758; Q5_K's scale-after stage at T = 8 10.2-42.2 us
+// where its GEMV takes 28.6-154.7 at T = 1, gpu_linear_kquant_scale_after.json); from two for
+// the others, where at one row the GEMV ties or wins (Q4_0 and Q8_0 on 28672 x 4096: 1057 /
+// 1921 GB/s against 965 / 1712).
+constexpr int quant_skinny_min_t(int wk) {
+  return wk == kWQ4_K || wk == kWQ5_K || wk == kWQ6_K ? 1 : 2;
+}
 void launch_gemm_skinny_quant(const LinearArgs& a, bool bf16_x, int wk, cudaStream_t s);
 
 // What set_linear_tuning (runtime.h) forces; the engine never sets it. path: -1 the planner's

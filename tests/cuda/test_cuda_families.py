@@ -19,11 +19,13 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 # Mixture of experts (cuda/fused_moe.cu): softmax top-k routing, shared experts; GLM-4.5's
-# sigmoid routing over expert groups steered by its choice bias.
-# DeepSeek V2 / V3's multi-head latent attention: batched_linear per head, head size 40 (the
-# generic kernel), one latent cache for keys and values.
+# sigmoid routing over expert groups steered by its choice bias; gpt-oss's biased experts and
+# clamped SwiGLU beside attention sinks (head_dim 16: the generic attention kernel; the
+# tensor-core kernels' sinks: test_cuda_linear_attention.py); DeepSeek V2 / V3's multi-head
+# latent attention (batched_linear per head, head size 40: the generic kernel, one latent cache
+# for keys and values).
 MOE = ["qwen3_moe", "mixtral", "granite_moe", "granite_moe_shared", "qwen2_moe", "glm4_moe",
-       "deepseek_v2", "deepseek_v3"]
+       "gpt_oss", "deepseek_v2", "deepseek_v3"]
 FAMILIES = ["granite", "smollm3", "phi3", "phi3_longrope", "glm4", "olmo2", "olmo3", "exaone4",
             "gemma2", "gemma3", "gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel",
             "starcoder2", "gpt2", "cohere", "cohere2", "falcon", "falcon_seq", *MOE]
@@ -71,9 +73,10 @@ def test_token_parity_vs_transformers_on_gpu(ckpt_dir, family, dtype, delta):
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
     moe_bf16 = family in MOE and dtype == "bfloat16"
-    oracle = transformers.AutoModelForCausalLM.from_pretrained(  # sdpa has no soft cap
+    oracle = transformers.AutoModelForCausalLM.from_pretrained(
         path, dtype=torch.float32 if moe_bf16 else getattr(torch, dtype),
-        attn_implementation="eager" if family == "gemma2" else "sdpa").cuda().eval()
+        # (sdpa has no soft cap and no sinks)
+        attn_implementation="eager" if family in ("gemma2", "gpt_oss") else "sdpa").cuda().eval()
     failed = 0
     for prompt, out in zip(prompts, outs):
         toks = list(out.outputs[0].token_ids)

@@ -324,8 +324,9 @@ def make_block_table(rng, seq_lens, num_blocks, block_size):
     return bt
 
 
-def attention_reference(q64, k64, v64, bt, qsl, seq_lens, scale, window=0, cap=0.0):
-    """float64, vectorized per sequence. q64 [T, nq, D]; caches [blocks, bs, nkv, D]."""
+def attention_reference(q64, k64, v64, bt, qsl, seq_lens, scale, window=0, cap=0.0, sinks=None):
+    """float64, vectorized per sequence. q64 [T, nq, D]; caches [blocks, bs, nkv, D]; sinks
+    [nq]: one more logit per head in each row's denominator."""
     _, bs, nkv, D = k64.shape
     T, nq, _ = q64.shape
     G = nq // nkv
@@ -346,8 +347,10 @@ def attention_reference(q64, k64, v64, bt, qsl, seq_lens, scale, window=0, cap=0
         if window > 0:
             visible &= pos[None, :] > qp[:, None] - window
         s = np.where(visible[None], s, -np.inf)
-        p = np.exp(s - s.max(-1, keepdims=True))
-        p /= p.sum(-1, keepdims=True)
+        sink = (np.full(nq, -np.inf) if sinks is None else sinks.astype(np.float64))[:, None, None]
+        top = np.maximum(s.max(-1, keepdims=True), sink)
+        p = np.exp(s - top)
+        p /= p.sum(-1, keepdims=True) + np.exp(sink - top)
         out[qsl[b]:qsl[b + 1]] = np.einsum("htl,lhd->thd", p, V)
     return out
 
@@ -366,30 +369,32 @@ def attention_case(seed, seqs, nq, nkv, D, qdt, cdt, block_size=16, q_scale=1.0)
     return q, kc, vc, bt, qsl, seq_lens
 
 
-def run_attention(case, nq, D, qdt, cdt, scale, window=0, cap=0.0):
+def run_attention(case, nq, D, qdt, cdt, scale, window=0, cap=0.0, sinks=None,
+                  max_query_len=0):
     q, kc, vc, bt, qsl, sl = case
     out = nan_out(q.shape, qdt)
     _C.ops.paged_attention(out, to_dev(q, qdt), (to_dev(kc, cdt), cdt), (to_dev(vc, cdt), cdt),
-                           to_dev(bt), to_dev(qsl), to_dev(sl), scale, window, cap)
+                           to_dev(bt), to_dev(qsl), to_dev(sl), scale, window, cap,
+                           max_query_len, None if sinks is None else to_dev(sinks))
     return from_bits(out.numpy(), qdt)
 
 
 def check_attention(seqs, heads, D, qdt=BF16, cdt=BF16, window=0, cap=0.0, block_size=16,
-                    seed=0, q_scale=1.0, cpu_oracle=True):
+                    seed=0, q_scale=1.0, cpu_oracle=True, sinks=None, max_query_len=0):
     nq, nkv = heads
     case = attention_case(seed, seqs, nq, nkv, D, qdt, cdt, block_size, q_scale)
     q, kc, vc, bt, qsl, sl = case
     scale = 1.0 / np.sqrt(D)
-    got = run_attention(case, nq, D, qdt, cdt, scale, window, cap)
+    got = run_attention(case, nq, D, qdt, cdt, scale, window, cap, sinks, max_query_len)
     q64 = from_bits(q, qdt)
     want = attention_reference(q64.reshape(len(q), nq, D), from_bits(kc, cdt), from_bits(vc, cdt),
-                               bt, qsl, sl, scale, window, cap).reshape(len(q), nq * D)
+                               bt, qsl, sl, scale, window, cap, sinks).reshape(len(q), nq * D)
     tol = TOL[BF16] if BF16 in (qdt, cdt) else TOL[F16]
     assert rel_err(got, want) < tol
     if cpu_oracle:  # the CPU op on the same inputs (q upcast to f32; the same cache bits)
         cpu = np.empty(q.shape, np.float32)
         _C.ops.paged_attention(cpu, q64.astype(np.float32), (kc, cdt), (vc, cdt), bt, qsl, sl,
-                               scale, window, cap)
+                               scale, window, cap, sinks=sinks)
         assert rel_err(got, cpu.astype(np.float64)) < tol
     return got
 
@@ -451,6 +456,21 @@ def test_attention_one_long_decode(heads, ctx):
     """One sequence decoding alone: its keys split into up to kMaxSplits partitions, and the last
     CTA to finish merges them all (weights in rounds of 32 lanes, partials 12 at a time)."""
     check_attention([(ctx, 1)], heads, 128, BF16, BF16, seed=ctx, q_scale=2.0)
+
+
+@pytest.mark.parametrize("D,dt", [(64, BF16), (128, F16), (80, BF16)], ids=["64", "128", "generic"])
+@pytest.mark.parametrize("window", [0, 128])
+def test_attention_sinks(D, dt, window):
+    """gpt-oss's sinks on every kernel: prefill (wgmma on Hopper, mma.sync), one long decode
+    merged over partitions, many short ones, and the generic kernel (head size 80); sinks from
+    far below the scores to far above them (the rows' weights then sum to almost nothing)."""
+    rng = np.random.default_rng(D + window)
+    nq = 16
+    sinks = np.concatenate([rng.normal(0, 2, nq - 4), [-40.0, 3.0, 8.0, 60.0]]).astype(np.float32)
+    seqs = [(1500, 1500), (300, 300), (3000, 64)] + DECODE[:5]
+    check_attention(seqs, (nq, 2), D, dt, dt, window=window, seed=7, q_scale=2.0, sinks=sinks)
+    check_attention([(5000, 1), (700, 1), (40, 1)], (nq, 2), D, dt, dt, window=window, seed=8,
+                    sinks=sinks, max_query_len=1)
 
 
 def test_attention_zero_query_sequences():

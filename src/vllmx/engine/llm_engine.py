@@ -172,7 +172,8 @@ class LLMEngine:
         if config.lora_config is not None:
             from vllmx.lora.model_manager import create_lora_manager
 
-            self.lora_manager = create_lora_manager(self.model, config, self.device)
+            self.lora_manager = create_lora_manager(self.model, config, self.device,
+                                                    getattr(self.worker, "act_dtype", None))
         self.worker.initialize_kv_cache()
         self.worker.compile_or_warm_up_model()
         self.model_runner = self.worker.model_runner

@@ -4,16 +4,18 @@ each row's adapter product. The adapters sit in max_loras slots of two stacks (v
 lora_a_stacked / lora_b_stacked): A [slots, S * max_rank, in] for S slices (q, k, v or gate,
 up), each slice's rows in its own max_rank band, and B [slots, out, max_rank], each slice's
 rows those of its output columns, a smaller rank padded with zeros; so each projection costs
-one add_lora_linear whatever slices an adapter targets. Each part in lora_dtype, in linear's
-16-row panels."""
+one add_lora_linear whatever slices an adapter targets. On the CPU each part in lora_dtype, in
+linear's 16-row panels; on the GPU the stacks are device arrays in the activation dtype."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from vllmx import ops
+from vllmx.device import DeviceArray
 from vllmx.layers import placement
 from vllmx.layers.linear import Linear, MergedLinear
+from vllmx.layers.placement import Placement
 from vllmx.lora.models import LoRALayerWeights
 from vllmx.lora.punica import PunicaWrapper
 from vllmx.ops import Weight
@@ -21,13 +23,17 @@ from vllmx.ops import Weight
 _HOST = {ops.F32: np.float32, ops.F16: np.float16, ops.BF16: np.uint16}  # storage per dtype
 
 
-def _stack(slots: int, rows: int, cols: int, min_rows: int, dtype: int) -> Weight:
+def _stack(slots: int, rows: int, cols: int, min_rows: int, dtype: int,
+           place: Placement) -> Weight | DeviceArray:
     """Zeros [slots, rows, cols] of dtype (f32, f16 or bf16) for adapter matrices whose parts
     (a slot, or its slices of rows [o_i, o_i+1)) are written in the layout repack_weight gives
     a part: linear's 16-row panels (F32_X16 / F16_X16 / BF16_X16) where this CPU has them and
     every part (min_rows) fills one, the rank being small (short dot products for the row
     kernel); on 64-byte boundaries (the panels' loads). Pages untouched until a slot is
-    written."""
+    written. On the GPU a device array in the activation dtype (the CUDA op's stacks are x's
+    dtype)."""
+    if place.on_gpu:
+        return DeviceArray.zeros((slots, rows, cols), place.dtype)
     host = np.dtype(_HOST[dtype])
     nbytes = slots * rows * cols * host.itemsize
     raw = np.zeros(nbytes + 64, np.uint8)
@@ -36,9 +42,15 @@ def _stack(slots: int, rows: int, cols: int, min_rows: int, dtype: int) -> Weigh
     return Weight(data, ops.packed_dtype(dtype, (min_rows, cols)), (slots, rows, cols))
 
 
-def _write(stack: Weight, dtype: int, slot: int, row0: int, part: np.ndarray) -> None:
+def _write(stack: Weight | DeviceArray, dtype: int, slot: int, row0: int,
+           part: np.ndarray) -> None:
     """part (f32 [rows, cols]) into the stack's slot at row0, in dtype (rounded to nearest
-    even) and the stack's layout."""
+    even) and the stack's layout; on the GPU in the device array's dtype."""
+    if isinstance(stack, DeviceArray):
+        at = stack.offset + (slot * stack.shape[1] + row0) * part.shape[1] * stack.itemsize
+        DeviceArray(stack.buffer, stack.dtype, part.shape, at).copy_from(
+            placement.host_as(part, stack.dtype))
+        return
     w = Weight(placement.host_as(part, dtype), dtype, part.shape)
     if stack.dtype != dtype:
         w = ops.repack_weight(w)
@@ -48,7 +60,8 @@ def _write(stack: Weight, dtype: int, slot: int, row0: int, part: np.ndarray) ->
 
 class LinearWithLoRA:
     def __init__(self, base: Linear | MergedLinear, slices: list[str], punica: PunicaWrapper,
-                 max_loras: int, max_lora_rank: int, dtype: int = ops.F32):
+                 max_loras: int, max_lora_rank: int, dtype: int = ops.F32,
+                 place: Placement | None = None):
         self.base_layer = base
         self.punica = punica
         self.slices = slices  # module names, in the order of the base layer's output columns
@@ -60,12 +73,18 @@ class LinearWithLoRA:
             self.input_size = base.weight.shape[-1]
         self.max_lora_rank = max_lora_rank
         offsets = np.cumsum([0] + self.output_sizes)
-        self.output_slices = offsets.astype(np.int32)  # (read by every step's op: long-lived)
-        self.dtype = dtype  # the adapters' weights as applied (lora_dtype)
+        place = place or Placement()
+        # (read by every step's op: long-lived; on the GPU a device copy, as an op's tensors
+        # all live on one device)
+        self.output_slices = offsets.astype(np.int32)
+        if place.on_gpu:
+            self.output_slices = DeviceArray.from_numpy(self.output_slices)
+        # The adapters' weights as applied: lora_dtype on the CPU, the activations' on the GPU.
+        self.dtype = place.dtype if place.on_gpu else dtype
         self.lora_a_stacked = _stack(max_loras, len(slices) * max_lora_rank, self.input_size,
-                                     len(slices) * max_lora_rank, dtype)
+                                     len(slices) * max_lora_rank, dtype, place)
         self.lora_b_stacked = _stack(max_loras, int(offsets[-1]), max_lora_rank,
-                                     min(self.output_sizes), dtype)
+                                     min(self.output_sizes), dtype, place)
 
     def check_lora(self, name: str, module: str, w: LoRALayerWeights) -> None:
         out = self.output_sizes[self.slices.index(module)]
@@ -79,7 +98,7 @@ class LinearWithLoRA:
         others: the slot may have held another adapter)."""
         r = self.max_lora_rank
         a = np.zeros(self.lora_a_stacked.shape[1:], np.float32)
-        offsets = self.output_slices
+        offsets = np.cumsum([0] + self.output_sizes)
         for i, m in enumerate(self.slices):
             w = per_slice.get(m)
             b = np.zeros((offsets[i + 1] - offsets[i], r), np.float32)

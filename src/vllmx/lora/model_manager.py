@@ -14,6 +14,7 @@ import numpy as np
 from vllmx import ops
 from vllmx.config import LoRAConfig
 from vllmx.layers.linear import Linear, MergedLinear
+from vllmx.layers.placement import Placement
 from vllmx.loader.hf_to_gguf import HF_ARCHITECTURES, permute_qk, unpermute_qk
 from vllmx.lora.layers import LinearWithLoRA
 from vllmx.lora.models import LoRAModel
@@ -37,10 +38,12 @@ _TARGETS = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "o_proj": ["o_proj"],
 
 class LoRAModelManager:
     def __init__(self, model, lora_config: LoRAConfig, max_num_tokens: int,
-                 base: BaseLayout | None = None, dtype: int = ops.F32):
+                 base: BaseLayout | None = None, dtype: int = ops.F32,
+                 place: Placement | None = None):
         self.lora_config = lora_config
         self.base = base or BaseLayout()
-        self.punica = PunicaWrapper(max_num_tokens)
+        place = place or Placement()
+        self.punica = PunicaWrapper(max_num_tokens, place.on_gpu)
         # per layer: PEFT module name -> the LoRA layer that holds it
         self.modules: list[dict[str, LinearWithLoRA]] = []
         # The decoder layers checked against peft (tests/lora).
@@ -57,7 +60,7 @@ class LoRAModelManager:
                 base = getattr(layer, attr, None)
                 if isinstance(base, (Linear, MergedLinear)):
                     wrapped = LinearWithLoRA(base, slices, self.punica, lora_config.max_loras,
-                                             lora_config.max_lora_rank, dtype)
+                                             lora_config.max_lora_rank, dtype, place)
                     setattr(layer, attr, wrapped)
                     found.update({m: wrapped for m in slices})
             self.modules.append(found)
@@ -201,19 +204,20 @@ class BaseLayout:
         return BaseLayout(layout, heads, cfg.get("num_key_value_heads") or heads, arch)
 
 
-def create_lora_manager(model, config, device: str) -> LoRAModelManager:
-    """The engine's manager, after the checks of what LoRA runs on (config: VllmxConfig)."""
+def create_lora_manager(model, config, device: str,
+                        act_dtype: int | None = None) -> LoRAModelManager:
+    """The engine's manager, after the checks of what LoRA runs on (config: VllmxConfig;
+    act_dtype: the GPU's activation dtype, in which its stacks are kept)."""
     mc = config.model_config
-    if device != "cpu":
-        raise ValueError(f"LoRA adapters run on the CPU only so far (device is {device!r}); "
-                         f"start with device='cpu'")
-    if mc.dtype not in ("auto", "float32"):
+    if device == "cpu" and mc.dtype not in ("auto", "float32"):
         raise ValueError(f"LoRA adapters need float32 activations on the CPU, got "
                          f"dtype={mc.dtype!r}")
-    # (Decode steps replay their tapes: the rows' slots are the op's input, not its shape.)
+    # (Decode steps replay their tapes / CUDA graphs: the rows' slots are the op's input, not
+    # its shape.)
+    place = Placement(device, act_dtype) if device == "cuda" else Placement()
     return LoRAModelManager(model, config.lora_config,
                             config.scheduler_config.max_num_batched_tokens, BaseLayout.of(mc),
-                            lora_weight_dtype(config.lora_config.lora_dtype, mc))
+                            lora_weight_dtype(config.lora_config.lora_dtype, mc), place)
 
 
 def lora_weight_dtype(lora_dtype: str, model_config) -> int:

@@ -13,6 +13,7 @@ optional q/k norm) are the same decoder with a mixture-of-experts MLP in their s
 from __future__ import annotations
 
 from vllmx import ops
+from vllmx.device import F32
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.fused_moe import SparseMoeBlock
@@ -360,7 +361,8 @@ class LlamaForCausalLM(DecoderLM):
             for i in range(cfg["num_hidden_layers"])]
         if oss:
             for i, layer in enumerate(self.layers):
-                layer.attn.sinks = gpt_oss.attention_sinks(weights, i)
+                layer.attn.sinks = placement.upload_vector(gpt_oss.attention_sinks(weights, i),
+                                                           F32)  # (where attention runs)
         self.norm = RMSNorm(weights["model.norm.weight"], cfg["rms_norm_eps"])
         self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
         self.vocab_size = self.lm_head.weight.shape[0]
