@@ -174,11 +174,18 @@ class LLMEngine:
 
             self.lora_manager = create_lora_manager(self.model, config, self.device,
                                                     getattr(self.worker, "act_dtype", None))
+        spec = config.speculative_config
+        draft_model = None
+        if spec is not None and spec.method not in ("ngram", "mtp", "eagle", "eagle3"):
+            from vllmx.spec_decode.draft_model_proposer import DraftModelProposer
+
+            # Its weights before the target's cache, which sets its cache's share aside.
+            draft_model = DraftModelProposer(config, spec, self.model.vocab_size, self.device)
+            self.worker.kv_reserve = draft_model.kv_reserve()
         self.worker.initialize_kv_cache()
         self.worker.compile_or_warm_up_model()
         self.model_runner = self.worker.model_runner
         self.model_runner.lora_manager = self.lora_manager
-        spec = config.speculative_config
         if spec is not None and spec.method == "ngram":
             from vllmx.spec_decode.ngram_proposer import NgramProposer
 
@@ -194,11 +201,9 @@ class LLMEngine:
             self.model_runner.keep_hidden_states(drafter.model.aux_hidden_state_layers)
             # The chained drafts write the draft layers' KV past the scheduled tokens.
             sc.num_lookahead_tokens = spec.num_speculative_tokens
-        elif spec is not None:
-            from vllmx.spec_decode.draft_model_proposer import DraftModelProposer
-
-            self.model_runner.drafter = DraftModelProposer(config, spec, self.model.vocab_size,
-                                                           self.device)
+        elif draft_model is not None:
+            draft_model.start(config.cache_config.num_blocks)
+            self.model_runner.drafter = draft_model
         if sc.async_scheduling is None:
             sc.async_scheduling = self.device == "cuda" and config.speculative_config is None
         elif sc.async_scheduling and config.speculative_config is not None:

@@ -148,9 +148,13 @@ class CudaWorker(WorkerBase):
         report.parts.append(f"activations {(report.used() - before) / 2**30:.2f} GiB "
                             f"(profiled at {sc.max_num_batched_tokens} tokens)")
         block_bytes = kv_block_bytes(hf, cc.block_size, 4 if dtype == F32 else 2)
-        budget = int(cc.gpu_memory_utilization * report.total) - report.used()
+        # A draft model's cache beside this one (draft_model speculation): its bytes a block
+        # and its draft-only blocks come out of the same budget.
+        draft_per_block, draft_fixed = getattr(self, "kv_reserve", (0, 0))
+        budget = (int(cc.gpu_memory_utilization * report.total) - report.used()
+                  - draft_fixed)
         num_blocks = num_kv_blocks(
-            self.config, block_bytes, budget,
+            self.config, block_bytes + draft_per_block, budget,
             f"the model does not fit: after {self.weight_bytes / 2**30:.2f} GiB of weights and "
             f"the activations of a {sc.max_num_batched_tokens}-token step, that is what "
             f"gpu_memory_utilization={cc.gpu_memory_utilization} of "
