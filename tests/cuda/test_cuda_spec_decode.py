@@ -47,7 +47,7 @@ def test_draft_model_cache_is_set_aside_on_gpu(ckpts):
     blocks are the target's plus its draft-only ones, and the device holds no more than the
     utilization asks (plus the draft's activations and graphs: without the set-aside the
     draft's cache alone, as large as the target's, would go past it)."""
-    from vllmx import LLM, _C
+    from vllmx import _C, LLM
 
     spec = {"method": "draft_model", "num_speculative_tokens": 3, "model": ckpts["llama"]}
     llm = LLM(ckpts["qwen3"], skip_tokenizer_init=True, device="cuda", dtype="float32",
