@@ -1,6 +1,6 @@
-"""Speculative decoding on the GPU: ngram and draft_model (the draft on a KV cache of its own,
-set aside from the target's budget) give exactly the tokens without speculation, greedy and
-seeded, in f32 (whose kernels are batch invariant: a verify step's k + 1 rows a request are
+"""Speculative decoding on the GPU: ngram, draft_model (the draft on a KV cache of its own,
+set aside from the target's budget), mtp, eagle and eagle3 (reading the target's hidden states
+on the device) give exactly the tokens without speculation, greedy and seeded, in f32 (whose kernels are batch invariant: a verify step's k + 1 rows a request are
 computed as a decode step's one), every KV block back at the end."""
 
 from __future__ import annotations
@@ -59,3 +59,43 @@ def test_draft_model_cache_is_set_aside_on_gpu(ckpts):
     assert drafter.worker.kv_caches[0][0].shape[0] == drafter.kv.num_blocks
     free, total = _C.cuda_mem_get_info()
     assert total - free <= 0.3 * total + (1 << 30), (total - free) / total
+
+
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory) -> dict:
+    """EAGLE / EAGLE-3 heads (tests/spec_decode/eagle_checkpoints.py) and DeepSeek V3 with an MTP
+    layer built to agree with it often (tests/spec_decode/test_mtp.py)."""
+    import os
+    import shutil
+
+    from tests.spec_decode.eagle_checkpoints import make_eagle_checkpoints
+    from tests.spec_decode.test_mtp import _write_mtp_layer
+
+    root = str(tmp_path_factory.mktemp("heads-gpu"))
+    out = make_eagle_checkpoints(os.path.join(root, "eagle"))
+    base = make_checkpoint("deepseek_v3", "float32", root)
+    out["mtp"] = os.path.join(root, "deepseek_v3-aligned")
+    shutil.copytree(base, out["mtp"])
+    _write_mtp_layer(out["mtp"], aligned=True)
+    return out
+
+
+@pytest.mark.parametrize("method,target,head", [
+    ("eagle", "aligned_target", "aligned_eagle"), ("eagle3", "target", "eagle3"),
+    ("mtp", "mtp", None)])
+def test_hidden_state_drafters_keep_the_tokens_on_gpu(heads, method, target, head):
+    """mtp / eagle / eagle3 on the GPU: their KV layers in the target's blocks, the target's
+    hidden states kept on the device (copied out of the captured decode steps too), each draft
+    step's inputs uploaded; the same tokens as without speculation in f32."""
+    rng = np.random.default_rng()
+    ps = prompts(rng, 8)
+    sps = seeded_greedy_penalized(rng, len(ps), 40)
+    spec = {"method": method, "num_speculative_tokens": 3}
+    if head is not None:
+        spec["model"] = heads[head]
+    want, _ = run(heads[target], ps, sps, **GPU)
+    got, stats = run(heads[target], ps, sps, spec, **GPU)
+    assert got == want
+    assert stats.spec_decode_num_drafts > 0
+    if method != "eagle3":  # (the aligned heads agree with their targets often)
+        assert stats.spec_decode_num_accepted_tokens > 0

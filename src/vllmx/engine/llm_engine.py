@@ -183,24 +183,27 @@ class LLMEngine:
             draft_model = DraftModelProposer(config, spec, self.model.vocab_size, self.device)
             self.worker.kv_reserve = draft_model.kv_reserve()
         self.worker.initialize_kv_cache()
-        self.worker.compile_or_warm_up_model()
         self.model_runner = self.worker.model_runner
+        if spec is not None and spec.method in ("mtp", "eagle", "eagle3"):
+            from vllmx.spec_decode.eagle import EagleProposer
+            from vllmx.spec_decode.mtp_proposer import MTPProposer
+
+            cls = MTPProposer if spec.method == "mtp" else EagleProposer
+            act_dtype = getattr(self.worker, "act_dtype", None)
+            drafter = cls(config, spec, self.model, self.worker.kv_caches,
+                          self.worker.cache_dtype, self.device, act_dtype)
+            self.model_runner.drafter = drafter
+            # Before the decode graphs are captured: captured steps copy their hidden states.
+            self.model_runner.keep_hidden_states(drafter.model.aux_hidden_state_layers,
+                                                 act_dtype)
+            # The chained drafts write the draft layers' KV past the scheduled tokens.
+            sc.num_lookahead_tokens = spec.num_speculative_tokens
+        self.worker.compile_or_warm_up_model()
         self.model_runner.lora_manager = self.lora_manager
         if spec is not None and spec.method == "ngram":
             from vllmx.spec_decode.ngram_proposer import NgramProposer
 
             self.model_runner.drafter = NgramProposer(spec)
-        elif spec is not None and spec.method in ("mtp", "eagle", "eagle3"):
-            from vllmx.spec_decode.eagle import EagleProposer
-            from vllmx.spec_decode.mtp_proposer import MTPProposer
-
-            cls = MTPProposer if spec.method == "mtp" else EagleProposer
-            drafter = cls(config, spec, self.model, self.worker.kv_caches,
-                          self.worker.cache_dtype, self.device)
-            self.model_runner.drafter = drafter
-            self.model_runner.keep_hidden_states(drafter.model.aux_hidden_state_layers)
-            # The chained drafts write the draft layers' KV past the scheduled tokens.
-            sc.num_lookahead_tokens = spec.num_speculative_tokens
         elif draft_model is not None:
             draft_model.start(config.cache_config.num_blocks)
             self.model_runner.drafter = draft_model
