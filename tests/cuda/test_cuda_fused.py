@@ -11,7 +11,7 @@ import pytest
 from vllmx import _C
 from vllmx.device import BF16, F16, F32, DeviceArray
 
-from .test_cuda_linear_attention import attention_case, run_attention
+from .test_cuda_attention import attention_case, run_attention
 from .test_cuda_ops import (
     Q4_0,
     Q4_1,
