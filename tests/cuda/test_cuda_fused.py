@@ -3,8 +3,6 @@ qk_norm_rope_cache (per-head q/k rms_norm + rotary + the KV-cache write), linear
 (gate_up projection + silu/gelu-and-mul) and rms_norm_linear (add + rms_norm + projection),
 plus repeated split-KV decodes (the last partition merges, and leaves its counters ready for
 the next launch) and the decode-only max_query_len hint."""
-import zlib
-
 import numpy as np
 import pytest
 
@@ -26,11 +24,6 @@ from .test_cuda_ops import (
 )
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture
-def rng(request):
-    return np.random.default_rng(zlib.crc32(request.node.name.encode()))
 
 
 def qkv_case(rng, T, nq, nkv, D, dtype, cache_dtype, rot_dim, max_pos, norm):
