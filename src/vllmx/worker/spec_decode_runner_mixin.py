@@ -10,6 +10,7 @@ import numpy as np
 
 from vllmx.core.sched_output import ModelRunnerOutput
 from vllmx.device import DeviceArray
+from vllmx.layers.placement import Placement, placement
 from vllmx.layers.sampler import SamplingMetadata, advance_rng_states
 from vllmx.spec_decode.metadata import TargetHiddenStates
 from vllmx.worker.step_state import CachedRequestState, PendingStep, drafts_for
@@ -39,8 +40,10 @@ class SpecDecodeModelRunnerMixin:
         self.hidden_out = (DeviceArray.zeros(shape, act_dtype) if self.device == "cuda"
                            else np.zeros(shape, dtype=np.float32))
         self._aux_hidden = bool(aux_layers)
-        if aux_layers:
-            self.model.set_aux_hidden_state_layers(aux_layers, self.hidden_out)
+        if aux_layers:  # (its residual add's unit weight goes where the model runs)
+            on = Placement(self.device, act_dtype) if self.device == "cuda" else Placement()
+            with placement(on):
+                self.model.set_aux_hidden_state_layers(aux_layers, self.hidden_out)
 
     def _draft_from_hidden(self, layout, hidden, rejected: dict[str, int],
                            failed: dict[str, str]) -> dict[str, list[int]]:
