@@ -11,6 +11,10 @@ step (generate) against the graph replayed alone, i.e. the host's share.
     python bench/gpu_decode_profile.py --models qwen3-0.6b llama-3-8b --layers 28 8
     python bench/gpu_decode_profile.py --models llama-3-8b --layers 8 --batch 8 --prefill
     python bench/gpu_decode_profile.py --models qwen3-30b-a3b --layers 4 --batch 32
+    python bench/gpu_decode_profile.py --models qwen3-0.6b --layers 28 --batch 32 --lora 4
+
+--lora N: the same with N random rank-16 adapters on every projection (bench/lora_cpu.py's),
+the rows cycling through them (issue 17's GPU measure, kernel by kernel).
 
 --prefill also profiles the prompts' prefill (a 1-token generate of batch x context tokens,
 eager) the same way. Kernels launched with programmatic dependent launch start before their
@@ -82,7 +86,7 @@ def kernel_summary(prof, reps: int, layers: int, out_dir: str) -> dict:
 
 
 def profile(name: str, layers: int, batch: int, ctx: int, out_dir: str,
-            host_profile: bool = False, prefill: bool = False) -> dict:
+            host_profile: bool = False, prefill: bool = False, lora: int = 0) -> dict:
     import numpy as np
     import torch
 
@@ -92,19 +96,34 @@ def profile(name: str, layers: int, batch: int, ctx: int, out_dir: str,
 
     from vllmx import _C, LLM, SamplingParams
 
+    lora_kw, per_row = {}, None
+    if lora:
+        from lora_cpu import write_adapters
+
+        from vllmx.lora.request import LoRARequest
+
+        reqs = [LoRARequest(f"lora{a}", a + 1, p)
+                for a, p in enumerate(write_adapters(out_dir, name, lora, 16, layers))]
+        per_row = [reqs[i % lora] for i in range(batch)]
+        lora_kw = {"enable_lora": True, "max_loras": lora, "max_lora_rank": 16}
     llm = LLM(out_dir, load_format="dummy", skip_tokenizer_init=True, device="cuda",
-              max_model_len=ctx + 256, max_num_seqs=max(batch, 8), gpu_memory_utilization=0.5)
+              max_model_len=ctx + 256, max_num_seqs=max(batch, 8), gpu_memory_utilization=0.5,
+              **lora_kw)
     rng = np.random.default_rng(0)
     ps = [{"prompt_token_ids": rng.integers(3, vocab, ctx).tolist()}
           for _ in range(batch)]
+    generate = llm.generate
+    if lora:  # every generate below with the rows' adapters
+        def generate(prompts, sp):
+            return llm.generate(prompts, sp, lora_request=per_row)
     p1 = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     pn = SamplingParams(temperature=0, max_tokens=129, min_tokens=129, ignore_eos=True)
-    llm.generate(ps, p1)
+    generate(ps, p1)
     times = []
     for sp in (p1, pn, p1, pn):
         llm.reset_prefix_cache()
         t = time.perf_counter()
-        llm.generate(ps, sp)
+        generate(ps, sp)
         times.append(time.perf_counter() - t)
     engine_step_ms = (min(times[1], times[3]) - min(times[0], times[2])) / 128 * 1e3
     if host_profile:  # where the host's share of a step goes (Python's own profiler)
@@ -113,12 +132,16 @@ def profile(name: str, layers: int, batch: int, ctx: int, out_dir: str,
 
         llm.reset_prefix_cache()
         prof = cProfile.Profile()
-        prof.runcall(llm.generate, ps, pn)
+        prof.runcall(generate, ps, pn)
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
 
     runner = llm.llm_engine.model_runner
     graph = runner.decode_capture.steps[batch]
     stage_decode(runner, batch, ctx)
+    if lora:  # the rows' slots, as the engine's steps set them
+        llm.llm_engine.lora_manager.set_active_loras(
+            np.array([r.lora_int_id for r in per_row], np.int32),
+            {r.lora_int_id: r for r in per_row})
     for _ in range(5):
         graph.replay()
     _C.cuda_synchronize()
@@ -144,7 +167,7 @@ def profile(name: str, layers: int, batch: int, ctx: int, out_dir: str,
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(reps):
                 llm.reset_prefix_cache()
-                llm.generate(ps, p1)
+                generate(ps, p1)
             _C.cuda_synchronize()
         print(f"\n== prefill of {batch} x {ctx} tokens: {prefill_ms:.2f} ms "
               f"({batch * ctx / prefill_ms * 1e3:,.0f} tok/s, a 1-token generate)")
@@ -161,12 +184,14 @@ def main() -> int:
     ap.add_argument("--host-profile", action="store_true", help="cProfile a generate call")
     ap.add_argument("--prefill", action="store_true",
                     help="also the kernels of the prompts' prefill (batch x context tokens)")
+    ap.add_argument("--lora", type=int, default=0,
+                    help="N random rank-16 adapters, the rows cycling through them")
     args = ap.parse_args()
     report = {}
     for name, layers in zip(args.models, args.layers):
         with tempfile.TemporaryDirectory() as d:
             report[name] = profile(name, layers, args.batch, args.context, d, args.host_profile,
-                                   args.prefill)
+                                   args.prefill, args.lora)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "gpu_decode_profile.json"), "w") as f:
             json.dump(report, f, indent=1)

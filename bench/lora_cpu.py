@@ -76,10 +76,19 @@ def save_safetensors(tensors: dict, path: str) -> None:
 def write_dummy(workdir: str, shape: str, adapters: int, rank: int) -> tuple[str, list[str]]:
     """A random-weight shape's config.json (bench/gpu_vs_vllm.py's shapes) and random PEFT
     adapters of its projections' shapes, written with numpy (no transformers model built)."""
-    import numpy as np
-    from gpu_vs_vllm import SHAPES, write_config
+    from gpu_vs_vllm import write_config
 
     base = write_config(shape, os.path.join(workdir, "base"))
+    return base, write_adapters(workdir, shape, adapters, rank)
+
+
+def write_adapters(workdir: str, shape: str, adapters: int, rank: int,
+                   layers: int | None = None) -> list[str]:
+    """--adapters random PEFT adapters of rank `rank` on every projection of the shape's first
+    `layers` layers (default all), as workdir/lora{a}-r{rank}; their paths."""
+    import numpy as np
+    from gpu_vs_vllm import SHAPES
+
     spec = SHAPES[shape]
     hidden, inter = spec["hidden_size"], spec["intermediate_size"]
     heads, kv = spec["num_attention_heads"], spec.get("num_key_value_heads", 0)
@@ -91,7 +100,7 @@ def write_dummy(workdir: str, shape: str, adapters: int, rank: int) -> tuple[str
     for a in range(adapters):
         rng = np.random.default_rng(a + 1)
         tensors = {}
-        for i in range(spec["num_hidden_layers"]):
+        for i in range(layers or spec["num_hidden_layers"]):
             for m, (k, n) in dims.items():
                 part = "self_attn" if m.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) \
                     else "mlp"
@@ -107,7 +116,7 @@ def write_dummy(workdir: str, shape: str, adapters: int, rank: int) -> tuple[str
             json.dump({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank,
                        "target_modules": TARGETS, "bias": "none"}, f)
         paths.append(path)
-    return base, paths
+    return paths
 
 
 def main() -> None:

@@ -83,7 +83,9 @@ def test_vs_float64(shape, twin, packed, dtype):
         assert wa.dtype != dtype  # (this CPU has the panels)
     _C.ops.add_lora_linear(got, x, ops._arg(wa), ops._arg(wb), idx, slices, reference=twin)
     err = np.abs(got - want).max() / np.abs(want).max()
-    assert err < 2e-6, err
+    # f32 sums over K (the shrink) and r: rounding grows like sqrt(K) (2.04e-6 seen at K = 1536,
+    # over a flat 2e-6); a wrong slot, slice or layout is off by the size of the values.
+    assert err < 4 * np.finfo(np.float32).eps * np.sqrt(shape[2]), err
     base = idx < 0
     assert np.array_equal(got[base], y[base])  # rows without an adapter untouched
 
