@@ -45,7 +45,7 @@ class _DraftRequest:
 class DraftModelProposer:
     def __init__(self, config: VllmxConfig, spec: SpeculativeConfig, target_vocab: int,
                  device: str):
-        from vllmx.engine.llm_engine import EngineArgs
+        from vllmx.engine.arg_utils import EngineArgs
         from vllmx.worker.worker_base import create_worker
 
         self.k = spec.num_speculative_tokens
