@@ -35,7 +35,7 @@ def _rank_main(path: str, rank: int, seed: int, vocab: int, world: int, q) -> No
         b = np.arange(1000, dtype=np.int32) * (rank + 1)
         g.broadcast(b, src=world - 1)
         q.put((rank, reduced, gathered, b, None))
-    except Exception as e:  # (reported to the test)
+    except Exception as e:  # noqa: BLE001 - reported to the test
         q.put((rank, None, None, None, f"{type(e).__name__}: {e}"))
 
 

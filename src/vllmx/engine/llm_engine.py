@@ -23,6 +23,20 @@ from vllmx.worker.worker_base import create_worker
 logger = logging.getLogger("vllmx")
 
 
+def _check_tensor_parallel(config: VllmxConfig) -> None:
+    """What tensor parallelism does not run yet, refused before anything starts: the other
+    ranks follow the model's forward only (executor/tp_worker.py), so LoRA's layers and the
+    drafters built over the target's layers would run on rank 0's share alone."""
+    if config.parallel_config.tensor_parallel_size == 1:
+        return
+    spec = config.speculative_config
+    if config.lora_config is not None:
+        raise ValueError("tensor_parallel_size > 1 does not support LoRA adapters yet")
+    if spec is not None and spec.method != "ngram":
+        raise ValueError(f"tensor_parallel_size > 1 supports speculative decoding by ngram "
+                         f"only so far, not {spec.method!r}")
+
+
 class LLMEngine:
     def __init__(self, config: VllmxConfig):
         self.config = config
@@ -33,6 +47,7 @@ class LLMEngine:
                              f"engine.factory.create_engine pick it)")
         if config.parallel_config.num_threads:
             _C.set_num_threads(config.parallel_config.num_threads)
+        _check_tensor_parallel(config)
         t0 = time.perf_counter()
         self.device, self.worker = create_worker(config)
         self.worker.load_model()

@@ -14,6 +14,7 @@ import numpy as np
 
 from vllmx import ops
 from vllmx.device import F32
+from vllmx.distributed.parallel_state import get_tp_group
 from vllmx.layers import placement
 from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.norm import ResidualAdd
@@ -83,6 +84,9 @@ class SparseMoeBlock:
         # Qwen2-MoE / Qwen3-Next: the shared expert's output times sigmoid(x @ gate^T) [T, 1]
         self.shared_expert_gate = (None if shared_expert_gate is None
                                    else Linear(shared_expert_gate))
+        # Tensor parallelism: each expert's intermediate rows are cut tp ways (the shared
+        # experts' too), so every rank's out is a partial sum, reduced once at the end.
+        self.tp_group = get_tp_group()
 
     def route(self, x):
         """(topk_weights f32 [T, k], topk_ids i32 [T, k]) of the tokens x."""
@@ -103,5 +107,7 @@ class SparseMoeBlock:
             if self.shared_expert_gate is not None:
                 ops.sigmoid_gate_(shared, self.shared_expert_gate(x))
             self._add(out, shared)  # shared += out
-            return shared
+            out = shared
+        if self.tp_group is not None:
+            self.tp_group.all_reduce(out)
         return out

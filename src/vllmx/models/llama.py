@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from vllmx import ops
 from vllmx.device import F32
+from vllmx.distributed.parallel_state import get_tp_group, shard_range
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.fused_moe import SparseMoeBlock
-from vllmx.layers.linear import Linear, MergedLinear
+from vllmx.layers.linear import MergedLinear, ParallelLMHead, RowParallelLinear
 from vllmx.layers.norm import RMSNorm
 from vllmx.layers.rotary import RotaryEmbedding
 from vllmx.models import gpt_oss, granitemoe, moe
@@ -159,7 +160,8 @@ class LlamaDecoderLayer:
         qkv = [p + f"self_attn.{n}_proj" for n in "qkv"]
         self.qkv_proj = MergedLinear([w[n + ".weight"] for n in qkv],
                                      [w.get(n + ".bias") for n in qkv])
-        self.o_proj = Linear(w[p + "self_attn.o_proj.weight"], w.get(p + "self_attn.o_proj.bias"))
+        self.o_proj = RowParallelLinear(w[p + "self_attn.o_proj.weight"],
+                                        w.get(p + "self_attn.o_proj.bias"))
         self.q_norm = self.k_norm = None
         if p + "self_attn.q_norm.weight" in w:  # Qwen3
             self.q_norm = RMSNorm(w[p + "self_attn.q_norm.weight"], eps)
@@ -173,7 +175,8 @@ class LlamaDecoderLayer:
             self.gate_up_proj = MergedLinear(
                 [w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]],
                 [w.get(p + "mlp.gate_proj.bias"), w.get(p + "mlp.up_proj.bias")])
-            self.down_proj = Linear(w[p + "mlp.down_proj.weight"], w.get(p + "mlp.down_proj.bias"))
+            self.down_proj = RowParallelLinear(w[p + "mlp.down_proj.weight"],
+                                               w.get(p + "mlp.down_proj.bias"))
             self.act = mlp_act(cfg.get("hidden_act"))
         # (None: EAGLE-1's first draft layer, which takes its input un-normed; a target's layers
         # all have one: LlamaForCausalLM checks)
@@ -364,8 +367,13 @@ class LlamaForCausalLM(DecoderLM):
                 layer.attn.sinks = placement.upload_vector(gpt_oss.attention_sinks(weights, i),
                                                            F32)  # (where attention runs)
         self.norm = RMSNorm(weights["model.norm.weight"], cfg["rms_norm_eps"])
-        self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
-        self.vocab_size = self.lm_head.weight.shape[0]
+        self.lm_head = ParallelLMHead(weights.get("lm_head.weight", self.embed_tokens),
+                                      cfg.get("vocab_size"))
+        self.vocab_size = self.lm_head.vocab_size
+        self.tp_group = get_tp_group()
+        if self.tp_group is not None:  # (embed_tokens holds this rank's rows)
+            self.vocab_start = shard_range(self.vocab_size, self.tp_group.rank,
+                                           self.tp_group.world_size)[0]
 
     def mtp_block(self, weights: dict[str, Weight], i: int) -> LlamaDecoderLayer:
         """Decoder layer i >= num_hidden_layers: GLM-4.5's multi-token-prediction layer

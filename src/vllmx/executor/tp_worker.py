@@ -1,0 +1,123 @@
+"""Both ends of tensor parallelism's step protocol. Rank 0 (the engine's process) keeps the
+scheduler, the model runner and the sampler; its model is a TensorParallelModel, which sends
+every forward and compute_logits call, with its inputs, to the other ranks before running it on
+its own share. Each other rank (run_follower) makes the same call on its share, and the calls'
+collectives (distributed/parallel_state.py) pair up across the ranks. The other ranks never
+sample: rank 0's logits are whole (lm_head's all_gather), and its tokens are the step's.
+
+A rank that fails sets the group's abort flag (the ranks waiting in a collective raise) and
+sends its traceback; rank 0's step then fails with it, which stops the engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+import traceback
+
+from vllmx.config import VllmxConfig
+from vllmx.distributed.parallel_state import GroupCoordinator, model_parallel
+from vllmx.distributed.shm_comm import ShmSegment
+from vllmx.layers.attention import AttentionMetadata
+
+logger = logging.getLogger("vllmx")
+
+
+def threads_per_rank(config: VllmxConfig) -> int:
+    """A rank's native threads: num_threads, else this host's cores shared by the ranks."""
+    pc = config.parallel_config
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return pc.num_threads or max(1, (cores or 1) // pc.tensor_parallel_size)
+
+
+def _metadata_fields(md: AttentionMetadata) -> dict:
+    """md without what each rank holds itself (its KV cache and its dtype)."""
+    return {f.name: getattr(md, f.name) for f in dataclasses.fields(md)
+            if f.name not in ("kv_caches", "cache_dtype")}
+
+
+class TensorParallelModel:
+    """Rank 0's model: its own share, each forward / compute_logits first sent to the other
+    ranks (executor.call). Every other attribute is the share's."""
+
+    def __init__(self, model, executor):
+        self._model = model
+        self._executor = executor
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def forward(self, input_ids, positions, md: AttentionMetadata):
+        self._executor.call("forward", input_ids, positions, _metadata_fields(md))
+        return self._executor.checked(self._model.forward, input_ids, positions, md)
+
+    def compute_logits(self, hidden):
+        self._executor.call("compute_logits", hidden)
+        return self._executor.checked(self._model.compute_logits, hidden)
+
+
+def _watch_parent(segment: ShmSegment) -> None:
+    """Aborts the group and exits if the process that started this one goes away (a rank
+    waiting in a collective would otherwise wait for it forever)."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        segment.abort()
+        os._exit(1)
+
+    threading.Thread(target=watch, name="vllmx-tp-parent-watch", daemon=True).start()
+
+
+def run_follower(config: VllmxConfig, conn, shm_path: str) -> None:
+    """Rank config.parallel_config.rank's life: its share loaded (beside rank 0's, which
+    loads at the same time), its KV cache of rank 0's block count, then each call rank 0 sends
+    until "close" or the connection ends."""
+    from vllmx import _C
+    from vllmx.worker.cpu_worker import CpuWorker
+
+    pc = config.parallel_config
+    segment = ShmSegment(shm_path)
+    _watch_parent(segment)
+    try:
+        _C.set_num_threads(threads_per_rank(config))
+        worker = CpuWorker(config)
+        with model_parallel(GroupCoordinator(pc.rank, pc.tensor_parallel_size, segment)):
+            worker.load_model()
+        conn.send(("ready", None))
+        _, num_blocks = conn.recv()
+        config.cache_config.num_gpu_blocks_override = num_blocks
+        worker.allocate_kv_cache()
+        conn.send(("ready", None))
+        model, kv_caches, cache_dtype = worker.model, worker.kv_caches, worker.cache_dtype
+        while True:
+            method, args = conn.recv()
+            if method == "forward":
+                input_ids, positions, fields = args
+                model.forward(input_ids, positions,
+                              AttentionMetadata(kv_caches=kv_caches, cache_dtype=cache_dtype,
+                                                **fields))
+            elif method == "compute_logits":
+                model.compute_logits(*args)
+            elif method == "close":
+                return
+            else:
+                raise ValueError(f"unknown call {method!r}")
+    except EOFError:  # rank 0 is gone
+        segment.abort()
+    except BaseException:  # noqa: BLE001 - any failure: abort the group, tell rank 0
+        segment.abort()
+        try:
+            conn.send(("error", traceback.format_exc()))
+        except OSError:
+            pass
+
+
+def check_ready(msg, rank: int) -> None:
+    """A follower's answer to a start-up step: ("ready", None), or its error raised here."""
+    kind, payload = msg
+    if kind != "ready":
+        raise RuntimeError(f"tensor-parallel rank {rank} failed:\n{payload}")
