@@ -151,21 +151,28 @@ class ParallelConfig:
     # distributed/, executor/); the engine's process is rank 0
     tensor_parallel_size: int = 1
     distributed_executor_backend: str | None = None  # None: "mp" with several ranks, else "uni"
+    # vLLM's pipeline_parallel_size: stages each holding a run of layers (ranks = tp * pp)
+    pipeline_parallel_size: int = 1
     rank: int = 0  # this process's rank (set in the processes of the further ranks)
 
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
     def __post_init__(self):
-        if self.tensor_parallel_size < 1:
-            raise ValueError(f"tensor_parallel_size must be >= 1, got "
-                             f"{self.tensor_parallel_size}")
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         backend = self.distributed_executor_backend
         if backend is not None and backend not in EXECUTOR_BACKENDS:
             raise ValueError(f"distributed_executor_backend {backend!r} is not one of "
                              f"{', '.join(EXECUTOR_BACKENDS)}")
-        if backend == "uni" and self.tensor_parallel_size > 1:
+        if backend == "uni" and self.world_size > 1:
             raise ValueError("distributed_executor_backend='uni' runs one rank; "
-                             "tensor_parallel_size > 1 needs 'mp' or 'ray'")
+                             "tensor_parallel_size * pipeline_parallel_size > 1 needs 'mp' "
+                             "or 'ray'")
         if backend is None:
-            self.distributed_executor_backend = "mp" if self.tensor_parallel_size > 1 else "uni"
+            self.distributed_executor_backend = "mp" if self.world_size > 1 else "uni"
 
 
 @dataclass

@@ -18,7 +18,6 @@ from vllmx.sampling_params import BeamSearchParams, RequestOutputKind, SamplingP
 _VLLM_ONLY_ARGS = {
     "tokenizer_mode": ("auto",),
     "trust_remote_code": (False, True),  # vllmx never runs code from a checkpoint
-    "pipeline_parallel_size": (1,),
     "data_parallel_size": (1,),
     "quantization": (None, "gguf"),
     "revision": (None,),

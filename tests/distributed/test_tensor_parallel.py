@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.models.test_llama_family_parity import run_parity
-from tests.models.tiny_checkpoints import VOCAB, make_checkpoint
+from tests.models.tiny_checkpoints import VOCAB, make_checkpoint, write_gguf
 
 pytest.importorskip("torch")
 
@@ -25,16 +25,52 @@ def ckpt_dir(tmp_path_factory):
 
 
 # llama at tp=4: 2 kv heads for 4 ranks (each kv head on two ranks); qwen3: tied embeddings,
-# q/k norms; qwen3_moe: sparse and dense layers; mixtral: experts w1/w2/w3.
-@pytest.mark.parametrize("family,tp", [("llama", 2), ("llama", 4), ("qwen3", 2),
-                                       ("qwen3_moe", 2), ("mixtral", 2)])
-def test_parity(family, tp, ckpt_dir):
+# q/k norms; qwen3_moe: sparse and dense layers (3 layers: stages of 2 and 1); mixtral:
+# experts w1/w2/w3; DeepSeek V2 / V3: MLA heads (V3 with its query latent), a dense first
+# layer, shared experts, grouped routing; tp=2 x pp=2: two stages of two ranks.
+@pytest.mark.parametrize("family,tp,pp", [("llama", 2, 1), ("llama", 4, 1), ("qwen3", 2, 1),
+                                          ("qwen3_moe", 2, 1), ("mixtral", 2, 1),
+                                          ("deepseek_v2", 2, 1), ("deepseek_v3", 2, 1),
+                                          ("llama", 1, 2), ("qwen3_moe", 1, 2),
+                                          ("deepseek_v2", 1, 2), ("qwen3", 2, 2)])
+def test_parity(family, tp, pp, ckpt_dir):
     path = make_checkpoint(family, "float32", ckpt_dir)
-    llm, _, _ = run_parity(path, path, tensor_parallel_size=tp)
-    cfg = llm.llm_engine.model.config  # rank 0's share
-    assert cfg["tp_size"] == tp and cfg["num_attention_heads"] == 4 // tp
+    llm, _, _ = run_parity(path, path, tensor_parallel_size=tp, pipeline_parallel_size=pp)
+    model = llm.llm_engine.model  # rank 0's share
+    assert model.config["tp_size"] == tp and model.config["num_attention_heads"] == 4 // tp
     k_cache, _ = llm.llm_engine.kv_caches[0]
-    assert k_cache.shape[2] == max(1, 2 // tp)  # this rank's kv heads only
+    # this rank's kv heads only (MLA: the one latent row a token, whole on every rank)
+    assert k_cache.shape[2] == (1 if model.config.get("use_mla") else max(1, 2 // tp))
+    layers = len(model.layers)
+    assert sum(layer is not None for layer in model.layers) == -(-layers // pp)  # its stage's
+
+
+def test_parity_gguf(ckpt_dir):
+    """A GGUF (qwen3's F32 file) cut by its own tensor names."""
+    path = make_checkpoint("qwen3", "float32", ckpt_dir)
+    gguf_path = write_gguf(path, "qwen3", os.path.join(ckpt_dir, "qwen3.gguf"))
+    run_parity(gguf_path, path, tensor_parallel_size=2)
+
+
+def test_block_weights_cut_at_block_boundaries(tmp_path):
+    """Q8_0 rows cut at 32-value blocks: down_proj's 128 columns split in two whole halves
+    give tp=1's tokens; 160 columns (80 a rank, not whole blocks) are refused by name."""
+    import gguf
+
+    from vllmx import LLM
+
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    prompts = [{"prompt_token_ids": [5, 6, 7, 8, 9]}, {"prompt_token_ids": list(range(3, 60))}]
+    path = make_checkpoint("llama", "float32", str(tmp_path), intermediate_size=128)
+    good = write_gguf(path, "llama", str(tmp_path / "llama-q8.gguf"), q8)
+    outs = [[o.outputs[0].token_ids for o in LLM(good, skip_tokenizer_init=True,
+                                                 tensor_parallel_size=tp).generate(
+        prompts, _greedy())] for tp in (1, 2)]
+    assert outs[0] == outs[1]
+    path = make_checkpoint("llama", "float32", str(tmp_path / "odd"))
+    bad = write_gguf(path, "llama", str(tmp_path / "llama-q8-odd.gguf"), q8)
+    with pytest.raises(ValueError, match=r"ffn_down\.weight.*cannot be cut at columns 0\.\.80"):
+        LLM(bad, skip_tokenizer_init=True, tensor_parallel_size=2)
 
 
 def _greedy(max_tokens=16):
@@ -73,16 +109,18 @@ def test_dead_rank_fails_the_engine(ckpt_dir):
     assert time.perf_counter() - t0 < 60
 
 
-@pytest.mark.parametrize("family,tp,what", [
-    ("llama", 3, "tensor_parallel_size=3 must divide num_attention_heads"),
-    ("gpt2", 2, "tensor_parallel_size > 1 supports"),
+@pytest.mark.parametrize("family,tp,pp,what", [
+    ("llama", 3, 1, "tensor_parallel_size=3 must divide num_attention_heads"),
+    ("gpt2", 2, 1, "tensor / pipeline parallelism supports"),
+    ("gpt2", 1, 2, "tensor / pipeline parallelism supports"),
+    ("llama", 1, 3, "pipeline_parallel_size=3 is more than the model's 2 layers"),
 ])
-def test_what_does_not_split_is_refused(family, tp, what, ckpt_dir):
+def test_what_does_not_split_is_refused(family, tp, pp, what, ckpt_dir):
     from vllmx import LLM
 
     with pytest.raises(ValueError, match=what):
         LLM(make_checkpoint(family, "float32", ckpt_dir), skip_tokenizer_init=True,
-            tensor_parallel_size=tp)
+            tensor_parallel_size=tp, pipeline_parallel_size=pp)
 
 
 def test_unsupported_combinations_are_refused(ckpt_dir):

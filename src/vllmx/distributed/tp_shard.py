@@ -6,7 +6,9 @@ layers/fused_moe.py).
 
 - column-parallel (output rows cut): q by query heads; k / v by kv heads (a kv head repeated on
   several ranks where there are fewer kv heads than ranks, as vLLM does); gate / up, each
-  expert's too, and their biases;
+  expert's too, and their biases; MLA's q_b_proj (or q_proj) and kv_b_proj by heads (the
+  latent projections, kv_a_proj_with_mqa and q_a_proj, whole: every rank writes the same
+  latent rows to its cache);
 - row-parallel (input columns cut): o_proj, down_proj and each expert's down (a bias stays
   whole: rank 0 adds it once);
 - vocab-parallel: the embedding's and lm_head's rows, ceil(V / tp) a rank;
@@ -27,11 +29,13 @@ from vllmx.ops import Weight
 # and its MoE blocks). Others raise: their fused or extra tensors would be cut wrongly.
 TP_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                     "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM",
-                    "Qwen2MoeForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM")
+                    "Qwen2MoeForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM",
+                    "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 TP_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "smollm3", "granite")
 
 _RULES = [  # (pattern on the tensor's name without .weight / .bias, rule)
-    (r"(self_attn\.q_proj|attn_q)$", "q"),
+    (r"(self_attn\.q_proj|self_attn\.q_b_proj|attn_q)$", "q"),
+    (r"self_attn\.kv_b_proj$", "kv_b"),
     (r"(self_attn\.[kv]_proj|attn_[kv])$", "kv"),
     (r"((^|\.)(gate_proj|up_proj|w1|w3)|ffn_(gate|up)(_shexp)?)$", "column"),
     (r"ffn_(gate|up)_exps$", "column_stacked"),  # GGUF's experts [E, I, H]
@@ -92,7 +96,7 @@ def tp_config(cfg: dict, rank: int, tp: int) -> dict:
     archs = set(cfg.get("architectures") or [])
     arch = cfg.get("gguf_architecture")
     if not (archs & set(TP_ARCHITECTURES) or arch in TP_GGUF_ARCHITECTURES):
-        raise ValueError(f"tensor_parallel_size > 1 supports {', '.join(TP_ARCHITECTURES)} "
+        raise ValueError(f"tensor / pipeline parallelism supports {', '.join(TP_ARCHITECTURES)} "
                          f"(GGUF: {', '.join(TP_GGUF_ARCHITECTURES)}) so far; this checkpoint "
                          f"is {sorted(archs) or arch}")
     out = dict(cfg)
@@ -120,6 +124,11 @@ class ShardedWeights(Mapping):
     def __init__(self, weights: Mapping, cfg: dict, rank: int, tp: int):
         self._weights, self._rank, self._tp = weights, rank, tp
         self._head_dim = cfg["head_dim"]
+        # MLA's heads: a query head's rows [nope; rope], kv_b_proj's [k nope; v]
+        self._q_head = cfg["head_dim"]
+        if cfg.get("kv_lora_rank"):
+            self._q_head = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+            self._kv_b_head = cfg["qk_nope_head_dim"] + cfg["v_head_dim"]
         self._nq = cfg["num_attention_heads"]  # (the full counts)
         self._nkv = cfg.get("num_key_value_heads") or self._nq
 
@@ -129,8 +138,8 @@ class ShardedWeights(Mapping):
         if rule is None:
             return w
         r, tp, d = self._rank, self._tp, self._head_dim
-        if rule == "q":
-            n = self._nq // tp * d
+        if rule in ("q", "kv_b"):
+            n = self._nq // tp * (self._q_head if rule == "q" else self._kv_b_head)
             return slice_weight(w, 0, r * n, (r + 1) * n, name)
         if rule == "kv":
             if self._nkv >= tp:
@@ -159,8 +168,10 @@ class ShardedWeights(Mapping):
 
 def shard_checkpoint(cfg: dict, weights: Mapping, rank: int, tp: int) -> tuple[dict, Mapping]:
     """(config, weights) of rank's share; ValueError where the architecture or its sizes do
-    not split tp ways."""
+    not split tp ways. (A pipeline stage's model reads its own layers' tensors only.)"""
     local = tp_config(cfg, rank, tp)
+    if tp == 1:
+        return local, weights
     embed = next((n for n in ("model.embed_tokens.weight", "token_embd.weight")
                   if n in weights), None)
     if embed is not None:  # the full vocabulary: what lm_head's gathered logits span

@@ -44,8 +44,10 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     scheduling_policy: str = "fcfs"  # or "priority"
     num_threads: int | None = None
-    # vLLM's tensor_parallel_size and distributed_executor_backend (config.ParallelConfig)
+    # vLLM's tensor_parallel_size, pipeline_parallel_size and distributed_executor_backend
+    # (config.ParallelConfig)
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
     distributed_executor_backend: str | None = None
     device: str = "auto"  # auto | cuda | cpu
     dtype: str = "auto"  # GPU activations; the CPU computes in float32
@@ -133,7 +135,8 @@ class EngineArgs:
                             policy=self.scheduling_policy,
                             async_scheduling=self.async_scheduling),
             ParallelConfig(self.num_threads, self.tensor_parallel_size,
-                           self.distributed_executor_backend), DeviceConfig(self.device),
+                           self.distributed_executor_backend, self.pipeline_parallel_size),
+            DeviceConfig(self.device),
             None if self.speculative_config is None
             else SpeculativeConfig.from_dict(self.speculative_config),
             StructuredOutputsConfig.from_dict(self.structured_outputs_config),

@@ -24,17 +24,18 @@ logger = logging.getLogger("vllmx")
 
 
 def _check_tensor_parallel(config: VllmxConfig) -> None:
-    """What tensor parallelism does not run yet, refused before anything starts: the other
-    ranks follow the model's forward only (executor/tp_worker.py), so LoRA's layers and the
-    drafters built over the target's layers would run on rank 0's share alone."""
-    if config.parallel_config.tensor_parallel_size == 1:
+    """What several ranks do not run yet, refused before anything starts: the other ranks
+    follow the model's forward only (executor/tp_worker.py), so LoRA's layers and the drafters
+    built over the target's layers would run on rank 0's share alone."""
+    if config.parallel_config.world_size == 1:
         return
     spec = config.speculative_config
+    what = "tensor_parallel_size * pipeline_parallel_size > 1"
     if config.lora_config is not None:
-        raise ValueError("tensor_parallel_size > 1 does not support LoRA adapters yet")
+        raise ValueError(f"{what} does not support LoRA adapters yet")
     if spec is not None and spec.method != "ngram":
-        raise ValueError(f"tensor_parallel_size > 1 supports speculative decoding by ngram "
-                         f"only so far, not {spec.method!r}")
+        raise ValueError(f"{what} supports speculative decoding by ngram only so far, not "
+                         f"{spec.method!r}")
 
 
 class LLMEngine:

@@ -19,7 +19,7 @@ import weakref
 from multiprocessing.connection import wait
 
 from vllmx.config import VllmxConfig
-from vllmx.distributed.parallel_state import GroupCoordinator
+from vllmx.distributed.parallel_state import rank_groups
 from vllmx.distributed.shm_comm import ShmSegment
 from vllmx.executor.tp_worker import check_ready, run_follower
 
@@ -29,22 +29,33 @@ _START_TIMEOUT_S = 1800.0  # a rank's start-up step (loading a large checkpoint)
 
 
 class TPExecutor:
-    """The other ranks of rank 0's group: their connections (rank -> Connection), the group's
-    segment, and the calls of the step protocol (executor/tp_worker.py)."""
+    """The other ranks: their connections (rank -> Connection), the groups' segments (one of
+    all ranks for the pipeline's hand-offs, one a stage for its tensor-parallel group), rank
+    0's groups, and the calls of the step protocol (executor/tp_worker.py)."""
 
     def __init__(self, config: VllmxConfig):
-        self.world_size = config.parallel_config.tensor_parallel_size
-        self.segment = ShmSegment.create(self.world_size)
-        self.group = GroupCoordinator(0, self.world_size, self.segment)
+        pc = config.parallel_config
+        tp, pp = pc.tensor_parallel_size, pc.pipeline_parallel_size
+        self.world_size, self.tp_size = pc.world_size, tp
+        self.world_segment = ShmSegment.create(self.world_size) if pp > 1 else None
+        self.stage_segments = [ShmSegment.create(tp) for _ in range(pp)] if tp > 1 else []
+        self.segments = [s for s in (self.world_segment, *self.stage_segments) if s is not None]
+        self.groups = rank_groups(0, tp, pp, self.world_segment,
+                                  self.stage_segments[0] if tp > 1 else None)
         self.conns: dict = {}
         self.state = _GroupState()
         try:
             self._launch(config)
         except BaseException:
-            self.segment.unlink()
+            _unlink(self.segments)
             raise
-        self._finalizer = weakref.finalize(self, _close, self.conns, self.segment, self.state,
+        self._finalizer = weakref.finalize(self, _close, self.conns, self.segments, self.state,
                                            self._stop_handles())
+
+    def segment_paths(self, rank: int) -> tuple[str | None, str | None]:
+        """(all ranks' segment, rank's stage's segment) paths, None where there is none."""
+        return (None if self.world_segment is None else self.world_segment.path,
+                self.stage_segments[rank // self.tp_size].path if self.stage_segments else None)
 
     # -- what a backend provides ------------------------------------------------------------
     def _launch(self, config: VllmxConfig) -> None:
@@ -79,7 +90,7 @@ class TPExecutor:
         """Each rank has loaded its share (its error raised here otherwise)."""
         for rank in self.conns:
             check_ready(self._recv(rank), rank)
-        self.segment.unlink()  # every rank has mapped it
+        _unlink(self.segments)  # every rank has mapped them
 
     def init_kv_cache(self, num_blocks: int) -> None:
         """The other ranks allocate their KV caches of num_blocks blocks; then the watchdog."""
@@ -88,7 +99,7 @@ class TPExecutor:
         for rank in self.conns:
             check_ready(self._recv(rank), rank)
         # (the thread holds no reference to self: dropping the engine closes the ranks)
-        threading.Thread(target=_watch, args=(dict(self.conns), self.segment, self.state),
+        threading.Thread(target=_watch, args=(dict(self.conns), self.segments, self.state),
                          name="vllmx-tp-watchdog", daemon=True).start()
 
     # -- steps ----------------------------------------------------------------------------
@@ -110,7 +121,7 @@ class TPExecutor:
         try:
             return fn(*args)
         except RuntimeError as e:
-            if not self.segment.aborted:
+            if not any(s.aborted for s in self.segments):
                 raise
             self.state.failed.wait(5.0)
             raise RuntimeError(self.state.failure
@@ -129,7 +140,7 @@ class _GroupState:
         self.closing = False
 
 
-def _watch(conns: dict, segment: ShmSegment, state: _GroupState) -> None:
+def _watch(conns: dict, segments: list[ShmSegment], state: _GroupState) -> None:
     by_conn = {conn: rank for rank, conn in conns.items()}
     while by_conn:
         for conn in wait(list(by_conn)):
@@ -145,11 +156,17 @@ def _watch(conns: dict, segment: ShmSegment, state: _GroupState) -> None:
             if state.failure is None:
                 state.failure = why
                 logger.error("%s", why)
-            segment.abort()
+            for s in segments:
+                s.abort()
             state.failed.set()
 
 
-def _close(conns: dict, segment: ShmSegment, state: _GroupState, handles: list) -> None:
+def _unlink(segments: list[ShmSegment]) -> None:
+    for s in segments:
+        s.unlink()
+
+
+def _close(conns: dict, segments: list[ShmSegment], state: _GroupState, handles: list) -> None:
     state.closing = True
     for conn in conns.values():
         try:
@@ -158,7 +175,7 @@ def _close(conns: dict, segment: ShmSegment, state: _GroupState, handles: list) 
             pass
     for h in handles:
         h.stop()
-    segment.unlink()
+    _unlink(segments)
 
 
 class _Process:
@@ -182,7 +199,7 @@ class MultiprocExecutor(TPExecutor):
             cfg = copy.deepcopy(config)
             cfg.parallel_config.rank = rank
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=run_follower, args=(cfg, child, self.segment.path),
+            p = ctx.Process(target=run_follower, args=(cfg, child, *self.segment_paths(rank)),
                             name=f"vllmx-tp-rank{rank}", daemon=True)
             p.start()
             child.close()

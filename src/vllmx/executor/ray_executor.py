@@ -22,14 +22,15 @@ _CONNECT_TIMEOUT_S = 600.0
 class RankActor:
     """One further rank, as a Ray actor (ray.remote(RankActor) in the executor)."""
 
-    def run(self, config: VllmxConfig, address: str, authkey: bytes, shm_path: str) -> None:
+    def run(self, config: VllmxConfig, address: str, authkey: bytes, world_path: str | None,
+            stage_path: str | None) -> None:
         from multiprocessing.connection import Client
 
         from vllmx.executor.tp_worker import run_follower
 
         conn = Client(address, family="AF_UNIX", authkey=authkey)
         conn.send(config.parallel_config.rank)
-        run_follower(config, conn, shm_path)
+        run_follower(config, conn, world_path, stage_path)
 
 
 class _Actor:
@@ -55,7 +56,7 @@ class RayDistributedExecutor(TPExecutor):
             ray.init()
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(),
                                               soft=False)
-        address = self.segment.path + ".sock"
+        address = self.segments[0].path + ".sock"
         authkey = os.urandom(32)
         listener = Listener(address, family="AF_UNIX", authkey=authkey)
         accepted: queue.Queue = queue.Queue()
@@ -79,7 +80,7 @@ class RayDistributedExecutor(TPExecutor):
                 actor = actor_cls.options(scheduling_strategy=here,
                                           name=f"vllmx-tp-rank{rank}-{os.getpid()}").remote()
                 self.actors[rank] = _Actor(actor, actor.run.remote(cfg, address, authkey,
-                                                                    self.segment.path))
+                                                                    *self.segment_paths(rank)))
             waited = 0.0
             while len(self.conns) < self.world_size - 1:
                 try:

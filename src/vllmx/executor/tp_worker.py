@@ -1,9 +1,10 @@
-"""Both ends of tensor parallelism's step protocol. Rank 0 (the engine's process) keeps the
-scheduler, the model runner and the sampler; its model is a TensorParallelModel, which sends
-every forward and compute_logits call, with its inputs, to the other ranks before running it on
-its own share. Each other rank (run_follower) makes the same call on its share, and the calls'
-collectives (distributed/parallel_state.py) pair up across the ranks. The other ranks never
-sample: rank 0's logits are whole (lm_head's all_gather), and its tokens are the step's.
+"""Both ends of the step protocol of tensor and pipeline parallelism. Rank 0 (the engine's
+process) keeps the scheduler, the model runner and the sampler; its model is a ParallelModel,
+which sends every forward and compute_logits call, with its inputs, to the other ranks before
+running it on its own share. Each other rank (run_follower) makes the same call on its share
+(its heads, its stage's layers), and the calls' collectives (distributed/parallel_state.py)
+pair up across the ranks. The other ranks never sample: rank 0's logits are whole (lm_head's
+all_gather; the last stage hands the final hidden states back), and its tokens are the step's.
 
 A rank that fails sets the group's abort flag (the ranks waiting in a collective raise) and
 sends its traceback; rank 0's step then fails with it, which stops the engine."""
@@ -18,7 +19,7 @@ import time
 import traceback
 
 from vllmx.config import VllmxConfig
-from vllmx.distributed.parallel_state import GroupCoordinator, model_parallel
+from vllmx.distributed.parallel_state import model_parallel, rank_groups
 from vllmx.distributed.shm_comm import ShmSegment
 from vllmx.layers.attention import AttentionMetadata
 
@@ -29,7 +30,7 @@ def threads_per_rank(config: VllmxConfig) -> int:
     """A rank's native threads: num_threads, else this host's cores shared by the ranks."""
     pc = config.parallel_config
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return pc.num_threads or max(1, (cores or 1) // pc.tensor_parallel_size)
+    return pc.num_threads or max(1, (cores or 1) // pc.world_size)
 
 
 def _metadata_fields(md: AttentionMetadata) -> dict:
@@ -38,9 +39,10 @@ def _metadata_fields(md: AttentionMetadata) -> dict:
             if f.name not in ("kv_caches", "cache_dtype")}
 
 
-class TensorParallelModel:
-    """Rank 0's model: its own share, each forward / compute_logits first sent to the other
-    ranks (executor.call). Every other attribute is the share's."""
+class ParallelModel:
+    """Rank 0's model under tensor / pipeline parallelism: its own share, each forward /
+    compute_logits first sent to the other ranks (executor.call). Every other attribute is the
+    share's."""
 
     def __init__(self, model, executor):
         self._model = model
@@ -58,7 +60,7 @@ class TensorParallelModel:
         return self._executor.checked(self._model.compute_logits, hidden)
 
 
-def _watch_parent(segment: ShmSegment) -> None:
+def _watch_parent(segments: list[ShmSegment]) -> None:
     """Aborts the group and exits if the process that started this one goes away (a rank
     waiting in a collective would otherwise wait for it forever)."""
     parent = os.getppid()
@@ -66,26 +68,32 @@ def _watch_parent(segment: ShmSegment) -> None:
     def watch():
         while os.getppid() == parent:
             time.sleep(1.0)
-        segment.abort()
+        for s in segments:
+            s.abort()
         os._exit(1)
 
     threading.Thread(target=watch, name="vllmx-tp-parent-watch", daemon=True).start()
 
 
-def run_follower(config: VllmxConfig, conn, shm_path: str) -> None:
+def run_follower(config: VllmxConfig, conn, world_path: str | None,
+                 stage_path: str | None) -> None:
     """Rank config.parallel_config.rank's life: its share loaded (beside rank 0's, which
     loads at the same time), its KV cache of rank 0's block count, then each call rank 0 sends
-    until "close" or the connection ends."""
+    until "close" or the connection ends. world_path / stage_path: the segments of all ranks
+    (pipeline stages' hand-offs) and of its stage's tensor-parallel group, None where the
+    group is one rank."""
     from vllmx import _C
     from vllmx.worker.cpu_worker import CpuWorker
 
     pc = config.parallel_config
-    segment = ShmSegment(shm_path)
-    _watch_parent(segment)
+    world, stage = (None if p is None else ShmSegment(p) for p in (world_path, stage_path))
+    segments = [s for s in (world, stage) if s is not None]
+    _watch_parent(segments)
     try:
         _C.set_num_threads(threads_per_rank(config))
         worker = CpuWorker(config)
-        with model_parallel(GroupCoordinator(pc.rank, pc.tensor_parallel_size, segment)):
+        with model_parallel(rank_groups(pc.rank, pc.tensor_parallel_size,
+                                        pc.pipeline_parallel_size, world, stage)):
             worker.load_model()
         conn.send(("ready", None))
         _, num_blocks = conn.recv()
@@ -101,15 +109,18 @@ def run_follower(config: VllmxConfig, conn, shm_path: str) -> None:
                               AttentionMetadata(kv_caches=kv_caches, cache_dtype=cache_dtype,
                                                 **fields))
             elif method == "compute_logits":
-                model.compute_logits(*args)
+                if model.lm_head is not None:  # (a later pipeline stage holds none)
+                    model.compute_logits(*args)
             elif method == "close":
                 return
             else:
                 raise ValueError(f"unknown call {method!r}")
     except EOFError:  # rank 0 is gone
-        segment.abort()
-    except BaseException:  # noqa: BLE001 - any failure: abort the group, tell rank 0
-        segment.abort()
+        for s in segments:
+            s.abort()
+    except BaseException:  # noqa: BLE001 - any failure: abort the groups, tell rank 0
+        for s in segments:
+            s.abort()
         try:
             conn.send(("error", traceback.format_exc()))
         except OSError:

@@ -16,7 +16,7 @@ from vllmx import ops
 from vllmx.device import F32
 from vllmx.distributed.parallel_state import get_tp_group
 from vllmx.layers import placement
-from vllmx.layers.linear import Linear, MergedLinear
+from vllmx.layers.linear import Linear, MergedLinear, RowParallelLinear
 from vllmx.layers.norm import ResidualAdd
 from vllmx.ops import Weight
 
@@ -35,12 +35,14 @@ class GroupedRouting:
 
 
 class SwiGLUMLP:
-    """down(silu(gate x) * up x): a dense MLP beside the experts (DeepSeek's, GLM-4.5's and
-    GraniteMoeShared's shared experts). gate_up: [gate, up], or one fused [gate; up] tensor."""
+    """down(silu(gate x) * up x): a dense MLP (DeepSeek's first layers, the hybrids'), or one
+    beside the experts (DeepSeek's, GLM-4.5's and GraniteMoeShared's shared experts: then
+    reduce_results=False, vLLM's flag, since under tensor parallelism the block reduces its sum
+    once). gate_up: [gate, up], or one fused [gate; up] tensor."""
 
-    def __init__(self, gate_up: list[Weight], down: Weight):
+    def __init__(self, gate_up: list[Weight], down: Weight, reduce_results: bool = True):
         self.gate_up_proj = MergedLinear(gate_up, [None] * len(gate_up))
-        self.down_proj = Linear(down)
+        self.down_proj = RowParallelLinear(down) if reduce_results else Linear(down)
 
     def __call__(self, x):
         return self.down_proj(self.gate_up_proj.act_and_mul(x))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from vllmx import ops
 from vllmx.device import F32
-from vllmx.distributed.parallel_state import get_tp_group, shard_range
+from vllmx.distributed.parallel_state import get_pp_stage, get_tp_group, shard_range
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.fused_moe import SparseMoeBlock
@@ -343,8 +343,14 @@ class LlamaForCausalLM(DecoderLM):
             is_neox, rope_scaling,
             None if freq_factors is None else freq_factors.to_float32().reshape(-1),
             num_positions=cfg.get("max_model_len"))
+        # Pipeline parallelism: this stage's layers (the others None, their tensors never
+        # read); the first stage embeds and holds lm_head (rank 0 computes the logits).
+        self.pp_stage = pp = get_pp_stage()
+        first = pp is None or pp.is_first
+        start, end = (0, cfg["num_hidden_layers"]) if pp is None else pp.layers(
+            cfg["num_hidden_layers"])
         self.embed_tokens = placement.upload_weight(weights["model.embed_tokens.weight"],
-                                                    "model.embed_tokens.weight")
+                                                    "model.embed_tokens.weight") if first else None
         # SmolLM3's no_rope_layers: 1 where a layer uses rope, 0 where it has none (NoPE); a
         # GGUF has no key for them (llama.cpp: every 4th layer).
         use_rope = cfg.get("no_rope_layers") if smollm3 else None
@@ -361,15 +367,15 @@ class LlamaForCausalLM(DecoderLM):
                               cfg["attn_sliding_window"] if types is None
                               or types[i] == "sliding_attention" else 0,
                               sparse_block(cfg, weights, i) if sparse[i] else None)
-            for i in range(cfg["num_hidden_layers"])]
+            if start <= i < end else None for i in range(cfg["num_hidden_layers"])]
         if oss:
             for i, layer in enumerate(self.layers):
                 layer.attn.sinks = placement.upload_vector(gpt_oss.attention_sinks(weights, i),
                                                            F32)  # (where attention runs)
         self.norm = RMSNorm(weights["model.norm.weight"], cfg["rms_norm_eps"])
         self.lm_head = ParallelLMHead(weights.get("lm_head.weight", self.embed_tokens),
-                                      cfg.get("vocab_size"))
-        self.vocab_size = self.lm_head.vocab_size
+                                      cfg.get("vocab_size")) if first else None
+        self.vocab_size = self.lm_head.vocab_size if first else int(cfg["vocab_size"])
         self.tp_group = get_tp_group()
         if self.tp_group is not None:  # (embed_tokens holds this rank's rows)
             self.vocab_start = shard_range(self.vocab_size, self.tp_group.rank,

@@ -54,31 +54,32 @@ class CpuWorker(WorkerBase):
                         "the kv_cache_dtype set" if self.config.cache_config.kv_cache_dtype
                         != "auto" else mc.dtype)
         pc = self.config.parallel_config
-        if pc.tensor_parallel_size > 1 and pc.rank == 0:
+        if pc.world_size > 1 and pc.rank == 0:
             self._load_tensor_parallel()
         else:  # (a further rank: inside its group's model_parallel, executor/tp_worker.py)
             self.model, self.tokenizer = load_model(mc)
 
     def _load_tensor_parallel(self) -> None:
         """Rank 0's share, the other ranks loading theirs meanwhile (executor/); the runner's
-        model is the TensorParallelModel that sends them each call."""
+        model is the ParallelModel that sends them each call."""
         from vllmx import _C
         from vllmx.distributed.parallel_state import model_parallel
         from vllmx.executor import create_executor
-        from vllmx.executor.tp_worker import TensorParallelModel, threads_per_rank
+        from vllmx.executor.tp_worker import ParallelModel, threads_per_rank
 
         pc = self.config.parallel_config
         _C.set_num_threads(threads_per_rank(self.config))
         self.executor = create_executor(self.config)
         try:
-            with model_parallel(self.executor.group):
+            with model_parallel(self.executor.groups):
                 model, self.tokenizer = load_model(self.config.model_config)
             self.executor.wait_ready()
         except BaseException:
             self.executor.close()
             raise
-        self.model = TensorParallelModel(model, self.executor)
-        logger.info("tensor parallelism: %d ranks (%s), %d threads each", pc.tensor_parallel_size,
+        self.model = ParallelModel(model, self.executor)
+        logger.info("%d ranks (tensor parallel %d x pipeline stages %d; %s), %d threads each",
+                    pc.world_size, pc.tensor_parallel_size, pc.pipeline_parallel_size,
                     pc.distributed_executor_backend, threads_per_rank(self.config))
 
     def kv_dtype(self) -> int:
@@ -119,7 +120,7 @@ class CpuWorker(WorkerBase):
         # vLLM's CPU default: a share of RAM, at most 4 GiB, and never more than max_num_seqs
         # full-length sequences.
         ram_share = _total_memory_bytes() * cc.cpu_kv_cache_fraction
-        budget = min(4 << 30, int(ram_share / self.config.parallel_config.tensor_parallel_size),
+        budget = min(4 << 30, int(ram_share / self.config.parallel_config.world_size),
                      -(-mc.max_model_len // cc.block_size) * sc.max_num_seqs * block_bytes)
         num_blocks = num_kv_blocks(self.config, block_bytes, budget,
                                    "raise kv_cache_memory_bytes or lower max_model_len")
