@@ -96,7 +96,9 @@ def run_follower(config: VllmxConfig, conn, world_path: str | None,
                                         pc.pipeline_parallel_size, world, stage)):
             worker.load_model()
         conn.send(("ready", None))
-        _, num_blocks = conn.recv()
+        kind, num_blocks = conn.recv()
+        if kind == "close":  # rank 0 failed to start
+            return
         config.cache_config.num_gpu_blocks_override = num_blocks
         worker.allocate_kv_cache()
         conn.send(("ready", None))

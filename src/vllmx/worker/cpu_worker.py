@@ -116,7 +116,13 @@ class CpuWorker(WorkerBase):
         dtype = self.kv_dtype()
         hf = self.model.config
         draft_layers = num_draft_kv_layers(self.config)
-        block_bytes = kv_block_bytes(hf, cc.block_size, 4 if dtype == F32 else 2, draft_layers)
+        sized = hf
+        pp = getattr(self.model, "pp_stage", None)
+        if pp is not None:  # its stage's layers write KV (the others' pages stay uncommitted)
+            start, end = pp.layers(hf["num_hidden_layers"])
+            sized = {**hf, "num_kv_cache_layers": end - start}
+        block_bytes = kv_block_bytes(sized, cc.block_size, 4 if dtype == F32 else 2,
+                                     draft_layers)
         # vLLM's CPU default: a share of RAM, at most 4 GiB, and never more than max_num_seqs
         # full-length sequences.
         ram_share = _total_memory_bytes() * cc.cpu_kv_cache_fraction
