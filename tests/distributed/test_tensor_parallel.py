@@ -94,6 +94,28 @@ def test_batched_equals_alone(ckpt_dir):
     assert batched == alone
 
 
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_speculative_decoding_keeps_the_tokens(method, ckpt_dir):
+    """ngram and draft_model (the draft whole on rank 0) over a tp=2 target: the tokens of
+    the same target without speculation, on repetitive prompts that get drafts accepted."""
+    from vllmx import LLM
+
+    path = make_checkpoint("llama", "float32", ckpt_dir)
+    spec = {"method": method, "num_speculative_tokens": 3}
+    spec.update({"prompt_lookup_max": 3} if method == "ngram" else {"model": path})
+    rng = np.random.default_rng()
+    prompts = [{"prompt_token_ids": (rng.integers(3, VOCAB, size=6).tolist() * 5)[:n]}
+               for n in (12, 25, 30)]
+    plain = LLM(path, skip_tokenizer_init=True, tensor_parallel_size=2)
+    expected = [o.outputs[0].token_ids for o in plain.generate(prompts, _greedy(24))]
+    del plain
+    llm = LLM(path, skip_tokenizer_init=True, tensor_parallel_size=2, speculative_config=spec)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, _greedy(24))] == expected
+    assert llm.llm_engine.scheduler.spec_decode_num_draft_tokens > 0
+    if method == "draft_model":  # the target itself as its draft: every draft is accepted
+        assert llm.llm_engine.scheduler.spec_decode_num_accepted_tokens > 0
+
+
 def test_dead_rank_fails_the_engine(ckpt_dir):
     from vllmx import LLM
 
@@ -129,6 +151,9 @@ def test_unsupported_combinations_are_refused(ckpt_dir):
     path = make_checkpoint("llama", "float32", ckpt_dir)
     with pytest.raises(ValueError, match="LoRA"):
         LLM(path, skip_tokenizer_init=True, tensor_parallel_size=2, enable_lora=True)
+    with pytest.raises(ValueError, match="not 'mtp'"):
+        LLM(path, skip_tokenizer_init=True, pipeline_parallel_size=2,
+            speculative_config={"method": "mtp", "num_speculative_tokens": 1})
     with pytest.raises(ValueError, match="'uni' runs one rank"):
         LLM(path, skip_tokenizer_init=True, tensor_parallel_size=2,
             distributed_executor_backend="uni")

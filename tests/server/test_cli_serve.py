@@ -74,7 +74,7 @@ def test_serve_tensor_parallel(smollm2_gguf):
                                         prompt="The capital of France is", temperature=0,
                                         max_tokens=4)
         assert "Paris" in out.choices[0].text
-        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, check=False,
                                   text=True).stdout.split()
         assert len(children) >= 2  # ranks 1 and 2 (and multiprocessing's resource tracker)
     finally:
