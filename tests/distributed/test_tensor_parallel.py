@@ -59,14 +59,21 @@ def test_block_weights_cut_at_block_boundaries(tmp_path):
 
     from vllmx import LLM
 
+    from vllmx import SamplingParams
+
     q8 = gguf.GGMLQuantizationType.Q8_0
     prompts = [{"prompt_token_ids": [5, 6, 7, 8, 9]}, {"prompt_token_ids": list(range(3, 60))}]
     path = make_checkpoint("llama", "float32", str(tmp_path), intermediate_size=128)
     good = write_gguf(path, "llama", str(tmp_path / "llama-q8.gguf"), q8)
-    outs = [[o.outputs[0].token_ids for o in LLM(good, skip_tokenizer_init=True,
-                                                 tensor_parallel_size=tp).generate(
-        prompts, _greedy())] for tp in (1, 2)]
-    assert outs[0] == outs[1]
+    sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
+    ref, out = (LLM(good, skip_tokenizer_init=True, tensor_parallel_size=tp).generate(prompts, sp)
+                for tp in (1, 2))
+    for r, o in zip(ref, out):
+        # The same tokens up to a near tie of tp=1's (another summation order may break it)
+        gaps = [abs(float(np.subtract(*sorted((lp.logprob for lp in pos.values()),
+                                              reverse=True)[:2]))) for pos in r.outputs[0].logprobs]
+        n = next((i for i, g in enumerate(gaps) if g < 1e-3), len(gaps))
+        assert o.outputs[0].token_ids[:n] == r.outputs[0].token_ids[:n]
     path = make_checkpoint("llama", "float32", str(tmp_path / "odd"))
     bad = write_gguf(path, "llama", str(tmp_path / "llama-q8-odd.gguf"), q8)
     with pytest.raises(ValueError, match=r"ffn_down\.weight.*cannot be cut at columns 0\.\.80"):
