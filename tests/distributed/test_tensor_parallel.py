@@ -57,9 +57,7 @@ def test_block_weights_cut_at_block_boundaries(tmp_path):
     give tp=1's tokens; 160 columns (80 a rank, not whole blocks) are refused by name."""
     import gguf
 
-    from vllmx import LLM
-
-    from vllmx import SamplingParams
+    from vllmx import LLM, SamplingParams
 
     q8 = gguf.GGMLQuantizationType.Q8_0
     prompts = [{"prompt_token_ids": [5, 6, 7, 8, 9]}, {"prompt_token_ids": list(range(3, 60))}]
