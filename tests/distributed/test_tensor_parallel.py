@@ -45,6 +45,23 @@ def test_parity(family, tp, pp, ckpt_dir):
     assert sum(layer is not None for layer in model.layers) == -(-layers // pp)  # its stage's
 
 
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "deepseek_v2", "qwen3_moe_gguf"])
+def test_expert_parallel_parity(family, ckpt_dir):
+    """enable_expert_parallel at tp=2: each rank holds half the experts whole (a GGUF's stacked
+    ones cut by experts), routing stays global; DeepSeek's shared experts stay cut by rows."""
+    path = make_checkpoint(family, "float32", ckpt_dir)
+    model_path = path
+    if family.endswith("_gguf"):
+        model_path = write_gguf(path, family, os.path.join(ckpt_dir, f"{family}.gguf"))
+    llm, _, _ = run_parity(model_path, path, tensor_parallel_size=2, enable_expert_parallel=True)
+    block = next(layer.experts if hasattr(layer, "experts") else layer.mlp
+                 for layer in llm.llm_engine.model.layers
+                 if getattr(getattr(layer, "experts", None) or getattr(layer, "mlp", None),
+                            "expert_range", None) is not None)
+    first, count = block.expert_range
+    assert first == 0 and block.w13.shape[0] == count == block.gate.weight.shape[0] // 2
+
+
 def test_parity_gguf(ckpt_dir):
     """A GGUF (qwen3's F32 file) cut by its own tensor names."""
     path = make_checkpoint("qwen3", "float32", ckpt_dir)
