@@ -27,12 +27,16 @@ def ckpt_dir(tmp_path_factory):
 # llama at tp=4: 2 kv heads for 4 ranks (each kv head on two ranks); qwen3: tied embeddings,
 # q/k norms; qwen3_moe: sparse and dense layers (3 layers: stages of 2 and 1); mixtral:
 # experts w1/w2/w3; DeepSeek V2 / V3: MLA heads (V3 with its query latent), a dense first
-# layer, shared experts, grouped routing; tp=2 x pp=2: two stages of two ranks.
+# layer, shared experts, grouped routing; tp=2 x pp=2: two stages of two ranks; the Gated
+# DeltaNet hybrids (Qwen3-Next's grouped projections, Qwen3.5's apart; their state slots on
+# every rank).
 @pytest.mark.parametrize("family,tp,pp", [("llama", 2, 1), ("llama", 4, 1), ("qwen3", 2, 1),
                                           ("qwen3_moe", 2, 1), ("mixtral", 2, 1),
                                           ("deepseek_v2", 2, 1), ("deepseek_v3", 2, 1),
                                           ("llama", 1, 2), ("qwen3_moe", 1, 2),
-                                          ("deepseek_v2", 1, 2), ("qwen3", 2, 2)])
+                                          ("deepseek_v2", 1, 2), ("qwen3", 2, 2),
+                                          ("qwen3_next", 2, 1), ("qwen3_5", 2, 1),
+                                          ("qwen3_5_moe", 2, 1)])
 def test_parity(family, tp, pp, ckpt_dir):
     path = make_checkpoint(family, "float32", ckpt_dir)
     llm, _, _ = run_parity(path, path, tensor_parallel_size=tp, pipeline_parallel_size=pp)
@@ -101,10 +105,13 @@ def _greedy(max_tokens=16):
     return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
 
 
-def test_batched_equals_alone(ckpt_dir):
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_batched_equals_alone(family, ckpt_dir):
+    """Chunked prefill (64-token budget) and preemption (40 blocks) at tp=2; for a hybrid
+    also its state slots taken, continued and given back across the ranks."""
     from vllmx import LLM
 
-    path = make_checkpoint("llama", "float32", ckpt_dir)
+    path = make_checkpoint(family, "float32", ckpt_dir)
     llm = LLM(path, skip_tokenizer_init=True, tensor_parallel_size=2,
               num_gpu_blocks_override=40, block_size=16, max_num_batched_tokens=64,
               max_num_seqs=8)

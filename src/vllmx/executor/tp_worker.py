@@ -59,6 +59,11 @@ class ParallelModel:
         self._executor.call("compute_logits", hidden)
         return self._executor.checked(self._model.compute_logits, hidden)
 
+    def allocate_states(self, num_slots: int) -> None:
+        """A hybrid model's state slots, on every rank (each holds its heads' states)."""
+        self._executor.call("allocate_states", num_slots)
+        self._model.allocate_states(num_slots)
+
 
 def _watch_parent(segments: list[ShmSegment]) -> None:
     """Aborts the group and exits if the process that started this one goes away (a rank
@@ -114,6 +119,8 @@ def run_follower(config: VllmxConfig, conn, world_path: str | None,
             elif method == "compute_logits":
                 if model.lm_head is not None:  # (a later pipeline stage holds none)
                     model.compute_logits(*args)
+            elif method == "allocate_states":
+                model.allocate_states(*args)
             elif method == "close":
                 return
             else:

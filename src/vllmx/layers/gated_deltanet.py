@@ -16,7 +16,7 @@ import numpy as np
 from vllmx import ops
 from vllmx.layers import placement
 from vllmx.layers.attention import AttentionMetadata
-from vllmx.layers.linear import Linear, take_rows
+from vllmx.layers.linear import Linear, RowParallelLinear, take_rows
 from vllmx.ops import Weight
 from vllmx.pages import lazy_zeros
 
@@ -61,7 +61,7 @@ class GatedDeltaNet:
         self.A_log = np.ascontiguousarray(w[p + "A_log"].to_float32().reshape(-1))
         self.dt_bias = np.ascontiguousarray(w[p + "dt_bias"].to_float32().reshape(-1))
         self.norm_weight = np.ascontiguousarray(w[p + "norm.weight"].to_float32().reshape(-1))
-        self.out_proj = Linear(w[p + "out_proj.weight"])
+        self.out_proj = RowParallelLinear(w[p + "out_proj.weight"])
         self.conv_state = self.recurrent_state = None
 
     def allocate_states(self, num_slots: int) -> None:

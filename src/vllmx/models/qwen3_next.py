@@ -16,11 +16,18 @@ from __future__ import annotations
 import numpy as np
 
 from vllmx import ops
+from vllmx.distributed.parallel_state import get_pp_stage, get_tp_group, shard_range
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.fused_moe import SwiGLUMLP
 from vllmx.layers.gated_deltanet import GatedDeltaNet
-from vllmx.layers.linear import Linear, MergedLinear, take_rows
+from vllmx.layers.linear import (
+    Linear,
+    MergedLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    take_rows,
+)
 from vllmx.layers.norm import RMSNorm, pre_norm
 from vllmx.layers.rotary import get_rope
 from vllmx.models import hybrid_gguf, moe
@@ -47,7 +54,7 @@ class Qwen3NextGatedAttention:
         self.qkv_proj = MergedLinear([take_rows(qw, q_rows), w[p + "k_proj.weight"],
                                       w[p + "v_proj.weight"]], [None] * 3)
         self.gate_proj = Linear(take_rows(qw, q_rows + hd))
-        self.o_proj = Linear(w[p + "o_proj.weight"])
+        self.o_proj = RowParallelLinear(w[p + "o_proj.weight"])
         eps = cfg["rms_norm_eps"]
         self.q_norm = offset_norm(w[p + "q_norm.weight"], eps)
         self.k_norm = offset_norm(w[p + "k_norm.weight"], eps)
@@ -110,6 +117,9 @@ class Qwen3NextForCausalLM(DecoderLM):
         if placement.current().on_gpu:
             raise ValueError("Qwen3-Next / Qwen3.5 run on the CPU only for now (the Gated "
                              "DeltaNet and MoE ops have no CUDA kernels yet); use device='cpu'")
+        if get_pp_stage() is not None:
+            raise ValueError("pipeline_parallel_size > 1 does not support hybrid models yet "
+                             "(their state slots are allocated over every layer)")
         cfg, weights = text_part(cfg, weights)
         if "gguf_architecture" in cfg:
             weights = hybrid_gguf.hf_weights(cfg, weights)
@@ -137,8 +147,13 @@ class Qwen3NextForCausalLM(DecoderLM):
                                                     "model.embed_tokens.weight")
         self.layers = [Qwen3NextDecoderLayer(i, cfg, weights, rope) for i in range(n)]
         self.norm = offset_norm(weights["model.norm.weight"], cfg["rms_norm_eps"])
-        self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
-        self.vocab_size = self.lm_head.weight.shape[0]
+        self.lm_head = ParallelLMHead(weights.get("lm_head.weight", self.embed_tokens),
+                                      cfg.get("vocab_size"))
+        self.vocab_size = self.lm_head.vocab_size
+        self.tp_group = get_tp_group()  # (under tensor parallelism: this rank's heads, rows)
+        if self.tp_group is not None:
+            self.vocab_start = shard_range(self.vocab_size, self.tp_group.rank,
+                                           self.tp_group.world_size)[0]
 
     def allocate_states(self, num_slots: int) -> None:
         for layer in self.layers:
