@@ -220,6 +220,27 @@ class ShardedWeights(Mapping):
         return len(self._weights)
 
 
+def shard_lora(module: str, lora_a: np.ndarray, lora_b: np.ndarray, rank: int, tp: int,
+               num_heads: int, num_kv_heads: int) -> tuple[np.ndarray, np.ndarray]:
+    """rank's share of a LoRA adapter's matrices for one projection (A [r, in], B [out, r]),
+    cut as the base projection is: a column-parallel one's B rows (q by heads, k / v by kv
+    heads, repeated where there are fewer than ranks; gate / up evenly), a row-parallel one's A
+    columns (its input share; the ranks' partial products are summed with the base's)."""
+    def rows(a: np.ndarray, heads: int) -> np.ndarray:
+        per = a.shape[0] // heads
+        if heads < tp:  # the kv head of this rank's query heads
+            head = rank * heads // tp
+            return a[head * per:(head + 1) * per]
+        n = per * (heads // tp)
+        return a[rank * n:(rank + 1) * n]
+
+    if module in ("o_proj", "down_proj"):
+        n = lora_a.shape[1] // tp
+        return np.ascontiguousarray(lora_a[:, rank * n:(rank + 1) * n]), lora_b
+    heads = {"q_proj": num_heads, "k_proj": num_kv_heads, "v_proj": num_kv_heads}.get(module, tp)
+    return lora_a, np.ascontiguousarray(rows(lora_b, heads))
+
+
 def shard_checkpoint(cfg: dict, weights: Mapping, rank: int, tp: int,
                      expert_parallel: bool = False) -> tuple[dict, Mapping]:
     """(config, weights) of rank's share; ValueError where the architecture or its sizes do

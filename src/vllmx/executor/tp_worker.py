@@ -109,6 +109,11 @@ def run_follower(config: VllmxConfig, conn, world_path: str | None,
         worker.allocate_kv_cache()
         conn.send(("ready", None))
         model, kv_caches, cache_dtype = worker.model, worker.kv_caches, worker.cache_dtype
+        lora_manager = None
+        if config.lora_config is not None:  # rank 0 sends each step's slots (lora_step)
+            from vllmx.lora.model_manager import create_lora_manager
+
+            lora_manager = create_lora_manager(model, config, "cpu")
         while True:
             method, args = conn.recv()
             if method == "forward":
@@ -121,6 +126,8 @@ def run_follower(config: VllmxConfig, conn, world_path: str | None,
                     model.compute_logits(*args)
             elif method == "allocate_states":
                 model.allocate_states(*args)
+            elif method == "lora_step":
+                lora_manager.apply_step(*args)
             elif method == "close":
                 return
             else:
