@@ -36,7 +36,7 @@ def ckpt_dir(tmp_path_factory):
                                           ("llama", 1, 2), ("qwen3_moe", 1, 2),
                                           ("deepseek_v2", 1, 2), ("qwen3", 2, 2),
                                           ("qwen3_next", 2, 1), ("qwen3_5", 2, 1),
-                                          ("qwen3_5_moe", 2, 1)])
+                                          ("qwen3_5_moe", 2, 1), ("qwen3_5", 1, 2)])
 def test_parity(family, tp, pp, ckpt_dir):
     path = make_checkpoint(family, "float32", ckpt_dir)
     llm, _, _ = run_parity(path, path, tensor_parallel_size=tp, pipeline_parallel_size=pp)

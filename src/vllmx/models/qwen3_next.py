@@ -117,9 +117,6 @@ class Qwen3NextForCausalLM(DecoderLM):
         if placement.current().on_gpu:
             raise ValueError("Qwen3-Next / Qwen3.5 run on the CPU only for now (the Gated "
                              "DeltaNet and MoE ops have no CUDA kernels yet); use device='cpu'")
-        if get_pp_stage() is not None:
-            raise ValueError("pipeline_parallel_size > 1 does not support hybrid models yet "
-                             "(their state slots are allocated over every layer)")
         cfg, weights = text_part(cfg, weights)
         if "gguf_architecture" in cfg:
             weights = hybrid_gguf.hf_weights(cfg, weights)
@@ -143,13 +140,19 @@ class Qwen3NextForCausalLM(DecoderLM):
         self.config = cfg
         self._check_weights(weights)
         rope = get_rope(cfg, cfg["head_dim"])
+        # Pipeline parallelism: this stage's layers (and their state slots), embed and lm_head
+        # on the first.
+        self.pp_stage = pp = get_pp_stage()
+        first = pp is None or pp.is_first
+        start, end = (0, n) if pp is None else pp.layers(n)
         self.embed_tokens = placement.upload_weight(weights["model.embed_tokens.weight"],
-                                                    "model.embed_tokens.weight")
-        self.layers = [Qwen3NextDecoderLayer(i, cfg, weights, rope) for i in range(n)]
+                                                    "model.embed_tokens.weight") if first else None
+        self.layers = [Qwen3NextDecoderLayer(i, cfg, weights, rope) if start <= i < end else None
+                       for i in range(n)]
         self.norm = offset_norm(weights["model.norm.weight"], cfg["rms_norm_eps"])
         self.lm_head = ParallelLMHead(weights.get("lm_head.weight", self.embed_tokens),
-                                      cfg.get("vocab_size"))
-        self.vocab_size = self.lm_head.vocab_size
+                                      cfg.get("vocab_size")) if first else None
+        self.vocab_size = self.lm_head.vocab_size if first else int(cfg["vocab_size"])
         self.tp_group = get_tp_group()  # (under tensor parallelism: this rank's heads, rows)
         if self.tp_group is not None:
             self.vocab_start = shard_range(self.vocab_size, self.tp_group.rank,
@@ -157,7 +160,7 @@ class Qwen3NextForCausalLM(DecoderLM):
 
     def allocate_states(self, num_slots: int) -> None:
         for layer in self.layers:
-            if layer.linear:
+            if layer is not None and layer.linear:
                 layer.mixer.allocate_states(num_slots)
 
     def _check_weights(self, weights) -> None:
