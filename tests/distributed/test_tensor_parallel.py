@@ -181,6 +181,42 @@ def test_lora_adapters_over_ranks(tmp_path):
         assert out.outputs[0].token_ids == alone[None if req is None else req.lora_int_id][i]
 
 
+def test_prompt_logprobs_follow_the_ranks(ckpt_dir):
+    """Prompt logprobs (rank 0's compute_logits called chunk by chunk over a long prompt, each
+    call followed by the other ranks) match tp=1's."""
+    from vllmx import LLM, SamplingParams
+
+    path = make_checkpoint("llama", "float32", ckpt_dir)
+    ids = np.random.default_rng().integers(3, VOCAB, size=300).tolist()  # > one 256-row chunk
+    sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, prompt_logprobs=3)
+    runs = []
+    for tp in (1, 2):
+        llm = LLM(path, skip_tokenizer_init=True, tensor_parallel_size=tp)
+        out = llm.generate([{"prompt_token_ids": ids}], sp)[0]
+        runs.append([d[t].logprob for d, t in zip(out.prompt_logprobs[1:], ids[1:])])
+        del llm
+    np.testing.assert_allclose(runs[1], runs[0], rtol=1e-4, atol=1e-4)
+
+
+def test_structured_output_on_the_default_model(smollm2_gguf):
+    """A regex-constrained request on SmolLM2 at tp=3 (the mask applied by rank 0 to whole
+    logits): tp=1's text, matching the regex."""
+    import re
+
+    from vllmx import LLM, SamplingParams
+    from vllmx.sampling_params import StructuredOutputsParams
+
+    sp = SamplingParams(temperature=0, max_tokens=12, structured_outputs=StructuredOutputsParams(
+        regex="[a-c]{3}-[0-9]{2}"))
+    texts = []
+    for tp in (1, 3):
+        llm = LLM(smollm2_gguf, max_model_len=256, kv_cache_memory_bytes=16 << 20,
+                  tensor_parallel_size=tp)
+        texts.append(llm.generate(["Write a code:"], sp)[0].outputs[0].text)
+        del llm
+    assert texts[1] == texts[0] and re.fullmatch("[a-c]{3}-[0-9]{2}", texts[1]), texts
+
+
 def test_dead_rank_fails_the_engine(ckpt_dir):
     from vllmx import LLM
 
