@@ -66,6 +66,30 @@ def test_expert_parallel_parity(family, ckpt_dir):
     assert first == 0 and block.w13.shape[0] == count == block.gate.weight.shape[0] // 2
 
 
+@pytest.mark.parametrize("which", ["gemma3", "gemma2", "gemma3_gguf"])
+def test_gemma_parity(which, tmp_path):
+    """Gemma 3 and Gemma 2 (their own forward: sandwich norms after the reduced o / down
+    projections, the embedding scale, final soft-capping over the gathered logits) at tp=2;
+    Gemma 3's GGUF, one kv head for two ranks."""
+    from tests.models import test_gemma2_parity, test_gemma3_parity
+
+    if which == "gemma2":
+        path = test_gemma2_parity.make_checkpoint("mixed", "float32", str(tmp_path))
+        model_path = path
+    else:
+        path = test_gemma3_parity.make_checkpoint(
+            "mixed" if which == "gemma3" else "pattern6", "float32", str(tmp_path))
+        model_path = path if which == "gemma3" else test_gemma3_parity.write_gemma3_gguf(
+            path, str(tmp_path / "gemma3.gguf"))
+    run_parity(model_path, path, tensor_parallel_size=2)
+    if which == "gemma3":  # its own forward runs every layer: no pipeline stages for it
+        from vllmx import LLM
+
+        with pytest.raises(ValueError, match="pipeline_parallel_size > 1 is not supported for "
+                                             "Gemma3ForCausalLM"):
+            LLM(path, skip_tokenizer_init=True, pipeline_parallel_size=2)
+
+
 def test_parity_gguf(ckpt_dir):
     """A GGUF (qwen3's F32 file) cut by its own tensor names."""
     path = make_checkpoint("qwen3", "float32", ckpt_dir)
@@ -237,6 +261,7 @@ def test_dead_rank_fails_the_engine(ckpt_dir):
     ("gpt2", 2, 1, "tensor / pipeline parallelism supports"),
     ("gpt2", 1, 2, "tensor / pipeline parallelism supports"),
     ("llama", 1, 3, "pipeline_parallel_size=3 is more than the model's 2 layers"),
+    ("phi3", 2, 1, "tensor / pipeline parallelism supports"),
 ])
 def test_what_does_not_split_is_refused(family, tp, pp, what, ckpt_dir):
     from vllmx import LLM

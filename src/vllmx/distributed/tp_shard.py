@@ -38,8 +38,10 @@ TP_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"
                     "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM",
                     "Qwen2MoeForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM",
                     "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Qwen3NextForCausalLM",
-                    "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
-TP_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "smollm3", "granite")
+                    "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "Gemma2ForCausalLM",
+                    "Gemma3ForCausalLM")
+TP_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "smollm3", "granite",
+                         "gemma2", "gemma3")
 
 _RULES = [  # (pattern on the tensor's name without .weight / .bias, rule)
     (r"linear_attn\.(in_proj_qkv|conv1d)$", "gdn_qkv"),  # channels [q; k; v]
@@ -102,6 +104,7 @@ def _check_divisible(what: str, n: int, tp: int) -> None:
         raise ValueError(f"tensor_parallel_size={tp} must divide {what} ({n})")
 
 
+_K_PROJ = re.compile(r"(self_attn\.k_proj|attn_k)\.weight$")
 _EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 _PER_EXPERT = re.compile(r"experts\.\d+\.")  # a checkpoint's tensor of one expert
 _STACKED_EXPERTS = re.compile(r"ffn_(gate|up|down)_exps\.")  # a GGUF's experts, stacked
@@ -245,13 +248,21 @@ def shard_checkpoint(cfg: dict, weights: Mapping, rank: int, tp: int,
                      expert_parallel: bool = False) -> tuple[dict, Mapping]:
     """(config, weights) of rank's share; ValueError where the architecture or its sizes do
     not split tp ways. (A pipeline stage's model reads its own layers' tensors only.)"""
+    shapes = getattr(weights, "shapes", None)  # (DummyWeights: without making the tensors)
+
+    def rows(name: str) -> int:
+        return int(shapes[name][0] if shapes else weights[name].shape[0])
+
+    if not cfg.get("head_dim"):  # a family's own default (Gemma's 256) read off a k projection
+        k = next((n for n in weights if _K_PROJ.search(n)), None)
+        if k is not None:
+            cfg = {**cfg, "head_dim": rows(k) // (cfg.get("num_key_value_heads")
+                                                   or cfg["num_attention_heads"])}
     local = tp_config(cfg, rank, tp, expert_parallel)
     if tp == 1:
         return local, weights
     embed = next((n for n in ("model.embed_tokens.weight", "token_embd.weight")
                   if n in weights), None)
     if embed is not None:  # the full vocabulary: what lm_head's gathered logits span
-        shapes = getattr(weights, "shapes", None)  # (DummyWeights: without making the tensor)
-        local["vocab_size"] = int(shapes[embed][0] if shapes else weights[embed].shape[0])
-    return local, ShardedWeights(weights, {**cfg, "head_dim": local["head_dim"]}, rank, tp,
-                                 expert_parallel)
+        local["vocab_size"] = rows(embed)
+    return local, ShardedWeights(weights, cfg, rank, tp, expert_parallel)
