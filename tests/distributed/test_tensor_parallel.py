@@ -29,14 +29,16 @@ def ckpt_dir(tmp_path_factory):
 # experts w1/w2/w3; DeepSeek V2 / V3: MLA heads (V3 with its query latent), a dense first
 # layer, shared experts, grouped routing; tp=2 x pp=2: two stages of two ranks; the Gated
 # DeltaNet hybrids (Qwen3-Next's grouped projections, Qwen3.5's apart; their state slots on
-# every rank).
+# every rank); Phi-3's fused qkv_proj and gate_up_proj, GLM-4's fused gate_up_proj, cut
+# section by section.
 @pytest.mark.parametrize("family,tp,pp", [("llama", 2, 1), ("llama", 4, 1), ("qwen3", 2, 1),
                                           ("qwen3_moe", 2, 1), ("mixtral", 2, 1),
                                           ("deepseek_v2", 2, 1), ("deepseek_v3", 2, 1),
                                           ("llama", 1, 2), ("qwen3_moe", 1, 2),
                                           ("deepseek_v2", 1, 2), ("qwen3", 2, 2),
                                           ("qwen3_next", 2, 1), ("qwen3_5", 2, 1),
-                                          ("qwen3_5_moe", 2, 1), ("qwen3_5", 1, 2)])
+                                          ("qwen3_5_moe", 2, 1), ("qwen3_5", 1, 2),
+                                          ("phi3", 2, 1), ("glm4", 2, 1)])
 def test_parity(family, tp, pp, ckpt_dir):
     path = make_checkpoint(family, "float32", ckpt_dir)
     llm, _, _ = run_parity(path, path, tensor_parallel_size=tp, pipeline_parallel_size=pp)
@@ -261,7 +263,7 @@ def test_dead_rank_fails_the_engine(ckpt_dir):
     ("gpt2", 2, 1, "tensor / pipeline parallelism supports"),
     ("gpt2", 1, 2, "tensor / pipeline parallelism supports"),
     ("llama", 1, 3, "pipeline_parallel_size=3 is more than the model's 2 layers"),
-    ("phi3", 2, 1, "tensor / pipeline parallelism supports"),
+    ("gpt_neox", 2, 1, "tensor / pipeline parallelism supports"),
 ])
 def test_what_does_not_split_is_refused(family, tp, pp, what, ckpt_dir):
     from vllmx import LLM

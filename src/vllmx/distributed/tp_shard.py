@@ -39,7 +39,7 @@ TP_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"
                     "Qwen2MoeForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM",
                     "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Qwen3NextForCausalLM",
                     "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "Gemma2ForCausalLM",
-                    "Gemma3ForCausalLM")
+                    "Gemma3ForCausalLM", "Phi3ForCausalLM", "Glm4ForCausalLM")
 TP_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "smollm3", "granite",
                          "gemma2", "gemma3")
 
@@ -48,6 +48,8 @@ _RULES = [  # (pattern on the tensor's name without .weight / .bias, rule)
     (r"linear_attn\.(in_proj_qkvz|in_proj_ba)$", "gdn_groups"),  # per key head groups
     (r"linear_attn\.(in_proj_z|in_proj_b|in_proj_a|A_log|dt_bias)$", "gdn_value_heads"),
     (r"linear_attn\.out_proj$", "row"),
+    (r"self_attn\.qkv_proj$", "fused_qkv"),  # Phi-3's [q; k; v]
+    (r"mlp\.gate_up_proj$", "fused_gate_up"),  # Phi-3's and GLM-4's [gate; up]
     (r"(self_attn\.q_proj|self_attn\.q_b_proj|attn_q)$", "q"),
     (r"self_attn\.kv_b_proj$", "kv_b"),
     (r"(self_attn\.[kv]_proj|attn_[kv])$", "kv"),
@@ -169,11 +171,15 @@ class ShardedWeights(Mapping):
         return slice_weight(w, 0, self._rank * n, (self._rank + 1) * n, name)
 
     def _sections(self, w: Weight, sections: list[tuple[int, int]], name: str) -> Weight:
-        """This rank's rows of each (rows a head, heads) section of w's rows, in order."""
+        """This rank's rows of each (rows a head, heads) section of w's rows, in order (a
+        section of fewer heads than ranks: the head of this rank's share, repeated)."""
         parts, start = [], 0
         for rows, heads in sections:
-            n = rows * heads // self._tp
-            lo = start + self._rank * n
+            if heads < self._tp:
+                lo, n = start + self._rank * heads // self._tp * rows, rows
+            else:
+                n = rows * heads // self._tp
+                lo = start + self._rank * n
             parts.append(np.asarray(slice_weight(w, 0, lo, lo + n, name).data))
             start += rows * heads
         data = np.concatenate(parts)
@@ -200,6 +206,11 @@ class ShardedWeights(Mapping):
             return slice_weight(w, 0, head * d, (head + 1) * d, name)
         if rule == "gdn_qkv":
             return self._sections(w, [(self._dk, self._hk)] * 2 + [(self._dv, self._hv)], name)
+        if rule == "fused_qkv":
+            d = w.shape[0] // (self._nq + 2 * self._nkv)
+            return self._sections(w, [(d, self._nq), (d, self._nkv), (d, self._nkv)], name)
+        if rule == "fused_gate_up":
+            return self._sections(w, [(1, w.shape[0] // 2)] * 2, name)
         if rule == "gdn_groups":
             return self._heads(w, self._hk, name)
         if rule == "gdn_value_heads":
