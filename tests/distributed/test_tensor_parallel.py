@@ -306,3 +306,17 @@ def test_ray_backend_drives_tensor_parallelism(ckpt_dir):
         del llm
     finally:
         ray.shutdown()
+
+
+def test_ctrl_c_does_not_stop_the_ranks(ckpt_dir):
+    """SIGINT reaches the ranks too (one process group at a terminal): they leave it to rank
+    0, so an interrupted script's engine keeps working."""
+    from vllmx import LLM
+
+    llm = LLM(make_checkpoint("llama", "float32", ckpt_dir), skip_tokenizer_init=True,
+              tensor_parallel_size=2)
+    prompt = [{"prompt_token_ids": [5, 6, 7]}]
+    first = llm.generate(prompt, _greedy(4))[0].outputs[0].token_ids
+    os.kill(llm.llm_engine.worker.executor.procs[1].pid, signal.SIGINT)
+    time.sleep(0.5)
+    assert llm.generate(prompt, _greedy(4))[0].outputs[0].token_ids == first

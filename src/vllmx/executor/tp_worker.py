@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 import threading
 import time
 import traceback
@@ -91,6 +92,10 @@ def run_follower(config: VllmxConfig, conn, world_path: str | None,
     from vllmx.worker.cpu_worker import CpuWorker
 
     pc = config.parallel_config
+    try:  # Ctrl-C reaches the whole process group: rank 0 decides, and closes the others
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # (not the main thread: a Ray actor's may not be)
+        pass
     world, stage = (None if p is None else ShmSegment(p) for p in (world_path, stage_path))
     segments = [s for s in (world, stage) if s is not None]
     _watch_parent(segments)
