@@ -171,9 +171,11 @@ def test_speculative_decoding_keeps_the_tokens(method, ckpt_dir):
         assert llm.llm_engine.scheduler.spec_decode_num_accepted_tokens > 0
 
 
-def test_lora_adapters_over_ranks(tmp_path):
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)])
+def test_lora_adapters_over_ranks(tp, pp, tmp_path):
     """LoRA at tp=2 (each rank its share of every adapter: B rows of column-parallel layers, A
-    columns of row-parallel ones, summed with the base's products): each adapter's greedy
+    columns of row-parallel ones, summed with the base's products) and at pp=2 (each stage its
+    layers' matrices): each adapter's greedy
     tokens pass parity against transformers + peft, and a batch mixing all three adapters and
     the base model gives every request its tokens alone, with more adapters than slots (their
     slots rewritten on every rank)."""
@@ -188,7 +190,8 @@ def test_lora_adapters_over_ranks(tmp_path):
     reqs = [None] + [LoRARequest(name, i + 1, path) for i, (name, path) in
                      enumerate(paths.items())]
     llm = LLM(base, skip_tokenizer_init=True, kv_cache_dtype="float32", enable_lora=True,
-              max_loras=2, max_lora_rank=16, tensor_parallel_size=2)
+              max_loras=2, max_lora_rank=16, tensor_parallel_size=tp,
+              pipeline_parallel_size=pp)
     rng = np.random.default_rng()
     prompts = [{"prompt_token_ids": rng.integers(3, VOCAB, size=n).tolist()}
                for n in rng.integers(3, 40, size=6)]
@@ -198,7 +201,7 @@ def test_lora_adapters_over_ranks(tmp_path):
     for req in reqs[1:]:
         outs = llm.generate(prompts, _greedy(24), lora_request=req)
         check_against_peft(outs, base_toks, ids, base, req.lora_path, 0.01,
-                           f"adapter {req.lora_name} at tp=2")
+                           f"adapter {req.lora_name} at tp={tp} pp={pp}")
         alone[req.lora_int_id] = [o.outputs[0].token_ids for o in outs]
     alone[None] = base_toks
     mixed = [reqs[i % len(reqs)] for i in range(len(prompts))]
@@ -277,8 +280,6 @@ def test_unsupported_combinations_are_refused(ckpt_dir):
     from vllmx import LLM
 
     path = make_checkpoint("llama", "float32", ckpt_dir)
-    with pytest.raises(ValueError, match="pipeline_parallel_size > 1 does not support LoRA"):
-        LLM(path, skip_tokenizer_init=True, pipeline_parallel_size=2, enable_lora=True)
     with pytest.raises(ValueError, match="not 'mtp'"):
         LLM(path, skip_tokenizer_init=True, pipeline_parallel_size=2,
             speculative_config={"method": "mtp", "num_speculative_tokens": 1})
