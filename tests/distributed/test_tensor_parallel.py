@@ -38,7 +38,8 @@ def ckpt_dir(tmp_path_factory):
                                           ("deepseek_v2", 1, 2), ("qwen3", 2, 2),
                                           ("qwen3_next", 2, 1), ("qwen3_5", 2, 1),
                                           ("qwen3_5_moe", 2, 1), ("qwen3_5", 1, 2),
-                                          ("phi3", 2, 1), ("glm4", 2, 1)])
+                                          ("phi3", 2, 1), ("glm4", 2, 1),
+                                          ("glm4_moe", 2, 1)])
 def test_parity(family, tp, pp, ckpt_dir):
     path = make_checkpoint(family, "float32", ckpt_dir)
     llm, _, _ = run_parity(path, path, tensor_parallel_size=tp, pipeline_parallel_size=pp)

@@ -39,7 +39,8 @@ TP_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"
                     "Qwen2MoeForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM",
                     "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Qwen3NextForCausalLM",
                     "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "Gemma2ForCausalLM",
-                    "Gemma3ForCausalLM", "Phi3ForCausalLM", "Glm4ForCausalLM")
+                    "Gemma3ForCausalLM", "Phi3ForCausalLM", "Glm4ForCausalLM",
+                    "Glm4MoeForCausalLM")
 TP_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "smollm3", "granite",
                          "gemma2", "gemma3")
 
