@@ -39,7 +39,7 @@ def ckpt_dir(tmp_path_factory):
                                           ("qwen3_next", 2, 1), ("qwen3_5", 2, 1),
                                           ("qwen3_5_moe", 2, 1), ("qwen3_5", 1, 2),
                                           ("phi3", 2, 1), ("glm4", 2, 1),
-                                          ("glm4_moe", 2, 1)])
+                                          ("glm4_moe", 2, 1), ("starcoder2", 2, 1)])
 def test_parity(family, tp, pp, ckpt_dir):
     path = make_checkpoint(family, "float32", ckpt_dir)
     llm, _, _ = run_parity(path, path, tensor_parallel_size=tp, pipeline_parallel_size=pp)
@@ -93,10 +93,18 @@ def test_gemma_parity(which, tmp_path):
             LLM(path, skip_tokenizer_init=True, pipeline_parallel_size=2)
 
 
-def test_parity_gguf(ckpt_dir):
-    """A GGUF (qwen3's F32 file) cut by its own tensor names."""
-    path = make_checkpoint("qwen3", "float32", ckpt_dir)
-    gguf_path = write_gguf(path, "qwen3", os.path.join(ckpt_dir, "qwen3.gguf"))
+@pytest.mark.parametrize("family", ["qwen3", "starcoder2_gguf"])
+def test_parity_gguf(family, ckpt_dir):
+    """A GGUF (an F32 file) cut by its own tensor names: qwen3's; Starcoder2's LayerNorm
+    layout (biases on every projection: the row-parallel ones' added by rank 0)."""
+    path = make_checkpoint(family, "float32", ckpt_dir)
+    out = os.path.join(ckpt_dir, f"{family}.gguf")
+    if family == "qwen3":
+        gguf_path = write_gguf(path, family, out)
+    else:
+        from tests.models.layernorm_gguf import write_layernorm_gguf
+
+        gguf_path = write_layernorm_gguf(path, family, out)
     run_parity(gguf_path, path, tensor_parallel_size=2)
 
 

@@ -40,9 +40,9 @@ TP_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"
                     "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Qwen3NextForCausalLM",
                     "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "Gemma2ForCausalLM",
                     "Gemma3ForCausalLM", "Phi3ForCausalLM", "Glm4ForCausalLM",
-                    "Glm4MoeForCausalLM")
+                    "Glm4MoeForCausalLM", "Starcoder2ForCausalLM")
 TP_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "smollm3", "granite",
-                         "gemma2", "gemma3")
+                         "gemma2", "gemma3", "starcoder2")
 
 _RULES = [  # (pattern on the tensor's name without .weight / .bias, rule)
     (r"linear_attn\.(in_proj_qkv|conv1d)$", "gdn_qkv"),  # channels [q; k; v]
@@ -54,9 +54,10 @@ _RULES = [  # (pattern on the tensor's name without .weight / .bias, rule)
     (r"(self_attn\.q_proj|self_attn\.q_b_proj|attn_q)$", "q"),
     (r"self_attn\.kv_b_proj$", "kv_b"),
     (r"(self_attn\.[kv]_proj|attn_[kv])$", "kv"),
-    (r"((^|\.)(gate_proj|up_proj|w1|w3)|ffn_(gate|up)(_shexp)?)$", "column"),
+    (r"((^|\.)(gate_proj|up_proj|w1|w3)|mlp\.c_fc|ffn_(gate|up)(_shexp)?)$", "column"),
     (r"ffn_(gate|up)_exps$", "column_stacked"),  # GGUF's experts [E, I, H]
-    (r"((^|\.)(o_proj|down_proj|w2)|attn_output|ffn_down(_shexp)?|ffn_down_exps)$", "row"),
+    (r"((^|\.)(o_proj|down_proj|w2)|mlp\.c_proj|attn_output|ffn_down(_shexp)?|ffn_down_exps)$",
+     "row"),
     (r"(^model\.embed_tokens|^lm_head|^token_embd|^output)$", "vocab"),
 ]
 _RULES = [(re.compile(p), r) for p, r in _RULES]
