@@ -39,7 +39,9 @@ def ckpt_dir(tmp_path_factory):
                                           ("qwen3_next", 2, 1), ("qwen3_5", 2, 1),
                                           ("qwen3_5_moe", 2, 1), ("qwen3_5", 1, 2),
                                           ("phi3", 2, 1), ("glm4", 2, 1),
-                                          ("glm4_moe", 2, 1), ("starcoder2", 2, 1)])
+                                          ("glm4_moe", 2, 1), ("starcoder2", 2, 1),
+                                          ("cohere", 2, 1), ("cohere_bias", 2, 1),
+                                          ("cohere2", 2, 1)])
 def test_parity(family, tp, pp, ckpt_dir):
     path = make_checkpoint(family, "float32", ckpt_dir)
     llm, _, _ = run_parity(path, path, tensor_parallel_size=tp, pipeline_parallel_size=pp)
@@ -60,7 +62,9 @@ def test_expert_parallel_parity(family, ckpt_dir):
     model_path = path
     if family.endswith("_gguf"):
         model_path = write_gguf(path, family, os.path.join(ckpt_dir, f"{family}.gguf"))
-    llm, _, _ = run_parity(model_path, path, tensor_parallel_size=2, enable_expert_parallel=True)
+    # (an f32 KV cache, as the MoE parity tests run: a router near a tie)
+    llm, _, _ = run_parity(model_path, path, "float32", tensor_parallel_size=2,
+                           enable_expert_parallel=True)
     block = next(layer.experts if hasattr(layer, "experts") else layer.mlp
                  for layer in llm.llm_engine.model.layers
                  if getattr(getattr(layer, "experts", None) or getattr(layer, "mlp", None),
@@ -84,7 +88,7 @@ def test_gemma_parity(which, tmp_path):
             "mixed" if which == "gemma3" else "pattern6", "float32", str(tmp_path))
         model_path = path if which == "gemma3" else test_gemma3_parity.write_gemma3_gguf(
             path, str(tmp_path / "gemma3.gguf"))
-    run_parity(model_path, path, tensor_parallel_size=2)
+    run_parity(model_path, path, "float32", tensor_parallel_size=2)
     if which == "gemma3":  # its own forward runs every layer: no pipeline stages for it
         from vllmx import LLM
 
@@ -105,7 +109,7 @@ def test_parity_gguf(family, ckpt_dir):
         from tests.models.layernorm_gguf import write_layernorm_gguf
 
         gguf_path = write_layernorm_gguf(path, family, out)
-    run_parity(gguf_path, path, tensor_parallel_size=2)
+    run_parity(gguf_path, path, "float32", tensor_parallel_size=2)  # (a GGUF's default: f16)
 
 
 def test_block_weights_cut_at_block_boundaries(tmp_path):

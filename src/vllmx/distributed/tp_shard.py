@@ -40,7 +40,8 @@ TP_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"
                     "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Qwen3NextForCausalLM",
                     "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "Gemma2ForCausalLM",
                     "Gemma3ForCausalLM", "Phi3ForCausalLM", "Glm4ForCausalLM",
-                    "Glm4MoeForCausalLM", "Starcoder2ForCausalLM")
+                    "Glm4MoeForCausalLM", "Starcoder2ForCausalLM", "CohereForCausalLM",
+                    "Cohere2ForCausalLM")
 TP_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "smollm3", "granite",
                          "gemma2", "gemma3", "starcoder2")
 
@@ -52,6 +53,8 @@ _RULES = [  # (pattern on the tensor's name without .weight / .bias, rule)
     (r"self_attn\.qkv_proj$", "fused_qkv"),  # Phi-3's [q; k; v]
     (r"mlp\.gate_up_proj$", "fused_gate_up"),  # Phi-3's and GLM-4's [gate; up]
     (r"(self_attn\.q_proj|self_attn\.q_b_proj|attn_q)$", "q"),
+    (r"self_attn\.q_norm$", "q_norm"),  # Cohere's [heads, head_dim] (a [head_dim] one: whole)
+    (r"self_attn\.k_norm$", "k_norm"),
     (r"self_attn\.kv_b_proj$", "kv_b"),
     (r"(self_attn\.[kv]_proj|attn_[kv])$", "kv"),
     (r"((^|\.)(gate_proj|up_proj|w1|w3)|mlp\.c_fc|ffn_(gate|up)(_shexp)?)$", "column"),
@@ -198,9 +201,11 @@ class ShardedWeights(Mapping):
         if rule is None:
             return w
         r, tp = self._rank, self._tp
-        if rule in ("q", "kv_b"):
+        if rule in ("q_norm", "k_norm") and len(w.shape) == 1:
+            return w  # one norm for every head (Qwen3's, Gemma 3's)
+        if rule in ("q", "kv_b", "q_norm"):
             return self._heads(w, self._nq, name)
-        if rule == "kv":
+        if rule in ("kv", "k_norm"):
             if self._nkv >= tp:
                 return self._heads(w, self._nkv, name)
             d = w.shape[0] // self._nkv
