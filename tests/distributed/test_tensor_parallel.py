@@ -30,7 +30,7 @@ def ckpt_dir(tmp_path_factory):
 # layer, shared experts, grouped routing; tp=2 x pp=2: two stages of two ranks; the Gated
 # DeltaNet hybrids (Qwen3-Next's grouped projections, Qwen3.5's apart; their state slots on
 # every rank); Phi-3's fused qkv_proj and gate_up_proj, GLM-4's fused gate_up_proj, cut
-# section by section.
+# section by section; OLMo's q / k norms over every head (gathered, normed whole, cut).
 @pytest.mark.parametrize("family,tp,pp", [("llama", 2, 1), ("llama", 4, 1), ("qwen3", 2, 1),
                                           ("qwen3_moe", 2, 1), ("mixtral", 2, 1),
                                           ("deepseek_v2", 2, 1), ("deepseek_v3", 2, 1),
@@ -41,7 +41,9 @@ def ckpt_dir(tmp_path_factory):
                                           ("phi3", 2, 1), ("glm4", 2, 1),
                                           ("glm4_moe", 2, 1), ("starcoder2", 2, 1),
                                           ("cohere", 2, 1), ("cohere_bias", 2, 1),
-                                          ("cohere2", 2, 1)])
+                                          ("cohere2", 2, 1), ("olmo2", 2, 1),
+                                          ("olmo2_bias", 2, 1), ("olmo3", 2, 1),
+                                          ("exaone4", 2, 1)])
 def test_parity(family, tp, pp, ckpt_dir):
     path = make_checkpoint(family, "float32", ckpt_dir)
     llm, _, _ = run_parity(path, path, tensor_parallel_size=tp, pipeline_parallel_size=pp)
@@ -280,6 +282,7 @@ def test_dead_rank_fails_the_engine(ckpt_dir):
     ("gpt2", 1, 2, "tensor / pipeline parallelism supports"),
     ("llama", 1, 3, "pipeline_parallel_size=3 is more than the model's 2 layers"),
     ("gpt_neox", 2, 1, "tensor / pipeline parallelism supports"),
+    ("olmo2", 4, 1, "cannot norm k over the whole width at tensor_parallel_size=4"),
 ])
 def test_what_does_not_split_is_refused(family, tp, pp, what, ckpt_dir):
     from vllmx import LLM

@@ -41,7 +41,8 @@ TP_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"
                     "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "Gemma2ForCausalLM",
                     "Gemma3ForCausalLM", "Phi3ForCausalLM", "Glm4ForCausalLM",
                     "Glm4MoeForCausalLM", "Starcoder2ForCausalLM", "CohereForCausalLM",
-                    "Cohere2ForCausalLM")
+                    "Cohere2ForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM",
+                    "Exaone4ForCausalLM")
 TP_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "smollm3", "granite",
                          "gemma2", "gemma3", "starcoder2")
 
