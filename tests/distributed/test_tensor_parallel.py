@@ -43,7 +43,8 @@ def ckpt_dir(tmp_path_factory):
                                           ("cohere", 2, 1), ("cohere_bias", 2, 1),
                                           ("cohere2", 2, 1), ("olmo2", 2, 1),
                                           ("olmo2_bias", 2, 1), ("olmo3", 2, 1),
-                                          ("exaone4", 2, 1)])
+                                          ("exaone4", 2, 1), ("gpt_neox", 2, 1),
+                                          ("gpt_neox_seq", 2, 1)])
 def test_parity(family, tp, pp, ckpt_dir):
     path = make_checkpoint(family, "float32", ckpt_dir)
     llm, _, _ = run_parity(path, path, tensor_parallel_size=tp, pipeline_parallel_size=pp)
@@ -51,7 +52,9 @@ def test_parity(family, tp, pp, ckpt_dir):
     assert model.config["tp_size"] == tp and model.config["num_attention_heads"] == 4 // tp
     k_cache, _ = llm.llm_engine.kv_caches[0]
     # this rank's kv heads only (MLA: the one latent row a token, whole on every rank)
-    assert k_cache.shape[2] == (1 if model.config.get("use_mla") else max(1, 2 // tp))
+    hf = llm.llm_engine.config.model_config.hf_config
+    kv = hf.get("num_key_value_heads") or hf["num_attention_heads"]
+    assert k_cache.shape[2] == (1 if model.config.get("use_mla") else max(1, kv // tp))
     layers = len(model.layers)
     assert sum(layer is not None for layer in model.layers) == -(-layers // pp)  # its stage's
 
@@ -278,10 +281,9 @@ def test_dead_rank_fails_the_engine(ckpt_dir):
 
 @pytest.mark.parametrize("family,tp,pp,what", [
     ("llama", 3, 1, "tensor_parallel_size=3 must divide num_attention_heads"),
-    ("gpt2", 2, 1, "tensor / pipeline parallelism supports"),
     ("gpt2", 1, 2, "tensor / pipeline parallelism supports"),
     ("llama", 1, 3, "pipeline_parallel_size=3 is more than the model's 2 layers"),
-    ("gpt_neox", 2, 1, "tensor / pipeline parallelism supports"),
+    ("gpt2", 2, 1, "tensor / pipeline parallelism supports"),
     ("olmo2", 4, 1, "cannot norm k over the whole width at tensor_parallel_size=4"),
 ])
 def test_what_does_not_split_is_refused(family, tp, pp, what, ckpt_dir):

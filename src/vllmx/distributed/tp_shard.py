@@ -42,7 +42,7 @@ TP_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"
                     "Gemma3ForCausalLM", "Phi3ForCausalLM", "Glm4ForCausalLM",
                     "Glm4MoeForCausalLM", "Starcoder2ForCausalLM", "CohereForCausalLM",
                     "Cohere2ForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM",
-                    "Exaone4ForCausalLM")
+                    "Exaone4ForCausalLM", "GPTNeoXForCausalLM")
 TP_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "smollm3", "granite",
                          "gemma2", "gemma3", "starcoder2")
 
@@ -62,7 +62,11 @@ _RULES = [  # (pattern on the tensor's name without .weight / .bias, rule)
     (r"ffn_(gate|up)_exps$", "column_stacked"),  # GGUF's experts [E, I, H]
     (r"((^|\.)(o_proj|down_proj|w2)|mlp\.c_proj|attn_output|ffn_down(_shexp)?|ffn_down_exps)$",
      "row"),
-    (r"(^model\.embed_tokens|^lm_head|^token_embd|^output)$", "vocab"),
+    (r"(^model\.embed_tokens|^lm_head|^token_embd|^output|^gpt_neox\.embed_in|^embed_out)$",
+     "vocab"),
+    (r"attention\.query_key_value$", "q"),  # GPT-NeoX's: [q; k; v] a head, head by head
+    (r"mlp\.dense_h_to_4h$", "column"),
+    (r"(attention\.dense|mlp\.dense_4h_to_h)$", "row"),
 ]
 _RULES = [(re.compile(p), r) for p, r in _RULES]
 # Per-layer names the row rule must not take: the router and Qwen2-MoE's shared-expert gate.
@@ -280,7 +284,8 @@ def shard_checkpoint(cfg: dict, weights: Mapping, rank: int, tp: int,
     local = tp_config(cfg, rank, tp, expert_parallel)
     if tp == 1:
         return local, weights
-    embed = next((n for n in ("model.embed_tokens.weight", "token_embd.weight")
+    embed = next((n for n in ("model.embed_tokens.weight", "token_embd.weight",
+                              "gpt_neox.embed_in.weight")
                   if n in weights), None)
     if embed is not None:  # the full vocabulary: what lm_head's gathered logits span
         local["vocab_size"] = rows(embed)

@@ -127,7 +127,8 @@ def run_follower(config: VllmxConfig, conn, world_path: str | None,
                               AttentionMetadata(kv_caches=kv_caches, cache_dtype=cache_dtype,
                                                 **fields))
             elif method == "compute_logits":
-                if model.lm_head is not None:  # (a later pipeline stage holds none)
+                # (a later pipeline stage holds no lm_head; GPT-NeoX calls its head embed_out)
+                if getattr(model, "lm_head", model) is not None:
                     model.compute_logits(*args)
             elif method == "allocate_states":
                 model.allocate_states(*args)
