@@ -27,7 +27,7 @@ class StateSlots:
         self.model = model
         self.num_spec = num_spec
         self._spec_base = max_num_seqs + 1
-        # Each row's extra slot (-1: none), filled for verify steps (spec_rows); long-lived.
+        # Each row's extra slot (-1: none), filled for verify steps (mark_spec_rows); long-lived.
         self.spec_state_indices = (np.full(max_num_tokens, -1, dtype=np.int32) if num_spec
                                    else None)
         self._spec_marked: list[slice] = []
