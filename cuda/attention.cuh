@@ -71,6 +71,29 @@ __device__ __forceinline__ void split_plan(int n, int max_splits, int& part, int
   nsplit = (n + part - 1) / part;
 }
 
+// The nh query rows of a head group (D wide, consecutive from qrow) -> the kDecMaxG rows of Qs
+// (row stride LD) in the cache dtype KV, by NT threads (the mma takes one type); rows past nh
+// are zero. The decode and MLA kernels' q tile.
+template <int D, int LD, int NT, typename KV>
+__device__ __forceinline__ void stage_q_rows(const AttnArgs& a, const uint16_t* qrow, int nh,
+                                             KV* Qs) {
+  constexpr int CPR = D / 8;
+  constexpr bool kKvBf = std::is_same_v<KV, __nv_bfloat16>;
+  for (int i = threadIdx.x; i < kDecMaxG * CPR; i += NT) {
+    const int r = i / CPR, c = i % CPR;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < nh) {
+      v = *reinterpret_cast<const uint4*>(qrow + i * 8);
+      if (a.q_bf16 != kKvBf) {
+        float f8[8];
+        unpack8(v, a.q_bf16, f8);
+        v = pack8(f8, kKvBf);
+      }
+    }
+    *reinterpret_cast<uint4*>(Qs + r * LD + c * 8) = v;
+  }
+}
+
 // Split-KV merge, shared by the decode and MLA kernels. Each CTA of a group (one sequence's or
 // token's heads h0 .. h0 + nh over nsplit partitions) has written its partition's normalized O
 // rows to part_o and their log-sum-exp (base 2) to part_lse; the last of them to finish

@@ -44,7 +44,6 @@ static_assert(kDecWarps * kDecMaxG * 128 * 4 <= dec_stage_bytes<128>() &&
 template <int D, typename KV>
 __global__ void __launch_bounds__(kDecThreads) decode_kernel(AttnArgs a) {
   constexpr int LD = D + 8, CPR = D / 8, NS = kDecStages;
-  constexpr bool kKvBf = std::is_same_v<KV, __nv_bfloat16>;
 
   const int b = blockIdx.y, split = blockIdx.z;
   const int groups = (a.G + kDecMaxG - 1) / kDecMaxG;
@@ -94,23 +93,8 @@ __global__ void __launch_bounds__(kDecThreads) decode_kernel(AttnArgs a) {
   }
   cp_async_commit();
 
-  // The group's q rows -> shared memory in the cache dtype (the mma takes one type); rows past
-  // the group are zero.
-  const uint16_t* qrow = static_cast<const uint16_t*>(a.q) + q0 * a.q_stride +
-                         static_cast<int64_t>(h0) * D;
-  for (int i = tid; i < kDecMaxG * CPR; i += kDecThreads) {
-    const int r = i / CPR, c = i % CPR;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < nh) {
-      v = *reinterpret_cast<const uint4*>(qrow + i * 8);
-      if (a.q_bf16 != kKvBf) {
-        float f8[8];
-        unpack8(v, a.q_bf16, f8);
-        v = pack8(f8, kKvBf);
-      }
-    }
-    *reinterpret_cast<uint4*>(Qs + r * LD + c * 8) = v;
-  }
+  stage_q_rows<D, LD, kDecThreads>(a, static_cast<const uint16_t*>(a.q) + q0 * a.q_stride +
+                                        static_cast<int64_t>(h0) * D, nh, Qs);
 
   float o[D / 8][4];
 #pragma unroll

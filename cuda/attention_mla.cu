@@ -37,7 +37,6 @@ static_assert(kDecMaxG * kMaxSplits * 4 <= kStages * kKeys * kLD * 2,
 
 template <typename KV>
 __global__ void __launch_bounds__(kThreads, 1) mla_kernel(AttnArgs a) {
-  constexpr bool kKvBf = std::is_same_v<KV, __nv_bfloat16>;
   const int groups = (a.nq + kDecMaxG - 1) / kDecMaxG;
   const int t = blockIdx.x / groups, h0 = (blockIdx.x % groups) * kDecMaxG;
   const int nh = min(kDecMaxG, a.nq - h0), split = blockIdx.y;
@@ -86,23 +85,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(AttnArgs a) {
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) load(s);
 
-  // The token's query rows -> shared memory in the cache dtype (the mma takes one type); rows
-  // past its heads are zero.
-  const uint16_t* qrow = static_cast<const uint16_t*>(a.q) + static_cast<int64_t>(t) * a.q_stride +
-                         static_cast<int64_t>(h0) * kD;
-  for (int i = tid; i < kDecMaxG * kCPR; i += kThreads) {
-    const int r = i / kCPR, c = i % kCPR;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < nh) {
-      v = *reinterpret_cast<const uint4*>(qrow + static_cast<int64_t>(r) * kD + c * 8);
-      if (a.q_bf16 != kKvBf) {
-        float f8[8];
-        unpack8(v, a.q_bf16, f8);
-        v = pack8(f8, kKvBf);
-      }
-    }
-    *reinterpret_cast<uint4*>(Qs + r * kLD + c * 8) = v;
-  }
+  stage_q_rows<kD, kLD, kThreads>(a, static_cast<const uint16_t*>(a.q) +
+                                        static_cast<int64_t>(t) * a.q_stride +
+                                        static_cast<int64_t>(h0) * kD, nh, Qs);
 
   float o[kCols / 8][4];
 #pragma unroll
