@@ -317,6 +317,35 @@ __global__ void act_kernel(T* out, const T* x, int64_t rows, int64_t d, int64_t 
   }
 }
 
+// gpt-oss's clamped SwiGLU over rows [gate; up] (swigluoai_and_mul).
+template <typename T>
+__global__ void swigluoai_and_mul_kernel(T* out, const T* x, int64_t rows, int64_t d,
+                                         int64_t x_stride, int64_t out_stride, float alpha,
+                                         float limit) {
+  pdl_begin();
+  const int64_t n = rows * d;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / d, i = e % d;
+    const T* xr = x + r * x_stride;
+    out[r * out_stride + i] =
+        from_f32<T>(swigluoai(to_f32(xr[i]), to_f32(xr[i + d]), alpha, limit));
+  }
+}
+
+// Squared ReLU elementwise (relu2).
+template <typename T>
+__global__ void relu2_kernel(T* out, const T* x, int64_t rows, int64_t d, int64_t x_stride,
+                             int64_t out_stride) {
+  pdl_begin();
+  const int64_t n = rows * d;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / d, i = e % d;
+    out[r * out_stride + i] = from_f32<T>(squared_relu(to_f32(x[r * x_stride + i])));
+  }
+}
+
 // ---- fill_uniform (the same hash as the CPU kernel: sampling/rng.h) ----
 template <typename T>
 __global__ void fill_uniform_kernel(T* out, int64_t n, uint64_t seed, float low, float span) {
@@ -605,6 +634,41 @@ void gelu_and_mul(const Tensor& out, const Tensor& x, bool approximate_tanh) {
     act_impl<Act::kGeluErf>("cuda.gelu_and_mul", out, x);
 }
 
+void swigluoai_and_mul(const Tensor& out, const Tensor& x, float alpha, float limit) {
+  const char* op = "cuda.swigluoai_and_mul";
+  check_rows(out, op, "out");
+  check_rows(x, op, "x");
+  check_act(x, op, "x");
+  VLLMX_CHECK(out.dtype == x.dtype, op, "out " + out.str() + " must have x's dtype " + x.str());
+  const int64_t rows = x.shape[0], d = out.shape[1];
+  VLLMX_CHECK(out.shape[0] == rows && x.shape[1] == 2 * d, op,
+              "x " + x.str() + " must be [T, 2 * I] for out " + out.str());
+  if (rows * d == 0) return;
+  dispatch_float(x.dtype, op, [&](auto v) {
+    using T = decltype(v);
+    launch(swigluoai_and_mul_kernel<T>, blocks_for(rows * d, kThreads), kThreads, 0, stream(),
+           out.ptr<T>(), x.ptr<T>(), rows, d, x.stride[0], out.stride[0], alpha, limit);
+  });
+  check_launch(op);
+}
+
+void relu2(const Tensor& out, const Tensor& x) {
+  const char* op = "cuda.relu2";
+  check_rows(out, op, "out");
+  check_rows(x, op, "x");
+  check_act(x, op, "x");
+  VLLMX_CHECK(out.dtype == x.dtype && out.shape[0] == x.shape[0] && out.shape[1] == x.shape[1],
+              op, "out " + out.str() + " must be x's shape and dtype " + x.str());
+  const int64_t rows = x.shape[0], d = x.shape[1];
+  if (rows * d == 0) return;
+  dispatch_float(x.dtype, op, [&](auto v) {
+    using T = decltype(v);
+    launch(relu2_kernel<T>, blocks_for(rows * d, kThreads), kThreads, 0, stream(), out.ptr<T>(),
+           x.ptr<T>(), rows, d, x.stride[0], out.stride[0]);
+  });
+  check_launch(op);
+}
+
 void gelu(const Tensor& out, const Tensor& x, bool approximate_tanh) {
   // The shapes and out's dtype are the op's contract (csrc/ops.cpp).
   const char* op = "cuda.gelu";
@@ -824,6 +888,8 @@ VLLMX_KERNEL(rotary, kCUDA, rotary);
 VLLMX_KERNEL(silu_and_mul, kCUDA, silu_and_mul);
 VLLMX_KERNEL(gelu_and_mul, kCUDA, gelu_and_mul);
 VLLMX_KERNEL(gelu, kCUDA, gelu);
+VLLMX_KERNEL(swigluoai_and_mul, kCUDA, swigluoai_and_mul);
+VLLMX_KERNEL(relu2, kCUDA, relu2);
 VLLMX_KERNEL(softcap, kCUDA, softcap);
 VLLMX_KERNEL(sigmoid_gate, kCUDA, sigmoid_gate);
 VLLMX_KERNEL(scale, kCUDA, scale);
