@@ -256,6 +256,24 @@ def test_act_and_mul(rng, dtype, act, d):
 
 
 @pytest.mark.parametrize("dtype", ACT)
+@pytest.mark.parametrize("norm_before_gate", [True, False], ids=["gdn", "mamba2"])
+@pytest.mark.parametrize("groups,d,shared", [(4, 128, True), (8, 64, False), (1, 1000, True)])
+def test_rms_norm_gated(rng, dtype, norm_before_gate, groups, d, shared):
+    """The hybrids' gated RMSNorm (Gated DeltaNet's norm before the gate, Mamba2's after it),
+    w shared by the groups or one per group, against the CPU op on the same rounded inputs."""
+    T = 9
+    x = rounded(rng.standard_normal((T, groups * d)).astype(np.float32) * 2, dtype)
+    z = rounded(rng.standard_normal((T, groups * d)).astype(np.float32) * 2, dtype)
+    w = rng.normal(1.0, 0.3, d if shared else groups * d).astype(np.float32)
+    ref = np.empty_like(x)
+    _C.ops.rms_norm_gated(ref, x, z, w, 1e-6, d, norm_before_gate)
+    out = DeviceArray.empty(x.shape, dtype)
+    _C.ops.rms_norm_gated(out, dev(x, dtype), dev(z, dtype), DeviceArray.from_numpy(w), 1e-6, d,
+                          norm_before_gate)
+    assert_close(as_f32(out.numpy(), dtype), ref, dtype, "rms_norm_gated")
+
+
+@pytest.mark.parametrize("dtype", ACT)
 @pytest.mark.parametrize("d", [1000, 1003])
 def test_swigluoai_and_mul_and_relu2(rng, dtype, d):
     """gpt-oss's clamped SwiGLU (values past the clamp on both sides) and squared ReLU against
