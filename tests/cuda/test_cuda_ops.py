@@ -256,6 +256,32 @@ def test_act_and_mul(rng, dtype, act, d):
 
 
 @pytest.mark.parametrize("dtype", ACT)
+@pytest.mark.parametrize("K", [4, 2, 8])
+def test_causal_conv1d(rng, dtype, K):
+    """The hybrids' depthwise causal convolution against the CPU op: sequences longer and
+    shorter than the window, an empty one, decode rows, slots continued (has_initial_state) or
+    started, a slot no sequence names left alone; outputs within the dtype's tolerance, the
+    updated states (the last K - 1 inputs, as stored) exactly."""
+    D, slots = 200, 6
+    lens, init, idx = [7, 0, 1, 2, 30], [1, 0, 1, 0, 1], [3, 0, 5, 1, 2]
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    init, idx = np.array(init, np.int32), np.array(idx, np.int32)
+    x = rounded(rng.standard_normal((int(qsl[-1]), D)).astype(np.float32), dtype)
+    w = rng.standard_normal((D, K)).astype(np.float32)
+    bias = rng.standard_normal(D).astype(np.float32)
+    state0 = rng.standard_normal((slots, D, K - 1)).astype(np.float32)
+    for silu in (True, False):
+        ref, ref_state = np.empty_like(x), state0.copy()
+        _C.ops.causal_conv1d(ref, x, w, bias, ref_state, qsl, idx, init, silu)
+        out, state = DeviceArray.empty(x.shape, dtype), DeviceArray.from_numpy(state0.copy())
+        _C.ops.causal_conv1d(out, dev(x, dtype), DeviceArray.from_numpy(w),
+                             DeviceArray.from_numpy(bias), state, DeviceArray.from_numpy(qsl),
+                             DeviceArray.from_numpy(idx), DeviceArray.from_numpy(init), silu)
+        assert_close(as_f32(out.numpy(), dtype), ref, dtype, "causal_conv1d")
+        np.testing.assert_array_equal(state.numpy(), ref_state)
+
+
+@pytest.mark.parametrize("dtype", ACT)
 @pytest.mark.parametrize("norm_before_gate", [True, False], ids=["gdn", "mamba2"])
 @pytest.mark.parametrize("groups,d,shared", [(4, 128, True), (8, 64, False), (1, 1000, True)])
 def test_rms_norm_gated(rng, dtype, norm_before_gate, groups, d, shared):
