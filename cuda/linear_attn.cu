@@ -1,14 +1,18 @@
 // The hybrid mixers' sequential ops on the GPU (contracts in csrc/ops.def; the CPU twins in
-// csrc/linear_attn/). causal_conv1d: one thread a (sequence, channel), walking the sequence's
+// csrc/linear_attn/), token by token as the CPU runs them (a chunked form for prefill on the
+// matrix units is the next step). causal_conv1d: one thread a (sequence, channel), walking the
+// sequence's
 // tokens in order with the window's K - 1 previous inputs in registers (from the request's
 // conv_state slot, or zeros at its first tokens), which go back to the slot at the end. A
 // token's output depends on its input and the K - 1 before it only: the same whatever the
 // batch or the chunking. The sequences' offsets, slots and flags live on the device and are
 // trusted as the attention kernels trust theirs (a slot outside the state is skipped).
+#include <algorithm>
 #include <string>
 
-#include "cuda_util.cuh"
 #include "core/op_table.h"
+#include "cuda_util.cuh"
+#include "mma.cuh"  // allow_smem
 
 namespace vllmx::cuda {
 namespace {
@@ -105,8 +109,117 @@ void causal_conv1d(const Tensor& out, const Tensor& x, const Tensor& weight, con
   check_launch(op);
 }
 
+// gated_delta_rule: one block a (sequence, value head), its [dk, dv] state in shared memory
+// (64 KiB at 128 x 128), each thread owning state columns: per token the block loads q and k
+// of the head's key head, every thread takes their norms (broadcast reads), then per column
+// decay, read the memory for the key, write the corrected value (the delta), read for the
+// query: columns never exchange values, so only the q / k loads need barriers.
+template <typename T>
+__global__ void gated_delta_rule_kernel(T* __restrict__ out, int64_t out_stride,
+                                        float* __restrict__ state, int64_t slots,
+                                        const T* __restrict__ q, const T* __restrict__ k,
+                                        int64_t qk_stride, const T* __restrict__ v,
+                                        int64_t v_stride, const T* __restrict__ a,
+                                        const T* __restrict__ b, int64_t ab_stride,
+                                        const float* __restrict__ A_log,
+                                        const float* __restrict__ dt_bias, int hv, int hk,
+                                        int dk, int dv, const int32_t* __restrict__ qsl,
+                                        const int32_t* __restrict__ idx,
+                                        const int32_t* __restrict__ init) {
+  extern __shared__ float smem[];  // S [dk][dv], then q and k [dk] each
+  pdl_begin();
+  const int s = blockIdx.y, h = blockIdx.x;
+  const int64_t t0 = qsl[s], n = qsl[s + 1] - t0, slot = idx[s];
+  if (n <= 0 || slot < 0 || slot >= slots) return;
+  float* S = smem;
+  float* qs = S + static_cast<int64_t>(dk) * dv;
+  float* ks = qs + dk;
+  float* st = state + (slot * hv + h) * static_cast<int64_t>(dk) * dv;
+  const bool from_slot = init[s] != 0;
+  for (int64_t i = threadIdx.x; i < static_cast<int64_t>(dk) * dv; i += blockDim.x)
+    S[i] = from_slot ? st[i] : 0.f;
+  const int kh = h / (hv / hk);
+  const float neg_a = -expf(A_log[h]), qscale = rsqrtf(static_cast<float>(dk));
+  for (int64_t t = t0; t < t0 + n; ++t) {
+    __syncthreads();  // the state loaded / the last token's q and k read
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+      qs[i] = to_f32(q[t * qk_stride + kh * dk + i]);
+      ks[i] = to_f32(k[t * qk_stride + kh * dk + i]);
+    }
+    __syncthreads();
+    float ssq = 0.f, ssk = 0.f;
+    for (int i = 0; i < dk; ++i) {
+      ssq = fmaf(qs[i], qs[i], ssq);
+      ssk = fmaf(ks[i], ks[i], ssk);
+    }
+    // (FLA's l2norm as transformers writes it: x / sqrt(sum x^2 + 1e-6))
+    const float iq = qscale / sqrtf(ssq + 1e-6f), ik = 1.f / sqrtf(ssk + 1e-6f);
+    const float x = to_f32(a[t * ab_stride + h]) + dt_bias[h];
+    const float decay = expf(neg_a * (x > 20.f ? x : log1pf(expf(x))));
+    const float beta = 1.f / (1.f + expf(-to_f32(b[t * ab_stride + h])));
+    for (int j = threadIdx.x; j < dv; j += blockDim.x) {
+      float mem = 0.f;
+      for (int i = 0; i < dk; ++i) {
+        const float sv = S[i * dv + j] * decay;
+        S[i * dv + j] = sv;
+        mem = fmaf(sv, ks[i] * ik, mem);
+      }
+      const float delta = (to_f32(v[t * v_stride + static_cast<int64_t>(h) * dv + j]) - mem) * beta;
+      float acc = 0.f;
+      for (int i = 0; i < dk; ++i) {
+        const float sv = fmaf(ks[i] * ik, delta, S[i * dv + j]);
+        S[i * dv + j] = sv;
+        acc = fmaf(sv, qs[i] * iq, acc);
+      }
+      out[t * out_stride + static_cast<int64_t>(h) * dv + j] = from_f32<T>(acc);
+    }
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < static_cast<int64_t>(dk) * dv; i += blockDim.x) st[i] = S[i];
+}
+
+void gated_delta_rule(const Tensor& out, const Tensor& recurrent_state, const Tensor& q,
+                      const Tensor& k, const Tensor& v, const Tensor& a, const Tensor& b,
+                      const Tensor& A_log, const Tensor& dt_bias, const Tensor& query_start_loc,
+                      const Tensor& state_indices, const Tensor& has_initial_state) {
+  // The shapes are the op's contract (csrc/ops.cpp); here the GPU's dtypes and layouts.
+  const char* op = "cuda.gated_delta_rule";
+  for (const Tensor* t : {&out, &q, &k, &v, &a, &b}) {
+    check_rows(*t, op, "the activations");
+    VLLMX_CHECK(t->dtype == q.dtype, op, "the activations must share q's dtype, got " +
+                                             t->str());
+  }
+  check_act(q, op, "q");
+  VLLMX_CHECK(q.stride[0] == k.stride[0], op, "q and k must have one row stride");
+  for (const Tensor* t : {&recurrent_state, &A_log, &dt_bias, &query_start_loc, &state_indices,
+                          &has_initial_state})
+    check_on_device(*t, op, "the state, A_log, dt_bias and the sequence arrays");
+  const int hv = static_cast<int>(recurrent_state.shape[1]);
+  const int dk = static_cast<int>(recurrent_state.shape[2]);
+  const int dv = static_cast<int>(recurrent_state.shape[3]);
+  const int hk = static_cast<int>(q.shape[1] / dk);
+  const int64_t B = state_indices.shape[0];
+  const size_t smem = (static_cast<size_t>(dk) * dv + 2 * dk) * sizeof(float);
+  VLLMX_CHECK(smem <= 200 * 1024, op, "a state of " + std::to_string(dk) + " x " +
+                                          std::to_string(dv) + " exceeds shared memory");
+  if (B == 0 || out.shape[0] == 0) return;
+  const int threads = std::min(256, (dv + 31) / 32 * 32);
+  dispatch_float(q.dtype, op, [&](auto e) {
+    using T = decltype(e);
+    detail::allow_smem(gated_delta_rule_kernel<T>, static_cast<int>(smem));
+    launch(gated_delta_rule_kernel<T>, dim3(hv, static_cast<unsigned>(B)), threads, smem,
+           stream(), out.ptr<T>(), out.stride[0], recurrent_state.ptr<float>(),
+           recurrent_state.shape[0], q.ptr<T>(), k.ptr<T>(), q.stride[0], v.ptr<T>(),
+           v.stride[0], a.ptr<T>(), b.ptr<T>(), a.stride[0], A_log.ptr<float>(),
+           dt_bias.ptr<float>(), hv, hk, dk, dv, query_start_loc.ptr<int32_t>(),
+           state_indices.ptr<int32_t>(), has_initial_state.ptr<int32_t>());
+  });
+  check_launch(op);
+}
+
 }  // namespace
 
 VLLMX_KERNEL(causal_conv1d, kCUDA, causal_conv1d);
+VLLMX_KERNEL(gated_delta_rule, kCUDA, gated_delta_rule);
 
 }  // namespace vllmx::cuda

@@ -282,6 +282,39 @@ def test_causal_conv1d(rng, dtype, K):
 
 
 @pytest.mark.parametrize("dtype", ACT)
+@pytest.mark.parametrize("hk,hv,dk,dv", [(2, 4, 16, 24), (1, 2, 128, 128)])
+def test_gated_delta_rule(rng, dtype, hk, hv, dk, dv):
+    """Gated DeltaNet's recurrence token by token against the CPU op on the same rounded
+    inputs: sequences of 5, 0, 1 and 40 tokens over permuted slots, continued or started (the
+    128 x 128 state: 64 KiB of shared memory); outputs within the dtype's tolerance, the
+    updated f32 states within f32 rounding over 40 steps."""
+    slots, lens, init, idx = 6, [5, 0, 1, 40], [1, 0, 0, 1], [4, 0, 2, 5]
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    init, idx = np.array(init, np.int32), np.array(idx, np.int32)
+    T = int(qsl[-1])
+
+    def act(*shape, scale=1.0):
+        return rounded(rng.standard_normal(shape).astype(np.float32) * scale, dtype)
+
+    q, k, v = act(T, hk * dk), act(T, hk * dk), act(T, hv * dv)
+    a, b = act(T, hv), act(T, hv, scale=2.0)
+    A_log = rng.uniform(-1.0, 1.0, hv).astype(np.float32)
+    dt_bias = rng.standard_normal(hv).astype(np.float32)
+    state0 = (rng.standard_normal((slots, hv, dk, dv)) * 0.3).astype(np.float32)
+    ref, ref_state = np.empty((T, hv * dv), np.float32), state0.copy()
+    _C.ops.gated_delta_rule(ref, ref_state, q, k, v, a, b, A_log, dt_bias, qsl, idx, init)
+    out, state = DeviceArray.empty((T, hv * dv), dtype), DeviceArray.from_numpy(state0.copy())
+    on = DeviceArray.from_numpy
+    _C.ops.gated_delta_rule(out, state, dev(q, dtype), dev(k, dtype), dev(v, dtype),
+                            dev(a, dtype), dev(b, dtype), on(A_log), on(dt_bias), on(qsl),
+                            on(idx), on(init))
+    assert_close(as_f32(out.numpy(), dtype), ref, dtype, "gated_delta_rule")
+    got = state.numpy()
+    assert np.abs(got - ref_state).max() / np.abs(ref_state).max() < 1e-4
+    np.testing.assert_array_equal(got[[1, 3]], state0[[1, 3]])  # slots no sequence names
+
+
+@pytest.mark.parametrize("dtype", ACT)
 @pytest.mark.parametrize("norm_before_gate", [True, False], ids=["gdn", "mamba2"])
 @pytest.mark.parametrize("groups,d,shared", [(4, 128, True), (8, 64, False), (1, 1000, True)])
 def test_rms_norm_gated(rng, dtype, norm_before_gate, groups, d, shared):
