@@ -315,6 +315,40 @@ def test_gated_delta_rule(rng, dtype, hk, hv, dk, dv):
 
 
 @pytest.mark.parametrize("dtype", ACT)
+@pytest.mark.parametrize("H,G,P,N", [(4, 2, 8, 16), (2, 1, 64, 128)])
+def test_mamba2_scan(rng, dtype, H, G, P, N):
+    """Mamba2's selective scan token by token against the CPU op on the same rounded inputs
+    (dt clamped into [dt_min, dt_max] for some tokens), the sequences and slots as the gated
+    delta rule's test; outputs within the dtype's tolerance, states within f32 rounding."""
+    slots, lens, init, idx = 6, [5, 0, 1, 40], [1, 0, 0, 1], [4, 0, 2, 5]
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    init, idx = np.array(init, np.int32), np.array(idx, np.int32)
+    T = int(qsl[-1])
+
+    def act(*shape, scale=1.0):
+        return rounded(rng.standard_normal(shape).astype(np.float32) * scale, dtype)
+
+    x, dt = act(T, H * P), act(T, H, scale=2.0)
+    Bm, Cm = act(T, G * N), act(T, G * N)
+    A_log = rng.uniform(-1.0, 1.0, H).astype(np.float32)
+    Dp, dt_bias = rng.standard_normal(H).astype(np.float32), rng.standard_normal(H).astype(
+        np.float32)
+    state0 = (rng.standard_normal((slots, H, P, N)) * 0.3).astype(np.float32)
+    ref, ref_state = np.empty((T, H * P), np.float32), state0.copy()
+    _C.ops.mamba2_scan(ref, ref_state, x, dt, Bm, Cm, A_log, Dp, dt_bias, qsl, idx, init, 0.01,
+                       2.0)
+    out, state = DeviceArray.empty((T, H * P), dtype), DeviceArray.from_numpy(state0.copy())
+    on = DeviceArray.from_numpy
+    _C.ops.mamba2_scan(out, state, dev(x, dtype), dev(dt, dtype), dev(Bm, dtype),
+                       dev(Cm, dtype), on(A_log), on(Dp), on(dt_bias), on(qsl), on(idx),
+                       on(init), 0.01, 2.0)
+    assert_close(as_f32(out.numpy(), dtype), ref, dtype, "mamba2_scan")
+    got = state.numpy()
+    assert np.abs(got - ref_state).max() / np.abs(ref_state).max() < 1e-4
+    np.testing.assert_array_equal(got[[1, 3]], state0[[1, 3]])  # slots no sequence names
+
+
+@pytest.mark.parametrize("dtype", ACT)
 @pytest.mark.parametrize("norm_before_gate", [True, False], ids=["gdn", "mamba2"])
 @pytest.mark.parametrize("groups,d,shared", [(4, 128, True), (8, 64, False), (1, 1000, True)])
 def test_rms_norm_gated(rng, dtype, norm_before_gate, groups, d, shared):
