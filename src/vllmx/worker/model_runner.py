@@ -88,7 +88,8 @@ class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
         # table the kernels read is its array.
         self.input_batch = InputBatch(b, max_model_len, block_size)
         # Hybrid models: a recurrent-state slot per running request (worker/state_slots.py).
-        self.state_slots = StateSlots(model, b) if getattr(model, "is_hybrid", False) else None
+        self.state_slots = (StateSlots(model, b, device == "cuda")
+                            if getattr(model, "is_hybrid", False) else None)
         # longrope: (original context, row offset) for requests whose prompt is longer
         self._long_prompt = getattr(getattr(model, "rope", None), "long_prompt_offset", None)
         self.block_table = self.input_batch.block_table

@@ -10,11 +10,12 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from vllmx.device import StagedArray
 from vllmx.worker.step_capture import StateRows, walk
 
 
 class StateSlots:
-    def __init__(self, model, max_num_seqs: int):
+    def __init__(self, model, max_num_seqs: int, on_gpu: bool = False):
         model.allocate_states(max_num_seqs + 1)
         self.model = model
         self._slot: dict[str, int] = {}
@@ -22,6 +23,9 @@ class StateSlots:
         self.state_indices = np.full(max_num_seqs, max_num_seqs, dtype=np.int32)
         self.has_initial_state = np.zeros(max_num_seqs, dtype=np.int32)
         self._rows_used = 0  # rows of state_indices the step being formed uses
+        # On the GPU the mixers read staged device copies (a decode graph where it was captured).
+        self._staged = ((StagedArray(self.state_indices), StagedArray(self.has_initial_state))
+                        if on_gpu else None)
 
     def take(self, req_id: str) -> None:
         """A slot for a request that starts or resumes (a request that has one keeps it)."""
@@ -46,6 +50,10 @@ class StateSlots:
         self.has_initial_state[:nb] = 0
         self.has_initial_state[:n] = first_positions > 0
         self._rows_used = nb
+        if self._staged is not None:
+            for s in self._staged:
+                s.upload()
+            return self._staged[0].view(nb), self._staged[1].view(nb)
         return self.state_indices[:nb], self.has_initial_state[:nb]
 
     def step_rows(self) -> StateRows:
