@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 # Mixture of experts (cuda/fused_moe.cu): softmax top-k routing, shared experts; GLM-4.5's
 # sigmoid routing over expert groups steered by its choice bias; gpt-oss's biased experts and
 # clamped SwiGLU beside attention sinks (head_dim 16: the generic attention kernel; the
-# tensor-core kernels' sinks: test_cuda_linear_attention.py); DeepSeek V2 / V3's multi-head
+# tensor-core kernels' sinks: test_cuda_attention.py); DeepSeek V2 / V3's multi-head
 # latent attention (batched_linear per head, head size 40: the generic kernel, one latent cache
 # for keys and values).
 MOE = ["qwen3_moe", "mixtral", "granite_moe", "granite_moe_shared", "qwen2_moe", "glm4_moe",

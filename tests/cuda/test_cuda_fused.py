@@ -3,15 +3,13 @@ qk_norm_rope_cache (per-head q/k rms_norm + rotary + the KV-cache write), linear
 (gate_up projection + silu/gelu-and-mul) and rms_norm_linear (add + rms_norm + projection),
 plus repeated split-KV decodes (the last partition merges, and leaves its counters ready for
 the next launch) and the decode-only max_query_len hint."""
-import zlib
-
 import numpy as np
 import pytest
 
 from vllmx import _C
 from vllmx.device import BF16, F16, F32, DeviceArray
 
-from .test_cuda_linear_attention import attention_case, run_attention
+from .test_cuda_attention import attention_case, run_attention
 from .test_cuda_ops import (
     Q4_0,
     Q4_1,
@@ -26,11 +24,6 @@ from .test_cuda_ops import (
 )
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture
-def rng(request):
-    return np.random.default_rng(zlib.crc32(request.node.name.encode()))
 
 
 def qkv_case(rng, T, nq, nkv, D, dtype, cache_dtype, rot_dim, max_pos, norm):

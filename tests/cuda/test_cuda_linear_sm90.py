@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.cuda.test_cuda_linear_attention import (
+from tests.cuda.test_cuda_linear import (
     BF16,
     F16,
     TOL,

@@ -1,5 +1,6 @@
-"""The sampler's processors and logprobs on the GPU against the CPU ops on the same inputs:
-apply_logits_processors bit for bit (the penalties are the same f32 operations), and
+"""The sampler on the GPU against the CPU ops on the same inputs: sample's tokens and generator
+states (greedy, seeded, ties at the cuts, rows without a finite max), apply_logits_processors
+bit for bit (the penalties are the same f32 operations), and
 compute_logprobs' token log-prob (1e-5), rank and top lists exactly; then the Sampler end to
 end, device logits against host logits."""
 import numpy as np
@@ -11,6 +12,93 @@ from vllmx.device import F32, I32, DeviceArray
 from vllmx.layers.sampler import MAX_DEVICE_TOP_LOGPROBS, Sampler, SamplingMetadata
 
 pytestmark = pytest.mark.gpu
+
+
+# ---- sampler ----
+def sample_both(logits, temperature, top_k=0, top_p=1.0, min_p=0.0, seed=0):
+    B = logits.shape[0]
+    t = np.full(B, temperature, np.float32)
+    k = np.full(B, top_k, np.int32)
+    p = np.full(B, top_p, np.float32)
+    m = np.full(B, min_p, np.float32)
+    state = np.random.default_rng(seed).integers(1, 2**63, size=(B, 2), dtype=np.uint64)
+    cpu_state = state.copy()
+    ids = np.empty(B, np.int32)
+    lps = np.empty(B, np.float32)
+    _C.ops.sample(ids, lps, logits.copy(), t, k, p, m, cpu_state)
+    d_state = DeviceArray.from_numpy(state)
+    d_ids, d_lps = DeviceArray.empty(B, I32), DeviceArray.empty(B, F32)
+    _C.ops.sample(d_ids, d_lps, DeviceArray.from_numpy(logits), DeviceArray.from_numpy(t),
+                  DeviceArray.from_numpy(k), DeviceArray.from_numpy(p), DeviceArray.from_numpy(m),
+                  d_state)
+    return (ids, lps, cpu_state), (d_ids.numpy(), d_lps.numpy(), d_state.numpy())
+
+
+@pytest.mark.parametrize("V", [7, 1000, 151936])
+def test_sample_greedy_matches_cpu(rng, V):
+    B = 16
+    logits = rng.standard_normal((B, V)).astype(np.float32) * 4
+    logits[1, [3, 5]] = logits[1].max() + 1  # a tie: the lower index wins
+    logits[2, 0] = np.nan
+    logits[3] = -np.inf
+    (ids, lps, s_cpu), (g_ids, g_lps, s_gpu) = sample_both(logits, 0.0)
+    np.testing.assert_array_equal(g_ids, ids)
+    assert g_ids[1] == 3
+    np.testing.assert_array_equal(s_gpu, s_cpu)  # greedy rows never advance the generator
+    ok = np.isfinite(lps)
+    np.testing.assert_allclose(g_lps[ok], lps[ok], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("V", [50, 32000])
+@pytest.mark.parametrize("params", [
+    {"temperature": 1.0},
+    {"temperature": 0.7, "min_p": 0.05},
+    {"temperature": 1.0, "top_k": 1},
+    {"temperature": 0.9, "top_k": 40},
+    {"temperature": 1.0, "top_p": 0.9},
+    {"temperature": 1.3, "top_k": 100, "top_p": 0.8},
+    {"temperature": 1.0, "top_k": 20, "top_p": 0.95, "min_p": 0.01},
+    {"temperature": 2.0, "top_p": 0.01},
+])
+def test_sample_seeded_matches_cpu(rng, V, params):
+    B = 128
+    logits = rng.standard_normal((B, V)).astype(np.float32) * 3
+    (ids, lps, s_cpu), (g_ids, g_lps, s_gpu) = sample_both(logits, seed=V, **params)
+    np.testing.assert_array_equal(g_ids, ids)
+    np.testing.assert_array_equal(s_gpu, s_cpu)  # one generator output per row
+    np.testing.assert_allclose(g_lps, lps, rtol=1e-5, atol=1e-5)
+
+
+def test_sample_ties_at_the_cuts_match_cpu(rng):
+    # Few distinct logit values: top_k and top_p cuts fall inside runs of equal weights.
+    B, V = 64, 4096
+    logits = rng.integers(0, 6, (B, V)).astype(np.float32)
+    for params in ({"top_k": 7}, {"top_p": 0.3}, {"top_k": 500, "top_p": 0.5}):
+        (ids, _, s_cpu), (g_ids, _, s_gpu) = sample_both(logits, 1.0, seed=7, **params)
+        np.testing.assert_array_equal(g_ids, ids, err_msg=str(params))
+        np.testing.assert_array_equal(s_gpu, s_cpu)
+
+
+def test_sample_deterministic_and_distribution(rng):
+    B, V = 4096, 8
+    logits = np.tile(np.log(np.array([0.4, 0.3, 0.1, 0.1, 0.05, 0.03, 0.01, 0.01], np.float32)),
+                     (B, 1))
+    (_, _, _), (g1, _, _) = sample_both(logits, 1.0, top_k=3, seed=3)
+    (_, _, _), (g2, _, _) = sample_both(logits, 1.0, top_k=3, seed=3)
+    np.testing.assert_array_equal(g1, g2)
+    assert set(np.unique(g1)) <= {0, 1, 2}
+    freq = np.bincount(g1, minlength=V)[:3] / B
+    np.testing.assert_allclose(freq, np.array([0.4, 0.3, 0.1]) / 0.8, atol=0.04)
+
+
+def test_sample_random_rows_without_a_finite_max_take_one_draw(rng):
+    V = 500
+    logits = rng.standard_normal((4, V)).astype(np.float32)
+    logits[0] = -np.inf
+    logits[1] = np.nan
+    (ids, _, s_cpu), (g_ids, _, s_gpu) = sample_both(logits, 0.9, seed=3)
+    np.testing.assert_array_equal(g_ids, ids)
+    np.testing.assert_array_equal(s_gpu, s_cpu)
 
 
 @pytest.mark.parametrize("B,V", [(1, 50), (12, 1000), (33, 32000)])

@@ -31,8 +31,9 @@ def test_sm80_kernels_on_hopper():
     tests = ("linear_dense or linear_skinny or (attention and (prefill or chunked or long)) or "
              "fused_experts")
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", os.path.join(here, "test_cuda_linear_attention.py"),
-         os.path.join(here, "test_cuda_moe.py"), "-q", "-x", "-p", "no:cacheprovider", "-m",
+        [sys.executable, "-m", "pytest", os.path.join(here, "test_cuda_linear.py"),
+         os.path.join(here, "test_cuda_attention.py"), os.path.join(here, "test_cuda_moe.py"),
+         "-q", "-x", "-p", "no:cacheprovider", "-m",
          "gpu", "-k", tests],
         env=env, capture_output=True, text=True, timeout=1200, check=False)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]

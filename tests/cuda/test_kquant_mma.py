@@ -5,7 +5,7 @@ applied to its product) with every mma.sync emulated from PTX's fragment layouts
 (kquant_mma_emulated.cpp). Their output must be the f64 product of gguf's dequantized weights:
 a thread reading the wrong bytes, a wrong byte permute, a k order A and B do not share, or a
 scale on the wrong sub-block is off by far more than f32 rounding. The GPU tests
-(test_cuda_linear_attention.py) run the kernel."""
+(test_cuda_linear.py) run the kernel."""
 
 from __future__ import annotations
 

@@ -10,8 +10,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from vllmx import ops
-from vllmx.device import F32
-from vllmx.layers import placement
 from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.ops import Weight
 
@@ -40,8 +38,7 @@ class Attention:
         self.scale = scale
         self.sliding_window = sliding_window or 0
         self.logits_soft_cap = logits_soft_cap or 0.0
-        # f32 [num_heads]: gpt-oss's per-head sink logits (where the attention runs)
-        self.sinks = None if sinks is None else placement.upload_vector(sinks, F32)
+        self.sinks = sinks  # f32 [num_heads]: gpt-oss's per-head sink logits, where it runs
 
     def forward_qkv(self, qkv, positions, rope, q_norm, k_norm, md: AttentionMetadata):
         """qkv [T, (nq + 2 nkv) * D] -> attention output [T, nq * D]. q_norm / k_norm: RMSNorm
