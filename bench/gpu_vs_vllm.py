@@ -30,6 +30,7 @@ worker gets that folder on its PYTHONPATH, the vllmx worker does not.
     python bench/gpu_vs_vllm.py --models llama-3-8b --serve --skip-offline --engines vllmx \
         --concurrency 64 256 --py-spy /tmp/site/bin/py-spy     # + where the server's GIL goes
     python bench/gpu_vs_vllm.py --models qwen3-30b-a3b --workloads 1024:128:1,8,32,64
+    python bench/gpu_vs_vllm.py --models deepseek-v2-lite --workloads 1024:128:1,8,32,64
     python bench/gpu_vs_vllm.py --engines vllmx --vllm-results bench/results/gpu_vs_vllm.json
 
 --vllm-results takes vLLM's numbers from an earlier report (same machine kind, same workloads)
@@ -64,7 +65,27 @@ SHAPES = {**DENSE_SHAPES,
                                 num_attention_heads=32, num_key_value_heads=4, head_dim=128,
                                 num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
                                 decoder_sparse_step=1, mlp_only_layers=[],
-                                tie_word_embeddings=False, max_position_embeddings=40960)}
+                                tie_word_embeddings=False, max_position_embeddings=40960),
+          # DeepSeek-V2-Lite (issue 19's MLA benchmark): multi-head latent attention (a 512-wide
+          # latent + 64 rope dims cached per token), 64 routed experts of 1408 (top-6) and 2
+          # shared, a dense first layer.
+          "deepseek-v2-lite": dict(arch="DeepseekV2", model_type="deepseek_v2",
+                                   vocab_size=102400, hidden_size=2048,
+                                   intermediate_size=10944, moe_intermediate_size=1408,
+                                   num_hidden_layers=27, num_attention_heads=16,
+                                   num_key_value_heads=16, n_routed_experts=64,
+                                   n_shared_experts=2, num_experts_per_tok=6,
+                                   first_k_dense_replace=1, moe_layer_freq=1, kv_lora_rank=512,
+                                   q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                                   v_head_dim=128, topk_method="greedy", n_group=1,
+                                   topk_group=1, routed_scaling_factor=1.0,
+                                   norm_topk_prob=False, scoring_func="softmax",
+                                   rope_theta=10000.0, tie_word_embeddings=False,
+                                   max_position_embeddings=163840,
+                                   rope_scaling={"type": "yarn", "factor": 40,
+                                                 "original_max_position_embeddings": 4096,
+                                                 "beta_fast": 32, "beta_slow": 1,
+                                                 "mscale": 0.707, "mscale_all_dim": 0.707})}
 
 WORKLOADS = ["1024:128:1,8,32,128,256", "7936:64:1,4,16"]
 # vLLM's env.sh (gpu-peers): flashinfer is not bundled, so its sampler must stay off.

@@ -96,3 +96,41 @@ def test_token_parity_vs_transformers_on_gpu(ckpt_dir, family, dtype, delta):
             assert failed <= MOE_BF16_FAILED and report.worst_gap < MOE_BF16_GAP, where
         else:
             assert report.failed == 0, where
+
+
+def test_block_experts_are_dequantized_on_gpu(tmp_path):
+    """A Qwen3-MoE GGUF of Q8_0 blocks, experts included, on the GPU in f32: the experts go up
+    dequantized (CUDA's fused_experts runs dense experts), the rest runs as stored; token
+    parity (f32 delta) with transformers on the checkpoint with every matrix and expert stack
+    replaced by its Q8_0 round trip (rows along the last dim, as the GGUF stores them), but
+    the routers, which the file keeps in F32 as llama-quantize does."""
+    from gguf import GGMLQuantizationType, quants
+
+    from tests.models.tiny_checkpoints import tiny_gguf
+    from vllmx import LLM, SamplingParams
+
+    path = tiny_gguf("qwen3_moe_gguf", "Q8_0", str(tmp_path), writer="gguf")
+    hf_dir = os.path.join(str(tmp_path), "h64", "qwen3_moe_gguf-float32")
+    rng = np.random.default_rng(SEED)
+    prompts = [rng.integers(3, VOCAB, size=int(n)).tolist() for n in rng.integers(3, 120, 6)]
+    llm = LLM(path, skip_tokenizer_init=True, device="cuda", max_model_len=512,
+              dtype="float32", kv_cache_memory_bytes=256 << 20)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    oracle = transformers.AutoModelForCausalLM.from_pretrained(
+        hf_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    q8 = GGMLQuantizationType.Q8_0
+    with torch.no_grad():
+        for name, p in oracle.named_parameters():
+            if p.dim() >= 2 and not name.endswith("mlp.gate.weight"):  # (routers stay F32)
+                rows = p.numpy().reshape(-1, p.shape[-1])
+                p.copy_(torch.from_numpy(quants.dequantize(quants.quantize(rows, q8), q8)
+                                         .reshape(p.shape)))
+    oracle = oracle.cuda()
+    for prompt, out in zip(prompts, outs):
+        toks = list(out.outputs[0].token_ids)
+        with torch.no_grad():
+            logits = oracle(torch.tensor([prompt + toks], device="cuda")).logits[0]
+        report = check_positions(log_softmax(logits.double().cpu().numpy())[len(prompt) - 1:-1],
+                                 toks, 0.01)
+        assert report.failed == 0, f"seed {SEED}, prompt len {len(prompt)}: {report}"

@@ -1,6 +1,6 @@
 """SparseMoeBlock: router + topk_softmax + fused_experts equal to the float64 MoE of the same
-weights; block experts repacked expert by expert; on a GPU placement what it cannot run yet
-refused by name."""
+weights; block experts repacked expert by expert, and dequantized expert by expert for the
+GPU (whose fused_experts runs dense experts)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 
 from vllmx import _C, ops
 from vllmx.layers.fused_moe import SparseMoeBlock
-from vllmx.layers.placement import Placement, placement
 from vllmx.ops import Weight
 
 
@@ -63,14 +62,24 @@ def test_block_experts_are_repacked_per_expert():
     assert np.linalg.norm(a - b) / np.linalg.norm(b) < 1e-3
 
 
-def test_gpu_placement_names_what_it_cannot_run():
-    """Quantized experts (no CUDA kernel yet) are refused by name before any upload."""
-    rng = np.random.default_rng()
-    gate, w13, w2 = experts(rng)
-    q8 = int(ops.Q8_0)
-    w13q = Weight(ops.quantize_weight(w13.data.reshape(-1, 64), q8).reshape(8, 64, -1), q8,
-                  w13.shape)
-    with placement(Placement("cuda")), pytest.raises(ValueError, match=(
-            r"model.layers.3.mlp.w13: Q8_0 experts have no CUDA kernel yet.*device='cpu'")):
-        SparseMoeBlock(gate, w13q, w2, 2, True, name="model.layers.3.mlp")
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K", "MXFP4"])
+def test_block_experts_dequantize_expert_by_expert_for_the_gpu(qtype):
+    """The GPU runs dense experts: a stack of GGUF blocks goes up expert by expert as its
+    dequantized values, in f32 exactly and in bf16 rounded to nearest even."""
+    from gguf import GGMLQuantizationType, quants
 
+    from vllmx.device import BF16, F32
+    from vllmx.layers.placement import dense_experts, host_as
+
+    rng = np.random.default_rng()
+    e, n, k = 5, 48, 256
+    dense = rng.standard_normal((e * n, k)).astype(np.float32)
+    gt = GGMLQuantizationType[qtype]
+    blocks = (ops.quantize_weight(dense, int(gt)) if qtype == "Q4_K"  # (gguf-py has none)
+              else quants.quantize(dense, gt))
+    want = quants.dequantize(blocks, gt).reshape(e, n, k)
+    w = Weight(blocks.reshape(e, n, -1), int(gt), (e, n, k))
+    got = list(dense_experts(w, F32))
+    assert len(got) == e and all(g.shape == (n, k) for g in got)
+    np.testing.assert_array_equal(np.stack(got), want)
+    np.testing.assert_array_equal(np.stack(list(dense_experts(w, BF16))), host_as(want, BF16))

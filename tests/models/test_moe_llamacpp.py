@@ -26,7 +26,7 @@ import pytest
 
 from tests.models.llamacpp_parity import MIN_STRICT, llamacpp_positions
 from tests.models.parity import vllmx_prompt_logits
-from tests.models.tiny_checkpoints import VOCAB, make_checkpoint, write_gguf
+from tests.models.tiny_checkpoints import VOCAB, tiny_gguf
 
 llama_cpp = pytest.importorskip("llama_cpp")
 gguf = pytest.importorskip("gguf")
@@ -47,31 +47,6 @@ FAMILIES = [("qwen3_moe_gguf", "qwen3moe"), ("mixtral", "llama"), ("granite_moe"
 @pytest.fixture(scope="module")
 def ckpt_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("moe-gguf"))
-
-
-def tiny_gguf(family: str, qname: str, out_dir: str, writer: str = "quantize") -> str:
-    """The family's tiny checkpoint as an F32 GGUF, requantized by `vllmx quantize`, or written
-    by the gguf package's quantizer (writer "gguf": Q8_0, or MXFP4 experts and F32 rest)."""
-    import gguf
-
-    sizes = {"hidden_size": 256, "intermediate_size": 256} if qname == "Q4_K" else {}
-    out_dir = os.path.join(out_dir, "h256" if sizes else "h64")
-    f32 = os.path.join(out_dir, f"{family}-F32.gguf")
-    if not os.path.exists(f32):
-        write_gguf(make_checkpoint(family, "float32", out_dir, **sizes), family, f32)
-    if qname == "F32":
-        return f32
-    path = os.path.join(out_dir, f"{family}-{qname}-{writer}.gguf")
-    if writer == "gguf":
-        qtype = gguf.GGMLQuantizationType[qname]
-        src = make_checkpoint(family, "float32", out_dir, **sizes)
-        if qname == "MXFP4":
-            return write_gguf(src, family, path, expert_qtype=qtype)
-        return write_gguf(src, family, path, qtype)
-    from vllmx.cli.quantize import quantize_model
-
-    quantize_model(f32, path, qname)
-    return path
 
 
 def check_against_llamacpp(path: str, family: str, arch: str, qname: str) -> None:

@@ -298,3 +298,28 @@ def write_gguf(hf_dir: str, family: str, out_path: str, qtype=None, window: bool
     w.write_tensors_to_file()
     w.close()
     return out_path
+
+
+def tiny_gguf(family: str, qname: str, out_dir: str, writer: str = "quantize") -> str:
+    """The family's tiny checkpoint as an F32 GGUF, requantized by `vllmx quantize`, or written
+    by the gguf package's quantizer (writer "gguf": Q8_0, or MXFP4 experts and F32 rest)."""
+    import gguf
+
+    sizes = {"hidden_size": 256, "intermediate_size": 256} if qname == "Q4_K" else {}
+    out_dir = os.path.join(out_dir, "h256" if sizes else "h64")
+    f32 = os.path.join(out_dir, f"{family}-F32.gguf")
+    if not os.path.exists(f32):
+        write_gguf(make_checkpoint(family, "float32", out_dir, **sizes), family, f32)
+    if qname == "F32":
+        return f32
+    path = os.path.join(out_dir, f"{family}-{qname}-{writer}.gguf")
+    if writer == "gguf":
+        qtype = gguf.GGMLQuantizationType[qname]
+        src = make_checkpoint(family, "float32", out_dir, **sizes)
+        if qname == "MXFP4":
+            return write_gguf(src, family, path, expert_qtype=qtype)
+        return write_gguf(src, family, path, qtype)
+    from vllmx.cli.quantize import quantize_model
+
+    quantize_model(f32, path, qname)
+    return path

@@ -1,5 +1,6 @@
-"""The engine runs the speculative decoding tests compare: one LLM per run (CPU), its outputs'
-token ids and scheduler stats, and the check that every KV block came back."""
+"""The engine runs the speculative decoding tests compare: one LLM per run (the CPU unless told
+otherwise), its outputs' token ids and scheduler stats, and the check that every KV block came
+back."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import gc
 from tests.spec_decode.test_ngram import tokens
 
 
-def run(ckpt, ps, sps, spec=None, **kw):
+def run(ckpt, ps, sps, spec=None, device="cpu", **kw):
     """(token ids per prompt, scheduler stats) of one engine on ckpt, speculating with spec."""
     from vllmx import LLM
 
-    llm = LLM(ckpt, skip_tokenizer_init=True, device="cpu", speculative_config=spec, **kw)
+    llm = LLM(ckpt, skip_tokenizer_init=True, device=device, speculative_config=spec, **kw)
     outs = tokens(llm.generate(ps, sps, use_tqdm=False))
     stats = llm.llm_engine.scheduler.make_stats()
     free = llm.llm_engine.scheduler.kv_cache_manager.num_free_blocks

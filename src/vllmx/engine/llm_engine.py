@@ -174,31 +174,39 @@ class LLMEngine:
 
             self.lora_manager = create_lora_manager(self.model, config, self.device,
                                                     getattr(self.worker, "act_dtype", None))
-        self.worker.initialize_kv_cache()
-        self.worker.compile_or_warm_up_model()
-        self.model_runner = self.worker.model_runner
-        self.model_runner.lora_manager = self.lora_manager
         spec = config.speculative_config
-        if spec is not None and spec.method == "ngram":
-            from vllmx.spec_decode.ngram_proposer import NgramProposer
+        draft_model = None
+        if spec is not None and spec.method not in ("ngram", "mtp", "eagle", "eagle3"):
+            from vllmx.spec_decode.draft_model_proposer import DraftModelProposer
 
-            self.model_runner.drafter = NgramProposer(spec)
-        elif spec is not None and spec.method in ("mtp", "eagle", "eagle3"):
+            # Its weights before the target's cache, which sets its cache's share aside.
+            draft_model = DraftModelProposer(config, spec, self.model.vocab_size, self.device)
+            self.worker.kv_reserve = draft_model.kv_reserve()
+        self.worker.initialize_kv_cache()
+        self.model_runner = self.worker.model_runner
+        if spec is not None and spec.method in ("mtp", "eagle", "eagle3"):
             from vllmx.spec_decode.eagle import EagleProposer
             from vllmx.spec_decode.mtp_proposer import MTPProposer
 
             cls = MTPProposer if spec.method == "mtp" else EagleProposer
+            act_dtype = getattr(self.worker, "act_dtype", None)
             drafter = cls(config, spec, self.model, self.worker.kv_caches,
-                          self.worker.cache_dtype, self.device)
+                          self.worker.cache_dtype, self.device, act_dtype)
             self.model_runner.drafter = drafter
-            self.model_runner.keep_hidden_states(drafter.model.aux_hidden_state_layers)
+            # Before the decode graphs are captured: captured steps copy their hidden states.
+            self.model_runner.keep_hidden_states(drafter.model.aux_hidden_state_layers,
+                                                 act_dtype)
             # The chained drafts write the draft layers' KV past the scheduled tokens.
             sc.num_lookahead_tokens = spec.num_speculative_tokens
-        elif spec is not None:
-            from vllmx.spec_decode.draft_model_proposer import DraftModelProposer
+        self.worker.compile_or_warm_up_model()
+        self.model_runner.lora_manager = self.lora_manager
+        if spec is not None and spec.method == "ngram":
+            from vllmx.spec_decode.ngram_proposer import NgramProposer
 
-            self.model_runner.drafter = DraftModelProposer(config, spec, self.model.vocab_size,
-                                                           self.device)
+            self.model_runner.drafter = NgramProposer(spec)
+        elif draft_model is not None:
+            draft_model.start(config.cache_config.num_blocks)
+            self.model_runner.drafter = draft_model
         if sc.async_scheduling is None:
             sc.async_scheduling = self.device == "cuda" and config.speculative_config is None
         elif sc.async_scheduling and config.speculative_config is not None:

@@ -80,11 +80,10 @@ class MLAAttention:
         # batched_linear computes x_h @ w_h^T: the query side takes W_UK_h^T [r, dn], the output
         # side W_UV_h [dv, r] on the latent part of each head's attention output.
         self.w_uk_t, self.w_uv = _up_projections(w, p, nh, dn, dv, r)
-        if placement.current().on_gpu:  # dense stacks in the activation dtype (CUDA's
-            # batched_linear runs each head through linear; a GGUF's block types dequantized)
-            self.w_uk_t, self.w_uv = (placement.upload_experts(
-                m if m.dtype in _NP else Weight(m.to_float32(), F32, m.shape), p + name)
-                for m, name in ((self.w_uk_t, "w_uk_t"), (self.w_uv, "w_uv")))
+        # On the GPU dense stacks in the activation dtype (CUDA's batched_linear runs each head
+        # through linear; a GGUF's block types dequantized); unchanged on the CPU.
+        self.w_uk_t = placement.upload_experts(self.w_uk_t, p + "w_uk_t")
+        self.w_uv = placement.upload_experts(self.w_uv, p + "w_uv")
         self.o_proj = Linear(w[p + "o_proj.weight"], w.get(p + "o_proj.bias"))
         self.rope = rope
         self.attn = Attention(layer_idx, nh, 1, dr + r, scale)

@@ -99,16 +99,28 @@ def upload_weight(w: Weight | DeviceArray, name: str = "weight") -> Weight | Dev
 
 def upload_experts(w: Weight, name: str = "experts") -> Weight | DeviceArray:
     """Stacked expert weights [E, N, K] where the current placement wants them: unchanged on the
-    CPU; on the GPU a dense [E, N, K] array in the activation dtype (the CUDA fused_experts
-    kernel runs dense experts only)."""
+    CPU; on the GPU a dense [E, N, K] array in the activation dtype. The CUDA fused_experts
+    kernels run dense experts only, so GGUF block types (a Q4_K_M MoE's experts, gpt-oss's
+    MXFP4) are dequantized here, expert by expert (the whole stack in f32 on the host would be
+    four bytes a weight): ~3.6x a Q4_K stack's bytes on the device in bf16."""
     p = _current
     if not p.on_gpu or isinstance(w, DeviceArray):
         return w
-    if w.dtype not in (F32, F16, BF16):
-        raise ValueError(
-            f"{name}: {_C.type_info(w.dtype)[0]} experts have no CUDA kernel yet (the GPU runs "
-            f"bf16, f16 and f32 experts); run this model with device='cpu'")
-    return DeviceArray.from_numpy(_dense_as(w, p.dtype).reshape(w.shape), p.dtype)
+    if w.dtype in (F32, F16, BF16):
+        return DeviceArray.from_numpy(_dense_as(w, p.dtype).reshape(w.shape), p.dtype)
+    out = DeviceArray.empty(w.shape, p.dtype)
+    for e, dense in enumerate(dense_experts(w, p.dtype)):
+        out[e].copy_from(dense)
+    return out
+
+
+def dense_experts(w: Weight, dtype: int):
+    """Each expert [N, K] of a stacked weight [E, N, K] of any type, in turn, as a host array of
+    a dense dtype's host form (f32, f16, bf16 as uint16)."""
+    shape = tuple(w.shape[1:])
+    blocks = np.asarray(w.data).reshape(w.shape[0], -1)
+    for e in range(w.shape[0]):
+        yield _dense_as(Weight(blocks[e], w.dtype, shape), dtype).reshape(shape)
 
 
 def upload_vector(a: np.ndarray, dtype: int | None = None) -> np.ndarray | DeviceArray:

@@ -2,7 +2,10 @@
 proposes k tokens greedily, which the target verifies in one forward (worker/model_runner.py).
 
 The draft model runs on a ModelRunner and a KV cache of its own (its blocks from a KVCacheManager
-without prefix caching). Each round, for the requests to draft, batched: catch up with each
+without prefix caching). It is built in two steps around the target's KV cache: its weights
+load first (on the GPU they are then part of what the target's cache is sized after, and the
+target sets aside kv_reserve() for the draft's cache), its cache is made after, as large as the
+target's plus room for each request's drafts. Each round, for the requests to draft, batched: catch up with each
 request's tokens from where the draft's KV still holds them (the target may have rejected some
 of the last drafts, and appended its own token), in chunks within the token budget — the step
 that completes a request's catch-up samples its first draft — then k - 1 decode steps, one
@@ -18,6 +21,7 @@ import numpy as np
 from vllmx.config import SpeculativeConfig, VllmxConfig
 from vllmx.core.kv_cache_manager import KVCacheManager, cdiv
 from vllmx.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllmx.device import BF16, F16
 from vllmx.sampling_params import SamplingParams
 
 logger = logging.getLogger("vllmx")
@@ -44,39 +48,57 @@ class DraftModelProposer:
         from vllmx.engine.llm_engine import EngineArgs
         from vllmx.worker.worker_base import create_worker
 
-        if device != "cpu":
-            raise ValueError("speculative_config method 'draft_model' runs on the CPU so far "
-                             "(its GPU memory share is not planned yet); use device='cpu' or "
-                             "method 'ngram'")
         self.k = spec.num_speculative_tokens
         mc, cc, sc = config.model_config, config.cache_config, config.scheduler_config
         self.max_model_len = mc.max_model_len
-        # As many blocks as the target's cache (the draft never holds more of a request than
-        # the target does) plus room for each request's drafts.
-        num_blocks = cc.num_blocks + sc.max_num_seqs * cdiv(self.k + 1, cc.block_size)
+        self.block_size = cc.block_size
+        # Room for each request's drafts beyond the target's blocks.
+        self.extra_blocks = sc.max_num_seqs * cdiv(self.k + 1, cc.block_size)
         args = EngineArgs(model=spec.model, skip_tokenizer_init=True, seed=mc.seed,
                           max_model_len=mc.max_model_len, block_size=cc.block_size,
                           max_num_seqs=sc.max_num_seqs,
                           max_num_batched_tokens=sc.max_num_batched_tokens,
                           enable_prefix_caching=False, device=device,
-                          enforce_eager=mc.enforce_eager, num_gpu_blocks_override=num_blocks)
-        dc = args.create_engine_config()
-        _, worker = create_worker(dc)
-        worker.load_model()
-        vocab = worker.model.vocab_size
+                          enforce_eager=mc.enforce_eager, dtype=mc.dtype,
+                          num_gpu_blocks_override=self.extra_blocks)
+        self.draft_config = args.create_engine_config()
+        _, self.worker = create_worker(self.draft_config)
+        self.worker.load_model()
+        vocab = self.worker.model.vocab_size
         if vocab != target_vocab:
             raise ValueError(f"the draft model {spec.model!r} has a vocabulary of {vocab} "
                              f"tokens, the target {target_vocab}: draft_model needs the "
                              f"target's vocabulary")
-        dc.scheduler_config.max_model_len = dc.model_config.max_model_len
-        worker.initialize_kv_cache()
-        worker.compile_or_warm_up_model()
-        self.runner = worker.model_runner
+        self.model_name = spec.model
+        self.runner = self.kv = None  # start()
         self.budget = sc.max_num_batched_tokens
-        self.kv = KVCacheManager(num_blocks, cc.block_size, False, mc.max_model_len)
         self.requests: dict[str, _DraftRequest] = {}
         self._removed: set[str] = set()  # dropped since the last round (the runner forgets them)
-        logger.info("draft model %s: %d speculative tokens", spec.model, self.k)
+
+    def kv_reserve(self) -> tuple[int, int]:
+        """What the draft's cache takes beside the target's: (bytes a target block brings, as the
+        draft holds as many blocks as the target, fixed bytes for the draft-only blocks)."""
+        from vllmx.worker.worker_base import kv_block_bytes
+
+        dtype = getattr(self.worker, "act_dtype", None)
+        kv = self.draft_config.cache_config.kv_cache_dtype
+        itemsize = 2 if kv in ("bfloat16", "float16") or (kv == "auto" and dtype in (
+            BF16, F16)) else 4
+        per_block = kv_block_bytes(self.worker.model.config, self.block_size, itemsize)
+        return per_block, per_block * self.extra_blocks
+
+    def start(self, target_blocks: int) -> None:
+        """The draft's KV cache, as many blocks as the target's (the draft never holds more of a
+        request than the target does) plus room for each request's drafts, and its warm-up."""
+        num_blocks = target_blocks + self.extra_blocks
+        dc = self.draft_config
+        dc.cache_config.num_gpu_blocks_override = num_blocks
+        dc.scheduler_config.max_model_len = dc.model_config.max_model_len
+        self.worker.initialize_kv_cache()
+        self.worker.compile_or_warm_up_model()
+        self.runner = self.worker.model_runner
+        self.kv = KVCacheManager(num_blocks, self.block_size, False, self.max_model_len)
+        logger.info("draft model %s: %d speculative tokens", self.model_name, self.k)
 
     def remove_requests(self, req_ids) -> None:
         """Forgets requests (finished, or preempted: their next draft catches up anew)."""

@@ -27,6 +27,7 @@ import numpy as np
 
 from vllmx import ops
 from vllmx.config import SpeculativeConfig, VllmxConfig
+from vllmx.device import DeviceArray
 from vllmx.layers.attention import AttentionMetadata
 from vllmx.spec_decode.metadata import TargetHiddenStates
 
@@ -99,15 +100,18 @@ def eagle_layer_count(spec: SpeculativeConfig) -> int:
 
 class EagleProposer:
     def __init__(self, config: VllmxConfig, spec: SpeculativeConfig, target, kv_caches,
-                 cache_dtype: int, device: str):
-        if device != "cpu":
-            raise ValueError(f"speculative_config method {spec.method!r} runs on the CPU so far; "
-                             f"use device='cpu'")
+                 cache_dtype: int, device: str, act_dtype: int | None = None):
+        from vllmx.layers.placement import Placement, placement
+
         self.k = spec.num_speculative_tokens
         self.max_model_len = config.model_config.max_model_len
         self.block_size = config.cache_config.block_size
         self.kv_caches, self.cache_dtype = kv_caches, cache_dtype
-        self.model = self.load_model(config, spec, target)
+        # On the GPU the draft's weights go where the target's are, and each draft step's host
+        # inputs (ids, positions, rows, cache metadata) go up before it runs.
+        self.on_gpu = device == "cuda"
+        with placement(Placement(device, act_dtype) if self.on_gpu else Placement()):
+            self.model = self.load_model(config, spec, target)
         logger.info("%s: the draft proposes %d speculative tokens", spec.method, self.k)
 
     def load_model(self, config: VllmxConfig, spec: SpeculativeConfig, target):
@@ -141,13 +145,21 @@ class EagleProposer:
     def remove_requests(self, req_ids) -> None:
         """(Nothing is kept per request: the draft's KV lives in the request's blocks.)"""
 
+    def _dev(self, a: np.ndarray):
+        """A host array where the draft runs (a device copy on the GPU)."""
+        return DeviceArray.from_numpy(np.ascontiguousarray(a)) if self.on_gpu else a
+
+    def _md(self, slots, block_table, qsl, seq_lens, max_query_len: int = 0):
+        return AttentionMetadata(self._dev(slots), self._dev(block_table), self._dev(qsl),
+                                 self._dev(seq_lens), self.kv_caches, self.cache_dtype,
+                                 max_query_len)
+
     def propose_from_hidden(self, t: TargetHiddenStates) -> dict[str, list[int]]:
         """Runs the draft over a target step's kept rows; up to k greedy drafts for each
         request that sampled (t.sampled)."""
-        md = AttentionMetadata(t.slot_mapping, t.block_table, t.query_start_loc, t.seq_lens,
-                               self.kv_caches, self.cache_dtype)
-        hidden = self.model.combine_hidden_states(ops.gather_rows(t.hidden, t.rows))
-        out = self.model.forward(t.input_ids, t.positions, hidden, md)
+        md = self._md(t.slot_mapping, t.block_table, t.query_start_loc, t.seq_lens)
+        hidden = self.model.combine_hidden_states(ops.gather_rows(t.hidden, self._dev(t.rows)))
+        out = self.model.forward(self._dev(t.input_ids), self._dev(t.positions), hidden, md)
         # The sampled token sits at position seq_len, draft j at seq_len + j, and a step that
         # accepts all k samples one more token: below max_model_len (the scheduler's rule).
         ks = np.where(t.sampled, np.minimum(self.k, self.max_model_len - t.seq_lens - 2), 0)
@@ -155,7 +167,7 @@ class EagleProposer:
         if not live.size:
             return {}
         last = t.query_start_loc[1:][live] - 1
-        h = ops.gather_rows(out, last)
+        h = ops.gather_rows(out, self._dev(last.astype(np.int32)))
         tokens = self._greedy(h)
         drafts = {int(i): [int(tok)] for i, tok in zip(live, tokens)}
         pos = t.positions[last]
@@ -165,14 +177,14 @@ class EagleProposer:
             if not keep.any():
                 break
             live, tokens, pos = live[keep], tokens[keep], pos[keep] + 1
-            h = ops.gather_rows(h, np.flatnonzero(keep))
+            h = ops.gather_rows(h, self._dev(np.flatnonzero(keep).astype(np.int32)))
             n = len(live)
             bt = t.block_table[live]
             slots = bt[np.arange(n), pos // bs] * bs + pos % bs
-            md = AttentionMetadata(slots.astype(np.int32), bt, np.arange(n + 1, dtype=np.int32),
-                                   (pos + 1).astype(np.int32), self.kv_caches,
-                                   self.cache_dtype, max_query_len=1)
-            h = self.model.forward(tokens, pos, h, md)
+            md = self._md(slots.astype(np.int32), bt, np.arange(n + 1, dtype=np.int32),
+                          (pos + 1).astype(np.int32), max_query_len=1)
+            h = self.model.forward(self._dev(tokens.astype(np.int32)),
+                                   self._dev(pos.astype(np.int32)), h, md)
             tokens = self._greedy(h)
             for i, tok in zip(live, tokens):
                 drafts[int(i)].append(int(tok))
@@ -180,6 +192,9 @@ class EagleProposer:
 
     def _greedy(self, h: np.ndarray) -> np.ndarray:
         """Each row's draft: the argmax of the head's logits, as a target token id."""
-        ids = np.argmax(ops.to_float32(self.model.compute_logits(h)), axis=1).astype(np.int32)
+        logits = ops.to_float32(self.model.compute_logits(h))
+        if isinstance(logits, DeviceArray):  # (the rows' f32 logits to the host: a first cut)
+            logits = logits.numpy()
+        ids = np.argmax(logits, axis=1).astype(np.int32)
         d2t = self.model.draft_id_to_target_id
         return ids if d2t is None else d2t[ids]

@@ -21,6 +21,7 @@ from vllmx.worker.worker_base import (
     DTYPE_NAMES,
     WorkerBase,
     kv_block_bytes,
+    num_draft_kv_layers,
     num_kv_blocks,
 )
 
@@ -147,17 +148,23 @@ class CudaWorker(WorkerBase):
         _C.cuda_synchronize()
         report.parts.append(f"activations {(report.used() - before) / 2**30:.2f} GiB "
                             f"(profiled at {sc.max_num_batched_tokens} tokens)")
-        block_bytes = kv_block_bytes(hf, cc.block_size, 4 if dtype == F32 else 2)
-        budget = int(cc.gpu_memory_utilization * report.total) - report.used()
+        # An mtp / eagle drafter's KV layers sit in the target's blocks, after its layers.
+        draft_layers = num_draft_kv_layers(self.config)
+        block_bytes = kv_block_bytes(hf, cc.block_size, 4 if dtype == F32 else 2, draft_layers)
+        # A draft model's cache beside this one (draft_model speculation): its bytes a block
+        # and its draft-only blocks come out of the same budget.
+        draft_per_block, draft_fixed = getattr(self, "kv_reserve", (0, 0))
+        budget = (int(cc.gpu_memory_utilization * report.total) - report.used()
+                  - draft_fixed)
         num_blocks = num_kv_blocks(
-            self.config, block_bytes, budget,
+            self.config, block_bytes + draft_per_block, budget,
             f"the model does not fit: after {self.weight_bytes / 2**30:.2f} GiB of weights and "
             f"the activations of a {sc.max_num_batched_tokens}-token step, that is what "
             f"gpu_memory_utilization={cc.gpu_memory_utilization} of "
             f"{report.total / 2**30:.1f} GiB leaves; lower max_model_len or "
             f"max_num_batched_tokens, or raise gpu_memory_utilization")
-        self.kv_caches = allocate_kv_caches(num_blocks, cc.block_size, layers, nkv, hd, dtype,
-                                            mla)
+        self.kv_caches = allocate_kv_caches(num_blocks, cc.block_size, layers + draft_layers,
+                                            nkv, hd, dtype, mla)
         self.cache_dtype, runner.kv_caches = dtype, self.kv_caches
         report.parts.append(f"KV cache {num_blocks * block_bytes / 2**30:.2f} GiB = "
                             f"{num_blocks} blocks x {cc.block_size} tokens "

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from vllmx.core.sched_output import ModelRunnerOutput
+from vllmx.device import DeviceArray
+from vllmx.layers.placement import Placement, placement
 from vllmx.layers.sampler import SamplingMetadata, advance_rng_states
 from vllmx.spec_decode.metadata import TargetHiddenStates
 from vllmx.worker.step_state import CachedRequestState, PendingStep, drafts_for
@@ -25,18 +27,23 @@ class SpecDecodeModelRunnerMixin:
     input_batch: InputBatch
     requests: dict[str, CachedRequestState]
 
-    def keep_hidden_states(self, aux_layers: tuple[int, ...] | None = None) -> None:
+    def keep_hidden_states(self, aux_layers: tuple[int, ...] | None = None,
+                           act_dtype: int | None = None) -> None:
         """Keeps every step's hidden states for a drafter that reads them (mtp, eagle): captured
         steps copy theirs out (set before any capture is recorded). aux_layers (eagle3): the
         residual streams entering these layers instead, side by side, which the model's forward
-        writes here (captured or not)."""
-        if self.device != "cpu" or self.decode_capture.steps:
-            raise RuntimeError("keep_hidden_states: CPU only, before any step is captured")
+        writes here (captured or not). On the GPU a device array in act_dtype."""
+        if self.decode_capture.steps:
+            raise RuntimeError("keep_hidden_states: before any step is captured")
         width = self.model.config["hidden_size"] * (len(aux_layers) if aux_layers else 1)
-        self.hidden_out = np.zeros((len(self.input_ids), width), dtype=np.float32)
+        shape = (len(self.input_ids), width)
+        self.hidden_out = (DeviceArray.zeros(shape, act_dtype) if self.device == "cuda"
+                           else np.zeros(shape, dtype=np.float32))
         self._aux_hidden = bool(aux_layers)
-        if aux_layers:
-            self.model.set_aux_hidden_state_layers(aux_layers, self.hidden_out)
+        if aux_layers:  # (its residual add's unit weight goes where the model runs)
+            on = Placement(self.device, act_dtype) if self.device == "cuda" else Placement()
+            with placement(on):
+                self.model.set_aux_hidden_state_layers(aux_layers, self.hidden_out)
 
     def _draft_from_hidden(self, layout, hidden, rejected: dict[str, int],
                            failed: dict[str, str]) -> dict[str, list[int]]:
