@@ -23,9 +23,6 @@ from vllmx.ops import Weight
 
 class GatedDeltaNet:
     def __init__(self, cfg: dict, w: dict[str, Weight], prefix: str):
-        if placement.current().on_gpu:
-            raise ValueError(f"{prefix[:-1]}: Gated DeltaNet runs on the CPU only for now; run "
-                             f"this model with device='cpu'")
         hk, hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
         dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
         if hv % hk:

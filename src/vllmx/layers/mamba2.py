@@ -28,9 +28,6 @@ class Mamba2Mixer:
                  state_size: int, n_groups: int, eps: float,
                  dt_limit: tuple[float, float] = (0.0, float("inf")), rms_norm: bool = True,
                  norm_before_gate: bool = False):
-        if placement.current().on_gpu:
-            raise ValueError(f"{prefix[:-1]}: Mamba2 runs on the CPU only for now; run this "
-                             f"model with device='cpu'")
         p = prefix
         self.h, self.p, self.n, self.g = num_heads, head_dim, state_size, n_groups
         d_inner = num_heads * head_dim
