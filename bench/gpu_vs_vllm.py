@@ -31,6 +31,7 @@ worker gets that folder on its PYTHONPATH, the vllmx worker does not.
         --concurrency 64 256 --py-spy /tmp/site/bin/py-spy     # + where the server's GIL goes
     python bench/gpu_vs_vllm.py --models qwen3-30b-a3b --workloads 1024:128:1,8,32,64
     python bench/gpu_vs_vllm.py --models deepseek-v2-lite --workloads 1024:128:1,8,32,64
+    python bench/gpu_vs_vllm.py --models qwen3.5-35b-a3b --workloads 1024:128:1,2,4,8,16,32
     python bench/gpu_vs_vllm.py --engines vllmx --vllm-results bench/results/gpu_vs_vllm.json
 
 --vllm-results takes vLLM's numbers from an earlier report (same machine kind, same workloads)
@@ -56,6 +57,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_vs_transformers import SHAPES as DENSE_SHAPES  # noqa: E402
 from gpu_vs_transformers import copy_bandwidth, prompts, summarize  # noqa: E402
 
+QWEN3_5_COMMON = dict(linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+                      full_attention_interval=4, attn_output_gate=True, rope_theta=1e7,
+                      partial_rotary_factor=0.25, tie_word_embeddings=False,
+                      max_position_embeddings=262144)
 # Beside the dense shapes, a mixture of experts of Qwen3-30B-A3B's shape (48 layers, 128
 # experts of 768, top-8): issue 19's MoE benchmark (transformers has no fast MoE to compare).
 SHAPES = {**DENSE_SHAPES,
@@ -85,7 +90,21 @@ SHAPES = {**DENSE_SHAPES,
                                    rope_scaling={"type": "yarn", "factor": 40,
                                                  "original_max_position_embeddings": 4096,
                                                  "beta_fast": 32, "beta_slow": 1,
-                                                 "mscale": 0.707, "mscale_all_dim": 0.707})}
+                                                 "mscale": 0.707, "mscale_all_dim": 0.707}),
+          # Qwen3.5 (issue 15's hybrids): three Gated DeltaNet layers (16 key heads, 128-wide
+          # states) to each gated full-attention layer, text configs as the checkpoints' own.
+          "qwen3.5-27b": dict(arch="Qwen3_5", model_type="qwen3_5_text", vocab_size=248320,
+                              hidden_size=5120, intermediate_size=17408, num_hidden_layers=64,
+                              num_attention_heads=24, num_key_value_heads=4, head_dim=256,
+                              linear_num_key_heads=16, linear_num_value_heads=48,
+                              **QWEN3_5_COMMON),
+          "qwen3.5-35b-a3b": dict(arch="Qwen3_5Moe", model_type="qwen3_5_moe_text",
+                                  vocab_size=248320, hidden_size=2048, num_hidden_layers=40,
+                                  num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+                                  linear_num_key_heads=16, linear_num_value_heads=32,
+                                  num_experts=256, num_experts_per_tok=8,
+                                  moe_intermediate_size=512, shared_expert_intermediate_size=512,
+                                  **QWEN3_5_COMMON)}
 
 WORKLOADS = ["1024:128:1,8,32,128,256", "7936:64:1,4,16"]
 # vLLM's env.sh (gpu-peers): flashinfer is not bundled, so its sampler must stay off.

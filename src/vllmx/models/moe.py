@@ -201,8 +201,8 @@ def moe_checkpoint_shapes(cfg: dict, shapes: dict[str, tuple[int, ...]]) -> None
         if not sparse:
             continue
         p = f"model.layers.{i}."
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            del shapes[f"{p}mlp.{name}.weight"]
+        for name in ("gate_proj", "up_proj", "down_proj"):  # (absent without intermediate_size)
+            shapes.pop(f"{p}mlp.{name}.weight", None)
         mlp = p + ("block_sparse_moe." if mixtral else "mlp.")
         shapes[mlp + "gate.weight"] = (n, h)
         if cfg["routing"] is not None and cfg["routing"].scoring_func == "sigmoid":

@@ -181,7 +181,7 @@ class Qwen3NextForCausalLM(DecoderLM):
         shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
         if not cfg.get("tie_word_embeddings"):
             shapes["lm_head.weight"] = (v, h)
-        inter = cfg["intermediate_size"]
+        inter = cfg.get("intermediate_size")  # (none in Qwen3.5-MoE's: every layer sparse)
         for i, kind in enumerate(types):
             p = f"model.layers.{i}."
             shapes[p + "input_layernorm.weight"] = shapes[p + "post_attention_layernorm.weight"] \
@@ -207,8 +207,9 @@ class Qwen3NextForCausalLM(DecoderLM):
                                a + "v_proj.weight": (nkv * hd, h),
                                a + "o_proj.weight": (h, nh * hd),
                                a + "q_norm.weight": (hd,), a + "k_norm.weight": (hd,)})
-            shapes[p + "mlp.gate_proj.weight"] = shapes[p + "mlp.up_proj.weight"] = (inter, h)
-            shapes[p + "mlp.down_proj.weight"] = (h, inter)
+            if inter:
+                shapes[p + "mlp.gate_proj.weight"] = shapes[p + "mlp.up_proj.weight"] = (inter, h)
+                shapes[p + "mlp.down_proj.weight"] = (h, inter)
         if cfg.get("num_experts"):
             moe.moe_checkpoint_shapes({**cfg, "layer_types": types}, shapes)
         return shapes
