@@ -109,73 +109,73 @@ void causal_conv1d(const Tensor& out, const Tensor& x, const Tensor& weight, con
   check_launch(op);
 }
 
-// gated_delta_rule: one block a (sequence, value head), its [dk, dv] state in shared memory
-// (64 KiB at 128 x 128), each thread owning state columns: per token the block loads q and k
-// of the head's key head, every thread takes their norms (broadcast reads), then per column
-// decay, read the memory for the key, write the corrected value (the delta), read for the
-// query: columns never exchange values, so only the q / k loads need barriers.
+// gated_delta_rule: one warp a (sequence, value head, 32 state columns): the recurrence never
+// mixes a state's columns (column j of S decays, is read for the key into mem[j], takes
+// k * delta[j] and is read for the query into out[j]), so a head's dv columns split across
+// warps, four a 128-wide head, which a prefill of one sequence needs to fill the GPU (one block a
+// head ran 32 blocks a Qwen3.5 layer, token after token). Each lane owns a column of the warp's
+// [dk, 32] slice of S in shared memory; per token the lanes load q and k of the head's key head,
+// take their norms with a warp sum and leave them normalized in shared memory for every lane.
+constexpr int kGdnCols = 32;
+
 template <typename T>
-__global__ void gated_delta_rule_kernel(T* __restrict__ out, int64_t out_stride,
-                                        float* __restrict__ state, int64_t slots,
-                                        const T* __restrict__ q, const T* __restrict__ k,
-                                        int64_t qk_stride, const T* __restrict__ v,
-                                        int64_t v_stride, const T* __restrict__ a,
-                                        const T* __restrict__ b, int64_t ab_stride,
-                                        const float* __restrict__ A_log,
-                                        const float* __restrict__ dt_bias, int hv, int hk,
-                                        int dk, int dv, const int32_t* __restrict__ qsl,
-                                        const int32_t* __restrict__ idx,
-                                        const int32_t* __restrict__ init) {
-  extern __shared__ float smem[];  // S [dk][dv], then q and k [dk] each
+__global__ void __launch_bounds__(kGdnCols) gated_delta_rule_kernel(
+    T* __restrict__ out, int64_t out_stride, float* __restrict__ state, int64_t slots,
+    const T* __restrict__ q, const T* __restrict__ k, int64_t qk_stride, const T* __restrict__ v,
+    int64_t v_stride, const T* __restrict__ a, const T* __restrict__ b, int64_t ab_stride,
+    const float* __restrict__ A_log, const float* __restrict__ dt_bias, int hv, int hk, int dk,
+    int dv, const int32_t* __restrict__ qsl, const int32_t* __restrict__ idx,
+    const int32_t* __restrict__ init) {
+  extern __shared__ float smem[];  // S's columns [dk][kGdnCols], then q and k [dk] each
   pdl_begin();
-  const int s = blockIdx.y, h = blockIdx.x;
+  const int h = blockIdx.x, s = blockIdx.y, lane = threadIdx.x;
+  const int j = blockIdx.z * kGdnCols + lane;  // this lane's state column (< dv: a live one)
   const int64_t t0 = qsl[s], n = qsl[s + 1] - t0, slot = idx[s];
   if (n <= 0 || slot < 0 || slot >= slots) return;
   float* S = smem;
-  float* qs = S + static_cast<int64_t>(dk) * dv;
+  float* qs = S + static_cast<int64_t>(dk) * kGdnCols;
   float* ks = qs + dk;
   float* st = state + (slot * hv + h) * static_cast<int64_t>(dk) * dv;
-  const bool from_slot = init[s] != 0;
-  for (int64_t i = threadIdx.x; i < static_cast<int64_t>(dk) * dv; i += blockDim.x)
-    S[i] = from_slot ? st[i] : 0.f;
+  const bool live = j < dv, from_slot = init[s] != 0;
+  for (int i = 0; i < dk; ++i) S[i * kGdnCols + lane] = live && from_slot ? st[i * dv + j] : 0.f;
   const int kh = h / (hv / hk);
   const float neg_a = -expf(A_log[h]), qscale = rsqrtf(static_cast<float>(dk));
   for (int64_t t = t0; t < t0 + n; ++t) {
-    __syncthreads();  // the state loaded / the last token's q and k read
-    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-      qs[i] = to_f32(q[t * qk_stride + kh * dk + i]);
-      ks[i] = to_f32(k[t * qk_stride + kh * dk + i]);
-    }
-    __syncthreads();
+    // (FLA's l2norm as transformers writes it: x / sqrt(sum x^2 + 1e-6); q also / sqrt(dk))
     float ssq = 0.f, ssk = 0.f;
-    for (int i = 0; i < dk; ++i) {
-      ssq = fmaf(qs[i], qs[i], ssq);
-      ssk = fmaf(ks[i], ks[i], ssk);
+    for (int i = lane; i < dk; i += kGdnCols) {
+      const float qi = to_f32(q[t * qk_stride + kh * dk + i]);
+      const float ki = to_f32(k[t * qk_stride + kh * dk + i]);
+      qs[i] = qi, ks[i] = ki;
+      ssq = fmaf(qi, qi, ssq);
+      ssk = fmaf(ki, ki, ssk);
     }
-    // (FLA's l2norm as transformers writes it: x / sqrt(sum x^2 + 1e-6))
-    const float iq = qscale / sqrtf(ssq + 1e-6f), ik = 1.f / sqrtf(ssk + 1e-6f);
+    const float iq = qscale / sqrtf(detail::warp_sum(ssq) + 1e-6f);
+    const float ik = 1.f / sqrtf(detail::warp_sum(ssk) + 1e-6f);
+    for (int i = lane; i < dk; i += kGdnCols) qs[i] *= iq, ks[i] *= ik;
+    __syncwarp();
     const float x = to_f32(a[t * ab_stride + h]) + dt_bias[h];
     const float decay = expf(neg_a * (x > 20.f ? x : log1pf(expf(x))));
     const float beta = 1.f / (1.f + expf(-to_f32(b[t * ab_stride + h])));
-    for (int j = threadIdx.x; j < dv; j += blockDim.x) {
-      float mem = 0.f;
-      for (int i = 0; i < dk; ++i) {
-        const float sv = S[i * dv + j] * decay;
-        S[i * dv + j] = sv;
-        mem = fmaf(sv, ks[i] * ik, mem);
-      }
-      const float delta = (to_f32(v[t * v_stride + static_cast<int64_t>(h) * dv + j]) - mem) * beta;
-      float acc = 0.f;
-      for (int i = 0; i < dk; ++i) {
-        const float sv = fmaf(ks[i] * ik, delta, S[i * dv + j]);
-        S[i * dv + j] = sv;
-        acc = fmaf(sv, qs[i] * iq, acc);
-      }
-      out[t * out_stride + static_cast<int64_t>(h) * dv + j] = from_f32<T>(acc);
+    float mem = 0.f;
+    for (int i = 0; i < dk; ++i) {
+      const float sv = S[i * kGdnCols + lane] * decay;
+      S[i * kGdnCols + lane] = sv;
+      mem = fmaf(sv, ks[i], mem);
     }
+    const float vj = live ? to_f32(v[t * v_stride + static_cast<int64_t>(h) * dv + j]) : 0.f;
+    const float delta = (vj - mem) * beta;
+    float acc = 0.f;
+    for (int i = 0; i < dk; ++i) {
+      const float sv = fmaf(ks[i], delta, S[i * kGdnCols + lane]);
+      S[i * kGdnCols + lane] = sv;
+      acc = fmaf(sv, qs[i], acc);
+    }
+    if (live) out[t * out_stride + static_cast<int64_t>(h) * dv + j] = from_f32<T>(acc);
+    __syncwarp();  // every lane has read this token's q and k
   }
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < static_cast<int64_t>(dk) * dv; i += blockDim.x) st[i] = S[i];
+  if (live)
+    for (int i = 0; i < dk; ++i) st[i * dv + j] = S[i * kGdnCols + lane];
 }
 
 void gated_delta_rule(const Tensor& out, const Tensor& recurrent_state, const Tensor& q,
@@ -199,16 +199,16 @@ void gated_delta_rule(const Tensor& out, const Tensor& recurrent_state, const Te
   const int dv = static_cast<int>(recurrent_state.shape[3]);
   const int hk = static_cast<int>(q.shape[1] / dk);
   const int64_t B = state_indices.shape[0];
-  const size_t smem = (static_cast<size_t>(dk) * dv + 2 * dk) * sizeof(float);
-  VLLMX_CHECK(smem <= 200 * 1024, op, "a state of " + std::to_string(dk) + " x " +
-                                          std::to_string(dv) + " exceeds shared memory");
+  const size_t smem = (static_cast<size_t>(dk) * kGdnCols + 2 * dk) * sizeof(float);
+  VLLMX_CHECK(smem <= 200 * 1024, op, "a key head size of " + std::to_string(dk) +
+                                          " exceeds shared memory");
   if (B == 0 || out.shape[0] == 0) return;
-  const int threads = std::min(256, (dv + 31) / 32 * 32);
+  const unsigned col_blocks = static_cast<unsigned>((dv + kGdnCols - 1) / kGdnCols);
   dispatch_float(q.dtype, op, [&](auto e) {
     using T = decltype(e);
     detail::allow_smem(gated_delta_rule_kernel<T>, static_cast<int>(smem));
-    launch(gated_delta_rule_kernel<T>, dim3(hv, static_cast<unsigned>(B)), threads, smem,
-           stream(), out.ptr<T>(), out.stride[0], recurrent_state.ptr<float>(),
+    launch(gated_delta_rule_kernel<T>, dim3(hv, static_cast<unsigned>(B), col_blocks), kGdnCols,
+           smem, stream(), out.ptr<T>(), out.stride[0], recurrent_state.ptr<float>(),
            recurrent_state.shape[0], q.ptr<T>(), k.ptr<T>(), q.stride[0], v.ptr<T>(),
            v.stride[0], a.ptr<T>(), b.ptr<T>(), a.stride[0], A_log.ptr<float>(),
            dt_bias.ptr<float>(), hv, hk, dk, dv, query_start_loc.ptr<int32_t>(),

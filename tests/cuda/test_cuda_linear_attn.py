@@ -40,12 +40,13 @@ def test_causal_conv1d(rng, dtype, K):
 
 
 @pytest.mark.parametrize("dtype", ACT)
-@pytest.mark.parametrize("hk,hv,dk,dv", [(2, 4, 16, 24), (1, 2, 128, 128)])
+@pytest.mark.parametrize("hk,hv,dk,dv", [(2, 4, 16, 24), (1, 2, 128, 128), (2, 6, 40, 72)])
 def test_gated_delta_rule(rng, dtype, hk, hv, dk, dv):
     """Gated DeltaNet's recurrence token by token against the CPU op on the same rounded
-    inputs: sequences of 5, 0, 1 and 40 tokens over permuted slots, continued or started (the
-    128 x 128 state: 64 KiB of shared memory); outputs within the dtype's tolerance, the
-    updated f32 states within f32 rounding over 40 steps."""
+    inputs: sequences of 5, 0, 1 and 40 tokens over permuted slots, continued or started
+    (Qwen3.5's 128 x 128 states in four warps of 32 columns; 24 and 72 columns: warps with
+    idle lanes; dk 40: a warp's q / k loads past one pass); outputs within the dtype's
+    tolerance, the updated f32 states within f32 rounding over 40 steps."""
     slots, lens, init, idx = 6, [5, 0, 1, 40], [1, 0, 0, 1], [4, 0, 2, 5]
     qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
     init, idx = np.array(init, np.int32), np.array(idx, np.int32)
