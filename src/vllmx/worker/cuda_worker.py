@@ -139,10 +139,14 @@ class CudaWorker(WorkerBase):
         dtype = self.act_dtype if cc.kv_cache_dtype == "auto" else DTYPE_BY_NAME[
             cc.kv_cache_dtype]
         # Profile with a one-block cache (reads of block 0, writes skipped).
+        states0 = report.used()
         runner = ModelRunner(self.model,
                              allocate_kv_caches(1, cc.block_size, layers, nkv, hd, dtype, mla),
                              dtype, cc.block_size, sc.max_num_batched_tokens, sc.max_num_seqs,
                              mc.max_model_len, mc.seed, device="cuda")
+        if runner.state_slots is not None:  # a hybrid's recurrent states, a slot a sequence
+            report.parts.append(f"recurrent states {(report.used() - states0) / 2**30:.2f} GiB "
+                                f"({sc.max_num_seqs} sequences)")
         before = report.used()
         runner.profile_run()
         _C.cuda_synchronize()
