@@ -386,6 +386,7 @@ std::string i2s(int64_t v) { return std::to_string(v); }
 struct AttnPlan {
   bool tensor_cores = false;
   bool prefill_sm90 = false;  // prefill on wgmma (attention_prefill_sm90.cu)
+  bool mla = false;           // multi-head latent attention's kernel (attention_mla.cu)
   int prefill_rows = kPrefillWarps * 16;  // flattened query rows per prefill CTA
   int max_splits = 1;      // decode partitions per sequence at most
   int head_groups = 1;     // decode CTAs per kv head (kDecMaxG query heads each)
@@ -394,16 +395,30 @@ struct AttnPlan {
   size_t part_bytes = 0;   // scratch: split partials
 };
 
-AttnPlan plan_attention(const Tensor& out, const Tensor& q, const Tensor& kc, int64_t T,
-                        int64_t B, int64_t nq, int64_t nkv, int64_t D, int64_t max_ctx,
-                        int64_t window) {
+AttnPlan plan_attention(const Tensor& out, const Tensor& q, const Tensor& kc, const Tensor& vc,
+                        const AttnArgs& a, int64_t max_ctx) {
   AttnPlan p;
+  const int64_t T = a.T, B = a.B, nq = a.nq, nkv = a.nkv, D = a.D, window = a.window;
   const bool half_io = (q.dtype == DType::F16 || q.dtype == DType::BF16) &&
                        (out.dtype == DType::F16 || out.dtype == DType::BF16);
   const bool half_cache = kc.dtype == DType::F16 || kc.dtype == DType::BF16;
-  p.tensor_cores = half_io && half_cache && (D == 64 || D == 128) && aligned(q.data, 16) &&
-                   q.stride[0] % 8 == 0 && aligned(out.data, 4) && out.stride[0] % 2 == 0 &&
-                   aligned(kc.data, 16) && B <= 65535 &&
+  const bool tc_io = half_io && half_cache && aligned(q.data, 16) && q.stride[0] % 8 == 0 &&
+                     aligned(out.data, 4) && out.stride[0] % 2 == 0 && aligned(kc.data, 16);
+  // MLA: one kv head whose rows are the keys and the values (one cache), no window, cap or
+  // sinks (DeepSeek's and Kimi's have none). A CTA a token's 16 heads, one an SM (171 KB of
+  // shared memory): partitions only while the tokens' CTAs leave SMs idle.
+  p.head_groups = static_cast<int>((nq + kDecMaxG - 1) / kDecMaxG);
+  p.mla = tc_io && D == kMlaHeadSize && nkv == 1 && vc.data == kc.data && window == 0 &&
+          a.cap == 0.f && a.sinks == nullptr && T * p.head_groups < INT_MAX;
+  if (p.mla) {
+    int64_t splits = num_sms() / std::max<int64_t>(1, T * p.head_groups);
+    splits = std::min(splits, (max_ctx + kMinPartition - 1) / kMinPartition);
+    p.max_splits = static_cast<int>(std::clamp<int64_t>(splits, 1, kMaxSplits));
+    if (p.max_splits > 1)
+      p.part_bytes = static_cast<size_t>(T) * nq * p.max_splits * (D + 1) * sizeof(float);
+    return p;
+  }
+  p.tensor_cores = tc_io && (D == 64 || D == 128) && B <= 65535 &&
                    nkv * ((nq / nkv + kDecMaxG - 1) / kDecMaxG) <= 65535;
   if (!p.tensor_cores) return p;
   const int64_t G = nq / nkv;
@@ -429,7 +444,7 @@ AttnPlan plan_attention(const Tensor& out, const Tensor& q, const Tensor& kc, in
   // measured best while the merge read its partials one L2 round trip after another, a cost
   // that grew with the partitions.) Llama-3-8B's 8 kv heads on the H200: batch 1, 17
   // partitions (its 1088 keys / kMinPartition); batch 8, 4; batch 32 and up, 1.
-  p.head_groups = static_cast<int>((G + kDecMaxG - 1) / kDecMaxG);
+  p.head_groups = static_cast<int>((G + kDecMaxG - 1) / kDecMaxG);  // (of a kv head)
   const int64_t base_ctas = std::max<int64_t>(1, B * nkv * p.head_groups);
   const int64_t visible = window > 0 ? std::min(max_ctx, window) : max_ctx;
   int64_t splits = kDecCtasPerSm * num_sms() / base_ctas;
@@ -532,11 +547,23 @@ void paged_attention(const Tensor& out, const Tensor& q, const Tensor& key_cache
   }
   cudaStream_t s = stream();
 
-  AttnPlan p = plan_attention(out, q, key_cache, T, B, nq, nkv, D, max_ctx, a.window);
+  AttnPlan p = plan_attention(out, q, key_cache, value_cache, a, max_ctx);
   // vLLM's max_query_len (0: not known): a decode-only batch skips the prefill kernels, which
   // otherwise run to find (on the device) that no sequence has two queries.
   VLLMX_CHECK(max_query_len >= 0, kOp, "max_query_len must be >= 0 (0: unknown)");
   if (max_query_len == 1) p.prefill_tiles = 0;
+  if (p.mla) {
+    a.max_splits = p.max_splits;
+    if (p.part_bytes > 0) {
+      a.part_o = static_cast<float*>(scratch(p.part_bytes));
+      a.part_lse = a.part_o + static_cast<size_t>(T) * nq * p.max_splits * D;
+      a.done = done_counters(static_cast<size_t>(T) * p.head_groups);
+    }
+    launch_mla(a, dim3(static_cast<unsigned>(T * p.head_groups), p.max_splits),
+               dt == DType::BF16, s);
+    check_launch(kOp);
+    return;
+  }
   if (!p.tensor_cores) {
     launch(attention_generic_kernel, dim3(static_cast<unsigned>(T), static_cast<unsigned>(nq)),
            kGenericThreads, static_cast<size_t>(D) * sizeof(float), s, a, dt, qt, qt);

@@ -23,6 +23,7 @@ constexpr int kDecCtasPerSm = 2;   // decode CTAs resident on an SM (plan_attent
 constexpr int kDecMaxG = 16;        // decode: query heads (of one kv head) per CTA, one mma tile
 constexpr int kMinPartition = 64;   // decode: fewest keys worth a partition of their own
 constexpr int kMaxSplits = 128;
+constexpr int kMlaHeadSize = 576;  // MLA's cache rows: kv_lora_rank 512 + qk_rope_head_dim 64
 constexpr int kSm90PrefillRows = 64;  // prefill CTA on Hopper's wgmma (attention_prefill_sm90.cu)
 
 struct AttnArgs {
@@ -59,6 +60,121 @@ __device__ __forceinline__ float sink_term(const AttnArgs& a, int head, float m)
 
 __device__ __forceinline__ int visible_lo(int pos, int window) {
   return window > 0 ? max(0, pos - window + 1) : 0;
+}
+
+// Partition size and count for a decode context of n visible keys: at most max_splits
+// partitions, whole K/V tiles, >= kMinPartition keys.
+__device__ __forceinline__ void split_plan(int n, int max_splits, int& part, int& nsplit) {
+  int per = (n + max_splits - 1) / max_splits;
+  per = (per + kDecKeys - 1) / kDecKeys * kDecKeys;
+  part = max(per, kMinPartition);
+  nsplit = (n + part - 1) / part;
+}
+
+// The nh query rows of a head group (D wide, consecutive from qrow) -> the kDecMaxG rows of Qs
+// (row stride LD) in the cache dtype KV, by NT threads (the mma takes one type); rows past nh
+// are zero. The decode and MLA kernels' q tile.
+template <int D, int LD, int NT, typename KV>
+__device__ __forceinline__ void stage_q_rows(const AttnArgs& a, const uint16_t* qrow, int nh,
+                                             KV* Qs) {
+  constexpr int CPR = D / 8;
+  constexpr bool kKvBf = std::is_same_v<KV, __nv_bfloat16>;
+  for (int i = threadIdx.x; i < kDecMaxG * CPR; i += NT) {
+    const int r = i / CPR, c = i % CPR;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < nh) {
+      v = *reinterpret_cast<const uint4*>(qrow + i * 8);
+      if (a.q_bf16 != kKvBf) {
+        float f8[8];
+        unpack8(v, a.q_bf16, f8);
+        v = pack8(f8, kKvBf);
+      }
+    }
+    *reinterpret_cast<uint4*>(Qs + r * LD + c * 8) = v;
+  }
+}
+
+// Split-KV merge, shared by the decode and MLA kernels. Each CTA of a group (one sequence's or
+// token's heads h0 .. h0 + nh over nsplit partitions) has written its partition's normalized O
+// rows to part_o and their log-sum-exp (base 2) to part_lse; the last of them to finish
+// (counted in *done, which it leaves zero for the next launch) merges them all into out's heads
+// (rows of D), weighted by their share of the sum. wts: shared memory for kDecMaxG x kMaxSplits
+// floats.
+template <int D, int kWarps>
+__device__ __forceinline__ void merge_partials(const AttnArgs& a, int* done, int64_t slot0,
+                                               int nh, int nsplit, int h0, uint16_t* out,
+                                               float* wts) {
+  constexpr int kHeadsPerWarp = (kDecMaxG + kWarps - 1) / kWarps;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    last = atomicAdd(done, 1) == nsplit - 1;
+    if (last) *done = 0;  // every partition has counted: ready for the next launch
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // Each partition's weight in the merge: a warp a head, its lanes over the partitions. Every
+  // load of the merge is issued before the first is used: one after another, each would be an
+  // L2 round trip: Qwen3-30B-A3B's batch-1 decode, 17 partitions of 8 heads, 17.4 -> 8.6 µs.
+  constexpr int kPerLane = kMaxSplits / 32;
+  float lse[kHeadsPerWarp][kPerLane];
+#pragma unroll
+  for (int j = 0; j < kHeadsPerWarp; ++j)
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int h = warp + j * kWarps, sp = lane + k * 32;
+      lse[j][k] = h < nh && sp < nsplit
+                      ? __ldcg(a.part_lse + slot0 + h * a.max_splits + sp) : -INFINITY;
+    }
+#pragma unroll
+  for (int j = 0; j < kHeadsPerWarp; ++j) {
+    const int h = warp + j * kWarps;
+    if (h >= nh) break;  // (uniform across the warp)
+    float mx = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) mx = fmaxf(mx, lse[j][k]);
+    mx = warp_max(mx);
+    float sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      lse[j][k] = exp2f(lse[j][k] - mx);  // -inf (no partition) -> 0
+      sum += lse[j][k];
+    }
+    const float inv = 1.f / (warp_sum(sum) + sink_term(a, h0 + h, mx));
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k)
+      if (lane + k * 32 < nsplit) wts[h * kMaxSplits + lane + k * 32] = lse[j][k] * inv;
+  }
+  __syncthreads();
+  // A thread sums 4 consecutive elements of one head over the partitions, 12 at a time (16
+  // would spill).
+  constexpr int V4 = D / 4, kBatch = 12;
+  for (int i = tid; i < nh * V4; i += kWarps * 32) {
+    const int h = i / V4, c4 = i % V4;
+    const float4* po =
+        reinterpret_cast<const float4*>(a.part_o + (slot0 + h * a.max_splits) * D) + c4;
+    const float* wh = wts + h * kMaxSplits;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int sp0 = 0; sp0 < nsplit; sp0 += kBatch) {
+      float4 pv[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        pv[j] = sp0 + j < nsplit ? __ldcg(po + (sp0 + j) * V4) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const float w = sp0 + j < nsplit ? wh[sp0 + j] : 0.f;
+        v.x = fmaf(w, pv[j].x, v.x), v.y = fmaf(w, pv[j].y, v.y);
+        v.z = fmaf(w, pv[j].z, v.z), v.w = fmaf(w, pv[j].w, v.w);
+      }
+    }
+    // (out rows are 4-byte aligned: the plan asks no more of them)
+    uint32_t* o = reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(h0 + h) * D + c4 * 4);
+    o[0] = pack2_bits(v.x, v.y, a.out_bf16);
+    o[1] = pack2_bits(v.z, v.w, a.out_bf16);
+  }
 }
 
 // Keys [k0, k0 + ROWS) of kv head g of the sequence whose block-table row is bt_row -> rows
@@ -122,6 +238,10 @@ __device__ __forceinline__ void load_kv_tile(const AttnArgs& a, const int32_t* b
 // size D (64 / 128) and a bf16 (else f16) cache; the zeroed merge counters it needs.
 void launch_decode(const AttnArgs& a, dim3 grid, int D, bool bf16_cache, cudaStream_t s);
 int* done_counters(size_t n);
+// attention_mla.cu: multi-head latent attention's kernel (one kv head of kMlaHeadSize-wide rows,
+// the keys and the values alike) over grid (T * ceil(nq / kDecMaxG), max_splits), for a bf16
+// (else f16) cache.
+void launch_mla(const AttnArgs& a, dim3 grid, bool bf16_cache, cudaStream_t s);
 // attention_prefill_sm90.cu (built with sm_90a only: VLLMX_WITH_SM90_ATTENTION): the prefill
 // kernel on wgmma over grid (grid_x, nkv), tiles of kSm90PrefillRows rows from a.tiles, for head
 // size D (64 / 128) and a bf16 (else f16) cache.

@@ -19,15 +19,6 @@ namespace vllmx::cuda::attn {
 
 namespace {
 
-// Partition size and count for a decode context of n visible keys: at most max_splits
-// partitions, whole K/V tiles, >= kMinPartition keys.
-__device__ __forceinline__ void split_plan(int n, int max_splits, int& part, int& nsplit) {
-  int per = (n + max_splits - 1) / max_splits;
-  per = (per + kDecKeys - 1) / kDecKeys * kDecKeys;
-  part = max(per, kMinPartition);
-  nsplit = (n + part - 1) / part;
-}
-
 // Decode shared memory: kDecStages stages of K and V tiles; the group's q rows. After the loop
 // the stages hold the warps' O for the cross-warp sum, then the split-merge weights.
 template <int D>
@@ -53,8 +44,6 @@ static_assert(kDecWarps * kDecMaxG * 128 * 4 <= dec_stage_bytes<128>() &&
 template <int D, typename KV>
 __global__ void __launch_bounds__(kDecThreads) decode_kernel(AttnArgs a) {
   constexpr int LD = D + 8, CPR = D / 8, NS = kDecStages;
-  constexpr int kHeadsPerWarp = kDecMaxG / kDecWarps;
-  constexpr bool kKvBf = std::is_same_v<KV, __nv_bfloat16>;
 
   const int b = blockIdx.y, split = blockIdx.z;
   const int groups = (a.G + kDecMaxG - 1) / kDecMaxG;
@@ -104,23 +93,8 @@ __global__ void __launch_bounds__(kDecThreads) decode_kernel(AttnArgs a) {
   }
   cp_async_commit();
 
-  // The group's q rows -> shared memory in the cache dtype (the mma takes one type); rows past
-  // the group are zero.
-  const uint16_t* qrow = static_cast<const uint16_t*>(a.q) + q0 * a.q_stride +
-                         static_cast<int64_t>(h0) * D;
-  for (int i = tid; i < kDecMaxG * CPR; i += kDecThreads) {
-    const int r = i / CPR, c = i % CPR;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < nh) {
-      v = *reinterpret_cast<const uint4*>(qrow + i * 8);
-      if (a.q_bf16 != kKvBf) {
-        float f8[8];
-        unpack8(v, a.q_bf16, f8);
-        v = pack8(f8, kKvBf);
-      }
-    }
-    *reinterpret_cast<uint4*>(Qs + r * LD + c * 8) = v;
-  }
+  stage_q_rows<D, LD, kDecThreads>(a, static_cast<const uint16_t*>(a.q) + q0 * a.q_stride +
+                                        static_cast<int64_t>(h0) * D, nh, Qs);
 
   float o[D / 8][4];
 #pragma unroll
@@ -259,79 +233,8 @@ __global__ void __launch_bounds__(kDecThreads) decode_kernel(AttnArgs a) {
     if (!direct && d == 0) a.part_lse[slot0 + r * a.max_splits + split] = mx + log2f(sum_l);
   }
   if (direct) return;
-
-  // The last partition of this (sequence, head group) to finish merges them all.
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    int* done = a.done + static_cast<int64_t>(b) * gridDim.x + blockIdx.x;
-    last = atomicAdd(done, 1) == nsplit - 1;
-    if (last) *done = 0;  // every partition has counted: ready for the next launch
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  // Each partition's weight in the merge: a warp a head, its lanes over the partitions. Every
-  // load of the merge is issued before the first is used: one after another, each would be an
-  // L2 round trip: Qwen3-30B-A3B's batch-1 decode, 17 partitions of 8 heads, 17.4 -> 8.6 µs.
-  float* wts = red;  // [kDecMaxG][kMaxSplits]
-  constexpr int kPerLane = kMaxSplits / 32;
-  float lse[kHeadsPerWarp][kPerLane];
-#pragma unroll
-  for (int j = 0; j < kHeadsPerWarp; ++j)
-#pragma unroll
-    for (int k = 0; k < kPerLane; ++k) {
-      const int h = warp + j * kDecWarps, sp = lane + k * 32;
-      lse[j][k] = h < nh && sp < nsplit
-                      ? __ldcg(a.part_lse + slot0 + h * a.max_splits + sp) : -INFINITY;
-    }
-#pragma unroll
-  for (int j = 0; j < kHeadsPerWarp; ++j) {
-    const int h = warp + j * kDecWarps;
-    if (h >= nh) break;  // (uniform across the warp)
-    float mx = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < kPerLane; ++k) mx = fmaxf(mx, lse[j][k]);
-    mx = warp_max(mx);
-    float sum = 0.f;
-#pragma unroll
-    for (int k = 0; k < kPerLane; ++k) {
-      lse[j][k] = exp2f(lse[j][k] - mx);  // -inf (no partition) -> 0
-      sum += lse[j][k];
-    }
-    const float inv = 1.f / (warp_sum(sum) + sink_term(a, h0 + h, mx));
-#pragma unroll
-    for (int k = 0; k < kPerLane; ++k)
-      if (lane + k * 32 < nsplit) wts[h * kMaxSplits + lane + k * 32] = lse[j][k] * inv;
-  }
-  __syncthreads();
-  // A thread sums 4 consecutive elements of one head over the partitions, 12 at a time (16
-  // would spill).
-  constexpr int V4 = D / 4, kBatch = 12;
-  for (int i = tid; i < nh * V4; i += kDecThreads) {
-    const int h = i / V4, c4 = i % V4;
-    const float4* po =
-        reinterpret_cast<const float4*>(a.part_o + (slot0 + h * a.max_splits) * D) + c4;
-    const float* wh = wts + h * kMaxSplits;
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int sp0 = 0; sp0 < nsplit; sp0 += kBatch) {
-      float4 pv[kBatch];
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j)
-        pv[j] = sp0 + j < nsplit ? __ldcg(po + (sp0 + j) * V4) : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const float w = sp0 + j < nsplit ? wh[sp0 + j] : 0.f;
-        v.x = fmaf(w, pv[j].x, v.x), v.y = fmaf(w, pv[j].y, v.y);
-        v.z = fmaf(w, pv[j].z, v.z), v.w = fmaf(w, pv[j].w, v.w);
-      }
-    }
-    // (out rows are 4-byte aligned: the plan asks no more of them)
-    uint32_t* o = reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(h0 + h) * D + c4 * 4);
-    o[0] = pack2_bits(v.x, v.y, a.out_bf16);
-    o[1] = pack2_bits(v.z, v.w, a.out_bf16);
-  }
+  merge_partials<D, kDecWarps>(a, a.done + static_cast<int64_t>(b) * gridDim.x + blockIdx.x,
+                               slot0, nh, nsplit, h0, out, red);
 }
 
 }  // namespace

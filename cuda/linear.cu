@@ -678,10 +678,14 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b
   run_linear(plan_linear(out, x, w, a.T, a.N, a.K), a, x.dtype, w.dtype);
 }
 
-// MLA's per-head projections (the contract in csrc/ops.def): group by group through linear, each
-// group's rows a strided view of x and out, so each gets linear's plan and bits. One launch a
-// group: DeepSeek's 16-128 heads' products are small.
+// MLA's per-head projections (the contract in csrc/ops.def): a few rows in one launch
+// (gemm_batched.cu); else group by group through linear, each group's rows a strided view of x
+// and out, so each gets linear's plan and bits.
 void batched_linear(const Tensor& out, const Tensor& x, const Tensor& w) {
+  if (batched_gemm_fits(out, x, w)) {
+    batched_gemm(out, x, w);
+    return;
+  }
   for (int64_t g = 0; g < x.shape[1]; ++g)
     linear(group_view(out, g), group_view(x, g), stacked_view(w, g), Tensor{});
 }

@@ -1,7 +1,7 @@
-"""CUDA paged_attention (cuda/attention.cu, attention_decode.cu, attention_prefill_sm90.cu)
-against a float64 numpy reference and the CPU op on the same random inputs: decode, prefill and
-chunked batches, windows, soft caps, sinks, dtypes, block sizes and the generic kernel's head
-sizes. bf16/f16 outputs: max error / max |reference| within the dtype's tolerance. Skipped
+"""CUDA paged_attention (cuda/attention.cu, attention_decode.cu, attention_prefill_sm90.cu,
+attention_mla.cu) against a float64 numpy reference and the CPU op on the same random inputs:
+decode, prefill and chunked batches, windows, soft caps, sinks, dtypes, block sizes, MLA's
+shape and the generic kernel's head sizes. bf16/f16 outputs: max error / max |reference| within the dtype's tolerance. Skipped
 without a GPU."""
 from __future__ import annotations
 
@@ -184,6 +184,49 @@ def test_attention_sinks(D, dt, window):
     check_attention(seqs, (nq, 2), D, dt, dt, window=window, seed=7, q_scale=2.0, sinks=sinks)
     check_attention([(5000, 1), (700, 1), (40, 1)], (nq, 2), D, dt, dt, window=window, seed=8,
                     sinks=sinks, max_query_len=1)
+
+
+def check_mla(seqs, nq, dt, seed, q_scale=1.0, max_query_len=0):
+    """Multi-head latent attention's shape (attention_mla.cu): one kv head of 576-wide rows and
+    one cache passed as the keys and the values, as layers/mla.py passes it; against the f64
+    reference."""
+    D = 576
+    q, kc, _, bt, qsl, sl = attention_case(seed, seqs, nq, 1, D, dt, dt, 16, q_scale)
+    cache = (to_dev(kc, dt), dt)
+    out = nan_out(q.shape, dt)
+    scale = 1.0 / np.sqrt(192)  # DeepSeek's: (qk_nope_head_dim + qk_rope_head_dim) ** -0.5
+    _C.ops.paged_attention(out, to_dev(q, dt), cache, cache, to_dev(bt), to_dev(qsl), to_dev(sl),
+                           scale, 0, 0.0, max_query_len, None)
+    k64 = from_bits(kc, dt)
+    want = attention_reference(from_bits(q, dt).reshape(len(q), nq, D), k64, k64, bt, qsl, sl,
+                               scale)
+    assert rel_err(from_bits(out.numpy(), dt), want.reshape(len(q), nq * D)) < TOL[dt]
+
+
+MLA_SEQS = [(1, 1), (100, 1), (700, 1), (40, 40), (300, 300), (90, 30), (47, 5), (2100, 64),
+            (10, 0), (129, 1)]
+
+
+@pytest.mark.parametrize("nq", [16, 128, 20, 1])
+@pytest.mark.parametrize("dt", [BF16, F16], ids=["bf16", "f16"])
+def test_mla_attention(dt, nq):
+    """Prefill, chunked and decode rows at DeepSeek's head counts (16: V2-Lite, 128: V3: eight
+    CTAs a token) and others (a group of 4 heads after one of 16; one head)."""
+    check_mla(MLA_SEQS, nq, dt, seed=nq)
+
+
+@pytest.mark.parametrize("seqs", [[(5000, 1)], [(1088, 1)] * 8, [(9000, 1), (30, 1)]],
+                         ids=["one", "eight", "long-and-short"])
+def test_mla_attention_split_decode(seqs):
+    """Few decode rows over long contexts: their keys in partitions (up to kMaxSplits), merged
+    by the last CTA to finish."""
+    check_mla(seqs, 16, BF16, seed=len(seqs), q_scale=2.0, max_query_len=1)
+
+
+def test_mla_shape_with_two_caches_is_generic():
+    """One kv head of 576-wide rows in separate key and value caches is not MLA's: the generic
+    kernel takes it, as exact."""
+    check_attention([(40, 40), (100, 1), (7, 3)], (16, 1), 576, BF16, BF16, cpu_oracle=False)
 
 
 def test_attention_zero_query_sequences():

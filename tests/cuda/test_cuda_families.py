@@ -22,10 +22,10 @@ transformers = pytest.importorskip("transformers")
 # sigmoid routing over expert groups steered by its choice bias; gpt-oss's biased experts and
 # clamped SwiGLU beside attention sinks (head_dim 16: the generic attention kernel; the
 # tensor-core kernels' sinks: test_cuda_attention.py); DeepSeek V2 / V3's multi-head
-# latent attention (batched_linear per head, head size 40: the generic kernel, one latent cache
-# for keys and values).
+# latent attention (batched_linear per head, one latent cache for keys and values: head size 40
+# on the generic kernel; DeepSeek's own 512 + 64, deepseek_v2_lite_576, on attention_mla.cu).
 MOE = ["qwen3_moe", "mixtral", "granite_moe", "granite_moe_shared", "qwen2_moe", "glm4_moe",
-       "gpt_oss", "deepseek_v2", "deepseek_v3"]
+       "gpt_oss", "deepseek_v2", "deepseek_v3", "deepseek_v2_lite_576"]
 # The hybrids (cuda/linear_attn.cu's mixers over per-request state slots on the device): checked
 # as the MoE models are in bf16 (their recurrent states, and some their routers, round), at
 # their tiny configs' own sizes.
@@ -60,6 +60,9 @@ def checkpoint(family: str, out_dir: str) -> str:
         from tests.models.test_gemma3_parity import make_checkpoint as make_gemma3
 
         return make_gemma3("mixed", "bfloat16", out_dir)
+    if family == "deepseek_v2_lite_576":  # MLA's cache rows at DeepSeek's size
+        return make_checkpoint("deepseek_v2_lite", "bfloat16", out_dir,
+                               {"kv_lora_rank": 512, "qk_rope_head_dim": 64}, **SIZES)
     return make_checkpoint(family, "bfloat16", out_dir, **({} if family in HYBRID else SIZES))
 
 

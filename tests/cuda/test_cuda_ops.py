@@ -218,10 +218,12 @@ def test_rotary(rng, dtype, is_neox, rot_dim, with_k):
 
 # ---- batched_linear (MLA's per-head projections) ----
 @pytest.mark.parametrize("dtype", ACT)
-@pytest.mark.parametrize("T,G,N,K", [(1, 16, 512, 128), (7, 4, 24, 32), (300, 3, 128, 512)])
+@pytest.mark.parametrize("T,G,N,K", [(1, 16, 512, 128), (7, 4, 24, 32), (256, 16, 128, 512),
+                                     (33, 128, 512, 128), (17, 5, 200, 72), (300, 3, 128, 512)])
 def test_batched_linear_vs_float64(rng, dtype, T, G, N, K):
-    """Each group's rows through linear (group g's rows strided by G K in x, G N in out),
-    against float64 on the same rounded inputs."""
+    """f16 / bf16 up to 256 rows in one launch (gemm_batched.cu: rows, columns and K past its
+    16 x 128 x 64 tiles included), more rows and f32 group by group through linear (group g's
+    rows strided by G K in x, G N in out); against float64 on the same rounded inputs."""
     x = rounded(rng.standard_normal((T, G, K)).astype(np.float32), dtype)
     w = rounded(rng.standard_normal((G, N, K)).astype(np.float32) / np.sqrt(K), dtype)
     ref = np.einsum("tgk,gnk->tgn", x.astype(np.float64), w.astype(np.float64))

@@ -34,11 +34,16 @@ GGUF_ARCH = {"llama": "llama", "llama3": "llama", "qwen2": "qwen2", "qwen3": "qw
 _PERMUTED = ("llama", "granite", "granitemoe", "smollm3")
 
 
-def make_checkpoint(family: str, dtype: str, out_dir: str, **sizes) -> str:
+def make_checkpoint(family: str, dtype: str, out_dir: str, config_overrides: dict | None = None,
+                    **sizes) -> str:
+    """The family's tiny checkpoint (sizes: family_configs' keyword arguments; config_overrides:
+    fields of the config set after, the checkpoint's folder named after them)."""
     import torch
     import transformers as tf
 
     cfg = family_configs(**sizes)[family]
+    for k, v in (config_overrides or {}).items():
+        setattr(cfg, k, v)
     torch.manual_seed(1234)
     model = tf.AutoModelForCausalLM.from_config(cfg).eval()
     with torch.no_grad():  # random init leaves near-uniform logits; widen them a little
@@ -55,7 +60,8 @@ def make_checkpoint(family: str, dtype: str, out_dir: str, **sizes) -> str:
             if family in CHOICE_BIAS and name.endswith("e_score_correction_bias"):
                 b.uniform_(-0.2, 0.2)
     model = model.to(getattr(torch, dtype))
-    path = os.path.join(out_dir, f"{family}-{dtype}")
+    suffix = "".join(f"-{k}{v}" for k, v in (config_overrides or {}).items())
+    path = os.path.join(out_dir, f"{family}-{dtype}{suffix}")
     model.save_pretrained(path)
     return path
 

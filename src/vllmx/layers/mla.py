@@ -9,7 +9,7 @@ heads * (qk_head_dim + v_head_dim), and no key or value is ever decompressed. kv
 whole (HF checkpoints, older GGUFs) or as llama.cpp's converter splits it (k_b_proj = W_UK^T,
 v_b_proj = W_UV, per head); the split ones run in their own block type, as llama.cpp runs them
 (on the GPU both stacks are dense, in the activation dtype, and the attention over the
-576-wide rows of DeepSeek's shapes runs on the generic kernel)."""
+576-wide rows of DeepSeek's shapes runs on cuda/attention_mla.cu's tensor-core kernel)."""
 
 from __future__ import annotations
 
@@ -80,8 +80,9 @@ class MLAAttention:
         # batched_linear computes x_h @ w_h^T: the query side takes W_UK_h^T [r, dn], the output
         # side W_UV_h [dv, r] on the latent part of each head's attention output.
         self.w_uk_t, self.w_uv = _up_projections(w, p, nh, dn, dv, r)
-        # On the GPU dense stacks in the activation dtype (CUDA's batched_linear runs each head
-        # through linear; a GGUF's block types dequantized); unchanged on the CPU.
+        # On the GPU dense stacks in the activation dtype (CUDA's batched_linear: one launch for
+        # a decode step's rows, each head through linear for a prefill's; a GGUF's block types
+        # dequantized); unchanged on the CPU.
         self.w_uk_t = placement.upload_experts(self.w_uk_t, p + "w_uk_t")
         self.w_uv = placement.upload_experts(self.w_uv, p + "w_uv")
         self.o_proj = Linear(w[p + "o_proj.weight"], w.get(p + "o_proj.bias"))
