@@ -19,6 +19,7 @@ namespace {
 
 constexpr int kConvMaxK = 8;  // the mixers' windows: 4 (Qwen3-Next, Mamba2), at most a few
 constexpr int kConvThreads = 128;
+constexpr int kConvAhead = 8;  // tokens whose inputs a thread loads together
 
 template <typename T, int K>
 __global__ void causal_conv1d_kernel(T* __restrict__ out, int64_t out_stride,
@@ -41,17 +42,27 @@ __global__ void causal_conv1d_kernel(T* __restrict__ out, int64_t out_stride,
 #pragma unroll
   for (int j = 0; j < K; ++j) wk[j] = w[d * K + j];
   const float b0 = bias != nullptr ? bias[d] : 0.f;
-  for (int64_t t = 0; t < n; ++t) {
-    const float xv = to_f32(x[(t0 + t) * x_stride + d]);
-    float acc = b0;
+  // kConvAhead tokens' inputs loaded before any is used: the loads are independent, and one
+  // at a time a prefill's thread waited out a memory round trip a token.
+  for (int64_t t1 = 0; t1 < n; t1 += kConvAhead) {
+    float xs[kConvAhead];
 #pragma unroll
-    for (int j = 0; j < K - 1; ++j) acc = fmaf(wk[j], hist[j], acc);
-    acc = fmaf(wk[K - 1], xv, acc);
-    if (silu) acc = activate<Act::kSilu>(acc);
-    out[(t0 + t) * out_stride + d] = from_f32<T>(acc);
+    for (int u = 0; u < kConvAhead; ++u)
+      xs[u] = t1 + u < n ? to_f32(x[(t0 + t1 + u) * x_stride + d]) : 0.f;
 #pragma unroll
-    for (int j = 0; j + 1 < K - 1; ++j) hist[j] = hist[j + 1];
-    hist[K - 2] = xv;
+    for (int u = 0; u < kConvAhead; ++u) {
+      if (t1 + u >= n) break;
+      const float xv = xs[u];
+      float acc = b0;
+#pragma unroll
+      for (int j = 0; j < K - 1; ++j) acc = fmaf(wk[j], hist[j], acc);
+      acc = fmaf(wk[K - 1], xv, acc);
+      if (silu) acc = activate<Act::kSilu>(acc);
+      out[(t0 + t1 + u) * out_stride + d] = from_f32<T>(acc);
+#pragma unroll
+      for (int j = 0; j + 1 < K - 1; ++j) hist[j] = hist[j + 1];
+      hist[K - 2] = xv;
+    }
   }
 #pragma unroll
   for (int j = 0; j < K - 1; ++j) st[j] = hist[j];
