@@ -228,11 +228,14 @@ void gated_delta_rule(const Tensor& out, const Tensor& recurrent_state, const Te
   check_launch(op);
 }
 
-// mamba2_scan: one block a (sequence, head), its [P, N] state in shared memory, a warp a state
-// row at a time (its lanes over N): per token the block loads x's head and its group's B and C,
-// each row decays and takes dt x_p B, and its dot with C (summed across the warp) plus D x_p
-// is the output.
+// mamba2_scan: one block a (sequence, head, kScanRows state rows): a state's rows never mix
+// (row p decays, takes dt x_p B and is read against C for out_p), so a head's P rows split
+// across blocks, which a prefill of one sequence needs to fill the GPU. The block's [rows, N]
+// slice of the state lives in shared memory, a warp a row at a time (its lanes over N): per
+// token the block loads its rows of x's head and its group's B and C; each row decays and takes
+// dt x_p B, and its dot with C (summed across the warp) plus D x_p is the output.
 constexpr int kScanThreads = 256;
+constexpr int kScanRows = 16;  // state rows a block (two a warp)
 
 template <typename T>
 __global__ void mamba2_scan_kernel(T* __restrict__ out, int64_t out_stride,
@@ -246,26 +249,27 @@ __global__ void mamba2_scan_kernel(T* __restrict__ out, int64_t out_stride,
                                    float dt_min, float dt_max, const int32_t* __restrict__ qsl,
                                    const int32_t* __restrict__ idx,
                                    const int32_t* __restrict__ init) {
-  extern __shared__ float smem[];  // S [P][N], then x [P], B [N], C [N]
+  extern __shared__ float smem[];  // S's rows [rows][N], then x [rows], B [N], C [N]
   pdl_begin();
-  const int s = blockIdx.y, h = blockIdx.x;
+  const int s = blockIdx.y, h = blockIdx.x, p0 = blockIdx.z * kScanRows;
+  const int rows = min(kScanRows, P - p0);
   const int64_t t0 = qsl[s], n = qsl[s + 1] - t0, slot = idx[s];
   if (n <= 0 || slot < 0 || slot >= slots) return;
   float* S = smem;
-  float* xs = S + static_cast<int64_t>(P) * N;
-  float* bs = xs + P;
+  float* xs = S + static_cast<int64_t>(kScanRows) * N;
+  float* bs = xs + kScanRows;
   float* cs = bs + N;
-  float* st = state + (slot * H + h) * static_cast<int64_t>(P) * N;
+  float* st = state + ((slot * H + h) * static_cast<int64_t>(P) + p0) * N;
   const bool from_slot = init[s] != 0;
-  for (int64_t i = threadIdx.x; i < static_cast<int64_t>(P) * N; i += blockDim.x)
+  for (int64_t i = threadIdx.x; i < static_cast<int64_t>(rows) * N; i += blockDim.x)
     S[i] = from_slot ? st[i] : 0.f;
   const int g = h / (H / G), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int warps = blockDim.x / 32;
   const float A = -expf(A_log[h]), d = Dp[h];
   for (int64_t t = t0; t < t0 + n; ++t) {
     __syncthreads();  // the state loaded / the last token's x, B, C read
-    for (int i = threadIdx.x; i < P; i += blockDim.x)
-      xs[i] = to_f32(x[t * x_stride + static_cast<int64_t>(h) * P + i]);
+    for (int i = threadIdx.x; i < rows; i += blockDim.x)
+      xs[i] = to_f32(x[t * x_stride + static_cast<int64_t>(h) * P + p0 + i]);
     for (int i = threadIdx.x; i < N; i += blockDim.x) {
       bs[i] = to_f32(Bm[t * bc_stride + static_cast<int64_t>(g) * N + i]);
       cs[i] = to_f32(Cm[t * bc_stride + static_cast<int64_t>(g) * N + i]);
@@ -275,7 +279,7 @@ __global__ void mamba2_scan_kernel(T* __restrict__ out, int64_t out_stride,
     step = step > 20.f ? step : log1pf(expf(step));  // softplus, torch's threshold
     step = fminf(fmaxf(step, dt_min), dt_max);
     const float decay = expf(step * A);
-    for (int p = warp; p < P; p += warps) {
+    for (int p = warp; p < rows; p += warps) {
       float* row = S + static_cast<int64_t>(p) * N;
       const float xp = step * xs[p];
       float part = 0.f;
@@ -287,11 +291,12 @@ __global__ void mamba2_scan_kernel(T* __restrict__ out, int64_t out_stride,
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
       if (lane == 0)
-        out[t * out_stride + static_cast<int64_t>(h) * P + p] = from_f32<T>(fmaf(d, xs[p], part));
+        out[t * out_stride + static_cast<int64_t>(h) * P + p0 + p] =
+            from_f32<T>(fmaf(d, xs[p], part));
     }
   }
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < static_cast<int64_t>(P) * N; i += blockDim.x) st[i] = S[i];
+  for (int64_t i = threadIdx.x; i < static_cast<int64_t>(rows) * N; i += blockDim.x) st[i] = S[i];
 }
 
 void mamba2_scan(const Tensor& out, const Tensor& ssm_state, const Tensor& x, const Tensor& dt,
@@ -314,14 +319,15 @@ void mamba2_scan(const Tensor& out, const Tensor& ssm_state, const Tensor& x, co
   const int H = static_cast<int>(ssm_state.shape[1]), P = static_cast<int>(ssm_state.shape[2]);
   const int N = static_cast<int>(ssm_state.shape[3]), G = static_cast<int>(B.shape[1] / N);
   const int64_t Bn = state_indices.shape[0];
-  const size_t smem = (static_cast<size_t>(P) * N + P + 2 * N) * sizeof(float);
-  VLLMX_CHECK(smem <= 200 * 1024, op, "a state of " + std::to_string(P) + " x " +
-                                          std::to_string(N) + " exceeds shared memory");
+  const size_t smem = (static_cast<size_t>(kScanRows) * N + kScanRows + 2 * N) * sizeof(float);
+  VLLMX_CHECK(smem <= 200 * 1024, op, "a state size of " + std::to_string(N) +
+                                          " exceeds shared memory");
   if (Bn == 0 || out.shape[0] == 0) return;
   dispatch_float(x.dtype, op, [&](auto e) {
     using T = decltype(e);
     detail::allow_smem(mamba2_scan_kernel<T>, static_cast<int>(smem));
-    launch(mamba2_scan_kernel<T>, dim3(H, static_cast<unsigned>(Bn)), kScanThreads, smem,
+    const dim3 grid(H, static_cast<unsigned>(Bn), (P + kScanRows - 1) / kScanRows);
+    launch(mamba2_scan_kernel<T>, grid, kScanThreads, smem,
            stream(), out.ptr<T>(), out.stride[0], ssm_state.ptr<float>(), ssm_state.shape[0],
            x.ptr<T>(), x.stride[0], dt.ptr<T>(), dt.stride[0], B.ptr<T>(), C.ptr<T>(),
            B.stride[0], A_log.ptr<float>(), D.ptr<float>(), dt_bias.ptr<float>(), H, G, P, N,

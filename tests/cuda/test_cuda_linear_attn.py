@@ -74,7 +74,7 @@ def test_gated_delta_rule(rng, dtype, hk, hv, dk, dv):
 
 
 @pytest.mark.parametrize("dtype", ACT)
-@pytest.mark.parametrize("H,G,P,N", [(4, 2, 8, 16), (2, 1, 64, 128)])
+@pytest.mark.parametrize("H,G,P,N", [(4, 2, 8, 16), (2, 1, 64, 128), (2, 2, 40, 32)])
 def test_mamba2_scan(rng, dtype, H, G, P, N):
     """Mamba2's selective scan token by token against the CPU op on the same rounded inputs
     (dt clamped into [dt_min, dt_max] for some tokens), the sequences and slots as the gated
