@@ -39,10 +39,13 @@ SIZES = {"hidden_size": 256, "intermediate_size": 512, "max_position_embeddings"
 # bf16's rounding picks its experts by that rounding, and no tolerance covers the jump. Measured
 # on the tiny Mixtral: transformers' own bf16 greedy tokens, teacher-forced through its f32
 # model, missed the argmax by 2.29 and 0.55 nats (2 of 256 positions). So these are checked
-# against the f32 oracle (one side's rounding, not two), allowing such positions in at most 2%
-# of the 256 (as the quantized-file rule allows 5%), each within MOE_BF16_GAP; f32 keeps the
-# strict rule.
-MOE_BF16_GAP, MOE_BF16_FAILED = 3.0, 5
+# against the f32 oracle (one side's rounding, not two), allowing such positions in at most 5%
+# of the 256 (the quantized-file rule's share), each within MOE_BF16_GAP; f32 keeps the strict
+# rule. 2% was too few: transformers' own bf16 greedy run of the tiny Mixtral, teacher-forced
+# through its f32 model on this test's prompts (CPU, seeds 0-19), missed the 0.5-nat bound at
+# 1, 1, 4, 4, 4, 6, 5, 1, 3, 4, 3, 4, 7, 3, 4, 5, 3, 4, 3, 6 positions (4 of 20 runs over 5), and
+# vllmx's bf16 run on an H100 at 9 (2026-12-05, seed 4177727099).
+MOE_BF16_GAP, MOE_BF16_FAILED = 3.0, 12
 SEED = int.from_bytes(os.urandom(4), "little")  # fresh prompts each run, printed on failure
 
 
