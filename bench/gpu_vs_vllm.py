@@ -56,6 +56,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_vs_transformers import SHAPES as DENSE_SHAPES  # noqa: E402
 from gpu_vs_transformers import copy_bandwidth, prompts, summarize  # noqa: E402
+from gpu_vs_vllm_serve import print_serve_table, serve_run, write_tokenizer  # noqa: E402
+from peer_process import engine_env, worker_result  # noqa: E402
 
 QWEN3_5_COMMON = dict(linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
                       full_attention_interval=4, attn_output_gate=True, rope_theta=1e7,
@@ -107,11 +109,6 @@ SHAPES = {**DENSE_SHAPES,
                                   **QWEN3_5_COMMON)}
 
 WORKLOADS = ["1024:128:1,8,32,128,256", "7936:64:1,4,16"]
-# vLLM's env.sh (gpu-peers): flashinfer is not bundled, so its sampler must stay off.
-VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-            "HF_HUB_OFFLINE": "1"}
-
-
 def parse_workload(text: str) -> tuple[int, int, list[int]]:
     inp, out, batches = text.split(":")
     return int(inp), int(out), [int(b) for b in batches.split(",")]
@@ -166,7 +163,7 @@ def measure(generate, reset, workloads, vocab) -> dict:
 
 
 def vllmx_worker(path, workloads, vocab, max_len, max_seqs, max_tokens, util, device) -> dict:
-    from vllmx import LLM, SamplingParams, _C
+    from vllmx import _C, LLM, SamplingParams
 
     t0 = time.perf_counter()
     llm = LLM(path, load_format="dummy", skip_tokenizer_init=True, device=device,
@@ -211,19 +208,6 @@ def vllm_worker(path, workloads, vocab, max_len, max_seqs, max_tokens, util, dev
 WORKERS = {"vllmx": vllmx_worker, "vllm": vllm_worker}
 
 
-def engine_env(engine: str, vllm_site: str) -> dict:
-    """The environment of an engine's process: vLLM's site folder and settings for vLLM only."""
-    env = dict(os.environ)
-    site = os.path.abspath(vllm_site)
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and
-             os.path.abspath(p) != site]
-    if engine == "vllm":
-        paths.insert(0, site)
-        env.update(VLLM_ENV)
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    return env
-
-
 def run_worker(engine: str, args, path: str, vocab: int) -> dict:
     env = engine_env(engine, args.vllm_site)
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", engine, "--path", path,
@@ -231,179 +215,7 @@ def run_worker(engine: str, args, path: str, vocab: int) -> dict:
            str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
            "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--device", args.device]
     print(f"-- {engine}", flush=True)
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                              timeout=args.worker_timeout)
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        sys.stdout.write(out[-3000:])
-        return {"error": f"timed out after {args.worker_timeout} s"}
-    sys.stdout.write(proc.stdout[-3000:])
-    # vLLM's engine process shares the pipe and may log after the result: take the last one.
-    results = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not results:
-        sys.stdout.write(proc.stderr[-5000:])
-        return {"error": proc.stderr[-2000:]}
-    return json.loads(results[-1][len("RESULT "):])
-
-
-# ---- the serving run ----
-
-def write_tokenizer(path: str, vocab: int) -> None:
-    """A byte-level BPE with exactly `vocab` tokens ("a", "b", their merge "ab", then "<tN>"
-    fillers): enough for both servers to start and detokenize; the prompts are token ids."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    table = {"a": 0, "b": 1, "ab": 2} | {f"<t{i}>": i for i in range(3, vocab)}
-    tok = Tokenizer(models.BPE(vocab=table, merges=[("a", "b")]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.save(os.path.join(path, "tokenizer.json"))
-    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast"}, f)
-
-
-def server_cmd(engine: str, args, path: str, port: int, max_len: int) -> list[str]:
-    flags = ["--port", str(port), "--load-format", "dummy", "--max-model-len", str(max_len),
-             "--max-num-seqs", str(args.max_num_seqs),
-             "--max-num-batched-tokens", str(args.max_num_batched_tokens),
-             "--gpu-memory-utilization", str(args.gpu_memory_utilization)]
-    if engine == "vllmx":
-        return [sys.executable, "-m", "vllmx", "serve", path, "--device", args.device, *flags]
-    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", path,
-            "--dtype", "bfloat16", *flags]
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> float:
-    """Seconds until GET /health answers 200 (RuntimeError if the server exits or times out)."""
-    import urllib.request
-
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with status {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as r:
-                if r.status == 200:
-                    return time.perf_counter() - t0
-        except OSError:
-            pass
-        time.sleep(1.0)
-    raise RuntimeError(f"the server was not ready after {timeout:.0f} s")
-
-
-def start_py_spy(args, engine: str, pid: int, c: int, path: str, mode: str):
-    """--py-spy: a profile of vllmx's server process for 8 s, 3 s into each run at concurrency
-    >= 64. mode "gil": only samples holding the GIL (which thread's Python the serving run
-    waits on: the engine's step loop or the event loop's streams); mode "idle": every thread
-    at every sample, idle included (where the engine thread's time goes: its Python, or
-    waiting on the device inside a native call)."""
-    if not args.py_spy or engine != "vllmx" or c < 64:
-        return None
-    out = os.path.join(os.environ.get("OUT") or path, f"{mode}-c{c}.txt")
-    cmd = [args.py_spy, "record", "-p", str(pid), "-d", "8", "-r", "200", "-f", "raw", "-o", out,
-           "--threads", "--nonblocking", "--gil" if mode == "gil" else "--idle"]
-    return subprocess.Popen(["bash", "-c", 'sleep 3; exec "$@"', "_", *cmd],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), out
-
-
-def scrape_steps(url: str) -> tuple[float, float] | None:
-    """(engine steps, tokens they scheduled) so far: vllm:iteration_tokens_total's count and
-    sum, which both servers export (differences over a run: steps/s and tokens per step)."""
-    import urllib.request
-
-    count = total = 0.0
-    try:
-        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-            text = r.read().decode()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        name, _, value = line.rpartition(" ")
-        if name.startswith("vllm:iteration_tokens_total_count"):
-            count += float(value)
-        elif name.startswith("vllm:iteration_tokens_total_sum"):
-            total += float(value)
-    return count, total
-
-
-def finish_py_spy(proc: subprocess.Popen, out: str) -> dict:
-    """Samples per thread, and the 12 functions most often on their stacks."""
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return {"error": "py-spy did not finish"}
-    if not os.path.exists(out):
-        return {"error": "py-spy wrote nothing"}
-    threads: dict[str, int] = {}
-    funcs: dict[str, int] = {}
-    with open(out) as f:
-        for line in f:
-            stack, _, n = line.rstrip().rpartition(" ")
-            frames = stack.split(";")
-            threads[frames[0]] = threads.get(frames[0], 0) + int(n)
-            for fn in set(frames[1:]):
-                funcs[fn] = funcs.get(fn, 0) + int(n)
-    top = sorted(funcs.items(), key=lambda kv: -kv[1])[:12]
-    return {"samples_by_thread": threads, "top_inclusive": dict(top), "raw": out}
-
-
-def serve_run(engine: str, args, path: str, max_len: int) -> dict:
-    port = 8100 if engine == "vllmx" else 8200
-    url = f"http://127.0.0.1:{port}"
-    log = open(os.path.join(path, f"{engine}-serve.log"), "w")
-    proc = subprocess.Popen(server_cmd(engine, args, path, port, max_len), stdout=log,
-                            stderr=subprocess.STDOUT, env=engine_env(engine, args.vllm_site))
-    result: dict = {}
-    try:
-        result["ready_s"] = wait_ready(url, proc, args.worker_timeout)
-        inp, out, _ = parse_workload(args.workloads[0])
-        for c in args.concurrency:
-            dest = os.path.join(path, f"{engine}-serve-c{c}.json")
-            bench = [sys.executable, "-m", "vllmx", "bench", "serve", "--base-url", url,
-                     "--dataset-name", "random", "--random-input-len", str(inp),
-                     "--random-output-len", str(out), "--num-prompts", str(max(16, 4 * c)),
-                     "--max-concurrency", str(c), "--ignore-eos", "--save-result",
-                     "--result-filename", dest]
-            spies = {m: start_py_spy(args, engine, proc.pid, c, path, m) for m in ("gil", "idle")}
-            steps0 = scrape_steps(url)
-            done = subprocess.run(bench, capture_output=True, text=True,
-                                  env=engine_env("vllmx", args.vllm_site),
-                                  timeout=args.worker_timeout)
-            steps1 = scrape_steps(url)
-            for m, spy in spies.items():
-                if spy is not None:
-                    result[f"{m}_c{c}"] = finish_py_spy(*spy)
-            if done.returncode != 0 or not os.path.exists(dest):
-                result[str(c)] = {"error": done.stderr[-1500:]}
-                continue
-            with open(dest) as f:
-                r = json.load(f)
-            result[str(c)] = {k: r[k] for k in (
-                "completed", "failed", "output_throughput", "median_ttft_ms", "p99_ttft_ms",
-                "median_tpot_ms", "p99_tpot_ms", "duration")}
-            if steps0 is None or steps1 is None:
-                continue
-            n = steps1[0] - steps0[0]
-            result[str(c)].update(steps=n, tokens_per_step=(steps1[1] - steps0[1]) / max(n, 1),
-                                  ms_per_step=1e3 * r["duration"] / max(n, 1))
-            print(f"  {engine} serve c={c}: {result[str(c)]}", flush=True)
-    except (RuntimeError, subprocess.TimeoutExpired) as e:
-        result["error"] = f"{type(e).__name__}: {e}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-    if "error" in result:  # why the server stopped (e.g. a module its image lacks) is in its log
-        with open(log.name, errors="replace") as f:
-            result["server_log_tail"] = f.read()[-2000:]
-        print(f"  {engine} serve failed: {result['error']}\n{result['server_log_tail']}",
-              flush=True)
-    return result
+    return worker_result(cmd, env, args.worker_timeout)
 
 
 def main() -> int:
@@ -476,7 +288,8 @@ def main() -> int:
         if args.serve:
             write_tokenizer(path, SHAPES[name]["vocab_size"])
             for engine in args.engines:
-                entry[f"{engine}_serve"] = serve_run(engine, args, path, max_len)
+                entry[f"{engine}_serve"] = serve_run(engine, args, path, max_len,
+                                                       workloads[0][:2])
                 save(report, "gpu_vs_vllm.partial.json")
     print_table(report)
     if args.serve:
@@ -508,24 +321,6 @@ def git_commit() -> str:
                               check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-
-
-def print_serve_table(report) -> None:
-    print("| model | concurrency | output tok/s vllmx / vLLM (x) | TTFT p50 ms | TTFT p99 ms "
-          "| TPOT p50 ms | TPOT p99 ms |\n|---|---|---|---|---|---|---|")
-    for name, m in report["models"].items():
-        a, b = m.get("vllmx_serve", {}), m.get("vllm_serve", {})
-        for c, r in a.items():
-            o = b.get(c)
-            if not isinstance(r, dict) or "output_throughput" not in r:
-                continue
-            if not isinstance(o, dict) or "output_throughput" not in o:
-                o = {k: float("nan") for k in r}
-            cells = [f"{r['output_throughput']:,.0f} / {o['output_throughput']:,.0f} "
-                     f"({r['output_throughput'] / o['output_throughput']:.2f}x)"]
-            cells += [f"{r[k]:.1f} / {o[k]:.1f}" for k in (
-                "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms")]
-            print(f"| {name} | {c} | " + " | ".join(cells) + " |")
 
 
 def print_table(report) -> None:

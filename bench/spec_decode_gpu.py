@@ -29,12 +29,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_vs_vllm import engine_env, write_config
+from gpu_vs_vllm import write_config
+from peer_process import engine_env, worker_result
 from spec_decode_cpu import TASKS
 
 EAGLE3_DRAFT_VOCAB = 32000
@@ -246,14 +246,7 @@ def run_worker(name: str, args, **kw) -> dict:
     for key, value in kw.items():
         cmd += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
     print(f"-- {name} {kw}", flush=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
-                          env=engine_env(engine, args.vllm_site), timeout=args.worker_timeout)
-    sys.stdout.write(proc.stdout[-2000:])
-    results = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not results:
-        sys.stdout.write(proc.stderr[-4000:])
-        return {"error": proc.stderr[-2000:]}
-    return json.loads(results[-1][len("RESULT "):])
+    return worker_result(cmd, engine_env(engine, args.vllm_site), args.worker_timeout)
 
 
 def main() -> None:

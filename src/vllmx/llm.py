@@ -6,7 +6,7 @@ import sys
 from collections.abc import Sequence
 
 from vllmx.beam_search import BeamSearch, BeamSearchOutput
-from vllmx.engine.llm_engine import EngineArgs
+from vllmx.engine.arg_utils import EngineArgs
 from vllmx.llm_pooling import PoolingMixin, require_runner
 from vllmx.loader import DEFAULT_MODEL, DEFAULT_POOLING_MODEL
 from vllmx.outputs import RequestOutput

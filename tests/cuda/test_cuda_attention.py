@@ -20,21 +20,10 @@ from tests.cuda.test_cuda_linear import (
     to_bits,
     to_dev,
 )
+from tests.ops.block_tables import make_block_table
 from vllmx import _C
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _cuda_ok(), reason="needs a CUDA GPU")]
-
-
-def make_block_table(rng, seq_lens, num_blocks, block_size):
-    need = [(s + block_size - 1) // block_size for s in seq_lens]
-    assert sum(need) <= num_blocks
-    perm = rng.permutation(num_blocks).astype(np.int32)
-    bt = np.full((len(seq_lens), max(need + [1]) + 2), -1, np.int32)  # unused entries never read
-    o = 0
-    for b, n in enumerate(need):
-        bt[b, :n] = perm[o:o + n]
-        o += n
-    return bt
 
 
 def attention_reference(q64, k64, v64, bt, qsl, seq_lens, scale, window=0, cap=0.0, sinks=None):
@@ -78,7 +67,7 @@ def attention_case(seed, seqs, nq, nkv, D, qdt, cdt, block_size=16, q_scale=1.0)
     kc = to_bits(rng.standard_normal(shape).astype(np.float32), cdt)
     vc = to_bits(rng.standard_normal(shape).astype(np.float32), cdt)
     q = to_bits(q_scale * rng.standard_normal((int(qsl[-1]), nq * D)).astype(np.float32), qdt)
-    bt = make_block_table(rng, seq_lens, num_blocks, block_size)
+    bt = make_block_table(rng, seq_lens, num_blocks, block_size=block_size, spare=2)
     return q, kc, vc, bt, qsl, seq_lens
 
 

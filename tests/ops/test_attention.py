@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from simd_levels import SIMD_LEVELS, run_capped
 
+from tests.ops.block_tables import make_block_table
 from vllmx import _C
 
 F16, BF16 = int(_C.DType.F16), int(_C.DType.BF16)
@@ -29,19 +30,6 @@ def make_cache(rng, num_blocks, nkv, D, dtype_name, block_size=BLOCK):
     if dtype_name == "f16":
         return k.astype(np.float16).view(np.uint16), v.astype(np.float16).view(np.uint16), F16
     return (k.view(np.uint32) >> 16).astype(np.uint16), (v.view(np.uint32) >> 16).astype(np.uint16), BF16
-
-
-def make_block_table(rng, seq_lens, num_blocks, width=None, block_size=BLOCK):
-    need = [(s + block_size - 1) // block_size for s in seq_lens]
-    width = width or max(need + [1])
-    assert sum(need) <= num_blocks
-    perm = rng.permutation(num_blocks).astype(np.int32)
-    bt = np.full((len(seq_lens), width), -1, np.int32)  # unused entries are never read
-    o = 0
-    for b, n in enumerate(need):
-        bt[b, :n] = perm[o:o + n]
-        o += n
-    return bt
 
 
 def reference(q, kc64, vc64, bt, qsl, seq_lens, scale, window=0, cap=0.0, sinks=None):

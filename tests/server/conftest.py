@@ -84,8 +84,8 @@ def serving(engine_client, names: list[str] | None = None, **app_kwargs):
 
 @pytest.fixture(scope="session")
 def engine_client(smollm2_gguf):
+    from vllmx.engine.arg_utils import EngineArgs
     from vllmx.engine.async_llm import AsyncLLM
-    from vllmx.engine.llm_engine import EngineArgs
 
     client = AsyncLLM.from_engine_args(EngineArgs(
         model=smollm2_gguf, max_model_len=512, max_num_seqs=64,

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import vllmx
 from tests.server.conftest import MODEL, ServerThread
 from vllmx.config import ObservabilityConfig
-from vllmx.engine.llm_engine import EngineArgs
+from vllmx.engine.arg_utils import EngineArgs
 from vllmx.server.app import build_app
 from vllmx.server.metrics import HIDDEN_METRICS, ServerMetrics
 

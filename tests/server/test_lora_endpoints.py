@@ -31,8 +31,8 @@ def paths(tmp_path_factory):
 
 
 def engine(base: str, **kw):
+    from vllmx.engine.arg_utils import EngineArgs
     from vllmx.engine.async_llm import AsyncLLM
-    from vllmx.engine.llm_engine import EngineArgs
 
     return AsyncLLM.from_engine_args(EngineArgs(
         model=base, skip_tokenizer_init=True, max_model_len=256,
@@ -187,8 +187,8 @@ def _with_word_tokenizer(base: str) -> str:
 
 
 def test_chat_under_adapter_streamed(paths):
+    from vllmx.engine.arg_utils import EngineArgs
     from vllmx.engine.async_llm import AsyncLLM
-    from vllmx.engine.llm_engine import EngineArgs
     from vllmx.server.serving_models import LoRAModulePath
 
     base, all_path, _ = paths

@@ -21,8 +21,8 @@ DOCS = ["Bananas are yellow.", "Paris is the capital of France.", "The Eiffel to
 
 
 def _serve(path: str, name: str, **app_kwargs):
+    from vllmx.engine.arg_utils import EngineArgs
     from vllmx.engine.factory import create_engine_client
-    from vllmx.engine.llm_engine import EngineArgs
 
     return serving(create_engine_client(EngineArgs(model=path, runner="pooling")), [name],
                    **app_kwargs)

@@ -19,8 +19,8 @@ from tests.server.conftest import MODEL, serving  # noqa: E402
 
 @pytest.fixture(scope="module")
 def fuzz_server(smollm2_gguf):
+    from vllmx.engine.arg_utils import EngineArgs
     from vllmx.engine.async_llm import AsyncLLM
-    from vllmx.engine.llm_engine import EngineArgs
 
     engine = AsyncLLM.from_engine_args(EngineArgs(
         model=smollm2_gguf, max_model_len=48, max_num_seqs=16, kv_cache_memory_bytes=8 << 20))

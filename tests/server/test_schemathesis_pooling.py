@@ -20,8 +20,8 @@ POOLING_ROUTES = {"/v1/embeddings", "/pooling", "/score", "/v1/score", "/rerank"
 
 @pytest.fixture(scope="module")
 def pooling_fuzz_server(minilm_dir):
+    from vllmx.engine.arg_utils import EngineArgs
     from vllmx.engine.factory import create_engine_client
-    from vllmx.engine.llm_engine import EngineArgs
 
     engine = create_engine_client(EngineArgs(model=minilm_dir, max_model_len=48))
     with serving(engine, max_request_body_bytes=1 << 20) as s:

@@ -26,7 +26,8 @@ def stream_reply(engine, messages: list[dict], params: SamplingParams, out=sys.s
 
 
 def run_chat(args) -> int:
-    from vllmx.engine.llm_engine import EngineArgs, LLMEngine
+    from vllmx.engine.arg_utils import EngineArgs
+    from vllmx.engine.llm_engine import LLMEngine
 
     engine = LLMEngine.from_engine_args(EngineArgs(
         model=args.model, seed=args.seed or 0, max_model_len=args.max_model_len,

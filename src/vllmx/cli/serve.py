@@ -199,7 +199,7 @@ def _structured_outputs_config(args: argparse.Namespace) -> str | None:
 
 def engine_args_from(args: argparse.Namespace):
     """EngineArgs from the flags; a flag this engine has no field for is a clear error."""
-    from vllmx.engine.llm_engine import EngineArgs
+    from vllmx.engine.arg_utils import EngineArgs
     from vllmx.loader.model_source import DEFAULT_MODEL, DEFAULT_POOLING_MODEL
 
     if getattr(args, "enable_chunked_prefill", None) is False:

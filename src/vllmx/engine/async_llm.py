@@ -14,8 +14,9 @@ from collections.abc import AsyncIterator, Callable
 from vllmx.beam_search import BeamSearch
 from vllmx.config import VllmxConfig
 from vllmx.core.scheduler import SchedulerStats
+from vllmx.engine.arg_utils import EngineArgs
 from vllmx.engine.exceptions import EngineDeadError, EngineGenerateError
-from vllmx.engine.llm_engine import EngineArgs, LLMEngine
+from vllmx.engine.llm_engine import LLMEngine
 from vllmx.engine.output_collector import RequestOutputCollector
 from vllmx.engine.protocol import EngineClient
 from vllmx.outputs import CompletionOutput, RequestOutput

@@ -21,7 +21,7 @@ import numpy as np
 from vllmx.config import SpeculativeConfig, VllmxConfig
 from vllmx.core.kv_cache_manager import KVCacheManager, cdiv
 from vllmx.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
-from vllmx.device import BF16, F16
+from vllmx.device import F32
 from vllmx.sampling_params import SamplingParams
 
 logger = logging.getLogger("vllmx")
@@ -45,7 +45,7 @@ class _DraftRequest:
 class DraftModelProposer:
     def __init__(self, config: VllmxConfig, spec: SpeculativeConfig, target_vocab: int,
                  device: str):
-        from vllmx.engine.llm_engine import EngineArgs
+        from vllmx.engine.arg_utils import EngineArgs
         from vllmx.worker.worker_base import create_worker
 
         self.k = spec.num_speculative_tokens
@@ -80,10 +80,7 @@ class DraftModelProposer:
         draft holds as many blocks as the target, fixed bytes for the draft-only blocks)."""
         from vllmx.worker.worker_base import kv_block_bytes
 
-        dtype = getattr(self.worker, "act_dtype", None)
-        kv = self.draft_config.cache_config.kv_cache_dtype
-        itemsize = 2 if kv in ("bfloat16", "float16") or (kv == "auto" and dtype in (
-            BF16, F16)) else 4
+        itemsize = 4 if self.worker.kv_dtype() == F32 else 2
         per_block = kv_block_bytes(self.worker.model.config, self.block_size, itemsize)
         return per_block, per_block * self.extra_blocks
 

@@ -55,16 +55,21 @@ class CpuWorker(WorkerBase):
                         != "auto" else mc.dtype)
         self.model, self.tokenizer = load_model(mc)
 
+    def kv_dtype(self) -> int:
+        """The KV cache's dtype: kv_cache_dtype's; auto: the model's dtype where it names a
+        half type, else f16 (f32 for an f32 safetensors checkpoint)."""
+        mc, kv = self.config.model_config, self.config.cache_config.kv_cache_dtype
+        if kv != "auto":
+            return DTYPE_BY_NAME[kv]
+        if _CPU_DTYPES[mc.dtype] != F32:
+            return _CPU_DTYPES[mc.dtype]  # dtype=bfloat16 / float16: the cache holds that
+        f32_model = mc.hf_config.get("torch_dtype", mc.hf_config.get("dtype")) == "float32"
+        return F32 if (f32_model and not mc.is_gguf) else F16
+
     def initialize_kv_cache(self) -> None:
         mc, cc, sc = (self.config.model_config, self.config.cache_config,
                       self.config.scheduler_config)
-        if cc.kv_cache_dtype == "auto" and _CPU_DTYPES[mc.dtype] != F32:
-            dtype = _CPU_DTYPES[mc.dtype]  # dtype=bfloat16 / float16: the cache holds that
-        elif cc.kv_cache_dtype == "auto":  # f16 by default; an f32 checkpoint keeps f32
-            f32_model = mc.hf_config.get("torch_dtype", mc.hf_config.get("dtype")) == "float32"
-            dtype = F32 if (f32_model and not mc.is_gguf) else F16
-        else:
-            dtype = DTYPE_BY_NAME[cc.kv_cache_dtype]
+        dtype = self.kv_dtype()
         hf = self.model.config
         draft_layers = num_draft_kv_layers(self.config)
         block_bytes = kv_block_bytes(hf, cc.block_size, 4 if dtype == F32 else 2, draft_layers)

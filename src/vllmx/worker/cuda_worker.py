@@ -130,14 +130,18 @@ class CudaWorker(WorkerBase):
         self.weight_bytes = self.report.used() - used0
         self.report.parts.append(f"weights {self.weight_bytes / 2**30:.2f} GiB")
 
+    def kv_dtype(self) -> int:
+        """The KV cache's dtype: kv_cache_dtype's, or the activations' (auto)."""
+        kv = self.config.cache_config.kv_cache_dtype
+        return self.act_dtype if kv == "auto" else DTYPE_BY_NAME[kv]
+
     def initialize_kv_cache(self) -> None:
         mc, cc, sc = (self.config.model_config, self.config.cache_config,
                       self.config.scheduler_config)
         report, hf = self.report, self.model.config
         nkv, hd, layers = hf["num_key_value_heads"], hf["head_dim"], hf["num_hidden_layers"]
         mla = bool(hf.get("use_mla"))
-        dtype = self.act_dtype if cc.kv_cache_dtype == "auto" else DTYPE_BY_NAME[
-            cc.kv_cache_dtype]
+        dtype = self.kv_dtype()
         # Profile with a one-block cache (reads of block 0, writes skipped).
         states0 = report.used()
         runner = ModelRunner(self.model,
