@@ -138,9 +138,41 @@ class SchedulerConfig:
     num_lookahead_tokens: int = 0
 
 
+# vLLM's distributed_executor_backend values vllmx runs: "mp" (one process per further rank,
+# multiprocessing; the default with several ranks), "ray" (Ray actors on this host launch
+# them), "uni" (one rank, in the engine's process).
+EXECUTOR_BACKENDS = ("mp", "ray", "uni")
+
+
 @dataclass
 class ParallelConfig:
-    num_threads: int | None = None  # OpenMP threads; None: all cores
+    num_threads: int | None = None  # OpenMP threads a rank; None: the cores shared by the ranks
+    # vLLM's tensor_parallel_size: ranks each holding a share of every layer (CPU so far:
+    # distributed/, executor/); the engine's process is rank 0
+    tensor_parallel_size: int = 1
+    distributed_executor_backend: str | None = None  # None: "mp" with several ranks, else "uni"
+    # vLLM's pipeline_parallel_size: stages each holding a run of layers (ranks = tp * pp)
+    pipeline_parallel_size: int = 1
+    rank: int = 0  # this process's rank (set in the processes of the further ranks)
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    def __post_init__(self):
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        backend = self.distributed_executor_backend
+        if backend is not None and backend not in EXECUTOR_BACKENDS:
+            raise ValueError(f"distributed_executor_backend {backend!r} is not one of "
+                             f"{', '.join(EXECUTOR_BACKENDS)}")
+        if backend == "uni" and self.world_size > 1:
+            raise ValueError("distributed_executor_backend='uni' runs one rank; "
+                             "tensor_parallel_size * pipeline_parallel_size > 1 needs 'mp' "
+                             "or 'ray'")
+        if backend is None:
+            self.distributed_executor_backend = "mp" if self.world_size > 1 else "uni"
 
 
 @dataclass

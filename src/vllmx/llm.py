@@ -18,8 +18,6 @@ from vllmx.sampling_params import BeamSearchParams, RequestOutputKind, SamplingP
 _VLLM_ONLY_ARGS = {
     "tokenizer_mode": ("auto",),
     "trust_remote_code": (False, True),  # vllmx never runs code from a checkpoint
-    "tensor_parallel_size": (1,),
-    "pipeline_parallel_size": (1,),
     "data_parallel_size": (1,),
     "quantization": (None, "gguf"),
     "revision": (None,),
@@ -28,7 +26,6 @@ _VLLM_ONLY_ARGS = {
     "cpu_offload_gb": (0,),
     "disable_log_stats": (False, True),
     "disable_custom_all_reduce": (False,),
-    "distributed_executor_backend": (None,),
     "enable_chunked_prefill": (None, True),  # always on, as in vLLM V1
 }
 

@@ -91,6 +91,14 @@ def embedding(ids, table, out_dtype: int | None = None, out=None):
     return out
 
 
+def embedding_shard(ids, table, vocab_start: int):
+    """A vocab-parallel embedding's share (host): table's rows for the ids in [vocab_start,
+    vocab_start + rows), zeros for the others."""
+    out = _host_empty((ids.shape[0], _rows(table)), np.float32)
+    _C.ops.embedding_shard(out, ids, _arg(table), vocab_start)
+    return out
+
+
 def linear(x, w, bias=None):
     out = _empty(x, (x.shape[0], w.shape[0]))
     _C.ops.linear(out, x, _arg(w), bias)

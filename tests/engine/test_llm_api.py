@@ -232,8 +232,8 @@ def test_cpu_runs_vllm_half_dtypes(tiny_llama, dtype, kv):
 def test_vllm_arguments_are_honoured_or_refused(tiny_llama):
     from vllmx import LLM
 
-    with pytest.raises(NotImplementedError, match="tensor_parallel_size=2"):
-        LLM(tiny_llama, skip_tokenizer_init=True, tensor_parallel_size=2)
+    with pytest.raises(NotImplementedError, match="data_parallel_size=2"):
+        LLM(tiny_llama, skip_tokenizer_init=True, data_parallel_size=2)
     with pytest.raises(ValueError, match="dtype='int8' is not a dtype the CPU backend takes"):
         LLM(tiny_llama, skip_tokenizer_init=True, dtype="int8", device="cpu")
     with pytest.raises(ValueError, match="gpu_memory_utilization must be in"):

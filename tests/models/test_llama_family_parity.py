@@ -50,12 +50,13 @@ def cache_dtype_for(family: str) -> str:
     return "float32" if family in MOE_FAMILIES else "auto"
 
 
-def run_parity(model_path: str, hf_path: str, kv_cache_dtype: str = "auto"):
+def run_parity(model_path: str, hf_path: str, kv_cache_dtype: str = "auto", **engine_args):
     from vllmx import LLM, SamplingParams
 
     rng = np.random.default_rng(SEED)
     prompts = random_prompts(rng)
-    llm = LLM(model_path, skip_tokenizer_init=True, kv_cache_dtype=kv_cache_dtype)
+    llm = LLM(model_path, skip_tokenizer_init=True, kv_cache_dtype=kv_cache_dtype,
+              **engine_args)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
     oracle = transformers.AutoModelForCausalLM.from_pretrained(hf_path, dtype=torch.float32).eval()

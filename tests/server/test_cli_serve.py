@@ -60,6 +60,32 @@ def test_serve_default_model(smollm2_gguf):
         proc.wait(timeout=30)
 
 
+def test_serve_tensor_parallel(smollm2_gguf):
+    """`vllmx serve -tp 3` on the default model (SmolLM2's 9 heads, 3 kv heads, Q4_1 rows of
+    1536 / 3 = 16 blocks): three processes answer as one; terminating the server ends them."""
+    port = _free_port()
+    proc = _run("--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
+                "--kv-cache-memory-bytes", "16M", "-tp", "3", "--disable-log-requests")
+    children: list[str] = []
+    try:
+        _wait_healthy(proc, port)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x")
+        out = client.completions.create(model="SmolLM2-135M-Instruct",
+                                        prompt="The capital of France is", temperature=0,
+                                        max_tokens=4)
+        assert "Paris" in out.choices[0].text
+        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, check=False,
+                                  text=True).stdout.split()
+        assert len(children) >= 2  # ranks 1 and 2 (and multiprocessing's resource tracker)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while any(os.path.exists(f"/proc/{pid}") for pid in children):
+        assert time.monotonic() < deadline, "the ranks outlived the server"
+        time.sleep(0.5)
+
+
 def test_serve_flag_errors():
     # Here there is no GPU: a CPU-only build and a CUDA build without a device each say which.
     out = _run("--device", "cuda")

@@ -117,6 +117,9 @@ def test_structural_tag(manager, tokenizer):
     (SO(grammar="start: missing"), ["Invalid grammar", "missing"]),
     (SO(grammar="root ::= ("), ["Invalid grammar"]),
     (SO(structural_tag="{}"), ["Invalid structural_tag", "triggers"]),
+    # U+40000's lead byte 0xF1 is in no token of SmolLM2's vocabulary (a fuzzed request had
+    # failed mid-generation with a 500): refused up front, naming the byte
+    (SO(choice=["ok", "\U00040000"]), [r"choice '\U00040000' cannot be written", "0xF1"]),
 ])
 def test_invalid_constraints_are_value_errors(manager, so, words):
     with pytest.raises(ValueError) as e:

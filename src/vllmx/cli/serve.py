@@ -106,7 +106,14 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--generation-config", default="auto",
                    help="'auto' (the model's generation_config.json), 'vllm' (none), or a dir")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads a rank (default: the cores, shared by the ranks)")
+    p.add_argument("-tp", "--tensor-parallel-size", type=int, default=None,
+                   help="ranks (processes) each holding a share of every layer (CPU so far)")
+    p.add_argument("-pp", "--pipeline-parallel-size", type=int, default=None,
+                   help="pipeline stages (processes) each holding a run of layers (CPU so far)")
+    p.add_argument("--distributed-executor-backend", choices=["mp", "ray", "uni"],
+                   default=None, help="what launches the further ranks (default: mp)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: the GPU when a usable one is present, else the CPU")
     p.add_argument("--dtype", default="auto",
@@ -225,6 +232,9 @@ def engine_args_from(args: argparse.Namespace):
                 "structured_outputs_config": _structured_outputs_config(args),
                 "async_scheduling": args.async_scheduling,
                 "num_threads": args.threads, "max_loras": args.max_loras,
+                "tensor_parallel_size": args.tensor_parallel_size,
+                "pipeline_parallel_size": args.pipeline_parallel_size,
+                "distributed_executor_backend": args.distributed_executor_backend,
                 "max_lora_rank": args.max_lora_rank, "max_cpu_loras": args.max_cpu_loras,
                 "lora_dtype": args.lora_dtype,
                 "show_hidden_metrics_for_version": args.show_hidden_metrics_for_version}

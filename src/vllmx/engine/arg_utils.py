@@ -44,6 +44,11 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     scheduling_policy: str = "fcfs"  # or "priority"
     num_threads: int | None = None
+    # vLLM's tensor_parallel_size, pipeline_parallel_size and distributed_executor_backend
+    # (config.ParallelConfig)
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
     device: str = "auto"  # auto | cuda | cpu
     dtype: str = "auto"  # GPU activations; the CPU computes in float32
     gpu_memory_utilization: float = 0.9
@@ -129,7 +134,9 @@ class EngineArgs:
             SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens,
                             policy=self.scheduling_policy,
                             async_scheduling=self.async_scheduling),
-            ParallelConfig(self.num_threads), DeviceConfig(self.device),
+            ParallelConfig(self.num_threads, self.tensor_parallel_size,
+                           self.distributed_executor_backend, self.pipeline_parallel_size),
+            DeviceConfig(self.device),
             None if self.speculative_config is None
             else SpeculativeConfig.from_dict(self.speculative_config),
             StructuredOutputsConfig.from_dict(self.structured_outputs_config),

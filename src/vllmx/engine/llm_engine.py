@@ -23,6 +23,22 @@ from vllmx.worker.worker_base import create_worker
 logger = logging.getLogger("vllmx")
 
 
+def _check_tensor_parallel(config: VllmxConfig) -> None:
+    """What several ranks do not run yet, refused before anything starts: the other ranks
+    follow the model's forward only (executor/tp_worker.py), so LoRA's layers and the drafters
+    built over the target's layers (eagle, eagle3, mtp) would run on rank 0's share alone. (A
+    draft_model runs whole on rank 0, as vLLM's draft_tensor_parallel_size=1.)"""
+    if config.parallel_config.world_size == 1:
+        return
+    spec = config.speculative_config
+    what = "tensor_parallel_size * pipeline_parallel_size > 1"
+    if config.lora_config is not None:
+        raise ValueError(f"{what} does not support LoRA adapters yet")
+    if spec is not None and spec.method not in ("ngram", "draft_model"):
+        raise ValueError(f"{what} supports speculative decoding by ngram and draft_model only "
+                         f"so far, not {spec.method!r}")
+
+
 class LLMEngine:
     def __init__(self, config: VllmxConfig):
         self.config = config
@@ -33,6 +49,7 @@ class LLMEngine:
                              f"engine.factory.create_engine pick it)")
         if config.parallel_config.num_threads:
             _C.set_num_threads(config.parallel_config.num_threads)
+        _check_tensor_parallel(config)
         t0 = time.perf_counter()
         self.device, self.worker = create_worker(config)
         self.worker.load_model()

@@ -39,6 +39,9 @@ class PoolingEngine:
         if config.lora_config is not None:
             raise ValueError("LoRA adapters are not supported for pooling models yet "
                              "(enable_lora=True was given)")
+        if config.parallel_config.world_size > 1:
+            raise ValueError("tensor_parallel_size * pipeline_parallel_size > 1 is not "
+                             "supported for pooling models yet")
         self.device = resolve_device(config.device_config.device)
         if config.parallel_config.num_threads:
             _C.set_num_threads(config.parallel_config.num_threads)

@@ -14,8 +14,9 @@ import numpy as np
 
 from vllmx import ops
 from vllmx.device import F32
+from vllmx.distributed.parallel_state import get_tp_group
 from vllmx.layers import placement
-from vllmx.layers.linear import Linear, MergedLinear
+from vllmx.layers.linear import Linear, MergedLinear, RowParallelLinear
 from vllmx.layers.norm import ResidualAdd
 from vllmx.ops import Weight
 
@@ -34,12 +35,14 @@ class GroupedRouting:
 
 
 class SwiGLUMLP:
-    """down(silu(gate x) * up x): a dense MLP beside the experts (DeepSeek's, GLM-4.5's and
-    GraniteMoeShared's shared experts). gate_up: [gate, up], or one fused [gate; up] tensor."""
+    """down(silu(gate x) * up x): a dense MLP (DeepSeek's first layers, the hybrids'), or one
+    beside the experts (DeepSeek's, GLM-4.5's and GraniteMoeShared's shared experts: then
+    reduce_results=False, vLLM's flag, since under tensor parallelism the block reduces its sum
+    once). gate_up: [gate, up], or one fused [gate; up] tensor."""
 
-    def __init__(self, gate_up: list[Weight], down: Weight):
+    def __init__(self, gate_up: list[Weight], down: Weight, reduce_results: bool = True):
         self.gate_up_proj = MergedLinear(gate_up, [None] * len(gate_up))
-        self.down_proj = Linear(down)
+        self.down_proj = RowParallelLinear(down) if reduce_results else Linear(down)
 
     def __call__(self, x):
         return self.down_proj(self.gate_up_proj.act_and_mul(x))
@@ -83,6 +86,9 @@ class SparseMoeBlock:
         # Qwen2-MoE / Qwen3-Next: the shared expert's output times sigmoid(x @ gate^T) [T, 1]
         self.shared_expert_gate = (None if shared_expert_gate is None
                                    else Linear(shared_expert_gate))
+        # Tensor parallelism: each expert's intermediate rows are cut tp ways (the shared
+        # experts' too), so every rank's out is a partial sum, reduced once at the end.
+        self.tp_group = get_tp_group()
 
     def route(self, x):
         """(topk_weights f32 [T, k], topk_ids i32 [T, k]) of the tokens x."""
@@ -103,5 +109,7 @@ class SparseMoeBlock:
             if self.shared_expert_gate is not None:
                 ops.sigmoid_gate_(shared, self.shared_expert_gate(x))
             self._add(out, shared)  # shared += out
-            return shared
+            out = shared
+        if self.tp_group is not None:
+            self.tp_group.all_reduce(out)
         return out

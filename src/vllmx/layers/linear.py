@@ -10,6 +10,7 @@ import numpy as np
 
 from vllmx import ops
 from vllmx.device import DeviceArray
+from vllmx.distributed.parallel_state import get_tp_group
 from vllmx.layers import placement
 from vllmx.ops import Weight
 from vllmx.pages import release_file_pages
@@ -66,6 +67,42 @@ class Linear:
         weight; norm is an RMSNorm layer."""
         return ops.rms_norm_linear(x, residual, norm.weight, norm.eps, self.weight, self.bias,
                                    act)
+
+
+class RowParallelLinear(Linear):
+    """vLLM's RowParallelLinear: under tensor parallelism this rank holds the weight's columns
+    for its share of the input (distributed/tp_shard.py cut them), and the ranks' partial
+    products are summed (all_reduce); the bias is added by rank 0 alone, so once. Without a
+    group, a Linear."""
+
+    def __init__(self, weight: Weight, bias: Weight | None = None):
+        self.tp_group = get_tp_group()
+        super().__init__(weight, bias if self.tp_group is None or self.tp_group.rank == 0
+                         else None)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        out = ops.linear(x, self.weight, self.bias)
+        if self.tp_group is not None:
+            self.tp_group.all_reduce(out)
+        return out
+
+
+class ParallelLMHead(Linear):
+    """vLLM's ParallelLMHead: under tensor parallelism this rank holds ceil(V / tp) rows of the
+    vocabulary (its share, shard_range) and every rank gets the whole [T, V] logits
+    (all_gather). vocab_size: V (the weight's rows without a group)."""
+
+    def __init__(self, weight: Weight, vocab_size: int | None = None):
+        super().__init__(weight)
+        self.tp_group = get_tp_group()
+        self.vocab_size = self.weight.shape[0] if self.tp_group is None else int(vocab_size)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        logits = ops.linear(x, self.weight, self.bias)
+        g = self.tp_group
+        if g is None:
+            return logits
+        return g.all_gather(logits, self.vocab_size, -(-self.vocab_size // g.world_size))
 
 
 def concat_rows(weights: list[Weight]) -> Weight:

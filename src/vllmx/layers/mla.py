@@ -19,7 +19,7 @@ from vllmx import ops
 from vllmx.device import BF16, F16, F32
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
-from vllmx.layers.linear import Linear, take_rows
+from vllmx.layers.linear import Linear, RowParallelLinear, take_rows
 from vllmx.layers.norm import RMSNorm
 from vllmx.layers.rotary import RotaryEmbedding
 from vllmx.ops import Weight
@@ -85,7 +85,7 @@ class MLAAttention:
         # dequantized); unchanged on the CPU.
         self.w_uk_t = placement.upload_experts(self.w_uk_t, p + "w_uk_t")
         self.w_uv = placement.upload_experts(self.w_uv, p + "w_uv")
-        self.o_proj = Linear(w[p + "o_proj.weight"], w.get(p + "o_proj.bias"))
+        self.o_proj = RowParallelLinear(w[p + "o_proj.weight"], w.get(p + "o_proj.bias"))
         self.rope = rope
         self.attn = Attention(layer_idx, nh, 1, dr + r, scale)
 

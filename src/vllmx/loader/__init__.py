@@ -7,6 +7,8 @@ import ctypes
 import os
 
 from vllmx.config import ModelConfig
+from vllmx.distributed.parallel_state import get_pp_stage, get_tp_group
+from vllmx.distributed.tp_shard import shard_checkpoint
 from vllmx.loader.dummy import DummyWeights
 from vllmx.loader.gguf import gguf_to_hf_config, load_gguf
 from vllmx.loader.model_source import DEFAULT_MODEL, DEFAULT_POOLING_MODEL, resolve_model
@@ -70,6 +72,10 @@ def load_model(model_config: ModelConfig):
     cfg = {**model_config.hf_config, "max_model_len": model_config.max_model_len}
     if model_config.runner_type == "pooling" and cfg.get("classifier_from_token"):
         cfg["classifier_from_token_ids"] = _token_ids(tokenizer, cfg["classifier_from_token"])
+    group = get_tp_group()
+    if group is not None or get_pp_stage() is not None:  # (built inside model_parallel)
+        cfg, weights = shard_checkpoint(cfg, weights, 0 if group is None else group.rank,
+                                        1 if group is None else group.world_size)
     model = model_cls(cfg, weights)
     del weights  # what the model keeps it holds itself; a repacked original is freed
     trim_heap()

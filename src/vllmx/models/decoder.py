@@ -20,6 +20,12 @@ class DecoderLM:
     # layers); natively, so that a recorded step replays it.
     aux_hidden_state_layers: tuple[int, ...] = ()
     aux_hidden_out: np.ndarray | None = None
+    # Tensor parallelism: the group the model was built for (distributed/parallel_state.py),
+    # whose embed_tokens holds its share of the vocabulary's rows, from vocab_start.
+    tp_group = None
+    vocab_start = 0
+    # Pipeline parallelism: this rank's stage (its layers built, the others None)
+    pp_stage = None
 
     def set_aux_hidden_state_layers(self, layers: tuple[int, ...], out: np.ndarray) -> None:
         """layers: ascending, distinct; out: [max tokens, len(layers) * hidden_size]."""
@@ -28,7 +34,9 @@ class DecoderLM:
 
     def forward(self, input_ids: np.ndarray, positions: np.ndarray,
                 md: AttentionMetadata) -> np.ndarray:
-        h = ops.embedding(input_ids, self.embed_tokens)
+        if self.pp_stage is not None:
+            return self._forward_stages(input_ids, positions, md)
+        h = self.embed(input_ids)
         if self.embedding_multiplier != 1.0:
             ops.scale_(h, self.embedding_multiplier)
         residual = None
@@ -38,6 +46,38 @@ class DecoderLM:
             h, residual = layer(positions, h, residual, md)
         h, _ = self.norm(h, residual)
         return h
+
+    def _forward_stages(self, input_ids, positions, md: AttentionMetadata) -> np.ndarray:
+        """The pipeline's forward, the same on every rank: the stages run in turn, each handing
+        its residual stream (h, residual) on to the next, and the last its normed hidden
+        states to every rank (vLLM's IntermediateTensors, one microbatch)."""
+        pp = self.pp_stage
+        shape = (len(input_ids), self.config["hidden_size"])
+        h = residual = None
+        for stage in range(pp.num_stages):
+            if stage == pp.stage:
+                if pp.is_first:
+                    h = self.embed(input_ids)
+                    if self.embedding_multiplier != 1.0:
+                        ops.scale_(h, self.embedding_multiplier)
+                for layer in self.layers:
+                    if layer is not None:
+                        h, residual = layer(positions, h, residual, md)
+                if pp.is_last:
+                    h, _ = self.norm(h, residual)
+            h = pp.hand_off(stage, h, shape)
+            if stage < pp.num_stages - 1:
+                residual = pp.hand_off(stage, residual, shape)
+        return h
+
+    def embed(self, input_ids: np.ndarray) -> np.ndarray:
+        """The tokens' embeddings; under tensor parallelism (vLLM's VocabParallelEmbedding)
+        each rank looks up the ids in its rows, zeros elsewhere, and the ranks' rows are
+        summed."""
+        if self.tp_group is None:
+            return ops.embedding(input_ids, self.embed_tokens)
+        return self.tp_group.all_reduce(
+            ops.embedding_shard(input_ids, self.embed_tokens, self.vocab_start))
 
     def _keep_aux_hidden_state(self, layer: int, h, residual) -> None:
         """h + residual (layer 0: the embeddings) into layer's columns of aux_hidden_out, the

@@ -16,10 +16,11 @@ import math
 import numpy as np
 
 from vllmx.device import F32
+from vllmx.distributed.parallel_state import get_pp_stage, get_tp_group, shard_range
 from vllmx.layers import placement
 from vllmx.layers.attention import AttentionMetadata
 from vllmx.layers.fused_moe import SwiGLUMLP
-from vllmx.layers.linear import Linear
+from vllmx.layers.linear import ParallelLMHead
 from vllmx.layers.mla import MLAAttention
 from vllmx.layers.norm import RMSNorm, pre_norm
 from vllmx.layers.rotary import get_rope
@@ -105,13 +106,23 @@ class DeepseekV2ForCausalLM(DecoderLM):
         # (kept: the multi-token-prediction layer attends as the others do)
         self.rope = rope = get_rope(cfg, dr + r, is_neox_style=not interleave, rotary_dim=dr)
         self.attn_scale = scale = _softmax_scale(cfg)
+        # Tensor parallelism: this rank's heads and vocabulary rows (distributed/tp_shard.py);
+        # pipeline parallelism: this stage's layers, embed and lm_head on the first.
+        self.tp_group, self.pp_stage = get_tp_group(), get_pp_stage()
+        pp, n = self.pp_stage, cfg["num_hidden_layers"]
+        first = pp is None or pp.is_first
+        start, end = (0, n) if pp is None else pp.layers(n)
         self.embed_tokens = placement.upload_weight(weights["model.embed_tokens.weight"],
-                                                    "model.embed_tokens.weight")
+                                                    "model.embed_tokens.weight") if first else None
         self.layers = [DeepseekV2DecoderLayer(i, cfg, weights, rope, scale)
-                       for i in range(cfg["num_hidden_layers"])]
+                       if start <= i < end else None for i in range(n)]
         self.norm = RMSNorm(weights["model.norm.weight"], cfg["rms_norm_eps"])
-        self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
-        self.vocab_size = self.lm_head.weight.shape[0]
+        self.lm_head = ParallelLMHead(weights.get("lm_head.weight", self.embed_tokens),
+                                      cfg.get("vocab_size")) if first else None
+        self.vocab_size = self.lm_head.vocab_size if first else int(cfg["vocab_size"])
+        if self.tp_group is not None:
+            self.vocab_start = shard_range(self.vocab_size, self.tp_group.rank,
+                                           self.tp_group.world_size)[0]
 
     def mtp_block(self, weights: dict[str, Weight], i: int) -> DeepseekV2DecoderLayer:
         """Decoder layer i >= num_hidden_layers, the multi-token-prediction layer's (the MoE

@@ -67,7 +67,7 @@ def sparse_block(cfg: dict, weights, i: int) -> SparseMoeBlock:
                                                            shared + "up_proj"]
         require_tensors(weights, [n + ".weight" for n in gate_up + [shared + "down_proj"]])
         shared_mlp = SwiGLUMLP([weights[n + ".weight"] for n in gate_up],
-                               weights[shared + "down_proj.weight"])
+                               weights[shared + "down_proj.weight"], reduce_results=False)
     return SparseMoeBlock(weights[p + "mlp.gate.weight"], w13, w2, cfg["num_experts_per_tok"],
                           cfg["norm_topk_prob"], name=p + "block_sparse_moe",
                           shared_experts=shared_mlp)

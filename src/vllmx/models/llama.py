@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from vllmx import ops
 from vllmx.device import F32
+from vllmx.distributed.parallel_state import get_pp_stage, get_tp_group, shard_range
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.fused_moe import SparseMoeBlock
-from vllmx.layers.linear import Linear, MergedLinear
+from vllmx.layers.linear import MergedLinear, ParallelLMHead, RowParallelLinear
 from vllmx.layers.norm import RMSNorm
 from vllmx.layers.rotary import RotaryEmbedding
 from vllmx.models import gpt_oss, granitemoe, moe
@@ -159,7 +160,8 @@ class LlamaDecoderLayer:
         qkv = [p + f"self_attn.{n}_proj" for n in "qkv"]
         self.qkv_proj = MergedLinear([w[n + ".weight"] for n in qkv],
                                      [w.get(n + ".bias") for n in qkv])
-        self.o_proj = Linear(w[p + "self_attn.o_proj.weight"], w.get(p + "self_attn.o_proj.bias"))
+        self.o_proj = RowParallelLinear(w[p + "self_attn.o_proj.weight"],
+                                        w.get(p + "self_attn.o_proj.bias"))
         self.q_norm = self.k_norm = None
         if p + "self_attn.q_norm.weight" in w:  # Qwen3
             self.q_norm = RMSNorm(w[p + "self_attn.q_norm.weight"], eps)
@@ -173,7 +175,8 @@ class LlamaDecoderLayer:
             self.gate_up_proj = MergedLinear(
                 [w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]],
                 [w.get(p + "mlp.gate_proj.bias"), w.get(p + "mlp.up_proj.bias")])
-            self.down_proj = Linear(w[p + "mlp.down_proj.weight"], w.get(p + "mlp.down_proj.bias"))
+            self.down_proj = RowParallelLinear(w[p + "mlp.down_proj.weight"],
+                                               w.get(p + "mlp.down_proj.bias"))
             self.act = mlp_act(cfg.get("hidden_act"))
         # (None: EAGLE-1's first draft layer, which takes its input un-normed; a target's layers
         # all have one: LlamaForCausalLM checks)
@@ -340,8 +343,14 @@ class LlamaForCausalLM(DecoderLM):
             is_neox, rope_scaling,
             None if freq_factors is None else freq_factors.to_float32().reshape(-1),
             num_positions=cfg.get("max_model_len"))
+        # Pipeline parallelism: this stage's layers (the others None, their tensors never
+        # read); the first stage embeds and holds lm_head (rank 0 computes the logits).
+        self.pp_stage = pp = get_pp_stage()
+        first = pp is None or pp.is_first
+        start, end = (0, cfg["num_hidden_layers"]) if pp is None else pp.layers(
+            cfg["num_hidden_layers"])
         self.embed_tokens = placement.upload_weight(weights["model.embed_tokens.weight"],
-                                                    "model.embed_tokens.weight")
+                                                    "model.embed_tokens.weight") if first else None
         # SmolLM3's no_rope_layers: 1 where a layer uses rope, 0 where it has none (NoPE); a
         # GGUF has no key for them (llama.cpp: every 4th layer).
         use_rope = cfg.get("no_rope_layers") if smollm3 else None
@@ -358,14 +367,19 @@ class LlamaForCausalLM(DecoderLM):
                               cfg["attn_sliding_window"] if types is None
                               or types[i] == "sliding_attention" else 0,
                               sparse_block(cfg, weights, i) if sparse[i] else None)
-            for i in range(cfg["num_hidden_layers"])]
+            if start <= i < end else None for i in range(cfg["num_hidden_layers"])]
         if oss:
             for i, layer in enumerate(self.layers):
                 layer.attn.sinks = placement.upload_vector(gpt_oss.attention_sinks(weights, i),
                                                            F32)  # (where attention runs)
         self.norm = RMSNorm(weights["model.norm.weight"], cfg["rms_norm_eps"])
-        self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
-        self.vocab_size = self.lm_head.weight.shape[0]
+        self.lm_head = ParallelLMHead(weights.get("lm_head.weight", self.embed_tokens),
+                                      cfg.get("vocab_size")) if first else None
+        self.vocab_size = self.lm_head.vocab_size if first else int(cfg["vocab_size"])
+        self.tp_group = get_tp_group()
+        if self.tp_group is not None:  # (embed_tokens holds this rank's rows)
+            self.vocab_start = shard_range(self.vocab_size, self.tp_group.rank,
+                                           self.tp_group.world_size)[0]
 
     def mtp_block(self, weights: dict[str, Weight], i: int) -> LlamaDecoderLayer:
         """Decoder layer i >= num_hidden_layers: GLM-4.5's multi-token-prediction layer

@@ -182,7 +182,7 @@ def sparse_block(cfg: dict, weights, i: int) -> SparseMoeBlock:
     if cfg["shared_intermediate_size"]:
         s = p + ("shared_expert." if cfg["shared_expert_gated"] else "shared_experts.")
         shared = SwiGLUMLP([weights[s + "gate_proj.weight"], weights[s + "up_proj.weight"]],
-                           weights[s + "down_proj.weight"])
+                           weights[s + "down_proj.weight"], reduce_results=False)
         if cfg["shared_expert_gated"]:
             gate = weights[p + "shared_expert_gate.weight"]
     return SparseMoeBlock(weights[p + "gate.weight"], w13, w2, cfg["num_experts_per_tok"],

@@ -54,6 +54,7 @@ class StructuredOutputManager:
         self.vocab_size = vocab_size
         self.eos_token_ids = sorted(eos_token_ids)
         self._ll_tokenizer = None
+        self._vocab_bytes: frozenset[int] | None = None  # every byte some token holds
         self._executor = None
         self._mask_thread: ThreadPoolExecutor | None = None  # grammar_bitmask_async's
         self._lock = threading.Lock()  # requests are checked on several threads
@@ -150,6 +151,24 @@ class StructuredOutputManager:
         """Compiles the request's constraint (before it is queued, off the engine's step
         loop); ValueError naming what is wrong with it."""
         self._prototype(so)
+        self._check_choices_writable(so)
+
+    def _check_choices_writable(self, so: StructuredOutputsParams) -> None:
+        """ValueError for a choice with a byte no token of the vocabulary holds: the model
+        could never write it (SmolLM2 has no token holding 0xF1, the lead byte of U+40000 to
+        U+7FFFF), and llguidance then forces a token the grammar rejects mid-request."""
+        if not so.choice:
+            return
+        if self._vocab_bytes is None:
+            llt = self.ll_tokenizer
+            self._vocab_bytes = frozenset(llt.decode_bytes(list(range(llt.vocab_size))))
+        for choice in so.choice:
+            missing = sorted(set(choice.encode()) - self._vocab_bytes)
+            if missing:
+                raise ValueError(f"structured_outputs choice {choice!r} cannot be written by "
+                                 f"this model: no token of its vocabulary holds the byte"
+                                 f"{'s' if len(missing) > 1 else ''} "
+                                 f"{', '.join(f'0x{b:02X}' for b in missing)}")
 
     def grammar_init(self, so: StructuredOutputsParams,
                      prompt_token_ids: list[int] | None = None) -> GuidanceGrammar:

@@ -53,7 +53,34 @@ class CpuWorker(WorkerBase):
                         "in their stored format); the KV cache is %s", mc.dtype,
                         "the kv_cache_dtype set" if self.config.cache_config.kv_cache_dtype
                         != "auto" else mc.dtype)
-        self.model, self.tokenizer = load_model(mc)
+        pc = self.config.parallel_config
+        if pc.world_size > 1 and pc.rank == 0:
+            self._load_tensor_parallel()
+        else:  # (a further rank: inside its group's model_parallel, executor/tp_worker.py)
+            self.model, self.tokenizer = load_model(mc)
+
+    def _load_tensor_parallel(self) -> None:
+        """Rank 0's share, the other ranks loading theirs meanwhile (executor/); the runner's
+        model is the ParallelModel that sends them each call."""
+        from vllmx import _C
+        from vllmx.distributed.parallel_state import model_parallel
+        from vllmx.executor import create_executor
+        from vllmx.executor.tp_worker import ParallelModel, threads_per_rank
+
+        pc = self.config.parallel_config
+        _C.set_num_threads(threads_per_rank(self.config))
+        self.executor = create_executor(self.config)
+        try:
+            with model_parallel(self.executor.groups):
+                model, self.tokenizer = load_model(self.config.model_config)
+            self.executor.wait_ready()
+        except BaseException:
+            self.executor.close()
+            raise
+        self.model = ParallelModel(model, self.executor)
+        logger.info("%d ranks (tensor parallel %d x pipeline stages %d; %s), %d threads each",
+                    pc.world_size, pc.tensor_parallel_size, pc.pipeline_parallel_size,
+                    pc.distributed_executor_backend, threads_per_rank(self.config))
 
     def kv_dtype(self) -> int:
         """The KV cache's dtype: kv_cache_dtype's; auto: the model's dtype where it names a
@@ -67,15 +94,39 @@ class CpuWorker(WorkerBase):
         return F32 if (f32_model and not mc.is_gguf) else F16
 
     def initialize_kv_cache(self) -> None:
+        self.allocate_kv_cache()
+        mc, cc, sc = (self.config.model_config, self.config.cache_config,
+                      self.config.scheduler_config)
+        eager = mc.enforce_eager
+        executor = getattr(self, "executor", None)
+        if executor is not None:
+            executor.init_kv_cache(cc.num_blocks)
+            # A tape replays its ops without the calls the other ranks follow: eager steps.
+            eager = True
+        self.model_runner = ModelRunner(self.model, self.kv_caches, self.cache_dtype,
+                                        cc.block_size, sc.max_num_batched_tokens,
+                                        sc.max_num_seqs, mc.max_model_len, mc.seed,
+                                        enforce_eager=eager)
+
+    def allocate_kv_cache(self) -> None:
+        """Sizes (cache_config.num_blocks) and allocates self.kv_caches; under tensor
+        parallelism a rank's layers hold its kv heads, and the ranks share RAM's budget."""
         mc, cc, sc = (self.config.model_config, self.config.cache_config,
                       self.config.scheduler_config)
         dtype = self.kv_dtype()
         hf = self.model.config
         draft_layers = num_draft_kv_layers(self.config)
-        block_bytes = kv_block_bytes(hf, cc.block_size, 4 if dtype == F32 else 2, draft_layers)
+        sized = hf
+        pp = getattr(self.model, "pp_stage", None)
+        if pp is not None:  # its stage's layers write KV (the others' pages stay uncommitted)
+            start, end = pp.layers(hf["num_hidden_layers"])
+            sized = {**hf, "num_kv_cache_layers": end - start}
+        block_bytes = kv_block_bytes(sized, cc.block_size, 4 if dtype == F32 else 2,
+                                     draft_layers)
         # vLLM's CPU default: a share of RAM, at most 4 GiB, and never more than max_num_seqs
         # full-length sequences.
-        budget = min(4 << 30, int(_total_memory_bytes() * cc.cpu_kv_cache_fraction),
+        ram_share = _total_memory_bytes() * cc.cpu_kv_cache_fraction
+        budget = min(4 << 30, int(ram_share / self.config.parallel_config.world_size),
                      -(-mc.max_model_len // cc.block_size) * sc.max_num_seqs * block_bytes)
         num_blocks = num_kv_blocks(self.config, block_bytes, budget,
                                    "raise kv_cache_memory_bytes or lower max_model_len")
@@ -89,7 +140,3 @@ class CpuWorker(WorkerBase):
         logger.info("KV cache: %d blocks x %d tokens (%s, %.1f MiB), max_model_len %d",
                     num_blocks, cc.block_size, DTYPE_NAMES[dtype],
                     num_blocks * block_bytes / 2**20, mc.max_model_len)
-        self.model_runner = ModelRunner(self.model, self.kv_caches, dtype, cc.block_size,
-                                        sc.max_num_batched_tokens, sc.max_num_seqs,
-                                        mc.max_model_len, mc.seed,
-                                        enforce_eager=mc.enforce_eager)

@@ -95,6 +95,9 @@ def create_worker(config: VllmxConfig) -> tuple[str, WorkerBase]:
     from vllmx.worker import cuda_worker
 
     device = cuda_worker.resolve_device(config.device_config.device)
+    if device == "cuda" and config.parallel_config.world_size > 1:
+        raise ValueError("several ranks (tensor / pipeline parallelism) run on the CPU so far "
+                         "(device='cpu'); the GPU's need NCCL, not built yet")
     if device == "cuda":
         return device, cuda_worker.CudaWorker(config)
     from vllmx.worker.cpu_worker import CpuWorker

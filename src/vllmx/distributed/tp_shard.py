@@ -1,0 +1,180 @@
+"""One tensor-parallel rank's share of a checkpoint (vLLM's weight loaders' shard rules, in one
+table for the Hugging Face and GGUF names): the model class then builds a model of fewer heads
+and a narrower MLP from it, with its config's head and intermediate counts divided, and its
+row-parallel layers sum the ranks' partial products (layers/linear.py RowParallelLinear,
+layers/fused_moe.py).
+
+- column-parallel (output rows cut): q by query heads; k / v by kv heads (a kv head repeated on
+  several ranks where there are fewer kv heads than ranks, as vLLM does); gate / up, each
+  expert's too, and their biases; MLA's q_b_proj (or q_proj) and kv_b_proj by heads (the
+  latent projections, kv_a_proj_with_mqa and q_a_proj, whole: every rank writes the same
+  latent rows to its cache);
+- row-parallel (input columns cut): o_proj, down_proj and each expert's down (a bias stays
+  whole: rank 0 adds it once);
+- vocab-parallel: the embedding's and lm_head's rows, ceil(V / tp) a rank;
+- everything else (norms, routers, q/k norms) whole on every rank."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+
+from vllmx import _C
+from vllmx.distributed.parallel_state import shard_range
+from vllmx.ops import Weight
+
+# The architectures whose checkpoints these rules cover and whose layers reduce (models/llama.py
+# and its MoE blocks). Others raise: their fused or extra tensors would be cut wrongly.
+TP_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                    "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM",
+                    "Qwen2MoeForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM",
+                    "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+TP_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "smollm3", "granite")
+
+_RULES = [  # (pattern on the tensor's name without .weight / .bias, rule)
+    (r"(self_attn\.q_proj|self_attn\.q_b_proj|attn_q)$", "q"),
+    (r"self_attn\.kv_b_proj$", "kv_b"),
+    (r"(self_attn\.[kv]_proj|attn_[kv])$", "kv"),
+    (r"((^|\.)(gate_proj|up_proj|w1|w3)|ffn_(gate|up)(_shexp)?)$", "column"),
+    (r"ffn_(gate|up)_exps$", "column_stacked"),  # GGUF's experts [E, I, H]
+    (r"((^|\.)(o_proj|down_proj|w2)|attn_output|ffn_down(_shexp)?|ffn_down_exps)$", "row"),
+    (r"(^model\.embed_tokens|^lm_head|^token_embd|^output)$", "vocab"),
+]
+_RULES = [(re.compile(p), r) for p, r in _RULES]
+# Per-layer names the row rule must not take: the router and Qwen2-MoE's shared-expert gate.
+_WHOLE = re.compile(r"(mlp\.gate|shared_expert_gate|block_sparse_moe\.gate|ffn_gate_inp)$")
+
+
+def _rule(name: str) -> str | None:
+    base, _, suffix = name.rpartition(".")
+    if suffix not in ("weight", "bias"):
+        base = name
+    if _WHOLE.search(base):
+        return None
+    for pattern, rule in _RULES:
+        if pattern.search(base):
+            return rule if suffix != "bias" or rule != "row" else None  # a row bias: whole
+    return None
+
+
+def slice_weight(w: Weight, axis: int, lo: int, hi: int, name: str = "") -> Weight:
+    """w's [lo, hi) along axis, copied, in w's own format (a block type's rows of blocks cut
+    at block boundaries: ValueError naming the tensor where lo / hi are not on one)."""
+    shape = tuple(w.shape)
+    axis %= len(shape)
+    _, block, type_size, quantized, _ = _C.type_info(w.dtype)
+    raw = np.asarray(w.data)
+    lo_i, hi_i = lo, hi
+    if quantized:
+        raw = raw.reshape(*shape[:-1], -1)  # rows of blocks
+        if axis == len(shape) - 1:
+            if lo % block or hi % block:
+                raise ValueError(f"tensor parallelism: {name or 'a tensor'} {shape} cannot be "
+                                 f"cut at columns {lo}..{hi}: its blocks hold {block} values")
+            lo_i, hi_i = lo // block * type_size, hi // block * type_size
+    else:
+        raw = raw.reshape(shape)
+    index = [slice(None)] * len(shape)
+    index[axis] = slice(lo_i, hi_i)
+    part = np.ascontiguousarray(raw[tuple(index)])
+    new_shape = shape[:axis] + (hi - lo,) + shape[axis + 1:]
+    if quantized:
+        part = part.reshape(int(np.prod(new_shape[:-1], dtype=np.int64)), -1)
+    return Weight(part, w.dtype, new_shape)
+
+
+def _check_divisible(what: str, n: int, tp: int) -> None:
+    if n % tp:
+        raise ValueError(f"tensor_parallel_size={tp} must divide {what} ({n})")
+
+
+def tp_config(cfg: dict, rank: int, tp: int) -> dict:
+    """The config of rank's share: query / kv heads and intermediate sizes divided (kv heads
+    at least 1), head_dim and the full vocabulary size kept."""
+    archs = set(cfg.get("architectures") or [])
+    arch = cfg.get("gguf_architecture")
+    if not (archs & set(TP_ARCHITECTURES) or arch in TP_GGUF_ARCHITECTURES):
+        raise ValueError(f"tensor / pipeline parallelism supports {', '.join(TP_ARCHITECTURES)} "
+                         f"(GGUF: {', '.join(TP_GGUF_ARCHITECTURES)}) so far; this checkpoint "
+                         f"is {sorted(archs) or arch}")
+    out = dict(cfg)
+    nq = cfg["num_attention_heads"]
+    nkv = cfg.get("num_key_value_heads") or nq
+    out["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // nq
+    _check_divisible("num_attention_heads", nq, tp)
+    if nkv % tp and tp % nkv:
+        raise ValueError(f"tensor_parallel_size={tp} and num_key_value_heads={nkv}: one must "
+                         f"divide the other")
+    out["num_attention_heads"] = nq // tp
+    out["num_key_value_heads"] = max(1, nkv // tp)
+    for key in ("intermediate_size", "moe_intermediate_size",
+                "shared_expert_intermediate_size"):
+        if cfg.get(key):
+            _check_divisible(key, int(cfg[key]), tp)
+            out[key] = int(cfg[key]) // tp
+    out["tp_rank"], out["tp_size"] = rank, tp
+    return out
+
+
+class ShardedWeights(Mapping):
+    """rank's share of weights (a Mapping of checkpoint names), cut as each tensor is read."""
+
+    def __init__(self, weights: Mapping, cfg: dict, rank: int, tp: int):
+        self._weights, self._rank, self._tp = weights, rank, tp
+        self._head_dim = cfg["head_dim"]
+        # MLA's heads: a query head's rows [nope; rope], kv_b_proj's [k nope; v]
+        self._q_head = cfg["head_dim"]
+        if cfg.get("kv_lora_rank"):
+            self._q_head = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+            self._kv_b_head = cfg["qk_nope_head_dim"] + cfg["v_head_dim"]
+        self._nq = cfg["num_attention_heads"]  # (the full counts)
+        self._nkv = cfg.get("num_key_value_heads") or self._nq
+
+    def __getitem__(self, name: str) -> Weight:
+        w = self._weights[name]
+        rule = _rule(name)
+        if rule is None:
+            return w
+        r, tp, d = self._rank, self._tp, self._head_dim
+        if rule in ("q", "kv_b"):
+            n = self._nq // tp * (self._q_head if rule == "q" else self._kv_b_head)
+            return slice_weight(w, 0, r * n, (r + 1) * n, name)
+        if rule == "kv":
+            if self._nkv >= tp:
+                n = self._nkv // tp * d
+                return slice_weight(w, 0, r * n, (r + 1) * n, name)
+            head = r * self._nkv // tp  # the kv head of this rank's query heads
+            return slice_weight(w, 0, head * d, (head + 1) * d, name)
+        if rule == "vocab":
+            return slice_weight(w, 0, *shard_range(w.shape[0], r, tp), name)
+        # column: each output row belongs to one rank; row: each input column
+        axis = {"column": -2 if len(w.shape) > 1 else 0, "column_stacked": 1, "row": -1}[rule]
+        size = w.shape[axis]
+        _check_divisible(f"{name}'s {size} {'rows' if rule != 'row' else 'columns'}", size, tp)
+        n = size // tp
+        return slice_weight(w, axis, r * n, (r + 1) * n, name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._weights
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._weights)
+
+    def __len__(self) -> int:
+        return len(self._weights)
+
+
+def shard_checkpoint(cfg: dict, weights: Mapping, rank: int, tp: int) -> tuple[dict, Mapping]:
+    """(config, weights) of rank's share; ValueError where the architecture or its sizes do
+    not split tp ways. (A pipeline stage's model reads its own layers' tensors only.)"""
+    local = tp_config(cfg, rank, tp)
+    if tp == 1:
+        return local, weights
+    embed = next((n for n in ("model.embed_tokens.weight", "token_embd.weight")
+                  if n in weights), None)
+    if embed is not None:  # the full vocabulary: what lm_head's gathered logits span
+        shapes = getattr(weights, "shapes", None)  # (DummyWeights: without making the tensor)
+        local["vocab_size"] = int(shapes[embed][0] if shapes else weights[embed].shape[0])
+    return local, ShardedWeights(weights, {**cfg, "head_dim": local["head_dim"]}, rank, tp)

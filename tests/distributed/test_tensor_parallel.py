@@ -1,0 +1,180 @@
+"""Tensor parallelism on the CPU (tensor_parallel_size > 1: rank 0 in the test's process, the
+other ranks spawned, collectives over shared memory): greedy tokens of tiny random checkpoints
+pass TESTING.md's parity against transformers as they do with one rank, batched == alone with
+chunked prefill and preemption, and a rank that dies fails the engine with its story instead of
+hanging it; what does not split raises a ValueError naming it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from tests.models.test_llama_family_parity import run_parity
+from tests.models.tiny_checkpoints import VOCAB, make_checkpoint, write_gguf
+
+pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def ckpt_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("tiny-tp"))
+
+
+# llama at tp=4: 2 kv heads for 4 ranks (each kv head on two ranks); qwen3: tied embeddings,
+# q/k norms; qwen3_moe: sparse and dense layers (3 layers: stages of 2 and 1); mixtral:
+# experts w1/w2/w3; DeepSeek V2 / V3: MLA heads (V3 with its query latent), a dense first
+# layer, shared experts, grouped routing; tp=2 x pp=2: two stages of two ranks.
+@pytest.mark.parametrize("family,tp,pp", [("llama", 2, 1), ("llama", 4, 1), ("qwen3", 2, 1),
+                                          ("qwen3_moe", 2, 1), ("mixtral", 2, 1),
+                                          ("deepseek_v2", 2, 1), ("deepseek_v3", 2, 1),
+                                          ("llama", 1, 2), ("qwen3_moe", 1, 2),
+                                          ("deepseek_v2", 1, 2), ("qwen3", 2, 2)])
+def test_parity(family, tp, pp, ckpt_dir):
+    path = make_checkpoint(family, "float32", ckpt_dir)
+    llm, _, _ = run_parity(path, path, tensor_parallel_size=tp, pipeline_parallel_size=pp)
+    model = llm.llm_engine.model  # rank 0's share
+    assert model.config["tp_size"] == tp and model.config["num_attention_heads"] == 4 // tp
+    k_cache, _ = llm.llm_engine.kv_caches[0]
+    # this rank's kv heads only (MLA: the one latent row a token, whole on every rank)
+    assert k_cache.shape[2] == (1 if model.config.get("use_mla") else max(1, 2 // tp))
+    layers = len(model.layers)
+    assert sum(layer is not None for layer in model.layers) == -(-layers // pp)  # its stage's
+
+
+def test_parity_gguf(ckpt_dir):
+    """A GGUF (qwen3's F32 file) cut by its own tensor names."""
+    path = make_checkpoint("qwen3", "float32", ckpt_dir)
+    gguf_path = write_gguf(path, "qwen3", os.path.join(ckpt_dir, "qwen3.gguf"))
+    run_parity(gguf_path, path, tensor_parallel_size=2)
+
+
+def test_block_weights_cut_at_block_boundaries(tmp_path):
+    """Q8_0 rows cut at 32-value blocks: down_proj's 128 columns split in two whole halves
+    give tp=1's tokens; 160 columns (80 a rank, not whole blocks) are refused by name."""
+    import gguf
+
+    from vllmx import LLM
+
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    prompts = [{"prompt_token_ids": [5, 6, 7, 8, 9]}, {"prompt_token_ids": list(range(3, 60))}]
+    path = make_checkpoint("llama", "float32", str(tmp_path), intermediate_size=128)
+    good = write_gguf(path, "llama", str(tmp_path / "llama-q8.gguf"), q8)
+    outs = [[o.outputs[0].token_ids for o in LLM(good, skip_tokenizer_init=True,
+                                                 tensor_parallel_size=tp).generate(
+        prompts, _greedy())] for tp in (1, 2)]
+    assert outs[0] == outs[1]
+    path = make_checkpoint("llama", "float32", str(tmp_path / "odd"))
+    bad = write_gguf(path, "llama", str(tmp_path / "llama-q8-odd.gguf"), q8)
+    with pytest.raises(ValueError, match=r"ffn_down\.weight.*cannot be cut at columns 0\.\.80"):
+        LLM(bad, skip_tokenizer_init=True, tensor_parallel_size=2)
+
+
+def _greedy(max_tokens=16):
+    from vllmx import SamplingParams
+
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def test_batched_equals_alone(ckpt_dir):
+    from vllmx import LLM
+
+    path = make_checkpoint("llama", "float32", ckpt_dir)
+    llm = LLM(path, skip_tokenizer_init=True, tensor_parallel_size=2,
+              num_gpu_blocks_override=40, block_size=16, max_num_batched_tokens=64,
+              max_num_seqs=8)
+    rng = np.random.default_rng()
+    prompts = [{"prompt_token_ids": rng.integers(3, VOCAB, size=n).tolist()}
+               for n in rng.integers(20, 150, size=8)]
+    batched = [o.outputs[0].token_ids for o in llm.generate(prompts, _greedy())]
+    alone = [llm.generate([p], _greedy())[0].outputs[0].token_ids for p in prompts]
+    assert batched == alone
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_speculative_decoding_keeps_the_tokens(method, ckpt_dir):
+    """ngram and draft_model (the draft whole on rank 0) over a tp=2 target: the tokens of
+    the same target without speculation, on repetitive prompts that get drafts accepted."""
+    from vllmx import LLM
+
+    path = make_checkpoint("llama", "float32", ckpt_dir)
+    spec = {"method": method, "num_speculative_tokens": 3}
+    spec.update({"prompt_lookup_max": 3} if method == "ngram" else {"model": path})
+    rng = np.random.default_rng()
+    prompts = [{"prompt_token_ids": (rng.integers(3, VOCAB, size=6).tolist() * 5)[:n]}
+               for n in (12, 25, 30)]
+    plain = LLM(path, skip_tokenizer_init=True, tensor_parallel_size=2)
+    expected = [o.outputs[0].token_ids for o in plain.generate(prompts, _greedy(24))]
+    del plain
+    llm = LLM(path, skip_tokenizer_init=True, tensor_parallel_size=2, speculative_config=spec)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, _greedy(24))] == expected
+    assert llm.llm_engine.scheduler.spec_decode_num_draft_tokens > 0
+    if method == "draft_model":  # the target itself as its draft: every draft is accepted
+        assert llm.llm_engine.scheduler.spec_decode_num_accepted_tokens > 0
+
+
+def test_dead_rank_fails_the_engine(ckpt_dir):
+    from vllmx import LLM
+
+    llm = LLM(make_checkpoint("llama", "float32", ckpt_dir), skip_tokenizer_init=True,
+              tensor_parallel_size=2)
+    executor = llm.llm_engine.worker.executor
+    prompt = [{"prompt_token_ids": [5, 6, 7]}]
+    assert len(llm.generate(prompt, _greedy(4))[0].outputs[0].token_ids) == 4
+    os.kill(executor.procs[1].pid, signal.SIGKILL)
+    t0 = time.perf_counter()
+    with pytest.raises(Exception, match="rank 1"):
+        llm.generate(prompt, _greedy(4))
+    assert time.perf_counter() - t0 < 60
+
+
+@pytest.mark.parametrize("family,tp,pp,what", [
+    ("llama", 3, 1, "tensor_parallel_size=3 must divide num_attention_heads"),
+    ("gpt2", 2, 1, "tensor / pipeline parallelism supports"),
+    ("gpt2", 1, 2, "tensor / pipeline parallelism supports"),
+    ("llama", 1, 3, "pipeline_parallel_size=3 is more than the model's 2 layers"),
+])
+def test_what_does_not_split_is_refused(family, tp, pp, what, ckpt_dir):
+    from vllmx import LLM
+
+    with pytest.raises(ValueError, match=what):
+        LLM(make_checkpoint(family, "float32", ckpt_dir), skip_tokenizer_init=True,
+            tensor_parallel_size=tp, pipeline_parallel_size=pp)
+
+
+def test_unsupported_combinations_are_refused(ckpt_dir):
+    from vllmx import LLM
+
+    path = make_checkpoint("llama", "float32", ckpt_dir)
+    with pytest.raises(ValueError, match="LoRA"):
+        LLM(path, skip_tokenizer_init=True, tensor_parallel_size=2, enable_lora=True)
+    with pytest.raises(ValueError, match="not 'mtp'"):
+        LLM(path, skip_tokenizer_init=True, pipeline_parallel_size=2,
+            speculative_config={"method": "mtp", "num_speculative_tokens": 1})
+    with pytest.raises(ValueError, match="'uni' runs one rank"):
+        LLM(path, skip_tokenizer_init=True, tensor_parallel_size=2,
+            distributed_executor_backend="uni")
+
+
+def test_ray_backend_drives_tensor_parallelism(ckpt_dir):
+    """distributed_executor_backend="ray": a local Ray cluster of CPU workers launches rank 1;
+    the tokens are those of the "mp" backend."""
+    ray = pytest.importorskip("ray")
+    from vllmx import LLM
+
+    path = make_checkpoint("llama", "float32", ckpt_dir)
+    prompts = [{"prompt_token_ids": [5, 6, 7, 8]}, {"prompt_token_ids": list(range(3, 40))}]
+    ref = LLM(path, skip_tokenizer_init=True, tensor_parallel_size=2)
+    expected = [o.outputs[0].token_ids for o in ref.generate(prompts, _greedy())]
+    del ref
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        llm = LLM(path, skip_tokenizer_init=True, tensor_parallel_size=2,
+                  distributed_executor_backend="ray")
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, _greedy())] == expected
+        del llm
+    finally:
+        ray.shutdown()
