@@ -157,6 +157,15 @@ void check_scatter_tokens(const Tensor& out, const Tensor& dst, const Tensor& to
               "dst " + dst.str() + " and src " + src.str() + " must have one length");
 }
 
+void check_remap_expert_ids(const Tensor& topk_ids, int64_t start, int64_t count) {
+  const char* op = "remap_expert_ids";
+  check_dtype(topk_ids, DType::I32, op, "topk_ids");
+  check_ndim(topk_ids, 2, op, "topk_ids");
+  VLLMX_CHECK(topk_ids.stride[1] == 1, op, "topk_ids " + topk_ids.str() + " needs unit columns");
+  VLLMX_CHECK(start >= 0 && count >= 1, op,
+              "experts [" + i2s(start) + ", " + i2s(start + count) + ") must be a nonempty range");
+}
+
 void check_topk_softmax(const Tensor& topk_weights, const Tensor& topk_ids,
                         const Tensor& gating_output, bool renormalize) {
   (void)renormalize;
@@ -626,6 +635,7 @@ VLLMX_OP_CHECK(apply_logits_processors, check_apply_logits_processors);
 VLLMX_OP_CHECK(apply_token_bitmask, check_apply_token_bitmask);
 VLLMX_OP_CHECK(compute_logprobs, check_compute_logprobs);
 VLLMX_OP_CHECK(topk_softmax, check_topk_softmax);
+VLLMX_OP_CHECK(remap_expert_ids, check_remap_expert_ids);
 VLLMX_OP_CHECK(fused_experts, check_fused_experts);
 VLLMX_OP_CHECK(causal_conv1d, check_causal_conv1d);
 VLLMX_OP_CHECK(gated_delta_rule, check_gated_delta_rule);

@@ -208,9 +208,29 @@ void grouped_topk(const Tensor& topk_weights, const Tensor& topk_ids, const Tens
   check_launch("grouped_topk kernel");
 }
 
+// remap_expert_ids (contract in csrc/ops.def): one thread an id.
+__global__ void remap_expert_ids_kernel(int32_t* __restrict__ ids, int64_t rows, int k,
+                                        int64_t stride, int64_t start, int64_t count) {
+  pdl_begin();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * k) return;
+  int32_t& e = ids[(i / k) * stride + i % k];
+  e = (e >= start && e < start + count) ? static_cast<int32_t>(e - start) : -1;
+}
+
+void remap_expert_ids(const Tensor& topk_ids, int64_t start, int64_t count) {
+  const int64_t n = topk_ids.shape[0] * topk_ids.shape[1];
+  if (n == 0) return;
+  launch(remap_expert_ids_kernel, static_cast<unsigned>((n + 255) / 256), 256, 0, stream(),
+         topk_ids.ptr<int32_t>(), topk_ids.shape[0], static_cast<int>(topk_ids.shape[1]),
+         topk_ids.stride[0], start, count);
+  check_launch("remap_expert_ids kernel");
+}
+
 }  // namespace
 
 VLLMX_KERNEL(topk_softmax, kCUDA, topk_softmax);
+VLLMX_KERNEL(remap_expert_ids, kCUDA, remap_expert_ids);
 VLLMX_KERNEL(grouped_topk, kCUDA, grouped_topk);
 
 }  // namespace vllmx::cuda

@@ -49,10 +49,10 @@ void run_chunk(const Tensor& out, const Tensor& x, const Tensor& w13, const Tens
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < k; ++j) {
       const int32_t e = ids[t * is + j];
-      if (e < 0 || e >= E)
+      if (e < -1 || e >= E)
         fail("fused_experts", "topk_ids[" + std::to_string(t0 + t) + ", " + std::to_string(j) +
                                   "] = " + std::to_string(e) + " is not an expert of w13 " +
-                                  w13.str());
+                                  w13.str() + " (nor -1, another rank's)");
     }
   // Slots s = t * k + j (t from t0) by expert: slots[offsets[e] .. offsets[e + 1]).
   std::vector<int64_t> offsets, slots;
@@ -82,6 +82,9 @@ void run_chunk(const Tensor& out, const Tensor& x, const Tensor& w13, const Tens
            bias_row(w2_bias, e), reference);
     for (int64_t r = 0; r < n; ++r) std::copy_n(xg + r * H, H, y + slots[s0 + r] * H);
   }
+  // Another rank's experts (-1) add nothing: their rows of y are zeros.
+  for (int64_t s = 0; s < T * k; ++s)
+    if (ids[s / k * is + s % k] < 0) std::fill_n(y + s * H, H, 0.0f);
 
   // out[t] = sum_j w[t, j] y[t, j], in rank order.
   const float* tw = topk_weights.ptr<float>() + t0 * topk_weights.stride[0];

@@ -122,8 +122,20 @@ void topk_softmax(const Tensor& topk_weights, const Tensor& topk_ids, const Tens
   }
 }
 
+void remap_expert_ids(const Tensor& topk_ids, int64_t start, int64_t count) {
+  // (dtype and rows: the op's contract, csrc/ops.cpp)
+  int32_t* ids = topk_ids.ptr<int32_t>();
+  const int64_t is = topk_ids.stride[0];
+  for (int64_t t = 0; t < topk_ids.shape[0]; ++t)
+    for (int64_t j = 0; j < topk_ids.shape[1]; ++j) {
+      int32_t& e = ids[t * is + j];
+      e = (e >= start && e < start + count) ? static_cast<int32_t>(e - start) : -1;
+    }
+}
+
 }  // namespace
 
 VLLMX_KERNEL(topk_softmax, kCPU, topk_softmax);
+VLLMX_KERNEL(remap_expert_ids, kCPU, remap_expert_ids);
 
 }  // namespace vllmx

@@ -153,6 +153,9 @@ class ParallelConfig:
     distributed_executor_backend: str | None = None  # None: "mp" with several ranks, else "uni"
     # vLLM's pipeline_parallel_size: stages each holding a run of layers (ranks = tp * pp)
     pipeline_parallel_size: int = 1
+    # vLLM's enable_expert_parallel: a MoE's experts split whole across the tensor-parallel
+    # ranks (E / tp each) instead of each expert's intermediate rows
+    enable_expert_parallel: bool = False
     rank: int = 0  # this process's rank (set in the processes of the further ranks)
 
     @property

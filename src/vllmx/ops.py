@@ -339,6 +339,13 @@ def topk_softmax(gating_output, k: int, renormalize: bool):
     return weights, ids
 
 
+def remap_expert_ids(topk_ids, start: int, count: int):
+    """Expert parallelism: global expert ids in [start, start + count) to this rank's local
+    ones, the others -1 (fused_experts skips them), in place."""
+    _C.ops.remap_expert_ids(topk_ids, start, count)
+    return topk_ids
+
+
 def grouped_topk(gating_output, k: int, num_expert_group: int = 1, topk_group: int = 1,
                  scoring_func: str = "softmax", renormalize: bool = False,
                  routed_scaling_factor: float = 1.0, e_score_correction_bias=None):

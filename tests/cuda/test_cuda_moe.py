@@ -202,3 +202,27 @@ def test_fused_experts_bad_arguments_name_the_problem():
     with pytest.raises(Exception, match="topk_weights"):
         _C.ops.fused_experts(out, x, w13, w2, DeviceArray.empty((3, 3), F32), ids, None, None,
                              0)
+
+
+@pytest.mark.parametrize("dtype", [BF16, F32], ids=["bf16", "f32"])
+def test_expert_parallel_remap_and_skip(dtype):
+    """remap_expert_ids on the device equals the CPU's, and fused_experts over one rank's half
+    of the experts with the others' pairs at -1 adds nothing for those: the float64 reference
+    of the rank's pairs alone."""
+    rng = np.random.default_rng(7)
+    e, k, t, h, i = 16, 4, 37, 96, 48
+    x = rng.standard_normal((t, h)).astype(np.float32)
+    w13 = (rng.standard_normal((e // 2, 2 * i, h)) / np.sqrt(h)).astype(np.float32)
+    w2 = (rng.standard_normal((e // 2, h, i)) / np.sqrt(i)).astype(np.float32)
+    tw, ids = route(rng, t, e, k)
+    d_ids = DeviceArray.from_numpy(ids)
+    _C.ops.remap_expert_ids(d_ids, 8, 8)
+    local = ids.copy()
+    _C.ops.remap_expert_ids(local, 8, 8)
+    assert np.array_equal(d_ids.numpy(), local)
+    got, _ = run_gpu(x, w13, w2, tw, local, dtype)
+    mine = local >= 0
+    ref = experts64(rounded(x, dtype).astype(np.float64), rounded(w13, dtype).astype(np.float64),
+                    rounded(w2, dtype).astype(np.float64),
+                    np.where(mine, tw, 0).astype(np.float64), np.where(mine, local, 0))
+    assert np.abs(got - ref).max() / np.abs(ref).max() < TOL[dtype]

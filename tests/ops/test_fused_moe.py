@@ -265,3 +265,26 @@ def test_relu2_experts_without_gate(qtype):
     assert np.abs(got - want).max() / np.abs(want).max() < tol
     x2 = rng.standard_normal((4, 10)).astype(np.float32)
     assert np.array_equal(ops.relu2(x2), np.maximum(x2, 0) ** 2)
+
+
+@pytest.mark.parametrize("twin", [False, True], ids=["fast", "twin"])
+def test_expert_parallel_ranks_sum_to_the_whole(twin):
+    """Expert parallelism: remap_expert_ids gives each rank's local ids (-1: another rank's),
+    fused_experts skips the -1 pairs, and the ranks' outputs over their experts add up to the
+    float64 reference over all of them."""
+    rng = np.random.default_rng()
+    e, n, h, t, k = 8, 24, 16, 9, 3
+    w13, w13_64 = make_experts(rng, Q.F32, e, 2 * n, h)
+    w2, w2_64 = make_experts(rng, Q.F32, e, h, n)
+    x = rng.standard_normal((t, h)).astype(np.float32)
+    tw, ids = route(rng, t, e, k)
+    total = np.zeros((t, h), np.float64)
+    for first in (0, 4):
+        local = ops.remap_expert_ids(ids.copy(), first, 4)
+        mine = (ids >= first) & (ids < first + 4)
+        assert np.array_equal(local, np.where(mine, ids - first, -1))
+        total += run(x, w13[first:first + 4].copy(), w2[first:first + 4].copy(), Q.F32, Q.F32,
+                     tw, local, reference_twin=twin)
+    assert rel(total.astype(np.float32), reference(x, w13_64, w2_64, tw, ids)) < 1e-5
+    with pytest.raises(ValueError, match=r"topk_ids\[0, 0\] = -2 is not an expert"):
+        run(x, w13, w2, Q.F32, Q.F32, tw, np.full((t, k), -2, np.int32))

@@ -112,6 +112,8 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                    help="ranks (processes) each holding a share of every layer (CPU so far)")
     p.add_argument("-pp", "--pipeline-parallel-size", type=int, default=None,
                    help="pipeline stages (processes) each holding a run of layers (CPU so far)")
+    p.add_argument("--enable-expert-parallel", action="store_true", default=None,
+                   help="split a MoE's experts whole across the tensor-parallel ranks")
     p.add_argument("--distributed-executor-backend", choices=["mp", "ray", "uni"],
                    default=None, help="what launches the further ranks (default: mp)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
@@ -234,6 +236,7 @@ def engine_args_from(args: argparse.Namespace):
                 "num_threads": args.threads, "max_loras": args.max_loras,
                 "tensor_parallel_size": args.tensor_parallel_size,
                 "pipeline_parallel_size": args.pipeline_parallel_size,
+                "enable_expert_parallel": args.enable_expert_parallel,
                 "distributed_executor_backend": args.distributed_executor_backend,
                 "max_lora_rank": args.max_lora_rank, "max_cpu_loras": args.max_cpu_loras,
                 "lora_dtype": args.lora_dtype,

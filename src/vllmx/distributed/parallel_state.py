@@ -84,20 +84,23 @@ class PipelineStage:
 @dataclass
 class ParallelGroups:
     """A rank's groups: tensor-parallel (None: one rank a stage) and pipeline (None: one
-    stage)."""
+    stage); expert_parallel: the tensor-parallel ranks hold whole experts, E / tp each, instead
+    of each expert's share (vLLM's enable_expert_parallel)."""
 
     tp: GroupCoordinator | None = None
     pp: PipelineStage | None = None
+    expert_parallel: bool = False
 
 
 def rank_groups(rank: int, tp: int, pp: int, world: ShmSegment | None,
-                stage_segment: ShmSegment | None) -> ParallelGroups:
+                stage_segment: ShmSegment | None,
+                expert_parallel: bool = False) -> ParallelGroups:
     """rank's groups, over the segment of all ranks (pipeline hand-offs) and its stage's."""
     stage, tp_rank = divmod(rank, tp)
     return ParallelGroups(
         GroupCoordinator(tp_rank, tp, stage_segment) if tp > 1 else None,
         PipelineStage(stage, pp, tp, GroupCoordinator(rank, tp * pp, world)) if pp > 1
-        else None)
+        else None, expert_parallel and tp > 1)
 
 
 _groups = ParallelGroups()
@@ -106,6 +109,18 @@ _groups = ParallelGroups()
 def get_tp_group() -> GroupCoordinator | None:
     """The tensor-parallel group of the model being built (None: a single rank)."""
     return _groups.tp
+
+
+def get_ep_group() -> GroupCoordinator | None:
+    """The group whose ranks hold whole experts, E / world_size each (None: experts split by
+    their intermediate rows, or one rank)."""
+    return _groups.tp if _groups.expert_parallel else None
+
+
+def expert_range(num_experts: int, group: GroupCoordinator) -> tuple[int, int]:
+    """(first expert, count) of group's rank under expert parallelism."""
+    count = num_experts // group.world_size
+    return group.rank * count, count
 
 
 def get_pp_stage() -> PipelineStage | None:

@@ -12,7 +12,11 @@ layers/fused_moe.py).
 - row-parallel (input columns cut): o_proj, down_proj and each expert's down (a bias stays
   whole: rank 0 adds it once);
 - vocab-parallel: the embedding's and lm_head's rows, ceil(V / tp) a rank;
-- everything else (norms, routers, q/k norms) whole on every rank."""
+- everything else (norms, routers, q/k norms) whole on every rank.
+
+Under expert parallelism a MoE's experts are not cut: rank r holds experts [r E / tp,
+(r + 1) E / tp) whole (a checkpoint's per-expert tensors read for those, a GGUF's stacked ones
+cut by experts), and the router stays whole, so routing is global (layers/fused_moe.py)."""
 
 from __future__ import annotations
 
@@ -90,9 +94,15 @@ def _check_divisible(what: str, n: int, tp: int) -> None:
         raise ValueError(f"tensor_parallel_size={tp} must divide {what} ({n})")
 
 
-def tp_config(cfg: dict, rank: int, tp: int) -> dict:
+_EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+_PER_EXPERT = re.compile(r"experts\.\d+\.")  # a checkpoint's tensor of one expert
+_STACKED_EXPERTS = re.compile(r"ffn_(gate|up|down)_exps\.")  # a GGUF's experts, stacked
+
+
+def tp_config(cfg: dict, rank: int, tp: int, expert_parallel: bool = False) -> dict:
     """The config of rank's share: query / kv heads and intermediate sizes divided (kv heads
-    at least 1), head_dim and the full vocabulary size kept."""
+    at least 1; the experts' kept whole under expert parallelism), head_dim and the full
+    vocabulary size kept."""
     archs = set(cfg.get("architectures") or [])
     arch = cfg.get("gguf_architecture")
     if not (archs & set(TP_ARCHITECTURES) or arch in TP_GGUF_ARCHITECTURES):
@@ -109,8 +119,14 @@ def tp_config(cfg: dict, rank: int, tp: int) -> dict:
                          f"divide the other")
     out["num_attention_heads"] = nq // tp
     out["num_key_value_heads"] = max(1, nkv // tp)
-    for key in ("intermediate_size", "moe_intermediate_size",
-                "shared_expert_intermediate_size"):
+    divided = ["intermediate_size", "shared_expert_intermediate_size"]
+    if expert_parallel:
+        experts = next((int(cfg[k]) for k in _EXPERT_COUNT_KEYS if cfg.get(k)), 0)
+        if experts:
+            _check_divisible("the number of experts", experts, tp)
+    else:
+        divided.append("moe_intermediate_size")
+    for key in divided:
         if cfg.get(key):
             _check_divisible(key, int(cfg[key]), tp)
             out[key] = int(cfg[key]) // tp
@@ -121,8 +137,10 @@ def tp_config(cfg: dict, rank: int, tp: int) -> dict:
 class ShardedWeights(Mapping):
     """rank's share of weights (a Mapping of checkpoint names), cut as each tensor is read."""
 
-    def __init__(self, weights: Mapping, cfg: dict, rank: int, tp: int):
+    def __init__(self, weights: Mapping, cfg: dict, rank: int, tp: int,
+                 expert_parallel: bool = False):
         self._weights, self._rank, self._tp = weights, rank, tp
+        self._expert_parallel = expert_parallel
         self._head_dim = cfg["head_dim"]
         # MLA's heads: a query head's rows [nope; rope], kv_b_proj's [k nope; v]
         self._q_head = cfg["head_dim"]
@@ -134,6 +152,11 @@ class ShardedWeights(Mapping):
 
     def __getitem__(self, name: str) -> Weight:
         w = self._weights[name]
+        if self._expert_parallel and _PER_EXPERT.search(name):
+            return w  # (the model reads its own experts' tensors only)
+        if self._expert_parallel and _STACKED_EXPERTS.search(name):
+            count = w.shape[0] // self._tp
+            return slice_weight(w, 0, self._rank * count, (self._rank + 1) * count, name)
         rule = _rule(name)
         if rule is None:
             return w
@@ -166,10 +189,11 @@ class ShardedWeights(Mapping):
         return len(self._weights)
 
 
-def shard_checkpoint(cfg: dict, weights: Mapping, rank: int, tp: int) -> tuple[dict, Mapping]:
+def shard_checkpoint(cfg: dict, weights: Mapping, rank: int, tp: int,
+                     expert_parallel: bool = False) -> tuple[dict, Mapping]:
     """(config, weights) of rank's share; ValueError where the architecture or its sizes do
     not split tp ways. (A pipeline stage's model reads its own layers' tensors only.)"""
-    local = tp_config(cfg, rank, tp)
+    local = tp_config(cfg, rank, tp, expert_parallel)
     if tp == 1:
         return local, weights
     embed = next((n for n in ("model.embed_tokens.weight", "token_embd.weight")
@@ -177,4 +201,5 @@ def shard_checkpoint(cfg: dict, weights: Mapping, rank: int, tp: int) -> tuple[d
     if embed is not None:  # the full vocabulary: what lm_head's gathered logits span
         shapes = getattr(weights, "shapes", None)  # (DummyWeights: without making the tensor)
         local["vocab_size"] = int(shapes[embed][0] if shapes else weights[embed].shape[0])
-    return local, ShardedWeights(weights, {**cfg, "head_dim": local["head_dim"]}, rank, tp)
+    return local, ShardedWeights(weights, {**cfg, "head_dim": local["head_dim"]}, rank, tp,
+                                 expert_parallel)

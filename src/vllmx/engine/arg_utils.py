@@ -49,6 +49,7 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     distributed_executor_backend: str | None = None
+    enable_expert_parallel: bool = False
     device: str = "auto"  # auto | cuda | cpu
     dtype: str = "auto"  # GPU activations; the CPU computes in float32
     gpu_memory_utilization: float = 0.9
@@ -135,7 +136,8 @@ class EngineArgs:
                             policy=self.scheduling_policy,
                             async_scheduling=self.async_scheduling),
             ParallelConfig(self.num_threads, self.tensor_parallel_size,
-                           self.distributed_executor_backend, self.pipeline_parallel_size),
+                           self.distributed_executor_backend, self.pipeline_parallel_size,
+                           self.enable_expert_parallel),
             DeviceConfig(self.device),
             None if self.speculative_config is None
             else SpeculativeConfig.from_dict(self.speculative_config),

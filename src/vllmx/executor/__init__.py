@@ -1,5 +1,5 @@
-"""The engine's further ranks under tensor parallelism (vLLM's vllm/v1/executor): rank 0 is the
-engine's own worker; tp_worker.py is what every other rank runs and the model rank 0 calls
+"""The engine's further ranks under tensor / pipeline parallelism (vLLM's vllm/v1/executor):
+rank 0 is the engine's own worker; tp_worker.py is what every other rank runs and the model rank 0 calls
 through; multiproc_executor.py starts them as processes (distributed_executor_backend "mp"),
 ray_executor.py as Ray actors on this host ("ray")."""
 

@@ -41,7 +41,8 @@ class TPExecutor:
         self.stage_segments = [ShmSegment.create(tp) for _ in range(pp)] if tp > 1 else []
         self.segments = [s for s in (self.world_segment, *self.stage_segments) if s is not None]
         self.groups = rank_groups(0, tp, pp, self.world_segment,
-                                  self.stage_segments[0] if tp > 1 else None)
+                                  self.stage_segments[0] if tp > 1 else None,
+                                  pc.enable_expert_parallel)
         self.conns: dict = {}
         self.state = _GroupState()
         try:

@@ -93,7 +93,8 @@ def run_follower(config: VllmxConfig, conn, world_path: str | None,
         _C.set_num_threads(threads_per_rank(config))
         worker = CpuWorker(config)
         with model_parallel(rank_groups(pc.rank, pc.tensor_parallel_size,
-                                        pc.pipeline_parallel_size, world, stage)):
+                                        pc.pipeline_parallel_size, world, stage,
+                                        pc.enable_expert_parallel)):
             worker.load_model()
         conn.send(("ready", None))
         kind, num_blocks = conn.recv()

@@ -58,12 +58,16 @@ class SparseMoeBlock:
                  name: str = "experts", routing: GroupedRouting | None = None,
                  shared_experts: SwiGLUMLP | None = None, gate_bias: Weight | None = None,
                  w13_bias: np.ndarray | None = None, w2_bias: np.ndarray | None = None,
-                 activation: str = "silu", shared_expert_gate: Weight | None = None):
+                 activation: str = "silu", shared_expert_gate: Weight | None = None,
+                 expert_range: tuple[int, int] | None = None):
         on_gpu = placement.current().on_gpu
-        num_experts = w13.shape[0]
-        if gate.shape[0] != num_experts or not 1 <= top_k <= num_experts:
+        num_experts = gate.shape[0]  # (the router's: every expert, whichever rank holds it)
+        # Expert parallelism: this rank holds experts [first, first + count) of them, whole.
+        _, count = expert_range or (0, num_experts)
+        if w13.shape[0] != count or not 1 <= top_k <= num_experts:
             raise ValueError(f"{name}: router {gate.shape} and experts {w13.shape} disagree, or "
                              f"top_k = {top_k} is not in 1..{num_experts}")
+        self.expert_range = expert_range
         if on_gpu:  # (the experts first: a type the GPU cannot run fails before any upload)
             self.w13 = placement.upload_experts(w13, f"{name}.w13")
             self.w2 = placement.upload_experts(w2, f"{name}.w2")
@@ -86,8 +90,9 @@ class SparseMoeBlock:
         # Qwen2-MoE / Qwen3-Next: the shared expert's output times sigmoid(x @ gate^T) [T, 1]
         self.shared_expert_gate = (None if shared_expert_gate is None
                                    else Linear(shared_expert_gate))
-        # Tensor parallelism: each expert's intermediate rows are cut tp ways (the shared
-        # experts' too), so every rank's out is a partial sum, reduced once at the end.
+        # Tensor parallelism: each expert's intermediate rows are cut tp ways, or under expert
+        # parallelism each rank holds its experts whole (the shared experts cut either way),
+        # so every rank's out is a partial sum, reduced once at the end.
         self.tp_group = get_tp_group()
 
     def route(self, x):
@@ -102,6 +107,8 @@ class SparseMoeBlock:
 
     def __call__(self, x):
         topk_weights, topk_ids = self.route(x)
+        if self.expert_range is not None:  # the other ranks' experts: -1, skipped
+            ops.remap_expert_ids(topk_ids, *self.expert_range)
         out = ops.fused_experts(x, self.w13, self.w2, topk_weights, topk_ids, self.w13_bias,
                                 self.w2_bias, self.activation)
         if self.shared_experts is not None:

@@ -7,7 +7,7 @@ import ctypes
 import os
 
 from vllmx.config import ModelConfig
-from vllmx.distributed.parallel_state import get_pp_stage, get_tp_group
+from vllmx.distributed.parallel_state import get_ep_group, get_pp_stage, get_tp_group
 from vllmx.distributed.tp_shard import shard_checkpoint
 from vllmx.loader.dummy import DummyWeights
 from vllmx.loader.gguf import gguf_to_hf_config, load_gguf
@@ -75,7 +75,8 @@ def load_model(model_config: ModelConfig):
     group = get_tp_group()
     if group is not None or get_pp_stage() is not None:  # (built inside model_parallel)
         cfg, weights = shard_checkpoint(cfg, weights, 0 if group is None else group.rank,
-                                        1 if group is None else group.world_size)
+                                        1 if group is None else group.world_size,
+                                        get_ep_group() is not None)
     model = model_cls(cfg, weights)
     del weights  # what the model keeps it holds itself; a repacked original is freed
     trim_heap()

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
+from vllmx.distributed.parallel_state import expert_range, get_ep_group
 from vllmx.layers.fused_moe import GroupedRouting, SparseMoeBlock, SwiGLUMLP
 from vllmx.ops import Weight
 
@@ -113,8 +114,11 @@ def expert_weights(weights, cfg: dict, i: int) -> tuple[Weight, Weight]:
         return (Weight(w13, gate.dtype, (e, 2 * inter, h)),
                 Weight(np.ascontiguousarray(w2), down.dtype, tuple(down.shape)))
     e_count = cfg["num_experts"]
+    first = 0
+    if (ep := get_ep_group()) is not None:  # this rank's experts, whole
+        first, e_count = expert_range(e_count, ep)
     names = [(p + f"{e}.gate_proj.weight", p + f"{e}.up_proj.weight", p + f"{e}.down_proj.weight")
-             for e in range(e_count)]
+             for e in range(first, first + e_count)]
     missing = [n for trio in names for n in trio if n not in weights]
     if missing:
         raise ValueError(f"layer {i}: checkpoint is missing {len(missing)} expert tensors, e.g. "
@@ -185,9 +189,12 @@ def sparse_block(cfg: dict, weights, i: int) -> SparseMoeBlock:
                            weights[s + "down_proj.weight"], reduce_results=False)
         if cfg["shared_expert_gated"]:
             gate = weights[p + "shared_expert_gate.weight"]
+    ep = get_ep_group()
     return SparseMoeBlock(weights[p + "gate.weight"], w13, w2, cfg["num_experts_per_tok"],
                           cfg["norm_topk_prob"], name=p[:-1], routing=routing,
-                          shared_experts=shared, shared_expert_gate=gate)
+                          shared_experts=shared, shared_expert_gate=gate,
+                          expert_range=None if ep is None else expert_range(
+                              cfg["num_experts"], ep))
 
 
 def moe_checkpoint_shapes(cfg: dict, shapes: dict[str, tuple[int, ...]]) -> None:
