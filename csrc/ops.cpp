@@ -157,6 +157,25 @@ void check_scatter_tokens(const Tensor& out, const Tensor& dst, const Tensor& to
               "dst " + dst.str() + " and src " + src.str() + " must have one length");
 }
 
+void check_argmax(const Tensor& out_ids, const Tensor& x) {
+  const char* op = "argmax";
+  check_ndim(x, 2, op, "x");
+  check_dtype(out_ids, DType::I32, op, "out_ids");
+  VLLMX_CHECK(out_ids.ndim == 1 && out_ids.shape[0] == x.shape[0] && x.shape[1] >= 1 &&
+                  x.stride[1] == 1,
+              op, "out_ids " + out_ids.str() + " must be i32 [B] for x " + x.str() +
+                      " (rows of at least one value, contiguous)");
+}
+
+void check_zero_rows_at_position(const Tensor& x, const Tensor& positions, int64_t position) {
+  (void)position;
+  const char* op = "zero_rows_at_position";
+  check_ndim(x, 2, op, "x");
+  check_dtype(positions, DType::I32, op, "positions");
+  VLLMX_CHECK(positions.ndim == 1 && positions.shape[0] == x.shape[0] && x.stride[1] == 1, op,
+              "positions " + positions.str() + " must be i32 [T] for x " + x.str());
+}
+
 void check_remap_expert_ids(const Tensor& topk_ids, int64_t start, int64_t count) {
   const char* op = "remap_expert_ids";
   check_dtype(topk_ids, DType::I32, op, "topk_ids");
@@ -635,6 +654,8 @@ VLLMX_OP_CHECK(apply_logits_processors, check_apply_logits_processors);
 VLLMX_OP_CHECK(apply_token_bitmask, check_apply_token_bitmask);
 VLLMX_OP_CHECK(compute_logprobs, check_compute_logprobs);
 VLLMX_OP_CHECK(topk_softmax, check_topk_softmax);
+VLLMX_OP_CHECK(argmax, check_argmax);
+VLLMX_OP_CHECK(zero_rows_at_position, check_zero_rows_at_position);
 VLLMX_OP_CHECK(remap_expert_ids, check_remap_expert_ids);
 VLLMX_OP_CHECK(fused_experts, check_fused_experts);
 VLLMX_OP_CHECK(causal_conv1d, check_causal_conv1d);

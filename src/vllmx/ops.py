@@ -339,6 +339,19 @@ def topk_softmax(gating_output, k: int, renormalize: bool):
     return weights, ids
 
 
+def argmax(x):
+    """Each row's argmax (i32 [B], on x's device; ties to the lowest index)."""
+    out = _empty(x, (x.shape[0],), np.int32)
+    _C.ops.argmax(out, x)
+    return out
+
+
+def zero_rows_at_position_(x, positions, position: int = 0):
+    """x's rows whose positions equal position set to zero, in place (x's device)."""
+    _C.ops.zero_rows_at_position(x, positions, position)
+    return x
+
+
 def remap_expert_ids(topk_ids, start: int, count: int):
     """Expert parallelism: global expert ids in [start, start + count) to this rank's local
     ones, the others -1 (fused_experts skips them), in place."""

@@ -448,3 +448,19 @@ def test_scatter_tokens_matches_the_cpu(rng):
                        DeviceArray.from_numpy(src))
     ops.scatter_tokens(out, dst, tokens, src)
     np.testing.assert_array_equal(d_out.numpy(), out)
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16, F32], ids=["bf16", "f16", "f32"])
+def test_argmax_and_zero_rows_at_position(dtype):
+    """The drafters' ops on the device: argmax equal to numpy's on the values the GPU holds
+    (ties to the lowest index), rows at position 0 zeroed."""
+    rng = np.random.default_rng(11)
+    x = rounded(rng.standard_normal((37, 50000)).astype(np.float32), dtype)
+    x[3, [7, 40000]] = x[3].max() + 1.0
+    got = ops.argmax(dev(x, dtype)).numpy()
+    assert np.array_equal(got, np.argmax(x, axis=1).astype(np.int32))
+    e = rounded(rng.standard_normal((9, 130)).astype(np.float32), dtype)
+    positions = rng.integers(0, 3, 9).astype(np.int32)
+    d = dev(e, dtype)
+    ops.zero_rows_at_position_(d, DeviceArray.from_numpy(positions), 0)
+    assert np.array_equal(as_f32(d.numpy(), dtype), np.where((positions == 0)[:, None], 0.0, e))

@@ -19,7 +19,6 @@ from __future__ import annotations
 import numpy as np
 
 from vllmx import ops
-from vllmx.device import DeviceArray
 from vllmx.layers import placement
 from vllmx.layers.attention import AttentionMetadata
 from vllmx.layers.linear import Linear
@@ -59,12 +58,7 @@ class MultiTokenPredictorLayer(DraftHead):
         position (input_ids) and the hidden state at it (the target's, or a draft's own)."""
         e = ops.embedding(input_ids, self.embed_tokens)
         # A sequence's first token has no embedding here (position 0: nothing before it).
-        if isinstance(e, DeviceArray):  # (a few rows: the sequences starting in this step)
-            host = positions.numpy() if isinstance(positions, DeviceArray) else positions
-            for i in np.flatnonzero(np.asarray(host) == 0).tolist():
-                ops.scale_(e[i:i + 1], 0.0)
-        else:
-            e[positions == 0] = 0.0
+        ops.zero_rows_at_position_(e, positions, 0)
         x = self.eh_proj(ops.concat_columns([self.enorm(e), self.hnorm(hidden)]))
         h, residual = self.mtp_block(positions, x, None, md)
         self._add(h, residual)

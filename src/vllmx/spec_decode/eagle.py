@@ -191,10 +191,10 @@ class EagleProposer:
         return {t.req_ids[i]: d for i, d in drafts.items()}
 
     def _greedy(self, h: np.ndarray) -> np.ndarray:
-        """Each row's draft: the argmax of the head's logits, as a target token id."""
-        logits = ops.to_float32(self.model.compute_logits(h))
-        if isinstance(logits, DeviceArray):  # (the rows' f32 logits to the host: a first cut)
-            logits = logits.numpy()
-        ids = np.argmax(logits, axis=1).astype(np.int32)
+        """Each row's draft: the argmax of the head's logits, as a target token id (taken
+        where the logits are: only the ids come to the host)."""
+        ids = ops.argmax(self.model.compute_logits(h))
+        if isinstance(ids, DeviceArray):
+            ids = ids.numpy()
         d2t = self.model.draft_id_to_target_id
         return ids if d2t is None else d2t[ids]
