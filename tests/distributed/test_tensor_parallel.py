@@ -27,12 +27,16 @@ def ckpt_dir(tmp_path_factory):
 # llama at tp=4: 2 kv heads for 4 ranks (each kv head on two ranks); qwen3: tied embeddings,
 # q/k norms; qwen3_moe: sparse and dense layers (3 layers: stages of 2 and 1); mixtral:
 # experts w1/w2/w3; DeepSeek V2 / V3: MLA heads (V3 with its query latent), a dense first
-# layer, shared experts, grouped routing; tp=2 x pp=2: two stages of two ranks.
+# layer, shared experts, grouped routing; tp=2 x pp=2: two stages of two ranks; the Gated
+# DeltaNet hybrids (Qwen3-Next's grouped projections, Qwen3.5's apart; their state slots on
+# every rank).
 @pytest.mark.parametrize("family,tp,pp", [("llama", 2, 1), ("llama", 4, 1), ("qwen3", 2, 1),
                                           ("qwen3_moe", 2, 1), ("mixtral", 2, 1),
                                           ("deepseek_v2", 2, 1), ("deepseek_v3", 2, 1),
                                           ("llama", 1, 2), ("qwen3_moe", 1, 2),
-                                          ("deepseek_v2", 1, 2), ("qwen3", 2, 2)])
+                                          ("deepseek_v2", 1, 2), ("qwen3", 2, 2),
+                                          ("qwen3_next", 2, 1), ("qwen3_5", 2, 1),
+                                          ("qwen3_5_moe", 2, 1), ("qwen3_5", 1, 2)])
 def test_parity(family, tp, pp, ckpt_dir):
     path = make_checkpoint(family, "float32", ckpt_dir)
     llm, _, _ = run_parity(path, path, tensor_parallel_size=tp, pipeline_parallel_size=pp)
@@ -101,10 +105,13 @@ def _greedy(max_tokens=16):
     return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
 
 
-def test_batched_equals_alone(ckpt_dir):
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_batched_equals_alone(family, ckpt_dir):
+    """Chunked prefill (64-token budget) and preemption (40 blocks) at tp=2; for a hybrid
+    also its state slots taken, continued and given back across the ranks."""
     from vllmx import LLM
 
-    path = make_checkpoint("llama", "float32", ckpt_dir)
+    path = make_checkpoint(family, "float32", ckpt_dir)
     llm = LLM(path, skip_tokenizer_init=True, tensor_parallel_size=2,
               num_gpu_blocks_override=40, block_size=16, max_num_batched_tokens=64,
               max_num_seqs=8)
@@ -136,6 +143,42 @@ def test_speculative_decoding_keeps_the_tokens(method, ckpt_dir):
     assert llm.llm_engine.scheduler.spec_decode_num_draft_tokens > 0
     if method == "draft_model":  # the target itself as its draft: every draft is accepted
         assert llm.llm_engine.scheduler.spec_decode_num_accepted_tokens > 0
+
+
+def test_lora_adapters_over_ranks(tmp_path):
+    """LoRA at tp=2 (each rank its share of every adapter: B rows of column-parallel layers, A
+    columns of row-parallel ones, summed with the base's products): each adapter's greedy
+    tokens pass parity against transformers + peft, and a batch mixing all three adapters and
+    the base model gives every request its tokens alone, with more adapters than slots (their
+    slots rewritten on every rank)."""
+    pytest.importorskip("peft")
+    from tests.lora.adapters import ADAPTERS, check_against_peft, make_adapter
+    from vllmx import LLM
+    from vllmx.lora.request import LoRARequest
+
+    base = make_checkpoint("llama", "float32", str(tmp_path))
+    paths = {name: make_adapter(base, str(tmp_path), name, seed=i)
+             for i, name in enumerate(ADAPTERS)}
+    reqs = [None] + [LoRARequest(name, i + 1, path) for i, (name, path) in
+                     enumerate(paths.items())]
+    llm = LLM(base, skip_tokenizer_init=True, kv_cache_dtype="float32", enable_lora=True,
+              max_loras=2, max_lora_rank=16, tensor_parallel_size=2)
+    rng = np.random.default_rng()
+    prompts = [{"prompt_token_ids": rng.integers(3, VOCAB, size=n).tolist()}
+               for n in rng.integers(3, 40, size=6)]
+    ids = [p["prompt_token_ids"] for p in prompts]
+    base_toks = [o.outputs[0].token_ids for o in llm.generate(prompts, _greedy(24))]
+    alone = {}
+    for req in reqs[1:]:
+        outs = llm.generate(prompts, _greedy(24), lora_request=req)
+        check_against_peft(outs, base_toks, ids, base, req.lora_path, 0.01,
+                           f"adapter {req.lora_name} at tp=2")
+        alone[req.lora_int_id] = [o.outputs[0].token_ids for o in outs]
+    alone[None] = base_toks
+    mixed = [reqs[i % len(reqs)] for i in range(len(prompts))]
+    outs = llm.generate(prompts, _greedy(24), lora_request=mixed)
+    for i, (req, out) in enumerate(zip(mixed, outs)):
+        assert out.outputs[0].token_ids == alone[None if req is None else req.lora_int_id][i]
 
 
 def test_dead_rank_fails_the_engine(ckpt_dir):
@@ -171,8 +214,8 @@ def test_unsupported_combinations_are_refused(ckpt_dir):
     from vllmx import LLM
 
     path = make_checkpoint("llama", "float32", ckpt_dir)
-    with pytest.raises(ValueError, match="LoRA"):
-        LLM(path, skip_tokenizer_init=True, tensor_parallel_size=2, enable_lora=True)
+    with pytest.raises(ValueError, match="pipeline_parallel_size > 1 does not support LoRA"):
+        LLM(path, skip_tokenizer_init=True, pipeline_parallel_size=2, enable_lora=True)
     with pytest.raises(ValueError, match="not 'mtp'"):
         LLM(path, skip_tokenizer_init=True, pipeline_parallel_size=2,
             speculative_config={"method": "mtp", "num_speculative_tokens": 1})

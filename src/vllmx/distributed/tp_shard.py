@@ -8,9 +8,12 @@ layers/fused_moe.py).
   several ranks where there are fewer kv heads than ranks, as vLLM does); gate / up, each
   expert's too, and their biases; MLA's q_b_proj (or q_proj) and kv_b_proj by heads (the
   latent projections, kv_a_proj_with_mqa and q_a_proj, whole: every rank writes the same
-  latent rows to its cache);
-- row-parallel (input columns cut): o_proj, down_proj and each expert's down (a bias stays
-  whole: rank 0 adds it once);
+  latent rows to its cache); Gated DeltaNet's projections and convolution channels by key /
+  value heads ([q; k; v] sections each cut, Qwen3-Next's per-key-head groups whole), its
+  per-head A_log, dt_bias, b and a by value heads (a head's rows counted from the tensor:
+  gated attention's q_proj holds [q; gate] a head);
+- row-parallel (input columns cut): o_proj, down_proj, each expert's down and Gated
+  DeltaNet's out_proj (a bias stays whole: rank 0 adds it once);
 - vocab-parallel: the embedding's and lm_head's rows, ceil(V / tp) a rank;
 - everything else (norms, routers, q/k norms) whole on every rank.
 
@@ -34,10 +37,15 @@ from vllmx.ops import Weight
 TP_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                     "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM",
                     "Qwen2MoeForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM",
-                    "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+                    "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Qwen3NextForCausalLM",
+                    "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
 TP_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "smollm3", "granite")
 
 _RULES = [  # (pattern on the tensor's name without .weight / .bias, rule)
+    (r"linear_attn\.(in_proj_qkv|conv1d)$", "gdn_qkv"),  # channels [q; k; v]
+    (r"linear_attn\.(in_proj_qkvz|in_proj_ba)$", "gdn_groups"),  # per key head groups
+    (r"linear_attn\.(in_proj_z|in_proj_b|in_proj_a|A_log|dt_bias)$", "gdn_value_heads"),
+    (r"linear_attn\.out_proj$", "row"),
     (r"(self_attn\.q_proj|self_attn\.q_b_proj|attn_q)$", "q"),
     (r"self_attn\.kv_b_proj$", "kv_b"),
     (r"(self_attn\.[kv]_proj|attn_[kv])$", "kv"),
@@ -119,6 +127,10 @@ def tp_config(cfg: dict, rank: int, tp: int, expert_parallel: bool = False) -> d
                          f"divide the other")
     out["num_attention_heads"] = nq // tp
     out["num_key_value_heads"] = max(1, nkv // tp)
+    for key in ("linear_num_key_heads", "linear_num_value_heads"):  # Gated DeltaNet's
+        if cfg.get(key):
+            _check_divisible(key, int(cfg[key]), tp)
+            out[key] = int(cfg[key]) // tp
     divided = ["intermediate_size", "shared_expert_intermediate_size"]
     if expert_parallel:
         experts = next((int(cfg[k]) for k in _EXPERT_COUNT_KEYS if cfg.get(k)), 0)
@@ -141,14 +153,28 @@ class ShardedWeights(Mapping):
                  expert_parallel: bool = False):
         self._weights, self._rank, self._tp = weights, rank, tp
         self._expert_parallel = expert_parallel
-        self._head_dim = cfg["head_dim"]
-        # MLA's heads: a query head's rows [nope; rope], kv_b_proj's [k nope; v]
-        self._q_head = cfg["head_dim"]
-        if cfg.get("kv_lora_rank"):
-            self._q_head = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
-            self._kv_b_head = cfg["qk_nope_head_dim"] + cfg["v_head_dim"]
         self._nq = cfg["num_attention_heads"]  # (the full counts)
         self._nkv = cfg.get("num_key_value_heads") or self._nq
+        # Gated DeltaNet's key / value heads and their sizes (hybrids)
+        self._hk, self._hv = cfg.get("linear_num_key_heads"), cfg.get("linear_num_value_heads")
+        self._dk, self._dv = cfg.get("linear_key_head_dim"), cfg.get("linear_value_head_dim")
+
+    def _heads(self, w: Weight, heads: int, name: str) -> Weight:
+        """Rows of this rank's heads among `heads` equal runs of w's rows (a head's rows counted
+        from the tensor: MLA's [nope; rope], gated attention's [q; gate])."""
+        n = w.shape[0] // heads * (heads // self._tp)
+        return slice_weight(w, 0, self._rank * n, (self._rank + 1) * n, name)
+
+    def _sections(self, w: Weight, sections: list[tuple[int, int]], name: str) -> Weight:
+        """This rank's rows of each (rows a head, heads) section of w's rows, in order."""
+        parts, start = [], 0
+        for rows, heads in sections:
+            n = rows * heads // self._tp
+            lo = start + self._rank * n
+            parts.append(np.asarray(slice_weight(w, 0, lo, lo + n, name).data))
+            start += rows * heads
+        data = np.concatenate(parts)
+        return Weight(data, w.dtype, (data.shape[0],) + tuple(w.shape[1:]))
 
     def __getitem__(self, name: str) -> Weight:
         w = self._weights[name]
@@ -160,16 +186,21 @@ class ShardedWeights(Mapping):
         rule = _rule(name)
         if rule is None:
             return w
-        r, tp, d = self._rank, self._tp, self._head_dim
+        r, tp = self._rank, self._tp
         if rule in ("q", "kv_b"):
-            n = self._nq // tp * (self._q_head if rule == "q" else self._kv_b_head)
-            return slice_weight(w, 0, r * n, (r + 1) * n, name)
+            return self._heads(w, self._nq, name)
         if rule == "kv":
             if self._nkv >= tp:
-                n = self._nkv // tp * d
-                return slice_weight(w, 0, r * n, (r + 1) * n, name)
+                return self._heads(w, self._nkv, name)
+            d = w.shape[0] // self._nkv
             head = r * self._nkv // tp  # the kv head of this rank's query heads
             return slice_weight(w, 0, head * d, (head + 1) * d, name)
+        if rule == "gdn_qkv":
+            return self._sections(w, [(self._dk, self._hk)] * 2 + [(self._dv, self._hv)], name)
+        if rule == "gdn_groups":
+            return self._heads(w, self._hk, name)
+        if rule == "gdn_value_heads":
+            return self._heads(w, self._hv, name)
         if rule == "vocab":
             return slice_weight(w, 0, *shard_range(w.shape[0], r, tp), name)
         # column: each output row belongs to one rank; row: each input column
@@ -187,6 +218,27 @@ class ShardedWeights(Mapping):
 
     def __len__(self) -> int:
         return len(self._weights)
+
+
+def shard_lora(module: str, lora_a: np.ndarray, lora_b: np.ndarray, rank: int, tp: int,
+               num_heads: int, num_kv_heads: int) -> tuple[np.ndarray, np.ndarray]:
+    """rank's share of a LoRA adapter's matrices for one projection (A [r, in], B [out, r]),
+    cut as the base projection is: a column-parallel one's B rows (q by heads, k / v by kv
+    heads, repeated where there are fewer than ranks; gate / up evenly), a row-parallel one's A
+    columns (its input share; the ranks' partial products are summed with the base's)."""
+    def rows(a: np.ndarray, heads: int) -> np.ndarray:
+        per = a.shape[0] // heads
+        if heads < tp:  # the kv head of this rank's query heads
+            head = rank * heads // tp
+            return a[head * per:(head + 1) * per]
+        n = per * (heads // tp)
+        return a[rank * n:(rank + 1) * n]
+
+    if module in ("o_proj", "down_proj"):
+        n = lora_a.shape[1] // tp
+        return np.ascontiguousarray(lora_a[:, rank * n:(rank + 1) * n]), lora_b
+    heads = {"q_proj": num_heads, "k_proj": num_kv_heads, "v_proj": num_kv_heads}.get(module, tp)
+    return lora_a, np.ascontiguousarray(rows(lora_b, heads))
 
 
 def shard_checkpoint(cfg: dict, weights: Mapping, rank: int, tp: int,

@@ -59,6 +59,11 @@ class ParallelModel:
         self._executor.call("compute_logits", hidden)
         return self._executor.checked(self._model.compute_logits, hidden)
 
+    def allocate_states(self, num_slots: int) -> None:
+        """A hybrid model's state slots, on every rank (each holds its heads' states)."""
+        self._executor.call("allocate_states", num_slots)
+        self._model.allocate_states(num_slots)
+
 
 def _watch_parent(segments: list[ShmSegment]) -> None:
     """Aborts the group and exits if the process that started this one goes away (a rank
@@ -104,6 +109,11 @@ def run_follower(config: VllmxConfig, conn, world_path: str | None,
         worker.allocate_kv_cache()
         conn.send(("ready", None))
         model, kv_caches, cache_dtype = worker.model, worker.kv_caches, worker.cache_dtype
+        lora_manager = None
+        if config.lora_config is not None:  # rank 0 sends each step's slots (lora_step)
+            from vllmx.lora.model_manager import create_lora_manager
+
+            lora_manager = create_lora_manager(model, config, "cpu")
         while True:
             method, args = conn.recv()
             if method == "forward":
@@ -114,6 +124,10 @@ def run_follower(config: VllmxConfig, conn, world_path: str | None,
             elif method == "compute_logits":
                 if model.lm_head is not None:  # (a later pipeline stage holds none)
                     model.compute_logits(*args)
+            elif method == "allocate_states":
+                model.allocate_states(*args)
+            elif method == "lora_step":
+                lora_manager.apply_step(*args)
             elif method == "close":
                 return
             else:

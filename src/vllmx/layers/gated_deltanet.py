@@ -17,7 +17,7 @@ from vllmx import ops
 from vllmx.device import F32
 from vllmx.layers import placement
 from vllmx.layers.attention import AttentionMetadata
-from vllmx.layers.linear import Linear, take_rows
+from vllmx.layers.linear import Linear, RowParallelLinear, take_rows
 from vllmx.ops import Weight
 
 
@@ -58,7 +58,7 @@ class GatedDeltaNet:
         self.A_log = np.ascontiguousarray(w[p + "A_log"].to_float32().reshape(-1))
         self.dt_bias = np.ascontiguousarray(w[p + "dt_bias"].to_float32().reshape(-1))
         self.norm_weight = np.ascontiguousarray(w[p + "norm.weight"].to_float32().reshape(-1))
-        self.out_proj = Linear(w[p + "out_proj.weight"])
+        self.out_proj = RowParallelLinear(w[p + "out_proj.weight"])
         self.conv_state = self.recurrent_state = None
         # The mixer ops' f32 parameters where they run (the GPU's states go there too).
         self.on_gpu = placement.current().on_gpu

@@ -110,9 +110,15 @@ class LinearWithLoRA:
         _write(self.lora_a_stacked, self.dtype, slot, 0, a)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        y = self.base_layer(x)
+        group = getattr(self.base_layer, "tp_group", None)
+        if group is None:
+            y = self.base_layer(x)
+        else:  # row-parallel: the adapters' partial products join the base's before the sum
+            y = ops.linear(x, self.base_layer.weight, self.base_layer.bias)
         self.punica.add_lora_linear(y, x, self.lora_a_stacked, self.lora_b_stacked,
                                     self.output_slices)
+        if group is not None:
+            group.all_reduce(y)
         return y
 
     # The fused base ops (norm + matmul, matmul + act_and_mul) have no room for the adapters,

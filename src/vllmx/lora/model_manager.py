@@ -13,6 +13,7 @@ import numpy as np
 
 from vllmx import ops
 from vllmx.config import LoRAConfig
+from vllmx.distributed.tp_shard import shard_lora
 from vllmx.layers.linear import Linear, MergedLinear
 from vllmx.layers.placement import Placement
 from vllmx.loader.hf_to_gguf import HF_ARCHITECTURES, permute_qk, unpermute_qk
@@ -69,6 +70,12 @@ class LoRAModelManager:
         # The adapter id in each slot (None: empty), and the slots least recently used first.
         self.slots: list[int | None] = [None] * lora_config.max_loras
         self._slot_order: list[int] = list(range(lora_config.max_loras))
+        # Tensor parallelism: this rank's group (adapters cut to its share, tp_shard.shard_lora)
+        # and, on rank 0, the call that sends each step's slot writes and rows' slots to the
+        # other ranks (executor.call), whose managers apply them (apply_step).
+        self.tp_group = getattr(model, "tp_group", None)
+        self.followers = None
+        self._written: list[tuple[int, int]] = []  # (slot, adapter id) written this step
 
     def add_adapter(self, req: LoRARequest) -> None:
         """Loads (or refreshes as most recently used) an adapter; a bad checkpoint raises
@@ -120,7 +127,20 @@ class LoRAModelManager:
             lut[lora_id] = self._slot_for(lora_id, step_ids)
         slots = np.array([lut[i] for i in token_lora_ids.tolist()], dtype=np.int32)
         self.punica.update_metadata(slots)
+        if self.followers is not None:
+            self.followers("lora_step", [(slot, lora_requests[i]) for slot, i in self._written],
+                           slots)
+        self._written.clear()
         return failed
+
+    def apply_step(self, written: list[tuple[int, LoRARequest]], slots: np.ndarray) -> None:
+        """Another rank's step (rank 0 decided it, set_active_loras): the adapters rank 0 wrote
+        into slots, loaded here too (this rank's share), and the rows' slots."""
+        for slot, req in written:
+            self.requests.setdefault(req.lora_int_id, req)
+            self._ensure_loaded(req)
+            self._write_slot(slot, req.lora_int_id)
+        self.punica.update_metadata(slots)
 
     def _slot_for(self, lora_id: int, step_ids: list[int]) -> int:
         """The adapter's slot, written now where it has none: an empty slot, else the least
@@ -131,20 +151,29 @@ class LoRAModelManager:
             slot = next((s for s in self._slot_order if self.slots[s] is None), None)
             if slot is None:
                 slot = next(s for s in self._slot_order if self.slots[s] not in step_ids)
-            lora = self.loaded[lora_id]
-            for i, found in enumerate(self.modules):
-                for target in dict.fromkeys(found.values()):
-                    target.set_lora(slot, {m: lora.loras[(i, m)] for m in target.slices
-                                           if (i, m) in lora.loras})
-            self.slots[slot] = lora_id
+            self._write_slot(slot, lora_id)
+            self._written.append((slot, lora_id))
         self._slot_order.remove(slot)
         self._slot_order.append(slot)
         return slot
+
+    def _write_slot(self, slot: int, lora_id: int) -> None:
+        lora = self.loaded[lora_id]
+        for i, found in enumerate(self.modules):
+            for target in dict.fromkeys(found.values()):
+                target.set_lora(slot, {m: lora.loras[(i, m)] for m in target.slices
+                                       if (i, m) in lora.loras})
+        self.slots[slot] = lora_id
 
     def _activate(self, lora: LoRAModel) -> None:
         """Checks an adapter against the base model, its q/k B rows in the base's layout, and
         keeps it loaded (its slot is written when a step runs it)."""
         base = self.base
+        if self.tp_group is not None:  # this rank's share of each matrix
+            g = self.tp_group
+            for (_, module), w in lora.loras.items():
+                w.lora_a, w.lora_b = shard_lora(module, w.lora_a, w.lora_b, g.rank,
+                                                g.world_size, base.num_heads, base.num_kv_heads)
         if lora.gguf_architecture is not None and lora.gguf_architecture != base.gguf_arch:
             raise ValueError(f"LoRA adapter {lora.name!r} is a GGUF adapter for architecture "
                              f"{lora.gguf_architecture!r}; the base model's is "
@@ -161,8 +190,10 @@ class LoRAModelManager:
                                  f"{lora.qk_layout!r} checkpoints, the base model's for "
                                  f"{base.qk_layout!r}, and its head counts are unknown")
             move = permute_qk if base.qk_layout == "gguf" else unpermute_qk
-            for (_, module), w in lora.loras.items():
-                heads = {"q_proj": base.num_heads, "k_proj": base.num_kv_heads}.get(module)
+            tp = 1 if self.tp_group is None else self.tp_group.world_size
+            for (_, module), w in lora.loras.items():  # (the rows of this rank's heads)
+                heads = {"q_proj": base.num_heads // tp,
+                         "k_proj": max(1, base.num_kv_heads // tp)}.get(module)
                 if heads is not None:
                     w.lora_b = np.ascontiguousarray(move(w.lora_b, heads))
             lora.qk_layout = base.qk_layout

@@ -16,11 +16,18 @@ from __future__ import annotations
 import numpy as np
 
 from vllmx import ops
+from vllmx.distributed.parallel_state import get_pp_stage, get_tp_group, shard_range
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.fused_moe import SwiGLUMLP
 from vllmx.layers.gated_deltanet import GatedDeltaNet
-from vllmx.layers.linear import Linear, MergedLinear, take_rows
+from vllmx.layers.linear import (
+    Linear,
+    MergedLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    take_rows,
+)
 from vllmx.layers.norm import RMSNorm, pre_norm
 from vllmx.layers.rotary import get_rope
 from vllmx.models import hybrid_gguf, moe
@@ -47,7 +54,7 @@ class Qwen3NextGatedAttention:
         self.qkv_proj = MergedLinear([take_rows(qw, q_rows), w[p + "k_proj.weight"],
                                       w[p + "v_proj.weight"]], [None] * 3)
         self.gate_proj = Linear(take_rows(qw, q_rows + hd))
-        self.o_proj = Linear(w[p + "o_proj.weight"])
+        self.o_proj = RowParallelLinear(w[p + "o_proj.weight"])
         eps = cfg["rms_norm_eps"]
         self.q_norm = offset_norm(w[p + "q_norm.weight"], eps)
         self.k_norm = offset_norm(w[p + "k_norm.weight"], eps)
@@ -130,16 +137,27 @@ class Qwen3NextForCausalLM(DecoderLM):
         self.config = cfg
         self._check_weights(weights)
         rope = get_rope(cfg, cfg["head_dim"])
+        # Pipeline parallelism: this stage's layers (and their state slots), embed and lm_head
+        # on the first.
+        self.pp_stage = pp = get_pp_stage()
+        first = pp is None or pp.is_first
+        start, end = (0, n) if pp is None else pp.layers(n)
         self.embed_tokens = placement.upload_weight(weights["model.embed_tokens.weight"],
-                                                    "model.embed_tokens.weight")
-        self.layers = [Qwen3NextDecoderLayer(i, cfg, weights, rope) for i in range(n)]
+                                                    "model.embed_tokens.weight") if first else None
+        self.layers = [Qwen3NextDecoderLayer(i, cfg, weights, rope) if start <= i < end else None
+                       for i in range(n)]
         self.norm = offset_norm(weights["model.norm.weight"], cfg["rms_norm_eps"])
-        self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
-        self.vocab_size = self.lm_head.weight.shape[0]
+        self.lm_head = ParallelLMHead(weights.get("lm_head.weight", self.embed_tokens),
+                                      cfg.get("vocab_size")) if first else None
+        self.vocab_size = self.lm_head.vocab_size if first else int(cfg["vocab_size"])
+        self.tp_group = get_tp_group()  # (under tensor parallelism: this rank's heads, rows)
+        if self.tp_group is not None:
+            self.vocab_start = shard_range(self.vocab_size, self.tp_group.rank,
+                                           self.tp_group.world_size)[0]
 
     def allocate_states(self, num_slots: int) -> None:
         for layer in self.layers:
-            if layer.linear:
+            if layer is not None and layer.linear:
                 layer.mixer.allocate_states(num_slots)
 
     def _check_weights(self, weights) -> None:
