@@ -29,14 +29,22 @@ def ckpt_dir(tmp_path_factory):
 # experts w1/w2/w3; DeepSeek V2 / V3: MLA heads (V3 with its query latent), a dense first
 # layer, shared experts, grouped routing; tp=2 x pp=2: two stages of two ranks; the Gated
 # DeltaNet hybrids (Qwen3-Next's grouped projections, Qwen3.5's apart; their state slots on
-# every rank).
+# every rank); Phi-3's fused qkv_proj and gate_up_proj, GLM-4's fused gate_up_proj, cut
+# section by section; OLMo's q / k norms over every head (gathered, normed whole, cut).
 @pytest.mark.parametrize("family,tp,pp", [("llama", 2, 1), ("llama", 4, 1), ("qwen3", 2, 1),
                                           ("qwen3_moe", 2, 1), ("mixtral", 2, 1),
                                           ("deepseek_v2", 2, 1), ("deepseek_v3", 2, 1),
                                           ("llama", 1, 2), ("qwen3_moe", 1, 2),
                                           ("deepseek_v2", 1, 2), ("qwen3", 2, 2),
                                           ("qwen3_next", 2, 1), ("qwen3_5", 2, 1),
-                                          ("qwen3_5_moe", 2, 1), ("qwen3_5", 1, 2)])
+                                          ("qwen3_5_moe", 2, 1), ("qwen3_5", 1, 2),
+                                          ("phi3", 2, 1), ("glm4", 2, 1),
+                                          ("glm4_moe", 2, 1), ("starcoder2", 2, 1),
+                                          ("cohere", 2, 1), ("cohere_bias", 2, 1),
+                                          ("cohere2", 2, 1), ("olmo2", 2, 1),
+                                          ("olmo2_bias", 2, 1), ("olmo3", 2, 1),
+                                          ("exaone4", 2, 1), ("gpt_neox", 2, 1),
+                                          ("gpt_neox_seq", 2, 1)])
 def test_parity(family, tp, pp, ckpt_dir):
     path = make_checkpoint(family, "float32", ckpt_dir)
     llm, _, _ = run_parity(path, path, tensor_parallel_size=tp, pipeline_parallel_size=pp)
@@ -44,7 +52,9 @@ def test_parity(family, tp, pp, ckpt_dir):
     assert model.config["tp_size"] == tp and model.config["num_attention_heads"] == 4 // tp
     k_cache, _ = llm.llm_engine.kv_caches[0]
     # this rank's kv heads only (MLA: the one latent row a token, whole on every rank)
-    assert k_cache.shape[2] == (1 if model.config.get("use_mla") else max(1, 2 // tp))
+    hf = llm.llm_engine.config.model_config.hf_config
+    kv = hf.get("num_key_value_heads") or hf["num_attention_heads"]
+    assert k_cache.shape[2] == (1 if model.config.get("use_mla") else max(1, kv // tp))
     layers = len(model.layers)
     assert sum(layer is not None for layer in model.layers) == -(-layers // pp)  # its stage's
 
@@ -57,7 +67,9 @@ def test_expert_parallel_parity(family, ckpt_dir):
     model_path = path
     if family.endswith("_gguf"):
         model_path = write_gguf(path, family, os.path.join(ckpt_dir, f"{family}.gguf"))
-    llm, _, _ = run_parity(model_path, path, tensor_parallel_size=2, enable_expert_parallel=True)
+    # (an f32 KV cache, as the MoE parity tests run: a router near a tie)
+    llm, _, _ = run_parity(model_path, path, "float32", tensor_parallel_size=2,
+                           enable_expert_parallel=True)
     block = next(layer.experts if hasattr(layer, "experts") else layer.mlp
                  for layer in llm.llm_engine.model.layers
                  if getattr(getattr(layer, "experts", None) or getattr(layer, "mlp", None),
@@ -66,11 +78,43 @@ def test_expert_parallel_parity(family, ckpt_dir):
     assert first == 0 and block.w13.shape[0] == count == block.gate.weight.shape[0] // 2
 
 
-def test_parity_gguf(ckpt_dir):
-    """A GGUF (qwen3's F32 file) cut by its own tensor names."""
-    path = make_checkpoint("qwen3", "float32", ckpt_dir)
-    gguf_path = write_gguf(path, "qwen3", os.path.join(ckpt_dir, "qwen3.gguf"))
-    run_parity(gguf_path, path, tensor_parallel_size=2)
+@pytest.mark.parametrize("which", ["gemma3", "gemma2", "gemma3_gguf"])
+def test_gemma_parity(which, tmp_path):
+    """Gemma 3 and Gemma 2 (their own forward: sandwich norms after the reduced o / down
+    projections, the embedding scale, final soft-capping over the gathered logits) at tp=2;
+    Gemma 3's GGUF, one kv head for two ranks."""
+    from tests.models import test_gemma2_parity, test_gemma3_parity
+
+    if which == "gemma2":
+        path = test_gemma2_parity.make_checkpoint("mixed", "float32", str(tmp_path))
+        model_path = path
+    else:
+        path = test_gemma3_parity.make_checkpoint(
+            "mixed" if which == "gemma3" else "pattern6", "float32", str(tmp_path))
+        model_path = path if which == "gemma3" else test_gemma3_parity.write_gemma3_gguf(
+            path, str(tmp_path / "gemma3.gguf"))
+    run_parity(model_path, path, "float32", tensor_parallel_size=2)
+    if which == "gemma3":  # its own forward runs every layer: no pipeline stages for it
+        from vllmx import LLM
+
+        with pytest.raises(ValueError, match="pipeline_parallel_size > 1 is not supported for "
+                                             "Gemma3ForCausalLM"):
+            LLM(path, skip_tokenizer_init=True, pipeline_parallel_size=2)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "starcoder2_gguf"])
+def test_parity_gguf(family, ckpt_dir):
+    """A GGUF (an F32 file) cut by its own tensor names: qwen3's; Starcoder2's LayerNorm
+    layout (biases on every projection: the row-parallel ones' added by rank 0)."""
+    path = make_checkpoint(family, "float32", ckpt_dir)
+    out = os.path.join(ckpt_dir, f"{family}.gguf")
+    if family == "qwen3":
+        gguf_path = write_gguf(path, family, out)
+    else:
+        from tests.models.layernorm_gguf import write_layernorm_gguf
+
+        gguf_path = write_layernorm_gguf(path, family, out)
+    run_parity(gguf_path, path, "float32", tensor_parallel_size=2)  # (a GGUF's default: f16)
 
 
 def test_block_weights_cut_at_block_boundaries(tmp_path):
@@ -145,9 +189,11 @@ def test_speculative_decoding_keeps_the_tokens(method, ckpt_dir):
         assert llm.llm_engine.scheduler.spec_decode_num_accepted_tokens > 0
 
 
-def test_lora_adapters_over_ranks(tmp_path):
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)])
+def test_lora_adapters_over_ranks(tp, pp, tmp_path):
     """LoRA at tp=2 (each rank its share of every adapter: B rows of column-parallel layers, A
-    columns of row-parallel ones, summed with the base's products): each adapter's greedy
+    columns of row-parallel ones, summed with the base's products) and at pp=2 (each stage its
+    layers' matrices): each adapter's greedy
     tokens pass parity against transformers + peft, and a batch mixing all three adapters and
     the base model gives every request its tokens alone, with more adapters than slots (their
     slots rewritten on every rank)."""
@@ -162,7 +208,8 @@ def test_lora_adapters_over_ranks(tmp_path):
     reqs = [None] + [LoRARequest(name, i + 1, path) for i, (name, path) in
                      enumerate(paths.items())]
     llm = LLM(base, skip_tokenizer_init=True, kv_cache_dtype="float32", enable_lora=True,
-              max_loras=2, max_lora_rank=16, tensor_parallel_size=2)
+              max_loras=2, max_lora_rank=16, tensor_parallel_size=tp,
+              pipeline_parallel_size=pp)
     rng = np.random.default_rng()
     prompts = [{"prompt_token_ids": rng.integers(3, VOCAB, size=n).tolist()}
                for n in rng.integers(3, 40, size=6)]
@@ -172,13 +219,49 @@ def test_lora_adapters_over_ranks(tmp_path):
     for req in reqs[1:]:
         outs = llm.generate(prompts, _greedy(24), lora_request=req)
         check_against_peft(outs, base_toks, ids, base, req.lora_path, 0.01,
-                           f"adapter {req.lora_name} at tp=2")
+                           f"adapter {req.lora_name} at tp={tp} pp={pp}")
         alone[req.lora_int_id] = [o.outputs[0].token_ids for o in outs]
     alone[None] = base_toks
     mixed = [reqs[i % len(reqs)] for i in range(len(prompts))]
     outs = llm.generate(prompts, _greedy(24), lora_request=mixed)
     for i, (req, out) in enumerate(zip(mixed, outs)):
         assert out.outputs[0].token_ids == alone[None if req is None else req.lora_int_id][i]
+
+
+def test_prompt_logprobs_follow_the_ranks(ckpt_dir):
+    """Prompt logprobs (rank 0's compute_logits called chunk by chunk over a long prompt, each
+    call followed by the other ranks) match tp=1's."""
+    from vllmx import LLM, SamplingParams
+
+    path = make_checkpoint("llama", "float32", ckpt_dir)
+    ids = np.random.default_rng().integers(3, VOCAB, size=300).tolist()  # > one 256-row chunk
+    sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, prompt_logprobs=3)
+    runs = []
+    for tp in (1, 2):
+        llm = LLM(path, skip_tokenizer_init=True, tensor_parallel_size=tp)
+        out = llm.generate([{"prompt_token_ids": ids}], sp)[0]
+        runs.append([d[t].logprob for d, t in zip(out.prompt_logprobs[1:], ids[1:])])
+        del llm
+    np.testing.assert_allclose(runs[1], runs[0], rtol=1e-4, atol=1e-4)
+
+
+def test_structured_output_on_the_default_model(smollm2_gguf):
+    """A regex-constrained request on SmolLM2 at tp=3 (the mask applied by rank 0 to whole
+    logits): tp=1's text, matching the regex."""
+    import re
+
+    from vllmx import LLM, SamplingParams
+    from vllmx.sampling_params import StructuredOutputsParams
+
+    sp = SamplingParams(temperature=0, max_tokens=12, structured_outputs=StructuredOutputsParams(
+        regex="[a-c]{3}-[0-9]{2}"))
+    texts = []
+    for tp in (1, 3):
+        llm = LLM(smollm2_gguf, max_model_len=256, kv_cache_memory_bytes=16 << 20,
+                  tensor_parallel_size=tp)
+        texts.append(llm.generate(["Write a code:"], sp)[0].outputs[0].text)
+        del llm
+    assert texts[1] == texts[0] and re.fullmatch("[a-c]{3}-[0-9]{2}", texts[1]), texts
 
 
 def test_dead_rank_fails_the_engine(ckpt_dir):
@@ -198,9 +281,10 @@ def test_dead_rank_fails_the_engine(ckpt_dir):
 
 @pytest.mark.parametrize("family,tp,pp,what", [
     ("llama", 3, 1, "tensor_parallel_size=3 must divide num_attention_heads"),
-    ("gpt2", 2, 1, "tensor / pipeline parallelism supports"),
     ("gpt2", 1, 2, "tensor / pipeline parallelism supports"),
     ("llama", 1, 3, "pipeline_parallel_size=3 is more than the model's 2 layers"),
+    ("gpt2", 2, 1, "tensor / pipeline parallelism supports"),
+    ("olmo2", 4, 1, "cannot norm k over the whole width at tensor_parallel_size=4"),
 ])
 def test_what_does_not_split_is_refused(family, tp, pp, what, ckpt_dir):
     from vllmx import LLM
@@ -214,8 +298,6 @@ def test_unsupported_combinations_are_refused(ckpt_dir):
     from vllmx import LLM
 
     path = make_checkpoint("llama", "float32", ckpt_dir)
-    with pytest.raises(ValueError, match="pipeline_parallel_size > 1 does not support LoRA"):
-        LLM(path, skip_tokenizer_init=True, pipeline_parallel_size=2, enable_lora=True)
     with pytest.raises(ValueError, match="not 'mtp'"):
         LLM(path, skip_tokenizer_init=True, pipeline_parallel_size=2,
             speculative_config={"method": "mtp", "num_speculative_tokens": 1})
@@ -243,3 +325,17 @@ def test_ray_backend_drives_tensor_parallelism(ckpt_dir):
         del llm
     finally:
         ray.shutdown()
+
+
+def test_ctrl_c_does_not_stop_the_ranks(ckpt_dir):
+    """SIGINT reaches the ranks too (one process group at a terminal): they leave it to rank
+    0, so an interrupted script's engine keeps working."""
+    from vllmx import LLM
+
+    llm = LLM(make_checkpoint("llama", "float32", ckpt_dir), skip_tokenizer_init=True,
+              tensor_parallel_size=2)
+    prompt = [{"prompt_token_ids": [5, 6, 7]}]
+    first = llm.generate(prompt, _greedy(4))[0].outputs[0].token_ids
+    os.kill(llm.llm_engine.worker.executor.procs[1].pid, signal.SIGINT)
+    time.sleep(0.5)
+    assert llm.generate(prompt, _greedy(4))[0].outputs[0].token_ids == first

@@ -38,21 +38,35 @@ TP_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"
                     "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM",
                     "Qwen2MoeForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM",
                     "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Qwen3NextForCausalLM",
-                    "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
-TP_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "smollm3", "granite")
+                    "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "Gemma2ForCausalLM",
+                    "Gemma3ForCausalLM", "Phi3ForCausalLM", "Glm4ForCausalLM",
+                    "Glm4MoeForCausalLM", "Starcoder2ForCausalLM", "CohereForCausalLM",
+                    "Cohere2ForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM",
+                    "Exaone4ForCausalLM", "GPTNeoXForCausalLM")
+TP_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "smollm3", "granite",
+                         "gemma2", "gemma3", "starcoder2")
 
 _RULES = [  # (pattern on the tensor's name without .weight / .bias, rule)
     (r"linear_attn\.(in_proj_qkv|conv1d)$", "gdn_qkv"),  # channels [q; k; v]
     (r"linear_attn\.(in_proj_qkvz|in_proj_ba)$", "gdn_groups"),  # per key head groups
     (r"linear_attn\.(in_proj_z|in_proj_b|in_proj_a|A_log|dt_bias)$", "gdn_value_heads"),
     (r"linear_attn\.out_proj$", "row"),
+    (r"self_attn\.qkv_proj$", "fused_qkv"),  # Phi-3's [q; k; v]
+    (r"mlp\.gate_up_proj$", "fused_gate_up"),  # Phi-3's and GLM-4's [gate; up]
     (r"(self_attn\.q_proj|self_attn\.q_b_proj|attn_q)$", "q"),
+    (r"self_attn\.q_norm$", "q_norm"),  # Cohere's [heads, head_dim] (a [head_dim] one: whole)
+    (r"self_attn\.k_norm$", "k_norm"),
     (r"self_attn\.kv_b_proj$", "kv_b"),
     (r"(self_attn\.[kv]_proj|attn_[kv])$", "kv"),
-    (r"((^|\.)(gate_proj|up_proj|w1|w3)|ffn_(gate|up)(_shexp)?)$", "column"),
+    (r"((^|\.)(gate_proj|up_proj|w1|w3)|mlp\.c_fc|ffn_(gate|up)(_shexp)?)$", "column"),
     (r"ffn_(gate|up)_exps$", "column_stacked"),  # GGUF's experts [E, I, H]
-    (r"((^|\.)(o_proj|down_proj|w2)|attn_output|ffn_down(_shexp)?|ffn_down_exps)$", "row"),
-    (r"(^model\.embed_tokens|^lm_head|^token_embd|^output)$", "vocab"),
+    (r"((^|\.)(o_proj|down_proj|w2)|mlp\.c_proj|attn_output|ffn_down(_shexp)?|ffn_down_exps)$",
+     "row"),
+    (r"(^model\.embed_tokens|^lm_head|^token_embd|^output|^gpt_neox\.embed_in|^embed_out)$",
+     "vocab"),
+    (r"attention\.query_key_value$", "q"),  # GPT-NeoX's: [q; k; v] a head, head by head
+    (r"mlp\.dense_h_to_4h$", "column"),
+    (r"(attention\.dense|mlp\.dense_4h_to_h)$", "row"),
 ]
 _RULES = [(re.compile(p), r) for p, r in _RULES]
 # Per-layer names the row rule must not take: the router and Qwen2-MoE's shared-expert gate.
@@ -102,6 +116,7 @@ def _check_divisible(what: str, n: int, tp: int) -> None:
         raise ValueError(f"tensor_parallel_size={tp} must divide {what} ({n})")
 
 
+_K_PROJ = re.compile(r"(self_attn\.k_proj|attn_k)\.weight$")
 _EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 _PER_EXPERT = re.compile(r"experts\.\d+\.")  # a checkpoint's tensor of one expert
 _STACKED_EXPERTS = re.compile(r"ffn_(gate|up|down)_exps\.")  # a GGUF's experts, stacked
@@ -166,11 +181,15 @@ class ShardedWeights(Mapping):
         return slice_weight(w, 0, self._rank * n, (self._rank + 1) * n, name)
 
     def _sections(self, w: Weight, sections: list[tuple[int, int]], name: str) -> Weight:
-        """This rank's rows of each (rows a head, heads) section of w's rows, in order."""
+        """This rank's rows of each (rows a head, heads) section of w's rows, in order (a
+        section of fewer heads than ranks: the head of this rank's share, repeated)."""
         parts, start = [], 0
         for rows, heads in sections:
-            n = rows * heads // self._tp
-            lo = start + self._rank * n
+            if heads < self._tp:
+                lo, n = start + self._rank * heads // self._tp * rows, rows
+            else:
+                n = rows * heads // self._tp
+                lo = start + self._rank * n
             parts.append(np.asarray(slice_weight(w, 0, lo, lo + n, name).data))
             start += rows * heads
         data = np.concatenate(parts)
@@ -187,9 +206,11 @@ class ShardedWeights(Mapping):
         if rule is None:
             return w
         r, tp = self._rank, self._tp
-        if rule in ("q", "kv_b"):
+        if rule in ("q_norm", "k_norm") and len(w.shape) == 1:
+            return w  # one norm for every head (Qwen3's, Gemma 3's)
+        if rule in ("q", "kv_b", "q_norm"):
             return self._heads(w, self._nq, name)
-        if rule == "kv":
+        if rule in ("kv", "k_norm"):
             if self._nkv >= tp:
                 return self._heads(w, self._nkv, name)
             d = w.shape[0] // self._nkv
@@ -197,6 +218,11 @@ class ShardedWeights(Mapping):
             return slice_weight(w, 0, head * d, (head + 1) * d, name)
         if rule == "gdn_qkv":
             return self._sections(w, [(self._dk, self._hk)] * 2 + [(self._dv, self._hv)], name)
+        if rule == "fused_qkv":
+            d = w.shape[0] // (self._nq + 2 * self._nkv)
+            return self._sections(w, [(d, self._nq), (d, self._nkv), (d, self._nkv)], name)
+        if rule == "fused_gate_up":
+            return self._sections(w, [(1, w.shape[0] // 2)] * 2, name)
         if rule == "gdn_groups":
             return self._heads(w, self._hk, name)
         if rule == "gdn_value_heads":
@@ -245,13 +271,22 @@ def shard_checkpoint(cfg: dict, weights: Mapping, rank: int, tp: int,
                      expert_parallel: bool = False) -> tuple[dict, Mapping]:
     """(config, weights) of rank's share; ValueError where the architecture or its sizes do
     not split tp ways. (A pipeline stage's model reads its own layers' tensors only.)"""
+    shapes = getattr(weights, "shapes", None)  # (DummyWeights: without making the tensors)
+
+    def rows(name: str) -> int:
+        return int(shapes[name][0] if shapes else weights[name].shape[0])
+
+    if not cfg.get("head_dim"):  # a family's own default (Gemma's 256) read off a k projection
+        k = next((n for n in weights if _K_PROJ.search(n)), None)
+        if k is not None:
+            cfg = {**cfg, "head_dim": rows(k) // (cfg.get("num_key_value_heads")
+                                                   or cfg["num_attention_heads"])}
     local = tp_config(cfg, rank, tp, expert_parallel)
     if tp == 1:
         return local, weights
-    embed = next((n for n in ("model.embed_tokens.weight", "token_embd.weight")
+    embed = next((n for n in ("model.embed_tokens.weight", "token_embd.weight",
+                              "gpt_neox.embed_in.weight")
                   if n in weights), None)
     if embed is not None:  # the full vocabulary: what lm_head's gathered logits span
-        shapes = getattr(weights, "shapes", None)  # (DummyWeights: without making the tensor)
-        local["vocab_size"] = int(shapes[embed][0] if shapes else weights[embed].shape[0])
-    return local, ShardedWeights(weights, {**cfg, "head_dim": local["head_dim"]}, rank, tp,
-                                 expert_parallel)
+        local["vocab_size"] = rows(embed)
+    return local, ShardedWeights(weights, cfg, rank, tp, expert_parallel)

@@ -26,15 +26,12 @@ logger = logging.getLogger("vllmx")
 def _check_tensor_parallel(config: VllmxConfig) -> None:
     """What several ranks do not run yet, refused before anything starts: the other ranks
     follow the model's forward and LoRA's slots only (executor/tp_worker.py), so the drafters
-    built over the target's layers (eagle, eagle3, mtp) would run on rank 0's share alone, and
-    a pipeline stage's LoRA layers on no rank. (A draft_model runs whole on rank 0, as vLLM's
-    draft_tensor_parallel_size=1.)"""
+    built over the target's layers (eagle, eagle3, mtp) would run on rank 0's share alone. (A
+    draft_model runs whole on rank 0, as vLLM's draft_tensor_parallel_size=1.)"""
     if config.parallel_config.world_size == 1:
         return
     spec = config.speculative_config
     what = "tensor_parallel_size * pipeline_parallel_size > 1"
-    if config.lora_config is not None and config.parallel_config.pipeline_parallel_size > 1:
-        raise ValueError("pipeline_parallel_size > 1 does not support LoRA adapters yet")
     if spec is not None and spec.method not in ("ngram", "draft_model"):
         raise ValueError(f"{what} supports speculative decoding by ngram and draft_model only "
                          f"so far, not {spec.method!r}")

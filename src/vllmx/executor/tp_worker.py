@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 import threading
 import time
 import traceback
@@ -91,6 +92,10 @@ def run_follower(config: VllmxConfig, conn, world_path: str | None,
     from vllmx.worker.cpu_worker import CpuWorker
 
     pc = config.parallel_config
+    try:  # Ctrl-C reaches the whole process group: rank 0 decides, and closes the others
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # (not the main thread: a Ray actor's may not be)
+        pass
     world, stage = (None if p is None else ShmSegment(p) for p in (world_path, stage_path))
     segments = [s for s in (world, stage) if s is not None]
     _watch_parent(segments)
@@ -122,7 +127,8 @@ def run_follower(config: VllmxConfig, conn, world_path: str | None,
                               AttentionMetadata(kv_caches=kv_caches, cache_dtype=cache_dtype,
                                                 **fields))
             elif method == "compute_logits":
-                if model.lm_head is not None:  # (a later pipeline stage holds none)
+                # (a later pipeline stage holds no lm_head; GPT-NeoX calls its head embed_out)
+                if getattr(model, "lm_head", model) is not None:
                     model.compute_logits(*args)
             elif method == "allocate_states":
                 model.allocate_states(*args)

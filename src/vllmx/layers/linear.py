@@ -105,6 +105,15 @@ class ParallelLMHead(Linear):
         return g.all_gather(logits, self.vocab_size, -(-self.vocab_size // g.world_size))
 
 
+def vocab_parallel_embedding(input_ids, table, group=None, vocab_start: int = 0):
+    """The tokens' embeddings (ops.embedding); under tensor parallelism (vLLM's
+    VocabParallelEmbedding) table holds this rank's rows of the vocabulary from vocab_start:
+    each rank looks its ids up there, zeros elsewhere, and the ranks' rows are summed."""
+    if group is None:
+        return ops.embedding(input_ids, table)
+    return group.all_reduce(ops.embedding_shard(input_ids, table, vocab_start))
+
+
 def concat_rows(weights: list[Weight]) -> Weight:
     """One weight from several with the same input size and dtype (e.g. gate and up), so one
     matmul serves them. Rows of blocks are independent, so this is exact for every dtype."""

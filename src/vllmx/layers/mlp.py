@@ -5,7 +5,7 @@ gated MLPs (SwiGLU, GeGLU) are a MergedLinear's act_and_mul."""
 from __future__ import annotations
 
 from vllmx import ops
-from vllmx.layers.linear import Linear
+from vllmx.layers.linear import Linear, RowParallelLinear
 from vllmx.ops import Weight
 
 # HF hidden_act names -> ops.gelu's approximate: erf, or the tanh form (gelu_new and gelu_fast
@@ -22,7 +22,7 @@ class GeluMLP:
                              f"(supported: {', '.join(sorted(GELU_APPROXIMATE))})")
         self.approximate = GELU_APPROXIMATE[hidden_act]
         self.fc = Linear(fc, fc_bias)
-        self.proj = Linear(proj, proj_bias)
+        self.proj = RowParallelLinear(proj, proj_bias)  # (a Linear without tensor parallelism)
 
     def __call__(self, x):
         return self.proj(ops.gelu(self.fc(x), self.approximate))

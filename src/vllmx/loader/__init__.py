@@ -78,6 +78,9 @@ def load_model(model_config: ModelConfig):
                                         1 if group is None else group.world_size,
                                         get_ep_group() is not None)
     model = model_cls(cfg, weights)
+    if get_pp_stage() is not None and getattr(model, "pp_stage", None) is None:
+        raise ValueError(f"pipeline_parallel_size > 1 is not supported for "
+                         f"{type(model).__name__} yet (its forward runs every layer)")
     del weights  # what the model keeps it holds itself; a repacked original is freed
     trim_heap()
     return model, tokenizer

@@ -49,7 +49,9 @@ class LoRAModelManager:
         self.modules: list[dict[str, LinearWithLoRA]] = []
         # The decoder layers checked against peft (tests/lora).
         layers = getattr(model, "layers", None) or []
-        if not layers or not all(isinstance(la, _LORA_LAYERS) for la in layers):
+        # (a pipeline stage's model holds its own layers; the others are None)
+        if not layers or not all(isinstance(la, _LORA_LAYERS) for la in layers
+                                 if la is not None):
             raise ValueError(f"LoRA is not supported for {type(model).__name__} "
                              f"({type(layers[0]).__name__ if layers else 'no decoder layers'}) "
                              f"yet: vllmx applies adapters to the Llama-family decoders "
@@ -57,7 +59,7 @@ class LoRAModelManager:
                              f"OLMo 2 / 3, EXAONE 4, StableLM and Cohere (Command R, Cohere 2)")
         for layer in layers:
             found = {}
-            for attr, slices in _TARGETS.items():
+            for attr, slices in _TARGETS.items() if layer is not None else ():
                 base = getattr(layer, attr, None)
                 if isinstance(base, (Linear, MergedLinear)):
                     wrapped = LinearWithLoRA(base, slices, self.punica, lora_config.max_loras,
@@ -180,6 +182,11 @@ class LoRAModelManager:
                              f"{base.gguf_arch!r}")
         for (i, module), w in lora.loras.items():
             target = self.modules[i].get(module) if i < len(self.modules) else None
+            if target is None and i < len(self.modules) and not self.modules[i]:
+                # another pipeline stage's layer: checked against this stage's same module
+                # (the family's layers share their shapes), so that rank 0 refuses what a
+                # later stage could not load
+                target = next((m[module] for m in self.modules if module in m), None)
             if target is None:
                 raise ValueError(f"LoRA adapter {lora.name!r}: layer {i} {module} is not in the "
                                  f"base model (or not a dense projection there)")

@@ -12,9 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 from vllmx import ops
+from vllmx.distributed.parallel_state import get_tp_group, shard_range
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
-from vllmx.layers.linear import Linear, MergedLinear
+from vllmx.layers.linear import MergedLinear, ParallelLMHead, RowParallelLinear
 from vllmx.layers.norm import LayerNorm, ResidualAdd
 from vllmx.layers.rotary import RotaryEmbedding, get_rope
 from vllmx.models.decoder import DecoderLM
@@ -37,7 +38,8 @@ class CohereDecoderLayer:
         qkv = [p + f"self_attn.{n}_proj" for n in "qkv"]
         self.qkv_proj = MergedLinear([w[n + ".weight"] for n in qkv],
                                      [w.get(n + ".bias") for n in qkv])
-        self.o_proj = Linear(w[p + "self_attn.o_proj.weight"], w.get(p + "self_attn.o_proj.bias"))
+        self.o_proj = RowParallelLinear(w[p + "self_attn.o_proj.weight"],
+                                        w.get(p + "self_attn.o_proj.bias"))
         self.q_norm = self.k_norm = None
         if cfg["use_qk_norm"]:  # weights [heads, head_dim]: one LayerNorm per head
             self.q_norm = LayerNorm(w[p + "self_attn.q_norm.weight"], None, eps)
@@ -46,7 +48,7 @@ class CohereDecoderLayer:
         self.attn = Attention(i, nq, nkv, d, d ** -0.5, sliding_window)
         self.gate_up_proj = MergedLinear([w[p + "mlp.gate_proj.weight"],
                                           w[p + "mlp.up_proj.weight"]], [None, None])
-        self.down_proj = Linear(w[p + "mlp.down_proj.weight"])
+        self.down_proj = RowParallelLinear(w[p + "mlp.down_proj.weight"])
         self.input_layernorm = LayerNorm(w[p + "input_layernorm.weight"], None, eps)
         self.add = add
 
@@ -92,8 +94,13 @@ class CohereForCausalLM(DecoderLM):
         self.layers = [CohereDecoderLayer(i, cfg, weights, rope, self._add, window)
                        for i, (rope, window) in enumerate(self.layer_attention(cfg))]
         self.norm = LayerNorm(weights["model.norm.weight"], None, cfg["layer_norm_eps"])
-        self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
-        self.vocab_size = self.lm_head.weight.shape[0]
+        self.lm_head = ParallelLMHead(weights.get("lm_head.weight", self.embed_tokens),
+                                      cfg.get("vocab_size"))
+        self.vocab_size = self.lm_head.vocab_size
+        self.tp_group = get_tp_group()  # (under tensor parallelism: this rank's heads, rows)
+        if self.tp_group is not None:
+            self.vocab_start = shard_range(self.vocab_size, self.tp_group.rank,
+                                           self.tp_group.world_size)[0]
         self.logit_scale = float(cfg.get("logit_scale") or 1.0)
 
     def layer_attention(self, cfg: dict) -> list[tuple[RotaryEmbedding, int]]:

@@ -9,6 +9,7 @@ import numpy as np
 
 from vllmx import ops
 from vllmx.layers.attention import AttentionMetadata
+from vllmx.layers.linear import vocab_parallel_embedding
 from vllmx.layers.norm import ResidualAdd
 
 
@@ -74,10 +75,8 @@ class DecoderLM:
         """The tokens' embeddings; under tensor parallelism (vLLM's VocabParallelEmbedding)
         each rank looks up the ids in its rows, zeros elsewhere, and the ranks' rows are
         summed."""
-        if self.tp_group is None:
-            return ops.embedding(input_ids, self.embed_tokens)
-        return self.tp_group.all_reduce(
-            ops.embedding_shard(input_ids, self.embed_tokens, self.vocab_start))
+        return vocab_parallel_embedding(input_ids, self.embed_tokens, self.tp_group,
+                                        self.vocab_start)
 
     def _keep_aux_hidden_state(self, layer: int, h, residual) -> None:
         """h + residual (layer 0: the embeddings) into layer's columns of aux_hidden_out, the

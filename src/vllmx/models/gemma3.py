@@ -13,9 +13,15 @@ import math
 import numpy as np
 
 from vllmx import ops
+from vllmx.distributed.parallel_state import get_tp_group, shard_range
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
-from vllmx.layers.linear import Linear, MergedLinear
+from vllmx.layers.linear import (
+    MergedLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    vocab_parallel_embedding,
+)
 from vllmx.layers.norm import RMSNorm
 from vllmx.layers.rotary import RotaryEmbedding
 from vllmx.models.shapes import decoder_shapes, require_tensors
@@ -122,7 +128,8 @@ class Gemma3DecoderLayer:
         qkv = [p + f"self_attn.{n}_proj" for n in "qkv"]
         self.qkv_proj = MergedLinear([w[n + ".weight"] for n in qkv],
                                      [w.get(n + ".bias") for n in qkv])
-        self.o_proj = Linear(w[p + "self_attn.o_proj.weight"], w.get(p + "self_attn.o_proj.bias"))
+        self.o_proj = RowParallelLinear(w[p + "self_attn.o_proj.weight"],
+                                        w.get(p + "self_attn.o_proj.bias"))
         self.q_norm = self.k_norm = None
         if p + "self_attn.q_norm.weight" in w:  # Gemma 3
             self.q_norm, self.k_norm = norm("self_attn.q_norm"), norm("self_attn.k_norm")
@@ -132,7 +139,7 @@ class Gemma3DecoderLayer:
                               cfg["attn_logit_softcapping"])
         self.gate_up_proj = MergedLinear([w[p + "mlp.gate_proj.weight"],
                                           w[p + "mlp.up_proj.weight"]], [None, None])
-        self.down_proj = Linear(w[p + "mlp.down_proj.weight"])
+        self.down_proj = RowParallelLinear(w[p + "mlp.down_proj.weight"])
         self.input_layernorm = norm("input_layernorm")
         self.post_attention_layernorm = norm("post_attention_layernorm")
         self.pre_feedforward_layernorm = norm("pre_feedforward_layernorm")
@@ -211,8 +218,14 @@ class Gemma3ForCausalLM:
             for i, t in enumerate(cfg["layer_types"])]
         self.norm = gemma_rms_norm(weights["model.norm.weight"], cfg["rms_norm_eps"],
                                    cfg["norm_offset"])
-        self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
-        self.vocab_size = self.lm_head.weight.shape[0]
+        self.lm_head = ParallelLMHead(weights.get("lm_head.weight", self.embed_tokens),
+                                      cfg.get("vocab_size"))
+        self.vocab_size = self.lm_head.vocab_size
+        # Tensor parallelism: this rank's heads and vocabulary rows (distributed/tp_shard.py)
+        self.tp_group, self.vocab_start = get_tp_group(), 0
+        if self.tp_group is not None:
+            self.vocab_start = shard_range(self.vocab_size, self.tp_group.rank,
+                                           self.tp_group.world_size)[0]
         self.final_logit_softcapping = float(cfg.get("final_logit_softcapping") or 0.0)
 
     @staticmethod
@@ -238,7 +251,8 @@ class Gemma3ForCausalLM:
 
     def forward(self, input_ids: np.ndarray, positions: np.ndarray,
                 md: AttentionMetadata) -> np.ndarray:
-        h = ops.embedding(input_ids, self.embed_tokens)
+        h = vocab_parallel_embedding(input_ids, self.embed_tokens, self.tp_group,
+                                     self.vocab_start)
         ops.scale_(h, self.embed_scale)
         residual = None
         for layer in self.layers:

@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from vllmx import ops
+from vllmx.distributed.parallel_state import get_tp_group, shard_range
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
-from vllmx.layers.linear import Linear, qkv_by_group
+from vllmx.layers.linear import (
+    Linear,
+    ParallelLMHead,
+    RowParallelLinear,
+    qkv_by_group,
+    vocab_parallel_embedding,
+)
 from vllmx.layers.mlp import GeluMLP
 from vllmx.layers.norm import LayerNorm, ResidualAdd
 from vllmx.layers.rotary import RotaryEmbedding, get_rope
@@ -41,7 +47,8 @@ class GPTNeoXLayer:
                                                         nh, 1, d))
         else:  # a GGUF's: [q heads; k heads; v heads] already
             self.query_key_value = Linear(w[qkv + ".weight"], w.get(qkv + ".bias"))
-        self.dense = Linear(w[p + "attention.dense.weight"], w.get(p + "attention.dense.bias"))
+        self.dense = RowParallelLinear(w[p + "attention.dense.weight"],
+                                       w.get(p + "attention.dense.bias"))
         self.rope = rope
         self.attn = Attention(i, nh, nh, d, d ** -0.5)
         self.mlp = GeluMLP(w[p + "mlp.dense_h_to_4h.weight"], w.get(p + "mlp.dense_h_to_4h.bias"),
@@ -78,7 +85,8 @@ class GPTNeoXForCausalLM:
         cfg["qkv_by_head"] = gguf_arch is None
         nh = cfg["num_attention_heads"]
         cfg["num_key_value_heads"] = nh
-        cfg["head_dim"] = cfg["hidden_size"] // nh
+        # (tensor parallelism's share keeps the whole model's head_dim, tp_shard.tp_config)
+        cfg["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // nh
         cfg.setdefault("layer_norm_eps", 1e-5)
         cfg["hidden_act"] = cfg.get("hidden_act") or "gelu"
         cfg["use_parallel_residual"] = bool(cfg.get("use_parallel_residual", True))
@@ -102,8 +110,13 @@ class GPTNeoXForCausalLM:
                                           cfg["layer_norm_eps"])
         # embed_out as checkpoints name it (transformers 5 loads it as lm_head); tied if asked.
         head = weights.get("embed_out.weight", weights.get("lm_head.weight"))
-        self.embed_out = Linear(self.embed_in if head is None else head)
-        self.vocab_size = self.embed_out.weight.shape[0]
+        self.embed_out = ParallelLMHead(self.embed_in if head is None else head,
+                                        cfg.get("vocab_size"))
+        self.vocab_size = self.embed_out.vocab_size
+        self.tp_group, self.vocab_start = get_tp_group(), 0  # (this rank's heads, rows)
+        if self.tp_group is not None:
+            self.vocab_start = shard_range(self.vocab_size, self.tp_group.rank,
+                                           self.tp_group.world_size)[0]
 
     @staticmethod
     def checkpoint_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
@@ -139,7 +152,7 @@ class GPTNeoXForCausalLM:
 
     def forward(self, input_ids: np.ndarray, positions: np.ndarray,
                 md: AttentionMetadata) -> np.ndarray:
-        h = ops.embedding(input_ids, self.embed_in)
+        h = vocab_parallel_embedding(input_ids, self.embed_in, self.tp_group, self.vocab_start)
         residual = None
         for layer in self.layers:
             h, residual = layer(positions, h, residual, md)

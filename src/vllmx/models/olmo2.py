@@ -11,9 +11,15 @@ from __future__ import annotations
 import numpy as np
 
 from vllmx import ops
+from vllmx.distributed.parallel_state import get_tp_group, shard_range
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
-from vllmx.layers.linear import Linear, MergedLinear
+from vllmx.layers.linear import (
+    MergedLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    vocab_parallel_embedding,
+)
 from vllmx.layers.norm import ResidualAdd, RMSNorm
 from vllmx.layers.rotary import RotaryEmbedding
 from vllmx.models.llama import gguf_name_to_hf
@@ -77,14 +83,23 @@ class Olmo2DecoderLayer:
         qkv = [p + f"self_attn.{n}_proj" for n in "qkv"]
         self.qkv_proj = MergedLinear([w[n + ".weight"] for n in qkv],
                                      [w.get(n + ".bias") for n in qkv])
-        self.o_proj = Linear(w[p + "self_attn.o_proj.weight"], w.get(p + "self_attn.o_proj.bias"))
+        self.o_proj = RowParallelLinear(w[p + "self_attn.o_proj.weight"],
+                                        w.get(p + "self_attn.o_proj.bias"))
         self.q_norm = RMSNorm(w[p + "self_attn.q_norm.weight"], eps)  # [nq * d] or [d]
         self.k_norm = RMSNorm(w[p + "self_attn.k_norm.weight"], eps)  # [nkv * d] or [d]
+        # Tensor parallelism: OLMo's norms span every head (whole weights), so a rank gathers
+        # the ranks' q / k, norms them whole and keeps its columns (vLLM does the same).
+        self.tp_group = get_tp_group()
+        if (self.tp_group is not None and not self.qk_norm_per_head
+                and w[p + "self_attn.k_norm.weight"].shape[0] != nkv * d * self.tp_group.world_size):
+            raise ValueError(f"OLMo with {nkv} kv heads a rank cannot norm k over the whole "
+                             f"width at tensor_parallel_size={self.tp_group.world_size}: its kv "
+                             f"heads must split evenly")
         self.rope = rope
         self.attn = Attention(i, nq, nkv, d, d ** -0.5, sliding_window)
         self.gate_up_proj = MergedLinear([w[p + "mlp.gate_proj.weight"],
                                           w[p + "mlp.up_proj.weight"]], [None, None])
-        self.down_proj = Linear(w[p + "mlp.down_proj.weight"])
+        self.down_proj = RowParallelLinear(w[p + "mlp.down_proj.weight"])
         self.post_attention_layernorm = RMSNorm(w[p + "post_attention_layernorm.weight"], eps)
         self.post_feedforward_layernorm = RMSNorm(w[p + "post_feedforward_layernorm.weight"],
                                                   eps)
@@ -96,11 +111,21 @@ class Olmo2DecoderLayer:
                                       self.k_norm, md)
         else:
             q, k, v = ops.split_columns(self.qkv_proj(h), self.qkv_sizes)
-            a = self.attn.forward(self.q_norm(q), self.k_norm(k), v, positions, self.rope, md)
+            a = self.attn.forward(self._norm_whole(q, self.q_norm),
+                                  self._norm_whole(k, self.k_norm), v, positions, self.rope, md)
         add(self.post_attention_layernorm(self.o_proj(a)), h)
         m = self.down_proj(self.gate_up_proj.act_and_mul(h, "silu"))
         add(self.post_feedforward_layernorm(m), h)
         return h
+
+    def _norm_whole(self, x, norm: RMSNorm):
+        """norm over the whole width: this rank's columns of norm(every rank's x side by side)."""
+        g = self.tp_group
+        if g is None:
+            return norm(x)
+        n = x.shape[1]
+        return ops.split_columns(norm(g.all_gather(x, n * g.world_size, n)),
+                                 [n] * g.world_size)[g.rank]
 
 
 class Olmo2ForCausalLM:
@@ -153,8 +178,13 @@ class Olmo2ForCausalLM:
             for i, t in enumerate(types)]
         self.norm = RMSNorm(weights["model.norm.weight"], cfg["rms_norm_eps"])
         self._add = ResidualAdd(cfg["hidden_size"])  # residual += x (x is overwritten)
-        self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
-        self.vocab_size = self.lm_head.weight.shape[0]
+        self.lm_head = ParallelLMHead(weights.get("lm_head.weight", self.embed_tokens),
+                                      cfg.get("vocab_size"))
+        self.vocab_size = self.lm_head.vocab_size
+        self.tp_group, self.vocab_start = get_tp_group(), 0  # (this rank's heads, rows)
+        if self.tp_group is not None:
+            self.vocab_start = shard_range(self.vocab_size, self.tp_group.rank,
+                                           self.tp_group.world_size)[0]
 
     @staticmethod
     def checkpoint_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
@@ -181,7 +211,8 @@ class Olmo2ForCausalLM:
 
     def forward(self, input_ids: np.ndarray, positions: np.ndarray,
                 md: AttentionMetadata) -> np.ndarray:
-        h = ops.embedding(input_ids, self.embed_tokens)
+        h = vocab_parallel_embedding(input_ids, self.embed_tokens, self.tp_group,
+                                     self.vocab_start)
         for layer in self.layers:
             h = layer(positions, h, md, self._add)
         return self.norm(h)

@@ -5,9 +5,10 @@ sliding window on every layer when the config has one, tied embeddings by defaul
 
 from __future__ import annotations
 
+from vllmx.distributed.parallel_state import get_tp_group, shard_range
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
-from vllmx.layers.linear import Linear, MergedLinear
+from vllmx.layers.linear import MergedLinear, ParallelLMHead, RowParallelLinear
 from vllmx.layers.mlp import GeluMLP
 from vllmx.layers.norm import LayerNorm
 from vllmx.layers.rotary import RotaryEmbedding, get_rope
@@ -33,7 +34,8 @@ class Starcoder2DecoderLayer:
         qkv = [p + f"self_attn.{n}_proj" for n in "qkv"]
         self.qkv_proj = MergedLinear([w[n + ".weight"] for n in qkv],
                                      [w.get(n + ".bias") for n in qkv])
-        self.o_proj = Linear(w[p + "self_attn.o_proj.weight"], w.get(p + "self_attn.o_proj.bias"))
+        self.o_proj = RowParallelLinear(w[p + "self_attn.o_proj.weight"],
+                                        w.get(p + "self_attn.o_proj.bias"))
         self.rope = rope
         self.attn = Attention(i, nq, nkv, d, d ** -0.5, cfg["attn_sliding_window"])
         self.mlp = GeluMLP(w[p + "mlp.c_fc.weight"], w.get(p + "mlp.c_fc.bias"),
@@ -61,7 +63,8 @@ class Starcoder2ForCausalLM(DecoderLM):
         if cfg.get("gguf_architecture") is not None:
             weights = {gguf_name_to_hf(k, cfg["gguf_architecture"]): v for k, v in weights.items()}
         cfg["num_key_value_heads"] = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
-        cfg["head_dim"] = cfg["hidden_size"] // cfg["num_attention_heads"]
+        # (tensor parallelism's share keeps the whole model's head_dim, tp_shard.tp_config)
+        cfg["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
         cfg.setdefault("norm_epsilon", 1e-5)
         cfg["hidden_act"] = cfg.get("hidden_act") or "gelu_pytorch_tanh"
         cfg["attn_sliding_window"] = int(cfg.get("sliding_window") or 0)
@@ -75,8 +78,13 @@ class Starcoder2ForCausalLM(DecoderLM):
                        for i in range(cfg["num_hidden_layers"])]
         self.norm = LayerNorm(weights["model.norm.weight"], weights["model.norm.bias"],
                               cfg["norm_epsilon"])
-        self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
-        self.vocab_size = self.lm_head.weight.shape[0]
+        self.lm_head = ParallelLMHead(weights.get("lm_head.weight", self.embed_tokens),
+                                      cfg.get("vocab_size"))
+        self.vocab_size = self.lm_head.vocab_size
+        self.tp_group = get_tp_group()  # (under tensor parallelism: this rank's heads, rows)
+        if self.tp_group is not None:
+            self.vocab_start = shard_range(self.vocab_size, self.tp_group.rank,
+                                           self.tp_group.world_size)[0]
 
     @staticmethod
     def checkpoint_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
