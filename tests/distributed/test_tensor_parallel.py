@@ -44,7 +44,8 @@ def ckpt_dir(tmp_path_factory):
                                           ("cohere2", 2, 1), ("olmo2", 2, 1),
                                           ("olmo2_bias", 2, 1), ("olmo3", 2, 1),
                                           ("exaone4", 2, 1), ("gpt_neox", 2, 1),
-                                          ("gpt_neox_seq", 2, 1)])
+                                          ("gpt_neox_seq", 2, 1), ("granite_moe", 2, 1),
+                                          ("granite_moe_shared", 2, 1)])
 def test_parity(family, tp, pp, ckpt_dir):
     path = make_checkpoint(family, "float32", ckpt_dir)
     llm, _, _ = run_parity(path, path, tensor_parallel_size=tp, pipeline_parallel_size=pp)
@@ -102,13 +103,14 @@ def test_gemma_parity(which, tmp_path):
             LLM(path, skip_tokenizer_init=True, pipeline_parallel_size=2)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "starcoder2_gguf"])
+@pytest.mark.parametrize("family", ["qwen3", "starcoder2_gguf", "granite_moe"])
 def test_parity_gguf(family, ckpt_dir):
     """A GGUF (an F32 file) cut by its own tensor names: qwen3's; Starcoder2's LayerNorm
-    layout (biases on every projection: the row-parallel ones' added by rank 0)."""
+    layout (biases on every projection: the row-parallel ones' added by rank 0); GraniteMoe's
+    stacked experts (gate / up / down apart)."""
     path = make_checkpoint(family, "float32", ckpt_dir)
     out = os.path.join(ckpt_dir, f"{family}.gguf")
-    if family == "qwen3":
+    if family != "starcoder2_gguf":
         gguf_path = write_gguf(path, family, out)
     else:
         from tests.models.layernorm_gguf import write_layernorm_gguf

@@ -42,9 +42,10 @@ TP_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"
                     "Gemma3ForCausalLM", "Phi3ForCausalLM", "Glm4ForCausalLM",
                     "Glm4MoeForCausalLM", "Starcoder2ForCausalLM", "CohereForCausalLM",
                     "Cohere2ForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM",
-                    "Exaone4ForCausalLM", "GPTNeoXForCausalLM")
+                    "Exaone4ForCausalLM", "GPTNeoXForCausalLM", "GraniteMoeForCausalLM",
+                    "GraniteMoeSharedForCausalLM")
 TP_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "smollm3", "granite",
-                         "gemma2", "gemma3", "starcoder2")
+                         "gemma2", "gemma3", "starcoder2", "granitemoe")
 
 _RULES = [  # (pattern on the tensor's name without .weight / .bias, rule)
     (r"linear_attn\.(in_proj_qkv|conv1d)$", "gdn_qkv"),  # channels [q; k; v]
@@ -52,7 +53,9 @@ _RULES = [  # (pattern on the tensor's name without .weight / .bias, rule)
     (r"linear_attn\.(in_proj_z|in_proj_b|in_proj_a|A_log|dt_bias)$", "gdn_value_heads"),
     (r"linear_attn\.out_proj$", "row"),
     (r"self_attn\.qkv_proj$", "fused_qkv"),  # Phi-3's [q; k; v]
-    (r"mlp\.gate_up_proj$", "fused_gate_up"),  # Phi-3's and GLM-4's [gate; up]
+    (r"(mlp\.gate_up_proj|shared_mlp\.input_linear)$", "fused_gate_up"),  # [gate; up]
+    (r"block_sparse_moe\.input_linear$", "stacked_gate_up"),  # GraniteMoe's [E, 2 I, H]
+    (r"(block_sparse_moe|shared_mlp)\.output_linear$", "row"),
     (r"(self_attn\.q_proj|self_attn\.q_b_proj|attn_q)$", "q"),
     (r"self_attn\.q_norm$", "q_norm"),  # Cohere's [heads, head_dim] (a [head_dim] one: whole)
     (r"self_attn\.k_norm$", "k_norm"),
@@ -146,7 +149,8 @@ def tp_config(cfg: dict, rank: int, tp: int, expert_parallel: bool = False) -> d
         if cfg.get(key):
             _check_divisible(key, int(cfg[key]), tp)
             out[key] = int(cfg[key]) // tp
-    divided = ["intermediate_size", "shared_expert_intermediate_size"]
+    divided = ["intermediate_size", "shared_expert_intermediate_size",
+               "shared_intermediate_size"]
     if expert_parallel:
         experts = next((int(cfg[k]) for k in _EXPERT_COUNT_KEYS if cfg.get(k)), 0)
         if experts:
@@ -223,6 +227,14 @@ class ShardedWeights(Mapping):
             return self._sections(w, [(d, self._nq), (d, self._nkv), (d, self._nkv)], name)
         if rule == "fused_gate_up":
             return self._sections(w, [(1, w.shape[0] // 2)] * 2, name)
+        if rule == "stacked_gate_up":  # each expert's [gate; up] rows, half by half
+            inter = w.shape[1] // 2
+            n = inter // tp
+            halves = [slice_weight(w, 1, h * inter + r * n, h * inter + (r + 1) * n, name)
+                      for h in (0, 1)]
+            data = np.concatenate([np.asarray(x.data).reshape(w.shape[0], n, -1)
+                                   for x in halves], axis=1)
+            return Weight(data, w.dtype, (w.shape[0], 2 * n) + tuple(w.shape[2:]))
         if rule == "gdn_groups":
             return self._heads(w, self._hk, name)
         if rule == "gdn_value_heads":
