@@ -45,7 +45,9 @@ def ckpt_dir(tmp_path_factory):
                                           ("olmo2_bias", 2, 1), ("olmo3", 2, 1),
                                           ("exaone4", 2, 1), ("gpt_neox", 2, 1),
                                           ("gpt_neox_seq", 2, 1), ("granite_moe", 2, 1),
-                                          ("granite_moe_shared", 2, 1)])
+                                          ("granite_moe_shared", 2, 1), ("mistral", 2, 1),
+                                          ("qwen2", 2, 1), ("qwen2_moe", 2, 1),
+                                          ("smollm3", 2, 1), ("granite", 2, 1)])
 def test_parity(family, tp, pp, ckpt_dir):
     path = make_checkpoint(family, "float32", ckpt_dir)
     llm, _, _ = run_parity(path, path, tensor_parallel_size=tp, pipeline_parallel_size=pp)
