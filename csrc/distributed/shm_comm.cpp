@@ -1,5 +1,5 @@
-// all_reduce / all_gather / broadcast over a host's shared-memory segment (shm_comm.h), and the
-// vocab-parallel embedding's share: tensor parallelism on the CPU, one process a rank.
+// all_reduce / all_gather / broadcast over a host's shared-memory segment (shm_comm.h): tensor
+// parallelism on the CPU, one process a rank.
 #include "distributed/shm_comm.h"
 
 #include <sched.h>
@@ -12,7 +12,6 @@
 #include <string>
 
 #include "core/op_table.h"
-#include "quant/quant.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -140,37 +139,8 @@ void broadcast(const Tensor& x, const Tensor& shm, int64_t rank, int64_t src) {
   }
 }
 
-void embedding_shard(const Tensor& out, const Tensor& ids, const Tensor& table,
-                     int64_t vocab_start) {
-  const char* op = "embedding_shard";
-  check_dtype(out, DType::F32, op, "out");
-  check_dtype(ids, DType::I32, op, "ids");
-  check_ndim(ids, 1, op, "ids");
-  check_ndim(table, 2, op, "table");
-  VLLMX_CHECK(type_traits(table.dtype).supported, op,
-              std::string("unsupported table dtype ") + dtype_name(table.dtype));
-  const int64_t t = ids.shape[0], rows = table.shape[0], hidden = table.shape[1];
-  VLLMX_CHECK(out.ndim == 2 && out.shape[0] == t && out.shape[1] == hidden && out.stride[1] == 1,
-              op, "out " + out.str() + " must be [" + std::to_string(t) + ", " +
-                      std::to_string(hidden) + "] for table " + table.str());
-  VLLMX_CHECK(vocab_start >= 0, op, "vocab_start must be >= 0");
-  const int64_t rb = row_bytes(table.dtype, hidden);
-  const char* base = static_cast<const char*>(table.data);
-  const int32_t* idp = ids.ptr<int32_t>();
-  for (int64_t i = 0; i < t; ++i) {
-    VLLMX_CHECK(idp[i] >= 0, op, "token id " + std::to_string(idp[i]) + " is negative");
-    float* o = out.ptr<float>() + i * out.stride[0];
-    const int64_t row = idp[i] - vocab_start;
-    if (row >= 0 && row < rows)
-      dequantize_row(table.dtype, base + row * rb, o, hidden);
-    else
-      std::fill(o, o + hidden, 0.0f);
-  }
-}
-
 VLLMX_KERNEL(all_reduce, kCPU, all_reduce);
 VLLMX_KERNEL(all_gather, kCPU, all_gather);
 VLLMX_KERNEL(broadcast, kCPU, broadcast);
-VLLMX_KERNEL(embedding_shard, kCPU, embedding_shard);
 
 }  // namespace vllmx

@@ -10,7 +10,7 @@ import numpy as np
 
 from vllmx import ops
 from vllmx.device import DeviceArray
-from vllmx.distributed.parallel_state import get_tp_group
+from vllmx.distributed.parallel_state import get_tp_group, shard_range
 from vllmx.layers import placement
 from vllmx.ops import Weight
 from vllmx.pages import release_file_pages
@@ -89,20 +89,25 @@ class RowParallelLinear(Linear):
 
 class ParallelLMHead(Linear):
     """vLLM's ParallelLMHead: under tensor parallelism this rank holds ceil(V / tp) rows of the
-    vocabulary (its share, shard_range) and every rank gets the whole [T, V] logits
+    vocabulary (its share, shard_range: rows vocab_start on, the same rows a tied or
+    vocabulary-parallel embedding holds) and every rank gets the whole [T, V] logits
     (all_gather). vocab_size: V (the weight's rows without a group)."""
 
     def __init__(self, weight: Weight, vocab_size: int | None = None):
         super().__init__(weight)
-        self.tp_group = get_tp_group()
-        self.vocab_size = self.weight.shape[0] if self.tp_group is None else int(vocab_size)
+        self.tp_group = g = get_tp_group()
+        self.vocab_size = self.weight.shape[0] if g is None else int(vocab_size)
+        self.vocab_start, self._part = 0, self.vocab_size  # (a rank's rows, all but the last's)
+        if g is not None:
+            self.vocab_start = shard_range(self.vocab_size, g.rank, g.world_size)[0]
+            self._part = -(-self.vocab_size // g.world_size)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         logits = ops.linear(x, self.weight, self.bias)
         g = self.tp_group
         if g is None:
             return logits
-        return g.all_gather(logits, self.vocab_size, -(-self.vocab_size // g.world_size))
+        return g.all_gather(logits, self.vocab_size, self._part)
 
 
 def vocab_parallel_embedding(input_ids, table, group=None, vocab_start: int = 0):

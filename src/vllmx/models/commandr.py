@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from vllmx import ops
-from vllmx.distributed.parallel_state import get_tp_group, shard_range
+from vllmx.distributed.parallel_state import get_tp_group
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.linear import MergedLinear, ParallelLMHead, RowParallelLinear
@@ -98,9 +98,7 @@ class CohereForCausalLM(DecoderLM):
                                       cfg.get("vocab_size"))
         self.vocab_size = self.lm_head.vocab_size
         self.tp_group = get_tp_group()  # (under tensor parallelism: this rank's heads, rows)
-        if self.tp_group is not None:
-            self.vocab_start = shard_range(self.vocab_size, self.tp_group.rank,
-                                           self.tp_group.world_size)[0]
+        self.vocab_start = self.lm_head.vocab_start  # (embed_tokens holds the same rows)
         self.logit_scale = float(cfg.get("logit_scale") or 1.0)
 
     def layer_attention(self, cfg: dict) -> list[tuple[RotaryEmbedding, int]]:

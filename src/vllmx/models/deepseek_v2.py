@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from vllmx.device import F32
-from vllmx.distributed.parallel_state import get_pp_stage, get_tp_group, shard_range
+from vllmx.distributed.parallel_state import get_pp_stage, get_tp_group
 from vllmx.layers import placement
 from vllmx.layers.attention import AttentionMetadata
 from vllmx.layers.fused_moe import SwiGLUMLP
@@ -120,9 +120,8 @@ class DeepseekV2ForCausalLM(DecoderLM):
         self.lm_head = ParallelLMHead(weights.get("lm_head.weight", self.embed_tokens),
                                       cfg.get("vocab_size")) if first else None
         self.vocab_size = self.lm_head.vocab_size if first else int(cfg["vocab_size"])
-        if self.tp_group is not None:
-            self.vocab_start = shard_range(self.vocab_size, self.tp_group.rank,
-                                           self.tp_group.world_size)[0]
+        if self.lm_head is not None:  # (embed_tokens holds the same rows)
+            self.vocab_start = self.lm_head.vocab_start
 
     def mtp_block(self, weights: dict[str, Weight], i: int) -> DeepseekV2DecoderLayer:
         """Decoder layer i >= num_hidden_layers, the multi-token-prediction layer's (the MoE

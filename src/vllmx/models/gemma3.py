@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from vllmx import ops
-from vllmx.distributed.parallel_state import get_tp_group, shard_range
+from vllmx.distributed.parallel_state import get_tp_group
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.linear import (
@@ -222,10 +222,7 @@ class Gemma3ForCausalLM:
                                       cfg.get("vocab_size"))
         self.vocab_size = self.lm_head.vocab_size
         # Tensor parallelism: this rank's heads and vocabulary rows (distributed/tp_shard.py)
-        self.tp_group, self.vocab_start = get_tp_group(), 0
-        if self.tp_group is not None:
-            self.vocab_start = shard_range(self.vocab_size, self.tp_group.rank,
-                                           self.tp_group.world_size)[0]
+        self.tp_group, self.vocab_start = get_tp_group(), self.lm_head.vocab_start
         self.final_logit_softcapping = float(cfg.get("final_logit_softcapping") or 0.0)
 
     @staticmethod

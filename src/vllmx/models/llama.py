@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from vllmx import ops
 from vllmx.device import F32
-from vllmx.distributed.parallel_state import get_pp_stage, get_tp_group, shard_range
+from vllmx.distributed.parallel_state import get_pp_stage, get_tp_group
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.fused_moe import SparseMoeBlock
@@ -377,9 +377,8 @@ class LlamaForCausalLM(DecoderLM):
                                       cfg.get("vocab_size")) if first else None
         self.vocab_size = self.lm_head.vocab_size if first else int(cfg["vocab_size"])
         self.tp_group = get_tp_group()
-        if self.tp_group is not None:  # (embed_tokens holds this rank's rows)
-            self.vocab_start = shard_range(self.vocab_size, self.tp_group.rank,
-                                           self.tp_group.world_size)[0]
+        if self.lm_head is not None:  # (embed_tokens holds the same rows)
+            self.vocab_start = self.lm_head.vocab_start
 
     def mtp_block(self, weights: dict[str, Weight], i: int) -> LlamaDecoderLayer:
         """Decoder layer i >= num_hidden_layers: GLM-4.5's multi-token-prediction layer

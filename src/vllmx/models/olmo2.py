@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from vllmx import ops
-from vllmx.distributed.parallel_state import get_tp_group, shard_range
+from vllmx.distributed.parallel_state import get_tp_group
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.linear import (
@@ -181,10 +181,8 @@ class Olmo2ForCausalLM:
         self.lm_head = ParallelLMHead(weights.get("lm_head.weight", self.embed_tokens),
                                       cfg.get("vocab_size"))
         self.vocab_size = self.lm_head.vocab_size
-        self.tp_group, self.vocab_start = get_tp_group(), 0  # (this rank's heads, rows)
-        if self.tp_group is not None:
-            self.vocab_start = shard_range(self.vocab_size, self.tp_group.rank,
-                                           self.tp_group.world_size)[0]
+        # (under tensor parallelism: this rank's heads, and the vocabulary rows lm_head's)
+        self.tp_group, self.vocab_start = get_tp_group(), self.lm_head.vocab_start
 
     @staticmethod
     def checkpoint_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:

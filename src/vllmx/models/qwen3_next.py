@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from vllmx import ops
-from vllmx.distributed.parallel_state import get_pp_stage, get_tp_group, shard_range
+from vllmx.distributed.parallel_state import get_pp_stage, get_tp_group
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.fused_moe import SwiGLUMLP
@@ -151,9 +151,8 @@ class Qwen3NextForCausalLM(DecoderLM):
                                       cfg.get("vocab_size")) if first else None
         self.vocab_size = self.lm_head.vocab_size if first else int(cfg["vocab_size"])
         self.tp_group = get_tp_group()  # (under tensor parallelism: this rank's heads, rows)
-        if self.tp_group is not None:
-            self.vocab_start = shard_range(self.vocab_size, self.tp_group.rank,
-                                           self.tp_group.world_size)[0]
+        if self.lm_head is not None:  # (embed_tokens holds the same rows)
+            self.vocab_start = self.lm_head.vocab_start
 
     def allocate_states(self, num_slots: int) -> None:
         for layer in self.layers:

@@ -5,7 +5,7 @@ sliding window on every layer when the config has one, tied embeddings by defaul
 
 from __future__ import annotations
 
-from vllmx.distributed.parallel_state import get_tp_group, shard_range
+from vllmx.distributed.parallel_state import get_tp_group
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.linear import MergedLinear, ParallelLMHead, RowParallelLinear
@@ -82,9 +82,7 @@ class Starcoder2ForCausalLM(DecoderLM):
                                       cfg.get("vocab_size"))
         self.vocab_size = self.lm_head.vocab_size
         self.tp_group = get_tp_group()  # (under tensor parallelism: this rank's heads, rows)
-        if self.tp_group is not None:
-            self.vocab_start = shard_range(self.vocab_size, self.tp_group.rank,
-                                           self.tp_group.world_size)[0]
+        self.vocab_start = self.lm_head.vocab_start  # (embed_tokens holds the same rows)
 
     @staticmethod
     def checkpoint_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
