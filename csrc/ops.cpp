@@ -345,7 +345,8 @@ void check_swigluoai_and_mul(const Tensor& out, const Tensor& x, float alpha, fl
 // The hybrid mixers' sequence arguments: query_start_loc [B + 1], state_indices and
 // has_initial_state [B], all i32; state a tensor of slots.
 void check_state_args(const char* op, const Tensor& state, const Tensor& query_start_loc,
-                      const Tensor& state_indices, const Tensor& has_initial_state) {
+                      const Tensor& state_indices, const Tensor& has_initial_state,
+                      const Tensor& spec_state_indices, int64_t rows) {
   for (const auto& [t, name] : {std::pair{&query_start_loc, "query_start_loc"},
                                 std::pair{&state_indices, "state_indices"},
                                 std::pair{&has_initial_state, "has_initial_state"}}) {
@@ -358,12 +359,19 @@ void check_state_args(const char* op, const Tensor& state, const Tensor& query_s
               "entries and has_initial_state " + has_initial_state.str() + " one a sequence");
   check_dtype(state, DType::F32, op, "state");
   VLLMX_CHECK(state.is_contiguous(), op, "state " + state.str() + " must be contiguous");
+  if (spec_state_indices.defined()) {
+    check_dtype(spec_state_indices, DType::I32, op, "spec_state_indices");
+    VLLMX_CHECK(spec_state_indices.ndim == 1 && spec_state_indices.shape[0] == rows, op,
+                "spec_state_indices " + spec_state_indices.str() + " must have one entry a row (" +
+                    i2s(rows) + ")");
+  }
 }
 
 void check_causal_conv1d(const Tensor& out, const Tensor& x, const Tensor& weight,
                          const Tensor& bias, const Tensor& conv_state,
                          const Tensor& query_start_loc, const Tensor& state_indices,
-                         const Tensor& has_initial_state, bool silu) {
+                         const Tensor& has_initial_state, const Tensor& spec_state_indices,
+                         bool silu) {
   (void)silu;
   const char* op = "causal_conv1d";
   check_ndim(x, 2, op, "x");
@@ -377,7 +385,8 @@ void check_causal_conv1d(const Tensor& out, const Tensor& x, const Tensor& weigh
   VLLMX_CHECK(!bias.defined() || (bias.ndim == 1 && bias.shape[0] == D &&
                                   bias.dtype == DType::F32),
               op, "bias " + bias.str() + " must be F32[" + i2s(D) + "]");
-  check_state_args(op, conv_state, query_start_loc, state_indices, has_initial_state);
+  check_state_args(op, conv_state, query_start_loc, state_indices, has_initial_state,
+                   spec_state_indices, x.shape[0]);
   VLLMX_CHECK(conv_state.ndim == 3 && conv_state.shape[1] == D && conv_state.shape[2] == K - 1,
               op, "conv_state " + conv_state.str() + " must be [slots, " + i2s(D) + ", " +
                       i2s(K - 1) + "]");
@@ -387,9 +396,10 @@ void check_gated_delta_rule(const Tensor& out, const Tensor& recurrent_state, co
                             const Tensor& k, const Tensor& v, const Tensor& a, const Tensor& b,
                             const Tensor& A_log, const Tensor& dt_bias,
                             const Tensor& query_start_loc, const Tensor& state_indices,
-                            const Tensor& has_initial_state) {
+                            const Tensor& has_initial_state, const Tensor& spec_state_indices) {
   const char* op = "gated_delta_rule";
-  check_state_args(op, recurrent_state, query_start_loc, state_indices, has_initial_state);
+  check_state_args(op, recurrent_state, query_start_loc, state_indices, has_initial_state,
+                   spec_state_indices, q.shape[0]);
   check_ndim(recurrent_state, 4, op, "recurrent_state");
   const int64_t hv = recurrent_state.shape[1], dk = recurrent_state.shape[2];
   const int64_t dv = recurrent_state.shape[3], T = q.shape[0];
@@ -416,9 +426,10 @@ void check_mamba2_scan(const Tensor& out, const Tensor& ssm_state, const Tensor&
                        const Tensor& dt, const Tensor& B, const Tensor& C, const Tensor& A_log,
                        const Tensor& D, const Tensor& dt_bias, const Tensor& query_start_loc,
                        const Tensor& state_indices, const Tensor& has_initial_state,
-                       float dt_min, float dt_max) {
+                       const Tensor& spec_state_indices, float dt_min, float dt_max) {
   const char* op = "mamba2_scan";
-  check_state_args(op, ssm_state, query_start_loc, state_indices, has_initial_state);
+  check_state_args(op, ssm_state, query_start_loc, state_indices, has_initial_state,
+                   spec_state_indices, x.shape[0]);
   check_ndim(ssm_state, 4, op, "ssm_state");
   const int64_t H = ssm_state.shape[1], P = ssm_state.shape[2], N = ssm_state.shape[3];
   const int64_t T = x.shape[0];

@@ -6,7 +6,9 @@
 // conv_state slot, or zeros at its first tokens), which go back to the slot at the end. A
 // token's output depends on its input and the K - 1 before it only: the same whatever the
 // batch or the chunking. The sequences' offsets, slots and flags live on the device and are
-// trusted as the attention kernels trust theirs (a slot outside the state is skipped).
+// trusted as the attention kernels trust theirs (a slot outside the state is skipped), as are
+// spec_state_indices' (a row's extra slot for the state after it, -1 none: speculative
+// decoding's rollback, worker/state_slots.py), which each kernel writes as it passes the row.
 #include <algorithm>
 #include <string>
 
@@ -28,7 +30,8 @@ __global__ void causal_conv1d_kernel(T* __restrict__ out, int64_t out_stride,
                                      float* __restrict__ state, int64_t slots, int64_t D,
                                      const int32_t* __restrict__ qsl,
                                      const int32_t* __restrict__ idx,
-                                     const int32_t* __restrict__ init, bool silu) {
+                                     const int32_t* __restrict__ init,
+                                     const int32_t* __restrict__ spec, bool silu) {
   pdl_begin();
   const int b = blockIdx.y;
   const int64_t d = static_cast<int64_t>(blockIdx.x) * kConvThreads + threadIdx.x;
@@ -62,6 +65,11 @@ __global__ void causal_conv1d_kernel(T* __restrict__ out, int64_t out_stride,
 #pragma unroll
       for (int j = 0; j + 1 < K - 1; ++j) hist[j] = hist[j + 1];
       hist[K - 2] = xv;
+      const int64_t saved = spec != nullptr ? spec[t0 + t1 + u] : -1;
+      if (saved >= 0 && saved < slots) {
+#pragma unroll
+        for (int j = 0; j < K - 1; ++j) state[(saved * D + d) * (K - 1) + j] = hist[j];
+      }
     }
   }
 #pragma unroll
@@ -71,7 +79,7 @@ __global__ void causal_conv1d_kernel(T* __restrict__ out, int64_t out_stride,
 template <typename T, int K>
 void launch_conv(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
                  const Tensor& conv_state, const Tensor& qsl, const Tensor& idx,
-                 const Tensor& init, bool silu) {
+                 const Tensor& init, const Tensor& spec, bool silu) {
   const int64_t D = x.shape[1], B = idx.shape[0];
   const dim3 grid(static_cast<unsigned>((D + kConvThreads - 1) / kConvThreads),
                   static_cast<unsigned>(B));
@@ -79,7 +87,7 @@ void launch_conv(const Tensor& out, const Tensor& x, const Tensor& weight, const
          out.stride[0], x.ptr<T>(), x.stride[0], weight.ptr<float>(),
          bias.defined() ? bias.ptr<float>() : nullptr, conv_state.ptr<float>(),
          conv_state.shape[0], D, qsl.ptr<int32_t>(), idx.ptr<int32_t>(), init.ptr<int32_t>(),
-         silu);
+         spec.defined() ? spec.ptr<int32_t>() : nullptr, silu);
 }
 
 template <int K = 2>
@@ -93,11 +101,20 @@ void dispatch_k(int64_t k, const char* op, auto&& run) {
   }
 }
 
+// spec_state_indices where the kernels read it: on the device, one entry a row, contiguous.
+void check_spec(const Tensor& spec, const char* op) {
+  if (!spec.defined()) return;
+  check_on_device(spec, op, "spec_state_indices");
+  VLLMX_CHECK(spec.stride[0] == 1, op, "spec_state_indices must be contiguous");
+}
+
 void causal_conv1d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
                    const Tensor& conv_state, const Tensor& query_start_loc,
-                   const Tensor& state_indices, const Tensor& has_initial_state, bool silu) {
+                   const Tensor& state_indices, const Tensor& has_initial_state,
+                   const Tensor& spec_state_indices, bool silu) {
   // The shapes are the op's contract (csrc/ops.cpp); here the GPU's dtypes and layouts.
   const char* op = "cuda.causal_conv1d";
+  check_spec(spec_state_indices, op);
   check_rows(out, op, "out");
   check_rows(x, op, "x");
   check_act(x, op, "x");
@@ -114,7 +131,8 @@ void causal_conv1d(const Tensor& out, const Tensor& x, const Tensor& weight, con
     using T = decltype(v);
     dispatch_k(weight.shape[1], op, [&](auto k) {
       launch_conv<T, decltype(k)::value>(out, x, weight, bias, conv_state, query_start_loc,
-                                         state_indices, has_initial_state, silu);
+                                         state_indices, has_initial_state, spec_state_indices,
+                                         silu);
     });
   });
   check_launch(op);
@@ -136,7 +154,7 @@ __global__ void __launch_bounds__(kGdnCols) gated_delta_rule_kernel(
     int64_t v_stride, const T* __restrict__ a, const T* __restrict__ b, int64_t ab_stride,
     const float* __restrict__ A_log, const float* __restrict__ dt_bias, int hv, int hk, int dk,
     int dv, const int32_t* __restrict__ qsl, const int32_t* __restrict__ idx,
-    const int32_t* __restrict__ init) {
+    const int32_t* __restrict__ init, const int32_t* __restrict__ spec) {
   extern __shared__ float smem[];  // S's columns [dk][kGdnCols], then q and k [dk] each
   pdl_begin();
   const int h = blockIdx.x, s = blockIdx.y, lane = threadIdx.x;
@@ -183,6 +201,11 @@ __global__ void __launch_bounds__(kGdnCols) gated_delta_rule_kernel(
       acc = fmaf(sv, qs[i], acc);
     }
     if (live) out[t * out_stride + static_cast<int64_t>(h) * dv + j] = from_f32<T>(acc);
+    const int64_t saved = spec != nullptr ? spec[t] : -1;
+    if (live && saved >= 0 && saved < slots) {
+      float* dst = state + (saved * hv + h) * static_cast<int64_t>(dk) * dv;
+      for (int i = 0; i < dk; ++i) dst[i * dv + j] = S[i * kGdnCols + lane];
+    }
     __syncwarp();  // every lane has read this token's q and k
   }
   if (live)
@@ -192,9 +215,11 @@ __global__ void __launch_bounds__(kGdnCols) gated_delta_rule_kernel(
 void gated_delta_rule(const Tensor& out, const Tensor& recurrent_state, const Tensor& q,
                       const Tensor& k, const Tensor& v, const Tensor& a, const Tensor& b,
                       const Tensor& A_log, const Tensor& dt_bias, const Tensor& query_start_loc,
-                      const Tensor& state_indices, const Tensor& has_initial_state) {
+                      const Tensor& state_indices, const Tensor& has_initial_state,
+                      const Tensor& spec_state_indices) {
   // The shapes are the op's contract (csrc/ops.cpp); here the GPU's dtypes and layouts.
   const char* op = "cuda.gated_delta_rule";
+  check_spec(spec_state_indices, op);
   for (const Tensor* t : {&out, &q, &k, &v, &a, &b}) {
     check_rows(*t, op, "the activations");
     VLLMX_CHECK(t->dtype == q.dtype, op, "the activations must share q's dtype, got " +
@@ -223,7 +248,8 @@ void gated_delta_rule(const Tensor& out, const Tensor& recurrent_state, const Te
            recurrent_state.shape[0], q.ptr<T>(), k.ptr<T>(), q.stride[0], v.ptr<T>(),
            v.stride[0], a.ptr<T>(), b.ptr<T>(), a.stride[0], A_log.ptr<float>(),
            dt_bias.ptr<float>(), hv, hk, dk, dv, query_start_loc.ptr<int32_t>(),
-           state_indices.ptr<int32_t>(), has_initial_state.ptr<int32_t>());
+           state_indices.ptr<int32_t>(), has_initial_state.ptr<int32_t>(),
+           spec_state_indices.defined() ? spec_state_indices.ptr<int32_t>() : nullptr);
   });
   check_launch(op);
 }
@@ -248,7 +274,8 @@ __global__ void mamba2_scan_kernel(T* __restrict__ out, int64_t out_stride,
                                    const float* __restrict__ dt_bias, int H, int G, int P, int N,
                                    float dt_min, float dt_max, const int32_t* __restrict__ qsl,
                                    const int32_t* __restrict__ idx,
-                                   const int32_t* __restrict__ init) {
+                                   const int32_t* __restrict__ init,
+                                   const int32_t* __restrict__ spec) {
   extern __shared__ float smem[];  // S's rows [rows][N], then x [rows], B [N], C [N]
   pdl_begin();
   const int s = blockIdx.y, h = blockIdx.x, p0 = blockIdx.z * kScanRows;
@@ -294,6 +321,13 @@ __global__ void mamba2_scan_kernel(T* __restrict__ out, int64_t out_stride,
         out[t * out_stride + static_cast<int64_t>(h) * P + p0 + p] =
             from_f32<T>(fmaf(d, xs[p], part));
     }
+    const int64_t saved = spec != nullptr ? spec[t] : -1;  // (the same for the whole block)
+    if (saved >= 0 && saved < slots) {
+      __syncthreads();  // every row of this token updated
+      float* dst = state + ((saved * H + h) * static_cast<int64_t>(P) + p0) * N;
+      for (int64_t i = threadIdx.x; i < static_cast<int64_t>(rows) * N; i += blockDim.x)
+        dst[i] = S[i];
+    }
   }
   __syncthreads();
   for (int64_t i = threadIdx.x; i < static_cast<int64_t>(rows) * N; i += blockDim.x) st[i] = S[i];
@@ -302,10 +336,11 @@ __global__ void mamba2_scan_kernel(T* __restrict__ out, int64_t out_stride,
 void mamba2_scan(const Tensor& out, const Tensor& ssm_state, const Tensor& x, const Tensor& dt,
                  const Tensor& B, const Tensor& C, const Tensor& A_log, const Tensor& D,
                  const Tensor& dt_bias, const Tensor& query_start_loc,
-                 const Tensor& state_indices, const Tensor& has_initial_state, float dt_min,
-                 float dt_max) {
+                 const Tensor& state_indices, const Tensor& has_initial_state,
+                 const Tensor& spec_state_indices, float dt_min, float dt_max) {
   // The shapes are the op's contract (csrc/ops.cpp); here the GPU's dtypes and layouts.
   const char* op = "cuda.mamba2_scan";
+  check_spec(spec_state_indices, op);
   for (const Tensor* t : {&out, &x, &dt, &B, &C}) {
     check_rows(*t, op, "the activations");
     VLLMX_CHECK(t->dtype == x.dtype, op, "the activations must share x's dtype, got " +
@@ -332,7 +367,8 @@ void mamba2_scan(const Tensor& out, const Tensor& ssm_state, const Tensor& x, co
            x.ptr<T>(), x.stride[0], dt.ptr<T>(), dt.stride[0], B.ptr<T>(), C.ptr<T>(),
            B.stride[0], A_log.ptr<float>(), D.ptr<float>(), dt_bias.ptr<float>(), H, G, P, N,
            dt_min, dt_max, query_start_loc.ptr<int32_t>(), state_indices.ptr<int32_t>(),
-           has_initial_state.ptr<int32_t>());
+           has_initial_state.ptr<int32_t>(),
+           spec_state_indices.defined() ? spec_state_indices.ptr<int32_t>() : nullptr);
   });
   check_launch(op);
 }

@@ -10,15 +10,18 @@
 #include <vector>
 
 #include "core/op_table.h"
+#include "linear_attn/spec_slots.h"
 
 namespace vllmx {
 
 namespace {
 
+// spec: the sequence's rows' spec_state_indices (or null), slots of conv_state (base, stride)
+// that also get the window after their row.
 template <typename F>
 void conv_sequence(const float* x, int64_t xs, float* out, int64_t os, const float* w,
                    const float* bias, float* state, int64_t D, int64_t K, int64_t n, bool init,
-                   bool silu) {
+                   bool silu, const int32_t* spec, float* base, int64_t stride) {
   // hist[j * D + d]: input j of the window that ends before this sequence's first token.
   std::vector<float> hist(static_cast<size_t>((K - 1) * D), 0.0f);
   if (init)
@@ -28,6 +31,11 @@ void conv_sequence(const float* x, int64_t xs, float* out, int64_t os, const flo
   auto input = [&](int64_t p, int64_t d) -> float {
     return p >= 0 ? x[p * xs + d] : hist[(K - 1 + p) * D + d];
   };
+  // The last K - 1 inputs before relative position `end` into a slot.
+  auto save_window = [&](float* dst, int64_t end) {
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t j = 0; j < K - 1; ++j) dst[d * (K - 1) + j] = input(end - (K - 1) + j, d);
+  };
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t d = 0; d < D; ++d) {
       F acc = bias != nullptr ? F(bias[d]) : F(0);
@@ -35,15 +43,15 @@ void conv_sequence(const float* x, int64_t xs, float* out, int64_t os, const flo
       if (silu) acc = acc / (F(1) + std::exp(-acc));
       out[t * os + d] = static_cast<float>(acc);
     }
+    if (spec != nullptr && spec[t] >= 0) save_window(base + spec[t] * stride, t + 1);
   }
-  for (int64_t d = 0; d < D; ++d)
-    for (int64_t j = 0; j < K - 1; ++j) state[d * (K - 1) + j] = input(n - (K - 1) + j, d);
+  save_window(state, n);
 }
 
 void causal_conv1d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
                    const Tensor& conv_state, const Tensor& query_start_loc,
-                   const Tensor& state_indices, const Tensor& has_initial_state, bool silu,
-                   bool reference) {
+                   const Tensor& state_indices, const Tensor& has_initial_state,
+                   const Tensor& spec_state_indices, bool silu, bool reference) {
   const char* op = "causal_conv1d";
   check_dtype(x, DType::F32, op, "x");
   check_dtype(out, DType::F32, op, "out");
@@ -59,6 +67,7 @@ void causal_conv1d(const Tensor& out, const Tensor& x, const Tensor& weight, con
     VLLMX_CHECK(qsl[b + 1] >= qsl[b] && qsl[b + 1] <= x.shape[0], op,
                 "query_start_loc must rise within the " + std::to_string(x.shape[0]) + " rows");
   }
+  const int32_t* spec = spec_slots(spec_state_indices, slots, op, "conv_state");
   const float* w = weight.ptr<float>();
   const float* bp = bias.defined() ? bias.ptr<float>() : nullptr;
 #pragma omp parallel for schedule(dynamic, 1) if (B > 1)
@@ -68,12 +77,14 @@ void causal_conv1d(const Tensor& out, const Tensor& x, const Tensor& weight, con
     float* st = conv_state.ptr<float>() + idx[b] * conv_state.stride[0];
     const float* xp = x.ptr<float>() + t0 * x.stride[0];
     float* op_ = out.ptr<float>() + t0 * out.stride[0];
+    const int32_t* sp = spec != nullptr ? spec + t0 : nullptr;
+    float* base = conv_state.ptr<float>();
     if (reference)
       conv_sequence<double>(xp, x.stride[0], op_, out.stride[0], w, bp, st, D, K, n,
-                            init[b] != 0, silu);
+                            init[b] != 0, silu, sp, base, conv_state.stride[0]);
     else
       conv_sequence<float>(xp, x.stride[0], op_, out.stride[0], w, bp, st, D, K, n,
-                           init[b] != 0, silu);
+                           init[b] != 0, silu, sp, base, conv_state.stride[0]);
   }
 }
 

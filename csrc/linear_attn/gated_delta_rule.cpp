@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/op_table.h"
+#include "linear_attn/spec_slots.h"
 
 namespace vllmx {
 
@@ -37,11 +38,15 @@ struct Dims {
 template <typename F>
 void run_head(const Dims& d, int64_t h, int64_t t0, int64_t n, const Tensor& q, const Tensor& k,
               const Tensor& v, const Tensor& a, const Tensor& b, float a_log, float dt_bias,
-              float* state, bool init, const Tensor& out) {
+              float* state, bool init, const Tensor& out, const int32_t* spec, float* base,
+              int64_t stride) {
   const int64_t dk = d.dk, dv = d.dv, kh = h / (d.hv / d.hk);
   std::vector<F> S(static_cast<size_t>(dk * dv), F(0)), qn(dk), kn(dk), mem(dv);
   if (init)
     for (int64_t i = 0; i < dk * dv; ++i) S[i] = F(state[i]);
+  auto save = [&](float* dst) {
+    for (int64_t i = 0; i < dk * dv; ++i) dst[i] = static_cast<float>(S[i]);
+  };
   const F neg_a = -std::exp(F(a_log)), qscale = F(1) / std::sqrt(F(dk));
   for (int64_t t = t0; t < t0 + n; ++t) {
     l2norm<F>(q.ptr<float>() + t * q.stride[0] + kh * dk, dk, qscale, qn.data());
@@ -69,15 +74,16 @@ void run_head(const Dims& d, int64_t h, int64_t t0, int64_t n, const Tensor& q, 
       }
     }
     for (int64_t j = 0; j < dv; ++j) o[j] = static_cast<float>(acc[j]);
+    if (spec != nullptr && spec[t] >= 0) save(base + spec[t] * stride);
   }
-  for (int64_t i = 0; i < dk * dv; ++i) state[i] = static_cast<float>(S[i]);
+  save(state);
 }
 
 void gated_delta_rule(const Tensor& out, const Tensor& recurrent_state, const Tensor& q,
                       const Tensor& k, const Tensor& v, const Tensor& a, const Tensor& b,
                       const Tensor& A_log, const Tensor& dt_bias, const Tensor& query_start_loc,
                       const Tensor& state_indices, const Tensor& has_initial_state,
-                      bool reference) {
+                      const Tensor& spec_state_indices, bool reference) {
   const char* op = "gated_delta_rule";
   for (const Tensor* t : {&out, &q, &k, &v, &a, &b}) check_dtype(*t, DType::F32, op, "activations");
   const Dims d{q.shape[1] / recurrent_state.shape[2], recurrent_state.shape[1],
@@ -93,6 +99,7 @@ void gated_delta_rule(const Tensor& out, const Tensor& recurrent_state, const Te
     VLLMX_CHECK(qsl[s + 1] >= qsl[s] && qsl[s + 1] <= q.shape[0], op,
                 "query_start_loc must rise within the " + std::to_string(q.shape[0]) + " rows");
   }
+  const int32_t* spec = spec_slots(spec_state_indices, slots, op, "recurrent_state");
   const float* al = A_log.ptr<float>();
   const float* db = dt_bias.ptr<float>();
   const int64_t items = B * d.hv;
@@ -103,10 +110,14 @@ void gated_delta_rule(const Tensor& out, const Tensor& recurrent_state, const Te
     if (n == 0) continue;
     float* st = recurrent_state.ptr<float>() + idx[s] * recurrent_state.stride[0] +
                 h * d.dk * d.dv;
+    float* base = recurrent_state.ptr<float>() + h * d.dk * d.dv;
+    const int64_t stride = recurrent_state.stride[0];
     if (reference)
-      run_head<double>(d, h, qsl[s], n, q, k, v, a, b, al[h], db[h], st, init[s] != 0, out);
+      run_head<double>(d, h, qsl[s], n, q, k, v, a, b, al[h], db[h], st, init[s] != 0, out,
+                       spec, base, stride);
     else
-      run_head<float>(d, h, qsl[s], n, q, k, v, a, b, al[h], db[h], st, init[s] != 0, out);
+      run_head<float>(d, h, qsl[s], n, q, k, v, a, b, al[h], db[h], st, init[s] != 0, out,
+                      spec, base, stride);
   }
 }
 

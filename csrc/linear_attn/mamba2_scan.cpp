@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/op_table.h"
+#include "linear_attn/spec_slots.h"
 
 namespace vllmx {
 
@@ -20,10 +21,13 @@ template <typename F>
 void run_head(int64_t h, int64_t t0, int64_t n, int64_t P, int64_t N, int64_t g,
               const Tensor& x, const Tensor& dt, const Tensor& B, const Tensor& C, float a_log,
               float d, float dt_bias, float dt_min, float dt_max, float* state, bool init,
-              const Tensor& out) {
+              const Tensor& out, const int32_t* spec, float* base, int64_t stride) {
   std::vector<F> S(static_cast<size_t>(P * N), F(0));
   if (init)
     for (int64_t i = 0; i < P * N; ++i) S[i] = F(state[i]);
+  auto save = [&](float* dst) {
+    for (int64_t i = 0; i < P * N; ++i) dst[i] = static_cast<float>(S[i]);
+  };
   const F A = -std::exp(F(a_log));
   for (int64_t t = t0; t < t0 + n; ++t) {
     F step = F(dt.ptr<float>()[t * dt.stride[0] + h]) + F(dt_bias);
@@ -55,15 +59,16 @@ void run_head(int64_t h, int64_t t0, int64_t n, int64_t P, int64_t N, int64_t g,
         for (int j = 0; j < w; ++j) part[j] += part[j + w];
       o[p] = static_cast<float>(part[0] + F(d) * F(xt[p]));
     }
+    if (spec != nullptr && spec[t] >= 0) save(base + spec[t] * stride);
   }
-  for (int64_t i = 0; i < P * N; ++i) state[i] = static_cast<float>(S[i]);
+  save(state);
 }
 
 void mamba2_scan(const Tensor& out, const Tensor& ssm_state, const Tensor& x, const Tensor& dt,
                  const Tensor& B, const Tensor& C, const Tensor& A_log, const Tensor& D,
                  const Tensor& dt_bias, const Tensor& query_start_loc,
-                 const Tensor& state_indices, const Tensor& has_initial_state, float dt_min,
-                 float dt_max, bool reference) {
+                 const Tensor& state_indices, const Tensor& has_initial_state,
+                 const Tensor& spec_state_indices, float dt_min, float dt_max, bool reference) {
   const char* op = "mamba2_scan";
   for (const Tensor* t : {&out, &x, &dt, &B, &C}) check_dtype(*t, DType::F32, op, "activations");
   const int64_t H = ssm_state.shape[1], P = ssm_state.shape[2], N = ssm_state.shape[3];
@@ -78,6 +83,7 @@ void mamba2_scan(const Tensor& out, const Tensor& ssm_state, const Tensor& x, co
     VLLMX_CHECK(qsl[s + 1] >= qsl[s] && qsl[s + 1] <= x.shape[0], op,
                 "query_start_loc must rise within the " + std::to_string(x.shape[0]) + " rows");
   }
+  const int32_t* spec = spec_slots(spec_state_indices, slots, op, "ssm_state");
   const float* al = A_log.ptr<float>();
   const float* dp = D.ptr<float>();
   const float* db = dt_bias.ptr<float>();
@@ -88,12 +94,14 @@ void mamba2_scan(const Tensor& out, const Tensor& ssm_state, const Tensor& x, co
     if (n == 0) continue;
     float* st = ssm_state.ptr<float>() + idx[s] * ssm_state.stride[0] + h * P * N;
     const int64_t g = h / (H / G);
+    float* base = ssm_state.ptr<float>() + h * P * N;
+    const int64_t stride = ssm_state.stride[0];
     if (reference)
       run_head<double>(h, qsl[s], n, P, N, g, x, dt, B, C, al[h], dp[h], db[h], dt_min, dt_max,
-                       st, init[s] != 0, out);
+                       st, init[s] != 0, out, spec, base, stride);
     else
       run_head<float>(h, qsl[s], n, P, N, g, x, dt, B, C, al[h], dp[h], db[h], dt_min, dt_max,
-                      st, init[s] != 0, out);
+                      st, init[s] != 0, out, spec, base, stride);
   }
 }
 

@@ -526,22 +526,25 @@ def cuda_available() -> bool:
 
 
 def causal_conv1d(x, weight, bias, conv_state, query_start_loc, state_indices,
-                  has_initial_state, silu: bool = True):
+                  has_initial_state, silu: bool = True, spec_state_indices=None):
     """The hybrid mixers' short depthwise convolution with its window carried in conv_state
-    slots (contract in csrc/ops.def): out [T, D]."""
+    slots (contract in csrc/ops.def): out [T, D]. spec_state_indices: a slot a row (or -1)
+    that also gets the window after it."""
     out = _empty(x, x.shape)
     _C.ops.causal_conv1d(out, x, weight, bias, conv_state, query_start_loc, state_indices,
-                         has_initial_state, silu)
+                         has_initial_state, spec_state_indices, silu)
     return out
 
 
 def gated_delta_rule(q, k, v, a, b, A_log, dt_bias, recurrent_state, query_start_loc,
-                     state_indices, has_initial_state):
+                     state_indices, has_initial_state, spec_state_indices=None):
     """Gated DeltaNet's recurrence over each sequence's state slot (contract in csrc/ops.def):
-    out [T, Hv * dv]."""
+    out [T, Hv * dv]. spec_state_indices: a slot a row (or -1) that also gets the state
+    after it."""
     out = _empty(v, v.shape)
     _C.ops.gated_delta_rule(out, recurrent_state, q, k, v, a, b, A_log, dt_bias,
-                            query_start_loc, state_indices, has_initial_state)
+                            query_start_loc, state_indices, has_initial_state,
+                            spec_state_indices)
     return out
 
 
@@ -556,12 +559,14 @@ def rms_norm_gated(x, z, w, eps: float, group_size: int | None = None,
 
 
 def mamba2_scan(x, dt, B, C, A_log, D, dt_bias, ssm_state, query_start_loc, state_indices,
-                has_initial_state, dt_min: float = 0.0, dt_max: float = float("inf")):
+                has_initial_state, dt_min: float = 0.0, dt_max: float = float("inf"),
+                spec_state_indices=None):
     """Mamba2's selective state space over each sequence's state slot (contract in
-    csrc/ops.def): out [T, H * P]."""
+    csrc/ops.def): out [T, H * P]. spec_state_indices: a slot a row (or -1) that also gets the
+    state after it."""
     out = _empty(x, x.shape)
     _C.ops.mamba2_scan(out, ssm_state, x, dt, B, C, A_log, D, dt_bias, query_start_loc,
-                       state_indices, has_initial_state, dt_min, dt_max)
+                       state_indices, has_initial_state, spec_state_indices, dt_min, dt_max)
     return out
 
 

@@ -193,6 +193,27 @@ def test_speculative_decoding_keeps_the_tokens(method, ckpt_dir):
         assert llm.llm_engine.scheduler.spec_decode_num_accepted_tokens > 0
 
 
+def test_hybrid_speculation_rolls_back_every_rank(ckpt_dir, monkeypatch):
+    """A tp=2 hybrid under speculation with random drafts (nearly all rejected): each rank
+    puts its heads' states after the last accepted position back (copy_states reaches the
+    other rank), so the tokens are those without speculation."""
+    from vllmx import LLM
+    from vllmx.spec_decode.ngram_proposer import NgramProposer
+
+    rng = np.random.default_rng()
+    monkeypatch.setattr(NgramProposer, "propose_batch", lambda self, seqs: {
+        r: rng.integers(3, VOCAB, 3).tolist() for r in seqs})  # (drafts are rank 0's)
+    path = make_checkpoint("qwen3_5", "float32", ckpt_dir)
+    prompts = [{"prompt_token_ids": rng.integers(3, VOCAB, size=n).tolist()} for n in (5, 17)]
+    plain = LLM(path, skip_tokenizer_init=True, tensor_parallel_size=2)
+    expected = [o.outputs[0].token_ids for o in plain.generate(prompts, _greedy(20))]
+    del plain
+    llm = LLM(path, skip_tokenizer_init=True, tensor_parallel_size=2,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, _greedy(20))] == expected
+    assert llm.llm_engine.scheduler.spec_decode_num_draft_tokens > 0
+
+
 @pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)])
 def test_lora_adapters_over_ranks(tp, pp, tmp_path):
     """LoRA at tp=2 (each rank its share of every adapter: B rows of column-parallel layers, A

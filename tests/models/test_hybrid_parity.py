@@ -168,15 +168,6 @@ def test_taped_decode_steps_equal_eager_ones(family, ckpt_dir):
     assert runs[0] == runs[1]
 
 
-def test_speculative_decoding_is_refused(ckpt_dir):
-    from vllmx import LLM
-
-    with pytest.raises(ValueError, match="speculative decoding does not support hybrid"):
-        LLM(make_checkpoint("qwen3_next", "float32", ckpt_dir), skip_tokenizer_init=True,
-            speculative_config={"method": "ngram", "num_speculative_tokens": 2,
-                                "prompt_lookup_max": 3})
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_dummy_shapes_are_the_checkpoints(family, ckpt_dir):
     import json

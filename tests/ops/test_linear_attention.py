@@ -28,10 +28,11 @@ def conv_ref(x, w, bias, hist, silu):
     return out, xx[-(k - 1):].T
 
 
-def run_conv(x, w, bias, state, qsl, idx, init, silu=True, twin=False):
+def run_conv(x, w, bias, state, qsl, idx, init, silu=True, twin=False, spec=None):
     out = np.full(x.shape, np.nan, np.float32)
     _C.ops.causal_conv1d(out, x, w, bias, state, np.asarray(qsl, np.int32),
-                         np.asarray(idx, np.int32), np.asarray(init, np.int32), silu,
+                         np.asarray(idx, np.int32), np.asarray(init, np.int32),
+                         None if spec is None else np.asarray(spec, np.int32), silu,
                          reference=twin)
     return out
 
@@ -104,11 +105,12 @@ def gdr_inputs(rng, n, hk, hv, dk, dv):
     return q, k, v, a, b
 
 
-def run_gdr(q, k, v, a, b, a_log, dt_bias, state, qsl, idx, init, twin=False):
+def run_gdr(q, k, v, a, b, a_log, dt_bias, state, qsl, idx, init, twin=False, spec=None):
     out = np.full(v.shape, np.nan, np.float32)
     _C.ops.gated_delta_rule(out, state, q, k, v, a, b, a_log, dt_bias,
                             np.asarray(qsl, np.int32), np.asarray(idx, np.int32),
-                            np.asarray(init, np.int32), reference=twin)
+                            np.asarray(init, np.int32),
+                            None if spec is None else np.asarray(spec, np.int32), reference=twin)
     return out
 
 
@@ -217,10 +219,11 @@ def mamba2_ref(x, dt, B, C, a_log, D, dt_bias, s0, dt_min=0.0, dt_max=np.inf):
 
 
 def run_mamba2(x, dt, B, C, a_log, D, dt_bias, state, qsl, idx, init, twin=False,
-               dt_min=0.0, dt_max=float("inf")):
+               dt_min=0.0, dt_max=float("inf"), spec=None):
     out = np.full(x.shape, np.nan, np.float32)
     _C.ops.mamba2_scan(out, state, x, dt, B, C, a_log, D, dt_bias, np.asarray(qsl, np.int32),
-                       np.asarray(idx, np.int32), np.asarray(init, np.int32), dt_min, dt_max,
+                       np.asarray(idx, np.int32), np.asarray(init, np.int32),
+                       None if spec is None else np.asarray(spec, np.int32), dt_min, dt_max,
                        reference=twin)
     return out
 
@@ -287,3 +290,82 @@ def test_rms_norm_gated_after_gate(shared_weight):
     want = (y / np.sqrt((y ** 2).mean(-1, keepdims=True) + 1e-5)).reshape(5, 32)
     want = want * (np.tile(w, 2) if shared_weight else w)
     assert np.abs(out - want).max() / np.abs(want).max() < 1e-6
+
+
+def _spec_case(rng, run, make_state, lens):
+    """run(state, qsl, idx, init, spec) -> out over sequences of `lens` rows continuing slots 0
+    and 1; every row but each sequence's last also saves its state into an extra slot (and one
+    row saves none: -1). Each saved state must be, bit for bit, the state that running the
+    sequence only up to that row leaves, and the outputs and final states those of a run
+    without spec_state_indices."""
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    T = int(qsl[-1])
+    spec = np.full(T, -1, np.int32)
+    extra = iter(range(2, 2 + T))
+    for s, n in enumerate(lens):
+        for i in range(n - 1):
+            spec[qsl[s] + i] = next(extra)
+    spec[qsl[1]] = -1  # the second sequence's first row saves nothing
+    start = make_state(2 + T)
+    state = start.copy()
+    out = run(state, qsl, [0, 1], [1, 1], spec)
+    plain = start.copy()
+    assert np.array_equal(run(plain, qsl, [0, 1], [1, 1], None), out)
+    assert np.array_equal(state[:2], plain[:2])
+    for s, n in enumerate(lens):
+        for i in range(n):
+            r = qsl[s] + i
+            if spec[r] < 0:
+                continue
+            upto = start.copy()
+            rows = np.array([0, i + 1], np.int32)  # the sequence's rows up to r alone
+            run(upto, qsl[s] + rows, [s], [1], None, rows=slice(qsl[s], r + 1))
+            assert np.array_equal(state[spec[r]], upto[s]), (s, i)
+    unused = [j for j in range(2, 2 + T) if j not in set(spec.tolist())]
+    assert np.array_equal(state[unused], start[unused])
+
+
+def test_spec_state_indices_save_each_rows_state():
+    rng = fresh_rng()
+    lens = [4, 3]
+    T = sum(lens)
+    d, k = 12, 4
+    x = rng.standard_normal((T, d)).astype(np.float32)
+    w = rng.standard_normal((d, k)).astype(np.float32)
+
+    def conv(state, qsl, idx, init, spec, rows=slice(None)):
+        return run_conv(x[rows], w, None, state, np.asarray(qsl) - np.asarray(qsl)[0], idx,
+                        init, spec=spec)
+    _spec_case(rng, conv, lambda n: rng.standard_normal((n, d, k - 1)).astype(np.float32), lens)
+
+    hk, hv, dk, dv = 1, 2, 8, 4
+    q, kk, v, a, b = gdr_inputs(rng, T, hk, hv, dk, dv)
+    a_log = rng.uniform(-1, 1, hv).astype(np.float32)
+    dt_bias = rng.standard_normal(hv).astype(np.float32)
+
+    def gdr(state, qsl, idx, init, spec, rows=slice(None)):
+        return run_gdr(q[rows], kk[rows], v[rows], a[rows], b[rows], a_log, dt_bias, state,
+                       np.asarray(qsl) - np.asarray(qsl)[0], idx, init, spec=spec)
+    _spec_case(rng, gdr, lambda n: rng.standard_normal((n, hv, dk, dv)).astype(np.float32),
+               lens)
+
+    H, P, N = 2, 4, 8
+    xs = rng.standard_normal((T, H * P)).astype(np.float32)
+    dt = rng.standard_normal((T, H)).astype(np.float32)
+    B = rng.standard_normal((T, N)).astype(np.float32)
+    C = rng.standard_normal((T, N)).astype(np.float32)
+    al, D, db = (rng.standard_normal(H).astype(np.float32) for _ in range(3))
+
+    def scan(state, qsl, idx, init, spec, rows=slice(None)):
+        return run_mamba2(xs[rows], dt[rows], B[rows], C[rows], al, D, db, state,
+                          np.asarray(qsl) - np.asarray(qsl)[0], idx, init, spec=spec)
+    _spec_case(rng, scan, lambda n: rng.standard_normal((n, H, P, N)).astype(np.float32), lens)
+
+
+def test_spec_state_indices_bad_arguments():
+    x = np.ones((3, 8), np.float32)
+    state = np.zeros((2, 8, 3), np.float32)
+    with pytest.raises(ValueError, match="spec_state_indices"):
+        run_conv(x, np.zeros((8, 4), np.float32), None, state, [0, 3], [0], [0], spec=[1, 2, -1])
+    with pytest.raises(ValueError, match="spec_state_indices"):
+        run_conv(x, np.zeros((8, 4), np.float32), None, state, [0, 3], [0], [0], spec=[1, -1])

@@ -9,6 +9,26 @@ import gc
 from tests.spec_decode.test_ngram import tokens
 
 
+def checkpoints_with_mtp(root: str, families, write_mtp) -> dict:
+    """(family, kind) -> a tiny checkpoint under root: kind "no_mtp" as transformers writes it
+    (its models hold no MTP weights), "random" and "aligned" with write_mtp(path, aligned)'s
+    MTP layer beside it."""
+    import os
+    import shutil
+
+    from tests.models.tiny_checkpoints import make_checkpoint
+
+    out = {}
+    for family in families:
+        base = out[family, "no_mtp"] = make_checkpoint(family, "float32", root)
+        for kind in ("random", "aligned"):
+            path = os.path.join(root, f"{family}-{kind}")
+            shutil.copytree(base, path)
+            write_mtp(path, aligned=kind == "aligned")
+            out[family, kind] = path
+    return out
+
+
 def run(ckpt, ps, sps, spec=None, device="cpu", **kw):
     """(token ids per prompt, scheduler stats) of one engine on ckpt, speculating with spec."""
     from vllmx import LLM
@@ -22,6 +42,26 @@ def run(ckpt, ps, sps, spec=None, device="cpu", **kw):
     gc.collect()
     assert free == total
     return outs, stats
+
+
+def check_greedy_unchanged(ckpt, spec, aligned: bool) -> None:
+    """8 greedy requests of 1-40 tokens: the tokens without speculation, drafts made, and for
+    a drafter built to agree with the target (aligned) some accepted and some not."""
+    import numpy as np
+
+    from tests.spec_decode.test_ngram import prompts
+    from vllmx import SamplingParams
+
+    rng = np.random.default_rng()
+    ps = prompts(rng, 8)
+    sps = [SamplingParams(temperature=0, max_tokens=int(rng.integers(1, 40)), ignore_eos=True)
+           for _ in ps]
+    want, _ = run(ckpt, ps, sps)
+    got, stats = run(ckpt, ps, sps, spec)
+    assert got == want
+    assert stats.spec_decode_num_drafts > 0
+    if aligned:  # built to agree with the target often, not always
+        assert 0 < stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens
 
 
 def check_abort_mid_verify(ckpt, spec) -> None:

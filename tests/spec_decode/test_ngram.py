@@ -260,7 +260,7 @@ def test_advance_rng_state_is_the_samplers_own_stream():
 
     rng = np.random.default_rng()
     logits = rng.standard_normal((1, 50)).astype(np.float32)
-    one = lambda v: np.array([v], np.float32)  # noqa: E731
+    one = lambda v: np.array([v], np.float32)
     for seed in rng.integers(0, 2**63, 20).tolist():
         state = seed_rng_state(seed)
         native = state[None].copy()

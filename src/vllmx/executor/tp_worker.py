@@ -65,6 +65,11 @@ class ParallelModel:
         self._executor.call("allocate_states", num_slots)
         self._model.allocate_states(num_slots)
 
+    def copy_states(self, dst, src) -> None:
+        """A hybrid's state slots copied (speculative decoding's rollback), on every rank."""
+        self._executor.call("copy_states", dst, src)
+        self._model.copy_states(dst, src)
+
 
 def _watch_parent(segments: list[ShmSegment]) -> None:
     """Aborts the group and exits if the process that started this one goes away (a rank
@@ -130,8 +135,8 @@ def run_follower(config: VllmxConfig, conn, world_path: str | None,
                 # (a later pipeline stage holds no lm_head; GPT-NeoX calls its head embed_out)
                 if getattr(model, "lm_head", model) is not None:
                     model.compute_logits(*args)
-            elif method == "allocate_states":
-                model.allocate_states(*args)
+            elif method in ("allocate_states", "copy_states"):
+                getattr(model, method)(*args)
             elif method == "lora_step":
                 lora_manager.apply_step(*args)
             elif method == "close":

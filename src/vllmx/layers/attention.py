@@ -27,6 +27,9 @@ class AttentionMetadata:
     # whether the slot holds its state so far (i32 [B]: 0 at its first tokens).
     state_indices: np.ndarray | None = None
     has_initial_state: np.ndarray | None = None
+    # With speculative decoding: a slot a row (i32 [T], -1 none) that also gets the state
+    # after it (worker/state_slots.py).
+    spec_state_indices: np.ndarray | None = None
 
 
 class Attention:

@@ -82,10 +82,11 @@ class GatedDeltaNet:
     def __call__(self, x, md: AttentionMetadata):
         kd, vd = self.hk * self.dk, self.hv * self.dv
         idx, init, qsl = md.state_indices, md.has_initial_state, md.query_start_loc
+        spec = md.spec_state_indices
         mixed = ops.causal_conv1d(self.qkv_proj(x), self.conv_weight, self.conv_bias,
-                                  self.conv_state, qsl, idx, init, True)
+                                  self.conv_state, qsl, idx, init, True, spec)
         q, k, v = ops.split_columns(mixed, [kd, kd, vd])
         core = ops.gated_delta_rule(q, k, v, self.a_proj(x), self.b_proj(x), self.A_log,
-                                    self.dt_bias, self.recurrent_state, qsl, idx, init)
+                                    self.dt_bias, self.recurrent_state, qsl, idx, init, spec)
         return self.out_proj(ops.rms_norm_gated(core, self.z_proj(x), self.norm_weight,
                                                 self.eps))

@@ -79,12 +79,13 @@ class Mamba2Mixer:
 
     def __call__(self, x, md: AttentionMetadata):
         idx, init, qsl = md.state_indices, md.has_initial_state, md.query_start_loc
+        spec = md.spec_state_indices
         xbc = ops.causal_conv1d(self.xbc_proj(x), self.conv_weight, self.conv_bias,
-                                self.conv_state, qsl, idx, init, True)
+                                self.conv_state, qsl, idx, init, True, spec)
         d_inner, gn = self.h * self.p, self.g * self.n
         xs, b, c = ops.split_columns(xbc, [d_inner, gn, gn])
         y = ops.mamba2_scan(xs, self.dt_proj(x), b, c, self.A_log, self.D, self.dt_bias,
-                            self.ssm_state, qsl, idx, init, *self.dt_limit)
+                            self.ssm_state, qsl, idx, init, *self.dt_limit, spec)
         z = self.z_proj(x)
         if self.norm_weight is None:
             y = ops.silu_and_mul(ops.concat_columns([z, y]))

@@ -28,6 +28,14 @@ class DecoderLM:
     # Pipeline parallelism: this rank's stage (its layers built, the others None)
     pp_stage = None
 
+    def copy_states(self, dst: np.ndarray, src: np.ndarray) -> None:
+        """Hybrid models (speculative decoding's rollback, worker/state_slots.py): every
+        mixer's state slot dst[i] gets slot src[i]'s contents."""
+        for layer in self.layers:
+            for part in vars(layer).values() if layer is not None else ():
+                for a in part.state_arrays() if hasattr(part, "state_arrays") else ():
+                    a[dst] = a[src]
+
     def set_aux_hidden_state_layers(self, layers: tuple[int, ...], out: np.ndarray) -> None:
         """layers: ascending, distinct; out: [max tokens, len(layers) * hidden_size]."""
         self.aux_hidden_state_layers, self.aux_hidden_out = tuple(layers), out

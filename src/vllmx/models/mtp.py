@@ -1,5 +1,6 @@
-"""The multi-token-prediction layer of DeepSeek-V3 and GLM-4.5 (vLLM's DeepSeekMTP /
-Glm4MoeMTP, the same math), the drafter of speculative method mtp (spec_decode/mtp_proposer.py).
+"""The multi-token-prediction layers of DeepSeek-V3 and GLM-4.5 (vLLM's DeepSeekMTP /
+Glm4MoeMTP, the same math), and of Qwen3-Next / Qwen3.5 (Qwen3NextMTP, below), the drafters of
+speculative method mtp (spec_decode/mtp_proposer.py).
 The checkpoint stores it after the last decoder layer, as model.layers.{num_hidden_layers}.*:
 enorm, hnorm, eh_proj, a decoder layer of the target's kind (the target's mtp_block builds it:
 DeepSeek's MLA, GLM's attention; MoE past first_k_dense_replace), shared_head.norm and, in some
@@ -66,3 +67,44 @@ class MultiTokenPredictorLayer(DraftHead):
 
     def compute_logits(self, out: np.ndarray) -> np.ndarray:
         return self.head(self.shared_head_norm(out))
+
+
+class Qwen3NextMTP(DraftHead):
+    """Qwen3-Next's and Qwen3.5's MTP layer (vLLM's Qwen3NextMTP), stored as mtp.*: at position p
+        x = fc([pre_fc_norm_embedding(embed(token p + 1)); pre_fc_norm_hidden(hidden p)])
+        out = norm(decoder_layer(x))    (its residual stream: x + attention + MLP)
+        logits = lm_head(out)
+    with the (1 + w) RMSNorms of the model, a gated full-attention decoder layer (MoE or dense
+    MLP, as mtp.layers.0 has it) over a KV cache of its own (layer index num_hidden_layers),
+    the target's embeddings and head. A further draft chains on out; nothing is zeroed at
+    position 0."""
+
+    def __init__(self, target, weights: dict[str, Weight]):
+        from vllmx.models.qwen3_next import offset_norm
+
+        cfg = target.config
+        n = cfg["num_hidden_layers"]
+        self.layer_idx = n
+        names = ("fc", "norm", "pre_fc_norm_embedding", "pre_fc_norm_hidden",
+                 "layers.0.input_layernorm")
+        require_tensors(weights, [f"mtp.{t}.weight" for t in names])
+        eps = cfg["rms_norm_eps"]
+        self.pre_fc_norm_embedding = offset_norm(weights["mtp.pre_fc_norm_embedding.weight"], eps)
+        self.pre_fc_norm_hidden = offset_norm(weights["mtp.pre_fc_norm_hidden.weight"], eps)
+        self.fc = Linear(weights["mtp.fc.weight"])
+        self.mtp_block = target.mtp_block(weights, n)
+        self.norm = offset_norm(weights["mtp.norm.weight"], eps)
+        self.embed_tokens, self.head = target.embed_tokens, target.lm_head
+        self.vocab_size = target.vocab_size
+
+    def forward(self, input_ids: np.ndarray, positions: np.ndarray, hidden: np.ndarray,
+                md: AttentionMetadata) -> np.ndarray:
+        e = ops.embedding(input_ids, self.embed_tokens)
+        x = self.fc(ops.concat_columns([self.pre_fc_norm_embedding(e),
+                                        self.pre_fc_norm_hidden(hidden)]))
+        h, residual = self.mtp_block(positions, x, None, md)
+        out, _ = self.norm(h, residual)
+        return out
+
+    def compute_logits(self, out: np.ndarray) -> np.ndarray:
+        return self.head(out)

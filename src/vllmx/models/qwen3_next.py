@@ -136,7 +136,7 @@ class Qwen3NextForCausalLM(DecoderLM):
         cfg["num_kv_cache_layers"] = cfg["layer_types"].count("full_attention")
         self.config = cfg
         self._check_weights(weights)
-        rope = get_rope(cfg, cfg["head_dim"])
+        rope = self._rope = get_rope(cfg, cfg["head_dim"])
         # Pipeline parallelism: this stage's layers (and their state slots), embed and lm_head
         # on the first.
         self.pp_stage = pp = get_pp_stage()
@@ -158,6 +158,20 @@ class Qwen3NextForCausalLM(DecoderLM):
         for layer in self.layers:
             if layer is not None and layer.linear:
                 layer.mixer.allocate_states(num_slots)
+
+    def mtp_block(self, weights: dict[str, Weight], i: int) -> Qwen3NextDecoderLayer:
+        """The multi-token-prediction layer (mtp.layers.0.*, models/mtp.py) as decoder layer
+        i >= num_hidden_layers: gated full attention, the MoE block where the checkpoint has
+        its router (else the dense MLP)."""
+        cfg = self.config
+        prefix = f"model.layers.{i}."
+        renamed = {prefix + n[len("mtp.layers.0."):]: w for n, w in weights.items()
+                   if n.startswith("mtp.layers.0.")}
+        sparse = prefix + "mlp.gate.weight" in renamed
+        cfg = {**cfg, "layer_types": cfg["layer_types"] + ["full_attention"] * (i + 1 - len(
+            cfg["layer_types"])), "sparse_layers": cfg["sparse_layers"] + [sparse] * (
+            i + 1 - len(cfg["sparse_layers"]))}
+        return Qwen3NextDecoderLayer(i, cfg, renamed, self._rope)
 
     def _check_weights(self, weights) -> None:
         cfg = self.config

@@ -64,6 +64,11 @@ class DraftModelProposer:
         self.draft_config = args.create_engine_config()
         _, self.worker = create_worker(self.draft_config)
         self.worker.load_model()
+        if getattr(self.worker.model, "is_hybrid", False):
+            raise ValueError(f"the draft model {spec.model!r} is a hybrid (linear attention / "
+                             f"state-space layers): its recurrent state cannot follow the "
+                             f"target's rejected drafts back; draft with a Transformer model "
+                             f"(or the target's mtp layer)")
         vocab = self.worker.model.vocab_size
         if vocab != target_vocab:
             raise ValueError(f"the draft model {spec.model!r} has a vocabulary of {vocab} "

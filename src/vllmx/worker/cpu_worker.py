@@ -97,7 +97,7 @@ class CpuWorker(WorkerBase):
         self.allocate_kv_cache()
         mc, cc, sc = (self.config.model_config, self.config.cache_config,
                       self.config.scheduler_config)
-        eager = mc.enforce_eager
+        eager, spec = mc.enforce_eager, self.config.speculative_config
         executor = getattr(self, "executor", None)
         if executor is not None:
             executor.init_kv_cache(cc.num_blocks)
@@ -106,7 +106,9 @@ class CpuWorker(WorkerBase):
         self.model_runner = ModelRunner(self.model, self.kv_caches, self.cache_dtype,
                                         cc.block_size, sc.max_num_batched_tokens,
                                         sc.max_num_seqs, mc.max_model_len, mc.seed,
-                                        enforce_eager=eager)
+                                        enforce_eager=eager,
+                                        num_speculative_tokens=spec.num_speculative_tokens
+                                        if spec is not None else 0)
 
     def allocate_kv_cache(self) -> None:
         """Sizes (cache_config.num_blocks) and allocates self.kv_caches; under tensor

@@ -58,7 +58,8 @@ class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
                   StructuredOutputModelRunnerMixin):
     def __init__(self, model, kv_caches, cache_dtype: int, block_size: int,
                  max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, seed: int,
-                 device: str = "cpu", enforce_eager: bool = False):
+                 device: str = "cpu", enforce_eager: bool = False,
+                 num_speculative_tokens: int = 0):
         self.model = model
         self.device = device
         self.kv_caches = kv_caches
@@ -88,7 +89,8 @@ class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
         # table the kernels read is its array.
         self.input_batch = InputBatch(b, max_model_len, block_size)
         # Hybrid models: a recurrent-state slot per running request (worker/state_slots.py).
-        self.state_slots = (StateSlots(model, b, device == "cuda")
+        # With speculation each also keeps the states after a verify step's positions.
+        self.state_slots = (StateSlots(model, b, device == "cuda", num_speculative_tokens, t)
                             if getattr(model, "is_hybrid", False) else None)
         # longrope: (original context, row offset) for requests whose prompt is longer
         self._long_prompt = getattr(getattr(model, "rope", None), "long_prompt_offset", None)
@@ -102,7 +104,8 @@ class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
             # A hybrid model's tape reads its state slots from the long-lived state_indices
             # and updates their rows in place (put back before the capture's check).
             slots = self.state_slots
-            state = (slots.state_indices, slots.has_initial_state) if slots else (None, None)
+            state = ((slots.state_indices, slots.has_initial_state, slots.spec_state_indices)
+                     if slots else ())
             self.decode_capture = StepTapes(sizes, lambda: LongLived(
                 self.model, self.kv_caches, self.input_ids, self.positions, self.slot_mapping,
                 self.query_start_loc, self.seq_lens, self.block_table, self.hidden_out, *state),
@@ -326,6 +329,8 @@ class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
         nb = len(req_ids)
         if self.lora_manager is not None:
             failed.update(self._set_active_loras(layout, t))
+        if self.state_slots is not None and self.state_slots.num_spec:
+            self.state_slots.mark_spec_rows(layout, drafts)
         hidden, logits = self._forward(t, nb, t == len(logits_rows) and not prompt_rows)
         out = ModelRunnerOutput(req_ids, {}, {}, failed=failed)
         for state, row, start, last in prompt_rows:
@@ -416,6 +421,7 @@ class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
         toks1: list[int] = []
         to_draft: dict[str, np.ndarray] = {}  # the sequences to propose drafts after
         rejected: dict[str, int] = {}  # drafts rejected (their rows left out of the drafter's)
+        rolled_back: list[tuple[str, int]] = []  # hybrids: (request, drafts it accepted)
         for req_id in step.sample_ids:
             d = drafts[req_id]
             i = step.sample_rows[req_id]
@@ -433,6 +439,8 @@ class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
                 m += 1
             rows = rows[:m + 1]
             rejected[req_id] = len(d) - m
+            if m < len(d) and self.state_slots is not None:
+                rolled_back.append((req_id, m))
             if d:
                 state.rng_state = smd.rng_state[rows[-1]].copy()
             if state.sampling_params.prompt_logprobs is not None and state.num_output_tokens == 0:
@@ -474,6 +482,8 @@ class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
                     and step.hidden is None):
                 row = batch.req_id_to_index[req_id]
                 to_draft[req_id] = batch.token_ids[row, :batch.num_tokens[row]]
+        if rolled_back:  # (before the drafter, whose forward runs no mixer, and the next step)
+            self.state_slots.rollback(rolled_back)
         self._propose_drafts(step, to_draft, rejected, out)
         if rows1:
             batch.append_tokens(np.array(rows1, dtype=np.int64), np.array(toks1, dtype=np.int32))

@@ -2,7 +2,13 @@
 request in the model's conv / recurrent state tensors, taken when the request starts or resumes
 and given back when it finishes or is preempted (its state is then recomputed from its tokens);
 slot max_num_seqs is the padding rows' scratch. The step's state_indices / has_initial_state
-arrays are long-lived: a CPU step tape reads them in place."""
+arrays are long-lived: a CPU step tape reads them in place.
+
+With speculative decoding (num_speculative_tokens k) each request's slot s has k more,
+max_num_seqs + 1 + s * k + i: a verify step's mixers also save the state after the request's
+i-th row there (spec_state_indices, vLLM's per-position mamba states), and when the step
+accepts only i of its drafts, rollback() copies the state after its row i back to slot s, the
+state its next token continues (the rejected drafts' rows had advanced it past them)."""
 
 from __future__ import annotations
 
@@ -15,9 +21,18 @@ from vllmx.worker.step_capture import StateRows, walk
 
 
 class StateSlots:
-    def __init__(self, model, max_num_seqs: int, on_gpu: bool = False):
-        model.allocate_states(max_num_seqs + 1)
+    def __init__(self, model, max_num_seqs: int, on_gpu: bool = False, num_spec: int = 0,
+                 max_num_tokens: int = 0):
+        """num_spec: the drafts a verify step may have for a request (0: no speculation);
+        max_num_tokens: a step's rows (the spec_state_indices a row)."""
+        model.allocate_states(max_num_seqs + 1 + max_num_seqs * num_spec)
         self.model = model
+        self.num_spec = num_spec
+        self._spec_base = max_num_seqs + 1
+        # Each row's extra slot (-1: none), filled for verify steps (mark_spec_rows); long-lived.
+        self.spec_state_indices = (np.full(max_num_tokens, -1, dtype=np.int32) if num_spec
+                                   else None)
+        self._spec_marked: list[slice] = []
         self._slot: dict[str, int] = {}
         self._free = list(range(max_num_seqs - 1, -1, -1))  # slot 0 handed out first
         self.state_indices = np.full(max_num_seqs, max_num_seqs, dtype=np.int32)
@@ -55,6 +70,33 @@ class StateSlots:
                 s.upload()
             return self._staged[0].view(nb), self._staged[1].view(nb)
         return self.state_indices[:nb], self.has_initial_state[:nb]
+
+    def mark_spec_rows(self, layout, drafts: dict[str, tuple]) -> None:
+        """The step's spec_state_indices: a request with k drafts ends its rows (layout:
+        (req_id, first row, first position, rows)) with [its last token, k drafts]; all but
+        the last of those save their state (accepting i drafts keeps the state after the i-th
+        of them), every other row -1."""
+        si = self.spec_state_indices
+        for rows in self._spec_marked:  # (the previous step's)
+            si[rows] = -1
+        self._spec_marked.clear()
+        for req_id, row0, _, n in layout:
+            k = len(drafts.get(req_id, ()))
+            if k:
+                first = self._spec_base + self._slot[req_id] * self.num_spec
+                rows = slice(row0 + n - 1 - k, row0 + n - 1)
+                si[rows] = np.arange(first, first + k, dtype=np.int32)
+                self._spec_marked.append(rows)
+
+    def rollback(self, accepted: list[tuple[str, int]]) -> None:
+        """After a verify step, for each (request, drafts it accepted) that rejected some: its
+        slot gets the state after its row `accepted` back (the model copies the slots, on
+        every rank under tensor parallelism)."""
+        dst = [self._slot[r] for r, _ in accepted if r in self._slot]
+        src = [self._spec_base + self._slot[r] * self.num_spec + m
+               for r, m in accepted if r in self._slot]
+        if dst:
+            self.model.copy_states(np.array(dst), np.array(src))
 
     def step_rows(self) -> StateRows:
         """The state rows the step being formed updates in place, for a step capture to put
