@@ -439,6 +439,8 @@ class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
                 m += 1
             rows = rows[:m + 1]
             rejected[req_id] = len(d) - m
+            if d:
+                state.draft_backoff.update(m)
             if m < len(d) and self.state_slots is not None:
                 rolled_back.append((req_id, m))
             if d:
@@ -479,7 +481,7 @@ class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
             if sampled.logprobs[rows[0]] is not None:
                 out.logprobs[req_id] = [sampled.logprobs[r] for r in rows]
             if (self.drafter is not None and drafts_for(state.sampling_params)
-                    and step.hidden is None):
+                    and step.hidden is None and state.draft_backoff.drafts_now()):
                 row = batch.req_id_to_index[req_id]
                 to_draft[req_id] = batch.token_ids[row, :batch.num_tokens[row]]
         if rolled_back:  # (before the drafter, whose forward runs no mixer, and the next step)

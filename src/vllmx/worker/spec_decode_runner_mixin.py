@@ -67,7 +67,8 @@ class SpecDecodeModelRunnerMixin:
             ids.extend(state.token_ids[start + 1:start + n + 1])
             qsl[i + 1], seq_lens[i] = qsl[i] + n, start + n
             batch_rows[i] = batch.req_id_to_index[req_id]
-            sampled[i] = req_id in rejected and drafts_for(state.sampling_params)
+            sampled[i] = (req_id in rejected and drafts_for(state.sampling_params)
+                          and state.draft_backoff.drafts_now())
             req_ids.append(req_id)
         if not req_ids:
             return {}

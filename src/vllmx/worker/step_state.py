@@ -5,7 +5,7 @@ step samples it, and PendingStep (a launched step whose tokens are still on thei
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,6 +27,38 @@ if TYPE_CHECKING:
 logger = logging.getLogger("vllmx")
 
 
+class DraftBackoff:
+    """When speculation stops paying for a request: after MISSES verify steps in a row that
+    accepted none of its drafts it drafts nothing for `pause` steps (2 at first, doubling to
+    MAX_PAUSE while the probe after each pause fails too); an accepted draft resets it. Its
+    tokens are the same either way (drafting fewer never changes them); what changes is that a
+    request whose drafts keep failing — on the CPU a 5-row verify step costs about two decode
+    steps — runs at nearly the speed it has without speculation."""
+
+    MISSES = 4
+    MAX_PAUSE = 64
+
+    def __init__(self):
+        self.misses, self.pause, self.skip = 0, 2, 0
+
+    def update(self, accepted: int) -> None:
+        """After a verify step with drafts, of which `accepted` were kept."""
+        if accepted:
+            self.misses, self.pause = 0, 2
+            return
+        self.misses += 1
+        if self.misses >= self.MISSES:
+            self.skip, self.misses = self.pause, self.MISSES - 1  # a failed probe pauses again
+            self.pause = min(2 * self.pause, self.MAX_PAUSE)
+
+    def drafts_now(self) -> bool:
+        """Whether the request drafts for its next step (called once a step)."""
+        if self.skip:
+            self.skip -= 1
+            return False
+        return True
+
+
 @dataclass
 class CachedRequestState:
     req_id: str
@@ -41,6 +73,8 @@ class CachedRequestState:
     # prompt_logprobs being gathered across prefill chunks: entry i is prompt token i's.
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     lora_request: LoRARequest | None = None  # its adapter; None: the base model
+    # speculative decoding: when its drafts keep failing, it drafts less
+    draft_backoff: DraftBackoff = field(default_factory=DraftBackoff)
 
     @property
     def num_output_tokens(self) -> int:
