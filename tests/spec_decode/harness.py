@@ -45,8 +45,9 @@ def run(ckpt, ps, sps, spec=None, device="cpu", **kw):
 
 
 def check_greedy_unchanged(ckpt, spec, aligned: bool) -> None:
-    """8 greedy requests of 1-40 tokens: the tokens without speculation, drafts made, and for
-    a drafter built to agree with the target (aligned) some accepted and some not."""
+    """8 greedy requests of 1-40 tokens and 4 of 64: the tokens without speculation, drafts
+    made, and for a drafter built to agree with the target (aligned) some accepted and some
+    not (the long ones keep drafting through speculation's backoff, whose pauses end in probes)."""
     import numpy as np
 
     from tests.spec_decode.test_ngram import prompts
@@ -54,14 +55,16 @@ def check_greedy_unchanged(ckpt, spec, aligned: bool) -> None:
 
     rng = np.random.default_rng()
     ps = prompts(rng, 8)
+    ps += prompts(rng, 4)
     sps = [SamplingParams(temperature=0, max_tokens=int(rng.integers(1, 40)), ignore_eos=True)
-           for _ in ps]
+           for _ in ps[:8]] + [SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)] * 4
     want, _ = run(ckpt, ps, sps)
     got, stats = run(ckpt, ps, sps, spec)
     assert got == want
     assert stats.spec_decode_num_drafts > 0
     if aligned:  # built to agree with the target often, not always
-        assert 0 < stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens
+        assert 0 < stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens, (
+            stats.spec_decode_num_accepted_tokens, stats.spec_decode_num_draft_tokens)
 
 
 def check_abort_mid_verify(ckpt, spec) -> None:

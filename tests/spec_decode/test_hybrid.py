@@ -142,7 +142,7 @@ def test_hybrid_draft_model_is_refused(ckpts):
 # ---- Qwen3-Next / Qwen3.5's own MTP layer ----
 
 QWEN_MTP = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
-SCALE = 0.1
+SCALE = 0.02
 
 
 def _write_qwen_mtp(path: str, aligned: bool, seed: int = 0) -> None:

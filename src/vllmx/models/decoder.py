@@ -28,13 +28,18 @@ class DecoderLM:
     # Pipeline parallelism: this rank's stage (its layers built, the others None)
     pp_stage = None
 
+    def state_arrays(self) -> list[np.ndarray]:
+        """Hybrid models: every mixer's per-request state arrays, slot first (those of this
+        rank's layers; none in other models)."""
+        return [a for layer in self.layers if layer is not None
+                for part in vars(layer).values() if hasattr(part, "state_arrays")
+                for a in part.state_arrays()]
+
     def copy_states(self, dst: np.ndarray, src: np.ndarray) -> None:
         """Hybrid models (speculative decoding's rollback, worker/state_slots.py): every
-        mixer's state slot dst[i] gets slot src[i]'s contents."""
-        for layer in self.layers:
-            for part in vars(layer).values() if layer is not None else ():
-                for a in part.state_arrays() if hasattr(part, "state_arrays") else ():
-                    a[dst] = a[src]
+        state slot dst[i] gets slot src[i]'s contents."""
+        for a in self.state_arrays():
+            a[dst] = a[src]
 
     def set_aux_hidden_state_layers(self, layers: tuple[int, ...], out: np.ndarray) -> None:
         """layers: ascending, distinct; out: [max tokens, len(layers) * hidden_size]."""

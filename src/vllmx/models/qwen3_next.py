@@ -164,13 +164,13 @@ class Qwen3NextForCausalLM(DecoderLM):
         i >= num_hidden_layers: gated full attention, the MoE block where the checkpoint has
         its router (else the dense MLP)."""
         cfg = self.config
+        assert i == len(cfg["layer_types"]), "the MTP layer follows the last decoder layer"
         prefix = f"model.layers.{i}."
         renamed = {prefix + n[len("mtp.layers.0."):]: w for n, w in weights.items()
                    if n.startswith("mtp.layers.0.")}
         sparse = prefix + "mlp.gate.weight" in renamed
-        cfg = {**cfg, "layer_types": cfg["layer_types"] + ["full_attention"] * (i + 1 - len(
-            cfg["layer_types"])), "sparse_layers": cfg["sparse_layers"] + [sparse] * (
-            i + 1 - len(cfg["sparse_layers"]))}
+        cfg = {**cfg, "layer_types": [*cfg["layer_types"], "full_attention"],
+               "sparse_layers": [*cfg["sparse_layers"], sparse]}
         return Qwen3NextDecoderLayer(i, cfg, renamed, self._rope)
 
     def _check_weights(self, weights) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from vllmx.device import StagedArray
-from vllmx.worker.step_capture import StateRows, walk
+from vllmx.worker.step_capture import StateRows
 
 
 class StateSlots:
@@ -101,6 +101,4 @@ class StateSlots:
     def step_rows(self) -> StateRows:
         """The state rows the step being formed updates in place, for a step capture to put
         back before its checking replay."""
-        arrays = [a for o in walk(self.model) if hasattr(o, "state_arrays")
-                  for a in o.state_arrays()]
-        return StateRows(arrays, lambda: self.state_indices[:self._rows_used])
+        return StateRows(self.model.state_arrays(), lambda: self.state_indices[:self._rows_used])
