@@ -123,6 +123,13 @@ def write_config(name: str, out_dir: str, **overrides) -> str:
     cfg = {"architectures": [f"{arch}ForCausalLM"], "model_type": model_type,
            "torch_dtype": "bfloat16", "rms_norm_eps": 1e-6, "hidden_act": "silu",
            "bos_token_id": 1, "eos_token_id": 2, "rope_theta": 1e6, **spec}
+    if arch.startswith("Qwen3_5"):
+        # As the checkpoints ship: ...ForConditionalGeneration around the text config (vLLM
+        # registers Qwen3.5 only so); the vision tower's defaults, unused (no image inputs).
+        cfg = {"architectures": [f"{arch}ForConditionalGeneration"],
+               "model_type": model_type.removesuffix("_text"), "torch_dtype": "bfloat16",
+               "tie_word_embeddings": cfg["tie_word_embeddings"], "text_config": cfg,
+               "vision_config": {}}
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
     return out_dir
@@ -188,9 +195,13 @@ def vllm_worker(path, workloads, vocab, max_len, max_seqs, max_tokens, util, dev
     from vllm.inputs import TokensPrompt
 
     t0 = time.perf_counter()
+    with open(os.path.join(path, "config.json")) as f:
+        vision = "vision_config" in json.load(f)
     llm = LLM(model=path, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
               max_model_len=max_len, max_num_seqs=max_seqs, max_num_batched_tokens=max_tokens,
-              gpu_memory_utilization=util, seed=0)
+              gpu_memory_utilization=util, seed=0,
+              # (text only: vLLM then builds no vision tower, as vllmx never does)
+              **({"limit_mm_per_prompt": {"image": 0, "video": 0}} if vision else {}))
     load_s = time.perf_counter() - t0
     free, total = torch.cuda.mem_get_info()
 

@@ -18,6 +18,7 @@ from vllmx.worker.worker_base import (
     DTYPE_NAMES,
     WorkerBase,
     kv_block_bytes,
+    kv_cache_layers,
     num_draft_kv_layers,
     num_kv_blocks,
 )
@@ -122,10 +123,9 @@ class CpuWorker(WorkerBase):
         pp = getattr(self.model, "pp_stage", None)
         if pp is not None:  # its stage's layers write KV (the others' pages stay uncommitted)
             start, end = pp.layers(hf["num_hidden_layers"])
-            types = hf.get("layer_types") if hf.get("num_kv_cache_layers") else None
             # (a stage of none: sized as one, the block count being the whole model's)
-            sized = {**hf, "num_kv_cache_layers": end - start if types is None
-                     else max(1, types[start:end].count("full_attention"))}
+            sized = {**hf, "num_kv_cache_layers": max(1, kv_cache_layers(hf)[start:end]
+                                                      .count(True))}
         block_bytes = kv_block_bytes(sized, cc.block_size, 4 if dtype == F32 else 2,
                                      draft_layers)
         # vLLM's CPU default: a share of RAM, at most 4 GiB, and never more than max_num_seqs

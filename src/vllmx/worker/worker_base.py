@@ -58,6 +58,15 @@ def num_draft_kv_layers(config: VllmxConfig) -> int:
     return mtp_layer_count(config.model_config)
 
 
+def kv_cache_layers(hf_config: dict, draft_layers: int = 0) -> list[bool]:
+    """Whether each layer writes KV, the model's then its drafter's: every one, or a hybrid's
+    attention layers (num_kv_cache_layers of them, as kv_block_bytes counts)."""
+    n = hf_config["num_hidden_layers"]
+    types = hf_config.get("layer_types") if hf_config.get("num_kv_cache_layers") else None
+    own = [True] * n if types is None else [t == "full_attention" for t in types[:n]]
+    return own + [True] * draft_layers
+
+
 def kv_block_bytes(hf_config: dict, block_size: int, itemsize: int,
                    draft_layers: int = 0) -> int:
     """Bytes of one KV block across all layers (K and V; MLA's one latent row a token), the
