@@ -2,7 +2,10 @@
 (--serve) the two OpenAI servers under `vllmx bench serve` at each concurrency.
 
 Both engines load the same config.json with load_format="dummy" (random weights of the real
-shapes, made on the machine: no tens of GB of files) and run the same token-id prompts, greedy,
+shapes, made on the machine: no tens of GB of files), or with --random-weights the same random
+safetensors written on the machine (random_checkpoint.py: for mixtures of experts, whose routing
+on dummy weights differs between the engines; --layers N keeps the file small), and run the
+same token-id prompts, greedy,
 EOS ignored, with the same max_model_len, max_num_seqs and gpu_memory_utilization; each engine
 runs in a process of its own. vLLM runs with its defaults (torch.compile, CUDA graphs,
 FlashAttention 3). Per model, workload (input/output lengths) and batch:
@@ -169,11 +172,12 @@ def measure(generate, reset, workloads, vocab) -> dict:
     return results
 
 
-def vllmx_worker(path, workloads, vocab, max_len, max_seqs, max_tokens, util, device) -> dict:
+def vllmx_worker(path, workloads, vocab, max_len, max_seqs, max_tokens, util, device,
+                 load_format) -> dict:
     from vllmx import _C, LLM, SamplingParams
 
     t0 = time.perf_counter()
-    llm = LLM(path, load_format="dummy", skip_tokenizer_init=True, device=device,
+    llm = LLM(path, load_format=load_format, skip_tokenizer_init=True, device=device,
               max_model_len=max_len, max_num_seqs=max_seqs, max_num_batched_tokens=max_tokens,
               gpu_memory_utilization=util)
     load_s = time.perf_counter() - t0
@@ -188,7 +192,8 @@ def vllmx_worker(path, workloads, vocab, max_len, max_seqs, max_tokens, util, de
     return {"load_s": load_s, "mem_gib": (total - free) / 2**30, "runs": res}
 
 
-def vllm_worker(path, workloads, vocab, max_len, max_seqs, max_tokens, util, device) -> dict:
+def vllm_worker(path, workloads, vocab, max_len, max_seqs, max_tokens, util, device,
+                load_format) -> dict:
     import torch
     import vllm
     from vllm import LLM, SamplingParams
@@ -197,7 +202,7 @@ def vllm_worker(path, workloads, vocab, max_len, max_seqs, max_tokens, util, dev
     t0 = time.perf_counter()
     with open(os.path.join(path, "config.json")) as f:
         vision = "vision_config" in json.load(f)
-    llm = LLM(model=path, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+    llm = LLM(model=path, load_format=load_format, skip_tokenizer_init=True, dtype="bfloat16",
               max_model_len=max_len, max_num_seqs=max_seqs, max_num_batched_tokens=max_tokens,
               gpu_memory_utilization=util, seed=0,
               # (text only: vLLM then builds no vision tower, as vllmx never does)
@@ -224,7 +229,8 @@ def run_worker(engine: str, args, path: str, vocab: int) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", engine, "--path", path,
            "--vocab", str(vocab), "--workloads", *args.workloads, "--max-num-seqs",
            str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
-           "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--device", args.device]
+           "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--device", args.device,
+           "--load-format", "auto" if args.random_weights else "dummy"]
     print(f"-- {engine}", flush=True)
     return worker_result(cmd, env, args.worker_timeout)
 
@@ -253,6 +259,14 @@ def main() -> int:
                     help="vLLM's offline numbers from an earlier report of this script, instead "
                          "of running vLLM (with --engines vllmx)")
     ap.add_argument("--workdir", default="/tmp/vllmx-vs-vllm")
+    ap.add_argument("--layers", type=int, default=0,
+                    help="num_hidden_layers (0: the shape's); with --random-weights, a file "
+                         "that fits the disk")
+    ap.add_argument("--random-weights", action="store_true",
+                    help="both engines load the same random safetensors written here "
+                         "(random_checkpoint.py; MoE routing as spread as a trained model's) "
+                         "instead of their dummy weights")
+    ap.add_argument("--load-format", default="dummy", help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=list(WORKERS), help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
     ap.add_argument("--vocab", type=int, default=0, help=argparse.SUPPRESS)
@@ -262,7 +276,7 @@ def main() -> int:
     if args.worker:
         res = WORKERS[args.worker](args.path, workloads, args.vocab, max_len, args.max_num_seqs,
                                    args.max_num_batched_tokens, args.gpu_memory_utilization,
-                                   args.device)
+                                   args.device, args.load_format)
         print("RESULT " + json.dumps(res), flush=True)
         return 0
 
@@ -278,7 +292,9 @@ def main() -> int:
     report = {"device": device, "copy_bandwidth_tb_s": bw / 1e12,
               "commit": git_commit(), "max_num_seqs": args.max_num_seqs,
               "max_num_batched_tokens": args.max_num_batched_tokens,
-              "gpu_memory_utilization": args.gpu_memory_utilization, "models": {}}
+              "gpu_memory_utilization": args.gpu_memory_utilization,
+              "weights": "random safetensors" if args.random_weights else "dummy",
+              "models": {}}
     earlier = None
     if args.vllm_results:
         with open(args.vllm_results) as f:
@@ -287,8 +303,16 @@ def main() -> int:
                                "device": earlier.get("device"), "same_run": False}
     for name in args.models:
         print(f"== {name}", flush=True)
-        path = write_config(name, os.path.join(args.workdir, name))
-        entry = {"weight_gb": weight_bytes(path) / 1e9}
+        layers = {"num_hidden_layers": args.layers} if args.layers else {}
+        path = write_config(name, os.path.join(args.workdir, name + (
+            f"-{args.layers}-layers" if args.layers else "")), **layers)
+        entry = {"weight_gb": weight_bytes(path) / 1e9, **layers}
+        if args.random_weights:
+            from random_checkpoint import write_random_weights
+
+            t0 = time.perf_counter()
+            print(f"  wrote {write_random_weights(path):.1f} GB of random weights in "
+                  f"{time.perf_counter() - t0:.0f} s", flush=True)
         if earlier is not None and "vllm" in earlier["models"].get(name, {}):
             entry["vllm"] = earlier["models"][name]["vllm"]
         entry["bandwidth_limit_tok_s"] = bw / (entry["weight_gb"] * 1e9)

@@ -17,6 +17,9 @@ from tests.models.tiny_checkpoints import VOCAB, make_checkpoint
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+# An f32 oracle computes in f32: cuDNN's convolutions (the hybrids' causal conv1d in
+# transformers' reference path) would otherwise round their inputs to TF32.
+torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
 
 # Mixture of experts (cuda/fused_moe.cu): softmax top-k routing, shared experts; GLM-4.5's
 # sigmoid routing over expert groups steered by its choice bias; gpt-oss's biased experts and
@@ -46,6 +49,12 @@ SIZES = {"hidden_size": 256, "intermediate_size": 512, "max_position_embeddings"
 # 1, 1, 4, 4, 4, 6, 5, 1, 3, 4, 3, 4, 7, 3, 4, 5, 3, 4, 3, 6 positions (4 of 20 runs over 5), and
 # vllmx's bf16 run on an H100 at 9 (2026-12-05, seed 4177727099).
 MOE_BF16_GAP, MOE_BF16_FAILED = 3.0, 12
+# The hybrids round further in bf16: a recurrent state carries a token's rounding on to every
+# later one. transformers' own bf16 greedy run of the tiny Qwen3-Next, teacher-forced through
+# its f32 model on this test's prompts (CPU, seeds 0-7), missed the 0.5-nat bound at 30, 17,
+# 35, 26, 18, 31, 17, 18 of the 256 positions, worst 1.6-5.0 nats; vllmx's bf16 runs on the
+# H200 at 15 and 13 (worst 4.9) (2026-12-05).
+HYBRID_BF16_GAP, HYBRID_BF16_FAILED = 6.0, 40
 SEED = int.from_bytes(os.urandom(4), "little")  # fresh prompts each run, printed on failure
 
 
@@ -99,7 +108,9 @@ def test_token_parity_vs_transformers_on_gpu(ckpt_dir, family, dtype, delta):
         where = f"{family} {dtype} (seed {SEED}, len {len(prompt)}): {report}"
         failed += report.failed
         if moe_bf16:
-            assert failed <= MOE_BF16_FAILED and report.worst_gap < MOE_BF16_GAP, where
+            most, gap = ((HYBRID_BF16_FAILED, HYBRID_BF16_GAP) if family in HYBRID
+                         else (MOE_BF16_FAILED, MOE_BF16_GAP))
+            assert failed <= most and report.worst_gap < gap, where
         else:
             assert report.failed == 0, where
 
