@@ -44,10 +44,11 @@ def run(ckpt, ps, sps, spec=None, device="cpu", **kw):
     return outs, stats
 
 
-def check_greedy_unchanged(ckpt, spec, aligned: bool) -> None:
+def check_greedy_unchanged(ckpt, spec, aligned: bool, **kw) -> None:
     """8 greedy requests of 1-40 tokens and 4 of 64: the tokens without speculation, drafts
     made, and for a drafter built to agree with the target (aligned) some accepted and some
-    not (the long ones keep drafting through speculation's backoff, whose pauses end in probes)."""
+    not (the long ones keep drafting through speculation's backoff, whose pauses end in probes).
+    kw: the engines' other arguments (the GPU's)."""
     import numpy as np
 
     from tests.spec_decode.test_ngram import prompts
@@ -58,8 +59,8 @@ def check_greedy_unchanged(ckpt, spec, aligned: bool) -> None:
     ps += prompts(rng, 4)
     sps = [SamplingParams(temperature=0, max_tokens=int(rng.integers(1, 40)), ignore_eos=True)
            for _ in ps[:8]] + [SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)] * 4
-    want, _ = run(ckpt, ps, sps)
-    got, stats = run(ckpt, ps, sps, spec)
+    want, _ = run(ckpt, ps, sps, **kw)
+    got, stats = run(ckpt, ps, sps, spec, **kw)
     assert got == want
     assert stats.spec_decode_num_drafts > 0
     if aligned:  # built to agree with the target often, not always

@@ -128,9 +128,6 @@ class LLMEngine:
                 logger.info("prefix caching is off: %s keeps recurrent state per request",
                             mc.hf_config.get("architectures"))
             self.config.cache_config.enable_prefix_caching = False
-            if self.config.speculative_config is not None and self.device == "cuda":
-                raise ValueError("speculative decoding of hybrid (linear attention / "
-                                 "state-space) models runs on the CPU only for now")
         spec = self.config.speculative_config
         if spec is not None and spec.method == "mtp":
             from vllmx.spec_decode.mtp_proposer import mtp_layer_count

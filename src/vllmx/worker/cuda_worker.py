@@ -144,7 +144,7 @@ class CudaWorker(WorkerBase):
                       self.config.scheduler_config)
         report, hf = self.report, self.model.config
         nkv, hd = hf["num_key_value_heads"], hf["head_dim"]
-        mla = bool(hf.get("use_mla"))
+        mla, spec = bool(hf.get("use_mla")), self.config.speculative_config
         dtype = self.kv_dtype()
         # Profile with a one-block cache (reads of block 0, writes skipped).
         states0 = report.used()
@@ -152,7 +152,9 @@ class CudaWorker(WorkerBase):
                              allocate_kv_caches(1, cc.block_size, kv_cache_layers(hf), nkv, hd, dtype,
                                                 mla),
                              dtype, cc.block_size, sc.max_num_batched_tokens, sc.max_num_seqs,
-                             mc.max_model_len, mc.seed, device="cuda")
+                             mc.max_model_len, mc.seed, device="cuda",
+                             num_speculative_tokens=spec.num_speculative_tokens
+                             if spec is not None else 0)
         if runner.state_slots is not None:  # a hybrid's recurrent states, a slot a sequence
             report.parts.append(f"recurrent states {(report.used() - states0) / 2**30:.2f} GiB "
                                 f"({sc.max_num_seqs} sequences)")

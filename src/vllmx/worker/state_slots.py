@@ -41,6 +41,8 @@ class StateSlots:
         # On the GPU the mixers read staged device copies (a decode graph where it was captured).
         self._staged = ((StagedArray(self.state_indices), StagedArray(self.has_initial_state))
                         if on_gpu else None)
+        self._staged_spec = (StagedArray(self.spec_state_indices)
+                             if on_gpu and num_spec else None)
 
     def take(self, req_id: str) -> None:
         """A slot for a request that starts or resumes (a request that has one keeps it)."""
@@ -87,6 +89,14 @@ class StateSlots:
                 rows = slice(row0 + n - 1 - k, row0 + n - 1)
                 si[rows] = np.arange(first, first + k, dtype=np.int32)
                 self._spec_marked.append(rows)
+
+    def spec_rows(self, t: int):
+        """The step's first t spec_state_indices (marked at launch); on the GPU their staged
+        copy, sent each step so that a decode graph's rows read -1 after a verify step."""
+        if self._staged_spec is None:
+            return self.spec_state_indices[:t]
+        self._staged_spec.upload()
+        return self._staged_spec.view(t)
 
     def rollback(self, accepted: list[tuple[str, int]]) -> None:
         """After a verify step, for each (request, drafts it accepted) that rejected some: its

@@ -94,7 +94,7 @@ class StepInputsModelRunnerMixin:
             md.state_indices, md.has_initial_state = self.state_slots.rows(
                 self.input_batch.req_ids[:n], nb, self.positions[self.query_start_loc[:n]])
             if self.state_slots.spec_state_indices is not None:  # (rows marked at launch)
-                md.spec_state_indices = self.state_slots.spec_state_indices[:t]
+                md.spec_state_indices = self.state_slots.spec_rows(t)
         return ids, positions, md
 
     def _decode_forward(self, size: int, inputs: tuple):
