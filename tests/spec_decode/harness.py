@@ -44,10 +44,11 @@ def run(ckpt, ps, sps, spec=None, device="cpu", **kw):
     return outs, stats
 
 
-def check_greedy_unchanged(ckpt, spec, aligned: bool) -> None:
+def check_greedy_unchanged(ckpt, spec, aligned: bool, **kw) -> None:
     """8 greedy requests of 1-40 tokens and 4 of 64: the tokens without speculation, drafts
     made, and for a drafter built to agree with the target (aligned) some accepted and some
-    not (the long ones keep drafting through speculation's backoff, whose pauses end in probes)."""
+    not (the long ones keep drafting through speculation's backoff, whose pauses end in probes).
+    kw: the engines' other arguments (the GPU's)."""
     import numpy as np
 
     from tests.spec_decode.test_ngram import prompts
@@ -58,8 +59,8 @@ def check_greedy_unchanged(ckpt, spec, aligned: bool) -> None:
     ps += prompts(rng, 4)
     sps = [SamplingParams(temperature=0, max_tokens=int(rng.integers(1, 40)), ignore_eos=True)
            for _ in ps[:8]] + [SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)] * 4
-    want, _ = run(ckpt, ps, sps)
-    got, stats = run(ckpt, ps, sps, spec)
+    want, _ = run(ckpt, ps, sps, **kw)
+    got, stats = run(ckpt, ps, sps, spec, **kw)
     assert got == want
     assert stats.spec_decode_num_drafts > 0
     if aligned:  # built to agree with the target often, not always
@@ -97,21 +98,21 @@ def check_abort_mid_verify(ckpt, spec) -> None:
     assert engine.scheduler.kv_cache_manager.usage == 0
 
 
-def check_drafts_against(ckpt, spec, make_reference) -> None:
+def check_drafts_against(ckpt, spec, make_reference, max_tokens: int = 12, **kw) -> None:
     """Every draft a hidden-state drafter proposes for three requests batched (after prefill
     chunks and verify steps, captured ones included), then for one whose prompt shares the
     first's first two blocks (a prefix-cache hit), is the reference's argmax over the request's
     tokens so far, and the logits of each draft agree with its: the drafter's KV, built pass by
     pass with rejected rows left out and chained rows rewritten, or taken from hit blocks, is
     the one a single pass over the sequence gives. make_reference() has drafts(prompt, sampled,
-    k) -> (k drafts, their logits)."""
+    k) -> (k drafts, their logits). kw: the engine's other arguments."""
     import numpy as np
 
     from vllmx import LLM, SamplingParams
 
     rng = np.random.default_rng()
     llm = LLM(ckpt, skip_tokenizer_init=True, device="cpu", speculative_config=spec,
-              max_num_batched_tokens=64)
+              max_num_batched_tokens=64, **kw)
     runner = llm.llm_engine.model_runner
     proposer = runner.drafter
     calls, seen = [], []
@@ -132,7 +133,7 @@ def check_drafts_against(ckpt, spec, make_reference) -> None:
     proposer.propose_from_hidden, proposer.model.compute_logits = spy, spy_logits
     ps = [{"prompt_token_ids": rng.integers(3, 500, n).tolist()}
           for n in (40, *rng.integers(5, 40, 2))]
-    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     llm.generate(ps, sp, use_tqdm=False)
     assert len(calls) > 3
     assert runner.decode_capture.steps, "no step replayed a capture"

@@ -37,21 +37,19 @@ def ckpts(tmp_path_factory) -> dict[str, str]:
     return {f: make_checkpoint(f, "float32", root) for f in HYBRIDS}
 
 
-@pytest.mark.parametrize("family", HYBRIDS)
-def test_ngram_keeps_the_tokens(ckpts, family):
+def check_ngram(path: str, **kw) -> None:
     """Greedy, seeded and penalized requests batched: the same tokens with and without ngram
-    speculation."""
+    speculation (kw: the engines' other arguments, the GPU's)."""
     rng = np.random.default_rng()
     ps = prompts(rng, 8)
     sps = seeded_greedy_penalized(rng, len(ps), 40)
-    want, _ = run(ckpts[family], ps, sps)
-    got, stats = run(ckpts[family], ps, sps, NGRAM)
+    want, _ = run(path, ps, sps, **kw)
+    got, stats = run(path, ps, sps, NGRAM, **kw)
     assert got == want
     assert stats.spec_decode_num_drafts > 0
 
 
-@pytest.mark.parametrize("family", HYBRIDS)
-def test_drafts_accepted_in_part_keep_the_tokens(ckpts, family, monkeypatch):
+def check_partial_acceptance(path: str, monkeypatch, **kw) -> None:
     """Drafts from an oracle that knows each request's greedy tokens and corrupts some at
     random, so that verify steps accept every count from none to all: each rejection puts the
     state after the last accepted position back, and the tokens stay those without
@@ -65,7 +63,7 @@ def test_drafts_accepted_in_part_keep_the_tokens(ckpts, family, monkeypatch):
           for _ in range(6)]
     sps = [SamplingParams(temperature=0, max_tokens=int(rng.integers(10, 40)), ignore_eos=True)
            for _ in ps]
-    want, _ = run(ckpts[family], ps, sps)
+    want, _ = run(path, ps, sps, **kw)
     full = [p["prompt_token_ids"] + w for p, w in zip(ps, want)]
 
     def oracle(self, seqs):
@@ -88,10 +86,20 @@ def test_drafts_accepted_in_part_keep_the_tokens(ckpts, family, monkeypatch):
     rolled: list[int] = []
     monkeypatch.setattr(NgramProposer, "propose_batch", oracle)
     monkeypatch.setattr(StateSlots, "rollback", counted)
-    got, stats = run(ckpts[family], ps, sps, NGRAM)
+    got, stats = run(path, ps, sps, NGRAM, **kw)
     assert got == want
     assert 0 < stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens
     assert {0, 1, 2} <= set(rolled)  # rejected at every position a rollback can start from
+
+
+@pytest.mark.parametrize("family", HYBRIDS)
+def test_ngram_keeps_the_tokens(ckpts, family):
+    check_ngram(ckpts[family])
+
+
+@pytest.mark.parametrize("family", HYBRIDS)
+def test_drafts_accepted_in_part_keep_the_tokens(ckpts, family, monkeypatch):
+    check_partial_acceptance(ckpts[family], monkeypatch)
 
 
 def _random_drafts(monkeypatch):
