@@ -477,6 +477,16 @@ def copy_rows(out, x) -> None:
     _C.ops.copy_columns(out, 0, x, 0, x.shape[1])
 
 
+def copy_of(x):
+    """A copy of [T, H] x where x is (on the GPU queued after what is queued before; on the
+    host a numpy array of its own, outside any step's arena)."""
+    if not isinstance(x, DeviceArray):
+        return np.array(x)
+    out = DeviceArray.empty(x.shape, x.dtype)
+    copy_rows(out, x)
+    return out
+
+
 def copy_columns(out, start: int, x) -> None:
     """out[:, start:start + width] = x ([T, width]), natively (a recorded step replays it)."""
     _C.ops.copy_columns(out, start, x, 0, x.shape[1])

@@ -98,21 +98,21 @@ def check_abort_mid_verify(ckpt, spec) -> None:
     assert engine.scheduler.kv_cache_manager.usage == 0
 
 
-def check_drafts_against(ckpt, spec, make_reference) -> None:
+def check_drafts_against(ckpt, spec, make_reference, max_tokens: int = 12, **kw) -> None:
     """Every draft a hidden-state drafter proposes for three requests batched (after prefill
     chunks and verify steps, captured ones included), then for one whose prompt shares the
     first's first two blocks (a prefix-cache hit), is the reference's argmax over the request's
     tokens so far, and the logits of each draft agree with its: the drafter's KV, built pass by
     pass with rejected rows left out and chained rows rewritten, or taken from hit blocks, is
     the one a single pass over the sequence gives. make_reference() has drafts(prompt, sampled,
-    k) -> (k drafts, their logits)."""
+    k) -> (k drafts, their logits). kw: the engine's other arguments."""
     import numpy as np
 
     from vllmx import LLM, SamplingParams
 
     rng = np.random.default_rng()
     llm = LLM(ckpt, skip_tokenizer_init=True, device="cpu", speculative_config=spec,
-              max_num_batched_tokens=64)
+              max_num_batched_tokens=64, **kw)
     runner = llm.llm_engine.model_runner
     proposer = runner.drafter
     calls, seen = [], []
@@ -133,7 +133,7 @@ def check_drafts_against(ckpt, spec, make_reference) -> None:
     proposer.propose_from_hidden, proposer.model.compute_logits = spy, spy_logits
     ps = [{"prompt_token_ids": rng.integers(3, 500, n).tolist()}
           for n in (40, *rng.integers(5, 40, 2))]
-    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     llm.generate(ps, sp, use_tqdm=False)
     assert len(calls) > 3
     assert runner.decode_capture.steps, "no step replayed a capture"

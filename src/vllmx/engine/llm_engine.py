@@ -96,10 +96,10 @@ class LLMEngine:
             draft_model.start(config.cache_config.num_blocks)
             self.model_runner.drafter = draft_model
         if sc.async_scheduling is None:
-            sc.async_scheduling = self.device == "cuda" and config.speculative_config is None
-        elif sc.async_scheduling and config.speculative_config is not None:
-            raise ValueError("async_scheduling does not support speculative decoding yet "
-                             "(the drafts of step N + 1 need step N's tokens on the host)")
+            sc.async_scheduling = self.device == "cuda"
+        # (With speculation a step whose finish may propose drafts finishes before the next is
+        # scheduled, since the drafts need its tokens on the host; PendingStep.may_draft.)
+        self.model_runner.async_scheduling = sc.async_scheduling
         # With asynchronous scheduling: the step launched and not yet finished (its
         # SchedulerOutput and the runner's PendingStep).
         self._in_flight = None
@@ -322,13 +322,17 @@ class LLMEngine:
         asynchronous scheduling it launches the step, then finishes the one launched before
         (whose outputs it returns), so the GPU runs this step while the host takes the last
         one's tokens, checks stops and forms outputs."""
+        outputs = []
+        if self._in_flight is not None and self._in_flight[1].may_draft():
+            outputs = self._finish_in_flight()  # its drafts go into the step scheduled next
         so = self.scheduler.schedule()
         if so.total_num_scheduled_tokens == 0:
             if self._in_flight is not None:
-                return self._finish_in_flight()
-            if self.scheduler.has_unfinished_requests() and not self.scheduler.running:
+                return outputs + self._finish_in_flight()
+            if (not outputs and self.scheduler.has_unfinished_requests()
+                    and not self.scheduler.running):
                 raise RuntimeError("scheduler made no progress with requests waiting")
-            return []
+            return outputs
         now = time.time()
         for req_id in so.num_scheduled_tokens:
             r = self.scheduler.requests[req_id]
@@ -338,7 +342,8 @@ class LLMEngine:
         # Launched before the host has the tokens of the step in flight (the runner takes
         # them where they were sampled), which then finishes while this one runs.
         launched = (so, self.model_runner.execute_model(so, non_block=True))
-        outputs = self._finish_in_flight() if self._in_flight is not None else []
+        if self._in_flight is not None:
+            outputs = self._finish_in_flight()
         self._in_flight = launched
         return outputs
 

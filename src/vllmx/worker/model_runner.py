@@ -112,6 +112,7 @@ class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
                 slots.step_rows() if slots else None)
         self._decode_logits = None  # GPU: the decode buckets' f32 logits (below)
         self._in_flight: PendingStep | None = None  # the last launched step, until finished
+        self.async_scheduling = False  # (the engine's: steps may launch before one finishes)
         self._launching = False  # in _launch (steps scheduled before the last one's tokens)
         # Grammar masks started on the StructuredOutputManager's thread (_grammar_masks): on
         # the GPU; on the CPU, whose cores run the forward, in line.
@@ -343,6 +344,10 @@ class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
         draft_hidden = hidden
         if self.hidden_out is not None and (logits is not None or self._aux_hidden):
             draft_hidden = self.hidden_out[:t]
+            if self.async_scheduling and sample_ids:
+                # The next step may be launched before this one's drafter reads them (a
+                # paused batch): a copy, queued before that step's forward overwrites them.
+                draft_hidden = ops.copy_of(draft_hidden)
         if not sample_ids:
             if self.hidden_out is not None:  # the drafter's KV follows the prompt chunks
                 self._draft_from_hidden(layout, draft_hidden, {}, out.failed)

@@ -55,18 +55,24 @@ class SpecDecodeModelRunnerMixin:
         rows, slots, ids, positions = [], [], [], []
         qsl, seq_lens = np.zeros(b + 1, np.int32), np.zeros(b, np.int32)
         batch_rows, sampled, req_ids = np.zeros(b, np.int64), np.zeros(b, bool), []
+        bs = self.block_size
         for req_id, row0, start, n in layout:
             state = self.requests.get(req_id)
-            if state is None or req_id in failed:
+            # (With asynchronous scheduling the next step was formed since this one launched:
+            # a request it no longer runs, finished or preempted, has no KV to follow.)
+            if state is None or req_id in failed or req_id not in batch.req_id_to_index:
                 continue
             i = len(req_ids)
             n -= rejected.get(req_id, 0)
+            batch_rows[i] = batch.req_id_to_index[req_id]
             rows.append(np.arange(row0, row0 + n, dtype=np.int32))
-            slots.append(self.slot_mapping[row0:row0 + n])
-            positions.append(np.arange(start, start + n, dtype=np.int32))
+            # Its slots from its block table (the step's slot_mapping may hold the next step's).
+            pos = np.arange(start, start + n, dtype=np.int32)
+            slots.append((self.block_table[batch_rows[i], pos // bs] * bs + pos % bs)
+                         .astype(np.int32))
+            positions.append(pos)
             ids.extend(state.token_ids[start + 1:start + n + 1])
             qsl[i + 1], seq_lens[i] = qsl[i] + n, start + n
-            batch_rows[i] = batch.req_id_to_index[req_id]
             sampled[i] = (req_id in rejected and drafts_for(state.sampling_params)
                           and state.draft_backoff.drafts_now())
             req_ids.append(req_id)

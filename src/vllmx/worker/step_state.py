@@ -51,6 +51,10 @@ class DraftBackoff:
             self.skip, self.misses = self.pause, self.MISSES - 1  # a failed probe pauses again
             self.pause = min(2 * self.pause, self.MAX_PAUSE)
 
+    def drafts_next(self) -> bool:
+        """What the next drafts_now() will say (without counting a paused step)."""
+        return not self.skip
+
     def drafts_now(self) -> bool:
         """Whether the request drafts for its next step (called once a step)."""
         if self.skip:
@@ -142,6 +146,17 @@ class PendingStep:
             n = len(self.smd.temperature)
             self.sample = PendingSample.done(SamplerOutput(
                 np.zeros(n, np.int32), np.zeros(n, np.float32), [None] * n))
+
+    def may_draft(self) -> bool:
+        """Whether finishing this step may propose drafts (for the step after it): then the
+        engine finishes it before scheduling that step, whose drafts they would be. A request
+        that speculation's backoff pauses for its next step proposes none, so while every
+        request of the batch is paused steps are launched ahead as without speculation."""
+        if self._runner is None or self._runner.drafter is None:
+            return False
+        requests = self._runner.requests
+        return any(r in requests and drafts_for(requests[r].sampling_params)
+                   and requests[r].draft_backoff.drafts_next() for r in self.sample_ids)
 
     def get_output(self) -> ModelRunnerOutput:
         if self._runner is not None:
