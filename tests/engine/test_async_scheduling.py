@@ -164,11 +164,3 @@ def test_abort_while_a_step_is_in_flight(model_dir):
     assert llm.generate([prompts[1]], sp)[0].outputs[0].token_ids == alone[1]
     assert engine.scheduler.kv_cache_manager.num_free_blocks == \
         engine.config.cache_config.num_blocks
-
-
-def test_async_with_speculation_is_refused(model_dir):
-    from vllmx import LLM
-
-    with pytest.raises(ValueError, match="async_scheduling does not support speculative"):
-        LLM(model_dir, skip_tokenizer_init=True, device="cpu", async_scheduling=True,
-            speculative_config={"method": "ngram", "num_speculative_tokens": 2})
