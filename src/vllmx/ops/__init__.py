@@ -2,7 +2,9 @@
 CPU activations are float32 numpy arrays and weights `Weight`s; on the GPU both are
 `vllmx.device.DeviceArray`s (activations bf16 / f16). Each function only allocates its outputs
 on its input's device and calls the op table (`_C.ops.<name>`, csrc/ops.def), which dispatches by
-device; where a device has a fused op (the op table says so), the fused one is picked."""
+device; where a device has a fused op (the op table says so), the fused one is picked. The
+mixture-of-experts, hybrid-mixer and sampling ops live in modules of their own (ops/moe.py,
+ops/linear_attn.py, ops/sampling.py), read as ops.<name> all the same."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import numpy as np
 
 from vllmx import _C
 from vllmx.device import BF16, F16, F32, Q8_0, DeviceArray, dtype_id  # noqa: F401 - ops.<id>
+from vllmx.ops._base import _arg, _empty, _host_empty, _on_device  # noqa: F401 - ops._arg
 
 # The weight type, the dtype ids and the weights' host preparation (vllmx/weights.py), read by
 # model code as ops.<name>.
@@ -37,36 +40,6 @@ from vllmx.weights import (  # noqa: F401
     repack_experts,
     repack_weight,
 )
-
-
-def _arg(t):
-    """A tensor argument of an op: a Weight as (bytes, dtype id), arrays as they are."""
-    return (t.data, t.dtype) if isinstance(t, Weight) else t
-
-
-_ALIGN_FROM_BYTES = 1 << 16
-
-
-def _host_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """np.empty, large arrays on a 64-byte boundary (malloc's large blocks start 16 bytes past a
-    page; 4% of MiniLM's f32 linear on two cores)."""
-    if int(np.prod(shape)) * np.dtype(dtype).itemsize < _ALIGN_FROM_BYTES:
-        return np.empty(shape, dtype=dtype)
-    return aligned_empty(shape, dtype)
-
-
-def _empty(like, shape: tuple[int, ...], dtype=None):
-    """Uninitialised output on like's device: like's dtype, or the numpy dtype given (its id on
-    the GPU)."""
-    if isinstance(like, DeviceArray):
-        return DeviceArray.empty(shape, like.dtype if dtype is None else dtype_id(dtype))
-    return _host_empty(shape, like.dtype if dtype is None else dtype)
-
-
-def _on_device(a):
-    """A host array's device copy (the upload waits: the host array may go right after);
-    a DeviceArray as it is."""
-    return a if isinstance(a, DeviceArray) else DeviceArray.from_numpy(np.ascontiguousarray(a))
 
 
 def _rows(table) -> int:
@@ -261,136 +234,10 @@ def paged_attention(q, key_cache, value_cache, block_table, query_start_loc, seq
     return out
 
 
-def sample(logits, temperature, top_k, top_p, min_p, rng_state, with_logprobs: bool = True,
-           out: tuple | None = None):
-    """Token ids (int32 [B]) and their log-probs under the given logits (float32 [B]; None
-    without with_logprobs), on logits' device. rng_state (uint64 [B, 2]) is advanced in place.
-    out: (ids, logprobs or None) to write instead (the GPU sampler's staging buffer)."""
-    if out is None:
-        b = logits.shape[0]
-        out = (_empty(logits, (b,), np.int32),
-               _empty(logits, (b,), np.float32) if with_logprobs else None)
-    _C.ops.sample(*out, logits, temperature, top_k, top_p, min_p, rng_state)
-    return out
-
-
-def apply_logits_processors(logits, **groups: np.ndarray) -> None:
-    """In place over logits (float32 [B, V], host or GPU): allowed_token_ids, bad words, logit
-    bias (and min_tokens bans), penalties; each group as CSR int32 host arrays (csrc/ops.def),
-    uploaded when the logits are on the GPU."""
-    if isinstance(logits, DeviceArray):
-        groups = {k: _on_device(v) for k, v in groups.items()}
-    _C.ops.apply_logits_processors(logits, **groups)
-
-
-def apply_token_bitmask(logits, bitmask: np.ndarray, indices: np.ndarray | None = None) -> None:
-    """In place over logits (float32 [B, V], host or GPU): -inf for every token whose bit is 0
-    in its row's packed grammar mask (bitmask int32 [R, ceil(V / 32)], host; indices int32 [R]:
-    the logits row of each mask row, None: R == B). Uploaded when the logits are on the GPU
-    (unless they are there already: the sampler stages them)."""
-    if isinstance(logits, DeviceArray):
-        bitmask = _on_device(bitmask)
-        if indices is not None:
-            indices = _on_device(indices)
-    _C.ops.apply_token_bitmask(logits, bitmask, indices)
-
-
-def num_top_logprobs(num_logprobs: np.ndarray, vocab: int) -> int:
-    """K of compute_logprobs' top lists: the largest count, at most the vocabulary (0: none)."""
-    return max(0, min(int(num_logprobs.max(initial=0)), vocab))
-
-
-def compute_logprobs(logits, token_ids: np.ndarray, num_logprobs: np.ndarray, out=None,
-                     counts=None):
-    """Per row of log_softmax(logits): the log-prob of token_ids[n] (float32 [N]), its rank
-    (int32 [N]; 0 where num_logprobs[n] < 0) and the num_logprobs[n] most probable tokens
-    (int32 / float32 [N, K], K = num_top_logprobs; padded with -1 / -inf). num_logprobs is a
-    host array; with device logits it and token_ids (host or device) go to the GPU and the
-    results are DeviceArrays: the logits never leave it. out: the four arrays to write instead
-    (top ones None when K = 0), counts: num_logprobs already on the GPU (the sampler's
-    staging buffer)."""
-    n, vocab = logits.shape
-    k = num_top_logprobs(num_logprobs, vocab) if n else 0
-    if out is None:
-        out = (_empty(logits, (n,), np.float32), _empty(logits, (n,), np.int32),
-               _empty(logits, (n, k), np.int32) if k > 0 else None,
-               _empty(logits, (n, k), np.float32) if k > 0 else None)
-    token_logprob, rank, top_ids, top_logprobs = out
-    if counts is None:
-        counts = num_logprobs
-    if isinstance(logits, DeviceArray):
-        token_ids = _on_device(token_ids if isinstance(token_ids, DeviceArray)
-                               else np.asarray(token_ids, dtype=np.int32))
-        counts = _on_device(counts if isinstance(counts, DeviceArray)
-                            else np.asarray(counts, dtype=np.int32))
-    _C.ops.compute_logprobs(token_logprob, rank, top_ids, top_logprobs, logits, token_ids,
-                            counts)
-    if top_ids is None:  # callers index [N, 0] arrays
-        top_ids, top_logprobs = np.zeros((n, 0), np.int32), np.zeros((n, 0), np.float32)
-    return token_logprob, rank, top_ids, top_logprobs
-
-
-def topk_softmax(gating_output, k: int, renormalize: bool):
-    """MoE routing: (topk_weights f32 [T, k], topk_ids i32 [T, k]) of the softmax over the
-    router logits gating_output [T, E]; renormalize divides the k weights by their sum."""
-    weights = _empty(gating_output, (gating_output.shape[0], k), np.float32)
-    ids = _empty(gating_output, (gating_output.shape[0], k), np.int32)
-    _C.ops.topk_softmax(weights, ids, gating_output, renormalize)
-    return weights, ids
-
-
-def argmax(x):
-    """Each row's argmax (i32 [B], on x's device; ties to the lowest index)."""
-    out = _empty(x, (x.shape[0],), np.int32)
-    _C.ops.argmax(out, x)
-    return out
-
-
 def zero_rows_at_position_(x, positions, position: int = 0):
     """x's rows whose positions equal position set to zero, in place (x's device)."""
     _C.ops.zero_rows_at_position(x, positions, position)
     return x
-
-
-def remap_expert_ids(topk_ids, start: int, count: int):
-    """Expert parallelism: global expert ids in [start, start + count) to this rank's local
-    ones, the others -1 (fused_experts skips them), in place."""
-    _C.ops.remap_expert_ids(topk_ids, start, count)
-    return topk_ids
-
-
-def grouped_topk(gating_output, k: int, num_expert_group: int = 1, topk_group: int = 1,
-                 scoring_func: str = "softmax", renormalize: bool = False,
-                 routed_scaling_factor: float = 1.0, e_score_correction_bias=None):
-    """MoE routing with expert groups and a choice bias (vLLM's grouped_topk: DeepSeek V2/V3,
-    GLM-4.5; contract in csrc/ops.def): (topk_weights f32 [T, k], topk_ids i32 [T, k]).
-    scoring_func is "softmax" or "sigmoid"."""
-    if scoring_func not in ("softmax", "sigmoid"):
-        raise ValueError(f"grouped_topk: scoring_func must be 'softmax' or 'sigmoid', got "
-                         f"{scoring_func!r}")
-    weights = _empty(gating_output, (gating_output.shape[0], k), np.float32)
-    ids = _empty(gating_output, (gating_output.shape[0], k), np.int32)
-    _C.ops.grouped_topk(weights, ids, gating_output, e_score_correction_bias, num_expert_group,
-                        topk_group, scoring_func == "sigmoid", renormalize,
-                        routed_scaling_factor)
-    return weights, ids
-
-
-_EXPERT_ACTIVATIONS = {"silu": 0, "swigluoai": 1, "relu2": 2}
-
-
-def fused_experts(x, w13, w2, topk_weights, topk_ids, w13_bias=None, w2_bias=None,
-                  activation: str = "silu"):
-    """out [T, H] = sum_j topk_weights[:, j] * w2_e(act(gate_e x, up_e x)), e = topk_ids[:, j];
-    w13 [E, 2 I, H] and w2 [E, H, I] stacked expert Weights (vLLM's fused_experts), optional
-    f32 biases [E, 2 I] / [E, H]; activation "silu" (SwiGLU) or "swigluoai" (gpt-oss's)."""
-    if activation not in _EXPERT_ACTIVATIONS:
-        raise ValueError(f"fused_experts: activation must be one of "
-                         f"{sorted(_EXPERT_ACTIVATIONS)}, got {activation!r}")
-    out = _empty(x, x.shape)
-    _C.ops.fused_experts(out, x, _arg(w13), _arg(w2), topk_weights, topk_ids, w13_bias,
-                         w2_bias, _EXPERT_ACTIVATIONS[activation])
-    return out
 
 
 def add_lora_linear(y, x, lora_a, lora_b, lora_indices: np.ndarray,
@@ -535,51 +382,27 @@ def cuda_available() -> bool:
     return _C.cuda_available()
 
 
-def causal_conv1d(x, weight, bias, conv_state, query_start_loc, state_indices,
-                  has_initial_state, silu: bool = True, spec_state_indices=None):
-    """The hybrid mixers' short depthwise convolution with its window carried in conv_state
-    slots (contract in csrc/ops.def): out [T, D]. spec_state_indices: a slot a row (or -1)
-    that also gets the window after it."""
-    out = _empty(x, x.shape)
-    _C.ops.causal_conv1d(out, x, weight, bias, conv_state, query_start_loc, state_indices,
-                         has_initial_state, spec_state_indices, silu)
-    return out
-
-
-def gated_delta_rule(q, k, v, a, b, A_log, dt_bias, recurrent_state, query_start_loc,
-                     state_indices, has_initial_state, spec_state_indices=None):
-    """Gated DeltaNet's recurrence over each sequence's state slot (contract in csrc/ops.def):
-    out [T, Hv * dv]. spec_state_indices: a slot a row (or -1) that also gets the state
-    after it."""
-    out = _empty(v, v.shape)
-    _C.ops.gated_delta_rule(out, recurrent_state, q, k, v, a, b, A_log, dt_bias,
-                            query_start_loc, state_indices, has_initial_state,
-                            spec_state_indices)
-    return out
-
-
-def rms_norm_gated(x, z, w, eps: float, group_size: int | None = None,
-                   norm_before_gate: bool = True):
-    """Gated RMSNorm over each group of group_size (default w.shape[0]) values:
-    x / rms(x) * w * silu(z), or with norm_before_gate False (Mamba2's) the norm of
-    x * silu(z), times w."""
-    out = _empty(x, x.shape)
-    _C.ops.rms_norm_gated(out, x, z, w, eps, group_size or w.shape[0], norm_before_gate)
-    return out
-
-
-def mamba2_scan(x, dt, B, C, A_log, D, dt_bias, ssm_state, query_start_loc, state_indices,
-                has_initial_state, dt_min: float = 0.0, dt_max: float = float("inf"),
-                spec_state_indices=None):
-    """Mamba2's selective state space over each sequence's state slot (contract in
-    csrc/ops.def): out [T, H * P]. spec_state_indices: a slot a row (or -1) that also gets the
-    state after it."""
-    out = _empty(x, x.shape)
-    _C.ops.mamba2_scan(out, ssm_state, x, dt, B, C, A_log, D, dt_bias, query_start_loc,
-                       state_indices, has_initial_state, spec_state_indices, dt_min, dt_max)
-    return out
-
-
-def sigmoid_gate_(x, gate) -> None:
-    """In place x *= sigmoid(gate) (gate like x, or one column)."""
-    _C.ops.sigmoid_gate(x, gate)
+# Families of ops in modules of their own (ops/moe.py, ops/linear_attn.py, ops/sampling.py),
+# read as ops.<name> as the others are.
+from vllmx.ops.linear_attn import (  # noqa: F401
+    causal_conv1d,
+    gated_delta_rule,
+    mamba2_scan,
+    rms_norm_gated,
+    sigmoid_gate_,
+)
+from vllmx.ops.moe import (  # noqa: F401
+    _EXPERT_ACTIVATIONS,
+    fused_experts,
+    grouped_topk,
+    remap_expert_ids,
+    topk_softmax,
+)
+from vllmx.ops.sampling import (  # noqa: F401
+    apply_logits_processors,
+    apply_token_bitmask,
+    argmax,
+    compute_logprobs,
+    num_top_logprobs,
+    sample,
+)
