@@ -152,6 +152,18 @@ __device__ __forceinline__ float activate(float g) {
   }
 }
 
+// gpt-oss's clamped SwiGLU (vLLM's swigluoai_and_mul) of a gate and an up value, and squared
+// ReLU (Nemotron-H): the elementwise ops and fused_experts' activation share them.
+__device__ __forceinline__ float swigluoai(float g, float u, float alpha, float limit) {
+  g = fminf(g, limit);
+  u = fminf(fmaxf(u, -limit), limit);
+  return g / (1.f + expf(-alpha * g)) * (u + 1.f);
+}
+__device__ __forceinline__ float squared_relu(float x) {
+  x = fmaxf(x, 0.f);
+  return x * x;
+}
+
 // ---- block reductions (every thread of the block calls them; all get the block's result) ----
 // A value of any 4-byte-multiple type exchanged across lanes word by word (an index, a
 // (value, id) pair).

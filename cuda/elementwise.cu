@@ -58,6 +58,33 @@ __global__ void rms_norm_kernel(T* out, const T* x, const W* w, int64_t n, int64
     orow[i] = from_f32<T>(to_f32(xr[i]) * inv * to_f32(w[i]));
 }
 
+// The hybrids' gated RMSNorm over each group of d values of a row, one block a (row, group):
+// norm_before_gate out = x / rms(x) * w * silu(z) (Gated DeltaNet), else y = x * silu(z),
+// out = y / rms(y) * w (Mamba2). w [d] shared by the groups (w_group_stride 0) or [groups * d].
+template <typename T, typename W>
+__global__ void rms_norm_gated_kernel(T* out, const T* x, const T* z, const W* w, int64_t d,
+                                      int64_t groups, int64_t w_group_stride, int64_t out_stride,
+                                      int64_t x_stride, int64_t z_stride, float eps,
+                                      bool norm_before_gate) {
+  pdl_begin();
+  const int64_t r = blockIdx.x / groups, g = blockIdx.x % groups;
+  const T* xr = x + r * x_stride + g * d;
+  const T* zr = z + r * z_stride + g * d;
+  const W* wr = w + g * w_group_stride;
+  T* orow = out + r * out_stride + g * d;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    float v = to_f32(xr[i]);
+    if (!norm_before_gate) v *= activate<Act::kSilu>(to_f32(zr[i]));
+    ss += v * v;
+  }
+  ss = block_sum(ss);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(d) + eps);
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    orow[i] = from_f32<T>(to_f32(xr[i]) * activate<Act::kSilu>(to_f32(zr[i])) * inv *
+                          to_f32(wr[i]));
+}
+
 // res_out = x + res (stored rounded to T); out = rms_norm(res_out) * w. As in vLLM, the variance
 // is taken over the unrounded f32 sum and the normalisation reads the rounded residual. In place
 // (out == x, res_out == res: vLLM's fused_add_rms_norm) is safe: a thread only rewrites the
@@ -317,6 +344,35 @@ __global__ void act_kernel(T* out, const T* x, int64_t rows, int64_t d, int64_t 
   }
 }
 
+// gpt-oss's clamped SwiGLU over rows [gate; up] (swigluoai_and_mul).
+template <typename T>
+__global__ void swigluoai_and_mul_kernel(T* out, const T* x, int64_t rows, int64_t d,
+                                         int64_t x_stride, int64_t out_stride, float alpha,
+                                         float limit) {
+  pdl_begin();
+  const int64_t n = rows * d;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / d, i = e % d;
+    const T* xr = x + r * x_stride;
+    out[r * out_stride + i] =
+        from_f32<T>(swigluoai(to_f32(xr[i]), to_f32(xr[i + d]), alpha, limit));
+  }
+}
+
+// Squared ReLU elementwise (relu2).
+template <typename T>
+__global__ void relu2_kernel(T* out, const T* x, int64_t rows, int64_t d, int64_t x_stride,
+                             int64_t out_stride) {
+  pdl_begin();
+  const int64_t n = rows * d;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / d, i = e % d;
+    out[r * out_stride + i] = from_f32<T>(squared_relu(to_f32(x[r * x_stride + i])));
+  }
+}
+
 // ---- fill_uniform (the same hash as the CPU kernel: sampling/rng.h) ----
 template <typename T>
 __global__ void fill_uniform_kernel(T* out, int64_t n, uint64_t seed, float low, float span) {
@@ -528,6 +584,37 @@ void fused_add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor&
   layer_norm_impl("cuda.fused_add_layer_norm", x, residual, x, residual, w, b, eps);
 }
 
+void rms_norm_gated(const Tensor& out, const Tensor& x, const Tensor& z, const Tensor& w,
+                    float eps, int64_t group_size, bool norm_before_gate) {
+  // The shapes are the op's contract (csrc/ops.cpp); here the GPU's dtypes and layouts.
+  const char* op = "cuda.rms_norm_gated";
+  for (const Tensor* t : {&out, &x, &z}) check_rows(*t, op, "out, x and z");
+  check_act(x, op, "x");
+  check_on_device(w, op, "w");
+  VLLMX_CHECK(out.dtype == x.dtype && z.dtype == x.dtype, op,
+              "out and z must have x's dtype " + x.str());
+  VLLMX_CHECK(w.is_contiguous() && (w.dtype == DType::F32 || w.dtype == x.dtype), op,
+              "w " + w.str() + " must be contiguous, f32 or x's dtype");
+  const int64_t d = group_size, groups = x.shape[1] / d, rows = x.shape[0];
+  if (rows == 0 || d == 0) return;
+  const int threads = threads_for(d / 4);
+  const auto grid = static_cast<unsigned>(rows * groups);
+  dispatch_float(x.dtype, op, [&](auto xv) {
+    using T = decltype(xv);
+    auto run = [&](auto wv) {
+      using W = decltype(wv);
+      launch(rms_norm_gated_kernel<T, W>, grid, threads, 0, stream(), out.ptr<T>(), x.ptr<T>(),
+             z.ptr<T>(), w.ptr<W>(), d, groups, w.shape[0] == d ? int64_t{0} : d,
+             out.stride[0], x.stride[0], z.stride[0], eps, norm_before_gate);
+    };
+    if (w.dtype == DType::F32)
+      run(float{});
+    else
+      run(T{});
+  });
+  check_launch(op);
+}
+
 void rotary(const Tensor& positions, const Tensor& q, const Tensor& k, const Tensor& cos_sin_cache,
             int64_t head_size, bool is_neox) {
   const char* op = "cuda.rotary";
@@ -603,6 +690,41 @@ void gelu_and_mul(const Tensor& out, const Tensor& x, bool approximate_tanh) {
     act_impl<Act::kGeluTanh>("cuda.gelu_and_mul", out, x);
   else
     act_impl<Act::kGeluErf>("cuda.gelu_and_mul", out, x);
+}
+
+void swigluoai_and_mul(const Tensor& out, const Tensor& x, float alpha, float limit) {
+  const char* op = "cuda.swigluoai_and_mul";
+  check_rows(out, op, "out");
+  check_rows(x, op, "x");
+  check_act(x, op, "x");
+  VLLMX_CHECK(out.dtype == x.dtype, op, "out " + out.str() + " must have x's dtype " + x.str());
+  const int64_t rows = x.shape[0], d = out.shape[1];
+  VLLMX_CHECK(out.shape[0] == rows && x.shape[1] == 2 * d, op,
+              "x " + x.str() + " must be [T, 2 * I] for out " + out.str());
+  if (rows * d == 0) return;
+  dispatch_float(x.dtype, op, [&](auto v) {
+    using T = decltype(v);
+    launch(swigluoai_and_mul_kernel<T>, blocks_for(rows * d, kThreads), kThreads, 0, stream(),
+           out.ptr<T>(), x.ptr<T>(), rows, d, x.stride[0], out.stride[0], alpha, limit);
+  });
+  check_launch(op);
+}
+
+void relu2(const Tensor& out, const Tensor& x) {
+  const char* op = "cuda.relu2";
+  check_rows(out, op, "out");
+  check_rows(x, op, "x");
+  check_act(x, op, "x");
+  VLLMX_CHECK(out.dtype == x.dtype && out.shape[0] == x.shape[0] && out.shape[1] == x.shape[1],
+              op, "out " + out.str() + " must be x's shape and dtype " + x.str());
+  const int64_t rows = x.shape[0], d = x.shape[1];
+  if (rows * d == 0) return;
+  dispatch_float(x.dtype, op, [&](auto v) {
+    using T = decltype(v);
+    launch(relu2_kernel<T>, blocks_for(rows * d, kThreads), kThreads, 0, stream(), out.ptr<T>(),
+           x.ptr<T>(), rows, d, x.stride[0], out.stride[0]);
+  });
+  check_launch(op);
 }
 
 void gelu(const Tensor& out, const Tensor& x, bool approximate_tanh) {
@@ -824,6 +946,9 @@ VLLMX_KERNEL(rotary, kCUDA, rotary);
 VLLMX_KERNEL(silu_and_mul, kCUDA, silu_and_mul);
 VLLMX_KERNEL(gelu_and_mul, kCUDA, gelu_and_mul);
 VLLMX_KERNEL(gelu, kCUDA, gelu);
+VLLMX_KERNEL(swigluoai_and_mul, kCUDA, swigluoai_and_mul);
+VLLMX_KERNEL(relu2, kCUDA, relu2);
+VLLMX_KERNEL(rms_norm_gated, kCUDA, rms_norm_gated);
 VLLMX_KERNEL(softcap, kCUDA, softcap);
 VLLMX_KERNEL(sigmoid_gate, kCUDA, sigmoid_gate);
 VLLMX_KERNEL(scale, kCUDA, scale);

@@ -152,17 +152,11 @@ __global__ void moe_act_kernel(T* __restrict__ act, const T* __restrict__ h, int
     float g = to_f32(hr[i]) + (b != nullptr ? b[i] : 0.f);
     float v;
     if (activation == 2) {
-      g = fmaxf(g, 0.f);
-      v = g * g;
+      v = squared_relu(g);
     } else {
-      float u = to_f32(hr[I + i]) + (b != nullptr ? b[I + i] : 0.f);
-      if (activation == 1) {
-        g = fminf(g, kSwigluOaiLimit);
-        u = fminf(fmaxf(u, -kSwigluOaiLimit), kSwigluOaiLimit);
-        v = g / (1.f + expf(-kSwigluOaiAlpha * g)) * (u + 1.f);
-      } else {
-        v = activate<Act::kSilu>(g) * u;
-      }
+      const float u = to_f32(hr[I + i]) + (b != nullptr ? b[I + i] : 0.f);
+      v = activation == 1 ? swigluoai(g, u, kSwigluOaiAlpha, kSwigluOaiLimit)
+                          : activate<Act::kSilu>(g) * u;
     }
     out[i] = from_f32<T>(v);
   }

@@ -164,6 +164,66 @@ class DeviceArray(getattr(_C, "DeviceArrayBase", object)):
         return f"DeviceArray({_C.type_info(self.dtype)[0]}, shape={self.shape})"
 
 
+class StagedArray:
+    """A long-lived device copy of an i32 host array that the host rewrites before each step
+    (LoRA rows' slots, a hybrid's state rows): a queued copy from one of two pinned host arrays
+    used in turn, as the model runner stages its inputs. A copy that waited (pageable memory)
+    would wait for the step in flight and undo asynchronous scheduling; the device array stays
+    put, so a CUDA graph reads each step's values where it was captured."""
+
+    def __init__(self, host: np.ndarray):
+        self.host = host  # (the caller's, int32: what upload() sends)
+        self.device = DeviceArray.from_numpy(host)
+        n = host.nbytes
+        self._pinned = [_C.PinnedHostBuffer(n) for _ in range(2)]
+        self._staging = [p.array(np.int32, len(host)) for p in self._pinned]
+        self._copied = [_C.CudaEvent() for _ in range(2)]
+        self._turn = 0
+
+    def upload(self) -> None:
+        """Queues the host array's current values to the device (after the steps before)."""
+        i, self._turn = self._turn, self._turn ^ 1
+        self._copied[i].synchronize()  # the copy two steps ago has left this staging array
+        self._staging[i][:] = self.host
+        self._pinned[i].copy_to_device(self.device.buffer, self.device.nbytes, self.device.offset)
+        self._copied[i].record()
+
+    def view(self, n: int) -> DeviceArray:
+        """The device array's first n entries."""
+        return DeviceArray(self.device.buffer, self.device.dtype, (n,), self.device.offset)
+
+
+class Uploads:
+    """Host int32 arrays to the device in one queued copy from pinned memory (two staging arrays
+    used in turn, as StagedArray's): a pageable upload waits for the work queued before it,
+    which with asynchronous scheduling is the next step's forward. The device copies live in
+    one buffer that the next call's copy overwrites once what is queued before it has run
+    (a drafter's metadata: read by the kernels queued right after)."""
+
+    def __init__(self, capacity: int):
+        self._pinned = [_C.PinnedHostBuffer(4 * capacity) for _ in range(2)]
+        self._staging = [p.array(np.int32, capacity) for p in self._pinned]
+        self._copied = [_C.CudaEvent() for _ in range(2)]
+        self._device = DeviceArray.empty((capacity,), I32)
+        self._turn = 0
+
+    def __call__(self, *arrays: np.ndarray) -> list[DeviceArray]:
+        """Each array's device copy (its shape), queued after the work before."""
+        i, self._turn = self._turn, self._turn ^ 1
+        self._copied[i].synchronize()  # the copy two calls ago has left this staging array
+        staging, off, spans = self._staging[i], 0, []
+        for a in arrays:
+            n = a.size
+            if off + n > len(staging):
+                raise ValueError(f"Uploads: {off + n} entries past its {len(staging)}")
+            staging[off:off + n] = a.reshape(-1)
+            spans.append((off, n, a.shape))
+            off += n
+        self._pinned[i].copy_to_device(self._device.buffer, 4 * off, self._device.offset)
+        self._copied[i].record()
+        return [self._device[o:o + n].reshape(shape) for o, n, shape in spans]
+
+
 def memory_stats() -> dict[str, int]:
     """{'allocated', 'reserved'} bytes of vllmx's device allocator."""
     return _C.cuda_memory_stats()

@@ -17,6 +17,9 @@ from tests.models.tiny_checkpoints import VOCAB, make_checkpoint
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+# An f32 oracle computes in f32: cuDNN's convolutions (the hybrids' causal conv1d in
+# transformers' reference path) would otherwise round their inputs to TF32.
+torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
 
 # Mixture of experts (cuda/fused_moe.cu): softmax top-k routing, shared experts; GLM-4.5's
 # sigmoid routing over expert groups steered by its choice bias; gpt-oss's biased experts and
@@ -26,6 +29,11 @@ transformers = pytest.importorskip("transformers")
 # on the generic kernel; DeepSeek's own 512 + 64, deepseek_v2_lite_576, on attention_mla.cu).
 MOE = ["qwen3_moe", "mixtral", "granite_moe", "granite_moe_shared", "qwen2_moe", "glm4_moe",
        "gpt_oss", "deepseek_v2", "deepseek_v3", "deepseek_v2_lite_576"]
+# The hybrids (cuda/linear_attn.cu's mixers over per-request state slots on the device): checked
+# as the MoE models are in bf16 (their recurrent states, and some their routers, round), at
+# their tiny configs' own sizes.
+HYBRID = ["qwen3_next", "granite_moe_hybrid", "nemotron_h", "falcon_h1"]
+MOE += HYBRID
 FAMILIES = ["granite", "smollm3", "phi3", "phi3_longrope", "glm4", "olmo2", "olmo3", "exaone4",
             "gemma2", "gemma3", "gpt_neox", "gpt_neox_seq", "stablelm", "stablelm_parallel",
             "starcoder2", "gpt2", "cohere", "cohere2", "falcon", "falcon_seq", *MOE]
@@ -41,6 +49,12 @@ SIZES = {"hidden_size": 256, "intermediate_size": 512, "max_position_embeddings"
 # 1, 1, 4, 4, 4, 6, 5, 1, 3, 4, 3, 4, 7, 3, 4, 5, 3, 4, 3, 6 positions (4 of 20 runs over 5), and
 # vllmx's bf16 run on an H100 at 9 (2026-12-05, seed 4177727099).
 MOE_BF16_GAP, MOE_BF16_FAILED = 3.0, 12
+# The hybrids round further in bf16: a recurrent state carries a token's rounding on to every
+# later one. transformers' own bf16 greedy run of the tiny Qwen3-Next, teacher-forced through
+# its f32 model on this test's prompts (CPU, seeds 0-7), missed the 0.5-nat bound at 30, 17,
+# 35, 26, 18, 31, 17, 18 of the 256 positions, worst 1.6-5.0 nats; vllmx's bf16 runs on the
+# H200 at 15 and 13 (worst 4.9) (2026-12-05).
+HYBRID_BF16_GAP, HYBRID_BF16_FAILED = 6.0, 40
 SEED = int.from_bytes(os.urandom(4), "little")  # fresh prompts each run, printed on failure
 
 
@@ -61,7 +75,7 @@ def checkpoint(family: str, out_dir: str) -> str:
     if family == "deepseek_v2_lite_576":  # MLA's cache rows at DeepSeek's size
         return make_checkpoint("deepseek_v2_lite", "bfloat16", out_dir,
                                {"kv_lora_rank": 512, "qk_rope_head_dim": 64}, **SIZES)
-    return make_checkpoint(family, "bfloat16", out_dir, **SIZES)
+    return make_checkpoint(family, "bfloat16", out_dir, **({} if family in HYBRID else SIZES))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -79,22 +93,29 @@ def test_token_parity_vs_transformers_on_gpu(ckpt_dir, family, dtype, delta):
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
     moe_bf16 = family in MOE and dtype == "bfloat16"
+    # The hybrids' f32 oracle runs on the CPU: transformers' reference Mamba2 path on CUDA
+    # departs from its own CPU result on the tiny GraniteMoeHybrid (15-16 of 32 positions off by
+    # 0.24-0.40 nats after a 300-token prompt, TF32 off or on), where vllmx's GPU run equals its
+    # CPU run to 5e-7 nats and that the CPU oracle exactly (2026-12-05).
+    dev = "cpu" if family in HYBRID and dtype == "float32" else "cuda"
     oracle = transformers.AutoModelForCausalLM.from_pretrained(
         path, dtype=torch.float32 if moe_bf16 else getattr(torch, dtype),
         # (sdpa has no soft cap and no sinks)
-        attn_implementation="eager" if family in ("gemma2", "gpt_oss") else "sdpa").cuda().eval()
+        attn_implementation="eager" if family in ("gemma2", "gpt_oss") else "sdpa").to(dev).eval()
     failed = 0
     for prompt, out in zip(prompts, outs):
         toks = list(out.outputs[0].token_ids)
         assert len(toks) == 32
         with torch.no_grad():
-            logits = oracle(torch.tensor([prompt + toks], device="cuda")).logits[0]
+            logits = oracle(torch.tensor([prompt + toks], device=dev)).logits[0]
         lp = log_softmax(logits.double().cpu().numpy())
         report = check_positions(lp[len(prompt) - 1:-1], toks, delta)
         where = f"{family} {dtype} (seed {SEED}, len {len(prompt)}): {report}"
         failed += report.failed
         if moe_bf16:
-            assert failed <= MOE_BF16_FAILED and report.worst_gap < MOE_BF16_GAP, where
+            most, gap = ((HYBRID_BF16_FAILED, HYBRID_BF16_GAP) if family in HYBRID
+                         else (MOE_BF16_FAILED, MOE_BF16_GAP))
+            assert failed <= most and report.worst_gap < gap, where
         else:
             assert report.failed == 0, where
 

@@ -251,6 +251,25 @@ def test_act_and_mul(rng, dtype, act, d):
 
 
 @pytest.mark.parametrize("dtype", ACT)
+@pytest.mark.parametrize("d", [1000, 1003])
+def test_swigluoai_and_mul_and_relu2(rng, dtype, d):
+    """gpt-oss's clamped SwiGLU (values past the clamp on both sides) and squared ReLU against
+    the CPU ops on the same rounded inputs."""
+    T = 13
+    x = rounded(rng.standard_normal((T, 2 * d)).astype(np.float32) * 6, dtype)
+    ref = np.empty((T, d), np.float32)
+    _C.ops.swigluoai_and_mul(ref, x, 1.702, 7.0)
+    out = DeviceArray.empty((T, d), dtype)
+    _C.ops.swigluoai_and_mul(out, dev(x, dtype), 1.702, 7.0)
+    assert_close(as_f32(out.numpy(), dtype), ref, dtype, "swigluoai_and_mul")
+    ref2 = np.empty_like(x)
+    _C.ops.relu2(ref2, x)
+    out2 = DeviceArray.empty(x.shape, dtype)
+    _C.ops.relu2(out2, dev(x, dtype))
+    assert_close(as_f32(out2.numpy(), dtype), ref2, dtype, "relu2")
+
+
+@pytest.mark.parametrize("dtype", ACT)
 @pytest.mark.parametrize("approximate_tanh", [False, True])
 def test_gelu(rng, dtype, approximate_tanh):
     x = rounded(rng.standard_normal((13, 1000)).astype(np.float32) * 2, dtype)

@@ -99,3 +99,31 @@ def test_hidden_state_drafters_keep_the_tokens_on_gpu(heads, method, target, hea
     assert stats.spec_decode_num_drafts > 0
     if method != "eagle3":  # (the aligned heads agree with their targets often)
         assert stats.spec_decode_num_accepted_tokens > 0
+
+
+# ---- hybrids: the CUDA mixers save each verify row's state in its extra slot; a rejection
+# copies the state after the last accepted row back (device to device) ----
+
+HYBRIDS = ("qwen3_next", "granite_moe_hybrid", "nemotron_h", "falcon_h1")
+
+
+@pytest.fixture(scope="module")
+def hybrid_ckpts(tmp_path_factory) -> dict[str, str]:
+    root = str(tmp_path_factory.mktemp("spec-gpu-hybrid"))
+    return {f: make_checkpoint(f, "float32", root) for f in HYBRIDS}
+
+
+@pytest.mark.parametrize("family", HYBRIDS)
+def test_hybrid_speculation_keeps_the_tokens_on_gpu(hybrid_ckpts, family, monkeypatch):
+    from tests.spec_decode.test_hybrid import check_ngram, check_partial_acceptance
+
+    check_ngram(hybrid_ckpts[family], **GPU)
+    check_partial_acceptance(hybrid_ckpts[family], monkeypatch, **GPU)
+
+
+def test_hybrid_mtp_keeps_the_tokens_on_gpu(tmp_path):
+    from tests.spec_decode.harness import check_greedy_unchanged, checkpoints_with_mtp
+    from tests.spec_decode.test_hybrid import MTP, _write_qwen_mtp
+
+    ckpts = checkpoints_with_mtp(str(tmp_path), ("qwen3_5",), _write_qwen_mtp)
+    check_greedy_unchanged(ckpts["qwen3_5", "aligned"], MTP, True, **GPU)

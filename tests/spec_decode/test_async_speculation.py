@@ -1,10 +1,10 @@
 """Asynchronous scheduling with speculation: a step whose finish may propose drafts finishes
 before the next step is scheduled (the drafts need its tokens on the host); while speculation's
 backoff pauses every request of the batch, steps are launched ahead of the last one's tokens as
-without speculation. Forced on here on the CPU (on the GPU it is opt-in with speculation until
-verified there): the tokens are those of synchronous steps without speculation, for drafts that
-never match (most steps launched ahead), drafts accepted in part, and the hidden-state drafters
-(whose captured hidden states are copied before a step launched ahead overwrites them)."""
+without speculation. Forced on here on the CPU (the GPU's default): the tokens are those of
+synchronous steps without speculation, for drafts that never match (most steps launched
+ahead), drafts accepted in part, and the hidden-state drafters (whose captured hidden states
+are copied before a step launched ahead overwrites them)."""
 
 from __future__ import annotations
 

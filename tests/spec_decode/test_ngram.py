@@ -95,7 +95,7 @@ def test_serve_flag_reaches_the_engine_args():
                               '"num_speculative_tokens": 3}'])
     cfg = engine_args_from(args).create_engine_config()
     assert cfg.speculative_config.num_speculative_tokens == 3
-    assert cfg.scheduler_config.async_scheduling is None  # the engine decides
+    assert cfg.scheduler_config.async_scheduling is None  # the engine decides (the GPU: on)
     for flag, value in (("--async-scheduling", True), ("--no-async-scheduling", False)):
         cfg = engine_args_from(parser.parse_args(["m", flag])).create_engine_config()
         assert cfg.scheduler_config.async_scheduling is value

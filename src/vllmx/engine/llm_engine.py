@@ -95,8 +95,8 @@ class LLMEngine:
         elif draft_model is not None:
             draft_model.start(config.cache_config.num_blocks)
             self.model_runner.drafter = draft_model
-        if sc.async_scheduling is None:  # (with speculation on once verified on a GPU)
-            sc.async_scheduling = self.device == "cuda" and config.speculative_config is None
+        if sc.async_scheduling is None:
+            sc.async_scheduling = self.device == "cuda"
         # (With speculation a step whose finish may propose drafts finishes before the next is
         # scheduled, since the drafts need its tokens on the host; PendingStep.may_draft.)
         self.model_runner.async_scheduling = sc.async_scheduling
@@ -128,9 +128,6 @@ class LLMEngine:
                 logger.info("prefix caching is off: %s keeps recurrent state per request",
                             mc.hf_config.get("architectures"))
             self.config.cache_config.enable_prefix_caching = False
-            if self.config.speculative_config is not None and self.device == "cuda":
-                raise ValueError("speculative decoding of hybrid (linear attention / "
-                                 "state-space) models runs on the CPU only for now")
         spec = self.config.speculative_config
         if spec is not None and spec.method == "mtp":
             from vllmx.spec_decode.mtp_proposer import mtp_layer_count

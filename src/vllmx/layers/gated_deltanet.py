@@ -14,18 +14,15 @@ from __future__ import annotations
 import numpy as np
 
 from vllmx import ops
+from vllmx.device import F32
 from vllmx.layers import placement
 from vllmx.layers.attention import AttentionMetadata
 from vllmx.layers.linear import Linear, RowParallelLinear, take_rows
 from vllmx.ops import Weight
-from vllmx.pages import lazy_zeros
 
 
 class GatedDeltaNet:
     def __init__(self, cfg: dict, w: dict[str, Weight], prefix: str):
-        if placement.current().on_gpu:
-            raise ValueError(f"{prefix[:-1]}: Gated DeltaNet runs on the CPU only for now; run "
-                             f"this model with device='cpu'")
         hk, hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
         dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
         if hv % hk:
@@ -63,13 +60,20 @@ class GatedDeltaNet:
         self.norm_weight = np.ascontiguousarray(w[p + "norm.weight"].to_float32().reshape(-1))
         self.out_proj = RowParallelLinear(w[p + "out_proj.weight"])
         self.conv_state = self.recurrent_state = None
+        # The mixer ops' f32 parameters where they run (the GPU's states go there too).
+        self.on_gpu = placement.current().on_gpu
+        self.conv_weight, self.A_log, self.dt_bias, self.norm_weight = (
+            placement.upload_vector(a, F32) for a in (self.conv_weight, self.A_log,
+                                                      self.dt_bias, self.norm_weight))
+        if self.conv_bias is not None:
+            self.conv_bias = placement.upload_vector(np.ascontiguousarray(self.conv_bias), F32)
 
     def allocate_states(self, num_slots: int) -> None:
         """The conv window and recurrent state of num_slots requests (pages committed as slots
         are first written)."""
         k = self.conv_weight.shape[1]
-        self.conv_state = lazy_zeros((num_slots, self.conv_weight.shape[0], k - 1), np.float32)
-        self.recurrent_state = lazy_zeros((num_slots, self.hv, self.dk, self.dv), np.float32)
+        self.conv_state = placement.state_zeros((num_slots, self.conv_weight.shape[0], k - 1), self.on_gpu)
+        self.recurrent_state = placement.state_zeros((num_slots, self.hv, self.dk, self.dv), self.on_gpu)
 
     def state_arrays(self) -> list[np.ndarray]:
         """The per-request state this layer updates in place, slot first."""

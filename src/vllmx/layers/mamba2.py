@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 
 from vllmx import ops
+from vllmx.device import F32
 from vllmx.layers import placement
 from vllmx.layers.attention import AttentionMetadata
 from vllmx.layers.linear import Linear, take_rows
 from vllmx.ops import Weight
-from vllmx.pages import lazy_zeros
 
 
 def time_step_limit(cfg: dict) -> tuple[float, float]:
@@ -28,9 +28,6 @@ class Mamba2Mixer:
                  state_size: int, n_groups: int, eps: float,
                  dt_limit: tuple[float, float] = (0.0, float("inf")), rms_norm: bool = True,
                  norm_before_gate: bool = False):
-        if placement.current().on_gpu:
-            raise ValueError(f"{prefix[:-1]}: Mamba2 runs on the CPU only for now; run this "
-                             f"model with device='cpu'")
         p = prefix
         self.h, self.p, self.n, self.g = num_heads, head_dim, state_size, n_groups
         d_inner = num_heads * head_dim
@@ -62,11 +59,19 @@ class Mamba2Mixer:
                             if rms_norm else None)
         self.out_proj = Linear(w[p + "out_proj.weight"], w.get(p + "out_proj.bias"))
         self.conv_state = self.ssm_state = None
+        # The mixer ops' f32 parameters where they run (the GPU's states go there too).
+        self.on_gpu = placement.current().on_gpu
+        self.conv_weight, self.A_log, self.D, self.dt_bias = (
+            placement.upload_vector(a, F32) for a in (self.conv_weight, self.A_log, self.D,
+                                                      self.dt_bias))
+        self.conv_bias, self.norm_weight = (
+            None if a is None else placement.upload_vector(a, F32)
+            for a in (self.conv_bias, self.norm_weight))
 
     def allocate_states(self, num_slots: int) -> None:
         k = self.conv_weight.shape[1]
-        self.conv_state = lazy_zeros((num_slots, self.conv_weight.shape[0], k - 1), np.float32)
-        self.ssm_state = lazy_zeros((num_slots, self.h, self.p, self.n), np.float32)
+        self.conv_state = placement.state_zeros((num_slots, self.conv_weight.shape[0], k - 1), self.on_gpu)
+        self.ssm_state = placement.state_zeros((num_slots, self.h, self.p, self.n), self.on_gpu)
 
     def state_arrays(self) -> list[np.ndarray]:
         """The per-request state this layer updates in place, slot first."""

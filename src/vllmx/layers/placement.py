@@ -70,6 +70,14 @@ def host_as(a: np.ndarray, dtype: int) -> np.ndarray:
     return _dense_as(Weight.from_numpy(a.reshape(-1, a.shape[-1])), dtype).reshape(a.shape)
 
 
+def state_zeros(shape: tuple[int, ...], on_gpu: bool):
+    """A hybrid mixer's per-request state, f32 zeros: a device array on the GPU, else host pages
+    committed as slots are first written."""
+    from vllmx.pages import lazy_zeros
+
+    return DeviceArray.zeros(shape, F32) if on_gpu else lazy_zeros(shape, np.float32)
+
+
 def upload_weight(w: Weight | DeviceArray, name: str = "weight") -> Weight | DeviceArray:
     """A matmul / embedding weight where the current placement wants it: unchanged on the CPU;
     on the GPU dense weights in the activation dtype, block types as stored."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from vllmx import ops
-from vllmx.device import DeviceArray
+from vllmx.device import StagedArray
 
 
 class PunicaWrapper:
@@ -17,20 +17,8 @@ class PunicaWrapper:
         # Each row's slot in the LoRA layers' stacks, -1: the base model (the rows past the
         # step's, a tape's or a graph's padding among them, too).
         self.token_lora_indices = np.full(max_num_tokens, -1, dtype=np.int32)
-        # On the GPU the op reads a device copy (a CUDA graph reads it where it was captured),
-        # written before each forward by a queued copy from one of two pinned host arrays used
-        # in turn, as the model runner stages its inputs: a copy that waited (pageable memory)
-        # would wait for the step in flight and undo asynchronous scheduling.
-        self._device = None
-        if on_gpu:
-            from vllmx._C import CudaEvent, PinnedHostBuffer
-
-            n = max_num_tokens
-            self._device = DeviceArray.from_numpy(self.token_lora_indices)
-            self._pinned = [PinnedHostBuffer(4 * n) for _ in range(2)]
-            self._host = [p.array(np.int32, n) for p in self._pinned]
-            self._copied = [CudaEvent() for _ in range(2)]
-            self._turn = 0
+        # On the GPU the op reads a staged device copy, written before each forward.
+        self._device = StagedArray(self.token_lora_indices) if on_gpu else None
 
     def update_metadata(self, token_lora_slots: np.ndarray) -> None:
         """The step's rows' slots (-1: none); called once a step, before the forward."""
@@ -38,12 +26,7 @@ class PunicaWrapper:
         self.token_lora_indices[:t] = token_lora_slots
         self.token_lora_indices[t:] = -1
         if self._device is not None:  # (queued after the steps before it, which read it)
-            i, self._turn = self._turn, self._turn ^ 1
-            self._copied[i].synchronize()  # the copy two steps ago has left this array
-            self._host[i][:] = self.token_lora_indices
-            self._pinned[i].copy_to_device(self._device.buffer, self._device.nbytes,
-                                           self._device.offset)
-            self._copied[i].record()
+            self._device.upload()
 
     def add_lora_linear(self, y: np.ndarray, x: np.ndarray, lora_a, lora_b,
                         output_slices: np.ndarray) -> None:
@@ -54,5 +37,5 @@ class PunicaWrapper:
             raise ValueError(f"LoRA: a forward of {t} rows, more than the "
                              f"{len(self.token_lora_indices)} (max_num_batched_tokens) mapped")
         indices = (self.token_lora_indices[:t] if self._device is None
-                   else DeviceArray(self._device.buffer, self._device.dtype, (t,)))
+                   else self._device.view(t))
         ops.add_lora_linear(y, x, lora_a, lora_b, indices, output_slices)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from vllmx import ops
+from vllmx.device import DeviceArray
 from vllmx.layers.attention import AttentionMetadata
 from vllmx.layers.linear import vocab_parallel_embedding
 from vllmx.layers.norm import ResidualAdd
@@ -39,7 +40,11 @@ class DecoderLM:
         """Hybrid models (speculative decoding's rollback, worker/state_slots.py): every
         state slot dst[i] gets slot src[i]'s contents."""
         for a in self.state_arrays():
-            a[dst] = a[src]
+            if isinstance(a, DeviceArray):  # (a few requests a step: a queued copy a slot)
+                for d, s in zip(dst.tolist(), src.tolist()):
+                    a[d].copy_from(a[s])
+            else:
+                a[dst] = a[src]
 
     def set_aux_hidden_state_layers(self, layers: tuple[int, ...], out: np.ndarray) -> None:
         """layers: ascending, distinct; out: [max tokens, len(layers) * hidden_size]."""

@@ -95,9 +95,6 @@ class FalconH1ForCausalLM(DecoderLM):
     is_hybrid = True  # request state slots beside the KV cache (worker/model_runner.py)
 
     def __init__(self, cfg: dict, weights: dict[str, Weight]):
-        if placement.current().on_gpu:
-            raise ValueError("Falcon-H1 runs on the CPU only for now (its Mamba2 op has no "
-                             "CUDA kernel yet); run it with device='cpu'")
         cfg = dict(cfg)
         cfg["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
         cfg.setdefault("rms_norm_eps", 1e-5)

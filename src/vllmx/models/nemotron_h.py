@@ -136,9 +136,6 @@ class NemotronHForCausalLM(DecoderLM):
     is_hybrid = True  # request state slots beside the KV cache (worker/model_runner.py)
 
     def __init__(self, cfg: dict, weights: dict[str, Weight]):
-        if placement.current().on_gpu:
-            raise ValueError("Nemotron-H runs on the CPU only for now (its Mamba2 and MoE ops "
-                             "have no CUDA kernels yet); run it with device='cpu'")
         cfg = _config(cfg)
         if "gguf_architecture" in cfg:
             weights = hybrid_gguf.hf_weights(cfg, weights)

@@ -114,9 +114,6 @@ class Qwen3NextForCausalLM(DecoderLM):
     is_hybrid = True  # request state slots beside the KV cache (worker/model_runner.py)
 
     def __init__(self, cfg: dict, weights: dict[str, Weight]):
-        if placement.current().on_gpu:
-            raise ValueError("Qwen3-Next / Qwen3.5 run on the CPU only for now (the Gated "
-                             "DeltaNet and MoE ops have no CUDA kernels yet); use device='cpu'")
         cfg, weights = text_part(cfg, weights)
         if "gguf_architecture" in cfg:
             weights = hybrid_gguf.hf_weights(cfg, weights)

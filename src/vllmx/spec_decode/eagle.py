@@ -27,7 +27,7 @@ import numpy as np
 
 from vllmx import ops
 from vllmx.config import SpeculativeConfig, VllmxConfig
-from vllmx.device import DeviceArray
+from vllmx.device import DeviceArray, Uploads
 from vllmx.layers.attention import AttentionMetadata
 from vllmx.spec_decode.metadata import TargetHiddenStates
 
@@ -112,6 +112,11 @@ class EagleProposer:
         self.on_gpu = device == "cuda"
         with placement(Placement(device, act_dtype) if self.on_gpu else Placement()):
             self.model = self.load_model(config, spec, target)
+        if self.on_gpu:  # a pass's ids, positions, rows and cache metadata in one copy
+            sc = config.scheduler_config
+            t, b = sc.max_num_batched_tokens, sc.max_num_seqs
+            blocks = -(-self.max_model_len // self.block_size)
+            self._uploads = Uploads(4 * t + 2 * b + 1 + b * blocks)
         logger.info("%s: the draft proposes %d speculative tokens", spec.method, self.k)
 
     def load_model(self, config: VllmxConfig, spec: SpeculativeConfig, target):
@@ -145,21 +150,29 @@ class EagleProposer:
     def remove_requests(self, req_ids) -> None:
         """(Nothing is kept per request: the draft's KV lives in the request's blocks.)"""
 
-    def _dev(self, a: np.ndarray):
-        """A host array where the draft runs (a device copy on the GPU)."""
-        return DeviceArray.from_numpy(np.ascontiguousarray(a)) if self.on_gpu else a
-
-    def _md(self, slots, block_table, qsl, seq_lens, max_query_len: int = 0):
-        return AttentionMetadata(self._dev(slots), self._dev(block_table), self._dev(qsl),
-                                 self._dev(seq_lens), self.kv_caches, self.cache_dtype,
-                                 max_query_len)
+    def _inputs(self, ids, positions, slots, block_table, qsl, seq_lens, rows=None,
+                max_query_len: int = 0) -> tuple:
+        """(ids, positions, AttentionMetadata[, rows]) where the draft runs: on the GPU their
+        device copies, sent in one queued copy."""
+        arrays = [np.asarray(a, dtype=np.int32) for a in (ids, positions, slots, block_table,
+                                                          qsl, seq_lens)]
+        if rows is not None:
+            arrays.append(np.asarray(rows, dtype=np.int32))
+        if self.on_gpu:
+            arrays = self._uploads(*arrays)
+        ids, positions, slots, block_table, qsl, seq_lens = arrays[:6]
+        md = AttentionMetadata(slots, block_table, qsl, seq_lens, self.kv_caches,
+                               self.cache_dtype, max_query_len)
+        return (ids, positions, md) + tuple(arrays[6:])
 
     def propose_from_hidden(self, t: TargetHiddenStates) -> dict[str, list[int]]:
         """Runs the draft over a target step's kept rows; up to k greedy drafts for each
         request that sampled (t.sampled)."""
-        md = self._md(t.slot_mapping, t.block_table, t.query_start_loc, t.seq_lens)
-        hidden = self.model.combine_hidden_states(ops.gather_rows(t.hidden, self._dev(t.rows)))
-        out = self.model.forward(self._dev(t.input_ids), self._dev(t.positions), hidden, md)
+        ids, positions, md, rows = self._inputs(t.input_ids, t.positions, t.slot_mapping,
+                                                t.block_table, t.query_start_loc, t.seq_lens,
+                                                t.rows)
+        hidden = self.model.combine_hidden_states(ops.gather_rows(t.hidden, rows))
+        out = self.model.forward(ids, positions, hidden, md)
         # The sampled token sits at position seq_len, draft j at seq_len + j, and a step that
         # accepts all k samples one more token: below max_model_len (the scheduler's rule).
         ks = np.where(t.sampled, np.minimum(self.k, self.max_model_len - t.seq_lens - 2), 0)
@@ -167,7 +180,7 @@ class EagleProposer:
         if not live.size:
             return {}
         last = t.query_start_loc[1:][live] - 1
-        h = ops.gather_rows(out, self._dev(last.astype(np.int32)))
+        h = ops.gather_rows(out, self._on_device(last))
         tokens = self._greedy(h)
         drafts = {int(i): [int(tok)] for i, tok in zip(live, tokens)}
         pos = t.positions[last]
@@ -177,18 +190,22 @@ class EagleProposer:
             if not keep.any():
                 break
             live, tokens, pos = live[keep], tokens[keep], pos[keep] + 1
-            h = ops.gather_rows(h, self._dev(np.flatnonzero(keep).astype(np.int32)))
             n = len(live)
             bt = t.block_table[live]
             slots = bt[np.arange(n), pos // bs] * bs + pos % bs
-            md = self._md(slots.astype(np.int32), bt, np.arange(n + 1, dtype=np.int32),
-                          (pos + 1).astype(np.int32), max_query_len=1)
-            h = self.model.forward(self._dev(tokens.astype(np.int32)),
-                                   self._dev(pos.astype(np.int32)), h, md)
+            ids, positions, md, keep_rows = self._inputs(
+                tokens, pos, slots, bt, np.arange(n + 1), pos + 1, np.flatnonzero(keep),
+                max_query_len=1)
+            h = self.model.forward(ids, positions, ops.gather_rows(h, keep_rows), md)
             tokens = self._greedy(h)
             for i, tok in zip(live, tokens):
                 drafts[int(i)].append(int(tok))
         return {t.req_ids[i]: d for i, d in drafts.items()}
+
+    def _on_device(self, a: np.ndarray):
+        """One int32 array where the draft runs."""
+        a = np.asarray(a, dtype=np.int32)
+        return self._uploads(a)[0] if self.on_gpu else a
 
     def _greedy(self, h: np.ndarray) -> np.ndarray:
         """Each row's draft: the argmax of the head's logits, as a target token id (taken

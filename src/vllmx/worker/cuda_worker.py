@@ -21,6 +21,7 @@ from vllmx.worker.worker_base import (
     DTYPE_NAMES,
     WorkerBase,
     kv_block_bytes,
+    kv_cache_layers,
     num_draft_kv_layers,
     num_kv_blocks,
 )
@@ -82,18 +83,21 @@ def model_activation_dtype(model_config) -> int:
     return activation_dtype(model_config.dtype, hf)
 
 
-def allocate_kv_caches(num_blocks: int, block_size: int, layers: int, nkv: int, head_dim: int,
-                       dtype: int, mla: bool = False) -> list[tuple[DeviceArray, DeviceArray]]:
+def allocate_kv_caches(num_blocks: int, block_size: int, layers: list[bool], nkv: int,
+                       head_dim: int, dtype: int, mla: bool = False
+                       ) -> list[tuple[DeviceArray, DeviceArray]]:
     """Each layer's (key_cache, value_cache); MLA's latent rows are both, one buffer (as
-    kv_block_bytes counts them)."""
+    kv_block_bytes counts them). layers: whether each writes KV (kv_cache_layers); the others
+    (a hybrid's recurrent mixers) share one block, since cudaMalloc commits what it is asked
+    for where the CPU's untouched pages stay uncommitted."""
     # Zeroed: the padded rows of a decode bucket read slot 0 of block 0 (and discard the result),
     # which must not hold NaN bit patterns from whatever used the memory before.
-    shape = (num_blocks, block_size, nkv, head_dim)
-    caches = []
-    for _ in range(layers):
-        k = DeviceArray.zeros(shape, dtype)
-        caches.append((k, k if mla else DeviceArray.zeros(shape, dtype)))
-    return caches
+    def cache(blocks):
+        k = DeviceArray.zeros((blocks, block_size, nkv, head_dim), dtype)
+        return k, k if mla else DeviceArray.zeros((blocks, block_size, nkv, head_dim), dtype)
+
+    unused = cache(1) if not all(layers) else None
+    return [cache(num_blocks) if writes else unused for writes in layers]
 
 
 class StartupReport:
@@ -139,14 +143,21 @@ class CudaWorker(WorkerBase):
         mc, cc, sc = (self.config.model_config, self.config.cache_config,
                       self.config.scheduler_config)
         report, hf = self.report, self.model.config
-        nkv, hd, layers = hf["num_key_value_heads"], hf["head_dim"], hf["num_hidden_layers"]
-        mla = bool(hf.get("use_mla"))
+        nkv, hd = hf["num_key_value_heads"], hf["head_dim"]
+        mla, spec = bool(hf.get("use_mla")), self.config.speculative_config
         dtype = self.kv_dtype()
         # Profile with a one-block cache (reads of block 0, writes skipped).
+        states0 = report.used()
         runner = ModelRunner(self.model,
-                             allocate_kv_caches(1, cc.block_size, layers, nkv, hd, dtype, mla),
+                             allocate_kv_caches(1, cc.block_size, kv_cache_layers(hf), nkv, hd, dtype,
+                                                mla),
                              dtype, cc.block_size, sc.max_num_batched_tokens, sc.max_num_seqs,
-                             mc.max_model_len, mc.seed, device="cuda")
+                             mc.max_model_len, mc.seed, device="cuda",
+                             num_speculative_tokens=spec.num_speculative_tokens
+                             if spec is not None else 0)
+        if runner.state_slots is not None:  # a hybrid's recurrent states, a slot a sequence
+            report.parts.append(f"recurrent states {(report.used() - states0) / 2**30:.2f} GiB "
+                                f"({sc.max_num_seqs} sequences)")
         before = report.used()
         runner.profile_run()
         _C.cuda_synchronize()
@@ -167,8 +178,9 @@ class CudaWorker(WorkerBase):
             f"gpu_memory_utilization={cc.gpu_memory_utilization} of "
             f"{report.total / 2**30:.1f} GiB leaves; lower max_model_len or "
             f"max_num_batched_tokens, or raise gpu_memory_utilization")
-        self.kv_caches = allocate_kv_caches(num_blocks, cc.block_size, layers + draft_layers,
-                                            nkv, hd, dtype, mla)
+        self.kv_caches = allocate_kv_caches(num_blocks, cc.block_size,
+                                            kv_cache_layers(hf, draft_layers), nkv, hd, dtype,
+                                            mla)
         self.cache_dtype, runner.kv_caches = dtype, self.kv_caches
         report.parts.append(f"KV cache {num_blocks * block_bytes / 2**30:.2f} GiB = "
                             f"{num_blocks} blocks x {cc.block_size} tokens "

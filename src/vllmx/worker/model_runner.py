@@ -90,7 +90,7 @@ class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
         self.input_batch = InputBatch(b, max_model_len, block_size)
         # Hybrid models: a recurrent-state slot per running request (worker/state_slots.py).
         # With speculation each also keeps the states after a verify step's positions.
-        self.state_slots = (StateSlots(model, b, num_speculative_tokens, t)
+        self.state_slots = (StateSlots(model, b, device == "cuda", num_speculative_tokens, t)
                             if getattr(model, "is_hybrid", False) else None)
         # longrope: (original context, row offset) for requests whose prompt is longer
         self._long_prompt = getattr(getattr(model, "rope", None), "long_prompt_offset", None)

@@ -16,11 +16,13 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from vllmx.device import StagedArray
 from vllmx.worker.step_capture import StateRows
 
 
 class StateSlots:
-    def __init__(self, model, max_num_seqs: int, num_spec: int = 0, max_num_tokens: int = 0):
+    def __init__(self, model, max_num_seqs: int, on_gpu: bool = False, num_spec: int = 0,
+                 max_num_tokens: int = 0):
         """num_spec: the drafts a verify step may have for a request (0: no speculation);
         max_num_tokens: a step's rows (the spec_state_indices a row)."""
         model.allocate_states(max_num_seqs + 1 + max_num_seqs * num_spec)
@@ -36,6 +38,11 @@ class StateSlots:
         self.state_indices = np.full(max_num_seqs, max_num_seqs, dtype=np.int32)
         self.has_initial_state = np.zeros(max_num_seqs, dtype=np.int32)
         self._rows_used = 0  # rows of state_indices the step being formed uses
+        # On the GPU the mixers read staged device copies (a decode graph where it was captured).
+        self._staged = ((StagedArray(self.state_indices), StagedArray(self.has_initial_state))
+                        if on_gpu else None)
+        self._staged_spec = (StagedArray(self.spec_state_indices)
+                             if on_gpu and num_spec else None)
 
     def take(self, req_id: str) -> None:
         """A slot for a request that starts or resumes (a request that has one keeps it)."""
@@ -60,6 +67,10 @@ class StateSlots:
         self.has_initial_state[:nb] = 0
         self.has_initial_state[:n] = first_positions > 0
         self._rows_used = nb
+        if self._staged is not None:
+            for s in self._staged:
+                s.upload()
+            return self._staged[0].view(nb), self._staged[1].view(nb)
         return self.state_indices[:nb], self.has_initial_state[:nb]
 
     def mark_spec_rows(self, layout, drafts: dict[str, tuple]) -> None:
@@ -78,6 +89,14 @@ class StateSlots:
                 rows = slice(row0 + n - 1 - k, row0 + n - 1)
                 si[rows] = np.arange(first, first + k, dtype=np.int32)
                 self._spec_marked.append(rows)
+
+    def spec_rows(self, t: int):
+        """The step's first t spec_state_indices (marked at launch); on the GPU their staged
+        copy, sent each step so that a decode graph's rows read -1 after a verify step."""
+        if self._staged_spec is None:
+            return self.spec_state_indices[:t]
+        self._staged_spec.upload()
+        return self._staged_spec.view(t)
 
     def rollback(self, accepted: list[tuple[str, int]]) -> None:
         """After a verify step, for each (request, drafts it accepted) that rejected some: its

@@ -79,21 +79,23 @@ class StepInputsModelRunnerMixin:
         """(input ids, positions, AttentionMetadata) of the first t tokens / nb requests, where
         the model reads them: the host buffers' slices, or their device copy."""
         if self.device == "cuda":
-            return self._stage(t, nb, max_query_len)
-        if self._token_fixup is not None:
-            dst, src, tokens = self._token_fixup
-            self._token_fixup = None
-            ops.scatter_tokens(self.input_ids[:t], dst, tokens, src)
-        md = AttentionMetadata(self.slot_mapping[:t], self.block_table[:nb],
-                               self.query_start_loc[:nb + 1], self.seq_lens[:nb],
-                               self.kv_caches, self.cache_dtype, max_query_len)
-        if self.state_slots is not None:
+            ids, positions, md = self._stage(t, nb, max_query_len)
+        else:
+            if self._token_fixup is not None:
+                dst, src, tokens = self._token_fixup
+                self._token_fixup = None
+                ops.scatter_tokens(self.input_ids[:t], dst, tokens, src)
+            ids, positions = self.input_ids[:t], self.positions[:t]
+            md = AttentionMetadata(self.slot_mapping[:t], self.block_table[:nb],
+                                   self.query_start_loc[:nb + 1], self.seq_lens[:nb],
+                                   self.kv_caches, self.cache_dtype, max_query_len)
+        if self.state_slots is not None:  # (on the GPU: staged copies, where graphs read them)
             n = min(nb, self.input_batch.num_reqs)
             md.state_indices, md.has_initial_state = self.state_slots.rows(
                 self.input_batch.req_ids[:n], nb, self.positions[self.query_start_loc[:n]])
             if self.state_slots.spec_state_indices is not None:  # (rows marked at launch)
-                md.spec_state_indices = self.state_slots.spec_state_indices[:t]
-        return self.input_ids[:t], self.positions[:t], md
+                md.spec_state_indices = self.state_slots.spec_rows(t)
+        return ids, positions, md
 
     def _decode_forward(self, size: int, inputs: tuple):
         """A decode bucket's forward and f32 logits (every token's): what a capture records,

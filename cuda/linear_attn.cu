@@ -1,0 +1,382 @@
+// The hybrid mixers' sequential ops on the GPU (contracts in csrc/ops.def; the CPU twins in
+// csrc/linear_attn/), token by token as the CPU runs them (a chunked form for prefill on the
+// matrix units is the next step). causal_conv1d: one thread a (sequence, channel), walking the
+// sequence's
+// tokens in order with the window's K - 1 previous inputs in registers (from the request's
+// conv_state slot, or zeros at its first tokens), which go back to the slot at the end. A
+// token's output depends on its input and the K - 1 before it only: the same whatever the
+// batch or the chunking. The sequences' offsets, slots and flags live on the device and are
+// trusted as the attention kernels trust theirs (a slot outside the state is skipped), as are
+// spec_state_indices' (a row's extra slot for the state after it, -1 none: speculative
+// decoding's rollback, worker/state_slots.py), which each kernel writes as it passes the row.
+#include <algorithm>
+#include <string>
+
+#include "core/op_table.h"
+#include "cuda_util.cuh"
+#include "mma.cuh"  // allow_smem
+
+namespace vllmx::cuda {
+namespace {
+
+constexpr int kConvMaxK = 8;  // the mixers' windows: 4 (Qwen3-Next, Mamba2), at most a few
+constexpr int kConvThreads = 128;
+constexpr int kConvAhead = 8;  // tokens whose inputs a thread loads together
+
+template <typename T, int K>
+__global__ void causal_conv1d_kernel(T* __restrict__ out, int64_t out_stride,
+                                     const T* __restrict__ x, int64_t x_stride,
+                                     const float* __restrict__ w, const float* __restrict__ bias,
+                                     float* __restrict__ state, int64_t slots, int64_t D,
+                                     const int32_t* __restrict__ qsl,
+                                     const int32_t* __restrict__ idx,
+                                     const int32_t* __restrict__ init,
+                                     const int32_t* __restrict__ spec, bool silu) {
+  pdl_begin();
+  const int b = blockIdx.y;
+  const int64_t d = static_cast<int64_t>(blockIdx.x) * kConvThreads + threadIdx.x;
+  const int64_t t0 = qsl[b], n = qsl[b + 1] - t0;
+  const int64_t slot = idx[b];
+  if (d >= D || n <= 0 || slot < 0 || slot >= slots) return;
+  float* st = state + (slot * D + d) * (K - 1);
+  float hist[K - 1], wk[K];
+#pragma unroll
+  for (int j = 0; j < K - 1; ++j) hist[j] = init[b] != 0 ? st[j] : 0.f;
+#pragma unroll
+  for (int j = 0; j < K; ++j) wk[j] = w[d * K + j];
+  const float b0 = bias != nullptr ? bias[d] : 0.f;
+  // kConvAhead tokens' inputs loaded before any is used: the loads are independent, and one
+  // at a time a prefill's thread waited out a memory round trip a token.
+  for (int64_t t1 = 0; t1 < n; t1 += kConvAhead) {
+    float xs[kConvAhead];
+#pragma unroll
+    for (int u = 0; u < kConvAhead; ++u)
+      xs[u] = t1 + u < n ? to_f32(x[(t0 + t1 + u) * x_stride + d]) : 0.f;
+#pragma unroll
+    for (int u = 0; u < kConvAhead; ++u) {
+      if (t1 + u >= n) break;
+      const float xv = xs[u];
+      float acc = b0;
+#pragma unroll
+      for (int j = 0; j < K - 1; ++j) acc = fmaf(wk[j], hist[j], acc);
+      acc = fmaf(wk[K - 1], xv, acc);
+      if (silu) acc = activate<Act::kSilu>(acc);
+      out[(t0 + t1 + u) * out_stride + d] = from_f32<T>(acc);
+#pragma unroll
+      for (int j = 0; j + 1 < K - 1; ++j) hist[j] = hist[j + 1];
+      hist[K - 2] = xv;
+      const int64_t saved = spec != nullptr ? spec[t0 + t1 + u] : -1;
+      if (saved >= 0 && saved < slots) {
+#pragma unroll
+        for (int j = 0; j < K - 1; ++j) state[(saved * D + d) * (K - 1) + j] = hist[j];
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < K - 1; ++j) st[j] = hist[j];
+}
+
+template <typename T, int K>
+void launch_conv(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                 const Tensor& conv_state, const Tensor& qsl, const Tensor& idx,
+                 const Tensor& init, const Tensor& spec, bool silu) {
+  const int64_t D = x.shape[1], B = idx.shape[0];
+  const dim3 grid(static_cast<unsigned>((D + kConvThreads - 1) / kConvThreads),
+                  static_cast<unsigned>(B));
+  launch(causal_conv1d_kernel<T, K>, grid, kConvThreads, 0, stream(), out.ptr<T>(),
+         out.stride[0], x.ptr<T>(), x.stride[0], weight.ptr<float>(),
+         bias.defined() ? bias.ptr<float>() : nullptr, conv_state.ptr<float>(),
+         conv_state.shape[0], D, qsl.ptr<int32_t>(), idx.ptr<int32_t>(), init.ptr<int32_t>(),
+         spec.defined() ? spec.ptr<int32_t>() : nullptr, silu);
+}
+
+template <int K = 2>
+void dispatch_k(int64_t k, const char* op, auto&& run) {
+  if constexpr (K <= kConvMaxK) {
+    if (k == K) return run(std::integral_constant<int, K>{});
+    return dispatch_k<K + 1>(k, op, run);
+  } else {
+    fail(op, "a window of " + std::to_string(k) + " taps (the GPU runs 2.." +
+                 std::to_string(kConvMaxK) + ")");
+  }
+}
+
+// spec_state_indices where the kernels read it: on the device, one entry a row, contiguous.
+void check_spec(const Tensor& spec, const char* op) {
+  if (!spec.defined()) return;
+  check_on_device(spec, op, "spec_state_indices");
+  VLLMX_CHECK(spec.stride[0] == 1, op, "spec_state_indices must be contiguous");
+}
+
+void causal_conv1d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                   const Tensor& conv_state, const Tensor& query_start_loc,
+                   const Tensor& state_indices, const Tensor& has_initial_state,
+                   const Tensor& spec_state_indices, bool silu) {
+  // The shapes are the op's contract (csrc/ops.cpp); here the GPU's dtypes and layouts.
+  const char* op = "cuda.causal_conv1d";
+  check_spec(spec_state_indices, op);
+  check_rows(out, op, "out");
+  check_rows(x, op, "x");
+  check_act(x, op, "x");
+  VLLMX_CHECK(out.dtype == x.dtype, op, "out " + out.str() + " must have x's dtype " + x.str());
+  for (const Tensor* t : {&weight, &conv_state, &query_start_loc, &state_indices,
+                          &has_initial_state})
+    check_on_device(*t, op, "weight, conv_state and the sequence arrays");
+  check_on_device(bias, op, "bias");
+  VLLMX_CHECK(weight.is_contiguous() && query_start_loc.stride[0] == 1 &&
+                  state_indices.stride[0] == 1 && has_initial_state.stride[0] == 1,
+              op, "weight and the sequence arrays must be contiguous");
+  if (x.shape[1] == 0 || state_indices.shape[0] == 0) return;
+  dispatch_float(x.dtype, op, [&](auto v) {
+    using T = decltype(v);
+    dispatch_k(weight.shape[1], op, [&](auto k) {
+      launch_conv<T, decltype(k)::value>(out, x, weight, bias, conv_state, query_start_loc,
+                                         state_indices, has_initial_state, spec_state_indices,
+                                         silu);
+    });
+  });
+  check_launch(op);
+}
+
+// gated_delta_rule: one warp a (sequence, value head, 32 state columns): the recurrence never
+// mixes a state's columns (column j of S decays, is read for the key into mem[j], takes
+// k * delta[j] and is read for the query into out[j]), so a head's dv columns split across
+// warps, four a 128-wide head, which a prefill of one sequence needs to fill the GPU (one block a
+// head ran 32 blocks a Qwen3.5 layer, token after token). Each lane owns a column of the warp's
+// [dk, 32] slice of S in shared memory; per token the lanes load q and k of the head's key head,
+// take their norms with a warp sum and leave them normalized in shared memory for every lane.
+constexpr int kGdnCols = 32;
+
+template <typename T>
+__global__ void __launch_bounds__(kGdnCols) gated_delta_rule_kernel(
+    T* __restrict__ out, int64_t out_stride, float* __restrict__ state, int64_t slots,
+    const T* __restrict__ q, const T* __restrict__ k, int64_t qk_stride, const T* __restrict__ v,
+    int64_t v_stride, const T* __restrict__ a, const T* __restrict__ b, int64_t ab_stride,
+    const float* __restrict__ A_log, const float* __restrict__ dt_bias, int hv, int hk, int dk,
+    int dv, const int32_t* __restrict__ qsl, const int32_t* __restrict__ idx,
+    const int32_t* __restrict__ init, const int32_t* __restrict__ spec) {
+  extern __shared__ float smem[];  // S's columns [dk][kGdnCols], then q and k [dk] each
+  pdl_begin();
+  const int h = blockIdx.x, s = blockIdx.y, lane = threadIdx.x;
+  const int j = blockIdx.z * kGdnCols + lane;  // this lane's state column (< dv: a live one)
+  const int64_t t0 = qsl[s], n = qsl[s + 1] - t0, slot = idx[s];
+  if (n <= 0 || slot < 0 || slot >= slots) return;
+  float* S = smem;
+  float* qs = S + static_cast<int64_t>(dk) * kGdnCols;
+  float* ks = qs + dk;
+  float* st = state + (slot * hv + h) * static_cast<int64_t>(dk) * dv;
+  const bool live = j < dv, from_slot = init[s] != 0;
+  for (int i = 0; i < dk; ++i) S[i * kGdnCols + lane] = live && from_slot ? st[i * dv + j] : 0.f;
+  const int kh = h / (hv / hk);
+  const float neg_a = -expf(A_log[h]), qscale = rsqrtf(static_cast<float>(dk));
+  for (int64_t t = t0; t < t0 + n; ++t) {
+    // (FLA's l2norm as transformers writes it: x / sqrt(sum x^2 + 1e-6); q also / sqrt(dk))
+    float ssq = 0.f, ssk = 0.f;
+    for (int i = lane; i < dk; i += kGdnCols) {
+      const float qi = to_f32(q[t * qk_stride + kh * dk + i]);
+      const float ki = to_f32(k[t * qk_stride + kh * dk + i]);
+      qs[i] = qi, ks[i] = ki;
+      ssq = fmaf(qi, qi, ssq);
+      ssk = fmaf(ki, ki, ssk);
+    }
+    const float iq = qscale / sqrtf(detail::warp_sum(ssq) + 1e-6f);
+    const float ik = 1.f / sqrtf(detail::warp_sum(ssk) + 1e-6f);
+    for (int i = lane; i < dk; i += kGdnCols) qs[i] *= iq, ks[i] *= ik;
+    __syncwarp();
+    const float x = to_f32(a[t * ab_stride + h]) + dt_bias[h];
+    const float decay = expf(neg_a * (x > 20.f ? x : log1pf(expf(x))));
+    const float beta = 1.f / (1.f + expf(-to_f32(b[t * ab_stride + h])));
+    float mem = 0.f;
+    for (int i = 0; i < dk; ++i) {
+      const float sv = S[i * kGdnCols + lane] * decay;
+      S[i * kGdnCols + lane] = sv;
+      mem = fmaf(sv, ks[i], mem);
+    }
+    const float vj = live ? to_f32(v[t * v_stride + static_cast<int64_t>(h) * dv + j]) : 0.f;
+    const float delta = (vj - mem) * beta;
+    float acc = 0.f;
+    for (int i = 0; i < dk; ++i) {
+      const float sv = fmaf(ks[i], delta, S[i * kGdnCols + lane]);
+      S[i * kGdnCols + lane] = sv;
+      acc = fmaf(sv, qs[i], acc);
+    }
+    if (live) out[t * out_stride + static_cast<int64_t>(h) * dv + j] = from_f32<T>(acc);
+    const int64_t saved = spec != nullptr ? spec[t] : -1;
+    if (live && saved >= 0 && saved < slots) {
+      float* dst = state + (saved * hv + h) * static_cast<int64_t>(dk) * dv;
+      for (int i = 0; i < dk; ++i) dst[i * dv + j] = S[i * kGdnCols + lane];
+    }
+    __syncwarp();  // every lane has read this token's q and k
+  }
+  if (live)
+    for (int i = 0; i < dk; ++i) st[i * dv + j] = S[i * kGdnCols + lane];
+}
+
+void gated_delta_rule(const Tensor& out, const Tensor& recurrent_state, const Tensor& q,
+                      const Tensor& k, const Tensor& v, const Tensor& a, const Tensor& b,
+                      const Tensor& A_log, const Tensor& dt_bias, const Tensor& query_start_loc,
+                      const Tensor& state_indices, const Tensor& has_initial_state,
+                      const Tensor& spec_state_indices) {
+  // The shapes are the op's contract (csrc/ops.cpp); here the GPU's dtypes and layouts.
+  const char* op = "cuda.gated_delta_rule";
+  check_spec(spec_state_indices, op);
+  for (const Tensor* t : {&out, &q, &k, &v, &a, &b}) {
+    check_rows(*t, op, "the activations");
+    VLLMX_CHECK(t->dtype == q.dtype, op, "the activations must share q's dtype, got " +
+                                             t->str());
+  }
+  check_act(q, op, "q");
+  VLLMX_CHECK(q.stride[0] == k.stride[0], op, "q and k must have one row stride");
+  for (const Tensor* t : {&recurrent_state, &A_log, &dt_bias, &query_start_loc, &state_indices,
+                          &has_initial_state})
+    check_on_device(*t, op, "the state, A_log, dt_bias and the sequence arrays");
+  const int hv = static_cast<int>(recurrent_state.shape[1]);
+  const int dk = static_cast<int>(recurrent_state.shape[2]);
+  const int dv = static_cast<int>(recurrent_state.shape[3]);
+  const int hk = static_cast<int>(q.shape[1] / dk);
+  const int64_t B = state_indices.shape[0];
+  const size_t smem = (static_cast<size_t>(dk) * kGdnCols + 2 * dk) * sizeof(float);
+  VLLMX_CHECK(smem <= 200 * 1024, op, "a key head size of " + std::to_string(dk) +
+                                          " exceeds shared memory");
+  if (B == 0 || out.shape[0] == 0) return;
+  const unsigned col_blocks = static_cast<unsigned>((dv + kGdnCols - 1) / kGdnCols);
+  dispatch_float(q.dtype, op, [&](auto e) {
+    using T = decltype(e);
+    detail::allow_smem(gated_delta_rule_kernel<T>, static_cast<int>(smem));
+    launch(gated_delta_rule_kernel<T>, dim3(hv, static_cast<unsigned>(B), col_blocks), kGdnCols,
+           smem, stream(), out.ptr<T>(), out.stride[0], recurrent_state.ptr<float>(),
+           recurrent_state.shape[0], q.ptr<T>(), k.ptr<T>(), q.stride[0], v.ptr<T>(),
+           v.stride[0], a.ptr<T>(), b.ptr<T>(), a.stride[0], A_log.ptr<float>(),
+           dt_bias.ptr<float>(), hv, hk, dk, dv, query_start_loc.ptr<int32_t>(),
+           state_indices.ptr<int32_t>(), has_initial_state.ptr<int32_t>(),
+           spec_state_indices.defined() ? spec_state_indices.ptr<int32_t>() : nullptr);
+  });
+  check_launch(op);
+}
+
+// mamba2_scan: one block a (sequence, head, kScanRows state rows): a state's rows never mix
+// (row p decays, takes dt x_p B and is read against C for out_p), so a head's P rows split
+// across blocks, which a prefill of one sequence needs to fill the GPU. The block's [rows, N]
+// slice of the state lives in shared memory, a warp a row at a time (its lanes over N): per
+// token the block loads its rows of x's head and its group's B and C; each row decays and takes
+// dt x_p B, and its dot with C (summed across the warp) plus D x_p is the output.
+constexpr int kScanThreads = 256;
+constexpr int kScanRows = 16;  // state rows a block (two a warp)
+
+template <typename T>
+__global__ void mamba2_scan_kernel(T* __restrict__ out, int64_t out_stride,
+                                   float* __restrict__ state, int64_t slots,
+                                   const T* __restrict__ x, int64_t x_stride,
+                                   const T* __restrict__ dt, int64_t dt_stride,
+                                   const T* __restrict__ Bm, const T* __restrict__ Cm,
+                                   int64_t bc_stride, const float* __restrict__ A_log,
+                                   const float* __restrict__ Dp,
+                                   const float* __restrict__ dt_bias, int H, int G, int P, int N,
+                                   float dt_min, float dt_max, const int32_t* __restrict__ qsl,
+                                   const int32_t* __restrict__ idx,
+                                   const int32_t* __restrict__ init,
+                                   const int32_t* __restrict__ spec) {
+  extern __shared__ float smem[];  // S's rows [rows][N], then x [rows], B [N], C [N]
+  pdl_begin();
+  const int s = blockIdx.y, h = blockIdx.x, p0 = blockIdx.z * kScanRows;
+  const int rows = min(kScanRows, P - p0);
+  const int64_t t0 = qsl[s], n = qsl[s + 1] - t0, slot = idx[s];
+  if (n <= 0 || slot < 0 || slot >= slots) return;
+  float* S = smem;
+  float* xs = S + static_cast<int64_t>(kScanRows) * N;
+  float* bs = xs + kScanRows;
+  float* cs = bs + N;
+  float* st = state + ((slot * H + h) * static_cast<int64_t>(P) + p0) * N;
+  const bool from_slot = init[s] != 0;
+  for (int64_t i = threadIdx.x; i < static_cast<int64_t>(rows) * N; i += blockDim.x)
+    S[i] = from_slot ? st[i] : 0.f;
+  const int g = h / (H / G), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warps = blockDim.x / 32;
+  const float A = -expf(A_log[h]), d = Dp[h];
+  for (int64_t t = t0; t < t0 + n; ++t) {
+    __syncthreads();  // the state loaded / the last token's x, B, C read
+    for (int i = threadIdx.x; i < rows; i += blockDim.x)
+      xs[i] = to_f32(x[t * x_stride + static_cast<int64_t>(h) * P + p0 + i]);
+    for (int i = threadIdx.x; i < N; i += blockDim.x) {
+      bs[i] = to_f32(Bm[t * bc_stride + static_cast<int64_t>(g) * N + i]);
+      cs[i] = to_f32(Cm[t * bc_stride + static_cast<int64_t>(g) * N + i]);
+    }
+    __syncthreads();
+    float step = to_f32(dt[t * dt_stride + h]) + dt_bias[h];
+    step = step > 20.f ? step : log1pf(expf(step));  // softplus, torch's threshold
+    step = fminf(fmaxf(step, dt_min), dt_max);
+    const float decay = expf(step * A);
+    for (int p = warp; p < rows; p += warps) {
+      float* row = S + static_cast<int64_t>(p) * N;
+      const float xp = step * xs[p];
+      float part = 0.f;
+      for (int i = lane; i < N; i += 32) {
+        const float sv = fmaf(row[i], decay, xp * bs[i]);
+        row[i] = sv;
+        part = fmaf(sv, cs[i], part);
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+      if (lane == 0)
+        out[t * out_stride + static_cast<int64_t>(h) * P + p0 + p] =
+            from_f32<T>(fmaf(d, xs[p], part));
+    }
+    const int64_t saved = spec != nullptr ? spec[t] : -1;  // (the same for the whole block)
+    if (saved >= 0 && saved < slots) {
+      __syncthreads();  // every row of this token updated
+      float* dst = state + ((saved * H + h) * static_cast<int64_t>(P) + p0) * N;
+      for (int64_t i = threadIdx.x; i < static_cast<int64_t>(rows) * N; i += blockDim.x)
+        dst[i] = S[i];
+    }
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < static_cast<int64_t>(rows) * N; i += blockDim.x) st[i] = S[i];
+}
+
+void mamba2_scan(const Tensor& out, const Tensor& ssm_state, const Tensor& x, const Tensor& dt,
+                 const Tensor& B, const Tensor& C, const Tensor& A_log, const Tensor& D,
+                 const Tensor& dt_bias, const Tensor& query_start_loc,
+                 const Tensor& state_indices, const Tensor& has_initial_state,
+                 const Tensor& spec_state_indices, float dt_min, float dt_max) {
+  // The shapes are the op's contract (csrc/ops.cpp); here the GPU's dtypes and layouts.
+  const char* op = "cuda.mamba2_scan";
+  check_spec(spec_state_indices, op);
+  for (const Tensor* t : {&out, &x, &dt, &B, &C}) {
+    check_rows(*t, op, "the activations");
+    VLLMX_CHECK(t->dtype == x.dtype, op, "the activations must share x's dtype, got " +
+                                             t->str());
+  }
+  check_act(x, op, "x");
+  VLLMX_CHECK(B.stride[0] == C.stride[0], op, "B and C must have one row stride");
+  for (const Tensor* t : {&ssm_state, &A_log, &D, &dt_bias, &query_start_loc, &state_indices,
+                          &has_initial_state})
+    check_on_device(*t, op, "the state, A_log, D, dt_bias and the sequence arrays");
+  const int H = static_cast<int>(ssm_state.shape[1]), P = static_cast<int>(ssm_state.shape[2]);
+  const int N = static_cast<int>(ssm_state.shape[3]), G = static_cast<int>(B.shape[1] / N);
+  const int64_t Bn = state_indices.shape[0];
+  const size_t smem = (static_cast<size_t>(kScanRows) * N + kScanRows + 2 * N) * sizeof(float);
+  VLLMX_CHECK(smem <= 200 * 1024, op, "a state size of " + std::to_string(N) +
+                                          " exceeds shared memory");
+  if (Bn == 0 || out.shape[0] == 0) return;
+  dispatch_float(x.dtype, op, [&](auto e) {
+    using T = decltype(e);
+    detail::allow_smem(mamba2_scan_kernel<T>, static_cast<int>(smem));
+    const dim3 grid(H, static_cast<unsigned>(Bn), (P + kScanRows - 1) / kScanRows);
+    launch(mamba2_scan_kernel<T>, grid, kScanThreads, smem,
+           stream(), out.ptr<T>(), out.stride[0], ssm_state.ptr<float>(), ssm_state.shape[0],
+           x.ptr<T>(), x.stride[0], dt.ptr<T>(), dt.stride[0], B.ptr<T>(), C.ptr<T>(),
+           B.stride[0], A_log.ptr<float>(), D.ptr<float>(), dt_bias.ptr<float>(), H, G, P, N,
+           dt_min, dt_max, query_start_loc.ptr<int32_t>(), state_indices.ptr<int32_t>(),
+           has_initial_state.ptr<int32_t>(),
+           spec_state_indices.defined() ? spec_state_indices.ptr<int32_t>() : nullptr);
+  });
+  check_launch(op);
+}
+
+}  // namespace
+
+VLLMX_KERNEL(causal_conv1d, kCUDA, causal_conv1d);
+VLLMX_KERNEL(gated_delta_rule, kCUDA, gated_delta_rule);
+VLLMX_KERNEL(mamba2_scan, kCUDA, mamba2_scan);
+
+}  // namespace vllmx::cuda

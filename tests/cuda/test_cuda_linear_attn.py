@@ -1,0 +1,141 @@
+"""The hybrid mixers' CUDA ops (cuda/linear_attn.cu, and elementwise.cu's rms_norm_gated)
+against the CPU ops on the same rounded inputs: causal_conv1d, gated_delta_rule and mamba2_scan
+over sequences and state slots (outputs within the dtype's tolerance, the updated f32 states
+within f32 rounding or exactly), with some rows also saving their state into extra slots
+(spec_state_indices, speculative decoding's rollback), and the gated RMSNorm."""
+import numpy as np
+import pytest
+
+from vllmx import _C
+from vllmx.device import DeviceArray
+
+from .test_cuda_ops import ACT, as_f32, assert_close, dev, rounded
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("dtype", ACT)
+@pytest.mark.parametrize("K", [4, 2, 8])
+def test_causal_conv1d(rng, dtype, K):
+    """The hybrids' depthwise causal convolution against the CPU op: sequences longer and
+    shorter than the window, an empty one, decode rows, slots continued (has_initial_state) or
+    started, a slot no sequence names left alone; outputs within the dtype's tolerance, the
+    updated states (the last K - 1 inputs, as stored) exactly."""
+    D, slots = 200, 8  # (6 and 7: rows' saved windows)
+    lens, init, idx = [7, 0, 1, 2, 30], [1, 0, 1, 0, 1], [3, 0, 5, 1, 2]
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    spec = np.full(int(qsl[-1]), -1, np.int32)
+    spec[qsl[4] + 5], spec[qsl[0] + 3] = 6, 7
+    init, idx = np.array(init, np.int32), np.array(idx, np.int32)
+    x = rounded(rng.standard_normal((int(qsl[-1]), D)).astype(np.float32), dtype)
+    w = rng.standard_normal((D, K)).astype(np.float32)
+    bias = rng.standard_normal(D).astype(np.float32)
+    state0 = rng.standard_normal((slots, D, K - 1)).astype(np.float32)
+    for silu in (True, False):
+        ref, ref_state = np.empty_like(x), state0.copy()
+        _C.ops.causal_conv1d(ref, x, w, bias, ref_state, qsl, idx, init, spec, silu)
+        out, state = DeviceArray.empty(x.shape, dtype), DeviceArray.from_numpy(state0.copy())
+        _C.ops.causal_conv1d(out, dev(x, dtype), DeviceArray.from_numpy(w),
+                             DeviceArray.from_numpy(bias), state, DeviceArray.from_numpy(qsl),
+                             DeviceArray.from_numpy(idx), DeviceArray.from_numpy(init),
+                             DeviceArray.from_numpy(spec), silu)
+        assert_close(as_f32(out.numpy(), dtype), ref, dtype, "causal_conv1d")
+        np.testing.assert_array_equal(state.numpy(), ref_state)
+
+
+def saved_rows(T: int, qsl: np.ndarray) -> np.ndarray:
+    """spec_state_indices for the recurrences' tests: the first sequence's row 2 saves its
+    state into slot 6, rows 3, 10 and 39 of the 40-token one into 7, 8 and 8 (the later save
+    stays), the others none."""
+    spec = np.full(T, -1, np.int32)
+    spec[qsl[0] + 2], spec[qsl[3] + 3], spec[qsl[3] + 10], spec[qsl[3] + 39] = 6, 7, 8, 8
+    return spec
+
+
+@pytest.mark.parametrize("dtype", ACT)
+@pytest.mark.parametrize("hk,hv,dk,dv", [(2, 4, 16, 24), (1, 2, 128, 128), (2, 6, 40, 72)])
+def test_gated_delta_rule(rng, dtype, hk, hv, dk, dv):
+    """Gated DeltaNet's recurrence token by token against the CPU op on the same rounded
+    inputs: sequences of 5, 0, 1 and 40 tokens over permuted slots, continued or started
+    (Qwen3.5's 128 x 128 states in four warps of 32 columns; 24 and 72 columns: warps with
+    idle lanes; dk 40: a warp's q / k loads past one pass); outputs within the dtype's
+    tolerance, the updated f32 states within f32 rounding over 40 steps."""
+    slots, lens, init, idx = 9, [5, 0, 1, 40], [1, 0, 0, 1], [4, 0, 2, 5]
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    init, idx = np.array(init, np.int32), np.array(idx, np.int32)
+    T = int(qsl[-1])
+    spec = saved_rows(T, qsl)
+
+    def act(*shape, scale=1.0):
+        return rounded(rng.standard_normal(shape).astype(np.float32) * scale, dtype)
+
+    q, k, v = act(T, hk * dk), act(T, hk * dk), act(T, hv * dv)
+    a, b = act(T, hv), act(T, hv, scale=2.0)
+    A_log = rng.uniform(-1.0, 1.0, hv).astype(np.float32)
+    dt_bias = rng.standard_normal(hv).astype(np.float32)
+    state0 = (rng.standard_normal((slots, hv, dk, dv)) * 0.3).astype(np.float32)
+    ref, ref_state = np.empty((T, hv * dv), np.float32), state0.copy()
+    _C.ops.gated_delta_rule(ref, ref_state, q, k, v, a, b, A_log, dt_bias, qsl, idx, init,
+                            spec)
+    out, state = DeviceArray.empty((T, hv * dv), dtype), DeviceArray.from_numpy(state0.copy())
+    on = DeviceArray.from_numpy
+    _C.ops.gated_delta_rule(out, state, dev(q, dtype), dev(k, dtype), dev(v, dtype),
+                            dev(a, dtype), dev(b, dtype), on(A_log), on(dt_bias), on(qsl),
+                            on(idx), on(init), on(spec))
+    assert_close(as_f32(out.numpy(), dtype), ref, dtype, "gated_delta_rule")
+    got = state.numpy()
+    assert np.abs(got - ref_state).max() / np.abs(ref_state).max() < 1e-4
+    np.testing.assert_array_equal(got[[1, 3]], state0[[1, 3]])  # slots no sequence names
+
+
+@pytest.mark.parametrize("dtype", ACT)
+@pytest.mark.parametrize("H,G,P,N", [(4, 2, 8, 16), (2, 1, 64, 128), (2, 2, 40, 32)])
+def test_mamba2_scan(rng, dtype, H, G, P, N):
+    """Mamba2's selective scan token by token against the CPU op on the same rounded inputs
+    (dt clamped into [dt_min, dt_max] for some tokens), the sequences and slots as the gated
+    delta rule's test; outputs within the dtype's tolerance, states within f32 rounding."""
+    slots, lens, init, idx = 9, [5, 0, 1, 40], [1, 0, 0, 1], [4, 0, 2, 5]
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    init, idx = np.array(init, np.int32), np.array(idx, np.int32)
+    T = int(qsl[-1])
+    spec = saved_rows(T, qsl)
+
+    def act(*shape, scale=1.0):
+        return rounded(rng.standard_normal(shape).astype(np.float32) * scale, dtype)
+
+    x, dt = act(T, H * P), act(T, H, scale=2.0)
+    Bm, Cm = act(T, G * N), act(T, G * N)
+    A_log = rng.uniform(-1.0, 1.0, H).astype(np.float32)
+    Dp, dt_bias = rng.standard_normal(H).astype(np.float32), rng.standard_normal(H).astype(
+        np.float32)
+    state0 = (rng.standard_normal((slots, H, P, N)) * 0.3).astype(np.float32)
+    ref, ref_state = np.empty((T, H * P), np.float32), state0.copy()
+    _C.ops.mamba2_scan(ref, ref_state, x, dt, Bm, Cm, A_log, Dp, dt_bias, qsl, idx, init, spec,
+                       0.01, 2.0)
+    out, state = DeviceArray.empty((T, H * P), dtype), DeviceArray.from_numpy(state0.copy())
+    on = DeviceArray.from_numpy
+    _C.ops.mamba2_scan(out, state, dev(x, dtype), dev(dt, dtype), dev(Bm, dtype),
+                       dev(Cm, dtype), on(A_log), on(Dp), on(dt_bias), on(qsl), on(idx),
+                       on(init), on(spec), 0.01, 2.0)
+    assert_close(as_f32(out.numpy(), dtype), ref, dtype, "mamba2_scan")
+    got = state.numpy()
+    assert np.abs(got - ref_state).max() / np.abs(ref_state).max() < 1e-4
+    np.testing.assert_array_equal(got[[1, 3]], state0[[1, 3]])  # slots no sequence names
+
+
+@pytest.mark.parametrize("dtype", ACT)
+@pytest.mark.parametrize("norm_before_gate", [True, False], ids=["gdn", "mamba2"])
+@pytest.mark.parametrize("groups,d,shared", [(4, 128, True), (8, 64, False), (1, 1000, True)])
+def test_rms_norm_gated(rng, dtype, norm_before_gate, groups, d, shared):
+    """The hybrids' gated RMSNorm (Gated DeltaNet's norm before the gate, Mamba2's after it),
+    w shared by the groups or one per group, against the CPU op on the same rounded inputs."""
+    T = 9
+    x = rounded(rng.standard_normal((T, groups * d)).astype(np.float32) * 2, dtype)
+    z = rounded(rng.standard_normal((T, groups * d)).astype(np.float32) * 2, dtype)
+    w = rng.normal(1.0, 0.3, d if shared else groups * d).astype(np.float32)
+    ref = np.empty_like(x)
+    _C.ops.rms_norm_gated(ref, x, z, w, 1e-6, d, norm_before_gate)
+    out = DeviceArray.empty(x.shape, dtype)
+    _C.ops.rms_norm_gated(out, dev(x, dtype), dev(z, dtype), DeviceArray.from_numpy(w), 1e-6, d,
+                          norm_before_gate)
+    assert_close(as_f32(out.numpy(), dtype), ref, dtype, "rms_norm_gated")
