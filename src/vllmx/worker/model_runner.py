@@ -434,22 +434,7 @@ class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
             state = self.requests.get(req_id)
             if state is None or req_id in out.failed:  # (finished while the step ran)
                 continue
-            # Verification: each row sampled as without speculation, so a draft is accepted
-            # exactly when the target draws it (for drafts that are a single proposal, not a
-            # distribution, this is the rejection sampler: accepted with probability p(draft),
-            # else a draw from p without it) and the tokens kept are the ones the request gets
-            # without speculation, seeded or greedy; then the first token that differs.
-            m = 0
-            while m < len(d) and toks[rows[m]] == d[m]:
-                m += 1
-            rows = rows[:m + 1]
-            rejected[req_id] = len(d) - m
-            if d:
-                state.draft_backoff.update(m)
-            if m < len(d) and self.state_slots is not None:
-                rolled_back.append((req_id, m))
-            if d:
-                state.rng_state = smd.rng_state[rows[-1]].copy()
+            rows = self._verify(state, d, rows, toks, smd, rejected, rolled_back)
             if state.sampling_params.prompt_logprobs is not None and state.num_output_tokens == 0:
                 out.prompt_logprobs[req_id] = (state.prompt_logprobs
                                                or [None] * state.num_prompt_tokens)

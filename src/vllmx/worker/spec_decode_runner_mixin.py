@@ -45,6 +45,27 @@ class SpecDecodeModelRunnerMixin:
             with placement(on):
                 self.model.set_aux_hidden_state_layers(aux_layers, self.hidden_out)
 
+    def _verify(self, state: CachedRequestState, drafts: list[int], rows: range, toks: list[int],
+                smd, rejected: dict[str, int], rolled_back: list[tuple[str, int]]) -> range:
+        """A request's rows of a finished step kept: each row was sampled as without
+        speculation, so a draft is accepted exactly when the target draws it (for drafts that
+        are a single proposal, not a distribution, this is the rejection sampler: accepted with
+        probability p(draft), else a draw from p without it) and the tokens kept are the ones
+        the request gets without speculation, seeded or greedy; then the first token that
+        differs. Notes the drafts rejected (rejected), the backoff's count, a hybrid's rollback
+        (rolled_back: the drafts accepted) and the generator after the last row kept."""
+        m = 0
+        while m < len(drafts) and toks[rows[m]] == drafts[m]:
+            m += 1
+        rows = rows[:m + 1]
+        rejected[state.req_id] = len(drafts) - m
+        if drafts:
+            state.draft_backoff.update(m)
+            state.rng_state = smd.rng_state[rows[-1]].copy()
+        if m < len(drafts) and self.state_slots is not None:
+            rolled_back.append((state.req_id, m))
+        return rows
+
     def _draft_from_hidden(self, layout, hidden, rejected: dict[str, int],
                            failed: dict[str, str]) -> dict[str, list[int]]:
         """A drafter reading the target's hidden states (mtp) runs over each request's rows of
