@@ -30,6 +30,7 @@ from vllmx.config import SpeculativeConfig, VllmxConfig
 from vllmx.device import DeviceArray, Uploads
 from vllmx.layers.attention import AttentionMetadata
 from vllmx.spec_decode.metadata import TargetHiddenStates
+from vllmx.worker.input_batch import kv_slots
 
 logger = logging.getLogger("vllmx")
 
@@ -192,7 +193,7 @@ class EagleProposer:
             live, tokens, pos = live[keep], tokens[keep], pos[keep] + 1
             n = len(live)
             bt = t.block_table[live]
-            slots = bt[np.arange(n), pos // bs] * bs + pos % bs
+            slots = kv_slots(bt, np.arange(n), pos, bs)
             ids, positions, md, keep_rows = self._inputs(
                 tokens, pos, slots, bt, np.arange(n + 1), pos + 1, np.flatnonzero(keep),
                 max_query_len=1)

@@ -14,6 +14,12 @@ from __future__ import annotations
 import numpy as np
 
 
+def kv_slots(block_table: np.ndarray, rows: np.ndarray, positions: np.ndarray,
+             block_size: int) -> np.ndarray:
+    """The KV cache slots of positions, each in the blocks of its block_table row."""
+    return block_table[rows, positions // block_size] * block_size + positions % block_size
+
+
 class InputBatch:
     def __init__(self, max_num_reqs: int, max_model_len: int, block_size: int):
         self.block_size = block_size
@@ -125,8 +131,7 @@ class InputBatch:
         offset = self.rope_offset[:nb]
         positions[:t] = pos + offset[rows] if offset.any() else pos
         input_ids[:t] = self.token_ids[rows, pos]
-        bs = self.block_size
-        slot_mapping[:t] = self.block_table[rows, pos // bs] * bs + pos % bs
+        slot_mapping[:t] = kv_slots(self.block_table, rows, pos, self.block_size)
         query_start_loc[0] = 0
         query_start_loc[1:nb + 1] = cu
         seq_lens[:nb] = starts + num_scheduled

@@ -13,6 +13,7 @@ from vllmx.device import DeviceArray
 from vllmx.layers.placement import Placement, placement
 from vllmx.layers.sampler import SamplingMetadata, advance_rng_states
 from vllmx.spec_decode.metadata import TargetHiddenStates
+from vllmx.worker.input_batch import kv_slots
 from vllmx.worker.step_state import CachedRequestState, PendingStep, drafts_for
 
 if TYPE_CHECKING:
@@ -76,7 +77,6 @@ class SpecDecodeModelRunnerMixin:
         rows, slots, ids, positions = [], [], [], []
         qsl, seq_lens = np.zeros(b + 1, np.int32), np.zeros(b, np.int32)
         batch_rows, sampled, req_ids = np.zeros(b, np.int64), np.zeros(b, bool), []
-        bs = self.block_size
         for req_id, row0, start, n in layout:
             state = self.requests.get(req_id)
             # (With asynchronous scheduling the next step was formed since this one launched:
@@ -89,7 +89,7 @@ class SpecDecodeModelRunnerMixin:
             rows.append(np.arange(row0, row0 + n, dtype=np.int32))
             # Its slots from its block table (the step's slot_mapping may hold the next step's).
             pos = np.arange(start, start + n, dtype=np.int32)
-            slots.append((self.block_table[batch_rows[i], pos // bs] * bs + pos % bs)
+            slots.append(kv_slots(self.block_table, batch_rows[i], pos, self.block_size)
                          .astype(np.int32))
             positions.append(pos)
             ids.extend(state.token_ids[start + 1:start + n + 1])
