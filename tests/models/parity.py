@@ -45,6 +45,11 @@ def check_positions(logprobs_rows, tokens, delta) -> ParityReport:
 # came out 0.012 and 0.034 nats off the oracle's best.
 ROUTER_TIE = 1e-4
 ROUTER_TIE_DELTA = 0.1
+# In a hybrid the flipped expert's output also enters the recurrent state (Gated DeltaNet,
+# Mamba2), which carries it undiluted into every later position: seed 3059885019's tiny bf16
+# Qwen3-Next had a router 6.4e-5 from a tie at position 50 and, 6 tokens on, one token 0.207
+# nats off the oracle's best (0.0 before the tie; 40 other seeds: 0.0 everywhere).
+ROUTER_TIE_DELTA_RECURRENT = 0.5
 
 
 class RouterTies:
@@ -86,13 +91,15 @@ class RouterTies:
         return min(ties) if ties else None
 
 
-def position_deltas(ties: RouterTies, first_row: int, n: int, delta: float) -> np.ndarray:
-    """delta for the n rows from position first_row on; ROUTER_TIE_DELTA from the first router
-    tie on (TESTING.md's near-tie rule, carried through the model's own discrete choice)."""
+def position_deltas(ties: RouterTies, first_row: int, n: int, delta: float,
+                    recurrent: bool = False) -> np.ndarray:
+    """delta for the n rows from position first_row on; ROUTER_TIE_DELTA (a model with
+    recurrent state: ROUTER_TIE_DELTA_RECURRENT) from the first router tie on (TESTING.md's
+    near-tie rule, carried through the model's own discrete choice)."""
     deltas = np.full(n, delta)
     tie = ties.first()
     if tie is not None:
-        deltas[max(tie - first_row, 0):] = ROUTER_TIE_DELTA
+        deltas[max(tie - first_row, 0):] = ROUTER_TIE_DELTA_RECURRENT if recurrent else ROUTER_TIE_DELTA
     return deltas
 
 

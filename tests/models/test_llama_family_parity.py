@@ -66,7 +66,8 @@ def run_parity(model_path: str, hf_path: str, kv_cache_dtype: str = "auto", **en
         with torch.no_grad(), RouterTies(oracle) as ties:
             logits = oracle(torch.tensor([prompt + toks])).logits[0].double().numpy()
         lp = log_softmax(logits)
-        deltas = position_deltas(ties, len(prompt) - 1, len(toks), DELTA)
+        deltas = position_deltas(ties, len(prompt) - 1, len(toks), DELTA,
+                                 recurrent=getattr(llm.llm_engine.model, "is_hybrid", False))
         report = check_positions(lp[len(prompt) - 1: -1], toks, deltas)
         assert report.failed == 0, f"{model_path} (seed {SEED}, prompt len {len(prompt)}): {report}"
     return llm, prompts, oracle
