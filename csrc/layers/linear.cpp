@@ -364,10 +364,11 @@ uint8_t* scratch(int slot, size_t bytes) {
 constexpr int64_t kTileT = 32;                  // activation rows per tile
 constexpr int64_t kTileWBytes = 128 * 1024;     // weight bytes per tile (stays in L2)
 
-// Runs body(t0, t1, n0, n1) over tiles of [0, T) x [0, N), in parallel.
+// Runs body(t0, t1, n0, n1) over tiles of [0, T) x [0, N), in parallel. pass_rows: how many
+// activation rows body's kernel takes in one pass over a weight row.
 template <class Body>
-void for_tiles(int64_t T, int64_t N, int64_t w_row_bytes, int64_t granule, bool parallel,
-               const Body& body) {
+void for_tiles(int64_t T, int64_t N, int64_t w_row_bytes, int64_t granule, int64_t pass_rows,
+               bool parallel, const Body& body) {
   int64_t tn = std::max<int64_t>(granule, kTileWBytes / std::max<int64_t>(w_row_bytes, 1));
   tn = (tn + granule - 1) / granule * granule;
   const int64_t tt = T == 1 ? 1 : kTileT;
@@ -376,8 +377,10 @@ void for_tiles(int64_t T, int64_t N, int64_t w_row_bytes, int64_t granule, bool 
   // GEMVs are often smaller than one L2 tile, and must still use every core).
   const bool big = parallel && T * N * w_row_bytes > (1 << 16);
   const int64_t threads = big ? omp_get_max_threads() : 1;
-  if (big && T <= kDotRows) {
-    // Decode: a weight row is used once, so cache tiles buy nothing; split N evenly instead.
+  if (big && T <= pass_rows) {
+    // Decode (and a verify step's few rows): a weight row is read once, so cache tiles buy
+    // nothing; split N evenly instead (L2-sized tiles left 5 tiles of a 1536-row GEMM to 2
+    // threads, one idle for a fifth of it).
     const int64_t per_thread = (N + threads - 1) / threads;
     tn = std::max<int64_t>(granule, (per_thread + granule - 1) / granule * granule);
   } else if (big && (N + tn - 1) / tn * n_tiles_t < threads) {
@@ -472,7 +475,7 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b
       }
     };
     if (dense) {
-      for_tiles(T, N, K * esz, kMaxNR, !reference, rows_body);
+      for_tiles(T, N, K * esz, kMaxNR, kMaxMR, !reference, rows_body);
       return;
     }
     // Panels: whole panels of 16 rows; the rows past the last one are plain rows (repack.h).
@@ -491,7 +494,7 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b
       }
       if (n1 > panel_end) rows_body(t0, t1, std::max(n0, panel_end), n1);
     };
-    for_tiles(T, N, K * esz, kPackRows, !reference, panel_body);
+    for_tiles(T, N, K * esz, kPackRows, kPanelMR, !reference, panel_body);
     return;
   }
 
@@ -542,7 +545,7 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b
     }
   };
   if (!packed) {
-    for_tiles(T, N, row_bytes(wt, K), 1, !reference, rows_body);
+    for_tiles(T, N, row_bytes(wt, K), 1, kDotRows, !reference, rows_body);
     return;
   }
   // Packed: whole panels of kPackRows rows, each reused by every activation row of the tile
@@ -558,7 +561,7 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b
       }
     if (n1 > panel_end) rows_body(t0, t1, std::max(n0, panel_end), n1);
   };
-  for_tiles(T, N, row_bytes(wt, K), kPackRows, !reference, packed_body);
+  for_tiles(T, N, row_bytes(wt, K), kPackRows, kPackedRows, !reference, packed_body);
 }
 
 // Group by group through linear: each group's rows are a strided 2-D view of x and out.

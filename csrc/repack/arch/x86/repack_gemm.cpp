@@ -54,11 +54,12 @@ VLLMX_TARGET_AVX512VNNI void gemm_vnni(const uint8_t* panel, int64_t nb, const u
     xt[t] = xr.term;
     acc[t] = macc[t] = _mm512_setzero_ps();
   }
-  // Decode streams each weight once from memory: prefetch kPrefetchBytes ahead, through the
-  // panel and on into the next, at the rate the loop consumes it (more misses in flight).
+  // Decode and verify steps stream each weight once from memory: prefetch kPrefetchBytes
+  // ahead, through the panel and on into the next, at the rate the loop consumes it (more
+  // misses in flight; without it a 5-row step stalled on its weight loads).
   constexpr int64_t kBlockBytes = kPackRows * P::type_size;
   for (int64_t b = 0; b < nb; ++b) {
-    if constexpr (R == 1) {
+    {
       const char* pf = reinterpret_cast<const char*>(panel) + kPrefetchBytes + b * kBlockBytes;
       for (int64_t l = 0; l < (kBlockBytes + 63) / 64; ++l) _mm_prefetch(pf + 64 * l, _MM_HINT_T0);
     }

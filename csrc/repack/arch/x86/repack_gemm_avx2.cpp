@@ -151,11 +151,18 @@ VLLMX_TARGET_AVX2 void gemm_avx2(const uint8_t* panel, int64_t nb, const uint8_t
       for (int h = 0; h < 2; ++h) block<KIND, R>(panel, nb, b, h, xq, xd, xt, acc[h], macc[h]);
     }
   } else {
-    // More rows need the registers for their sums: the panel half by half (the second pass
-    // reads it from L1).
+    // More rows need the registers for their sums: the panel half by half, the first pass
+    // fetching ahead as decode does, the second reading it from L1.
+    constexpr int64_t kBlockBytes = kPackRows * P::type_size;
     for (int h = 0; h < 2; ++h)
-      for (int64_t b = 0; b < nb; ++b)
+      for (int64_t b = 0; b < nb; ++b) {
+        if (h == 0) {
+          const char* pf = reinterpret_cast<const char*>(panel) + kPrefetchBytes + b * kBlockBytes;
+          for (int64_t l = 0; l < (kBlockBytes + 63) / 64; ++l)
+            _mm_prefetch(pf + 64 * l, _MM_HINT_T0);
+        }
         block<KIND, R>(panel, nb, b, h, xq, xd, xt, acc[h], macc[h]);
+      }
   }
   for (int h = 0; h < 2; ++h)
     for (int t = 0; t < R; ++t) {

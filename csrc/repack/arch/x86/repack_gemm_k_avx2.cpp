@@ -245,10 +245,17 @@ VLLMX_TARGET_AVX2 void gemm_k_avx2(const uint8_t* panel, int64_t nb, const uint8
       for (int h = 0; h < 2; ++h) superblock<KIND, R>(panel, s, h, xq, xd, xt, acc[h]);
     }
   } else {
-    // More rows need the registers for their sums: the panel half by half (the second pass
-    // reads it from L1).
+    // More rows need the registers for their sums: the panel half by half, the first pass
+    // fetching the next super-block ahead as decode does, the second reading it from L1.
     for (int h = 0; h < 2; ++h)
-      for (int64_t s = 0; s < nb; ++s) superblock<KIND, R>(panel, s, h, xq, xd, xt, acc[h]);
+      for (int64_t s = 0; s < nb; ++s) {
+        if (h == 0) {
+          const uint8_t* next = panel + (s + 1) * PackK<KIND>::block_bytes;
+          for (int64_t l = 0; l < PackK<KIND>::block_bytes; l += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(next + l), _MM_HINT_T0);
+        }
+        superblock<KIND, R>(panel, s, h, xq, xd, xt, acc[h]);
+      }
   }
   for (int h = 0; h < 2; ++h)
     for (int t = 0; t < R; ++t) {
