@@ -402,9 +402,12 @@ void for_tiles(int64_t T, int64_t N, int64_t w_row_bytes, int64_t granule, int64
     tn = std::max<int64_t>(granule, ((N + want_n - 1) / want_n + granule - 1) / granule * granule);
   }
   if (big) {
-    // Tiles of equal size (to a granule): a short last column of tiles would leave the thread
-    // that gets it idle while the others finish (up to ~20% on 2 threads for N = 1024, 1536).
-    const int64_t n_tiles = (N + tn - 1) / tn;
+    // Tiles of equal size (to a granule), in whole rounds for the threads: a short last column
+    // of tiles, or a round that leaves a thread without a tile, idles the others' share (5
+    // tiles of a 1536-row GEMM on 2 threads: one thread idle for a fifth of it).
+    int64_t n_tiles = (N + tn - 1) / tn;
+    const int64_t max_tiles = (N + granule - 1) / granule;
+    while (n_tiles * n_tiles_t % threads != 0 && n_tiles < max_tiles) ++n_tiles;
     tn = std::max<int64_t>(granule, ((N + n_tiles - 1) / n_tiles + granule - 1) / granule * granule);
   }
   const int64_t n_tiles_n = (N + tn - 1) / tn;
