@@ -12,11 +12,15 @@ import numpy as np
 from vllmx.device import I32, I64, U8
 from vllmx.ops import BF16, F16, F32, Weight
 
+# Quantized checkpoints' fp8 (e4m3, read as its bytes) and int8 weights: ids of the loader's
+# own, which loader/compressed_tensors.py turns into dense weights (no kernel reads them).
+FP8_E4M3, I8 = -1001, -1002
 # U8: packed tensors a model converts itself (gpt-oss's MXFP4 expert blocks and scales); the
-# integer and bool ones: index tables (EAGLE-3's d2t / t2d), read as they are.
+# integer and bool ones: index tables (EAGLE-3's d2t / t2d) and compressed-tensors' packed
+# weights, read as they are.
 _DTYPES = {"F32": (np.float32, F32), "F16": (np.float16, F16), "BF16": (np.uint16, BF16),
            "U8": (np.uint8, U8), "BOOL": (np.uint8, U8), "I32": (np.int32, I32),
-           "I64": (np.int64, I64)}
+           "I64": (np.int64, I64), "F8_E4M3": (np.uint8, FP8_E4M3), "I8": (np.int8, I8)}
 
 
 def _read_file(path: str) -> dict[str, Weight]:
@@ -33,7 +37,8 @@ def _read_file(path: str) -> dict[str, Weight]:
         if info["dtype"] not in _DTYPES:
             raise ValueError(
                 f"{path}: tensor {name!r} has dtype {info['dtype']}; vllmx reads F32, F16, BF16 "
-                f"(and U8, BOOL, I32, I64 for packed blocks and index tables)"
+                f"(and U8, BOOL, I32, I64 for packed blocks and index tables, F8_E4M3 and I8 "
+                f"in quantized checkpoints)"
             )
         np_dtype, dtype = _DTYPES[info["dtype"]]
         start, end = info["data_offsets"]

@@ -1,0 +1,216 @@
+"""compressed-tensors checkpoints (quantization_config quant_method "compressed-tensors"), written
+here by the compressed-tensors package itself from a tiny random Llama (its ModelCompressor
+packs the weights; the scales are each group's min / max, as llm-compressor's observers take
+them): every quantized weight vllmx builds equals, bit for bit, the one the package's own
+decompression gives (transformers loading the checkpoint with dequantize=True), the model's
+tokens pass TESTING.md's f32 rule against that oracle, and what the format holds beyond
+vllmx's reach is refused by name."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tests.models.parity import check_positions, log_softmax
+from tests.models.test_llama_family_parity import DELTA, SEED, random_prompts
+
+torch = pytest.importorskip("torch")
+tf = pytest.importorskip("transformers")
+ct = pytest.importorskip("compressed_tensors")
+
+VOCAB = 512
+
+
+def _args(**kw):
+    from compressed_tensors.quantization import QuantizationArgs
+
+    return QuantizationArgs(**kw)
+
+
+def _scheme(name: str):
+    """(weights args, input activation args, format) of each case."""
+    int_w = {"type": "int", "symmetric": True, "dynamic": False}
+    fp8 = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False}
+    return {
+        "w4a16_g32": (_args(num_bits=4, strategy="group", group_size=32, **int_w), None,
+                      "pack-quantized"),
+        "w4a16_asym_g32": (_args(num_bits=4, type="int", symmetric=False, strategy="group",
+                                 group_size=32), None, "pack-quantized"),
+        "w3a16_channel": (_args(num_bits=3, strategy="channel", **int_w), None, "pack-quantized"),
+        "w8a16_channel": (_args(num_bits=8, strategy="channel", **int_w), None, "pack-quantized"),
+        "w8a16_int_asym": (_args(num_bits=8, type="int", symmetric=False, strategy="channel"),
+                           None, "int-quantized"),
+        "fp8_tensor_static": (_args(strategy="tensor", **fp8),
+                              _args(strategy="tensor", **fp8), "float-quantized"),
+        "fp8_channel_dynamic": (_args(strategy="channel", **fp8),
+                                _args(num_bits=8, type="float", strategy="token", symmetric=True,
+                                      dynamic=True), "float-quantized"),
+        "fp8_block": (_args(strategy="block", block_structure=[32, 32], **fp8), None,
+                      "float-quantized"),
+    }[name]
+
+
+CASES = ["w4a16_g32", "w4a16_asym_g32", "w3a16_channel", "w8a16_channel",
+         "w8a16_int_asym", "fp8_tensor_static", "fp8_channel_dynamic", "fp8_block"]
+
+
+def _min_max(w, args):
+    """Each scale's range of w (its group, channel, block or the whole tensor)."""
+    n, k = w.shape
+    if args.strategy == "group":
+        v = w.reshape(n, k // args.group_size, args.group_size)
+        return v.amin(-1), v.amax(-1)
+    if args.strategy == "channel":
+        return w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
+    if args.strategy == "tensor":
+        return w.amin().reshape(1), w.amax().reshape(1)
+    bn, bk = args.block_structure  # blocks past the edge are partial
+    gn, gk = -(-n // bn), -(-k // bk)
+    mn, mx = torch.empty(gn, gk), torch.empty(gn, gk)
+    for i in range(gn):
+        for j in range(gk):
+            b = w[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk]
+            mn[i, j], mx[i, j] = b.min(), b.max()
+    return mn, mx
+
+
+def write_checkpoint(case: str, out: str, dtype=torch.bfloat16, **quant_extra) -> str:
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (
+        QuantizationConfig,
+        QuantizationScheme,
+        apply_quantization_config,
+    )
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    weights, acts, fmt = _scheme(case)
+    torch.manual_seed(SEED % 2**31)
+    cfg = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=96, intermediate_size=160,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=24, max_position_embeddings=512)
+    model = tf.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(4.0)  # logits with some spread, so quantization moves tokens
+    model = model.to(dtype)
+    model.save_pretrained(out + "-dense")  # the model before quantization
+    scheme = QuantizationScheme(targets=["Linear"], weights=weights, input_activations=acts)
+    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme},
+                                                        ignore=["lm_head"]))
+    for _, m in model.named_modules():
+        if not hasattr(m, "weight_scale"):
+            continue
+        mn, mx = _min_max(m.weight.detach().float(), weights)
+        scale, zp = calculate_qparams(mn, mx, weights)
+        m.weight_scale.data = scale.to(m.weight_scale.dtype).reshape(m.weight_scale.shape)
+        if hasattr(m, "weight_zero_point"):
+            m.weight_zero_point.data = zp.to(m.weight_zero_point.dtype).reshape(
+                m.weight_zero_point.shape)
+        if hasattr(m, "input_scale"):
+            m.input_scale.data = torch.full_like(m.input_scale, 0.05)
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format=fmt)
+    compressor.compress_model(model)
+    model.save_pretrained(out)
+    compressor.update_config(out)
+    if quant_extra:
+        path = os.path.join(out, "config.json")
+        with open(path) as f:
+            cfg = json.load(f)
+        cfg["quantization_config"].update(quant_extra)
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+    return out
+
+
+def oracle(path: str, dtype=torch.float32):
+    """transformers with the package's own decompression (dense weights, no activation QDQ)."""
+    from transformers.utils.quantization_config import CompressedTensorsConfig
+
+    return tf.AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, quantization_config=CompressedTensorsConfig(dequantize=True)).eval()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_weights_equal_the_formats_decompression(case, tmp_path):
+    from vllmx.loader import _dequantized
+    from vllmx.loader.safetensors import load_safetensors
+
+    path = write_checkpoint(case, str(tmp_path / case))
+    with open(os.path.join(path, "config.json")) as f:
+        hf_config = json.load(f)
+    ours = _dequantized(load_safetensors(path), hf_config)
+    ref = oracle(path, torch.bfloat16).state_dict()
+    dense = tf.AutoModelForCausalLM.from_pretrained(path + "-dense").state_dict()
+    quantized = [n for n in ours if "proj" in n]
+    assert len(quantized) == 2 * 7
+    for name in quantized:
+        w = ours[name]
+        assert w.shape == tuple(ref[name].shape), name
+        want = ref[name].view(torch.int16).numpy().view(np.uint16)
+        np.testing.assert_array_equal(np.asarray(w.data).reshape(w.shape), want, err_msg=name)
+        # the format shows: most of these weights are not the unquantized model's
+        changed = (ref[name] != dense[name]).float().mean()
+        assert changed > 0.5, f"{name}: only {changed:.0%} of the weights changed"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_token_parity(case, tmp_path):
+    from vllmx import LLM, SamplingParams
+
+    path = write_checkpoint(case, str(tmp_path / case))
+    prompts = random_prompts(np.random.default_rng(SEED))
+    prompts = [[t % VOCAB for t in p] for p in prompts]
+    llm = LLM(path, skip_tokenizer_init=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    ref = oracle(path)
+    for prompt, out in zip(prompts, outs):
+        toks = list(out.outputs[0].token_ids)
+        ids = torch.tensor([prompt + toks])
+        with torch.no_grad():
+            lp = log_softmax(ref(ids).logits[0].double().numpy())
+        report = check_positions(lp[len(prompt) - 1:-1], toks, DELTA)
+        assert report.failed == 0, f"{case} (seed {SEED}): {report}"
+
+
+@pytest.mark.parametrize("extra,named", [
+    ({"kv_cache_scheme": {"num_bits": 8, "type": "float"}}, "kv_cache_scheme"),
+    ({"transform_config": {"config_groups": {"u": {"type": "hadamard"}}}}, "transform_config"),
+    ({"sparsity_config": {"format": "sparse-24-bitmask"}}, "sparse-24-bitmask"),
+])
+def test_what_it_does_not_run_is_refused_by_name(extra, named, tmp_path):
+    from vllmx import LLM
+
+    path = write_checkpoint("w4a16_g32", str(tmp_path / "ckpt"), **extra)
+    with pytest.raises(ValueError, match=named):
+        LLM(path, skip_tokenizer_init=True)
+
+
+def test_integer_activations_and_nvfp4_are_refused(tmp_path):
+    from vllmx.loader.compressed_tensors import check_config
+
+    w = {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True}
+    with pytest.raises(ValueError, match="8-bit int input activations"):
+        check_config({"config_groups": {"g": {"format": "int-quantized", "weights": w,
+                                              "input_activations": dict(w, strategy="token")}}})
+    with pytest.raises(ValueError, match="nvfp4-pack-quantized"):
+        check_config({"config_groups": {"g": {"format": "nvfp4-pack-quantized", "weights": w}}})
+
+
+def test_fp8_tensor_without_a_format_is_refused(tmp_path):
+    """An fp8 tensor in a checkpoint whose config names no format vllmx reads."""
+    from vllmx import LLM
+
+    path = write_checkpoint("fp8_tensor_static", str(tmp_path / "ckpt"))
+    cfg_path = os.path.join(path, "config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    del cfg["quantization_config"]
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+    with pytest.raises(ValueError, match="is fp8"):
+        LLM(path, skip_tokenizer_init=True)
