@@ -136,13 +136,13 @@ def oracle(path: str, dtype=torch.float32):
 
 @pytest.mark.parametrize("case", CASES)
 def test_weights_equal_the_formats_decompression(case, tmp_path):
-    from vllmx.loader import _dequantized
+    from vllmx.loader.quantization import dequantize_checkpoint
     from vllmx.loader.safetensors import load_safetensors
 
     path = write_checkpoint(case, str(tmp_path / case))
     with open(os.path.join(path, "config.json")) as f:
         hf_config = json.load(f)
-    ours = _dequantized(load_safetensors(path), hf_config)
+    ours = dequantize_checkpoint(load_safetensors(path), hf_config)
     ref = oracle(path, torch.bfloat16).state_dict()
     dense = tf.AutoModelForCausalLM.from_pretrained(path + "-dense").state_dict()
     quantized = [n for n in ours if "proj" in n]

@@ -118,7 +118,7 @@ def test_mxfp4_checkpoint_against_transformers(tmp_path):
 
 
 @pytest.mark.parametrize("family,method", [("gpt_oss", "awq"), ("llama", "gptq"),
-                                           ("llama", "mxfp4"), ("qwen3_moe", "fp8")])
+                                           ("llama", "mxfp4"), ("qwen3_moe", "bitsandbytes")])
 def test_other_quantization_is_refused(family, method, tmp_path):
     """A pre-quantized checkpoint vllmx cannot read fails at load with its method named."""
     from vllmx import LLM

@@ -12,25 +12,9 @@ from vllmx.distributed.tp_shard import shard_checkpoint
 from vllmx.loader.dummy import DummyWeights
 from vllmx.loader.gguf import gguf_to_hf_config, load_gguf
 from vllmx.loader.model_source import DEFAULT_MODEL, DEFAULT_POOLING_MODEL, resolve_model
-from vllmx.loader.safetensors import FP8_E4M3, I8, load_safetensors
+from vllmx.loader.quantization import dequantize_checkpoint
+from vllmx.loader.safetensors import load_safetensors
 from vllmx.models.registry import get_model_class
-
-
-def _dequantized(weights: dict, hf_config: dict) -> dict:
-    """A quantized checkpoint's weights as dense ones (loader/compressed_tensors.py); any fp8 or
-    int8 tensor no format explains is refused by name."""
-    from vllmx.loader import compressed_tensors
-
-    quant = hf_config.get("quantization_config")
-    if isinstance(quant, dict) and quant.get("quant_method") == compressed_tensors.METHOD:
-        weights = compressed_tensors.dequantize_checkpoint(
-            weights, quant, hf_config.get("torch_dtype", hf_config.get("dtype")))
-    for name, w in weights.items():
-        if w.dtype in (FP8_E4M3, I8):
-            raise ValueError(f"tensor {name!r} is {'fp8' if w.dtype == FP8_E4M3 else 'int8'} "
-                             f"and config.json's quantization_config says nothing vllmx reads "
-                             f"about it")
-    return weights
 
 
 def _model_class(model_config: ModelConfig):
@@ -69,7 +53,8 @@ def load_model(model_config: ModelConfig):
             weights = DummyWeights(model_cls.checkpoint_shapes(model_config.hf_config),
                                    model_config.hf_config, model_config.seed)
         else:
-            weights = _dequantized(load_safetensors(model_config.path), model_config.hf_config)
+            weights = dequantize_checkpoint(load_safetensors(model_config.path),
+                                            model_config.hf_config)
         if not model_config.skip_tokenizer_init and model_config.tokenizer is None:
             from vllmx.tokenizer import Tokenizer
 

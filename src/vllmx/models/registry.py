@@ -123,20 +123,19 @@ def get_model_class(hf_config: dict):
 def _check_quantization(hf_config: dict, archs: list[str]) -> None:
     """A pre-quantized checkpoint (GPTQ, AWQ, FP8, bitsandbytes ...) is refused by name before
     its packed tensors fail in some other way; gpt-oss's MXFP4 experts are read (gpt_oss.py),
-    compressed-tensors' integer and fp8 weights dequantized at load (loader/compressed_tensors.py)."""
+    the quant_methods loader/quantization.py lists dequantized at load."""
     quant = hf_config.get("quantization_config")
     if not quant:
         return
     method = quant.get("quant_method") if isinstance(quant, dict) else None
     if method == "mxfp4" and "GptOssForCausalLM" in archs:
         return
-    if method == "compressed-tensors":
-        from vllmx.loader.compressed_tensors import check_config
+    from vllmx.loader import quantization
 
-        check_config(quant)
+    if isinstance(quant, dict) and quantization.check_config(quant):
         return
     raise ValueError(
         f"quantization_config quant_method {method!r} is not supported: vllmx reads f32 / f16 / "
         f"bf16 safetensors (and gpt-oss's MXFP4 experts, compressed-tensors' integer and fp8 "
-        f"weights) and GGUF files; use a GGUF of this model, or `vllmx quantize` one from its "
+        f"weights, fp8 with block scales) and GGUF files; use a GGUF of this model, or `vllmx quantize` one from its "
         f"unquantized checkpoint")

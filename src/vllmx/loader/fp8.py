@@ -1,0 +1,61 @@
+"""Checkpoints in vLLM's "fp8" format with block scales (quantization_config quant_method "fp8"
+and `weight_block_size`, as DeepSeek-V3 / R1, Qwen3-*-FP8 and GLM-4.5-FP8 ship): each quantized
+linear's fp8 e4m3 `weight` and its `weight_scale_inv` (one f32 scale, or a UE8M0 power of two,
+per weight_block_size block, partial at the edges) become one dense `weight` at load, the
+product in f32 rounded to the checkpoint's dtype as transformers' own dequantization does.
+The activation scheme (dynamic per-token-group fp8) is not applied: the model runs as W8A16,
+as vLLM runs these on GPUs without fp8 tensor cores. Per-tensor fp8 (`weight_scale`, no block
+size) is refused by name."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vllmx.device import BF16
+from vllmx.loader import quantization as q
+from vllmx.loader.safetensors import FP8_E4M3
+from vllmx.ops import Weight
+
+METHOD = "fp8"
+_SUFFIXES = ("weight", "weight_scale_inv", "input_scale", "activation_scale")
+
+
+def _refuse(what: str) -> ValueError:
+    return ValueError(f"fp8 checkpoint: {what} is not supported; vllmx runs fp8 e4m3 weights "
+                      f"with block scales (weight_block_size, weight_scale_inv)")
+
+
+def check_config(quant: dict) -> None:
+    """Raises ValueError naming the part of the quantization_config vllmx does not run."""
+    block = quant.get("weight_block_size")
+    if not block or len(block) != 2:
+        raise _refuse("fp8 without weight_block_size (per-tensor weight scales)")
+    fmt = quant.get("fmt", "e4m3")
+    if fmt != "e4m3":
+        raise _refuse(f"fmt {fmt!r}")
+
+
+def dequantize_checkpoint(weights: dict[str, Weight], quant: dict,
+                          dtype: str | None) -> dict[str, Weight]:
+    """weights with each fp8 module's weight and scales replaced by its dense `weight`, in the
+    checkpoint's dtype (config.json's torch_dtype; bf16 where it names none)."""
+    check_config(quant)
+    block = tuple(int(b) for b in quant["weight_block_size"])
+    target = q.target_dtype(dtype, BF16)
+    out = dict(weights)
+    for prefix, parts in q.modules(weights, _SUFFIXES).items():
+        if "weight_scale_inv" not in parts:
+            continue  # not quantized (modules_to_not_convert, a norm)
+        w, s = parts["weight"], parts["weight_scale_inv"]
+        if w.dtype != FP8_E4M3 or len(w.shape) != 2:
+            raise _refuse(f"{prefix}.weight of shape {w.shape} beside a weight_scale_inv "
+                          f"(not a 2-D fp8 e4m3 matrix)")
+        n, k = w.shape
+        if tuple(s.shape) != (-(-n // block[0]), -(-k // block[1])):
+            raise _refuse(f"{prefix}.weight_scale_inv of shape {s.shape} for a [{n}, {k}] "
+                          f"weight in {block[0]}x{block[1]} blocks")
+        for suffix in parts:
+            del out[f"{prefix}.{suffix}"]
+        x = q.weight_values(w) * q.expand(q.float32(s), n, k, block)  # f32, as transformers does
+        out[f"{prefix}.weight"] = q.as_weight(q.round_to(x.astype(np.float32), target), target)
+    return out

@@ -1,0 +1,127 @@
+"""Pre-quantized safetensors checkpoints (config.json's quantization_config, read as vLLM reads
+it): the formats vllmx loads by quant_method, and the numerics they share. Each format's module
+turns its quantized modules' tensors into one dense `weight` at load, dequantized exactly as the
+format's own reference decompression does, in the checkpoint's dtype: the model then runs the
+matrices that reference gives (and takes the memory of the unquantized model)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from vllmx.loader.safetensors import FP8_E4M3, I8
+from vllmx.device import BF16, F16, F32, U8
+from vllmx.ops import Weight
+
+# fp8 e4m3fn's 256 values as f32 (exact): sign, 4 exponent bits (bias 7), 3 mantissa bits.
+E4M3 = np.array([(-1.0) ** (b >> 7) * (
+    2.0 ** (((b >> 3) & 15) - 7) * (1 + (b & 7) / 8) if (b >> 3) & 15 else 2.0 ** -6 * (b & 7) / 8)
+    for b in range(256)], dtype=np.float32)
+E4M3[[0x7F, 0xFF]] = np.nan
+_DTYPES = {"bfloat16": BF16, "float16": F16, "float32": F32}
+
+
+def methods() -> dict:
+    """quant_method -> the module that reads it (check_config, dequantize_checkpoint)."""
+    from vllmx.loader import compressed_tensors, fp8
+
+    return {compressed_tensors.METHOD: compressed_tensors, fp8.METHOD: fp8}
+
+
+def check_config(quant: dict) -> bool:
+    """Whether vllmx reads this quantization_config's method; raises ValueError naming the part
+    of a method it reads that it does not run."""
+    module = methods().get(quant.get("quant_method"))
+    if module is None:
+        return False
+    module.check_config(quant)
+    return True
+
+
+def dequantize_checkpoint(weights: dict[str, Weight], hf_config: dict) -> dict[str, Weight]:
+    """A checkpoint's weights with its quantized modules made dense; any fp8 or int8 tensor no
+    format explains is refused by name."""
+    quant = hf_config.get("quantization_config")
+    module = methods().get(quant.get("quant_method")) if isinstance(quant, dict) else None
+    if module is not None:
+        weights = module.dequantize_checkpoint(
+            weights, quant, hf_config.get("torch_dtype", hf_config.get("dtype")))
+    for name, w in weights.items():
+        if w.dtype in (FP8_E4M3, I8):
+            raise ValueError(f"tensor {name!r} is {'fp8' if w.dtype == FP8_E4M3 else 'int8'} "
+                             f"and config.json's quantization_config says nothing vllmx reads "
+                             f"about it")
+    return weights
+
+
+def modules(weights: dict[str, Weight], suffixes: tuple[str, ...]) -> dict[str, dict[str, Weight]]:
+    """The tensors named <module>.<suffix>, by module."""
+    pattern = re.compile(r"^(.*)\.(" + "|".join(suffixes) + r")$")
+    out: dict[str, dict[str, Weight]] = {}
+    for name, w in weights.items():
+        m = pattern.match(name)
+        if m:
+            out.setdefault(m.group(1), {})[m.group(2)] = w
+    return out
+
+
+def target_dtype(dtype: str | None, fallback: int) -> int:
+    """The dense weights' dtype: the checkpoint's torch_dtype, else fallback."""
+    return _DTYPES.get(dtype or "", fallback)
+
+
+def array(w: Weight) -> np.ndarray:
+    return np.asarray(w.data).reshape(w.shape)
+
+
+def float32(w: Weight) -> np.ndarray:
+    """A scale as f32 (exact: bf16 / f16 / f32, or a UE8M0 byte's power of two)."""
+    a = array(w)
+    if w.dtype == BF16:
+        return (a.astype(np.uint32) << 16).view(np.float32)
+    if w.dtype == U8:
+        return np.exp2(a.astype(np.float32) - 127.0)
+    return a.astype(np.float32)
+
+
+def weight_values(w: Weight) -> np.ndarray:
+    """An fp8 or int8 weight's values as f32 (exact)."""
+    a = array(w)
+    return E4M3[a] if w.dtype == FP8_E4M3 else a.astype(np.float32)
+
+
+def round_to(x: np.ndarray, dtype: int) -> np.ndarray:
+    """f32 values rounded to dtype and back (to nearest, ties to even, as torch's casts and its
+    multiplies in that dtype round)."""
+    if dtype == F32:
+        return x
+    if dtype == F16:
+        return x.astype(np.float16).astype(np.float32)
+    bits = np.ascontiguousarray(x).view(np.uint32)
+    return (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+
+
+def as_weight(x: np.ndarray, dtype: int) -> Weight:
+    """f32 values already representable in dtype, stored as dtype."""
+    if dtype == BF16:
+        return Weight((np.ascontiguousarray(x).view(np.uint32) >> 16).astype(np.uint16), BF16,
+                      x.shape)
+    return Weight.from_numpy(x.astype(np.float16) if dtype == F16 else x)
+
+
+def expand(scale: np.ndarray, n: int, k: int, block: tuple[int, int] | None) -> np.ndarray | None:
+    """A per-element [n, k] view of a tensor / channel / group / block scale (or zero point):
+    groups run along k; blocks of block = (rows, columns), partial at the far edges. None for a
+    shape none of these give."""
+    if scale.size == 1:
+        return np.broadcast_to(scale.reshape(1, 1), (n, k))
+    scale = scale.reshape(scale.shape[0], -1)
+    if scale.shape[0] == n and scale.shape[1] == 1:
+        return np.broadcast_to(scale, (n, k))
+    if block is not None and scale.shape == (-(-n // block[0]), -(-k // block[1])):
+        bn, bk = block
+        return np.repeat(np.repeat(scale, bn, axis=0)[:n], bk, axis=1)[:, :k]
+    if scale.shape[0] == n and k % scale.shape[1] == 0:
+        return np.repeat(scale, k // scale.shape[1], axis=1)
+    return None

@@ -1,0 +1,124 @@
+"""vLLM's "fp8" checkpoints with block scales (quant_method "fp8", weight_block_size, an fp8
+e4m3 `weight` and a `weight_scale_inv` per block, as DeepSeek-V3 and Qwen3-*-FP8 ship them),
+written here from a tiny random Llama: the dense weights vllmx builds equal, bit for bit, those
+transformers' own FP8 dequantization gives (FineGrainedFP8Config(dequantize=True)), f32 scales
+and UE8M0 ones; the tokens pass TESTING.md's f32 rule against it; per-tensor fp8 and scales of
+the wrong grid are refused by name."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tests.models.parity import check_positions, log_softmax
+from tests.models.test_llama_family_parity import DELTA, SEED, random_prompts
+
+torch = pytest.importorskip("torch")
+tf = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")  # transformers' fp8 loading needs it
+
+VOCAB, BLOCK = 512, (32, 32)
+
+
+def write_checkpoint(out: str, scales: str = "f32", block=BLOCK, quant_extra=None) -> str:
+    """Every projection but lm_head in fp8 e4m3 with one scale per block (the block's max
+    magnitude over e4m3's 448); f32 scales or UE8M0 (a power of two, as a byte) ones."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(SEED % 2**31)
+    cfg = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=192,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=32, max_position_embeddings=512)
+    model = tf.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(4.0)
+    model = model.to(torch.bfloat16)
+    model.save_pretrained(out)
+    state = {}
+    bn, bk = block
+    for name, w in model.state_dict().items():
+        if "proj" not in name:
+            state[name] = w.contiguous()
+            continue
+        n, k = w.shape
+        amax = w.float().reshape(n // bn, bn, k // bk, bk).abs().amax((1, 3)).clamp(min=1e-8)
+        if scales == "ue8m0":
+            e = torch.ceil(torch.log2(amax / 448.0)).clamp(-127, 127)
+            scale, stored = torch.exp2(e), (e + 127).to(torch.uint8)
+        else:
+            scale = stored = amax / 448.0
+        full = scale.repeat_interleave(bn, 0).repeat_interleave(bk, 1)
+        state[name] = (w.float() / full).to(torch.float8_e4m3fn)
+        state[name.replace(".weight", ".weight_scale_inv")] = stored.contiguous()
+    os.remove(os.path.join(out, "model.safetensors"))
+    save_file(state, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    path = os.path.join(out, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
+                                     "fmt": "e4m3", "weight_block_size": list(block),
+                                     **(quant_extra or {})}
+    with open(path, "w") as f:
+        json.dump(config, f)
+    return out
+
+
+def oracle(path: str):
+    """transformers' own dequantization into the checkpoint's bf16."""
+    from transformers import FineGrainedFP8Config
+
+    return tf.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.bfloat16, quantization_config=FineGrainedFP8Config(dequantize=True)).eval()
+
+
+@pytest.mark.parametrize("scales", ["f32", "ue8m0"])
+def test_weights_equal_transformers_dequantization(scales, tmp_path):
+    from vllmx.loader.quantization import dequantize_checkpoint
+    from vllmx.loader.safetensors import load_safetensors
+
+    path = write_checkpoint(str(tmp_path / scales), scales)
+    with open(os.path.join(path, "config.json")) as f:
+        hf_config = json.load(f)
+    ours = dequantize_checkpoint(load_safetensors(path), hf_config)
+    assert not any(n.endswith("_scale_inv") for n in ours)
+    ref = oracle(path).state_dict()
+    quantized = [n for n in ours if "proj" in n]
+    assert len(quantized) == 2 * 7
+    for name in quantized:
+        w = ours[name]
+        want = ref[name].view(torch.int16).numpy().view(np.uint16)
+        np.testing.assert_array_equal(np.asarray(w.data).reshape(w.shape), want, err_msg=name)
+
+
+def test_token_parity(tmp_path):
+    from vllmx import LLM, SamplingParams
+
+    path = write_checkpoint(str(tmp_path / "fp8"))
+    prompts = [[t % VOCAB for t in p] for p in random_prompts(np.random.default_rng(SEED))]
+    llm = LLM(path, skip_tokenizer_init=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    ref = oracle(path).float()  # the same bf16 weights, f32 arithmetic
+    for prompt, out in zip(prompts, outs):
+        toks = list(out.outputs[0].token_ids)
+        with torch.no_grad():
+            lp = log_softmax(ref(torch.tensor([prompt + toks])).logits[0].double().numpy())
+        report = check_positions(lp[len(prompt) - 1:-1], toks, DELTA)
+        assert report.failed == 0, f"fp8 (seed {SEED}): {report}"
+
+
+def test_per_tensor_fp8_and_a_wrong_scale_grid_are_refused(tmp_path):
+    from vllmx import LLM
+
+    path = write_checkpoint(str(tmp_path / "ckpt"), quant_extra={"weight_block_size": None})
+    with pytest.raises(ValueError, match="without weight_block_size"):
+        LLM(path, skip_tokenizer_init=True)
+    # scales written for 32x32 blocks, read as 64x64: the grid does not fit
+    path = write_checkpoint(str(tmp_path / "grid"), quant_extra={"weight_block_size": [64, 64]})
+    with pytest.raises(ValueError, match="weight_scale_inv of shape"):
+        LLM(path, skip_tokenizer_init=True)
