@@ -10,8 +10,8 @@ import re
 
 import numpy as np
 
-from vllmx.loader.safetensors import FP8_E4M3, I8
 from vllmx.device import BF16, F16, F32, U8
+from vllmx.loader.safetensors import FP8_E4M3, I8
 from vllmx.ops import Weight
 
 # fp8 e4m3fn's 256 values as f32 (exact): sign, 4 exponent bits (bias 7), 3 mantissa bits.
