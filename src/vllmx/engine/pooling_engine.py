@@ -19,6 +19,7 @@ from vllmx.device import F32
 from vllmx.layers.placement import Placement, placement
 from vllmx.layers.pooler import Pooler
 from vllmx.loader import load_model
+from vllmx.pages import keep_activations_in_heap
 from vllmx.outputs import PoolingOutput, PoolingRequestOutput
 from vllmx.pooler_config import (
     PoolerConfig,
@@ -52,6 +53,8 @@ class PoolingEngine:
         act_dtype = F32
         if self.device == "cuda":
             act_dtype = model_activation_dtype(mc)
+        else:
+            keep_activations_in_heap()
         with placement(Placement(self.device, act_dtype)):
             self.model, self.tokenizer = load_model(mc)
         if self.tokenizer is not None:  # lengths are checked here, never silently cut

@@ -11,7 +11,7 @@ import numpy as np
 
 from vllmx.device import F16, F32
 from vllmx.loader import load_model
-from vllmx.pages import lazy_zeros
+from vllmx.pages import keep_activations_in_heap, lazy_zeros
 from vllmx.worker.model_runner import ModelRunner
 from vllmx.worker.worker_base import (
     DTYPE_BY_NAME,
@@ -54,6 +54,7 @@ class CpuWorker(WorkerBase):
                         "in their stored format); the KV cache is %s", mc.dtype,
                         "the kv_cache_dtype set" if self.config.cache_config.kv_cache_dtype
                         != "auto" else mc.dtype)
+        keep_activations_in_heap()
         pc = self.config.parallel_config
         if pc.world_size > 1 and pc.rank == 0:
             self._load_tensor_parallel()
