@@ -19,8 +19,8 @@ from vllmx.device import F32
 from vllmx.layers.placement import Placement, placement
 from vllmx.layers.pooler import Pooler
 from vllmx.loader import load_model
-from vllmx.pages import keep_activations_in_heap
 from vllmx.outputs import PoolingOutput, PoolingRequestOutput
+from vllmx.pages import keep_activations_in_heap
 from vllmx.pooler_config import (
     PoolerConfig,
     load_pooler_config,
