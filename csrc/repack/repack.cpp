@@ -169,6 +169,39 @@ void repack_weight(const Tensor& out, const Tensor& w) {
   std::memcpy(dst + done, src + done, static_cast<size_t>(N * rb - done));  // tail rows as is
 }
 
+bool can_unpack_row(DType t) {
+  const DType base = packed_base(t);
+  return base == DType::Q8_0 || base == DType::F32 || base == DType::F16 || base == DType::BF16;
+}
+
+void unpack_row(DType t, const void* data, int64_t N, int64_t K, int64_t row, void* dst) {
+  const DType base = packed_base(t);
+  const int64_t rb = row_bytes(base, K);
+  const uint8_t* src = static_cast<const uint8_t*>(data);
+  uint8_t* out = static_cast<uint8_t*>(dst);
+  if (row >= N / kPackRows * kPackRows) {  // past the last whole panel: stored as it was
+    std::memcpy(out, src + row * rb, static_cast<size_t>(rb));
+    return;
+  }
+  const uint8_t* panel = src + row / kPackRows * kPackRows * rb;
+  const int64_t r = row % kPackRows;
+  if (!is_quantized(base)) {  // element k of the panel's rows at k * 16 + r
+    const int64_t esz = type_traits(base).type_size;
+    for (int64_t k = 0; k < K; ++k)
+      std::memcpy(out + k * esz, panel + (k * kPackRows + r) * esz, static_cast<size_t>(esz));
+    return;
+  }
+  // Q8_0 (repack_panel): block b's chunk c holds row r's qs[4c .. 4c + 3] at 4r, as q + 128;
+  // its d at nb * 512 + 32b + 2r.
+  const int64_t nb = K / 32;
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* blk = out + b * 34;
+    std::memcpy(blk, panel + nb * 512 + b * 32 + 2 * r, 2);
+    for (int c = 0; c < 8; ++c)
+      for (int i = 0; i < 4; ++i) blk[2 + 4 * c + i] = panel[b * 512 + 64 * c + 4 * r + i] ^ 0x80;
+  }
+}
+
 void prepare_packed_x(DType base, const void* xblocks, int64_t K, uint8_t* dst) {
   if (is_k_quant(base)) return prepare_packed_x_k(base, xblocks, K, dst);
   const int64_t nb = K / 32;

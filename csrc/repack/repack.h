@@ -73,6 +73,12 @@ inline bool is_k_quant(DType base) {
   return base == DType::Q4_K || base == DType::Q5_K || base == DType::Q6_K;
 }
 
+// Row `row` of a packed [N, K] weight in its base layout (row_bytes(base, K) bytes at dst): a
+// tied embedding's lookups read the lm_head's packed copy, so the mapped table stays unread.
+// For packed Q8_0 and the dense panels (can_unpack_row).
+bool can_unpack_row(DType t);
+void unpack_row(DType t, const void* data, int64_t N, int64_t K, int64_t row, void* dst);
+
 // Activations prepared for the packed kernels, one row of K elements: K int8 values (the
 // 8-bit activation blocks' qs, in element order), then nb f32 block scales d_x, then per block:
 //   32-element types: one term, int32 off * sum(qs) for the *_0 weight types, f32 s_x for *_1;

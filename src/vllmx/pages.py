@@ -46,6 +46,33 @@ def release_file_pages(a: np.ndarray) -> int:
     return hi - lo
 
 
+def file_mappings(arrays) -> list[mmap.mmap]:
+    """The distinct read-only file mappings the arrays are views of."""
+    found: dict[int, mmap.mmap] = {}
+    for a in arrays:
+        m = _read_only_mapping(a) if isinstance(a, np.ndarray) else None
+        if m is not None:
+            found[id(m)] = m
+    return list(found.values())
+
+
+def release_mapping(mapping: mmap.mmap) -> None:
+    """Unmaps every page of a read-only file mapping from this process, once a model is built:
+    repacking released each weight's pages, but reads of their neighbours mapped many back
+    (the kernel maps a fault's surroundings: 22 MB of SmolLM2's 94 MB file). A tensor still
+    read through the mapping (a table no copy replaced) is mapped back as it is read."""
+    if not mapping.closed:
+        mapping.madvise(mmap.MADV_DONTNEED)
+
+
+def off_the_file(a: np.ndarray) -> np.ndarray:
+    """a copied into the process's own memory if it is a view of a read-only file mapping,
+    else a itself: for small arrays a forward reads (norm weights, biases) whose file pages,
+    each read in again, bring in their neighbours' too (the kernel maps a fault's surroundings:
+    SmolLM2's 61 norm vectors had 20 MB of already-repacked weights' pages back in the RSS)."""
+    return np.array(a) if _read_only_mapping(a) is not None else a
+
+
 def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     """Zeros in a private anonymous mapping of their own, committed a base page at a time as
     they are first written. np.zeros is lazy too, but numpy asks for transparent huge pages on

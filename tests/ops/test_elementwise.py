@@ -187,6 +187,39 @@ def test_embedding(dtype):
     assert np.array_equal(out, np.asarray(ref, np.float32)[ids])
 
 
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "q8_0"])
+def test_embedding_reads_a_packed_table(dtype):
+    """A tied lm_head's packed copy (16-row panels, then the rows past the last whole panel as
+    stored) looked up row by row gives the stored table's rows bit for bit."""
+    import gguf
+
+    table = rng.standard_normal((50, 64)).astype(np.float32)  # 3 panels and 2 rows after
+    data, dt = {"f32": (table, 0), "f16": (table.astype(np.float16), 1),
+                "bf16": ((table.view(np.uint32) >> 16).astype(np.uint16), 30),
+                "q8_0": (gguf.quants.quantize(table, gguf.GGMLQuantizationType.Q8_0), 8)}[dtype]
+    pt = _C.packed_dtype(dt, False)
+    packed = np.empty_like(data)
+    _C.ops.repack_weight((packed, pt), (data, dt))
+    assert not np.array_equal(packed, data)  # the rows are interleaved
+    ids = np.concatenate([np.arange(50), rng.integers(0, 50, 20)]).astype(np.int32)
+    want, got = np.empty((70, 64), np.float32), np.empty((70, 64), np.float32)
+    _C.ops.embedding(want, ids, (data, dt))
+    _C.ops.embedding(got, ids, (packed, pt))
+    assert np.array_equal(got, want)
+
+
+def test_embedding_refuses_a_packed_table_it_cannot_read_by_row():
+    import gguf
+
+    qt = gguf.GGMLQuantizationType.Q4_1
+    data = gguf.quants.quantize(rng.standard_normal((32, 64)).astype(np.float32), qt)
+    pt = _C.packed_dtype(int(qt), False)
+    packed = np.empty_like(data)
+    _C.ops.repack_weight((packed, pt), (data, int(qt)))
+    with pytest.raises(ValueError, match="not read by row"):
+        _C.ops.embedding(np.empty((1, 64), np.float32), np.array([3], np.int32), (packed, pt))
+
+
 def test_embedding_rejects_out_of_vocab_id():
     out = np.empty((1, 8), np.float32)
     with pytest.raises(ValueError, match="token id 9 out of range"):

@@ -53,10 +53,10 @@ class PoolingEngine:
         act_dtype = F32
         if self.device == "cuda":
             act_dtype = model_activation_dtype(mc)
-        else:
-            keep_activations_in_heap()
         with placement(Placement(self.device, act_dtype)):
             self.model, self.tokenizer = load_model(mc)
+        if self.device != "cuda":
+            keep_activations_in_heap()
         if self.tokenizer is not None:  # lengths are checked here, never silently cut
             self.tokenizer.backend_tokenizer.no_truncation()
             self.tokenizer.backend_tokenizer.no_padding()

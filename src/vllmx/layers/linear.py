@@ -8,8 +8,8 @@ import weakref
 
 import numpy as np
 
-from vllmx import ops
-from vllmx.device import DeviceArray
+from vllmx import _C, ops
+from vllmx.device import BF16, F16, F32, Q8_0, DeviceArray
 from vllmx.distributed.parallel_state import get_tp_group, shard_range
 from vllmx.layers import placement
 from vllmx.ops import Weight
@@ -110,12 +110,24 @@ class ParallelLMHead(Linear):
         return g.all_gather(logits, self.vocab_size, self._part)
 
 
+# Packed layouts the embedding op reads row by row (csrc/repack: unpack_row).
+_ROW_READABLE = {d for d in (_C.packed_dtype(t, False) for t in (Q8_0, F32, F16, BF16)) if d >= 0}
+
+
+def lookup_table(table):
+    """The table embedding lookups read: a tied table's lm_head copy where the CPU packed one
+    in a layout read by row, so that the mapped file's table (its pages released when the copy
+    was made) is never paged in again (Gemma-3-270M's Q8_0 table: 170 MB); else table."""
+    hit = _packed.get(id(table.data)) if isinstance(table, Weight) else None
+    return hit if isinstance(hit, Weight) and hit.dtype in _ROW_READABLE else table
+
+
 def vocab_parallel_embedding(input_ids, table, group=None, vocab_start: int = 0):
     """The tokens' embeddings (ops.embedding); under tensor parallelism (vLLM's
     VocabParallelEmbedding) table holds this rank's rows of the vocabulary from vocab_start:
     each rank looks its ids up there, zeros elsewhere, and the ranks' rows are summed."""
     if group is None:
-        return ops.embedding(input_ids, table)
+        return ops.embedding(input_ids, lookup_table(table))
     return group.all_reduce(ops.embedding_shard(input_ids, table, vocab_start))
 
 

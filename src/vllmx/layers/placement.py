@@ -13,6 +13,7 @@ import numpy as np
 from vllmx import _C, ops
 from vllmx.device import BF16, F16, F32, DeviceArray
 from vllmx.ops import Weight
+from vllmx.pages import off_the_file
 
 
 @dataclass(frozen=True)
@@ -124,11 +125,12 @@ def dense_experts(w: Weight, dtype: int):
 
 
 def upload_vector(a: np.ndarray, dtype: int | None = None) -> np.ndarray | DeviceArray:
-    """A small f32 host array (norm weight, bias, rope cache) on the current device: unchanged
-    on the CPU; on the GPU in `dtype` (default the activation dtype)."""
+    """A small f32 host array (norm weight, bias, rope cache) on the current device: on the CPU
+    as it is (copied off a mapped file: pages.off_the_file); on the GPU in `dtype` (default the
+    activation dtype)."""
     p = _current
     if not p.on_gpu:
-        return a
+        return off_the_file(a)
     dtype = p.dtype if dtype is None else dtype
     return DeviceArray.from_numpy(host_as(np.reshape(a, (1, -1)), dtype).reshape(np.shape(a)),
                                   dtype)

@@ -3,7 +3,6 @@ model class registered for the architecture, and the tokenizer beside it."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 
 from vllmx.config import ModelConfig
@@ -15,6 +14,7 @@ from vllmx.loader.model_source import DEFAULT_MODEL, DEFAULT_POOLING_MODEL, reso
 from vllmx.loader.quantization import dequantize_checkpoint
 from vllmx.loader.safetensors import load_safetensors
 from vllmx.models.registry import get_model_class
+from vllmx.pages import file_mappings, release_free_heap, release_mapping
 
 
 def _model_class(model_config: ModelConfig):
@@ -79,12 +79,16 @@ def load_model(model_config: ModelConfig):
         cfg, weights = shard_checkpoint(cfg, weights, 0 if group is None else group.rank,
                                         1 if group is None else group.world_size,
                                         get_ep_group() is not None)
+    mappings = file_mappings(w.data for w in weights.values()) if isinstance(weights, dict) \
+        else []
     model = model_cls(cfg, weights)
     if get_pp_stage() is not None and getattr(model, "pp_stage", None) is None:
         raise ValueError(f"pipeline_parallel_size > 1 is not supported for "
                          f"{type(model).__name__} yet (its forward runs every layer)")
     del weights  # what the model keeps it holds itself; a repacked original is freed
-    trim_heap()
+    for mapping in mappings:
+        release_mapping(mapping)
+    release_free_heap()  # the tokenizer's small blocks (Gemma 3: 515k merges into Rust)
     return model, tokenizer
 
 
@@ -97,17 +101,3 @@ def _token_ids(tokenizer, tokens: list[str]) -> list[int]:
     if missing:
         raise ValueError(f"classifier_from_token {missing} not in the vocabulary")
     return ids
-
-
-def trim_heap() -> None:
-    """Hands the C heap's free memory back to the OS (glibc's malloc_trim). Building a
-    tokenizer frees hundreds of MB of small blocks (Gemma 3: 515k merges crossing into Rust),
-    which malloc would otherwise keep resident for the life of the process."""
-    try:
-        libc = ctypes.CDLL(None)
-        libc.malloc_trim(ctypes.c_size_t(0))
-    except (OSError, AttributeError):  # not glibc
-        pass
-
-
-__all__ = ["DEFAULT_MODEL", "DEFAULT_POOLING_MODEL", "load_model", "resolve_model"]

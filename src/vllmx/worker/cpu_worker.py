@@ -54,12 +54,12 @@ class CpuWorker(WorkerBase):
                         "in their stored format); the KV cache is %s", mc.dtype,
                         "the kv_cache_dtype set" if self.config.cache_config.kv_cache_dtype
                         != "auto" else mc.dtype)
-        keep_activations_in_heap()
         pc = self.config.parallel_config
         if pc.world_size > 1 and pc.rank == 0:
             self._load_tensor_parallel()
         else:  # (a further rank: inside its group's model_parallel, executor/tp_worker.py)
             self.model, self.tokenizer = load_model(mc)
+        keep_activations_in_heap()  # after loading, whose temporaries the heap need not keep
 
     def _load_tensor_parallel(self) -> None:
         """Rank 0's share, the other ranks loading theirs meanwhile (executor/); the runner's
