@@ -82,8 +82,10 @@ def _mxfp4_checkpoint(src: str, out_dir: str, rng) -> tuple[str, str]:
 
 # A top-k margin the 8-bit activations of the MXFP4 path may flip (the f32 paths: ROUTER_TIE).
 # Measured, seed 3210645266: a margin of 4e-4 flipped (that row 0.28 off, the later ones
-# 0.012-0.043); margins of 2e-3 to 3e-3 in the other prompts did not.
-MXFP4_ROUTER_TIE = 2e-3
+# 0.012-0.043); margins of 2e-3 to 3e-3 in the other prompts did not. Seed 2310132713: a layer-1
+# margin of 5.8e-3 flipped (row 2 of its prompt 0.148 off), the error of layer 0's 8-bit
+# activations reaching the next router.
+MXFP4_ROUTER_TIE = 1e-2
 
 
 def test_mxfp4_checkpoint_against_transformers(tmp_path):
