@@ -16,7 +16,12 @@ import numpy as np
 import pytest
 
 from tests.models.parity import assert_prompt_logits_match, vllmx_prompt_logits
-from tests.models.test_llama_family_parity import SEED, random_prompts, run_parity
+from tests.models.test_llama_family_parity import (
+    BF16_WEIGHTS_KV,
+    SEED,
+    random_prompts,
+    run_parity,
+)
 from tests.models.tiny_checkpoints import make_checkpoint
 
 torch = pytest.importorskip("torch")
@@ -50,7 +55,7 @@ def test_parity_f32(family, ckpt_dir):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_parity_bf16(family, ckpt_dir):
     path = make_checkpoint(family, "bfloat16", ckpt_dir)
-    run_parity(path, path)  # oracle: the same bf16 weights, upcast to f32
+    run_parity(path, path, BF16_WEIGHTS_KV)  # oracle: the same bf16 weights, upcast to f32
 
 
 def _perturb(model, family: str, feature: str) -> None:
