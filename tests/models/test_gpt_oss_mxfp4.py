@@ -119,7 +119,7 @@ def test_mxfp4_checkpoint_against_transformers(tmp_path):
             f"rows before the first router tie ({rows}) beyond 3e-2 (seed {SEED}): {rel}"
 
 
-@pytest.mark.parametrize("family,method", [("gpt_oss", "awq"), ("llama", "gptq"),
+@pytest.mark.parametrize("family,method", [("gpt_oss", "hqq"), ("llama", "quark"),
                                            ("llama", "mxfp4"), ("qwen3_moe", "bitsandbytes")])
 def test_other_quantization_is_refused(family, method, tmp_path):
     """A pre-quantized checkpoint vllmx cannot read fails at load with its method named."""

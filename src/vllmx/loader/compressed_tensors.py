@@ -74,13 +74,9 @@ def _block_structure(quant: dict) -> tuple[int, int] | None:
 def _unpack_bits(words: np.ndarray, bits: int, count: int) -> np.ndarray:
     """The first `count` unsigned `bits`-bit values of each row of int32 words, packed densely
     from the lowest bit up (compressed-tensors' pack_to_int32, before its signed offset)."""
+    if bits in (4, 8):
+        return q.unpack_words(words, bits, count)
     b = np.ascontiguousarray(words).view(np.uint8).reshape(words.shape[0], -1)
-    if bits == 8:
-        return b[:, :count].astype(np.int32)
-    if bits == 4:
-        out = np.empty((b.shape[0], 2 * b.shape[1]), np.int32)
-        out[:, 0::2], out[:, 1::2] = b & 15, b >> 4
-        return out[:, :count]
     stream = np.unpackbits(b, axis=1, bitorder="little")[:, :count * bits]
     return (stream.reshape(b.shape[0], count, bits).astype(np.int32) << np.arange(bits)).sum(-1)
 

@@ -24,9 +24,9 @@ _DTYPES = {"bfloat16": BF16, "float16": F16, "float32": F32}
 
 def methods() -> dict:
     """quant_method -> the module that reads it (check_config, dequantize_checkpoint)."""
-    from vllmx.loader import compressed_tensors, fp8
+    from vllmx.loader import awq, compressed_tensors, fp8, gptq
 
-    return {compressed_tensors.METHOD: compressed_tensors, fp8.METHOD: fp8}
+    return {m.METHOD: m for m in (compressed_tensors, fp8, gptq, awq)}
 
 
 def check_config(quant: dict) -> bool:
@@ -64,6 +64,17 @@ def modules(weights: dict[str, Weight], suffixes: tuple[str, ...]) -> dict[str, 
         if m:
             out.setdefault(m.group(1), {})[m.group(2)] = w
     return out
+
+
+def unpack_words(words: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """The first `count` unsigned `bits`-bit values (4 or 8) of each row of int32 words, the
+    lowest bits first (GPTQ's and AWQ's packing, before AWQ's column order)."""
+    b = np.ascontiguousarray(words).view(np.uint8).reshape(words.shape[0], -1)
+    if bits == 8:
+        return b[:, :count].astype(np.int32)
+    out = np.empty((b.shape[0], 2 * b.shape[1]), np.int32)
+    out[:, 0::2], out[:, 1::2] = b & 15, b >> 4
+    return out[:, :count]
 
 
 def target_dtype(dtype: str | None, fallback: int) -> int:

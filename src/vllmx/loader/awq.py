@@ -1,0 +1,73 @@
+"""AWQ checkpoints (quantization_config quant_method "awq", AutoAWQ's GEMM layout, as vLLM reads
+them): per linear `qweight` int32 [K, N / 8] and `qzeros` int32 [groups, N / 8] packed along the
+output dimension in AWQ's interleaved order (nibble i of a word holds output 8w + ORDER[i]),
+`scales` [groups, N], groups of group_size inputs. Dequantized at load as the format's reference
+does: (q - z) * scales in the scales' dtype, then the checkpoint's. 4-bit GEMM-version weights
+with zero points; the GEMV layout and other widths are refused by name."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vllmx.loader import quantization as q
+from vllmx.ops import Weight
+
+METHOD = "awq"
+_SUFFIXES = ("qweight", "qzeros", "scales", "bias")
+# Nibble i of a packed word holds output column 8w + _ORDER[i] (AutoAWQ's pack order).
+_ORDER = np.array([0, 2, 4, 6, 1, 3, 5, 7])
+
+
+def _refuse(what: str) -> ValueError:
+    return ValueError(f"awq checkpoint: {what} is not supported; vllmx runs 4-bit AWQ weights "
+                      f"with zero points in the GEMM layout")
+
+
+def check_config(quant: dict) -> None:
+    bits = quant.get("bits", quant.get("w_bit"))
+    if bits != 4:
+        raise _refuse(f"bits {bits!r}")
+    version = str(quant.get("version", "gemm")).lower()
+    if version != "gemm":
+        raise _refuse(f"version {version!r}")
+    if not quant.get("zero_point", True):
+        raise _refuse("zero_point false")
+
+
+def _columns(words: np.ndarray) -> np.ndarray:
+    """[rows, N / 8] packed words -> [rows, N] values in output order."""
+    slots = q.unpack_words(words, 4, words.shape[1] * 8).reshape(words.shape[0], -1, 8)
+    out = np.empty_like(slots)
+    out[:, :, _ORDER] = slots
+    return out.reshape(words.shape[0], -1)
+
+
+def dequantize(parts: dict[str, Weight], dtype: int) -> Weight:
+    qweight = q.array(parts["qweight"])
+    scales_w = parts["scales"]
+    scales = q.float32(scales_w)
+    k, n = qweight.shape[0], qweight.shape[1] * 8
+    groups = scales.shape[0]
+    if scales.shape != (groups, n) or k % groups \
+            or q.array(parts["qzeros"]).shape != (groups, n // 8):
+        raise _refuse(f"scales {scales.shape} / qzeros {parts['qzeros'].shape} for qweight "
+                      f"{qweight.shape}")
+    g = np.arange(k) // (k // groups)
+    w = _columns(qweight).astype(np.float32)  # [K, N]
+    z = _columns(q.array(parts["qzeros"])).astype(np.float32)
+    x = (w - z[g]) * scales[g]  # exact in f32
+    x = q.round_to(q.round_to(x, scales_w.dtype), dtype)
+    return q.as_weight(np.ascontiguousarray(x.T), dtype)  # the Linear's [N, K]
+
+
+def dequantize_checkpoint(weights: dict[str, Weight], quant: dict,
+                          dtype: str | None) -> dict[str, Weight]:
+    check_config(quant)
+    out = dict(weights)
+    for prefix, parts in q.modules(weights, _SUFFIXES).items():
+        if "qweight" not in parts:
+            continue
+        for suffix in ("qweight", "qzeros", "scales"):
+            del out[f"{prefix}.{suffix}"]
+        out[f"{prefix}.weight"] = dequantize(parts, q.target_dtype(dtype, parts["scales"].dtype))
+    return out

@@ -1,0 +1,72 @@
+"""GPTQ checkpoints (quantization_config quant_method "gptq", AutoGPTQ / GPTQModel's layout, as
+vLLM reads them): per linear `qweight` int32 [K / (32 / bits), N] packed along the input
+dimension (value of input k at bits * (k % per_word) of word k // per_word), `qzeros` int32
+[groups, N / per_word] packed along the output dimension, `scales` [groups, N] and `g_idx` [K],
+the group of each input (activation order; k // group_size without it). Dequantized at load as
+the format's reference does: scales[g] * (q - z), z the stored zero plus one in the original
+"gptq" checkpoint_format (gptq_v2 stores it as is), in the scales' dtype, then the checkpoint's.
+4- and 8-bit weights; other widths are refused by name."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vllmx.loader import quantization as q
+from vllmx.ops import Weight
+
+METHOD = "gptq"
+_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx", "bias")
+
+
+def _refuse(what: str) -> ValueError:
+    return ValueError(f"gptq checkpoint: {what} is not supported; vllmx runs 4- and 8-bit GPTQ "
+                      f"weights (any group size, activation order, gptq and gptq_v2 formats)")
+
+
+def check_config(quant: dict) -> None:
+    bits = quant.get("bits")
+    if bits not in (4, 8):
+        raise _refuse(f"bits {bits!r}")
+    fmt = quant.get("checkpoint_format", "gptq")
+    if fmt not in ("gptq", "gptq_v2"):
+        raise _refuse(f"checkpoint_format {fmt!r}")
+
+
+def dequantize(parts: dict[str, Weight], bits: int, v2: bool, dtype: int) -> Weight:
+    qweight = q.array(parts["qweight"])
+    scales_w = parts["scales"]
+    scales = q.float32(scales_w)
+    per = 32 // bits
+    k, n = qweight.shape[0] * per, qweight.shape[1]
+    groups = scales.shape[0]
+    if scales.shape != (groups, n) or q.array(parts["qzeros"]).shape != (groups, n // per):
+        raise _refuse(f"scales {scales.shape} / qzeros {parts['qzeros'].shape} for qweight "
+                      f"{qweight.shape}")
+    w = q.unpack_words(np.ascontiguousarray(qweight.T), bits, k).T  # [K, N]
+    z = q.unpack_words(q.array(parts["qzeros"]), bits, n).astype(np.float32)  # [groups, N]
+    if not v2:
+        z += 1.0
+    if "g_idx" in parts:
+        g = q.array(parts["g_idx"]).astype(np.int64)
+    else:
+        g = np.arange(k) // (k // groups)
+    if g.shape != (k,) or g.min() < 0 or g.max() >= groups:
+        raise _refuse(f"g_idx of shape {g.shape} for {groups} groups of a [{k}, {n}] qweight")
+    x = (w.astype(np.float32) - z[g]) * scales[g]  # exact in f32: 8 bits times the scale's 11
+    x = q.round_to(q.round_to(x, scales_w.dtype), dtype)
+    return q.as_weight(np.ascontiguousarray(x.T), dtype)  # the Linear's [N, K]
+
+
+def dequantize_checkpoint(weights: dict[str, Weight], quant: dict,
+                          dtype: str | None) -> dict[str, Weight]:
+    check_config(quant)
+    bits, v2 = int(quant["bits"]), quant.get("checkpoint_format") == "gptq_v2"
+    out = dict(weights)
+    for prefix, parts in q.modules(weights, _SUFFIXES).items():
+        if "qweight" not in parts:
+            continue
+        for suffix in ("qweight", "qzeros", "scales", "g_idx"):
+            out.pop(f"{prefix}.{suffix}", None)
+        out[f"{prefix}.weight"] = dequantize(parts, bits, v2,
+                                             q.target_dtype(dtype, parts["scales"].dtype))
+    return out

@@ -1,0 +1,161 @@
+"""GPTQ and AWQ checkpoints, written here in their published layouts from a tiny random Llama in
+f16 (no package that writes or reads them runs on this CPU: AutoGPTQ / GPTQModel and AutoAWQ
+build CUDA kernels): every quantized weight vllmx builds equals, bit for bit, the format's
+reference dequantization computed here the way those packages compute it (torch, in the scales'
+f16), and the tokens pass TESTING.md's f32 rule against transformers running those weights.
+The writer packs with AWQ's order and GPTQ's stored zero - 1; vllmx's reader unpacks with its
+own code."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tests.models.parity import check_positions, log_softmax
+from tests.models.test_llama_family_parity import DELTA, SEED, random_prompts
+
+torch = pytest.importorskip("torch")
+tf = pytest.importorskip("transformers")
+
+VOCAB = 512
+AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
+
+
+def _quantize(w: torch.Tensor, bits: int, group: int, g_idx: torch.Tensor):
+    """Asymmetric per-group integers of w [K, N] (inputs in rows): (q, zeros [G, N], scales)."""
+    groups = w.shape[0] // group
+    top = (1 << bits) - 1
+    mn = torch.stack([w[g_idx == g].amin(0) for g in range(groups)]).clamp(max=0)
+    mx = torch.stack([w[g_idx == g].amax(0) for g in range(groups)]).clamp(min=0)
+    scales = ((mx - mn) / top).clamp(min=1e-5).half()
+    zeros = torch.round(-mn / scales.float()).clamp(1, top).int()  # >= 1: GPTQ stores zero - 1
+    q = torch.clamp(torch.round(w / scales.float()[g_idx]) + zeros[g_idx], 0, top).int()
+    return q, zeros, scales
+
+
+def _pack(values: torch.Tensor, bits: int, order=None) -> torch.Tensor:
+    """Columns of values packed into int32 words, `32 / bits` a word, the first in the lowest
+    bits (order: which column of each run goes to each slot)."""
+    per = 32 // bits
+    rows, cols = values.shape
+    v = values.reshape(rows, cols // per, per).long()
+    if order is not None:
+        v = v[:, :, order]
+    shifts = torch.arange(per) * bits
+    word = ((v & ((1 << bits) - 1)) << shifts).sum(-1)
+    return word.to(torch.int64).remainder(1 << 32).to(torch.int64).numpy().astype(
+        np.uint32).view(np.int32)
+
+
+def write_checkpoint(method: str, out: str, bits: int = 4, group: int = 32,
+                     act_order: bool = False, v2: bool = False):
+    """(checkpoint dir, the dequantized weights by name)."""
+    from safetensors.numpy import save_file
+
+    torch.manual_seed(SEED % 2**31)
+    cfg = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=192,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=32, max_position_embeddings=512)
+    model = tf.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(4.0)
+    model = model.half()
+    model.save_pretrained(out)
+    tensors, dense = {}, {}
+    for name, w in model.state_dict().items():
+        if "proj" not in name:
+            tensors[name] = w.numpy()
+            continue
+        prefix = name[: -len(".weight")]
+        wt = w.float().T.contiguous()  # [K, N]
+        k = wt.shape[0]
+        g_idx = torch.arange(k) // group
+        if act_order:
+            g_idx = g_idx[torch.randperm(k)]
+        q, zeros, scales = _quantize(wt, bits, group, g_idx)
+        # the reference: in f16, as the packages dequantize
+        dense[name] = (scales[g_idx] * (q - zeros[g_idx]).half()).T.contiguous()
+        if method == "gptq":
+            tensors[prefix + ".qweight"] = _pack(q.T.contiguous(), bits).T.copy()
+            tensors[prefix + ".qzeros"] = _pack(zeros if v2 else zeros - 1, bits)
+            tensors[prefix + ".g_idx"] = g_idx.int().numpy()
+        else:
+            tensors[prefix + ".qweight"] = _pack(q, 4, AWQ_ORDER)
+            tensors[prefix + ".qzeros"] = _pack(zeros, 4, AWQ_ORDER)
+        tensors[prefix + ".scales"] = scales.numpy()
+    os.remove(os.path.join(out, "model.safetensors"))
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
+              os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    quant = ({"quant_method": "gptq", "bits": bits, "group_size": group, "desc_act": act_order,
+              "sym": False, "checkpoint_format": "gptq_v2" if v2 else "gptq"}
+             if method == "gptq" else
+             {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True,
+              "version": "gemm"})
+    path = os.path.join(out, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config["quantization_config"] = quant
+    with open(path, "w") as f:
+        json.dump(config, f)
+    return out, dense, model
+
+
+CASES = {"gptq_4bit": {"method": "gptq"},
+         "gptq_4bit_act_order": {"method": "gptq", "act_order": True},
+         "gptq_v2_8bit_g64": {"method": "gptq", "bits": 8, "group": 64, "v2": True},
+         "awq_4bit": {"method": "awq"},
+         "awq_4bit_g64": {"method": "awq", "group": 64}}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_weights_equal_the_reference_dequantization(case, tmp_path):
+    from vllmx.loader.quantization import dequantize_checkpoint
+    from vllmx.loader.safetensors import load_safetensors
+
+    path, dense, _ = write_checkpoint(out=str(tmp_path / case), **CASES[case])
+    with open(os.path.join(path, "config.json")) as f:
+        hf_config = json.load(f)
+    ours = dequantize_checkpoint(load_safetensors(path), hf_config)
+    assert not any(n.endswith((".qweight", ".qzeros", ".scales", ".g_idx")) for n in ours)
+    assert len(dense) == 2 * 7
+    for name, want in dense.items():
+        w = ours[name]
+        np.testing.assert_array_equal(np.asarray(w.data).reshape(w.shape), want.numpy(),
+                                      err_msg=name)
+
+
+@pytest.mark.parametrize("case", ["gptq_4bit_act_order", "awq_4bit"])
+def test_token_parity(case, tmp_path):
+    from vllmx import LLM, SamplingParams
+
+    path, dense, model = write_checkpoint(out=str(tmp_path / case), **CASES[case])
+    model.load_state_dict({**model.state_dict(), **dense})
+    oracle = model.float().eval()
+    prompts = [[t % VOCAB for t in p] for p in random_prompts(np.random.default_rng(SEED))]
+    llm = LLM(path, skip_tokenizer_init=True, kv_cache_dtype="float32")
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    for prompt, out in zip(prompts, outs):
+        toks = list(out.outputs[0].token_ids)
+        with torch.no_grad():
+            lp = log_softmax(oracle(torch.tensor([prompt + toks])).logits[0].double().numpy())
+        report = check_positions(lp[len(prompt) - 1:-1], toks, DELTA)
+        assert report.failed == 0, f"{case} (seed {SEED}): {report}"
+
+
+@pytest.mark.parametrize("quant,named", [
+    ({"quant_method": "gptq", "bits": 3}, "bits 3"),
+    ({"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"}, "'marlin'"),
+    ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "'gemv'"),
+    ({"quant_method": "awq", "bits": 4, "zero_point": False}, "zero_point"),
+])
+def test_what_it_does_not_run_is_refused_by_name(quant, named):
+    from vllmx.loader.quantization import check_config
+
+    with pytest.raises(ValueError, match=named):
+        check_config(quant)
