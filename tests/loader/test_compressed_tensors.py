@@ -14,14 +14,15 @@ import os
 import numpy as np
 import pytest
 
-from tests.models.parity import check_positions, log_softmax
-from tests.models.test_llama_family_parity import DELTA, SEED, random_prompts
+from tests.loader.quantized_checkpoints import (
+    assert_token_parity,
+    set_quantization_config,
+    tiny_llama,
+)
 
 torch = pytest.importorskip("torch")
 tf = pytest.importorskip("transformers")
 ct = pytest.importorskip("compressed_tensors")
-
-VOCAB = 512
 
 
 def _args(**kw):
@@ -87,16 +88,8 @@ def write_checkpoint(case: str, out: str, dtype=torch.bfloat16, **quant_extra) -
     from compressed_tensors.quantization.utils import calculate_qparams
 
     weights, acts, fmt = _scheme(case)
-    torch.manual_seed(SEED % 2**31)
-    cfg = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=96, intermediate_size=160,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=24, max_position_embeddings=512)
-    model = tf.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.mul_(4.0)  # logits with some spread, so quantization moves tokens
-    model = model.to(dtype)
+    # widths that are not whole 32 x 32 blocks (the fp8 block case's partial blocks)
+    model = tiny_llama(dtype, hidden=96, intermediate=160, head_dim=24)
     model.save_pretrained(out + "-dense")  # the model before quantization
     scheme = QuantizationScheme(targets=["Linear"], weights=weights, input_activations=acts)
     apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme},
@@ -117,12 +110,8 @@ def write_checkpoint(case: str, out: str, dtype=torch.bfloat16, **quant_extra) -
     model.save_pretrained(out)
     compressor.update_config(out)
     if quant_extra:
-        path = os.path.join(out, "config.json")
-        with open(path) as f:
-            cfg = json.load(f)
-        cfg["quantization_config"].update(quant_extra)
-        with open(path, "w") as f:
-            json.dump(cfg, f)
+        with open(os.path.join(out, "config.json")) as f:
+            set_quantization_config(out, json.load(f)["quantization_config"], **quant_extra)
     return out
 
 
@@ -159,22 +148,8 @@ def test_weights_equal_the_formats_decompression(case, tmp_path):
 
 @pytest.mark.parametrize("case", CASES)
 def test_token_parity(case, tmp_path):
-    from vllmx import LLM, SamplingParams
-
     path = write_checkpoint(case, str(tmp_path / case))
-    prompts = random_prompts(np.random.default_rng(SEED))
-    prompts = [[t % VOCAB for t in p] for p in prompts]
-    llm = LLM(path, skip_tokenizer_init=True)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
-    ref = oracle(path)
-    for prompt, out in zip(prompts, outs):
-        toks = list(out.outputs[0].token_ids)
-        ids = torch.tensor([prompt + toks])
-        with torch.no_grad():
-            lp = log_softmax(ref(ids).logits[0].double().numpy())
-        report = check_positions(lp[len(prompt) - 1:-1], toks, DELTA)
-        assert report.failed == 0, f"{case} (seed {SEED}): {report}"
+    assert_token_parity(path, oracle(path), case)
 
 
 @pytest.mark.parametrize("extra,named", [
@@ -206,11 +181,6 @@ def test_fp8_tensor_without_a_format_is_refused(tmp_path):
     from vllmx import LLM
 
     path = write_checkpoint("fp8_tensor_static", str(tmp_path / "ckpt"))
-    cfg_path = os.path.join(path, "config.json")
-    with open(cfg_path) as f:
-        cfg = json.load(f)
-    del cfg["quantization_config"]
-    with open(cfg_path, "w") as f:
-        json.dump(cfg, f)
+    set_quantization_config(path, None)
     with pytest.raises(ValueError, match="is fp8"):
         LLM(path, skip_tokenizer_init=True)

@@ -13,14 +13,17 @@ import os
 import numpy as np
 import pytest
 
-from tests.models.parity import check_positions, log_softmax
-from tests.models.test_llama_family_parity import DELTA, SEED, random_prompts
+from tests.loader.quantized_checkpoints import (
+    assert_token_parity,
+    set_quantization_config,
+    tiny_llama,
+)
 
 torch = pytest.importorskip("torch")
 tf = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")  # transformers' fp8 loading needs it
 
-VOCAB, BLOCK = 512, (32, 32)
+BLOCK = (32, 32)
 
 
 def write_checkpoint(out: str, scales: str = "f32", block=BLOCK, quant_extra=None) -> str:
@@ -28,16 +31,7 @@ def write_checkpoint(out: str, scales: str = "f32", block=BLOCK, quant_extra=Non
     magnitude over e4m3's 448); f32 scales or UE8M0 (a power of two, as a byte) ones."""
     from safetensors.torch import save_file
 
-    torch.manual_seed(SEED % 2**31)
-    cfg = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=192,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=32, max_position_embeddings=512)
-    model = tf.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.mul_(4.0)
-    model = model.to(torch.bfloat16)
+    model = tiny_llama(torch.bfloat16)
     model.save_pretrained(out)
     state = {}
     bn, bk = block
@@ -57,14 +51,9 @@ def write_checkpoint(out: str, scales: str = "f32", block=BLOCK, quant_extra=Non
         state[name.replace(".weight", ".weight_scale_inv")] = stored.contiguous()
     os.remove(os.path.join(out, "model.safetensors"))
     save_file(state, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
-    path = os.path.join(out, "config.json")
-    with open(path) as f:
-        config = json.load(f)
-    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
-                                     "fmt": "e4m3", "weight_block_size": list(block),
-                                     **(quant_extra or {})}
-    with open(path, "w") as f:
-        json.dump(config, f)
+    set_quantization_config(out, {"quant_method": "fp8", "activation_scheme": "dynamic",
+                                  "fmt": "e4m3", "weight_block_size": list(block)},
+                            **(quant_extra or {}))
     return out
 
 
@@ -96,20 +85,8 @@ def test_weights_equal_transformers_dequantization(scales, tmp_path):
 
 
 def test_token_parity(tmp_path):
-    from vllmx import LLM, SamplingParams
-
     path = write_checkpoint(str(tmp_path / "fp8"))
-    prompts = [[t % VOCAB for t in p] for p in random_prompts(np.random.default_rng(SEED))]
-    llm = LLM(path, skip_tokenizer_init=True)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
-    ref = oracle(path).float()  # the same bf16 weights, f32 arithmetic
-    for prompt, out in zip(prompts, outs):
-        toks = list(out.outputs[0].token_ids)
-        with torch.no_grad():
-            lp = log_softmax(ref(torch.tensor([prompt + toks])).logits[0].double().numpy())
-        report = check_positions(lp[len(prompt) - 1:-1], toks, DELTA)
-        assert report.failed == 0, f"fp8 (seed {SEED}): {report}"
+    assert_token_parity(path, oracle(path).float(), "fp8")  # the same bf16 weights, f32 math
 
 
 def test_per_tensor_fp8_and_a_wrong_scale_grid_are_refused(tmp_path):

@@ -14,13 +14,15 @@ import os
 import numpy as np
 import pytest
 
-from tests.models.parity import check_positions, log_softmax
-from tests.models.test_llama_family_parity import DELTA, SEED, random_prompts
+from tests.loader.quantized_checkpoints import (
+    assert_token_parity,
+    set_quantization_config,
+    tiny_llama,
+)
 
 torch = pytest.importorskip("torch")
 tf = pytest.importorskip("transformers")
 
-VOCAB = 512
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
 
 
@@ -55,16 +57,7 @@ def write_checkpoint(method: str, out: str, bits: int = 4, group: int = 32,
     """(checkpoint dir, the dequantized weights by name)."""
     from safetensors.numpy import save_file
 
-    torch.manual_seed(SEED % 2**31)
-    cfg = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=192,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=32, max_position_embeddings=512)
-    model = tf.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.mul_(4.0)
-    model = model.half()
+    model = tiny_llama(torch.float16)
     model.save_pretrained(out)
     tensors, dense = {}, {}
     for name, w in model.state_dict().items():
@@ -96,12 +89,7 @@ def write_checkpoint(method: str, out: str, bits: int = 4, group: int = 32,
              if method == "gptq" else
              {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True,
               "version": "gemm"})
-    path = os.path.join(out, "config.json")
-    with open(path) as f:
-        config = json.load(f)
-    config["quantization_config"] = quant
-    with open(path, "w") as f:
-        json.dump(config, f)
+    set_quantization_config(out, quant)
     return out, dense, model
 
 
@@ -131,21 +119,9 @@ def test_weights_equal_the_reference_dequantization(case, tmp_path):
 
 @pytest.mark.parametrize("case", ["gptq_4bit_act_order", "awq_4bit"])
 def test_token_parity(case, tmp_path):
-    from vllmx import LLM, SamplingParams
-
     path, dense, model = write_checkpoint(out=str(tmp_path / case), **CASES[case])
     model.load_state_dict({**model.state_dict(), **dense})
-    oracle = model.float().eval()
-    prompts = [[t % VOCAB for t in p] for p in random_prompts(np.random.default_rng(SEED))]
-    llm = LLM(path, skip_tokenizer_init=True, kv_cache_dtype="float32")
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
-    for prompt, out in zip(prompts, outs):
-        toks = list(out.outputs[0].token_ids)
-        with torch.no_grad():
-            lp = log_softmax(oracle(torch.tensor([prompt + toks])).logits[0].double().numpy())
-        report = check_positions(lp[len(prompt) - 1:-1], toks, DELTA)
-        assert report.failed == 0, f"{case} (seed {SEED}): {report}"
+    assert_token_parity(path, model.float().eval(), case)
 
 
 @pytest.mark.parametrize("quant,named", [
