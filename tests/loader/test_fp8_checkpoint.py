@@ -26,16 +26,22 @@ pytest.importorskip("accelerate")  # transformers' fp8 loading needs it
 BLOCK = (32, 32)
 
 
-def write_checkpoint(out: str, scales: str = "f32", block=BLOCK, quant_extra=None) -> str:
-    """Every projection but lm_head in fp8 e4m3 with one scale per block (the block's max
-    magnitude over e4m3's 448); f32 scales or UE8M0 (a power of two, as a byte) ones."""
-    from safetensors.torch import save_file
+def write_checkpoint(out: str, scales: str = "f32", block=BLOCK, quant_extra=None,
+                     family: str | None = None) -> str:
+    """Every projection but lm_head (and a MoE's router) in fp8 e4m3 with one scale per block
+    (the block's max magnitude over e4m3's 448); f32 scales or UE8M0 (a power of two, as a byte)
+    ones. The tiny Llama, or tests/models' tiny checkpoint of family (its experts one by one)."""
+    from safetensors.torch import load_file, save_file
 
-    model = tiny_llama(torch.bfloat16)
-    model.save_pretrained(out)
+    if family is None:
+        tiny_llama(torch.bfloat16).save_pretrained(out)
+    else:
+        from tests.models.tiny_checkpoints import make_checkpoint
+
+        out = make_checkpoint(family, "bfloat16", out)
     state = {}
     bn, bk = block
-    for name, w in model.state_dict().items():
+    for name, w in load_file(os.path.join(out, "model.safetensors")).items():
         if "proj" not in name:
             state[name] = w.contiguous()
             continue
@@ -84,9 +90,13 @@ def test_weights_equal_transformers_dequantization(scales, tmp_path):
         np.testing.assert_array_equal(np.asarray(w.data).reshape(w.shape), want, err_msg=name)
 
 
-def test_token_parity(tmp_path):
-    path = write_checkpoint(str(tmp_path / "fp8"))
-    assert_token_parity(path, oracle(path).float(), "fp8")  # the same bf16 weights, f32 math
+@pytest.mark.parametrize("family", [None, "qwen3_moe"])
+def test_token_parity(family, tmp_path):
+    """The tiny Llama, and a Qwen3-MoE whose experts each carry their fp8 weights and scales
+    (transformers merges them into its fused experts; vllmx reads them by name)."""
+    path = write_checkpoint(str(tmp_path / "fp8"), family=family)
+    # the same bf16 weights, f32 arithmetic
+    assert_token_parity(path, oracle(path).float(), f"fp8 {family or 'llama'}")
 
 
 def test_per_tensor_fp8_and_a_wrong_scale_grid_are_refused(tmp_path):
