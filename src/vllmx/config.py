@@ -40,6 +40,9 @@ class ModelConfig:
     runner_type: str = "generate"
     convert_type: str = "none"
     hf_overrides: dict[str, Any] = field(default_factory=dict)  # merged over config.json
+    # vLLM's quantization: the method the checkpoint must hold (None: whatever its
+    # quantization_config says); vllmx quantizes nothing at load (loader/quantization.py)
+    quantization: str | None = None
     vocab_size: int = 0  # the model's, set once it is loaded
     hf_config: dict[str, Any] = field(default_factory=dict)
     gen_config: dict[str, Any] = field(default_factory=dict)

@@ -19,7 +19,6 @@ _VLLM_ONLY_ARGS = {
     "tokenizer_mode": ("auto",),
     "trust_remote_code": (False, True),  # vllmx never runs code from a checkpoint
     "data_parallel_size": (1,),
-    "quantization": (None, "gguf"),
     "revision": (None,),
     "tokenizer_revision": (None,),
     "swap_space": (0, 4),

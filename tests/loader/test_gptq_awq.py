@@ -135,3 +135,19 @@ def test_what_it_does_not_run_is_refused_by_name(quant, named):
 
     with pytest.raises(ValueError, match=named):
         check_config(quant)
+
+
+def test_the_quantization_argument_must_match_the_checkpoint(tmp_path):
+    """vLLM's `quantization` names the method the checkpoint holds (or a kernel name of it);
+    a mismatch, or a method asked of an unquantized checkpoint, is refused naming both."""
+    from vllmx import LLM
+
+    path, _, _ = write_checkpoint(out=str(tmp_path / "awq"), method="awq")
+    for ok in ("awq", "awq_marlin"):
+        LLM(path, skip_tokenizer_init=True, quantization=ok)
+    with pytest.raises(ValueError, match=r"quantization='gptq' does not match .*'awq'"):
+        LLM(path, skip_tokenizer_init=True, quantization="gptq")
+    dense = tiny_llama(torch.float16)
+    dense.save_pretrained(str(tmp_path / "dense"))
+    with pytest.raises(ValueError, match="quantize an unquantized checkpoint"):
+        LLM(str(tmp_path / "dense"), skip_tokenizer_init=True, quantization="fp8")

@@ -89,6 +89,10 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                    help="vLLM's JSON merged over config.json, e.g. a Qwen3-Reranker's "
                         "'{\"architectures\": [\"Qwen3ForSequenceClassification\"], "
                         "\"classifier_from_token\": [\"no\", \"yes\"]}'")
+    p.add_argument("--quantization", "-q", default=None,
+                   help="vLLM's: the method the checkpoint is quantized with (awq, gptq, fp8, "
+                        "compressed-tensors, gguf), checked against its quantization_config; "
+                        "default: whatever that says")
     p.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters (vLLM's)")
     p.add_argument("--lora-modules", nargs="+", default=[],
                    help="adapters served by name: name=path or JSON {\"name\", \"path\", "
@@ -231,6 +235,7 @@ def engine_args_from(args: argparse.Namespace):
                 "block_size": args.block_size,
                 "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
                 "speculative_config": args.speculative_config,
+                "quantization": args.quantization,
                 "structured_outputs_config": _structured_outputs_config(args),
                 "async_scheduling": args.async_scheduling,
                 "num_threads": args.threads, "max_loras": args.max_loras,

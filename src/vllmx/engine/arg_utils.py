@@ -76,6 +76,9 @@ class EngineArgs:
     # {"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no",
     # "yes"], "is_original_qwen3_reranker": true}
     hf_overrides: dict | str | None = None
+    # vLLM's quantization (--quantization / -q): the method the checkpoint holds, checked against
+    # its quantization_config (awq, gptq, fp8, compressed-tensors, gguf ...); None: as it says
+    quantization: str | None = None
     # vLLM's LoRA arguments: adapters per request (LoRARequest); at most max_loras of them in
     # one step, each of rank <= max_lora_rank; max_cpu_loras kept loaded (default max_loras)
     enable_lora: bool = False
@@ -127,7 +130,8 @@ class EngineArgs:
                         enforce_eager=self.enforce_eager, max_logprobs=self.max_logprobs,
                         max_logprob_entries=self.max_logprob_entries,
                         load_format=self.load_format, runner=self.runner,
-                        convert=self.convert, hf_overrides=parse_hf_overrides(self.hf_overrides)),
+                        convert=self.convert, hf_overrides=parse_hf_overrides(self.hf_overrides),
+                        quantization=self.quantization),
             CacheConfig(self.block_size, self.kv_cache_dtype, self.kv_cache_memory_bytes,
                         self.num_gpu_blocks_override,
                         enable_prefix_caching=self.enable_prefix_caching,

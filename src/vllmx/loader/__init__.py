@@ -11,13 +11,14 @@ from vllmx.distributed.tp_shard import shard_checkpoint
 from vllmx.loader.dummy import DummyWeights
 from vllmx.loader.gguf import gguf_to_hf_config, load_gguf
 from vllmx.loader.model_source import DEFAULT_MODEL, DEFAULT_POOLING_MODEL, resolve_model
-from vllmx.loader.quantization import dequantize_checkpoint
+from vllmx.loader.quantization import check_requested, dequantize_checkpoint
 from vllmx.loader.safetensors import load_safetensors
 from vllmx.models.registry import get_model_class
 from vllmx.pages import file_mappings, release_free_heap, release_mapping
 
 
 def _model_class(model_config: ModelConfig):
+    check_requested(model_config.quantization, model_config.hf_config, model_config.is_gguf)
     if model_config.runner_type == "pooling":
         from vllmx.models.adapters import pooling_model_class
 

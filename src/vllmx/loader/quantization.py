@@ -39,6 +39,34 @@ def check_config(quant: dict) -> bool:
     return True
 
 
+# vLLM's names for a method's kernels, which read the same checkpoints.
+_ALIASES = {"awq_marlin": "awq", "gptq_marlin": "gptq", "compressed_tensors": "compressed-tensors",
+            "fbgemm_fp8": "fp8"}
+
+
+def check_requested(requested: str | None, hf_config: dict, is_gguf: bool) -> None:
+    """vLLM's `quantization` argument against what the checkpoint holds: the same method (or
+    one of vLLM's kernel names for it), or ValueError naming both. vllmx quantizes nothing at
+    load, so a method asked of an unquantized checkpoint is refused too."""
+    if requested is None:
+        return
+    method = _ALIASES.get(requested, requested)
+    if is_gguf:
+        if method != "gguf":
+            raise ValueError(f"quantization={requested!r} but the model is a GGUF file (its "
+                             f"quantization is 'gguf')")
+        return
+    quant = hf_config.get("quantization_config")
+    held = quant.get("quant_method") if isinstance(quant, dict) else None
+    if held is None:
+        raise ValueError(f"quantization={requested!r} asks vllmx to quantize an unquantized "
+                         f"checkpoint at load, which it does not do; load a quantized checkpoint "
+                         f"(compressed-tensors, fp8, GPTQ, AWQ) or a GGUF file")
+    if method != held:
+        raise ValueError(f"quantization={requested!r} does not match the method in the "
+                         f"checkpoint's quantization_config ({held!r})")
+
+
 def dequantize_checkpoint(weights: dict[str, Weight], hf_config: dict) -> dict[str, Weight]:
     """A checkpoint's weights with its quantized modules made dense; any fp8 or int8 tensor no
     format explains is refused by name."""
