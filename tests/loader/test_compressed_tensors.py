@@ -51,11 +51,14 @@ def _scheme(name: str):
                                       dynamic=True), "float-quantized"),
         "fp8_block": (_args(strategy="block", block_structure=[32, 32], **fp8), None,
                       "float-quantized"),
+        "int8_w8a8": (_args(num_bits=8, strategy="channel", **int_w),
+                      _args(num_bits=8, type="int", strategy="token", symmetric=True,
+                            dynamic=True), "int-quantized"),
     }[name]
 
 
 CASES = ["w4a16_g32", "w4a16_asym_g32", "w3a16_channel", "w8a16_channel",
-         "w8a16_int_asym", "fp8_tensor_static", "fp8_channel_dynamic", "fp8_block"]
+         "w8a16_int_asym", "fp8_tensor_static", "fp8_channel_dynamic", "fp8_block", "int8_w8a8"]
 
 
 def _min_max(w, args):
@@ -165,13 +168,13 @@ def test_what_it_does_not_run_is_refused_by_name(extra, named, tmp_path):
         LLM(path, skip_tokenizer_init=True)
 
 
-def test_integer_activations_and_nvfp4_are_refused(tmp_path):
+def test_output_activations_and_nvfp4_are_refused(tmp_path):
     from vllmx.loader.compressed_tensors import check_config
 
     w = {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True}
-    with pytest.raises(ValueError, match="8-bit int input activations"):
+    with pytest.raises(ValueError, match="output activation quantization"):
         check_config({"config_groups": {"g": {"format": "int-quantized", "weights": w,
-                                              "input_activations": dict(w, strategy="token")}}})
+                                              "output_activations": dict(w, strategy="token")}}})
     with pytest.raises(ValueError, match="nvfp4-pack-quantized"):
         check_config({"config_groups": {"g": {"format": "nvfp4-pack-quantized", "weights": w}}})
 

@@ -9,10 +9,11 @@ Each quantized linear's tensors (`weight_packed` / `weight` and `weight_scale`, 
 `weight_shape`) become one dense `weight` at load, dequantized as
 compressed-tensors' own `dequantize` does — (q - zero_point) * scale in the scale's dtype — so
 that the model runs the matrices the format's reference decompression gives, in the checkpoint's
-dtype. Activation quantization in the scheme (FP8's static or dynamic input scales) is not
-applied: fp8 W8A8 checkpoints run as W8A16, as vLLM runs them on GPUs without fp8 tensor cores.
-What the format holds beyond this (sparsity, transforms, a quantized KV cache, NVFP4 / MXFP4
-packing, integer activations) is refused by name (check_config)."""
+dtype. Activation quantization in the scheme (FP8's or INT8's static or dynamic input scales)
+is not applied: W8A8 checkpoints run as W8A16, as vLLM runs fp8 ones on GPUs without fp8
+tensor cores and as transformers runs the format's decompressed weights. What the format holds
+beyond this (sparsity, transforms, a quantized KV cache, NVFP4 / MXFP4 packing, output
+activation quantization) is refused by name (check_config)."""
 
 from __future__ import annotations
 
@@ -56,9 +57,8 @@ def check_config(quant: dict) -> None:
         if strategy not in _STRATEGIES:
             raise _refuse(f"config group {name!r}'s weight strategy {strategy!r}")
         acts = group.get("input_activations")
-        if acts and acts.get("type") != "float":
-            raise _refuse(f"config group {name!r}'s {acts.get('num_bits')}-bit "
-                          f"{acts.get('type')} input activations (W{bits}A{acts.get('num_bits')})")
+        if acts and acts.get("type") not in ("int", "float"):
+            raise _refuse(f"config group {name!r}'s {acts.get('type')} input activations")
         if group.get("output_activations"):
             raise _refuse(f"config group {name!r}'s output activation quantization")
 
