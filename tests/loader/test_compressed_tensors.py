@@ -51,6 +51,12 @@ def _scheme(name: str):
                                       dynamic=True), "float-quantized"),
         "fp8_block": (_args(strategy="block", block_structure=[32, 32], **fp8), None,
                       "float-quantized"),
+        "nvfp4": (_args(num_bits=4, type="float", strategy="tensor_group", group_size=16,
+                        symmetric=True, dynamic=False, scale_dtype=torch.float8_e4m3fn),
+                  None, "nvfp4-pack-quantized"),
+        "mxfp4": (_args(num_bits=4, type="float", strategy="group", group_size=32,
+                        symmetric=True, dynamic=False, scale_dtype=torch.uint8),
+                  None, "mxfp4-pack-quantized"),
         "int8_w8a8": (_args(num_bits=8, strategy="channel", **int_w),
                       _args(num_bits=8, type="int", strategy="token", symmetric=True,
                             dynamic=True), "int-quantized"),
@@ -58,13 +64,14 @@ def _scheme(name: str):
 
 
 CASES = ["w4a16_g32", "w4a16_asym_g32", "w3a16_channel", "w8a16_channel",
-         "w8a16_int_asym", "fp8_tensor_static", "fp8_channel_dynamic", "fp8_block", "int8_w8a8"]
+         "w8a16_int_asym", "fp8_tensor_static", "fp8_channel_dynamic", "fp8_block", "int8_w8a8",
+         "nvfp4", "mxfp4"]
 
 
 def _min_max(w, args):
     """Each scale's range of w (its group, channel, block or the whole tensor)."""
     n, k = w.shape
-    if args.strategy == "group":
+    if args.strategy in ("group", "tensor_group"):
         v = w.reshape(n, k // args.group_size, args.group_size)
         return v.amin(-1), v.amax(-1)
     if args.strategy == "channel":
@@ -88,7 +95,7 @@ def write_checkpoint(case: str, out: str, dtype=torch.bfloat16, **quant_extra) -
         QuantizationScheme,
         apply_quantization_config,
     )
-    from compressed_tensors.quantization.utils import calculate_qparams
+    from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
 
     weights, acts, fmt = _scheme(case)
     # widths that are not whole 32 x 32 blocks (the fp8 block case's partial blocks)
@@ -101,7 +108,11 @@ def write_checkpoint(case: str, out: str, dtype=torch.bfloat16, **quant_extra) -
         if not hasattr(m, "weight_scale"):
             continue
         mn, mx = _min_max(m.weight.detach().float(), weights)
-        scale, zp = calculate_qparams(mn, mx, weights)
+        gscale = None
+        if hasattr(m, "weight_global_scale"):  # NVFP4: the group scales' fp8 range spent
+            gscale = generate_gparam(mn.min().reshape(1), mx.max().reshape(1))
+            m.weight_global_scale.data = gscale.to(m.weight_global_scale.dtype)
+        scale, zp = calculate_qparams(mn, mx, weights, global_scale=gscale)
         m.weight_scale.data = scale.to(m.weight_scale.dtype).reshape(m.weight_scale.shape)
         if hasattr(m, "weight_zero_point"):
             m.weight_zero_point.data = zp.to(m.weight_zero_point.dtype).reshape(
@@ -168,15 +179,15 @@ def test_what_it_does_not_run_is_refused_by_name(extra, named, tmp_path):
         LLM(path, skip_tokenizer_init=True)
 
 
-def test_output_activations_and_nvfp4_are_refused(tmp_path):
+def test_output_activations_and_other_formats_are_refused(tmp_path):
     from vllmx.loader.compressed_tensors import check_config
 
     w = {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True}
     with pytest.raises(ValueError, match="output activation quantization"):
         check_config({"config_groups": {"g": {"format": "int-quantized", "weights": w,
                                               "output_activations": dict(w, strategy="token")}}})
-    with pytest.raises(ValueError, match="nvfp4-pack-quantized"):
-        check_config({"config_groups": {"g": {"format": "nvfp4-pack-quantized", "weights": w}}})
+    with pytest.raises(ValueError, match="marlin-24"):
+        check_config({"config_groups": {"g": {"format": "marlin-24", "weights": w}}})
 
 
 def test_fp8_tensor_without_a_format_is_refused(tmp_path):

@@ -3,7 +3,7 @@ quant_method "compressed-tensors", as llm-compressor writes them and vLLM reads 
 weights packed into int32 words ("pack-quantized": W4A16, W8A16, symmetric or with zero points,
 per channel or per group), int8 stored as is
 ("int-quantized" / "naive-quantized"), fp8 e4m3 ("float-quantized": per tensor, channel or
-128x128 block).
+128x128 block), NVFP4 and MXFP4 ("nvfp4-pack-quantized", "mxfp4-pack-quantized").
 
 Each quantized linear's tensors (`weight_packed` / `weight` and `weight_scale`, `weight_zero_point`,
 `weight_shape`) become one dense `weight` at load, dequantized as
@@ -12,21 +12,28 @@ that the model runs the matrices the format's reference decompression gives, in 
 dtype. Activation quantization in the scheme (FP8's or INT8's static or dynamic input scales)
 is not applied: W8A8 checkpoints run as W8A16, as vLLM runs fp8 ones on GPUs without fp8
 tensor cores and as transformers runs the format's decompressed weights. What the format holds
-beyond this (sparsity, transforms, a quantized KV cache, NVFP4 / MXFP4 packing, output
+beyond this (sparsity, transforms, a quantized KV cache, fp4 with zero points, output
 activation quantization) is refused by name (check_config)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from vllmx.device import BF16, U8
 from vllmx.loader import quantization as q
+from vllmx.loader.safetensors import FP8_E4M3
 from vllmx.ops import Weight
 
 METHOD = "compressed-tensors"
-_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized", "float-quantized", "dense")
-_STRATEGIES = ("tensor", "channel", "group", "block")
+_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized", "float-quantized",
+            "nvfp4-pack-quantized", "mxfp4-pack-quantized", "dense")
+_FP4_FORMATS = ("nvfp4-pack-quantized", "mxfp4-pack-quantized")
+_STRATEGIES = ("tensor", "channel", "group", "block", "tensor_group")
 _SUFFIXES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape",
-             "weight_g_idx", "input_scale", "input_zero_point", "weight")
+             "weight_g_idx", "weight_global_scale", "input_scale", "input_zero_point",
+             "input_global_scale", "weight")
+# e2m1's eight magnitudes (fp4: a sign bit over them).
+_E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
 
 
 def _refuse(what: str) -> ValueError:
@@ -51,9 +58,12 @@ def check_config(quant: dict) -> None:
         if w is None:
             continue
         kind, bits, strategy = w.get("type"), w.get("num_bits"), w.get("strategy")
-        if kind == "int" and not 2 <= int(bits) <= 8 or kind == "float" and bits != 8 \
+        float_bits = 4 if fmt in _FP4_FORMATS else 8
+        if kind == "int" and not 2 <= int(bits) <= 8 or kind == "float" and bits != float_bits \
                 or kind not in ("int", "float"):
             raise _refuse(f"config group {name!r}'s {bits}-bit {kind} weights")
+        if fmt in _FP4_FORMATS and not w.get("symmetric", True):
+            raise _refuse(f"config group {name!r}'s fp4 weights with zero points")
         if strategy not in _STRATEGIES:
             raise _refuse(f"config group {name!r}'s weight strategy {strategy!r}")
         acts = group.get("input_activations")
@@ -87,6 +97,8 @@ def _dequantize(parts: dict[str, Weight], block: tuple[int, int] | None,
         raise _refuse("weight_g_idx (groups in activation order, an older GPTQ layout)")
     scale_w = parts["weight_scale"]
     z = None
+    if "weight_packed" in parts and parts["weight_packed"].dtype == U8:
+        return _dequantize_fp4(parts, dtype)
     if "weight_packed" in parts:
         n, k = (int(v) for v in q.array(parts["weight_shape"]).reshape(-1))
         words = q.array(parts["weight_packed"])
@@ -111,6 +123,26 @@ def _dequantize(parts: dict[str, Weight], block: tuple[int, int] | None,
     # In the scale's dtype (the products are exact in f32, so one rounding gives torch's), then
     # in the model's, as transformers loads the decompressed weight into its parameter.
     return q.as_weight(q.round_to(q.round_to(x * scale, scale_w.dtype), dtype), dtype)
+
+
+def _dequantize_fp4(parts: dict[str, Weight], dtype: int) -> Weight:
+    """NVFP4 / MXFP4 (compressed-tensors' fp4 packing: two e2m1 values a byte, the low nibble
+    first; an fp8 e4m3 scale per 16 (NVFP4, over a global f32 one) or a UE8M0 one per 32
+    (MXFP4)), as its decompression does: the scale divided by the global one in f32, times the
+    value in f32, rounded to bf16, then to the checkpoint's dtype."""
+    packed = q.array(parts["weight_packed"])
+    n, k = packed.shape[0], 2 * packed.shape[1]
+    nib = np.empty((n, k), np.uint8)
+    nib[:, 0::2], nib[:, 1::2] = packed & 15, packed >> 4
+    x = np.where(nib & 8, -1.0, 1.0).astype(np.float32) * _E2M1[nib & 7]
+    scale_w = parts["weight_scale"]
+    scale = q.weight_values(scale_w) if scale_w.dtype == FP8_E4M3 else q.float32(scale_w)
+    if "weight_global_scale" in parts:
+        scale = scale / q.float32(parts["weight_global_scale"]).reshape(-1)[0]
+    full = q.expand(scale.astype(np.float32), n, k, None)
+    if full is None:
+        raise _refuse(f"a weight_scale of shape {scale_w.shape} for a [{n}, {k}] fp4 weight")
+    return q.as_weight(q.round_to(q.round_to(x * full, BF16), dtype), dtype)
 
 
 def dequantize_checkpoint(weights: dict[str, Weight], quant: dict,
