@@ -40,8 +40,7 @@ def check_config(quant: dict) -> bool:
 
 
 # vLLM's names for a method's kernels, which read the same checkpoints.
-_ALIASES = {"awq_marlin": "awq", "gptq_marlin": "gptq", "compressed_tensors": "compressed-tensors",
-            "fbgemm_fp8": "fp8"}
+_ALIASES = {"awq_marlin": "awq", "gptq_marlin": "gptq", "compressed_tensors": "compressed-tensors"}
 
 
 def check_requested(requested: str | None, hf_config: dict, is_gguf: bool) -> None:
