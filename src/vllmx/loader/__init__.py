@@ -80,8 +80,8 @@ def load_model(model_config: ModelConfig):
         cfg, weights = shard_checkpoint(cfg, weights, 0 if group is None else group.rank,
                                         1 if group is None else group.world_size,
                                         get_ep_group() is not None)
-    mappings = file_mappings(w.data for w in weights.values()) if isinstance(weights, dict) \
-        else []
+    raw = getattr(weights, "raw", weights)  # (a quantized checkpoint's tensors as read)
+    mappings = file_mappings(w.data for w in raw.values()) if isinstance(raw, dict) else []
     model = model_cls(cfg, weights)
     if get_pp_stage() is not None and getattr(model, "pp_stage", None) is None:
         raise ValueError(f"pipeline_parallel_size > 1 is not supported for "

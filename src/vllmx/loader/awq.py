@@ -61,13 +61,11 @@ def dequantize(parts: dict[str, Weight], dtype: int) -> Weight:
 
 
 def dequantize_checkpoint(weights: dict[str, Weight], quant: dict,
-                          dtype: str | None) -> dict[str, Weight]:
+                          dtype: str | None) -> q.Dequantized:
     check_config(quant)
-    out = dict(weights)
-    for prefix, parts in q.modules(weights, _SUFFIXES).items():
-        if "qweight" not in parts:
-            continue
-        for suffix in ("qweight", "qzeros", "scales"):
-            del out[f"{prefix}.{suffix}"]
-        out[f"{prefix}.weight"] = dequantize(parts, q.target_dtype(dtype, parts["scales"].dtype))
-    return out
+
+    def make(prefix: str, parts: dict[str, Weight]):
+        target = q.target_dtype(dtype, parts["scales"].dtype)
+        return lambda: dequantize(parts, target)
+
+    return q.replace_modules(weights, _SUFFIXES, "qweight", make)

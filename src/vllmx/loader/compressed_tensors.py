@@ -146,17 +146,14 @@ def _dequantize_fp4(parts: dict[str, Weight], dtype: int) -> Weight:
 
 
 def dequantize_checkpoint(weights: dict[str, Weight], quant: dict,
-                          dtype: str | None) -> dict[str, Weight]:
+                          dtype: str | None) -> q.Dequantized:
     """weights with each quantized module's tensors replaced by its dense `weight`, in the
     checkpoint's dtype (config.json's torch_dtype; the scales' where it names none)."""
     check_config(quant)
     block = _block_structure(quant)
-    out = dict(weights)
-    for prefix, parts in q.modules(weights, _SUFFIXES).items():
-        if "weight_scale" not in parts:
-            continue  # not quantized (an ignored module, a norm)
-        for suffix in parts:
-            del out[f"{prefix}.{suffix}"]
-        out[f"{prefix}.weight"] = _dequantize(
-            parts, block, q.target_dtype(dtype, parts["weight_scale"].dtype))
-    return out
+
+    def make(prefix: str, parts: dict[str, Weight]):
+        target = q.target_dtype(dtype, parts["weight_scale"].dtype)
+        return lambda: _dequantize(parts, block, target)
+
+    return q.replace_modules(weights, _SUFFIXES, "weight_scale", make)

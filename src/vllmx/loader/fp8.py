@@ -36,26 +36,26 @@ def check_config(quant: dict) -> None:
 
 
 def dequantize_checkpoint(weights: dict[str, Weight], quant: dict,
-                          dtype: str | None) -> dict[str, Weight]:
+                          dtype: str | None) -> q.Dequantized:
     """weights with each fp8 module's weight and scales replaced by its dense `weight`, in the
     checkpoint's dtype (config.json's torch_dtype; bf16 where it names none)."""
     check_config(quant)
     block = tuple(int(b) for b in quant["weight_block_size"])
     target = q.target_dtype(dtype, BF16)
-    out = dict(weights)
-    for prefix, parts in q.modules(weights, _SUFFIXES).items():
-        if "weight_scale_inv" not in parts:
-            continue  # not quantized (modules_to_not_convert, a norm)
-        w, s = parts["weight"], parts["weight_scale_inv"]
-        if w.dtype != FP8_E4M3 or len(w.shape) != 2:
-            raise _refuse(f"{prefix}.weight of shape {w.shape} beside a weight_scale_inv "
-                          f"(not a 2-D fp8 e4m3 matrix)")
+
+    def make(prefix: str, parts: dict[str, Weight]):
+        w, s = parts.get("weight"), parts["weight_scale_inv"]
+        if w is None or w.dtype != FP8_E4M3 or len(w.shape) != 2:
+            raise _refuse(f"{prefix}.weight beside a weight_scale_inv is not a 2-D fp8 e4m3 "
+                          f"matrix")
         n, k = w.shape
         if tuple(s.shape) != (-(-n // block[0]), -(-k // block[1])):
             raise _refuse(f"{prefix}.weight_scale_inv of shape {s.shape} for a [{n}, {k}] "
                           f"weight in {block[0]}x{block[1]} blocks")
-        for suffix in parts:
-            del out[f"{prefix}.{suffix}"]
-        x = q.weight_values(w) * q.expand(q.float32(s), n, k, block)  # f32, as transformers does
-        out[f"{prefix}.weight"] = q.as_weight(q.round_to(x.astype(np.float32), target), target)
-    return out
+
+        def dense() -> Weight:
+            x = q.weight_values(w) * q.expand(q.float32(s), n, k, block)  # f32, as transformers
+            return q.as_weight(q.round_to(x.astype(np.float32), target), target)
+        return dense
+
+    return q.replace_modules(weights, _SUFFIXES, "weight_scale_inv", make)

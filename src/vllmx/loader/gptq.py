@@ -58,15 +58,12 @@ def dequantize(parts: dict[str, Weight], bits: int, v2: bool, dtype: int) -> Wei
 
 
 def dequantize_checkpoint(weights: dict[str, Weight], quant: dict,
-                          dtype: str | None) -> dict[str, Weight]:
+                          dtype: str | None) -> q.Dequantized:
     check_config(quant)
     bits, v2 = int(quant["bits"]), quant.get("checkpoint_format") == "gptq_v2"
-    out = dict(weights)
-    for prefix, parts in q.modules(weights, _SUFFIXES).items():
-        if "qweight" not in parts:
-            continue
-        for suffix in ("qweight", "qzeros", "scales", "g_idx"):
-            out.pop(f"{prefix}.{suffix}", None)
-        out[f"{prefix}.weight"] = dequantize(parts, bits, v2,
-                                             q.target_dtype(dtype, parts["scales"].dtype))
-    return out
+
+    def make(prefix: str, parts: dict[str, Weight]):
+        target = q.target_dtype(dtype, parts["scales"].dtype)
+        return lambda: dequantize(parts, bits, v2, target)
+
+    return q.replace_modules(weights, _SUFFIXES, "qweight", make)

@@ -7,6 +7,7 @@ matrices that reference gives (and takes the memory of the unquantized model).""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -66,7 +67,7 @@ def check_requested(requested: str | None, hf_config: dict, is_gguf: bool) -> No
                          f"checkpoint's quantization_config ({held!r})")
 
 
-def dequantize_checkpoint(weights: dict[str, Weight], hf_config: dict) -> dict[str, Weight]:
+def dequantize_checkpoint(weights: dict[str, Weight], hf_config: dict) -> Mapping[str, Weight]:
     """A checkpoint's weights with its quantized modules made dense; any fp8 or int8 tensor no
     format explains is refused by name."""
     quant = hf_config.get("quantization_config")
@@ -74,7 +75,8 @@ def dequantize_checkpoint(weights: dict[str, Weight], hf_config: dict) -> dict[s
     if module is not None:
         weights = module.dequantize_checkpoint(
             weights, quant, hf_config.get("torch_dtype", hf_config.get("dtype")))
-    for name, w in weights.items():
+    kept = weights.kept() if isinstance(weights, Dequantized) else weights.items()
+    for name, w in kept:
         if w.dtype in (FP8_E4M3, I8):
             raise ValueError(f"tensor {name!r} is {'fp8' if w.dtype == FP8_E4M3 else 'int8'} "
                              f"and config.json's quantization_config says nothing vllmx reads "
@@ -82,7 +84,53 @@ def dequantize_checkpoint(weights: dict[str, Weight], hf_config: dict) -> dict[s
     return weights
 
 
-def modules(weights: dict[str, Weight], suffixes: tuple[str, ...]) -> dict[str, dict[str, Weight]]:
+class Dequantized(Mapping):
+    """A checkpoint's tensors with each quantized module's parts replaced by its dense `weight`,
+    made when asked for and not kept (as DummyWeights are): the model holds what it keeps (a
+    repacked or uploaded copy), so a quantized checkpoint never holds all its dense weights in
+    host memory at once. raw: the checkpoint's tensors as read."""
+
+    def __init__(self, raw: Mapping[str, Weight], dense: dict[str, Callable[[], Weight]],
+                 dropped: set[str]):
+        self.raw, self._dense, self._dropped = raw, dense, dropped
+
+    def __getitem__(self, name: str) -> Weight:
+        make = self._dense.get(name)
+        if make is not None:
+            return make()
+        if name in self._dropped:
+            raise KeyError(name)
+        return self.raw[name]
+
+    def kept(self) -> Iterator[tuple[str, Weight]]:
+        """The checkpoint's tensors handed on as read."""
+        return ((n, w) for n, w in self.raw.items()
+                if n not in self._dropped and n not in self._dense)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from (n for n, _ in self.kept())
+        yield from self._dense
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+def replace_modules(weights: Mapping[str, Weight], suffixes: tuple[str, ...], key: str,
+                    make: Callable[[str, dict[str, Weight]], Callable[[], Weight]]
+                    ) -> Dequantized:
+    """weights with each module that has a `key` tensor (among its tensors named
+    <module>.<suffix>) replaced by <module>.weight, the dense weight make(module, tensors)
+    returns a maker of (make checks the tensors now; the maker dequantizes when asked)."""
+    dense, dropped = {}, set()
+    for prefix, parts in modules(weights, suffixes).items():
+        if key not in parts:
+            continue  # not quantized (an ignored module, a norm)
+        dense[f"{prefix}.weight"] = make(prefix, parts)
+        dropped.update(f"{prefix}.{s}" for s in parts if s != "bias")
+    return Dequantized(weights, dense, dropped)
+
+
+def modules(weights: Mapping[str, Weight], suffixes: tuple[str, ...]) -> dict[str, dict[str, Weight]]:
     """The tensors named <module>.<suffix>, by module."""
     pattern = re.compile(r"^(.*)\.(" + "|".join(suffixes) + r")$")
     out: dict[str, dict[str, Weight]] = {}
