@@ -40,12 +40,17 @@ def write_checkpoint(out: str, scales: str = "f32", block=BLOCK, quant_extra=Non
 
         out = make_checkpoint(family, "bfloat16", out)
     state = {}
-    bn, bk = block
     for name, w in load_file(os.path.join(out, "model.safetensors")).items():
         if "proj" not in name:
             state[name] = w.contiguous()
             continue
+        if block is None:  # AutoFP8's layout: one f32 weight_scale for the tensor
+            scale = (w.float().abs().amax() / 448.0).reshape(())
+            state[name] = (w.float() / scale).to(torch.float8_e4m3fn)
+            state[name.replace(".weight", ".weight_scale")] = scale
+            continue
         n, k = w.shape
+        bn, bk = block
         amax = w.float().reshape(n // bn, bn, k // bk, bk).abs().amax((1, 3)).clamp(min=1e-8)
         if scales == "ue8m0":
             e = torch.ceil(torch.log2(amax / 448.0)).clamp(-127, 127)
@@ -57,9 +62,10 @@ def write_checkpoint(out: str, scales: str = "f32", block=BLOCK, quant_extra=Non
         state[name.replace(".weight", ".weight_scale_inv")] = stored.contiguous()
     os.remove(os.path.join(out, "model.safetensors"))
     save_file(state, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
-    set_quantization_config(out, {"quant_method": "fp8", "activation_scheme": "dynamic",
-                                  "fmt": "e4m3", "weight_block_size": list(block)},
-                            **(quant_extra or {}))
+    quant = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3"}
+    if block is not None:
+        quant["weight_block_size"] = list(block)
+    set_quantization_config(out, quant, **(quant_extra or {}))
     return out
 
 
@@ -99,12 +105,34 @@ def test_token_parity(family, tmp_path):
     assert_token_parity(path, oracle(path).float(), f"fp8 {family or 'llama'}")
 
 
-def test_per_tensor_fp8_and_a_wrong_scale_grid_are_refused(tmp_path):
+def test_per_tensor_scales(tmp_path):
+    """AutoFP8's layout (no weight_block_size, one weight_scale a tensor): each weight is the
+    fp8 values times the scale in f32, rounded to bf16 (computed here in torch), bit for bit, and
+    the tokens pass against transformers running those weights."""
+    from safetensors.torch import load_file
+
+    from vllmx.loader.quantization import dequantize_checkpoint
+    from vllmx.loader.safetensors import load_safetensors
+
+    path = write_checkpoint(str(tmp_path / "tensor"), block=None)
+    stored = load_file(os.path.join(path, "model.safetensors"))
+    want = {n: (w.float() * stored[n + "_scale"]).to(torch.bfloat16)
+            for n, w in stored.items() if w.dtype == torch.float8_e4m3fn}
+    assert len(want) == 2 * 7
+    with open(os.path.join(path, "config.json")) as f:
+        ours = dequantize_checkpoint(load_safetensors(path), json.load(f))
+    for name, w in want.items():
+        got = ours[name]
+        np.testing.assert_array_equal(np.asarray(got.data).reshape(got.shape),
+                                      w.view(torch.int16).numpy().view(np.uint16), err_msg=name)
+    model = tiny_llama(torch.bfloat16)
+    model.load_state_dict({**model.state_dict(), **want})
+    assert_token_parity(path, model.float().eval(), "fp8 per tensor")
+
+
+def test_a_wrong_scale_grid_is_refused(tmp_path):
     from vllmx import LLM
 
-    path = write_checkpoint(str(tmp_path / "ckpt"), quant_extra={"weight_block_size": None})
-    with pytest.raises(ValueError, match="without weight_block_size"):
-        LLM(path, skip_tokenizer_init=True)
     # scales written for 32x32 blocks, read as 64x64: the grid does not fit
     path = write_checkpoint(str(tmp_path / "grid"), quant_extra={"weight_block_size": [64, 64]})
     with pytest.raises(ValueError, match="weight_scale_inv of shape"):
