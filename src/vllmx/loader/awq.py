@@ -52,12 +52,11 @@ def dequantize(parts: dict[str, Weight], dtype: int) -> Weight:
             or q.array(parts["qzeros"]).shape != (groups, n // 8):
         raise _refuse(f"scales {scales.shape} / qzeros {parts['qzeros'].shape} for qweight "
                       f"{qweight.shape}")
-    g = np.arange(k) // (k // groups)
-    w = _columns(qweight).astype(np.float32)  # [K, N]
-    z = _columns(q.array(parts["qzeros"])).astype(np.float32)
-    x = (w - z[g]) * scales[g]  # exact in f32
-    x = q.round_to(q.round_to(x, scales_w.dtype), dtype)
-    return q.as_weight(np.ascontiguousarray(x.T), dtype)  # the Linear's [N, K]
+    # In the Linear's [N, K] orientation: the 1-byte values transposed, then one pass each.
+    x = np.ascontiguousarray(_columns(qweight).T).astype(np.float32)
+    q.by_group(np.subtract, x, _columns(q.array(parts["qzeros"])).T)
+    q.by_group(np.multiply, x, scales.T)  # exact in f32
+    return q.to_dtype(x, scales_w.dtype, dtype)
 
 
 def dequantize_checkpoint(weights: dict[str, Weight], quant: dict,

@@ -105,11 +105,12 @@ def _dequantize(parts: dict[str, Weight], block: tuple[int, int] | None,
         bits = words.shape[1] * 32 // k
         if not 2 <= bits <= 8 or -(-k * bits // 32) != words.shape[1]:
             raise _refuse(f"weight_packed of shape {words.shape} for a [{n}, {k}] weight")
-        x = (_unpack_bits(words, bits, k) - (1 << (bits - 1))).astype(np.float32)
+        x = _unpack_bits(words, bits, k).astype(np.float32) - (1 << (bits - 1))
         if "weight_zero_point" in parts:  # packed along the rows
             z = q.array(parts["weight_zero_point"])
             if z.dtype == np.int32:
-                z = _unpack_bits(np.ascontiguousarray(z.T), bits, n).T - (1 << (bits - 1))
+                z = _unpack_bits(np.ascontiguousarray(z.T), bits, n).T.astype(np.int32) \
+                    - (1 << (bits - 1))
     else:
         x = q.weight_values(parts["weight"])
         n, k = x.shape
@@ -122,7 +123,8 @@ def _dequantize(parts: dict[str, Weight], block: tuple[int, int] | None,
         x = x - q.expand(z.astype(np.float32), n, k, block)
     # In the scale's dtype (the products are exact in f32, so one rounding gives torch's), then
     # in the model's, as transformers loads the decompressed weight into its parameter.
-    return q.as_weight(q.round_to(q.round_to(x * scale, scale_w.dtype), dtype), dtype)
+    x *= scale
+    return q.to_dtype(x, scale_w.dtype, dtype)
 
 
 def _dequantize_fp4(parts: dict[str, Weight], dtype: int) -> Weight:
@@ -142,7 +144,7 @@ def _dequantize_fp4(parts: dict[str, Weight], dtype: int) -> Weight:
     full = q.expand(scale.astype(np.float32), n, k, None)
     if full is None:
         raise _refuse(f"a weight_scale of shape {scale_w.shape} for a [{n}, {k}] fp4 weight")
-    return q.as_weight(q.round_to(q.round_to(x * full, BF16), dtype), dtype)
+    return q.to_dtype(x * full, BF16, dtype)
 
 
 def dequantize_checkpoint(weights: dict[str, Weight], quant: dict,

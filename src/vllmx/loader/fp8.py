@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vllmx.device import BF16
+from vllmx.device import BF16, F32
 from vllmx.loader import quantization as q
 from vllmx.loader.safetensors import FP8_E4M3
 from vllmx.ops import Weight
@@ -60,7 +60,7 @@ def dequantize_checkpoint(weights: dict[str, Weight], quant: dict,
 
         def dense() -> Weight:
             x = q.weight_values(w) * q.expand(q.float32(s), n, k, block)  # f32, as transformers
-            return q.as_weight(q.round_to(x.astype(np.float32), target), target)
+            return q.to_dtype(x.astype(np.float32), F32, target)
         return dense
 
     return q.replace_modules(weights, _SUFFIXES, key, make)

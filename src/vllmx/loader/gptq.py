@@ -42,19 +42,22 @@ def dequantize(parts: dict[str, Weight], bits: int, v2: bool, dtype: int) -> Wei
     if scales.shape != (groups, n) or q.array(parts["qzeros"]).shape != (groups, n // per):
         raise _refuse(f"scales {scales.shape} / qzeros {parts['qzeros'].shape} for qweight "
                       f"{qweight.shape}")
-    w = q.unpack_words(np.ascontiguousarray(qweight.T), bits, k).T  # [K, N]
-    z = q.unpack_words(q.array(parts["qzeros"]), bits, n).astype(np.float32)  # [groups, N]
+    # In the Linear's [N, K] orientation throughout: contiguous rows, one pass each.
+    x = q.unpack_words(np.ascontiguousarray(qweight.T), bits, k).astype(np.float32)
+    z = q.unpack_words(q.array(parts["qzeros"]), bits, n).T.astype(np.float32)  # [N, groups]
     if not v2:
         z += 1.0
+    g = None
     if "g_idx" in parts:
         g = q.array(parts["g_idx"]).astype(np.int64)
-    else:
-        g = np.arange(k) // (k // groups)
-    if g.shape != (k,) or g.min() < 0 or g.max() >= groups:
-        raise _refuse(f"g_idx of shape {g.shape} for {groups} groups of a [{k}, {n}] qweight")
-    x = (w.astype(np.float32) - z[g]) * scales[g]  # exact in f32: 8 bits times the scale's 11
-    x = q.round_to(q.round_to(x, scales_w.dtype), dtype)
-    return q.as_weight(np.ascontiguousarray(x.T), dtype)  # the Linear's [N, K]
+        if g.shape != (k,) or g.min() < 0 or g.max() >= groups:
+            raise _refuse(f"g_idx of shape {g.shape} for {groups} groups of a [{k}, {n}] "
+                          f"qweight")
+    elif k % groups:
+        raise _refuse(f"{groups} groups for the {k} inputs of a qweight")
+    q.by_group(np.subtract, x, z, g)
+    q.by_group(np.multiply, x, scales.T, g)  # exact in f32: 8 bits times the scale's 11
+    return q.to_dtype(x, scales_w.dtype, dtype)
 
 
 def dequantize_checkpoint(weights: dict[str, Weight], quant: dict,

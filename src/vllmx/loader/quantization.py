@@ -143,13 +143,25 @@ def modules(weights: Mapping[str, Weight], suffixes: tuple[str, ...]) -> dict[st
 
 def unpack_words(words: np.ndarray, bits: int, count: int) -> np.ndarray:
     """The first `count` unsigned `bits`-bit values (4 or 8) of each row of int32 words, the
-    lowest bits first (GPTQ's and AWQ's packing, before AWQ's column order)."""
+    lowest bits first (GPTQ's and AWQ's packing, before AWQ's column order), as uint8."""
     b = np.ascontiguousarray(words).view(np.uint8).reshape(words.shape[0], -1)
     if bits == 8:
-        return b[:, :count].astype(np.int32)
-    out = np.empty((b.shape[0], 2 * b.shape[1]), np.int32)
-    out[:, 0::2], out[:, 1::2] = b & 15, b >> 4
+        return b[:, :count]
+    out = np.empty((b.shape[0], 2 * b.shape[1]), np.uint8)
+    np.bitwise_and(b, 15, out=out[:, 0::2])
+    np.right_shift(b, 4, out=out[:, 1::2])
     return out[:, :count]
+
+
+def by_group(op, x: np.ndarray, a: np.ndarray, g_idx: np.ndarray | None = None) -> None:
+    """x[n, c] op= a[n, group of c], in place (op: np.subtract, np.multiply): groups of
+    k / groups consecutive columns, or column c in group g_idx[c]."""
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    if g_idx is not None:
+        op(x, a[:, g_idx], out=x)
+        return
+    v = x.reshape(a.shape[0], a.shape[1], -1)
+    op(v, a[:, :, None], out=v)
 
 
 def target_dtype(dtype: str | None, fallback: int) -> int:
@@ -179,21 +191,40 @@ def weight_values(w: Weight) -> np.ndarray:
 
 def round_to(x: np.ndarray, dtype: int) -> np.ndarray:
     """f32 values rounded to dtype and back (to nearest, ties to even, as torch's casts and its
-    multiplies in that dtype round)."""
+    multiplies in that dtype round). A new array; x is left as it is."""
     if dtype == F32:
         return x
-    if dtype == F16:
-        return x.astype(np.float16).astype(np.float32)
-    bits = np.ascontiguousarray(x).view(np.uint32)
-    return (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    cut = 16 if dtype == BF16 else 13  # the f32 mantissa bits the dtype drops
+    out = bits >> cut  # add half an ulp less one plus the kept part's lowest bit, then cut
+    out &= 1
+    out += (1 << (cut - 1)) - 1
+    out += bits
+    out &= np.uint32(0xFFFFFFFF << cut & 0xFFFFFFFF)
+    out = out.view(np.float32)
+    if dtype == F16:  # f16's subnormals and overflow: numpy's own (slow) conversion there
+        mag = np.abs(x)
+        odd = mag < 2.0**-14
+        odd &= mag != 0
+        odd |= ~(mag < 65504.0)
+        if odd.any():
+            out[odd] = x[odd].astype(np.float16).astype(np.float32)
+    return out
 
 
 def as_weight(x: np.ndarray, dtype: int) -> Weight:
     """f32 values already representable in dtype, stored as dtype."""
-    if dtype == BF16:
-        return Weight((np.ascontiguousarray(x).view(np.uint32) >> 16).astype(np.uint16), BF16,
-                      x.shape)
+    if dtype == BF16:  # the high halves of the f32 words (little-endian)
+        high = np.ascontiguousarray(x, dtype=np.float32).view(np.uint16)[..., 1::2]
+        return Weight(np.ascontiguousarray(high), BF16, x.shape)
     return Weight.from_numpy(x.astype(np.float16) if dtype == F16 else x)
+
+
+def to_dtype(x: np.ndarray, via: int, dtype: int) -> Weight:
+    """Exact f32 products rounded to the scales' dtype `via` (the format's arithmetic), then to
+    the checkpoint's, as a weight of that dtype."""
+    x = round_to(x, via)
+    return as_weight(x if dtype == via else round_to(x, dtype), dtype)
 
 
 def expand(scale: np.ndarray, n: int, k: int, block: tuple[int, int] | None) -> np.ndarray | None:
