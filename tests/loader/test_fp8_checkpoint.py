@@ -105,8 +105,12 @@ def test_token_parity(family, tmp_path):
     assert_token_parity(path, oracle(path).float(), f"fp8 {family or 'llama'}")
 
 
-def test_per_tensor_scales(tmp_path):
-    """AutoFP8's layout (no weight_block_size, one weight_scale a tensor): each weight is the
+@pytest.mark.parametrize("quant", [None, {"quant_method": "modelopt", "quant_algo": "FP8"},
+                                   {"quant_method": "modelopt",
+                                    "quantization": {"quant_algo": "FP8"}}])
+def test_per_tensor_scales(quant, tmp_path):
+    """AutoFP8's layout (no weight_block_size, one weight_scale a tensor), as ModelOpt's FP8 writes
+    it too: each weight is the
     fp8 values times the scale in f32, rounded to bf16 (computed here in torch), bit for bit, and
     the tokens pass against transformers running those weights."""
     from safetensors.torch import load_file
@@ -115,6 +119,8 @@ def test_per_tensor_scales(tmp_path):
     from vllmx.loader.safetensors import load_safetensors
 
     path = write_checkpoint(str(tmp_path / "tensor"), block=None)
+    if quant is not None:  # ModelOpt's FP8: the same tensors
+        set_quantization_config(path, quant)
     stored = load_file(os.path.join(path, "model.safetensors"))
     want = {n: (w.float() * stored[n + "_scale"]).to(torch.bfloat16)
             for n, w in stored.items() if w.dtype == torch.float8_e4m3fn}
@@ -128,6 +134,16 @@ def test_per_tensor_scales(tmp_path):
     model = tiny_llama(torch.bfloat16)
     model.load_state_dict({**model.state_dict(), **want})
     assert_token_parity(path, model.float().eval(), "fp8 per tensor")
+
+
+def test_modelopt_algorithms_it_does_not_run_are_refused():
+    from vllmx.loader.quantization import check_config
+
+    with pytest.raises(ValueError, match="quant_algo 'NVFP4'"):
+        check_config({"quant_method": "modelopt", "quant_algo": "NVFP4"})
+    with pytest.raises(ValueError, match="kv_cache_quant_algo 'FP8'"):
+        check_config({"quant_method": "modelopt", "quantization": {
+            "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}})
 
 
 def test_a_wrong_scale_grid_is_refused(tmp_path):

@@ -25,9 +25,9 @@ _DTYPES = {"bfloat16": BF16, "float16": F16, "float32": F32}
 
 def methods() -> dict:
     """quant_method -> the module that reads it (check_config, dequantize_checkpoint)."""
-    from vllmx.loader import awq, compressed_tensors, fp8, gptq
+    from vllmx.loader import awq, compressed_tensors, fp8, gptq, modelopt
 
-    return {m.METHOD: m for m in (compressed_tensors, fp8, gptq, awq)}
+    return {m.METHOD: m for m in (compressed_tensors, fp8, gptq, awq, modelopt)}
 
 
 def check_config(quant: dict) -> bool:
