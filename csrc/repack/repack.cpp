@@ -191,14 +191,16 @@ void unpack_row(DType t, const void* data, int64_t N, int64_t K, int64_t row, vo
       std::memcpy(out + k * esz, panel + (k * kPackRows + r) * esz, static_cast<size_t>(esz));
     return;
   }
-  // Q8_0 (repack_panel): block b's chunk c holds row r's qs[4c .. 4c + 3] at 4r, as q + 128;
-  // its d at nb * 512 + 32b + 2r.
-  const int64_t nb = K / 32;
+  // Q8_0, repack_panel undone: block b's chunk c holds row r's qs[4c .. 4c + 3] at 4r, as
+  // q + 128; the panel's d follow its qs, 16 a block.
+  const BaseLayout L = base_layout(DType::Q8_0);
+  const int64_t nb = K / 32, qsb = 512;
   for (int64_t b = 0; b < nb; ++b) {
-    uint8_t* blk = out + b * 34;
-    std::memcpy(blk, panel + nb * 512 + b * 32 + 2 * r, 2);
+    uint8_t* blk = out + b * L.type_size;
+    std::memcpy(blk, panel + nb * qsb + b * 32 + 2 * r, 2);
     for (int c = 0; c < 8; ++c)
-      for (int i = 0; i < 4; ++i) blk[2 + 4 * c + i] = panel[b * 512 + 64 * c + 4 * r + i] ^ 0x80;
+      for (int i = 0; i < 4; ++i)
+        blk[L.qs_off + 4 * c + i] = panel[b * qsb + 64 * c + 4 * r + i] ^ 0x80;
   }
 }
 

@@ -29,8 +29,6 @@ namespace vllmx {
 
 namespace {
 
-constexpr int64_t kPrefetchBytes = 4096;
-
 VLLMX_TARGET_AVX2 inline __m256i bcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -146,8 +144,7 @@ VLLMX_TARGET_AVX2 void gemm_avx2(const uint8_t* panel, int64_t nb, const uint8_t
     // kPrefetchBytes ahead, so that memory never waits on a second pass.
     constexpr int64_t kBlockBytes = kPackRows * P::type_size;
     for (int64_t b = 0; b < nb; ++b) {
-      const char* pf = reinterpret_cast<const char*>(panel) + kPrefetchBytes + b * kBlockBytes;
-      for (int64_t l = 0; l < (kBlockBytes + 63) / 64; ++l) _mm_prefetch(pf + 64 * l, _MM_HINT_T0);
+      prefetch_lines(panel + kPrefetchBytes + b * kBlockBytes, kBlockBytes);
       for (int h = 0; h < 2; ++h) block<KIND, R>(panel, nb, b, h, xq, xd, xt, acc[h], macc[h]);
     }
   } else {
@@ -156,11 +153,7 @@ VLLMX_TARGET_AVX2 void gemm_avx2(const uint8_t* panel, int64_t nb, const uint8_t
     constexpr int64_t kBlockBytes = kPackRows * P::type_size;
     for (int h = 0; h < 2; ++h)
       for (int64_t b = 0; b < nb; ++b) {
-        if (h == 0) {
-          const char* pf = reinterpret_cast<const char*>(panel) + kPrefetchBytes + b * kBlockBytes;
-          for (int64_t l = 0; l < (kBlockBytes + 63) / 64; ++l)
-            _mm_prefetch(pf + 64 * l, _MM_HINT_T0);
-        }
+        if (h == 0) prefetch_lines(panel + kPrefetchBytes + b * kBlockBytes, kBlockBytes);
         block<KIND, R>(panel, nb, b, h, xq, xd, xt, acc[h], macc[h]);
       }
   }

@@ -69,9 +69,7 @@ VLLMX_TARGET_AVX512VNNI void gemm_k_vnni(const uint8_t* panel, int64_t nb, const
   const __m512i lo4 = _mm512_set1_epi8(0x0F);
   for (int64_t s = 0; s < nb; ++s) {
     const uint8_t* o = panel + s * P::block_bytes;
-    // Decode and verify steps stream the weights once: fetch the next super-block early.
-    for (int64_t l = 0; l < P::block_bytes; l += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(o + P::block_bytes + l), _MM_HINT_T0);
+    prefetch_lines(o + P::block_bytes, P::block_bytes);  // the next super-block, early
     const int8_t* xs_q[R];
     const int32_t* xs_t[R];
     for (int t = 0; t < R; ++t) {

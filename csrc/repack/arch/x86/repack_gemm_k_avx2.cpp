@@ -239,9 +239,7 @@ VLLMX_TARGET_AVX2 void gemm_k_avx2(const uint8_t* panel, int64_t nb, const uint8
     // Decode streams the weights once: both halves of a super-block while its lines arrive,
     // with the next super-block fetched ahead, so that memory never waits on a second pass.
     for (int64_t s = 0; s < nb; ++s) {
-      const uint8_t* next = panel + (s + 1) * PackK<KIND>::block_bytes;
-      for (int64_t l = 0; l < PackK<KIND>::block_bytes; l += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(next + l), _MM_HINT_T0);
+      prefetch_lines(panel + (s + 1) * PackK<KIND>::block_bytes, PackK<KIND>::block_bytes);
       for (int h = 0; h < 2; ++h) superblock<KIND, R>(panel, s, h, xq, xd, xt, acc[h]);
     }
   } else {
@@ -249,11 +247,8 @@ VLLMX_TARGET_AVX2 void gemm_k_avx2(const uint8_t* panel, int64_t nb, const uint8
     // fetching the next super-block ahead as decode does, the second reading it from L1.
     for (int h = 0; h < 2; ++h)
       for (int64_t s = 0; s < nb; ++s) {
-        if (h == 0) {
-          const uint8_t* next = panel + (s + 1) * PackK<KIND>::block_bytes;
-          for (int64_t l = 0; l < PackK<KIND>::block_bytes; l += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(next + l), _MM_HINT_T0);
-        }
+        if (h == 0)
+          prefetch_lines(panel + (s + 1) * PackK<KIND>::block_bytes, PackK<KIND>::block_bytes);
         superblock<KIND, R>(panel, s, h, xq, xd, xt, acc[h]);
       }
   }
