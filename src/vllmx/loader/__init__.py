@@ -102,3 +102,6 @@ def _token_ids(tokenizer, tokens: list[str]) -> list[int]:
     if missing:
         raise ValueError(f"classifier_from_token {missing} not in the vocabulary")
     return ids
+
+
+__all__ = ["DEFAULT_MODEL", "DEFAULT_POOLING_MODEL", "load_model", "resolve_model"]

@@ -38,8 +38,9 @@ _E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
 
 def _refuse(what: str) -> ValueError:
     return ValueError(f"compressed-tensors checkpoint: {what} is not supported; vllmx runs "
-                      f"integer (pack-quantized, int-quantized) and fp8 (float-quantized) "
-                      f"weights per tensor, channel, group or block")
+                      f"integer (pack-quantized, int-quantized), fp8 (float-quantized) and fp4 "
+                      f"(nvfp4- / mxfp4-pack-quantized) weights per tensor, channel, group or "
+                      f"block")
 
 
 def check_config(quant: dict) -> None:

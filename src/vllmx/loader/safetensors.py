@@ -13,7 +13,7 @@ from vllmx.device import I32, I64, U8
 from vllmx.ops import BF16, F16, F32, Weight
 
 # Quantized checkpoints' fp8 (e4m3, read as its bytes) and int8 weights: ids of the loader's
-# own, which loader/compressed_tensors.py turns into dense weights (no kernel reads them).
+# own, which loader/quantization.py turns into dense weights (no kernel reads them).
 FP8_E4M3, I8 = -1001, -1002
 # U8: packed tensors a model converts itself (gpt-oss's MXFP4 expert blocks and scales); the
 # integer and bool ones: index tables (EAGLE-3's d2t / t2d) and compressed-tensors' packed

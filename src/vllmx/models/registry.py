@@ -136,6 +136,6 @@ def _check_quantization(hf_config: dict, archs: list[str]) -> None:
         return
     raise ValueError(
         f"quantization_config quant_method {method!r} is not supported: vllmx reads f32 / f16 / "
-        f"bf16 safetensors (and gpt-oss's MXFP4 experts, compressed-tensors' integer and fp8 "
-        f"weights, fp8 with block scales, GPTQ and AWQ) and GGUF files; use a GGUF of this model, or `vllmx quantize` one from its "
-        f"unquantized checkpoint")
+        f"bf16 safetensors (and gpt-oss's MXFP4 experts, and the quant_methods "
+        f"{', '.join(sorted(quantization.methods()))}) and GGUF files; use a GGUF of this "
+        f"model, or `vllmx quantize` one from its unquantized checkpoint")
