@@ -12,6 +12,7 @@
 // A case is BxCTXxNQxNKV (head size 128, block size 16); --splits forces the partition count
 // (else plan_attention's rule). Prints µs a launch and the KV read rate.
 #include "../cuda/attention_decode.cu"
+#include "bf16_host.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -42,17 +43,8 @@ __global__ void stream_kernel(const uint4* p, size_t n, uint4* sink) {
   if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x12345678u) *sink = acc;  // keeps the loads
 }
 
-uint16_t to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-float from_bf16(uint16_t h) {
-  uint32_t u = uint32_t(h) << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
+using bench::from_bf16;
+using bench::to_bf16;
 
 // plan_attention's decode rule (cuda/attention.cu): every CTA resident, kDecCtasPerSm an SM,
 // partitions of >= kMinPartition keys.

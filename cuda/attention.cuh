@@ -178,8 +178,9 @@ __device__ __forceinline__ void merge_partials(const AttnArgs& a, int* done, int
 }
 
 // Keys [k0, k0 + ROWS) of kv head g of the sequence whose block-table row is bt_row -> rows
-// of the Ks / Vs tiles, by NT threads, one cp.async group; dst(r, c) is the element offset of
-// 16-byte chunk c of tile row r (a padded or a swizzled layout). Keys at or past kend are
+// of the Ks / Vs tiles, by NT threads (a CTA's first NT, or with NT = 32 the lanes of any one
+// warp), one cp.async group; dst(r, c) is the element offset of 16-byte chunk c of tile row r (a
+// padded or a swizzled layout). Keys at or past kend are
 // zero-filled (never garbage: 0 * NaN would poison P @ V). Key `hole` is left alone (neither
 // loaded nor zeroed): decode loads it separately.
 // Each thread always moves chunk threadIdx.x % (D / 8) of every (NT / (D / 8))-th row, so a row
@@ -192,7 +193,8 @@ __device__ __forceinline__ void gather_kv_rows(const AttnArgs& a, const int32_t*
                                                int hole = -1) {
   constexpr int CPR = D / 8, RPP = NT / CPR;  // rows per pass of the NT threads
   static_assert(NT % CPR == 0 && ROWS % RPP == 0, "K/V tile loads");
-  const int c = threadIdx.x % CPR, r0 = threadIdx.x / CPR, bs = a.block_size;
+  const unsigned tid = NT == 32 ? threadIdx.x % 32 : threadIdx.x;  // (32: any one warp's lanes)
+  const int c = tid % CPR, r0 = tid / CPR, bs = a.block_size;
   const KV* kc = static_cast<const KV*>(a.kc) + static_cast<int64_t>(g) * D + c * 8;
   const KV* vc = static_cast<const KV*>(a.vc) + static_cast<int64_t>(g) * D + c * 8;
   const int row_elems = a.nkv * D;

@@ -14,8 +14,9 @@
 // Two CTAs fit an SM (83 KB of shared memory, 128 threads each), so one's softmax runs while
 // the other's MMAs do. K/V tiles arrive by cp.async (the paged cache's rows are gathered
 // through the block table, so no TMA box describes a tile), double-buffered, in the 128-byte
-// swizzled layout wgmma reads without bank conflicts. The instructions are CuTe's wrappers
-// (CUTLASS headers, build-time only); the descriptors and layouts are written out here.
+// swizzled layout wgmma reads without bank conflicts (the layout, descriptors and instructions:
+// attention_sm90.cuh). A warp-specialized, TMA-fed layout of 128-row CTAs (FlashAttention 3's)
+// measured slower here: bench/prefill_ws_sm90.cu.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -23,7 +24,7 @@
 #include <utility>
 
 #include "attention.cuh"
-#include "cute/arch/mma_sm90_gmma.hpp"
+#include "attention_sm90.cuh"
 
 #if !defined(CUTE_ARCH_MMA_SM90A_ENABLED) && defined(__CUDA_ARCH__)
 #error "cuda/attention_prefill_sm90.cu is built for sm_90a only"
@@ -33,7 +34,7 @@ namespace vllmx::cuda::attn {
 
 namespace {
 
-namespace gmma = cute::SM90::GMMA;
+using namespace sm90;
 
 constexpr int kThreads = 128;          // one warpgroup
 constexpr int kBM = kSm90PrefillRows;  // query rows per CTA: wgmma's M
@@ -46,79 +47,6 @@ constexpr int smem_bytes() {
   return (kBM + 2 * kStages * kBN) * D * 2 + 1024;  // Q, K and V stages; 1024: base alignment
 }
 
-// Byte offset of 16-byte chunk c (of D / 8) of row r in a [rows][D] tile stored as wgmma's
-// 128-byte swizzle wants it: D / 64 column blocks of [rows][64 elements], 128-byte rows, chunk
-// c's slot within a row XORed with the row's index in its 8-row (1024-byte) atom.
-__device__ __forceinline__ uint32_t swizzled(int r, int c, int rows) {
-  return static_cast<uint32_t>(((c >> 3) * rows + r) * 128 + (((c & 7) ^ (r & 7)) << 4));
-}
-
-// A shared-memory matrix descriptor for the 128-byte swizzle (layout type 1): start address,
-// leading byte offset (MN-major: between 64-element column blocks; K-major: unused, 16), stride
-// byte offset (between 8-row atoms: 1024). Addresses in 16-byte units.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
-         static_cast<uint64_t>(lbo >> 4) << 16 | static_cast<uint64_t>(sbo >> 4) << 32 |
-         uint64_t{1} << 62;
-}
-
-// The wgmma instructions for the cache dtype: S (64 x 64 keys, both operands in shared memory)
-// and O (64 x D, P from registers, V column-major in the MMA's terms).
-template <typename KV, int D>
-struct Mma;
-template <>
-struct Mma<__nv_bfloat16, 128> {
-  using S = gmma::MMA_64x64x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
-  using O = gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::MN>;
-};
-template <>
-struct Mma<__nv_bfloat16, 64> {
-  using S = gmma::MMA_64x64x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
-  using O = gmma::MMA_64x64x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::MN>;
-};
-template <>
-struct Mma<__half, 128> {
-  using S = gmma::MMA_64x64x16_F32F16F16_SS<gmma::Major::K, gmma::Major::K>;
-  using O = gmma::MMA_64x128x16_F32F16F16_RS<gmma::Major::K, gmma::Major::MN>;
-};
-template <>
-struct Mma<__half, 64> {
-  using S = gmma::MMA_64x64x16_F32F16F16_SS<gmma::Major::K, gmma::Major::K>;
-  using O = gmma::MMA_64x64x16_F32F16F16_RS<gmma::Major::K, gmma::Major::MN>;
-};
-
-// The CuTe wrappers take each accumulator register as its own argument.
-template <class Op, int N, size_t... I>
-__device__ __forceinline__ void wgmma_ss(uint64_t da, uint64_t db, float (&d)[N],
-                                         gmma::ScaleOut sc, std::index_sequence<I...>) {
-  Op::fma(da, db, d[I]..., sc);
-}
-template <class Op, int N, size_t... I>
-__device__ __forceinline__ void wgmma_rs(const uint32_t (&a)[4], uint64_t db, float (&d)[N],
-                                         std::index_sequence<I...>) {
-  Op::fma(a[0], a[1], a[2], a[3], db, d[I]..., gmma::ScaleOut::One);
-}
-
-// Registers an async MMA writes (or reads) stay where they are across its wait.
-template <int N>
-__device__ __forceinline__ void fence_regs(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) cute::warpgroup_fence_operand(r[i]);
-}
-
-// This thread's shared-memory writes (cp.async, plain stores) made visible to wgmma, which
-// reads shared memory through the async proxy.
-__device__ __forceinline__ void fence_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// 2^x in one MUFU instruction (exp2f adds range handling the softmax does not need: its
-// arguments are <= 0 or -inf, whose 2^x is +0).
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 template <int D, typename KV>
 __global__ void __launch_bounds__(kThreads, 2) prefill_sm90_kernel(AttnArgs a) {
@@ -132,7 +60,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_sm90_kernel(AttnArgs a) {
   constexpr int NS = kBN / 2;              // S accumulators per thread (64 x kBN over 128)
   constexpr int NO = D / 2;                // O accumulators per thread
   constexpr bool kKvBf = std::is_same_v<KV, __nv_bfloat16>;
-  using M = Mma<KV, D>;
+  using M = Mma<KV, kBN, D>;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int G = a.G;

@@ -14,21 +14,17 @@
 //
 // Batch invariant as gemm_skinny.cu's kernel is (the split and the summation order are fixed by
 // N and K), though not bit-equal to it. Compiled for sm_90a only (cmake/cutlass_sm90.cmake).
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
-#include <mutex>
-#include <unordered_map>
-
 #include "gemm_skinny.cuh"
+#include "tma_sm90.cuh"
 
 namespace vllmx::cuda::lin {
 
 namespace {
 
 using namespace skinny;
+using namespace tma;
 
-constexpr int kBK = 64;                      // K per stage: one 128-byte swizzled box row
+constexpr int kBK = kBoxCols;                // K per stage: one 128-byte swizzled box row
 constexpr int kConsumerWarps = kThreads / 32;
 constexpr int kBulkThreads = kThreads + 32;  // the consumers and one producer warp
 constexpr int kMinStagesPerSplit = 8;        // a split shorter than this is mostly pipeline fill
@@ -58,38 +54,6 @@ __device__ __forceinline__ int swizzled(int r, int k) {
   return r * 128 + (((k / 8) ^ (r % 8)) * 16);
 }
 
-__device__ __forceinline__ void mbar_init(uint64_t* b, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(b)), "r"(count));
-}
-// The producer's arrival on a stage's full barrier, announcing the bytes its copies will bring.
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* b, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(b)),
-               "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* b) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(b)) : "memory");
-}
-// Waits until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t* b, uint32_t parity) {
-  asm volatile(
-      "{\n\t.reg .pred done;\n"
-      "WAIT:\n\t"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
-      "@!done bra WAIT;\n}" ::"r"(smem_addr(b)),
-      "r"(parity)
-      : "memory");
-}
-// The box of map at (k, row) into shared dst, counted on barrier b.
-__device__ __forceinline__ void tma_box(void* dst, const CUtensorMap& map, int k, int row,
-                                        uint64_t* b) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3}], [%4];" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(&map)), "r"(k), "r"(row), "r"(smem_addr(b))
-      : "memory");
-}
-
 // NT: 8-token mma tiles (T <= 8 NT). w_map / x_map: boxes of 64 rows / TT tokens x kBK.
 // partials / counters: split-K scratch (splits > 1).
 template <typename T, int NT, int C>
@@ -114,7 +78,7 @@ __global__ void __launch_bounds__(kBulkThreads, C)
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], kConsumerWarps);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    mbar_fence_init();
   }
   __syncthreads();
 
@@ -176,70 +140,6 @@ __global__ void __launch_bounds__(kBulkThreads, C)
   }
 
   skinny_epilogue<NT>(a, kBf, acc, n0, partials, counters, warp < kConsumerWarps);
-}
-
-// A 2-D tensor map over rows of 16-bit elements: boxes of kBK elements x box_rows rows,
-// 128-byte swizzled, zeros past its edges. False where the driver refuses it.
-bool make_map(CUtensorMap* map, const void* base, int64_t cols, int64_t rows,
-              int64_t row_stride, int box_rows) {
-  static const auto encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-#if CUDART_VERSION >= 12050
-    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
-                                                             cudaEnableDefault, &q);
-#else
-    const cudaError_t err =
-        cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &q);
-#endif
-    if (err != cudaSuccess || q != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  if (encode == nullptr) return false;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_stride) * 2};
-  const cuuint32_t box[2] = {kBK, static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(base), dims, strides,
-                box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-// make_map through a cache: encoding is host work on every eager launch (mixed steps,
-// enforce_eager; a graph captures its maps once), and a map is a function of its arguments
-// alone, so the weights' maps (and the activation buffers', per T) are encoded once. Cleared
-// when full; a buffer freed and reallocated at the same address with the same shape gets the
-// same, still right, map.
-bool cached_map(CUtensorMap* map, const void* base, int64_t cols, int64_t rows,
-                int64_t row_stride, int box_rows) {
-  struct Key {
-    const void* base;
-    int64_t cols, rows, stride;
-    int box_rows;
-    bool operator==(const Key&) const = default;
-  };
-  struct KeyHash {
-    size_t operator()(const Key& k) const {
-      size_t h = std::hash<const void*>()(k.base);
-      for (int64_t v : {k.cols, k.rows, k.stride, int64_t{k.box_rows}})
-        h = h * 1000003u ^ std::hash<int64_t>()(v);
-      return h;
-    }
-  };
-  static std::mutex mu;
-  static std::unordered_map<Key, CUtensorMap, KeyHash> cache;
-  const Key key{base, cols, rows, row_stride, box_rows};
-  std::lock_guard<std::mutex> lock(mu);
-  if (auto it = cache.find(key); it != cache.end()) {
-    *map = it->second;
-    return true;
-  }
-  if (!make_map(map, base, cols, rows, row_stride, box_rows)) return false;
-  if (cache.size() >= 4096) cache.clear();
-  cache.emplace(key, *map);
-  return true;
 }
 
 template <typename T, int NT, int C>

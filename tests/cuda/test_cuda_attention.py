@@ -140,9 +140,13 @@ def test_attention_mixed_q_and_cache_dtypes(qdt, cdt):
     check_attention(CHUNKED + DECODE, (16, 8), 128, qdt, cdt, seed=5)
 
 
-@pytest.mark.parametrize("block_size", [1, 7, 32])
-def test_attention_block_sizes(block_size):
-    check_attention(CHUNKED[:5] + DECODE[:5], (8, 2), 64, BF16, BF16, block_size=block_size)
+@pytest.mark.parametrize("block_size", [1, 7, 32, 48, 256])
+@pytest.mark.parametrize("D", [64, 128])
+def test_attention_block_sizes(block_size, D):
+    """Block sizes the paged rows' gather takes by a shift (32, 256) or a division (1, 7, 48),
+    blocks shorter and longer than a K/V tile, a prompt of several tiles after a context."""
+    check_attention(CHUNKED[:5] + DECODE[:5] + [(700, 300)], (8, 2), D, BF16, BF16,
+                    block_size=block_size)
 
 
 def test_attention_many_decode_rows():

@@ -1,0 +1,442 @@
+// A candidate for cuda/attention_prefill_sm90.cu, measured and not taken (yet): prefill
+// attention laid out as FlashAttention 3 lays out its forward kernel, warp-specialized, with the
+// K/V tiles brought by the tensor memory accelerator. Compiled only by
+// bench/attention_prefill_bench.cu (-DVLLMX_PREFILL_VARIANT_ROWS=128), which times it beside the
+// kernel in use: on the H200 (2026-12-06) it was right on every case and 0.78-0.85x as fast
+// (bench/results/gpu_attention_prefill_ws.json); why is the next question (ncu's stall reasons).
+//
+// One CTA: kBM = 128 query rows of one (sequence, kv head), rows flattened (token, head of the
+// group) as in attention.cu, so a GQA group's heads share every K/V tile; three roles:
+//   - a producer warp moves 128-key K and V tiles into two stages each, in the 128-byte
+//     swizzled layout wgmma reads. The paged cache has no box for a whole tile, but each
+//     block's run of rows is one: a key tile is kBN / box_rows boxes per 64 columns, box_rows
+//     the largest power of two (<= kBN, >= 8) dividing the block size, each counted on the
+//     stage's full barrier. The tile that ends past the sequence (its rows there must be
+//     zeros: 0 * NaN would poison P V), and every tile of a block size with no such box, come
+//     by cp.async from the warp's lanes instead (gather_kv_rows, zero-filled).
+//   - two consumer warpgroups, 64 rows each: per tile S = Q K^T (wgmma m64n128k16, both from
+//     shared memory), online softmax in f32 registers, O += P V (P from registers). Each issues
+//     S for tile t and behind it P V for tile t - 1, then runs tile t's softmax while that
+//     P V runs (FlashAttention 3's intra-warpgroup pipelining), and the two take turns to
+//     issue (named barriers: one's softmax overlaps the other's MMAs, the ping-pong).
+// Stages are handed back through empty barriers, K's after its S, V's after its P V, so the
+// producer refills a K stage one tile before the V stage beside it. Its masking, softmax and
+// row stores repeat the kernel in use's text: helpers shared by both changed that kernel's
+// machine code (registers 163 -> 197), which only a GPU run could clear, so they wait for the
+// candidate to be taken or dropped.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <type_traits>
+#include <utility>
+
+#include "attention.cuh"
+#include "attention_sm90.cuh"
+#include "tma_sm90.cuh"
+
+#if !defined(CUTE_ARCH_MMA_SM90A_ENABLED) && defined(__CUDA_ARCH__)
+#error "bench/prefill_ws_sm90.cu is built for sm_90a only"
+#endif
+
+namespace vllmx::cuda::attn {
+
+namespace {
+
+using namespace sm90;
+using namespace tma;
+
+constexpr int kConsumers = 2;                     // warpgroups of 64 query rows
+constexpr int kConsumerThreads = kConsumers * 128;
+constexpr int kConsumerWarps = kConsumerThreads / 32;
+// And a producer warpgroup, of which one warp works: registers are allocated a warpgroup at a
+// time, and setmaxnreg (a warpgroup's instruction) moves the producer's to the consumers,
+// whose S, P and O tiles need 232 (168 each, the even split, spilled).
+constexpr int kThreads = kConsumerThreads + 128;
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536, "register file");
+constexpr int kBM = 128;                          // query rows per CTA
+constexpr int kBN = 128;                          // keys per K/V tile
+constexpr int kStages = 2;                        // of K, and of V
+static_assert(kBM == 64 * kConsumers, "one 64-row wgmma tile per consumer warpgroup");
+// Named barriers (0 is __syncthreads): each consumer's turn to issue, and each one's own.
+constexpr int kTurnBar = 1, kGroupBar = 1 + kConsumers;
+
+template <int D>
+constexpr int kTileBytes = kBN * D * 2;
+template <int D>
+constexpr int smem_bytes() {  // Q, the K and V stages, their 4 barriers each; 1024: alignment
+  return kBM * D * 2 + 2 * kStages * kTileBytes<D> + 4 * kStages * 8 + 1024;
+}
+
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+
+// A CTA's work: rows row_start .. row_start + kBM of sequence b's flattened (token, head of
+// group g) rows, and the keys they see, in ntiles tiles from kbeg.
+struct CtaTile {
+  int b, g, row_start, q0, ctx_start, rows, first_tok, last_tok, kbeg, kend, ntiles;
+};
+
+__device__ __forceinline__ CtaTile cta_tile(const AttnArgs& a, int2 tile, int box_rows) {
+  CtaTile t;
+  t.b = tile.x, t.row_start = tile.y, t.g = blockIdx.y;
+  const int q_len = a.qsl[t.b + 1] - a.qsl[t.b];
+  t.q0 = a.qsl[t.b];
+  t.ctx_start = a.seq_lens[t.b] - q_len;
+  t.rows = q_len * a.G;
+  t.first_tok = t.row_start / a.G;
+  t.last_tok = min(t.rows - 1, t.row_start + kBM - 1) / a.G;
+  t.kend = t.ctx_start + t.last_tok + 1;
+  // Tiles start on a box boundary (keys below a window's start are masked like any other).
+  const int align = box_rows > 0 ? box_rows : 1;
+  t.kbeg = visible_lo(t.ctx_start + t.first_tok, a.window) / align * align;
+  t.ntiles = (t.kend - t.kbeg + kBN - 1) / kBN;
+  return t;
+}
+
+// The producer warp: K and V tiles t = 0 .. ntiles - 1 of keys kbeg + t kBN into their stages.
+template <int D, typename KV>
+__device__ __forceinline__ void produce(const AttnArgs& a, const CtaTile& ct,
+                                        const CUtensorMap& kmap, const CUtensorMap& vmap,
+                                        int box_rows, char* Ks, char* Vs, uint64_t* full_k,
+                                        uint64_t* full_v, uint64_t* empty_k, uint64_t* empty_v) {
+  const int lane = threadIdx.x % 32, bs = a.block_size, g = ct.g;
+  const int kbeg = ct.kbeg, kend = ct.kend, ntiles = ct.ntiles;
+  const int32_t* bt_row = a.bt + static_cast<int64_t>(ct.b) * a.bt_stride;
+  for (int t = 0; t < ntiles; ++t) {
+    const int st = t % kStages, k0 = kbeg + t * kBN;
+    const uint32_t freed = (t / kStages - 1) & 1;  // the parity of the stage's last release
+    char* const kt = Ks + st * kTileBytes<D>;
+    char* const vt = Vs + st * kTileBytes<D>;
+    if (box_rows > 0 && k0 + kBN <= kend) {
+      if (lane == 0) {
+        // One block's run of box_rows keys a box: kbeg and kBN are multiples of box_rows, which
+        // divides the block size, so no box straddles two blocks.
+        auto boxes = [&](const CUtensorMap& map, char* dst, uint64_t* full) {
+          mbar_expect_tx(full, kTileBytes<D>);
+          for (int j = 0; j < kBN; j += box_rows) {
+            const int key = k0 + j, page = key / bs;
+            const int slot = bt_row[page] * bs + key - page * bs;
+#pragma unroll
+            for (int cb = 0; cb < D / 64; ++cb)
+              tma_box(dst + (cb * kBN + j) * 128, map, g * D + cb * 64, slot, full);
+          }
+        };
+        if (t >= kStages) mbar_wait(&empty_k[st], freed);
+        boxes(kmap, kt, &full_k[st]);
+        if (t >= kStages) mbar_wait(&empty_v[st], freed);
+        boxes(vmap, vt, &full_v[st]);
+      }
+    } else {
+      if (t >= kStages) {
+        mbar_wait(&empty_k[st], freed);
+        mbar_wait(&empty_v[st], freed);
+      }
+      // 32 rows at a time: the producer's few registers hold one pass's addresses.
+#pragma unroll 1
+      for (int r0 = 0; r0 < kBN; r0 += 32)
+        gather_kv_rows<D, 32, 32>(a, bt_row, g, k0 + r0, kend, reinterpret_cast<KV*>(kt),
+                                  reinterpret_cast<KV*>(vt), [r0](int r, int c) {
+                                    return static_cast<int>(swizzled(r0 + r, c, kBN) / 2);
+                                  });
+      cp_async_wait<0>();
+      fence_async_shared();
+      __syncwarp();
+      if (lane == 0) {
+        mbar_arrive(&full_k[st]);
+        mbar_arrive(&full_v[st]);
+      }
+    }
+    __syncwarp();
+  }
+}
+
+// A consumer warpgroup: rows wg * 64 .. wg * 64 + 63 of the CTA's row_start .. + kBM.
+template <int D, typename KV>
+__device__ __forceinline__ void consume(const AttnArgs& a, const CtaTile& ct, char* Qs,
+                                        uint32_t q_addr, uint32_t k_addr, uint32_t v_addr,
+                                        uint64_t* full_k, uint64_t* full_v, uint64_t* empty_k,
+                                        uint64_t* empty_v) {
+  constexpr int CPR = D / 8;               // 16-byte chunks per row
+  constexpr int NS = kBN / 2;              // S accumulators per thread (64 x kBN over 128)
+  constexpr int NO = D / 2;                // O accumulators per thread
+  constexpr bool kKvBf = std::is_same_v<KV, __nv_bfloat16>;
+  using M = Mma<KV, kBN, D>;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int G = a.G, g = ct.g, R = ct.rows, q0 = ct.q0, ctx_start = ct.ctx_start;
+  const int kbeg = ct.kbeg, kend = ct.kend, ntiles = ct.ntiles;
+  const int wg = warp / 4, wtid = tid % 128, wwarp = warp % 4;
+  const int row0 = ct.row_start + wg * 64;
+  for (int i = wtid; i < 64 * CPR; i += 128) {  // its Q rows, in the cache dtype
+    const int r = i / CPR, c = i % CPR, f = row0 + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (f < R) {
+      const int tok = f / G, head = g * G + f % G;
+      v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.q) +
+                                          (q0 + tok) * a.q_stride +
+                                          static_cast<int64_t>(head) * D + c * 8);
+      if (a.q_bf16 != kKvBf) {
+        float f8[8];
+        unpack8(v, a.q_bf16, f8);
+        v = pack8(f8, kKvBf);
+      }
+    }
+    *reinterpret_cast<uint4*>(Qs + swizzled(wg * 64 + r, c, kBM)) = v;
+  }
+  fence_async_shared();
+  named_sync(kGroupBar + wg, 128);
+  // The first turn is consumer 0's.
+  if (wg == 1) named_arrive(kTurnBar, kConsumerThreads);
+  auto my_turn = [&] { named_sync(kTurnBar + wg, kConsumerThreads); };
+  auto pass_turn = [&] { named_arrive(kTurnBar + (wg ^ 1), kConsumerThreads); };
+  auto release = [&](uint64_t* bar) {
+    if (lane == 0) mbar_arrive(bar);
+  };
+
+  // This thread's two rows: lane / 4 and lane / 4 + 8 of its warp's 16.
+  int pos[2], lo[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int f = row0 + wwarp * 16 + lane / 4 + h * 8;
+    pos[h] = ctx_start + f / G;
+    lo[h] = visible_lo(pos[h], a.window);
+  }
+  // CTA-uniform bounds that let whole tiles skip the mask.
+  const int pos_first = ctx_start + ct.first_tok;
+  const int lo_last = visible_lo(ctx_start + ct.last_tok, a.window);
+
+  // Accumulator element i of a 64 x N wgmma tile: row lane / 4 + 8 * ((i / 2) % 2) of the
+  // warp's 16, column 8 * (i / 4) + 2 * (lane % 4) + i % 2 (the mma.sync m16n8 layout, repeated).
+  float o[NO];
+#pragma unroll
+  for (int i = 0; i < NO; ++i) o[i] = 0.f;
+  // Running row maxima in S's units (scores before scaling; the scale is positive, so the
+  // maxima commute with it) and sums of 2^(scaled score - scaled max).
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  // exp(scale * s) = 2^(s * mul); soft cap: s -> cap * tanh(scale * s / cap) first, then mul = log2 e.
+  const bool softcap = a.cap > 0.f;
+  const float mul = softcap ? kLog2e : a.scale * kLog2e;
+  const float cap_in = softcap ? a.scale / a.cap : 0.f;
+
+  auto issue_s = [&](float (&s)[NS], int st) {
+    const uint32_t kt = k_addr + st * kTileBytes<D>;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint64_t da =
+          sw128_desc(q_addr + (kk / 4) * kBM * 128 + wg * 64 * 128 + (kk % 4) * 32, 16, 1024);
+      const uint64_t db = sw128_desc(kt + (kk / 4) * kBN * 128 + (kk % 4) * 32, 16, 1024);
+      wgmma_ss<typename M::S>(da, db, s, kk == 0 ? gmma::ScaleOut::Zero : gmma::ScaleOut::One,
+                              std::make_index_sequence<NS>{});
+    }
+    cute::warpgroup_commit_batch();
+  };
+  // P as wgmma's register A fragments: for keys 16 kk .. 16 kk + 15, the accumulators of key
+  // octets 2 kk and 2 kk + 1 (rows lane / 4, lane / 4 + 8), as mma.sync's m16n8k16 A.
+  uint32_t p[kBN / 16][4];
+  auto issue_pv = [&](int st) {  // O += P V: 16 keys a step, 2048 bytes of V's column block
+    const uint32_t vt = v_addr + st * kTileBytes<D>;
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk)
+      wgmma_rs<typename M::O>(p[kk], sw128_desc(vt + kk * 2048, kBN * 128, 1024), o,
+                              std::make_index_sequence<NO>{});
+    cute::warpgroup_commit_batch();
+  };
+  // Mask, then the online softmax of tile k0's scores: s becomes 2^(scaled score - new max),
+  // l takes the tile's sums, corr the factor O must take before this tile's P V adds to it.
+  auto softmax = [&](float (&s)[NS], int k0, float (&corr)[2]) {
+    if (softcap) {
+#pragma unroll
+      for (int i = 0; i < NS; ++i) s[i] = a.cap * tanhf(s[i] * cap_in);
+    }
+    if (k0 + kBN > kend || k0 + kBN - 1 > pos_first || (a.window > 0 && k0 < lo_last)) {
+#pragma unroll
+      for (int i = 0; i < NS; ++i) {
+        const int col = k0 + 8 * (i / 4) + 2 * (lane % 4) + i % 2, h = (i / 2) % 2;
+        if (!(col < kend && col <= pos[h] && col >= lo[h])) s[i] = -INFINITY;
+      }
+    }
+    // A row's kBN scores sit in the 4 lanes of a quad.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < NS / 4; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mnew = fmaxf(m[h], mx);
+      const float base = mnew == -INFINITY ? 0.f : mnew * mul;  // nothing visible yet: 0
+      corr[h] = ex2(fmaf(m[h], mul, -base));
+      m[h] = mnew;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < NS / 4; ++j) {
+        s[4 * j + 2 * h] = ex2(fmaf(s[4 * j + 2 * h], mul, -base));
+        s[4 * j + 2 * h + 1] = ex2(fmaf(s[4 * j + 2 * h + 1], mul, -base));
+        sum += s[4 * j + 2 * h] + s[4 * j + 2 * h + 1];
+      }
+      l[h] = l[h] * corr[h] + sum;
+    }
+  };
+  auto rescale_and_pack = [&](const float (&s)[NS], const float (&corr)[2]) {
+#pragma unroll
+    for (int j = 0; j < NO / 4; ++j) {
+      o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0];
+      o[4 * j + 2] *= corr[1], o[4 * j + 3] *= corr[1];
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        p[kk][r] = F16Ops<KV>::pack2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+  };
+
+  float s[NS], corr[2];
+  // Tile 0: S alone.
+  mbar_wait(&full_k[0], 0);
+  my_turn();
+  cute::warpgroup_arrive();
+  issue_s(s, 0);
+  pass_turn();
+  cute::warpgroup_wait<0>();
+  fence_regs(s);
+  release(&empty_k[0]);
+  softmax(s, kbeg, corr);
+  rescale_and_pack(s, corr);
+  // Tile t: S_t, and behind it P_{t-1} V_{t-1}; tile t's softmax while that runs.
+  for (int t = 1; t < ntiles; ++t) {
+    const int st = t % kStages, pst = (t - 1) % kStages;
+    mbar_wait(&full_k[st], (t / kStages) & 1);
+    mbar_wait(&full_v[pst], ((t - 1) / kStages) & 1);
+    my_turn();
+    fence_regs(o);
+    fence_regs(p);
+    cute::warpgroup_arrive();
+    issue_s(s, st);
+    issue_pv(pst);
+    pass_turn();
+    cute::warpgroup_wait<1>();
+    fence_regs(s);
+    release(&empty_k[st]);
+    softmax(s, kbeg + t * kBN, corr);
+    cute::warpgroup_wait<0>();
+    fence_regs(o);
+    fence_regs(p);
+    release(&empty_v[pst]);
+    rescale_and_pack(s, corr);
+  }
+  // The last tile's P V. (Consumer 1 passes no turn after it: consumer 0 issues nothing more,
+  // and every arrival on a turn barrier meets a wait.)
+  const int lst = (ntiles - 1) % kStages;
+  mbar_wait(&full_v[lst], ((ntiles - 1) / kStages) & 1);
+  my_turn();
+  fence_regs(o);
+  fence_regs(p);
+  cute::warpgroup_arrive();
+  issue_pv(lst);
+  if (wg == 0) pass_turn();
+  cute::warpgroup_wait<0>();
+  fence_regs(o);
+  fence_regs(p);
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int f = row0 + wwarp * 16 + lane / 4 + h * 8;
+    if (f >= R) continue;
+    const int tok = f / G, head = g * G + f % G;
+    const float inv = 1.f / (l[h] + sink_term(a, head, m[h] * mul));
+    uint16_t* dst = static_cast<uint16_t*>(a.out) + (q0 + tok) * a.out_stride +
+                    static_cast<int64_t>(head) * D;
+#pragma unroll
+    for (int j = 0; j < NO / 4; ++j) {
+      const int col = 8 * j + 2 * (lane % 4);
+      *reinterpret_cast<uint32_t*>(dst + col) =
+          pack2_bits(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv, a.out_bf16);
+    }
+  }
+}
+
+template <int D, typename KV>
+__global__ void __launch_bounds__(kThreads, 1)
+    prefill_sm90_kernel(AttnArgs a, const __grid_constant__ CUtensorMap kmap,
+                        const __grid_constant__ CUtensorMap vmap, int box_rows) {
+  pdl_begin();
+  const int num_tiles = *a.num_tiles;
+  if (static_cast<int>(blockIdx.x) >= num_tiles) return;
+  // Last tiles first: within a sequence they see the most keys, so the longest CTAs start early.
+  const CtaTile ct = cta_tile(a, a.tiles[num_tiles - 1 - blockIdx.x], box_rows);
+  const int warp = threadIdx.x / 32;
+
+  extern __shared__ uint4 smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  const uint32_t pad = (1024 - raw_addr % 1024) % 1024;
+  char* const Qs = reinterpret_cast<char*>(smem_raw) + pad;
+  char* const Ks = Qs + kBM * D * 2;
+  char* const Vs = Ks + kStages * kTileBytes<D>;
+  uint64_t* const full_k = reinterpret_cast<uint64_t*>(Vs + kStages * kTileBytes<D>);
+  uint64_t* const full_v = full_k + kStages;
+  uint64_t* const empty_k = full_v + kStages;
+  uint64_t* const empty_v = empty_k + kStages;
+  const uint32_t q_addr = raw_addr + pad, k_addr = q_addr + kBM * D * 2;
+  const uint32_t v_addr = k_addr + kStages * kTileBytes<D>;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full_k[s], 1);
+      mbar_init(&full_v[s], 1);
+      mbar_init(&empty_k[s], kConsumerWarps);
+      mbar_init(&empty_v[s], kConsumerWarps);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (warp >= kConsumerWarps) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    if (warp == kConsumerWarps)
+      produce<D, KV>(a, ct, kmap, vmap, box_rows, Ks, Vs, full_k, full_v, empty_k, empty_v);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+    consume<D, KV>(a, ct, Qs, q_addr, k_addr, v_addr, full_k, full_v, empty_k, empty_v);
+  }
+}
+
+template <int D, typename KV>
+void launch_one(const AttnArgs& a, int grid_x, int64_t cache_slots, cudaStream_t s) {
+  constexpr int kSmem = smem_bytes<D>();
+  static const bool smem_ok = (allow_smem(prefill_sm90_kernel<D, KV>, kSmem), true);
+  (void)smem_ok;
+  // Boxes of a block's rows: the largest power of two dividing the block size, up to a tile;
+  // none under 8 rows (a 1024-byte swizzle atom), and none where the driver refuses the maps.
+  int box_rows = std::min(a.block_size & -a.block_size, kBN);
+  CUtensorMap kmap{}, vmap{};
+  const int64_t cols = static_cast<int64_t>(a.nkv) * D;
+  if (box_rows < 8 || !cached_map(&kmap, a.kc, cols, cache_slots, cols, box_rows) ||
+      !cached_map(&vmap, a.vc, cols, cache_slots, cols, box_rows))
+    box_rows = 0;
+  launch(prefill_sm90_kernel<D, KV>, dim3(grid_x, a.nkv), kThreads, kSmem, s, a, kmap, vmap,
+         box_rows);
+}
+
+}  // namespace
+
+void launch_prefill_sm90_variant(const AttnArgs& a, int grid_x, int D, bool bf16_cache,
+                                 int64_t cache_slots, cudaStream_t s) {
+  if (D == 64)
+    bf16_cache ? launch_one<64, __nv_bfloat16>(a, grid_x, cache_slots, s)
+               : launch_one<64, __half>(a, grid_x, cache_slots, s);
+  else
+    bf16_cache ? launch_one<128, __nv_bfloat16>(a, grid_x, cache_slots, s)
+               : launch_one<128, __half>(a, grid_x, cache_slots, s);
+}
+
+}  // namespace vllmx::cuda::attn

@@ -1,0 +1,121 @@
+// Hopper's warpgroup MMAs for the prefill attention kernels on wgmma (sm_90a: cuda/
+// attention_prefill_sm90.cu, and the candidate bench/prefill_ws_sm90.cu): the 128-byte swizzled
+// tile layout, its shared-memory descriptors, the instructions by cache dtype and tile width,
+// and the fences around them. The instructions are CuTe's wrappers (CUTLASS headers, build-time
+// only); the descriptors and layouts are written out here.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <utility>
+
+#include "cute/arch/mma_sm90_gmma.hpp"
+
+namespace vllmx::cuda::attn::sm90 {
+
+namespace gmma = cute::SM90::GMMA;
+
+// Byte offset of 16-byte chunk c (of D / 8) of row r in a [rows][D] tile stored as wgmma's
+// 128-byte swizzle wants it (and a TMA box writes it): D / 64 column blocks of [rows][64
+// elements], 128-byte rows, chunk c's slot within a row XORed with the row's index in its 8-row
+// (1024-byte) atom.
+__device__ __forceinline__ uint32_t swizzled(int r, int c, int rows) {
+  return static_cast<uint32_t>(((c >> 3) * rows + r) * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+// A shared-memory matrix descriptor for the 128-byte swizzle (layout type 1): start address,
+// leading byte offset (MN-major: between 64-element column blocks; K-major: unused, 16), stride
+// byte offset (between 8-row atoms: 1024). Addresses in 16-byte units.
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
+         static_cast<uint64_t>(lbo >> 4) << 16 | static_cast<uint64_t>(sbo >> 4) << 32 |
+         uint64_t{1} << 62;
+}
+
+// 64 x N x 16 with both operands K-major in shared memory (S = Q K^T), and with A from
+// registers and B MN-major (O += P V), for the cache dtype KV.
+template <typename KV, int N>
+struct GmmaSS;
+template <>
+struct GmmaSS<__nv_bfloat16, 64> {
+  using Op = gmma::MMA_64x64x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
+};
+template <>
+struct GmmaSS<__nv_bfloat16, 128> {
+  using Op = gmma::MMA_64x128x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
+};
+template <>
+struct GmmaSS<__half, 64> {
+  using Op = gmma::MMA_64x64x16_F32F16F16_SS<gmma::Major::K, gmma::Major::K>;
+};
+template <>
+struct GmmaSS<__half, 128> {
+  using Op = gmma::MMA_64x128x16_F32F16F16_SS<gmma::Major::K, gmma::Major::K>;
+};
+template <typename KV, int N>
+struct GmmaRS;
+template <>
+struct GmmaRS<__nv_bfloat16, 64> {
+  using Op = gmma::MMA_64x64x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::MN>;
+};
+template <>
+struct GmmaRS<__nv_bfloat16, 128> {
+  using Op = gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::MN>;
+};
+template <>
+struct GmmaRS<__half, 64> {
+  using Op = gmma::MMA_64x64x16_F32F16F16_RS<gmma::Major::K, gmma::Major::MN>;
+};
+template <>
+struct GmmaRS<__half, 128> {
+  using Op = gmma::MMA_64x128x16_F32F16F16_RS<gmma::Major::K, gmma::Major::MN>;
+};
+// A kernel's two products: S over tiles of BN keys, O over the head size D.
+template <typename KV, int BN, int D>
+struct Mma {
+  using S = typename GmmaSS<KV, BN>::Op;
+  using O = typename GmmaRS<KV, D>::Op;
+};
+
+// The CuTe wrappers take each accumulator register as its own argument.
+template <class Op, int N, size_t... I>
+__device__ __forceinline__ void wgmma_ss(uint64_t da, uint64_t db, float (&d)[N],
+                                         gmma::ScaleOut sc, std::index_sequence<I...>) {
+  Op::fma(da, db, d[I]..., sc);
+}
+template <class Op, int N, size_t... I>
+__device__ __forceinline__ void wgmma_rs(const uint32_t (&a)[4], uint64_t db, float (&d)[N],
+                                         std::index_sequence<I...>) {
+  Op::fma(a[0], a[1], a[2], a[3], db, d[I]..., gmma::ScaleOut::One);
+}
+
+// Registers an async MMA writes (or reads) stay where they are across its wait.
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) cute::warpgroup_fence_operand(r[i]);
+}
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) cute::warpgroup_fence_operand(r[i][j]);
+}
+
+// This thread's shared-memory writes (cp.async, plain stores) made visible to wgmma, which
+// reads shared memory through the async proxy.
+__device__ __forceinline__ void fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// 2^x in one MUFU instruction (exp2f adds range handling the softmax does not need: its
+// arguments are <= 0 or -inf, whose 2^x is +0).
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+}  // namespace vllmx::cuda::attn::sm90
