@@ -35,6 +35,20 @@ def test_pauses_double_while_probes_fail_and_reset_on_an_accepted_draft():
     assert b.drafts_now()
 
 
+def test_probes_after_a_pause_verify_one_draft():
+    b = DraftBackoff()
+    assert b.max_drafts(4) == 4
+    b.update(0)  # a miss alone: k drafts still (copy runs resume after one)
+    assert b.max_drafts(4) == 4
+    for _ in range(DraftBackoff.MISSES - 1):
+        b.update(0)
+    assert b.max_drafts(4) == 1  # paused: the probe after it verifies one draft
+    b.update(0)
+    assert b.max_drafts(4) == 1
+    b.update(1)  # accepted: k again
+    assert b.max_drafts(4) == 4
+
+
 def test_drafts_that_never_match_are_mostly_not_verified(tmp_path, monkeypatch):
     from vllmx import SamplingParams
     from vllmx.spec_decode.ngram_proposer import NgramProposer
@@ -48,5 +62,10 @@ def test_drafts_that_never_match_are_mostly_not_verified(tmp_path, monkeypatch):
     want, _ = run(path, ps, sps)
     got, stats = run(path, ps, sps, {"method": "ngram", "num_speculative_tokens": 3})
     assert got == want
-    # 3 requests x 120 tokens, nearly one verify step a token: drafted in a few dozen at most.
+    # 3 requests x 120 tokens, nearly one verify step a token: drafted in a few dozen at most,
+    # 3 drafts in each request's first MISSES verify steps, one in each probe after (unless a
+    # random draft happened to match, which starts a request over).
     assert 3 * DraftBackoff.MISSES <= stats.spec_decode_num_drafts <= 60
+    if stats.spec_decode_num_accepted_tokens == 0:
+        assert (stats.spec_decode_num_draft_tokens
+                == stats.spec_decode_num_drafts + 2 * 3 * DraftBackoff.MISSES)

@@ -108,13 +108,18 @@ class SpecDecodeModelRunnerMixin:
     def _propose_drafts(self, step: PendingStep, to_draft: dict[str, np.ndarray],
                         rejected: dict[str, int], out: ModelRunnerOutput) -> None:
         """The next step's drafts into out.spec_token_ids: proposed from the sequences in
-        to_draft (ngram, draft_model) or from this step's hidden states (mtp, eagle), each
+        to_draft (ngram, draft_model) or from this step's hidden states (mtp, eagle), cut to
+        one where the request's last verify step kept none (DraftBackoff.max_drafts), each
         constrained request's cut where its grammar stops allowing them."""
         if to_draft:
             out.spec_token_ids.update(self.drafter.propose_batch(to_draft))
         if step.hidden is not None:
             out.spec_token_ids.update(self._draft_from_hidden(step.layout, step.hidden,
                                                               rejected, out.failed))
+        for req_id, d in out.spec_token_ids.items():
+            state = self.requests.get(req_id)
+            if state is not None and len(d) > 1:
+                out.spec_token_ids[req_id] = d[:state.draft_backoff.max_drafts(len(d))]
         if self.structured_output_manager is not None:
             self._grammar_drafts(out.spec_token_ids)
 
