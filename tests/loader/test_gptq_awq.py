@@ -153,3 +153,27 @@ def test_the_quantization_argument_must_match_the_checkpoint(tmp_path):
     dense.save_pretrained(str(tmp_path / "dense"))
     with pytest.raises(ValueError, match="quantize an unquantized checkpoint"):
         LLM(str(tmp_path / "dense"), skip_tokenizer_init=True, quantization="fp8")
+
+
+@pytest.mark.parametrize("method,tensor,shape", [
+    ("gptq", "scales", (3, 7)), ("gptq", "qzeros", (1, 1)), ("gptq", "g_idx", (5,)),
+    ("awq", "scales", (2, 3)), ("awq", "qzeros", (4,)), ("awq", "qweight", (3,)),
+])
+def test_tensors_that_do_not_fit_are_refused_at_load(method, tensor, shape, tmp_path):
+    """A module whose scales, zeros or group index do not fit its qweight is refused when the
+    checkpoint is read, naming the module and the shapes, before any weight is dequantized."""
+    from safetensors.numpy import load_file, save_file
+
+    from vllmx.loader.quantization import dequantize_checkpoint
+    from vllmx.loader.safetensors import load_safetensors
+
+    path, _, _ = write_checkpoint(out=str(tmp_path / method), method=method)
+    f = os.path.join(path, "model.safetensors")
+    tensors = load_file(f)
+    name = "model.layers.1.mlp.down_proj." + tensor
+    tensors[name] = np.zeros(shape, tensors[name].dtype)
+    save_file(tensors, f, metadata={"format": "pt"})
+    with open(os.path.join(path, "config.json")) as fh:
+        hf_config = json.load(fh)
+    with pytest.raises(ValueError, match=f"{method} checkpoint: model.layers.1.mlp.down_proj"):
+        dequantize_checkpoint(load_safetensors(path), hf_config)

@@ -42,16 +42,22 @@ def _columns(words: np.ndarray) -> np.ndarray:
     return out.reshape(words.shape[0], -1)
 
 
+def check_shapes(prefix: str, parts: dict[str, Weight]) -> None:
+    """A module's tensors fit one another (at load, before any is read)."""
+    missing = [t for t in ("scales", "qzeros") if t not in parts]
+    if missing:
+        raise _refuse(f"{prefix}.qweight without {', '.join(missing)}")
+    qw, sc, qz = (tuple(parts[t].shape) for t in ("qweight", "scales", "qzeros"))
+    fits = len(qw) == 2 and len(sc) == 2 and sc[0] >= 1
+    k, n, groups = (qw[0], qw[1] * 8, sc[0]) if fits else (0, 0, 1)
+    if not fits or sc != (groups, n) or k % groups or qz != (groups, n // 8):
+        raise _refuse(f"{prefix}: scales {sc} / qzeros {qz} for qweight {qw}")
+
+
 def dequantize(parts: dict[str, Weight], dtype: int) -> Weight:
     qweight = q.array(parts["qweight"])
     scales_w = parts["scales"]
     scales = q.float32(scales_w)
-    k, n = qweight.shape[0], qweight.shape[1] * 8
-    groups = scales.shape[0]
-    if scales.shape != (groups, n) or k % groups \
-            or q.array(parts["qzeros"]).shape != (groups, n // 8):
-        raise _refuse(f"scales {scales.shape} / qzeros {parts['qzeros'].shape} for qweight "
-                      f"{qweight.shape}")
     # In the Linear's [N, K] orientation: the 1-byte values transposed, then one pass each.
     x = np.ascontiguousarray(_columns(qweight).T).astype(np.float32)
     q.by_group(np.subtract, x, _columns(q.array(parts["qzeros"])).T)
@@ -64,6 +70,7 @@ def dequantize_checkpoint(weights: dict[str, Weight], quant: dict,
     check_config(quant)
 
     def make(prefix: str, parts: dict[str, Weight]):
+        check_shapes(prefix, parts)
         target = q.target_dtype(dtype, parts["scales"].dtype)
         return lambda: dequantize(parts, target)
 

@@ -32,6 +32,25 @@ def check_config(quant: dict) -> None:
         raise _refuse(f"checkpoint_format {fmt!r}")
 
 
+def check_shapes(prefix: str, parts: dict[str, Weight], bits: int) -> None:
+    """A module's tensors fit one another (at load, before any is read)."""
+    missing = [t for t in ("scales", "qzeros") if t not in parts]
+    if missing:
+        raise _refuse(f"{prefix}.qweight without {', '.join(missing)}")
+    per = 32 // bits
+    qw, sc, qz = (tuple(parts[t].shape) for t in ("qweight", "scales", "qzeros"))
+    fits = len(qw) == 2 and len(sc) == 2 and sc[0] >= 1
+    k, n, groups = (qw[0] * per, qw[1], sc[0]) if fits else (0, 0, 1)
+    if not fits or sc != (groups, n) or qz != (groups, n // per):
+        raise _refuse(f"{prefix}: scales {sc} / qzeros {qz} for qweight {qw}")
+    if "g_idx" in parts:
+        if tuple(parts["g_idx"].shape) != (k,):
+            raise _refuse(f"{prefix}.g_idx of shape {tuple(parts['g_idx'].shape)} for a "
+                          f"[{k}, {n}] qweight")
+    elif k % groups:
+        raise _refuse(f"{prefix}: {groups} groups for the {k} inputs of a qweight")
+
+
 def dequantize(parts: dict[str, Weight], bits: int, v2: bool, dtype: int) -> Weight:
     qweight = q.array(parts["qweight"])
     scales_w = parts["scales"]
@@ -39,9 +58,6 @@ def dequantize(parts: dict[str, Weight], bits: int, v2: bool, dtype: int) -> Wei
     per = 32 // bits
     k, n = qweight.shape[0] * per, qweight.shape[1]
     groups = scales.shape[0]
-    if scales.shape != (groups, n) or q.array(parts["qzeros"]).shape != (groups, n // per):
-        raise _refuse(f"scales {scales.shape} / qzeros {parts['qzeros'].shape} for qweight "
-                      f"{qweight.shape}")
     # In the Linear's [N, K] orientation throughout: contiguous rows, one pass each.
     x = q.unpack_words(np.ascontiguousarray(qweight.T), bits, k).astype(np.float32)
     z = q.unpack_words(q.array(parts["qzeros"]), bits, n).T.astype(np.float32)  # [N, groups]
@@ -50,11 +66,8 @@ def dequantize(parts: dict[str, Weight], bits: int, v2: bool, dtype: int) -> Wei
     g = None
     if "g_idx" in parts:
         g = q.array(parts["g_idx"]).astype(np.int64)
-        if g.shape != (k,) or g.min() < 0 or g.max() >= groups:
-            raise _refuse(f"g_idx of shape {g.shape} for {groups} groups of a [{k}, {n}] "
-                          f"qweight")
-    elif k % groups:
-        raise _refuse(f"{groups} groups for the {k} inputs of a qweight")
+        if g.min() < 0 or g.max() >= groups:  # (its values: read when the weight is made)
+            raise _refuse(f"g_idx values outside the {groups} groups of a [{k}, {n}] qweight")
     q.by_group(np.subtract, x, z, g)
     q.by_group(np.multiply, x, scales.T, g)  # exact in f32: 8 bits times the scale's 11
     return q.to_dtype(x, scales_w.dtype, dtype)
@@ -66,6 +79,7 @@ def dequantize_checkpoint(weights: dict[str, Weight], quant: dict,
     bits, v2 = int(quant["bits"]), quant.get("checkpoint_format") == "gptq_v2"
 
     def make(prefix: str, parts: dict[str, Weight]):
+        check_shapes(prefix, parts, bits)
         target = q.target_dtype(dtype, parts["scales"].dtype)
         return lambda: dequantize(parts, bits, v2, target)
 
