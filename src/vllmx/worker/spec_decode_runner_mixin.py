@@ -109,8 +109,8 @@ class SpecDecodeModelRunnerMixin:
                         rejected: dict[str, int], out: ModelRunnerOutput) -> None:
         """The next step's drafts into out.spec_token_ids: proposed from the sequences in
         to_draft (ngram, draft_model) or from this step's hidden states (mtp, eagle), cut to
-        one where the request's last verify step kept none (DraftBackoff.max_drafts), each
-        constrained request's cut where its grammar stops allowing them."""
+        one for a request's probe after a pause of speculation's backoff (DraftBackoff.
+        max_drafts), each constrained request's cut where its grammar stops allowing them."""
         if to_draft:
             out.spec_token_ids.update(self.drafter.propose_batch(to_draft))
         if step.hidden is not None:

@@ -34,10 +34,10 @@ class DraftBackoff:
     verifies one draft, not k: a verify step keeps a draft only if it keeps the first, so one
     row answers whether drafting pays again, at a fifth of the rows (a batch's probes made
     40-row steps of 8-row ones). (One draft after every step that kept none, not only after
-    pauses, cost the copy-heavy workload 1.93x -> 1.63x.) Its
-    tokens are the same either way (drafting fewer never changes them); what changes is that a
-    request whose drafts keep failing — on the CPU a 5-row verify step costs about two decode
-    steps — runs at nearly the speed it has without speculation."""
+    pauses, cost the copy-heavy workload 1.93x -> 1.63x: copy runs resume a step after a
+    miss.) Its tokens are the same either way (drafting fewer never changes them); what
+    changes is that a request whose drafts keep failing — on the CPU a 5-row verify step costs
+    about two decode steps — runs at nearly the speed it has without speculation."""
 
     MISSES = 4
     MAX_PAUSE = 64
