@@ -20,10 +20,11 @@
 //     P V runs (FlashAttention 3's intra-warpgroup pipelining), and the two take turns to
 //     issue (named barriers: one's softmax overlaps the other's MMAs, the ping-pong).
 // Stages are handed back through empty barriers, K's after its S, V's after its P V, so the
-// producer refills a K stage one tile before the V stage beside it. Its masking, softmax and
-// row stores repeat the kernel in use's text: helpers shared by both changed that kernel's
-// machine code (registers 163 -> 197), which only a GPU run could clear, so they wait for the
-// candidate to be taken or dropped.
+// producer refills a K stage one tile before the V stage beside it. Its Q staging is the
+// kernel in use's (attention_sm90.cuh stage_q); its masking, softmax and row stores repeat
+// that kernel's text: shared, they changed its machine code (registers 163 -> 197; the row
+// stores alone 163 -> 188), which only a GPU run could clear, so they wait for the candidate to
+// be taken or dropped.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -75,7 +76,6 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
 __device__ __forceinline__ void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
-
 
 // A CTA's work: rows row_start .. row_start + kBM of sequence b's flattened (token, head of
 // group g) rows, and the keys they see, in ntiles tiles from kbeg.
@@ -163,32 +163,15 @@ __device__ __forceinline__ void consume(const AttnArgs& a, const CtaTile& ct, ch
                                         uint32_t q_addr, uint32_t k_addr, uint32_t v_addr,
                                         uint64_t* full_k, uint64_t* full_v, uint64_t* empty_k,
                                         uint64_t* empty_v) {
-  constexpr int CPR = D / 8;               // 16-byte chunks per row
   constexpr int NS = kBN / 2;              // S accumulators per thread (64 x kBN over 128)
   constexpr int NO = D / 2;                // O accumulators per thread
-  constexpr bool kKvBf = std::is_same_v<KV, __nv_bfloat16>;
   using M = Mma<KV, kBN, D>;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int G = a.G, g = ct.g, R = ct.rows, q0 = ct.q0, ctx_start = ct.ctx_start;
   const int kbeg = ct.kbeg, kend = ct.kend, ntiles = ct.ntiles;
   const int wg = warp / 4, wtid = tid % 128, wwarp = warp % 4;
   const int row0 = ct.row_start + wg * 64;
-  for (int i = wtid; i < 64 * CPR; i += 128) {  // its Q rows, in the cache dtype
-    const int r = i / CPR, c = i % CPR, f = row0 + r;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (f < R) {
-      const int tok = f / G, head = g * G + f % G;
-      v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.q) +
-                                          (q0 + tok) * a.q_stride +
-                                          static_cast<int64_t>(head) * D + c * 8);
-      if (a.q_bf16 != kKvBf) {
-        float f8[8];
-        unpack8(v, a.q_bf16, f8);
-        v = pack8(f8, kKvBf);
-      }
-    }
-    *reinterpret_cast<uint4*>(Qs + swizzled(wg * 64 + r, c, kBM)) = v;
-  }
+  stage_q<D, 64, 128, KV>(a, Qs, kBM, wg * 64, row0, wtid, R, q0, g);  // its Q rows
   fence_async_shared();
   named_sync(kGroupBar + wg, 128);
   // The first turn is consumer 0's.

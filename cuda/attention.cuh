@@ -179,10 +179,10 @@ __device__ __forceinline__ void merge_partials(const AttnArgs& a, int* done, int
 
 // Keys [k0, k0 + ROWS) of kv head g of the sequence whose block-table row is bt_row -> rows
 // of the Ks / Vs tiles, by NT threads (a CTA's first NT, or with NT = 32 the lanes of any one
-// warp), one cp.async group; dst(r, c) is the element offset of 16-byte chunk c of tile row r (a
-// padded or a swizzled layout). Keys at or past kend are
-// zero-filled (never garbage: 0 * NaN would poison P @ V). Key `hole` is left alone (neither
-// loaded nor zeroed): decode loads it separately.
+// warp), one cp.async group; dst(r, c) is the element offset of 16-byte chunk c of tile row r
+// (a padded or a swizzled layout). Keys at or past kend are zero-filled (never garbage: 0 * NaN
+// would poison P @ V). Key `hole` is left alone (neither loaded nor zeroed): decode loads it
+// separately.
 // Each thread always moves chunk threadIdx.x % (D / 8) of every (NT / (D / 8))-th row, so a row
 // costs it one block-table read and a shift (block sizes that are powers of two, the engine's
 // 16; others divide), and the rows carry no branches, so all their block-table reads are in

@@ -20,7 +20,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <type_traits>
 #include <utility>
 
 #include "attention.cuh"
@@ -47,7 +46,6 @@ constexpr int smem_bytes() {
   return (kBM + 2 * kStages * kBN) * D * 2 + 1024;  // Q, K and V stages; 1024: base alignment
 }
 
-
 template <int D, typename KV>
 __global__ void __launch_bounds__(kThreads, 2) prefill_sm90_kernel(AttnArgs a) {
   pdl_begin();
@@ -56,10 +54,8 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_sm90_kernel(AttnArgs a) {
   // Last tiles first: within a sequence they see the most keys, so the longest CTAs start early.
   const int2 tile = a.tiles[num_tiles - 1 - blockIdx.x];
   const int b = tile.x, row_start = tile.y, g = blockIdx.y;
-  constexpr int CPR = D / 8;               // 16-byte chunks per row
   constexpr int NS = kBN / 2;              // S accumulators per thread (64 x kBN over 128)
   constexpr int NO = D / 2;                // O accumulators per thread
-  constexpr bool kKvBf = std::is_same_v<KV, __nv_bfloat16>;
   using M = Mma<KV, kBN, D>;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -81,23 +77,8 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_sm90_kernel(AttnArgs a) {
   const uint32_t q_addr = raw_addr + pad, k_addr = q_addr + kBM * D * 2;
   const uint32_t v_addr = k_addr + kStages * kBN * D * 2;
 
-  // Q tile -> shared memory in the cache dtype (the MMA takes one type).
-  for (int i = tid; i < kBM * CPR; i += kThreads) {
-    const int r = i / CPR, c = i % CPR, f = row_start + r;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (f < R) {
-      const int tok = f / G, head = g * G + f % G;
-      v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.q) +
-                                          (q0 + tok) * a.q_stride +
-                                          static_cast<int64_t>(head) * D + c * 8);
-      if (a.q_bf16 != kKvBf) {
-        float f8[8];
-        unpack8(v, a.q_bf16, f8);
-        v = pack8(f8, kKvBf);
-      }
-    }
-    *reinterpret_cast<uint4*>(Qs + swizzled(r, c, kBM)) = v;
-  }
+  // Q tile -> shared memory.
+  stage_q<D, kBM, kThreads, KV>(a, Qs, kBM, 0, row_start, tid, R, q0, g);
 
   // K/V tiles in the swizzled layout (byte offsets / 2: elements).
   const int32_t* bt_row = a.bt + static_cast<int64_t>(b) * a.bt_stride;
@@ -220,10 +201,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_sm90_kernel(AttnArgs a) {
     cute::warpgroup_commit_batch();
     cute::warpgroup_wait<0>();
     fence_regs(o);
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) cute::warpgroup_fence_operand(p[kk][r]);
+    fence_regs(p);
     __syncthreads();  // the next iteration's loads overwrite this stage
   }
 

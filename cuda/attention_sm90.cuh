@@ -1,15 +1,17 @@
 // Hopper's warpgroup MMAs for the prefill attention kernels on wgmma (sm_90a: cuda/
 // attention_prefill_sm90.cu, and the candidate bench/prefill_ws_sm90.cu): the 128-byte swizzled
 // tile layout, its shared-memory descriptors, the instructions by cache dtype and tile width,
-// and the fences around them. The instructions are CuTe's wrappers (CUTLASS headers, build-time
+// the fences around them, and the Q tile's staging. The instructions are CuTe's wrappers (CUTLASS headers, build-time
 // only); the descriptors and layouts are written out here.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
+#include "attention.cuh"
 #include "cute/arch/mma_sm90_gmma.hpp"
 
 namespace vllmx::cuda::attn::sm90 {
@@ -116,6 +118,33 @@ __device__ __forceinline__ float ex2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+
+// Query rows f0 .. f0 + ROWS of a CTA's flattened (token, head of kv head g) rows -> rows r0 ..
+// of the swizzled Q tile of tile_rows rows, in the cache dtype (the MMA takes one type), by NT
+// threads, t this one's index among them; rows at or past R (the sequence's) are zeros.
+template <int D, int ROWS, int NT, typename KV>
+__device__ __forceinline__ void stage_q(const AttnArgs& a, char* Qs, int tile_rows, int r0,
+                                        int f0, int t, int R, int q0, int g) {
+  constexpr int CPR = D / 8;  // 16-byte chunks per row
+  constexpr bool kKvBf = std::is_same_v<KV, __nv_bfloat16>;
+  const int G = a.G;
+  for (int i = t; i < ROWS * CPR; i += NT) {
+    const int r = i / CPR, c = i % CPR, f = f0 + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (f < R) {
+      const int tok = f / G, head = g * G + f % G;
+      v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.q) +
+                                          (q0 + tok) * a.q_stride +
+                                          static_cast<int64_t>(head) * D + c * 8);
+      if (a.q_bf16 != kKvBf) {
+        float f8[8];
+        unpack8(v, a.q_bf16, f8);
+        v = pack8(f8, kKvBf);
+      }
+    }
+    *reinterpret_cast<uint4*>(Qs + swizzled(r0 + r, c, tile_rows)) = v;
+  }
 }
 
 }  // namespace vllmx::cuda::attn::sm90

@@ -1,7 +1,7 @@
 // Hopper's tensor memory accelerator and transaction barriers, for the sm_90a kernels that
 // stream tiles through a producer warp (gemm_skinny_bulk_sm90.cu; the warp-specialized prefill
-// attention of branch gpu/prefill-ws): mbarrier helpers, one 2-D box copy, and the host's tensor
-// maps (tma_sm90.cu). Compiled for sm_90a only (cmake/cutlass_sm90.cmake).
+// attention candidate, bench/prefill_ws_sm90.cu): mbarrier helpers, one 2-D box copy, and the
+// host's tensor maps (tma_sm90.cu). Compiled for sm_90a only (cmake/cutlass_sm90.cmake).
 #pragma once
 #include <cuda.h>
 
