@@ -123,9 +123,10 @@ def lookup_table(table):
 
 
 def vocab_parallel_embedding(input_ids, table, group=None, vocab_start: int = 0):
-    """The tokens' embeddings (ops.embedding); under tensor parallelism (vLLM's
-    VocabParallelEmbedding) table holds this rank's rows of the vocabulary from vocab_start:
-    each rank looks its ids up there, zeros elsewhere, and the ranks' rows are summed."""
+    """The tokens' embeddings (ops.embedding, a tied table read through lookup_table); under
+    tensor parallelism (vLLM's VocabParallelEmbedding) table holds this rank's rows of the
+    vocabulary from vocab_start: each rank looks its ids up there, zeros elsewhere, and the
+    ranks' rows are summed."""
     if group is None:
         return ops.embedding(input_ids, lookup_table(table))
     return group.all_reduce(ops.embedding_shard(input_ids, table, vocab_start))

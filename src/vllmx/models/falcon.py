@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from vllmx import ops
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
-from vllmx.layers.linear import Linear, lookup_table, qkv_by_group
+from vllmx.layers.linear import Linear, qkv_by_group, vocab_parallel_embedding
 from vllmx.layers.mlp import GELU_APPROXIMATE, GeluMLP
 from vllmx.layers.norm import LayerNorm, ResidualAdd
 from vllmx.layers.rotary import RotaryEmbedding, get_rope
@@ -183,7 +182,7 @@ class FalconForCausalLM:
 
     def forward(self, input_ids: np.ndarray, positions: np.ndarray,
                 md: AttentionMetadata) -> np.ndarray:
-        h = ops.embedding(input_ids, lookup_table(self.word_embeddings))
+        h = vocab_parallel_embedding(input_ids, self.word_embeddings)
         residual = None
         for layer in self.layers:
             h, residual = layer(positions, h, residual, md)

@@ -12,7 +12,7 @@ import numpy as np
 from vllmx import ops
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
-from vllmx.layers.linear import Linear, lookup_table
+from vllmx.layers.linear import Linear, vocab_parallel_embedding
 from vllmx.layers.mlp import GeluMLP
 from vllmx.layers.norm import LayerNorm
 from vllmx.layers.rotary import RotaryEmbedding
@@ -139,7 +139,7 @@ class GPT2LMHeadModel:
     def forward(self, input_ids: np.ndarray, positions: np.ndarray,
                 md: AttentionMetadata) -> np.ndarray:
         h = ops.embedding(positions, self.wpe)
-        residual = ops.embedding(input_ids, lookup_table(self.wte))
+        residual = vocab_parallel_embedding(input_ids, self.wte)
         for block in self.h:
             h, residual = block(positions, h, residual, md)
         h, _ = self.ln_f(h, residual)

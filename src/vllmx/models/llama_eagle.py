@@ -20,7 +20,7 @@ import numpy as np
 from vllmx import ops
 from vllmx.layers import placement
 from vllmx.layers.attention import AttentionMetadata
-from vllmx.layers.linear import Linear, lookup_table
+from vllmx.layers.linear import Linear, vocab_parallel_embedding
 from vllmx.layers.norm import ResidualAdd, RMSNorm
 from vllmx.layers.rotary import RotaryEmbedding
 from vllmx.models.draft_head import DraftHead
@@ -94,7 +94,7 @@ class EagleLlamaForCausalLM(DraftHead):
                 md: AttentionMetadata) -> np.ndarray:
         """Rows of the draft's output (its residual stream after the last layer) for the tokens
         after each position (input_ids) and the hidden state at it."""
-        e = ops.embedding(input_ids, lookup_table(self.embed_tokens))
+        e = vocab_parallel_embedding(input_ids, self.embed_tokens)
         if self.embedding_layernorm is not None:
             e, hidden = self.embedding_layernorm(e), self.hidden_states_layernorm(hidden)
         h = self.fc(ops.concat_columns([e, hidden]))

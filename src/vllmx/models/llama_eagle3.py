@@ -22,7 +22,7 @@ import numpy as np
 
 from vllmx import ops
 from vllmx.layers.attention import AttentionMetadata
-from vllmx.layers.linear import Linear, lookup_table
+from vllmx.layers.linear import Linear, vocab_parallel_embedding
 from vllmx.layers.norm import ResidualAdd, RMSNorm
 from vllmx.models.draft_head import DraftHead
 from vllmx.models.llama_eagle import draft_layers, draft_weights, own_or_target
@@ -92,7 +92,7 @@ class Eagle3LlamaForCausalLM(DraftHead):
                 md: AttentionMetadata) -> np.ndarray:
         """Rows of the draft's residual stream after its last layer (before norm); `hidden`
         becomes the first layer's residual and is overwritten."""
-        e = ops.embedding(input_ids, lookup_table(self.embed_tokens))
+        e = vocab_parallel_embedding(input_ids, self.embed_tokens)
         first = self.layers[0]
         normed = self.hidden_norm(hidden)
         residual = normed if self.norm_before_residual else hidden

@@ -22,7 +22,7 @@ import numpy as np
 from vllmx import ops
 from vllmx.layers import placement
 from vllmx.layers.attention import AttentionMetadata
-from vllmx.layers.linear import Linear, lookup_table
+from vllmx.layers.linear import Linear, vocab_parallel_embedding
 from vllmx.layers.norm import ResidualAdd, RMSNorm
 from vllmx.models.draft_head import DraftHead
 from vllmx.models.shapes import require_tensors
@@ -57,7 +57,7 @@ class MultiTokenPredictorLayer(DraftHead):
                 md: AttentionMetadata) -> np.ndarray:
         """Rows of the layer's output (before shared_head.norm) for the tokens after each
         position (input_ids) and the hidden state at it (the target's, or a draft's own)."""
-        e = ops.embedding(input_ids, lookup_table(self.embed_tokens))
+        e = vocab_parallel_embedding(input_ids, self.embed_tokens)
         # A sequence's first token has no embedding here (position 0: nothing before it).
         ops.zero_rows_at_position_(e, positions, 0)
         x = self.eh_proj(ops.concat_columns([self.enorm(e), self.hnorm(hidden)]))
@@ -99,7 +99,7 @@ class Qwen3NextMTP(DraftHead):
 
     def forward(self, input_ids: np.ndarray, positions: np.ndarray, hidden: np.ndarray,
                 md: AttentionMetadata) -> np.ndarray:
-        e = ops.embedding(input_ids, lookup_table(self.embed_tokens))
+        e = vocab_parallel_embedding(input_ids, self.embed_tokens)
         x = self.fc(ops.concat_columns([self.pre_fc_norm_embedding(e),
                                         self.pre_fc_norm_hidden(hidden)]))
         h, residual = self.mtp_block(positions, x, None, md)
