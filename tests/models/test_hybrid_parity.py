@@ -119,10 +119,14 @@ def test_batched_equals_alone_with_chunks_preemption_and_aborts(family, ckpt_dir
               max_num_seqs=4, max_num_batched_tokens=32, num_gpu_blocks_override=10,
               block_size=16, max_model_len=160)
     rng = np.random.default_rng()
-    prompts = [{"prompt_token_ids": rng.integers(3, VOCAB, int(rng.integers(5, 70))).tolist()}
-               for _ in range(12)]
-    params = [SamplingParams(temperature=0, max_tokens=int(rng.integers(4, 30)), ignore_eos=True)
-              for _ in prompts]
+    # The first four long enough (>= 84 tokens, 6 blocks each) that running together they need
+    # more than the 10 blocks: random lengths alone sometimes all fit (no preemption).
+    lengths = [int(rng.integers(60, 70)) for _ in range(4)] + [int(rng.integers(5, 70))
+                                                              for _ in range(8)]
+    outs = [int(rng.integers(24, 30)) for _ in range(4)] + [int(rng.integers(4, 30))
+                                                           for _ in range(8)]
+    prompts = [{"prompt_token_ids": rng.integers(3, VOCAB, n).tolist()} for n in lengths]
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in outs]
     engine = llm.llm_engine
     batched = llm.generate(prompts, params)
     assert engine.scheduler.num_preemptions > 0, "the cache was meant to be too small"
