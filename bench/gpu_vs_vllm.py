@@ -206,7 +206,10 @@ def vllm_worker(path, workloads, vocab, max_len, max_seqs, max_tokens, util, dev
               max_model_len=max_len, max_num_seqs=max_seqs, max_num_batched_tokens=max_tokens,
               gpu_memory_utilization=util, seed=0,
               # (text only: vLLM then builds no vision tower, as vllmx never does)
-              **({"limit_mm_per_prompt": {"image": 0, "video": 0}} if vision else {}))
+              **({"limit_mm_per_prompt": {"image": 0, "video": 0}} if vision else {}),
+              # Gated DeltaNet prefill: vLLM's default on Hopper is FlashInfer's kernel, which
+              # the gpu-peers bundle does not carry; its Triton kernels (FLA's) instead.
+              additional_config={"gdn_prefill_backend": "triton"})
     load_s = time.perf_counter() - t0
     free, total = torch.cuda.mem_get_info()
 

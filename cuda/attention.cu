@@ -418,16 +418,20 @@ AttnPlan plan_attention(const Tensor& out, const Tensor& q, const Tensor& kc, co
       p.part_bytes = static_cast<size_t>(T) * nq * p.max_splits * (D + 1) * sizeof(float);
     return p;
   }
-  p.tensor_cores = tc_io && (D == 64 || D == 128) && B <= 65535 &&
+  bool sm90 = false;
+#ifdef VLLMX_WITH_SM90_ATTENTION
+  sm90 = sm90_kernels();
+#endif
+  // Head size 256 (Gemma 2 / 3, Qwen3-Next, Qwen3.5) on Hopper only: its wgmma prefill tile
+  // and its decode stages (165 and 207 KB of shared memory) fit no other GPU's CTA.
+  p.tensor_cores = tc_io && (D == 64 || D == 128 || (D == 256 && sm90)) && B <= 65535 &&
                    nkv * ((nq / nkv + kDecMaxG - 1) / kDecMaxG) <= 65535;
   if (!p.tensor_cores) return p;
   const int64_t G = nq / nkv;
-#ifdef VLLMX_WITH_SM90_ATTENTION
-  if (sm90_kernels()) {
+  if (sm90) {
     p.prefill_sm90 = true;
     p.prefill_rows = kSm90PrefillRows;
   }
-#endif
   // Prefill CTAs: sum over sequences of ceil(q_len * G / bm) <= T * G / bm + (sequences with
   // q_len >= 2, at most T / 2).
   const int64_t bm = p.prefill_rows;
@@ -447,7 +451,8 @@ AttnPlan plan_attention(const Tensor& out, const Tensor& q, const Tensor& kc, co
   p.head_groups = static_cast<int>((G + kDecMaxG - 1) / kDecMaxG);  // (of a kv head)
   const int64_t base_ctas = std::max<int64_t>(1, B * nkv * p.head_groups);
   const int64_t visible = window > 0 ? std::min(max_ctx, window) : max_ctx;
-  int64_t splits = kDecCtasPerSm * num_sms() / base_ctas;
+  const int64_t ctas_per_sm = D == 256 ? 1 : kDecCtasPerSm;  // (256: 207 KB a CTA)
+  int64_t splits = ctas_per_sm * num_sms() / base_ctas;
   splits = std::min(splits, (visible + kMinPartition - 1) / kMinPartition);
   p.max_splits = static_cast<int>(std::clamp<int64_t>(splits, 1, kMaxSplits));
   if (p.max_splits > 1)
@@ -463,16 +468,17 @@ void* scratch(size_t bytes) {
 
 template <int D, typename KV>
 void launch_tc(const AttnPlan& p, const AttnArgs& a, cudaStream_t s) {
-  constexpr int kPrefillSmem = attn_smem_bytes<D, kPrefillWarps>();
-  static const bool smem_ok = (allow_smem(prefill_kernel<D, KV>, kPrefillSmem), true);
-  (void)smem_ok;
   if (p.prefill_tiles > 0) {
     launch(schedule_kernel, 1, 1024, 0, s, a, p.prefill_rows);
-    if (p.prefill_sm90)
+    if (p.prefill_sm90) {
       launch_prefill_sm90(a, p.prefill_tiles, D, std::is_same_v<KV, __nv_bfloat16>, s);
-    else
+    } else if constexpr (D <= 128) {  // (plan_attention takes 256 only with the sm90 kernel)
+      constexpr int kPrefillSmem = attn_smem_bytes<D, kPrefillWarps>();
+      static const bool smem_ok = (allow_smem(prefill_kernel<D, KV>, kPrefillSmem), true);
+      (void)smem_ok;
       launch(prefill_kernel<D, KV>, dim3(p.prefill_tiles, a.nkv), kPrefillWarps * 32,
              kPrefillSmem, s, a);
+    }
   }
   const dim3 grid(a.nkv * p.head_groups, a.B, p.max_splits);
   launch_decode(a, grid, D, std::is_same_v<KV, __nv_bfloat16>, s);
@@ -580,8 +586,10 @@ void paged_attention(const Tensor& out, const Tensor& q, const Tensor& key_cache
   const bool bf_cache = dt == DType::BF16;
   if (D == 64)
     bf_cache ? launch_tc<64, __nv_bfloat16>(p, a, s) : launch_tc<64, __half>(p, a, s);
-  else
+  else if (D == 128)
     bf_cache ? launch_tc<128, __nv_bfloat16>(p, a, s) : launch_tc<128, __half>(p, a, s);
+  else
+    bf_cache ? launch_tc<256, __nv_bfloat16>(p, a, s) : launch_tc<256, __half>(p, a, s);
   check_launch(kOp);
 }
 

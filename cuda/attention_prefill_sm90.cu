@@ -3,7 +3,7 @@
 // from shared memory and runs asynchronously, where mma.sync needs every fragment staged through
 // registers by ldmatrix (the prefill kernel on mma.sync ran at about a fifth of cuDNN's rate on
 // the H200). Built for sm_90a alone (cmake/cutlass_sm90.cmake); attention.cu launches it on
-// compute capability 9.0 for head sizes 64 and 128 and keeps the mma.sync kernel elsewhere.
+// compute capability 9.0 for head sizes 64, 128 and 256 and keeps the mma.sync kernel elsewhere.
 //
 // One CTA: one warpgroup, 64 query rows (wgmma's M) of one (sequence, kv head); rows are
 // flattened (token, head of the group) as in attention.cu, so a GQA group's heads share every
@@ -15,7 +15,8 @@
 // the other's MMAs do. K/V tiles arrive by cp.async (the paged cache's rows are gathered
 // through the block table, so no TMA box describes a tile), double-buffered, in the 128-byte
 // swizzled layout wgmma reads without bank conflicts (the layout, descriptors and instructions:
-// attention_sm90.cuh). A warp-specialized, TMA-fed layout of 128-row CTAs (FlashAttention 3's)
+// attention_sm90.cuh). Head size 256 (Gemma 2 / 3, Qwen3.5) takes 165 KB of shared memory, one
+// CTA an SM, and 251 registers a thread for its 64 x 256 O tile, unspilled. A warp-specialized, TMA-fed layout of 128-row CTAs (FlashAttention 3's)
 // measured slower here: bench/prefill_ws_sm90.cu.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -240,9 +241,12 @@ void launch_one(const AttnArgs& a, int grid_x, cudaStream_t s) {
 void launch_prefill_sm90(const AttnArgs& a, int grid_x, int D, bool bf16_cache, cudaStream_t s) {
   if (D == 64)
     bf16_cache ? launch_one<64, __nv_bfloat16>(a, grid_x, s) : launch_one<64, __half>(a, grid_x, s);
-  else
+  else if (D == 128)
     bf16_cache ? launch_one<128, __nv_bfloat16>(a, grid_x, s)
                : launch_one<128, __half>(a, grid_x, s);
+  else
+    bf16_cache ? launch_one<256, __nv_bfloat16>(a, grid_x, s)
+               : launch_one<256, __half>(a, grid_x, s);
 }
 
 }  // namespace vllmx::cuda::attn

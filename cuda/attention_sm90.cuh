@@ -73,6 +73,14 @@ template <>
 struct GmmaRS<__half, 128> {
   using Op = gmma::MMA_64x128x16_F32F16F16_RS<gmma::Major::K, gmma::Major::MN>;
 };
+template <>
+struct GmmaRS<__nv_bfloat16, 256> {
+  using Op = gmma::MMA_64x256x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::MN>;
+};
+template <>
+struct GmmaRS<__half, 256> {
+  using Op = gmma::MMA_64x256x16_F32F16F16_RS<gmma::Major::K, gmma::Major::MN>;
+};
 // A kernel's two products: S over tiles of BN keys, O over the head size D.
 template <typename KV, int BN, int D>
 struct Mma {
