@@ -47,8 +47,12 @@ SIZES = {"hidden_size": 256, "intermediate_size": 512, "max_position_embeddings"
 # rule. 2% was too few: transformers' own bf16 greedy run of the tiny Mixtral, teacher-forced
 # through its f32 model on this test's prompts (CPU, seeds 0-19), missed the 0.5-nat bound at
 # 1, 1, 4, 4, 4, 6, 5, 1, 3, 4, 3, 4, 7, 3, 4, 5, 3, 4, 3, 6 positions (4 of 20 runs over 5), and
-# vllmx's bf16 run on an H100 at 9 (2026-12-05, seed 4177727099).
-MOE_BF16_GAP, MOE_BF16_FAILED = 3.0, 12
+# vllmx's bf16 run on an H100 at 9 (2026-12-05, seed 4177727099). The gap: 3.0 nats was too
+# tight: vllmx's bf16 tiny Qwen3-MoE on an H100 missed by 3.29 at 2 positions (2026-12-06, seed
+# 3174443681), and transformers' own bf16 greedy run of it, teacher-forced through its f32
+# model (CPU, seeds 0-11), by worst 0.98, 0.98, 2.44, 0.1, 4.72, 1.34, 0.69, 1.9, 2.14, 0.1,
+# 2.98, 0.66 nats at 0-3 positions.
+MOE_BF16_GAP, MOE_BF16_FAILED = 6.0, 12
 # The hybrids round further in bf16: a recurrent state carries a token's rounding on to every
 # later one. transformers' own bf16 greedy run of the tiny Qwen3-Next, teacher-forced through
 # its f32 model on this test's prompts (CPU, seeds 0-7), missed the 0.5-nat bound at 30, 17,
