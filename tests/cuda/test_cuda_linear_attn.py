@@ -9,7 +9,7 @@ import pytest
 from vllmx import _C
 from vllmx.device import DeviceArray
 
-from .test_cuda_ops import ACT, as_f32, assert_close, dev, rounded
+from .test_cuda_ops import ACT, F32, as_f32, assert_close, dev, rounded
 
 pytestmark = pytest.mark.gpu
 
@@ -53,13 +53,16 @@ def saved_rows(T: int, qsl: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dtype", ACT)
-@pytest.mark.parametrize("hk,hv,dk,dv", [(2, 4, 16, 24), (1, 2, 128, 128), (2, 6, 40, 72)])
+@pytest.mark.parametrize("hk,hv,dk,dv", [(2, 4, 16, 24), (1, 2, 128, 128), (2, 6, 40, 72),
+                                         (2, 4, 64, 32)])
 def test_gated_delta_rule(rng, dtype, hk, hv, dk, dv):
     """Gated DeltaNet's recurrence token by token against the CPU op on the same rounded
     inputs: sequences of 5, 0, 1 and 40 tokens over permuted slots, continued or started
-    (Qwen3.5's 128 x 128 states in four warps of 32 columns; 24 and 72 columns: warps with
-    idle lanes; dk 40: a warp's q / k loads past one pass); outputs within the dtype's
-    tolerance, the updated f32 states within f32 rounding over 40 steps."""
+    (Qwen3.5's 128 x 128 states in eight warps of 16 columns, each column's rows in two
+    lanes' registers; 24 and 72 columns: warps with idle lanes; dk 16, 40, 64: the kernel for
+    any key head size up to 128, its rows past dk zero, 64 leaving the second lanes' halves
+    empty); outputs within the dtype's tolerance, the updated f32 states within f32 rounding
+    over 40 steps."""
     slots, lens, init, idx = 9, [5, 0, 1, 40], [1, 0, 0, 1], [4, 0, 2, 5]
     qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
     init, idx = np.array(init, np.int32), np.array(idx, np.int32)
@@ -87,6 +90,21 @@ def test_gated_delta_rule(rng, dtype, hk, hv, dk, dv):
     assert np.abs(got - ref_state).max() / np.abs(ref_state).max() < 1e-4
     np.testing.assert_array_equal(got[[1, 3]], state0[[1, 3]])  # slots no sequence names
 
+
+
+def test_gated_delta_rule_key_head_size_past_the_kernel():
+    """A key head size over 128 (the rows a state column keeps in two lanes' registers) is an
+    error naming it, not a wrong answer."""
+    T, hv, dk, dv = 2, 1, 160, 16
+    on = DeviceArray.from_numpy
+    f = np.ones((T, dk), np.float32)
+    with pytest.raises(ValueError, match="key head size of 160"):
+        _C.ops.gated_delta_rule(DeviceArray.empty((T, dv), F32),
+                                on(np.zeros((1, hv, dk, dv), np.float32)), on(f), on(f),
+                                on(np.ones((T, dv), np.float32)), on(np.ones((T, hv), np.float32)),
+                                on(np.ones((T, hv), np.float32)), on(np.zeros(hv, np.float32)),
+                                on(np.zeros(hv, np.float32)), on(np.array([0, T], np.int32)),
+                                on(np.zeros(1, np.int32)), on(np.zeros(1, np.int32)), None)
 
 @pytest.mark.parametrize("dtype", ACT)
 @pytest.mark.parametrize("H,G,P,N", [(4, 2, 8, 16), (2, 1, 64, 128), (2, 2, 40, 32)])
