@@ -2,7 +2,10 @@
 // per token: the router row's max and softmax denominator by block reductions, then k rounds of
 // a block argmax (ties to the lower expert id) over the experts not yet chosen. E is at most a
 // few hundred and k at most 8 or so, so one pass per round over the row is cheap; the row stays
-// in shared memory as f32.
+// in shared memory as f32. topk_softmax's block is one warp: its k + 2 reductions are then
+// shuffles alone, where four warps' each waited on two block barriers (7.5 us a token row at
+// Qwen3.5's 256 experts, top-8, in a decode step on an H100; a round's pass over the row is 8
+// shared-memory reads a lane).
 #include <cfloat>
 
 #include "core/op_table.h"
@@ -13,6 +16,7 @@ namespace vllmx::cuda {
 namespace {
 
 constexpr int kThreads = 128;
+constexpr int kTopkThreads = 32;  // topk_softmax: one warp a token
 
 struct Best {
   float v;
@@ -25,8 +29,9 @@ __device__ __forceinline__ bool beats(Best a, Best b) {
 }
 
 // The block's best (value, id) pair.
+template <int kBlock = kThreads>
 __device__ Best block_best(Best b) {
-  return block_reduce<kThreads>(b, [](Best x, Best y) { return beats(y, x) ? y : x; });
+  return block_reduce<kBlock>(b, [](Best x, Best y) { return beats(y, x) ? y : x; });
 }
 
 template <typename T>
@@ -39,25 +44,25 @@ __global__ void topk_softmax_kernel(float* __restrict__ weights, int32_t* __rest
   bool* chosen = reinterpret_cast<bool*>(row + E);
   const int64_t t = blockIdx.x;
   const T* g = gating + t * g_stride;
-  for (int e = threadIdx.x; e < E; e += kThreads) {
+  for (int e = threadIdx.x; e < E; e += kTopkThreads) {
     row[e] = to_f32(g[e]);
     chosen[e] = false;
   }
   __syncthreads();
   Best top{-FLT_MAX, -1};
-  for (int e = threadIdx.x; e < E; e += kThreads)
+  for (int e = threadIdx.x; e < E; e += kTopkThreads)
     if (beats(Best{row[e], e}, top)) top = Best{row[e], e};
-  const float m = block_best(top).v;
+  const float m = block_best<kTopkThreads>(top).v;
   float s = 0.0f;
   if (!renormalize)
-    for (int e = threadIdx.x; e < E; e += kThreads) s += expf(row[e] - m);
-  const float denom_all = renormalize ? 0.0f : block_reduce<kThreads>(s, Sum{});
+    for (int e = threadIdx.x; e < E; e += kTopkThreads) s += expf(row[e] - m);
+  const float denom_all = renormalize ? 0.0f : block_reduce<kTopkThreads>(s, Sum{});
   float picked_sum = 0.0f;
   for (int j = 0; j < k; ++j) {
     Best b{-FLT_MAX, -1};
-    for (int e = threadIdx.x; e < E; e += kThreads)
+    for (int e = threadIdx.x; e < E; e += kTopkThreads)
       if (!chosen[e] && beats(Best{row[e], e}, b)) b = Best{row[e], e};
-    b = block_best(b);
+    b = block_best<kTopkThreads>(b);
     if (threadIdx.x == 0) {
       chosen[b.id] = true;
       ids[t * i_stride + j] = b.id;
@@ -85,7 +90,7 @@ void topk_softmax(const Tensor& topk_weights, const Tensor& topk_ids, const Tens
   const size_t smem = static_cast<size_t>(E) * (sizeof(float) + sizeof(bool));
   dispatch_float(gating_output.dtype, op, [&](auto z) {
     using TG = decltype(z);
-    launch(topk_softmax_kernel<TG>, static_cast<unsigned>(T), kThreads, smem, stream(),
+    launch(topk_softmax_kernel<TG>, static_cast<unsigned>(T), kTopkThreads, smem, stream(),
            topk_weights.ptr<float>(), topk_ids.ptr<int32_t>(), gating_output.ptr<TG>(),
            static_cast<int>(E), static_cast<int>(k), gating_output.stride[0],
            topk_weights.stride[0], topk_ids.stride[0], renormalize);
