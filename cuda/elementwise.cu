@@ -85,6 +85,48 @@ __global__ void rms_norm_gated_kernel(T* out, const T* x, const T* z, const W* w
                           to_f32(wr[i]));
 }
 
+// The same for groups of at most kGatedWarpMaxD values (Gated DeltaNet's 128): one warp a
+// (row, group), kGatedWarps groups a block, a lane's values of x and z kept in registers from
+// the sum of squares to the output. (A block a group, reading x and z twice, took 320 us a
+// Qwen3.5 layer at 8192 tokens x 32 heads of 128 on an H100, 5x its bytes' time; 11 us in a
+// batch-8 decode step.)
+constexpr int kGatedWarpMaxD = 256, kGatedWarps = 8;
+
+template <typename T, typename W>
+__global__ void rms_norm_gated_warp_kernel(T* out, const T* x, const T* z, const W* w,
+                                           int64_t d, int64_t groups, int64_t items,
+                                           int64_t w_group_stride, int64_t out_stride,
+                                           int64_t x_stride, int64_t z_stride, float eps,
+                                           bool norm_before_gate) {
+  pdl_begin();
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kGatedWarps + threadIdx.x / 32;
+  if (item >= items) return;  // (a whole warp: the sum below takes every lane)
+  const int lane = threadIdx.x % 32;
+  const int64_t r = item / groups, g = item % groups;
+  const T* xr = x + r * x_stride + g * d;
+  const T* zr = z + r * z_stride + g * d;
+  const W* wr = w + g * w_group_stride;
+  T* orow = out + r * out_stride + g * d;
+  constexpr int kPer = kGatedWarpMaxD / 32;
+  float xv[kPer], zv[kPer], ss = 0.0f;
+#pragma unroll
+  for (int p = 0; p < kPer; ++p) {
+    const int64_t i = lane + p * 32;
+    xv[p] = i < d ? to_f32(xr[i]) : 0.f;
+    zv[p] = i < d ? to_f32(zr[i]) : 0.f;
+    const float v = norm_before_gate ? xv[p] : xv[p] * activate<Act::kSilu>(zv[p]);
+    ss += v * v;
+  }
+  ss = warp_sum(ss);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(d) + eps);
+#pragma unroll
+  for (int p = 0; p < kPer; ++p) {
+    const int64_t i = lane + p * 32;
+    if (i < d)
+      orow[i] = from_f32<T>(xv[p] * activate<Act::kSilu>(zv[p]) * inv * to_f32(wr[i]));
+  }
+}
+
 // res_out = x + res (stored rounded to T); out = rms_norm(res_out) * w. As in vLLM, the variance
 // is taken over the unrounded f32 sum and the normalisation reads the rounded residual. In place
 // (out == x, res_out == res: vLLM's fused_add_rms_norm) is safe: a thread only rewrites the
@@ -597,15 +639,21 @@ void rms_norm_gated(const Tensor& out, const Tensor& x, const Tensor& z, const T
               "w " + w.str() + " must be contiguous, f32 or x's dtype");
   const int64_t d = group_size, groups = x.shape[1] / d, rows = x.shape[0];
   if (rows == 0 || d == 0) return;
-  const int threads = threads_for(d / 4);
-  const auto grid = static_cast<unsigned>(rows * groups);
+  const int64_t items = rows * groups, w_group_stride = w.shape[0] == d ? int64_t{0} : d;
   dispatch_float(x.dtype, op, [&](auto xv) {
     using T = decltype(xv);
     auto run = [&](auto wv) {
       using W = decltype(wv);
-      launch(rms_norm_gated_kernel<T, W>, grid, threads, 0, stream(), out.ptr<T>(), x.ptr<T>(),
-             z.ptr<T>(), w.ptr<W>(), d, groups, w.shape[0] == d ? int64_t{0} : d,
-             out.stride[0], x.stride[0], z.stride[0], eps, norm_before_gate);
+      if (d <= kGatedWarpMaxD) {
+        launch(rms_norm_gated_warp_kernel<T, W>,
+               static_cast<unsigned>((items + kGatedWarps - 1) / kGatedWarps), kGatedWarps * 32,
+               0, stream(), out.ptr<T>(), x.ptr<T>(), z.ptr<T>(), w.ptr<W>(), d, groups, items,
+               w_group_stride, out.stride[0], x.stride[0], z.stride[0], eps, norm_before_gate);
+        return;
+      }
+      launch(rms_norm_gated_kernel<T, W>, static_cast<unsigned>(items), threads_for(d / 4), 0,
+             stream(), out.ptr<T>(), x.ptr<T>(), z.ptr<T>(), w.ptr<W>(), d, groups,
+             w_group_stride, out.stride[0], x.stride[0], z.stride[0], eps, norm_before_gate);
     };
     if (w.dtype == DType::F32)
       run(float{});
