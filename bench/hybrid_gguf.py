@@ -6,8 +6,16 @@ multipliers), SmolLM2's tokenizer copied from the default model so both engines 
 benchmark's text, weights drawn at 1/sqrt(fan-in) in F16 (A = -exp(A_log) and D in F32 as the
 converter leaves them), then llama.cpp's own quantizer to the type asked (Q8_0 by default).
 
+--arch qwen35: a small dense Qwen3.5 instead (hidden 1024, 24 layers, every 4th gated
+attention of 8 / 2 heads of 256, the others Gated DeltaNet with 16 key and 16 value heads of
+128, MLP 3584): transformers' own random Qwen3.5 with SmolLM2's vocabulary,
+written in llama.cpp's qwen35 layout by the tests' converter (tests/models/hybrid_gguf.py,
+checked against llama.cpp there), then quantized by llama.cpp.
+
     python bench/hybrid_gguf.py [--layers 24 --hidden 768 ...] [--ftype Q8_0] \
         --out ~/.cache/vllmx/models/hybrid-bench.Q8_0.gguf
+    python bench/hybrid_gguf.py --arch qwen35 --ftype Q4_K_M \
+        --out ~/.cache/vllmx/models/qwen35-bench.Q4_K_M.gguf
     python bench/cpu_vs_llamacpp.py --model ~/.cache/vllmx/models/hybrid-bench.Q8_0.gguf
 """
 
@@ -22,6 +30,7 @@ from moe_gguf import copy_tokenizer, quantize
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--arch", choices=["granitehybrid", "qwen35"], default="granitehybrid")
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--attn-every", type=int, default=6, help="every n-th layer is attention")
     ap.add_argument("--hidden", type=int, default=768)
@@ -107,6 +116,38 @@ def write_f16(args, path: str, tokenizer_src: str) -> None:
     w.close()
 
 
+def write_qwen35(args, path: str, tokenizer_src: str) -> None:
+    """A random small Qwen3.5 (the shape above; --layers, --seed apply) as an F32 GGUF."""
+    import sys
+    import tempfile
+
+    import torch
+    import transformers
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    import gguf
+
+    from tests.models.hybrid_gguf import write_hybrid_gguf
+
+    vocab = len(gguf.GGUFReader(tokenizer_src).fields["tokenizer.ggml.tokens"].contents())
+    cfg = transformers.Qwen3_5TextConfig(
+        vocab_size=vocab, hidden_size=1024, intermediate_size=3584, num_hidden_layers=args.layers,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+        linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+        linear_conv_kernel_dim=4, full_attention_interval=4, max_position_embeddings=4096,
+        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(args.seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():  # (transformers zero-initializes the (1 + w) norms' w: give them some)
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.normal_(0.0, 0.1)
+    with tempfile.TemporaryDirectory() as d:
+        model.save_pretrained(d)
+        write_hybrid_gguf(d, "qwen3_5_gguf", path,
+                          tokenizer=lambda w: copy_tokenizer(w, tokenizer_src))
+
+
 def main() -> None:
     args = parse_args()
     from vllmx.loader.model_source import DEFAULT_MODEL, resolve_model
@@ -114,7 +155,7 @@ def main() -> None:
     out = os.path.expanduser(args.out)
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     f16 = out + ".f16.tmp"
-    write_f16(args, f16, resolve_model(DEFAULT_MODEL))
+    (write_qwen35 if args.arch == "qwen35" else write_f16)(args, f16, resolve_model(DEFAULT_MODEL))
     try:
         quantize(f16, out, args.ftype)
     finally:

@@ -346,7 +346,11 @@ _TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "
 _KEEP_F32 = ("norm", "ffn_gate_inp", "ssm_conv1d", "ssm_a", "ssm_d", "ssm_dt")
 
 
-def write_hybrid_gguf(hf_dir: str, family: str, out_path: str, qtype=None) -> str:
+def write_hybrid_gguf(hf_dir: str, family: str, out_path: str, qtype=None,
+                      tokenizer=None) -> str:
+    """hf_dir's checkpoint as llama.cpp's GGUF of `family`'s arch (F32, or qtype blocks where
+    a tensor's rows are whole blocks); tokenizer(writer): the tokenizer keys (bench/
+    hybrid_gguf.py copies SmolLM2's), else the file says no_vocab (the tests pass token ids)."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -363,7 +367,10 @@ def write_hybrid_gguf(hf_dir: str, family: str, out_path: str, qtype=None) -> st
     else:
         w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_vocab_size(cfg["vocab_size"])
-    w.add_tokenizer_model("no_vocab")
+    if tokenizer is not None:
+        tokenizer(w)
+    else:
+        w.add_tokenizer_model("no_vocab")
     tensors = {"granitehybrid": _granitehybrid, "nemotron_h_moe": _nemotron_h,
                "nemotron_h": _nemotron_h, "qwen3next": _qwen3next, "qwen35": _qwen3next, "qwen35moe": _qwen3next,
                "falcon-h1": _falcon_h1}[arch](w, cfg, sd)
