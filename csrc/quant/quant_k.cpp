@@ -177,11 +177,12 @@ void quantize_block_q8_K_ref(const float* x, float iscale, block_q8_K& y) {
   set_bsums(y);
 }
 
-inline void quantize_row_q8_K_with(QuantBlockQ8KFn fn, const float* x, void* vy, int64_t n) {
+inline void quantize_row_q8_K_with(QuantBlockQ8KFn fn, SignedMaxFn max_of, const float* x,
+                                   void* vy, int64_t n) {
   block_q8_K* y = static_cast<block_q8_K*>(vy);
   for (int64_t i = 0; i < n / QK_K; ++i, x += QK_K) {
     float amax;
-    const float max = signed_max(x, &amax);
+    const float max = max_of(x, &amax);
     if (amax == 0.0f) {  // (the reference leaves bsums as they were; zeros are what they mean)
       std::memset(&y[i], 0, sizeof(block_q8_K));
       continue;
@@ -194,12 +195,14 @@ inline void quantize_row_q8_K_with(QuantBlockQ8KFn fn, const float* x, void* vy,
 }  // namespace
 
 void quantize_row_q8_K_ref(const float* x, void* y, int64_t n) {
-  quantize_row_q8_K_with(quantize_block_q8_K_ref, x, y, n);
+  quantize_row_q8_K_with(quantize_block_q8_K_ref, signed_max, x, y, n);
 }
 
 void quantize_row_q8_K(const float* x, void* y, int64_t n) {
   static const QuantBlockQ8KFn fast = arch_quantize_block_q8_K();
-  quantize_row_q8_K_with(fast ? fast : quantize_block_q8_K_ref, x, y, n);
+  static const SignedMaxFn fast_max = arch_signed_max_q8_K();
+  quantize_row_q8_K_with(fast ? fast : quantize_block_q8_K_ref, fast_max ? fast_max : signed_max,
+                         x, y, n);
 }
 
 }  // namespace vllmx

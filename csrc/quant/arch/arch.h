@@ -35,5 +35,9 @@ FromFloatFn arch_quantize_row(DType t);
 // the rest of quantize_row_q8_K). nullptr where there is no fast path (arch/x86/quant_k.cpp).
 using QuantBlockQ8KFn = void (*)(const float* x, float iscale, block_q8_K& y);
 QuantBlockQ8KFn arch_quantize_block_q8_K();
+// A Q8_K block's value of largest magnitude (the first on ties; NaNs never win) and that
+// magnitude in *amax (0 and 0 for a block of zeros). nullptr where there is no fast path.
+using SignedMaxFn = float (*)(const float* x, float* amax);
+SignedMaxFn arch_signed_max_q8_K();
 
 }  // namespace vllmx

@@ -14,6 +14,7 @@ ArchDot arch_dot_tq(DType) { return {}; }
 ArchDot arch_dot_iq(DType) { return {}; }
 FromFloatFn arch_quantize_row(DType) { return nullptr; }
 QuantBlockQ8KFn arch_quantize_block_q8_K() { return nullptr; }
+SignedMaxFn arch_signed_max_q8_K() { return nullptr; }
 
 }  // namespace vllmx
 #endif  // !VLLMX_X86

@@ -48,7 +48,30 @@ VLLMX_TARGET_AVX2 void quantize_block_q8_K_avx2(const float* x, float iscale, bl
   }
 }
 
+// The block's largest magnitude by a vector max (max_ps(|x|, m) keeps m where |x| is NaN, as
+// the scalar loop's `>` skips NaNs), then the first element of that magnitude: the scalar
+// loop's value (it keeps the first on ties), found in a 256-value block of prefill activations
+// 16 at a time instead of one (5% of a small Qwen3.5's prefill).
+VLLMX_TARGET_AVX512 float signed_max_avx512(const float* x, float* amax_out) {
+  __m512 m = _mm512_setzero_ps();
+  for (int g = 0; g < QK_K / 16; ++g)
+    m = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + 16 * g)), m);
+  const float amax = _mm512_reduce_max_ps(m);
+  *amax_out = amax;
+  if (!(amax > 0.0f)) return 0.0f;
+  const __m512 va = _mm512_set1_ps(amax);
+  for (int g = 0; g < QK_K / 16; ++g) {
+    const __mmask16 hit = _mm512_cmpeq_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(x + 16 * g)), va);
+    if (hit != 0) return x[16 * g + __builtin_ctz(hit)];
+  }
+  return 0.0f;  // (unreachable: amax is one of the magnitudes)
+}
+
 }  // namespace
+
+SignedMaxFn arch_signed_max_q8_K() {
+  return by_level<SignedMaxFn>(nullptr, signed_max_avx512, signed_max_avx512);
+}
 
 QuantBlockQ8KFn arch_quantize_block_q8_K() {  // VNNI: the AVX-512 block
   return by_level<QuantBlockQ8KFn>(quantize_block_q8_K_avx2, quantize_block_q8_K_avx512,
