@@ -91,9 +91,8 @@ __attribute__((always_inline)) inline void block_tokens(
 VLLMX_TARGET_AVX512 void block64_avx512(int64_t dk, int64_t n, const float* kn, const float* qn,
                                         const float* decay, const float* beta, float* S,
                                         int64_t ld, const float* vt, int64_t vs, float* o,
-                                        int64_t os,
-                                        const int32_t* spec, float* saved, int64_t stride,
-                                        int64_t dv) {
+                                        int64_t os, const int32_t* spec, float* saved,
+                                        int64_t stride, int64_t dv) {
   for (int64_t t = 0; t < n; ++t) {
     const float* kt = kn + t * dk;
     const float* qt = qn + t * dk;
