@@ -7,14 +7,53 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "core/op_table.h"
+#include "core/simd_math.h"
 #include "linear_attn/spec_slots.h"
 
 namespace vllmx {
 
 namespace {
+
+// o = a / (1 + exp(-a)) over a token's channels: std::exp, or on AVX-512 / AVX2 the ~1 ulp
+// vector exp the SwiGLU activation uses (the scalar exp was two thirds of this op at 512 x 6144).
+using SiluRow = void (*)(const float* a, float* o, int64_t n);
+void silu_row_scalar(const float* a, float* o, int64_t n) {
+  for (int64_t c = 0; c < n; ++c) o[c] = a[c] / (1.0f + std::exp(-a[c]));
+}
+#if VLLMX_X86
+VLLMX_TARGET_AVX512 void silu_row_512(const float* a, float* o, int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.0f), neg = _mm512_set1_ps(-0.0f);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF)
+                                    : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 v = _mm512_maskz_loadu_ps(m, a + i);
+    const __m512 e = exp512(_mm512_xor_ps(v, neg), -103.0f);
+    _mm512_mask_storeu_ps(o + i, m, _mm512_div_ps(v, _mm512_add_ps(one, e)));
+  }
+}
+VLLMX_TARGET_AVX2 void silu_row_256(const float* a, float* o, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256i m = lanes256(n - i);
+    const __m256 v = _mm256_maskload_ps(a + i, m);
+    const __m256 e = exp256(_mm256_xor_ps(v, neg), -103.0f);
+    _mm256_maskstore_ps(o + i, m, _mm256_div_ps(v, _mm256_add_ps(one, e)));
+  }
+}
+#endif
+SiluRow pick_silu_row() {
+#if VLLMX_X86
+  if (simd_level() >= 2) return silu_row_512;
+  if (simd_level() == 1) return silu_row_256;
+#endif
+  return silu_row_scalar;
+}
+
 
 // Channels [d0, d1) of one sequence (a channel's outputs read that channel alone). spec: the
 // sequence's rows' spec_state_indices (or null), slots of conv_state (base, stride) that also
@@ -54,10 +93,18 @@ void conv_sequence(const float* x, int64_t xs, float* out, int64_t os, const flo
       for (int64_t c = 0; c < nd; ++c) acc[c] += wj[c] * F(in[c]);
     }
     float* o = out + t * os + d0;
-    for (int64_t c = 0; c < nd; ++c) {
-      F a = acc[c];
-      if (silu) a = a / (F(1) + std::exp(-a));
-      o[c] = static_cast<float>(a);
+    if constexpr (std::is_same_v<F, float>) {
+      static const SiluRow silu_row = pick_silu_row();
+      if (silu)
+        silu_row(acc.data(), o, nd);
+      else
+        std::copy(acc.begin(), acc.end(), o);
+    } else {  // (the f64 reference)
+      for (int64_t c = 0; c < nd; ++c) {
+        F a = acc[c];
+        if (silu) a = a / (F(1) + std::exp(-a));
+        o[c] = static_cast<float>(a);
+      }
     }
     if (spec != nullptr && spec[t] >= 0) save_window(base + spec[t] * stride, t + 1);
   }

@@ -1,6 +1,6 @@
 """Every SIMD path of the kernel families whose pickers used to read the CPU's features
-directly (KV-cache writes, attention, the sampler, the activations), of MoE routing and of the
-grammar mask: run at each level that VLLMX_ISA caps (tests/ops/simd_levels.py) and compared
+directly (KV-cache writes, attention, the sampler, the activations), of MoE routing, of the
+grammar mask and of causal_conv1d's silu: run at each level that VLLMX_ISA caps (tests/ops/simd_levels.py) and compared
 with the scalar twins on fresh random inputs. The quant / linear families have their own per-level tests beside them."""
 
 import pytest
@@ -118,6 +118,19 @@ for vocab in (7, 64, 1000, 49157):
         outs.append(x)
     assert np.array_equal(outs[0], outs[1]), ("bitmask", vocab)
     assert np.array_equal(outs[0][[0, 3]], logits[[0, 3]]) and np.isinf(outs[0][1]).any()
+# causal_conv1d's silu (the hybrids' conv ahead of their mixers): the vector exp against the f64
+# reference, channel counts a multiple of the vector width and not, history and none.
+for D in (64, 300, 45):
+    x = (rng.standard_normal((30, D)) * 3).astype(np.float32)
+    w = rng.standard_normal((D, 4)).astype(np.float32)
+    qsl, idx, init = (np.array(a, np.int32) for a in ([0, 12, 30], [0, 1], [1, 0]))
+    st0 = rng.standard_normal((2, D, 3)).astype(np.float32)
+    outs = []
+    for ref in (False, True):
+        o, st = np.empty_like(x), st0.copy()
+        _C.ops.causal_conv1d(o, x, w, None, st, qsl, idx, init, None, True, reference=ref)
+        outs.append((o, st))
+    assert rel(outs[0][0], outs[1][0]) < 1e-5 and np.array_equal(outs[0][1], outs[1][1]), D
 print("ok")
 """
 
