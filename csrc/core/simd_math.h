@@ -55,6 +55,16 @@ VLLMX_TARGET_AVX2 inline __m256 exp256(__m256 x, float lo) {
   return _mm256_mul_ps(_mm256_mul_ps(y, f1), f2);
 }
 
+// silu(v) = v / (1 + exp(-v)) on exp512 / exp256 (the SwiGLU activation's and causal_conv1d's).
+VLLMX_TARGET_AVX512 inline __m512 silu512(__m512 v) {
+  const __m512 e = exp512(_mm512_xor_ps(v, _mm512_set1_ps(-0.0f)), -103.0f);
+  return _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
+VLLMX_TARGET_AVX2 inline __m256 silu256(__m256 v) {
+  const __m256 e = exp256(_mm256_xor_ps(v, _mm256_set1_ps(-0.0f)), -103.0f);
+  return _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
 // erf(x) as x P(x^2) / Q(x^2) on x clamped to [-4, 4] (erf(4) is 1 in f32): a rational fit,
 // within 5e-7 of erf everywhere (checked against math.erf on a 6e-5 grid over [-6, 6]).
 struct ErfFit {

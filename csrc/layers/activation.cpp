@@ -16,25 +16,19 @@ namespace {
 // One row of SwiGLU: g / (1 + exp(-g)) * u with the ~1 ulp exp512 (scalar std::exp was most of
 // this op, which every Llama-family layer runs over its intermediate width).
 VLLMX_TARGET_AVX512 void silu_mul_row_512(const float* g, const float* u, float* o, int64_t d) {
-  const __m512 one = _mm512_set1_ps(1.0f), neg = _mm512_set1_ps(-0.0f);
   for (int64_t i = 0; i < d; i += 16) {
     const __mmask16 m = d - i >= 16 ? static_cast<__mmask16>(0xFFFF)
                                     : static_cast<__mmask16>((1u << (d - i)) - 1);
-    const __m512 v = _mm512_maskz_loadu_ps(m, g + i);
-    const __m512 e = exp512(_mm512_xor_ps(v, neg), -103.0f);
-    const __m512 r = _mm512_div_ps(v, _mm512_add_ps(one, e));
+    const __m512 r = silu512(_mm512_maskz_loadu_ps(m, g + i));
     _mm512_mask_storeu_ps(o + i, m, _mm512_mul_ps(r, _mm512_maskz_loadu_ps(m, u + i)));
   }
 }
 
 // The same at 8 lanes, for CPUs with AVX2 but not AVX-512.
 VLLMX_TARGET_AVX2 void silu_mul_row_256(const float* g, const float* u, float* o, int64_t d) {
-  const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
   for (int64_t i = 0; i < d; i += 8) {
     const __m256i m = lanes256(d - i);
-    const __m256 v = _mm256_maskload_ps(g + i, m);
-    const __m256 e = exp256(_mm256_xor_ps(v, neg), -103.0f);
-    const __m256 r = _mm256_div_ps(v, _mm256_add_ps(one, e));
+    const __m256 r = silu256(_mm256_maskload_ps(g + i, m));
     _mm256_maskstore_ps(o + i, m, _mm256_mul_ps(r, _mm256_maskload_ps(u + i, m)));
   }
 }
