@@ -164,6 +164,37 @@ __device__ __forceinline__ float squared_relu(float x) {
   return x * x;
 }
 
+namespace detail {
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+__device__ inline float block_sum(float v) {
+  __shared__ float part[32];
+  __shared__ float total;
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float s = lane < static_cast<int>(blockDim.x >> 5) ? part[lane] : 0.0f;
+    s = warp_sum(s);
+    if (lane == 0) total = s;
+  }
+  __syncthreads();
+  return total;
+}
+}  // namespace detail
+
+// Threads for a block walking n items a row: a power of two from 32 to 1024.
+inline int threads_for(int64_t n) {
+  int t = 32;
+  while (t < 1024 && t < n) t *= 2;
+  return t;
+}
+
 // ---- block reductions (every thread of the block calls them; all get the block's result) ----
 // A value of any 4-byte-multiple type exchanged across lanes word by word (an index, a
 // (value, id) pair).

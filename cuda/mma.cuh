@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <type_traits>
 
+#include "cuda_util.cuh"  // warp_sum
+
 namespace vllmx::cuda::detail {
 
 // ------------------------------------------------------------------ host side
@@ -179,11 +181,6 @@ __device__ __forceinline__ void mma16816_zero(float (&c)[4], const uint32_t (&a)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

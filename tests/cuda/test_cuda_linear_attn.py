@@ -1,4 +1,4 @@
-"""The hybrid mixers' CUDA ops (cuda/linear_attn.cu, and elementwise.cu's rms_norm_gated)
+"""The hybrid mixers' CUDA ops (cuda/linear_attn.cu, rms_norm_gated among them)
 against the CPU ops on the same rounded inputs: causal_conv1d, gated_delta_rule and mamba2_scan
 over sequences and state slots (outputs within the dtype's tolerance, the updated f32 states
 within f32 rounding or exactly), with some rows also saving their state into extra slots
