@@ -42,7 +42,8 @@ def attention_reference(q64, k64, v64, bt, qsl, seq_lens, scale, window=0, cap=0
         K = np.repeat(k64.reshape(-1, nkv, D)[slots], G, axis=1)  # [L, nq, D]
         V = np.repeat(v64.reshape(-1, nkv, D)[slots], G, axis=1)
         qp = L - ql + np.arange(ql)  # absolute positions of the queries
-        s = np.einsum("thd,lhd->htl", q64[qsl[b]:qsl[b + 1]], K) * scale
+        # matmul, not einsum: BLAS takes the long prompts' products in a fraction of the time
+        s = np.matmul(q64[qsl[b]:qsl[b + 1]].transpose(1, 0, 2), K.transpose(1, 2, 0)) * scale
         if cap > 0:
             s = cap * np.tanh(s / cap)
         visible = pos[None, :] <= qp[:, None]
@@ -53,7 +54,7 @@ def attention_reference(q64, k64, v64, bt, qsl, seq_lens, scale, window=0, cap=0
         top = np.maximum(s.max(-1, keepdims=True), sink)
         p = np.exp(s - top)
         p /= p.sum(-1, keepdims=True) + np.exp(sink - top)
-        out[qsl[b]:qsl[b + 1]] = np.einsum("htl,lhd->thd", p, V)
+        out[qsl[b]:qsl[b + 1]] = np.matmul(p, V.transpose(1, 0, 2)).transpose(1, 0, 2)
     return out
 
 

@@ -79,7 +79,11 @@ class Scheduler:
         self.waiting = (PriorityRequestQueue(self._priority_key)
                         if scheduler_config.policy == "priority" else FCFSRequestQueue())
         self.running: list[Request] = []
+        # Finished and preempted requests the runner has not heard of: it hears through the steps
+        # it runs, and a schedule with no tokens is never run, so they wait for the next one
+        # (else a hybrid model's state slots of the last step's finishers were lost).
         self.finished_req_ids: set[str] = set()
+        self.preempted_req_ids: set[str] = set()
         self.num_preemptions = 0
         # SchedulerStats.spec_decode_*: verify steps with drafts, drafts, accepted drafts.
         self.spec_decode_num_drafts = 0
@@ -200,10 +204,12 @@ class Scheduler:
             req.num_computed_tokens += n
             if req.num_computed_tokens >= req.num_tokens + req.num_output_placeholders:
                 req.num_output_placeholders += 1  # caught up: this step samples its next token
+        self.preempted_req_ids |= preempted
         out = SchedulerOutput(new_reqs, cached, num_scheduled,
-                              sum(num_scheduled.values()), self.finished_req_ids, preempted,
-                              spec)
-        self.finished_req_ids = set()
+                              sum(num_scheduled.values()), self.finished_req_ids,
+                              self.preempted_req_ids, spec)
+        if num_scheduled:
+            self.finished_req_ids, self.preempted_req_ids = set(), set()
         return out
 
     def _last_token_pending(self, req: Request) -> bool:
