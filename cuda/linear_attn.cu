@@ -1,6 +1,6 @@
 // The hybrid mixers' sequential ops on the GPU (contracts in csrc/ops.def; the CPU twins in
-// csrc/linear_attn/), token by token as the CPU runs them (a chunked form for prefill on the
-// matrix units is the next step). causal_conv1d: one thread a (sequence, channel), walking the
+// csrc/linear_attn/), token by token as the CPU runs them (gated_delta_rule's longer sequences
+// in chunks on the tensor cores: gated_delta_chunked.cu). causal_conv1d: one thread a (sequence, channel), walking the
 // sequence's
 // tokens in order with the window's K - 1 previous inputs in registers (from the request's
 // conv_state slot, or zeros at its first tokens), which go back to the slot at the end. A
@@ -11,9 +11,11 @@
 // decoding's rollback, worker/state_slots.py), which each kernel writes as it passes the row.
 // rms_norm_gated (the mixers' gated RMSNorm) is here too.
 #include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "core/op_table.h"
+#include "cuda_ops.h"
 #include "cuda_util.cuh"
 #include "mma.cuh"  // allow_smem
 
@@ -164,7 +166,7 @@ __global__ void __launch_bounds__(32) gated_delta_rule_kernel(
     int64_t v_stride, const T* __restrict__ a, const T* __restrict__ b, int64_t ab_stride,
     const float* __restrict__ A_log, const float* __restrict__ dt_bias, int hv, int hk, int dk,
     int dv, const int32_t* __restrict__ qsl, const int32_t* __restrict__ idx,
-    const int32_t* __restrict__ init, const int32_t* __restrict__ spec) {
+    const int32_t* __restrict__ init, const int32_t* __restrict__ spec, int64_t chunked_from) {
   constexpr int kN = DK > 0 ? DK : kGdnMaxDk;  // rows of a column, unrolled
   constexpr int kR = kN / 2;                    // a lane's rows
   constexpr int kPer = kN / 32;                 // q and k elements a lane loads
@@ -176,7 +178,8 @@ __global__ void __launch_bounds__(32) gated_delta_rule_kernel(
   const int j = blockIdx.z * kGdnCols + lane % kGdnCols;  // the column (< dv: a live one)
   const int r0 = half * kR;                                 // this lane's first row
   const int64_t t0 = qsl[s], n = qsl[s + 1] - t0, slot = idx[s];
-  if (n <= 0 || slot < 0 || slot >= slots) return;
+  // (sequences of chunked_from tokens or more: gated_delta_chunked.cu's kernel)
+  if (n <= 0 || n >= chunked_from || slot < 0 || slot >= slots) return;
   auto in_k = [&](int row) { return DK > 0 || row < dk; };
   float* st = state + (slot * hv + h) * static_cast<int64_t>(dk) * dv;
   const bool live = j < dv, from_slot = init[s] != 0;
@@ -298,6 +301,11 @@ void gated_delta_rule(const Tensor& out, const Tensor& recurrent_state, const Te
               "a key head size of " + std::to_string(dk) + " (the CUDA kernel keeps a state "
               "column of at most " + std::to_string(kGdnMaxDk) + " rows in registers)");
   if (B == 0 || out.shape[0] == 0) return;
+  const bool chunked = !spec_state_indices.defined() &&
+                       gated_delta_rule_chunked(out, recurrent_state, q, k, v, a, b, A_log,
+                                                dt_bias, query_start_loc, state_indices,
+                                                has_initial_state);
+  const int64_t chunked_from = chunked ? kChunkedMinTokens : INT64_MAX;
   const dim3 grid(hv, static_cast<unsigned>(B), static_cast<unsigned>((dv + kGdnCols - 1) /
                                                                       kGdnCols));
   dispatch_float(q.dtype, op, [&](auto e) {
@@ -309,7 +317,8 @@ void gated_delta_rule(const Tensor& out, const Tensor& recurrent_state, const Te
              A_log.ptr<float>(), dt_bias.ptr<float>(), hv, hk, dk, dv,
              query_start_loc.ptr<int32_t>(), state_indices.ptr<int32_t>(),
              has_initial_state.ptr<int32_t>(),
-             spec_state_indices.defined() ? spec_state_indices.ptr<int32_t>() : nullptr);
+             spec_state_indices.defined() ? spec_state_indices.ptr<int32_t>() : nullptr,
+             chunked_from);
     };
     if (dk == kGdnMaxDk)
       go(gated_delta_rule_kernel<T, kGdnMaxDk>);

@@ -82,11 +82,29 @@ def checkpoint(family: str, out_dir: str) -> str:
     return make_checkpoint(family, "bfloat16", out_dir, **({} if family in HYBRID else SIZES))
 
 
+def oracle_norm_ignores_groups() -> bool:
+    """Whether this transformers' GraniteMoeHybridRMSNormGated takes no group size: 5.17's
+    normalizes the Mamba2 output over all n_groups groups at once (the tiny checkpoint has 2),
+    5.25's group by group as mamba_ssm's kernel, vLLM and vllmx do. Against 5.17 on the H100
+    machine vllmx's CPU engine missed 10-19 of 32 positions by up to 0.59 nats, as its GPU run
+    did, where against 5.25 it matches exactly (2026-12-06)."""
+    import inspect
+
+    from transformers.models.granitemoehybrid import modeling_granitemoehybrid as m
+
+    init = m.GraniteMoeHybridRMSNormGated.__init__
+    return "group_size" not in inspect.signature(init).parameters
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("dtype,delta", [("bfloat16", 0.5), ("float32", 0.01)])
 def test_token_parity_vs_transformers_on_gpu(ckpt_dir, family, dtype, delta):
     from vllmx import LLM, SamplingParams
 
+    if family == "granite_moe_hybrid" and oracle_norm_ignores_groups():
+        pytest.skip(f"transformers {transformers.__version__} normalizes GraniteMoeHybrid's "
+                    "gated RMSNorm over all its groups at once (vllmx, vLLM and later "
+                    "transformers: group by group)")
     path = checkpoint(family, ckpt_dir)
     rng = np.random.default_rng(SEED)
     lens = rng.integers(3, 200, size=8)
@@ -97,10 +115,7 @@ def test_token_parity_vs_transformers_on_gpu(ckpt_dir, family, dtype, delta):
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
     moe_bf16 = family in MOE and dtype == "bfloat16"
-    # The hybrids' f32 oracle runs on the CPU: transformers' reference Mamba2 path on CUDA
-    # departs from its own CPU result on the tiny GraniteMoeHybrid (15-16 of 32 positions off by
-    # 0.24-0.40 nats after a 300-token prompt, TF32 off or on), where vllmx's GPU run equals its
-    # CPU run to 5e-7 nats and that the CPU oracle exactly (2026-12-05).
+    # The hybrids' f32 oracle runs on the CPU (as the CPU tests' does).
     dev = "cpu" if family in HYBRID and dtype == "float32" else "cuda"
     oracle = transformers.AutoModelForCausalLM.from_pretrained(
         path, dtype=torch.float32 if moe_bf16 else getattr(torch, dtype),

@@ -92,6 +92,42 @@ def test_gated_delta_rule(rng, dtype, hk, hv, dk, dv):
 
 
 
+@pytest.mark.parametrize("dtype", ACT[1:])
+@pytest.mark.parametrize("hk,hv,dk,dv", [(1, 2, 128, 128), (1, 2, 16, 12), (2, 2, 64, 72)])
+def test_gated_delta_rule_chunked_prefill(rng, dtype, hk, hv, dk, dv):
+    """A prefill batch in f16 / bf16 without speculative rows: its sequences of 8 tokens or more
+    in chunks of 64 on the tensor cores (gated_delta_chunked.cu, TF32 products), the shorter
+    token by token, in one call: 200 tokens (four chunks, the last partial) from a slot's
+    state, 64 (one whole chunk) and 8 (the fewest) from zeros, 7, 1 and 0 tokens for the other
+    kernel; Qwen3.5's head sizes, dk 16 and dv 12 (the chunk's rows and columns past them zero),
+    72 columns (a second CTA of 8 live ones). Against the CPU op on the same rounded inputs:
+    outputs within the dtype's tolerance, states within TF32's rounding (3e-3 of the largest)."""
+    slots, lens = 9, [200, 7, 64, 0, 1, 8]
+    init, idx = np.array([1, 1, 0, 0, 1, 0], np.int32), np.array([4, 0, 2, 5, 6, 8], np.int32)
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    T = int(qsl[-1])
+
+    def act(*shape, scale=1.0):
+        return rounded(rng.standard_normal(shape).astype(np.float32) * scale, dtype)
+
+    q, k, v = act(T, hk * dk), act(T, hk * dk), act(T, hv * dv)
+    a, b = act(T, hv), act(T, hv, scale=2.0)
+    A_log = rng.uniform(-1.0, 1.0, hv).astype(np.float32)
+    dt_bias = rng.standard_normal(hv).astype(np.float32)
+    state0 = (rng.standard_normal((slots, hv, dk, dv)) * 0.3).astype(np.float32)
+    ref, ref_state = np.empty((T, hv * dv), np.float32), state0.copy()
+    _C.ops.gated_delta_rule(ref, ref_state, q, k, v, a, b, A_log, dt_bias, qsl, idx, init, None)
+    out, state = DeviceArray.empty((T, hv * dv), dtype), DeviceArray.from_numpy(state0.copy())
+    on = DeviceArray.from_numpy
+    _C.ops.gated_delta_rule(out, state, dev(q, dtype), dev(k, dtype), dev(v, dtype),
+                            dev(a, dtype), dev(b, dtype), on(A_log), on(dt_bias), on(qsl),
+                            on(idx), on(init), None)
+    assert_close(as_f32(out.numpy(), dtype), ref, dtype, "gated_delta_rule (chunked)")
+    got = state.numpy()
+    assert np.abs(got - ref_state).max() / np.abs(ref_state).max() < 3e-3
+    np.testing.assert_array_equal(got[[1, 3, 5, 7]], state0[[1, 3, 5, 7]])  # no sequence's
+
+
 def test_gated_delta_rule_key_head_size_past_the_kernel():
     """A key head size over 128 (the rows a state column keeps in two lanes' registers) is an
     error naming it, not a wrong answer."""
