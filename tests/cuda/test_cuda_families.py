@@ -57,8 +57,10 @@ MOE_BF16_GAP, MOE_BF16_FAILED = 6.0, 12
 # later one. transformers' own bf16 greedy run of the tiny Qwen3-Next, teacher-forced through
 # its f32 model on this test's prompts (CPU, seeds 0-7), missed the 0.5-nat bound at 30, 17,
 # 35, 26, 18, 31, 17, 18 of the 256 positions, worst 1.6-5.0 nats; vllmx's bf16 runs on the
-# H200 at 15 and 13 (worst 4.9) (2026-12-05).
-HYBRID_BF16_GAP, HYBRID_BF16_FAILED = 6.0, 40
+# H200 at 15 and 13 (worst 4.9) (2026-12-05). The gap: 6.0 was too tight: vllmx's bf16 run on an
+# H100 (seed 1911338000, 2026-12-06) missed by 7.373 nats on its 146-token prompt, and
+# transformers' own bf16 greedy run of it on the CPU by the same 7.373 (32 positions in all).
+HYBRID_BF16_GAP, HYBRID_BF16_FAILED = 8.0, 40
 SEED = int.from_bytes(os.urandom(4), "little")  # fresh prompts each run, printed on failure
 
 

@@ -16,16 +16,19 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.parametrize("dtype", ACT)
 @pytest.mark.parametrize("K", [4, 2, 8])
-def test_causal_conv1d(rng, dtype, K):
+@pytest.mark.parametrize("lens", [[7, 0, 1, 2, 30], [1, 0, 1, 2, 5]], ids=["prefill", "decode"])
+def test_causal_conv1d(rng, dtype, K, lens):
     """The hybrids' depthwise causal convolution against the CPU op: sequences longer and
     shorter than the window, an empty one, decode rows, slots continued (has_initial_state) or
-    started, a slot no sequence names left alone; outputs within the dtype's tolerance, the
-    updated states (the last K - 1 inputs, as stored) exactly."""
+    started, a slot no sequence names left alone; a prefill batch (rows >= 2 sequences: the
+    token-parallel kernel, 16-row tiles across sequences, then the windows) and a decode-like
+    one (a thread a sequence and channel); outputs within the dtype's tolerance, the updated
+    states (the last K - 1 inputs, as stored) exactly."""
     D, slots = 200, 8  # (6 and 7: rows' saved windows)
-    lens, init, idx = [7, 0, 1, 2, 30], [1, 0, 1, 0, 1], [3, 0, 5, 1, 2]
+    init, idx = [1, 0, 1, 0, 1], [3, 0, 5, 1, 2]
     qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
     spec = np.full(int(qsl[-1]), -1, np.int32)
-    spec[qsl[4] + 5], spec[qsl[0] + 3] = 6, 7
+    spec[qsl[4] + 3], spec[qsl[0]] = 6, 7
     init, idx = np.array(init, np.int32), np.array(idx, np.int32)
     x = rounded(rng.standard_normal((int(qsl[-1]), D)).astype(np.float32), dtype)
     w = rng.standard_normal((D, K)).astype(np.float32)
