@@ -191,6 +191,40 @@ def test_taped_decode_steps_equal_eager_ones(family, ckpt_dir):
     assert runs[0] == runs[1]
 
 
+def test_tape_check_snapshots_one_requests_state(ckpt_dir, monkeypatch):
+    """A tape's check replays a hybrid decode step with its first request alone live (the
+    others padding rows: no KV write, the scratch state slot), so its snapshot holds that
+    request's state rows whatever the batch (a batch's worth was 246 MB at 16 requests of a
+    Granite-shaped model); the tokens and logprobs stay the eager engine's."""
+    from vllmx import LLM, SamplingParams
+    from vllmx.worker import step_capture
+
+    rows = []
+    snapshot = step_capture.StateRows.snapshot
+
+    def counted(self):
+        saved = snapshot(self)
+        rows.append(saved[0].shape[0])
+        return saved
+
+    monkeypatch.setattr(step_capture.StateRows, "snapshot", counted)
+    rng = np.random.default_rng()
+    prompts = [{"prompt_token_ids": rng.integers(3, VOCAB, int(rng.integers(5, 40))).tolist()}
+               for _ in range(6)]
+    params = [SamplingParams(temperature=0, max_tokens=int(rng.integers(3, 16)), logprobs=2,
+                             ignore_eos=True) for _ in prompts]
+    runs = []
+    for eager in (False, True):
+        llm = LLM(make_checkpoint("granite_moe_hybrid", "float32", ckpt_dir),
+                  skip_tokenizer_init=True, max_num_seqs=8, max_model_len=128,
+                  enforce_eager=eager)
+        outs = llm.generate(prompts, params)
+        runs.append([(o.outputs[0].token_ids, [{k: v.logprob for k, v in lp.items()}
+                                               for lp in o.outputs[0].logprobs]) for o in outs])
+    assert runs[0] == runs[1]
+    assert rows and set(rows) == {1}, rows  # one capture a batch size, one request's rows
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_dummy_shapes_are_the_checkpoints(family, ckpt_dir):
     import json

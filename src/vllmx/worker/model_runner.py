@@ -109,7 +109,8 @@ class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
             self.decode_capture = StepTapes(sizes, lambda: LongLived(
                 self.model, self.kv_caches, self.input_ids, self.positions, self.slot_mapping,
                 self.query_start_loc, self.seq_lens, self.block_table, self.hidden_out, *state),
-                slots.step_rows() if slots else None)
+                slots.step_rows(self.query_start_loc, self.slot_mapping,
+                                lambda: [self.hidden_out]) if slots else None)
         self._decode_logits = None  # GPU: the decode buckets' f32 logits (below)
         self._in_flight: PendingStep | None = None  # the last launched step, until finished
         self.async_scheduling = False  # (the engine's: steps may launch before one finishes)

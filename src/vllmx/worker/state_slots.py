@@ -12,6 +12,7 @@ state its next token continues (the rejected drafts' rows had advanced it past t
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 
 import numpy as np
@@ -108,7 +109,37 @@ class StateSlots:
         if dst:
             self.model.copy_states(np.array(dst), np.array(src))
 
-    def step_rows(self) -> StateRows:
-        """The state rows the step being formed updates in place, for a step capture to put
-        back before its checking replay."""
-        return StateRows(self.model.state_arrays(), lambda: self.state_indices[:self._rows_used])
+    def step_rows(self, query_start_loc: np.ndarray, kv_slots: np.ndarray,
+                  outputs) -> StateRows:
+        """The state the step being formed updates in place, for a step capture's check, which
+        replays the step with its first request alone live (step_capture.StateRows):
+        query_start_loc and kv_slots are the step's token offsets and slot_mapping; outputs()
+        the other long-lived token-row arrays the step writes (the drafter's hidden_out; None
+        entries skipped)."""
+        return StateRows(self.model.state_arrays(), lambda: self.state_indices[:1],
+                         lambda: slice(int(query_start_loc[0]), int(query_start_loc[1])),
+                         lambda: self._first_alone(query_start_loc, kv_slots, outputs()))
+
+    @contextlib.contextmanager
+    def _first_alone(self, query_start_loc, kv_slots, outputs):
+        """The step's requests after its first as padding rows until the block ends: their
+        tokens write no KV (slot -1) and save no state, their state is the scratch slot's,
+        started from zeros; their rows of outputs are put back after."""
+        n = self._rows_used
+        t1, t = int(query_start_loc[1]), int(query_start_loc[n])
+        tokens = [(kv_slots, -1)]
+        if self.spec_state_indices is not None:
+            tokens.append((self.spec_state_indices, -1))
+        requests = [(self.state_indices, len(self.state_indices)), (self.has_initial_state, 0)]
+        saved = ([(a, slice(t1, t), a[t1:t].copy()) for a, _ in tokens]
+                 + [(a, slice(1, n), a[1:n].copy()) for a, _ in requests]
+                 + [(o, slice(t1, t), o[t1:t].copy()) for o in outputs if o is not None])
+        for a, v in tokens:
+            a[t1:t] = v
+        for a, v in requests:
+            a[1:n] = v
+        try:
+            yield
+        finally:
+            for a, rows, b in saved:
+                a[rows] = b
