@@ -13,7 +13,8 @@
 //   S = e^(G_last) S0 + (e^(G_last - G) K)^T U
 // which is the token-by-token recurrence exactly (checked in f64). One CTA a (value head,
 // sequence, kNv state columns): a state's columns never mix, so the columns split across CTAs
-// (each computes the chunk's A, P and T again: a small share). Four warps; the state slice,
+// (each computes the chunk's A, P and T again: a small share). Eight warps (four, one a
+// scheduler, ran ~30 us a chunk on an H100, five times its mma count's time); the state slice,
 // the chunk's q, k and v and the C x C matrices in shared memory as f32; every product on
 // mma.sync m16n8k8 in TF32 with f32 accumulation (10-bit mantissas: outputs within ~1e-3 and
 // states within ~5e-4 of the f32 recurrence for random inputs, on bf16 / f16 activations whose
@@ -36,12 +37,15 @@ using namespace detail;
 constexpr int kC = 64;        // tokens a chunk
 constexpr int kDk = 128;      // key rows (a smaller key head size: zero rows)
 constexpr int kNv = 64;       // state columns a CTA
-constexpr int kThreads = 128;
+constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 // Row strides in floats: 4 mod 32 where a warp's fragment loads step down rows (A operands, and
 // B operands read transposed), 8 mod 32 where they step along a row (row-major B operands), so
 // that the 32 lanes' loads fall in 32 banks.
 constexpr int kQK = kDk + 4, kCC = kC + 4, kSV = kNv + 8;
+// The warps' tiles: 16 x 32 of the C x C and C x kNv products (four row tiles by two column
+// halves), 16 state rows each of the update.
+static_assert(kC == 64 && kNv == 64 && kWarps == 8 && kWarps * 16 == kDk, "the warps' tiles");
 
 struct Smem {
   float q[kC][kQK];   // normalized q / sqrt(dk)
@@ -73,15 +77,16 @@ __device__ __forceinline__ void warp_mma(float (&acc)[NT][4], const float* a, co
   }
 }
 
-// f(n, e, row, col) for each value of a warp's 16 x 8 NT accumulators (rows from r0).
+// f(n, e, row, col) for each value of a warp's 16 x 8 NT accumulators (rows from r0, columns
+// from c0).
 template <int NT, typename F>
-__device__ __forceinline__ void for_acc(int r0, F&& f) {
+__device__ __forceinline__ void for_acc(int r0, int c0, F&& f) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int n = 0; n < NT; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      f(n, e, r0 + (lane >> 2) + (e >> 1) * 8, n * 8 + 2 * (lane & 3) + (e & 1));
+      f(n, e, r0 + (lane >> 2) + (e >> 1) * 8, c0 + n * 8 + 2 * (lane & 3) + (e & 1));
 }
 
 template <typename T>
@@ -97,7 +102,9 @@ __global__ void __launch_bounds__(kThreads, 1) gated_delta_chunked_kernel(
   Smem& sm = *reinterpret_cast<Smem*>(gdn_smem);
   pdl_begin();
   const int h = blockIdx.x, seq = blockIdx.y, j0 = blockIdx.z * kNv;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, r0 = warp * 16;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  // A warp's tile of the C x C and C x kNv products: 16 rows, 32 columns.
+  const int r0 = (warp % 4) * 16, cb = (warp / 4) * 32;
   const int64_t t0 = qsl[seq], n = qsl[seq + 1] - t0, slot = idx[seq];
   if (n < kChunkedMinTokens || slot < 0 || slot >= slots) return;  // (the other kernel's)
   const int64_t kcol = static_cast<int64_t>(h / (hv / hk)) * dk;
@@ -185,22 +192,22 @@ __global__ void __launch_bounds__(kThreads, 1) gated_delta_chunked_kernel(
     if (c0 + kC < n) fetch(c0 + kC);  // (the raw rows are read)
     __syncthreads();
 
-    // A and P: the warp's 16 rows of K K^T and Q K^T, decayed and masked.
+    // A and P: the warp's tile of K K^T and Q K^T, decayed and masked.
     {
-      float kk[8][4] = {}, qk[8][4] = {};
-      warp_mma<8, kDk, kQK, 1, 1, kQK>(kk, &sm.k[r0][0], &sm.k[0][0]);
-      warp_mma<8, kDk, kQK, 1, 1, kQK>(qk, &sm.q[r0][0], &sm.k[0][0]);
-      for_acc<8>(r0, [&](int nt, int e, int row, int col) {
+      float kk[4][4] = {}, qk[4][4] = {};
+      warp_mma<4, kDk, kQK, 1, 1, kQK>(kk, &sm.k[r0][0], &sm.k[cb][0]);
+      warp_mma<4, kDk, kQK, 1, 1, kQK>(qk, &sm.q[r0][0], &sm.k[cb][0]);
+      for_acc<4>(r0, cb, [&](int nt, int e, int row, int col) {
         const float d = expf(fminf(sm.g[row] - sm.g[col], 0.f));  // (col > row: masked)
         sm.a[row][col] = col < row ? sm.beta[row] * d * kk[nt][e] : 0.f;
         sm.p[row][col] = col <= row ? d * qk[nt][e] : 0.f;
       });
     }
-    // R = beta (V - e^G K S0), in place of the warp's rows of V.
+    // R = beta (V - e^G K S0), in place of the warp's tile of V.
     {
-      float ks[8][4] = {};
-      warp_mma<8, kDk, kQK, 1, kSV, 1>(ks, &sm.k[r0][0], &sm.s[0][0]);
-      for_acc<8>(r0, [&](int nt, int e, int row, int col) {
+      float ks[4][4] = {};
+      warp_mma<4, kDk, kQK, 1, kSV, 1>(ks, &sm.k[r0][0], &sm.s[0][cb]);
+      for_acc<4>(r0, cb, [&](int nt, int e, int row, int col) {
         sm.v[row][col] = sm.beta[row] * (sm.v[row][col] - expf(sm.g[row]) * ks[nt][e]);
       });
     }
@@ -221,19 +228,19 @@ __global__ void __launch_bounds__(kThreads, 1) gated_delta_chunked_kernel(
     __syncthreads();
     // U = T R, into V's place once every warp has read R.
     {
-      float u[8][4] = {};
-      warp_mma<8, kC, kCC, 1, kSV, 1>(u, &sm.tm[r0][0], &sm.v[0][0]);
+      float u[4][4] = {};
+      warp_mma<4, kC, kCC, 1, kSV, 1>(u, &sm.tm[r0][0], &sm.v[0][cb]);
       __syncthreads();
-      for_acc<8>(r0, [&](int nt, int e, int row, int col) { sm.v[row][col] = u[nt][e]; });
+      for_acc<4>(r0, cb, [&](int nt, int e, int row, int col) { sm.v[row][col] = u[nt][e]; });
     }
     __syncthreads();
-    // O = e^G (Q S0) + P U for the warp's rows.
+    // O = e^G (Q S0) + P U for the warp's tile.
     {
-      float o[8][4] = {};
-      warp_mma<8, kDk, kQK, 1, kSV, 1>(o, &sm.q[r0][0], &sm.s[0][0]);
-      for_acc<8>(r0, [&](int nt, int e, int row, int) { o[nt][e] *= expf(sm.g[row]); });
-      warp_mma<8, kC, kCC, 1, kSV, 1>(o, &sm.p[r0][0], &sm.v[0][0]);
-      for_acc<8>(r0, [&](int nt, int e, int row, int col) {
+      float o[4][4] = {};
+      warp_mma<4, kDk, kQK, 1, kSV, 1>(o, &sm.q[r0][0], &sm.s[0][cb]);
+      for_acc<4>(r0, cb, [&](int nt, int e, int row, int) { o[nt][e] *= expf(sm.g[row]); });
+      warp_mma<4, kC, kCC, 1, kSV, 1>(o, &sm.p[r0][0], &sm.v[0][cb]);
+      for_acc<4>(r0, cb, [&](int nt, int e, int row, int col) {
         if (row < m && j0 + col < dv)
           out[(t0 + c0 + row) * out_stride + static_cast<int64_t>(h) * dv + j0 + col] =
               from_f32<T>(o[nt][e]);
@@ -246,14 +253,15 @@ __global__ void __launch_bounds__(kThreads, 1) gated_delta_chunked_kernel(
       for (int i = lane; i < kDk; i += 32) sm.k[r][i] *= f;
     }
     __syncthreads();
-    // S = e^(G_last) S0 + (e^(G_last - G) K)^T U: the warp's 32 state rows, 16 at a time.
-    const float dlast = expf(glast);
-#pragma unroll 1
-    for (int i0 = warp * 32; i0 < warp * 32 + 32; i0 += 16) {
+    // S = e^(G_last) S0 + (e^(G_last - G) K)^T U: the warp's 16 state rows.
+    {
+      const float dlast = expf(glast);
+      const int i0 = warp * 16;
       float ns[8][4];
-      for_acc<8>(i0, [&](int nt, int e, int row, int col) { ns[nt][e] = dlast * sm.s[row][col]; });
+      for_acc<8>(i0, 0,
+                 [&](int nt, int e, int row, int col) { ns[nt][e] = dlast * sm.s[row][col]; });
       warp_mma<8, kC, 1, kQK, kSV, 1>(ns, &sm.k[0][i0], &sm.v[0][0]);
-      for_acc<8>(i0, [&](int nt, int e, int row, int col) { sm.s[row][col] = ns[nt][e]; });
+      for_acc<8>(i0, 0, [&](int nt, int e, int row, int col) { sm.s[row][col] = ns[nt][e]; });
     }
     __syncthreads();  // the state and the chunk's buffers, before the next chunk
   }

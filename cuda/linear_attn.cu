@@ -1,14 +1,15 @@
 // The hybrid mixers' sequential ops on the GPU (contracts in csrc/ops.def; the CPU twins in
 // csrc/linear_attn/), token by token as the CPU runs them (gated_delta_rule's longer sequences
-// in chunks on the tensor cores: gated_delta_chunked.cu). causal_conv1d: one thread a (sequence, channel), walking the
-// sequence's
-// tokens in order with the window's K - 1 previous inputs in registers (from the request's
-// conv_state slot, or zeros at its first tokens), which go back to the slot at the end. A
-// token's output depends on its input and the K - 1 before it only: the same whatever the
-// batch or the chunking. The sequences' offsets, slots and flags live on the device and are
-// trusted as the attention kernels trust theirs (a slot outside the state is skipped), as are
-// spec_state_indices' (a row's extra slot for the state after it, -1 none: speculative
-// decoding's rollback, worker/state_slots.py), which each kernel writes as it passes the row.
+// in chunks on the tensor cores: gated_delta_chunked.cu). causal_conv1d: one thread a
+// (sequence, channel), walking the sequence's tokens in order with the window's K - 1 previous
+// inputs in registers (from the request's conv_state slot, or zeros at its first tokens),
+// which go back to the slot at the end; prefill batches of few sequences token-parallel
+// instead. A token's output depends on its input and the K - 1 before it only: the same
+// whatever the batch or the chunking. The sequences' offsets, slots and flags live on the
+// device and are trusted as the attention kernels trust theirs (a slot outside the state is
+// skipped), as are spec_state_indices' (a row's extra slot for the state after it, -1 none:
+// speculative decoding's rollback, worker/state_slots.py), which each kernel writes as it
+// passes the row.
 // rms_norm_gated (the mixers' gated RMSNorm) is here too.
 #include <algorithm>
 #include <cstdint>
@@ -200,8 +201,8 @@ void launch_conv(const Tensor& out, const Tensor& x, const Tensor& weight, const
            spec.defined() ? spec.ptr<int32_t>() : nullptr);
     return;
   }
-  launch(causal_conv1d_kernel<T, K>, dim3(dblocks, static_cast<unsigned>(B)), kConvThreads, 0, stream(), out.ptr<T>(),
-         out.stride[0], x.ptr<T>(), x.stride[0], weight.ptr<float>(),
+  launch(causal_conv1d_kernel<T, K>, dim3(dblocks, static_cast<unsigned>(B)), kConvThreads, 0,
+         stream(), out.ptr<T>(), out.stride[0], x.ptr<T>(), x.stride[0], weight.ptr<float>(),
          bias.defined() ? bias.ptr<float>() : nullptr, conv_state.ptr<float>(),
          conv_state.shape[0], D, qsl.ptr<int32_t>(), idx.ptr<int32_t>(), init.ptr<int32_t>(),
          spec.defined() ? spec.ptr<int32_t>() : nullptr, silu);
@@ -371,7 +372,8 @@ __global__ void __launch_bounds__(32) gated_delta_rule_kernel(
     }
     float acc = (a4[0] + a4[1]) + (a4[2] + a4[3]);
     acc += __shfl_xor_sync(0xffffffffu, acc, kGdnCols);
-    if (live && half == 0) out[t * out_stride + static_cast<int64_t>(h) * dv + j] = from_f32<T>(acc);
+    if (live && half == 0)
+      out[t * out_stride + static_cast<int64_t>(h) * dv + j] = from_f32<T>(acc);
     const int64_t saved = spec != nullptr ? spec[t] : -1;
     if (live && saved >= 0 && saved < slots) {
       float* dst = state + (saved * hv + h) * static_cast<int64_t>(dk) * dv;
