@@ -384,6 +384,34 @@ __global__ void sigmoid_gate_kernel(T* x, const T* gate, int64_t rows, int64_t d
   }
 }
 
+// sigmoid_gate_kernel in 16-byte vectors (d and x's row stride multiples of Vec16<T>::N, an
+// elementwise gate's too): a thread a value took 97 us for Qwen3.5's 8,192 x 4,096 attention
+// gate on an H100, 1.5x its bytes' time. Same arithmetic.
+template <typename T>
+__global__ void sigmoid_gate_vec_kernel(T* x, const T* gate, int64_t rows, int64_t d,
+                                        int64_t x_stride, int64_t g_stride, bool per_row) {
+  constexpr int V = Vec16<T>::N;
+  pdl_begin();
+  const int64_t dv = d / V, n = rows * dv;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / dv, i = e % dv * V;
+    T* xr = x + r * x_stride + i;
+    Vec16<T> v, g;
+    v.load(xr);
+    if (per_row) {
+      const float gr = to_f32(gate[r * g_stride]);
+#pragma unroll
+      for (int j = 0; j < V; ++j) g.f[j] = gr;
+    } else {
+      g.load(gate + r * g_stride + i);
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) v.f[j] = v.f[j] / (1.0f + expf(-g.f[j]));
+    v.store(xr);
+  }
+}
+
 // ---- write_kv_cache ----
 template <typename TA, typename TC>
 __global__ void write_kv_cache_kernel(const TA* key, const TA* value, TC* key_cache,
@@ -705,10 +733,18 @@ void sigmoid_gate(const Tensor& x, const Tensor& gate) {
               "gate " + gate.str() + " must have x's dtype " + x.str());
   const int64_t rows = x.shape[0], d = x.shape[1];
   if (rows * d == 0) return;
+  const bool per_row = gate.shape[1] == 1;
   dispatch_float(x.dtype, op, [&](auto v) {
     using T = decltype(v);
-    launch(sigmoid_gate_kernel<T>, blocks_for(rows * d, kThreads), kThreads, 0, stream(),
-        x.ptr<T>(), gate.ptr<T>(), rows, d, x.stride[0], gate.stride[0], gate.shape[1] == 1);
+    constexpr int V = Vec16<T>::N;
+    if (d % V == 0 && vec16_ok<T>(x.data, x.stride[0]) &&
+        (per_row || vec16_ok<T>(gate.data, gate.stride[0])))
+      launch(sigmoid_gate_vec_kernel<T>, blocks_for(rows * d / V, kThreads), kThreads, 0,
+             stream(), x.ptr<T>(), gate.ptr<T>(), rows, d, x.stride[0], gate.stride[0],
+             per_row);
+    else
+      launch(sigmoid_gate_kernel<T>, blocks_for(rows * d, kThreads), kThreads, 0, stream(),
+             x.ptr<T>(), gate.ptr<T>(), rows, d, x.stride[0], gate.stride[0], per_row);
   });
   check_launch(op);
 }

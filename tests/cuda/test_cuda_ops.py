@@ -301,6 +301,22 @@ def test_softcap(rng, dtype):
 
 
 @pytest.mark.parametrize("dtype", ACT)
+@pytest.mark.parametrize("per_row", [False, True], ids=["elementwise", "per_row"])
+@pytest.mark.parametrize("d", [1024, 1003])  # 16-byte vectors / the scalar kernel
+def test_sigmoid_gate(rng, dtype, per_row, d):
+    """x *= sigmoid(gate) in place against the CPU op on the same rounded inputs: a gate per
+    value or one per row (gated attention's output, a gated shared expert)."""
+    T = 9
+    x = rounded(rng.standard_normal((T, d)).astype(np.float32) * 3, dtype)
+    gate = rounded(rng.standard_normal((T, 1 if per_row else d)).astype(np.float32) * 3, dtype)
+    ref = x.copy()
+    _C.ops.sigmoid_gate(ref, gate)
+    out = dev(x, dtype)
+    _C.ops.sigmoid_gate(out, dev(gate, dtype))
+    assert_close(as_f32(out.numpy(), dtype), ref, dtype, "sigmoid_gate")
+
+
+@pytest.mark.parametrize("dtype", ACT)
 def test_fill_uniform_matches_the_cpu(rng, dtype):
     seed = int(rng.integers(0, 2**63))
     shape = (333, 1001)

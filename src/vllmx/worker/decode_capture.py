@@ -79,7 +79,7 @@ class DecodeCapture:
 
     def capture(self, forward: Callable):
         """Records forward (running it), or None where this policy does not capture."""
-        return None
+        return
 
     def capture_all(self, prepare: Callable[[int], Callable]) -> None:
         """At start-up: captures every bucket, largest first (prepare(size) pads and stages
