@@ -180,13 +180,15 @@ __global__ void moe_act_kernel(T* __restrict__ act, const T* __restrict__ h, int
   for (int i = (threadIdx.x % tpr) * V; i < I; i += tpr * V) {
     if constexpr (V == 1) {
       const float g = to_f32(hr[i]) + (b != nullptr ? b[i] : 0.f);
-      const float u = activation == 2 ? 0.f : to_f32(hr[I + i]) + (b != nullptr ? b[I + i] : 0.f);
+      const float u =
+          activation == 2 ? 0.f : to_f32(hr[I + i]) + (b != nullptr ? b[I + i] : 0.f);
       out[i] = from_f32<T>(moe_act_value(g, u, activation));
     } else {
       constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
       float g[V], u[V], o[V];
       detail::unpack8(*reinterpret_cast<const uint4*>(hr + i), kBf16, g);
-      if (activation != 2) detail::unpack8(*reinterpret_cast<const uint4*>(hr + I + i), kBf16, u);
+      if (activation != 2)
+        detail::unpack8(*reinterpret_cast<const uint4*>(hr + I + i), kBf16, u);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         g[j] = g[j] + (b != nullptr ? b[i + j] : 0.f);
@@ -227,7 +229,8 @@ __global__ void moe_combine_kernel(T* __restrict__ out, int64_t out_stride,
       if constexpr (V == 1)
         v[0] = to_f32(yr[0]);
       else
-        detail::unpack8(*reinterpret_cast<const uint4*>(yr), std::is_same_v<T, __nv_bfloat16>, v);
+        detail::unpack8(*reinterpret_cast<const uint4*>(yr), std::is_same_v<T, __nv_bfloat16>,
+                        v);
       if (bias != nullptr) {
         const float* br = bias + ids[t * id_stride + j] * bias_stride + c;
 #pragma unroll
