@@ -120,6 +120,16 @@ struct Vec16 {
     *reinterpret_cast<uint4*>(p) = u;
   }
 };
+// f(r, i) for each Vec16<T> of a rows x d matrix (d a multiple of Vec16<T>::N; i the vector's
+// first column), over the grid's threads.
+template <typename T, typename F>
+__device__ __forceinline__ void for_vec16(int64_t rows, int64_t d, F&& f) {
+  constexpr int V = Vec16<T>::N;
+  const int64_t dv = d / V, n = rows * dv;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    f(e / dv, e % dv * V);
+}
 // Whether rows of T at p with this stride (elements) take Vec16 accesses at every multiple of
 // Vec16<T>::N.
 template <typename T>

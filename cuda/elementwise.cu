@@ -268,20 +268,16 @@ __global__ void act_and_mul_kernel(T* out, const T* x, int64_t rows, int64_t d, 
 template <typename T, Act kAct>
 __global__ void act_and_mul_vec_kernel(T* out, const T* x, int64_t rows, int64_t d,
                                        int64_t x_stride, int64_t out_stride) {
-  constexpr int V = Vec16<T>::N;
   pdl_begin();
-  const int64_t dv = d / V, n = rows * dv;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = e / dv, i = e % dv * V;
+  for_vec16<T>(rows, d, [&](int64_t r, int64_t i) {
     const T* xr = x + r * x_stride + i;
     Vec16<T> g, u;
     g.load(xr);
     u.load(xr + d);
 #pragma unroll
-    for (int j = 0; j < V; ++j) g.f[j] = activate<kAct>(g.f[j]) * u.f[j];
+    for (int j = 0; j < Vec16<T>::N; ++j) g.f[j] = activate<kAct>(g.f[j]) * u.f[j];
     g.store(out + r * out_stride + i);
-  }
+  });
 }
 
 // act(x) elementwise, no gate (gelu).
@@ -392,10 +388,7 @@ __global__ void sigmoid_gate_vec_kernel(T* x, const T* gate, int64_t rows, int64
                                         int64_t x_stride, int64_t g_stride, bool per_row) {
   constexpr int V = Vec16<T>::N;
   pdl_begin();
-  const int64_t dv = d / V, n = rows * dv;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = e / dv, i = e % dv * V;
+  for_vec16<T>(rows, d, [&](int64_t r, int64_t i) {
     T* xr = x + r * x_stride + i;
     Vec16<T> v, g;
     v.load(xr);
@@ -409,7 +402,7 @@ __global__ void sigmoid_gate_vec_kernel(T* x, const T* gate, int64_t rows, int64
 #pragma unroll
     for (int j = 0; j < V; ++j) v.f[j] = v.f[j] / (1.0f + expf(-g.f[j]));
     v.store(xr);
-  }
+  });
 }
 
 // ---- write_kv_cache ----
