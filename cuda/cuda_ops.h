@@ -1,5 +1,5 @@
 // The CUDA kernels one kernel file calls from another (linear.cu's unfused paths run
-// elementwise.cu's). Every op's contract is in csrc/ops.def; kernels register themselves in
+// elementwise.cu's and norm.cu's). Every op's contract is in csrc/ops.def; kernels register themselves in
 // the op table (VLLMX_KERNEL) beside their code.
 #pragma once
 #include "core/tensor.h"
