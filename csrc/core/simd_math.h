@@ -97,6 +97,12 @@ VLLMX_TARGET_AVX2 inline __m256 erf256(__m256 x) {
   return _mm256_div_ps(_mm256_mul_ps(x, p), q);
 }
 
+// Lanes 0 .. left - 1 of a 16-lane mask (all of them from 16 on), for masked loads / stores.
+VLLMX_TARGET_AVX512 inline __mmask16 lanes512(int64_t left) {
+  return left >= 16 ? static_cast<__mmask16>(0xFFFF)
+                    : static_cast<__mmask16>((1u << left) - 1);
+}
+
 // Lanes 0 .. left - 1 of an 8-lane mask (all of them from 8 on), for maskload / maskstore.
 VLLMX_TARGET_AVX2 inline __m256i lanes256(int64_t left) {
   const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);

@@ -17,8 +17,7 @@ namespace {
 // this op, which every Llama-family layer runs over its intermediate width).
 VLLMX_TARGET_AVX512 void silu_mul_row_512(const float* g, const float* u, float* o, int64_t d) {
   for (int64_t i = 0; i < d; i += 16) {
-    const __mmask16 m = d - i >= 16 ? static_cast<__mmask16>(0xFFFF)
-                                    : static_cast<__mmask16>((1u << (d - i)) - 1);
+    const __mmask16 m = lanes512(d - i);
     const __m512 r = silu512(_mm512_maskz_loadu_ps(m, g + i));
     _mm512_mask_storeu_ps(o + i, m, _mm512_mul_ps(r, _mm512_maskz_loadu_ps(m, u + i)));
   }
@@ -128,8 +127,7 @@ VLLMX_TARGET_AVX512 void gelu_tanh_row_512(const float* g, const float* u, float
   const __m512 k3 = _mm512_set1_ps(0.044715f), m2c = _mm512_set1_ps(-2.0f * c);
   const __m512 one = _mm512_set1_ps(1.0f);
   for (int64_t i = 0; i < d; i += 16) {
-    const __mmask16 m = d - i >= 16 ? static_cast<__mmask16>(0xFFFF)
-                                    : static_cast<__mmask16>((1u << (d - i)) - 1);
+    const __mmask16 m = lanes512(d - i);
     const __m512 v = _mm512_maskz_loadu_ps(m, g + i);
     const __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(k3, v), _mm512_mul_ps(v, v), v);
     const __m512 e = exp512(_mm512_mul_ps(m2c, y), -103.0f);
@@ -145,8 +143,7 @@ VLLMX_TARGET_AVX512 void gelu_erf_row_512(const float* g, const float* u, float*
                                           float c) {
   const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f), vc = _mm512_set1_ps(c);
   for (int64_t i = 0; i < d; i += 16) {
-    const __mmask16 m = d - i >= 16 ? static_cast<__mmask16>(0xFFFF)
-                                    : static_cast<__mmask16>((1u << (d - i)) - 1);
+    const __mmask16 m = lanes512(d - i);
     const __m512 v = _mm512_maskz_loadu_ps(m, g + i);
     const __m512 e = erf512(_mm512_mul_ps(v, vc));
     __m512 r = _mm512_mul_ps(_mm512_mul_ps(half, v), _mm512_add_ps(one, e));
@@ -190,8 +187,7 @@ VLLMX_TARGET_AVX512 void softcap_run_512(float* v, int64_t n, float cap) {
   const __m512 k = _mm512_set1_ps(2.0f / cap), c = _mm512_set1_ps(cap);
   const __m512 one = _mm512_set1_ps(1.0f), two = _mm512_set1_ps(2.0f);
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF)
-                                    : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 m = lanes512(n - i);
     const __m512 e = exp512(_mm512_mul_ps(k, _mm512_maskz_loadu_ps(m, v + i)), -103.0f);
     const __m512 t = _mm512_sub_ps(one, _mm512_div_ps(two, _mm512_add_ps(one, e)));
     _mm512_mask_storeu_ps(v + i, m, _mm512_mul_ps(c, t));

@@ -29,8 +29,7 @@ void silu_row_scalar(const float* a, float* o, int64_t n) {
 #if VLLMX_X86
 VLLMX_TARGET_AVX512 void silu_row_512(const float* a, float* o, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF)
-                                    : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 m = lanes512(n - i);
     _mm512_mask_storeu_ps(o + i, m, silu512(_mm512_maskz_loadu_ps(m, a + i)));
   }
 }

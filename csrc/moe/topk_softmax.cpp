@@ -54,8 +54,7 @@ VLLMX_TARGET_AVX512 float exp_sum_512(const float* g, int64_t E, float m) {
   __m512 acc = _mm512_setzero_ps();
   const __m512 mv = _mm512_set1_ps(m);
   for (int64_t e = 0; e < E; e += 16) {
-    const __mmask16 k = E - e >= 16 ? static_cast<__mmask16>(0xFFFF)
-                                    : static_cast<__mmask16>((1u << (E - e)) - 1);
+    const __mmask16 k = lanes512(E - e);
     const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, g + e), mv);
     acc = _mm512_mask_add_ps(acc, k, acc, exp512(x, -150.0f));
   }
