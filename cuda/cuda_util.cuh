@@ -148,6 +148,9 @@ void dispatch_float(DType d, const char* op, F&& f) {
   }
 }
 
+// softplus(x) = log(1 + e^x), x itself past 20 (torch's threshold): the hybrid mixers' dt.
+__device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+
 // ---- gated activations: act(gate) * up (silu_and_mul, gelu_and_mul, the gated GEMV) ----
 enum class Act : int { kSilu = 0, kGeluErf = 1, kGeluTanh = 2 };
 

@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(kThreads, 1) gated_delta_chunked_kernel(
       float gl = 0.f, bt = 0.f;
       if (tid < m) {
         const float x = a_next + dtb;
-        gl = neg_a * (x > 20.f ? x : log1pf(expf(x)));
+        gl = neg_a * softplus(x);
         bt = 1.f / (1.f + expf(-b_next));
       }
 #pragma unroll

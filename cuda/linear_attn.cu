@@ -341,7 +341,7 @@ __global__ void __launch_bounds__(32) gated_delta_rule_kernel(
       qw[kN + 4 + at] = kc[p] * ik;
     }
     __syncwarp();
-    const float decay = expf(neg_a * (x > 20.f ? x : log1pf(expf(x))));
+    const float decay = expf(neg_a * softplus(x));
     const float beta = 1.f / (1.f + expf(-bt));
     float m4[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -492,9 +492,8 @@ __global__ void mamba2_scan_kernel(T* __restrict__ out, int64_t out_stride,
       cs[i] = to_f32(Cm[t * bc_stride + static_cast<int64_t>(g) * N + i]);
     }
     __syncthreads();
-    float step = to_f32(dt[t * dt_stride + h]) + dt_bias[h];
-    step = step > 20.f ? step : log1pf(expf(step));  // softplus, torch's threshold
-    step = fminf(fmaxf(step, dt_min), dt_max);
+    const float step = fminf(fmaxf(softplus(to_f32(dt[t * dt_stride + h]) + dt_bias[h]), dt_min),
+                             dt_max);
     const float decay = expf(step * A);
     for (int p = warp; p < rows; p += warps) {
       float* row = S + static_cast<int64_t>(p) * N;
