@@ -584,12 +584,9 @@ void paged_attention(const Tensor& out, const Tensor& q, const Tensor& key_cache
   a.part_lse = a.part_o + static_cast<size_t>(B) * nq * p.max_splits * D;
   a.done = done_counters(static_cast<size_t>(B) * nkv * p.head_groups);
   const bool bf_cache = dt == DType::BF16;
-  if (D == 64)
-    bf_cache ? launch_tc<64, __nv_bfloat16>(p, a, s) : launch_tc<64, __half>(p, a, s);
-  else if (D == 128)
-    bf_cache ? launch_tc<128, __nv_bfloat16>(p, a, s) : launch_tc<128, __half>(p, a, s);
-  else
-    bf_cache ? launch_tc<256, __nv_bfloat16>(p, a, s) : launch_tc<256, __half>(p, a, s);
+  dispatch_head_kv(static_cast<int>(D), bf_cache, [&](auto d, auto kv) {
+    launch_tc<decltype(d)::value, decltype(kv)>(p, a, s);
+  });
   check_launch(kOp);
 }
 

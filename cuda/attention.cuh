@@ -236,6 +236,19 @@ __device__ __forceinline__ void load_kv_tile(const AttnArgs& a, const int32_t* b
                               [](int r, int c) { return r * (D + 8) + c * 8; }, hole);
 }
 
+// f(std::integral_constant<int, D>{}, KV{}) for the tensor-core kernels' head sizes (64, 128,
+// and 256, which plan_attention takes on Hopper only) and the cache's element type.
+template <typename F>
+void dispatch_head_kv(int D, bool bf16_cache, F&& f) {
+  auto by_kv = [&](auto d) { bf16_cache ? f(d, __nv_bfloat16{}) : f(d, __half{}); };
+  if (D == 64)
+    by_kv(std::integral_constant<int, 64>{});
+  else if (D == 128)
+    by_kv(std::integral_constant<int, 128>{});
+  else
+    by_kv(std::integral_constant<int, 256>{});
+}
+
 // attention_decode.cu: the decode kernel over grid (nkv * head groups, B, max_splits) for head
 // size D (64 / 128) and a bf16 (else f16) cache; the zeroed merge counters it needs.
 void launch_decode(const AttnArgs& a, dim3 grid, int D, bool bf16_cache, cudaStream_t s);

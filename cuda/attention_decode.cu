@@ -255,12 +255,9 @@ void launch_one(const AttnArgs& a, dim3 grid, cudaStream_t s) {
 }  // namespace
 
 void launch_decode(const AttnArgs& a, dim3 grid, int D, bool bf16_cache, cudaStream_t s) {
-  if (D == 64)
-    bf16_cache ? launch_one<64, __nv_bfloat16>(a, grid, s) : launch_one<64, __half>(a, grid, s);
-  else if (D == 128)
-    bf16_cache ? launch_one<128, __nv_bfloat16>(a, grid, s) : launch_one<128, __half>(a, grid, s);
-  else
-    bf16_cache ? launch_one<256, __nv_bfloat16>(a, grid, s) : launch_one<256, __half>(a, grid, s);
+  dispatch_head_kv(D, bf16_cache, [&](auto d, auto kv) {
+    launch_one<decltype(d)::value, decltype(kv)>(a, grid, s);
+  });
 }
 
 }  // namespace vllmx::cuda::attn

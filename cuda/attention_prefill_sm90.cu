@@ -16,8 +16,9 @@
 // through the block table, so no TMA box describes a tile), double-buffered, in the 128-byte
 // swizzled layout wgmma reads without bank conflicts (the layout, descriptors and instructions:
 // attention_sm90.cuh). Head size 256 (Gemma 2 / 3, Qwen3.5) takes 165 KB of shared memory, one
-// CTA an SM, and 251 registers a thread for its 64 x 256 O tile, unspilled. A warp-specialized, TMA-fed layout of 128-row CTAs (FlashAttention 3's)
-// measured slower here: bench/prefill_ws_sm90.cu.
+// CTA an SM, and 251 registers a thread for its 64 x 256 O tile, unspilled. A
+// warp-specialized, TMA-fed layout of 128-row CTAs (FlashAttention 3's) measured slower here:
+// bench/prefill_ws_sm90.cu.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -239,14 +240,9 @@ void launch_one(const AttnArgs& a, int grid_x, cudaStream_t s) {
 }  // namespace
 
 void launch_prefill_sm90(const AttnArgs& a, int grid_x, int D, bool bf16_cache, cudaStream_t s) {
-  if (D == 64)
-    bf16_cache ? launch_one<64, __nv_bfloat16>(a, grid_x, s) : launch_one<64, __half>(a, grid_x, s);
-  else if (D == 128)
-    bf16_cache ? launch_one<128, __nv_bfloat16>(a, grid_x, s)
-               : launch_one<128, __half>(a, grid_x, s);
-  else
-    bf16_cache ? launch_one<256, __nv_bfloat16>(a, grid_x, s)
-               : launch_one<256, __half>(a, grid_x, s);
+  dispatch_head_kv(D, bf16_cache, [&](auto d, auto kv) {
+    launch_one<decltype(d)::value, decltype(kv)>(a, grid_x, s);
+  });
 }
 
 }  // namespace vllmx::cuda::attn
