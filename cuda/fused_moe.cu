@@ -27,13 +27,11 @@
 // weights again, so chunks are as long as kChunkScratchBytes allows.
 #include <algorithm>
 #include <string>
-#include <type_traits>
 
 #include "core/op_table.h"
 #include "cuda_util.cuh"
 #include "gemm_sm90.h"
 #include "linear.cuh"
-#include "mma.cuh"  // unpack8 / pack8
 #include "moe/swigluoai.h"
 #include "runtime.h"
 
@@ -184,18 +182,16 @@ __global__ void moe_act_kernel(T* __restrict__ act, const T* __restrict__ h, int
           activation == 2 ? 0.f : to_f32(hr[I + i]) + (b != nullptr ? b[I + i] : 0.f);
       out[i] = from_f32<T>(moe_act_value(g, u, activation));
     } else {
-      constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-      float g[V], u[V], o[V];
-      detail::unpack8(*reinterpret_cast<const uint4*>(hr + i), kBf16, g);
-      if (activation != 2)
-        detail::unpack8(*reinterpret_cast<const uint4*>(hr + I + i), kBf16, u);
+      Vec16<T> g, u;
+      g.load(hr + i);
+      if (activation != 2) u.load(hr + I + i);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        g[j] = g[j] + (b != nullptr ? b[i + j] : 0.f);
-        u[j] = activation == 2 ? 0.f : u[j] + (b != nullptr ? b[I + i + j] : 0.f);
-        o[j] = moe_act_value(g[j], u[j], activation);
+        const float gj = g.f[j] + (b != nullptr ? b[i + j] : 0.f);
+        const float uj = activation == 2 ? 0.f : u.f[j] + (b != nullptr ? b[I + i + j] : 0.f);
+        g.f[j] = moe_act_value(gj, uj, activation);
       }
-      *reinterpret_cast<uint4*>(out + i) = detail::pack8(o, kBf16);
+      g.store(out + i);
     }
   }
 }
@@ -226,11 +222,14 @@ __global__ void moe_combine_kernel(T* __restrict__ out, int64_t out_stride,
       for (int q = 0; q < V; ++q) v[q] = 0.f;
     } else {
       const T* yr = y + static_cast<int64_t>(s) * H + c;
-      if constexpr (V == 1)
+      if constexpr (V == 1) {
         v[0] = to_f32(yr[0]);
-      else
-        detail::unpack8(*reinterpret_cast<const uint4*>(yr), std::is_same_v<T, __nv_bfloat16>,
-                        v);
+      } else {
+        Vec16<T> yv;
+        yv.load(yr);
+#pragma unroll
+        for (int q = 0; q < V; ++q) v[q] = yv.f[q];
+      }
       if (bias != nullptr) {
         const float* br = bias + ids[t * id_stride + j] * bias_stride + c;
 #pragma unroll
@@ -245,10 +244,14 @@ __global__ void moe_combine_kernel(T* __restrict__ out, int64_t out_stride,
     }
   }
   T* o = out + t * out_stride + c;
-  if constexpr (V == 1)
+  if constexpr (V == 1) {
     o[0] = from_f32<T>(acc[0]);
-  else
-    *reinterpret_cast<uint4*>(o) = detail::pack8(acc, std::is_same_v<T, __nv_bfloat16>);
+  } else {
+    Vec16<T> ov;
+#pragma unroll
+    for (int q = 0; q < V; ++q) ov.f[q] = acc[q];
+    ov.store(o);
+  }
 }
 
 // Scratch, grow-only: a captured graph keeps pointing at what it was captured with.
@@ -454,7 +457,7 @@ void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const 
       using TA = decltype(z);
       // 16-byte vectors of 8 values where the rows are whole vectors apart (the scratch rows
       // start 16-byte aligned; out's rows where its pointer and stride keep them so).
-      constexpr int kV = sizeof(TA) == 2 ? 8 : 1;
+      constexpr int kV = sizeof(TA) == 2 ? Vec16<TA>::N : 1;
       const bool act_vec = kV > 1 && I % kV == 0;
       const int tpr = static_cast<int>(
           std::min<int64_t>(256, ((act_vec ? I / kV : I) + 31) / 32 * 32));
@@ -468,8 +471,7 @@ void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const 
       check_launch("moe_act_kernel");
       product(y, xg, I, nullptr, 1, w2);
       TA* out0 = out.ptr<TA>() + t0 * out.stride[0];
-      const bool comb_vec = kV > 1 && H % kV == 0 && aligned(out0, 16) &&
-                            out.stride[0] % kV == 0;
+      const bool comb_vec = kV > 1 && H % kV == 0 && vec16_ok<TA>(out0, out.stride[0]);
       const int per = comb_vec ? kV : 1;  // columns a thread
       // A block 64 threads of vectors (512 columns), or 256 of columns.
       const int ct = static_cast<int>(
