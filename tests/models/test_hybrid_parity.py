@@ -168,34 +168,13 @@ def test_slots_of_the_last_steps_finishers_come_back(ckpt_dir):
 
 
 @pytest.mark.parametrize("family", ["qwen3_next", "granite_moe_hybrid", "falcon_h1"])
-def test_taped_decode_steps_equal_eager_ones(family, ckpt_dir):
+def test_taped_decode_steps_equal_eager_ones(family, ckpt_dir, monkeypatch):
     """Decode steps replay CPU tapes for hybrids too (their state ops update the request's slot
     rows in place): a batch's tokens and logprobs are the eager engine's bit for bit, over
-    several buckets, with requests finishing at different steps."""
-    from vllmx import LLM, SamplingParams
-
-    rng = np.random.default_rng()
-    prompts = [{"prompt_token_ids": rng.integers(3, VOCAB, int(rng.integers(5, 40))).tolist()}
-               for _ in range(6)]
-    params = [SamplingParams(temperature=0, max_tokens=int(rng.integers(3, 24)), logprobs=2,
-                             ignore_eos=True) for _ in prompts]
-    runs = []
-    for eager in (False, True):
-        llm = LLM(make_checkpoint(family, "float32", ckpt_dir), skip_tokenizer_init=True,
-                  max_num_seqs=8, max_model_len=128, enforce_eager=eager)
-        outs = llm.generate(prompts, params)
-        runs.append([(o.outputs[0].token_ids, [{k: v.logprob for k, v in lp.items()}
-                                               for lp in o.outputs[0].logprobs]) for o in outs])
-        if not eager:
-            assert llm.llm_engine.model_runner.decode_capture.steps, "no decode step was taped"
-    assert runs[0] == runs[1]
-
-
-def test_tape_check_snapshots_one_requests_state(ckpt_dir, monkeypatch):
-    """A tape's check replays a hybrid decode step with its first request alone live (the
-    others padding rows: no KV write, the scratch state slot), so its snapshot holds that
-    request's state rows whatever the batch (a batch's worth was 246 MB at 16 requests of a
-    Granite-shaped model); the tokens and logprobs stay the eager engine's."""
+    several buckets, with requests finishing at different steps. A tape's check replays the
+    step with its first request alone live (the others padding rows: no KV write, the scratch
+    state slot), so its snapshot holds that request's state rows whatever the batch (a
+    batch's worth was 246 MB at 16 requests of a Granite-shaped model)."""
     from vllmx import LLM, SamplingParams
     from vllmx.worker import step_capture
 
@@ -211,16 +190,17 @@ def test_tape_check_snapshots_one_requests_state(ckpt_dir, monkeypatch):
     rng = np.random.default_rng()
     prompts = [{"prompt_token_ids": rng.integers(3, VOCAB, int(rng.integers(5, 40))).tolist()}
                for _ in range(6)]
-    params = [SamplingParams(temperature=0, max_tokens=int(rng.integers(3, 16)), logprobs=2,
+    params = [SamplingParams(temperature=0, max_tokens=int(rng.integers(3, 24)), logprobs=2,
                              ignore_eos=True) for _ in prompts]
     runs = []
     for eager in (False, True):
-        llm = LLM(make_checkpoint("granite_moe_hybrid", "float32", ckpt_dir),
-                  skip_tokenizer_init=True, max_num_seqs=8, max_model_len=128,
-                  enforce_eager=eager)
+        llm = LLM(make_checkpoint(family, "float32", ckpt_dir), skip_tokenizer_init=True,
+                  max_num_seqs=8, max_model_len=128, enforce_eager=eager)
         outs = llm.generate(prompts, params)
         runs.append([(o.outputs[0].token_ids, [{k: v.logprob for k, v in lp.items()}
                                                for lp in o.outputs[0].logprobs]) for o in outs])
+        if not eager:
+            assert llm.llm_engine.model_runner.decode_capture.steps, "no decode step was taped"
     assert runs[0] == runs[1]
     assert rows and set(rows) == {1}, rows  # one capture a batch size, one request's rows
 
