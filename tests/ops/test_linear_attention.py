@@ -193,22 +193,15 @@ print(h.hexdigest())
 
 
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
-def test_mamba2_scan_simd_paths_give_the_scalar_bits(isa):
-    """The AVX2 token step (its 8 partial sums a register's lanes) rounds exactly as the scalar
-    step, at N a whole number of vectors and not, with spec saves: the same bits at every
-    level."""
-    runs = [run_capped(i, _MAMBA2_SIMD_SCRIPT) for i in ("scalar", isa)]
-    for r in runs:
-        assert r.returncode == 0, r.stderr[-3000:]
-    assert runs[0].stdout == runs[1].stdout
-
-
-@pytest.mark.parametrize("isa", ["avx2", "avx512"])
-def test_gated_delta_rule_simd_paths_give_the_scalar_bits(isa):
-    """The AVX-512 kernel of a 64-column block and the AVX2 build of the column loop round
-    exactly as the scalar loop (no FMA contraction), in place and through the block buffer,
-    column tails and spec saves included: the same output and state bits at every level."""
-    runs = [run_capped(i, _GDN_SIMD_SCRIPT) for i in ("scalar", isa)]
+@pytest.mark.parametrize("script", [_GDN_SIMD_SCRIPT, _MAMBA2_SIMD_SCRIPT],
+                         ids=["gated_delta_rule", "mamba2_scan"])
+def test_recurrence_simd_paths_give_the_scalar_bits(script, isa):
+    """The recurrences' vector paths round exactly as their scalar loops (no FMA contraction),
+    spec saves and tails included: the same output and state bits at every level. The gated
+    delta rule: the AVX-512 kernel of a 64-column block and the AVX2 build of the column loop,
+    in place and through the block buffer, column tails. mamba2_scan: the AVX2 token step (its 8
+    partial sums a register's lanes), at N a whole number of vectors and not."""
+    runs = [run_capped(i, script) for i in ("scalar", isa)]
     for r in runs:
         assert r.returncode == 0, r.stderr[-3000:]
     assert runs[0].stdout == runs[1].stdout

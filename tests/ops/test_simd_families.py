@@ -1,7 +1,7 @@
 """Every SIMD path of the kernel families whose pickers used to read the CPU's features
 directly (KV-cache writes, attention, the sampler, the activations), of MoE routing, of the
-grammar mask and of causal_conv1d's silu: run at each level that VLLMX_ISA caps (tests/ops/simd_levels.py) and compared
-with the scalar twins on fresh random inputs. The quant / linear families have their own per-level tests beside them."""
+grammar mask and of causal_conv1d's silu: run at each level that VLLMX_ISA caps
+(tests/ops/simd_levels.py) and compared with the scalar twins on fresh random inputs. The quant / linear families have their own per-level tests beside them."""
 
 import pytest
 from simd_levels import SIMD_LEVELS, run_capped
