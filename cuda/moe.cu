@@ -2,10 +2,10 @@
 // per token: the router row's max and softmax denominator by block reductions, then k rounds of
 // a block argmax (ties to the lower expert id) over the experts not yet chosen. E is at most a
 // few hundred and k at most 8 or so, so one pass per round over the row is cheap; the row stays
-// in shared memory as f32. topk_softmax's block is one warp: its k + 2 reductions are then
-// shuffles alone, where four warps' each waited on two block barriers (7.5 us a token row at
-// Qwen3.5's 256 experts, top-8, in a decode step on an H100; a round's pass over the row is 8
-// shared-memory reads a lane).
+// in shared memory as f32. topk_softmax's block is one warp: the two barriers of each of its
+// k + 2 reductions (block_reduce) then hold one warp, where four warps each waited on them
+// (7.5 us a token row at Qwen3.5's 256 experts, top-8, in a decode step on an H100; a round's
+// pass over the row is 8 shared-memory reads a lane).
 #include <cfloat>
 
 #include "core/op_table.h"
