@@ -92,14 +92,18 @@ class RouterTies:
 
 
 def position_deltas(ties: RouterTies, first_row: int, n: int, delta: float,
-                    recurrent: bool = False) -> np.ndarray:
-    """delta for the n rows from position first_row on; ROUTER_TIE_DELTA (a model with
-    recurrent state: ROUTER_TIE_DELTA_RECURRENT) from the first router tie on (TESTING.md's
-    near-tie rule, carried through the model's own discrete choice)."""
+                    recurrent: bool = False, margin: float = ROUTER_TIE,
+                    tie_delta: float | None = None) -> np.ndarray:
+    """delta for the n rows from position first_row on; from the first router within `margin`
+    of a tie on, tie_delta (by default ROUTER_TIE_DELTA, a model with recurrent state:
+    ROUTER_TIE_DELTA_RECURRENT): TESTING.md's near-tie rule, carried through the model's own
+    discrete choice."""
+    if tie_delta is None:
+        tie_delta = ROUTER_TIE_DELTA_RECURRENT if recurrent else ROUTER_TIE_DELTA
     deltas = np.full(n, delta)
-    tie = ties.first()
+    tie = ties.first(margin)
     if tie is not None:
-        deltas[max(tie - first_row, 0):] = ROUTER_TIE_DELTA_RECURRENT if recurrent else ROUTER_TIE_DELTA
+        deltas[max(tie - first_row, 0):] = tie_delta
     return deltas
 
 
