@@ -14,8 +14,13 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.models.parity import (RouterTies, check_positions, log_softmax, position_deltas,
-                                 vllmx_prompt_logits)
+from tests.models.parity import (
+    RouterTies,
+    check_positions,
+    log_softmax,
+    position_deltas,
+    vllmx_prompt_logits,
+)
 from tests.models.test_llama_family_parity import SEED, random_prompts
 from tests.models.tiny_checkpoints import make_checkpoint
 

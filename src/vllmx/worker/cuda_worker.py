@@ -194,8 +194,10 @@ class CudaWorker(WorkerBase):
         else:
             before, t0 = report.used(), time.perf_counter()
             runner.capture_model()
-            sizes = runner.decode_capture.sizes
-            report.parts.append(f"CUDA graphs for {len(sizes)} decode batch sizes up to "
-                                f"{sizes[-1]} ({(report.used() - before) / 2**20:.0f} MiB, "
-                                f"{time.perf_counter() - t0:.1f}s)")
+            dc = runner.decode_capture
+            verify = (f" and {len(dc.verify_sizes)} verify ones up to {dc.verify_sizes[-1]} x "
+                      f"{dc.verify_len} tokens" if dc.verify_sizes else "")
+            report.parts.append(f"CUDA graphs for {len(dc.sizes)} decode batch sizes up to "
+                                f"{dc.sizes[-1]}{verify} ({(report.used() - before) / 2**20:.0f} "
+                                f"MiB, {time.perf_counter() - t0:.1f}s)")
         report.log(_C.cuda_device_info()[0])

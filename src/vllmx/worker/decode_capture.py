@@ -14,6 +14,14 @@ recorded once and replayed after, with no Python inside:
   bucket runs (a recording costs one ordinary forward and one replay, so buckets never used cost
   nothing);
 - DecodeCapture itself: none (enforce_eager), the padded forward runs each step.
+
+Speculative verify steps (each request's last token and up to k drafts, every row sampled) on
+the GPU have buckets of their own, vLLM's uniform-decode graphs: a bucket of s requests holds
+s * (k + 1) rows, for the decode sizes whose rows fit max_verify_tokens. A verify step of nb
+requests and t rows runs in the smallest bucket with room for a padding request of at least one
+row for each missing request (so s > nb, or s == nb with every request at k drafts); the
+attention finds each request's rows on the device, so one graph serves every mix of draft
+counts. The CPU records a tape per (requests, rows) instead, which needs no padding.
 """
 
 from __future__ import annotations
@@ -56,6 +64,8 @@ class DecodeCapture:
     def __init__(self, sizes: list[int]):
         self.sizes = sorted(sizes)
         self.steps: dict = {}  # bucket key -> its capture (.replay() -> output)
+        self.verify_len = 0  # k + 1 rows a request in a verify bucket (0: none)
+        self.verify_sizes: list[int] = []
 
     def bucket(self, nb: int) -> int | None:
         """The smallest bucket that holds nb requests (None: above the largest). A bisection:
@@ -63,9 +73,30 @@ class DecodeCapture:
         i = bisect.bisect_left(self.sizes, nb)
         return self.sizes[i] if i < len(self.sizes) else None
 
+    def set_verify_buckets(self, num_speculative_tokens: int, max_verify_tokens: int) -> None:
+        """Verify buckets of k + 1 rows a request, for the decode sizes whose rows fit
+        max_verify_tokens (set before any capture)."""
+        if self.steps:
+            raise RuntimeError("set_verify_buckets: before any step is captured")
+        q = num_speculative_tokens + 1
+        self.verify_len = q if num_speculative_tokens > 0 else 0
+        self.verify_sizes = ([s for s in self.sizes if s * q <= max_verify_tokens]
+                             if self.verify_len else [])
+
+    def verify_bucket(self, nb: int, t: int) -> int | None:
+        """The verify bucket for nb requests of t rows in all: the smallest size s with room
+        for them and a padding request of at least one row for each of the s - nb missing
+        (None: no bucket holds them)."""
+        q, sizes = self.verify_len, self.verify_sizes
+        for i in range(bisect.bisect_left(sizes, nb), len(sizes)):
+            s = sizes[i]
+            if (s > nb or t == s * q) and s * q - t >= s - nb:
+                return s
+        return None
+
     def run(self, key, forward: Callable):
-        """forward()'s output for bucket `key` (its size; on the CPU also (requests, tokens) of
-        a speculative verify step), replayed from its capture (recorded now if this device
+        """forward()'s output for bucket `key` (its size, or (requests, rows) of a speculative
+        verify step), replayed from its capture (recorded now if this device
         records lazily)."""
         step = self.steps.get(key)
         if step is not None:
@@ -81,12 +112,16 @@ class DecodeCapture:
         """Records forward (running it), or None where this policy does not capture."""
         return
 
-    def capture_all(self, prepare: Callable[[int], Callable]) -> None:
-        """At start-up: captures every bucket, largest first (prepare(size) pads and stages
-        the bucket's inputs and returns its forward)."""
+    def capture_all(self, prepare: Callable[[int, int], Callable]) -> None:
+        """At start-up: captures every bucket, the verify buckets first, each kind largest
+        first (prepare(requests, rows) pads and stages the bucket's inputs and returns its
+        forward). A verify bucket's key is (requests, rows), a decode bucket's its size."""
         if self.captures_at_startup:
+            for size in reversed(self.verify_sizes):
+                key = (size, size * self.verify_len)
+                self.steps[key] = self.capture(prepare(*key))
             for size in reversed(self.sizes):
-                self.steps[size] = self.capture(prepare(size))
+                self.steps[size] = self.capture(prepare(size, size))
 
 
 class CudaGraphs(DecodeCapture):

@@ -53,6 +53,7 @@ logger = logging.getLogger("vllmx")
 
 # Prompt positions whose logits (for prompt_logprobs) are computed at once: bounds the memory.
 _PROMPT_LOGITS_CHUNK = 256
+_MAX_VERIFY_BUCKET_ROWS = 512
 
 class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
                   StructuredOutputModelRunnerMixin):
@@ -111,7 +112,12 @@ class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
                 self.query_start_loc, self.seq_lens, self.block_table, self.hidden_out, *state),
                 slots.step_rows(self.query_start_loc, self.slot_mapping,
                                 lambda: [self.hidden_out]) if slots else None)
-        self._decode_logits = None  # GPU: the decode buckets' f32 logits (below)
+        if device == "cuda" and num_speculative_tokens:
+            # Verify steps in buckets of their own (eager ones padded alike: the same tokens),
+            # up to vLLM's default max_cudagraph_capture_size in rows.
+            self.decode_capture.set_verify_buckets(num_speculative_tokens,
+                                                   min(t, _MAX_VERIFY_BUCKET_ROWS))
+        self._decode_logits = None  # GPU: the buckets' f32 logits (below)
         self._in_flight: PendingStep | None = None  # the last launched step, until finished
         self.async_scheduling = False  # (the engine's: steps may launch before one finishes)
         self._launching = False  # in _launch (steps scheduled before the last one's tokens)
@@ -143,9 +149,10 @@ class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
             self._num_staged = 0
             self._stage_views: dict[tuple, tuple] = {}  # decode buckets' device views
             self._dev_staging = DeviceArray.empty((n,), I32)
-            # A decode bucket's f32 logits land here (graphs or not): one buffer for every
-            # bucket, allocated before any capture so that no graph's scratch overlaps it.
-            size = self.decode_capture.sizes[-1]
+            # A bucket's f32 logits land here (graphs or not): one buffer for every bucket,
+            # allocated before any capture so that no graph's scratch overlaps it.
+            dc = self.decode_capture
+            size = max(dc.sizes[-1], dc.verify_sizes[-1] * dc.verify_len if dc.verify_sizes else 0)
             self._rows = DeviceArray.from_numpy(np.arange(size, dtype=np.int32))
             self._decode_logits = DeviceArray.empty((size, model.vocab_size), F32)
 

@@ -64,15 +64,20 @@ class StepInputsModelRunnerMixin:
                 self._stage_views[key] = staged
         return staged
 
-    def _pad_decode(self, nb: int, size: int) -> None:
-        """Rows nb..size of a decode bucket: one token each, at position 0, whose KV write is
-        skipped (slot -1) and whose output is never read."""
-        self.input_ids[nb:size] = 0
-        self.positions[nb:size] = 0
-        self.slot_mapping[nb:size] = -1
-        self.seq_lens[nb:size] = 1
-        self.query_start_loc[nb + 1:size + 1] = self.query_start_loc[nb] + np.arange(
-            1, size - nb + 1, dtype=np.int32)
+    def _pad(self, nb: int, t: int, size: int, rows: int) -> None:
+        """Requests nb..size and rows t..rows of a bucket: a padding request a row, the last
+        one the rows left (a verify bucket's), at positions from 0, whose KV writes are
+        skipped (slot -1), whose reads are block 0's and whose outputs are never read."""
+        if size == nb:
+            return
+        lens = np.ones(size - nb, dtype=np.int32)
+        lens[-1] = rows - t - (size - nb - 1)
+        self.input_ids[t:rows] = 0
+        self.positions[t:rows - lens[-1]] = 0
+        self.positions[rows - lens[-1]:rows] = np.arange(lens[-1], dtype=np.int32)
+        self.slot_mapping[t:rows] = -1
+        self.seq_lens[nb:size] = lens
+        self.query_start_loc[nb + 1:size + 1] = self.query_start_loc[nb] + np.cumsum(lens)
         self.block_table[nb:size] = 0
 
     def _inputs(self, t: int, nb: int, max_query_len: int = 0) -> tuple:
@@ -97,47 +102,55 @@ class StepInputsModelRunnerMixin:
                 md.spec_state_indices = self.state_slots.spec_rows(t)
         return ids, positions, md
 
-    def _decode_forward(self, size: int, inputs: tuple):
-        """A decode bucket's forward and f32 logits (every token's): what a capture records,
-        and what an eager decode step runs, so both give the same tokens. On the GPU the
-        logits land in the buffer every bucket shares (a graph's output must stay put)."""
+    def _decode_forward(self, rows: int, inputs: tuple):
+        """A bucket's forward and f32 logits (every row's): what a capture records, and what an
+        eager step in that bucket runs, so both give the same tokens. On the GPU the logits
+        land in the buffer every bucket shares (a graph's output must stay put)."""
         hidden = self.model.forward(*inputs)
         if self.hidden_out is not None and not self._aux_hidden:  # a native copy, replayed
             ops.copy_rows(self.hidden_out[:hidden.shape[0]], hidden)
         logits = self.model.compute_logits(hidden)
         if self.device != "cuda":
             return logits  # the host's logits are f32; a tape's arena keeps them in place
-        return ops.embedding(self._rows[:size], logits, out=self._decode_logits[:size])
+        return ops.embedding(self._rows[:rows], logits, out=self._decode_logits[:rows])
 
-    def _prepare_decode(self, nb: int, size: int):
-        """Pads rows nb..size and stages the bucket's inputs; returns the bucket's forward."""
-        self._pad_decode(nb, size)
-        inputs = self._inputs(size, size, max_query_len=1)
-        return lambda: self._decode_forward(size, inputs)
+    def _prepare_bucket(self, nb: int, t: int, size: int, rows: int):
+        """Pads a bucket of `size` requests and `rows` rows holding nb requests of t rows
+        (a decode bucket: rows == size) and stages its inputs; returns its forward."""
+        self._pad(nb, t, size, rows)
+        inputs = self._inputs(rows, size, max_query_len=1 if rows == size else 0)
+        return lambda: self._decode_forward(rows, inputs)
 
     def capture_model(self) -> None:
-        """vLLM's capture_model: the decode buckets this device captures at start-up (the GPU's
+        """vLLM's capture_model: the buckets this device captures at start-up (the GPU's
         graphs; the CPU records its tapes as buckets first run)."""
         self.query_start_loc[0] = 0
-        self.decode_capture.capture_all(lambda size: self._prepare_decode(0, size))
+        self.decode_capture.capture_all(lambda size, rows: self._prepare_bucket(0, 0, size, rows))
 
     def _forward(self, t: int, nb: int, sample_all: bool = False):
-        """(hidden states, None) or, for a decode bucket, (None, f32 logits of the t rows).
-        sample_all: every token of the step is sampled (a decode step, t == nb, or a
+        """(hidden states, None) or, for a captured bucket, (None, f32 logits of the t rows).
+        sample_all: every row of the step is sampled (a decode step, t == nb, or a
         speculative verify step). A decode step replays its bucket's capture; so does a verify
-        step on the CPU, whose tapes are keyed (nb, t) (its buckets are every batch size, so it
-        needs no padding; the tape reads the step's lengths from the input buffers), while the
-        GPU's verify steps run eagerly. Both results are views of memory the next step
-        overwrites (a capture's output buffer): the step consumes them first."""
+        step: on the GPU padded to a verify bucket (decode_capture.py), on the CPU from a tape
+        keyed (nb, t) (its buckets are every batch size, so it needs no padding; the tape reads
+        the step's lengths from the input buffers). Both results are views of memory the next
+        step overwrites (a capture's output buffer): the step consumes them first."""
+        capture = self.decode_capture
         if sample_all and t == nb:
-            size = self.decode_capture.bucket(nb)
+            size = capture.bucket(nb)
             if size is not None:
-                logits = self.decode_capture.run(size, self._prepare_decode(nb, size))
+                logits = capture.run(size, self._prepare_bucket(nb, nb, size, size))
                 return None, logits[:nb]
-        elif sample_all and self.device != "cuda" and self.decode_capture.bucket(nb) == nb:
-            inputs = self._inputs(t, nb)
-            logits = self.decode_capture.run((nb, t), lambda: self._decode_forward(t, inputs))
-            return None, logits
+        elif sample_all:
+            size = capture.verify_bucket(nb, t)
+            if size is not None:
+                rows = size * capture.verify_len
+                logits = capture.run((size, rows), self._prepare_bucket(nb, t, size, rows))
+                return None, logits[:t]
+            if self.device != "cuda" and capture.bucket(nb) == nb:
+                inputs = self._inputs(t, nb)
+                logits = capture.run((nb, t), lambda: self._decode_forward(t, inputs))
+                return None, logits
         return self.model.forward(*self._inputs(t, nb)), None
 
     def profile_run(self) -> None:
