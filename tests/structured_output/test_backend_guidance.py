@@ -290,3 +290,36 @@ def test_draft_prefix_and_masks_with_drafts(manager, tokenizer):
     cut = words[:limited.draft_prefix(words)]
     assert manager.grammar_bitmask([limited], [cut], parallel=False).shape[0] == 4
     assert limited.accept_tokens(cut)  # (the matcher was left where it was)
+
+
+@pytest.mark.parametrize("kind,grammar,text", [
+    ("regex", "[a-z ]{45}", "the quick brown fox jumps over the lazy dog a"),
+    ("regex", "[a-zA-Z0-9 ]{1,25}", "Route 66 runs West to LA"),
+    ("regex", "[a-z]+( [A-Z][a-z]*)*", "hello World Foo Bar"),
+    ("json_schema", json.dumps({"type": "array", "items": {"type": "string", "maxLength": 12}}),
+     '["short words", "a b c", "tiny"]'),
+    ("json_schema", json.dumps(PERSON), '{"name": "Ann Lee", "age": 30, "address": '
+                                        '{"city": "Oslo", "zip": "01234"}}'),
+    ("lark", 'start: (NAME "=" NAME ";")+\nNAME: /[a-z ]{1,20}/', "some name=other words;x=y;"),
+])
+def test_slices_keep_the_masks(manager, tokenizer, kind, grammar, text):
+    """vllmx's token slices (mask_slices) only spare trie walks: at every position of a text
+    (past the bounds where a slice stops fitting the lexeme) the masks are those of
+    llguidance's general slices."""
+    import llguidance
+    import llguidance.numpy as lnp
+
+    general = llguidance.LLTokenizer(tokenizer.backend_tokenizer.to_str(),
+                                     n_vocab=manager.ll_tokenizer.vocab_size,
+                                     eos_token=tokenizer.eos_token_id)
+    g = llguidance.grammar_from(kind, grammar)
+    ours, theirs = (llguidance.LLMatcher(t, g) for t in (manager.ll_tokenizer, general))
+    masks = lnp.allocate_token_bitmask(2, general.vocab_size)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    for i, t in enumerate(ids + [None]):
+        lnp.fill_next_token_bitmask(ours, masks, 0)
+        lnp.fill_next_token_bitmask(theirs, masks, 1)
+        assert np.array_equal(masks[0], masks[1]), (kind, grammar, tokenizer.decode(ids[:i]))
+        if t is not None:
+            assert ours.consume_token(t) and theirs.consume_token(t), tokenizer.decode(ids[:i + 1])
+    assert not ours.is_error() and np.count_nonzero(masks[0]) > 0

@@ -34,6 +34,24 @@ __all__ = ["StructuredOutputManager", "StructuredOutputsParams"]
 _MAX_COMPILED = 256  # constraints whose compiled matchers are kept
 
 
+def mask_slices() -> list[str]:
+    """llguidance's token slices (its docs/optimizations.md): where the lexer allows every
+    token of a slice, that slice's tokens join the mask at once instead of by a walk of their
+    trie. Its general slices cover JSON strings; these first claim the tokens of lowercase
+    words and spaces, then of letters, digits and spaces (up to 10, then 30 bytes), which
+    free text under a character-class regex allows too. The masks are the same (checked
+    against the general slices in tests/structured_output); measured on SmolLM2's 49k
+    vocabulary, one mask on one core (2026-12-06): `[a-z ]{600}` 0.21 -> 0.010 ms,
+    `[a-zA-Z0-9 ,.]{1,400}` 0.30 -> 0.014 ms, a JSON schema, a Lark grammar, digits, dates
+    and enums unchanged; building the tokenizer 1.4 -> 1.6 s for Gemma 3's 262k."""
+    import llguidance
+
+    general = llguidance.LLTokenizer.general_slices()
+    whitespace, rest = general[0], general[1:]
+    return [whitespace, "[a-z ]{1,10}", "[a-z ]{1,30}", "[a-zA-Z0-9 ]{1,10}",
+            "[a-zA-Z0-9 ]{1,30}", *rest]
+
+
 def mask_threads() -> int:
     """llguidance's threads for a batch's masks: its own default, 80% of the CPUs, up to 32."""
     return max(1, min(32, (os.cpu_count() or 1) * 4 // 5))
@@ -90,7 +108,7 @@ class StructuredOutputManager:
                 self._ll_tokenizer = llguidance.LLTokenizer(
                     self.tokenizer.backend_tokenizer.to_str(),
                     n_vocab=max(self.vocab_size, self.tokenizer.vocab_size),
-                    eos_token=self.eos_token_ids)
+                    eos_token=self.eos_token_ids, slices=mask_slices())
                 self._executor = llguidance.LLExecutor(mask_threads())
             return self._ll_tokenizer
 
