@@ -114,9 +114,11 @@ class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
                                 lambda: [self.hidden_out]) if slots else None)
         if device == "cuda" and num_speculative_tokens:
             # Verify steps in buckets of their own (eager ones padded alike: the same tokens),
-            # up to vLLM's default max_cudagraph_capture_size in rows.
-            self.decode_capture.set_verify_buckets(num_speculative_tokens,
-                                                   min(t, _MAX_VERIFY_BUCKET_ROWS))
+            # up to vLLM's default max_cudagraph_capture_size in rows, and to max_model_len (a
+            # padding request may take nearly all of a bucket's rows: its positions and block
+            # table reads then stay within a sequence's).
+            self.decode_capture.set_verify_buckets(
+                num_speculative_tokens, min(t, max_model_len, _MAX_VERIFY_BUCKET_ROWS))
         self._decode_logits = None  # GPU: the buckets' f32 logits (below)
         self._in_flight: PendingStep | None = None  # the last launched step, until finished
         self.async_scheduling = False  # (the engine's: steps may launch before one finishes)
