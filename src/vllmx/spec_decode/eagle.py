@@ -27,7 +27,7 @@ import numpy as np
 
 from vllmx import ops
 from vllmx.config import SpeculativeConfig, VllmxConfig
-from vllmx.device import DeviceArray, Uploads
+from vllmx.device import I32, DeviceArray, Uploads
 from vllmx.layers.attention import AttentionMetadata
 from vllmx.spec_decode.metadata import TargetHiddenStates
 from vllmx.worker.input_batch import kv_slots
@@ -113,11 +113,15 @@ class EagleProposer:
         self.on_gpu = device == "cuda"
         with placement(Placement(device, act_dtype) if self.on_gpu else Placement()):
             self.model = self.load_model(config, spec, target)
+        sc = config.scheduler_config
+        t, b = sc.max_num_batched_tokens, sc.max_num_seqs
         if self.on_gpu:  # a pass's ids, positions, rows and cache metadata in one copy
-            sc = config.scheduler_config
-            t, b = sc.max_num_batched_tokens, sc.max_num_seqs
             blocks = -(-self.max_model_len // self.block_size)
             self._uploads = Uploads(4 * t + 2 * b + 1 + b * blocks)
+        # 0 .. max_num_seqs - 1 where the draft runs: the rows scatter_tokens writes
+        self._rows = (DeviceArray.from_numpy(np.arange(b, dtype=np.int32)) if self.on_gpu
+                      else np.arange(b, dtype=np.int32))
+        self._d2t = None  # draft_id_to_target_id where the draft runs (_greedy)
         logger.info("%s: the draft proposes %d speculative tokens", spec.method, self.k)
 
     def load_model(self, config: VllmxConfig, spec: SpeculativeConfig, target):
@@ -151,14 +155,12 @@ class EagleProposer:
     def remove_requests(self, req_ids) -> None:
         """(Nothing is kept per request: the draft's KV lives in the request's blocks.)"""
 
-    def _inputs(self, ids, positions, slots, block_table, qsl, seq_lens, rows=None,
+    def _inputs(self, ids, positions, slots, block_table, qsl, seq_lens, *extra,
                 max_query_len: int = 0) -> tuple:
-        """(ids, positions, AttentionMetadata[, rows]) where the draft runs: on the GPU their
+        """(ids, positions, AttentionMetadata, *extra) where the draft runs: on the GPU their
         device copies, sent in one queued copy."""
         arrays = [np.asarray(a, dtype=np.int32) for a in (ids, positions, slots, block_table,
-                                                          qsl, seq_lens)]
-        if rows is not None:
-            arrays.append(np.asarray(rows, dtype=np.int32))
+                                                          qsl, seq_lens, *extra)]
         if self.on_gpu:
             arrays = self._uploads(*arrays)
         ids, positions, slots, block_table, qsl, seq_lens = arrays[:6]
@@ -168,7 +170,9 @@ class EagleProposer:
 
     def propose_from_hidden(self, t: TargetHiddenStates) -> dict[str, list[int]]:
         """Runs the draft over a target step's kept rows; up to k greedy drafts for each
-        request that sampled (t.sampled)."""
+        request that sampled (t.sampled). The chain stays where the draft runs: each draft's
+        ids go into the next pass's inputs there (scatter_tokens), and the drafts come to the
+        host once, after the last pass (on the GPU one wait for k passes, not k)."""
         ids, positions, md, rows = self._inputs(t.input_ids, t.positions, t.slot_mapping,
                                                 t.block_table, t.query_start_loc, t.seq_lens,
                                                 t.rows)
@@ -183,24 +187,28 @@ class EagleProposer:
         last = t.query_start_loc[1:][live] - 1
         h = ops.gather_rows(out, self._on_device(last))
         tokens = self._greedy(h)
-        drafts = {int(i): [int(tok)] for i, tok in zip(live, tokens)}
+        chain = [(live, tokens)]  # (the requests drafting, their draft) a pass
         pos = t.positions[last]
         bs = self.block_size
         for j in range(1, self.k):
             keep = ks[live] > j
             if not keep.any():
                 break
-            live, tokens, pos = live[keep], tokens[keep], pos[keep] + 1
+            live, pos = live[keep], pos[keep] + 1
             n = len(live)
             bt = t.block_table[live]
             slots = kv_slots(bt, np.arange(n), pos, bs)
             ids, positions, md, keep_rows = self._inputs(
-                tokens, pos, slots, bt, np.arange(n + 1), pos + 1, np.flatnonzero(keep),
+                np.zeros(n), pos, slots, bt, np.arange(n + 1), pos + 1, np.flatnonzero(keep),
                 max_query_len=1)
+            ops.scatter_tokens(ids, self._rows[:n], tokens, keep_rows)  # each one's last draft
             h = self.model.forward(ids, positions, ops.gather_rows(h, keep_rows), md)
             tokens = self._greedy(h)
-            for i, tok in zip(live, tokens):
-                drafts[int(i)].append(int(tok))
+            chain.append((live, tokens))
+        drafts: dict[int, list[int]] = {}
+        for reqs, toks in chain:
+            for i, tok in zip(reqs.tolist(), _host(toks).tolist()):
+                drafts.setdefault(i, []).append(tok)
         return {t.req_ids[i]: d for i, d in drafts.items()}
 
     def _on_device(self, a: np.ndarray):
@@ -208,11 +216,21 @@ class EagleProposer:
         a = np.asarray(a, dtype=np.int32)
         return self._uploads(a)[0] if self.on_gpu else a
 
-    def _greedy(self, h: np.ndarray) -> np.ndarray:
-        """Each row's draft: the argmax of the head's logits, as a target token id (taken
-        where the logits are: only the ids come to the host)."""
+    def _greedy(self, h):
+        """Each row's draft: the argmax of the head's logits, as a target token id (i32, where
+        the logits are: nothing comes to the host)."""
         ids = ops.argmax(self.model.compute_logits(h))
-        if isinstance(ids, DeviceArray):
-            ids = ids.numpy()
         d2t = self.model.draft_id_to_target_id
-        return ids if d2t is None else d2t[ids]
+        if d2t is None:
+            return ids
+        if self._d2t is None:  # (the map where the draft runs, once)
+            self._d2t = (DeviceArray.from_numpy(d2t.astype(np.int32)) if self.on_gpu
+                         else d2t.astype(np.int32))
+        out = (DeviceArray.empty(ids.shape, I32) if isinstance(ids, DeviceArray)
+               else np.empty_like(ids))
+        ops.scatter_tokens(out, self._rows[:len(ids)], self._d2t, ids)  # out[i] = d2t[ids[i]]
+        return out
+
+
+def _host(a) -> np.ndarray:
+    return a.numpy() if isinstance(a, DeviceArray) else a
