@@ -131,9 +131,14 @@ class DraftModelProposer:
             k_of[req_id], need[req_id] = k, toks
         drafts: dict[str, list[int]] = {r: [] for r in need}
         self._catch_up(need, drafts)
-        # k - 1 decode steps: each feeds the last draft and samples the next.
+        # k - 1 decode steps: each feeds the last draft and samples the next. Every step gives
+        # each of its requests one token (a failed one raises), so step j + 1 is launched
+        # before step j's token is back: its input id is taken where step j sampled it (the
+        # runner's asynchronous scheduling), and on the GPU the draft's steps run back to back
+        # while the host takes each one's tokens.
+        launched = []
         for j in range(1, self.k):
-            ids = [r for r in need if len(drafts[r]) == j and j < k_of[r]]
+            ids = [r for r in need if j < k_of[r]]
             if not ids:
                 break
             cached = CachedRequestData()
@@ -142,10 +147,12 @@ class DraftModelProposer:
                 cached.req_ids.append(r)
                 cached.new_block_ids.append([])
                 cached.num_computed_tokens.append(d.num_computed_tokens)
-            out = self._step([], cached, {r: 1 for r in ids})
-            for r in ids:
-                self.requests[r].num_computed_tokens += 1
-                drafts[r].extend(out.sampled_token_ids.get(r, ()))
+                d.num_computed_tokens += 1
+            launched.append((ids, self._step([], cached, {r: 1 for r in ids}, non_block=True)))
+            if len(launched) > 1:
+                self._take(*launched[-2], drafts)
+        if launched:
+            self._take(*launched[-1], drafts)
         for r, toks in need.items():  # the cache holds the sequence and all drafts but the last
             d = self.requests[r]
             d.tokens = np.concatenate([toks, np.asarray(drafts[r][:-1], dtype=np.int32)])
@@ -176,11 +183,22 @@ class DraftModelProposer:
                     drafts[r].extend(out.sampled_token_ids.get(r, ()))
                     del left[r]
 
-    def _step(self, new, cached, scheduled):
+    def _step(self, new, cached, scheduled, non_block: bool = False):
+        """The draft's step (non_block: launched, its PendingStep; _take gets its output)."""
         so = SchedulerOutput(new, cached, scheduled, sum(scheduled.values()), self._removed,
                              set())
         self._removed = set()
-        out = self.runner.execute_model(so)
+        out = self.runner.execute_model(so, non_block=non_block)
+        return out if non_block else self._checked(out)
+
+    @staticmethod
+    def _checked(out):
         if out.failed:
             raise RuntimeError(f"the draft model's step failed: {out.failed}")
         return out
+
+    def _take(self, ids: list[str], step, drafts: dict[str, list[int]]) -> None:
+        """A launched draft step's tokens onto its requests' drafts."""
+        out = self._checked(step.get_output())
+        for r in ids:
+            drafts[r].extend(out.sampled_token_ids.get(r, ()))
