@@ -89,7 +89,57 @@ __device__ __forceinline__ void for_acc(int r0, int c0, F&& f) {
       f(n, e, r0 + (lane >> 2) + (e >> 1) * 8, c0 + n * 8 + 2 * (lane & 3) + (e & 1));
 }
 
-template <typename T>
+// T = (I + A)^-1 by 16 x 16 blocks (A strictly lower triangular, so T is lower triangular
+// with unit diagonal blocks' inverses on its diagonal): the four diagonal blocks by forward
+// substitution, a thread a column of one (16 steps where one thread a column of the whole
+// takes 64), then the blocks below them a block diagonal at a time,
+//   T_ij = -T_ii X_ij,  X_ij = sum_{j <= m < i} A_im T_mj,
+// each entry a short dot by one of all the CTA's threads. X goes to A's zero blocks above the
+// diagonal in block row 0 (A is read nowhere after T; the next chunk writes them zero again);
+// T's blocks above the diagonal stay as the kernel's start left them, zero.
+constexpr int kB = 16;  // block_solve's block size
+__device__ __forceinline__ void block_solve(Smem& sm, int tid) {
+  if (tid < kC) {
+    const int base = (tid / kB) * kB, c = tid % kB;
+    float x[kB];
+#pragma unroll
+    for (int t = 0; t < kB; ++t) {
+      float p2[2] = {t == c ? 1.f : 0.f, 0.f};
+#pragma unroll
+      for (int u = 0; u < t; ++u)
+        p2[u & 1] = fmaf(-sm.a[base + t][base + u], x[u], p2[u & 1]);
+      x[t] = p2[0] + p2[1];
+      sm.tm[base + t][base + c] = x[t];
+    }
+  }
+  __syncthreads();
+#pragma unroll 1
+  for (int d = 1; d < kC / kB; ++d) {
+    const int entries = (kC / kB - d) * kB * kB;  // blocks (i, i - d), i = d .. 3
+    for (int e = tid; e < entries; e += kThreads) {
+      const int j = e / (kB * kB), i = j + d, r = (e / kB) % kB, c = e % kB;
+      float acc = 0.f;
+      for (int m = j; m < i; ++m) {
+#pragma unroll
+        for (int u = 0; u < kB; ++u)
+          acc = fmaf(sm.a[i * kB + r][m * kB + u], sm.tm[m * kB + u][j * kB + c], acc);
+      }
+      sm.a[r][(j + 1) * kB + c] = acc;  // X_ij in block (0, j + 1)
+    }
+    __syncthreads();
+    for (int e = tid; e < entries; e += kThreads) {
+      const int j = e / (kB * kB), i = j + d, r = (e / kB) % kB, c = e % kB;
+      float acc = 0.f;
+#pragma unroll
+      for (int u = 0; u < kB; ++u)
+        acc = fmaf(sm.tm[i * kB + r][i * kB + u], sm.a[u][(j + 1) * kB + c], acc);
+      sm.tm[i * kB + r][j * kB + c] = -acc;
+    }
+    __syncthreads();
+  }
+}
+
+template <typename T, bool kBlockSolve>
 __global__ void __launch_bounds__(kThreads, 1) gated_delta_chunked_kernel(
     T* __restrict__ out, int64_t out_stride, float* __restrict__ state, int64_t slots,
     const T* __restrict__ q, const T* __restrict__ k, int64_t qk_stride, const T* __restrict__ v,
@@ -142,6 +192,8 @@ __global__ void __launch_bounds__(kThreads, 1) gated_delta_chunked_kernel(
     sm.s[i][j] = from_slot && i < dk && j0 + j < dv ? st[static_cast<int64_t>(i) * dv + j] : 0.f;
   }
   const float neg_a = -expf(A_log[h]), qscale = rsqrtf(static_cast<float>(dk)), dtb = dt_bias[h];
+  if constexpr (kBlockSolve)  // (block_solve writes T's blocks on and below the diagonal)
+    for (int e = tid; e < kC * kC; e += kThreads) sm.tm[e / kC][e % kC] = 0.f;
 
   for (int64_t c0 = 0; c0 < n; c0 += kC) {
     const int m = static_cast<int>(n - c0 < kC ? n - c0 : kC);
@@ -212,17 +264,21 @@ __global__ void __launch_bounds__(kThreads, 1) gated_delta_chunked_kernel(
       });
     }
     __syncthreads();
-    // T = (I + A)^-1, A strictly lower triangular: thread c walks column c down,
-    // x_t = [t == c] - sum_{u < t} A[t][u] x_u, in four partial sums.
-    if (tid < kC) {
-      float x[kC];
+    if constexpr (kBlockSolve) {
+      block_solve(sm, tid);
+    } else {
+      // T = (I + A)^-1, A strictly lower triangular: thread c walks column c down,
+      // x_t = [t == c] - sum_{u < t} A[t][u] x_u, in four partial sums.
+      if (tid < kC) {
+        float x[kC];
 #pragma unroll
-      for (int t = 0; t < kC; ++t) {
-        float p4[4] = {t == tid ? 1.f : 0.f, 0.f, 0.f, 0.f};
+        for (int t = 0; t < kC; ++t) {
+          float p4[4] = {t == tid ? 1.f : 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int u = 0; u < t; ++u) p4[u & 3] = fmaf(-sm.a[t][u], x[u], p4[u & 3]);
-        x[t] = (p4[0] + p4[1]) + (p4[2] + p4[3]);
-        sm.tm[t][tid] = x[t];
+          for (int u = 0; u < t; ++u) p4[u & 3] = fmaf(-sm.a[t][u], x[u], p4[u & 3]);
+          x[t] = (p4[0] + p4[1]) + (p4[2] + p4[3]);
+          sm.tm[t][tid] = x[t];
+        }
       }
     }
     __syncthreads();
@@ -271,7 +327,11 @@ __global__ void __launch_bounds__(kThreads, 1) gated_delta_chunked_kernel(
   }
 }
 
+bool g_block_solve = false;  // set_gdn_tuning
+
 }  // namespace
+
+void set_gdn_tuning(int block_solve) { g_block_solve = block_solve != 0; }
 
 bool gated_delta_rule_chunked(const Tensor& out, const Tensor& recurrent_state, const Tensor& q,
                               const Tensor& k, const Tensor& v, const Tensor& a, const Tensor& b,
@@ -295,14 +355,21 @@ bool gated_delta_rule_chunked(const Tensor& out, const Tensor& recurrent_state, 
   dispatch_float(q.dtype, "cuda.gated_delta_rule", [&](auto e) {
     using T_ = decltype(e);
     if constexpr (!std::is_same_v<T_, float>) {
-      static const bool smem_ok = (allow_smem(gated_delta_chunked_kernel<T_>, smem), true);
+      static const bool smem_ok = (allow_smem(gated_delta_chunked_kernel<T_, false>, smem),
+                                   allow_smem(gated_delta_chunked_kernel<T_, true>, smem), true);
       (void)smem_ok;
-      launch(gated_delta_chunked_kernel<T_>, grid, kThreads, smem, stream(), out.ptr<T_>(),
-             out.stride[0], recurrent_state.ptr<float>(), recurrent_state.shape[0], q.ptr<T_>(),
-             k.ptr<T_>(), q.stride[0], v.ptr<T_>(), v.stride[0], a.ptr<T_>(), b.ptr<T_>(),
-             a.stride[0], A_log.ptr<float>(), dt_bias.ptr<float>(), hv,
-             static_cast<int>(q.shape[1] / dk), dk, dv, query_start_loc.ptr<int32_t>(),
-             state_indices.ptr<int32_t>(), has_initial_state.ptr<int32_t>());
+      auto go = [&](auto kernel) {
+        launch(kernel, grid, kThreads, smem, stream(), out.ptr<T_>(), out.stride[0],
+               recurrent_state.ptr<float>(), recurrent_state.shape[0], q.ptr<T_>(), k.ptr<T_>(),
+               q.stride[0], v.ptr<T_>(), v.stride[0], a.ptr<T_>(), b.ptr<T_>(), a.stride[0],
+               A_log.ptr<float>(), dt_bias.ptr<float>(), hv,
+               static_cast<int>(q.shape[1] / dk), dk, dv, query_start_loc.ptr<int32_t>(),
+               state_indices.ptr<int32_t>(), has_initial_state.ptr<int32_t>());
+      };
+      if (g_block_solve)
+        go(gated_delta_chunked_kernel<T_, true>);
+      else
+        go(gated_delta_chunked_kernel<T_, false>);
     }
   });
   return true;
