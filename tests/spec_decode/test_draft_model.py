@@ -44,6 +44,25 @@ def test_greedy_output_is_unchanged(ckpts, draft):
         assert rate < 1.0
 
 
+def test_self_drafts_accepted_through_a_chunked_catch_up(ckpts):
+    """The target drafting for itself with a token budget below the prompts' lengths: the
+    draft's catch-up runs in several launched steps and its k - 1 decode steps follow them
+    back to back, each taking its input id where the step before sampled it; any draft fed
+    the wrong token would be rejected, and every one is accepted."""
+    from vllmx import SamplingParams
+
+    rng = np.random.default_rng()
+    ps = [{"prompt_token_ids": rng.integers(3, VOCAB, int(rng.integers(20, 40))).tolist()}
+          for _ in range(10)]  # (each longer than the budget: its first catch-up in chunks)
+    sps = [SamplingParams(temperature=0, max_tokens=int(rng.integers(8, 40)), ignore_eos=True)
+           for _ in ps]
+    kw = dict(max_num_seqs=6, max_num_batched_tokens=16, block_size=16, max_model_len=192)
+    want, _ = run(ckpts["qwen3"], ps, sps, **kw)
+    got, stats = run(ckpts["qwen3"], ps, sps, spec_cfg(ckpts["qwen3"], 3), **kw)
+    assert got == want
+    assert 0 < stats.spec_decode_num_accepted_tokens == stats.spec_decode_num_draft_tokens
+
+
 def test_batched_equal_alone_through_chunks_and_preemption(ckpts):
     """Greedy and seeded requests (drafted) and penalized ones (not), chunked prefill with a
     small budget (the draft's catch-up chunked too) and a target cache too small for all."""

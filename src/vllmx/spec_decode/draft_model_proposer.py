@@ -130,13 +130,20 @@ class DraftModelProposer:
                 continue
             k_of[req_id], need[req_id] = k, toks
         drafts: dict[str, list[int]] = {r: [] for r in need}
-        self._catch_up(need, drafts)
-        # k - 1 decode steps: each feeds the last draft and samples the next. Every step gives
-        # each of its requests one token (a failed one raises), so step j + 1 is launched
-        # before step j's token is back: its input id is taken where step j sampled it (the
-        # runner's asynchronous scheduling), and on the GPU the draft's steps run back to back
-        # while the host takes each one's tokens.
-        launched = []
+        # The draft's steps are launched back to back: each takes its requests' input ids where
+        # the step before sampled them (the runner's asynchronous scheduling), and the host
+        # takes a step's tokens once the next one is launched, so on the GPU they run without
+        # a wait between them. Every step gives each request it samples one token (a failed
+        # step raises), so the steps are known before any token is back.
+        launched: list[tuple[list[str], object]] = []  # (requests it samples, the step)
+
+        def launch(new, cached, scheduled, sampled: list[str]) -> None:
+            launched.append((sampled, self._step(new, cached, scheduled)))
+            while len(launched) > 1:
+                self._take(*launched.pop(0), drafts)
+
+        self._catch_up(need, launch)
+        # k - 1 decode steps: each feeds the last draft and samples the next.
         for j in range(1, self.k):
             ids = [r for r in need if j < k_of[r]]
             if not ids:
@@ -148,23 +155,21 @@ class DraftModelProposer:
                 cached.new_block_ids.append([])
                 cached.num_computed_tokens.append(d.num_computed_tokens)
                 d.num_computed_tokens += 1
-            launched.append((ids, self._step([], cached, {r: 1 for r in ids}, non_block=True)))
-            if len(launched) > 1:
-                self._take(*launched[-2], drafts)
-        if launched:
-            self._take(*launched[-1], drafts)
+            launch([], cached, {r: 1 for r in ids}, ids)
+        for step in launched:
+            self._take(*step, drafts)
         for r, toks in need.items():  # the cache holds the sequence and all drafts but the last
             d = self.requests[r]
             d.tokens = np.concatenate([toks, np.asarray(drafts[r][:-1], dtype=np.int32)])
             d.num_computed_tokens = min(d.num_computed_tokens, len(d.tokens))
         return {r: d for r, d in drafts.items() if d}
 
-    def _catch_up(self, need: dict[str, np.ndarray], drafts: dict[str, list[int]]) -> None:
-        """Runs each request's tokens from where its cache ends, in steps within the token
-        budget; the step that reaches a request's last token samples its first draft."""
+    def _catch_up(self, need: dict[str, np.ndarray], launch) -> None:
+        """Launches steps over each request's tokens from where its cache ends, within the
+        token budget; the step that reaches a request's last token samples its first draft."""
         left = dict(need)
         while left:
-            new, scheduled, budget = [], {}, self.budget
+            new, scheduled, budget, sampled = [], {}, self.budget, []
             for r, toks in left.items():
                 if budget <= 0:
                     break
@@ -175,30 +180,24 @@ class DraftModelProposer:
                 new.append(NewRequestData(r, toks.tolist(), _GREEDY,
                                           list(self.kv.get_block_ids(r)),
                                           d.num_computed_tokens, len(toks)))
-            out = self._step(new, CachedRequestData(), scheduled)
-            for r, n in scheduled.items():
-                d = self.requests[r]
                 d.num_computed_tokens += n
-                if d.num_computed_tokens == len(left[r]):
-                    drafts[r].extend(out.sampled_token_ids.get(r, ()))
-                    del left[r]
+                if d.num_computed_tokens == len(toks):
+                    sampled.append(r)
+            for r in sampled:
+                del left[r]
+            launch(new, CachedRequestData(), scheduled, sampled)
 
-    def _step(self, new, cached, scheduled, non_block: bool = False):
-        """The draft's step (non_block: launched, its PendingStep; _take gets its output)."""
+    def _step(self, new, cached, scheduled):
+        """The draft's step, launched: its PendingStep (_take gets its output)."""
         so = SchedulerOutput(new, cached, scheduled, sum(scheduled.values()), self._removed,
                              set())
         self._removed = set()
-        out = self.runner.execute_model(so, non_block=non_block)
-        return out if non_block else self._checked(out)
-
-    @staticmethod
-    def _checked(out):
-        if out.failed:
-            raise RuntimeError(f"the draft model's step failed: {out.failed}")
-        return out
+        return self.runner.execute_model(so, non_block=True)
 
     def _take(self, ids: list[str], step, drafts: dict[str, list[int]]) -> None:
-        """A launched draft step's tokens onto its requests' drafts."""
-        out = self._checked(step.get_output())
+        """A launched draft step's tokens onto the drafts of the requests it sampled."""
+        out = step.get_output()
+        if out.failed:
+            raise RuntimeError(f"the draft model's step failed: {out.failed}")
         for r in ids:
             drafts[r].extend(out.sampled_token_ids.get(r, ()))
