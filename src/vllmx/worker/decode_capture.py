@@ -73,6 +73,12 @@ class DecodeCapture:
         i = bisect.bisect_left(self.sizes, nb)
         return self.sizes[i] if i < len(self.sizes) else None
 
+    @property
+    def max_rows(self) -> int:
+        """The most rows a bucket's forward computes (its logits buffer's)."""
+        return max(self.sizes[-1], self.verify_sizes[-1] * self.verify_len
+                   if self.verify_sizes else 0)
+
     def set_verify_buckets(self, num_speculative_tokens: int, max_verify_tokens: int) -> None:
         """Verify buckets of k + 1 rows a request, for the decode sizes whose rows fit
         max_verify_tokens (set before any capture)."""

@@ -29,17 +29,9 @@ from vllmx.layers.sampler import (
     advance_rng_states,
     seed_rng_state,
 )
-from vllmx.worker.decode_capture import (
-    CudaGraphs,
-    DecodeCapture,
-    StepTapes,
-    cudagraph_capture_sizes,
-    tape_capture_sizes,
-)
 from vllmx.worker.input_batch import InputBatch
 from vllmx.worker.spec_decode_runner_mixin import SpecDecodeModelRunnerMixin
 from vllmx.worker.state_slots import StateSlots
-from vllmx.worker.step_capture import LongLived
 from vllmx.worker.step_inputs_runner_mixin import StepInputsModelRunnerMixin
 from vllmx.worker.step_state import (
     CachedRequestState,
@@ -53,7 +45,6 @@ logger = logging.getLogger("vllmx")
 
 # Prompt positions whose logits (for prompt_logprobs) are computed at once: bounds the memory.
 _PROMPT_LOGITS_CHUNK = 256
-_MAX_VERIFY_BUCKET_ROWS = 512
 
 class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
                   StructuredOutputModelRunnerMixin):
@@ -96,67 +87,13 @@ class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
         # longrope: (original context, row offset) for requests whose prompt is longer
         self._long_prompt = getattr(getattr(model, "rope", None), "long_prompt_offset", None)
         self.block_table = self.input_batch.block_table
-        sizes = (cudagraph_capture_sizes if device == "cuda" else tape_capture_sizes)(min(b, t))
-        if enforce_eager:
-            self.decode_capture = DecodeCapture(sizes)
-        elif device == "cuda":
-            self.decode_capture = CudaGraphs(sizes)
-        else:
-            # A hybrid model's tape reads its state slots from the long-lived state_indices
-            # and updates their rows in place (put back before the capture's check).
-            slots = self.state_slots
-            state = ((slots.state_indices, slots.has_initial_state, slots.spec_state_indices)
-                     if slots else ())
-            self.decode_capture = StepTapes(sizes, lambda: LongLived(
-                self.model, self.kv_caches, self.input_ids, self.positions, self.slot_mapping,
-                self.query_start_loc, self.seq_lens, self.block_table, self.hidden_out, *state),
-                slots.step_rows(self.query_start_loc, self.slot_mapping,
-                                lambda: [self.hidden_out]) if slots else None)
-        if device == "cuda" and num_speculative_tokens:
-            # Verify steps in buckets of their own (eager ones padded alike: the same tokens),
-            # up to vLLM's default max_cudagraph_capture_size in rows, and to max_model_len (a
-            # padding request may take nearly all of a bucket's rows: its positions and block
-            # table reads then stay within a sequence's).
-            self.decode_capture.set_verify_buckets(
-                num_speculative_tokens, min(t, max_model_len, _MAX_VERIFY_BUCKET_ROWS))
-        self._decode_logits = None  # GPU: the buckets' f32 logits (below)
+        self._init_step_inputs(t, b, enforce_eager, num_speculative_tokens)
         self._in_flight: PendingStep | None = None  # the last launched step, until finished
         self.async_scheduling = False  # (the engine's: steps may launch before one finishes)
         self._launching = False  # in _launch (steps scheduled before the last one's tokens)
         # Grammar masks started on the StructuredOutputManager's thread (_grammar_masks): on
         # the GPU; on the CPU, whose cores run the forward, in line.
         self.masks_on_thread = device != "cpu"
-        # (dst, src, tokens) for the step being formed: input ids dst <- tokens[src], the
-        # tokens the step in flight sampled (scatter_tokens, where the tokens are)
-        self._token_fixup: tuple | None = None
-        # GPU: the hidden rows a step samples (when not its first rows), staged with its inputs
-        self._logits_rows: np.ndarray | None = None
-        self._staged_rows = None
-        if device == "cuda":
-            from vllmx._C import CudaEvent, PinnedHostBuffer
-            from vllmx.device import F32, I32, DeviceArray
-
-            # One host staging array and its device twin: [ids | positions | slots | qsl |
-            # seq_lens | block_table | fixup dst | fixup src | logits rows] packed by _stage, so a
-            # step's
-            # inputs are one copy. The host side is pinned, two of them used in turn: the copy
-            # is queued and the host goes on to launch the step, and stages the next one while
-            # the GPU may still read this one; each one's event marks when the GPU has read it.
-            n = 4 * t + 4 * b + 1 + b * self.max_blocks_per_req
-            self._pinned = [PinnedHostBuffer(4 * n) for _ in range(2)]
-            self._staging = [p.array(np.int32, n) for p in self._pinned]
-            for a in self._staging:
-                a[:] = 0
-            self._staged = [CudaEvent() for _ in range(2)]
-            self._num_staged = 0
-            self._stage_views: dict[tuple, tuple] = {}  # decode buckets' device views
-            self._dev_staging = DeviceArray.empty((n,), I32)
-            # A bucket's f32 logits land here (graphs or not): one buffer for every bucket,
-            # allocated before any capture so that no graph's scratch overlaps it.
-            dc = self.decode_capture
-            size = max(dc.sizes[-1], dc.verify_sizes[-1] * dc.verify_len if dc.verify_sizes else 0)
-            self._rows = DeviceArray.from_numpy(np.arange(size, dtype=np.int32))
-            self._decode_logits = DeviceArray.empty((size, model.vocab_size), F32)
 
     def _set_active_loras(self, layout, t: int) -> dict[str, str]:
         """Each row's adapter for the LoRA layers (vLLM's token_lora_mapping); the requests

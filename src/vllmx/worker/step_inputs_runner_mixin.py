@@ -1,7 +1,7 @@
 """The model runner's step inputs and forwards (as vLLM splits its runner into mixins): the
-step's host buffers staged where the model reads them (on the GPU one pinned copy a step), a
-decode step's bucket padded and replayed from its capture, the verify steps' CPU tapes, the
-start-up captures and profile_run."""
+capture policy and its buckets, the step's host buffers staged where the model reads them (on
+the GPU one pinned copy a step), a decode or verify step's bucket padded and replayed from its
+capture, the verify steps' CPU tapes, the start-up captures and profile_run."""
 
 from __future__ import annotations
 
@@ -9,12 +9,83 @@ import numpy as np
 
 from vllmx import ops
 from vllmx.layers.attention import AttentionMetadata
+from vllmx.worker.decode_capture import (
+    CudaGraphs,
+    DecodeCapture,
+    StepTapes,
+    cudagraph_capture_sizes,
+    tape_capture_sizes,
+)
+from vllmx.worker.step_capture import LongLived
+
+_MAX_VERIFY_BUCKET_ROWS = 512
 
 
 class StepInputsModelRunnerMixin:
     """For ModelRunner: reads its model, device, KV caches, the step's host buffers (input_ids,
     positions, slot_mapping, query_start_loc, seq_lens, block_table), their device staging and
     decode_capture."""
+
+    def _init_step_inputs(self, t: int, b: int, enforce_eager: bool,
+                          num_speculative_tokens: int) -> None:
+        """The capture policy and its buckets (worker/decode_capture.py) and, on the GPU, the
+        staging of a step's inputs: after the host buffers, the state slots and hidden_out (t
+        tokens, b sequences at most a step)."""
+        device, model = self.device, self.model
+        sizes = (cudagraph_capture_sizes if device == "cuda" else tape_capture_sizes)(min(b, t))
+        if enforce_eager:
+            self.decode_capture = DecodeCapture(sizes)
+        elif device == "cuda":
+            self.decode_capture = CudaGraphs(sizes)
+        else:
+            # A hybrid model's tape reads its state slots from the long-lived state_indices
+            # and updates their rows in place (put back before the capture's check).
+            slots = self.state_slots
+            state = ((slots.state_indices, slots.has_initial_state, slots.spec_state_indices)
+                     if slots else ())
+            self.decode_capture = StepTapes(sizes, lambda: LongLived(
+                self.model, self.kv_caches, self.input_ids, self.positions, self.slot_mapping,
+                self.query_start_loc, self.seq_lens, self.block_table, self.hidden_out, *state),
+                slots.step_rows(self.query_start_loc, self.slot_mapping,
+                                lambda: [self.hidden_out]) if slots else None)
+        if device == "cuda" and num_speculative_tokens:
+            # Verify steps in buckets of their own (eager ones padded alike: the same tokens),
+            # up to vLLM's default max_cudagraph_capture_size in rows, and to max_model_len (a
+            # padding request may take nearly all of a bucket's rows: its positions and block
+            # table reads then stay within a sequence's).
+            self.decode_capture.set_verify_buckets(
+                num_speculative_tokens, min(t, self.max_model_len, _MAX_VERIFY_BUCKET_ROWS))
+        self._decode_logits = None  # GPU: the buckets' f32 logits (below)
+        # (dst, src, tokens) for the step being formed: input ids dst <- tokens[src], the
+        # tokens the step in flight sampled (scatter_tokens, where the tokens are)
+        self._token_fixup: tuple | None = None
+        # GPU: the hidden rows a step samples (when not its first rows), staged with its inputs
+        self._logits_rows: np.ndarray | None = None
+        self._staged_rows = None
+        if device != "cuda":
+            return
+        from vllmx._C import CudaEvent, PinnedHostBuffer
+        from vllmx.device import F32, I32, DeviceArray
+
+        # One host staging array and its device twin: [ids | positions | slots | qsl | seq_lens |
+        # block_table | fixup dst | fixup src | logits rows] packed by _stage, so a step's
+        # inputs are one copy. The host side is pinned, two of them used in turn: the copy is
+        # queued and the host goes on to launch the step, and stages the next one while the GPU
+        # may still read this one; each one's event marks when the GPU has read it.
+        n = 4 * t + 4 * b + 1 + b * self.max_blocks_per_req
+        self._pinned = [PinnedHostBuffer(4 * n) for _ in range(2)]
+        self._staging = [p.array(np.int32, n) for p in self._pinned]
+        for a in self._staging:
+            a[:] = 0
+        self._staged = [CudaEvent() for _ in range(2)]
+        self._num_staged = 0
+        self._stage_views: dict[tuple, tuple] = {}  # decode buckets' device views
+        self._dev_staging = DeviceArray.empty((n,), I32)
+        # A bucket's f32 logits land here (graphs or not): one buffer for every bucket,
+        # allocated before any capture so that no graph's scratch overlaps it.
+        rows = self.decode_capture.max_rows
+        self._rows = DeviceArray.from_numpy(np.arange(rows, dtype=np.int32))
+        self._decode_logits = DeviceArray.empty((rows, model.vocab_size), F32)
 
     # -- GPU: one input copy per step ---------------------------------------------------------
     def _stage(self, t: int, nb: int, max_query_len: int = 0) -> tuple:
