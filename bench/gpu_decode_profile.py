@@ -19,6 +19,17 @@ the rows cycling through them (issue 17's GPU measure, kernel by kernel).
 --prefill also profiles the prompts' prefill (a 1-token generate of batch x context tokens,
 eager) the same way. Kernels launched with programmatic dependent launch start before their
 predecessor ends, so a kernel's traced time includes its wait: read the gaps and the span too.
+
+--engine vllm profiles vLLM 0.26.0 (the gpu-peers bundle in --vllm-site) on the same config,
+in a process of its own with its engine in that process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so
+that the profiler sees its kernels: a decode step's kernels are those of a generate of 33
+tokens less those of a 1-token one, over 32, grouped by name (count and time a step; vLLM's
+steps are graphs and Triton kernels of its own, so no "adds" column). --random-weights: both
+engines on the same random safetensors (random_checkpoint.py: a mixture of experts then reads
+as many distinct experts in both), written before either runs.
+
+    python bench/gpu_decode_profile.py --models qwen3.5-35b-a3b --layers 4 --batch 8 \
+        --random-weights --engine vllmx vllm
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_vs_transformers import stage_decode
 from gpu_vs_vllm import SHAPES, weight_bytes, write_config
+from peer_process import engine_env, worker_result
 
 
 def short(name: str) -> str:
@@ -85,12 +97,80 @@ def kernel_summary(prof, reps: int, layers: int, out_dir: str) -> dict:
                           for k, (c, d, g, a) in rows.items()}}
 
 
+def kernel_totals(prof, out_dir: str) -> dict[str, list]:
+    """{kernel name: [count, us]} over a torch.profiler trace."""
+    path = os.path.join(out_dir, "trace.json")
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    rows: dict[str, list] = {}
+    for e in events:
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            r = rows.setdefault(short(e["name"]), [0, 0.0])
+            r[0] += 1
+            r[1] += e["dur"]
+    os.remove(path)
+    return rows
+
+
+def profile_vllm(path: str, layers: int, batch: int, ctx: int, load_format: str) -> dict:
+    """vLLM's decode step, kernel by kernel (--engine vllm; runs in vLLM's environment)."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # (the engine in this process)
+    import numpy as np
+    import torch
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    llm = LLM(model=path, load_format=load_format, skip_tokenizer_init=True, dtype="bfloat16",
+              max_model_len=ctx + 256, max_num_seqs=max(batch, 8), gpu_memory_utilization=0.5,
+              seed=0, **({"limit_mm_per_prompt": {"image": 0, "video": 0}}
+                         if "vision_config" in cfg else {}),
+              additional_config={"gdn_prefill_backend": "triton"})  # (gpu_vs_vllm.py: why)
+    vocab = (cfg.get("text_config") or cfg)["vocab_size"]
+    rng = np.random.default_rng(0)
+    ps = [TokensPrompt(prompt_token_ids=rng.integers(3, vocab, ctx).tolist())
+          for _ in range(batch)]
+
+    def generate(n: int) -> float:
+        llm.reset_prefix_cache()
+        sp = SamplingParams(temperature=0, max_tokens=n, min_tokens=n, ignore_eos=True,
+                            detokenize=False)
+        t = time.perf_counter()
+        llm.generate(ps, sp, use_tqdm=False)
+        return time.perf_counter() - t
+
+    for n in (1, 129, 1, 129):
+        generate(n)
+    times = {n: min(generate(n) for _ in range(2)) for n in (1, 129)}
+    step_ms = (times[129] - times[1]) / 128 * 1e3
+    totals = {}
+    for n in (1, 33):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            generate(n)
+            torch.cuda.synchronize()
+        totals[n] = kernel_totals(prof, path)
+    rows = {k: [(c - totals[1].get(k, [0, 0.0])[0]) / 32, (d - totals[1].get(k, [0, 0.0])[1]) / 32]
+            for k, (c, d) in totals[33].items()}
+    rows = {k: r for k, r in rows.items() if r[0] > 0.5}
+    busy = sum(d for _, d in rows.values())
+    print(f"\n== vLLM, {layers} layers, batch {batch}, context {ctx}: engine decode step "
+          f"{step_ms:.3f} ms, kernels busy {busy / 1e3:.3f} ms a step, "
+          f"{sum(c for c, _ in rows.values()):.0f} kernels")
+    print(f"{'kernel':48s} {'n':>6s} {'us each':>8s} {'us a step':>9s}")
+    for k, (c, d) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
+        print(f"{k:48s} {c:6.1f} {d / c:8.2f} {d:9.1f}")
+    return {"engine_step_ms": step_ms, "busy_ms": busy / 1e3,
+            "by_kernel": {k: {"n": c, "us": d} for k, (c, d) in rows.items()}}
+
+
 def profile(name: str, layers: int, batch: int, ctx: int, out_dir: str,
-            host_profile: bool = False, prefill: bool = False, lora: int = 0) -> dict:
+            host_profile: bool = False, prefill: bool = False, lora: int = 0,
+            load_format: str = "dummy") -> dict:
     import numpy as np
     import torch
 
-    write_config(name, out_dir, num_hidden_layers=layers)  # weights: load_format="dummy"
     weight_total = weight_bytes(out_dir)
     vocab = SHAPES[name]["vocab_size"]
 
@@ -106,7 +186,7 @@ def profile(name: str, layers: int, batch: int, ctx: int, out_dir: str,
                 for a, p in enumerate(write_adapters(out_dir, name, lora, 16, layers))]
         per_row = [reqs[i % lora] for i in range(batch)]
         lora_kw = {"enable_lora": True, "max_loras": lora, "max_lora_rank": 16}
-    llm = LLM(out_dir, load_format="dummy", skip_tokenizer_init=True, device="cuda",
+    llm = LLM(out_dir, load_format=load_format, skip_tokenizer_init=True, device="cuda",
               max_model_len=ctx + 256, max_num_seqs=max(batch, 8), gpu_memory_utilization=0.5,
               **lora_kw)
     rng = np.random.default_rng(0)
@@ -186,12 +266,36 @@ def main() -> int:
                     help="also the kernels of the prompts' prefill (batch x context tokens)")
     ap.add_argument("--lora", type=int, default=0,
                     help="N random rank-16 adapters, the rows cycling through them")
+    ap.add_argument("--engine", nargs="+", default=["vllmx"], choices=["vllmx", "vllm"])
+    ap.add_argument("--random-weights", action="store_true",
+                    help="both engines on the same random safetensors (random_checkpoint.py)")
+    ap.add_argument("--vllm-site", default="/root/vllm-site")
+    ap.add_argument("--vllm-worker", metavar="PATH", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    fmt = "auto" if args.random_weights else "dummy"
+    if args.vllm_worker:
+        res = profile_vllm(args.vllm_worker, args.layers[0], args.batch, args.context, fmt)
+        print("RESULT " + json.dumps(res), flush=True)
+        return 0
     report = {}
     for name, layers in zip(args.models, args.layers):
         with tempfile.TemporaryDirectory() as d:
-            report[name] = profile(name, layers, args.batch, args.context, d, args.host_profile,
-                                   args.prefill, args.lora)
+            write_config(name, d, num_hidden_layers=layers)
+            if args.random_weights:
+                from random_checkpoint import write_random_weights
+
+                print(f"wrote {write_random_weights(d):.1f} GB of random weights", flush=True)
+            for engine in sorted(args.engine, key=lambda e: e != "vllm"):  # (vLLM's process
+                # first: it checks that gpu_memory_utilization of the device is free)
+                key = name if engine == "vllmx" else f"{name} (vLLM)"
+                if engine == "vllmx":
+                    report[key] = profile(name, layers, args.batch, args.context, d,
+                                          args.host_profile, args.prefill, args.lora, fmt)
+                    continue
+                cmd = [sys.executable, os.path.abspath(__file__), "--vllm-worker", d,
+                       "--layers", str(layers), "--batch", str(args.batch), "--context",
+                       str(args.context)] + (["--random-weights"] if args.random_weights else [])
+                report[key] = worker_result(cmd, engine_env("vllm", args.vllm_site), 900)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "gpu_decode_profile.json"), "w") as f:
             json.dump(report, f, indent=1)

@@ -1,11 +1,13 @@
-// MoE routing on the GPU: topk_softmax and grouped_topk (contracts in csrc/ops.def). One block
-// per token: the router row's max and softmax denominator by block reductions, then k rounds of
-// a block argmax (ties to the lower expert id) over the experts not yet chosen. E is at most a
-// few hundred and k at most 8 or so, so one pass per round over the row is cheap; the row stays
-// in shared memory as f32. topk_softmax's block is one warp: the two barriers of each of its
-// k + 2 reductions (block_reduce) then hold one warp, where four warps each waited on them
-// (7.5 us a token row at Qwen3.5's 256 experts, top-8, in a decode step on an H100; a round's
-// pass over the row is 8 shared-memory reads a lane).
+// MoE routing on the GPU: topk_softmax and grouped_topk (contracts in csrc/ops.def), one block
+// per token. topk_softmax's block is one warp, and no lane reads another's logits: lane l owns
+// the experts e = l (mod 32), keeps the best it has not given up, and k rounds of a warp
+// argmax (shuffles only, ties to the lower expert id) pick the token's experts in order; only
+// the winner's lane looks again at its own experts, for the best below the pick (the order
+// (value desc, id asc) is total, so "below the last pick" is "not yet chosen": no flags). The
+// first pick is the row's max; lane j keeps pick j and writes it once at the end. (The version
+// with a chosen-flag array, block barriers each round and lane 0 rewriting the weights in
+// global memory took 14.4 us a decode step of 8 tokens at Qwen3.5's 256 experts, top-8, on an
+// H100.) grouped_topk: scores and choice scores in shared memory, block reductions.
 #include <cfloat>
 
 #include "core/op_table.h"
@@ -16,7 +18,6 @@ namespace vllmx::cuda {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kTopkThreads = 32;  // topk_softmax: one warp a token
 
 struct Best {
   float v;
@@ -34,46 +35,55 @@ __device__ Best block_best(Best b) {
   return block_reduce<kBlock>(b, [](Best x, Best y) { return beats(y, x) ? y : x; });
 }
 
+__device__ __forceinline__ Best warp_best(Best b) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const Best other{__shfl_xor_sync(0xffffffffu, b.v, o), __shfl_xor_sync(0xffffffffu, b.id, o)};
+    if (beats(other, b)) b = other;
+  }
+  return b;
+}
+
+// The lane's best expert among its own (e = lane, lane + 32, ...) that the pick `below` beats.
+__device__ __forceinline__ Best lane_best(const float* row, int E, int lane, Best below) {
+  Best b{-FLT_MAX, -1};
+  for (int e = lane; e < E; e += 32) {
+    const Best c{row[e], e};
+    if ((below.id < 0 || beats(below, c)) && beats(c, b)) b = c;
+  }
+  return b;
+}
+
 template <typename T>
 __global__ void topk_softmax_kernel(float* __restrict__ weights, int32_t* __restrict__ ids,
                                     const T* __restrict__ gating, int E, int k,
                                     int64_t g_stride, int64_t w_stride, int64_t i_stride,
                                     bool renormalize) {
   pdl_begin();
-  extern __shared__ float row[];  // E logits, then E chosen flags
-  bool* chosen = reinterpret_cast<bool*>(row + E);
+  extern __shared__ float row[];  // E logits as f32, each read only by the lane that owns it
+  const int lane = threadIdx.x;
   const int64_t t = blockIdx.x;
   const T* g = gating + t * g_stride;
-  for (int e = threadIdx.x; e < E; e += kTopkThreads) {
-    row[e] = to_f32(g[e]);
-    chosen[e] = false;
-  }
-  __syncthreads();
-  Best top{-FLT_MAX, -1};
-  for (int e = threadIdx.x; e < E; e += kTopkThreads)
-    if (beats(Best{row[e], e}, top)) top = Best{row[e], e};
-  const float m = block_best<kTopkThreads>(top).v;
-  float s = 0.0f;
-  if (!renormalize)
-    for (int e = threadIdx.x; e < E; e += kTopkThreads) s += expf(row[e] - m);
-  const float denom_all = renormalize ? 0.0f : block_reduce<kTopkThreads>(s, Sum{});
-  float picked_sum = 0.0f;
+  for (int e = lane; e < E; e += 32) row[e] = to_f32(g[e]);
+  Best mine = lane_best(row, E, lane, Best{0.f, -1});
+  Best kept{0.f, -1};  // lane j: pick j
+  float m = 0.f, picked_sum = 0.f;
   for (int j = 0; j < k; ++j) {
-    Best b{-FLT_MAX, -1};
-    for (int e = threadIdx.x; e < E; e += kTopkThreads)
-      if (!chosen[e] && beats(Best{row[e], e}, b)) b = Best{row[e], e};
-    b = block_best<kTopkThreads>(b);
-    if (threadIdx.x == 0) {
-      chosen[b.id] = true;
-      ids[t * i_stride + j] = b.id;
-      weights[t * w_stride + j] = expf(b.v - m);  // scaled below
-    }
+    const Best b = warp_best(mine);
+    if (j == 0) m = b.v;
     picked_sum += expf(b.v - m);
-    __syncthreads();
+    if (lane == j) kept = b;
+    if (lane == (b.id & 31)) mine = lane_best(row, E, lane, b);
   }
-  if (threadIdx.x == 0) {
-    const float denom = renormalize ? picked_sum : denom_all;
-    for (int j = 0; j < k; ++j) weights[t * w_stride + j] /= denom;
+  float denom = picked_sum;
+  if (!renormalize) {
+    float s = 0.f;
+    for (int e = lane; e < E; e += 32) s += expf(row[e] - m);
+    denom = detail::warp_sum(s);
+  }
+  if (lane < k) {
+    ids[t * i_stride + lane] = kept.id;
+    weights[t * w_stride + lane] = expf(kept.v - m) / denom;
   }
 }
 
@@ -86,11 +96,13 @@ void topk_softmax(const Tensor& topk_weights, const Tensor& topk_ids, const Tens
   check_rows(topk_ids, op, "topk_ids");
   const int64_t T = gating_output.shape[0], E = gating_output.shape[1], k = topk_ids.shape[1];
   VLLMX_CHECK(E <= 8192, op, "at most 8192 experts, got gating_output " + gating_output.str());
+  VLLMX_CHECK(k <= 32 && k <= E, op, "top_k " + std::to_string(k) + " must be at most 32 (a " +
+              "warp's lanes keep the picks) and at most the " + std::to_string(E) + " experts");
   if (T == 0) return;
-  const size_t smem = static_cast<size_t>(E) * (sizeof(float) + sizeof(bool));
+  const size_t smem = static_cast<size_t>(E) * sizeof(float);
   dispatch_float(gating_output.dtype, op, [&](auto z) {
     using TG = decltype(z);
-    launch(topk_softmax_kernel<TG>, static_cast<unsigned>(T), kTopkThreads, smem, stream(),
+    launch(topk_softmax_kernel<TG>, static_cast<unsigned>(T), 32, smem, stream(),
            topk_weights.ptr<float>(), topk_ids.ptr<int32_t>(), gating_output.ptr<TG>(),
            static_cast<int>(E), static_cast<int>(k), gating_output.stride[0],
            topk_weights.stride[0], topk_ids.stride[0], renormalize);

@@ -24,9 +24,6 @@ bool sm90_kernels_in_use();
 // each kernel against the others and cuBLAS at the same shapes; a product the forced kernel
 // cannot take raises. path -1 and zeros / -1 elsewhere restore the planner (cuda/linear.cu).
 void set_linear_tuning(int path, int skinny_waves, int decomposition, int splits);
-// Benchmarks and tests only: the chunked Gated DeltaNet prefill's (cuda/gated_delta_chunked.cu)
-// T = (I + A)^-1 by 16 x 16 blocks (1) or a thread a column (0, the default).
-void set_gdn_tuning(int block_solve);
 // Caching allocator: freed blocks are kept per size class and reused; no cudaMalloc/cudaFree
 // inside a step once warm (so steps can be captured in CUDA graphs).
 void* device_malloc(size_t bytes);

@@ -11,7 +11,6 @@ cdef extern from "runtime.h" namespace "vllmx::cuda" nogil:
     bint c_cuda_built "vllmx::cuda::built_with_cuda"() except +
     bint c_sm90_kernels "vllmx::cuda::sm90_kernels_in_use"() except +
     void c_set_linear_tuning "vllmx::cuda::set_linear_tuning"(int, int, int, int) except +
-    void c_set_gdn_tuning "vllmx::cuda::set_gdn_tuning"(int) except +
     int c_cuda_device_count "vllmx::cuda::device_count"() except +
     void c_cuda_set_device "vllmx::cuda::set_device"(int) except +
     string c_device_name "vllmx::cuda::device_name"() except +
@@ -83,13 +82,6 @@ def cuda_linear_tuning(path=None, skinny_waves=0, decomposition=None, splits=0):
     code = -1 if path is None else LINEAR_TUNING_PATHS.index(path)
     mode = -1 if decomposition is None else LINEAR_TUNING_DECOMPOSITIONS.index(decomposition)
     c_set_linear_tuning(code, skinny_waves, mode, splits)
-
-
-def cuda_gdn_tuning(block_solve=False):
-    """Benchmarks and tests only: the chunked Gated DeltaNet prefill kernel inverts its chunk's
-    T = (I + A)^-1 by 16 x 16 blocks (block_solve) or a thread a column (the default, restored
-    by cuda_gdn_tuning())."""
-    c_set_gdn_tuning(1 if block_solve else 0)
 
 
 def cuda_device_count():

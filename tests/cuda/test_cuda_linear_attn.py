@@ -104,23 +104,18 @@ def test_gated_delta_rule(rng, dtype, hk, hv, dk, dv):
                            [4, 0, 2, 5], saved_rows, 1e-4)
 
 
-@pytest.mark.parametrize("block_solve", [False, True], ids=["column_solve", "block_solve"])
 @pytest.mark.parametrize("dtype", ACT[1:])
 @pytest.mark.parametrize("hk,hv,dk,dv", [(1, 2, 128, 128), (1, 2, 16, 12), (2, 2, 64, 72)])
-def test_gated_delta_rule_chunked_prefill(rng, dtype, hk, hv, dk, dv, block_solve):
+def test_gated_delta_rule_chunked_prefill(rng, dtype, hk, hv, dk, dv):
     """A prefill batch in f16 / bf16 without speculative rows: its sequences of 8 tokens or more
     in chunks of 64 on the tensor cores (gated_delta_chunked.cu, TF32 products), the shorter
     token by token, in one call: 200 tokens (four chunks, the last partial) from a slot's
     state, 64 (one whole chunk) and 8 (the fewest) from zeros, 7, 1 and 0 tokens for the other
     kernel; Qwen3.5's head sizes, dk 16 and dv 12 (the chunk's rows and columns past them zero),
     72 columns (a second CTA of 8 live ones). States within TF32's rounding (3e-3 of the
-    largest). Both ways of inverting a chunk's T (cuda_gdn_tuning)."""
-    _C.cuda_gdn_tuning(block_solve)
-    try:
-        check_gated_delta_rule(rng, dtype, hk, hv, dk, dv, [200, 7, 64, 0, 1, 8],
-                               [1, 1, 0, 0, 1, 0], [4, 0, 2, 5, 6, 8], None, 3e-3)
-    finally:
-        _C.cuda_gdn_tuning()
+    largest)."""
+    check_gated_delta_rule(rng, dtype, hk, hv, dk, dv, [200, 7, 64, 0, 1, 8],
+                           [1, 1, 0, 0, 1, 0], [4, 0, 2, 5, 6, 8], None, 3e-3)
 
 
 def test_gated_delta_rule_key_head_size_past_the_kernel():

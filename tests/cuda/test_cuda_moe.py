@@ -16,17 +16,32 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.parametrize("dtype", [F32, BF16, F16])
 @pytest.mark.parametrize("renormalize", [False, True])
-@pytest.mark.parametrize("shape", [(1, 8, 2), (37, 64, 6), (130, 128, 8), (5, 384, 8), (3, 7, 7)])
-def test_topk_softmax(shape, renormalize, dtype):
+@pytest.mark.parametrize("shape", [(1, 8, 2), (37, 64, 6), (130, 128, 8), (5, 384, 8), (3, 7, 7),
+                                   (8, 256, 8), (4, 40, 32), (2, 8192, 4)])
+@pytest.mark.parametrize("ties", [False, True], ids=["spread", "ties"])
+def test_topk_softmax(shape, renormalize, dtype, ties):
+    """The k best experts in order (ties to the lower id) and their softmax weights: Qwen3.5's
+    256 experts top-8, 32 picks (every lane of the warp keeps one), 8192 experts; with ties
+    (logits of five values) a wrong tie-break or an expert picked twice changes the ids."""
     t, e, k = shape
     rng = np.random.default_rng(t + e + k)
-    g = host((rng.standard_normal((t, e)) * 3).astype(np.float32), dtype)
+    x = rng.integers(-2, 3, (t, e)) if ties else rng.standard_normal((t, e)) * 3
+    g = host(x.astype(np.float32), dtype)
     w = DeviceArray.empty((t, k), F32)
     ids = DeviceArray.empty((t, k), I32)
     _C.ops.topk_softmax(w, ids, DeviceArray.from_numpy(g, dtype), renormalize)
     w_ref, ids_ref = reference(as_f32(g, dtype), k, renormalize)
     np.testing.assert_array_equal(ids.numpy(), ids_ref)
     assert np.abs(w.numpy() - w_ref).max() < 1e-6
+
+
+def test_topk_softmax_more_than_a_warp_of_picks():
+    """top_k over 32 is an error naming it, not a wrong answer."""
+    g = DeviceArray.from_numpy(np.ones((2, 64), np.float32))
+    w = DeviceArray.empty((2, 33), F32)
+    ids = DeviceArray.empty((2, 33), I32)
+    with pytest.raises(Exception, match="top_k 33 must be at most 32"):
+        _C.ops.topk_softmax(w, ids, g, False)
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
