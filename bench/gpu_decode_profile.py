@@ -113,8 +113,9 @@ def kernel_totals(prof, out_dir: str) -> dict[str, list]:
     return rows
 
 
-def profile_vllm(path: str, layers: int, batch: int, ctx: int, load_format: str) -> dict:
-    """vLLM's decode step, kernel by kernel (--engine vllm; runs in vLLM's environment)."""
+def profile_vllm(path: str, layers: int, batches: list[int], ctx: int, load_format: str) -> dict:
+    """vLLM's decode step at each batch size, kernel by kernel (--engine vllm; runs in vLLM's
+    environment, one engine for every batch size)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # (the engine in this process)
     import numpy as np
     import torch
@@ -124,45 +125,52 @@ def profile_vllm(path: str, layers: int, batch: int, ctx: int, load_format: str)
     with open(os.path.join(path, "config.json")) as f:
         cfg = json.load(f)
     llm = LLM(model=path, load_format=load_format, skip_tokenizer_init=True, dtype="bfloat16",
-              max_model_len=ctx + 256, max_num_seqs=max(batch, 8), gpu_memory_utilization=0.5,
-              seed=0, **({"limit_mm_per_prompt": {"image": 0, "video": 0}}
-                         if "vision_config" in cfg else {}),
+              max_model_len=ctx + 256, max_num_seqs=max(*batches, 8),
+              gpu_memory_utilization=0.5, seed=0,
+              **({"limit_mm_per_prompt": {"image": 0, "video": 0}}
+                 if "vision_config" in cfg else {}),
               additional_config={"gdn_prefill_backend": "triton"})  # (gpu_vs_vllm.py: why)
     vocab = (cfg.get("text_config") or cfg)["vocab_size"]
     rng = np.random.default_rng(0)
-    ps = [TokensPrompt(prompt_token_ids=rng.integers(3, vocab, ctx).tolist())
-          for _ in range(batch)]
+    report = {}
+    for batch in batches:
+        ps = [TokensPrompt(prompt_token_ids=rng.integers(3, vocab, ctx).tolist())
+              for _ in range(batch)]
 
-    def generate(n: int) -> float:
-        llm.reset_prefix_cache()
-        sp = SamplingParams(temperature=0, max_tokens=n, min_tokens=n, ignore_eos=True,
-                            detokenize=False)
-        t = time.perf_counter()
-        llm.generate(ps, sp, use_tqdm=False)
-        return time.perf_counter() - t
+        def generate(n: int, ps=ps) -> float:
+            llm.reset_prefix_cache()
+            sp = SamplingParams(temperature=0, max_tokens=n, min_tokens=n, ignore_eos=True,
+                                detokenize=False)
+            t = time.perf_counter()
+            llm.generate(ps, sp, use_tqdm=False)
+            return time.perf_counter() - t
 
-    for n in (1, 129, 1, 129):
-        generate(n)
-    times = {n: min(generate(n) for _ in range(2)) for n in (1, 129)}
-    step_ms = (times[129] - times[1]) / 128 * 1e3
-    totals = {}
-    for n in (1, 33):
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for n in (1, 129, 1, 129):
             generate(n)
-            torch.cuda.synchronize()
-        totals[n] = kernel_totals(prof, path)
-    rows = {k: [(c - totals[1].get(k, [0, 0.0])[0]) / 32, (d - totals[1].get(k, [0, 0.0])[1]) / 32]
-            for k, (c, d) in totals[33].items()}
-    rows = {k: r for k, r in rows.items() if r[0] > 0.5}
-    busy = sum(d for _, d in rows.values())
-    print(f"\n== vLLM, {layers} layers, batch {batch}, context {ctx}: engine decode step "
-          f"{step_ms:.3f} ms, kernels busy {busy / 1e3:.3f} ms a step, "
-          f"{sum(c for c, _ in rows.values()):.0f} kernels")
-    print(f"{'kernel':48s} {'n':>6s} {'us each':>8s} {'us a step':>9s}")
-    for k, (c, d) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
-        print(f"{k:48s} {c:6.1f} {d / c:8.2f} {d:9.1f}")
-    return {"engine_step_ms": step_ms, "busy_ms": busy / 1e3,
-            "by_kernel": {k: {"n": c, "us": d} for k, (c, d) in rows.items()}}
+        times = {n: min(generate(n) for _ in range(2)) for n in (1, 129)}
+        step_ms = (times[129] - times[1]) / 128 * 1e3
+        totals = {}
+        for n in (1, 33):
+            with torch.profiler.profile(
+                    activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                generate(n)
+                torch.cuda.synchronize()
+            totals[n] = kernel_totals(prof, path)
+        rows = {k: [(c - totals[1].get(k, [0, 0.0])[0]) / 32,
+                    (d - totals[1].get(k, [0, 0.0])[1]) / 32]
+                for k, (c, d) in totals[33].items()}
+        rows = {k: r for k, r in rows.items() if r[0] > 0.5}
+        busy = sum(d for _, d in rows.values())
+        print(f"\n== vLLM, {layers} layers, batch {batch}, context {ctx}: engine decode step "
+              f"{step_ms:.3f} ms, kernels busy {busy / 1e3:.3f} ms a step, "
+              f"{sum(c for c, _ in rows.values()):.0f} kernels")
+        print(f"{'kernel':48s} {'n':>6s} {'us each':>8s} {'us a step':>9s}")
+        for k, (c, d) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
+            print(f"{k:48s} {c:6.1f} {d / c:8.2f} {d:9.1f}")
+        report[f"batch {batch}"] = {"engine_step_ms": step_ms, "busy_ms": busy / 1e3,
+                                    "by_kernel": {k: {"n": c, "us": d}
+                                                  for k, (c, d) in rows.items()}}
+    return report
 
 
 def profile(name: str, layers: int, batch: int, ctx: int, out_dir: str,
@@ -259,7 +267,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--layers", nargs="+", type=int, default=[28, 8])
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--batch", type=int, nargs="+", default=[1])
     ap.add_argument("--context", type=int, default=1088)
     ap.add_argument("--host-profile", action="store_true", help="cProfile a generate call")
     ap.add_argument("--prefill", action="store_true",
@@ -289,11 +297,13 @@ def main() -> int:
                 # first: it checks that gpu_memory_utilization of the device is free)
                 key = name if engine == "vllmx" else f"{name} (vLLM)"
                 if engine == "vllmx":
-                    report[key] = profile(name, layers, args.batch, args.context, d,
-                                          args.host_profile, args.prefill, args.lora, fmt)
+                    report[key] = {f"batch {b}": profile(name, layers, b, args.context, d,
+                                                         args.host_profile, args.prefill,
+                                                         args.lora, fmt)
+                                   for b in args.batch}
                     continue
                 cmd = [sys.executable, os.path.abspath(__file__), "--vllm-worker", d,
-                       "--layers", str(layers), "--batch", str(args.batch), "--context",
+                       "--layers", str(layers), "--batch", *map(str, args.batch), "--context",
                        str(args.context)] + (["--random-weights"] if args.random_weights else [])
                 report[key] = worker_result(cmd, engine_env("vllm", args.vllm_site), 900)
     if os.environ.get("OUT"):
