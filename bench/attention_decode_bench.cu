@@ -8,9 +8,11 @@
 //       bench/attention_decode_bench.cu cuda/runtime.cu
 //   /tmp/attn_decode_bench                      # the default cases
 //   /tmp/attn_decode_bench 8x1088x32x8 1x8192x32x4 --splits 1,4,17
+//   /tmp/attn_decode_bench 1x1088x16x2x256 8x1088x16x2x256    # Qwen3.5's gated attention
 //
-// A case is BxCTXxNQxNKV (head size 128, block size 16); --splits forces the partition count
-// (else plan_attention's rule). Prints µs a launch and the KV read rate.
+// A case is BxCTXxNQxNKV[xD] (head size D 64, 128 (the default) or 256 (Hopper only), block
+// size 16); --splits forces the partition count (else plan_attention's rule). Prints µs a
+// launch and the KV read rate.
 #include "../cuda/attention_decode.cu"
 #include "bf16_host.h"
 
@@ -25,11 +27,11 @@ namespace adb {  // (named: nvcc's stubs cannot tell two anonymous namespaces ap
 using namespace vllmx::cuda;
 using namespace vllmx::cuda::attn;
 
-constexpr int kD = 128, kBs = 16;
+constexpr int kBs = 16;
 constexpr size_t kRotateBytes = size_t(512) << 20;  // copies of the cache: >> the 50 MB L2
 
 struct Case {
-  int B, ctx, nq, nkv;
+  int B, ctx, nq, nkv, D;
 };
 
 // Every thread xors its 16-byte chunks of [p, p + n): the bytes one launch can stream.
@@ -51,7 +53,7 @@ using bench::to_bf16;
 int planned_splits(const Case& c) {
   const int groups = (c.nq / c.nkv + kDecMaxG - 1) / kDecMaxG;
   const int base = std::max(1, c.B * c.nkv * groups);
-  int s = kDecCtasPerSm * num_sms() / base;
+  int s = (c.D == 256 ? 1 : kDecCtasPerSm) * num_sms() / base;  // (256: one CTA an SM)
   s = std::min(s, (c.ctx + kMinPartition - 1) / kMinPartition);
   return std::clamp(s, 1, kMaxSplits);
 }
@@ -84,7 +86,7 @@ float time_graph(F&& body, int reps) {
 }
 
 void run_case(const Case& c, const std::vector<int>& split_list) {
-  const int G = c.nq / c.nkv, nblk = (c.ctx + kBs - 1) / kBs;
+  const int kD = c.D, G = c.nq / c.nkv, nblk = (c.ctx + kBs - 1) / kBs;
   const size_t row = size_t(c.nkv) * kD;  // elements of one token's K (all kv heads)
   const size_t copy_blocks = size_t(c.B) * nblk;
   const size_t copy_bytes = copy_blocks * kBs * row * 2 * 2;  // K and V
@@ -165,8 +167,9 @@ void run_case(const Case& c, const std::vector<int>& split_list) {
     launch(stream_kernel, dim3(num_sms() * 4), dim3(512), 0, stream(),
            reinterpret_cast<const uint4*>(vc) + i * copy_vec, copy_vec, sink);
   }, 100) / 2;
-  printf("B=%d ctx=%d heads=%d/%d  KV %.1f MB  stream-only K then V: %.2f us each (%.0f GB/s)\n",
-         c.B, c.ctx, c.nq, c.nkv, kv_bytes / 1e6, us_stream, kv_bytes / 2 / us_stream / 1e3);
+  printf("B=%d ctx=%d heads=%d/%d D=%d  KV %.1f MB  stream-only K then V: %.2f us each "
+         "(%.0f GB/s)\n", c.B, c.ctx, c.nq, c.nkv, kD, kv_bytes / 1e6, us_stream,
+         kv_bytes / 2 / us_stream / 1e3);
 
   std::vector<int> splits = split_list;
   if (splits.empty()) splits.push_back(planned_splits(c));
@@ -232,16 +235,20 @@ int main(int argc, char** argv) {
       splits = parse_ints(argv[++i], ',');
     } else {
       const auto v = parse_ints(arg, 'x');
-      if (v.size() != 4 || v[2] % v[3] != 0) {
-        fprintf(stderr, "a case is BxCTXxNQxNKV (NQ a multiple of NKV), got %s\n", argv[i]);
+      const int D = v.size() == 5 ? v[4] : 128;
+      if (v.size() < 4 || v.size() > 5 || v[2] % v[3] != 0 ||
+          (D != 64 && D != 128 && D != 256)) {
+        fprintf(stderr, "a case is BxCTXxNQxNKV[xD] (NQ a multiple of NKV, D 64, 128 or 256), "
+                "got %s\n", argv[i]);
         return 2;
       }
-      cases.push_back({v[0], v[1], v[2], v[3]});
+      cases.push_back({v[0], v[1], v[2], v[3], D});
     }
   }
   if (cases.empty())  // Llama-3-8B (32/8) and Qwen3-30B-A3B (32/4) at the benchmark's contexts
-    cases = {{1, 1088, 32, 8}, {1, 1088, 32, 4}, {8, 1088, 32, 8}, {32, 1088, 32, 8},
-             {128, 1088, 32, 8}, {4, 8000, 32, 8}, {16, 8000, 32, 8}, {1, 8192, 32, 8}};
+    cases = {{1, 1088, 32, 8, 128}, {1, 1088, 32, 4, 128}, {8, 1088, 32, 8, 128},
+             {32, 1088, 32, 8, 128}, {128, 1088, 32, 8, 128}, {4, 8000, 32, 8, 128},
+             {16, 8000, 32, 8, 128}, {1, 8192, 32, 8, 128}};
   printf("%s, %d SMs\n", device_name().c_str(), num_sms());
   for (const auto& c : cases) run_case(c, splits);
   return 0;
