@@ -19,6 +19,16 @@ of 128 tokens, --max-tokens new tokens, EOS ignored. Issue 14's bar: at most 10%
     python bench/spec_decode_gpu.py                       # both parts (vLLM from --vllm-site)
     python bench/spec_decode_gpu.py --parts accept0       # vllmx alone
     python bench/spec_decode_gpu.py --parts copy --engines vllmx
+    python bench/spec_decode_gpu.py --parts llamacpp --llama-bin /root/llama.cpp-cuda/build/bin
+
+llamacpp: the same comparison against llama.cpp's own prompt lookup decoding (its
+examples/lookup: n-grams of 1 to 4 tokens from the context, k drafted, --spec-draft-n-max) on
+the same file, vllmx's default GGUF (SmolLM2-135M-Instruct Q4_1), both on the GPU: vllmx with
+and without ngram, and llama-lookup with k and with 0 drafts (plain decoding), one prompt after
+another (concurrency 1, llama.cpp's example runs one sequence), the prompts as text with the
+chat template applied (llama.cpp tokenizes them, special tokens parsed): new tokens over
+prefill + decode seconds (llama.cpp's own timers), the median of --repeats. llama-lookup is an
+example target: build llama.cpp with -DLLAMA_BUILD_EXAMPLES=ON.
 
 The vLLM bundle comes from ../shared/gpu-peers (install.sh puts it in --vllm-site; its env also
 supplies transformers for the conversion). Results: bench/results/spec_decode_gpu.json and $OUT.
@@ -46,11 +56,11 @@ def ngram_config(k: int) -> dict:
             "prompt_lookup_max": 4}
 
 
-def timed_runs(generate, prompts, max_tokens, repeats) -> dict:
-    """{concurrency: (median seconds, output ids)} for concurrency 1 and 8: generate(batch,
+def timed_runs(generate, prompts, max_tokens, repeats, concurrency=(1, 8)) -> dict:
+    """{concurrency: (median seconds, output ids)} for each concurrency: generate(batch,
     max_tokens) -> each prompt's output ids."""
     out = {}
-    for c in (1, 8):
+    for c in concurrency:
         generate(prompts[:c], 8)  # warm-up of this batch size
         times, outs = [], None
         for _ in range(repeats):
@@ -84,24 +94,38 @@ def convert_worker(args) -> dict:
     return {"path": args.path}
 
 
+def vllmx_engine(model: str, args, spec, dtype="auto"):
+    from vllmx import LLM
+
+    return LLM(model, device=args.device, max_model_len=2048, enable_prefix_caching=False,
+               kv_cache_memory_bytes=2 << 30, speculative_config=spec, dtype=dtype)
+
+
+def vllmx_generate(llm):
+    """run(batch of prompt ids, new tokens) -> each prompt's output ids, greedy."""
+    from vllmx import SamplingParams
+
+    def run(batch, new):
+        sp = SamplingParams(temperature=0, max_tokens=new)
+        outs = llm.generate([{"prompt_token_ids": x} for x in batch], sp, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+    return run
+
+
+def chat_prompts(llm, tokenize: bool) -> list:
+    """TASKS through the model's chat template: token ids, or the text."""
+    tok = llm.get_tokenizer()
+    return [tok.apply_chat_template([{"role": "user", "content": t}], tokenize=tokenize,
+                                    add_generation_prompt=True) for t in TASKS]
+
+
 def vllmx_copy_worker(args) -> dict:
-    from vllmx import LLM, SamplingParams
-
     def engine(spec, dtype="auto"):
-        return LLM(args.path, device=args.device, max_model_len=2048, enable_prefix_caching=False,
-                   kv_cache_memory_bytes=2 << 30, speculative_config=spec, dtype=dtype)
+        return vllmx_engine(args.path, args, spec, dtype)
 
-    def generate(llm):
-        def run(batch, new):
-            sp = SamplingParams(temperature=0, max_tokens=new)
-            outs = llm.generate([{"prompt_token_ids": x} for x in batch], sp, use_tqdm=False)
-            return [list(o.outputs[0].token_ids) for o in outs]
-        return run
-
+    generate = vllmx_generate
     plain, specd = engine(None), engine(ngram_config(args.k))
-    tok = plain.get_tokenizer()
-    prompts = [tok.apply_chat_template([{"role": "user", "content": t}], tokenize=True,
-                                       add_generation_prompt=True) for t in TASKS]
+    prompts = chat_prompts(plain, tokenize=True)
     base = timed_runs(generate(plain), prompts, args.max_tokens, args.repeats)
     spec = timed_runs(generate(specd), prompts, args.max_tokens, args.repeats)
     st = specd.llm_engine.scheduler.make_stats()
@@ -123,6 +147,60 @@ def vllmx_copy_worker(args) -> dict:
                 f"c{c}": sum(a == b for a, b in zip(spec[c][1], base[c][1])) for c in base},
             "outputs with ngram = without (float32)": "all (checked)",
             "outputs": base[1][1]}
+
+
+def vllmx_gguf_worker(args) -> dict:
+    """The llamacpp part's vllmx side: the GGUF itself, concurrency 1, without and with ngram;
+    the prompts' texts for llama.cpp."""
+    out = {}
+    for name, spec in (("none", None), ("ngram", ngram_config(args.k))):
+        llm = vllmx_engine(args.gguf, args, spec)
+        prompts = chat_prompts(llm, tokenize=True)
+        out[name] = summarize(timed_runs(vllmx_generate(llm), prompts, args.max_tokens,
+                                         args.repeats, concurrency=(1,)))
+        if spec is not None:
+            st = llm.llm_engine.scheduler.make_stats()
+            out["acceptance"] = (st.spec_decode_num_accepted_tokens
+                                 / max(1, st.spec_decode_num_draft_tokens))
+        out["texts"] = chat_prompts(llm, tokenize=False)
+        out["prompt_tokens"] = sum(map(len, prompts))
+        del llm
+    return out
+
+
+def llamacpp_lookup(binary: str, gguf: str, texts: list[str], max_tokens: int, k: int,
+                    repeats: int) -> dict:
+    """llama-lookup over the prompts one after another, k drafts (0: plain decoding): new
+    tokens over its encode + decode seconds, the median of repeats; its acceptance."""
+    import re
+    import subprocess
+
+    timer = re.compile(r"(encoded|decoded)\s+(\d+) tokens in\s+([\d.]+) seconds")
+    accept = re.compile(r"n_accept\s+=\s+(\d+)")
+    drafted = re.compile(r"n_drafted\s+=\s+(\d+)")
+    runs, acc = [], [0, 0]
+    for _ in range(repeats):
+        tokens = prompt_tokens = 0
+        seconds = 0.0
+        for text in texts:
+            p = subprocess.run([binary, "-m", gguf, "-p", text, "-n", str(max_tokens),
+                                "--spec-draft-n-max", str(k), "-ngl", "99", "--temp", "0",
+                                "-c", "2048"], capture_output=True, text=True, timeout=300,
+                               check=False)
+            log = p.stdout + p.stderr
+            found = {m[0]: (int(m[1]), float(m[2])) for m in timer.findall(log)}
+            if p.returncode != 0 or set(found) != {"encoded", "decoded"}:
+                raise RuntimeError(f"llama-lookup failed (rc {p.returncode}): {log[-2000:]}")
+            prompt_tokens += found["encoded"][0]
+            tokens += found["decoded"][0]
+            seconds += found["encoded"][1] + found["decoded"][1]
+            for m, i in ((accept.search(log), 0), (drafted.search(log), 1)):
+                acc[i] += int(m[1]) if m else 0
+        runs.append((seconds, tokens, prompt_tokens))
+    seconds, tokens, prompt_tokens = sorted(runs)[len(runs) // 2]
+    return {"seconds": seconds, "tokens": tokens, "tok_s": tokens / seconds,
+            "prompt_tokens": prompt_tokens,
+            **({"acceptance": acc[0] / max(1, acc[1])} if k else {})}
 
 
 def vllm_copy_worker(args) -> dict:
@@ -246,7 +324,8 @@ def copy_ratios(copy: dict) -> dict:
 
 
 WORKERS = {"convert": convert_worker, "vllmx-copy": vllmx_copy_worker,
-           "vllm-copy": vllm_copy_worker, "vllmx-accept0": vllmx_accept0_worker}
+           "vllm-copy": vllm_copy_worker, "vllmx-accept0": vllmx_accept0_worker,
+           "vllmx-gguf": vllmx_gguf_worker}
 
 
 def run_worker(name: str, args, **kw) -> dict:
@@ -263,7 +342,9 @@ def run_worker(name: str, args, **kw) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--parts", nargs="+", default=["copy", "accept0"],
-                    choices=["copy", "accept0"])
+                    choices=["copy", "accept0", "llamacpp"])
+    ap.add_argument("--llama-bin", default="/root/llama.cpp-cuda/build/bin",
+                    help="the folder of llama.cpp's llama-lookup (the llamacpp part)")
     ap.add_argument("--engines", nargs="+", default=["vllmx", "vllm"], choices=["vllmx", "vllm"])
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     ap.add_argument("--max-tokens", type=int, default=96)
@@ -312,6 +393,21 @@ def main() -> None:
         for side in (copy.get("vllmx", {}), *copy.get("vllm", {}).values()):
             side.pop("prompts", None)
             side.pop("outputs", None)
+    if "llamacpp" in args.parts:
+        gguf = resolve_model(DEFAULT_MODEL)
+        x = run_worker("vllmx-gguf", args, gguf=gguf)
+        lc = report["llamacpp"] = {"vllmx": x}
+        if "texts" in x:
+            binary, texts = os.path.join(args.llama_bin, "llama-lookup"), x.pop("texts")
+            lc["llama.cpp"] = {name: llamacpp_lookup(binary, gguf, texts, args.max_tokens, k,
+                                                     args.repeats)
+                               for name, k in (("none", 0), ("lookup", args.k))}
+            ln, ll = lc["llama.cpp"]["none"], lc["llama.cpp"]["lookup"]
+            report["llamacpp_ratios"] = {
+                "vllmx ngram vs none, c1": x["ngram"]["c1"]["tok_s"] / x["none"]["c1"]["tok_s"],
+                "llama.cpp lookup vs none": ll["tok_s"] / ln["tok_s"],
+                "vllmx ngram vs llama.cpp lookup": x["ngram"]["c1"]["tok_s"] / ll["tok_s"],
+                "vllmx none vs llama.cpp none": x["none"]["c1"]["tok_s"] / ln["tok_s"]}
     if "accept0" in args.parts:
         layers = {"num_hidden_layers": args.target_layers} if args.target_layers else {}
         target = write_config(args.target_shape, os.path.join(args.workdir, args.target_shape),
