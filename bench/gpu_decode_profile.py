@@ -175,7 +175,7 @@ def profile_vllm(path: str, layers: int, batches: list[int], ctx: int, load_form
 
 def profile(name: str, layers: int, batch: int, ctx: int, out_dir: str,
             host_profile: bool = False, prefill: bool = False, lora: int = 0,
-            load_format: str = "dummy") -> dict:
+            load_format: str = "dummy", ssm_dtype: str = "float32") -> dict:
     import numpy as np
     import torch
 
@@ -196,7 +196,7 @@ def profile(name: str, layers: int, batch: int, ctx: int, out_dir: str,
         lora_kw = {"enable_lora": True, "max_loras": lora, "max_lora_rank": 16}
     llm = LLM(out_dir, load_format=load_format, skip_tokenizer_init=True, device="cuda",
               max_model_len=ctx + 256, max_num_seqs=max(batch, 8), gpu_memory_utilization=0.5,
-              **lora_kw)
+              mamba_ssm_cache_dtype=ssm_dtype, **lora_kw)
     rng = np.random.default_rng(0)
     ps = [{"prompt_token_ids": rng.integers(3, vocab, ctx).tolist()}
           for _ in range(batch)]
@@ -278,6 +278,8 @@ def main() -> int:
     ap.add_argument("--random-weights", action="store_true",
                     help="both engines on the same random safetensors (random_checkpoint.py)")
     ap.add_argument("--vllm-site", default="/root/vllm-site")
+    ap.add_argument("--mamba-ssm-cache-dtype", default="float32",
+                    help="vllmx's hybrid recurrent states (auto: the activations' dtype)")
     ap.add_argument("--vllm-worker", metavar="PATH", help=argparse.SUPPRESS)
     args = ap.parse_args()
     fmt = "auto" if args.random_weights else "dummy"
@@ -299,7 +301,8 @@ def main() -> int:
                 if engine == "vllmx":
                     report[key] = {f"batch {b}": profile(name, layers, b, args.context, d,
                                                          args.host_profile, args.prefill,
-                                                         args.lora, fmt)
+                                                         args.lora, fmt,
+                                                         args.mamba_ssm_cache_dtype)
                                    for b in args.batch}
                     continue
                 cmd = [sys.executable, os.path.abspath(__file__), "--vllm-worker", d,

@@ -344,9 +344,12 @@ void check_swigluoai_and_mul(const Tensor& out, const Tensor& x, float alpha, fl
 
 // The hybrid mixers' sequence arguments: query_start_loc [B + 1], state_indices and
 // has_initial_state [B], all i32; state a tensor of slots.
+// state: f32, or `also` (the gated delta rule's recurrent state may be kept in its f16 / bf16
+// activations' dtype: vLLM's mamba_ssm_cache_dtype).
 void check_state_args(const char* op, const Tensor& state, const Tensor& query_start_loc,
                       const Tensor& state_indices, const Tensor& has_initial_state,
-                      const Tensor& spec_state_indices, int64_t rows) {
+                      const Tensor& spec_state_indices, int64_t rows,
+                      DType also = DType::F32) {
   for (const auto& [t, name] : {std::pair{&query_start_loc, "query_start_loc"},
                                 std::pair{&state_indices, "state_indices"},
                                 std::pair{&has_initial_state, "has_initial_state"}}) {
@@ -357,7 +360,7 @@ void check_state_args(const char* op, const Tensor& state, const Tensor& query_s
   VLLMX_CHECK(query_start_loc.shape[0] == B + 1 && has_initial_state.shape[0] == B, op,
               "query_start_loc " + query_start_loc.str() + " must have len(state_indices) + 1 "
               "entries and has_initial_state " + has_initial_state.str() + " one a sequence");
-  check_dtype(state, DType::F32, op, "state");
+  if (state.dtype != also) check_dtype(state, DType::F32, op, "state");
   VLLMX_CHECK(state.is_contiguous(), op, "state " + state.str() + " must be contiguous");
   if (spec_state_indices.defined()) {
     check_dtype(spec_state_indices, DType::I32, op, "spec_state_indices");
@@ -399,7 +402,8 @@ void check_gated_delta_rule(const Tensor& out, const Tensor& recurrent_state, co
                             const Tensor& has_initial_state, const Tensor& spec_state_indices) {
   const char* op = "gated_delta_rule";
   check_state_args(op, recurrent_state, query_start_loc, state_indices, has_initial_state,
-                   spec_state_indices, q.shape[0]);
+                   spec_state_indices, q.shape[0],
+                   q.dtype == DType::F16 || q.dtype == DType::BF16 ? q.dtype : DType::F32);
   check_ndim(recurrent_state, 4, op, "recurrent_state");
   const int64_t hv = recurrent_state.shape[1], dk = recurrent_state.shape[2];
   const int64_t dv = recurrent_state.shape[3], T = q.shape[0];

@@ -141,9 +141,10 @@ __device__ __forceinline__ void block_solve(Smem& sm, int tid) {
   }
 }
 
-template <typename T>
+// ST: the state's element type, f32 or T (linear_attn.cu's kernel: why).
+template <typename T, typename ST>
 __global__ void __launch_bounds__(kThreads, 1) gated_delta_chunked_kernel(
-    T* __restrict__ out, int64_t out_stride, float* __restrict__ state, int64_t slots,
+    T* __restrict__ out, int64_t out_stride, ST* __restrict__ state, int64_t slots,
     const T* __restrict__ q, const T* __restrict__ k, int64_t qk_stride, const T* __restrict__ v,
     int64_t v_stride, const T* __restrict__ a, const T* __restrict__ b, int64_t ab_stride,
     const float* __restrict__ A_log, const float* __restrict__ dt_bias, int hv, int hk, int dk,
@@ -163,7 +164,7 @@ __global__ void __launch_bounds__(kThreads, 1) gated_delta_chunked_kernel(
   const T* qh = q + t0 * qk_stride + kcol;
   const T* kh = k + t0 * qk_stride + kcol;
   const T* vh = v + t0 * v_stride + static_cast<int64_t>(h) * dv + j0;
-  float* st = state + (slot * hv + h) * static_cast<int64_t>(dk) * dv + j0;
+  ST* st = state + (slot * hv + h) * static_cast<int64_t>(dk) * dv + j0;
 
   // Chunk c0's q, k and v rows as stored, in pairs (dk and dv even), zeros past the sequence
   // and the head sizes; its a and b in registers of threads 0..kC-1.
@@ -191,7 +192,8 @@ __global__ void __launch_bounds__(kThreads, 1) gated_delta_chunked_kernel(
   const bool from_slot = init[seq] != 0;
   for (int e = tid; e < kDk * kNv; e += kThreads) {
     const int i = e / kNv, j = e % kNv;
-    sm.s[i][j] = from_slot && i < dk && j0 + j < dv ? st[static_cast<int64_t>(i) * dv + j] : 0.f;
+    sm.s[i][j] =
+        from_slot && i < dk && j0 + j < dv ? to_f32(st[static_cast<int64_t>(i) * dv + j]) : 0.f;
   }
   const float neg_a = -expf(A_log[h]), qscale = rsqrtf(static_cast<float>(dk)), dtb = dt_bias[h];
   // (block_solve writes T's blocks on and below the diagonal; those above stay zero)
@@ -309,7 +311,7 @@ __global__ void __launch_bounds__(kThreads, 1) gated_delta_chunked_kernel(
   }
   for (int e = tid; e < kDk * kNv; e += kThreads) {
     const int i = e / kNv, j = e % kNv;
-    if (i < dk && j0 + j < dv) st[static_cast<int64_t>(i) * dv + j] = sm.s[i][j];
+    if (i < dk && j0 + j < dv) st[static_cast<int64_t>(i) * dv + j] = from_f32<ST>(sm.s[i][j]);
   }
 }
 
@@ -337,14 +339,22 @@ bool gated_delta_rule_chunked(const Tensor& out, const Tensor& recurrent_state, 
   dispatch_float(q.dtype, "cuda.gated_delta_rule", [&](auto e) {
     using T_ = decltype(e);
     if constexpr (!std::is_same_v<T_, float>) {
-      static const bool smem_ok = (allow_smem(gated_delta_chunked_kernel<T_>, smem), true);
-      (void)smem_ok;
-      launch(gated_delta_chunked_kernel<T_>, grid, kThreads, smem, stream(), out.ptr<T_>(),
-             out.stride[0], recurrent_state.ptr<float>(), recurrent_state.shape[0], q.ptr<T_>(),
-             k.ptr<T_>(), q.stride[0], v.ptr<T_>(), v.stride[0], a.ptr<T_>(), b.ptr<T_>(),
-             a.stride[0], A_log.ptr<float>(), dt_bias.ptr<float>(), hv,
-             static_cast<int>(q.shape[1] / dk), dk, dv, query_start_loc.ptr<int32_t>(),
-             state_indices.ptr<int32_t>(), has_initial_state.ptr<int32_t>());
+      auto go = [&](auto st) {
+        using ST = decltype(st);
+        static const bool smem_ok =
+            (allow_smem(gated_delta_chunked_kernel<T_, ST>, smem), true);
+        (void)smem_ok;
+        launch(gated_delta_chunked_kernel<T_, ST>, grid, kThreads, smem, stream(),
+               out.ptr<T_>(), out.stride[0], recurrent_state.ptr<ST>(), recurrent_state.shape[0],
+               q.ptr<T_>(), k.ptr<T_>(), q.stride[0], v.ptr<T_>(), v.stride[0], a.ptr<T_>(),
+               b.ptr<T_>(), a.stride[0], A_log.ptr<float>(), dt_bias.ptr<float>(), hv,
+               static_cast<int>(q.shape[1] / dk), dk, dv, query_start_loc.ptr<int32_t>(),
+               state_indices.ptr<int32_t>(), has_initial_state.ptr<int32_t>());
+      };
+      if (recurrent_state.dtype == DType::F32)
+        go(float{});
+      else
+        go(T_{});  // (gated_delta_rule checked it is f32 or the activations' dtype)
     }
   });
   return true;

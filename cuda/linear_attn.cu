@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "core/op_table.h"
 #include "cuda_ops.h"
@@ -273,10 +274,12 @@ constexpr int kGdnCols = 16;
 constexpr int kGdnMaxDk = 128;
 
 // DK: the key head size, or 0 for any up to kGdnMaxDk (rows past dk held at zero: their k and
-// q are zero, so they stay zero and add nothing).
-template <typename T, int DK>
+// q are zero, so they stay zero and add nothing). ST: the state's element type, f32 or the
+// activations' (vLLM's mamba_ssm_cache_dtype; the recurrence runs in f32 registers either way,
+// the state rounded where it is stored).
+template <typename T, typename ST, int DK>
 __global__ void __launch_bounds__(32) gated_delta_rule_kernel(
-    T* __restrict__ out, int64_t out_stride, float* __restrict__ state, int64_t slots,
+    T* __restrict__ out, int64_t out_stride, ST* __restrict__ state, int64_t slots,
     const T* __restrict__ q, const T* __restrict__ k, int64_t qk_stride, const T* __restrict__ v,
     int64_t v_stride, const T* __restrict__ a, const T* __restrict__ b, int64_t ab_stride,
     const float* __restrict__ A_log, const float* __restrict__ dt_bias, int hv, int hk, int dk,
@@ -296,12 +299,12 @@ __global__ void __launch_bounds__(32) gated_delta_rule_kernel(
   // (sequences of chunked_from tokens or more: gated_delta_chunked.cu's kernel)
   if (n <= 0 || n >= chunked_from || slot < 0 || slot >= slots) return;
   auto in_k = [&](int row) { return DK > 0 || row < dk; };
-  float* st = state + (slot * hv + h) * static_cast<int64_t>(dk) * dv;
+  ST* st = state + (slot * hv + h) * static_cast<int64_t>(dk) * dv;
   const bool live = j < dv, from_slot = init[s] != 0;
   float S[kR];
 #pragma unroll
   for (int i = 0; i < kR; ++i)
-    S[i] = live && from_slot && in_k(r0 + i) ? st[(r0 + i) * dv + j] : 0.f;
+    S[i] = live && from_slot && in_k(r0 + i) ? to_f32(st[(r0 + i) * dv + j]) : 0.f;
   const int kh = h / (hv / hk);
   const float neg_a = -expf(A_log[h]), qscale = rsqrtf(static_cast<float>(dk)), dtb = dt_bias[h];
   float* const qw = reinterpret_cast<float*>(qk4);
@@ -376,17 +379,17 @@ __global__ void __launch_bounds__(32) gated_delta_rule_kernel(
       out[t * out_stride + static_cast<int64_t>(h) * dv + j] = from_f32<T>(acc);
     const int64_t saved = spec != nullptr ? spec[t] : -1;
     if (live && saved >= 0 && saved < slots) {
-      float* dst = state + (saved * hv + h) * static_cast<int64_t>(dk) * dv;
+      ST* dst = state + (saved * hv + h) * static_cast<int64_t>(dk) * dv;
 #pragma unroll
       for (int i = 0; i < kR; ++i)
-        if (in_k(r0 + i)) dst[(r0 + i) * dv + j] = S[i];
+        if (in_k(r0 + i)) dst[(r0 + i) * dv + j] = from_f32<ST>(S[i]);
     }
     __syncwarp();  // every lane has read this token's q and k
   }
   if (live) {
 #pragma unroll
     for (int i = 0; i < kR; ++i)
-      if (in_k(r0 + i)) st[(r0 + i) * dv + j] = S[i];
+      if (in_k(r0 + i)) st[(r0 + i) * dv + j] = from_f32<ST>(S[i]);
   }
 }
 
@@ -416,6 +419,9 @@ void gated_delta_rule(const Tensor& out, const Tensor& recurrent_state, const Te
   VLLMX_CHECK(dk >= 1 && dk <= kGdnMaxDk, op,
               "a key head size of " + std::to_string(dk) + " (the CUDA kernel keeps a state "
               "column of at most " + std::to_string(kGdnMaxDk) + " rows in registers)");
+  VLLMX_CHECK(recurrent_state.dtype == DType::F32 || recurrent_state.dtype == q.dtype, op,
+              "recurrent_state " + recurrent_state.str() + " must be f32 or the activations' " +
+                  "dtype");
   if (B == 0 || out.shape[0] == 0) return;
   const bool chunked = !spec_state_indices.defined() &&
                        gated_delta_rule_chunked(out, recurrent_state, q, k, v, a, b, A_log,
@@ -426,9 +432,10 @@ void gated_delta_rule(const Tensor& out, const Tensor& recurrent_state, const Te
                                                                       kGdnCols));
   dispatch_float(q.dtype, op, [&](auto e) {
     using T = decltype(e);
-    auto go = [&](auto kernel) {
+    auto go = [&](auto kernel, auto st) {
+      using ST = decltype(st);
       launch(kernel, grid, 32, 0, stream(), out.ptr<T>(), out.stride[0],
-             recurrent_state.ptr<float>(), recurrent_state.shape[0], q.ptr<T>(), k.ptr<T>(),
+             recurrent_state.ptr<ST>(), recurrent_state.shape[0], q.ptr<T>(), k.ptr<T>(),
              q.stride[0], v.ptr<T>(), v.stride[0], a.ptr<T>(), b.ptr<T>(), a.stride[0],
              A_log.ptr<float>(), dt_bias.ptr<float>(), hv, hk, dk, dv,
              query_start_loc.ptr<int32_t>(), state_indices.ptr<int32_t>(),
@@ -436,10 +443,17 @@ void gated_delta_rule(const Tensor& out, const Tensor& recurrent_state, const Te
              spec_state_indices.defined() ? spec_state_indices.ptr<int32_t>() : nullptr,
              chunked_from);
     };
-    if (dk == kGdnMaxDk)
-      go(gated_delta_rule_kernel<T, kGdnMaxDk>);
-    else
-      go(gated_delta_rule_kernel<T, 0>);
+    auto by_dk = [&](auto st) {
+      using ST = decltype(st);
+      if (dk == kGdnMaxDk)
+        go(gated_delta_rule_kernel<T, ST, kGdnMaxDk>, st);
+      else
+        go(gated_delta_rule_kernel<T, ST, 0>, st);
+    };
+    if (recurrent_state.dtype == DType::F32)
+      by_dk(float{});
+    else if constexpr (!std::is_same_v<T, float>)
+      by_dk(T{});
   });
   check_launch(op);
 }

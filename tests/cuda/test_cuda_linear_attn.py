@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from vllmx import _C
-from vllmx.device import DeviceArray
+from vllmx.device import BF16, DeviceArray
 
 from .test_cuda_ops import ACT, F32, as_f32, assert_close, dev, rounded
 
@@ -55,10 +55,13 @@ def saved_rows(T: int, qsl: np.ndarray) -> np.ndarray:
     return spec
 
 
-def check_gated_delta_rule(rng, dtype, hk, hv, dk, dv, lens, init, idx, spec, state_tol):
+def check_gated_delta_rule(rng, dtype, hk, hv, dk, dv, lens, init, idx, spec, state_tol,
+                           state_dtype=F32):
     """gated_delta_rule on the GPU against the CPU op on the same rounded inputs over `lens`
     tokens a sequence (slots idx, continued where init); outputs within the dtype's tolerance,
-    states within state_tol of the largest, slots no sequence names untouched."""
+    states within state_tol of the largest, slots no sequence names untouched. state_dtype: the
+    GPU's state in the activations' dtype (vLLM's mamba_ssm_cache_dtype), its start the f32
+    reference's rounded, so that only the stores' rounding separates the two."""
     slots = 9
     qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
     init, idx = np.array(init, np.int32), np.array(idx, np.int32)
@@ -72,17 +75,18 @@ def check_gated_delta_rule(rng, dtype, hk, hv, dk, dv, lens, init, idx, spec, st
     a, b = act(T, hv), act(T, hv, scale=2.0)
     A_log = rng.uniform(-1.0, 1.0, hv).astype(np.float32)
     dt_bias = rng.standard_normal(hv).astype(np.float32)
-    state0 = (rng.standard_normal((slots, hv, dk, dv)) * 0.3).astype(np.float32)
+    state0 = rounded((rng.standard_normal((slots, hv, dk, dv)) * 0.3).astype(np.float32),
+                     state_dtype)
     ref, ref_state = np.empty((T, hv * dv), np.float32), state0.copy()
     _C.ops.gated_delta_rule(ref, ref_state, q, k, v, a, b, A_log, dt_bias, qsl, idx, init,
                             spec)
-    out, state = DeviceArray.empty((T, hv * dv), dtype), DeviceArray.from_numpy(state0.copy())
+    out, state = DeviceArray.empty((T, hv * dv), dtype), dev(state0.copy(), state_dtype)
     on = DeviceArray.from_numpy
     _C.ops.gated_delta_rule(out, state, dev(q, dtype), dev(k, dtype), dev(v, dtype),
                             dev(a, dtype), dev(b, dtype), on(A_log), on(dt_bias), on(qsl),
                             on(idx), on(init), None if spec is None else on(spec))
     assert_close(as_f32(out.numpy(), dtype), ref, dtype, "gated_delta_rule")
-    got = state.numpy()
+    got = as_f32(state.numpy(), state_dtype)
     assert np.abs(got - ref_state).max() / np.abs(ref_state).max() < state_tol
     written = set(idx[np.diff(qsl) > 0]) | (set() if spec is None else set(spec[spec >= 0]))
     free = [s for s in range(slots) if s not in written]
@@ -102,6 +106,20 @@ def test_gated_delta_rule(rng, dtype, hk, hv, dk, dv):
     steps."""
     check_gated_delta_rule(rng, dtype, hk, hv, dk, dv, [5, 0, 1, 40], [1, 0, 0, 1],
                            [4, 0, 2, 5], saved_rows, 1e-4)
+
+
+@pytest.mark.parametrize("dtype", ACT[1:])
+@pytest.mark.parametrize("lens,init,spec", [
+    ([5, 0, 1, 40], [1, 0, 0, 1], saved_rows),          # token by token, rows saved
+    ([200, 7, 64, 0, 1, 8], [1, 1, 0, 0, 1, 0], None),  # the chunked kernel's sequences too
+], ids=["recurrent", "chunked"])
+def test_gated_delta_rule_states_in_the_activations_dtype(rng, dtype, lens, init, spec):
+    """Recurrent states kept in f16 / bf16 (vLLM's mamba_ssm_cache_dtype "auto"): read into f32,
+    stored rounded, by both kernels and the saved rows; within the dtype's rounding of the f32
+    reference's (2^-8 relative for bf16, 2^-11 for f16, plus the chunked kernel's TF32 3e-3)."""
+    idx = [4, 0, 2, 5, 6, 8][:len(lens)]
+    tol = (5e-3 if dtype == BF16 else 1e-3) + (3e-3 if spec is None else 0.0)
+    check_gated_delta_rule(rng, dtype, 1, 2, 128, 128, lens, init, idx, spec, tol, dtype)
 
 
 @pytest.mark.parametrize("dtype", ACT[1:])

@@ -223,3 +223,27 @@ def test_dummy_shapes_are_the_checkpoints(family, ckpt_dir):
     if family == "qwen3_5_moe":  # its released configs have no intermediate_size (all sparse)
         del cfg["intermediate_size"]
         assert get_model_class(cfg).checkpoint_shapes(cfg) == real
+
+
+def test_mamba_ssm_cache_dtype_on_the_cpu(ckpt_dir):
+    """vLLM's mamba_ssm_cache_dtype: the CPU keeps f32 states (its activations' dtype), so auto
+    and float32 give the same tokens and f32 states, and a 16-bit dtype is an error naming the
+    field; an unknown name is refused before any model loads."""
+    from vllmx import LLM, SamplingParams
+
+    path = make_checkpoint("qwen3_next", "float32", ckpt_dir)
+    prompts = [{"prompt_token_ids": list(range(3, 40))}]
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    outs = []
+    for value in ("float32", "auto"):
+        llm = LLM(path, skip_tokenizer_init=True, mamba_ssm_cache_dtype=value)
+        outs.append(llm.generate(prompts, sp, use_tqdm=False)[0].outputs[0].token_ids)
+        mixer = next(a for a in llm.llm_engine.model_runner.model.state_arrays()
+                     if a.ndim == 4)
+        assert mixer.dtype == np.float32
+        del llm
+    assert outs[0] == outs[1]
+    with pytest.raises(ValueError, match="mamba_ssm_cache_dtype 'bfloat16'.*float32"):
+        LLM(path, skip_tokenizer_init=True, mamba_ssm_cache_dtype="bfloat16")
+    with pytest.raises(ValueError, match="mamba_ssm_cache_dtype 'int8' is not one of"):
+        LLM(path, skip_tokenizer_init=True, mamba_ssm_cache_dtype="int8")

@@ -63,6 +63,10 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument("--kv-cache-memory-bytes", type=_memory_bytes, default=None,
                    help="KV cache size, e.g. 2G (default: a share of RAM)")
+    p.add_argument("--mamba-ssm-cache-dtype", default=None,
+                   choices=["auto", "float32", "bfloat16", "float16"],
+                   help="Gated DeltaNet recurrent states' dtype (vLLM's flag; default float32; "
+                        "auto: the activations', on the GPU)")
     p.add_argument("--speculative-config", default=None,
                    help="speculative decoding, vLLM's JSON, e.g. "
                         "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'")
@@ -234,6 +238,7 @@ def engine_args_from(args: argparse.Namespace):
                 "enable_prefix_caching": args.enable_prefix_caching,
                 "block_size": args.block_size,
                 "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
+                "mamba_ssm_cache_dtype": args.mamba_ssm_cache_dtype,
                 "speculative_config": args.speculative_config,
                 "quantization": args.quantization,
                 "structured_outputs_config": _structured_outputs_config(args),

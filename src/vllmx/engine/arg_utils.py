@@ -37,6 +37,7 @@ class EngineArgs:
     generation_config: str = "auto"
     block_size: int = 16
     kv_cache_dtype: str = "auto"
+    mamba_ssm_cache_dtype: str = "float32"  # config.CacheConfig's
     kv_cache_memory_bytes: int | None = None
     num_gpu_blocks_override: int | None = None
     max_num_seqs: int = 256
@@ -113,6 +114,9 @@ class EngineArgs:
         if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in DTYPE_BY_NAME:
             raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of auto, "
                              f"{', '.join(DTYPE_BY_NAME)}")
+        if self.mamba_ssm_cache_dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"mamba_ssm_cache_dtype {self.mamba_ssm_cache_dtype!r} is not one "
+                             f"of auto, float32, bfloat16, float16")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got "
                              f"{self.scheduling_policy!r}")
@@ -135,7 +139,8 @@ class EngineArgs:
             CacheConfig(self.block_size, self.kv_cache_dtype, self.kv_cache_memory_bytes,
                         self.num_gpu_blocks_override,
                         enable_prefix_caching=self.enable_prefix_caching,
-                        gpu_memory_utilization=self.gpu_memory_utilization),
+                        gpu_memory_utilization=self.gpu_memory_utilization,
+                        mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype),
             SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens,
                             policy=self.scheduling_policy,
                             async_scheduling=self.async_scheduling),

@@ -62,6 +62,7 @@ class GatedDeltaNet:
         self.conv_state = self.recurrent_state = None
         # The mixer ops' f32 parameters where they run (the GPU's states go there too).
         self.on_gpu = placement.current().on_gpu
+        self.state_dtype = placement.current().ssm_state_dtype  # the recurrent state's
         self.conv_weight, self.A_log, self.dt_bias, self.norm_weight = (
             placement.upload_vector(a, F32) for a in (self.conv_weight, self.A_log,
                                                       self.dt_bias, self.norm_weight))
@@ -73,7 +74,8 @@ class GatedDeltaNet:
         are first written)."""
         k = self.conv_weight.shape[1]
         self.conv_state = placement.state_zeros((num_slots, self.conv_weight.shape[0], k - 1), self.on_gpu)
-        self.recurrent_state = placement.state_zeros((num_slots, self.hv, self.dk, self.dv), self.on_gpu)
+        self.recurrent_state = placement.state_zeros((num_slots, self.hv, self.dk, self.dv),
+                                                     self.on_gpu, self.state_dtype)
 
     def state_arrays(self) -> list[np.ndarray]:
         """The per-request state this layer updates in place, slot first."""

@@ -20,6 +20,9 @@ from vllmx.pages import off_the_file
 class Placement:
     device: str = "cpu"  # "cpu" | "cuda"
     dtype: int = F32  # activations (and dense weights) on the GPU: BF16 or F16
+    # The Gated DeltaNet layers' recurrent states: F32, or `dtype` on the GPU (vLLM's
+    # mamba_ssm_cache_dtype, resolved by the worker).
+    ssm_state_dtype: int = F32
 
     @property
     def on_gpu(self) -> bool:
@@ -71,12 +74,16 @@ def host_as(a: np.ndarray, dtype: int) -> np.ndarray:
     return _dense_as(Weight.from_numpy(a.reshape(-1, a.shape[-1])), dtype).reshape(a.shape)
 
 
-def state_zeros(shape: tuple[int, ...], on_gpu: bool):
-    """A hybrid mixer's per-request state, f32 zeros: a device array on the GPU, else host pages
-    committed as slots are first written."""
+def state_zeros(shape: tuple[int, ...], on_gpu: bool, dtype: int = F32):
+    """A hybrid mixer's per-request state, zeros (f32, or on the GPU `dtype`): a device array on
+    the GPU, else f32 host pages committed as slots are first written."""
     from vllmx.pages import lazy_zeros
 
-    return DeviceArray.zeros(shape, F32) if on_gpu else lazy_zeros(shape, np.float32)
+    if on_gpu:
+        return DeviceArray.zeros(shape, dtype)
+    if dtype != F32:
+        raise ValueError("the CPU keeps hybrid models' states in float32")
+    return lazy_zeros(shape, np.float32)
 
 
 def upload_weight(w: Weight | DeviceArray, name: str = "weight") -> Weight | DeviceArray:

@@ -54,6 +54,10 @@ class CpuWorker(WorkerBase):
                         "in their stored format); the KV cache is %s", mc.dtype,
                         "the kv_cache_dtype set" if self.config.cache_config.kv_cache_dtype
                         != "auto" else mc.dtype)
+        ssm = self.config.cache_config.mamba_ssm_cache_dtype
+        if ssm not in ("auto", "float32"):  # (auto: the activations', float32 here)
+            raise ValueError(f"mamba_ssm_cache_dtype {ssm!r}: the CPU keeps recurrent states in "
+                             f"float32, its activations' dtype; use auto or float32")
         pc = self.config.parallel_config
         if pc.world_size > 1 and pc.rank == 0:
             self._load_tensor_parallel()
