@@ -135,15 +135,10 @@ class CudaWorker(WorkerBase):
         self.report.parts.append(f"weights {self.weight_bytes / 2**30:.2f} GiB")
 
     def ssm_state_dtype(self) -> int:
-        """The Gated DeltaNet states' dtype: mamba_ssm_cache_dtype's (auto: the activations');
-        the kernels keep a state in f32 or in the activations' dtype."""
+        """The Gated DeltaNet states' dtype: mamba_ssm_cache_dtype's (auto: the activations';
+        the layers check that the kernels keep it: f32 or the activations' dtype)."""
         v = self.config.cache_config.mamba_ssm_cache_dtype
-        dt = self.act_dtype if v == "auto" else DTYPE_BY_NAME[v]
-        if dt not in (F32, self.act_dtype):
-            raise ValueError(f"mamba_ssm_cache_dtype {v!r}: the GPU keeps recurrent states in "
-                             f"float32 or in the activations' dtype "
-                             f"({_C.type_info(self.act_dtype)[0]}); use auto or float32")
-        return dt
+        return self.act_dtype if v == "auto" else DTYPE_BY_NAME[v]
 
     def kv_dtype(self) -> int:
         """The KV cache's dtype: kv_cache_dtype's, or the activations' (auto)."""
