@@ -344,8 +344,8 @@ void check_swigluoai_and_mul(const Tensor& out, const Tensor& x, float alpha, fl
 
 // The hybrid mixers' sequence arguments: query_start_loc [B + 1], state_indices and
 // has_initial_state [B], all i32; state a tensor of slots.
-// state: f32, or `also` (the gated delta rule's recurrent state may be kept in its f16 / bf16
-// activations' dtype: vLLM's mamba_ssm_cache_dtype).
+// state: f32, or `also` (the gated delta rule's and Mamba2's recurrent states may be kept in
+// their f16 / bf16 activations' dtype: vLLM's mamba_ssm_cache_dtype).
 void check_state_args(const char* op, const Tensor& state, const Tensor& query_start_loc,
                       const Tensor& state_indices, const Tensor& has_initial_state,
                       const Tensor& spec_state_indices, int64_t rows,
@@ -433,7 +433,8 @@ void check_mamba2_scan(const Tensor& out, const Tensor& ssm_state, const Tensor&
                        const Tensor& spec_state_indices, float dt_min, float dt_max) {
   const char* op = "mamba2_scan";
   check_state_args(op, ssm_state, query_start_loc, state_indices, has_initial_state,
-                   spec_state_indices, x.shape[0]);
+                   spec_state_indices, x.shape[0],
+                   x.dtype == DType::F16 || x.dtype == DType::BF16 ? x.dtype : DType::F32);
   check_ndim(ssm_state, 4, op, "ssm_state");
   const int64_t H = ssm_state.shape[1], P = ssm_state.shape[2], N = ssm_state.shape[3];
   const int64_t T = x.shape[0];

@@ -467,9 +467,10 @@ void gated_delta_rule(const Tensor& out, const Tensor& recurrent_state, const Te
 constexpr int kScanThreads = 256;
 constexpr int kScanRows = 16;  // state rows a block (two a warp)
 
-template <typename T>
+// ST: the state's element type, f32 or T (the gated delta rule's kernel: why).
+template <typename T, typename ST>
 __global__ void mamba2_scan_kernel(T* __restrict__ out, int64_t out_stride,
-                                   float* __restrict__ state, int64_t slots,
+                                   ST* __restrict__ state, int64_t slots,
                                    const T* __restrict__ x, int64_t x_stride,
                                    const T* __restrict__ dt, int64_t dt_stride,
                                    const T* __restrict__ Bm, const T* __restrict__ Cm,
@@ -490,10 +491,10 @@ __global__ void mamba2_scan_kernel(T* __restrict__ out, int64_t out_stride,
   float* xs = S + static_cast<int64_t>(kScanRows) * N;
   float* bs = xs + kScanRows;
   float* cs = bs + N;
-  float* st = state + ((slot * H + h) * static_cast<int64_t>(P) + p0) * N;
+  ST* st = state + ((slot * H + h) * static_cast<int64_t>(P) + p0) * N;
   const bool from_slot = init[s] != 0;
   for (int64_t i = threadIdx.x; i < static_cast<int64_t>(rows) * N; i += blockDim.x)
-    S[i] = from_slot ? st[i] : 0.f;
+    S[i] = from_slot ? to_f32(st[i]) : 0.f;
   const int g = h / (H / G), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int warps = blockDim.x / 32;
   const float A = -expf(A_log[h]), d = Dp[h];
@@ -527,13 +528,14 @@ __global__ void mamba2_scan_kernel(T* __restrict__ out, int64_t out_stride,
     const int64_t saved = spec != nullptr ? spec[t] : -1;  // (the same for the whole block)
     if (saved >= 0 && saved < slots) {
       __syncthreads();  // every row of this token updated
-      float* dst = state + ((saved * H + h) * static_cast<int64_t>(P) + p0) * N;
+      ST* dst = state + ((saved * H + h) * static_cast<int64_t>(P) + p0) * N;
       for (int64_t i = threadIdx.x; i < static_cast<int64_t>(rows) * N; i += blockDim.x)
-        dst[i] = S[i];
+        dst[i] = from_f32<ST>(S[i]);
     }
   }
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < static_cast<int64_t>(rows) * N; i += blockDim.x) st[i] = S[i];
+  for (int64_t i = threadIdx.x; i < static_cast<int64_t>(rows) * N; i += blockDim.x)
+    st[i] = from_f32<ST>(S[i]);
 }
 
 void mamba2_scan(const Tensor& out, const Tensor& ssm_state, const Tensor& x, const Tensor& dt,
@@ -560,18 +562,27 @@ void mamba2_scan(const Tensor& out, const Tensor& ssm_state, const Tensor& x, co
   const size_t smem = (static_cast<size_t>(kScanRows) * N + kScanRows + 2 * N) * sizeof(float);
   VLLMX_CHECK(smem <= 200 * 1024, op, "a state size of " + std::to_string(N) +
                                           " exceeds shared memory");
+  VLLMX_CHECK(ssm_state.dtype == DType::F32 || ssm_state.dtype == x.dtype, op,
+              "ssm_state " + ssm_state.str() + " must be f32 or the activations' dtype");
   if (Bn == 0 || out.shape[0] == 0) return;
   dispatch_float(x.dtype, op, [&](auto e) {
     using T = decltype(e);
-    detail::allow_smem(mamba2_scan_kernel<T>, static_cast<int>(smem));
-    const dim3 grid(H, static_cast<unsigned>(Bn), (P + kScanRows - 1) / kScanRows);
-    launch(mamba2_scan_kernel<T>, grid, kScanThreads, smem,
-           stream(), out.ptr<T>(), out.stride[0], ssm_state.ptr<float>(), ssm_state.shape[0],
-           x.ptr<T>(), x.stride[0], dt.ptr<T>(), dt.stride[0], B.ptr<T>(), C.ptr<T>(),
-           B.stride[0], A_log.ptr<float>(), D.ptr<float>(), dt_bias.ptr<float>(), H, G, P, N,
-           dt_min, dt_max, query_start_loc.ptr<int32_t>(), state_indices.ptr<int32_t>(),
-           has_initial_state.ptr<int32_t>(),
-           spec_state_indices.defined() ? spec_state_indices.ptr<int32_t>() : nullptr);
+    auto go = [&](auto st) {
+      using ST = decltype(st);
+      detail::allow_smem(mamba2_scan_kernel<T, ST>, static_cast<int>(smem));
+      const dim3 grid(H, static_cast<unsigned>(Bn), (P + kScanRows - 1) / kScanRows);
+      launch(mamba2_scan_kernel<T, ST>, grid, kScanThreads, smem,
+             stream(), out.ptr<T>(), out.stride[0], ssm_state.ptr<ST>(), ssm_state.shape[0],
+             x.ptr<T>(), x.stride[0], dt.ptr<T>(), dt.stride[0], B.ptr<T>(), C.ptr<T>(),
+             B.stride[0], A_log.ptr<float>(), D.ptr<float>(), dt_bias.ptr<float>(), H, G, P, N,
+             dt_min, dt_max, query_start_loc.ptr<int32_t>(), state_indices.ptr<int32_t>(),
+             has_initial_state.ptr<int32_t>(),
+             spec_state_indices.defined() ? spec_state_indices.ptr<int32_t>() : nullptr);
+    };
+    if (ssm_state.dtype == DType::F32)
+      go(float{});
+    else if constexpr (!std::is_same_v<T, float>)
+      go(T{});
   });
   check_launch(op);
 }

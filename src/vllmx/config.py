@@ -123,10 +123,10 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.9
     num_blocks: int = 0  # decided at start-up
     enable_prefix_caching: bool = True  # reuse the KV of full blocks shared by prompts (APC)
-    # vLLM's mamba_ssm_cache_dtype: the Gated DeltaNet layers' recurrent states (Qwen3-Next,
-    # Qwen3.5) in float32, or on the GPU in the activations' dtype ("auto", or its name: half
-    # the state's bytes a decode step reads and writes). float32 by default, where vLLM's is
-    # "auto", until the bf16 states are measured on a GPU; Mamba2 layers keep float32.
+    # vLLM's mamba_ssm_cache_dtype: the Gated DeltaNet and Mamba2 layers' recurrent states
+    # (Qwen3-Next, Qwen3.5, Granite-4, Nemotron-H, Falcon-H1) in float32, or on the GPU in the
+    # activations' dtype ("auto", or its name: half the state's bytes a decode step reads and
+    # writes). float32 by default, where vLLM's is "auto", until measured on a GPU.
     mamba_ssm_cache_dtype: str = "float32"  # float32 | auto | bfloat16 | float16
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vllmx import _C, ops
+from vllmx import ops
 from vllmx.device import F32
 from vllmx.layers import placement
 from vllmx.layers.attention import AttentionMetadata
@@ -62,12 +62,7 @@ class GatedDeltaNet:
         self.conv_state = self.recurrent_state = None
         # The mixer ops' f32 parameters where they run (the GPU's states go there too).
         self.on_gpu = placement.current().on_gpu
-        place = placement.current()
-        self.state_dtype = place.ssm_state_dtype  # the recurrent state's
-        if self.on_gpu and self.state_dtype not in (F32, place.dtype):
-            raise ValueError(f"mamba_ssm_cache_dtype {_C.type_info(self.state_dtype)[0]}: the GPU "
-                             f"keeps recurrent states in float32 or in the activations' dtype "
-                             f"({_C.type_info(place.dtype)[0]}); use auto or float32")
+        self.state_dtype = placement.recurrent_state_dtype()
         self.conv_weight, self.A_log, self.dt_bias, self.norm_weight = (
             placement.upload_vector(a, F32) for a in (self.conv_weight, self.A_log,
                                                       self.dt_bias, self.norm_weight))

@@ -61,6 +61,7 @@ class Mamba2Mixer:
         self.conv_state = self.ssm_state = None
         # The mixer ops' f32 parameters where they run (the GPU's states go there too).
         self.on_gpu = placement.current().on_gpu
+        self.state_dtype = placement.recurrent_state_dtype()  # the SSM state's
         self.conv_weight, self.A_log, self.D, self.dt_bias = (
             placement.upload_vector(a, F32) for a in (self.conv_weight, self.A_log, self.D,
                                                       self.dt_bias))
@@ -71,7 +72,8 @@ class Mamba2Mixer:
     def allocate_states(self, num_slots: int) -> None:
         k = self.conv_weight.shape[1]
         self.conv_state = placement.state_zeros((num_slots, self.conv_weight.shape[0], k - 1), self.on_gpu)
-        self.ssm_state = placement.state_zeros((num_slots, self.h, self.p, self.n), self.on_gpu)
+        self.ssm_state = placement.state_zeros((num_slots, self.h, self.p, self.n), self.on_gpu,
+                                               self.state_dtype)
 
     def state_arrays(self) -> list[np.ndarray]:
         """The per-request state this layer updates in place, slot first."""

@@ -20,8 +20,8 @@ from vllmx.pages import off_the_file
 class Placement:
     device: str = "cpu"  # "cpu" | "cuda"
     dtype: int = F32  # activations (and dense weights) on the GPU: BF16 or F16
-    # The Gated DeltaNet layers' recurrent states: F32, or `dtype` on the GPU (vLLM's
-    # mamba_ssm_cache_dtype, resolved by the worker).
+    # The Gated DeltaNet and Mamba2 layers' recurrent states: F32, or `dtype` on the GPU (vLLM's
+    # mamba_ssm_cache_dtype, resolved by the worker; recurrent_state_dtype() checks it).
     ssm_state_dtype: int = F32
 
     @property
@@ -72,6 +72,20 @@ def host_as(a: np.ndarray, dtype: int) -> np.ndarray:
     even): what a device array of that dtype is copied from, or a host weight of it holds."""
     a = np.ascontiguousarray(a, np.float32)
     return _dense_as(Weight.from_numpy(a.reshape(-1, a.shape[-1])), dtype).reshape(a.shape)
+
+
+def recurrent_state_dtype() -> int:
+    """The dtype a mixer built now keeps its recurrent (delta-rule / SSM) state in: F32 on the
+    CPU; on the GPU the placement's ssm_state_dtype, which the kernels take as f32 or the
+    activations' dtype."""
+    p = _current
+    if not p.on_gpu:
+        return F32
+    if p.ssm_state_dtype not in (F32, p.dtype):
+        raise ValueError(f"mamba_ssm_cache_dtype {_C.type_info(p.ssm_state_dtype)[0]}: the GPU "
+                         f"keeps recurrent states in float32 or in the activations' dtype "
+                         f"({_C.type_info(p.dtype)[0]}); use auto or float32")
+    return p.ssm_state_dtype
 
 
 def state_zeros(shape: tuple[int, ...], on_gpu: bool, dtype: int = F32):
