@@ -344,12 +344,12 @@ void check_swigluoai_and_mul(const Tensor& out, const Tensor& x, float alpha, fl
 
 // The hybrid mixers' sequence arguments: query_start_loc [B + 1], state_indices and
 // has_initial_state [B], all i32; state a tensor of slots.
-// state: f32, or `also` (the gated delta rule's and Mamba2's recurrent states may be kept in
-// their f16 / bf16 activations' dtype: vLLM's mamba_ssm_cache_dtype).
+// state: f32, or the activations' f16 / bf16 where act names them (the gated delta rule's and
+// Mamba2's recurrent states: vLLM's mamba_ssm_cache_dtype).
 void check_state_args(const char* op, const Tensor& state, const Tensor& query_start_loc,
                       const Tensor& state_indices, const Tensor& has_initial_state,
                       const Tensor& spec_state_indices, int64_t rows,
-                      DType also = DType::F32) {
+                      DType act = DType::F32) {
   for (const auto& [t, name] : {std::pair{&query_start_loc, "query_start_loc"},
                                 std::pair{&state_indices, "state_indices"},
                                 std::pair{&has_initial_state, "has_initial_state"}}) {
@@ -360,7 +360,8 @@ void check_state_args(const char* op, const Tensor& state, const Tensor& query_s
   VLLMX_CHECK(query_start_loc.shape[0] == B + 1 && has_initial_state.shape[0] == B, op,
               "query_start_loc " + query_start_loc.str() + " must have len(state_indices) + 1 "
               "entries and has_initial_state " + has_initial_state.str() + " one a sequence");
-  if (state.dtype != also) check_dtype(state, DType::F32, op, "state");
+  if (state.dtype != act || (act != DType::F16 && act != DType::BF16))
+    check_dtype(state, DType::F32, op, "state");
   VLLMX_CHECK(state.is_contiguous(), op, "state " + state.str() + " must be contiguous");
   if (spec_state_indices.defined()) {
     check_dtype(spec_state_indices, DType::I32, op, "spec_state_indices");
@@ -402,8 +403,7 @@ void check_gated_delta_rule(const Tensor& out, const Tensor& recurrent_state, co
                             const Tensor& has_initial_state, const Tensor& spec_state_indices) {
   const char* op = "gated_delta_rule";
   check_state_args(op, recurrent_state, query_start_loc, state_indices, has_initial_state,
-                   spec_state_indices, q.shape[0],
-                   q.dtype == DType::F16 || q.dtype == DType::BF16 ? q.dtype : DType::F32);
+                   spec_state_indices, q.shape[0], q.dtype);
   check_ndim(recurrent_state, 4, op, "recurrent_state");
   const int64_t hv = recurrent_state.shape[1], dk = recurrent_state.shape[2];
   const int64_t dv = recurrent_state.shape[3], T = q.shape[0];
@@ -433,8 +433,7 @@ void check_mamba2_scan(const Tensor& out, const Tensor& ssm_state, const Tensor&
                        const Tensor& spec_state_indices, float dt_min, float dt_max) {
   const char* op = "mamba2_scan";
   check_state_args(op, ssm_state, query_start_loc, state_indices, has_initial_state,
-                   spec_state_indices, x.shape[0],
-                   x.dtype == DType::F16 || x.dtype == DType::BF16 ? x.dtype : DType::F32);
+                   spec_state_indices, x.shape[0], x.dtype);
   check_ndim(ssm_state, 4, op, "ssm_state");
   const int64_t H = ssm_state.shape[1], P = ssm_state.shape[2], N = ssm_state.shape[3];
   const int64_t T = x.shape[0];

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "runtime.h"
 #include "core/tensor.h"
@@ -146,6 +147,16 @@ void dispatch_float(DType d, const char* op, F&& f) {
     case DType::BF16: f(__nv_bfloat16{}); break;
     default: fail(op, std::string("unsupported dtype ") + dtype_name(d));
   }
+}
+
+// Calls f(ST{}) with ST a hybrid mixer's state element type: f32, or the activations' T (the
+// ops' contract, check_state_args in csrc/ops.cpp, allows no other).
+template <typename T, typename F>
+void dispatch_state(DType state, F&& f) {
+  if (state == DType::F32)
+    f(float{});
+  else if constexpr (!std::is_same_v<T, float>)
+    f(T{});
 }
 
 // softplus(x) = log(1 + e^x), x itself past 20 (torch's threshold): the hybrid mixers' dt.

@@ -351,10 +351,7 @@ bool gated_delta_rule_chunked(const Tensor& out, const Tensor& recurrent_state, 
                static_cast<int>(q.shape[1] / dk), dk, dv, query_start_loc.ptr<int32_t>(),
                state_indices.ptr<int32_t>(), has_initial_state.ptr<int32_t>());
       };
-      if (recurrent_state.dtype == DType::F32)
-        go(float{});
-      else
-        go(T_{});  // (gated_delta_rule checked it is f32 or the activations' dtype)
+      dispatch_state<T_>(recurrent_state.dtype, go);
     }
   });
   return true;

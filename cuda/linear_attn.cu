@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
-#include <type_traits>
 
 #include "core/op_table.h"
 #include "cuda_ops.h"
@@ -419,9 +418,6 @@ void gated_delta_rule(const Tensor& out, const Tensor& recurrent_state, const Te
   VLLMX_CHECK(dk >= 1 && dk <= kGdnMaxDk, op,
               "a key head size of " + std::to_string(dk) + " (the CUDA kernel keeps a state "
               "column of at most " + std::to_string(kGdnMaxDk) + " rows in registers)");
-  VLLMX_CHECK(recurrent_state.dtype == DType::F32 || recurrent_state.dtype == q.dtype, op,
-              "recurrent_state " + recurrent_state.str() + " must be f32 or the activations' " +
-                  "dtype");
   if (B == 0 || out.shape[0] == 0) return;
   const bool chunked = !spec_state_indices.defined() &&
                        gated_delta_rule_chunked(out, recurrent_state, q, k, v, a, b, A_log,
@@ -450,10 +446,7 @@ void gated_delta_rule(const Tensor& out, const Tensor& recurrent_state, const Te
       else
         go(gated_delta_rule_kernel<T, ST, 0>, st);
     };
-    if (recurrent_state.dtype == DType::F32)
-      by_dk(float{});
-    else if constexpr (!std::is_same_v<T, float>)
-      by_dk(T{});
+    dispatch_state<T>(recurrent_state.dtype, by_dk);
   });
   check_launch(op);
 }
@@ -562,8 +555,6 @@ void mamba2_scan(const Tensor& out, const Tensor& ssm_state, const Tensor& x, co
   const size_t smem = (static_cast<size_t>(kScanRows) * N + kScanRows + 2 * N) * sizeof(float);
   VLLMX_CHECK(smem <= 200 * 1024, op, "a state size of " + std::to_string(N) +
                                           " exceeds shared memory");
-  VLLMX_CHECK(ssm_state.dtype == DType::F32 || ssm_state.dtype == x.dtype, op,
-              "ssm_state " + ssm_state.str() + " must be f32 or the activations' dtype");
   if (Bn == 0 || out.shape[0] == 0) return;
   dispatch_float(x.dtype, op, [&](auto e) {
     using T = decltype(e);
@@ -579,10 +570,7 @@ void mamba2_scan(const Tensor& out, const Tensor& ssm_state, const Tensor& x, co
              has_initial_state.ptr<int32_t>(),
              spec_state_indices.defined() ? spec_state_indices.ptr<int32_t>() : nullptr);
     };
-    if (ssm_state.dtype == DType::F32)
-      go(float{});
-    else if constexpr (!std::is_same_v<T, float>)
-      go(T{});
+    dispatch_state<T>(ssm_state.dtype, go);
   });
   check_launch(op);
 }

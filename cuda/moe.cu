@@ -32,9 +32,8 @@ __device__ __forceinline__ bool beats(Best a, Best b) {
 }
 
 // The block's best (value, id) pair.
-template <int kBlock = kThreads>
 __device__ Best block_best(Best b) {
-  return block_reduce<kBlock>(b, [](Best x, Best y) { return beats(y, x) ? y : x; });
+  return block_reduce<kThreads>(b, [](Best x, Best y) { return beats(y, x) ? y : x; });
 }
 
 __device__ __forceinline__ Best warp_best(Best b) {

@@ -109,6 +109,9 @@ def parse_hf_overrides(value: dict | str | None) -> dict[str, Any]:
     return {} if value is None else json_dict(value, "hf_overrides")
 
 
+MAMBA_SSM_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
 @dataclass
 class CacheConfig:
     block_size: int = 16
@@ -127,7 +130,7 @@ class CacheConfig:
     # (Qwen3-Next, Qwen3.5, Granite-4, Nemotron-H, Falcon-H1) in float32, or on the GPU in the
     # activations' dtype ("auto", or its name: half the state's bytes a decode step reads and
     # writes). float32 by default, where vLLM's is "auto", until measured on a GPU.
-    mamba_ssm_cache_dtype: str = "float32"  # float32 | auto | bfloat16 | float16
+    mamba_ssm_cache_dtype: str = "float32"  # one of MAMBA_SSM_CACHE_DTYPES
 
 
 @dataclass

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 
-from vllmx.config import FINGERPRINT_MODES, LOAD_FORMATS
+from vllmx.config import FINGERPRINT_MODES, LOAD_FORMATS, MAMBA_SSM_CACHE_DTYPES
 
 logger = logging.getLogger("vllmx")
 
@@ -63,9 +63,8 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument("--kv-cache-memory-bytes", type=_memory_bytes, default=None,
                    help="KV cache size, e.g. 2G (default: a share of RAM)")
-    p.add_argument("--mamba-ssm-cache-dtype", default=None,
-                   choices=["auto", "float32", "bfloat16", "float16"],
-                   help="Gated DeltaNet recurrent states' dtype (vLLM's flag; default float32; "
+    p.add_argument("--mamba-ssm-cache-dtype", default=None, choices=MAMBA_SSM_CACHE_DTYPES,
+                   help="hybrid models' recurrent states' dtype (vLLM's flag; default float32; "
                         "auto: the activations', on the GPU)")
     p.add_argument("--speculative-config", default=None,
                    help="speculative decoding, vLLM's JSON, e.g. "

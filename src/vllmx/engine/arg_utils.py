@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from vllmx.config import (
     LOAD_FORMATS,
+    MAMBA_SSM_CACHE_DTYPES,
     CacheConfig,
     DeviceConfig,
     LoRAConfig,
@@ -114,9 +115,9 @@ class EngineArgs:
         if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in DTYPE_BY_NAME:
             raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of auto, "
                              f"{', '.join(DTYPE_BY_NAME)}")
-        if self.mamba_ssm_cache_dtype not in ("auto", "float32", "bfloat16", "float16"):
+        if self.mamba_ssm_cache_dtype not in MAMBA_SSM_CACHE_DTYPES:
             raise ValueError(f"mamba_ssm_cache_dtype {self.mamba_ssm_cache_dtype!r} is not one "
-                             f"of auto, float32, bfloat16, float16")
+                             f"of {', '.join(MAMBA_SSM_CACHE_DTYPES)}")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got "
                              f"{self.scheduling_policy!r}")

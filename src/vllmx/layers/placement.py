@@ -89,15 +89,12 @@ def recurrent_state_dtype() -> int:
 
 
 def state_zeros(shape: tuple[int, ...], on_gpu: bool, dtype: int = F32):
-    """A hybrid mixer's per-request state, zeros (f32, or on the GPU `dtype`): a device array on
-    the GPU, else f32 host pages committed as slots are first written."""
+    """A hybrid mixer's per-request state, zeros: a device array of `dtype` on the GPU, else
+    f32 host pages committed as slots are first written (recurrent_state_dtype: the CPU's is
+    f32)."""
     from vllmx.pages import lazy_zeros
 
-    if on_gpu:
-        return DeviceArray.zeros(shape, dtype)
-    if dtype != F32:
-        raise ValueError("the CPU keeps hybrid models' states in float32")
-    return lazy_zeros(shape, np.float32)
+    return DeviceArray.zeros(shape, dtype) if on_gpu else lazy_zeros(shape, np.float32)
 
 
 def upload_weight(w: Weight | DeviceArray, name: str = "weight") -> Weight | DeviceArray:

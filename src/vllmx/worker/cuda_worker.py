@@ -135,8 +135,8 @@ class CudaWorker(WorkerBase):
         self.report.parts.append(f"weights {self.weight_bytes / 2**30:.2f} GiB")
 
     def ssm_state_dtype(self) -> int:
-        """The Gated DeltaNet states' dtype: mamba_ssm_cache_dtype's (auto: the activations';
-        the layers check that the kernels keep it: f32 or the activations' dtype)."""
+        """The hybrid mixers' recurrent states' dtype: mamba_ssm_cache_dtype's (auto: the
+        activations'; placement.recurrent_state_dtype checks that the kernels keep it)."""
         v = self.config.cache_config.mamba_ssm_cache_dtype
         return self.act_dtype if v == "auto" else DTYPE_BY_NAME[v]
 
