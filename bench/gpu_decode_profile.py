@@ -54,6 +54,17 @@ def short(name: str) -> str:
     return name.split("::")[-1][:48]
 
 
+def trace_kernels(prof, out_dir: str) -> list[dict]:
+    """The GPU events (kernels, copies, memsets) of a torch.profiler trace, in time order."""
+    path = os.path.join(out_dir, "trace.json")
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    os.remove(path)
+    return sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+                  key=lambda e: e["ts"])
+
+
 def kernel_summary(prof, reps: int, layers: int, out_dir: str) -> dict:
     """The last of `reps` identical repetitions in a torch.profiler trace: its kernels grouped by
     name (count, time, gaps before them, and the time each adds to the step), printed and
@@ -61,12 +72,7 @@ def kernel_summary(prof, reps: int, layers: int, out_dir: str) -> dict:
     predecessor runs and waits inside, so its traced time overstates it; what it adds, the
     time from the last end before it to its own end, is what to read (these add up to the
     span; a kernel that ends before its predecessor adds 0)."""
-    path = os.path.join(out_dir, "trace.json")
-    prof.export_chrome_trace(path)
-    with open(path) as f:
-        events = json.load(f)["traceEvents"]
-    kernels = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
-                     key=lambda e: e["ts"])
+    kernels = trace_kernels(prof, out_dir)
     per_step = len(kernels) // reps
     step = kernels[-per_step:]  # the last repetition
     rows: dict[str, list] = {}
@@ -99,17 +105,11 @@ def kernel_summary(prof, reps: int, layers: int, out_dir: str) -> dict:
 
 def kernel_totals(prof, out_dir: str) -> dict[str, list]:
     """{kernel name: [count, us]} over a torch.profiler trace."""
-    path = os.path.join(out_dir, "trace.json")
-    prof.export_chrome_trace(path)
-    with open(path) as f:
-        events = json.load(f)["traceEvents"]
     rows: dict[str, list] = {}
-    for e in events:
-        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
-            r = rows.setdefault(short(e["name"]), [0, 0.0])
-            r[0] += 1
-            r[1] += e["dur"]
-    os.remove(path)
+    for e in trace_kernels(prof, out_dir):
+        r = rows.setdefault(short(e["name"]), [0, 0.0])
+        r[0] += 1
+        r[1] += e["dur"]
     return rows
 
 
