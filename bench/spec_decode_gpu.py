@@ -101,12 +101,12 @@ def vllmx_engine(model: str, args, spec, dtype="auto"):
                kv_cache_memory_bytes=2 << 30, speculative_config=spec, dtype=dtype)
 
 
-def vllmx_generate(llm):
+def vllmx_generate(llm, ignore_eos: bool = False):
     """run(batch of prompt ids, new tokens) -> each prompt's output ids, greedy."""
     from vllmx import SamplingParams
 
     def run(batch, new):
-        sp = SamplingParams(temperature=0, max_tokens=new)
+        sp = SamplingParams(temperature=0, max_tokens=new, ignore_eos=ignore_eos)
         outs = llm.generate([{"prompt_token_ids": x} for x in batch], sp, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outs]
     return run
@@ -123,18 +123,17 @@ def vllmx_copy_worker(args) -> dict:
     def engine(spec, dtype="auto"):
         return vllmx_engine(args.path, args, spec, dtype)
 
-    generate = vllmx_generate
     plain, specd = engine(None), engine(ngram_config(args.k))
     prompts = chat_prompts(plain, tokenize=True)
-    base = timed_runs(generate(plain), prompts, args.max_tokens, args.repeats)
-    spec = timed_runs(generate(specd), prompts, args.max_tokens, args.repeats)
+    base = timed_runs(vllmx_generate(plain), prompts, args.max_tokens, args.repeats)
+    spec = timed_runs(vllmx_generate(specd), prompts, args.max_tokens, args.repeats)
     st = specd.llm_engine.scheduler.make_stats()
     del plain, specd
     # bf16 on the GPU is not batch invariant (a 5-row verify step runs the skinny GEMM where a
     # 1-row decode step runs the GEMV), so a near tie can round the other way with drafts: how
     # many prompts agree is reported, as for vLLM. The f32 kernels are batch invariant: there
     # the outputs must be the same (checked).
-    f32 = {name: timed_runs(generate(engine(s, "float32")), prompts, args.max_tokens, 1)
+    f32 = {name: timed_runs(vllmx_generate(engine(s, "float32")), prompts, args.max_tokens, 1)
            for name, s in (("none", None), ("ngram", ngram_config(args.k)))}
     for c in f32["none"]:
         if f32["ngram"][c][1] != f32["none"][c][1]:
@@ -270,7 +269,7 @@ def eagle3_head(path: str, target_cfg: dict, seed: int = 0) -> str:
 def vllmx_accept0_worker(args) -> dict:
     import numpy as np
 
-    from vllmx import LLM, SamplingParams
+    from vllmx import LLM
 
     with open(os.path.join(args.path, "config.json")) as f:
         cfg = json.load(f)
@@ -287,13 +286,8 @@ def vllmx_accept0_worker(args) -> dict:
     results = {}
     for name, s in (("none", None), ("eagle3", spec)):
         llm = engine(s)
-
-        def run(batch, new, llm=llm):
-            sp = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
-            outs = llm.generate([{"prompt_token_ids": x} for x in batch], sp, use_tqdm=False)
-            return [list(o.outputs[0].token_ids) for o in outs]
-
-        results[name] = summarize(timed_runs(run, prompts, args.max_tokens, args.repeats))
+        results[name] = summarize(timed_runs(vllmx_generate(llm, ignore_eos=True), prompts,
+                                             args.max_tokens, args.repeats))
         if s is not None:
             st = llm.llm_engine.scheduler.make_stats()
             results["acceptance"] = (st.spec_decode_num_accepted_tokens
