@@ -11,8 +11,13 @@ one sequence at a time). vllmx's outputs with speculation must equal its outputs
     python bench/spec_decode_cpu.py [--model PATH_OR_ALIAS] [--threads 2] [--k 4] [--repeats 3]
 
 --draft PATH runs vLLM's draft_model method instead (PATH drafting for --model, e.g. the Q4_1
-file for an F16 copy made by `vllmx quantize --type F16`), vllmx with and without it only
-(llama.cpp's draft-model decoding is not driven here yet).
+file for an F16 copy made by `vllmx quantize --type F16`), against llama.cpp's draft-model
+decoding with --llama-bin (llama-cpp-python has none of its own).
+
+--llama-bin DIR adds llama.cpp's own C++ examples on the same files and threads (built with
+-DLLAMA_BUILD_EXAMPLES=ON, bench/llamacpp_examples.py): llama-lookup with k drafts (ngram) or
+llama-speculative-simple with the draft (--draft), and llama-lookup with none (plain decoding),
+at concurrency 1, the chat-templated prompts as text, timed by their own timers.
 
 --structured: the workload copies JSON records from its prompts under a JSON schema (structured
 outputs: the drafts cut where the grammar stops allowing them, each verify row masked or
@@ -32,6 +37,7 @@ import statistics
 import time
 
 from cpu_vs_llamacpp_lib import cpu_name, git_commit, write_result
+from llamacpp_examples import llamacpp_spec
 
 PARAGRAPH = ("The quick brown fox jumps over the lazy dog while the farmer watches from the "
              "porch. In the afternoon the clouds gathered over the hills and the wind began to "
@@ -133,6 +139,8 @@ def main() -> None:
                     help="copy JSON records under a JSON schema (vllmx only)")
     ap.add_argument("--accept0", action="store_true",
                     help="random drafts: the cost of speculation at acceptance 0 (vllmx only)")
+    ap.add_argument("--llama-bin", default=None,
+                    help="the folder of llama.cpp's llama-lookup / llama-speculative-simple")
     args = ap.parse_args()
     only_vllmx = args.draft or args.structured or args.accept0
 
@@ -156,9 +164,9 @@ def main() -> None:
         specd.llm_engine.model_runner.drafter.propose_batch = lambda seqs: {
             r: rng.integers(0, vocab, args.k).tolist() for r in seqs}
     tok = base.get_tokenizer()
-    prompts = [tok.apply_chat_template([{"role": "user", "content": t}], tokenize=True,
-                                       add_generation_prompt=True)
-               for t in (JSON_TASKS if args.structured else TASKS)]
+    chats = [[{"role": "user", "content": t}] for t in (JSON_TASKS if args.structured else TASKS)]
+    prompts = [tok.apply_chat_template(c, tokenize=True, add_generation_prompt=True)
+               for c in chats]
     kw = dict(n_ctx=2048, n_batch=512, n_threads=args.threads, n_threads_batch=args.threads,
               flash_attn=True, verbose=False)
     plain_cpp = llama_cpp.Llama(model, **kw)
@@ -205,6 +213,16 @@ def main() -> None:
                          "tok_s": n / statistics.median(ts)}
         print(f"{name:22s} {results[name]['tok_s']:8.1f} tok/s  ({n} tokens, median of "
               f"{args.repeats})")
+    examples = {}
+    if args.llama_bin and not (args.structured or args.accept0):
+        texts = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
+                 for c in chats]
+        for name, k in (("none", 0), (m, args.k)):
+            examples[name] = llamacpp_spec(args.llama_bin, model, texts, args.max_tokens, k,
+                                           args.repeats, draft=spec.get("model") if k else None,
+                                           threads=args.threads, ngl=0)
+            print(f"llama.cpp example {name:8s} {examples[name]['tok_s']:8.1f} tok/s  "
+                  f"({examples[name]['tokens']} tokens, median of {args.repeats})")
     st = specd.llm_engine.scheduler.make_stats()
     acceptance = st.spec_decode_num_accepted_tokens / max(1, st.spec_decode_num_draft_tokens)
     r = {k: v["tok_s"] for k, v in results.items()}
@@ -215,14 +233,19 @@ def main() -> None:
         ratios["llama.cpp lookup vs none, c1"] = r["llama.cpp+lookup c1"] / r["llama.cpp c1"]
     if "llama.cpp c1" in r:
         ratios[f"vllmx+{m} vs llama.cpp, c1"] = r[f"vllmx+{m} c1"] / r["llama.cpp c1"]
+    if examples:
+        ex = {k: v["tok_s"] for k, v in examples.items()}
+        ratios[f"vllmx+{m} vs llama.cpp example {m}, c1"] = r[f"vllmx+{m} c1"] / ex[m]
+        ratios[f"llama.cpp example {m} vs none"] = ex[m] / ex["none"]
+        ratios["vllmx vs llama.cpp example, no speculation, c1"] = r["vllmx c1"] / ex["none"]
     for k, v in ratios.items():
-        print(f"{k:32s} {v:5.2f}x")
+        print(f"{k:48s} {v:5.2f}x")
     print(f"draft acceptance {acceptance:.2f}")
     out = {"model": os.path.basename(model), "threads": args.threads, "cpu": cpu_name(),
            "vllmx": __version__, "llama_cpp_python": llama_cpp.__version__,
            "commit": git_commit(), "speculative_config": spec, "max_tokens": args.max_tokens,
            "repeats": args.repeats, "structured": args.structured, "accept0": args.accept0,
-           "results": results,
+           "results": results, "llama.cpp examples": examples,
            "ratios": ratios, "failed": failed,
            "acceptance": acceptance}
     name = os.path.basename(model) + (f"_draft_{os.path.basename(args.draft)}" if args.draft

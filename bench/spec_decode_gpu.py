@@ -45,6 +45,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_vs_vllm import write_config
+from llamacpp_examples import llamacpp_spec
 from peer_process import engine_env, worker_result
 from spec_decode_cpu import TASKS
 
@@ -165,41 +166,6 @@ def vllmx_gguf_worker(args) -> dict:
         out["prompt_tokens"] = sum(map(len, prompts))
         del llm
     return out
-
-
-def llamacpp_lookup(binary: str, gguf: str, texts: list[str], max_tokens: int, k: int,
-                    repeats: int) -> dict:
-    """llama-lookup over the prompts one after another, k drafts (0: plain decoding): new
-    tokens over its encode + decode seconds, the median of repeats; its acceptance."""
-    import re
-    import subprocess
-
-    timer = re.compile(r"(encoded|decoded)\s+(\d+) tokens in\s+([\d.]+) seconds")
-    accept = re.compile(r"n_accept\s+=\s+(\d+)")
-    drafted = re.compile(r"n_drafted\s+=\s+(\d+)")
-    runs, acc = [], [0, 0]
-    for _ in range(repeats):
-        tokens = prompt_tokens = 0
-        seconds = 0.0
-        for text in texts:
-            p = subprocess.run([binary, "-m", gguf, "-p", text, "-n", str(max_tokens),
-                                "--spec-draft-n-max", str(k), "-ngl", "99", "--temp", "0",
-                                "-c", "2048"], capture_output=True, text=True, timeout=300,
-                               check=False)
-            log = p.stdout + p.stderr
-            found = {m[0]: (int(m[1]), float(m[2])) for m in timer.findall(log)}
-            if p.returncode != 0 or set(found) != {"encoded", "decoded"}:
-                raise RuntimeError(f"llama-lookup failed (rc {p.returncode}): {log[-2000:]}")
-            prompt_tokens += found["encoded"][0]
-            tokens += found["decoded"][0]
-            seconds += found["encoded"][1] + found["decoded"][1]
-            for m, i in ((accept.search(log), 0), (drafted.search(log), 1)):
-                acc[i] += int(m[1]) if m else 0
-        runs.append((seconds, tokens, prompt_tokens))
-    seconds, tokens, prompt_tokens = sorted(runs)[len(runs) // 2]
-    return {"seconds": seconds, "tokens": tokens, "tok_s": tokens / seconds,
-            "prompt_tokens": prompt_tokens,
-            **({"acceptance": acc[0] / max(1, acc[1])} if k else {})}
 
 
 def vllm_copy_worker(args) -> dict:
@@ -392,9 +358,9 @@ def main() -> None:
         x = run_worker("vllmx-gguf", args, gguf=gguf)
         lc = report["llamacpp"] = {"vllmx": x}
         if "texts" in x:
-            binary, texts = os.path.join(args.llama_bin, "llama-lookup"), x.pop("texts")
-            lc["llama.cpp"] = {name: llamacpp_lookup(binary, gguf, texts, args.max_tokens, k,
-                                                     args.repeats)
+            texts = x.pop("texts")
+            lc["llama.cpp"] = {name: llamacpp_spec(args.llama_bin, gguf, texts, args.max_tokens,
+                                                   k, args.repeats)
                                for name, k in (("none", 0), ("lookup", args.k))}
             ln, ll = lc["llama.cpp"]["none"], lc["llama.cpp"]["lookup"]
             report["llamacpp_ratios"] = {
