@@ -85,3 +85,43 @@ def test_hidden_state_drafters(kind, tmp_path_factory):
     ckpts = make_eagle_checkpoints(str(tmp_path_factory.mktemp("eagle-async")))
     target, spec = spec_cfg(ckpts, kind)
     check_greedy_unchanged(target, spec, kind == "aligned", **ASYNC)
+
+
+def test_stop_strings_finish_behind_the_next_step(smollm2_gguf):
+    """A step with drafts is taken into the scheduler before the next is scheduled, and its
+    outputs (detokenized, stop strings checked) are formed while that next step runs: a stop
+    string then finishes a request the launched step still holds. Its text, tokens and stop
+    reason are those of synchronous steps without speculation, and no KV block is lost."""
+    from vllmx import LLM, SamplingParams
+
+    texts = ["Repeat exactly: the cat sat on the mat, the cat sat on the mat, the dog ran.",
+             "Print this list twice: apple, pear, plum, fig, kiwi, lime.",
+             "Copy this sentence: green leaves fall slowly in the cold autumn wind.",
+             "Write the numbers one two three four five six seven eight nine ten."]
+    ps = [{"prompt": t} for t in texts]
+    plain = LLM(smollm2_gguf, max_model_len=512)
+    free = [o.outputs[0].text for o in plain.generate(
+        ps, SamplingParams(temperature=0, max_tokens=48), use_tqdm=False)]
+    # Each stop string a word from the middle of that prompt's free answer (or none).
+    stops = [[w] if (w := t.split()[len(t.split()) // 2] if len(t.split()) > 4 else "") else []
+             for t in free]
+    sps = [SamplingParams(temperature=0, max_tokens=48, stop=s) for s in stops]
+
+    def rows(outs):
+        return [(o.outputs[0].text, list(o.outputs[0].token_ids), o.outputs[0].finish_reason,
+                 o.outputs[0].stop_reason) for o in outs]
+
+    want = rows(plain.generate(ps, sps, use_tqdm=False))
+    del plain
+    assert sum(r[2] == "stop" and r[3] is not None for r in want) >= 2, want
+    spec = LLM(smollm2_gguf, max_model_len=512, async_scheduling=True,
+               speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+                                   "prompt_lookup_min": 1})
+    for batch in (ps, ps[:1], ps[1:2]):  # together, and one request alone
+        n = len(batch)
+        got = rows(spec.generate(batch, sps[:n] if n > 1 else
+                                 [sps[ps.index(batch[0])]], use_tqdm=False))
+        assert got == [want[ps.index(p)] for p in batch]
+    st = spec.llm_engine.scheduler
+    assert st.make_stats().spec_decode_num_drafts > 0
+    assert st.kv_cache_manager.num_free_blocks == spec.llm_engine.config.cache_config.num_blocks

@@ -322,11 +322,15 @@ class LLMEngine:
         asynchronous scheduling it launches the step, then finishes the one launched before
         (whose outputs it returns), so the GPU runs this step while the host takes the last
         one's tokens, checks stops and forms outputs."""
-        outputs = []
+        taken = None
         if self._in_flight is not None and self._in_flight[1].may_draft():
-            outputs = self._finish_in_flight()  # its drafts go into the step scheduled next
+            # Its tokens and drafts go into the scheduler before the step it drafts for is
+            # scheduled; its outputs (detokenizing, stop strings) are formed once that step
+            # runs, as for a step finished behind the next one.
+            taken = self._take(*self._pop_in_flight())
         so = self.scheduler.schedule()
         if so.total_num_scheduled_tokens == 0:
+            outputs = self._outputs(*taken) if taken else []
             if self._in_flight is not None:
                 return outputs + self._finish_in_flight()
             if (not outputs and self.scheduler.has_unfinished_requests()
@@ -342,19 +346,31 @@ class LLMEngine:
         # Launched before the host has the tokens of the step in flight (the runner takes
         # them where they were sampled), which then finishes while this one runs.
         launched = (so, self.model_runner.execute_model(so, non_block=True))
+        outputs = self._outputs(*taken) if taken else []
         if self._in_flight is not None:
-            outputs = self._finish_in_flight()
+            outputs += self._finish_in_flight()
         self._in_flight = launched
         return outputs
 
-    def _finish_in_flight(self) -> list[RequestOutput]:
+    def _pop_in_flight(self):
         so, pending = self._in_flight
         self._in_flight = None
-        return self._process(so, pending.get_output())
+        return so, pending.get_output()
+
+    def _finish_in_flight(self) -> list[RequestOutput]:
+        return self._process(*self._pop_in_flight())
 
     def _process(self, so, runner_out) -> list[RequestOutput]:
         """A finished step's tokens into the scheduler (stops, blocks) and the outputs."""
-        updated = self.scheduler.update_from_output(so, runner_out)
+        return self._outputs(*self._take(so, runner_out))
+
+    def _take(self, so, runner_out) -> tuple[list[Request], object]:
+        """A finished step's tokens into the scheduler: the requests it advanced."""
+        return self.scheduler.update_from_output(so, runner_out), runner_out
+
+    def _outputs(self, updated: list[Request], runner_out) -> list[RequestOutput]:
+        """The advanced requests' outputs: detokenized, stop strings checked (a stop finishes
+        its request), metrics."""
         outputs = []
         now = time.time()
         for req in updated:
