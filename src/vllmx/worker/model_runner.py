@@ -318,7 +318,8 @@ class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
         # launched before this one's tokens are back. (With drafts, what is accepted decides.)
         random = smd.temperature > 0
         after = smd.rng_state.copy()
-        after[random] = advance_rng_states(after[random])
+        if random.any():  # (an all-greedy step, speculation's usual one, skips the numpy work)
+            after[random] = advance_rng_states(after[random])
         sample_rows, i = {}, 0
         for state in states:
             sample_rows[state.req_id] = i
