@@ -471,6 +471,56 @@ void check_rms_norm_gated(const Tensor& out, const Tensor& x, const Tensor& z, c
   VLLMX_CHECK(eps >= 0 && std::isfinite(eps), op, "eps must be finite and >= 0");
 }
 
+void check_per_token_group_quant_fp8(const Tensor& out_q, const Tensor& out_s, const Tensor& x) {
+  const char* op = "per_token_group_quant_fp8";
+  check_ndim(x, 2, op, "x");
+  VLLMX_CHECK(x.dtype == DType::F32 || x.dtype == DType::F16 || x.dtype == DType::BF16, op,
+              "x must be f32, f16 or bf16, got " + x.str());
+  const int64_t T = x.shape[0], K = x.shape[1];
+  VLLMX_CHECK(K % 128 == 0, op, "x " + x.str() + ": K must be whole groups of 128");
+  VLLMX_CHECK(x.stride[1] == 1, op, "x's rows must be contiguous");
+  check_dtype(out_q, DType::F8_E4M3, op, "out_q");
+  VLLMX_CHECK(out_q.ndim == 2 && out_q.shape[0] == T && out_q.shape[1] == K &&
+                  out_q.stride[1] == 1,
+              op, "out_q " + out_q.str() + " must be [T, K] like x " + x.str() + ", rows contiguous");
+  check_dtype(out_s, DType::F32, op, "out_s");
+  VLLMX_CHECK(out_s.ndim == 2 && out_s.shape[0] == K / 128 && out_s.shape[1] == T &&
+                  out_s.is_contiguous(),
+              op, "out_s " + out_s.str() + " must be a contiguous [K / 128, T] = [" +
+                      std::to_string(K / 128) + ", " + std::to_string(T) + "]");
+}
+
+void check_scaled_mm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& a_s,
+                     const Tensor& b_s, const Tensor& bias) {
+  const char* op = "scaled_mm";
+  check_dtype(a, DType::F8_E4M3, op, "a");
+  check_dtype(b, DType::F8_E4M3, op, "b");
+  check_ndim(a, 2, op, "a");
+  check_ndim(b, 2, op, "b");
+  const int64_t T = a.shape[0], K = a.shape[1], N = b.shape[0];
+  VLLMX_CHECK(b.shape[1] == K && K % 128 == 0, op,
+              "a " + a.str() + " and b " + b.str() + " must share K, whole groups of 128");
+  VLLMX_CHECK(a.stride[1] == 1 && b.stride[1] == 1, op, "a's and b's rows must be contiguous");
+  for (const Tensor* s : {&a_s, &b_s}) {
+    check_dtype(*s, DType::F32, op, s == &a_s ? "a_s" : "b_s");
+    const int64_t rows = s == &a_s ? T : N;
+    VLLMX_CHECK(s->ndim == 2 && s->shape[0] == K / 128 && s->shape[1] == rows &&
+                    s->is_contiguous(),
+                op, std::string(s == &a_s ? "a_s " : "b_s ") + s->str() +
+                        " must be a contiguous [K / 128, " + (s == &a_s ? "T" : "N") + "] = [" +
+                        std::to_string(K / 128) + ", " + std::to_string(rows) + "]");
+  }
+  VLLMX_CHECK(out.dtype == DType::F32 || out.dtype == DType::F16 || out.dtype == DType::BF16, op,
+              "out must be f32, f16 or bf16, got " + out.str());
+  VLLMX_CHECK(out.ndim == 2 && out.shape[0] == T && out.shape[1] == N && out.stride[1] == 1, op,
+              "out " + out.str() + " must be [T, N] = [" + std::to_string(T) + ", " +
+                  std::to_string(N) + "], rows contiguous");
+  VLLMX_CHECK(!bias.defined() || (bias.dtype == out.dtype && bias.ndim == 1 &&
+                                   bias.shape[0] == N && bias.stride[0] == 1),
+              op, "bias " + bias.str() + " must be out's dtype, [N] = [" + std::to_string(N) +
+                      "], contiguous");
+}
+
 void check_sigmoid_gate(const Tensor& x, const Tensor& gate) {
   const char* op = "sigmoid_gate";
   check_ndim(x, 2, op, "x");
@@ -678,6 +728,8 @@ VLLMX_OP_CHECK(gated_delta_rule, check_gated_delta_rule);
 VLLMX_OP_CHECK(rms_norm_gated, check_rms_norm_gated);
 VLLMX_OP_CHECK(mamba2_scan, check_mamba2_scan);
 VLLMX_OP_CHECK(sigmoid_gate, check_sigmoid_gate);
+VLLMX_OP_CHECK(per_token_group_quant_fp8, check_per_token_group_quant_fp8);
+VLLMX_OP_CHECK(scaled_mm, check_scaled_mm);
 VLLMX_OP_CHECK(swigluoai_and_mul, check_swigluoai_and_mul);
 VLLMX_OP_CHECK(relu2, check_relu2);
 VLLMX_OP_CHECK(add_lora_linear, check_add_lora_linear);

@@ -47,6 +47,26 @@ void sm90_gemm(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
 void sm90_gemm_swapped(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
 void sm90_gemm_swapped_narrow(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
 
+// gemm_fp8_sm90.cu: out[T, N] = sum over 128-wide groups g of K of
+//   x_scale[g][t] * w_scale[g][n] * (x[t, g] . w[n, g])   (+ bias[N]),
+// x [T, K] and w [N, K] fp8 e4m3 (rows contiguous in K, 16-byte aligned, K a multiple of 128,
+// strides multiples of 16 bytes), the scales f32 and dense, [K / 128][T] and [K / 128][N]; out
+// and bias bf16 (or f16). Tiles: k128x128 (straight), kSwap128x16 and kSwap128x64.
+constexpr int kFp8Group = 128;
+struct Sm90Fp8GemmArgs {
+  const void* x;
+  const float* x_scale;
+  const void* w;
+  const float* w_scale;
+  const void* bias;
+  void* out;
+  int T, N, K;
+  int64_t x_stride, w_stride, out_stride;  // elements
+  bool bf16;                               // out and bias; else f16
+  int num_sms;
+};
+void sm90_fp8_gemm(const Sm90Fp8GemmArgs& a, Sm90Tile tile, cudaStream_t s);
+
 // gemm_grouped_sm90.cu: fused_experts' grouped product, one group an expert e < experts:
 // out[f : f + m, :N] = x[f : f + m, :K] @ w[e]^T with f = expert_first[e], m = expert_rows[e]
 // (device arrays, written by an earlier kernel on the stream; m may be 0). x, w, out of one

@@ -50,6 +50,8 @@ enum class DType : int32_t {
   F32_X16 = 72,  // dense weights in panels of 16 rows: for each k, the 16 rows' k-th elements
   F16_X16 = 73,
   BF16_X16 = 74,
+  // fp8 e4m3 (OCP E4M3FN: no infinities, NaN 0x7f / 0xff, largest 448): scaled_mm's operands.
+  F8_E4M3 = 80,
   U8 = 100,  // raw bytes (not a GGML type)
   U64 = 101,
 };

@@ -12,8 +12,9 @@ import numpy as np
 from vllmx import _C
 
 # dtype ids: the native DType enum's (csrc/core/dtype.h, GGML's numbering), never spelled here.
-F32, F16, Q8_0, I32, I64, U8, BF16, U64 = (
-    int(_C.DType[name]) for name in ("F32", "F16", "Q8_0", "I32", "I64", "U8", "BF16", "U64"))
+F32, F16, Q8_0, I32, I64, U8, BF16, U64, F8_E4M3 = (
+    int(_C.DType[name]) for name in ("F32", "F16", "Q8_0", "I32", "I64", "U8", "BF16", "U64",
+                                     "F8_E4M3"))
 
 _FROM_NUMPY = {
     np.dtype(np.float32): F32,
@@ -24,11 +25,11 @@ _FROM_NUMPY = {
     np.dtype(np.uint64): U64,
 }
 _HOST_DTYPE = {F32: np.float32, F16: np.float16, BF16: np.uint16, I32: np.int32, I64: np.int64,
-               U8: np.uint8, U64: np.uint64}
+               U8: np.uint8, U64: np.uint64, F8_E4M3: np.uint8}
 
 
 def host_dtype(dtype: int) -> np.dtype:
-    """The numpy dtype of a host copy: uint16 for bf16, uint8 for block types."""
+    """The numpy dtype of a host copy: uint16 for bf16, uint8 for fp8 codes and block types."""
     if dtype in _HOST_DTYPE:
         return np.dtype(_HOST_DTYPE[dtype])
     name, _, _, quantized, _ = _C.type_info(dtype)

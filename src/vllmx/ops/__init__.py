@@ -384,6 +384,7 @@ def cuda_available() -> bool:
 
 # Families of ops in modules of their own (ops/moe.py, ops/linear_attn.py, ops/sampling.py),
 # read as ops.<name> as the others are.
+from vllmx.ops.fp8 import per_token_group_quant_fp8, scaled_mm  # noqa: F401
 from vllmx.ops.linear_attn import (  # noqa: F401
     causal_conv1d,
     gated_delta_rule,

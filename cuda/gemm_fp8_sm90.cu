@@ -1,0 +1,138 @@
+// fp8 e4m3 GEMM with block scales for Hopper (sm_90a) through CUTLASS 3 (interface:
+// cuda/gemm_sm90.h, sm90_fp8_gemm): fp8 wgmma (twice bf16's rate), f32 accumulation, and each
+// 128-wide group of K scaled as it is promoted into the accumulators (CUTLASS's blockwise-scaling
+// mainloop), so one kernel serves every fp8 checkpoint layout: a weight's per-tensor,
+// per-channel or 128 x 128 block scales written out per row and K group, and the activations'
+// per-token, per-128-group dynamic scales (vLLM's per_token_group_quant_fp8, DeepSeek's
+// scheme). The same operand roles as the bf16 GEMM (cuda/gemm_sm90.cuh): straight (A = x,
+// B = w, out row-major, bias per column) or, for few tokens, swapped (A = w, B = x, out read
+// column-major, bias per row), where the weight rows fill wgmma's 128-row M tile. Scales are
+// MN-major, [K / 128][rows] (consecutive rows' scales adjacent), as the quantization kernel
+// writes them; the epilogue adds the bias in f32 and rounds once to bf16 / f16.
+#include "gemm_sm90.cuh"
+
+#include "cutlass/detail/blockwise_scale_layout.hpp"
+
+namespace vllmx::cuda {
+
+namespace sm90 {
+
+template <typename Element, class TileShape, bool kSwap>
+struct Fp8Gemm {
+  using E8 = cutlass::float_e4m3_t;
+  using LayoutA = cutlass::layout::RowMajor;     // K-major
+  using LayoutB = cutlass::layout::ColumnMajor;  // K-major
+  using LayoutD =
+      std::conditional_t<kSwap, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
+  using ClusterShape = Shape<_1, _1, _1>;
+  static constexpr int kAlign8 = 16;                                    // 16-byte TMA, fp8
+  static constexpr int kAlignD = 128 / cutlass::sizeof_bits<Element>::value;
+
+  // One scale per row of A and of B and per 128 of K, both MN-major.
+  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 1, kFp8Group, GMMA::Major::MN,
+                                                                GMMA::Major::MN>;
+  using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
+  using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
+
+  using FusionOp = std::conditional_t<
+      kSwap,
+      cutlass::epilogue::fusion::LinCombPerRowBias<Element, float, Element, Element, float, 1>,
+      cutlass::epilogue::fusion::LinCombPerColBias<Element, float, Element, Element, float, 1>>;
+
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlignD,
+      Element, LayoutD, kAlignD, cutlass::epilogue::TmaWarpSpecializedCooperative,
+      FusionOp>::CollectiveOp;
+
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, E8, cute::tuple<LayoutA, LayoutSFA>,
+      kAlign8, E8, cute::tuple<LayoutB, LayoutSFB>, kAlign8, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop,
+                                                      Epilogue, cutlass::gemm::StreamKScheduler>;
+  using Adapter = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+
+inline std::string fp8_shapes(const Sm90Fp8GemmArgs& a) {
+  return "fp8 x [" + std::to_string(a.T) + ", " + std::to_string(a.K) + "], w [" +
+         std::to_string(a.N) + ", " + std::to_string(a.K) + "]";
+}
+
+inline void fp8_check(cutlass::Status st, const char* what, const Sm90Fp8GemmArgs& a) {
+  if (st != cutlass::Status::kSuccess)
+    throw std::runtime_error(std::string("scaled_mm: CUTLASS sm90 fp8 GEMM ") + what +
+                             " failed (" + cutlassGetStatusString(st) + ") for " +
+                             fp8_shapes(a) + "; " + cudaGetErrorString(cudaGetLastError()));
+}
+
+template <typename Element, class TileShape, bool kSwap>
+void run_fp8(const Sm90Fp8GemmArgs& a, cudaStream_t s) {
+  using G = Fp8Gemm<Element, TileShape, kSwap>;
+  using Adapter = typename G::Adapter;
+  using K = typename Adapter::GemmKernel;
+  using E8 = cutlass::float_e4m3_t;
+  const int M = kSwap ? a.N : a.T, N = kSwap ? a.T : a.N;
+  const void* A = kSwap ? a.w : a.x;
+  const void* B = kSwap ? a.x : a.w;
+  const float* SA = kSwap ? a.w_scale : a.x_scale;
+  const float* SB = kSwap ? a.x_scale : a.w_scale;
+  const auto sa = row_stride<typename K::StrideA>(kSwap ? a.w_stride : a.x_stride, M);
+  const auto sb = row_stride<typename K::StrideB>(kSwap ? a.x_stride : a.w_stride, N);
+  typename K::StrideD sd;
+  if constexpr (kSwap)
+    sd = col_stride<typename K::StrideD>(a.out_stride, N);
+  else
+    sd = row_stride<typename K::StrideD>(a.out_stride, M);
+  const typename K::StrideC sc = sd;  // no C is read
+  const auto shape = make_shape(M, N, a.K, 1);
+
+  typename Adapter::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {M, N, a.K, 1},
+      {static_cast<const E8*>(A), sa, static_cast<const E8*>(B), sb, SA,
+       G::ScaleConfig::tile_atom_to_shape_SFA(shape), SB,
+       G::ScaleConfig::tile_atom_to_shape_SFB(shape)},
+      {{}, nullptr, sc, static_cast<Element*>(a.out), sd}};
+  args.epilogue.thread.alpha = 1.f;
+  args.epilogue.thread.beta = 0.f;
+  args.epilogue.thread.bias_ptr = static_cast<const Element*>(a.bias);  // null: adds zeros
+  int device = 0;
+  cudaGetDevice(&device);
+  args.hw_info.device_id = device;
+  args.hw_info.sm_count = a.num_sms;
+
+  Adapter gemm;
+  fp8_check(gemm.can_implement(args), "can_implement", a);
+  void* ws = workspace(Adapter::get_workspace_size(args));
+  fp8_check(gemm.initialize(args, ws, s), "initialize", a);
+  fp8_check(gemm.run(s), "launch", a);
+}
+
+template <typename Element>
+void dispatch_fp8(const Sm90Fp8GemmArgs& a, Sm90Tile tile, cudaStream_t s) {
+  // K tiles of 128: one scale group a k-block (the mainloop promotes every 128).
+  switch (tile) {
+    case Sm90Tile::kSwap128x16:
+      return run_fp8<Element, Shape<_128, _16, _128>, true>(a, s);
+    case Sm90Tile::kSwap128x64:
+      return run_fp8<Element, Shape<_128, _64, _128>, true>(a, s);
+    case Sm90Tile::k128x128:
+      return run_fp8<Element, Shape<_128, _128, _128>, false>(a, s);
+    default:
+      throw std::runtime_error("scaled_mm: no fp8 GEMM tile " +
+                               std::to_string(static_cast<int>(tile)) + " for " + fp8_shapes(a));
+  }
+}
+
+}  // namespace sm90
+
+void sm90_fp8_gemm(const Sm90Fp8GemmArgs& a, Sm90Tile tile, cudaStream_t s) {
+  a.bf16 ? sm90::dispatch_fp8<cutlass::bfloat16_t>(a, tile, s)
+         : sm90::dispatch_fp8<cutlass::half_t>(a, tile, s);
+}
+
+}  // namespace vllmx::cuda

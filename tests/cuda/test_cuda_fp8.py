@@ -1,0 +1,101 @@
+"""fp8 e4m3 on the GPU (cuda/fp8.cu, cuda/gemm_fp8_sm90.cu; Hopper): per_token_group_quant_fp8's
+codes and scales bit for bit those of the CPU twin, from f32 / f16 / bf16 rows; scaled_mm against
+the float64 product of the dequantized operands for token counts that take each tile (16- and
+64-token swapped, 128 x 128 straight), with and without bias, bf16 and f16 out; batch
+invariance of a row's result across the batch sizes of one tile."""
+import os
+
+import numpy as np
+import pytest
+
+from tests.ops.test_fp8 import dequant
+from vllmx import ops
+from vllmx.device import BF16, F16, F32, DeviceArray
+
+from .test_cuda_ops import as_f32, dev, host
+
+pytestmark = pytest.mark.gpu
+SEED = int.from_bytes(os.urandom(4), "little")
+
+
+def hopper() -> bool:
+    from vllmx import _C
+    return _C.cuda_available() and _C.cuda_sm90_kernels()
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("shape", [(1, 128), (37, 1024), (300, 4096)])
+def test_quant_bits_equal_cpu(shape, dtype):
+    rng = np.random.default_rng(SEED)
+    x = (rng.standard_normal(shape) * rng.uniform(0.01, 80, (shape[0], 1))).astype(np.float32)
+    x[0, :128] = 0.0  # an all-zero group
+    hx = host(x, dtype)
+    q, s = ops.per_token_group_quant_fp8(dev(x, dtype))
+    want_q, want_s = ops.per_token_group_quant_fp8(hx, dtype if dtype != F32 else None)
+    np.testing.assert_array_equal(s.numpy(), want_s)
+    np.testing.assert_array_equal(q.numpy(), want_q)
+
+
+def _operands(rng, t, n, k):
+    x = (rng.standard_normal((t, k)) * 2).astype(np.float32)
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    a, a_s = ops.per_token_group_quant_fp8(x)
+    b, b_s = ops.per_token_group_quant_fp8(w)
+    return a, a_s, b, b_s
+
+
+def _to_dev(*arrays):
+    from vllmx.device import F8_E4M3
+    return [DeviceArray.from_numpy(v, F8_E4M3) if v.dtype == np.uint8
+            else DeviceArray.from_numpy(np.ascontiguousarray(v)) for v in arrays]
+
+
+@pytest.mark.parametrize("out_dtype", [BF16, F16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
+@pytest.mark.parametrize("tnk", [(1, 256, 128), (5, 4096, 1024), (16, 1024, 4096),
+                                 (17, 1024, 1024), (64, 2048, 512), (65, 1024, 1024),
+                                 (200, 3072, 1024), (1000, 512, 256)],
+                         ids=lambda v: "T{}N{}K{}".format(*v))
+def test_scaled_mm_vs_float64(tnk, with_bias, out_dtype):
+    if not hopper():
+        pytest.skip("fp8 GEMMs run on Hopper only")
+    rng = np.random.default_rng(SEED)
+    t, n, k = tnk
+    a, a_s, b, b_s = _operands(rng, t, n, k)
+    want = dequant(a, a_s) @ dequant(b, b_s).T
+    bias = None
+    if with_bias:
+        bf = rng.standard_normal(n).astype(np.float32)
+        bias = dev(bf, out_dtype)
+        want = want + as_f32(host(bf, out_dtype), out_dtype)
+    out = ops.scaled_mm(*_to_dev(a, b, a_s, b_s), out_dtype, bias)
+    got = as_f32(out.numpy(), out_dtype).astype(np.float64)
+    # fp8 wgmma sums each 128-group in f32 (promoted with its scales): within a few f32
+    # roundings of the group sums, then one rounding to the 16-bit output.
+    tol = 2 ** (-7 if out_dtype == BF16 else -10)
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * scale)
+
+
+def test_scaled_mm_refuses_misaligned_and_f32_out():
+    if not hopper():
+        pytest.skip("fp8 GEMMs run on Hopper only")
+    rng = np.random.default_rng(SEED)
+    a, a_s, b, b_s = _operands(rng, 4, 100, 128)  # N = 100: not a multiple of 8
+    with pytest.raises(ValueError, match="multiple of 8"):
+        ops.scaled_mm(*_to_dev(a, b, a_s, b_s), BF16)
+    a, a_s, b, b_s = _operands(rng, 4, 128, 128)
+    with pytest.raises(ValueError, match="bf16 or f16"):
+        ops.scaled_mm(*_to_dev(a, b, a_s, b_s), F32)
+
+
+def test_scaled_mm_rows_batch_invariant():
+    """A row's result is the same bits whatever other rows share its tile (within one tile's
+    range of token counts: 2..16 take the 16-token swapped tile)."""
+    if not hopper():
+        pytest.skip("fp8 GEMMs run on Hopper only")
+    rng = np.random.default_rng(SEED)
+    a, a_s, b, b_s = _operands(rng, 16, 1024, 1024)
+    full = ops.scaled_mm(*_to_dev(a, b, a_s, b_s), BF16).numpy()
+    part = ops.scaled_mm(*_to_dev(a[:3], b, np.ascontiguousarray(a_s[:, :3]), b_s), BF16).numpy()
+    np.testing.assert_array_equal(part, full[:3])

@@ -1,0 +1,121 @@
+"""fp8 e4m3 with block scales (csrc/quant/fp8.cpp): per_token_group_quant_fp8's scales and codes
+against torch's float8_e4m3fn conversion (round to nearest even) of the same divisions, ties,
+saturation, all-zero groups and 16-bit inputs; scaled_mm (fast and the scalar reference) against
+the float64 product of the dequantized operands, with and without bias, each output dtype; the
+contract's refusals."""
+import numpy as np
+import pytest
+
+from vllmx import ops
+from vllmx.device import BF16, F16, F32
+from vllmx.layers.placement import host_as
+
+torch = pytest.importorskip("torch")
+
+
+def to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    return host_as(x, BF16)
+
+
+def torch_quant(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """torch's codes and scales for x [T, K] (f32 values): per 128-group, f32 division."""
+    t, k = x.shape
+    g = torch.tensor(x, dtype=torch.float32).view(t, k // 128, 128)
+    s = g.abs().amax(-1).clamp(min=1e-10) / 448.0
+    q = (g / s[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return q.view(torch.uint8).reshape(t, k).numpy(), s.T.contiguous().numpy()
+
+
+def dequant(q: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """codes [R, K] with scales [K / 128, R] as float64 values."""
+    r, k = q.shape
+    v = torch.tensor(q).view(torch.float8_e4m3fn).to(torch.float64).numpy()
+    return (v.reshape(r, k // 128, 128) * s.T.astype(np.float64)[..., None]).reshape(r, k)
+
+
+@pytest.mark.parametrize("shape", [(1, 128), (7, 384), (33, 1024)])
+def test_quant_matches_torch(shape):
+    rng = np.random.default_rng()
+    x = (rng.standard_normal(shape) * rng.uniform(0.01, 50, (shape[0], 1))).astype(np.float32)
+    q, s = ops.per_token_group_quant_fp8(x)
+    want_q, want_s = torch_quant(x)
+    assert s.shape == (shape[1] // 128, shape[0])
+    np.testing.assert_array_equal(s, want_s)
+    np.testing.assert_array_equal(q, want_q)
+
+
+def test_quant_ties_saturation_and_zero_groups():
+    # A group whose largest value is 448 has scale 1: the others are coded as they are.
+    # 1.0625 lies halfway between 1.0 (mantissa 000) and 1.125 (001): the even code, 1.0;
+    # 1.1875 between 1.125 (001) and 1.25 (010): 1.25. 2^-10 is half the smallest subnormal
+    # (2^-9): 0; 3 * 2^-10 halfway between 2^-9 (001) and 2^-8 (010): 2^-8.
+    x = np.zeros((2, 256), np.float32)
+    x[0, :6] = [448.0, 1.0625, -1.1875, 2.0 ** -10, 3 * 2.0 ** -10, -448.0]
+    q, s = ops.per_token_group_quant_fp8(x)
+    assert s[0, 0] == np.float32(1.0)
+    vals = dequant(q[:1, :128], np.ones((1, 1), np.float32))[0, :6]
+    np.testing.assert_array_equal(vals, [448.0, 1.0, -1.25, 0.0, 2.0 ** -8, -448.0])
+    np.testing.assert_array_equal(q, torch_quant(x)[0])
+    # All-zero groups: the smallest scale and zero codes, no division by zero.
+    assert s[1, 0] == np.float32(np.float32(1e-10) / np.float32(448.0))
+    assert not q[1].any()
+
+
+@pytest.mark.parametrize("dtype", [F16, BF16], ids=["f16", "bf16"])
+def test_quant_16bit_inputs(dtype):
+    rng = np.random.default_rng()
+    x = (rng.standard_normal((5, 256)) * 7).astype(np.float32)
+    if dtype == F16:
+        host, vals = x.astype(np.float16), x.astype(np.float16).astype(np.float32)
+    else:
+        host = to_bf16_bits(x)
+        vals = (host.astype(np.uint32) << 16).view(np.float32)
+    q, s = ops.per_token_group_quant_fp8(host, dtype)
+    want_q, want_s = torch_quant(vals)
+    np.testing.assert_array_equal(q, want_q)
+    np.testing.assert_array_equal(s, want_s)
+
+
+@pytest.mark.parametrize("out_dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
+@pytest.mark.parametrize("reference", [False, True], ids=["fast", "ref"])
+def test_scaled_mm_vs_float64(out_dtype, with_bias, reference):
+    rng = np.random.default_rng()
+    t, n, k = 6, 40, 384
+    x = (rng.standard_normal((t, k)) * 3).astype(np.float32)
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    a, a_s = ops.per_token_group_quant_fp8(x)
+    b, b_s = ops.per_token_group_quant_fp8(w)
+    want = dequant(a, a_s) @ dequant(b, b_s).T
+    bias = None
+    if with_bias:
+        bias_f = rng.standard_normal(n).astype(np.float32)
+        bias = {F32: bias_f, F16: bias_f.astype(np.float16), BF16: to_bf16_bits(bias_f)}[out_dtype]
+        bias_v = {F32: bias_f, F16: bias_f.astype(np.float16).astype(np.float32),
+                  BF16: (to_bf16_bits(bias_f).astype(np.uint32) << 16).view(np.float32)}
+        want = want + bias_v[out_dtype]
+    if reference:
+        from vllmx import _C
+        from vllmx.device import F8_E4M3, host_dtype
+        out = np.empty((t, n), host_dtype(out_dtype))
+        _C.ops.scaled_mm((out, out_dtype), (a, F8_E4M3), (b, F8_E4M3), a_s, b_s,
+                         None if bias is None else (bias, out_dtype), reference=True)
+    else:
+        out = ops.scaled_mm(a, b, a_s, b_s, out_dtype, bias)
+    got = {F32: lambda o: o, F16: lambda o: o.astype(np.float32),
+           BF16: lambda o: (o.astype(np.uint32) << 16).view(np.float32)}[out_dtype](out)
+    tol = {F32: 1e-5, F16: 2 ** -10, BF16: 2 ** -7}[out_dtype]
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+
+
+def test_refusals():
+    rng = np.random.default_rng()
+    with pytest.raises(ValueError, match="whole groups of 128"):
+        ops.per_token_group_quant_fp8(rng.standard_normal((2, 100)).astype(np.float32))
+    a, a_s = ops.per_token_group_quant_fp8(rng.standard_normal((2, 256)).astype(np.float32))
+    b, b_s = ops.per_token_group_quant_fp8(rng.standard_normal((3, 128)).astype(np.float32))
+    with pytest.raises(ValueError, match="must share K"):
+        ops.scaled_mm(a, b, a_s, b_s, F32)
+    b, b_s = ops.per_token_group_quant_fp8(rng.standard_normal((3, 256)).astype(np.float32))
+    with pytest.raises(ValueError, match="b_s"):
+        ops.scaled_mm(a, b, a_s, a_s, F32)
