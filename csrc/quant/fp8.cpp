@@ -39,7 +39,8 @@ const std::array<float, 256>& e4m3_table() {
 }
 
 // v (finite, |v| <= 448) to the nearest code, ties to the even code (the one whose mantissa's
-// last bit is 0): positive codes 0 .. 0x7e increase with their values.
+// last bit is 0): positive codes 0 .. 0x7e increase with their values. The sign is kept, so a
+// negative value too small for a subnormal is -0 (0x80), as the GPU's cvt.rn.satfinite gives.
 uint8_t e4m3_code(float v) {
   const auto& t = e4m3_table();
   const float a = std::fabs(v);
@@ -50,7 +51,7 @@ uint8_t e4m3_code(float v) {
   }
   const float dlo = a - t[lo], dhi = t[hi] - a;
   const int c = dlo < dhi ? lo : dhi < dlo ? hi : (lo % 2 == 0 ? lo : hi);
-  return static_cast<uint8_t>(c | (std::signbit(v) && c != 0 ? 0x80 : 0));
+  return static_cast<uint8_t>(c | (std::signbit(v) ? 0x80 : 0));
 }
 
 void per_token_group_quant_fp8(const Tensor& out_q, const Tensor& out_s, const Tensor& x,

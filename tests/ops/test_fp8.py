@@ -59,6 +59,12 @@ def test_quant_ties_saturation_and_zero_groups():
     # All-zero groups: the smallest scale and zero codes, no division by zero.
     assert s[1, 0] == np.float32(np.float32(1e-10) / np.float32(448.0))
     assert not q[1].any()
+    # A negative value below half the smallest subnormal keeps its sign: -0 (0x80), as the
+    # GPU's conversion (and torch's) gives it.
+    x[1, :2] = [448.0, -(2.0 ** -11)]
+    q, _ = ops.per_token_group_quant_fp8(x)
+    assert q[1, 1] == 0x80
+    np.testing.assert_array_equal(q, torch_quant(x)[0])
 
 
 @pytest.mark.parametrize("dtype", [F16, BF16], ids=["f16", "bf16"])
