@@ -150,52 +150,30 @@ __device__ __forceinline__ void merge_partials(const AttnArgs& a, int* done, int
   }
   __syncthreads();
   // A thread sums 4 consecutive elements of one head over the partitions, 12 at a time (16
-  // would spill), kItems such (head, 4-column) items at once so that all their loads are in
-  // flight together: one item at a time, head size 256's 8 heads x 64 items took a 128-thread
-  // CTA four rounds of L2 round trips. (MLA's 512-wide rows keep one: its registers.)
-  constexpr int V4 = D / 4, kBatch = 12, kItems = D <= 256 ? 2 : 1;
-  constexpr int kStride = kWarps * 32;
-  const int items = nh * V4;
-  for (int i0 = tid; i0 < items; i0 += kStride * kItems) {
-    float4 v[kItems];
-#pragma unroll
-    for (int u = 0; u < kItems; ++u) v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+  // would spill).
+  constexpr int V4 = D / 4, kBatch = 12;
+  for (int i = tid; i < nh * V4; i += kWarps * 32) {
+    const int h = i / V4, c4 = i % V4;
+    const float4* po =
+        reinterpret_cast<const float4*>(a.part_o + (slot0 + h * a.max_splits) * D) + c4;
+    const float* wh = wts + h * kMaxSplits;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int sp0 = 0; sp0 < nsplit; sp0 += kBatch) {
-      float4 pv[kItems][kBatch];
+      float4 pv[kBatch];
 #pragma unroll
-      for (int u = 0; u < kItems; ++u) {
-        const int i = i0 + u * kStride, h = i / V4, c4 = i % V4;
-        const float4* po =
-            reinterpret_cast<const float4*>(a.part_o + (slot0 + h * a.max_splits) * D) + c4;
+      for (int j = 0; j < kBatch; ++j)
+        pv[j] = sp0 + j < nsplit ? __ldcg(po + (sp0 + j) * V4) : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-        for (int j = 0; j < kBatch; ++j)
-          pv[u][j] = i < items && sp0 + j < nsplit ? __ldcg(po + (sp0 + j) * V4)
-                                                   : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-#pragma unroll
-      for (int u = 0; u < kItems; ++u) {
-        const int i = i0 + u * kStride;
-        if (i >= items) break;  // (its head's weights are past wts' rows)
-        const float* wh = wts + (i / V4) * kMaxSplits;
-#pragma unroll
-        for (int j = 0; j < kBatch; ++j) {
-          const float w = sp0 + j < nsplit ? wh[sp0 + j] : 0.f;
-          v[u].x = fmaf(w, pv[u][j].x, v[u].x), v[u].y = fmaf(w, pv[u][j].y, v[u].y);
-          v[u].z = fmaf(w, pv[u][j].z, v[u].z), v[u].w = fmaf(w, pv[u][j].w, v[u].w);
-        }
+      for (int j = 0; j < kBatch; ++j) {
+        const float w = sp0 + j < nsplit ? wh[sp0 + j] : 0.f;
+        v.x = fmaf(w, pv[j].x, v.x), v.y = fmaf(w, pv[j].y, v.y);
+        v.z = fmaf(w, pv[j].z, v.z), v.w = fmaf(w, pv[j].w, v.w);
       }
     }
-#pragma unroll
-    for (int u = 0; u < kItems; ++u) {
-      const int i = i0 + u * kStride;
-      if (i >= items) break;
-      const int h = i / V4, c4 = i % V4;
-      // (out rows are 4-byte aligned: the plan asks no more of them)
-      uint32_t* o =
-          reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(h0 + h) * D + c4 * 4);
-      o[0] = pack2_bits(v[u].x, v[u].y, a.out_bf16);
-      o[1] = pack2_bits(v[u].z, v[u].w, a.out_bf16);
-    }
+    // (out rows are 4-byte aligned: the plan asks no more of them)
+    uint32_t* o = reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(h0 + h) * D + c4 * 4);
+    o[0] = pack2_bits(v.x, v.y, a.out_bf16);
+    o[1] = pack2_bits(v.z, v.w, a.out_bf16);
   }
 }
 
