@@ -56,6 +56,7 @@ constexpr std::array<TypeTraits, kMaxDType> make_table() {
   set(DType::F16_X16, "F16_X16", 1, 2, false, true);
   set(DType::BF16_X16, "BF16_X16", 1, 2, false, true);
   set(DType::F8_E4M3, "F8_E4M3", 1, 1, false, true);
+  set(DType::F8_E4M3_B128, "F8_E4M3_B128", 128, 132, true, true);
   set(DType::U8, "U8", 1, 1, false, true);
   set(DType::U64, "U64", 1, 8, false, true);
   return t;

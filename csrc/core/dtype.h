@@ -52,6 +52,10 @@ enum class DType : int32_t {
   BF16_X16 = 74,
   // fp8 e4m3 (OCP E4M3FN: no infinities, NaN 0x7f / 0xff, largest 448): scaled_mm's operands.
   F8_E4M3 = 80,
+  // fp8 weights for the GPU's scaled_mm, a row's K in blocks of one f32 scale and 128 e4m3
+  // codes (a checkpoint's tensor, channel or 128 x 128 block scales written out per row);
+  // uploaded as codes [N, K] beside scales [K / 128, N] (layers/placement.py).
+  F8_E4M3_B128 = 81,
   U8 = 100,  // raw bytes (not a GGML type)
   U64 = 101,
 };

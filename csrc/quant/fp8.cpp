@@ -6,10 +6,12 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "core/half.h"
 #include "core/op_table.h"
 #include "core/tensor.h"
+#include "quant/quant.h"
 
 namespace vllmx {
 
@@ -117,7 +119,22 @@ void scaled_mm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor
   }
 }
 
+// F8_E4M3_B128 rows: blocks of an f32 scale and 128 codes, each value code * scale.
+void dequantize_row_f8_b128(const void* src, float* dst, int64_t n) {
+  const auto& tab = e4m3_table();
+  const uint8_t* p = static_cast<const uint8_t*>(src);
+  for (int64_t b = 0; b < n / kGroup; ++b, p += 4 + kGroup) {
+    float s;
+    std::memcpy(&s, p, 4);
+    for (int i = 0; i < kGroup; ++i) dst[b * kGroup + i] = tab[p[4 + i]] * s;
+  }
+}
+
 }  // namespace
+
+void register_quant_fp8(QuantTraits* table) {
+  table[static_cast<int>(DType::F8_E4M3_B128)].to_float = dequantize_row_f8_b128;
+}
 
 VLLMX_KERNEL(per_token_group_quant_fp8, kCPU, per_token_group_quant_fp8);
 VLLMX_KERNEL(scaled_mm, kCPU, scaled_mm);

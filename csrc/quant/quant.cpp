@@ -198,6 +198,7 @@ struct QuantTable {
         nullptr, DType::Q8_K);
     register_quant_nl(t);  // IQ4_NL, IQ4_XS, MXFP4
     register_quant_tq(t);  // TQ1_0, TQ2_0
+    register_quant_fp8(t);  // F8_E4M3_B128 (dequantization only: the GPU's weights)
     // IQ1/IQ2/IQ3 i-quants (quant_iq.h): each family picks its own SIMD kernels
     for (DType d : {DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S, DType::IQ3_XXS, DType::IQ3_S,
                     DType::IQ1_S, DType::IQ1_M}) {

@@ -83,6 +83,9 @@ struct QuantTraits {
   DType vec_dot_type = DType::F32;     // activation type the weight pairs with
 };
 
+// F8_E4M3_B128's dequantization into the table (csrc/quant/fp8.cpp).
+void register_quant_fp8(QuantTraits* table);
+
 // The table entry of a block type, or nullptr where vllmx has no kernels for it.
 const QuantTraits* quant_traits(DType t);
 

@@ -7,7 +7,7 @@ from libcpp cimport bool
 cdef extern from "core/dtype.h" namespace "vllmx":
     cpdef enum class DType(int32_t):
         F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
-        IQ4_NL, IQ4_XS, I8, I16, I32, I64, F64, BF16, F8_E4M3, U8, U64
+        IQ4_NL, IQ4_XS, I8, I16, I32, I64, F64, BF16, F8_E4M3, F8_E4M3_B128, U8, U64
     cdef struct TypeTraits:
         const char* name
         int64_t block_size

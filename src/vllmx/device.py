@@ -50,6 +50,9 @@ class DeviceArray(getattr(_C, "DeviceArrayBase", object)):
     # What a block-type array's values are read as by an op with no other hint of the model's
     # dtype (an embedding lookup's output): placement.upload_weight sets the activation dtype.
     dequant_dtype: int = BF16
+    # An fp8 weight's per-row, per-128-column scales ([K / 128, N] f32), beside its e4m3 codes
+    # (ops/fp8.py upload_fp8_block_weight).
+    scales: DeviceArray | None = None
 
     def __init__(self, buffer: _C.DeviceBuffer, dtype: int, shape: tuple[int, ...],
                  offset: int = 0) -> None:

@@ -99,3 +99,72 @@ def test_scaled_mm_rows_batch_invariant():
     full = ops.scaled_mm(*_to_dev(a, b, a_s, b_s), BF16).numpy()
     part = ops.scaled_mm(*_to_dev(a[:3], b, np.ascontiguousarray(a_s[:, :3]), b_s), BF16).numpy()
     np.testing.assert_array_equal(part, full[:3])
+
+
+# A W8A8 run rounds every activation entering an fp8 projection to e4m3's 3 mantissa bits
+# (vLLM's scheme), the oracle below the same values in bf16 on the GPU; a value that lies near
+# an e4m3 rounding boundary may round the other way on one side, and no tolerance covers that
+# jump: at most 5% of the positions (the quantized-file rule's share) may miss by up to 3 nats.
+FP8_GAP, FP8_FAILED_SHARE = 3.0, 0.05
+
+
+def _fake_quant_inputs(model, block: int = 128):
+    """transformers' model with each projection fp8 runs on (in_features whole 128-groups,
+    out_features a multiple of 8, lm_head excluded) fed its input quantized as
+    per_token_group_quant_fp8 quantizes it: the oracle of vLLM's W8A8 fp8 GEMM."""
+    import torch
+
+    def quant(x):
+        g = x.float().reshape(*x.shape[:-1], -1, block)
+        s = g.abs().amax(-1, keepdim=True).clamp(min=1e-10) / 448.0
+        q = (g / s).clamp(-448, 448).to(torch.float8_e4m3fn).float() * s
+        return q.reshape(x.shape).to(x.dtype)
+
+    for name, mod in model.named_modules():
+        if (isinstance(mod, torch.nn.Linear) and name.endswith("proj")
+                and mod.in_features % block == 0 and mod.out_features % 8 == 0):
+            mod.register_forward_pre_hook(lambda m, args: (quant(args[0]),))
+    return model
+
+
+def test_fp8_checkpoint_runs_on_fp8_tensor_cores(tmp_path):
+    """A block-scaled fp8 checkpoint (128 x 128 blocks) on the GPU: its projections that the
+    fp8 GEMM takes are uploaded as e4m3 codes with per-row group scales (the others, K not
+    whole groups, dense), and its greedy tokens pass TESTING.md's rule against transformers'
+    dequantized model fed the same fp8-rounded inputs."""
+    if not hopper():
+        pytest.skip("fp8 GEMMs run on Hopper only")
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tests.loader.test_fp8_checkpoint import write_checkpoint
+    from tests.models.parity import check_positions, log_softmax
+    from tests.models.tiny_checkpoints import VOCAB
+    from vllmx import LLM, SamplingParams
+    from vllmx.device import F8_E4M3
+
+    path = write_checkpoint(str(tmp_path / "fp8"), block=(128, 128))
+    llm = LLM(path, skip_tokenizer_init=True, device="cuda", max_model_len=512,
+              kv_cache_memory_bytes=256 << 20)
+    layer = llm.llm_engine.model_runner.model.layers[0]
+    assert layer.qkv_proj.parts[0].weight.dtype == F8_E4M3  # K = 128
+    assert layer.down_proj.weight.dtype != F8_E4M3  # K = 192: dense
+    rng = np.random.default_rng(SEED)
+    prompts = [rng.integers(3, VOCAB, size=int(n)).tolist() for n in rng.integers(3, 120, 6)]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    from transformers import FineGrainedFP8Config
+
+    oracle = _fake_quant_inputs(transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.bfloat16, quantization_config=FineGrainedFP8Config(dequantize=True)
+    ).to("cuda").eval())
+    failed = positions = 0
+    for prompt, out in zip(prompts, outs):
+        toks = list(out.outputs[0].token_ids)
+        with torch.no_grad():
+            logits = oracle(torch.tensor([prompt + toks], device="cuda")).logits[0]
+        report = check_positions(log_softmax(logits.double().cpu().numpy())[len(prompt) - 1:-1],
+                                 toks, 0.5)
+        failed += report.failed
+        positions += len(toks)
+        assert report.worst_gap < FP8_GAP, f"seed {SEED}: {report}"
+    assert failed <= FP8_FAILED_SHARE * positions, f"seed {SEED}: {failed} of {positions}"

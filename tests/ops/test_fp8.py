@@ -125,3 +125,20 @@ def test_refusals():
     b, b_s = ops.per_token_group_quant_fp8(rng.standard_normal((3, 256)).astype(np.float32))
     with pytest.raises(ValueError, match="b_s"):
         ops.scaled_mm(a, b, a_s, a_s, F32)
+
+
+def test_block_weight_rows_dequantize_to_code_times_scale():
+    """ops.fp8_block_weight's F8_E4M3_B128 rows (an f32 scale and 128 codes a block) read back
+    through the dequantization every block type has: code value times its row's group scale;
+    merging rows (MergedLinear's concat) keeps each row's blocks."""
+    from vllmx.layers.linear import concat_rows
+
+    rng = np.random.default_rng()
+    x = (rng.standard_normal((24, 384)) * 5).astype(np.float32)
+    codes, s = ops.per_token_group_quant_fp8(x)  # per row and group: a weight's layout
+    w = ops.fp8_block_weight(codes, s.T)
+    want = dequant(codes, s)
+    np.testing.assert_array_equal(w.to_float32().reshape(24, 384), want.astype(np.float32))
+    both = concat_rows([w, ops.fp8_block_weight(codes[:8], np.ascontiguousarray(s.T[:8]))])
+    np.testing.assert_array_equal(both.to_float32().reshape(32, 384)[24:],
+                                  want[:8].astype(np.float32))

@@ -36,7 +36,7 @@ _current = Placement()
 # (tests/cuda test_linear_blocks, test_linear_k_quants, test_embedding): the dense types, the
 # 32-blocks Q8_0 / Q4_0 / Q4_1, the k-quants of Q4_K_M / Q5_K_M / Q6_K files and IQ4_NL / IQ4_XS.
 CUDA_WEIGHT_TYPES = {F32, F16, BF16, ops.Q4_0, ops.Q4_1, ops.Q8_0, ops.Q4_K, ops.Q5_K, ops.Q6_K,
-                     ops.IQ4_NL, ops.IQ4_XS}
+                     ops.IQ4_NL, ops.IQ4_XS, ops.F8_E4M3_B128}
 
 
 def current() -> Placement:
@@ -110,6 +110,8 @@ def upload_weight(w: Weight | DeviceArray, name: str = "weight") -> Weight | Dev
             f"model with device='cpu'")
     if w.dtype in (F32, F16, BF16):
         return DeviceArray.from_numpy(_dense_as(w, p.dtype), p.dtype)
+    if w.dtype == ops.F8_E4M3_B128:  # fp8 checkpoints: codes and scales as scaled_mm reads them
+        return ops.upload_fp8_block_weight(w)
     rows = w.shape[0] if len(w.shape) > 1 else 1
     out = DeviceArray.from_numpy(np.asarray(w.data).reshape(rows, -1), w.dtype)
     out.dequant_dtype = p.dtype  # an embedding's rows come out in the activation dtype

@@ -4,9 +4,13 @@ linear's fp8 e4m3 `weight` and its `weight_scale_inv` (one f32 scale, or a UE8M0
 per weight_block_size block, partial at the edges); without, as AutoFP8 writes them, its
 `weight` and one f32 `weight_scale` for the tensor (vLLM's per-tensor Fp8LinearMethod). Either
 becomes one dense `weight` at load, the product in f32 rounded to the checkpoint's dtype as
-transformers' own dequantization does. The activation scheme (static `input_scale`s, or dynamic
-per-token(-group) fp8) is not applied: the model runs as W8A16, as vLLM runs these on GPUs
-without fp8 tensor cores."""
+transformers' own dequantization does, and the model runs as W8A16 (as vLLM runs these on GPUs
+without fp8 tensor cores) — except on a Hopper GPU, where a weight whose scales are constant over
+128-wide column groups (per tensor, or blocks 128 columns wide) and whose shape the fp8 GEMM
+takes (K a multiple of 128, N of 8) keeps its codes, each row's scale per group beside them
+(ops.fp8_block_weight), and runs as vLLM runs it there: activations quantized per token and
+128-wide group to fp8 (dynamic, whatever activation_scheme says), fp8 tensor cores
+(ops.scaled_mm)."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from vllmx.device import BF16, F32
 from vllmx.loader import quantization as q
 from vllmx.loader.safetensors import FP8_E4M3
 from vllmx.ops import Weight
+from vllmx.ops.fp8 import GROUP, fp8_block_weight
 
 METHOD = "fp8"
 _SUFFIXES = ("weight", "weight_scale_inv", "weight_scale", "input_scale", "activation_scale")
@@ -35,6 +40,17 @@ def check_config(quant: dict) -> None:
     fmt = quant.get("fmt", "e4m3")
     if fmt != "e4m3":
         raise _refuse(f"fmt {fmt!r}")
+
+
+def fp8_gemm_takes(n: int, k: int, block: tuple[int, int] | None) -> bool:
+    """Whether an [n, k] fp8 weight with these scales runs on the GPU's fp8 GEMM (decided when
+    the model being built is placed on a Hopper GPU): its scales constant over each 128-wide
+    column group, K whole groups, N a multiple of 8."""
+    from vllmx import _C
+    from vllmx.layers import placement
+
+    return (placement.current().on_gpu and _C.cuda_sm90_kernels() and k % GROUP == 0
+            and n % 8 == 0 and (block is None or block[1] % GROUP == 0))
 
 
 def dequantize_checkpoint(weights: dict[str, Weight], quant: dict,
@@ -59,6 +75,9 @@ def dequantize_checkpoint(weights: dict[str, Weight], quant: dict,
                           + ("" if block is None else f" in {block[0]}x{block[1]} blocks"))
 
         def dense() -> Weight:
+            if fp8_gemm_takes(n, k, block):
+                scale = q.expand(q.float32(s), n, k, block)[:, ::GROUP]
+                return fp8_block_weight(q.array(w).reshape(n, k), np.ascontiguousarray(scale))
             x = q.weight_values(w) * q.expand(q.float32(s), n, k, block)  # f32, as transformers
             return q.to_dtype(x.astype(np.float32), F32, target)
         return dense

@@ -73,6 +73,8 @@ def embedding_shard(ids, table, vocab_start: int):
 
 
 def linear(x, w, bias=None):
+    if is_fp8_weight(w):
+        return fp8_linear(x, w, bias)
     out = _empty(x, (x.shape[0], w.shape[0]))
     _C.ops.linear(out, x, _arg(w), bias)
     return out
@@ -143,7 +145,7 @@ def linear_act_and_mul(x, w, act: str = "silu"):
     "gelu" (erf) or "gelu_tanh". On the GPU decode rows take one fused GEMV (up to 4 rows of
     block weights, 2 of bf16 / f16 ones)."""
     code = _act_code("linear_act_and_mul", act)
-    if not _fused("linear_act_and_mul", x):
+    if not _fused("linear_act_and_mul", x) or is_fp8_weight(w):
         return act_and_mul(linear(x, w), act)
     n = w.shape[0]
     out = _empty(x, (x.shape[0], n // 2))
@@ -160,7 +162,8 @@ def rms_norm_linear(x, residual, norm_w, eps: float, w, bias=None, act: str | No
     GPU decode rows (as in linear_act_and_mul) take one GEMV that normalizes x as it reads it."""
     code = -1 if act is None else _act_code("rms_norm_linear", act)
     # (A biased gate_up (Llama's mlp_bias) is activated after its bias: the separate ops.)
-    if not _fused("rms_norm_linear", x) or (bias is not None and act is not None):
+    if (not _fused("rms_norm_linear", x) or (bias is not None and act is not None)
+            or is_fp8_weight(w)):
         if residual is None:
             h, residual = rms_norm(x, norm_w, eps), x
         else:
@@ -384,7 +387,15 @@ def cuda_available() -> bool:
 
 # Families of ops in modules of their own (ops/moe.py, ops/linear_attn.py, ops/sampling.py),
 # read as ops.<name> as the others are.
-from vllmx.ops.fp8 import per_token_group_quant_fp8, scaled_mm  # noqa: F401
+from vllmx.ops.fp8 import (  # noqa: F401
+    F8_E4M3_B128,
+    fp8_block_weight,
+    fp8_linear,
+    is_fp8_weight,
+    per_token_group_quant_fp8,
+    scaled_mm,
+    upload_fp8_block_weight,
+)
 from vllmx.ops.linear_attn import (  # noqa: F401
     causal_conv1d,
     gated_delta_rule,

@@ -13,6 +13,44 @@ from vllmx.device import BF16, F8_E4M3, F32, DeviceArray, host_dtype
 from vllmx.ops._base import _arg
 
 GROUP = 128  # K values a scale covers
+F8_E4M3_B128 = int(_C.DType["F8_E4M3_B128"])
+_BLOCK = 4 + GROUP  # an F8_E4M3_B128 block: its f32 scale, then 128 codes
+
+
+def fp8_block_weight(codes: np.ndarray, scales: np.ndarray):
+    """An F8_E4M3_B128 Weight [N, K] from e4m3 codes (uint8 [N, K]) and each row's scale per
+    128-wide group of K (f32 [N, K // 128]): what the GPU's scaled_mm runs, a row's blocks
+    independent (so merging, slicing and permuting rows stay exact)."""
+    from vllmx.weights import Weight
+
+    n, k = codes.shape
+    blocks = np.empty((n, k // GROUP, _BLOCK), np.uint8)
+    blocks[:, :, :4] = np.ascontiguousarray(scales, np.float32).reshape(n, -1, 1).view(np.uint8)
+    blocks[:, :, 4:] = codes.reshape(n, k // GROUP, GROUP)
+    return Weight(blocks.reshape(n, -1), F8_E4M3_B128, (n, k))
+
+
+def upload_fp8_block_weight(w) -> DeviceArray:
+    """An F8_E4M3_B128 Weight on the GPU as scaled_mm reads it: codes [N, K] (F8_E4M3) with
+    `.scales` [K // 128, N] f32 (MN-major) beside them."""
+    n, k = w.shape
+    blocks = np.asarray(w.data).reshape(n, k // GROUP, _BLOCK)
+    codes = DeviceArray.from_numpy(np.ascontiguousarray(blocks[:, :, 4:]).reshape(n, k), F8_E4M3)
+    scales = np.ascontiguousarray(blocks[:, :, :4]).view(np.float32).reshape(n, k // GROUP)
+    codes.scales = DeviceArray.from_numpy(np.ascontiguousarray(scales.T))
+    return codes
+
+
+def is_fp8_weight(w) -> bool:
+    """An fp8 weight uploaded for scaled_mm (upload_fp8_block_weight's)."""
+    return isinstance(w, DeviceArray) and w.dtype == F8_E4M3
+
+
+def fp8_linear(x: DeviceArray, w: DeviceArray, bias=None) -> DeviceArray:
+    """x @ w^T (+ bias) as vLLM runs block-scaled fp8 checkpoints on Hopper: x quantized per
+    token and 128-wide group (per_token_group_quant_fp8), then scaled_mm; out in x's dtype."""
+    q, s = per_token_group_quant_fp8(x)
+    return scaled_mm(q, w, s, w.scales, x.dtype, bias)
 
 
 def _typed(t, dtype: int):
