@@ -272,6 +272,9 @@ def main() -> int:
                     help="both engines load the same random safetensors written here "
                          "(random_checkpoint.py; MoE routing as spread as a trained model's) "
                          "instead of their dummy weights")
+    ap.add_argument("--fp8", action="store_true",
+                    help="the shapes as block-scaled fp8 checkpoints (quant_method fp8, 128 x 128 "
+                         "blocks): dummy fp8 projections in both engines, W8A8 on Hopper")
     ap.add_argument("--load-format", default="dummy", help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=list(WORKERS), help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
@@ -310,8 +313,13 @@ def main() -> int:
     for name in args.models:
         print(f"== {name}", flush=True)
         layers = {"num_hidden_layers": args.layers} if args.layers else {}
+        if args.fp8:  # vLLM's block-scaled fp8 checkpoints' config (DeepSeek-V3, Qwen3-*-FP8)
+            layers["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
+                                             "activation_scheme": "dynamic",
+                                             "weight_block_size": [128, 128]}
         path = write_config(name, os.path.join(args.workdir, name + (
-            f"-{args.layers}-layers" if args.layers else "")), **layers)
+            f"-{args.layers}-layers" if args.layers else "") + ("-fp8" if args.fp8 else "")),
+            **layers)
         entry = {"weight_gb": weight_bytes(path) / 1e9, **layers}
         if args.random_weights:
             from random_checkpoint import write_random_weights

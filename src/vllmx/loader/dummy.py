@@ -1,7 +1,10 @@
 """load_format="dummy" (vLLM's option): a model from its config.json alone, its weights random,
 for benchmarking full-size shapes without their files. Values as vLLM's dummy loader makes
 them, uniform in [-1e-3, 1e-3), here from the fill_uniform op (a counter-based hash, the same
-bits on any machine) seeded by the tensor's name and the engine's seed."""
+bits on any machine) seeded by the tensor's name and the engine's seed. With an fp8
+quantization_config (vLLM's "fp8", block-scaled), the projections the GPU's fp8 GEMM runs are
+fp8 codes instead: uniform random codes (NaN's excluded) under one scale, 1e-3 / 448, so the
+values spread over the same +-1e-3."""
 
 from __future__ import annotations
 
@@ -30,14 +33,41 @@ class DummyWeights(Mapping):
                              f"{', '.join(DTYPE_BY_NAME)}")
         self.dtype = DTYPE_BY_NAME[stored]
         self.seed = seed
+        quant = hf_config.get("quantization_config") or {}
+        self.fp8_block = None
+        if quant.get("quant_method") == "fp8":
+            from vllmx.loader import fp8
+
+            fp8.check_config(quant)
+            block = quant.get("weight_block_size")
+            self.fp8_block = tuple(block) if block else (0, 0)
+            self.fp8_skip = tuple(quant.get("modules_to_not_convert") or ())
 
     def __getitem__(self, name: str) -> Weight:
         shape = self.shapes[name]
-        data = np.empty(shape, np.float32 if self.dtype == F32 else np.uint16)
         seed = (self.seed * 0x9E3779B1 + zlib.crc32(name.encode())) & ((1 << 63) - 1)
+        if self._fp8(name, shape):
+            from vllmx.ops.fp8 import GROUP, fp8_block_weight
+
+            codes = np.random.default_rng(seed).integers(0, 255, shape, dtype=np.uint8)
+            codes[(codes & 0x7F) == 0x7F] ^= 1  # no NaN: 0x7f / 0xff become 0x7e / 0xfe
+            scales = np.full((shape[0], shape[1] // GROUP), DUMMY_HIGH / 448.0, np.float32)
+            return fp8_block_weight(codes, scales)
+        data = np.empty(shape, np.float32 if self.dtype == F32 else np.uint16)
         ops.fill_uniform(data if self.dtype == F32 else (data, self.dtype), seed, DUMMY_LOW,
                          DUMMY_HIGH)
         return Weight(data, self.dtype, shape)
+
+    def _fp8(self, name: str, shape: tuple[int, ...]) -> bool:
+        """Whether an fp8 checkpoint of this config would hold `name` in fp8 and the GPU's fp8
+        GEMM runs it (vLLM quantizes every linear but lm_head and modules_to_not_convert)."""
+        if self.fp8_block is None or len(shape) != 2 or not name.endswith("proj.weight"):
+            return False
+        if any(m in name for m in self.fp8_skip) or "lm_head" in name:
+            return False
+        from vllmx.loader.fp8 import fp8_gemm_takes
+
+        return fp8_gemm_takes(shape[0], shape[1], self.fp8_block if self.fp8_block[0] else None)
 
     def __contains__(self, name: object) -> bool:
         return name in self.shapes  # (Mapping's would make the tensor to find out)
