@@ -128,21 +128,22 @@ def _fake_quant_inputs(model, block: int = 128):
 
 
 def test_fp8_checkpoint_runs_on_fp8_tensor_cores(tmp_path):
-    """A block-scaled fp8 checkpoint (128 x 128 blocks) on the GPU: its projections that the
-    fp8 GEMM takes are uploaded as e4m3 codes with per-row group scales (the others, K not
-    whole groups, dense), and its greedy tokens pass TESTING.md's rule against transformers'
+    """An fp8 checkpoint with one scale a tensor (AutoFP8's layout; the tiny Llama's 64- and
+    192-wide matrices are no whole 128 x 128 blocks) on the GPU: its projections that the fp8
+    GEMM takes are uploaded as e4m3 codes with per-row group scales (the others, K not whole
+    groups, dense), and its greedy tokens pass TESTING.md's rule against transformers'
     dequantized model fed the same fp8-rounded inputs."""
     if not hopper():
         pytest.skip("fp8 GEMMs run on Hopper only")
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     from tests.loader.test_fp8_checkpoint import write_checkpoint
     from tests.models.parity import check_positions, log_softmax
     from tests.models.tiny_checkpoints import VOCAB
     from vllmx import LLM, SamplingParams
     from vllmx.device import F8_E4M3
 
-    path = write_checkpoint(str(tmp_path / "fp8"), block=(128, 128))
+    path = write_checkpoint(str(tmp_path / "fp8"), block=None)
     llm = LLM(path, skip_tokenizer_init=True, device="cuda", max_model_len=512,
               kv_cache_memory_bytes=256 << 20)
     layer = llm.llm_engine.model_runner.model.layers[0]
@@ -152,11 +153,18 @@ def test_fp8_checkpoint_runs_on_fp8_tensor_cores(tmp_path):
     prompts = [rng.integers(3, VOCAB, size=int(n)).tolist() for n in rng.integers(3, 120, 6)]
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
-    from transformers import FineGrainedFP8Config
+    from safetensors.torch import load_file
 
-    oracle = _fake_quant_inputs(transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.bfloat16, quantization_config=FineGrainedFP8Config(dequantize=True)
-    ).to("cuda").eval())
+    from tests.loader.quantized_checkpoints import tiny_llama
+
+    # The oracle: the checkpoint's dense weights (fp8 values times the scale, in f32, to bf16,
+    # as transformers' dequantization makes them), fed fp8-rounded inputs.
+    stored = load_file(os.path.join(path, "model.safetensors"))
+    dense = {n: (w.float() * stored[n + "_scale"]).to(torch.bfloat16)
+             for n, w in stored.items() if w.dtype == torch.float8_e4m3fn}
+    oracle = tiny_llama(torch.bfloat16)
+    oracle.load_state_dict({**oracle.state_dict(), **dense})
+    oracle = _fake_quant_inputs(oracle.to("cuda").eval())
     failed = positions = 0
     for prompt, out in zip(prompts, outs):
         toks = list(out.outputs[0].token_ids)
