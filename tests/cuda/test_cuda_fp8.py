@@ -127,23 +127,17 @@ def _fake_quant_inputs(model, block: int = 128):
     return model
 
 
-def test_fp8_checkpoint_runs_on_fp8_tensor_cores(tmp_path):
-    """An fp8 checkpoint with one scale a tensor (AutoFP8's layout; the tiny Llama's 64- and
-    192-wide matrices are no whole 128 x 128 blocks) on the GPU: its projections that the fp8
-    GEMM takes are uploaded as e4m3 codes with per-row group scales (the others, K not whole
-    groups, dense), and its greedy tokens pass TESTING.md's rule against transformers'
-    dequantized model fed the same fp8-rounded inputs."""
-    if not hopper():
-        pytest.skip("fp8 GEMMs run on Hopper only")
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from tests.loader.test_fp8_checkpoint import write_checkpoint
+def _check_w8a8(path: str, oracle) -> None:
+    """The checkpoint at path on the GPU: its q/k/v projection (K = 128) uploaded as e4m3 codes,
+    its down_proj (K = 192) dense, and its greedy tokens within FP8_GAP of the oracle (the
+    transformers model of its dequantized weights, given here) fed fp8-rounded inputs."""
+    import torch
+
     from tests.models.parity import check_positions, log_softmax
     from tests.models.tiny_checkpoints import VOCAB
     from vllmx import LLM, SamplingParams
     from vllmx.device import F8_E4M3
 
-    path = write_checkpoint(str(tmp_path / "fp8"), block=None)
     llm = LLM(path, skip_tokenizer_init=True, device="cuda", max_model_len=512,
               kv_cache_memory_bytes=256 << 20)
     layer = llm.llm_engine.model_runner.model.layers[0]
@@ -153,17 +147,6 @@ def test_fp8_checkpoint_runs_on_fp8_tensor_cores(tmp_path):
     prompts = [rng.integers(3, VOCAB, size=int(n)).tolist() for n in rng.integers(3, 120, 6)]
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
-    from safetensors.torch import load_file
-
-    from tests.loader.quantized_checkpoints import tiny_llama
-
-    # The oracle: the checkpoint's dense weights (fp8 values times the scale, in f32, to bf16,
-    # as transformers' dequantization makes them), fed fp8-rounded inputs.
-    stored = load_file(os.path.join(path, "model.safetensors"))
-    dense = {n: (w.float() * stored[n + "_scale"]).to(torch.bfloat16)
-             for n, w in stored.items() if w.dtype == torch.float8_e4m3fn}
-    oracle = tiny_llama(torch.bfloat16)
-    oracle.load_state_dict({**oracle.state_dict(), **dense})
     oracle = _fake_quant_inputs(oracle.to("cuda").eval())
     failed = positions = 0
     for prompt, out in zip(prompts, outs):
@@ -176,3 +159,44 @@ def test_fp8_checkpoint_runs_on_fp8_tensor_cores(tmp_path):
         positions += len(toks)
         assert report.worst_gap < FP8_GAP, f"seed {SEED}: {report}"
     assert failed <= FP8_FAILED_SHARE * positions, f"seed {SEED}: {failed} of {positions}"
+
+
+def test_fp8_checkpoint_runs_on_fp8_tensor_cores(tmp_path):
+    """An fp8 checkpoint with one scale a tensor (AutoFP8's layout; the tiny Llama's 64- and
+    192-wide matrices are no whole 128 x 128 blocks) on the GPU: its projections that the fp8
+    GEMM takes are uploaded as e4m3 codes with per-row group scales (the others, K not whole
+    groups, dense), and its greedy tokens pass TESTING.md's rule against transformers'
+    dequantized model fed the same fp8-rounded inputs."""
+    if not hopper():
+        pytest.skip("fp8 GEMMs run on Hopper only")
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from safetensors.torch import load_file
+
+    from tests.loader.quantized_checkpoints import tiny_llama
+    from tests.loader.test_fp8_checkpoint import write_checkpoint
+
+    path = write_checkpoint(str(tmp_path / "fp8"), block=None)
+    # The oracle: the checkpoint's dense weights (fp8 values times the scale, in f32, to bf16,
+    # as transformers' dequantization makes them).
+    stored = load_file(os.path.join(path, "model.safetensors"))
+    dense = {n: (w.float() * stored[n + "_scale"]).to(torch.bfloat16)
+             for n, w in stored.items() if w.dtype == torch.float8_e4m3fn}
+    oracle = tiny_llama(torch.bfloat16)
+    oracle.load_state_dict({**oracle.state_dict(), **dense})
+    _check_w8a8(path, oracle)
+
+
+@pytest.mark.parametrize("case", ["fp8_channel_dynamic", "fp8_tensor_static"])
+def test_compressed_tensors_fp8_runs_on_fp8_tensor_cores(case, tmp_path):
+    """compressed-tensors' FP8 schemes (per channel with dynamic tokens, per tensor with a
+    static input scale — which vllmx, quantizing activations dynamically, does not read) on
+    the GPU take the same W8A8 path; the oracle is the package's own decompression."""
+    if not hopper():
+        pytest.skip("fp8 GEMMs run on Hopper only")
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("compressed_tensors")
+    from tests.loader.test_compressed_tensors import oracle, write_checkpoint
+
+    path = write_checkpoint(case, str(tmp_path / case), widths=(128, 192, 32))
+    _check_w8a8(path, oracle(path, torch.bfloat16))

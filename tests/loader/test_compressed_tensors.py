@@ -88,7 +88,9 @@ def _min_max(w, args):
     return mn, mx
 
 
-def write_checkpoint(case: str, out: str, dtype=torch.bfloat16, **quant_extra) -> str:
+def write_checkpoint(case: str, out: str, dtype=torch.bfloat16, widths=(96, 160, 24),
+                     **quant_extra) -> str:
+    """widths: the tiny Llama's hidden, intermediate and head sizes."""
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (
         QuantizationConfig,
@@ -98,8 +100,8 @@ def write_checkpoint(case: str, out: str, dtype=torch.bfloat16, **quant_extra) -
     from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
 
     weights, acts, fmt = _scheme(case)
-    # widths that are not whole 32 x 32 blocks (the fp8 block case's partial blocks)
-    model = tiny_llama(dtype, hidden=96, intermediate=160, head_dim=24)
+    # by default widths that are not whole 32 x 32 blocks (the fp8 block case's partial blocks)
+    model = tiny_llama(dtype, hidden=widths[0], intermediate=widths[1], head_dim=widths[2])
     model.save_pretrained(out + "-dense")  # the model before quantization
     scheme = QuantizationScheme(targets=["Linear"], weights=weights, input_activations=acts)
     apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme},

@@ -11,7 +11,11 @@ compressed-tensors' own `dequantize` does — (q - zero_point) * scale in the sc
 that the model runs the matrices the format's reference decompression gives, in the checkpoint's
 dtype. Activation quantization in the scheme (FP8's or INT8's static or dynamic input scales)
 is not applied: W8A8 checkpoints run as W8A16, as vLLM runs fp8 ones on GPUs without fp8
-tensor cores and as transformers runs the format's decompressed weights. What the format holds
+tensor cores — except fp8 weights on a Hopper GPU whose scales are constant over 128-wide
+column groups (fp8_row_group_scales): those run W8A8 as loader/fp8.py's do (activations
+quantized per token and 128-wide group, dynamically, whatever the scheme's input scales say;
+not yet run on a GPU). Elsewhere they run as transformers runs the format's decompressed
+weights. What the format holds
 beyond this (sparsity, transforms, a quantized KV cache, fp4 with zero points, output
 activation quantization) is refused by name (check_config)."""
 
@@ -21,8 +25,10 @@ import numpy as np
 
 from vllmx.device import BF16, U8
 from vllmx.loader import quantization as q
+from vllmx.loader.fp8 import fp8_gemm_takes
 from vllmx.loader.safetensors import FP8_E4M3
 from vllmx.ops import Weight
+from vllmx.ops.fp8 import GROUP, fp8_block_weight
 
 METHOD = "compressed-tensors"
 _FORMATS = ("pack-quantized", "int-quantized", "naive-quantized", "float-quantized",
@@ -92,6 +98,24 @@ def _unpack_bits(words: np.ndarray, bits: int, count: int) -> np.ndarray:
     return (stream.reshape(b.shape[0], count, bits).astype(np.int32) << np.arange(bits)).sum(-1)
 
 
+def fp8_row_group_scales(scale: np.ndarray, n: int, k: int,
+                         block: tuple[int, int] | None) -> np.ndarray | None:
+    """Each row's scale per 128-wide group of K (f32 [n, k // 128], what ops.fp8_block_weight
+    takes) for a scheme whose scale is constant over each such group — per tensor, per channel,
+    groups or blocks whole multiples of 128 wide — else None."""
+    if k % GROUP:
+        return None
+    cols = scale.reshape(scale.shape[0], -1).shape[1] if scale.size > 1 else 1
+    if scale.size == 1 or scale.shape[0] == n and cols == 1:
+        fits = True
+    elif block is not None:
+        fits = block[1] % GROUP == 0
+    else:  # groups along K
+        fits = scale.shape[0] == n and k % cols == 0 and (k // cols) % GROUP == 0
+    full = q.expand(scale, n, k, block) if fits else None
+    return None if full is None else np.ascontiguousarray(full[:, ::GROUP], np.float32)
+
+
 def _dequantize(parts: dict[str, Weight], block: tuple[int, int] | None,
                 dtype: int) -> Weight:
     if "weight_g_idx" in parts:  # compressed-tensors itself no longer reads it: no oracle
@@ -113,7 +137,13 @@ def _dequantize(parts: dict[str, Weight], block: tuple[int, int] | None,
                 z = _unpack_bits(np.ascontiguousarray(z.T), bits, n).T.astype(np.int32) \
                     - (1 << (bits - 1))
     else:
-        x = q.weight_values(parts["weight"])
+        w = parts["weight"]
+        if w.dtype == FP8_E4M3 and "weight_zero_point" not in parts and len(w.shape) == 2:
+            n, k = w.shape
+            rows = fp8_row_group_scales(q.float32(scale_w), n, k, block)
+            if rows is not None and fp8_gemm_takes(n, k, None):  # W8A8 on Hopper (loader/fp8.py)
+                return fp8_block_weight(q.array(w).reshape(n, k), rows)
+        x = q.weight_values(w)
         n, k = x.shape
         if "weight_zero_point" in parts:
             z = q.array(parts["weight_zero_point"])
