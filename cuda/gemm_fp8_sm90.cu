@@ -19,14 +19,9 @@ namespace sm90 {
 
 template <typename Element, class TileShape, bool kSwap>
 struct Fp8Gemm {
+  using E = Sm90Epilogue<Element, TileShape, Shape<_1, _1, _1>, kSwap>;
   using E8 = cutlass::float_e4m3_t;
-  using LayoutA = cutlass::layout::RowMajor;     // K-major
-  using LayoutB = cutlass::layout::ColumnMajor;  // K-major
-  using LayoutD =
-      std::conditional_t<kSwap, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
-  using ClusterShape = Shape<_1, _1, _1>;
-  static constexpr int kAlign8 = 16;                                    // 16-byte TMA, fp8
-  static constexpr int kAlignD = 128 / cutlass::sizeof_bits<Element>::value;
+  static constexpr int kAlign8 = 16;  // 16-byte TMA, fp8
 
   // One scale per row of A and of B and per 128 of K, both MN-major.
   using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 1, kFp8Group, GMMA::Major::MN,
@@ -34,39 +29,23 @@ struct Fp8Gemm {
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
 
-  using FusionOp = std::conditional_t<
-      kSwap,
-      cutlass::epilogue::fusion::LinCombPerRowBias<Element, float, Element, Element, float, 1>,
-      cutlass::epilogue::fusion::LinCombPerColBias<Element, float, Element, Element, float, 1>>;
-
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlignD,
-      Element, LayoutD, kAlignD, cutlass::epilogue::TmaWarpSpecializedCooperative,
-      FusionOp>::CollectiveOp;
-
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, E8, cute::tuple<LayoutA, LayoutSFA>,
-      kAlign8, E8, cute::tuple<LayoutB, LayoutSFB>, kAlign8, float, TileShape, ClusterShape,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, E8,
+      cute::tuple<typename E::LayoutA, LayoutSFA>, kAlign8, E8,
+      cute::tuple<typename E::LayoutB, LayoutSFB>, kAlign8, float, TileShape, Shape<_1, _1, _1>,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename Epilogue::SharedStorage))>,
+          sizeof(typename E::Epilogue::SharedStorage))>,
       cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop,
-                                                      Epilogue, cutlass::gemm::StreamKScheduler>;
+                                                      typename E::Epilogue,
+                                                      cutlass::gemm::StreamKScheduler>;
   using Adapter = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
 inline std::string fp8_shapes(const Sm90Fp8GemmArgs& a) {
   return "fp8 x [" + std::to_string(a.T) + ", " + std::to_string(a.K) + "], w [" +
          std::to_string(a.N) + ", " + std::to_string(a.K) + "]";
-}
-
-inline void fp8_check(cutlass::Status st, const char* what, const Sm90Fp8GemmArgs& a) {
-  if (st != cutlass::Status::kSuccess)
-    throw std::runtime_error(std::string("scaled_mm: CUTLASS sm90 fp8 GEMM ") + what +
-                             " failed (" + cutlassGetStatusString(st) + ") for " +
-                             fp8_shapes(a) + "; " + cudaGetErrorString(cudaGetLastError()));
 }
 
 template <typename Element, class TileShape, bool kSwap>
@@ -80,13 +59,9 @@ void run_fp8(const Sm90Fp8GemmArgs& a, cudaStream_t s) {
   const void* B = kSwap ? a.x : a.w;
   const float* SA = kSwap ? a.w_scale : a.x_scale;
   const float* SB = kSwap ? a.x_scale : a.w_scale;
-  const auto sa = row_stride<typename K::StrideA>(kSwap ? a.w_stride : a.x_stride, M);
-  const auto sb = row_stride<typename K::StrideB>(kSwap ? a.x_stride : a.w_stride, N);
-  typename K::StrideD sd;
-  if constexpr (kSwap)
-    sd = col_stride<typename K::StrideD>(a.out_stride, N);
-  else
-    sd = row_stride<typename K::StrideD>(a.out_stride, M);
+  const auto [sa, sb, sd] = operand_strides<K, kSwap>(kSwap ? a.w_stride : a.x_stride,
+                                                     kSwap ? a.x_stride : a.w_stride,
+                                                     a.out_stride, M, N);
   const typename K::StrideC sc = sd;  // no C is read
   const auto shape = make_shape(M, N, a.K, 1);
 
@@ -100,16 +75,10 @@ void run_fp8(const Sm90Fp8GemmArgs& a, cudaStream_t s) {
   args.epilogue.thread.alpha = 1.f;
   args.epilogue.thread.beta = 0.f;
   args.epilogue.thread.bias_ptr = static_cast<const Element*>(a.bias);  // null: adds zeros
-  int device = 0;
-  cudaGetDevice(&device);
-  args.hw_info.device_id = device;
-  args.hw_info.sm_count = a.num_sms;
-
-  Adapter gemm;
-  fp8_check(gemm.can_implement(args), "can_implement", a);
-  void* ws = workspace(Adapter::get_workspace_size(args));
-  fp8_check(gemm.initialize(args, ws, s), "initialize", a);
-  fp8_check(gemm.run(s), "launch", a);
+  launch_adapter<Adapter>(args, a.num_sms, s,
+                          [&](const char* what, cutlass::Status st) {
+                            fail_status("scaled_mm", what, st, fp8_shapes(a));
+                          });
 }
 
 template <typename Element>

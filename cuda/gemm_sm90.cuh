@@ -16,6 +16,7 @@
 #pragma once
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
 
 #include "cute/tensor.hpp"
@@ -36,13 +37,15 @@ namespace vllmx::cuda::sm90 {
 
 using namespace cute;
 
+// The epilogue both GEMMs share (this one and gemm_fp8_sm90.cu's): D (out in Element, bf16 /
+// f16) = acc + bias in f32, rounded once; D row-major straight, column-major swapped.
 template <typename Element, class TileShape, class ClusterShape, bool kSwap>
-struct Gemm {
+struct Sm90Epilogue {
   using LayoutA = cutlass::layout::RowMajor;     // K-major
   using LayoutB = cutlass::layout::ColumnMajor;  // K-major
   using LayoutD =
       std::conditional_t<kSwap, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
-  static constexpr int kAlign = 128 / cutlass::sizeof_bits<Element>::value;  // 16-byte TMA
+  static constexpr int kAlignD = 128 / cutlass::sizeof_bits<Element>::value;  // 16-byte TMA
 
   // The bias is read element by element (alignment 1): it may be a slice of a merged bias.
   using FusionOp = std::conditional_t<
@@ -52,9 +55,16 @@ struct Gemm {
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlign,
-      Element, LayoutD, kAlign, cutlass::epilogue::TmaWarpSpecializedCooperative,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlignD,
+      Element, LayoutD, kAlignD, cutlass::epilogue::TmaWarpSpecializedCooperative,
       FusionOp>::CollectiveOp;
+};
+
+template <typename Element, class TileShape, class ClusterShape, bool kSwap>
+struct Gemm : Sm90Epilogue<Element, TileShape, ClusterShape, kSwap> {
+  using E = Sm90Epilogue<Element, TileShape, ClusterShape, kSwap>;
+  using typename E::Epilogue, typename E::LayoutA, typename E::LayoutB;
+  static constexpr int kAlign = E::kAlignD;  // A and B in Element too
 
   // Stages: as many as the shared memory left beside the epilogue's holds.
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -100,11 +110,41 @@ inline std::string shapes(const Sm90GemmArgs& a) {
          std::to_string(a.N) + ", " + std::to_string(a.K) + "]";
 }
 
-inline void check(cutlass::Status st, const char* what, const Sm90GemmArgs& a) {
-  if (st != cutlass::Status::kSuccess)
-    throw std::runtime_error(std::string("linear: CUTLASS sm90 GEMM ") + what + " failed (" +
-                             cutlassGetStatusString(st) + ") for " + shapes(a) + "; " +
-                             cudaGetErrorString(cudaGetLastError()));
+// Throws naming the op, the CUTLASS step that failed and the problem's shapes.
+inline void fail_status(const char* op, const char* what, cutlass::Status st,
+                        const std::string& shapes) {
+  throw std::runtime_error(std::string(op) + ": CUTLASS sm90 GEMM " + what + " failed (" +
+                           cutlassGetStatusString(st) + ") for " + shapes + "; " +
+                           cudaGetErrorString(cudaGetLastError()));
+}
+
+// A and B's strides (their rows K-major, ld elements apart) and D's (out's rows, ld_out apart:
+// row-major straight, column-major swapped), for an M x N problem.
+template <class K, bool kSwap>
+auto operand_strides(int64_t ld_a, int64_t ld_b, int64_t ld_out, int M, int N) {
+  typename K::StrideD sd;
+  if constexpr (kSwap)
+    sd = col_stride<typename K::StrideD>(ld_out, N);
+  else
+    sd = row_stride<typename K::StrideD>(ld_out, M);
+  return std::make_tuple(row_stride<typename K::StrideA>(ld_a, M),
+                         row_stride<typename K::StrideB>(ld_b, N), sd);
+}
+
+// can_implement, the workspace, initialize and the launch on stream s; fail(what, status) throws.
+template <class Adapter, class Fail>
+void launch_adapter(typename Adapter::Arguments& args, int num_sms, cudaStream_t s,
+                    const Fail& fail) {
+  int device = 0;
+  cudaGetDevice(&device);
+  args.hw_info.device_id = device;
+  args.hw_info.sm_count = num_sms;
+  Adapter gemm;
+  cutlass::Status st = gemm.can_implement(args);
+  if (st != cutlass::Status::kSuccess) fail("can_implement", st);
+  void* ws = workspace(Adapter::get_workspace_size(args));
+  if ((st = gemm.initialize(args, ws, s)) != cutlass::Status::kSuccess) fail("initialize", st);
+  if ((st = gemm.run(s)) != cutlass::Status::kSuccess) fail("launch", st);
 }
 
 template <typename Element, class TileShape, class ClusterShape, bool kSwap>
@@ -115,13 +155,9 @@ void run(const Sm90GemmArgs& a, cudaStream_t s) {
   const void* A = kSwap ? a.w : a.x;
   const void* B = kSwap ? a.x : a.w;
   // Rows of x and out may be views into wider rows: their own strides, not K or N.
-  const auto sa = row_stride<typename K::StrideA>(kSwap ? a.w_stride : a.x_stride, M);
-  const auto sb = row_stride<typename K::StrideB>(kSwap ? a.x_stride : a.w_stride, N);
-  typename K::StrideD sd;
-  if constexpr (kSwap)
-    sd = col_stride<typename K::StrideD>(a.out_stride, N);
-  else
-    sd = row_stride<typename K::StrideD>(a.out_stride, M);
+  const auto [sa, sb, sd] = operand_strides<K, kSwap>(kSwap ? a.w_stride : a.x_stride,
+                                                     kSwap ? a.x_stride : a.w_stride,
+                                                     a.out_stride, M, N);
   const typename K::StrideC sc = sd;  // no C is read
 
   typename Adapter::Arguments args{
@@ -132,20 +168,14 @@ void run(const Sm90GemmArgs& a, cudaStream_t s) {
   args.epilogue.thread.alpha = 1.f;
   args.epilogue.thread.beta = 0.f;
   args.epilogue.thread.bias_ptr = static_cast<const Element*>(a.bias);  // null: adds zeros
-  int device = 0;
-  cudaGetDevice(&device);
-  args.hw_info.device_id = device;
-  args.hw_info.sm_count = a.num_sms;
   if (a.decomposition >= 0)
     args.scheduler.decomposition_mode =
         static_cast<cutlass::gemm::kernel::detail::DecompositionMode>(a.decomposition);
   if (a.splits > 0) args.scheduler.splits = a.splits;
-
-  Adapter gemm;
-  check(gemm.can_implement(args), "can_implement", a);
-  void* ws = workspace(Adapter::get_workspace_size(args));
-  check(gemm.initialize(args, ws, s), "initialize", a);
-  check(gemm.run(s), "launch", a);
+  launch_adapter<Adapter>(args, a.num_sms, s,
+                          [&](const char* what, cutlass::Status st) {
+                            fail_status("linear", what, st, shapes(a));
+                          });
 }
 
 }  // namespace vllmx::cuda::sm90
