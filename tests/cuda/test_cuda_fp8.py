@@ -108,26 +108,31 @@ def test_scaled_mm_rows_batch_invariant():
 FP8_GAP, FP8_FAILED_SHARE = 3.0, 0.05
 
 
+def _fake_quant(x, block: int = 128):
+    """x's rows quantized per 128-wide group as per_token_group_quant_fp8 does, back in x's
+    dtype."""
+    import torch
+
+    g = x.float().reshape(*x.shape[:-1], -1, block)
+    s = g.abs().amax(-1, keepdim=True).clamp(min=1e-10) / 448.0
+    return ((g / s).clamp(-448, 448).to(torch.float8_e4m3fn).float() * s).reshape(
+        x.shape).to(x.dtype)
+
+
 def _fake_quant_inputs(model, block: int = 128):
     """transformers' model with each projection fp8 runs on (in_features whole 128-groups,
     out_features a multiple of 8, lm_head excluded) fed its input quantized as
     per_token_group_quant_fp8 quantizes it: the oracle of vLLM's W8A8 fp8 GEMM."""
     import torch
 
-    def quant(x):
-        g = x.float().reshape(*x.shape[:-1], -1, block)
-        s = g.abs().amax(-1, keepdim=True).clamp(min=1e-10) / 448.0
-        q = (g / s).clamp(-448, 448).to(torch.float8_e4m3fn).float() * s
-        return q.reshape(x.shape).to(x.dtype)
-
     for name, mod in model.named_modules():
         if (isinstance(mod, torch.nn.Linear) and name.endswith("proj")
                 and mod.in_features % block == 0 and mod.out_features % 8 == 0):
-            mod.register_forward_pre_hook(lambda m, args: (quant(args[0]),))
+            mod.register_forward_pre_hook(lambda m, args: (_fake_quant(args[0], block),))
     return model
 
 
-def _check_w8a8(path: str, oracle) -> None:
+def _check_w8a8(path: str, oracle, **engine) -> None:
     """The checkpoint at path on the GPU: its q/k/v projection (K = 128) uploaded as e4m3 codes,
     its down_proj (K = 192) dense, and its greedy tokens within FP8_GAP of the oracle (the
     transformers model of its dequantized weights, given here) fed fp8-rounded inputs."""
@@ -139,10 +144,12 @@ def _check_w8a8(path: str, oracle) -> None:
     from vllmx.device import F8_E4M3
 
     llm = LLM(path, skip_tokenizer_init=True, device="cuda", max_model_len=512,
-              kv_cache_memory_bytes=256 << 20)
-    layer = llm.llm_engine.model_runner.model.layers[0]
+              kv_cache_memory_bytes=256 << 20, **engine)
+    model = llm.llm_engine.model_runner.model
+    layer = model.layers[0]
     assert layer.qkv_proj.parts[0].weight.dtype == F8_E4M3  # K = 128
     assert layer.down_proj.weight.dtype != F8_E4M3  # K = 192: dense
+    assert model.lm_head.weight.dtype != F8_E4M3
     rng = np.random.default_rng(SEED)
     prompts = [rng.integers(3, VOCAB, size=int(n)).tolist() for n in rng.integers(3, 120, 6)]
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
@@ -200,3 +207,25 @@ def test_compressed_tensors_fp8_runs_on_fp8_tensor_cores(case, tmp_path):
 
     path = write_checkpoint(case, str(tmp_path / case), widths=(128, 192, 32))
     _check_w8a8(path, oracle(path, torch.bfloat16))
+
+
+def test_online_fp8_quantizes_projections_at_upload(tmp_path):
+    """vLLM's online fp8 (quantization="fp8" on a bf16 checkpoint): the projections the fp8
+    GEMM takes are quantized on the device at upload, each row's 128-wide groups as activations
+    are; the lm_head stays bf16; the tokens pass TESTING.md's rule against transformers with
+    the same weight and input rounding."""
+    if not hopper():
+        pytest.skip("fp8 GEMMs run on Hopper only")
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tests.loader.quantized_checkpoints import tiny_llama
+
+    path = str(tmp_path / "bf16")
+    model = tiny_llama(torch.bfloat16)
+    model.save_pretrained(path)
+    with torch.no_grad():
+        for name, mod in model.named_modules():
+            if (isinstance(mod, torch.nn.Linear) and name.endswith("proj")
+                    and mod.in_features % 128 == 0 and mod.out_features % 8 == 0):
+                mod.weight.copy_(_fake_quant(mod.weight))
+    _check_w8a8(path, model, quantization="fp8")

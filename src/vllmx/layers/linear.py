@@ -19,15 +19,16 @@ from vllmx.pages import release_file_pages
 _packed: dict[int, Weight] = {}
 
 
-def packed(weight: Weight) -> Weight:
+def packed(weight: Weight, fp8: bool = False) -> Weight:
     """The weight as the current device's linear kernels read it: shared by every Linear
-    built over the same source array (a tied embedding / lm_head is uploaded once)."""
-    key = id(weight.data)
+    built over the same source array (a tied embedding / lm_head is uploaded once). fp8: a
+    projection online fp8 may quantize (placement.upload_weight)."""
+    key = (id(weight.data), True) if fp8 else id(weight.data)  # (lookup_table reads the latter)
     hit = _packed.get(key)
     if hit is not None:
         return hit
     if placement.current().on_gpu:
-        p = placement.upload_weight(weight)
+        p = placement.upload_weight(weight, fp8=fp8)
     else:
         p = ops.repack_weight(weight)
         if p is weight:  # a dense weight: at least on a cache-line boundary
@@ -54,8 +55,11 @@ def scale_rows(w: Weight, scale) -> Weight:
 
 
 class Linear:
+    # Online fp8 (quantization="fp8") quantizes projections; the lm_head stays in its dtype.
+    fp8 = True
+
     def __init__(self, weight: Weight, bias: Weight | None = None):
-        self.weight = weight if isinstance(weight, DeviceArray) else packed(weight)
+        self.weight = weight if isinstance(weight, DeviceArray) else packed(weight, self.fp8)
         self.bias = None if bias is None else placement.upload_vector(
             np.ascontiguousarray(bias.to_float32()).reshape(-1))
 
@@ -67,6 +71,13 @@ class Linear:
         weight; norm is an RMSNorm layer."""
         return ops.rms_norm_linear(x, residual, norm.weight, norm.eps, self.weight, self.bias,
                                    act)
+
+
+class LMHeadLinear(Linear):
+    """A model's lm_head as a plain Linear (models without tensor-parallel heads): online fp8
+    leaves it in its dtype, as vLLM does."""
+
+    fp8 = False
 
 
 class RowParallelLinear(Linear):
@@ -92,6 +103,8 @@ class ParallelLMHead(Linear):
     vocabulary (its share, shard_range: rows vocab_start on, the same rows a tied or
     vocabulary-parallel embedding holds) and every rank gets the whole [T, V] logits
     (all_gather). vocab_size: V (the weight's rows without a group)."""
+
+    fp8 = False  # (online fp8 leaves the lm_head as it is, as vLLM does)
 
     def __init__(self, weight: Weight, vocab_size: int | None = None):
         super().__init__(weight)

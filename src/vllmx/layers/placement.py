@@ -23,6 +23,10 @@ class Placement:
     # The Gated DeltaNet and Mamba2 layers' recurrent states: F32, or `dtype` on the GPU (vLLM's
     # mamba_ssm_cache_dtype, resolved by the worker; recurrent_state_dtype() checks it).
     ssm_state_dtype: int = F32
+    # vLLM's online fp8 (quantization="fp8" on an unquantized checkpoint, Hopper): dense
+    # projections go up as e4m3 codes with per-row, per-128-column scales (upload_weight's
+    # fp8=True callers: Linear, not the lm_head or embeddings).
+    fp8_weights: bool = False
 
     @property
     def on_gpu(self) -> bool:
@@ -97,12 +101,22 @@ def state_zeros(shape: tuple[int, ...], on_gpu: bool, dtype: int = F32):
     return DeviceArray.zeros(shape, dtype) if on_gpu else lazy_zeros(shape, np.float32)
 
 
-def upload_weight(w: Weight | DeviceArray, name: str = "weight") -> Weight | DeviceArray:
+def upload_weight(w: Weight | DeviceArray, name: str = "weight",
+                  fp8: bool = False) -> Weight | DeviceArray:
     """A matmul / embedding weight where the current placement wants it: unchanged on the CPU;
-    on the GPU dense weights in the activation dtype, block types as stored."""
+    on the GPU dense weights in the activation dtype, block types as stored. fp8: a projection
+    that online fp8 (Placement.fp8_weights) quantizes where the fp8 GEMM takes its shape."""
     p = _current
     if not p.on_gpu or isinstance(w, DeviceArray):
         return w
+    if (fp8 and p.fp8_weights and w.dtype in (F32, F16, BF16) and len(w.shape) == 2
+            and w.shape[1] % ops.fp8.GROUP == 0 and w.shape[0] % 8 == 0):
+        # Quantized on the device, row by row as activations are (per_token_group_quant_fp8:
+        # each row's 128-wide groups scaled to e4m3's range): codes [N, K], scales [K/128, N].
+        codes, scales = ops.per_token_group_quant_fp8(
+            DeviceArray.from_numpy(_dense_as(w, p.dtype), p.dtype))
+        codes.scales = scales
+        return codes
     if w.dtype not in CUDA_WEIGHT_TYPES:
         raise ValueError(
             f"{name}: GGUF type {_C.type_info(w.dtype)[0]} has no CUDA kernel (CUDA runs bf16, "

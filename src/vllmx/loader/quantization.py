@@ -46,8 +46,9 @@ _ALIASES = {"awq_marlin": "awq", "gptq_marlin": "gptq", "compressed_tensors": "c
 
 def check_requested(requested: str | None, hf_config: dict, is_gguf: bool) -> None:
     """vLLM's `quantization` argument against what the checkpoint holds: the same method (or
-    one of vLLM's kernel names for it), or ValueError naming both. vllmx quantizes nothing at
-    load, so a method asked of an unquantized checkpoint is refused too."""
+    one of vLLM's kernel names for it), or ValueError naming both. A method asked of an
+    unquantized checkpoint is refused too, but "fp8" (vLLM's online fp8: the projections
+    quantized at load, on a Hopper GPU; placement.Placement.fp8_weights)."""
     if requested is None:
         return
     method = _ALIASES.get(requested, requested)
@@ -58,10 +59,21 @@ def check_requested(requested: str | None, hf_config: dict, is_gguf: bool) -> No
         return
     quant = hf_config.get("quantization_config")
     held = quant.get("quant_method") if isinstance(quant, dict) else None
+    if held is None and method == "fp8":
+        from vllmx import _C
+        from vllmx.layers import placement
+
+        if not (placement.current().on_gpu and _C.cuda_sm90_kernels()):
+            raise ValueError("quantization='fp8' on an unquantized checkpoint quantizes its "
+                             "projections to fp8 at load for Hopper's fp8 tensor cores: it runs "
+                             "on a compute capability 9.0 GPU only; here load a quantized "
+                             "checkpoint (compressed-tensors, fp8, GPTQ, AWQ) or a GGUF file")
+        return
     if held is None:
         raise ValueError(f"quantization={requested!r} asks vllmx to quantize an unquantized "
-                         f"checkpoint at load, which it does not do; load a quantized checkpoint "
-                         f"(compressed-tensors, fp8, GPTQ, AWQ) or a GGUF file")
+                         f"checkpoint at load, which it does only for 'fp8' on a Hopper GPU; "
+                         f"load a quantized checkpoint (compressed-tensors, fp8, GPTQ, AWQ) or a "
+                         f"GGUF file")
     if method != held:
         raise ValueError(f"quantization={requested!r} does not match the method in the "
                          f"checkpoint's quantization_config ({held!r})")

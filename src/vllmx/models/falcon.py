@@ -17,7 +17,7 @@ import numpy as np
 
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
-from vllmx.layers.linear import Linear, qkv_by_group, vocab_parallel_embedding
+from vllmx.layers.linear import Linear, LMHeadLinear, qkv_by_group, vocab_parallel_embedding
 from vllmx.layers.mlp import GELU_APPROXIMATE, GeluMLP
 from vllmx.layers.norm import LayerNorm, ResidualAdd
 from vllmx.layers.rotary import RotaryEmbedding, get_rope
@@ -129,7 +129,7 @@ class FalconForCausalLM:
                        for i in range(cfg["num_hidden_layers"])]
         self.ln_f = LayerNorm(weights["transformer.ln_f.weight"], weights["transformer.ln_f.bias"],
                               cfg["layer_norm_epsilon"])
-        self.lm_head = Linear(weights.get("lm_head.weight", self.word_embeddings))
+        self.lm_head = LMHeadLinear(weights.get("lm_head.weight", self.word_embeddings))
         self.vocab_size = self.lm_head.weight.shape[0]
 
     @staticmethod

@@ -15,7 +15,7 @@ import numpy as np
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.fused_moe import SwiGLUMLP
-from vllmx.layers.linear import Linear, MergedLinear, scale_rows
+from vllmx.layers.linear import Linear, LMHeadLinear, MergedLinear, scale_rows
 from vllmx.layers.mamba2 import Mamba2Mixer, time_step_limit
 from vllmx.layers.norm import ResidualAdd, RMSNorm, pre_norm
 from vllmx.layers.rotary import get_rope
@@ -112,7 +112,7 @@ class FalconH1ForCausalLM(DecoderLM):
         self.layers = [FalconH1DecoderLayer(i, cfg, weights, rope)
                        for i in range(cfg["num_hidden_layers"])]
         self.norm = RMSNorm(weights["model.final_layernorm.weight"], cfg["rms_norm_eps"])
-        self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
+        self.lm_head = LMHeadLinear(weights.get("lm_head.weight", self.embed_tokens))
         self.vocab_size = self.lm_head.weight.shape[0]
         self.embedding_multiplier = _multiplier(cfg, "embedding_multiplier")
         self.logits_scaling = 1.0 / _multiplier(cfg, "lm_head_multiplier")

@@ -12,7 +12,7 @@ import numpy as np
 from vllmx import ops
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
-from vllmx.layers.linear import Linear, vocab_parallel_embedding
+from vllmx.layers.linear import Linear, LMHeadLinear, vocab_parallel_embedding
 from vllmx.layers.mlp import GeluMLP
 from vllmx.layers.norm import LayerNorm
 from vllmx.layers.rotary import RotaryEmbedding
@@ -105,7 +105,7 @@ class GPT2LMHeadModel:
         self.h = [GPT2Block(i, cfg, weights, nope) for i in range(cfg["num_hidden_layers"])]
         self.ln_f = LayerNorm(weights["transformer.ln_f.weight"], weights["transformer.ln_f.bias"],
                               cfg["layer_norm_epsilon"])
-        self.lm_head = Linear(weights.get("lm_head.weight", self.wte))
+        self.lm_head = LMHeadLinear(weights.get("lm_head.weight", self.wte))
         self.vocab_size = self.lm_head.weight.shape[0]
 
     @staticmethod

@@ -12,7 +12,7 @@ from vllmx import ops
 from vllmx.layers import placement
 from vllmx.layers.attention import AttentionMetadata, SelfAttention
 from vllmx.layers.fused_moe import SwiGLUMLP
-from vllmx.layers.linear import Linear
+from vllmx.layers.linear import LMHeadLinear
 from vllmx.layers.mamba2 import Mamba2Mixer, time_step_limit
 from vllmx.layers.norm import RMSNorm, pre_norm
 from vllmx.layers.rotary import get_rope
@@ -102,7 +102,7 @@ class GraniteMoeHybridForCausalLM(DecoderLM):
         self.layers = [GraniteMoeHybridDecoderLayer(i, cfg, weights, rope)
                        for i in range(cfg["num_hidden_layers"])]
         self.norm = RMSNorm(weights["model.norm.weight"], cfg["rms_norm_eps"])
-        self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
+        self.lm_head = LMHeadLinear(weights.get("lm_head.weight", self.embed_tokens))
         self.vocab_size = self.lm_head.weight.shape[0]
         self.embedding_multiplier = float(cfg.get("embedding_multiplier") or 1.0)
         self.logits_scaling = float(cfg.get("logits_scaling") or 1.0)

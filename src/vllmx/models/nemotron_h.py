@@ -15,7 +15,7 @@ from vllmx import ops
 from vllmx.layers import placement
 from vllmx.layers.attention import AttentionMetadata, SelfAttention
 from vllmx.layers.fused_moe import GroupedRouting, SparseMoeBlock
-from vllmx.layers.linear import Linear
+from vllmx.layers.linear import Linear, LMHeadLinear
 from vllmx.layers.mamba2 import Mamba2Mixer, time_step_limit
 from vllmx.layers.norm import ResidualAdd, RMSNorm, pre_norm
 from vllmx.layers.rotary import get_rope
@@ -147,7 +147,7 @@ class NemotronHForCausalLM(DecoderLM):
         self.layers = [NemotronHBlock(i, cfg, weights, rope)
                        for i in range(len(cfg["layer_types"]))]
         self.norm = RMSNorm(weights["backbone.norm_f.weight"], cfg["layer_norm_epsilon"])
-        self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
+        self.lm_head = LMHeadLinear(weights.get("lm_head.weight", self.embed_tokens))
         self.vocab_size = self.lm_head.weight.shape[0]
 
     @staticmethod

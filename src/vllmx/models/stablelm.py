@@ -13,7 +13,7 @@ import numpy as np
 from vllmx import ops
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
-from vllmx.layers.linear import Linear, MergedLinear
+from vllmx.layers.linear import Linear, LMHeadLinear, MergedLinear
 from vllmx.layers.norm import LayerNorm, ResidualAdd
 from vllmx.layers.rotary import RotaryEmbedding, get_rope
 from vllmx.models.decoder import DecoderLM
@@ -120,7 +120,7 @@ class StableLmForCausalLM(DecoderLM):
                        for i in range(cfg["num_hidden_layers"])]
         self.norm = LayerNorm(weights["model.norm.weight"], weights["model.norm.bias"],
                               cfg["layer_norm_eps"])
-        self.lm_head = Linear(weights.get("lm_head.weight", self.embed_tokens))
+        self.lm_head = LMHeadLinear(weights.get("lm_head.weight", self.embed_tokens))
         self.vocab_size = self.lm_head.weight.shape[0]
 
     @staticmethod

@@ -129,7 +129,10 @@ class CudaWorker(WorkerBase):
         self.report = StartupReport()
         used0 = self.report.used()
         self.act_dtype = model_activation_dtype(mc)
-        with placement(Placement("cuda", self.act_dtype, self.ssm_state_dtype())):
+        # quantization="fp8": an fp8 checkpoint's weights come as fp8 already; a dense one's
+        # projections are quantized at upload (vLLM's online fp8; the loader checks the GPU).
+        with placement(Placement("cuda", self.act_dtype, self.ssm_state_dtype(),
+                                 fp8_weights=mc.quantization == "fp8")):
             self.model, self.tokenizer = load_model(mc)
         self.weight_bytes = self.report.used() - used0
         self.report.parts.append(f"weights {self.weight_bytes / 2**30:.2f} GiB")
