@@ -176,13 +176,13 @@ def measure(generate, reset, workloads, vocab) -> dict:
 
 
 def vllmx_worker(path, workloads, vocab, max_len, max_seqs, max_tokens, util, device,
-                 load_format) -> dict:
+                 load_format, quantization=None) -> dict:
     from vllmx import _C, LLM, SamplingParams
 
     t0 = time.perf_counter()
     llm = LLM(path, load_format=load_format, skip_tokenizer_init=True, device=device,
               max_model_len=max_len, max_num_seqs=max_seqs, max_num_batched_tokens=max_tokens,
-              gpu_memory_utilization=util)
+              gpu_memory_utilization=util, quantization=quantization)
     load_s = time.perf_counter() - t0
     free, total = _C.cuda_mem_get_info() if device == "cuda" else (0, 0)
 
@@ -196,7 +196,7 @@ def vllmx_worker(path, workloads, vocab, max_len, max_seqs, max_tokens, util, de
 
 
 def vllm_worker(path, workloads, vocab, max_len, max_seqs, max_tokens, util, device,
-                load_format) -> dict:
+                load_format, quantization=None) -> dict:
     import torch
     import vllm
     from vllm import LLM, SamplingParams
@@ -207,7 +207,7 @@ def vllm_worker(path, workloads, vocab, max_len, max_seqs, max_tokens, util, dev
         vision = "vision_config" in json.load(f)
     llm = LLM(model=path, load_format=load_format, skip_tokenizer_init=True, dtype="bfloat16",
               max_model_len=max_len, max_num_seqs=max_seqs, max_num_batched_tokens=max_tokens,
-              gpu_memory_utilization=util, seed=0,
+              gpu_memory_utilization=util, seed=0, quantization=quantization,
               # (text only: vLLM then builds no vision tower, as vllmx never does)
               **({"limit_mm_per_prompt": {"image": 0, "video": 0}} if vision else {}),
               # Gated DeltaNet prefill: vLLM's default on Hopper is FlashInfer's kernel, which
@@ -237,6 +237,8 @@ def run_worker(engine: str, args, path: str, vocab: int) -> dict:
            str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
            "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--device", args.device,
            "--load-format", "auto" if args.random_weights else "dummy"]
+    if args.quantization:
+        cmd += ["--quantization", args.quantization]
     print(f"-- {engine}", flush=True)
     return worker_result(cmd, env, args.worker_timeout)
 
@@ -275,6 +277,9 @@ def main() -> int:
     ap.add_argument("--fp8", action="store_true",
                     help="the shapes as block-scaled fp8 checkpoints (quant_method fp8, 128 x 128 "
                          "blocks): dummy fp8 projections in both engines, W8A8 on Hopper")
+    ap.add_argument("--quantization", default=None,
+                    help="vLLM's quantization argument for both engines, e.g. fp8: online fp8 of "
+                         "the dense dummy weights (W8A8 on Hopper)")
     ap.add_argument("--load-format", default="dummy", help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=list(WORKERS), help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
@@ -285,7 +290,7 @@ def main() -> int:
     if args.worker:
         res = WORKERS[args.worker](args.path, workloads, args.vocab, max_len, args.max_num_seqs,
                                    args.max_num_batched_tokens, args.gpu_memory_utilization,
-                                   args.device, args.load_format)
+                                   args.device, args.load_format, args.quantization)
         print("RESULT " + json.dumps(res), flush=True)
         return 0
 
