@@ -41,7 +41,8 @@ class ModelConfig:
     convert_type: str = "none"
     hf_overrides: dict[str, Any] = field(default_factory=dict)  # merged over config.json
     # vLLM's quantization: the method the checkpoint must hold (None: whatever its
-    # quantization_config says); vllmx quantizes nothing at load (loader/quantization.py)
+    # quantization_config says); of an unquantized checkpoint only "fp8", vLLM's online fp8,
+    # which a Hopper GPU runs (loader/quantization.py check_requested)
     quantization: str | None = None
     vocab_size: int = 0  # the model's, set once it is loaded
     hf_config: dict[str, Any] = field(default_factory=dict)

@@ -79,7 +79,8 @@ class EngineArgs:
     # "yes"], "is_original_qwen3_reranker": true}
     hf_overrides: dict | str | None = None
     # vLLM's quantization (--quantization / -q): the method the checkpoint holds, checked against
-    # its quantization_config (awq, gptq, fp8, compressed-tensors, gguf ...); None: as it says
+    # its quantization_config (awq, gptq, fp8, compressed-tensors, gguf ...); None: as it says;
+    # fp8 of an unquantized checkpoint: vLLM's online fp8 (Hopper GPUs)
     quantization: str | None = None
     # vLLM's LoRA arguments: adapters per request (LoRARequest); at most max_loras of them in
     # one step, each of rank <= max_lora_rank; max_cpu_loras kept loaded (default max_loras)
