@@ -42,7 +42,8 @@ def upload_fp8_block_weight(w) -> DeviceArray:
 
 
 def is_fp8_weight(w) -> bool:
-    """An fp8 weight uploaded for scaled_mm (upload_fp8_block_weight's)."""
+    """An fp8 weight uploaded for scaled_mm: an fp8 checkpoint's (upload_fp8_block_weight) or
+    one online fp8 quantized at upload (placement.upload_weight), codes with .scales."""
     return isinstance(w, DeviceArray) and w.dtype == F8_E4M3
 
 
