@@ -1,13 +1,14 @@
-"""compressed-tensors' fp8 scales as the GPU's fp8 GEMM takes them (fp8_row_group_scales): each
-row's scale per 128-wide group of K for schemes whose scale is constant over such groups — per
-tensor, per channel, groups and blocks whole multiples of 128 wide (partial blocks at the
-edges) — equal to the format's own per-element expansion sampled once a group; None for the
-others (groups or blocks narrower than 128, K not whole groups)."""
+"""fp8 checkpoints' scales as the GPU's fp8 GEMM takes them (loader/fp8.py fp8_row_group_scales,
+for vLLM's fp8 and compressed-tensors' schemes): each row's scale per 128-wide group of K for
+schemes whose scale is constant over such groups — per tensor, per channel, groups and blocks
+whole multiples of 128 wide (partial blocks at the edges) — equal to the format's own
+per-element expansion sampled once a group; None for the others (groups or blocks narrower
+than 128, K not whole groups)."""
 import numpy as np
 import pytest
 
 from vllmx.loader import quantization as q
-from vllmx.loader.compressed_tensors import fp8_row_group_scales
+from vllmx.loader.fp8 import fp8_row_group_scales
 
 
 @pytest.mark.parametrize("case", ["tensor", "channel", "group128", "group256", "block128",

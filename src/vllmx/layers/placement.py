@@ -110,7 +110,7 @@ def upload_weight(w: Weight | DeviceArray, name: str = "weight",
     if not p.on_gpu or isinstance(w, DeviceArray):
         return w
     if (fp8 and p.fp8_weights and w.dtype in (F32, F16, BF16) and len(w.shape) == 2
-            and w.shape[1] % ops.fp8.GROUP == 0 and w.shape[0] % 8 == 0):
+            and ops.fp8_gemm_fits(*w.shape)):
         # Quantized on the device, row by row as activations are (per_token_group_quant_fp8:
         # each row's 128-wide groups scaled to e4m3's range): codes [N, K], scales [K/128, N].
         codes, scales = ops.per_token_group_quant_fp8(

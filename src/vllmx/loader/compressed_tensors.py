@@ -25,10 +25,10 @@ import numpy as np
 
 from vllmx.device import BF16, U8
 from vllmx.loader import quantization as q
-from vllmx.loader.fp8 import fp8_gemm_takes
+from vllmx.loader.fp8 import fp8_gemm_takes, fp8_row_group_scales
 from vllmx.loader.safetensors import FP8_E4M3
 from vllmx.ops import Weight
-from vllmx.ops.fp8 import GROUP, fp8_block_weight
+from vllmx.ops.fp8 import fp8_block_weight
 
 METHOD = "compressed-tensors"
 _FORMATS = ("pack-quantized", "int-quantized", "naive-quantized", "float-quantized",
@@ -98,24 +98,6 @@ def _unpack_bits(words: np.ndarray, bits: int, count: int) -> np.ndarray:
     return (stream.reshape(b.shape[0], count, bits).astype(np.int32) << np.arange(bits)).sum(-1)
 
 
-def fp8_row_group_scales(scale: np.ndarray, n: int, k: int,
-                         block: tuple[int, int] | None) -> np.ndarray | None:
-    """Each row's scale per 128-wide group of K (f32 [n, k // 128], what ops.fp8_block_weight
-    takes) for a scheme whose scale is constant over each such group — per tensor, per channel,
-    groups or blocks whole multiples of 128 wide — else None."""
-    if k % GROUP:
-        return None
-    cols = scale.reshape(scale.shape[0], -1).shape[1] if scale.size > 1 else 1
-    if scale.size == 1 or scale.shape[0] == n and cols == 1:
-        fits = True
-    elif block is not None:
-        fits = block[1] % GROUP == 0
-    else:  # groups along K
-        fits = scale.shape[0] == n and k % cols == 0 and (k // cols) % GROUP == 0
-    full = q.expand(scale, n, k, block) if fits else None
-    return None if full is None else np.ascontiguousarray(full[:, ::GROUP], np.float32)
-
-
 def _dequantize(parts: dict[str, Weight], block: tuple[int, int] | None,
                 dtype: int) -> Weight:
     if "weight_g_idx" in parts:  # compressed-tensors itself no longer reads it: no oracle
@@ -140,8 +122,9 @@ def _dequantize(parts: dict[str, Weight], block: tuple[int, int] | None,
         w = parts["weight"]
         if w.dtype == FP8_E4M3 and "weight_zero_point" not in parts and len(w.shape) == 2:
             n, k = w.shape
-            rows = fp8_row_group_scales(q.float32(scale_w), n, k, block)
-            if rows is not None and fp8_gemm_takes(n, k, None):  # W8A8 on Hopper (loader/fp8.py)
+            rows = fp8_row_group_scales(q.float32(scale_w), n, k, block) \
+                if fp8_gemm_takes(n, k) else None
+            if rows is not None:  # W8A8 on Hopper (loader/fp8.py)
                 return fp8_block_weight(q.array(w).reshape(n, k), rows)
         x = q.weight_values(w)
         n, k = x.shape

@@ -34,14 +34,12 @@ class DummyWeights(Mapping):
         self.dtype = DTYPE_BY_NAME[stored]
         self.seed = seed
         quant = hf_config.get("quantization_config") or {}
-        self.fp8_block = None
-        if quant.get("quant_method") == "fp8":
+        self.fp8 = quant.get("quant_method") == "fp8"
+        if self.fp8:
             from vllmx.loader import fp8
 
             fp8.check_config(quant)
-            block = quant.get("weight_block_size")
-            self.fp8_block = tuple(block) if block else (0, 0)
-            self.fp8_skip = tuple(quant.get("modules_to_not_convert") or ())
+        self.fp8_skip = tuple(quant.get("modules_to_not_convert") or ())
 
     def __getitem__(self, name: str) -> Weight:
         shape = self.shapes[name]
@@ -61,13 +59,13 @@ class DummyWeights(Mapping):
     def _fp8(self, name: str, shape: tuple[int, ...]) -> bool:
         """Whether an fp8 checkpoint of this config would hold `name` in fp8 and the GPU's fp8
         GEMM runs it (vLLM quantizes every linear but lm_head and modules_to_not_convert)."""
-        if self.fp8_block is None or len(shape) != 2 or not name.endswith("proj.weight"):
+        if not self.fp8 or len(shape) != 2 or not name.endswith("proj.weight"):
             return False
         if any(m in name for m in self.fp8_skip) or "lm_head" in name:
             return False
         from vllmx.loader.fp8 import fp8_gemm_takes
 
-        return fp8_gemm_takes(shape[0], shape[1], self.fp8_block if self.fp8_block[0] else None)
+        return fp8_gemm_takes(shape[0], shape[1])
 
     def __contains__(self, name: object) -> bool:
         return name in self.shapes  # (Mapping's would make the tensor to find out)

@@ -20,7 +20,7 @@ from vllmx.device import BF16, F32
 from vllmx.loader import quantization as q
 from vllmx.loader.safetensors import FP8_E4M3
 from vllmx.ops import Weight
-from vllmx.ops.fp8 import GROUP, fp8_block_weight
+from vllmx.ops.fp8 import GROUP, fp8_block_weight, fp8_gemm_fits
 
 METHOD = "fp8"
 _SUFFIXES = ("weight", "weight_scale_inv", "weight_scale", "input_scale", "activation_scale")
@@ -42,15 +42,32 @@ def check_config(quant: dict) -> None:
         raise _refuse(f"fmt {fmt!r}")
 
 
-def fp8_gemm_takes(n: int, k: int, block: tuple[int, int] | None) -> bool:
-    """Whether an [n, k] fp8 weight with these scales runs on the GPU's fp8 GEMM (decided when
-    the model being built is placed on a Hopper GPU): its scales constant over each 128-wide
-    column group, K whole groups, N a multiple of 8."""
+def fp8_gemm_takes(n: int, k: int) -> bool:
+    """Whether an [n, k] fp8 weight may run on the GPU's fp8 GEMM: the model being built is
+    placed on a Hopper GPU and the GEMM takes the shape (its scales must fit too:
+    fp8_row_group_scales)."""
     from vllmx import _C
     from vllmx.layers import placement
 
-    return (placement.current().on_gpu and _C.cuda_sm90_kernels() and k % GROUP == 0
-            and n % 8 == 0 and (block is None or block[1] % GROUP == 0))
+    return placement.current().on_gpu and _C.cuda_sm90_kernels() and fp8_gemm_fits(n, k)
+
+
+def fp8_row_group_scales(scale: np.ndarray, n: int, k: int,
+                         block: tuple[int, int] | None) -> np.ndarray | None:
+    """Each row's scale per 128-wide group of K (f32 [n, k // 128], what ops.fp8_block_weight
+    takes) for a scheme whose scale is constant over each such group — per tensor, per channel,
+    groups or blocks whole multiples of 128 wide — else None."""
+    if k % GROUP:
+        return None
+    cols = scale.reshape(scale.shape[0], -1).shape[1] if scale.size > 1 else 1
+    if scale.size == 1 or scale.shape[0] == n and cols == 1:
+        fits = True
+    elif block is not None:
+        fits = block[1] % GROUP == 0
+    else:  # groups along K
+        fits = scale.shape[0] == n and k % cols == 0 and (k // cols) % GROUP == 0
+    full = q.expand(scale, n, k, block) if fits else None
+    return None if full is None else np.ascontiguousarray(full[:, ::GROUP], np.float32)
 
 
 def dequantize_checkpoint(weights: dict[str, Weight], quant: dict,
@@ -75,9 +92,10 @@ def dequantize_checkpoint(weights: dict[str, Weight], quant: dict,
                           + ("" if block is None else f" in {block[0]}x{block[1]} blocks"))
 
         def dense() -> Weight:
-            if fp8_gemm_takes(n, k, block):
-                scale = q.expand(q.float32(s), n, k, block)[:, ::GROUP]
-                return fp8_block_weight(q.array(w).reshape(n, k), np.ascontiguousarray(scale))
+            rows = fp8_row_group_scales(q.float32(s), n, k, block) if fp8_gemm_takes(n, k) \
+                else None
+            if rows is not None:  # W8A8 on Hopper
+                return fp8_block_weight(q.array(w).reshape(n, k), rows)
             x = q.weight_values(w) * q.expand(q.float32(s), n, k, block)  # f32, as transformers
             return q.to_dtype(x.astype(np.float32), F32, target)
         return dense

@@ -390,6 +390,7 @@ def cuda_available() -> bool:
 from vllmx.ops.fp8 import (  # noqa: F401
     F8_E4M3_B128,
     fp8_block_weight,
+    fp8_gemm_fits,
     fp8_linear,
     is_fp8_weight,
     per_token_group_quant_fp8,

@@ -17,6 +17,12 @@ F8_E4M3_B128 = int(_C.DType["F8_E4M3_B128"])
 _BLOCK = 4 + GROUP  # an F8_E4M3_B128 block: its f32 scale, then 128 codes
 
 
+def fp8_gemm_fits(n: int, k: int) -> bool:
+    """Whether scaled_mm's GPU GEMM takes an [n, k] weight: K whole 128-wide groups, N a
+    multiple of 8 (16-byte rows of the bf16 / f16 output)."""
+    return k % GROUP == 0 and n % 8 == 0
+
+
 def fp8_block_weight(codes: np.ndarray, scales: np.ndarray):
     """An F8_E4M3_B128 Weight [N, K] from e4m3 codes (uint8 [N, K]) and each row's scale per
     128-wide group of K (f32 [N, K // 128]): what the GPU's scaled_mm runs, a row's blocks
