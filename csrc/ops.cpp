@@ -249,7 +249,8 @@ void check_batched_linear(const Tensor& out, const Tensor& x, const Tensor& w) {
 
 void check_fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const Tensor& w2,
                          const Tensor& topk_weights, const Tensor& topk_ids,
-                         const Tensor& w13_bias, const Tensor& w2_bias, int64_t activation) {
+                         const Tensor& w13_bias, const Tensor& w2_bias, int64_t activation,
+                         const Tensor& w13_scale, const Tensor& w2_scale) {
   const char* op = "fused_experts";
   check_ndim(x, 2, op, "x");
   check_ndim(out, 2, op, "out");
@@ -285,6 +286,29 @@ void check_fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, 
   };
   check_bias(w13_bias, I2, "w13_bias");
   check_bias(w2_bias, H, "w2_bias");
+  // fp8 experts: both stacks e4m3 codes, each with a scale per row and 128 of K.
+  VLLMX_CHECK(w13_scale.defined() == w2_scale.defined(), op,
+              "w13_scale and w2_scale come together (fp8 experts) or not at all");
+  const auto check_scale = [&](const Tensor& w, const Tensor& sc, const char* name) {
+    const std::string n(name);
+    if (!sc.defined()) {
+      VLLMX_CHECK(w.dtype != DType::F8_E4M3, op,
+                  n + " " + w.str() + " holds fp8 codes: give " + n + "_scale");
+      return;
+    }
+    const int64_t N = w.shape[1], K = w.shape[2];
+    VLLMX_CHECK(w.dtype == DType::F8_E4M3 && w.stride[2] == 1 && K % 128 == 0, op,
+                n + " " + w.str() + " must be F8_E4M3 codes [E, N, K] with K whole 128s " +
+                    "where " + n + "_scale is given");
+    check_dtype(sc, DType::F32, op, (n + "_scale").c_str());
+    VLLMX_CHECK(sc.ndim == 3 && sc.shape[0] == E && sc.shape[1] == K / 128 &&
+                    sc.shape[2] == N && sc.stride[2] == 1 && sc.stride[1] == N,
+                op, n + "_scale " + sc.str() + " must be [" + i2s(E) + ", " + i2s(K / 128) +
+                        ", " + i2s(N) + "] with contiguous [K / 128, N] blocks (a scale per " +
+                        "row of " + n + " and 128 of K)");
+  };
+  check_scale(w13, w13_scale, "w13");
+  check_scale(w2, w2_scale, "w2");
   VLLMX_CHECK(activation >= 0 && activation <= 2, op,
               "activation must be 0 (silu), 1 (swigluoai) or 2 (relu2), got " + i2s(activation));
 }

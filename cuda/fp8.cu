@@ -1,14 +1,12 @@
 // fp8 on the GPU (contracts in csrc/ops.def; the CPU twins in csrc/quant/fp8.cpp give the same
-// scales and codes bit for bit): per_token_group_quant_fp8, one warp a (token, 128-wide group):
-// four values a lane, the group's |max| by shuffles, the scale max(amax, 1e-10) / 448 and each
-// value divided by it, saturated and rounded to nearest even (cvt.rn.satfinite); scaled_mm,
+// scales and codes bit for bit): per_token_group_quant_fp8, one warp a (token, 128-wide group),
+// four values a lane (fp8.cuh's warp_quant_fp8_group); scaled_mm,
 // the CUTLASS fp8 GEMM with block scales (cuda/gemm_fp8_sm90.cu), on Hopper only.
-#include <cuda_fp8.h>
-
 #include <string>
 
 #include "core/op_table.h"
 #include "cuda_util.cuh"
+#include "fp8.cuh"
 #include "gemm_sm90.h"
 #include "mma.cuh"
 
@@ -32,17 +30,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   float v[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) v[i] = to_f32(xp[i]);
-  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float s = fmaxf(amax, 1e-10f) / 448.f;
-  uint32_t packed = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float c = fminf(fmaxf(v[i] / s, -448.f), 448.f);
-    packed |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(c, __NV_SATFINITE, __NV_E4M3))
-              << (8 * i);
-  }
+  float s;
+  const uint32_t packed = warp_quant_fp8_group(v, &s);
   *reinterpret_cast<uint32_t*>(q + t * q_stride + g * kGroup + lane * 4) = packed;
   if (lane == 0) scales[g * T_rows + t] = s;
 }

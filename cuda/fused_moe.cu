@@ -30,6 +30,7 @@
 
 #include "core/op_table.h"
 #include "cuda_util.cuh"
+#include "fp8.cuh"
 #include "gemm_sm90.h"
 #include "linear.cuh"
 #include "moe/swigluoai.h"
@@ -148,6 +149,44 @@ __global__ void moe_gather_kernel(uint4* __restrict__ xs, const char* __restrict
   const uint4* src = reinterpret_cast<const uint4*>(x + (p / k) * x_row_bytes);
   uint4* dst = xs + static_cast<int64_t>(r) * chunks;
   for (int c = threadIdx.x; c < chunks; c += blockDim.x) dst[c] = src[c];
+}
+
+// fp8 experts: the rows a product reads, quantized per 128 values (fp8.cuh, vLLM's
+// per_token_group_quant_fp8 rule) into codes q [rows, K] and their expert's block of scales
+// (gemm_grouped_fp8_sm90.cu's layout): row r of expert e, i = r - expert_first[e] below
+// expert_rows[e], has scale g at scales[expert_first[e] * groups + g * expert_rows[e] + i].
+// Rows come from x through pair_of_slot (w13's product: gathered and quantized in one pass) or
+// from src's row r (pair_of_slot nullptr: the activations, w2's). One warp a (row, group);
+// padding rows are left as they are, no group reads them.
+constexpr int kQuantWarps = 8;
+
+template <typename T>
+__global__ void __launch_bounds__(kQuantWarps * 32)
+    moe_quant_fp8_kernel(uint8_t* __restrict__ q, float* __restrict__ scales,
+                         const T* __restrict__ src, int64_t src_stride,
+                         const int* __restrict__ pair_of_slot, int k,
+                         const int* __restrict__ tile_expert, int bm,
+                         const int* __restrict__ expert_first,
+                         const int* __restrict__ expert_rows, int64_t rows, int groups) {
+  pdl_begin();
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kQuantWarps + threadIdx.x / 32;
+  const int64_t r = item / groups;
+  const int g = static_cast<int>(item % groups), lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const int e = tile_expert[r / bm];
+  if (e < 0) return;
+  const int64_t first = expert_first[e], m = expert_rows[e], i = r - first;
+  if (i >= m) return;
+  const int64_t row = pair_of_slot != nullptr ? pair_of_slot[r] / k : r;
+  const T* xp = src + row * src_stride + g * kFp8GroupValues + lane * 4;
+  float v[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v[j] = to_f32(xp[j]);
+  float sc;
+  const uint32_t packed = warp_quant_fp8_group(v, &sc);
+  *reinterpret_cast<uint32_t*>(q + r * groups * kFp8GroupValues + g * kFp8GroupValues +
+                               lane * 4) = packed;
+  if (lane == 0) scales[first * groups + g * m + i] = sc;
 }
 
 // act[r, i] from h[r] = w13_e x (+ bias[e]): activation 0 silu(gate) * up, 1 gpt-oss's clamped
@@ -332,18 +371,56 @@ void grouped_sm90(void* out, const void* x, int64_t x_stride, const Tensor& w,
   g.num_sms = detail::num_sms();
   sm90_grouped_gemm(g, tile, s);
 }
+
+// fp8 experts (gemm_grouped_fp8_sm90.cu): the rows' codes xq (K-wide rows) and their expert
+// blocks of scales (moe_quant_fp8_kernel's), against w's codes and w_scale [E, K / 128, N].
+void grouped_sm90_fp8(void* out, const void* xq, const float* x_scale, const Tensor& w,
+                      const Tensor& w_scale, const int* expert_first, const int* expert_rows,
+                      Sm90GroupedTile tile, DType xt, cudaStream_t s) {
+  Sm90GroupedFp8Args f;
+  Sm90GroupedArgs& g = f.g;
+  g.x = xq;
+  g.w = w.data;
+  g.out = out;
+  g.experts = static_cast<int>(w.shape[0]);
+  g.N = static_cast<int>(w.shape[1]);
+  g.K = static_cast<int>(w.shape[2]);
+  g.x_stride = g.K;
+  g.w_stride = w.stride[1];
+  g.out_stride = g.N;
+  g.w_expert_stride = w.stride[0];
+  g.expert_first = expert_first;
+  g.expert_rows = expert_rows;
+  g.bf16 = xt == DType::BF16;
+  g.num_sms = detail::num_sms();
+  f.x_scale = x_scale;
+  f.w_scale = w_scale.ptr<float>();
+  f.w_scale_expert_stride = w_scale.stride[0];
+  sm90_grouped_fp8_gemm(f, tile, s);
+}
+
+// The fp8 grouped GEMM's tile: as sm90_tile's, but fp8 experts have no mma.sync kernel, so the
+// swapped tiles take every chunk the straight ones do not.
+Sm90GroupedTile fp8_tile(int64_t P, int64_t E) {
+  if (lin::grouped_rows_many(P, E)) return Sm90GroupedTile::k128x128;
+  return P <= 16 * std::min(P, E) ? Sm90GroupedTile::kSwap128x16 : Sm90GroupedTile::kSwap128x64;
+}
 #endif
 
-void check_stack(const Tensor& w, const char* name, DType xt, int64_t E, int64_t N, int64_t K) {
+// A stacked expert weight: x's dtype, or fp8 e4m3 codes where `scale` is given.
+void check_stack(const Tensor& w, const char* name, DType xt, int64_t E, int64_t N, int64_t K,
+                 const Tensor& scale) {
   check_on_device(w, kOp, name);
-  VLLMX_CHECK(w.defined() && w.ndim == 3 && w.dtype == xt && w.stride[2] == 1 &&
+  const DType wt = scale.defined() ? DType::F8_E4M3 : xt;
+  VLLMX_CHECK(w.defined() && w.ndim == 3 && w.dtype == wt && w.stride[2] == 1 &&
                   w.stride[1] >= w.shape[2] && w.stride[0] >= w.shape[1] * w.stride[1],
               kOp,
-              std::string(name) + " " + w.str() + " must be a stacked [E, N, K] weight in x's " +
-                  "dtype with contiguous rows (the GPU runs bf16 / f16 / f32 experts; a " +
-                  "quantized expert has no CUDA kernel yet)");
+              std::string(name) + " " + w.str() + " must be a stacked [E, N, K] weight in " +
+                  (scale.defined() ? "fp8 e4m3 (its scales given)" : "x's dtype") +
+                  " with contiguous rows (the GPU runs bf16 / f16 / f32 and fp8 experts)");
   VLLMX_CHECK(w.shape[0] == E && (N < 0 || w.shape[1] == N) && w.shape[2] == K, kOp,
               std::string(name) + " " + w.str() + " disagrees with the other operands");
+  if (scale.defined()) check_on_device(scale, kOp, name);
 }
 
 void check_bias(const Tensor& b, const char* name, int64_t E, int64_t N) {
@@ -357,7 +434,8 @@ void check_bias(const Tensor& b, const char* name, int64_t E, int64_t N) {
 
 void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const Tensor& w2,
                    const Tensor& topk_weights, const Tensor& topk_ids, const Tensor& w13_bias,
-                   const Tensor& w2_bias, int64_t activation) {
+                   const Tensor& w2_bias, int64_t activation, const Tensor& w13_scale,
+                   const Tensor& w2_scale) {
   VLLMX_CHECK(activation >= 0 && activation <= 2, kOp,
               "activation must be 0 (silu), 1 (swigluoai) or 2 (relu2)");
   for (const Tensor* t : {&out, &x, &topk_weights, &topk_ids}) check_on_device(*t, kOp, "tensor");
@@ -372,8 +450,9 @@ void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const 
   const int64_t E = w13.shape[0], G = w13.shape[1];
   const int64_t I = activation == 2 ? G : G / 2;
   VLLMX_CHECK(activation == 2 || G % 2 == 0, kOp, "w13 " + w13.str() + " must be [E, 2 I, H]");
-  check_stack(w13, "w13", xt, E, -1, H);
-  check_stack(w2, "w2", xt, E, H, I);
+  const bool fp8 = w13_scale.defined();
+  check_stack(w13, "w13", xt, E, -1, H, w13_scale);
+  check_stack(w2, "w2", xt, E, H, I, w2_scale);
   VLLMX_CHECK(E >= 1 && E <= kMaxExperts, kOp,
               "1 to " + std::to_string(kMaxExperts) + " experts, got w13 " + w13.str());
   VLLMX_CHECK(topk_ids.dtype == DType::I32 && topk_ids.ndim == 2 && topk_ids.shape[0] == T &&
@@ -399,9 +478,21 @@ void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const 
   const bool sm90_ok = tensor_cores && detail::sm90_kernels() && aligned(x.data, 16) &&
                        x.stride[0] * static_cast<int64_t>(es) % 16 == 0 && tma_stack(w13) &&
                        tma_stack(w2);
+  // fp8 experts run on the fp8 grouped GEMM alone: Hopper, K's of whole 128s (H for w13, I for
+  // w2), x's rows on 4-element boundaries (the quantization's loads), 16-byte output rows.
+  const bool fp8_ok = sm90_ok && H % kFp8GroupValues == 0 && I % kFp8GroupValues == 0 &&
+                      x.stride[0] % 4 == 0 && aligned(x.data, 4 * es);
+#else
+  const bool fp8_ok = false;
 #endif
-  // Scratch a row: w13's products, the activations, w2's products, x's gathered copy.
-  const int64_t row_bytes = (G + I + 2 * H) * static_cast<int64_t>(es);
+  VLLMX_CHECK(!fp8 || fp8_ok, kOp,
+              "fp8 experts run on Hopper (compute capability 9.0, an sm_90a build) only, with "
+              "x " + x.str() + " 16-byte aligned in bf16 / f16 and H, I whole 128s (w13 " +
+              w13.str() + ", w2 " + w2.str() + ")");
+  // Scratch a row: w13's products, the activations, w2's products, x's gathered copy (fp8: its
+  // codes and scales, or the activations').
+  const int64_t row_bytes = (G + I + 2 * H) * static_cast<int64_t>(es) +
+                            (fp8 ? std::max(H, I) * 2 : 0);
   const int64_t chunk_pairs =
       std::clamp(kChunkScratchBytes / row_bytes, kMinChunkPairs, kMaxChunkPairs);
   const int64_t chunk = std::max<int64_t>(1, chunk_pairs / k);
@@ -410,7 +501,12 @@ void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const 
     bool sm90 = false;
 #ifdef VLLMX_WITH_SM90_GEMM
     Sm90GroupedTile tile{};
-    sm90 = sm90_ok && sm90_tile(P, E, std::min(G, H), &tile);
+    if (fp8) {
+      tile = fp8_tile(P, E);
+      sm90 = true;
+    } else {
+      sm90 = sm90_ok && sm90_tile(P, E, std::min(G, H), &tile);
+    }
 #endif
     const int bm = sm90 ? kSm90ExpertRows : lin::grouped_tile_rows(tensor_cores, P, E);
     const int64_t tiles = (P + bm - 1) / bm + std::min(P, E), rows = tiles * bm;
@@ -430,9 +526,26 @@ void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const 
     const char* x0 = static_cast<const char*>(x.data) + t0 * x.stride[0] * es;
     // The wgmma and mma.sync products of w13 and w2; on the mma.sync path w13's product reads
     // x's rows (this chunk's) through pair_of_slot: no gathered copy.
+    // fp8: the rows (x's through row_of, or in_rows' own) quantized first, into codes and
+    // their experts' blocks of scales.
     auto product = [&](void* out_rows, const void* in_rows, int64_t in_stride, const int* row_of,
-                       int row_div, const Tensor& w) {
+                       int row_div, const Tensor& w, const Tensor& w_scale) {
 #ifdef VLLMX_WITH_SM90_GEMM
+      if (fp8) {
+        const int64_t K = w.shape[2], groups = K / kFp8GroupValues;
+        auto* q = static_cast<uint8_t*>(scratch<8>(rows * K));
+        auto* sc = static_cast<float*>(scratch<9>(rows * groups * sizeof(float)));
+        const auto blocks = static_cast<unsigned>((rows * groups + kQuantWarps - 1) / kQuantWarps);
+        dispatch_float(xt, kOp, [&](auto z) {
+          using TQ = decltype(z);
+          launch(moe_quant_fp8_kernel<TQ>, blocks, kQuantWarps * 32, 0, s, q, sc,
+                 static_cast<const TQ*>(in_rows), in_stride, row_of, row_div, tile_expert, bm,
+                 expert_first, expert_rows, rows, static_cast<int>(groups));
+        });
+        check_launch("moe_quant_fp8_kernel");
+        grouped_sm90_fp8(out_rows, q, sc, w, w_scale, expert_first, expert_rows, tile, xt, s);
+        return;
+      }
       if (sm90) {
         grouped_sm90(out_rows, in_rows, in_stride, w, expert_first, expert_rows, tile, xt, s);
         return;
@@ -441,16 +554,16 @@ void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const 
       grouped(out_rows, in_rows, in_stride, row_of, row_div, w, static_cast<int>(rows), bm,
               tile_expert, xt, s);
     };
-    if (sm90) {
+    if (sm90 && !fp8) {
       void* xs = scratch<7>(rows * H * es);
       const int chunks = static_cast<int>(H * static_cast<int64_t>(es) / 16);
       launch(moe_gather_kernel, static_cast<unsigned>(rows),
              std::min(256, (chunks + 31) / 32 * 32), 0, s, static_cast<uint4*>(xs), x0,
              x.stride[0] * static_cast<int64_t>(es), chunks, pair_of_slot, static_cast<int>(k));
       check_launch("moe_gather_kernel");
-      product(h, xs, H, nullptr, 1, w13);
+      product(h, xs, H, nullptr, 1, w13, w13_scale);
     } else {
-      product(h, x0, x.stride[0], pair_of_slot, static_cast<int>(k), w13);
+      product(h, x0, x.stride[0], pair_of_slot, static_cast<int>(k), w13, w13_scale);
     }
     void* y = scratch<5>(rows * H * es);
     dispatch_float(xt, kOp, [&](auto z) {
@@ -469,7 +582,7 @@ void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const 
              w13_bias.defined() ? w13_bias.stride[0] : 0, tile_expert, bm, tpr,
              static_cast<int>(activation));
       check_launch("moe_act_kernel");
-      product(y, xg, I, nullptr, 1, w2);
+      product(y, xg, I, nullptr, 1, w2, w2_scale);
       TA* out0 = out.ptr<TA>() + t0 * out.stride[0];
       const bool comb_vec = kV > 1 && H % kV == 0 && vec16_ok<TA>(out0, out.stride[0]);
       const int per = comb_vec ? kV : 1;  // columns a thread

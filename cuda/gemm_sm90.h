@@ -89,4 +89,17 @@ struct Sm90GroupedArgs {
 enum class Sm90GroupedTile { k128x128, kSwap128x16, kSwap128x64 };
 void sm90_grouped_gemm(const Sm90GroupedArgs& g, Sm90GroupedTile tile, cudaStream_t s);
 
+// gemm_grouped_fp8_sm90.cu: the same grouped product over fp8 experts (vLLM's block-fp8 MoE):
+// g.x and g.w e4m3 codes (K a multiple of 128, rows and experts multiples of 16 bytes apart),
+// out bf16 (g.bf16) or f16, each 128-wide group of K scaled by w's scale for its row and
+// group, w_scale + e * w_scale_expert_stride ([K / 128][N] an expert), times x's for its row:
+// expert e's rows' scales [K / 128][m] from x_scale + expert_first[e] * K / 128.
+struct Sm90GroupedFp8Args {
+  Sm90GroupedArgs g;
+  const float* x_scale;
+  const float* w_scale;
+  int64_t w_scale_expert_stride;  // floats
+};
+void sm90_grouped_fp8_gemm(const Sm90GroupedFp8Args& f, Sm90GroupedTile tile, cudaStream_t s);
+
 }  // namespace vllmx::cuda

@@ -1,5 +1,5 @@
 // CPU kernels that other CPU kernels compose (fused_experts runs each expert's rows through
-// linear and silu_and_mul; add_lora_linear each adapter's rows through linear), and their
+// linear and silu_and_mul, or per_token_group_quant_fp8 and scaled_mm for fp8 experts; add_lora_linear each adapter's rows through linear), and their
 // helpers. Each is the op table's kernel, with its checks; reference selects
 // the scalar twin.
 #pragma once
@@ -60,5 +60,9 @@ void silu_and_mul(const Tensor& out, const Tensor& x, bool reference);
 void relu2(const Tensor& out, const Tensor& x, bool reference);
 void swigluoai_and_mul(const Tensor& out, const Tensor& x, float alpha, float limit,
                        bool reference);
+void per_token_group_quant_fp8(const Tensor& out_q, const Tensor& out_s, const Tensor& x,
+                               bool reference);
+void scaled_mm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& a_s,
+               const Tensor& b_s, const Tensor& bias, bool reference);
 
 }  // namespace vllmx

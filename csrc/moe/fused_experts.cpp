@@ -34,11 +34,38 @@ Tensor bias_row(const Tensor& b, int64_t e) {
   return v;
 }
 
+// n rows of x (f32 [n, K]) through an fp8 expert (codes w [N, K], its scales ws [K / 128, N]),
+// as vLLM's block-fp8 MoE runs them: the rows quantized per 128 values
+// (per_token_group_quant_fp8), then scaled_mm; out f32 [n, N].
+void fp8_expert_linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& ws,
+                       const Tensor& bias, bool reference) {
+  static thread_local std::vector<uint8_t> codes;
+  static thread_local std::vector<float> scales;
+  const int64_t n = x.shape[0], K = x.shape[1];
+  codes.resize(static_cast<size_t>(n * K));
+  scales.resize(static_cast<size_t>(n * K / 128));
+  Tensor q = f32_matrix(nullptr, n, K);
+  q.data = codes.data();
+  q.dtype = DType::F8_E4M3;
+  Tensor s = f32_matrix(scales.data(), K / 128, n);
+  per_token_group_quant_fp8(q, s, x, reference);
+  scaled_mm(out, q, w, s, ws, bias, reference);
+}
+
+// Rows of x through expert e of a stacked weight: linear, or fp8_expert_linear where the
+// experts are fp8 (their scales given).
+void expert_linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& w_scale,
+                   int64_t e, const Tensor& bias, bool reference) {
+  if (w_scale.defined())
+    fp8_expert_linear(out, x, stacked_view(w, e), stacked_view(w_scale, e), bias, reference);
+  else
+    linear(out, x, stacked_view(w, e), bias, reference);
+}
 
 void run_chunk(const Tensor& out, const Tensor& x, const Tensor& w13, const Tensor& w2,
                const Tensor& topk_weights, const Tensor& topk_ids, const Tensor& w13_bias,
-               const Tensor& w2_bias, int64_t activation, int64_t t0, int64_t t1,
-               bool reference) {
+               const Tensor& w2_bias, int64_t activation, const Tensor& w13_scale,
+               const Tensor& w2_scale, int64_t t0, int64_t t1, bool reference) {
   const int64_t H = x.shape[1], E = w13.shape[0], k = topk_ids.shape[1];
   const int64_t G = w13.shape[1];  // rows of w13: [gate; up] (2 I), or up alone for relu2 (I)
   const int64_t I = activation == 2 ? G : G / 2;
@@ -69,8 +96,8 @@ void run_chunk(const Tensor& out, const Tensor& x, const Tensor& w13, const Tens
     const int64_t s0 = offsets[e], n = offsets[e + 1] - s0;
     if (n == 0) continue;
     for (int64_t r = 0; r < n; ++r) std::copy_n(xp + slots[s0 + r] / k * xs, H, xg + r * H);
-    linear(f32_matrix(gu, n, G), f32_matrix(xg, n, H), stacked_view(w13, e),
-           bias_row(w13_bias, e), reference);
+    expert_linear(f32_matrix(gu, n, G), f32_matrix(xg, n, H), w13, w13_scale, e,
+                  bias_row(w13_bias, e), reference);
     if (activation == 2)
       relu2(f32_matrix(act, n, I), f32_matrix(gu, n, G), reference);
     else if (activation == 1)
@@ -78,8 +105,8 @@ void run_chunk(const Tensor& out, const Tensor& x, const Tensor& w13, const Tens
                         kSwigluOaiLimit, reference);
     else
       silu_and_mul(f32_matrix(act, n, I), f32_matrix(gu, n, 2 * I), reference);
-    linear(f32_matrix(xg, n, H), f32_matrix(act, n, I), stacked_view(w2, e),
-           bias_row(w2_bias, e), reference);
+    expert_linear(f32_matrix(xg, n, H), f32_matrix(act, n, I), w2, w2_scale, e,
+                  bias_row(w2_bias, e), reference);
     for (int64_t r = 0; r < n; ++r) std::copy_n(xg + r * H, H, y + slots[s0 + r] * H);
   }
   // Another rank's experts (-1) add nothing: their rows of y are zeros.
@@ -111,14 +138,15 @@ constexpr int64_t kChunkSlotFloats = int64_t{1} << 23;
 
 void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const Tensor& w2,
                    const Tensor& topk_weights, const Tensor& topk_ids, const Tensor& w13_bias,
-                   const Tensor& w2_bias, int64_t activation, bool reference) {
+                   const Tensor& w2_bias, int64_t activation, const Tensor& w13_scale,
+                   const Tensor& w2_scale, bool reference) {
   check_dtype(x, DType::F32, "fused_experts", "x");
   check_dtype(out, DType::F32, "fused_experts", "out");
   const int64_t T = x.shape[0], H = x.shape[1], k = topk_ids.shape[1];
   const int64_t chunk = std::max<int64_t>(1, kChunkSlotFloats / std::max<int64_t>(k * H, 1));
   for (int64_t t0 = 0; t0 < T; t0 += chunk)
-    run_chunk(out, x, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, activation, t0,
-              std::min(T, t0 + chunk), reference);
+    run_chunk(out, x, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, activation, w13_scale,
+              w2_scale, t0, std::min(T, t0 + chunk), reference);
 }
 
 }  // namespace

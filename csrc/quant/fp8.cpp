@@ -11,6 +11,7 @@
 #include "core/half.h"
 #include "core/op_table.h"
 #include "core/tensor.h"
+#include "layers/cpu_kernels.h"
 #include "quant/quant.h"
 
 namespace vllmx {
@@ -55,6 +56,19 @@ uint8_t e4m3_code(float v) {
   const int c = dlo < dhi ? lo : dhi < dlo ? hi : (lo % 2 == 0 ? lo : hi);
   return static_cast<uint8_t>(c | (std::signbit(v) ? 0x80 : 0));
 }
+
+// F8_E4M3_B128 rows: blocks of an f32 scale and 128 codes, each value code * scale.
+void dequantize_row_f8_b128(const void* src, float* dst, int64_t n) {
+  const auto& tab = e4m3_table();
+  const uint8_t* p = static_cast<const uint8_t*>(src);
+  for (int64_t b = 0; b < n / kGroup; ++b, p += 4 + kGroup) {
+    float s;
+    std::memcpy(&s, p, 4);
+    for (int i = 0; i < kGroup; ++i) dst[b * kGroup + i] = tab[p[4 + i]] * s;
+  }
+}
+
+}  // namespace
 
 void per_token_group_quant_fp8(const Tensor& out_q, const Tensor& out_s, const Tensor& x,
                                bool /*reference: the same arithmetic*/) {
@@ -118,19 +132,6 @@ void scaled_mm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor
     }
   }
 }
-
-// F8_E4M3_B128 rows: blocks of an f32 scale and 128 codes, each value code * scale.
-void dequantize_row_f8_b128(const void* src, float* dst, int64_t n) {
-  const auto& tab = e4m3_table();
-  const uint8_t* p = static_cast<const uint8_t*>(src);
-  for (int64_t b = 0; b < n / kGroup; ++b, p += 4 + kGroup) {
-    float s;
-    std::memcpy(&s, p, 4);
-    for (int i = 0; i < kGroup; ++i) dst[b * kGroup + i] = tab[p[4 + i]] * s;
-  }
-}
-
-}  // namespace
 
 void register_quant_fp8(QuantTraits* table) {
   table[static_cast<int>(DType::F8_E4M3_B128)].to_float = dequantize_row_f8_b128;

@@ -132,7 +132,7 @@ def _fake_quant_inputs(model, block: int = 128):
     return model
 
 
-def _check_w8a8(path: str, oracle, **engine) -> None:
+def _check_w8a8(path: str, oracle, _inspect=None, **engine) -> None:
     """The checkpoint at path on the GPU: its q/k/v projection (K = 128) uploaded as e4m3 codes,
     its down_proj (K = 192) dense, and its greedy tokens within FP8_GAP of the oracle (the
     transformers model of its dequantized weights, given here) fed fp8-rounded inputs."""
@@ -146,9 +146,12 @@ def _check_w8a8(path: str, oracle, **engine) -> None:
     llm = LLM(path, skip_tokenizer_init=True, device="cuda", max_model_len=512,
               kv_cache_memory_bytes=256 << 20, **engine)
     model = llm.llm_engine.model_runner.model
-    layer = model.layers[0]
-    assert layer.qkv_proj.parts[0].weight.dtype == F8_E4M3  # K = 128
-    assert layer.down_proj.weight.dtype != F8_E4M3  # K = 192: dense
+    if _inspect is not None:  # the caller's own checks of what went up fp8
+        _inspect(llm)
+    else:
+        layer = model.layers[0]
+        assert layer.qkv_proj.parts[0].weight.dtype == F8_E4M3  # K = 128
+        assert layer.down_proj.weight.dtype != F8_E4M3  # K = 192: dense
     assert model.lm_head.weight.dtype != F8_E4M3
     rng = np.random.default_rng(SEED)
     prompts = [rng.integers(3, VOCAB, size=int(n)).tolist() for n in rng.integers(3, 120, 6)]
@@ -229,3 +232,121 @@ def test_online_fp8_quantizes_projections_at_upload(tmp_path):
                     and mod.in_features % 128 == 0 and mod.out_features % 8 == 0):
                 mod.weight.copy_(_fake_quant(mod.weight))
     _check_w8a8(path, model, quantization="fp8")
+
+
+# fp8 experts (fused_experts' fp8 grouped GEMM, cuda/gemm_grouped_fp8_sm90.cu): (E, k, T, H, I)
+# taking each tile: 16-token swapped (decode), 64-token swapped (P > 16 an active expert), and
+# 128 x 128 straight (from 96 rows an expert).
+FP8_MOE_SHAPES = [(8, 2, 1, 256, 128), (8, 2, 40, 512, 256), (4, 2, 100, 256, 128),
+                  (8, 2, 512, 256, 384)]
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("shape", FP8_MOE_SHAPES, ids=lambda s: "E{}k{}T{}H{}I{}".format(*s))
+def test_fused_experts_fp8_vs_cpu_twin(shape, dtype):
+    """The GPU's fp8 experts against the CPU twin on the same (16-bit-rounded) inputs and
+    against float64: x's rows quantized bit-equal to the CPU's, the activations from a 16-bit
+    h where the CPU keeps f32 (an e4m3 rounding boundary may fall between them)."""
+    if not hopper():
+        pytest.skip("fp8 GEMMs run on Hopper only")
+    from tests.ops.test_fp8 import fp8_experts, fused_experts_fp8_reference
+    from vllmx.device import F8_E4M3
+
+    rng = np.random.default_rng(SEED)
+    e, k, t, h, inter = shape
+    x = as_f32(host(rng.standard_normal((t, h)).astype(np.float32), dtype), dtype)
+    c13, s13 = fp8_experts(rng, e, 2 * inter, h)
+    c2, s2 = fp8_experts(rng, e, h, inter)
+    tw, ti = ops.topk_softmax(rng.standard_normal((t, e)).astype(np.float32), k, True)
+    cpu = ops.fused_experts(x, c13, c2, tw, ti, w13_scale=s13, w2_scale=s2)
+    w13, w2 = (DeviceArray.from_numpy(c, F8_E4M3) for c in (c13, c2))
+    w13.scales, w2.scales = DeviceArray.from_numpy(s13), DeviceArray.from_numpy(s2)
+    out = ops.fused_experts(dev(x, dtype), w13, w2, DeviceArray.from_numpy(tw),
+                            DeviceArray.from_numpy(ti))
+    got = as_f32(out.numpy(), dtype).astype(np.float64)
+    scale = np.abs(cpu).max()
+    tol = 2 ** (-7 if dtype == BF16 else -10)
+    # Most values within the 16-bit output's rounding of the twin; a row whose activation
+    # code flipped (h rounded to 16 bits first) a few e4m3 steps of one product term further.
+    close = np.abs(got - cpu) <= 2 * tol * np.abs(cpu) + tol * scale
+    assert close.mean() >= 0.97, f"seed {SEED}: {close.mean():.3f} within the twin's rounding"
+    np.testing.assert_allclose(got, cpu, atol=0.03 * scale, err_msg=f"seed {SEED}")
+    want = fused_experts_fp8_reference(x, c13, s13, c2, s2, tw, ti)
+    np.testing.assert_allclose(got, want, atol=0.03 * np.abs(want).max(), err_msg=f"seed {SEED}")
+
+
+def test_fused_experts_fp8_token_alone_equals_in_batch():
+    """A token's fp8 experts give the same bits alone as within a decode batch of the same
+    tile (1 and 12 tokens over 8 experts: the 16-token swapped one)."""
+    if not hopper():
+        pytest.skip("fp8 GEMMs run on Hopper only")
+    from tests.ops.test_fp8 import fp8_experts
+    from vllmx.device import F8_E4M3
+
+    rng = np.random.default_rng(SEED)
+    c13, s13 = fp8_experts(rng, 8, 512, 256)
+    c2, s2 = fp8_experts(rng, 8, 256, 256)
+    w13, w2 = (DeviceArray.from_numpy(c, F8_E4M3) for c in (c13, c2))
+    w13.scales, w2.scales = DeviceArray.from_numpy(s13), DeviceArray.from_numpy(s2)
+    x = rng.standard_normal((12, 256)).astype(np.float32)
+    tw, ti = ops.topk_softmax(rng.standard_normal((12, 8)).astype(np.float32), 2, True)
+    run = lambda n: ops.fused_experts(dev(x[:n], BF16), w13, w2,
+                                      DeviceArray.from_numpy(tw[:n]),
+                                      DeviceArray.from_numpy(ti[:n])).numpy()
+    np.testing.assert_array_equal(run(1), run(12)[:1])
+
+
+def test_online_fp8_moe_experts_run_fp8(tmp_path):
+    """Online fp8 on a Qwen3-MoE checkpoint whose experts the fp8 grouped GEMM takes (H = I =
+    128): the expert stacks go up as e4m3 codes with scales, and the greedy tokens pass
+    TESTING.md's rule against transformers with the same weight rounding and every projection's
+    input (the experts' included) quantized as per_token_group_quant_fp8 quantizes it."""
+    if not hopper():
+        pytest.skip("fp8 GEMMs run on Hopper only")
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import transformers as tf
+
+    from tests.models.tiny_checkpoints import make_checkpoint
+    from vllmx.device import F8_E4M3
+
+    path = make_checkpoint("qwen3_moe", "bfloat16", str(tmp_path / "moe"),
+                           {"moe_intermediate_size": 128}, hidden_size=128)
+    model = tf.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16)
+    with torch.no_grad():
+        for name, mod in model.named_modules():
+            if (isinstance(mod, torch.nn.Linear) and name.endswith("proj")
+                    and mod.in_features % 128 == 0 and mod.out_features % 8 == 0):
+                mod.weight.copy_(_fake_quant(mod.weight))
+            if hasattr(mod, "gate_up_proj") and isinstance(mod.gate_up_proj, torch.nn.Parameter):
+                for p in (mod.gate_up_proj, mod.down_proj):
+                    p.copy_(_fake_quant(p))
+                mod.forward = _fp8_experts_forward(mod)
+    checked = []
+
+    def engine_check(llm):
+        block = llm.llm_engine.model_runner.model.layers[0].experts
+        checked.append(block.w13.dtype == F8_E4M3 and block.w2.dtype == F8_E4M3)
+
+    _check_w8a8(path, model, quantization="fp8", _inspect=engine_check)
+    assert checked == [True]
+
+
+def _fp8_experts_forward(experts):
+    """transformers' Qwen3MoeExperts.forward with each expert product's input quantized per
+    128 values (the oracle of fused_experts' fp8 experts)."""
+    import torch
+
+    def forward(hidden_states, top_k_index, top_k_weights):
+        out = torch.zeros_like(hidden_states)
+        for e in range(experts.num_experts):
+            pos, tok = torch.where(top_k_index == e)
+            if tok.numel() == 0:
+                continue
+            gate, up = torch.nn.functional.linear(
+                _fake_quant(hidden_states[tok]), experts.gate_up_proj[e]).chunk(2, dim=-1)
+            act = experts.act_fn(gate) * up
+            y = torch.nn.functional.linear(_fake_quant(act), experts.down_proj[e])
+            out.index_add_(0, tok, (y * top_k_weights[tok, pos, None]).to(out.dtype))
+        return out
+    return forward

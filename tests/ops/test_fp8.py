@@ -142,3 +142,80 @@ def test_block_weight_rows_dequantize_to_code_times_scale():
     both = concat_rows([w, ops.fp8_block_weight(codes[:8], np.ascontiguousarray(s.T[:8]))])
     np.testing.assert_array_equal(both.to_float32().reshape(32, 384)[24:],
                                   want[:8].astype(np.float32))
+
+
+def fp8_experts(rng, e: int, n: int, k: int):
+    """Random expert weights [e, n, k] as fused_experts' fp8 stacks: codes and scales
+    [e, k / 128, n] (each row quantized per 128 values)."""
+    w = (rng.standard_normal((e, n, k)) / np.sqrt(k)).astype(np.float32)
+    codes = np.empty((e, n, k), np.uint8)
+    scales = np.empty((e, k // 128, n), np.float32)
+    for i in range(e):
+        codes[i], scales[i] = ops.per_token_group_quant_fp8(w[i])
+    return codes, scales
+
+
+def fused_experts_fp8_reference(x, c13, s13, c2, s2, topk_weights, topk_ids):
+    """float64 W8A8 experts: the dequantized weights against the rows each product reads,
+    quantized per 128 values (x's, then silu(gate) * up's, quantized from f32 as the CPU
+    kernel does)."""
+    def qrow(v):
+        q, s = ops.per_token_group_quant_fp8(np.asarray(v, np.float32)[None])
+        return dequant(q, s)[0]
+
+    inter = c2.shape[2]
+    out = np.zeros(x.shape, np.float64)
+    for t in range(x.shape[0]):
+        for j in range(topk_ids.shape[1]):
+            e = topk_ids[t, j]
+            h = dequant(c13[e], s13[e]) @ qrow(x[t])
+            g, u = h[:inter].astype(np.float32), h[inter:].astype(np.float32)
+            a = g / (1 + np.exp(-g.astype(np.float64))) * u
+            out[t] += topk_weights[t, j] * (dequant(c2[e], s2[e]) @ qrow(a))
+    return out
+
+
+@pytest.mark.parametrize("reference", [False, True], ids=["fast", "reference"])
+def test_fused_experts_fp8_vs_float64(reference):
+    """fp8 experts (vLLM's block-fp8 MoE, W8A8): fused_experts with codes and scales against
+    the float64 product of the dequantized weights and the per-128 quantized rows."""
+    from vllmx import _C
+
+    rng = np.random.default_rng()
+    t, h, inter, e, k = 9, 256, 128, 6, 2
+    x = rng.standard_normal((t, h)).astype(np.float32)
+    c13, s13 = fp8_experts(rng, e, 2 * inter, h)
+    c2, s2 = fp8_experts(rng, e, h, inter)
+    tw, ti = ops.topk_softmax(rng.standard_normal((t, e)).astype(np.float32), k, True)
+    want = fused_experts_fp8_reference(x, c13, s13, c2, s2, tw, ti)
+    if reference:  # the scalar twins, through the op table's reference flag
+        from vllmx.device import F8_E4M3
+        got = np.empty_like(x)
+        _C.ops.fused_experts(got, x, (c13, F8_E4M3), (c2, F8_E4M3), tw, ti, None, None, 0, s13,
+                             s2, reference=True)
+    else:
+        got = ops.fused_experts(x, c13, c2, tw, ti, w13_scale=s13, w2_scale=s2)
+    # f32 sums of exact fp8 products; an activation at an e4m3 rounding boundary may round
+    # the other way from the float64 one's f32 input: a few e4m3 steps of one value at most.
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=2e-3 * np.abs(want).max())
+
+
+def test_fused_experts_fp8_refusals():
+    from vllmx.device import F8_E4M3
+
+    rng = np.random.default_rng()
+    x = rng.standard_normal((3, 128)).astype(np.float32)
+    c13, s13 = fp8_experts(rng, 4, 256, 128)
+    c2, s2 = fp8_experts(rng, 4, 128, 128)
+    tw, ti = ops.topk_softmax(rng.standard_normal((3, 4)).astype(np.float32), 2, True)
+    with pytest.raises(ValueError, match="come together"):
+        ops.fused_experts(x, c13, c2, tw, ti, w13_scale=s13)
+    with pytest.raises(ValueError, match=r"w13_scale .* must be \[4, 1, 256\]"):
+        ops.fused_experts(x, c13, c2, tw, ti, w13_scale=np.ascontiguousarray(s13[:, :, :128]),
+                          w2_scale=s2)
+    x2 = rng.standard_normal((3, 64)).astype(np.float32)
+    c2b, s2b = fp8_experts(rng, 4, 64, 128)
+    with pytest.raises(ValueError, match="K whole 128s"):  # H = 64
+        ops.fused_experts(x2, c13[:, :, :64].copy(), c2b, tw, ti, w13_scale=s13, w2_scale=s2b)
+    with pytest.raises(ValueError, match="holds fp8 codes"):
+        ops.fused_experts(x, (c13, F8_E4M3), (c2, F8_E4M3), tw, ti)

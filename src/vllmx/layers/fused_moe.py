@@ -16,7 +16,7 @@ from vllmx import ops
 from vllmx.device import F32
 from vllmx.distributed.parallel_state import get_tp_group
 from vllmx.layers import placement
-from vllmx.layers.linear import Linear, MergedLinear, RowParallelLinear
+from vllmx.layers.linear import Linear, MergedLinear, RowParallelLinear, UnquantizedLinear
 from vllmx.layers.norm import ResidualAdd
 from vllmx.ops import Weight
 
@@ -69,14 +69,16 @@ class SparseMoeBlock:
                              f"top_k = {top_k} is not in 1..{num_experts}")
         self.expert_range = expert_range
         if on_gpu:  # (the experts first: a type the GPU cannot run fails before any upload)
-            self.w13 = placement.upload_experts(w13, f"{name}.w13")
-            self.w2 = placement.upload_experts(w2, f"{name}.w2")
+            # fp8 experts (an fp8 checkpoint's, or online fp8's) where both stacks can be.
+            fp8 = placement.experts_fp8(w13) and placement.experts_fp8(w2)
+            self.w13 = placement.upload_experts(w13, f"{name}.w13", fp8)
+            self.w2 = placement.upload_experts(w2, f"{name}.w2", fp8)
             w13_bias, w2_bias = (None if b is None else placement.upload_vector(b, F32)
                                  for b in (w13_bias, w2_bias))
         else:
             self.w13 = ops.repack_experts(w13)
             self.w2 = ops.repack_experts(w2)
-        self.gate = Linear(gate, gate_bias)
+        self.gate = UnquantizedLinear(gate, gate_bias)  # vLLM's router: never fp8
         self.top_k = top_k
         self.renormalize = renormalize
         if routing is not None and routing.e_score_correction_bias is not None:

@@ -73,11 +73,16 @@ class Linear:
                                    act)
 
 
-class LMHeadLinear(Linear):
-    """A model's lm_head as a plain Linear (models without tensor-parallel heads): online fp8
-    leaves it in its dtype, as vLLM does."""
+class UnquantizedLinear(Linear):
+    """A Linear that online fp8 leaves in its dtype, as vLLM builds such layers with
+    quant_config=None: a mixture of experts' router."""
 
     fp8 = False
+
+
+class LMHeadLinear(UnquantizedLinear):
+    """A model's lm_head as a plain Linear (models without tensor-parallel heads): online fp8
+    leaves it in its dtype, as vLLM does."""
 
 
 class RowParallelLinear(Linear):

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from vllmx import _C, ops
-from vllmx.device import BF16, F16, F32, DeviceArray
+from vllmx.device import BF16, F8_E4M3, F16, F32, DeviceArray
 from vllmx.ops import Weight
+from vllmx.ops.fp8 import GROUP
 from vllmx.pages import off_the_file
 
 
@@ -132,15 +133,41 @@ def upload_weight(w: Weight | DeviceArray, name: str = "weight",
     return out
 
 
-def upload_experts(w: Weight, name: str = "experts") -> Weight | DeviceArray:
+def experts_fp8(w: Weight) -> bool:
+    """Whether a stack of expert weights [E, N, K] may run on fused_experts' fp8 grouped GEMM
+    (Hopper): an fp8 checkpoint's (F8_E4M3_B128: the loader kept its codes), or dense ones
+    online fp8 (Placement.fp8_weights) quantizes, where the GEMM takes the shape. fused_experts
+    takes both stacks of a layer fp8 or neither (SparseMoeBlock asks for both)."""
+    p = _current
+    if not p.on_gpu or isinstance(w, DeviceArray) or not ops.fp8_gemm_fits(*w.shape[1:]):
+        return False
+    return w.dtype == ops.F8_E4M3_B128 or p.fp8_weights and w.dtype in (F32, F16, BF16)
+
+
+def upload_experts(w: Weight, name: str = "experts",
+                   fp8: bool = False) -> Weight | DeviceArray:
     """Stacked expert weights [E, N, K] where the current placement wants them: unchanged on the
-    CPU; on the GPU a dense [E, N, K] array in the activation dtype. The CUDA fused_experts
-    kernels run dense experts only, so GGUF block types (a Q4_K_M MoE's experts, gpt-oss's
-    MXFP4) are dequantized here, expert by expert (the whole stack in f32 on the host would be
-    four bytes a weight): ~3.6x a Q4_K stack's bytes on the device in bf16."""
+    CPU; on the GPU a dense [E, N, K] array in the activation dtype, or, with fp8 (experts_fp8
+    said yes for the layer's two stacks), e4m3 codes [E, N, K] with `.scales` [E, K/128, N]
+    (fused_experts' fp8 experts): an fp8 checkpoint's as stored, dense ones quantized on the
+    device per row and 128-wide group, each expert as online fp8 quantizes a projection. The
+    CUDA fused_experts kernels run no other quantized experts, so GGUF block types (a Q4_K_M
+    MoE's experts, gpt-oss's MXFP4) and fp8 stacks whose partner cannot go fp8 are dequantized
+    here, expert by expert (the whole stack in f32 on the host would be four bytes a weight):
+    ~3.6x a Q4_K stack's bytes on the device in bf16."""
     p = _current
     if not p.on_gpu or isinstance(w, DeviceArray):
         return w
+    if fp8 and w.dtype == ops.F8_E4M3_B128:
+        return ops.upload_fp8_block_weight(w)
+    if fp8 and w.dtype in (F32, F16, BF16):
+        codes = DeviceArray.empty(w.shape, F8_E4M3)
+        codes.scales = DeviceArray.empty((w.shape[0], w.shape[2] // GROUP, w.shape[1]), F32)
+        for e, dense in enumerate(dense_experts(w, p.dtype)):
+            q, s = ops.per_token_group_quant_fp8(DeviceArray.from_numpy(dense, p.dtype))
+            codes[e].copy_from(q)
+            codes.scales[e].copy_from(s)
+        return codes
     if w.dtype in (F32, F16, BF16):
         return DeviceArray.from_numpy(_dense_as(w, p.dtype).reshape(w.shape), p.dtype)
     out = DeviceArray.empty(w.shape, p.dtype)

@@ -38,12 +38,14 @@ def fp8_block_weight(codes: np.ndarray, scales: np.ndarray):
 
 def upload_fp8_block_weight(w) -> DeviceArray:
     """An F8_E4M3_B128 Weight on the GPU as scaled_mm reads it: codes [N, K] (F8_E4M3) with
-    `.scales` [K // 128, N] f32 (MN-major) beside them."""
-    n, k = w.shape
-    blocks = np.asarray(w.data).reshape(n, k // GROUP, _BLOCK)
-    codes = DeviceArray.from_numpy(np.ascontiguousarray(blocks[:, :, 4:]).reshape(n, k), F8_E4M3)
-    scales = np.ascontiguousarray(blocks[:, :, :4]).view(np.float32).reshape(n, k // GROUP)
-    codes.scales = DeviceArray.from_numpy(np.ascontiguousarray(scales.T))
+    `.scales` [K // 128, N] f32 (MN-major) beside them; a stack of them [E, N, K] (experts, as
+    fused_experts reads them) as codes [E, N, K] with scales [E, K // 128, N]."""
+    *lead, n, k = w.shape
+    blocks = np.asarray(w.data).reshape(*lead, n, k // GROUP, _BLOCK)
+    codes = DeviceArray.from_numpy(
+        np.ascontiguousarray(blocks[..., 4:]).reshape(*lead, n, k), F8_E4M3)
+    scales = np.ascontiguousarray(blocks[..., :4]).view(np.float32).reshape(*lead, n, k // GROUP)
+    codes.scales = DeviceArray.from_numpy(np.ascontiguousarray(np.swapaxes(scales, -1, -2)))
     return codes
 
 

@@ -1,0 +1,32 @@
+// One warp's 128-wide group of values to fp8 e4m3, vLLM's per_token_group_quant_fp8 rule: the
+// group's |max| by shuffles, the scale max(amax, 1e-10) / 448, each value divided by it,
+// saturated and rounded to nearest even (cvt.rn.satfinite); the CPU twin, csrc/quant/fp8.cpp,
+// gives the same codes bit for bit. Shared by cuda/fp8.cu and fused_experts' fp8 experts.
+#pragma once
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+namespace vllmx::cuda {
+
+constexpr int kFp8GroupValues = 128;  // a warp's four values a lane
+
+// v: this lane's four values of the group. Returns their codes packed (the first in the low
+// byte); *scale: the group's scale, on every lane.
+__device__ __forceinline__ uint32_t warp_quant_fp8_group(const float (&v)[4], float* scale) {
+  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float s = fmaxf(amax, 1e-10f) / 448.f;
+  uint32_t packed = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float c = fminf(fmaxf(v[i] / s, -448.f), 448.f);
+    packed |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(c, __NV_SATFINITE, __NV_E4M3))
+              << (8 * i);
+  }
+  *scale = s;
+  return packed;
+}
+
+}  // namespace vllmx::cuda
