@@ -18,6 +18,10 @@
 //    expert order.
 // 3. moe_act_kernel: + w13's bias, SwiGLU / gpt-oss's clamped SwiGLU / relu2, per row.
 // 4. the grouped GEMM against w2.
+// fp8 experts (w13_scale / w2_scale given; Hopper): steps 2-4 as moe_quant_fp8_kernel (x's rows
+//    gathered and quantized per 128 values into their expert's block of scales), the fp8
+//    grouped GEMM (gemm_grouped_fp8_sm90.cu), moe_quant_fp8_kernel again (the activations
+//    computed from h and quantized), the fp8 grouped GEMM against w2.
 // 5. moe_combine_kernel: out[t] = sum_j w[t, j] (y[slot(t, j)] + w2's bias), j = 0..k-1 in
 //    order, in f32 without fused multiply-adds, like the CPU kernel.
 // A row's GEMM results come from that row alone (the mma tiles' rows are independent), so a
@@ -151,44 +155,6 @@ __global__ void moe_gather_kernel(uint4* __restrict__ xs, const char* __restrict
   for (int c = threadIdx.x; c < chunks; c += blockDim.x) dst[c] = src[c];
 }
 
-// fp8 experts: the rows a product reads, quantized per 128 values (fp8.cuh, vLLM's
-// per_token_group_quant_fp8 rule) into codes q [rows, K] and their expert's block of scales
-// (gemm_grouped_fp8_sm90.cu's layout): row r of expert e, i = r - expert_first[e] below
-// expert_rows[e], has scale g at scales[expert_first[e] * groups + g * expert_rows[e] + i].
-// Rows come from x through pair_of_slot (w13's product: gathered and quantized in one pass) or
-// from src's row r (pair_of_slot nullptr: the activations, w2's). One warp a (row, group);
-// padding rows are left as they are, no group reads them.
-constexpr int kQuantWarps = 8;
-
-template <typename T>
-__global__ void __launch_bounds__(kQuantWarps * 32)
-    moe_quant_fp8_kernel(uint8_t* __restrict__ q, float* __restrict__ scales,
-                         const T* __restrict__ src, int64_t src_stride,
-                         const int* __restrict__ pair_of_slot, int k,
-                         const int* __restrict__ tile_expert, int bm,
-                         const int* __restrict__ expert_first,
-                         const int* __restrict__ expert_rows, int64_t rows, int groups) {
-  pdl_begin();
-  const int64_t item = static_cast<int64_t>(blockIdx.x) * kQuantWarps + threadIdx.x / 32;
-  const int64_t r = item / groups;
-  const int g = static_cast<int>(item % groups), lane = threadIdx.x % 32;
-  if (r >= rows) return;
-  const int e = tile_expert[r / bm];
-  if (e < 0) return;
-  const int64_t first = expert_first[e], m = expert_rows[e], i = r - first;
-  if (i >= m) return;
-  const int64_t row = pair_of_slot != nullptr ? pair_of_slot[r] / k : r;
-  const T* xp = src + row * src_stride + g * kFp8GroupValues + lane * 4;
-  float v[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) v[j] = to_f32(xp[j]);
-  float sc;
-  const uint32_t packed = warp_quant_fp8_group(v, &sc);
-  *reinterpret_cast<uint32_t*>(q + r * groups * kFp8GroupValues + g * kFp8GroupValues +
-                               lane * 4) = packed;
-  if (lane == 0) scales[first * groups + g * m + i] = sc;
-}
-
 // act[r, i] from h[r] = w13_e x (+ bias[e]): activation 0 silu(gate) * up, 1 gpt-oss's clamped
 // SwiGLU, 2 relu2 (h is up alone). Math in f32, one rounding to T. V values a thread (8: one
 // 16-byte load of f16 / bf16 gates and one of ups, where I and the rows allow; else 1), tpr
@@ -233,6 +199,68 @@ __global__ void moe_act_kernel(T* __restrict__ act, const T* __restrict__ h, int
       g.store(out + i);
     }
   }
+}
+
+// fp8 experts: the rows a product reads, quantized per 128 values (fp8.cuh, vLLM's
+// per_token_group_quant_fp8 rule) into codes q [rows, K] and their expert's block of scales
+// (gemm_grouped_fp8_sm90.cu's layout): row r of expert e, i = r - expert_first[e] below
+// expert_rows[e], has scale g at scales[expert_first[e] * groups + g * expert_rows[e] + i].
+// w13's product reads x's rows through pair_of_slot (gathered and quantized in one pass); w2's
+// the activations (kAct), computed here from h's row r (src, `src_stride` = G wide) as
+// moe_act_kernel computes them, in f32 and quantized without a 16-bit copy between. One warp a
+// (row, group); padding rows are left as they are, no group reads them.
+constexpr int kQuantWarps = 8;
+
+struct Fp8RowsArgs {
+  uint8_t* q;
+  float* scales;
+  int64_t rows;
+  int groups;  // K / 128
+  const int* tile_expert;
+  int bm;
+  const int* expert_first;
+  const int* expert_rows;
+  const int* pair_of_slot;  // gather: x's row of slot r is pair_of_slot[r] / k
+  int k;
+  const float* bias;  // kAct: w13's, [E, G]
+  int64_t bias_stride;
+  int I, activation;
+};
+
+template <typename T, bool kAct>
+__global__ void __launch_bounds__(kQuantWarps * 32)
+    moe_quant_fp8_kernel(Fp8RowsArgs a, const T* __restrict__ src, int64_t src_stride) {
+  pdl_begin();
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kQuantWarps + threadIdx.x / 32;
+  const int64_t r = item / a.groups;
+  const int g = static_cast<int>(item % a.groups), lane = threadIdx.x % 32;
+  if (r >= a.rows) return;
+  const int e = a.tile_expert[r / a.bm];
+  if (e < 0) return;
+  const int64_t first = a.expert_first[e], m = a.expert_rows[e], i = r - first;
+  if (i >= m) return;
+  const int c = g * kFp8GroupValues + lane * 4;
+  float v[4];
+  if constexpr (kAct) {
+    const T* hr = src + r * src_stride;
+    const float* b = a.bias != nullptr ? a.bias + e * a.bias_stride : nullptr;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float gj = to_f32(hr[c + j]) + (b != nullptr ? b[c + j] : 0.f);
+      const float uj = a.activation == 2
+                           ? 0.f
+                           : to_f32(hr[a.I + c + j]) + (b != nullptr ? b[a.I + c + j] : 0.f);
+      v[j] = moe_act_value(gj, uj, a.activation);
+    }
+  } else {
+    const T* xp = src + static_cast<int64_t>(a.pair_of_slot[r] / a.k) * src_stride + c;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = to_f32(xp[j]);
+  }
+  float sc;
+  const uint32_t packed = warp_quant_fp8_group(v, &sc);
+  *reinterpret_cast<uint32_t*>(a.q + r * a.groups * kFp8GroupValues + c) = packed;
+  if (lane == 0) a.scales[first * a.groups + g * m + i] = sc;
 }
 
 // out[t, :] = sum_j w[t, j] * (y[slot(t, j)] + bias[e(t, j)]), j in order, no FMA contraction
@@ -513,7 +541,7 @@ void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const 
     int* slot_of_pair = static_cast<int*>(scratch<0>(P * sizeof(int)));
     int* pair_of_slot = static_cast<int*>(scratch<1>(rows * sizeof(int)));
     int* tile_expert = static_cast<int*>(scratch<2>(tiles * sizeof(int)));
-    void* xg = scratch<3>(rows * I * es);  // the activations, row by row
+    void* xg = fp8 ? nullptr : scratch<3>(rows * I * es);  // the activations, row by row
     void* h = scratch<4>(rows * G * es);   // w13's products
     int* expert_first = sm90 ? static_cast<int*>(scratch<6>(2 * E * sizeof(int))) : nullptr;
     int* expert_rows = sm90 ? expert_first + E : nullptr;
@@ -524,28 +552,46 @@ void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const 
            expert_rows);
     check_launch("moe_align_kernel");
     const char* x0 = static_cast<const char*>(x.data) + t0 * x.stride[0] * es;
+    // fp8 experts: rows quantized by moe_quant_fp8_kernel (x's gathered for w13, or the
+    // activations computed from h for w2), then the fp8 grouped GEMM.
+    auto fp8_product = [&](void* out_rows, const void* src, int64_t src_stride, bool act,
+                           const Tensor& w, const Tensor& w_scale) {
+#ifdef VLLMX_WITH_SM90_GEMM
+      const int64_t K = w.shape[2];
+      Fp8RowsArgs qa{};
+      qa.groups = static_cast<int>(K / kFp8GroupValues);
+      qa.rows = rows;
+      qa.q = static_cast<uint8_t*>(scratch<8>(rows * K));
+      qa.scales = static_cast<float*>(scratch<9>(rows * qa.groups * sizeof(float)));
+      qa.tile_expert = tile_expert;
+      qa.bm = bm;
+      qa.expert_first = expert_first;
+      qa.expert_rows = expert_rows;
+      qa.pair_of_slot = pair_of_slot;
+      qa.k = static_cast<int>(k);
+      qa.bias = w13_bias.defined() ? w13_bias.ptr<float>() : nullptr;
+      qa.bias_stride = w13_bias.defined() ? w13_bias.stride[0] : 0;
+      qa.I = static_cast<int>(I);
+      qa.activation = static_cast<int>(activation);
+      const auto blocks =
+          static_cast<unsigned>((rows * qa.groups + kQuantWarps - 1) / kQuantWarps);
+      dispatch_float(xt, kOp, [&](auto z) {
+        using TQ = decltype(z);
+        launch(act ? moe_quant_fp8_kernel<TQ, true> : moe_quant_fp8_kernel<TQ, false>, blocks,
+               kQuantWarps * 32, 0, s, qa, static_cast<const TQ*>(src), src_stride);
+      });
+      check_launch("moe_quant_fp8_kernel");
+      grouped_sm90_fp8(out_rows, qa.q, qa.scales, w, w_scale, expert_first, expert_rows, tile,
+                       xt, s);
+#else
+      (void)out_rows, (void)src, (void)src_stride, (void)act, (void)w, (void)w_scale;
+#endif
+    };
     // The wgmma and mma.sync products of w13 and w2; on the mma.sync path w13's product reads
     // x's rows (this chunk's) through pair_of_slot: no gathered copy.
-    // fp8: the rows (x's through row_of, or in_rows' own) quantized first, into codes and
-    // their experts' blocks of scales.
     auto product = [&](void* out_rows, const void* in_rows, int64_t in_stride, const int* row_of,
-                       int row_div, const Tensor& w, const Tensor& w_scale) {
+                       int row_div, const Tensor& w) {
 #ifdef VLLMX_WITH_SM90_GEMM
-      if (fp8) {
-        const int64_t K = w.shape[2], groups = K / kFp8GroupValues;
-        auto* q = static_cast<uint8_t*>(scratch<8>(rows * K));
-        auto* sc = static_cast<float*>(scratch<9>(rows * groups * sizeof(float)));
-        const auto blocks = static_cast<unsigned>((rows * groups + kQuantWarps - 1) / kQuantWarps);
-        dispatch_float(xt, kOp, [&](auto z) {
-          using TQ = decltype(z);
-          launch(moe_quant_fp8_kernel<TQ>, blocks, kQuantWarps * 32, 0, s, q, sc,
-                 static_cast<const TQ*>(in_rows), in_stride, row_of, row_div, tile_expert, bm,
-                 expert_first, expert_rows, rows, static_cast<int>(groups));
-        });
-        check_launch("moe_quant_fp8_kernel");
-        grouped_sm90_fp8(out_rows, q, sc, w, w_scale, expert_first, expert_rows, tile, xt, s);
-        return;
-      }
       if (sm90) {
         grouped_sm90(out_rows, in_rows, in_stride, w, expert_first, expert_rows, tile, xt, s);
         return;
@@ -554,16 +600,18 @@ void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const 
       grouped(out_rows, in_rows, in_stride, row_of, row_div, w, static_cast<int>(rows), bm,
               tile_expert, xt, s);
     };
-    if (sm90 && !fp8) {
+    if (fp8) {
+      fp8_product(h, x0, x.stride[0], false, w13, w13_scale);
+    } else if (sm90) {
       void* xs = scratch<7>(rows * H * es);
       const int chunks = static_cast<int>(H * static_cast<int64_t>(es) / 16);
       launch(moe_gather_kernel, static_cast<unsigned>(rows),
              std::min(256, (chunks + 31) / 32 * 32), 0, s, static_cast<uint4*>(xs), x0,
              x.stride[0] * static_cast<int64_t>(es), chunks, pair_of_slot, static_cast<int>(k));
       check_launch("moe_gather_kernel");
-      product(h, xs, H, nullptr, 1, w13, w13_scale);
+      product(h, xs, H, nullptr, 1, w13);
     } else {
-      product(h, x0, x.stride[0], pair_of_slot, static_cast<int>(k), w13, w13_scale);
+      product(h, x0, x.stride[0], pair_of_slot, static_cast<int>(k), w13);
     }
     void* y = scratch<5>(rows * H * es);
     dispatch_float(xt, kOp, [&](auto z) {
@@ -575,14 +623,18 @@ void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const 
       const int tpr = static_cast<int>(
           std::min<int64_t>(256, ((act_vec ? I / kV : I) + 31) / 32 * 32));
       const int rpb = 256 / tpr;
-      auto act_kernel = act_vec ? moe_act_kernel<TA, kV> : moe_act_kernel<TA, 1>;
-      launch(act_kernel, static_cast<unsigned>((rows + rpb - 1) / rpb), rpb * tpr, 0, s,
-             static_cast<TA*>(xg), static_cast<const TA*>(h), rows, static_cast<int>(I),
-             static_cast<int>(G), w13_bias.defined() ? w13_bias.ptr<float>() : nullptr,
-             w13_bias.defined() ? w13_bias.stride[0] : 0, tile_expert, bm, tpr,
-             static_cast<int>(activation));
-      check_launch("moe_act_kernel");
-      product(y, xg, I, nullptr, 1, w2, w2_scale);
+      if (fp8) {  // the activations quantized as they are computed
+        fp8_product(y, h, G, true, w2, w2_scale);
+      } else {
+        auto act_kernel = act_vec ? moe_act_kernel<TA, kV> : moe_act_kernel<TA, 1>;
+        launch(act_kernel, static_cast<unsigned>((rows + rpb - 1) / rpb), rpb * tpr, 0, s,
+               static_cast<TA*>(xg), static_cast<const TA*>(h), rows, static_cast<int>(I),
+               static_cast<int>(G), w13_bias.defined() ? w13_bias.ptr<float>() : nullptr,
+               w13_bias.defined() ? w13_bias.stride[0] : 0, tile_expert, bm, tpr,
+               static_cast<int>(activation));
+        check_launch("moe_act_kernel");
+        product(y, xg, I, nullptr, 1, w2);
+      }
       TA* out0 = out.ptr<TA>() + t0 * out.stride[0];
       const bool comb_vec = kV > 1 && H % kV == 0 && vec16_ok<TA>(out0, out.stride[0]);
       const int per = comb_vec ? kV : 1;  // columns a thread
