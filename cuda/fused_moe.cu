@@ -377,11 +377,10 @@ bool sm90_tile(int64_t P, int64_t E, int64_t N, Sm90GroupedTile* tile) {
   return true;
 }
 
-// One grouped product on CUTLASS's wgmma GEMM (gemm_grouped_sm90.cu): expert e's rows of x (in
-// expert order, x_stride apart, counted by moe_align_kernel) against its slice of w.
-void grouped_sm90(void* out, const void* x, int64_t x_stride, const Tensor& w,
-                  const int* expert_first, const int* expert_rows, Sm90GroupedTile tile,
-                  DType xt, cudaStream_t s) {
+// A grouped product's problem: expert e's rows of x (x_stride elements apart, counted on the
+// device) against w's expert e, into out's rows (N wide) of the same slots; xt: out's dtype.
+Sm90GroupedArgs grouped_args(void* out, const void* x, int64_t x_stride, const Tensor& w,
+                             const int* expert_first, const int* expert_rows, DType xt) {
   Sm90GroupedArgs g;
   g.x = x;
   g.w = w.data;
@@ -397,7 +396,15 @@ void grouped_sm90(void* out, const void* x, int64_t x_stride, const Tensor& w,
   g.expert_rows = expert_rows;
   g.bf16 = xt == DType::BF16;
   g.num_sms = detail::num_sms();
-  sm90_grouped_gemm(g, tile, s);
+  return g;
+}
+
+// One grouped product on CUTLASS's wgmma GEMM (gemm_grouped_sm90.cu): expert e's rows of x (in
+// expert order, x_stride apart, counted by moe_align_kernel) against its slice of w.
+void grouped_sm90(void* out, const void* x, int64_t x_stride, const Tensor& w,
+                  const int* expert_first, const int* expert_rows, Sm90GroupedTile tile,
+                  DType xt, cudaStream_t s) {
+  sm90_grouped_gemm(grouped_args(out, x, x_stride, w, expert_first, expert_rows, xt), tile, s);
 }
 
 // fp8 experts (gemm_grouped_fp8_sm90.cu): the rows' codes xq (K-wide rows) and their expert
@@ -406,21 +413,7 @@ void grouped_sm90_fp8(void* out, const void* xq, const float* x_scale, const Ten
                       const Tensor& w_scale, const int* expert_first, const int* expert_rows,
                       Sm90GroupedTile tile, DType xt, cudaStream_t s) {
   Sm90GroupedFp8Args f;
-  Sm90GroupedArgs& g = f.g;
-  g.x = xq;
-  g.w = w.data;
-  g.out = out;
-  g.experts = static_cast<int>(w.shape[0]);
-  g.N = static_cast<int>(w.shape[1]);
-  g.K = static_cast<int>(w.shape[2]);
-  g.x_stride = g.K;
-  g.w_stride = w.stride[1];
-  g.out_stride = g.N;
-  g.w_expert_stride = w.stride[0];
-  g.expert_first = expert_first;
-  g.expert_rows = expert_rows;
-  g.bf16 = xt == DType::BF16;
-  g.num_sms = detail::num_sms();
+  f.g = grouped_args(out, xq, w.shape[2], w, expert_first, expert_rows, xt);
   f.x_scale = x_scale;
   f.w_scale = w_scale.ptr<float>();
   f.w_scale_expert_stride = w_scale.stride[0];

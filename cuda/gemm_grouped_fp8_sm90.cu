@@ -9,11 +9,7 @@
 // Scales MN-major, as gemm_fp8_sm90.cu's: the weight's [K / 128][N] an expert; the rows'
 // [K / 128][m] in a block of their expert's own (the layout CUTLASS derives from the group's
 // shape), from x_scale + first * K / 128.
-#include <type_traits>
-
 #include "cutlass/detail/blockwise_scale_layout.hpp"
-#include "cutlass/epilogue/collective/collective_builder.hpp"
-#include "cutlass/epilogue/fusion/operations.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
@@ -27,13 +23,10 @@ using namespace grouped;
 using E8 = cutlass::float_e4m3_t;
 
 template <typename Element, class TileShape, bool kSwap>
-struct GroupedFp8 {
-  using LayoutA = cutlass::layout::RowMajor;
-  using LayoutB = cutlass::layout::ColumnMajor;
-  using LayoutD =
-      std::conditional_t<kSwap, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
-  static constexpr int kAlignD = 128 / cutlass::sizeof_bits<Element>::value;  // 16-byte TMA
-  static constexpr int kAlign8 = 16;
+struct GroupedFp8 : GroupedEpilogue<Element, TileShape, kSwap> {
+  using E = GroupedEpilogue<Element, TileShape, kSwap>;
+  using typename E::Epilogue, typename E::LayoutA, typename E::LayoutB;
+  static constexpr int kAlign8 = 16;  // 16-byte TMA, fp8
 
   // One scale per row of A and of B and per 128 of K, both MN-major (CUTLASS 4.2's smem
   // layout of SFB follows SFA's major, so the two must agree).
@@ -41,12 +34,6 @@ struct GroupedFp8 {
                                                                 GMMA::Major::MN>;
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
-
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlignD,
-      Element, LayoutD*, kAlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
-      cutlass::epilogue::fusion::LinearCombination<Element, float>>::CollectiveOp;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, E8,

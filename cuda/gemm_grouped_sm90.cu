@@ -9,10 +9,6 @@
 // rows an expert on average, where the mma.sync grouped GEMM, linear.cu's gemm_kernel, runs at a
 // fraction of wgmma's rate), swapped 128 x 16 / 128 x 64 ones for decode batches with enough
 // active experts. sm_90a only, like the other CUTLASS instantiations.
-#include <type_traits>
-
-#include "cutlass/epilogue/collective/collective_builder.hpp"
-#include "cutlass/epilogue/fusion/operations.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
@@ -26,18 +22,10 @@ using namespace grouped;
 
 // The operands' roles: gemm_grouped_sm90.cuh.
 template <typename Element, class TileShape, bool kSwap>
-struct Grouped {
-  using LayoutA = cutlass::layout::RowMajor;
-  using LayoutB = cutlass::layout::ColumnMajor;
-  using LayoutD =
-      std::conditional_t<kSwap, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
-  static constexpr int kAlign = 128 / cutlass::sizeof_bits<Element>::value;  // 16-byte TMA
-
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlign,
-      Element, LayoutD*, kAlign, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
-      cutlass::epilogue::fusion::LinearCombination<Element, float>>::CollectiveOp;
+struct Grouped : GroupedEpilogue<Element, TileShape, kSwap> {
+  using E = GroupedEpilogue<Element, TileShape, kSwap>;
+  using typename E::Epilogue, typename E::LayoutA, typename E::LayoutB;
+  static constexpr int kAlign = E::kAlignD;  // A and B in Element too
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA*, kAlign, Element,

@@ -6,9 +6,12 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/operations.hpp"
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cuda_util.cuh"
 #include "gemm_sm90.h"
@@ -30,6 +33,23 @@ using namespace cute;
 using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
 using Shape3 = typename ProblemShape::UnderlyingProblemShape;
 using ClusterShape = Shape<_1, _1, _1>;
+
+// The operand layouts and the epilogue both grouped GEMMs use: D (Element, bf16 / f16) = acc,
+// rounded once, row-major straight, column-major swapped.
+template <typename Element, class TileShape, bool kSwap>
+struct GroupedEpilogue {
+  using LayoutA = cutlass::layout::RowMajor;     // K-major
+  using LayoutB = cutlass::layout::ColumnMajor;  // K-major
+  using LayoutD =
+      std::conditional_t<kSwap, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
+  static constexpr int kAlignD = 128 / cutlass::sizeof_bits<Element>::value;  // 16-byte TMA
+
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlignD,
+      Element, LayoutD*, kAlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      cutlass::epilogue::fusion::LinearCombination<Element, float>>::CollectiveOp;
+};
 
 // n of each of Ts, one block of grow-only scratch (runtime.h: a stream's work may still point
 // at it) per instantiation, each array 16-byte aligned.
