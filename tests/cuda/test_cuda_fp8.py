@@ -245,8 +245,7 @@ FP8_MOE_SHAPES = [(8, 2, 1, 256, 128), (8, 2, 40, 512, 256), (4, 2, 100, 256, 12
 @pytest.mark.parametrize("shape", FP8_MOE_SHAPES, ids=lambda s: "E{}k{}T{}H{}I{}".format(*s))
 def test_fused_experts_fp8_vs_cpu_twin(shape, dtype):
     """The GPU's fp8 experts against the CPU twin on the same (16-bit-rounded) inputs and
-    against float64: x's rows quantized bit-equal to the CPU's, the activations from a 16-bit
-    h where the CPU keeps f32 (an e4m3 rounding boundary may fall between them)."""
+    against float64, row by row."""
     if not hopper():
         pytest.skip("fp8 GEMMs run on Hopper only")
     from tests.ops.test_fp8 import fp8_experts, fused_experts_fp8_reference
@@ -264,15 +263,16 @@ def test_fused_experts_fp8_vs_cpu_twin(shape, dtype):
     out = ops.fused_experts(dev(x, dtype), w13, w2, DeviceArray.from_numpy(tw),
                             DeviceArray.from_numpy(ti))
     got = as_f32(out.numpy(), dtype).astype(np.float64)
-    scale = np.abs(cpu).max()
-    tol = 2 ** (-7 if dtype == BF16 else -10)
-    # Most values within the 16-bit output's rounding of the twin; a row whose activation
-    # code flipped (h rounded to 16 bits first) a few e4m3 steps of one product term further.
-    close = np.abs(got - cpu) <= 2 * tol * np.abs(cpu) + tol * scale
-    assert close.mean() >= 0.97, f"seed {SEED}: {close.mean():.3f} within the twin's rounding"
-    np.testing.assert_allclose(got, cpu, atol=0.03 * scale, err_msg=f"seed {SEED}")
     want = fused_experts_fp8_reference(x, c13, s13, c2, s2, tw, ti)
-    np.testing.assert_allclose(got, want, atol=0.03 * np.abs(want).max(), err_msg=f"seed {SEED}")
+    # h rounds to 16 bits on the GPU before the activations are computed and quantized, so an
+    # activation near an e4m3 rounding boundary may take the neighbouring code (one e4m3 step,
+    # 1/16 of its value): a few of I a token; emulated in numpy, bf16's h put rows at most 3%
+    # (median 1.2%) of their norm off, f16's 1.8% (0.2%). A wrong scale, expert or row is of
+    # the order of the output itself.
+    for name, ref in (("CPU twin", cpu), ("float64", want)):
+        err = np.linalg.norm(got - ref, axis=1) / np.linalg.norm(ref, axis=1)
+        assert err.max() < 0.06 and np.median(err) < 0.02, \
+            f"seed {SEED}: rows off the {name} by {np.sort(err)[-3:]}, median {np.median(err)}"
 
 
 def test_fused_experts_fp8_token_alone_equals_in_batch():
