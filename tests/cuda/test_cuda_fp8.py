@@ -340,7 +340,7 @@ def _fp8_experts_forward(experts):
     def forward(hidden_states, top_k_index, top_k_weights):
         out = torch.zeros_like(hidden_states)
         for e in range(experts.num_experts):
-            pos, tok = torch.where(top_k_index == e)
+            tok, pos = torch.where(top_k_index == e)
             if tok.numel() == 0:
                 continue
             gate, up = torch.nn.functional.linear(
