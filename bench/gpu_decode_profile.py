@@ -44,7 +44,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_vs_transformers import stage_decode
-from gpu_vs_vllm import SHAPES, weight_bytes, write_config
+from gpu_vs_vllm import FP8_CONFIG, SHAPES, weight_bytes, write_config
 from peer_process import engine_env, worker_result
 
 
@@ -280,6 +280,8 @@ def main() -> int:
     ap.add_argument("--vllm-site", default="/root/vllm-site")
     ap.add_argument("--mamba-ssm-cache-dtype", default="float32",
                     help="vllmx's hybrid recurrent states (auto: the activations' dtype)")
+    ap.add_argument("--fp8", action="store_true",
+                    help="the shapes as block-scaled fp8 checkpoints (gpu_vs_vllm.py --fp8)")
     ap.add_argument("--vllm-worker", metavar="PATH", help=argparse.SUPPRESS)
     args = ap.parse_args()
     fmt = "auto" if args.random_weights else "dummy"
@@ -290,7 +292,8 @@ def main() -> int:
     report = {}
     for name, layers in zip(args.models, args.layers):
         with tempfile.TemporaryDirectory() as d:
-            write_config(name, d, num_hidden_layers=layers)
+            write_config(name, d, num_hidden_layers=layers,
+                         **({"quantization_config": FP8_CONFIG} if args.fp8 else {}))
             if args.random_weights:
                 from random_checkpoint import write_random_weights
 

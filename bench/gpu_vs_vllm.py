@@ -68,6 +68,9 @@ QWEN3_5_COMMON = dict(linear_key_head_dim=128, linear_value_head_dim=128, linear
                       max_position_embeddings=262144)
 # Beside the dense shapes, a mixture of experts of Qwen3-30B-A3B's shape (48 layers, 128
 # experts of 768, top-8): issue 19's MoE benchmark (transformers has no fast MoE to compare).
+# vLLM's block-scaled fp8 checkpoints' quantization_config (DeepSeek-V3, Qwen3-*-FP8): --fp8.
+FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+              "weight_block_size": [128, 128]}
 SHAPES = {**DENSE_SHAPES,
           "qwen3-30b-a3b": dict(arch="Qwen3Moe", model_type="qwen3_moe", vocab_size=151936,
                                 hidden_size=2048, intermediate_size=6144,
@@ -318,10 +321,8 @@ def main() -> int:
     for name in args.models:
         print(f"== {name}", flush=True)
         layers = {"num_hidden_layers": args.layers} if args.layers else {}
-        if args.fp8:  # vLLM's block-scaled fp8 checkpoints' config (DeepSeek-V3, Qwen3-*-FP8)
-            layers["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
-                                             "activation_scheme": "dynamic",
-                                             "weight_block_size": [128, 128]}
+        if args.fp8:
+            layers["quantization_config"] = FP8_CONFIG
         path = write_config(name, os.path.join(args.workdir, name + (
             f"-{args.layers}-layers" if args.layers else "") + ("-fp8" if args.fp8 else "")),
             **layers)
