@@ -143,3 +143,35 @@ def test_each_family_runs_from_its_config(checkpoints, family, tmp_path):
     out = llm.generate({"prompt_token_ids": [5, 9, 200, 31]},
                        SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 4
+
+
+def test_fp8_codes_from_a_config(monkeypatch):
+    """An fp8 config's projections the fp8 GEMM would run (monkeypatched: a Hopper GPU's) come
+    as F8_E4M3_B128 rows: no NaN code, values within +-1e-3, the same bits for the same seed,
+    other bits for another; the router and norms stay dense."""
+    import torch
+
+    from vllmx.loader import fp8
+    from vllmx.loader.dummy import DummyWeights
+    from vllmx.ops import F8_E4M3_B128
+
+    monkeypatch.setattr(fp8, "fp8_gemm_takes", lambda n, k: k % 128 == 0 and n % 8 == 0)
+    shapes = {"model.layers.0.mlp.experts.3.gate_proj.weight": (256, 384),
+              "model.layers.0.mlp.gate.weight": (8, 384)}
+    cfg = {"torch_dtype": "bfloat16",
+           "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+    w = DummyWeights(shapes, cfg, seed=0)
+    e = w["model.layers.0.mlp.experts.3.gate_proj.weight"]
+    assert e.dtype == F8_E4M3_B128 and w["model.layers.0.mlp.gate.weight"].dtype != F8_E4M3_B128
+    blocks = np.asarray(e.data).reshape(256, 3, 132)
+    codes = np.ascontiguousarray(blocks[:, :, 4:]).reshape(256, 384)
+    assert not ((codes & 0x7F) == 0x7F).any()
+    values = e.to_float32().reshape(256, 384)
+    assert np.isfinite(values).all() and np.abs(values).max() <= 1e-3 * (1 + 1e-6)
+    assert np.abs(values).max() > 0.5e-3 and len(np.unique(codes)) > 100
+    ref = torch.tensor(codes).view(torch.float8_e4m3fn).float().numpy() * (1e-3 / 1.875)
+    np.testing.assert_allclose(values, ref, rtol=1e-6)
+    again = DummyWeights(shapes, cfg, seed=0)["model.layers.0.mlp.experts.3.gate_proj.weight"]
+    other = DummyWeights(shapes, cfg, seed=1)["model.layers.0.mlp.experts.3.gate_proj.weight"]
+    assert np.array_equal(np.asarray(again.data), np.asarray(e.data))
+    assert not np.array_equal(np.asarray(other.data), np.asarray(e.data))
