@@ -499,10 +499,9 @@ void fused_experts(const Tensor& out, const Tensor& x, const Tensor& w13, const 
   const bool sm90_ok = tensor_cores && detail::sm90_kernels() && aligned(x.data, 16) &&
                        x.stride[0] * static_cast<int64_t>(es) % 16 == 0 && tma_stack(w13) &&
                        tma_stack(w2);
-  // fp8 experts run on the fp8 grouped GEMM alone: Hopper, K's of whole 128s (H for w13, I for
-  // w2), x's rows on 4-element boundaries (the quantization's loads), 16-byte output rows.
-  const bool fp8_ok = sm90_ok && H % kFp8GroupValues == 0 && I % kFp8GroupValues == 0 &&
-                      x.stride[0] % 4 == 0 && aligned(x.data, 4 * es);
+  // fp8 experts run on the fp8 grouped GEMM alone: what the 16-bit one needs (Hopper, 16-byte
+  // rows) and K's of whole 128s (H for w13, I for w2).
+  const bool fp8_ok = sm90_ok && H % kFp8GroupValues == 0 && I % kFp8GroupValues == 0;
 #else
   const bool fp8_ok = false;
 #endif

@@ -9,9 +9,8 @@
 // column-major, bias per row), where the weight rows fill wgmma's 128-row M tile. Scales are
 // MN-major, [K / 128][rows] (consecutive rows' scales adjacent), as the quantization kernel
 // writes them; the epilogue adds the bias in f32 and rounds once to bf16 / f16.
+#include "gemm_fp8_sm90.cuh"
 #include "gemm_sm90.cuh"
-
-#include "cutlass/detail/blockwise_scale_layout.hpp"
 
 namespace vllmx::cuda {
 
@@ -20,19 +19,15 @@ namespace sm90 {
 template <typename Element, class TileShape, bool kSwap>
 struct Fp8Gemm {
   using E = Sm90Epilogue<Element, TileShape, Shape<_1, _1, _1>, kSwap>;
-  using E8 = cutlass::float_e4m3_t;
-  static constexpr int kAlign8 = 16;  // 16-byte TMA, fp8
-
-  // One scale per row of A and of B and per 128 of K, both MN-major.
-  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 1, kFp8Group, GMMA::Major::MN,
-                                                                GMMA::Major::MN>;
+  using ScaleConfig = Fp8ScaleConfig;
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, E8,
-      cute::tuple<typename E::LayoutA, LayoutSFA>, kAlign8, E8,
-      cute::tuple<typename E::LayoutB, LayoutSFB>, kAlign8, float, TileShape, Shape<_1, _1, _1>,
+      cute::tuple<typename E::LayoutA, LayoutSFA>, kAlignFp8, E8,
+      cute::tuple<typename E::LayoutB, LayoutSFB>, kAlignFp8, float, TileShape,
+      Shape<_1, _1, _1>,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename E::Epilogue::SharedStorage))>,
       cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
@@ -53,7 +48,6 @@ void run_fp8(const Sm90Fp8GemmArgs& a, cudaStream_t s) {
   using G = Fp8Gemm<Element, TileShape, kSwap>;
   using Adapter = typename G::Adapter;
   using K = typename Adapter::GemmKernel;
-  using E8 = cutlass::float_e4m3_t;
   const int M = kSwap ? a.N : a.T, N = kSwap ? a.T : a.N;
   const void* A = kSwap ? a.w : a.x;
   const void* B = kSwap ? a.x : a.w;

@@ -9,10 +9,10 @@
 // Scales MN-major, as gemm_fp8_sm90.cu's: the weight's [K / 128][N] an expert; the rows'
 // [K / 128][m] in a block of their expert's own (the layout CUTLASS derives from the group's
 // shape), from x_scale + first * K / 128.
-#include "cutlass/detail/blockwise_scale_layout.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "gemm_fp8_sm90.cuh"
 #include "gemm_grouped_sm90.cuh"
 
 namespace vllmx::cuda {
@@ -20,25 +20,20 @@ namespace vllmx::cuda {
 namespace {
 
 using namespace grouped;
-using E8 = cutlass::float_e4m3_t;
+using sm90::E8;
 
 template <typename Element, class TileShape, bool kSwap>
 struct GroupedFp8 : GroupedEpilogue<Element, TileShape, kSwap> {
   using E = GroupedEpilogue<Element, TileShape, kSwap>;
   using typename E::Epilogue, typename E::LayoutA, typename E::LayoutB;
-  static constexpr int kAlign8 = 16;  // 16-byte TMA, fp8
-
-  // One scale per row of A and of B and per 128 of K, both MN-major (CUTLASS 4.2's smem
-  // layout of SFB follows SFA's major, so the two must agree).
-  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 1, kFp8Group, GMMA::Major::MN,
-                                                                GMMA::Major::MN>;
+  using ScaleConfig = sm90::Fp8ScaleConfig;
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, E8,
-      cute::tuple<LayoutA*, LayoutSFA*>, kAlign8, E8, cute::tuple<LayoutB*, LayoutSFB*>,
-      kAlign8, float, TileShape, ClusterShape,
+      cute::tuple<LayoutA*, LayoutSFA*>, sm90::kAlignFp8, E8, cute::tuple<LayoutB*, LayoutSFB*>,
+      sm90::kAlignFp8, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
