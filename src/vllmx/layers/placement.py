@@ -110,14 +110,8 @@ def upload_weight(w: Weight | DeviceArray, name: str = "weight",
     p = _current
     if not p.on_gpu or isinstance(w, DeviceArray):
         return w
-    if (fp8 and p.fp8_weights and w.dtype in (F32, F16, BF16) and len(w.shape) == 2
-            and ops.fp8_gemm_fits(*w.shape)):
-        # Quantized on the device, row by row as activations are (per_token_group_quant_fp8:
-        # each row's 128-wide groups scaled to e4m3's range): codes [N, K], scales [K/128, N].
-        codes, scales = ops.per_token_group_quant_fp8(
-            DeviceArray.from_numpy(_dense_as(w, p.dtype), p.dtype))
-        codes.scales = scales
-        return codes
+    if fp8 and len(w.shape) == 2 and _online_fp8(w):
+        return _fp8_quantized(_dense_as(w, p.dtype))
     if w.dtype not in CUDA_WEIGHT_TYPES:
         raise ValueError(
             f"{name}: GGUF type {_C.type_info(w.dtype)[0]} has no CUDA kernel (CUDA runs bf16, "
@@ -133,15 +127,30 @@ def upload_weight(w: Weight | DeviceArray, name: str = "weight",
     return out
 
 
+def _online_fp8(w: Weight) -> bool:
+    """Whether online fp8 (Placement.fp8_weights) quantizes w: a dense matrix [N, K], or a
+    stack of them, of a shape the fp8 GEMM takes."""
+    return (_current.fp8_weights and w.dtype in (F32, F16, BF16)
+            and ops.fp8_gemm_fits(*w.shape[-2:]))
+
+
+def _fp8_quantized(dense: np.ndarray) -> DeviceArray:
+    """A dense host matrix [N, K] in the activation dtype's host form, quantized on the device
+    row by row as activations are (per_token_group_quant_fp8: each row's 128-wide groups scaled
+    to e4m3's range): codes [N, K] with `.scales` [K/128, N]."""
+    codes, scales = ops.per_token_group_quant_fp8(DeviceArray.from_numpy(dense, _current.dtype))
+    codes.scales = scales
+    return codes
+
+
 def experts_fp8(w: Weight) -> bool:
     """Whether a stack of expert weights [E, N, K] may run on fused_experts' fp8 grouped GEMM
     (Hopper): an fp8 checkpoint's (F8_E4M3_B128: the loader kept its codes), or dense ones
     online fp8 (Placement.fp8_weights) quantizes, where the GEMM takes the shape. fused_experts
     takes both stacks of a layer fp8 or neither (SparseMoeBlock asks for both)."""
-    p = _current
-    if not p.on_gpu or isinstance(w, DeviceArray) or not ops.fp8_gemm_fits(*w.shape[1:]):
+    if not _current.on_gpu or isinstance(w, DeviceArray):
         return False
-    return w.dtype == ops.F8_E4M3_B128 or p.fp8_weights and w.dtype in (F32, F16, BF16)
+    return w.dtype == ops.F8_E4M3_B128 and ops.fp8_gemm_fits(*w.shape[1:]) or _online_fp8(w)
 
 
 def upload_experts(w: Weight, name: str = "experts",
@@ -164,9 +173,9 @@ def upload_experts(w: Weight, name: str = "experts",
         codes = DeviceArray.empty(w.shape, F8_E4M3)
         codes.scales = DeviceArray.empty((w.shape[0], w.shape[2] // GROUP, w.shape[1]), F32)
         for e, dense in enumerate(dense_experts(w, p.dtype)):
-            q, s = ops.per_token_group_quant_fp8(DeviceArray.from_numpy(dense, p.dtype))
+            q = _fp8_quantized(dense)
             codes[e].copy_from(q)
-            codes.scales[e].copy_from(s)
+            codes.scales[e].copy_from(q.scales)
         return codes
     if w.dtype in (F32, F16, BF16):
         return DeviceArray.from_numpy(_dense_as(w, p.dtype).reshape(w.shape), p.dtype)
