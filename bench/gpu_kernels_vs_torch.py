@@ -23,7 +23,8 @@ SM), `gemv`, `gemm_small` or a CUTLASS tile (LINEAR_TUNING_PATHS) with an option
 a plan that cannot take a case is left out of it.
 
 `--weight-type Q4_K` (any GGUF block type vllmx's CUDA linear takes) times vllmx on the blocks
-against cuBLAS on their bf16 values: the GB/s column is then the blocks' bytes.
+against cuBLAS on their bf16 values: the GB/s column is then the blocks' bytes. `--weight-type
+FP8` times fp8_linear (block-scaled e4m3 weights, x quantized per 128 values) the same way.
 
 Each linear case also checks vllmx's output against torch's (max error / max |torch|), so a
 fast wrong kernel shows up here too.
@@ -139,17 +140,48 @@ def block_weight(rng, n: int, k: int, wtype: str) -> tuple[np.ndarray, int, np.n
     return blocks, int(qt), gguf.quants.dequantize(blocks, qt).astype(np.float32)
 
 
+def fp8_weight(rng, n: int, k: int) -> tuple[DeviceArray, np.ndarray, int]:
+    """An fp8 block-scaled weight on the device (codes with .scales, as an fp8 checkpoint
+    uploads), its f32 values and its bytes."""
+    from vllmx.device import F8_E4M3
+
+    codes, s = ops.per_token_group_quant_fp8(
+        (rng.standard_normal((n, k)) * 0.02).astype(np.float32))
+    w = DeviceArray.from_numpy(codes, F8_E4M3)
+    w.scales = DeviceArray.from_numpy(s)
+    return w, e4m3_dequant(codes, s), codes.nbytes + s.nbytes
+
+
+def e4m3_dequant(codes: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Codes [R, K] with their per-128 scales [K / 128, R] as f32 values (OCP e4m3: sign, 4
+    exponent bits of bias 7, 3 mantissa bits, subnormal at exponent 0)."""
+    c = np.arange(256)
+    e, m = (c >> 3) & 15, c & 7
+    values = np.where(e == 0, m / 8 * 2.0**-6, (1 + m / 8) * 2.0 ** (e - 7.0))
+    values = np.where(c & 0x80, -values, values)
+    r, k = codes.shape
+    return (values[codes].reshape(r, k // 128, 128) * s.T[:, :, None]).reshape(r, k).astype(
+        np.float32)
+
+
 def bench_linear(results, tokens, shapes, plans=("auto",), wtype="BF16"):
-    """wtype: BF16, or a GGUF block type run by vllmx against cuBLAS on its bf16 values."""
+    """wtype: BF16, a GGUF block type run by vllmx against cuBLAS on its bf16 values, or FP8
+    (fp8_linear on block-scaled e4m3 codes, against cuBLAS on their bf16 values)."""
     rng = np.random.default_rng(0)
     for n, k in shapes:
-        if wtype == "BF16":
+        if wtype == "FP8":
+            w, w32, nbytes = fp8_weight(rng, n, k)
+            copies = max(1, -(-ROTATE_BYTES // nbytes))
+            ws = [w] + [fp8_weight(rng, n, k)[0] for _ in range(copies - 1)]
+            stored = np.empty(nbytes, np.uint8)
+        elif wtype == "BF16":
             w32 = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
             stored, wdt = bits_bf16(w32), BF16
         else:
             stored, wdt, w32 = block_weight(rng, n, k, wtype)
-        copies = max(1, -(-ROTATE_BYTES // stored.nbytes))
-        ws = [DeviceArray.from_numpy(stored, wdt) for _ in range(copies)]
+        if wtype != "FP8":
+            copies = max(1, -(-ROTATE_BYTES // stored.nbytes))
+            ws = [DeviceArray.from_numpy(stored, wdt) for _ in range(copies)]
         wts = [torch.from_numpy(w32).to("cuda", torch.bfloat16)
                for _ in range(max(1, -(-ROTATE_BYTES // (n * k * 2))))]
         w, wt = ws[0], wts[0]
@@ -158,16 +190,23 @@ def bench_linear(results, tokens, shapes, plans=("auto",), wtype="BF16"):
             x = DeviceArray.from_numpy(bits_bf16(x32), BF16)
             out = DeviceArray.empty((t, n), BF16)
             xt = torch.from_numpy(x32).to("cuda", torch.bfloat16)
+            if wtype == "FP8":  # fp8_linear quantizes x: the reference takes the same values
+                x32 = e4m3_dequant(*ops.per_token_group_quant_fp8(bits_bf16(x32), BF16))
             turn = iter(range(1 << 30))  # each captured call takes the next weight copy
             theirs = graph_time(
                 lambda: torch.nn.functional.linear(xt, wts[next(turn) % len(wts)]), False)
-            ref = torch.nn.functional.linear(xt, wt)
+            ref = torch.nn.functional.linear(
+                torch.from_numpy(x32).to("cuda", torch.bfloat16), wt)
+            def call(wi):
+                if wtype == "FP8":
+                    _C.ops.fp8_linear(out, x, wi, wi.scales, None)
+                else:
+                    _C.ops.linear(out, x, wi, None)
             for plan in plans:
                 try:
                     _C.cuda_linear_tuning(**parse_plan(plan))
-                    ours = graph_time(
-                        lambda: _C.ops.linear(out, x, ws[next(turn) % copies], None), True)
-                    _C.ops.linear(out, x, w, None)
+                    ours = graph_time(lambda: call(ws[next(turn) % copies]), True)
+                    call(w)
                 except ValueError:  # this kernel cannot take this product
                     continue
                 finally:
@@ -260,8 +299,8 @@ def main():
     ap.add_argument("--shapes", default=SHAPES,
                     help="linear: comma-separated NxK weight shapes")
     ap.add_argument("--weight-type", default="BF16",
-                    help="linear: BF16 or a GGUF block type (Q4_K, Q6_K, IQ4_XS, ...): vllmx "
-                         "on the blocks, torch on their bf16 values")
+                    help="linear: BF16, FP8 or a GGUF block type (Q4_K, Q6_K, IQ4_XS, ...): "
+                         "vllmx on the blocks, torch on their bf16 values")
     ap.add_argument("--plans", default="auto",
                     help="linear: comma-separated kernels to time each case on (see above)")
     ap.add_argument("--attention-cases", default=ATTENTION_CASES,

@@ -514,26 +514,28 @@ void check_per_token_group_quant_fp8(const Tensor& out_q, const Tensor& out_s, c
                       std::to_string(K / 128) + ", " + std::to_string(T) + "]");
 }
 
-void check_scaled_mm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& a_s,
-                     const Tensor& b_s, const Tensor& bias) {
-  const char* op = "scaled_mm";
-  check_dtype(a, DType::F8_E4M3, op, "a");
-  check_dtype(b, DType::F8_E4M3, op, "b");
-  check_ndim(a, 2, op, "a");
-  check_ndim(b, 2, op, "b");
+// scaled_mm's and fp8_linear's shared part: the left operand a (2-D, dtype checked by the
+// caller) and the weight b [N, K] F8_E4M3 with its scales b_s [K / 128, N], out [T, N], bias.
+struct Fp8Names {  // the op's own names for a, b and b_s
+  std::string a, b, b_s;
+};
+void check_fp8_operands(const char* op, const Fp8Names& names, const Tensor& out,
+                        const Tensor& a, const Tensor& b, const Tensor& b_s, const Tensor& bias) {
+  const std::string &a_name = names.a, &b_name = names.b, &s_name = names.b_s;
+  check_ndim(a, 2, op, a_name.c_str());
+  check_dtype(b, DType::F8_E4M3, op, b_name.c_str());
+  check_ndim(b, 2, op, b_name.c_str());
   const int64_t T = a.shape[0], K = a.shape[1], N = b.shape[0];
   VLLMX_CHECK(b.shape[1] == K && K % 128 == 0, op,
-              "a " + a.str() + " and b " + b.str() + " must share K, whole groups of 128");
-  VLLMX_CHECK(a.stride[1] == 1 && b.stride[1] == 1, op, "a's and b's rows must be contiguous");
-  for (const Tensor* s : {&a_s, &b_s}) {
-    check_dtype(*s, DType::F32, op, s == &a_s ? "a_s" : "b_s");
-    const int64_t rows = s == &a_s ? T : N;
-    VLLMX_CHECK(s->ndim == 2 && s->shape[0] == K / 128 && s->shape[1] == rows &&
-                    s->is_contiguous(),
-                op, std::string(s == &a_s ? "a_s " : "b_s ") + s->str() +
-                        " must be a contiguous [K / 128, " + (s == &a_s ? "T" : "N") + "] = [" +
-                        std::to_string(K / 128) + ", " + std::to_string(rows) + "]");
-  }
+              a_name + " " + a.str() + " and " + b_name + " " + b.str() +
+                  " must share K, whole groups of 128");
+  VLLMX_CHECK(a.stride[1] == 1 && b.stride[1] == 1, op,
+              a_name + "'s and " + b_name + "'s rows must be contiguous");
+  check_dtype(b_s, DType::F32, op, s_name.c_str());
+  VLLMX_CHECK(b_s.ndim == 2 && b_s.shape[0] == K / 128 && b_s.shape[1] == N &&
+                  b_s.is_contiguous(),
+              op, s_name + " " + b_s.str() + " must be a contiguous [K / 128, N] = [" +
+                      std::to_string(K / 128) + ", " + std::to_string(N) + "]");
   VLLMX_CHECK(out.dtype == DType::F32 || out.dtype == DType::F16 || out.dtype == DType::BF16, op,
               "out must be f32, f16 or bf16, got " + out.str());
   VLLMX_CHECK(out.ndim == 2 && out.shape[0] == T && out.shape[1] == N && out.stride[1] == 1, op,
@@ -543,6 +545,27 @@ void check_scaled_mm(const Tensor& out, const Tensor& a, const Tensor& b, const 
                                    bias.shape[0] == N && bias.stride[0] == 1),
               op, "bias " + bias.str() + " must be out's dtype, [N] = [" + std::to_string(N) +
                       "], contiguous");
+}
+
+void check_scaled_mm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& a_s,
+                     const Tensor& b_s, const Tensor& bias) {
+  const char* op = "scaled_mm";
+  check_dtype(a, DType::F8_E4M3, op, "a");
+  check_fp8_operands(op, {"a", "b", "b_s"}, out, a, b, b_s, bias);
+  const int64_t T = a.shape[0], K = a.shape[1];
+  check_dtype(a_s, DType::F32, op, "a_s");
+  VLLMX_CHECK(a_s.ndim == 2 && a_s.shape[0] == K / 128 && a_s.shape[1] == T &&
+                  a_s.is_contiguous(),
+              op, "a_s " + a_s.str() + " must be a contiguous [K / 128, T] = [" +
+                      std::to_string(K / 128) + ", " + std::to_string(T) + "]");
+}
+
+void check_fp8_linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& w_s,
+                      const Tensor& bias) {
+  const char* op = "fp8_linear";
+  VLLMX_CHECK(x.dtype == DType::F32 || x.dtype == DType::F16 || x.dtype == DType::BF16, op,
+              "x must be f32, f16 or bf16, got " + x.str());
+  check_fp8_operands(op, {"x", "w", "w_s"}, out, x, w, w_s, bias);
 }
 
 void check_sigmoid_gate(const Tensor& x, const Tensor& gate) {
@@ -754,6 +777,7 @@ VLLMX_OP_CHECK(mamba2_scan, check_mamba2_scan);
 VLLMX_OP_CHECK(sigmoid_gate, check_sigmoid_gate);
 VLLMX_OP_CHECK(per_token_group_quant_fp8, check_per_token_group_quant_fp8);
 VLLMX_OP_CHECK(scaled_mm, check_scaled_mm);
+VLLMX_OP_CHECK(fp8_linear, check_fp8_linear);
 VLLMX_OP_CHECK(swigluoai_and_mul, check_swigluoai_and_mul);
 VLLMX_OP_CHECK(relu2, check_relu2);
 VLLMX_OP_CHECK(add_lora_linear, check_add_lora_linear);

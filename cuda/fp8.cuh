@@ -11,20 +11,25 @@ namespace vllmx::cuda {
 
 constexpr int kFp8GroupValues = 128;  // a warp's four values a lane
 
+// vLLM's scale of a group whose largest magnitude is amax, and a value's code under it.
+__device__ __forceinline__ float fp8_group_scale(float amax) {
+  return fmaxf(amax, 1e-10f) / 448.f;
+}
+__device__ __forceinline__ uint32_t fp8_code(float v, float scale) {
+  const float c = fminf(fmaxf(v / scale, -448.f), 448.f);
+  return static_cast<uint32_t>(__nv_cvt_float_to_fp8(c, __NV_SATFINITE, __NV_E4M3));
+}
+
 // v: this lane's four values of the group. Returns their codes packed (the first in the low
 // byte); *scale: the group's scale, on every lane.
 __device__ __forceinline__ uint32_t warp_quant_fp8_group(const float (&v)[4], float* scale) {
   float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float s = fmaxf(amax, 1e-10f) / 448.f;
+  const float s = fp8_group_scale(amax);
   uint32_t packed = 0;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float c = fminf(fmaxf(v[i] / s, -448.f), 448.f);
-    packed |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(c, __NV_SATFINITE, __NV_E4M3))
-              << (8 * i);
-  }
+  for (int i = 0; i < 4; ++i) packed |= fp8_code(v[i], s) << (8 * i);
   *scale = s;
   return packed;
 }

@@ -64,5 +64,7 @@ void per_token_group_quant_fp8(const Tensor& out_q, const Tensor& out_s, const T
                                bool reference);
 void scaled_mm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& a_s,
                const Tensor& b_s, const Tensor& bias, bool reference);
+void fp8_linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& w_s,
+                const Tensor& bias, bool reference);
 
 }  // namespace vllmx

@@ -34,30 +34,13 @@ Tensor bias_row(const Tensor& b, int64_t e) {
   return v;
 }
 
-// n rows of x (f32 [n, K]) through an fp8 expert (codes w [N, K], its scales ws [K / 128, N]),
-// as vLLM's block-fp8 MoE runs them: the rows quantized per 128 values
-// (per_token_group_quant_fp8), then scaled_mm; out f32 [n, N].
-void fp8_expert_linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& ws,
-                       const Tensor& bias, bool reference) {
-  static thread_local std::vector<uint8_t> codes;
-  static thread_local std::vector<float> scales;
-  const int64_t n = x.shape[0], K = x.shape[1];
-  codes.resize(static_cast<size_t>(n * K));
-  scales.resize(static_cast<size_t>(n * K / 128));
-  Tensor q = f32_matrix(nullptr, n, K);
-  q.data = codes.data();
-  q.dtype = DType::F8_E4M3;
-  Tensor s = f32_matrix(scales.data(), K / 128, n);
-  per_token_group_quant_fp8(q, s, x, reference);
-  scaled_mm(out, q, w, s, ws, bias, reference);
-}
-
-// Rows of x through expert e of a stacked weight: linear, or fp8_expert_linear where the
-// experts are fp8 (their scales given).
+// Rows of x through expert e of a stacked weight: linear, or fp8_linear (vLLM's block-fp8 MoE:
+// the rows quantized per 128 values, then scaled_mm) where the experts are fp8 (their scales
+// given).
 void expert_linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& w_scale,
                    int64_t e, const Tensor& bias, bool reference) {
   if (w_scale.defined())
-    fp8_expert_linear(out, x, stacked_view(w, e), stacked_view(w_scale, e), bias, reference);
+    fp8_linear(out, x, stacked_view(w, e), stacked_view(w_scale, e), bias, reference);
   else
     linear(out, x, stacked_view(w, e), bias, reference);
 }

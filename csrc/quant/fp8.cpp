@@ -1,12 +1,14 @@
-// fp8 e4m3 on the CPU: per_token_group_quant_fp8 and scaled_mm (contracts in csrc/ops.def), the
-// scalar twins of cuda/fp8.cu: the same scales and codes bit for bit (f32 division, round to
-// nearest even), and scaled_mm's sums in the order a reference reads plainly (each group's dot,
-// exact in f32 or, as the reference, in double, scaled, then summed over the groups).
+// fp8 e4m3 on the CPU: per_token_group_quant_fp8, scaled_mm and fp8_linear (the two in a row;
+// contracts in csrc/ops.def), the scalar twins of cuda/fp8.cu: the same scales and codes bit
+// for bit (f32 division, round to nearest even), and scaled_mm's sums in the order a reference
+// reads plainly (each group's dot, exact in f32 or, as the reference, in double, scaled, then
+// summed over the groups).
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "core/half.h"
 #include "core/op_table.h"
@@ -133,11 +135,29 @@ void scaled_mm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor
   }
 }
 
+// per_token_group_quant_fp8 into a scratch of this thread's, then scaled_mm: the op's
+// definition, run as written.
+void fp8_linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& w_s,
+                const Tensor& bias, bool reference) {
+  static thread_local std::vector<uint8_t> codes;
+  static thread_local std::vector<float> scales;
+  const int64_t T = x.shape[0], K = x.shape[1];
+  codes.resize(static_cast<size_t>(T * K));
+  scales.resize(static_cast<size_t>(T * K / kGroup));
+  Tensor q = f32_matrix(nullptr, T, K);
+  q.data = codes.data();
+  q.dtype = DType::F8_E4M3;
+  const Tensor s = f32_matrix(scales.data(), K / kGroup, T);
+  per_token_group_quant_fp8(q, s, x, reference);
+  scaled_mm(out, q, w, s, w_s, bias, reference);
+}
+
 void register_quant_fp8(QuantTraits* table) {
   table[static_cast<int>(DType::F8_E4M3_B128)].to_float = dequantize_row_f8_b128;
 }
 
 VLLMX_KERNEL(per_token_group_quant_fp8, kCPU, per_token_group_quant_fp8);
 VLLMX_KERNEL(scaled_mm, kCPU, scaled_mm);
+VLLMX_KERNEL(fp8_linear, kCPU, fp8_linear);
 
 }  // namespace vllmx

@@ -2,7 +2,8 @@
 codes and scales bit for bit those of the CPU twin, from f32 / f16 / bf16 rows; scaled_mm against
 the float64 product of the dequantized operands for token counts that take each tile (16- and
 64-token swapped, 128 x 128 straight), with and without bias, bf16 and f16 out; batch
-invariance of a row's result across the batch sizes of one tile."""
+invariance of a row's result across the batch sizes of one tile; fp8_linear (decode's rows on a
+kernel of their own) against float64 and the CPU twin, batch invariant."""
 import os
 
 import numpy as np
@@ -99,6 +100,73 @@ def test_scaled_mm_rows_batch_invariant():
     full = ops.scaled_mm(*_to_dev(a, b, a_s, b_s), BF16).numpy()
     part = ops.scaled_mm(*_to_dev(a[:3], b, np.ascontiguousarray(a_s[:, :3]), b_s), BF16).numpy()
     np.testing.assert_array_equal(part, full[:3])
+
+
+def _fp8_linear_case(rng, t, n, k, dtype):
+    """x (the GPU's dtype, on the device and its f32 values), w's codes and scales on the device,
+    and the float64 product of x quantized as the op quantizes it with the dequantized w."""
+    x = (rng.standard_normal((t, k)) * rng.uniform(0.1, 8, (t, 1))).astype(np.float32)
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    hx = host(x, dtype)
+    a, a_s = ops.per_token_group_quant_fp8(hx, dtype)  # the CPU twin's codes, bit for bit
+    b, b_s = ops.per_token_group_quant_fp8(w)
+    wd, wsd = _to_dev(b, b_s)
+    wd.scales = wsd
+    want = dequant(a, a_s) @ dequant(b, b_s).T
+    return dev(x, dtype), hx, wd, (b, b_s), want
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
+@pytest.mark.parametrize("tnk", [(1, 4096, 4096), (2, 6144, 1024), (4, 1000, 14336),
+                                 (8, 256, 128), (9, 2056, 512), (16, 1024, 2048),
+                                 (17, 1024, 1024), (64, 512, 256)],
+                         ids=lambda v: "T{}N{}K{}".format(*v))
+def test_fp8_linear_vs_float64(tnk, with_bias, dtype):
+    """fp8_linear (x quantized per 128 values, then the fp8 product): decode's few rows on the
+    kernel of their own (T <= 16; N not a whole number of its 32-row CTAs, K from one group to
+    112), more rows through the quantization and CUTLASS; against the float64 product of the
+    CPU twin's codes."""
+    if not hopper():
+        pytest.skip("fp8 GEMMs run on Hopper only")
+    rng = np.random.default_rng(SEED)
+    t, n, k = tnk
+    x, _, w, _, want = _fp8_linear_case(rng, t, n, k, dtype)
+    bias = None
+    if with_bias:
+        bf = rng.standard_normal(n).astype(np.float32)
+        bias = dev(bf, dtype)
+        want = want + as_f32(host(bf, dtype), dtype)
+    got = as_f32(ops.fp8_linear(x, w, bias).numpy(), dtype).astype(np.float64)
+    tol = 2 ** (-7 if dtype == BF16 else -10)
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+
+
+def test_fp8_linear_matches_cpu_twin():
+    """The GPU's fp8_linear and the CPU op on the same x and weight: the same codes, so the
+    results differ only by the order of f32 sums (and the 16-bit output's rounding)."""
+    if not hopper():
+        pytest.skip("fp8 GEMMs run on Hopper only")
+    rng = np.random.default_rng(SEED)
+    x, hx, w, (b, b_s), want = _fp8_linear_case(rng, 5, 768, 1024, BF16)
+    gpu = as_f32(ops.fp8_linear(x, w).numpy(), BF16)
+    cpu = as_f32(ops.fp8_linear(hx, b, w_s=b_s, x_dtype=BF16), BF16)
+    np.testing.assert_allclose(gpu, cpu, rtol=2 ** -7, atol=2 ** -7 * np.abs(want).max())
+
+
+def test_fp8_linear_rows_batch_invariant():
+    """A row's result is the same bits alone and among 16 (decode's kernel: each token's sums
+    come from its own column of the mma), and among any 2..8 or 9..16 rows."""
+    if not hopper():
+        pytest.skip("fp8 GEMMs run on Hopper only")
+    rng = np.random.default_rng(SEED)
+    x, _, w, _, _ = _fp8_linear_case(rng, 16, 2048, 4096, BF16)
+    full = ops.fp8_linear(x, w).numpy()
+    xh = x.numpy()
+    for rows in ([0], [3], [5, 6, 7], list(range(9, 16))):
+        part = ops.fp8_linear(DeviceArray.from_numpy(np.ascontiguousarray(xh[rows]), BF16),
+                              w).numpy()
+        np.testing.assert_array_equal(part, full[rows])
 
 
 # A W8A8 run rounds every activation entering an fp8 projection to e4m3's 3 mantissa bits

@@ -1,8 +1,8 @@
 """fp8 e4m3 with block scales (csrc/quant/fp8.cpp): per_token_group_quant_fp8's scales and codes
 against torch's float8_e4m3fn conversion (round to nearest even) of the same divisions, ties,
 saturation, all-zero groups and 16-bit inputs; scaled_mm (fast and the scalar reference) against
-the float64 product of the dequantized operands, with and without bias, each output dtype; the
-contract's refusals."""
+the float64 product of the dequantized operands, with and without bias, each output dtype;
+fp8_linear as the two in a row; the contracts' refusals."""
 import numpy as np
 import pytest
 
@@ -125,6 +125,41 @@ def test_refusals():
     b, b_s = ops.per_token_group_quant_fp8(rng.standard_normal((3, 256)).astype(np.float32))
     with pytest.raises(ValueError, match="b_s"):
         ops.scaled_mm(a, b, a_s, a_s, F32)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
+def test_fp8_linear_is_quant_then_scaled_mm(dtype, with_bias):
+    """fp8_linear is per_token_group_quant_fp8 then scaled_mm, bit for bit, on x of each dtype
+    (its output in x's dtype)."""
+    rng = np.random.default_rng()
+    x = (rng.standard_normal((6, 384)) * rng.uniform(0.1, 20, (6, 1))).astype(np.float32)
+    hx = {F32: x, F16: x.astype(np.float16), BF16: to_bf16_bits(x)}[dtype]
+    xd = None if dtype == F32 else dtype
+    b, b_s = ops.per_token_group_quant_fp8(
+        (rng.standard_normal((40, 384)) / 20).astype(np.float32))
+    bias = None
+    if with_bias:
+        bf = rng.standard_normal(40).astype(np.float32)
+        bias = {F32: bf, F16: bf.astype(np.float16), BF16: to_bf16_bits(bf)}[dtype]
+    a, a_s = ops.per_token_group_quant_fp8(hx, xd)
+    want = ops.scaled_mm(a, b, a_s, b_s, dtype, bias)
+    got = ops.fp8_linear(hx, b, bias, w_s=b_s, x_dtype=xd)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+def test_fp8_linear_refusals():
+    rng = np.random.default_rng()
+    x = rng.standard_normal((2, 256)).astype(np.float32)
+    b, b_s = ops.per_token_group_quant_fp8(rng.standard_normal((8, 128)).astype(np.float32))
+    with pytest.raises(ValueError, match="fp8_linear: x .* and w .* must share K"):
+        ops.fp8_linear(x, b, w_s=b_s)
+    b, b_s = ops.per_token_group_quant_fp8(rng.standard_normal((8, 256)).astype(np.float32))
+    with pytest.raises(ValueError, match=r"fp8_linear: w_s .* must be a contiguous \[K / 128, N\]"):
+        ops.fp8_linear(x, b, w_s=np.ascontiguousarray(b_s[:1]))
+    with pytest.raises(ValueError, match="fp8_linear: bias"):
+        ops.fp8_linear(x, b, np.zeros(7, np.float32), w_s=b_s)
 
 
 def test_block_weight_rows_dequantize_to_code_times_scale():

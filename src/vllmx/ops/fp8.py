@@ -55,11 +55,22 @@ def is_fp8_weight(w) -> bool:
     return isinstance(w, DeviceArray) and w.dtype == F8_E4M3
 
 
-def fp8_linear(x: DeviceArray, w: DeviceArray, bias=None) -> DeviceArray:
-    """x @ w^T (+ bias) as vLLM runs block-scaled fp8 checkpoints on Hopper: x quantized per
-    token and 128-wide group (per_token_group_quant_fp8), then scaled_mm; out in x's dtype."""
-    q, s = per_token_group_quant_fp8(x)
-    return scaled_mm(q, w, s, w.scales, x.dtype, bias)
+def fp8_linear(x, w, bias=None, w_s=None, x_dtype: int | None = None):
+    """x @ w^T (+ bias) as vLLM runs block-fp8 checkpoints on Hopper: x quantized per token and
+    128-wide group (per_token_group_quant_fp8), then scaled_mm, in one op (on the GPU decode's
+    few rows in one kernel); out in x's dtype. w: an uploaded fp8 weight (its .scales), or on
+    the host e4m3 codes (uint8 [N, K]) with w_s [K // 128, N]; x_dtype: a host bf16 x's id."""
+    w_s = w.scales if w_s is None else w_s
+    t, n = x.shape[0], w.shape[0]
+    if isinstance(x, DeviceArray):
+        out = DeviceArray.empty((t, n), x.dtype)
+        _C.ops.fp8_linear(out, x, w, w_s, bias)
+        return out
+    out_dtype = x_dtype if x_dtype is not None else F32
+    out = np.empty((t, n), host_dtype(out_dtype))
+    _C.ops.fp8_linear(_typed(out, out_dtype), _typed(x, out_dtype), _typed(w, F8_E4M3), w_s,
+                      None if bias is None else _typed(bias, out_dtype))
+    return out
 
 
 def _typed(t, dtype: int):
