@@ -198,6 +198,20 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32)
         }
       }
   };
+  // Token 8j + g's 32 values of the group (zeros past T), 8 to a 16-byte piece.
+  uint4 xr[NT][4];
+  auto load_x = [&](int grp) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int tok = 8 * j + g;
+      const TX* p = static_cast<const TX*>(a.x) + tok * a.x_stride + grp * kGroup + 16 * t;
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        xr[j][q] = tok < a.T
+                       ? __ldg(reinterpret_cast<const uint4*>(p + (q / 2) * 64 + (q % 2) * 8))
+                       : make_uint4(0, 0, 0, 0);
+    }
+  };
   float acc[kSkinnyTiles][NT][4];
 #pragma unroll
   for (int i = 0; i < kSkinnyTiles; ++i)
@@ -207,12 +221,13 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32)
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
   // The weights do not depend on the previous kernel: the first group's are requested before
-  // waiting for it (PDL).
+  // waiting for it (PDL), x's after.
   int grp = warp;
   if (grp < groups) load_w(grp);
   pdl_begin();
+  if (grp < groups) load_x(grp);
   for (; grp < groups; grp += kSkinnyWarps) {
-    uint4 w_cur[kSkinnyTiles][2][2];
+    uint4 w_cur[kSkinnyTiles][2][2], x_cur[NT][4];
     float s_cur[kSkinnyTiles][2];
 #pragma unroll
     for (int i = 0; i < kSkinnyTiles; ++i)
@@ -221,28 +236,28 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32)
         w_cur[i][h][0] = wr[i][h][0], w_cur[i][h][1] = wr[i][h][1];
         s_cur[i][h] = ws[i][h];
       }
-    if (grp + kSkinnyWarps < groups) load_w(grp + kSkinnyWarps);  // in flight while we compute
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) x_cur[j][q] = xr[j][q];
+    if (grp + kSkinnyWarps < groups) {  // the next group's, in flight while this one computes
+      load_w(grp + kSkinnyWarps);
+      load_x(grp + kSkinnyWarps);
+    }
 
-    // Token 8j + g's 32 values of the group, quantized: 8 words of codes and the scale.
+    // x's group quantized: 8 words of codes and the scale a token.
     uint32_t xq[NT][8];
     float xs[NT];
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       const int tok = 8 * j + g;
       float v[32];
-      if (tok < a.T) {
-        const TX* p = static_cast<const TX*>(a.x) + tok * a.x_stride + grp * kGroup + 16 * t;
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          float f[8];
-          const TX* src = p + (q / 2) * 64 + (q % 2) * 8;
-          detail::unpack8(__ldg(reinterpret_cast<const uint4*>(src)), kBf, f);
+      for (int q = 0; q < 4; ++q) {
+        float f[8];
+        detail::unpack8(x_cur[j][q], kBf, f);
 #pragma unroll
-          for (int e = 0; e < 8; ++e) v[8 * q + e] = f[e];
-        }
-      } else {
-#pragma unroll
-        for (int e = 0; e < 32; ++e) v[e] = 0.f;
+        for (int e = 0; e < 8; ++e) v[8 * q + e] = f[e];
       }
       float amax = 0.f;
 #pragma unroll
