@@ -352,13 +352,13 @@ void fp8_linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tenso
   }
   // More rows: quantized into scratch (grow-only: a captured graph keeps its pointers), then
   // the CUTLASS GEMM.
+  if (x.stride[0] % 4 != 0 || !aligned(x.data, 4 * type_traits(x.dtype).type_size))
+    fail(op, "x " + x.str() + " must start and stride on 4-element boundaries");
   static GrowOnlyBuffer scratch;
   const int64_t q_stride = (K + 15) / 16 * 16;
   char* buf = static_cast<char*>(scratch.get(static_cast<size_t>(T * q_stride + T * K / 32)));
   auto* q = reinterpret_cast<uint8_t*>(buf);
   auto* s = reinterpret_cast<float*>(buf + T * q_stride);
-  if (x.stride[0] % 4 != 0 || !aligned(x.data, 4 * type_traits(x.dtype).type_size))
-    fail(op, "x " + x.str() + " must start and stride on 4-element boundaries");
   quant_rows(q, q_stride, s, x, op);
   gemm(out, q, q_stride, s, T, w, w_s, bias, op);
   check_launch(op);

@@ -119,14 +119,15 @@ def _fp8_linear_case(rng, t, n, k, dtype):
 @pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
 @pytest.mark.parametrize("tnk", [(1, 4096, 4096), (2, 6144, 1024), (4, 1000, 14336),
-                                 (8, 256, 128), (9, 2056, 512), (16, 1024, 2048),
+                                 (3, 20, 256), (8, 256, 128), (12, 40, 128), (9, 2056, 512),
+                                 (16, 1024, 2048),
                                  (17, 1024, 1024), (64, 512, 256)],
                          ids=lambda v: "T{}N{}K{}".format(*v))
 def test_fp8_linear_vs_float64(tnk, with_bias, dtype):
     """fp8_linear (x quantized per 128 values, then the fp8 product): decode's few rows on the
-    kernel of their own (T <= 16; N not a whole number of its 32-row CTAs, K from one group to
-    112), more rows through the quantization and CUTLASS; against the float64 product of the
-    CPU twin's codes."""
+    kernel of their own (T <= 16; N not a whole number of its 32-row CTAs, nor of 8, K from one
+    group, fewer than its 8 warps, to 112), more rows through the quantization and CUTLASS;
+    against the float64 product of the CPU twin's codes."""
     if not hopper():
         pytest.skip("fp8 GEMMs run on Hopper only")
     rng = np.random.default_rng(SEED)
