@@ -142,11 +142,12 @@ def block_weight(rng, n: int, k: int, wtype: str) -> tuple[np.ndarray, int, np.n
 
 def fp8_weight(rng, n: int, k: int) -> tuple[DeviceArray, np.ndarray, int]:
     """An fp8 block-scaled weight on the device (codes with .scales, as an fp8 checkpoint
-    uploads), its f32 values and its bytes."""
+    uploads), its f32 values and its bytes: random codes (the exponent's top bit cleared: no
+    NaN, magnitudes up to 1.875) under per-row, per-128 scales around 1e-2."""
     from vllmx.device import F8_E4M3
 
-    codes, s = ops.per_token_group_quant_fp8(
-        (rng.standard_normal((n, k)) * 0.02).astype(np.float32))
+    codes = (rng.integers(0, 256, (n, k), dtype=np.uint8) & 0xBF).astype(np.uint8)
+    s = rng.uniform(0.5e-2, 1.5e-2, (k // 128, n)).astype(np.float32)
     w = DeviceArray.from_numpy(codes, F8_E4M3)
     w.scales = DeviceArray.from_numpy(s)
     return w, e4m3_dequant(codes, s), codes.nbytes + s.nbytes
