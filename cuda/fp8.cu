@@ -115,7 +115,7 @@ void scaled_mm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor
   check_launch(op);
 }
 
-// ---- fp8_linear for decode's few rows ----
+// ---- fp8_linear for decode's few rows (up to 8) ----
 //
 // One CTA: 32 weight rows (two m16n8k32 tiles) over all of K, its 8 warps taking the 128-wide
 // groups in turn (warp w: groups w, w + 8, ...), summed across warps at the end in a fixed
@@ -132,7 +132,10 @@ void scaled_mm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor
 constexpr int kSkinnyWarps = 8;
 constexpr int kSkinnyTiles = 2;   // m16 tiles of weight rows a CTA
 constexpr int kSkinnyRows = 16 * kSkinnyTiles;
-constexpr int kSkinnyMaxT = 16;  // two n8 tiles of tokens
+// One n8 tile of tokens. Two (NT = 2, 9..16 rows) measured slower than CUTLASS's fp8 GEMM on
+// an H100 (4096 x 4096: 16.5 us; 6144 x 4096: 31.2; 28672 x 4096: 106 against CUTLASS's 20.5,
+// 21.9 and 51.7 at 32 rows): twice the quantization a warp for the same weight bytes.
+constexpr int kSkinnyMaxT = 8;
 
 struct Fp8SkinnyArgs {
   const void* x;
@@ -169,7 +172,7 @@ __device__ __forceinline__ uint32_t word(const uint4 (&r)[2], int j) {
   }
 }
 
-// NT: tiles of 8 tokens (1 or 2).
+// NT: tiles of 8 tokens (fp8_linear launches NT = 1: kSkinnyMaxT).
 template <typename TX, int NT>
 __global__ void __launch_bounds__(kSkinnyWarps * 32)
     fp8_linear_skinny_kernel(Fp8SkinnyArgs a) {
@@ -341,10 +344,8 @@ void fp8_linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tenso
     const unsigned blocks = static_cast<unsigned>((N + kSkinnyRows - 1) / kSkinnyRows);
     auto run = [&](auto z) {
       using TX = decltype(z);
-      if (T <= 8)
-        launch(fp8_linear_skinny_kernel<TX, 1>, blocks, kSkinnyWarps * 32, 0, stream(), args);
-      else
-        launch(fp8_linear_skinny_kernel<TX, 2>, blocks, kSkinnyWarps * 32, 0, stream(), args);
+      launch(fp8_linear_skinny_kernel<TX, kSkinnyMaxT / 8>, blocks, kSkinnyWarps * 32, 0,
+             stream(), args);
     };
     x.dtype == DType::BF16 ? run(__nv_bfloat16{}) : run(__half{});
     check_launch(op);

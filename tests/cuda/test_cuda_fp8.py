@@ -125,7 +125,7 @@ def _fp8_linear_case(rng, t, n, k, dtype):
                          ids=lambda v: "T{}N{}K{}".format(*v))
 def test_fp8_linear_vs_float64(tnk, with_bias, dtype):
     """fp8_linear (x quantized per 128 values, then the fp8 product): decode's few rows on the
-    kernel of their own (T <= 16; N not a whole number of its 32-row CTAs, nor of 8, K from one
+    kernel of their own (T <= 8; N not a whole number of its 32-row CTAs, nor of 8, K from one
     group, fewer than its 8 warps, to 112), more rows through the quantization and CUTLASS;
     against the float64 product of the CPU twin's codes."""
     if not hopper():
@@ -156,15 +156,15 @@ def test_fp8_linear_matches_cpu_twin():
 
 
 def test_fp8_linear_rows_batch_invariant():
-    """A row's result is the same bits alone and among 16 (decode's kernel: each token's sums
-    come from its own column of the mma), and among any 2..8 or 9..16 rows."""
+    """A row's result is the same bits alone and among any of up to 8 rows (decode's kernel:
+    each token's sums come from its own column of the mma)."""
     if not hopper():
         pytest.skip("fp8 GEMMs run on Hopper only")
     rng = np.random.default_rng(SEED)
-    x, _, w, _, _ = _fp8_linear_case(rng, 16, 2048, 4096, BF16)
+    x, _, w, _, _ = _fp8_linear_case(rng, 8, 2048, 4096, BF16)
     full = ops.fp8_linear(x, w).numpy()
     xh = x.numpy()
-    for rows in ([0], [3], [5, 6, 7], list(range(9, 16))):
+    for rows in ([0], [3], [5, 6, 7], list(range(1, 8))):
         part = ops.fp8_linear(DeviceArray.from_numpy(np.ascontiguousarray(xh[rows]), BF16),
                               w).numpy()
         np.testing.assert_array_equal(part, full[rows])
