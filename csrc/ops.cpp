@@ -526,9 +526,9 @@ void check_fp8_operands(const char* op, const Fp8Names& names, const Tensor& out
   check_dtype(b, DType::F8_E4M3, op, b_name.c_str());
   check_ndim(b, 2, op, b_name.c_str());
   const int64_t T = a.shape[0], K = a.shape[1], N = b.shape[0];
-  VLLMX_CHECK(b.shape[1] == K && K % 128 == 0, op,
+  VLLMX_CHECK(b.shape[1] == K && K > 0 && K % 128 == 0, op,
               a_name + " " + a.str() + " and " + b_name + " " + b.str() +
-                  " must share K, whole groups of 128");
+                  " must share K, one or more whole groups of 128");
   VLLMX_CHECK(a.stride[1] == 1 && b.stride[1] == 1, op,
               a_name + "'s and " + b_name + "'s rows must be contiguous");
   check_dtype(b_s, DType::F32, op, s_name.c_str());

@@ -160,6 +160,9 @@ def test_fp8_linear_refusals():
         ops.fp8_linear(x, b, w_s=np.ascontiguousarray(b_s[:1]))
     with pytest.raises(ValueError, match="fp8_linear: bias"):
         ops.fp8_linear(x, b, np.zeros(7, np.float32), w_s=b_s)
+    with pytest.raises(ValueError, match="one or more whole groups of 128"):  # K = 0
+        ops.fp8_linear(np.zeros((2, 0), np.float32), np.zeros((8, 0), np.uint8),
+                       w_s=np.zeros((0, 8), np.float32))
 
 
 def test_block_weight_rows_dequantize_to_code_times_scale():
