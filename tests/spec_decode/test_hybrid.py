@@ -9,6 +9,7 @@ name."""
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import numpy as np
@@ -50,10 +51,12 @@ def check_ngram(path: str, **kw) -> None:
 
 
 def check_partial_acceptance(path: str, monkeypatch, **kw) -> None:
-    """Drafts from an oracle that knows each request's greedy tokens and corrupts some at
-    random, so that verify steps accept every count from none to all: each rejection puts the
-    state after the last accepted position back, and the tokens stay those without
-    speculation (a state left advanced past a rejected draft would change them)."""
+    """Drafts from an oracle that knows each request's greedy tokens and corrupts one in turn
+    (the first, second, third, then none: a random wrong token), so that verify steps accept
+    every count from none to all: each rejection puts the state after the last accepted
+    position back, and the tokens stay those without speculation (a state left advanced past
+    a rejected draft would change them). Corrupting each draft at random with p = 0.25 had left
+    a position without a rejection in one CI run."""
     from vllmx import SamplingParams
     from vllmx.spec_decode.ngram_proposer import NgramProposer
     from vllmx.worker.state_slots import StateSlots
@@ -66,14 +69,16 @@ def check_partial_acceptance(path: str, monkeypatch, **kw) -> None:
     want, _ = run(path, ps, sps, **kw)
     full = [p["prompt_token_ids"] + w for p, w in zip(ps, want)]
 
+    turn = itertools.count()
+
     def oracle(self, seqs):
         out = {}
         for req_id, toks in seqs.items():
             seq = next(f for f in full if f[:len(toks)] == toks.tolist())
             d = list(seq[len(toks):len(toks) + 3])
-            for i in range(len(d)):
-                if rng.random() < 0.25:
-                    d[i] = (d[i] + int(rng.integers(1, VOCAB - 3))) % VOCAB
+            i = next(turn) % 4  # the draft to corrupt; 3: none
+            if i < len(d):
+                d[i] = (d[i] + int(rng.integers(1, VOCAB - 3))) % VOCAB
             out[req_id] = d
         return out
 
