@@ -164,7 +164,9 @@ def check_batched_equal_alone(ckpt, spec) -> object:
     ps = prompts(rng, 12)
     shared = rng.integers(3, 500, 40).tolist()
     ps += [{"prompt_token_ids": shared + p["prompt_token_ids"][:5]} for p in ps[:3]]
-    sps = seeded_greedy_penalized(rng, len(ps), 50)
+    # At least 30 new tokens each: six running requests then outgrow the 16 blocks (3 blocks
+    # each at 34 tokens), where draws down to 8 had once let them all fit (no preemption).
+    sps = seeded_greedy_penalized(rng, len(ps), 56, min_tokens=30)
     batched, stats = run(ckpt, ps, sps, spec, **kw)
     assert stats.num_preemptions > 0, "the cache was meant to be too small"
     alone = [run(ckpt, [p], [sp], **kw)[0][0] for p, sp in zip(ps, sps)]

@@ -129,14 +129,14 @@ def prompts(rng, n):
              * int(rng.integers(1, 4))} for _ in range(n)]
 
 
-def seeded_greedy_penalized(rng, n: int, max_tokens: int) -> list:
+def seeded_greedy_penalized(rng, n: int, max_tokens: int, min_tokens: int = 8) -> list:
     """n SamplingParams in turn seeded random, greedy and greedy with a repetition penalty
-    (drafted, drafted, not drafted), max_tokens drawn in [8, max_tokens)."""
+    (drafted, drafted, not drafted), max_tokens drawn in [min_tokens, max_tokens)."""
     from vllmx import SamplingParams
 
     sps = []
     for i in range(n):
-        m = int(rng.integers(8, max_tokens))
+        m = int(rng.integers(min_tokens, max_tokens))
         if i % 3 == 0:
             sps.append(SamplingParams(temperature=0.8, seed=i, max_tokens=m, ignore_eos=True))
         elif i % 3 == 1:
