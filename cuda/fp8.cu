@@ -40,8 +40,11 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (lane == 0) scales[g * T_rows + t] = s;
 }
 
-// x's rows into codes (q, rows q_stride apart) and scales s [K / 128, T].
+// x's rows into codes (q, rows q_stride apart) and scales s [K / 128, T]. Four values a lane:
+// x's rows on 4-element boundaries (q_stride too, the caller's).
 void quant_rows(uint8_t* q, int64_t q_stride, float* s, const Tensor& x, const char* op) {
+  if (x.stride[0] % 4 != 0 || !aligned(x.data, 4 * type_traits(x.dtype).type_size))
+    fail(op, "x " + x.str() + " must start and stride on 4-element boundaries");
   const int64_t T = x.shape[0], groups = x.shape[1] / kGroup;
   const int64_t items = T * groups;
   const unsigned blocks = static_cast<unsigned>((items + kWarps - 1) / kWarps);
@@ -56,12 +59,8 @@ void per_token_group_quant_fp8(const Tensor& out_q, const Tensor& out_s, const T
   const char* op = "cuda.per_token_group_quant_fp8";
   for (const Tensor* t : {&out_q, &out_s, &x}) check_on_device(*t, op, "tensors");
   if (x.shape[0] == 0) return;
-  // Four values a lane: x's rows and out_q's on 4-element boundaries.
-  if (x.stride[0] % 4 != 0 || out_q.stride[0] % 4 != 0 ||
-      reinterpret_cast<uintptr_t>(x.data) % (4 * type_traits(x.dtype).type_size) != 0 ||
-      reinterpret_cast<uintptr_t>(out_q.data) % 4 != 0)
-    fail(op, "x " + x.str() + " and out_q " + out_q.str() +
-                 " must start and stride on 4-element boundaries");
+  if (out_q.stride[0] % 4 != 0 || !aligned(out_q.data, 4))
+    fail(op, "out_q " + out_q.str() + " must start and stride on 4-element boundaries");
   quant_rows(out_q.ptr<uint8_t>(), out_q.stride[0], out_s.ptr<float>(), x, op);
   check_launch(op);
 }
@@ -132,9 +131,9 @@ void scaled_mm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor
 constexpr int kSkinnyWarps = 8;
 constexpr int kSkinnyTiles = 2;   // m16 tiles of weight rows a CTA
 constexpr int kSkinnyRows = 16 * kSkinnyTiles;
-// One n8 tile of tokens. Two (NT = 2, 9..16 rows) measured slower than CUTLASS's fp8 GEMM on
-// an H100 (4096 x 4096: 16.5 us; 6144 x 4096: 31.2; 28672 x 4096: 106 against CUTLASS's 20.5,
-// 21.9 and 51.7 at 32 rows): twice the quantization a warp for the same weight bytes.
+// One n8 tile of tokens. Two (9..16 rows) measured slower than CUTLASS's fp8 GEMM on an H100
+// (4096 x 4096: 16.5 us; 6144 x 4096: 31.2; 28672 x 4096: 106 against CUTLASS's 20.5, 21.9 and
+// 51.7 at 32 rows): twice the quantization a warp for the same weight bytes.
 constexpr int kSkinnyMaxT = 8;
 
 struct Fp8SkinnyArgs {
@@ -172,8 +171,7 @@ __device__ __forceinline__ uint32_t word(const uint4 (&r)[2], int j) {
   }
 }
 
-// NT: tiles of 8 tokens (fp8_linear launches NT = 1: kSkinnyMaxT).
-template <typename TX, int NT>
+template <typename TX>
 __global__ void __launch_bounds__(kSkinnyWarps * 32)
     fp8_linear_skinny_kernel(Fp8SkinnyArgs a) {
   constexpr bool kBf = std::is_same_v<TX, __nv_bfloat16>;
@@ -201,27 +199,20 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32)
         }
       }
   };
-  // Token 8j + g's 32 values of the group (zeros past T), 8 to a 16-byte piece.
-  uint4 xr[NT][4];
+  // Token g's 32 values of the group, 8 to a 16-byte piece; zeros past T (whose codes are 0).
+  uint4 xr[4];
   auto load_x = [&](int grp) {
+    const TX* p = static_cast<const TX*>(a.x) + g * a.x_stride + grp * kGroup + 16 * t;
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const int tok = 8 * j + g;
-      const TX* p = static_cast<const TX*>(a.x) + tok * a.x_stride + grp * kGroup + 16 * t;
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-        xr[j][q] = tok < a.T
-                       ? __ldg(reinterpret_cast<const uint4*>(p + (q / 2) * 64 + (q % 2) * 8))
-                       : make_uint4(0, 0, 0, 0);
-    }
+    for (int q = 0; q < 4; ++q)
+      xr[q] = g < a.T ? __ldg(reinterpret_cast<const uint4*>(p + (q / 2) * 64 + (q % 2) * 8))
+                      : make_uint4(0, 0, 0, 0);
   };
-  float acc[kSkinnyTiles][NT][4];
+  float acc[kSkinnyTiles][4];
 #pragma unroll
   for (int i = 0; i < kSkinnyTiles; ++i)
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+    for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
 
   // The weights do not depend on the previous kernel: the first group's are requested before
   // waiting for it (PDL), x's after.
@@ -230,7 +221,7 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32)
   pdl_begin();
   if (grp < groups) load_x(grp);
   for (; grp < groups; grp += kSkinnyWarps) {
-    uint4 w_cur[kSkinnyTiles][2][2], x_cur[NT][4];
+    uint4 w_cur[kSkinnyTiles][2][2], x_cur[4];
     float s_cur[kSkinnyTiles][2];
 #pragma unroll
     for (int i = 0; i < kSkinnyTiles; ++i)
@@ -240,82 +231,69 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32)
         s_cur[i][h] = ws[i][h];
       }
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) x_cur[j][q] = xr[j][q];
+    for (int q = 0; q < 4; ++q) x_cur[q] = xr[q];
     if (grp + kSkinnyWarps < groups) {  // the next group's, in flight while this one computes
       load_w(grp + kSkinnyWarps);
       load_x(grp + kSkinnyWarps);
     }
 
-    // x's group quantized: 8 words of codes and the scale a token.
-    uint32_t xq[NT][8];
-    float xs[NT];
+    // Token g's group quantized: 8 words of codes and its scale.
+    float v[32];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const int tok = 8 * j + g;
-      float v[32];
+    for (int q = 0; q < 4; ++q) {
+      float f[8];
+      detail::unpack8(x_cur[q], kBf, f);
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        float f[8];
-        detail::unpack8(x_cur[j][q], kBf, f);
+      for (int e = 0; e < 8; ++e) v[8 * q + e] = f[e];
+    }
+    float amax = 0.f;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) v[8 * q + e] = f[e];
-      }
-      float amax = 0.f;
+    for (int e = 0; e < 32; ++e) amax = fmaxf(amax, fabsf(v[e]));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    const float xs = fp8_group_scale(amax);
+    uint32_t xq[8];
 #pragma unroll
-      for (int e = 0; e < 32; ++e) amax = fmaxf(amax, fabsf(v[e]));
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-      xs[j] = fp8_group_scale(amax);
+    for (int q = 0; q < 8; ++q) {
+      xq[q] = 0;
 #pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        uint32_t packed = 0;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) packed |= fp8_code(v[4 * q + e], xs[j]) << (8 * e);
-        xq[j][q] = tok < a.T ? packed : 0u;
-      }
+      for (int e = 0; e < 4; ++e) xq[q] |= fp8_code(v[4 * q + e], xs) << (8 * e);
     }
 
+    // The scales of the tokens this lane's sums belong to: 2t and 2t + 1.
+    const float as0 = __shfl_sync(0xffffffffu, xs, 8 * t);
+    const float as1 = __shfl_sync(0xffffffffu, xs, 8 * t + 4);
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      // The scales of the tokens this lane's sums belong to: 8j + 2t and 8j + 2t + 1.
-      const float as0 = __shfl_sync(0xffffffffu, xs[j], 8 * t);
-      const float as1 = __shfl_sync(0xffffffffu, xs[j], 8 * t + 4);
+    for (int i = 0; i < kSkinnyTiles; ++i) {
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int i = 0; i < kSkinnyTiles; ++i) {
-        float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int s = 0; s < 4; ++s)
-          mma_e4m3(c, word(w_cur[i][0], 2 * s), word(w_cur[i][1], 2 * s),
-                   word(w_cur[i][0], 2 * s + 1), word(w_cur[i][1], 2 * s + 1), xq[j][2 * s],
-                   xq[j][2 * s + 1]);
-        acc[i][j][0] += c[0] * (as0 * s_cur[i][0]);
-        acc[i][j][1] += c[1] * (as1 * s_cur[i][0]);
-        acc[i][j][2] += c[2] * (as0 * s_cur[i][1]);
-        acc[i][j][3] += c[3] * (as1 * s_cur[i][1]);
-      }
+      for (int k = 0; k < 4; ++k)
+        mma_e4m3(c, word(w_cur[i][0], 2 * k), word(w_cur[i][1], 2 * k),
+                 word(w_cur[i][0], 2 * k + 1), word(w_cur[i][1], 2 * k + 1), xq[2 * k],
+                 xq[2 * k + 1]);
+      acc[i][0] += c[0] * (as0 * s_cur[i][0]);
+      acc[i][1] += c[1] * (as1 * s_cur[i][0]);
+      acc[i][2] += c[2] * (as0 * s_cur[i][1]);
+      acc[i][3] += c[3] * (as1 * s_cur[i][1]);
     }
   }
 
   // The warps' partial sums, added in warp order.
-  constexpr int kVals = kSkinnyTiles * NT * 4;
+  constexpr int kVals = kSkinnyTiles * 4;
   __shared__ float red[kSkinnyWarps][kVals][32];
 #pragma unroll
   for (int i = 0; i < kSkinnyTiles; ++i)
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) red[warp][(i * NT + j) * 4 + e][lane] = acc[i][j][e];
+    for (int e = 0; e < 4; ++e) red[warp][i * 4 + e][lane] = acc[i][e];
   __syncthreads();
   for (int idx = threadIdx.x; idx < kVals * 32; idx += kSkinnyWarps * 32) {
     const int k = idx / 32, ln = idx % 32;
     float y = 0.f;
 #pragma unroll
     for (int wi = 0; wi < kSkinnyWarps; ++wi) y += red[wi][k][ln];
-    const int i = k / (NT * 4), j = (k / 4) % NT, e = k % 4;
+    const int i = k / 4, e = k % 4;
     const int row = row0 + 16 * i + ln / 4 + 8 * (e >> 1);
-    const int tok = 8 * j + 2 * (ln % 4) + (e & 1);
+    const int tok = 2 * (ln % 4) + (e & 1);
     if (row < a.N && tok < a.T) {
       if (a.bias != nullptr) y += to_f32(static_cast<const TX*>(a.bias)[row]);
       static_cast<TX*>(a.out)[tok * a.out_stride + row] = from_f32<TX>(y);
@@ -344,24 +322,21 @@ void fp8_linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tenso
     const unsigned blocks = static_cast<unsigned>((N + kSkinnyRows - 1) / kSkinnyRows);
     auto run = [&](auto z) {
       using TX = decltype(z);
-      launch(fp8_linear_skinny_kernel<TX, kSkinnyMaxT / 8>, blocks, kSkinnyWarps * 32, 0,
-             stream(), args);
+      launch(fp8_linear_skinny_kernel<TX>, blocks, kSkinnyWarps * 32, 0, stream(), args);
     };
     x.dtype == DType::BF16 ? run(__nv_bfloat16{}) : run(__half{});
     check_launch(op);
     return;
   }
-  // More rows: quantized into scratch (grow-only: a captured graph keeps its pointers), then
-  // the CUTLASS GEMM.
-  if (x.stride[0] % 4 != 0 || !aligned(x.data, 4 * type_traits(x.dtype).type_size))
-    fail(op, "x " + x.str() + " must start and stride on 4-element boundaries");
+  // More rows: quantized into scratch (grow-only: a captured graph keeps its pointers), codes
+  // [T, K] (K whole 128s: rows and the scales after them 16-byte aligned), then the CUTLASS GEMM.
   static GrowOnlyBuffer scratch;
-  const int64_t q_stride = (K + 15) / 16 * 16;
-  char* buf = static_cast<char*>(scratch.get(static_cast<size_t>(T * q_stride + T * K / 32)));
+  char* buf = static_cast<char*>(
+      scratch.get(static_cast<size_t>(T * K + sizeof(float) * T * (K / kGroup))));
   auto* q = reinterpret_cast<uint8_t*>(buf);
-  auto* s = reinterpret_cast<float*>(buf + T * q_stride);
-  quant_rows(q, q_stride, s, x, op);
-  gemm(out, q, q_stride, s, T, w, w_s, bias, op);
+  auto* s = reinterpret_cast<float*>(buf + T * K);
+  quant_rows(q, K, s, x, op);
+  gemm(out, q, K, s, T, w, w_s, bias, op);
   check_launch(op);
 }
 
