@@ -106,6 +106,11 @@ SHAPES = "4096x4096,6144x4096,28672x4096,4096x14336,128256x4096"
 ROTATE_BYTES = 256 << 20
 
 
+def rotations(nbytes: int) -> int:
+    """Copies of an nbytes operand that fill ROTATE_BYTES."""
+    return max(1, -(-ROTATE_BYTES // nbytes))
+
+
 def parse_plan(spec: str) -> dict:
     """`auto`, `skinny[:wN]` or `tile[:decomposition[:splits]]` -> cuda_linear_tuning's kwargs."""
     name, *rest = spec.split(":")
@@ -150,19 +155,14 @@ def fp8_weight(rng, n: int, k: int) -> tuple[DeviceArray, np.ndarray, int]:
     s = rng.uniform(0.5e-2, 1.5e-2, (k // 128, n)).astype(np.float32)
     w = DeviceArray.from_numpy(codes, F8_E4M3)
     w.scales = DeviceArray.from_numpy(s)
-    return w, e4m3_dequant(codes, s), codes.nbytes + s.nbytes
+    return w, e4m3_values(codes, s), codes.nbytes + s.nbytes
 
 
-def e4m3_dequant(codes: np.ndarray, s: np.ndarray) -> np.ndarray:
-    """Codes [R, K] with their per-128 scales [K / 128, R] as f32 values (OCP e4m3: sign, 4
-    exponent bits of bias 7, 3 mantissa bits, subnormal at exponent 0)."""
-    c = np.arange(256)
-    e, m = (c >> 3) & 15, c & 7
-    values = np.where(e == 0, m / 8 * 2.0**-6, (1 + m / 8) * 2.0 ** (e - 7.0))
-    values = np.where(c & 0x80, -values, values)
-    r, k = codes.shape
-    return (values[codes].reshape(r, k // 128, 128) * s.T[:, :, None]).reshape(r, k).astype(
-        np.float32)
+def e4m3_values(codes: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Codes [R, K] with their per-128 scales [K / 128, R] as f32 values: the F8_E4M3_B128
+    weight they make, dequantized as every block type is."""
+    return ops.fp8_block_weight(codes, np.ascontiguousarray(s.T)).to_float32().reshape(
+        codes.shape)
 
 
 def bench_linear(results, tokens, shapes, plans=("auto",), wtype="BF16"):
@@ -172,19 +172,18 @@ def bench_linear(results, tokens, shapes, plans=("auto",), wtype="BF16"):
     for n, k in shapes:
         if wtype == "FP8":
             w, w32, nbytes = fp8_weight(rng, n, k)
-            copies = max(1, -(-ROTATE_BYTES // nbytes))
-            ws = [w] + [fp8_weight(rng, n, k)[0] for _ in range(copies - 1)]
-            stored = np.empty(nbytes, np.uint8)
-        elif wtype == "BF16":
-            w32 = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
-            stored, wdt = bits_bf16(w32), BF16
+            ws = [w] + [fp8_weight(rng, n, k)[0] for _ in range(rotations(nbytes) - 1)]
         else:
-            stored, wdt, w32 = block_weight(rng, n, k, wtype)
-        if wtype != "FP8":
-            copies = max(1, -(-ROTATE_BYTES // stored.nbytes))
-            ws = [DeviceArray.from_numpy(stored, wdt) for _ in range(copies)]
+            if wtype == "BF16":
+                w32 = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
+                stored, wdt = bits_bf16(w32), BF16
+            else:
+                stored, wdt, w32 = block_weight(rng, n, k, wtype)
+            nbytes = stored.nbytes
+            ws = [DeviceArray.from_numpy(stored, wdt) for _ in range(rotations(nbytes))]
+        copies = len(ws)
         wts = [torch.from_numpy(w32).to("cuda", torch.bfloat16)
-               for _ in range(max(1, -(-ROTATE_BYTES // (n * k * 2))))]
+               for _ in range(rotations(n * k * 2))]
         w, wt = ws[0], wts[0]
         for t in tokens:
             x32 = rng.standard_normal((t, k)).astype(np.float32)
@@ -192,7 +191,7 @@ def bench_linear(results, tokens, shapes, plans=("auto",), wtype="BF16"):
             out = DeviceArray.empty((t, n), BF16)
             xt = torch.from_numpy(x32).to("cuda", torch.bfloat16)
             if wtype == "FP8":  # fp8_linear quantizes x: the reference takes the same values
-                x32 = e4m3_dequant(*ops.per_token_group_quant_fp8(bits_bf16(x32), BF16))
+                x32 = e4m3_values(*ops.per_token_group_quant_fp8(bits_bf16(x32), BF16))
             turn = iter(range(1 << 30))  # each captured call takes the next weight copy
             theirs = graph_time(
                 lambda: torch.nn.functional.linear(xt, wts[next(turn) % len(wts)]), False)
@@ -219,7 +218,7 @@ def bench_linear(results, tokens, shapes, plans=("auto",), wtype="BF16"):
                      "timing": f"cuda graph of 20, {copies} weight copies in turn",
                      "vllmx_ms": ours * 1e3, "torch_ms": theirs * 1e3,
                      "vllmx_tflops": flops / ours / 1e12, "torch_tflops": flops / theirs / 1e12,
-                     "vllmx_weight_GBps": stored.nbytes / ours / 1e9, "ratio": theirs / ours,
+                     "vllmx_weight_GBps": nbytes / ours / 1e9, "ratio": theirs / ours,
                      "max_rel_err_vs_torch": err}
                 results.append(r)
                 print(f"linear N={n:6d} K={k:5d} T={t:4d} {plan:>24}: vllmx {ours*1e6:7.1f} us "
@@ -241,7 +240,7 @@ def bench_attention(results, cases):
         vc32 = rng.standard_normal((nblk, bs, nkv, d)).astype(np.float32)
         # Decode streams the cache once a layer: copies in turn (>= 256 MB) keep the next call
         # from finding it in L2, as the linear products' weights. Prefill is compute-bound.
-        copies = max(1, -(-ROTATE_BYTES // (2 * kc32.size * 2))) if qlen == 1 else 1
+        copies = rotations(2 * kc32.size * 2) if qlen == 1 else 1
         kcs = [DeviceArray.from_numpy(bits_bf16(kc32), BF16) for _ in range(copies)]
         vcs = [DeviceArray.from_numpy(bits_bf16(vc32), BF16) for _ in range(copies)]
         per = (ctx + bs - 1) // bs
