@@ -146,8 +146,17 @@ def weight_bytes(path: str) -> int:
 
     with open(os.path.join(path, "config.json")) as f:
         cfg = json.load(f)
-    shapes = get_model_class(cfg).checkpoint_shapes(cfg).values()
-    return 2 * sum(math.prod(s) for s in shapes)  # bf16
+    shapes = get_model_class(cfg).checkpoint_shapes(cfg)
+    # bf16, but for an fp8 checkpoint's projections: a byte a weight and an f32 scale a 128 x 128
+    # block (its embeddings, norms and lm_head stay bf16).
+    fp8 = cfg.get("quantization_config", {}).get("quant_method") == "fp8"
+    total = 0
+    for name, s in shapes.items():
+        if fp8 and len(s) == 2 and "proj" in name:
+            total += math.prod(s) + 4 * math.ceil(s[0] / 128) * math.ceil(s[1] / 128)
+        else:
+            total += 2 * math.prod(s)
+    return total
 
 
 # ---- the two workers: each builds its engine, then measure() runs the same loop ----

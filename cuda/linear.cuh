@@ -107,6 +107,11 @@ struct LinearArgs {
   // x_row_of[r] < 0 (a padding row). nullptr: row r is x's row r.
   const int* x_row_of = nullptr;
   int x_row_div = 1;
+  // fp8 products (the skinny TMA kernel, for fp8_linear): x holds e4m3 codes, and each 128-wide
+  // group g of K is scaled by w_scale[g * N + n] and x_scale[g * x_scale_stride + t].
+  const float* w_scale = nullptr;
+  const float* x_scale = nullptr;
+  int64_t x_scale_stride = 0;
 };
 
 // The row of x that row r of a product reads, -1 for zeros (r past T or a padding row).
@@ -391,6 +396,12 @@ void launch_gemm_skinny(const LinearArgs& a, bool bf16_x, cudaStream_t s);
 // kernel on this GPU, or 0 where it runs the cp.async one (gemm_skinny_bulk_sm90.cu; only where
 // VLLMX_WITH_SM90_GEMM builds it).
 int skinny_bulk_ctas_per_sm(int64_t N, int64_t K);
+// gemm_skinny_bulk_sm90.cu's kernel on fp8 weights and quantized x (a's K and strides in
+// bytes, its scales set; fp8_linear, cuda/fp8.cu), up to kFp8SkinnyBulkMaxT tokens on Hopper:
+// out (bf16, else f16) = the scaled product. False, launching nothing, where the GPU or the
+// operands' alignment do not suit it.
+constexpr int kFp8SkinnyBulkMaxT = 32;
+bool launch_fp8_skinny_bulk(const LinearArgs& a, bool bf16_out, cudaStream_t s);
 
 // gemm_skinny_quant.cu: the skinny GEMM for block weights (wk a block kind, K a multiple of
 // 256) from quant_skinny_min_t(wk) to kSkinnyMaxT rows: 16-byte copies of the blocks into

@@ -1,6 +1,6 @@
 // Hopper's tensor memory accelerator and transaction barriers, for the sm_90a kernels that
-// stream tiles through a producer warp (gemm_skinny_bulk_sm90.cu; the warp-specialized prefill
-// attention candidate, bench/prefill_ws_sm90.cu): mbarrier helpers, one 2-D box copy, and the
+// stream tiles through a producer warp (gemm_skinny_bulk_sm90.cu; the long prompts' prefill
+// attention, attention_prefill_ws_sm90.cu): mbarrier helpers, one 2-D box copy, and the
 // host's tensor maps (tma_sm90.cu). Compiled for sm_90a only (cmake/cutlass_sm90.cmake).
 #pragma once
 #include <cuda.h>
@@ -57,5 +57,9 @@ __device__ __forceinline__ void tma_box(void* dst, const CUtensorMap& map, int c
 // launches would otherwise encode on every call). False where the driver refuses it.
 bool cached_map(CUtensorMap* map, const void* base, int64_t cols, int64_t rows,
                 int64_t row_stride, int box_rows);
+// The same over f32 values, one row a box of box_cols (a multiple of 4), unswizzled: scales
+// that travel with a pipeline stage (row_stride a multiple of 4 too).
+bool cached_map_f32(CUtensorMap* map, const float* base, int64_t cols, int64_t rows,
+                    int64_t row_stride, int box_cols);
 
 }  // namespace vllmx::cuda::tma

@@ -2,8 +2,8 @@
 codes and scales bit for bit those of the CPU twin, from f32 / f16 / bf16 rows; scaled_mm against
 the float64 product of the dequantized operands for token counts that take each tile (16- and
 64-token swapped, 128 x 128 straight), with and without bias, bf16 and f16 out; batch
-invariance of a row's result across the batch sizes of one tile; fp8_linear (decode's rows on a
-kernel of their own) against float64 and the CPU twin, batch invariant."""
+invariance of a row's result across the batch sizes of one tile; fp8_linear (up to 32 rows on
+the skinny TMA GEMM) against float64 and the CPU twin, batch invariant."""
 import os
 
 import numpy as np
@@ -120,14 +120,14 @@ def _fp8_linear_case(rng, t, n, k, dtype):
 @pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
 @pytest.mark.parametrize("tnk", [(1, 4096, 4096), (2, 6144, 1024), (4, 1000, 14336),
                                  (3, 20, 256), (8, 256, 128), (12, 40, 128), (9, 2056, 512),
-                                 (16, 1024, 2048),
-                                 (17, 1024, 1024), (64, 512, 256)],
+                                 (16, 1024, 2048), (5, 19200, 256), (17, 1024, 1024),
+                                 (32, 6144, 1024), (33, 1024, 512), (64, 512, 256)],
                          ids=lambda v: "T{}N{}K{}".format(*v))
 def test_fp8_linear_vs_float64(tnk, with_bias, dtype):
-    """fp8_linear (x quantized per 128 values, then the fp8 product): decode's few rows on the
-    kernel of their own (T <= 8; N not a whole number of its 32-row CTAs, nor of 8, K from one
-    group, fewer than its 8 warps, to 112), more rows through the quantization and CUTLASS;
-    against the float64 product of the CPU twin's codes."""
+    """fp8_linear (x quantized per 128 values, then the fp8 product): up to 32 rows on the
+    skinny TMA kernel (one and two 16-token tiles; N not a whole number of its 64-row CTAs, nor
+    of 8; K from one group to 112, split or not; one CTA an SM, two, and 300 tiles, more than
+    fit at once), more through CUTLASS; against the float64 product of the CPU twin's codes."""
     if not hopper():
         pytest.skip("fp8 GEMMs run on Hopper only")
     rng = np.random.default_rng(SEED)
@@ -156,15 +156,15 @@ def test_fp8_linear_matches_cpu_twin():
 
 
 def test_fp8_linear_rows_batch_invariant():
-    """A row's result is the same bits alone and among any of up to 8 rows (decode's kernel:
-    each token's sums come from its own column of the mma)."""
+    """A row's result is the same bits alone and among any of up to 32 rows (the skinny
+    kernel: each token's sums come from its own column of the mma, the split-K from N and K)."""
     if not hopper():
         pytest.skip("fp8 GEMMs run on Hopper only")
     rng = np.random.default_rng(SEED)
-    x, _, w, _, _ = _fp8_linear_case(rng, 8, 2048, 4096, BF16)
+    x, _, w, _, _ = _fp8_linear_case(rng, 32, 2048, 4096, BF16)
     full = ops.fp8_linear(x, w).numpy()
     xh = x.numpy()
-    for rows in ([0], [3], [5, 6, 7], list(range(1, 8))):
+    for rows in ([0], [3], [5, 6, 7], list(range(1, 8)), list(range(20)), list(range(3, 32))):
         part = ops.fp8_linear(DeviceArray.from_numpy(np.ascontiguousarray(xh[rows]), BF16),
                               w).numpy()
         np.testing.assert_array_equal(part, full[rows])
