@@ -1,4 +1,5 @@
-// Prefill attention alone: cuda/attention_prefill_sm90.cu's kernel on a paged bf16 cache,
+// Prefill attention alone: Hopper's two prefill kernels (cuda/attention_prefill_sm90.cu, "main",
+// and the long prompts' attention_prefill_ws_sm90.cu, "ws") on a paged bf16 cache,
 // checked against a float64 reference on the host (every row of small cases, a sample of rows
 // of large ones; the output poisoned with NaN first) and timed with events. No Python, no torch:
 // built here with nvcc and run on the GPU machine as it is, also under ncu.
@@ -6,7 +7,8 @@
 //   CUTE=$(python -c "import cutlass_library, os; print(os.path.dirname(cutlass_library.__file__))")/source/include
 //   nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -lineinfo -Icsrc -Icuda -I$CUTE \
 //       -o /tmp/attn_prefill_bench bench/attention_prefill_bench.cu \
-//       cuda/attention_prefill_sm90.cu cuda/runtime.cu
+//       cuda/attention_prefill_sm90.cu cuda/attention_prefill_ws_sm90.cu cuda/tma_sm90.cu \
+//       cuda/runtime.cu
 //   /tmp/attn_prefill_bench                        # the default cases
 //   /tmp/attn_prefill_bench 1:8192:0:32:8:128:16   # B:QLEN:PREFIX:NQ:NKV:D:BLOCK
 //
@@ -15,10 +17,8 @@
 // (4 D flops per visible (query head, key) pair).
 //
 // A candidate kernel times beside it in the same run: -DVLLMX_PREFILL_VARIANT_ROWS=N links
-// launch_prefill_sm90_variant (rows per CTA N; its arguments those of launch_prefill_sm90 and
-// the cache's token slots, for tensor maps). bench/prefill_ws_sm90.cu is one:
-//   nvcc ...(as above) -DVLLMX_PREFILL_VARIANT_ROWS=128 bench/attention_prefill_bench.cu \
-//       cuda/attention_prefill_sm90.cu bench/prefill_ws_sm90.cu cuda/tma_sm90.cu cuda/runtime.cu
+// launch_prefill_sm90_variant (rows per CTA N; its arguments those of launch_prefill_ws_sm90),
+// from a file added to the command above.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -200,6 +200,10 @@ void run_case(const Case& c) {
   run("main", kSm90PrefillRows, [&](const AttnArgs& ak, int n) {
     launch_prefill_sm90(ak, n, c.D, true, stream());
   });
+  if (c.D == 128)
+    run("ws", kWsPrefillRows, [&](const AttnArgs& ak, int n) {
+      launch_prefill_ws_sm90(ak, n, true, int64_t(blocks) * c.bs, stream());
+    });
 #ifdef VLLMX_PREFILL_VARIANT_ROWS
   run("variant", VLLMX_PREFILL_VARIANT_ROWS, [&](const AttnArgs& ak, int n) {
     launch_prefill_sm90_variant(ak, n, c.D, true, int64_t(blocks) * c.bs, stream());

@@ -1,6 +1,6 @@
 # The sm_90a kernels, included by CMakeLists.txt once CUDA is on: the GEMM (cuda/gemm_sm90.cu,
 # gemm_swap_sm90.cu, CUTLASS 3) and prefill attention on wgmma (cuda/attention_prefill_sm90.cu,
-# CuTe's wgmma wrappers).
+# attention_prefill_ws_sm90.cu; CuTe's wgmma wrappers).
 #
 # Built only when CMAKE_CUDA_ARCHITECTURES holds 90a (the default list does), and then for
 # sm_90a alone: its wgmma/TMA kernels exist on no other target, and each CUTLASS instantiation
@@ -55,7 +55,8 @@ message(STATUS "vllmx: CUTLASS sm_90a GEMM with headers from ${_cutlass_include}
 add_library(vllmx_cuda_sm90 OBJECT cuda/gemm_sm90.cu cuda/gemm_swap_sm90.cu
                                    cuda/gemm_swap_narrow_sm90.cu cuda/gemm_grouped_sm90.cu
                                    cuda/gemm_fp8_sm90.cu cuda/gemm_grouped_fp8_sm90.cu
-                                   cuda/attention_prefill_sm90.cu cuda/gemm_skinny_bulk_sm90.cu
+                                   cuda/attention_prefill_sm90.cu
+                                   cuda/attention_prefill_ws_sm90.cu cuda/gemm_skinny_bulk_sm90.cu
                                    cuda/tma_sm90.cu)
 set_target_properties(vllmx_cuda_sm90 PROPERTIES CUDA_ARCHITECTURES 90a-real
                                                  POSITION_INDEPENDENT_CODE ON

@@ -386,6 +386,7 @@ std::string i2s(int64_t v) { return std::to_string(v); }
 struct AttnPlan {
   bool tensor_cores = false;
   bool prefill_sm90 = false;  // prefill on wgmma (attention_prefill_sm90.cu)
+  bool prefill_ws = false;    // long prompts' prefill kernel (attention_prefill_ws_sm90.cu)
   bool mla = false;           // multi-head latent attention's kernel (attention_mla.cu)
   int prefill_rows = kPrefillWarps * 16;  // flattened query rows per prefill CTA
   int max_splits = 1;      // decode partitions per sequence at most
@@ -396,7 +397,7 @@ struct AttnPlan {
 };
 
 AttnPlan plan_attention(const Tensor& out, const Tensor& q, const Tensor& kc, const Tensor& vc,
-                        const AttnArgs& a, int64_t max_ctx) {
+                        const AttnArgs& a, int64_t max_ctx, int64_t max_query_len) {
   AttnPlan p;
   const int64_t T = a.T, B = a.B, nq = a.nq, nkv = a.nkv, D = a.D, window = a.window;
   const bool half_io = (q.dtype == DType::F16 || q.dtype == DType::BF16) &&
@@ -431,6 +432,14 @@ AttnPlan plan_attention(const Tensor& out, const Tensor& q, const Tensor& kc, co
   if (sm90) {
     p.prefill_sm90 = true;
     p.prefill_rows = kSm90PrefillRows;
+    // Long prompts: the warp-specialized kernel, whose pipeline needs many key tiles a CTA to
+    // pay off (a batch whose longest query is unknown, 0, keeps the other) and its K/V tiles
+    // as TMA boxes of a block's rows.
+    const int64_t box_rows = a.block_size & -a.block_size;
+    if (D == 128 && max_query_len >= kWsPrefillMinQueryLen && box_rows >= kWsPrefillMinBoxRows) {
+      p.prefill_ws = true;
+      p.prefill_rows = kWsPrefillRows;
+    }
   }
   // Prefill CTAs: sum over sequences of ceil(q_len * G / bm) <= T * G / bm + (sequences with
   // q_len >= 2, at most T / 2).
@@ -467,11 +476,14 @@ void* scratch(size_t bytes) {
 }
 
 template <int D, typename KV>
-void launch_tc(const AttnPlan& p, const AttnArgs& a, cudaStream_t s) {
+void launch_tc(const AttnPlan& p, const AttnArgs& a, int64_t cache_slots, cudaStream_t s) {
+  constexpr bool kBf = std::is_same_v<KV, __nv_bfloat16>;
   if (p.prefill_tiles > 0) {
     launch(schedule_kernel, 1, 1024, 0, s, a, p.prefill_rows);
-    if (p.prefill_sm90) {
-      launch_prefill_sm90(a, p.prefill_tiles, D, std::is_same_v<KV, __nv_bfloat16>, s);
+    if (p.prefill_ws) {
+      launch_prefill_ws_sm90(a, p.prefill_tiles, kBf, cache_slots, s);
+    } else if (p.prefill_sm90) {
+      launch_prefill_sm90(a, p.prefill_tiles, D, kBf, s);
     } else if constexpr (D <= 128) {  // (plan_attention takes 256 only with the sm90 kernel)
       constexpr int kPrefillSmem = attn_smem_bytes<D, kPrefillWarps>();
       static const bool smem_ok = (allow_smem(prefill_kernel<D, KV>, kPrefillSmem), true);
@@ -481,7 +493,7 @@ void launch_tc(const AttnPlan& p, const AttnArgs& a, cudaStream_t s) {
     }
   }
   const dim3 grid(a.nkv * p.head_groups, a.B, p.max_splits);
-  launch_decode(a, grid, D, std::is_same_v<KV, __nv_bfloat16>, s);
+  launch_decode(a, grid, D, kBf, s);
 }
 
 
@@ -553,10 +565,11 @@ void paged_attention(const Tensor& out, const Tensor& q, const Tensor& key_cache
   }
   cudaStream_t s = stream();
 
-  AttnPlan p = plan_attention(out, q, key_cache, value_cache, a, max_ctx);
   // vLLM's max_query_len (0: not known): a decode-only batch skips the prefill kernels, which
-  // otherwise run to find (on the device) that no sequence has two queries.
+  // otherwise run to find (on the device) that no sequence has two queries; a long one takes
+  // the long prompts' prefill kernel.
   VLLMX_CHECK(max_query_len >= 0, kOp, "max_query_len must be >= 0 (0: unknown)");
+  AttnPlan p = plan_attention(out, q, key_cache, value_cache, a, max_ctx, max_query_len);
   if (max_query_len == 1) p.prefill_tiles = 0;
   if (p.mla) {
     a.max_splits = p.max_splits;
@@ -585,7 +598,7 @@ void paged_attention(const Tensor& out, const Tensor& q, const Tensor& key_cache
   a.done = done_counters(static_cast<size_t>(B) * nkv * p.head_groups);
   const bool bf_cache = dt == DType::BF16;
   dispatch_head_kv(static_cast<int>(D), bf_cache, [&](auto d, auto kv) {
-    launch_tc<decltype(d)::value, decltype(kv)>(p, a, s);
+    launch_tc<decltype(d)::value, decltype(kv)>(p, a, key_cache.shape[0] * block_size, s);
   });
   check_launch(kOp);
 }

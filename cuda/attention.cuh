@@ -25,6 +25,12 @@ constexpr int kMinPartition = 64;   // decode: fewest keys worth a partition of 
 constexpr int kMaxSplits = 128;
 constexpr int kMlaHeadSize = 576;  // MLA's cache rows: kv_lora_rank 512 + qk_rope_head_dim 64
 constexpr int kSm90PrefillRows = 64;  // prefill CTA on Hopper's wgmma (attention_prefill_sm90.cu)
+// Long prompts on Hopper (attention_prefill_ws_sm90.cu): its CTA's query rows, the longest query
+// from which a batch takes it, and the fewest rows of a TMA box a cache block must hold (its
+// size's largest power-of-two divisor; measured there).
+constexpr int kWsPrefillRows = 128;
+constexpr int kWsPrefillMinQueryLen = 1024;
+constexpr int kWsPrefillMinBoxRows = 8;
 
 struct AttnArgs {
   const void* q;
@@ -261,5 +267,10 @@ void launch_mla(const AttnArgs& a, dim3 grid, bool bf16_cache, cudaStream_t s);
 // kernel on wgmma over grid (grid_x, nkv), tiles of kSm90PrefillRows rows from a.tiles, for head
 // size D (64 / 128) and a bf16 (else f16) cache.
 void launch_prefill_sm90(const AttnArgs& a, int grid_x, int D, bool bf16_cache, cudaStream_t s);
+// attention_prefill_ws_sm90.cu (the same build): the warp-specialized prefill kernel fed by
+// TMA, tiles of kWsPrefillRows rows, head size 128; cache_slots: the cache's token rows
+// (num_blocks * block_size), its tensor maps' extent.
+void launch_prefill_ws_sm90(const AttnArgs& a, int grid_x, bool bf16_cache, int64_t cache_slots,
+                            cudaStream_t s);
 
 }  // namespace vllmx::cuda::attn

@@ -16,9 +16,10 @@
 // through the block table, so no TMA box describes a tile), double-buffered, in the 128-byte
 // swizzled layout wgmma reads without bank conflicts (the layout, descriptors and instructions:
 // attention_sm90.cuh). Head size 256 (Gemma 2 / 3, Qwen3.5) takes 165 KB of shared memory, one
-// CTA an SM, and 251 registers a thread for its 64 x 256 O tile, unspilled. A
-// warp-specialized, TMA-fed layout of 128-row CTAs (FlashAttention 3's) measured slower here:
-// bench/prefill_ws_sm90.cu.
+// CTA an SM, and 251 registers a thread for its 64 x 256 O tile, unspilled. Long prompts
+// (head sizes 64 and 128) take the warp-specialized, TMA-fed layout of 128-row CTAs
+// (FlashAttention 3's) instead, attention_prefill_ws_sm90.cu; short ones fill its pipeline too
+// little and run faster here.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

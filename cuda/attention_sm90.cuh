@@ -1,5 +1,5 @@
 // Hopper's warpgroup MMAs for the prefill attention kernels on wgmma (sm_90a: cuda/
-// attention_prefill_sm90.cu, and the candidate bench/prefill_ws_sm90.cu): the 128-byte swizzled
+// attention_prefill_sm90.cu and attention_prefill_ws_sm90.cu): the 128-byte swizzled
 // tile layout, its shared-memory descriptors, the instructions by cache dtype and tile width,
 // the fences around them, and the Q tile's staging. The instructions are CuTe's wrappers (CUTLASS headers, build-time
 // only); the descriptors and layouts are written out here.

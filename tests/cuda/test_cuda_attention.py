@@ -117,14 +117,35 @@ def test_attention(dt, D, heads, kind, seqs):
     check_attention(seqs, heads, D, dt, dt, seed=D + heads[0])
 
 
+@pytest.mark.parametrize("max_query_len", [0, 1500], ids=["unknown", "known"])
 @pytest.mark.parametrize("heads", [(32, 8), (16, 8), (12, 1)], ids=lambda h: f"{h[0]}q{h[1]}kv")
 @pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("dt", [BF16, F16], ids=["bf16", "f16"])
-def test_attention_long_prefill(dt, D, heads):
-    """Prompts of many K/V tiles and row tiles (Hopper's wgmma prefill kernel: 128 rows, 128-key
-    tiles double-buffered), a chunk after a long context, beside decode rows."""
+def test_attention_long_prefill(dt, D, heads, max_query_len):
+    """Prompts of many K/V tiles and row tiles, a chunk after a long context, beside decode
+    rows: on Hopper the wgmma prefill kernel (64 rows, 128-key tiles double-buffered) and, told
+    the longest query (>= 1024), the long prompts' warp-specialized one (128 rows, TMA)."""
     check_attention([(1500, 1500), (3000, 700), (260, 260), (900, 1)], heads, D, dt, dt,
-                    seed=D + heads[0], q_scale=2.0)
+                    seed=D + heads[0], q_scale=2.0, max_query_len=max_query_len)
+
+
+@pytest.mark.parametrize("block_size", [16, 528, 128, 7])
+@pytest.mark.parametrize("window,cap,sink", [(0, 0.0, False), (300, 0.0, False), (0, 5.0, False),
+                                             (0, 0.0, True), (1, 30.0, True)],
+                         ids=["plain", "window", "softcap", "sinks", "window1-softcap-sinks"])
+def test_attention_long_prompt_kernel(window, cap, sink, block_size):
+    """Hopper's long prompts' kernel (head size 128, the batch's longest query >= 1024) on what
+    its producer and masks branch on: K/V tiles as TMA boxes of a block's rows (16: 8 boxes to
+    a tile's 64 columns; 528: 16-row boxes; 128: one), rows by cp.async for the tile past a sequence's end;
+    GQA groups (3) that do not divide its 128 rows; windows, soft cap, sinks. Blocks of 7 (no
+    box) keep the other kernel."""
+    D = 128
+    nq = 12
+    rng = np.random.default_rng(block_size)
+    sinks = rng.normal(0, 2, nq).astype(np.float32) if sink else None
+    check_attention([(2600, 1100), (1030, 1030), (300, 2), (400, 1)], (nq, 4), D, BF16, BF16,
+                    window, cap, block_size=block_size, seed=block_size + window, q_scale=2.0,
+                    sinks=sinks, max_query_len=1100)
 
 
 @pytest.mark.parametrize("window,cap", [(8, 0.0), (1, 0.0), (33, 0.0), (1000, 0.0), (0, 5.0),

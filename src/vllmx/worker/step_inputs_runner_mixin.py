@@ -222,7 +222,11 @@ class StepInputsModelRunnerMixin:
                 inputs = self._inputs(t, nb)
                 logits = capture.run((nb, t), lambda: self._decode_forward(t, inputs))
                 return None, logits
-        return self.model.forward(*self._inputs(t, nb)), None
+        # The longest query, vLLM's max_query_len: long prompts take the GPU's prefill kernel
+        # for them (cuda/attention.cu).
+        qsl = self.query_start_loc[:nb + 1]
+        max_query_len = int((qsl[1:] - qsl[:-1]).max()) if nb > 0 else 0
+        return self.model.forward(*self._inputs(t, nb, max_query_len)), None
 
     def profile_run(self) -> None:
         """vLLM's profile_run: one forward of the largest step the scheduler can form

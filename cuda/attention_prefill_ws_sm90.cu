@@ -1,9 +1,14 @@
-// A candidate for cuda/attention_prefill_sm90.cu, measured and not taken (yet): prefill
-// attention laid out as FlashAttention 3 lays out its forward kernel, warp-specialized, with the
-// K/V tiles brought by the tensor memory accelerator. Compiled only by
-// bench/attention_prefill_bench.cu (-DVLLMX_PREFILL_VARIANT_ROWS=128), which times it beside the
-// kernel in use: on the H200 (2026-12-06) it was right on every case and 0.78-0.85x as fast
-// (bench/results/gpu_attention_prefill_ws.json); why is the next question (ncu's stall reasons).
+// Prefill attention on Hopper for long prompts, laid out as FlashAttention 3 lays out its
+// forward kernel: warp-specialized, the K/V tiles brought by the tensor memory accelerator.
+// cuda/attention.cu takes it for head size 128 where the batch's longest query has
+// kWsPrefillMinQueryLen tokens or more and the cache's blocks hold boxes of 8 rows or more, and
+// attention_prefill_sm90.cu's kernel elsewhere. Measured (bench/attention_prefill_bench.cu,
+// 2026-12-06, Llama-3-8B's 32/8 heads, blocks of 16), TFLOP/s against that kernel's: on the
+// H200 a 4096-token prompt 408 / 324, 8192 468 / 360, 2 x 2048 after 6000 cached keys 488 / 362,
+// 8 x 1024 228 / 220, but 3 x 300 61 / 117 and 2 x 700 (12/4 heads) 122 / 145: few key tiles a
+// CTA barely fill its pipeline; on an H100 the same first four within 1%, and slower at head
+// size 64 (4 x 1024, 16/8 heads: 168 / 183) and for blocks of 7 rows, which no box divides and
+// its one producer warp gathers by cp.async (2 x 1100 after 1500: 94 / 219).
 //
 // One CTA: kBM = 128 query rows of one (sequence, kv head), rows flattened (token, head of the
 // group) as in attention.cu, so a GQA group's heads share every K/V tile; three roles:
@@ -20,11 +25,10 @@
 //     P V runs (FlashAttention 3's intra-warpgroup pipelining), and the two take turns to
 //     issue (named barriers: one's softmax overlaps the other's MMAs, the ping-pong).
 // Stages are handed back through empty barriers, K's after its S, V's after its P V, so the
-// producer refills a K stage one tile before the V stage beside it. Its Q staging is the
-// kernel in use's (attention_sm90.cuh stage_q); its masking, softmax and row stores repeat
-// that kernel's text: shared, they changed its machine code (registers 163 -> 197; the row
-// stores alone 163 -> 188), which only a GPU run could clear, so they wait for the candidate to
-// be taken or dropped.
+// producer refills a K stage one tile before the V stage beside it. Its Q staging is
+// attention_prefill_sm90.cu's (attention_sm90.cuh stage_q); its masking, softmax and row stores
+// repeat that kernel's text: shared, they changed that kernel's machine code (registers
+// 163 -> 197; the row stores alone 163 -> 188).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -37,7 +41,7 @@
 #include "tma_sm90.cuh"
 
 #if !defined(CUTE_ARCH_MMA_SM90A_ENABLED) && defined(__CUDA_ARCH__)
-#error "bench/prefill_ws_sm90.cu is built for sm_90a only"
+#error "cuda/attention_prefill_ws_sm90.cu is built for sm_90a only"
 #endif
 
 namespace vllmx::cuda::attn {
@@ -425,14 +429,10 @@ void launch_one(const AttnArgs& a, int grid_x, int64_t cache_slots, cudaStream_t
 
 }  // namespace
 
-void launch_prefill_sm90_variant(const AttnArgs& a, int grid_x, int D, bool bf16_cache,
-                                 int64_t cache_slots, cudaStream_t s) {
-  if (D == 64)
-    bf16_cache ? launch_one<64, __nv_bfloat16>(a, grid_x, cache_slots, s)
-               : launch_one<64, __half>(a, grid_x, cache_slots, s);
-  else
-    bf16_cache ? launch_one<128, __nv_bfloat16>(a, grid_x, cache_slots, s)
-               : launch_one<128, __half>(a, grid_x, cache_slots, s);
+void launch_prefill_ws_sm90(const AttnArgs& a, int grid_x, bool bf16_cache, int64_t cache_slots,
+                            cudaStream_t s) {
+  bf16_cache ? launch_one<128, __nv_bfloat16>(a, grid_x, cache_slots, s)
+             : launch_one<128, __half>(a, grid_x, cache_slots, s);
 }
 
 }  // namespace vllmx::cuda::attn
