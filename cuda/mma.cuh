@@ -183,23 +183,6 @@ __device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&c)[4], const uin
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// c[16x8] += a[16x32] (row) * b[32x8] (col), e4m3 codes, f32 sums (m16n8k32; sm_89 and up,
-// on Hopper the codes are widened to f16 for its 16-bit tensor cores). Its fragments hold the
-// same bytes where m16n8k16's hold 16-bit values (a0: row g, bytes 4t .. 4t + 3; a2: bytes
-// 16 + 4t ..; b0: bytes 4t .. of column g), so the 16-bit kernels' ldmatrix loads serve it.
-__device__ __forceinline__ void mma_e4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-  __trap();  // the fp8 kernels' hosts launch them on Hopper only
-#endif
-}
-
 // f32 -> TF32 (round to nearest, ties away), the m16n8k8 TF32 mma's operand.
 __device__ __forceinline__ uint32_t to_tf32(float x) {
   uint32_t r;
