@@ -205,26 +205,9 @@ __device__ __forceinline__ void attend_rows(const AttnArgs& a, int b, int g, int
     __syncthreads();  // the next iteration's loads overwrite this stage
   }
 
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int f = row_start + warp * 16 + lane / 4 + h * 8;
-    if (f >= R) continue;
-    const int tok = f / G, head = g * G + f % G;
-    const float inv = 1.f / (l[h] + sink_term(a, head, m[h]));
-    uint16_t* dst = static_cast<uint16_t*>(a.out) + (q0 + tok) * a.out_stride +
-                    static_cast<int64_t>(head) * D;
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
-      const int col = dt * 8 + (lane % 4) * 2;
-      *reinterpret_cast<uint32_t*>(dst + col) =
-          pack2_bits(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv, a.out_bf16);
-    }
-  }
+  store_rows<D>(
+      a, [&](int dt, int h) { return make_float2(o[dt][2 * h], o[dt][2 * h + 1]); }, l, m, 1.f,
+      row_start + warp * 16, R, G, g, q0, lane);
 }
 
 // ------------------------------------------------------------------ kernels

@@ -64,6 +64,37 @@ __device__ __forceinline__ float sink_term(const AttnArgs& a, int head, float m)
   return a.sinks == nullptr ? 0.f : exp2f(fmaf(a.sinks[head], kLog2e, -m));
 }
 
+// The end of a prefill kernel's 16-row slice of a CTA's flattened rows (f0 = its first): this
+// thread's rows lane / 4 and lane / 4 + 8, their row sums completed across the quad, normalized
+// (the sink's share added) and stored as 16-bit pairs, rows at or past R skipped. o(dt, h): the
+// row's (h: + 8) O sums for columns 8 dt + 2 (lane % 4) and the next (an mma tile's layout);
+// m: the rows' running maxima in base-2 units, before scale.
+template <int D, class Pair>
+__device__ __forceinline__ void store_rows(const AttnArgs& a, const Pair& o, float (&l)[2],
+                                           const float (&m)[2], float scale, int f0, int R,
+                                           int G, int g, int q0, int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int f = f0 + lane / 4 + h * 8;
+    if (f >= R) continue;
+    const int tok = f / G, head = g * G + f % G;
+    const float inv = 1.f / (l[h] + sink_term(a, head, m[h] * scale));
+    uint16_t* dst = static_cast<uint16_t*>(a.out) + (q0 + tok) * a.out_stride +
+                    static_cast<int64_t>(head) * D;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      const int col = dt * 8 + (lane % 4) * 2;
+      const float2 v = o(dt, h);
+      *reinterpret_cast<uint32_t*>(dst + col) = pack2_bits(v.x * inv, v.y * inv, a.out_bf16);
+    }
+  }
+}
+
 __device__ __forceinline__ int visible_lo(int pos, int window) {
   return window > 0 ? max(0, pos - window + 1) : 0;
 }

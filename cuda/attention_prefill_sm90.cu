@@ -145,44 +145,14 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_sm90_kernel(AttnArgs a) {
     cute::warpgroup_wait<0>();
     fence_regs(s);
 
-    if (softcap) {
+    tile_softmax<kBN>(s, a, softcap, cap_in, mul, k0, kend, pos_first, lo_last, pos, lo, lane, m,
+                      l, [&](int h, float corr) {
 #pragma unroll
-      for (int i = 0; i < NS; ++i) s[i] = a.cap * tanhf(s[i] * cap_in);
-    }
-    if (k0 + kBN > kend || k0 + kBN - 1 > pos_first || (a.window > 0 && k0 < lo_last)) {
-#pragma unroll
-      for (int i = 0; i < NS; ++i) {
-        const int col = k0 + 8 * (i / 4) + 2 * (lane % 4) + i % 2, h = (i / 2) % 2;
-        if (!(col < kend && col <= pos[h] && col >= lo[h])) s[i] = -INFINITY;
-      }
-    }
-
-    // Online softmax: a row's kBN scores sit in the 4 lanes of a quad.
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < NS / 4; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float mnew = fmaxf(m[h], mx);
-      const float base = mnew == -INFINITY ? 0.f : mnew * mul;  // nothing visible yet: 0
-      const float corr = ex2(fmaf(m[h], mul, -base));
-      m[h] = mnew;
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < NS / 4; ++j) {
-        s[4 * j + 2 * h] = ex2(fmaf(s[4 * j + 2 * h], mul, -base));
-        s[4 * j + 2 * h + 1] = ex2(fmaf(s[4 * j + 2 * h + 1], mul, -base));
-        sum += s[4 * j + 2 * h] + s[4 * j + 2 * h + 1];
-      }
-      l[h] = l[h] * corr + sum;
-#pragma unroll
-      for (int j = 0; j < NO / 4; ++j) {
-        o[4 * j + 2 * h] *= corr;
-        o[4 * j + 2 * h + 1] *= corr;
-      }
-    }
+                        for (int j = 0; j < NO / 4; ++j) {
+                          o[4 * j + 2 * h] *= corr;
+                          o[4 * j + 2 * h + 1] *= corr;
+                        }
+                      });
 
     // P as wgmma's register A fragments: for keys 16 kk .. 16 kk + 15, the accumulators of key
     // octets 2 kk and 2 kk + 1 (rows lane / 4, lane / 4 + 8), as mma.sync's m16n8k16 A.
@@ -208,26 +178,9 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_sm90_kernel(AttnArgs a) {
     __syncthreads();  // the next iteration's loads overwrite this stage
   }
 
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int f = row_start + warp * 16 + lane / 4 + h * 8;
-    if (f >= R) continue;
-    const int tok = f / G, head = g * G + f % G;
-    const float inv = 1.f / (l[h] + sink_term(a, head, m[h] * mul));
-    uint16_t* dst = static_cast<uint16_t*>(a.out) + (q0 + tok) * a.out_stride +
-                    static_cast<int64_t>(head) * D;
-#pragma unroll
-    for (int j = 0; j < NO / 4; ++j) {
-      const int col = 8 * j + 2 * (lane % 4);
-      *reinterpret_cast<uint32_t*>(dst + col) =
-          pack2_bits(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv, a.out_bf16);
-    }
-  }
+  store_rows<D>(
+      a, [&](int j, int h) { return make_float2(o[4 * j + 2 * h], o[4 * j + 2 * h + 1]); }, l, m,
+      mul, row_start + warp * 16, R, G, g, q0, lane);
 }
 
 template <int D, typename KV>

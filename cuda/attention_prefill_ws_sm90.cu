@@ -25,10 +25,11 @@
 //     P V runs (FlashAttention 3's intra-warpgroup pipelining), and the two take turns to
 //     issue (named barriers: one's softmax overlaps the other's MMAs, the ping-pong).
 // Stages are handed back through empty barriers, K's after its S, V's after its P V, so the
-// producer refills a K stage one tile before the V stage beside it. Its Q staging is
-// attention_prefill_sm90.cu's (attention_sm90.cuh stage_q); its masking, softmax and row stores
-// repeat that kernel's text: shared, they changed that kernel's machine code (registers
-// 163 -> 197; the row stores alone 163 -> 188).
+// producer refills a K stage one tile before the V stage beside it. Its Q staging, masking and
+// softmax (attention_sm90.cuh stage_q, tile_softmax) and row stores (attention.cuh store_rows)
+// are attention_prefill_sm90.cu's, shared so that neither kernel's machine code changed (SASS
+// compared before and after: the other kernel's identical, this one's but for four compares
+// with their operands swapped).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -250,38 +251,8 @@ __device__ __forceinline__ void consume(const AttnArgs& a, const CtaTile& ct, ch
   // Mask, then the online softmax of tile k0's scores: s becomes 2^(scaled score - new max),
   // l takes the tile's sums, corr the factor O must take before this tile's P V adds to it.
   auto softmax = [&](float (&s)[NS], int k0, float (&corr)[2]) {
-    if (softcap) {
-#pragma unroll
-      for (int i = 0; i < NS; ++i) s[i] = a.cap * tanhf(s[i] * cap_in);
-    }
-    if (k0 + kBN > kend || k0 + kBN - 1 > pos_first || (a.window > 0 && k0 < lo_last)) {
-#pragma unroll
-      for (int i = 0; i < NS; ++i) {
-        const int col = k0 + 8 * (i / 4) + 2 * (lane % 4) + i % 2, h = (i / 2) % 2;
-        if (!(col < kend && col <= pos[h] && col >= lo[h])) s[i] = -INFINITY;
-      }
-    }
-    // A row's kBN scores sit in the 4 lanes of a quad.
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < NS / 4; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float mnew = fmaxf(m[h], mx);
-      const float base = mnew == -INFINITY ? 0.f : mnew * mul;  // nothing visible yet: 0
-      corr[h] = ex2(fmaf(m[h], mul, -base));
-      m[h] = mnew;
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < NS / 4; ++j) {
-        s[4 * j + 2 * h] = ex2(fmaf(s[4 * j + 2 * h], mul, -base));
-        s[4 * j + 2 * h + 1] = ex2(fmaf(s[4 * j + 2 * h + 1], mul, -base));
-        sum += s[4 * j + 2 * h] + s[4 * j + 2 * h + 1];
-      }
-      l[h] = l[h] * corr[h] + sum;
-    }
+    tile_softmax<kBN>(s, a, softcap, cap_in, mul, k0, kend, pos_first, lo_last, pos, lo, lane, m,
+                      l, [&](int h, float c) { corr[h] = c; });
   };
   auto rescale_and_pack = [&](const float (&s)[NS], const float (&corr)[2]) {
 #pragma unroll
@@ -344,26 +315,9 @@ __device__ __forceinline__ void consume(const AttnArgs& a, const CtaTile& ct, ch
   fence_regs(o);
   fence_regs(p);
 
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int f = row0 + wwarp * 16 + lane / 4 + h * 8;
-    if (f >= R) continue;
-    const int tok = f / G, head = g * G + f % G;
-    const float inv = 1.f / (l[h] + sink_term(a, head, m[h] * mul));
-    uint16_t* dst = static_cast<uint16_t*>(a.out) + (q0 + tok) * a.out_stride +
-                    static_cast<int64_t>(head) * D;
-#pragma unroll
-    for (int j = 0; j < NO / 4; ++j) {
-      const int col = 8 * j + 2 * (lane % 4);
-      *reinterpret_cast<uint32_t*>(dst + col) =
-          pack2_bits(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv, a.out_bf16);
-    }
-  }
+  store_rows<D>(
+      a, [&](int j, int h) { return make_float2(o[4 * j + 2 * h], o[4 * j + 2 * h + 1]); }, l, m,
+      mul, row0 + wwarp * 16, R, G, g, q0, lane);
 }
 
 template <int D, typename KV>

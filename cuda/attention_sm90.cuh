@@ -155,4 +155,53 @@ __device__ __forceinline__ void stage_q(const AttnArgs& a, char* Qs, int tile_ro
   }
 }
 
+// The prefill kernels' softmax over one kBN-key tile of S (wgmma's 64 x kBN accumulators, a
+// thread's rows lane / 4 and lane / 4 + 8 of its warp's 16: element i is row (i / 2) % 2, key
+// k0 + 8 (i / 4) + 2 (lane % 4) + i % 2). Soft cap first (cap_in = scale / cap), then keys past
+// kend, after the row's position pos[h] or before its window's lo[h] to -inf (skipped where
+// the CTA-uniform bounds show the whole tile visible); then the online softmax: s becomes
+// 2^(s mul - the row's new max), m[h] the new max (in S's units), l[h] the sum after the old
+// one times corr, the factor O's row h must take before this tile's P V adds to it:
+// rescale(h, corr), called as each row is done.
+template <int kBN, int NS, class Rescale>
+__device__ __forceinline__ void tile_softmax(float (&s)[NS], const AttnArgs& a, bool softcap,
+                                             float cap_in, float mul, int k0, int kend,
+                                             int pos_first, int lo_last, const int (&pos)[2],
+                                             const int (&lo)[2], int lane, float (&m)[2],
+                                             float (&l)[2], const Rescale& rescale) {
+  if (softcap) {
+#pragma unroll
+    for (int i = 0; i < NS; ++i) s[i] = a.cap * tanhf(s[i] * cap_in);
+  }
+  if (k0 + kBN > kend || k0 + kBN - 1 > pos_first || (a.window > 0 && k0 < lo_last)) {
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      const int col = k0 + 8 * (i / 4) + 2 * (lane % 4) + i % 2, h = (i / 2) % 2;
+      if (!(col < kend && col <= pos[h] && col >= lo[h])) s[i] = -INFINITY;
+    }
+  }
+  // A row's kBN scores sit in the 4 lanes of a quad.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < NS / 4; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mnew = fmaxf(m[h], mx);
+    const float base = mnew == -INFINITY ? 0.f : mnew * mul;  // nothing visible yet: 0
+    const float corr = ex2(fmaf(m[h], mul, -base));
+    m[h] = mnew;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < NS / 4; ++j) {
+      s[4 * j + 2 * h] = ex2(fmaf(s[4 * j + 2 * h], mul, -base));
+      s[4 * j + 2 * h + 1] = ex2(fmaf(s[4 * j + 2 * h + 1], mul, -base));
+      sum += s[4 * j + 2 * h] + s[4 * j + 2 * h + 1];
+    }
+    l[h] = l[h] * corr + sum;
+    rescale(h, corr);
+  }
+}
+
 }  // namespace vllmx::cuda::attn::sm90
