@@ -57,8 +57,8 @@ def is_fp8_weight(w) -> bool:
 
 def fp8_linear(x, w, bias=None, w_s=None, x_dtype: int | None = None):
     """x @ w^T (+ bias) as vLLM runs block-fp8 checkpoints on Hopper: x quantized per token and
-    128-wide group (per_token_group_quant_fp8), then scaled_mm, in one op (on the GPU decode's
-    few rows in one kernel); out in x's dtype. w: an uploaded fp8 weight (its .scales), or on
+    128-wide group (per_token_group_quant_fp8), then scaled_mm, in one op (on the GPU up to 32
+    rows stream the weights through the skinny TMA GEMM); out in x's dtype. w: an uploaded fp8 weight (its .scales), or on
     the host e4m3 codes (uint8 [N, K]) with w_s [K // 128, N]; x_dtype: a host bf16 x's id."""
     w_s = w.scales if w_s is None else w_s
     t, n = x.shape[0], w.shape[0]
