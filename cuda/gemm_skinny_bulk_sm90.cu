@@ -45,19 +45,20 @@ constexpr int kMinStagesPerSplit = 8;        // a split shorter than this is mos
 template <int C>
 constexpr int kSmemBudget = C == 1 ? 220 * 1024 : 108 * 1024;  // of 228 KB, less reserved
 // A stage: the weights' and x's boxes; fp8 (F) adds the group's scales (f32) after the ring's
-// boxes, the tile's kRows row scales [S][kRows] and then the tokens' [S][32] (TT used), each
-// box 128-byte aligned as TMA requires.
-constexpr int kMaxTT = 32;
-template <int NT, bool F>
+// boxes, the tile's kRows row scales [S][kRows] and then the tokens' [S][kMaxTT] (TT used),
+// each box 128-byte aligned as TMA requires.
+constexpr int kMaxTT = kFp8SkinnyBulkMaxT;
+template <bool F>
 constexpr int kScaleBytes = F ? (kRows + kMaxTT) * 4 : 0;
 template <int NT, bool F>
-constexpr int kStageBytes = (kRows + 8 * NT) * kBK * 2 + kScaleBytes<NT, F>;
+constexpr int kStageBytes = (kRows + 8 * NT) * kBK * 2 + kScaleBytes<F>;
 template <int NT, int C, bool F>
 constexpr int kStages = kSmemBudget<C> / kStageBytes<NT, F>;
 // The stages, their barriers, and slack to align the ring to the 1024 bytes over which the
 // 128-byte swizzle repeats.
 template <int NT, int C, bool F>
-constexpr int kSmemBytes = kStages<NT, C, F> * kStageBytes<NT, F> + 2 * kStages<NT, C, F> * 8 + 1024;
+constexpr int kSmemBytes =
+    kStages<NT, C, F> * kStageBytes<NT, F> + 2 * kStages<NT, C, F> * 8 + 1024;
 static_assert(kStages<2, 1, false> == 22 && kStages<4, 1, false> == 18 &&
                   kStages<2, 2, false> == 10 && kStages<4, 2, false> == 9,
               "stages by token tile and CTAs an SM");
@@ -110,8 +111,8 @@ __global__ void __launch_bounds__(kBulkThreads, C)
   uint8_t* Xs = Ws + S * kRows * kBK * 2;                                   // [S][TT][128 B]
   float* Sw = reinterpret_cast<float*>(Xs + S * TT * kBK * 2);  // fp8: [S][kRows]
   float* Sx = Sw + (kFp8 ? S * kRows : 0);                       // fp8: [S][kMaxTT]
-  uint64_t* full = reinterpret_cast<uint64_t*>(Sw + S * kScaleBytes<NT, kFp8> / 4);  // [S]
-  uint64_t* empty = full + S;                                                        // [S]
+  uint64_t* full = reinterpret_cast<uint64_t*>(Sw + S * kScaleBytes<kFp8> / 4);  // [S]
+  uint64_t* empty = full + S;                                                    // [S]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int n0 = blockIdx.x * kRows;
@@ -280,7 +281,8 @@ bool launch_c(const LinearArgs& a, bool bf16_out, dim3 grid, const SplitK& sk, c
                    : launch_nt<T, 4, C>(a, bf16_out, grid, sk, s);
 }
 
-// The grid and split-K plan of a product of `tiles` weight tiles and k_tiles stages, c CTAs an SM.
+// The grid (a CTA per kRows-row weight tile and split) and split-K plan of a's product, c CTAs
+// an SM.
 dim3 plan_grid(const LinearArgs& a, int c, SplitK* sk) {
   const int tiles = (a.N + kRows - 1) / kRows, k_tiles = (a.K + kBK - 1) / kBK;
   *sk = plan_split(tiles, k_tiles, c, kMinStagesPerSplit, a.T <= 16 ? 16 : 32);
