@@ -17,8 +17,8 @@
 // (4 D flops per visible (query head, key) pair).
 //
 // A candidate kernel times beside it in the same run: -DVLLMX_PREFILL_VARIANT_ROWS=N links
-// launch_prefill_sm90_variant (rows per CTA N; its arguments those of launch_prefill_ws_sm90),
-// from a file added to the command above.
+// launch_prefill_sm90_variant (rows per CTA N; its arguments those of launch_prefill_sm90 and
+// the cache's token slots, for tensor maps), from a file added to the command above.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

@@ -418,8 +418,7 @@ AttnPlan plan_attention(const Tensor& out, const Tensor& q, const Tensor& kc, co
     // Long prompts: the warp-specialized kernel, whose pipeline needs many key tiles a CTA to
     // pay off (a batch whose longest query is unknown, 0, keeps the other) and its K/V tiles
     // as TMA boxes of a block's rows.
-    const int64_t box_rows = a.block_size & -a.block_size;
-    if (D == 128 && max_query_len >= kWsPrefillMinQueryLen && box_rows >= kWsPrefillMinBoxRows) {
+    if (D == 128 && max_query_len >= kWsPrefillMinQueryLen && ws_box_rows(a.block_size) > 0) {
       p.prefill_ws = true;
       p.prefill_rows = kWsPrefillRows;
     }

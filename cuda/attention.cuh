@@ -25,12 +25,18 @@ constexpr int kMinPartition = 64;   // decode: fewest keys worth a partition of 
 constexpr int kMaxSplits = 128;
 constexpr int kMlaHeadSize = 576;  // MLA's cache rows: kv_lora_rank 512 + qk_rope_head_dim 64
 constexpr int kSm90PrefillRows = 64;  // prefill CTA on Hopper's wgmma (attention_prefill_sm90.cu)
-// Long prompts on Hopper (attention_prefill_ws_sm90.cu): its CTA's query rows, the longest query
-// from which a batch takes it, and the fewest rows of a TMA box a cache block must hold (its
-// size's largest power-of-two divisor; measured there).
+// Long prompts on Hopper (attention_prefill_ws_sm90.cu): its CTA's query rows, keys a K/V tile,
+// and the longest query from which a batch takes it (measured there).
 constexpr int kWsPrefillRows = 128;
+constexpr int kWsPrefillKeys = 128;
 constexpr int kWsPrefillMinQueryLen = 1024;
-constexpr int kWsPrefillMinBoxRows = 8;
+// The rows of each TMA box that brings that kernel a K/V tile from a cache of this block size:
+// a block's run of rows, the largest power of two dividing the size, up to a tile; 0 under 8
+// rows (a 1024-byte swizzle atom), where no box fits (the plan then keeps the other kernel).
+inline int ws_box_rows(int block_size) {
+  const int r = block_size & -block_size;
+  return r < 8 ? 0 : r < kWsPrefillKeys ? r : kWsPrefillKeys;
+}
 
 struct AttnArgs {
   const void* q;

@@ -62,7 +62,7 @@ constexpr int kThreads = kConsumerThreads + 128;
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536, "register file");
 constexpr int kBM = 128;                          // query rows per CTA
-constexpr int kBN = 128;                          // keys per K/V tile
+constexpr int kBN = kWsPrefillKeys;               // keys per K/V tile
 constexpr int kStages = 2;                        // of K, and of V
 static_assert(kBM == 64 * kConsumers, "one 64-row wgmma tile per consumer warpgroup");
 // Named barriers (0 is __syncthreads): each consumer's turn to issue, and each one's own.
@@ -369,12 +369,11 @@ void launch_one(const AttnArgs& a, int grid_x, int64_t cache_slots, cudaStream_t
   constexpr int kSmem = smem_bytes<D>();
   static const bool smem_ok = (allow_smem(prefill_sm90_kernel<D, KV>, kSmem), true);
   (void)smem_ok;
-  // Boxes of a block's rows: the largest power of two dividing the block size, up to a tile;
-  // none under 8 rows (a 1024-byte swizzle atom), and none where the driver refuses the maps.
-  int box_rows = std::min(a.block_size & -a.block_size, kBN);
+  // Boxes of a block's rows (ws_box_rows), none where the driver refuses the maps.
+  int box_rows = ws_box_rows(a.block_size);
   CUtensorMap kmap{}, vmap{};
   const int64_t cols = static_cast<int64_t>(a.nkv) * D;
-  if (box_rows < 8 || !cached_map(&kmap, a.kc, cols, cache_slots, cols, box_rows) ||
+  if (box_rows == 0 || !cached_map(&kmap, a.kc, cols, cache_slots, cols, box_rows) ||
       !cached_map(&vmap, a.vc, cols, cache_slots, cols, box_rows))
     box_rows = 0;
   launch(prefill_sm90_kernel<D, KV>, dim3(grid_x, a.nkv), kThreads, kSmem, s, a, kmap, vmap,
