@@ -113,9 +113,11 @@ def kernel_totals(prof, out_dir: str) -> dict[str, list]:
     return rows
 
 
-def profile_vllm(path: str, layers: int, batches: list[int], ctx: int, load_format: str) -> dict:
+def profile_vllm(path: str, layers: int, batches: list[int], ctx: int, load_format: str,
+                 prefill: bool = False) -> dict:
     """vLLM's decode step at each batch size, kernel by kernel (--engine vllm; runs in vLLM's
-    environment, one engine for every batch size)."""
+    environment, one engine for every batch size); with `prefill` also the kernels of the
+    prompts' prefill, i.e. of the 1-token generate."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # (the engine in this process)
     import numpy as np
     import torch
@@ -170,6 +172,18 @@ def profile_vllm(path: str, layers: int, batches: list[int], ctx: int, load_form
         report[f"batch {batch}"] = {"engine_step_ms": step_ms, "busy_ms": busy / 1e3,
                                     "by_kernel": {k: {"n": c, "us": d}
                                                   for k, (c, d) in rows.items()}}
+        if prefill:
+            pre = totals[1]
+            busy = sum(d for _, d in pre.values())
+            print(f"\n== vLLM prefill of {batch} x {ctx} tokens: {times[1] * 1e3:.2f} ms "
+                  f"({batch * ctx / times[1]:,.0f} tok/s, a 1-token generate), kernels busy "
+                  f"{busy / 1e3:.3f} ms")
+            print(f"{'kernel':48s} {'n':>6s} {'us each':>8s} {'us total':>9s}")
+            for k, (c, d) in sorted(pre.items(), key=lambda kv: -kv[1][1]):
+                print(f"{k:48s} {c:6d} {d / c:8.2f} {d:9.1f}")
+            report[f"batch {batch}"]["prefill"] = {
+                "ms": times[1] * 1e3, "busy_ms": busy / 1e3,
+                "by_kernel": {k: {"n": c, "us": d} for k, (c, d) in pre.items()}}
     return report
 
 
@@ -286,7 +300,8 @@ def main() -> int:
     args = ap.parse_args()
     fmt = "auto" if args.random_weights else "dummy"
     if args.vllm_worker:
-        res = profile_vllm(args.vllm_worker, args.layers[0], args.batch, args.context, fmt)
+        res = profile_vllm(args.vllm_worker, args.layers[0], args.batch, args.context, fmt,
+                           args.prefill)
         print("RESULT " + json.dumps(res), flush=True)
         return 0
     report = {}
@@ -311,6 +326,7 @@ def main() -> int:
                 cmd = [sys.executable, os.path.abspath(__file__), "--vllm-worker", d,
                        "--layers", str(layers), "--batch", *map(str, args.batch), "--context",
                        str(args.context)] + (["--random-weights"] if args.random_weights else [])
+                cmd += ["--prefill"] if args.prefill else []
                 report[key] = worker_result(cmd, engine_env("vllm", args.vllm_site), 900)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "gpu_decode_profile.json"), "w") as f:
