@@ -128,7 +128,8 @@ void check_sample(const Tensor& out_ids, const Tensor& out_logprobs, const Tenso
 }
 
 void check_copy_columns(const Tensor& out, int64_t out_col, const Tensor& x, int64_t x_col,
-                        int64_t n) {
+                        int64_t n, int64_t heads, int64_t out_head_stride,
+                        int64_t x_head_stride) {
   const char* op = "copy_columns";
   check_ndim(out, 2, op, "out");
   check_ndim(x, 2, op, "x");
@@ -136,11 +137,21 @@ void check_copy_columns(const Tensor& out, int64_t out_col, const Tensor& x, int
               "out " + out.str() + " and x " + x.str() + " must have one dense dtype");
   VLLMX_CHECK(out.shape[0] == x.shape[0], op,
               "out " + out.str() + " and x " + x.str() + " must have the same rows");
-  VLLMX_CHECK(n >= 0 && out_col >= 0 && x_col >= 0 && out_col + n <= out.shape[1] &&
-                  x_col + n <= x.shape[1],
+  VLLMX_CHECK(heads >= 1 && out_head_stride >= 0 && x_head_stride >= 0, op,
+              "heads (" + i2s(heads) + ") must be >= 1 and the head strides (" +
+                  i2s(out_head_stride) + ", " + i2s(x_head_stride) + ") >= 0");
+  // The last head's columns are the furthest (strides are not negative).
+  const int64_t out_last = out_col + (heads - 1) * out_head_stride;
+  const int64_t x_last = x_col + (heads - 1) * x_head_stride;
+  VLLMX_CHECK(n >= 0 && out_col >= 0 && x_col >= 0 && out_last + n <= out.shape[1] &&
+                  x_last + n <= x.shape[1],
               op, "columns [" + i2s(x_col) + ", +" + i2s(n) + ") of x " + x.str() + " -> [" +
-                      i2s(out_col) + ", +" + i2s(n) + ") of out " + out.str() +
-                      " are out of range");
+                      i2s(out_col) + ", +" + i2s(n) + ") of out " + out.str() + " (" +
+                      i2s(heads) + " heads, strides " + i2s(out_head_stride) + " / " +
+                      i2s(x_head_stride) + ") are out of range");
+  VLLMX_CHECK(heads == 1 || n <= out_head_stride, op,
+              "n (" + i2s(n) + ") must not exceed out_head_stride (" + i2s(out_head_stride) +
+                  "): the heads' pieces of out would overlap");
 }
 
 void check_scatter_tokens(const Tensor& out, const Tensor& dst, const Tensor& tokens,

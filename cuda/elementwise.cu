@@ -220,6 +220,20 @@ __global__ void scatter_tokens_kernel(int32_t* out, int64_t n_out, const int32_t
   }
 }
 
+// copy_columns over heads: piece (row r, head h) of n / sizeof(V) units, flattened, in units of
+// V (the widest of 16, 8, 4, 2 bytes that every offset, stride and n is a multiple of).
+template <typename V>
+__global__ void copy_heads_kernel(V* out, int64_t out_stride, int64_t out_head_stride,
+                                  const V* x, int64_t x_stride, int64_t x_head_stride, int64_t nv,
+                                  int64_t heads, int64_t total) {
+  pdl_begin();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t v = i % nv, piece = i / nv, h = piece % heads, r = piece / heads;
+    out[r * out_stride + h * out_head_stride + v] = x[r * x_stride + h * x_head_stride + v];
+  }
+}
+
 // ---- softcap ----
 template <typename T>
 __global__ void softcap_kernel(T* x, int64_t rows, int64_t d, int64_t stride, float cap) {
@@ -607,13 +621,43 @@ void qk_norm_rope_cache(const Tensor& q_out, const Tensor& qkv, const Tensor& po
 }
 
 void copy_columns(const Tensor& out, int64_t out_col, const Tensor& x, int64_t x_col,
-                  int64_t n) {
+                  int64_t n, int64_t heads, int64_t out_head_stride, int64_t x_head_stride) {
   // The shapes and column ranges are the op's contract (csrc/ops.cpp).
   const int64_t item = type_traits(x.dtype).type_size, rows = x.shape[0];
   if (rows == 0 || n == 0) return;
-  memcpy_2d_d2d(static_cast<char*>(out.data) + out_col * item, out.stride[0] * item,
-                static_cast<const char*>(x.data) + x_col * item, x.stride[0] * item, n * item,
-                rows);
+  char* o = static_cast<char*>(out.data) + out_col * item;
+  const char* s = static_cast<const char*>(x.data) + x_col * item;
+  if (heads == 1) {
+    memcpy_2d_d2d(o, out.stride[0] * item, s, x.stride[0] * item, n * item, rows);
+    return;
+  }
+  // Byte quantities the copy unit must divide: addresses, strides and the piece's length.
+  const int64_t bytes[] = {static_cast<int64_t>(reinterpret_cast<uintptr_t>(o) % 16),
+                           static_cast<int64_t>(reinterpret_cast<uintptr_t>(s) % 16),
+                           out.stride[0] * item, x.stride[0] * item, out_head_stride * item,
+                           x_head_stride * item, n * item};
+  int64_t unit = 16;
+  for (const int64_t b : bytes)
+    while (b % unit != 0) unit /= 2;
+  auto run = [&](auto v) {
+    using V = decltype(v);
+    const int64_t u = sizeof(V), nv = n * item / u, total = rows * heads * nv;
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 4096));
+    launch(copy_heads_kernel<V>, blocks, 256, 0, stream(), reinterpret_cast<V*>(o),
+           out.stride[0] * item / u, out_head_stride * item / u, reinterpret_cast<const V*>(s),
+           x.stride[0] * item / u, x_head_stride * item / u, nv, heads, total);
+  };
+  if (unit == 16)
+    run(uint4{});
+  else if (unit == 8)
+    run(uint2{});
+  else if (unit == 4)
+    run(uint32_t{});
+  else if (unit == 2)
+    run(uint16_t{});
+  else
+    run(uint8_t{});
+  check_launch("copy_columns");
 }
 
 void scatter_tokens(const Tensor& out, const Tensor& dst, const Tensor& tokens,

@@ -9,14 +9,16 @@
 namespace vllmx {
 
 void copy_columns(const Tensor& out, int64_t out_col, const Tensor& x, int64_t x_col,
-                  int64_t n) {
+                  int64_t n, int64_t heads, int64_t out_head_stride, int64_t x_head_stride) {
   // The shapes and column ranges are the op's contract (csrc/ops.cpp).
   const int64_t item = type_traits(x.dtype).type_size, rows = x.shape[0];
   char* o = static_cast<char*>(out.data) + out_col * item;
   const char* s = static_cast<const char*>(x.data) + x_col * item;
   for (int64_t r = 0; r < rows; ++r)
-    std::memcpy(o + r * out.stride[0] * item, s + r * x.stride[0] * item,
-                static_cast<size_t>(n * item));
+    for (int64_t h = 0; h < heads; ++h)
+      std::memcpy(o + (r * out.stride[0] + h * out_head_stride) * item,
+                  s + (r * x.stride[0] + h * x_head_stride) * item,
+                  static_cast<size_t>(n * item));
 }
 
 void scale(const Tensor& out, const Tensor& x, float s) {

@@ -26,7 +26,9 @@ torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
 # clamped SwiGLU beside attention sinks (head_dim 16: the generic attention kernel; the
 # tensor-core kernels' sinks: test_cuda_attention.py); DeepSeek V2 / V3's multi-head
 # latent attention (batched_linear per head, one latent cache for keys and values: head size 40
-# on the generic kernel; DeepSeek's own 512 + 64, deepseek_v2_lite_576, on attention_mla.cu).
+# on the generic kernel; DeepSeek's own 512 + 64 with its 128-wide nope and value heads,
+# deepseek_v2_lite_576, on attention_mla.cu, its prompts' prefill on decompressed keys and
+# values in heads padded to 256: layers/mla.py).
 MOE = ["qwen3_moe", "mixtral", "granite_moe", "granite_moe_shared", "qwen2_moe", "glm4_moe",
        "gpt_oss", "deepseek_v2", "deepseek_v3", "deepseek_v2_lite_576"]
 # The hybrids (cuda/linear_attn.cu's mixers over per-request state slots on the device): checked
@@ -80,7 +82,8 @@ def checkpoint(family: str, out_dir: str) -> str:
         return make_gemma3("mixed", "bfloat16", out_dir)
     if family == "deepseek_v2_lite_576":  # MLA's cache rows at DeepSeek's size
         return make_checkpoint("deepseek_v2_lite", "bfloat16", out_dir,
-                               {"kv_lora_rank": 512, "qk_rope_head_dim": 64}, **SIZES)
+                               {"kv_lora_rank": 512, "qk_rope_head_dim": 64,
+                                "qk_nope_head_dim": 128, "v_head_dim": 128}, **SIZES)
     return make_checkpoint(family, "bfloat16", out_dir, **({} if family in HYBRID else SIZES))
 
 

@@ -450,6 +450,28 @@ def test_split_and_concat_columns_exact(dtype, rows, sizes):
     np.testing.assert_array_equal(ops.concat_columns(pieces).numpy(), x)
 
 
+@pytest.mark.parametrize("dtype", ACT)
+@pytest.mark.parametrize("case", [(0, 64, 128, 16, 256, 256), (0, 0, 64, 16, 256, 0),
+                                  (64, 0, 128, 16, 256, 128), (1, 3, 5, 3, 9, 7)])
+def test_copy_head_columns_exact(dtype, case):
+    """MLA's key / query assembly: each head's pieces (and a part every head shares, x stride 0)
+    into padded heads, 16-byte units where everything aligns, 2-byte ones otherwise."""
+    from vllmx import ops
+
+    out_col, x_col, n, heads, ohs, xhs = case
+    rng = np.random.default_rng()
+    x = host(rng.standard_normal((37, x_col + (heads - 1) * xhs + n)).astype(np.float32), dtype)
+    out = host(rng.standard_normal((37, out_col + (heads - 1) * ohs + n + 3)).astype(np.float32),
+               dtype)
+    d_out = DeviceArray.from_numpy(out, dtype)
+    ops.copy_head_columns(d_out, out_col, DeviceArray.from_numpy(x, dtype), x_col, n, heads, ohs,
+                          xhs)
+    expect = out.copy()
+    for h in range(heads):
+        expect[:, out_col + h * ohs:][:, :n] = x[:, x_col + h * xhs:][:, :n]
+    np.testing.assert_array_equal(d_out.numpy(), expect)
+
+
 def test_scatter_tokens_matches_the_cpu(rng):
     from vllmx import ops
 

@@ -19,7 +19,7 @@ import pytest
 
 from tests.models.parity import assert_prompt_logits_match, vllmx_prompt_logits
 from tests.models.test_llama_family_parity import SEED, random_prompts, run_parity
-from tests.models.tiny_checkpoints import make_checkpoint, write_gguf
+from tests.models.tiny_checkpoints import VOCAB, make_checkpoint, write_gguf
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -46,6 +46,41 @@ def test_parity_bf16(family, ckpt_dir):
     # oracle: the same bf16 weights (routers f32, as stored), in f32; an f32 KV cache, as for
     # every MoE (test_llama_family_parity.cache_dtype_for: a router near a tie)
     run_parity(path, path, "float32")
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v2"])
+def test_mla_prefill_on_decompressed_keys(family, ckpt_dir, monkeypatch):
+    """Whole prompts' prefill on decompressed keys and values (layers/mla.py: the GPU's path,
+    forced on here) gives the latent-space path's prompt log-probs and tokens, within f32
+    rounding, and a step of whole prompts takes it in every layer, once; a step whose
+    prompts are shorter than the runner's minimum does not."""
+    from vllmx import LLM, SamplingParams
+    from vllmx.layers.mla import MLAAttention
+    from vllmx.worker.step_inputs_runner_mixin import _MLA_MIN_MEAN_QUERY
+
+    path = make_checkpoint(family, "float32", ckpt_dir)
+    rng = np.random.default_rng(SEED)
+    long_prompts = [rng.integers(3, VOCAB, int(n)).tolist() for n in rng.integers(64, 160, 4)]
+    short_prompts = [rng.integers(3, VOCAB, _MLA_MIN_MEAN_QUERY // 2).tolist()]
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, prompt_logprobs=0)
+    prefill = MLAAttention._prefill
+    runs = {}
+    for on in (False, True):
+        calls = []
+        monkeypatch.setattr(MLAAttention, "decompress_prefill", on)
+        monkeypatch.setattr(MLAAttention, "_prefill",
+                            lambda self, *a, calls=calls: calls.append(1) or prefill(self, *a))
+        llm = LLM(path, skip_tokenizer_init=True, kv_cache_dtype="float32")
+        layers = llm.llm_engine.model.config["num_hidden_layers"]
+        outs = llm.generate([{"prompt_token_ids": p} for p in long_prompts], sp)
+        assert len(calls) == (layers if on else 0)
+        llm.generate([{"prompt_token_ids": p} for p in short_prompts], sp)
+        assert len(calls) == (layers if on else 0)
+        runs[on] = outs
+    for prompt, latent, dec in zip(long_prompts, runs[False], runs[True]):
+        assert dec.outputs[0].token_ids == latent.outputs[0].token_ids
+        for tok, a, b in zip(prompt[1:], latent.prompt_logprobs[1:], dec.prompt_logprobs[1:]):
+            assert abs(a[tok].logprob - b[tok].logprob) < 1e-4, (family, SEED)
 
 
 @pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v2"])

@@ -20,6 +20,37 @@ def test_copy_columns(dtype):
     assert np.array_equal(out, expect)
 
 
+def head_copy_expected(out, out_col, x, x_col, n, heads, ohs, xhs):
+    expect = out.copy()
+    for h in range(heads):
+        expect[:, out_col + h * ohs:out_col + h * ohs + n] = x[:, x_col + h * xhs:x_col + h * xhs + n]
+    return expect
+
+
+# (out_col, x_col, n, heads, out_head_stride, x_head_stride): pieces of each head; the rope part
+# every head shares (x_head_stride 0, as MLA's keys take it); odd sizes.
+HEAD_COPIES = [(0, 0, 4, 3, 8, 6), (4, 2, 4, 3, 8, 6), (1, 5, 3, 4, 7, 0), (0, 0, 24, 1, 0, 0)]
+
+
+@pytest.mark.parametrize("case", HEAD_COPIES)
+def test_copy_head_columns(case):
+    x = rng.standard_normal((5, 30)).astype(np.float32)
+    out = rng.standard_normal((5, 32)).astype(np.float32)  # columns no head writes keep theirs
+    expect = head_copy_expected(out, *case[:1], x, *case[1:])
+    ops.copy_head_columns(out, case[0], x, *case[1:])
+    assert np.array_equal(out, expect)
+
+
+def test_copy_head_columns_range_checked():
+    out, x = np.zeros((2, 30), np.float32), np.zeros((2, 40), np.float32)
+    with pytest.raises(ValueError, match="out of range"):
+        ops.copy_head_columns(out, 0, x, 0, 8, 4, 8, 8)  # the 4th head ends at column 32
+    with pytest.raises(ValueError, match="overlap"):
+        ops.copy_head_columns(out, 0, x, 0, 8, 2, 4, 8)
+    with pytest.raises(ValueError, match="heads"):
+        ops.copy_head_columns(out, 0, x, 0, 8, 0, 8, 8)
+
+
 def test_split_and_concat_columns_round_trip():
     x = rng.standard_normal((3, 64 + 16 + 16)).astype(np.float32)
     q, k, v = ops.split_columns(x, [64, 16, 16])

@@ -30,6 +30,9 @@ class AttentionMetadata:
     # With speculative decoding: a slot a row (i32 [T], -1 none) that also gets the state
     # after it (worker/state_slots.py).
     spec_state_indices: np.ndarray | None = None
+    # MLA (layers/mla.py): a step of whole prompts that attends on decompressed keys and values
+    # over its own rows: sequence b's position i at row query_start_loc[b] + i (i32 [B, L]).
+    mla_block_table: np.ndarray | None = None
 
 
 class Attention:

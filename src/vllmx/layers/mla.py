@@ -9,7 +9,17 @@ heads * (qk_head_dim + v_head_dim), and no key or value is ever decompressed. kv
 whole (HF checkpoints, older GGUFs) or as llama.cpp's converter splits it (k_b_proj = W_UK^T,
 v_b_proj = W_UV, per head); the split ones run in their own block type, as llama.cpp runs them
 (on the GPU both stacks are dense, in the activation dtype, and the attention over the
-576-wide rows of DeepSeek's shapes runs on cuda/attention_mla.cu's tensor-core kernel)."""
+576-wide rows of DeepSeek's shapes runs on cuda/attention_mla.cu's tensor-core kernel).
+
+Prefill, as vLLM's MLA backends run it: where a step only prefills prompts from their first
+token (every sequence's context is the step's own rows), the GPU decompresses the keys and
+values, k_h = [k_pe ; c @ W_UK_h^T] and v_h = c @ W_UV_h^T, and attends on them as multi-head
+attention over heads of the padded size prefill_head_size (qk_rope_head_dim + qk_nope_head_dim
+= 192 and v_head_dim = 128 for DeepSeek: 256), on the tensor-core prefill kernels: per (query,
+key) pair 2 x 256 products where the latent space takes 576 + 512, and a key tile serves 64
+query rows where the latent kernel's serves one token's heads. The latent rows still go to the
+cache for the decodes after. AttentionMetadata.mla_block_table (the runner's, worker/
+step_inputs_runner_mixin.py) marks such a step."""
 
 from __future__ import annotations
 
@@ -25,6 +35,24 @@ from vllmx.layers.rotary import RotaryEmbedding
 from vllmx.ops import Weight
 
 _NP = {F32: np.float32, F16: np.float16, BF16: np.uint16}
+_PREFILL_HEAD_SIZES = (64, 128, 256)  # the GPU's tensor-core attention's
+
+
+def prefill_head_size(dn: int, dr: int, dv: int) -> int:
+    """The head size of decompressed prefill: the smallest the tensor-core attention takes that
+    holds [k_pe ; k_nope] and v (0: none does)."""
+    return next((d for d in _PREFILL_HEAD_SIZES if d >= max(dn + dr, dv)), 0)
+
+
+def _kv_b(w: dict[str, Weight], p: str, nh: int, dn: int, dv: int, r: int) -> Weight:
+    """kv_b_proj [nh * (dn + dv), r] (head h's key rows, then its value rows): the checkpoint's,
+    or put back together from llama.cpp's split of it (dequantized)."""
+    if p + "kv_b_proj.weight" in w:
+        return w[p + "kv_b_proj.weight"]
+    k_b = w[p + "k_b_proj.weight"].to_float32().reshape(nh, r, dn)
+    v_b = w[p + "v_b_proj.weight"].to_float32().reshape(nh, dv, r)
+    rows = np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1).reshape(nh * (dn + dv), r)
+    return Weight.from_numpy(np.ascontiguousarray(rows))
 
 
 def _dense(w: Weight) -> tuple[np.ndarray, int]:
@@ -53,6 +81,12 @@ def _up_projections(w: dict[str, Weight], p: str, nh: int, dn: int, dv: int,
 
 
 class MLAAttention:
+    # Whether prompts' prefill runs on decompressed keys and values (above); None: on the GPU
+    # (Hopper, whose tensor-core attention takes head size 256; others where the padded head
+    # is at most 128). The CPU attends in the latent space, as llama.cpp does (its GGUF parity);
+    # tests set it to check one path against the other.
+    decompress_prefill: bool | None = None
+
     def __init__(self, layer_idx: int, cfg: dict, w: dict[str, Weight], prefix: str,
                  rope: RotaryEmbedding, scale: float):
         nh, dn, dr = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"]
@@ -87,11 +121,19 @@ class MLAAttention:
         self.w_uv = placement.upload_experts(self.w_uv, p + "w_uv")
         self.o_proj = RowParallelLinear(w[p + "o_proj.weight"], w.get(p + "o_proj.bias"))
         self.rope = rope
+        self.scale = scale
         self.attn = Attention(layer_idx, nh, 1, dr + r, scale)
+        self.prefill_head = prefill_head_size(dn, dr, dv)
+        on = self.decompress_prefill
+        if on is None:
+            on = placement.current().on_gpu and (self.prefill_head <= 128 or _sm90())
+        self.kv_b_proj = Linear(_kv_b(w, p, nh, dn, dv, r)) if on and self.prefill_head else None
 
     def __call__(self, positions, x, md: AttentionMetadata):
         t, nh, dr, r = x.shape[0], self.nh, self.dr, self.r
         qc = x if self.q_a_proj is None else self.q_a_layernorm(self.q_a_proj(x))
+        if md.mla_block_table is not None and self.kv_b_proj is not None:
+            return self._prefill(positions, x, qc, md)
         q_lat = ops.batched_linear(self.q_nope_proj(qc).reshape(t, nh, self.dn), self.w_uk_t)
         # Native copies (a recorded CPU step replays only native ops): per head [q_pe ; q_lat].
         q = ops.concat_columns([self.q_pe_proj(qc).reshape(t * nh, dr),
@@ -103,3 +145,38 @@ class MLAAttention:
         _, o_lat = ops.split_columns(o.reshape(t * nh, dr + r), [dr, r])
         o = ops.batched_linear(o_lat.reshape(t, nh, r), self.w_uv)
         return self.o_proj(o.reshape(t, nh * self.dv))
+
+    def _prefill(self, positions, x, qc, md: AttentionMetadata):
+        """A step of whole prompts on decompressed keys and values (the module's docstring):
+        the step's rows are every sequence's context, md.mla_block_table maps sequence b's
+        position i to row query_start_loc[b] + i of them (blocks of one row)."""
+        t, nh, dn, dr, dv, r, d = x.shape[0], self.nh, self.dn, self.dr, self.dv, self.r, \
+            self.prefill_head
+        kv = ops.concat_columns([self.k_pe_proj(x), self.kv_a_layernorm(self.kv_c_proj(x))])
+        q_pe = self.q_pe_proj(qc)
+        cos_sin, neox = self.rope.cos_sin_cache, self.rope.is_neox_style
+        ops.rotary(positions, q_pe, None, cos_sin, dr, neox)
+        ops.rotary(positions, kv, None, cos_sin, dr + r, neox)  # k_pe, the first dr of the row
+        key_cache, _ = md.kv_caches[self.attn.layer_idx]
+        ops.write_kv_cache(kv, kv, key_cache, key_cache, md.slot_mapping, md.cache_dtype)
+        up = self.kv_b_proj(ops.split_columns(kv, [dr, r])[1])  # [t, nh * (dn + dv)]
+        # Heads of d: q [q_pe ; q_nope ; 0], k [k_pe (every head's) ; k_nope ; 0], v [v ; 0]
+        # (zeros: padding whose products add nothing).
+        q, k, v = (ops.zeros(x, (t, nh * d)) for _ in range(3))
+        ops.copy_head_columns(q, 0, q_pe, 0, dr, nh, d, dr)
+        ops.copy_head_columns(q, dr, self.q_nope_proj(qc), 0, dn, nh, d, dn)
+        ops.copy_head_columns(k, 0, kv, 0, dr, nh, d, 0)
+        ops.copy_head_columns(k, dr, up, 0, dn, nh, d, dn + dv)
+        ops.copy_head_columns(v, 0, up, dn, dv, nh, d, dn + dv)
+        o = ops.paged_attention(q, k.reshape(t, 1, nh, d), v.reshape(t, 1, nh, d),
+                                md.mla_block_table, md.query_start_loc, md.seq_lens, self.scale,
+                                F32, max_query_len=md.max_query_len)  # (host k, v: f32)
+        o_v = ops.empty(x, (t, nh * dv))
+        ops.copy_head_columns(o_v, 0, o, 0, dv, nh, dv, d)
+        return self.o_proj(o_v)
+
+
+def _sm90() -> bool:
+    from vllmx import _C
+
+    return bool(_C.cuda_sm90_kernels())

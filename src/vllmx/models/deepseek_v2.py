@@ -116,6 +116,10 @@ class DeepseekV2ForCausalLM(DecoderLM):
                                                     "model.embed_tokens.weight") if first else None
         self.layers = [DeepseekV2DecoderLayer(i, cfg, weights, rope, scale)
                        if start <= i < end else None for i in range(n)]
+        # Whole prompts' prefill on decompressed keys and values (layers/mla.py; the runner
+        # marks such steps).
+        self.mla_decompressed_prefill = any(
+            layer is not None and layer.self_attn.kv_b_proj is not None for layer in self.layers)
         self.norm = RMSNorm(weights["model.norm.weight"], cfg["rms_norm_eps"])
         self.lm_head = ParallelLMHead(weights.get("lm_head.weight", self.embed_tokens),
                                       cfg.get("vocab_size")) if first else None

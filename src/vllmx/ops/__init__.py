@@ -342,6 +342,27 @@ def copy_columns(out, start: int, x) -> None:
     _C.ops.copy_columns(out, start, x, 0, x.shape[1])
 
 
+def zeros(like, shape: tuple[int, ...]):
+    """Zeros of like's dtype on like's device (on the GPU a memset queued on vllmx's stream)."""
+    if isinstance(like, DeviceArray):
+        return DeviceArray.zeros(shape, like.dtype)
+    out = _host_empty(shape, like.dtype)
+    out.fill(0)
+    return out
+
+
+def empty(like, shape: tuple[int, ...]):
+    """Uninitialised memory of like's dtype on like's device."""
+    return _empty(like, shape)
+
+
+def copy_head_columns(out, out_col: int, x, x_col: int, n: int, heads: int,
+                      out_head_stride: int, x_head_stride: int) -> None:
+    """For each head h < heads: out[:, out_col + h * out_head_stride :][:n] = x[:, x_col + h *
+    x_head_stride :][:n] (x_head_stride 0: the same columns of x for every head), natively."""
+    _C.ops.copy_columns(out, out_col, x, x_col, n, heads, out_head_stride, x_head_stride)
+
+
 def scatter_tokens(out, dst, tokens, src) -> None:
     """In place: out[dst[i]] = tokens[src[i]] (i32 arrays on one device; an index out of range
     skips its entry): a step's input ids from the tokens the step before sampled, on the device
