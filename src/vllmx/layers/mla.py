@@ -160,9 +160,10 @@ class MLAAttention:
         key_cache, _ = md.kv_caches[self.attn.layer_idx]
         ops.write_kv_cache(kv, kv, key_cache, key_cache, md.slot_mapping, md.cache_dtype)
         up = self.kv_b_proj(ops.split_columns(kv, [dr, r])[1])  # [t, nh * (dn + dv)]
-        # Heads of d: q [q_pe ; q_nope ; 0], k [k_pe (every head's) ; k_nope ; 0], v [v ; 0]
-        # (zeros: padding whose products add nothing).
-        q, k, v = (ops.zeros(x, (t, nh * d)) for _ in range(3))
+        # Heads of d: q [q_pe ; q_nope ; 0], k [k_pe (every head's) ; k_nope ; 0] (zeros:
+        # padding whose products add nothing), v [v ; anything] (an output column reads only
+        # its own column of v, and the padded ones are dropped).
+        q, k, v = ops.zeros(x, (t, nh * d)), ops.zeros(x, (t, nh * d)), ops.empty(x, (t, nh * d))
         ops.copy_head_columns(q, 0, q_pe, 0, dr, nh, d, dr)
         ops.copy_head_columns(q, dr, self.q_nope_proj(qc), 0, dn, nh, d, dn)
         ops.copy_head_columns(k, 0, kv, 0, dr, nh, d, 0)
