@@ -30,9 +30,14 @@ class AttentionMetadata:
     # With speculative decoding: a slot a row (i32 [T], -1 none) that also gets the state
     # after it (worker/state_slots.py).
     spec_state_indices: np.ndarray | None = None
-    # MLA (layers/mla.py): a step of whole prompts that attends on decompressed keys and values
-    # over its own rows: sequence b's position i at row query_start_loc[b] + i (i32 [B, L]).
+    # MLA (layers/mla.py): a step whose sequences from mla_first_seq on (rows from
+    # mla_first_row on) are whole prompts, which attend on decompressed keys and values of
+    # those rows: their sequence b's position i at row mla_query_start_loc[b] + i of them
+    # (i32 [B - mla_first_seq, L] and [B - mla_first_seq + 1]).
     mla_block_table: np.ndarray | None = None
+    mla_query_start_loc: np.ndarray | None = None
+    mla_first_seq: int = 0
+    mla_first_row: int = 0
 
 
 class Attention:

@@ -134,46 +134,65 @@ class MLAAttention:
         qc = x if self.q_a_proj is None else self.q_a_layernorm(self.q_a_proj(x))
         if md.mla_block_table is not None and self.kv_b_proj is not None:
             return self._prefill(positions, x, qc, md)
-        q_lat = ops.batched_linear(self.q_nope_proj(qc).reshape(t, nh, self.dn), self.w_uk_t)
-        # Native copies (a recorded CPU step replays only native ops): per head [q_pe ; q_lat].
-        q = ops.concat_columns([self.q_pe_proj(qc).reshape(t * nh, dr),
-                                q_lat.reshape(t * nh, r)])
+        q = self._latent_query(self.q_nope_proj(qc), self.q_pe_proj(qc))
         kv = ops.concat_columns([self.k_pe_proj(x), self.kv_a_layernorm(self.kv_c_proj(x))])
         # One tensor is the key and the value: rope turns its k_pe part, the cache stores it once.
         o = self.attn.forward(q.reshape(t, nh * (dr + r)), kv, kv, positions, self.rope, md)
-        # Each head's output row is [the weighted k_pe (meaningless) ; the weighted latent].
-        _, o_lat = ops.split_columns(o.reshape(t * nh, dr + r), [dr, r])
-        o = ops.batched_linear(o_lat.reshape(t, nh, r), self.w_uv)
-        return self.o_proj(o.reshape(t, nh * self.dv))
+        return self.o_proj(self._latent_output(o))
+
+    def _latent_query(self, q_nope, q_pe):
+        """Per head [q_pe ; q_nope @ W_UK_h] ([t * nh, dr + r]) from q_nope [t, nh * dn] and
+        q_pe [t, nh * dr]; native copies (a recorded CPU step replays only native ops)."""
+        t, nh = q_nope.shape[0], self.nh
+        q_lat = ops.batched_linear(q_nope.reshape(t, nh, self.dn), self.w_uk_t)
+        return ops.concat_columns([q_pe.reshape(t * nh, self.dr), q_lat.reshape(t * nh, self.r)])
+
+    def _latent_output(self, o):
+        """Latent attention's output [t, nh * (dr + r)], each head's row [the weighted k_pe
+        (meaningless) ; the weighted latent], through W_UV: [t, nh * dv]."""
+        t, nh = o.shape[0], self.nh
+        _, o_lat = ops.split_columns(o.reshape(t * nh, self.dr + self.r), [self.dr, self.r])
+        return ops.batched_linear(o_lat.reshape(t, nh, self.r), self.w_uv).reshape(
+            t, nh * self.dv)
 
     def _prefill(self, positions, x, qc, md: AttentionMetadata):
-        """A step of whole prompts on decompressed keys and values (the module's docstring):
-        the step's rows are every sequence's context, md.mla_block_table maps sequence b's
-        position i to row query_start_loc[b] + i of them (blocks of one row)."""
+        """A step whose last sequences are whole prompts (the module's docstring): their rows,
+        from md.mla_first_row on, attend on decompressed keys and values of those rows
+        (md.mla_block_table: their sequence b's position i at row mla_query_start_loc[b] + i
+        of them, blocks of one row); the sequences before (decodes, later chunks of prompts) in
+        the latent space."""
         t, nh, dn, dr, dv, r, d = x.shape[0], self.nh, self.dn, self.dr, self.dv, self.r, \
             self.prefill_head
+        t0, b0 = md.mla_first_row, md.mla_first_seq
         kv = ops.concat_columns([self.k_pe_proj(x), self.kv_a_layernorm(self.kv_c_proj(x))])
-        q_pe = self.q_pe_proj(qc)
+        q_pe, q_nope = self.q_pe_proj(qc), self.q_nope_proj(qc)
         cos_sin, neox = self.rope.cos_sin_cache, self.rope.is_neox_style
         ops.rotary(positions, q_pe, None, cos_sin, dr, neox)
         ops.rotary(positions, kv, None, cos_sin, dr + r, neox)  # k_pe, the first dr of the row
-        key_cache, _ = md.kv_caches[self.attn.layer_idx]
-        ops.write_kv_cache(kv, kv, key_cache, key_cache, md.slot_mapping, md.cache_dtype)
-        up = self.kv_b_proj(ops.split_columns(kv, [dr, r])[1])  # [t, nh * (dn + dv)]
+        key_cache, value_cache = md.kv_caches[self.attn.layer_idx]
+        ops.write_kv_cache(kv, kv, key_cache, value_cache, md.slot_mapping, md.cache_dtype)
+        o_v = ops.empty(x, (t, nh * dv))
+        if t0 > 0:
+            q = self._latent_query(q_nope[:t0], q_pe[:t0])
+            o = ops.paged_attention(q.reshape(t0, nh * (dr + r)), key_cache, value_cache,
+                                    md.block_table[:b0], md.query_start_loc[:b0 + 1],
+                                    md.seq_lens[:b0], self.scale, md.cache_dtype)
+            ops.copy_columns(o_v[:t0], 0, self._latent_output(o))
+        n = t - t0
+        up = self.kv_b_proj(ops.split_columns(kv[t0:], [dr, r])[1])  # [n, nh * (dn + dv)]
         # Heads of d: q [q_pe ; q_nope ; 0], k [k_pe (every head's) ; k_nope ; 0] (zeros:
         # padding whose products add nothing), v [v ; anything] (an output column reads only
         # its own column of v, and the padded ones are dropped).
-        q, k, v = ops.zeros(x, (t, nh * d)), ops.zeros(x, (t, nh * d)), ops.empty(x, (t, nh * d))
-        ops.copy_head_columns(q, 0, q_pe, 0, dr, nh, d, dr)
-        ops.copy_head_columns(q, dr, self.q_nope_proj(qc), 0, dn, nh, d, dn)
-        ops.copy_head_columns(k, 0, kv, 0, dr, nh, d, 0)
+        q, k, v = ops.zeros(x, (n, nh * d)), ops.zeros(x, (n, nh * d)), ops.empty(x, (n, nh * d))
+        ops.copy_head_columns(q, 0, q_pe[t0:], 0, dr, nh, d, dr)
+        ops.copy_head_columns(q, dr, q_nope[t0:], 0, dn, nh, d, dn)
+        ops.copy_head_columns(k, 0, kv[t0:], 0, dr, nh, d, 0)
         ops.copy_head_columns(k, dr, up, 0, dn, nh, d, dn + dv)
         ops.copy_head_columns(v, 0, up, dn, dv, nh, d, dn + dv)
-        o = ops.paged_attention(q, k.reshape(t, 1, nh, d), v.reshape(t, 1, nh, d),
-                                md.mla_block_table, md.query_start_loc, md.seq_lens, self.scale,
-                                F32, max_query_len=md.max_query_len)  # (host k, v: f32)
-        o_v = ops.empty(x, (t, nh * dv))
-        ops.copy_head_columns(o_v, 0, o, 0, dv, nh, dv, d)
+        o = ops.paged_attention(q, k.reshape(n, 1, nh, d), v.reshape(n, 1, nh, d),
+                                md.mla_block_table, md.mla_query_start_loc, md.seq_lens[b0:],
+                                self.scale, F32, max_query_len=md.max_query_len)  # (host: f32)
+        ops.copy_head_columns(o_v[t0:], 0, o, 0, dv, nh, dv, d)
         return self.o_proj(o_v)
 
 

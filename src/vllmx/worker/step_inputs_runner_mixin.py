@@ -67,9 +67,11 @@ class StepInputsModelRunnerMixin:
         self._logits_rows: np.ndarray | None = None
         self._staged_rows = None
         # MLA models whose prompts' prefill attends on decompressed keys (layers/mla.py): the
-        # block table of such a step, at most _MLA_TABLE_ROWS_PER_TOKEN entries a token.
+        # block table of such a step, at most _MLA_TABLE_ROWS_PER_TOKEN entries a token, and
+        # its query_start_loc.
         self._mla_prefill = bool(getattr(model, "mla_decompressed_prefill", False))
         self._mla_table_max = _MLA_TABLE_ROWS_PER_TOKEN * t if self._mla_prefill else 0
+        self._mla_staged = self._mla_table_max + b + 1 if self._mla_prefill else 0
         if device != "cuda":
             return
         from vllmx._C import CudaEvent, PinnedHostBuffer
@@ -80,7 +82,7 @@ class StepInputsModelRunnerMixin:
         # inputs are one copy. The host side is pinned, two of them used in turn: the copy is
         # queued and the host goes on to launch the step, and stages the next one while the GPU
         # may still read this one; each one's event marks when the GPU has read it.
-        n = 4 * t + 4 * b + 1 + b * self.max_blocks_per_req + self._mla_table_max
+        n = 4 * t + 4 * b + 1 + b * self.max_blocks_per_req + self._mla_staged
         self._pinned = [PinnedHostBuffer(4 * n) for _ in range(2)]
         self._staging = [p.array(np.int32, n) for p in self._pinned]
         for a in self._staging:
@@ -96,8 +98,7 @@ class StepInputsModelRunnerMixin:
         self._decode_logits = DeviceArray.empty((rows, model.vocab_size), F32)
 
     # -- GPU: one input copy per step ---------------------------------------------------------
-    def _stage(self, t: int, nb: int, max_query_len: int = 0,
-               mla_table: np.ndarray | None = None) -> tuple:
+    def _stage(self, t: int, nb: int, max_query_len: int = 0, mla: tuple | None = None) -> tuple:
         """Copies the first t tokens / nb requests of the host inputs to the device in one
         transfer; returns the device views (ids, positions, AttentionMetadata). max_query_len 1:
         a decode bucket (its views are built once and kept)."""
@@ -105,8 +106,8 @@ class StepInputsModelRunnerMixin:
         parts = [(self.input_ids, t), (self.positions, t), (self.slot_mapping, t),
                  (self.query_start_loc, nb + 1), (self.seq_lens, nb),
                  (self.block_table[:nb].reshape(-1), nb * m)]
-        if mla_table is not None:
-            parts.append((mla_table.reshape(-1), mla_table.size))
+        if mla is not None:  # (its query_start_loc, then its block table)
+            parts += [(mla[2], len(mla[2])), (mla[3].reshape(-1), mla[3].size)]
         fixup, self._token_fixup = self._token_fixup, None
         if fixup is not None:
             parts += [(fixup[0], len(fixup[0])), (fixup[1], len(fixup[1]))]
@@ -132,7 +133,7 @@ class StepInputsModelRunnerMixin:
             ops.scatter_tokens(self._dev_staging[0:t], self._dev_staging[end - 2 * n:end - n],
                                fixup[2], self._dev_staging[end - n:end])
         key = (t, nb, max_query_len)
-        staged = None if mla_table is not None else self._stage_views.get(key)
+        staged = None if mla is not None else self._stage_views.get(key)
         if staged is None:
             views, off = [], 0
             for _, n in parts[:6]:  # (not the fixup's)
@@ -141,9 +142,11 @@ class StepInputsModelRunnerMixin:
             ids, pos, slots, qsl, seq_lens, bt = views
             md = AttentionMetadata(slots, bt.reshape(nb, m), qsl, seq_lens, self.kv_caches,
                                    self.cache_dtype, max_query_len)
-            if mla_table is not None:  # (staged after the block table)
-                md.mla_block_table = self._dev_staging[off:off + mla_table.size].reshape(
-                    mla_table.shape)
+            if mla is not None:  # (staged after the block table)
+                n = len(mla[2])
+                self._set_mla(md, mla, self._dev_staging[off:off + n],
+                              self._dev_staging[off + n:off + n + mla[3].size].reshape(
+                                  mla[3].shape))
             staged = (ids, pos, md)
             if max_query_len == 1:
                 self._stage_views[key] = staged
@@ -165,12 +168,11 @@ class StepInputsModelRunnerMixin:
         self.query_start_loc[nb + 1:size + 1] = self.query_start_loc[nb] + np.cumsum(lens)
         self.block_table[nb:size] = 0
 
-    def _inputs(self, t: int, nb: int, max_query_len: int = 0,
-                mla_table: np.ndarray | None = None) -> tuple:
+    def _inputs(self, t: int, nb: int, max_query_len: int = 0, mla: tuple | None = None) -> tuple:
         """(input ids, positions, AttentionMetadata) of the first t tokens / nb requests, where
         the model reads them: the host buffers' slices, or their device copy."""
         if self.device == "cuda":
-            ids, positions, md = self._stage(t, nb, max_query_len, mla_table)
+            ids, positions, md = self._stage(t, nb, max_query_len, mla)
         else:
             if self._token_fixup is not None:
                 dst, src, tokens = self._token_fixup
@@ -180,7 +182,8 @@ class StepInputsModelRunnerMixin:
             md = AttentionMetadata(self.slot_mapping[:t], self.block_table[:nb],
                                    self.query_start_loc[:nb + 1], self.seq_lens[:nb],
                                    self.kv_caches, self.cache_dtype, max_query_len)
-            md.mla_block_table = mla_table
+            if mla is not None:
+                self._set_mla(md, mla, mla[2], mla[3])
         if self.state_slots is not None:  # (on the GPU: staged copies, where graphs read them)
             n = min(nb, self.input_batch.num_reqs)
             md.state_indices, md.has_initial_state = self.state_slots.rows(
@@ -242,23 +245,35 @@ class StepInputsModelRunnerMixin:
         # for them (cuda/attention.cu).
         qsl = self.query_start_loc[:nb + 1]
         max_query_len = int((qsl[1:] - qsl[:-1]).max()) if nb > 0 else 0
-        mla_table = self._mla_prefill_table(t, nb, max_query_len) if self._mla_prefill else None
-        return self.model.forward(*self._inputs(t, nb, max_query_len, mla_table)), None
+        mla = self._mla_prefill_plan(t, nb) if self._mla_prefill else None
+        return self.model.forward(*self._inputs(t, nb, max_query_len, mla)), None
 
-    def _mla_prefill_table(self, t: int, nb: int, max_query_len: int) -> np.ndarray | None:
-        """For an MLA model's step of whole prompts (every sequence's context its query, as
-        long as _MLA_MIN_MEAN_QUERY tokens on average): sequence b's position i at row
-        query_start_loc[b] + i of the step (layers/mla.py decompresses those rows' keys and
-        values and attends over them). None for any other step, which attends in the latent
-        space (decodes, chunks after a first, prefix-cache hits, short prompts: decompressing
-        a context costs more than its few queries save)."""
+    def _mla_prefill_plan(self, t: int, nb: int) -> tuple | None:
+        """For an MLA model's step whose last sequences are whole prompts (each one's context
+        its query), as long as _MLA_MIN_MEAN_QUERY tokens on average: (their first sequence,
+        its first row, their query_start_loc from that row, their block table: sequence b's
+        position i at row query_start_loc[b] + i of theirs). layers/mla.py decompresses those
+        rows' keys and values and attends over them; the sequences before them (decodes, later
+        chunks of prompts), and every other step, attend in the latent space (a prompt behind
+        a prefix-cache hit too: decompressing a context costs more than a few queries save).
+        None when there are none."""
         qsl = self.query_start_loc[:nb + 1]
         lens = qsl[1:] - qsl[:-1]
-        if (nb == 0 or t < _MLA_MIN_MEAN_QUERY * nb or nb * max_query_len > self._mla_table_max
-                or not np.array_equal(self.seq_lens[:nb], lens)):
+        latent = np.flatnonzero((self.seq_lens[:nb] != lens) | (lens < 2))
+        b0 = int(latent[-1]) + 1 if latent.size else 0
+        n, t0 = nb - b0, int(qsl[b0]) if nb > 0 else 0
+        longest = int(lens[b0:].max()) if n > 0 else 0
+        if n == 0 or t - t0 < _MLA_MIN_MEAN_QUERY * n or n * longest > self._mla_table_max:
             return None
-        table = qsl[:nb, None] + np.arange(max_query_len, dtype=np.int32)
-        return np.minimum(table, t - 1).astype(np.int32)  # (past a sequence's end: never read)
+        rows = (qsl[b0:] - t0).astype(np.int32)
+        table = rows[:-1, None] + np.arange(longest, dtype=np.int32)
+        # (entries past a sequence's end are never read)
+        return b0, t0, rows, np.minimum(table, t - t0 - 1).astype(np.int32)
+
+    @staticmethod
+    def _set_mla(md: AttentionMetadata, mla: tuple, query_start_loc, block_table) -> None:
+        md.mla_first_seq, md.mla_first_row = mla[0], mla[1]
+        md.mla_query_start_loc, md.mla_block_table = query_start_loc, block_table
 
     def profile_run(self) -> None:
         """vLLM's profile_run: one forward of the largest step the scheduler can form
