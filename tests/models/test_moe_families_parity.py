@@ -49,14 +49,16 @@ def test_parity_bf16(family, ckpt_dir):
 
 
 @pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v2"])
-@pytest.mark.parametrize("budget", [8192, 160])
-def test_mla_prefill_on_decompressed_keys(family, budget, ckpt_dir, monkeypatch):
+@pytest.mark.parametrize("engine", ["one_step", "chunked", "churn"])
+def test_mla_prefill_on_decompressed_keys(family, engine, ckpt_dir, monkeypatch):
     """Whole prompts' prefill on decompressed keys and values (layers/mla.py: the GPU's path,
     forced on here) gives the latent-space path's prompt log-probs and tokens, within f32
     rounding. With the default token budget the prompts are one step of whole prompts, which
     takes it in every layer once; with 160 tokens a step the prompts' later chunks and the
-    decodes attend in the latent space beside the whole prompts after them. A step of prompts
-    shorter than the runner's minimum does not take it."""
+    decodes attend in the latent space beside the whole prompts after them; with two
+    sequences at a time and unequal outputs new prompts take the rows of finished ones, in
+    the middle of the batch, and are swapped to its end (InputBatch.put_last). A step of
+    prompts shorter than the runner's minimum does not take it."""
     from vllmx import LLM, SamplingParams
     from vllmx.layers.mla import MLAAttention
     from vllmx.worker.step_inputs_runner_mixin import _MLA_MIN_MEAN_QUERY
@@ -65,7 +67,10 @@ def test_mla_prefill_on_decompressed_keys(family, budget, ckpt_dir, monkeypatch)
     rng = np.random.default_rng(SEED)
     long_prompts = [rng.integers(3, VOCAB, int(n)).tolist() for n in rng.integers(64, 160, 5)]
     short_prompts = [rng.integers(3, VOCAB, _MLA_MIN_MEAN_QUERY // 2).tolist()]
-    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, prompt_logprobs=0)
+    sp = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, prompt_logprobs=0)
+          for n in (6, 2, 9, 3, 5)]
+    engine_args = {"one_step": {}, "chunked": {"max_num_batched_tokens": 160},
+                   "churn": {"max_num_seqs": 2}}[engine]
     prefill = MLAAttention._prefill
     runs = {}
     for on in (False, True):
@@ -73,16 +78,15 @@ def test_mla_prefill_on_decompressed_keys(family, budget, ckpt_dir, monkeypatch)
         monkeypatch.setattr(MLAAttention, "decompress_prefill", on)
         monkeypatch.setattr(MLAAttention, "_prefill",
                             lambda self, *a, calls=calls: calls.append(1) or prefill(self, *a))
-        llm = LLM(path, skip_tokenizer_init=True, kv_cache_dtype="float32",
-                  max_num_batched_tokens=budget)
+        llm = LLM(path, skip_tokenizer_init=True, kv_cache_dtype="float32", **engine_args)
         layers = llm.llm_engine.model.config["num_hidden_layers"]
         outs = llm.generate([{"prompt_token_ids": p} for p in long_prompts], sp)
-        if budget == 8192:
+        if engine == "one_step":
             assert len(calls) == (layers if on else 0)
         else:  # (steps of whole prompts, or their first chunks, after other rows)
             assert len(calls) >= layers if on else not calls
         seen = len(calls)
-        llm.generate([{"prompt_token_ids": p} for p in short_prompts], sp)
+        llm.generate([{"prompt_token_ids": p} for p in short_prompts], sp[0])
         assert len(calls) == seen
         runs[on] = outs
     for prompt, latent, dec in zip(long_prompts, runs[False], runs[True]):

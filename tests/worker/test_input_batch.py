@@ -1,6 +1,8 @@
 """The persistent input batch: rows kept across steps (tokens appended, blocks appended, holes
-condensed) give the same step inputs as building every request's inputs from scratch."""
+condensed, and for MLA models new prompts swapped to the end) give the same step inputs as
+building every request's inputs from scratch."""
 import numpy as np
+import pytest
 
 from vllmx.worker.input_batch import InputBatch
 
@@ -19,7 +21,8 @@ def naive(reqs, sched):
     return ids, pos, slots, lens
 
 
-def test_steps_match_a_rebuild_from_scratch():
+@pytest.mark.parametrize("prompts_last", [False, True])
+def test_steps_match_a_rebuild_from_scratch(prompts_last):
     rng = np.random.default_rng(0)
     batch = InputBatch(max_num_reqs=8, max_model_len=64, block_size=BS)
     live: dict[str, list] = {}  # req_id -> [tokens, num_computed, blocks]
@@ -43,6 +46,10 @@ def test_steps_match_a_rebuild_from_scratch():
             if r not in batch:
                 batch.add_request(r, *live[r])
         batch.condense()
+        if prompts_last:  # (the model runner's, for an MLA model's prefill)
+            batch.put_last(batch.num_computed_tokens[:batch.num_reqs] == 0)
+            new = batch.num_computed_tokens[:batch.num_reqs] == 0
+            assert not np.any(new[:-1] & ~new[1:])  # no earlier row new, a later one not
         order = batch.req_ids[:batch.num_reqs]
         assert sorted(order) == sorted(scheduled)
         assert all(batch.req_id_to_index[r] == i for i, r in enumerate(order))

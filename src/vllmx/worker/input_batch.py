@@ -91,6 +91,34 @@ class InputBatch:
             self.num_reqs -= 1
         self._free.clear()
 
+    def put_last(self, last: np.ndarray) -> None:
+        """Reorders rows [0, num_reqs) (after condense) so that those marked in `last` (bool
+        [num_reqs]) come after the others, by swaps (neither side keeps its order): vLLM's
+        reorder_batch, which MLA backends use to take a step's prefills apart from its
+        decodes."""
+        i, j = 0, self.num_reqs - 1
+        while True:
+            while i < j and not last[i]:
+                i += 1
+            while i < j and last[j]:
+                j -= 1
+            if i >= j:
+                return
+            self._swap_rows(i, j)
+            last[i], last[j] = last[j], last[i]
+
+    def _swap_rows(self, i: int, j: int) -> None:
+        both, back = [i, j], [j, i]
+        n = int(self.num_tokens[both].max())
+        self.token_ids[both, :n] = self.token_ids[back, :n]
+        nb = int(self.num_blocks[both].max())
+        self.block_table[both, :nb] = self.block_table[back, :nb]
+        for a in (self.num_tokens, self.num_blocks, self.num_computed_tokens, self.rope_offset):
+            a[both] = a[back]
+        self.req_ids[i], self.req_ids[j] = self.req_ids[j], self.req_ids[i]
+        self.req_id_to_index[self.req_ids[i]] = i
+        self.req_id_to_index[self.req_ids[j]] = j
+
     def append_blocks(self, req_id: str, block_ids: list[int]) -> None:
         row, n = self.req_id_to_index[req_id], len(block_ids)
         start = self.num_blocks[row]

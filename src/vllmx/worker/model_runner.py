@@ -165,6 +165,8 @@ class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
                 batch.add_request(req_id, s.token_ids, s.num_computed_tokens, s.block_ids,
                                   self._rope_offset(s.num_prompt_tokens))
         batch.condense()
+        if self._mla_prefill:  # whole prompts last: a step's MLA prefill takes its tail
+            batch.put_last(batch.num_computed_tokens[:batch.num_reqs] == 0)
         return batch.req_ids[:batch.num_reqs]
 
     def _rope_offset(self, num_prompt_tokens: int) -> int:
