@@ -58,17 +58,21 @@ def test_mla_prefill_on_decompressed_keys(family, engine, ckpt_dir, monkeypatch)
     decodes attend in the latent space beside the whole prompts after them; with two
     sequences at a time and unequal outputs new prompts take the rows of finished ones, in
     the middle of the batch, and are swapped to its end (InputBatch.put_last). A step of
-    prompts shorter than the runner's minimum does not take it."""
+    prompts shorter than the runner's minimum does not take it, nor does such a prompt among
+    longer ones."""
     from vllmx import LLM, SamplingParams
     from vllmx.layers.mla import MLAAttention
-    from vllmx.worker.step_inputs_runner_mixin import _MLA_MIN_MEAN_QUERY
+    from vllmx.worker.step_inputs_runner_mixin import MLA_MIN_PREFILL_QUERY
 
     path = make_checkpoint(family, "float32", ckpt_dir)
     rng = np.random.default_rng(SEED)
-    long_prompts = [rng.integers(3, VOCAB, int(n)).tolist() for n in rng.integers(64, 160, 5)]
-    short_prompts = [rng.integers(3, VOCAB, _MLA_MIN_MEAN_QUERY // 2).tolist()]
+    # (the third shorter than the minimum: latent, in the same steps, put before the others)
+    lens = [*rng.integers(MLA_MIN_PREFILL_QUERY, 160, 2), MLA_MIN_PREFILL_QUERY - 1,
+            *rng.integers(MLA_MIN_PREFILL_QUERY, 160, 3)]
+    long_prompts = [rng.integers(3, VOCAB, int(n)).tolist() for n in lens]
+    short_prompts = [rng.integers(3, VOCAB, MLA_MIN_PREFILL_QUERY // 2).tolist()]
     sp = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, prompt_logprobs=0)
-          for n in (6, 2, 9, 3, 5)]
+          for n in (6, 2, 9, 4, 3, 5)]
     engine_args = {"one_step": {}, "chunked": {"max_num_batched_tokens": 160},
                    "churn": {"max_num_seqs": 2}}[engine]
     prefill = MLAAttention._prefill

@@ -11,15 +11,17 @@ v_b_proj = W_UV, per head); the split ones run in their own block type, as llama
 (on the GPU both stacks are dense, in the activation dtype, and the attention over the
 576-wide rows of DeepSeek's shapes runs on cuda/attention_mla.cu's tensor-core kernel).
 
-Prefill, as vLLM's MLA backends run it: where a step only prefills prompts from their first
-token (every sequence's context is the step's own rows), the GPU decompresses the keys and
+Prefill, as vLLM's MLA backends run it: for the whole prompts of a step (those without a
+prefix-cache hit, or a first chunk of one; at least 64 tokens each, which the model runner puts
+at the end of the batch), whose context is their own rows, the GPU decompresses the keys and
 values, k_h = [k_pe ; c @ W_UK_h^T] and v_h = c @ W_UV_h^T, and attends on them as multi-head
 attention over heads of the padded size prefill_head_size (qk_rope_head_dim + qk_nope_head_dim
 = 192 and v_head_dim = 128 for DeepSeek: 256), on the tensor-core prefill kernels: per (query,
 key) pair 2 x 256 products where the latent space takes 576 + 512, and a key tile serves 64
 query rows where the latent kernel's serves one token's heads. The latent rows still go to the
-cache for the decodes after. AttentionMetadata.mla_block_table (the runner's, worker/
-step_inputs_runner_mixin.py) marks such a step."""
+cache for the decodes after; the step's other sequences (decodes, later chunks, short prompts)
+attend in the latent space in the same call. AttentionMetadata.mla_block_table (the runner's,
+worker/step_inputs_runner_mixin.py) marks such a step."""
 
 from __future__ import annotations
 

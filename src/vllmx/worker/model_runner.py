@@ -32,7 +32,10 @@ from vllmx.layers.sampler import (
 from vllmx.worker.input_batch import InputBatch
 from vllmx.worker.spec_decode_runner_mixin import SpecDecodeModelRunnerMixin
 from vllmx.worker.state_slots import StateSlots
-from vllmx.worker.step_inputs_runner_mixin import StepInputsModelRunnerMixin
+from vllmx.worker.step_inputs_runner_mixin import (
+    MLA_MIN_PREFILL_QUERY,
+    StepInputsModelRunnerMixin,
+)
 from vllmx.worker.step_state import (
     CachedRequestState,
     PendingStep,
@@ -153,7 +156,7 @@ class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
             if row is not None:
                 batch.num_computed_tokens[row] = computed
 
-    def _form_batch(self, scheduled: list[str]) -> list[str]:
+    def _form_batch(self, scheduled: list[str], num_scheduled: dict[str, int]) -> list[str]:
         """The persistent batch holds exactly this step's requests (one left out of the last
         step comes back with its row rebuilt from its state), rows [0, n) in run order."""
         batch, keep = self.input_batch, set(scheduled)
@@ -165,8 +168,10 @@ class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
                 batch.add_request(req_id, s.token_ids, s.num_computed_tokens, s.block_ids,
                                   self._rope_offset(s.num_prompt_tokens))
         batch.condense()
-        if self._mla_prefill:  # whole prompts last: a step's MLA prefill takes its tail
-            batch.put_last(batch.num_computed_tokens[:batch.num_reqs] == 0)
+        if self._mla_prefill:  # an MLA model's whole prompts last: its prefill takes the tail
+            rows = batch.req_ids[:batch.num_reqs]
+            batch.put_last((batch.num_computed_tokens[:batch.num_reqs] == 0) & np.array(
+                [num_scheduled[r] >= MLA_MIN_PREFILL_QUERY for r in rows], dtype=bool))
         return batch.req_ids[:batch.num_reqs]
 
     def _rope_offset(self, num_prompt_tokens: int) -> int:
@@ -221,7 +226,7 @@ class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
         failed = self._prepare_requests(req_ids)
         if failed:
             req_ids = [r for r in req_ids if r not in failed]
-        req_ids = self._form_batch(req_ids)
+        req_ids = self._form_batch(req_ids, so.num_scheduled_tokens)
         if not req_ids:
             return PendingStep(None, ModelRunnerOutput([], {}, {}, failed=failed))
         drafts = {r: so.scheduled_spec_decode_tokens.get(r, ()) for r in req_ids}

@@ -19,10 +19,11 @@ from vllmx.worker.decode_capture import (
 from vllmx.worker.step_capture import LongLived
 
 _MAX_VERIFY_BUCKET_ROWS = 512
-# MLA prefill on decompressed keys (layers/mla.py): steps of prompts at least this long on
-# average, whose block table holds at most this many entries a token of the step.
-_MLA_MIN_MEAN_QUERY = 64
-_MLA_TABLE_ROWS_PER_TOKEN = 2
+# MLA prefill on decompressed keys (layers/mla.py): whole prompts (or first chunks) of at least
+# this many tokens; shorter ones attend in the latent space (decompressing their keys would cost
+# more than their few queries save). A rule about the sequence alone, so that where a request
+# runs does not depend on the batch it is in.
+MLA_MIN_PREFILL_QUERY = 64
 
 
 class StepInputsModelRunnerMixin:
@@ -67,11 +68,10 @@ class StepInputsModelRunnerMixin:
         self._logits_rows: np.ndarray | None = None
         self._staged_rows = None
         # MLA models whose prompts' prefill attends on decompressed keys (layers/mla.py): the
-        # block table of such a step, at most _MLA_TABLE_ROWS_PER_TOKEN entries a token, and
-        # its query_start_loc.
+        # query_start_loc and block table of those prompts staged too (at most b sequences of
+        # at most t tokens).
         self._mla_prefill = bool(getattr(model, "mla_decompressed_prefill", False))
-        self._mla_table_max = _MLA_TABLE_ROWS_PER_TOKEN * t if self._mla_prefill else 0
-        self._mla_staged = self._mla_table_max + b + 1 if self._mla_prefill else 0
+        self._mla_staged = b * t + b + 1 if self._mla_prefill else 0
         if device != "cuda":
             return
         from vllmx._C import CudaEvent, PinnedHostBuffer
@@ -250,21 +250,19 @@ class StepInputsModelRunnerMixin:
 
     def _mla_prefill_plan(self, t: int, nb: int) -> tuple | None:
         """For an MLA model's step whose last sequences are whole prompts (each one's context
-        its query), as long as _MLA_MIN_MEAN_QUERY tokens on average: (their first sequence,
+        its query: no prefix-cache hit, a first chunk at most) of MLA_MIN_PREFILL_QUERY tokens
+        or more (the model runner puts them last: InputBatch.put_last): (their first sequence,
         its first row, their query_start_loc from that row, their block table: sequence b's
         position i at row query_start_loc[b] + i of theirs). layers/mla.py decompresses those
         rows' keys and values and attends over them; the sequences before them (decodes, later
-        chunks of prompts), and every other step, attend in the latent space (a prompt behind
-        a prefix-cache hit too: decompressing a context costs more than a few queries save).
-        None when there are none."""
+        chunks, short prompts) attend in the latent space. None when there are none."""
         qsl = self.query_start_loc[:nb + 1]
         lens = qsl[1:] - qsl[:-1]
-        latent = np.flatnonzero((self.seq_lens[:nb] != lens) | (lens < 2))
+        latent = np.flatnonzero((self.seq_lens[:nb] != lens) | (lens < MLA_MIN_PREFILL_QUERY))
         b0 = int(latent[-1]) + 1 if latent.size else 0
-        n, t0 = nb - b0, int(qsl[b0]) if nb > 0 else 0
-        longest = int(lens[b0:].max()) if n > 0 else 0
-        if n == 0 or t - t0 < _MLA_MIN_MEAN_QUERY * n or n * longest > self._mla_table_max:
+        if b0 == nb:
             return None
+        t0, longest = int(qsl[b0]), int(lens[b0:].max())
         rows = (qsl[b0:] - t0).astype(np.int32)
         table = rows[:-1, None] + np.arange(longest, dtype=np.int32)
         # (entries past a sequence's end are never read)
