@@ -166,25 +166,25 @@ def profile_vllm(path: str, layers: int, batches: list[int], ctx: int, load_form
         print(f"\n== vLLM, {layers} layers, batch {batch}, context {ctx}: engine decode step "
               f"{step_ms:.3f} ms, kernels busy {busy / 1e3:.3f} ms a step, "
               f"{sum(c for c, _ in rows.values()):.0f} kernels")
-        print(f"{'kernel':48s} {'n':>6s} {'us each':>8s} {'us a step':>9s}")
-        for k, (c, d) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
-            print(f"{k:48s} {c:6.1f} {d / c:8.2f} {d:9.1f}")
         report[f"batch {batch}"] = {"engine_step_ms": step_ms, "busy_ms": busy / 1e3,
-                                    "by_kernel": {k: {"n": c, "us": d}
-                                                  for k, (c, d) in rows.items()}}
+                                    "by_kernel": kernel_table(rows, "us a step")}
         if prefill:
-            pre = totals[1]
-            busy = sum(d for _, d in pre.values())
+            busy = sum(d for _, d in totals[1].values())
             print(f"\n== vLLM prefill of {batch} x {ctx} tokens: {times[1] * 1e3:.2f} ms "
                   f"({batch * ctx / times[1]:,.0f} tok/s, a 1-token generate), kernels busy "
                   f"{busy / 1e3:.3f} ms")
-            print(f"{'kernel':48s} {'n':>6s} {'us each':>8s} {'us total':>9s}")
-            for k, (c, d) in sorted(pre.items(), key=lambda kv: -kv[1][1]):
-                print(f"{k:48s} {c:6d} {d / c:8.2f} {d:9.1f}")
             report[f"batch {batch}"]["prefill"] = {
                 "ms": times[1] * 1e3, "busy_ms": busy / 1e3,
-                "by_kernel": {k: {"n": c, "us": d} for k, (c, d) in pre.items()}}
+                "by_kernel": kernel_table(totals[1], "us total")}
     return report
+
+
+def kernel_table(rows: dict[str, list], label: str) -> dict:
+    """Prints {kernel: [count, us]}, the most time first; returns them as a report's entries."""
+    print(f"{'kernel':48s} {'n':>6s} {'us each':>8s} {label:>9s}")
+    for k, (c, d) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
+        print(f"{k:48s} {c:6.1f} {d / c:8.2f} {d:9.1f}")
+    return {k: {"n": c, "us": d} for k, (c, d) in rows.items()}
 
 
 def profile(name: str, layers: int, batch: int, ctx: int, out_dir: str,
