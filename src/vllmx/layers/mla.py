@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from vllmx import ops
-from vllmx.device import BF16, F16, F32
+from vllmx.device import BF16, F16, F32, DeviceArray, dtype_id
 from vllmx.layers import placement
 from vllmx.layers.attention import Attention, AttentionMetadata
 from vllmx.layers.linear import Linear, RowParallelLinear, take_rows
@@ -191,11 +191,17 @@ class MLAAttention:
         ops.copy_head_columns(k, 0, kv[t0:], 0, dr, nh, d, 0)
         ops.copy_head_columns(k, dr, up, 0, dn, nh, d, dn + dv)
         ops.copy_head_columns(v, 0, up, dn, dv, nh, d, dn + dv)
+        # (on the host k and v are caches of x's dtype; the longest query: the table's width)
         o = ops.paged_attention(q, k.reshape(n, 1, nh, d), v.reshape(n, 1, nh, d),
                                 md.mla_block_table, md.mla_query_start_loc, md.seq_lens[b0:],
-                                self.scale, F32, max_query_len=md.max_query_len)  # (host: f32)
+                                self.scale, _dtype(x), max_query_len=md.mla_block_table.shape[1])
         ops.copy_head_columns(o_v[t0:], 0, o, 0, dv, nh, dv, d)
         return self.o_proj(o_v)
+
+
+def _dtype(a) -> int:
+    """a's dtype id (a DeviceArray's, or a host array's numpy dtype's)."""
+    return a.dtype if isinstance(a, DeviceArray) else dtype_id(a.dtype)
 
 
 def _sm90() -> bool:

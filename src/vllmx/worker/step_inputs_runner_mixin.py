@@ -68,10 +68,12 @@ class StepInputsModelRunnerMixin:
         self._logits_rows: np.ndarray | None = None
         self._staged_rows = None
         # MLA models whose prompts' prefill attends on decompressed keys (layers/mla.py): the
-        # query_start_loc and block table of those prompts staged too (at most b sequences of
-        # at most t tokens).
+        # query_start_loc and block table of those prompts staged too. The table is n x the
+        # longest of n prompts of m = MLA_MIN_PREFILL_QUERY tokens or more within t tokens: at
+        # most n (t - m (n - 1)) <= (t + m)^2 / 4m entries (and b t).
         self._mla_prefill = bool(getattr(model, "mla_decompressed_prefill", False))
-        self._mla_staged = b * t + b + 1 if self._mla_prefill else 0
+        m = MLA_MIN_PREFILL_QUERY
+        self._mla_staged = min(b * t, (t + m) ** 2 // (4 * m)) + b + 1 if self._mla_prefill else 0
         if device != "cuda":
             return
         from vllmx._C import CudaEvent, PinnedHostBuffer
@@ -290,5 +292,11 @@ class StepInputsModelRunnerMixin:
         self.query_start_loc[1:nb + 1] = np.cumsum(lens)
         self.seq_lens[:nb] = lens
         self.block_table[:nb] = 0
+        if self._mla_prefill:  # (the latent path, which later chunks take, may need more)
+            self._mla_prefill = False
+            try:
+                self._forward(num_tokens, nb)
+            finally:
+                self._mla_prefill = True
         hidden, _ = self._forward(num_tokens, nb)
         ops.to_float32(self.model.compute_logits(hidden[:min(num_seqs, num_tokens)]))
