@@ -112,10 +112,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_sm90_kernel(AttnArgs a) {
   // Running row maxima in S's units (scores before scaling; the scale is positive, so the
   // maxima commute with it) and sums of 2^(scaled score - scaled max).
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  // exp(scale * s) = 2^(s * mul); soft cap: s -> cap * tanh(scale * s / cap) first, then mul = log2 e.
-  const bool softcap = a.cap > 0.f;
-  const float mul = softcap ? kLog2e : a.scale * kLog2e;
-  const float cap_in = softcap ? a.scale / a.cap : 0.f;
+  const SoftmaxScale sc(a);
 
   const int ntiles = (kend - kbeg + kBN - 1) / kBN;
   load_kv(kbeg, 0);
@@ -145,7 +142,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_sm90_kernel(AttnArgs a) {
     cute::warpgroup_wait<0>();
     fence_regs(s);
 
-    tile_softmax<kBN>(s, a, softcap, cap_in, mul, k0, kend, pos_first, lo_last, pos, lo, lane, m,
+    tile_softmax<kBN>(s, a, sc, k0, kend, pos_first, lo_last, pos, lo, lane, m,
                       l, [&](int h, float corr) {
 #pragma unroll
                         for (int j = 0; j < NO / 4; ++j) {
@@ -180,7 +177,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_sm90_kernel(AttnArgs a) {
 
   store_rows<D>(
       a, [&](int j, int h) { return make_float2(o[4 * j + 2 * h], o[4 * j + 2 * h + 1]); }, l, m,
-      mul, row_start + warp * 16, R, G, g, q0, lane);
+      sc.mul, row_start + warp * 16, R, G, g, q0, lane);
 }
 
 template <int D, typename KV>

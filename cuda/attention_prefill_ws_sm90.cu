@@ -220,10 +220,7 @@ __device__ __forceinline__ void consume(const AttnArgs& a, const CtaTile& ct, ch
   // Running row maxima in S's units (scores before scaling; the scale is positive, so the
   // maxima commute with it) and sums of 2^(scaled score - scaled max).
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  // exp(scale * s) = 2^(s * mul); soft cap: s -> cap * tanh(scale * s / cap) first, then mul = log2 e.
-  const bool softcap = a.cap > 0.f;
-  const float mul = softcap ? kLog2e : a.scale * kLog2e;
-  const float cap_in = softcap ? a.scale / a.cap : 0.f;
+  const SoftmaxScale sc(a);
 
   auto issue_s = [&](float (&s)[NS], int st) {
     const uint32_t kt = k_addr + st * kTileBytes<D>;
@@ -251,7 +248,7 @@ __device__ __forceinline__ void consume(const AttnArgs& a, const CtaTile& ct, ch
   // Mask, then the online softmax of tile k0's scores: s becomes 2^(scaled score - new max),
   // l takes the tile's sums, corr the factor O must take before this tile's P V adds to it.
   auto softmax = [&](float (&s)[NS], int k0, float (&corr)[2]) {
-    tile_softmax<kBN>(s, a, softcap, cap_in, mul, k0, kend, pos_first, lo_last, pos, lo, lane, m,
+    tile_softmax<kBN>(s, a, sc, k0, kend, pos_first, lo_last, pos, lo, lane, m,
                       l, [&](int h, float c) { corr[h] = c; });
   };
   auto rescale_and_pack = [&](const float (&s)[NS], const float (&corr)[2]) {
@@ -317,7 +314,7 @@ __device__ __forceinline__ void consume(const AttnArgs& a, const CtaTile& ct, ch
 
   store_rows<D>(
       a, [&](int j, int h) { return make_float2(o[4 * j + 2 * h], o[4 * j + 2 * h + 1]); }, l, m,
-      mul, row0 + wwarp * 16, R, G, g, q0, lane);
+      sc.mul, row0 + wwarp * 16, R, G, g, q0, lane);
 }
 
 template <int D, typename KV>

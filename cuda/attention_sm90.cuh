@@ -155,6 +155,17 @@ __device__ __forceinline__ void stage_q(const AttnArgs& a, char* Qs, int tile_ro
   }
 }
 
+// The prefill kernels' softmax constants: exp(scale * s) = 2^(s * mul); with a soft cap
+// s -> cap * tanh(s * cap_in) first (cap_in = scale / cap), and then mul = log2 e.
+struct SoftmaxScale {
+  bool softcap;
+  float mul, cap_in;
+  __device__ __forceinline__ explicit SoftmaxScale(const AttnArgs& a)
+      : softcap(a.cap > 0.f),
+        mul(softcap ? kLog2e : a.scale * kLog2e),
+        cap_in(softcap ? a.scale / a.cap : 0.f) {}
+};
+
 // The prefill kernels' softmax over one kBN-key tile of S (wgmma's 64 x kBN accumulators, a
 // thread's rows lane / 4 and lane / 4 + 8 of its warp's 16: element i is row (i / 2) % 2, key
 // k0 + 8 (i / 4) + 2 (lane % 4) + i % 2). Soft cap first (cap_in = scale / cap), then keys past
@@ -164,14 +175,14 @@ __device__ __forceinline__ void stage_q(const AttnArgs& a, char* Qs, int tile_ro
 // one times corr, the factor O's row h must take before this tile's P V adds to it:
 // rescale(h, corr), called as each row is done.
 template <int kBN, int NS, class Rescale>
-__device__ __forceinline__ void tile_softmax(float (&s)[NS], const AttnArgs& a, bool softcap,
-                                             float cap_in, float mul, int k0, int kend,
+__device__ __forceinline__ void tile_softmax(float (&s)[NS], const AttnArgs& a,
+                                             const SoftmaxScale& sc, int k0, int kend,
                                              int pos_first, int lo_last, const int (&pos)[2],
                                              const int (&lo)[2], int lane, float (&m)[2],
                                              float (&l)[2], const Rescale& rescale) {
-  if (softcap) {
+  if (sc.softcap) {
 #pragma unroll
-    for (int i = 0; i < NS; ++i) s[i] = a.cap * tanhf(s[i] * cap_in);
+    for (int i = 0; i < NS; ++i) s[i] = a.cap * tanhf(s[i] * sc.cap_in);
   }
   if (k0 + kBN > kend || k0 + kBN - 1 > pos_first || (a.window > 0 && k0 < lo_last)) {
 #pragma unroll
@@ -189,14 +200,14 @@ __device__ __forceinline__ void tile_softmax(float (&s)[NS], const AttnArgs& a, 
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float mnew = fmaxf(m[h], mx);
-    const float base = mnew == -INFINITY ? 0.f : mnew * mul;  // nothing visible yet: 0
-    const float corr = ex2(fmaf(m[h], mul, -base));
+    const float base = mnew == -INFINITY ? 0.f : mnew * sc.mul;  // nothing visible yet: 0
+    const float corr = ex2(fmaf(m[h], sc.mul, -base));
     m[h] = mnew;
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < NS / 4; ++j) {
-      s[4 * j + 2 * h] = ex2(fmaf(s[4 * j + 2 * h], mul, -base));
-      s[4 * j + 2 * h + 1] = ex2(fmaf(s[4 * j + 2 * h + 1], mul, -base));
+      s[4 * j + 2 * h] = ex2(fmaf(s[4 * j + 2 * h], sc.mul, -base));
+      s[4 * j + 2 * h + 1] = ex2(fmaf(s[4 * j + 2 * h + 1], sc.mul, -base));
       sum += s[4 * j + 2 * h] + s[4 * j + 2 * h + 1];
     }
     l[h] = l[h] * corr + sum;
