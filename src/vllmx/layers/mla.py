@@ -137,10 +137,15 @@ class MLAAttention:
         if md.mla_block_table is not None and self.kv_b_proj is not None:
             return self._prefill(positions, x, qc, md)
         q = self._latent_query(self.q_nope_proj(qc), self.q_pe_proj(qc))
-        kv = ops.concat_columns([self.k_pe_proj(x), self.kv_a_layernorm(self.kv_c_proj(x))])
+        kv = self._cache_rows(x)
         # One tensor is the key and the value: rope turns its k_pe part, the cache stores it once.
         o = self.attn.forward(q.reshape(t, nh * (dr + r)), kv, kv, positions, self.rope, md)
         return self.o_proj(self._latent_output(o))
+
+    def _cache_rows(self, x):
+        """The tokens' cache rows [k_pe ; the normed latent] ([t, dr + r], k_pe not yet
+        rotated)."""
+        return ops.concat_columns([self.k_pe_proj(x), self.kv_a_layernorm(self.kv_c_proj(x))])
 
     def _latent_query(self, q_nope, q_pe):
         """Per head [q_pe ; q_nope @ W_UK_h] ([t * nh, dr + r]) from q_nope [t, nh * dn] and
@@ -166,7 +171,7 @@ class MLAAttention:
         t, nh, dn, dr, dv, r, d = x.shape[0], self.nh, self.dn, self.dr, self.dv, self.r, \
             self.prefill_head
         t0, b0 = md.mla_first_row, md.mla_first_seq
-        kv = ops.concat_columns([self.k_pe_proj(x), self.kv_a_layernorm(self.kv_c_proj(x))])
+        kv = self._cache_rows(x)
         q_pe, q_nope = self.q_pe_proj(qc), self.q_nope_proj(qc)
         cos_sin, neox = self.rope.cos_sin_cache, self.rope.is_neox_style
         ops.rotary(positions, q_pe, None, cos_sin, dr, neox)
