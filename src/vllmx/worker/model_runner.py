@@ -33,8 +33,8 @@ from vllmx.worker.input_batch import InputBatch
 from vllmx.worker.spec_decode_runner_mixin import SpecDecodeModelRunnerMixin
 from vllmx.worker.state_slots import StateSlots
 from vllmx.worker.step_inputs_runner_mixin import (
-    MLA_MIN_PREFILL_QUERY,
     StepInputsModelRunnerMixin,
+    mla_decompressed,
 )
 from vllmx.worker.step_state import (
     CachedRequestState,
@@ -169,9 +169,9 @@ class ModelRunner(StepInputsModelRunnerMixin, SpecDecodeModelRunnerMixin,
                                   self._rope_offset(s.num_prompt_tokens))
         batch.condense()
         if self._mla_prefill:  # an MLA model's whole prompts last: its prefill takes the tail
-            rows = batch.req_ids[:batch.num_reqs]
-            batch.put_last((batch.num_computed_tokens[:batch.num_reqs] == 0) & np.array(
-                [num_scheduled[r] >= MLA_MIN_PREFILL_QUERY for r in rows], dtype=bool))
+            n = batch.num_reqs
+            batch.put_last(mla_decompressed(batch.num_computed_tokens[:n], np.array(
+                [num_scheduled[r] for r in batch.req_ids[:n]], dtype=np.int64)))
         return batch.req_ids[:batch.num_reqs]
 
     def _rope_offset(self, num_prompt_tokens: int) -> int:

@@ -26,6 +26,12 @@ _MAX_VERIFY_BUCKET_ROWS = 512
 MLA_MIN_PREFILL_QUERY = 64
 
 
+def mla_decompressed(num_computed: np.ndarray, query_lens: np.ndarray) -> np.ndarray:
+    """Which sequences of an MLA model's step prefill on decompressed keys: whole prompts
+    (nothing computed before this step) of MLA_MIN_PREFILL_QUERY tokens or more."""
+    return (num_computed == 0) & (query_lens >= MLA_MIN_PREFILL_QUERY)
+
+
 class StepInputsModelRunnerMixin:
     """For ModelRunner: reads its model, device, KV caches, the step's host buffers (input_ids,
     positions, slot_mapping, query_start_loc, seq_lens, block_table), their device staging and
@@ -260,7 +266,7 @@ class StepInputsModelRunnerMixin:
         chunks, short prompts) attend in the latent space. None when there are none."""
         qsl = self.query_start_loc[:nb + 1]
         lens = qsl[1:] - qsl[:-1]
-        latent = np.flatnonzero((self.seq_lens[:nb] != lens) | (lens < MLA_MIN_PREFILL_QUERY))
+        latent = np.flatnonzero(~mla_decompressed(self.seq_lens[:nb] - lens, lens))
         b0 = int(latent[-1]) + 1 if latent.size else 0
         if b0 == nb:
             return None
