@@ -31,15 +31,26 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 
-step "build (CUDA architectures ${VLLMX_CUDA_ARCHS:-90a})"
-mkdir -p build
-cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DVLLMX_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES="${VLLMX_CUDA_ARCHS:-90a}" \
-  ${VLLMX_CUTLASS_DIR:+-DVLLMX_CUTLASS_DIR="$VLLMX_CUTLASS_DIR"} \
-  -DPython_EXECUTABLE="$(command -v python3)" >build/gpu-configure.log 2>&1 \
-  || { cat build/gpu-configure.log; exit 1; }
-ninja -C build/gpu -j "$(nproc)" || exit 1
-for so in build/gpu/_C*.so; do cp -f "$so" src/vllmx/; done
+# A library bench/gpu_prebuild.sh built elsewhere from these very sources (build/gpu-prebuilt,
+# sent along): unpacked instead of compiled.
+pre=build/gpu-prebuilt
+if [[ -f $pre/SOURCES && -f $pre/_C.so.xz && -z "${VLLMX_CUDA_ARCHS:-}" ]] &&
+   read -r hash so <"$pre/SOURCES" && [[ $hash == "$(bash bench/gpu_sources_hash.sh)" &&
+   $so == _C$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))') ]]; then
+  step "prebuilt $so (sources $hash)"
+  python3 -c 'import lzma, sys; open(sys.argv[2], "wb").write(lzma.open(sys.argv[1]).read())' \
+    "$pre/_C.so.xz" "src/vllmx/$so" || exit 1
+else
+  step "build (CUDA architectures ${VLLMX_CUDA_ARCHS:-90a})"
+  mkdir -p build
+  cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DVLLMX_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="${VLLMX_CUDA_ARCHS:-90a}" \
+    ${VLLMX_CUTLASS_DIR:+-DVLLMX_CUTLASS_DIR="$VLLMX_CUTLASS_DIR"} \
+    -DPython_EXECUTABLE="$(command -v python3)" >build/gpu-configure.log 2>&1 \
+    || { cat build/gpu-configure.log; exit 1; }
+  ninja -C build/gpu -j "$(nproc)" || exit 1
+  for so in build/gpu/_C*.so; do cp -f "$so" src/vllmx/; done
+fi
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 python3 -c "from vllmx import _C; print('cuda_built', _C.cuda_built(), 'cuda_available', \
 _C.cuda_available(), 'devices', _C.cuda_device_count(), 'mem (free, total)', _C.cuda_mem_get_info())" \
