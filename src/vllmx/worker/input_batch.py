@@ -78,12 +78,7 @@ class InputBatch:
                 break
             last = self.num_reqs - 1
             req_id = self.req_ids[last]
-            n, nb = self.num_tokens[last], self.num_blocks[last]
-            self.token_ids[hole, :n] = self.token_ids[last, :n]
-            self.block_table[hole, :nb] = self.block_table[last, :nb]
-            self.num_tokens[hole], self.num_blocks[hole] = n, nb
-            self.num_computed_tokens[hole] = self.num_computed_tokens[last]
-            self.rope_offset[hole] = self.rope_offset[last]
+            self._copy_rows([hole], [last])
             self.req_ids[hole], self.req_ids[last] = req_id, None
             self.req_id_to_index[req_id] = hole
             self.num_reqs -= 1
@@ -107,14 +102,19 @@ class InputBatch:
             self._swap_rows(i, j)
             last[i], last[j] = last[j], last[i]
 
-    def _swap_rows(self, i: int, j: int) -> None:
-        both, back = [i, j], [j, i]
-        n = int(self.num_tokens[both].max())
-        self.token_ids[both, :n] = self.token_ids[back, :n]
-        nb = int(self.num_blocks[both].max())
-        self.block_table[both, :nb] = self.block_table[back, :nb]
+    def _copy_rows(self, dst: list[int], src: list[int]) -> None:
+        """Rows src's state (tokens, block table, counts, rope offset; not the request ids)
+        into rows dst. Every source row is read before any is written: dst may be src
+        permuted."""
+        n = int(self.num_tokens[src].max())
+        self.token_ids[dst, :n] = self.token_ids[src, :n]
+        nb = int(self.num_blocks[src].max())
+        self.block_table[dst, :nb] = self.block_table[src, :nb]
         for a in (self.num_tokens, self.num_blocks, self.num_computed_tokens, self.rope_offset):
-            a[both] = a[back]
+            a[dst] = a[src]
+
+    def _swap_rows(self, i: int, j: int) -> None:
+        self._copy_rows([i, j], [j, i])
         self.req_ids[i], self.req_ids[j] = self.req_ids[j], self.req_ids[i]
         self.req_id_to_index[self.req_ids[i]] = i
         self.req_id_to_index[self.req_ids[j]] = j
