@@ -19,8 +19,12 @@ cuda_linear_tuning forces it), to choose the planner's thresholds from one build
         --plans auto,skinny,skinny:w4,swap128x32,swap128x32:data_parallel,128x128:split_k:2
 
 A plan is `auto` (the planner), `skinny[:wN]` (the skinny GEMM, split-K aiming at N CTAs per
-SM), `gemv`, `gemm_small` or a CUTLASS tile (LINEAR_TUNING_PATHS) with an optional scheduler decomposition and splits;
-a plan that cannot take a case is left out of it.
+SM), `gemv`, `gemm_small` or a CUTLASS tile (LINEAR_TUNING_PATHS), with optional scheduler
+options: a decomposition and its splits, `sN` (tiles in runs of N) and a raster order
+(`along_m`, `along_n`); a plan that cannot take a case is left out of it. Prefill sizes:
+
+    python bench/gpu_kernels_vs_torch.py --only linear --tokens 2048,8192 \
+        --plans auto,auto:s4,auto:s8,auto:s8:along_n
 
 `--weight-type Q4_K` (any GGUF block type vllmx's CUDA linear takes) times vllmx on the blocks
 against cuBLAS on their bf16 values: the GB/s column is then the blocks' bytes. `--weight-type
@@ -112,17 +116,22 @@ def rotations(nbytes: int) -> int:
 
 
 def parse_plan(spec: str) -> dict:
-    """`auto`, `skinny[:wN]` or `tile[:decomposition[:splits]]` -> cuda_linear_tuning's kwargs."""
+    """`auto`, `skinny[:wN]` or a CUTLASS tile, then options: a decomposition, its splits (a
+    number), `sN` (swizzle) and a raster order (`auto:s8:along_m` keeps the planner's kernel
+    with its tiles in runs of 8 along M) -> cuda_linear_tuning's kwargs."""
     name, *rest = spec.split(":")
-    if name == "auto":
-        return {}
     if name == "skinny":
         return {"path": name, "skinny_waves": int(rest[0].lstrip("w")) if rest else 0}
-    kw = {"path": name}
-    if rest:
-        kw["decomposition"] = rest[0]
-    if len(rest) > 1:
-        kw["splits"] = int(rest[1])
+    kw = {} if name == "auto" else {"path": name}
+    for opt in rest:
+        if opt in _C.LINEAR_TUNING_DECOMPOSITIONS:
+            kw["decomposition"] = opt
+        elif opt in _C.LINEAR_TUNING_RASTERS:
+            kw["raster"] = opt
+        elif opt.startswith("s"):
+            kw["swizzle"] = int(opt[1:])
+        else:
+            kw["splits"] = int(opt)
     return kw
 
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/op_table.h"
+#include "cuda_ops.h"
 #include "cuda_util.cuh"
 #include "fp8.cuh"
 #include "gemm_sm90.h"
@@ -18,6 +19,10 @@ namespace {
 
 constexpr int kGroup = 128;
 constexpr int kWarps = 8;
+// (token, group) items a warp: their loads are all issued before the first is used, so a warp
+// keeps 4 x 256 bytes in flight (one item a warp streamed Llama-3-8B's 8192 x 4096 prefill
+// activations at ~1 TB/s on an H100).
+constexpr int kItemsPerWarp = 4;
 
 template <typename T>
 __global__ void __launch_bounds__(kWarps * 32)
@@ -26,34 +31,28 @@ __global__ void __launch_bounds__(kWarps * 32)
                                      const T* __restrict__ x, int64_t x_stride, int64_t T_rows,
                                      int64_t groups) {
   pdl_begin();
-  const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (item >= T_rows * groups) return;
+  const int64_t first =
+      (static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * kItemsPerWarp;
   const int lane = threadIdx.x % 32;
-  const int64_t t = item / groups, g = item % groups;
-  const T* xp = x + t * x_stride + g * kGroup + lane * 4;
-  float v[4];
+  float v[kItemsPerWarp][4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) v[i] = to_f32(xp[i]);
-  float s;
-  const uint32_t packed = warp_quant_fp8_group(v, &s);
-  *reinterpret_cast<uint32_t*>(q + t * q_stride + g * kGroup + lane * 4) = packed;
-  if (lane == 0) scales[g * s_stride + t] = s;
-}
-
-// x's rows into codes (q, rows q_stride apart) and scales s [K / 128, T] (rows s_stride >= T
-// apart). Four values a lane: x's rows on 4-element boundaries (q_stride too, the caller's).
-void quant_rows(uint8_t* q, int64_t q_stride, float* s, int64_t s_stride, const Tensor& x,
-                const char* op) {
-  if (x.stride[0] % 4 != 0 || !aligned(x.data, 4 * type_traits(x.dtype).type_size))
-    fail(op, "x " + x.str() + " must start and stride on 4-element boundaries");
-  const int64_t T = x.shape[0], groups = x.shape[1] / kGroup;
-  const int64_t items = T * groups;
-  const unsigned blocks = static_cast<unsigned>((items + kWarps - 1) / kWarps);
-  dispatch_float(x.dtype, op, [&](auto z) {
-    using TX = decltype(z);
-    launch(per_token_group_quant_fp8_kernel<TX>, blocks, kWarps * 32, 0, stream(), q, q_stride,
-           s, s_stride, x.ptr<TX>(), x.stride[0], T, groups);
-  });
+  for (int j = 0; j < kItemsPerWarp; ++j) {
+    const int64_t item = first + j;
+    if (item >= T_rows * groups) break;
+    const T* xp = x + item / groups * x_stride + item % groups * kGroup + lane * 4;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[j][i] = to_f32(xp[i]);
+  }
+#pragma unroll
+  for (int j = 0; j < kItemsPerWarp; ++j) {
+    const int64_t item = first + j;
+    if (item >= T_rows * groups) return;
+    const int64_t t = item / groups, g = item % groups;
+    float s;
+    const uint32_t packed = warp_quant_fp8_group(v[j], &s);
+    *reinterpret_cast<uint32_t*>(q + t * q_stride + g * kGroup + lane * 4) = packed;
+    if (lane == 0) scales[g * s_stride + t] = s;
+  }
 }
 
 void per_token_group_quant_fp8(const Tensor& out_q, const Tensor& out_s, const Tensor& x) {
@@ -62,7 +61,8 @@ void per_token_group_quant_fp8(const Tensor& out_q, const Tensor& out_s, const T
   if (x.shape[0] == 0) return;
   if (out_q.stride[0] % 4 != 0 || !aligned(out_q.data, 4))
     fail(op, "out_q " + out_q.str() + " must start and stride on 4-element boundaries");
-  quant_rows(out_q.ptr<uint8_t>(), out_q.stride[0], out_s.ptr<float>(), x.shape[0], x, op);
+  per_token_group_quant_fp8_rows(out_q.ptr<uint8_t>(), out_q.stride[0], out_s.ptr<float>(),
+                                 x.shape[0], x, op);
   check_launch(op);
 }
 
@@ -97,6 +97,9 @@ void gemm(const Tensor& out, const void* a, int64_t a_stride, const float* a_s, 
   const Sm90Tile tile = T <= 16 ? Sm90Tile::kSwap128x16
                         : T <= 64 ? Sm90Tile::kSwap128x64
                                   : Sm90Tile::k128x128;
+  Sm90Schedule planned;
+  planned.swizzle = lin::sm90_swizzle(tile, T, N, K);
+  g.schedule = lin::tuned_schedule(planned);
   sm90_fp8_gemm(g, tile, stream());
 #else
   (void)a_s;
@@ -115,22 +118,34 @@ void scaled_mm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor
   check_launch(op);
 }
 
-// fp8_linear: x quantized into scratch (grow-only: a captured graph keeps its pointers), codes
-// [T, K] (K whole 128s: rows and the scales after them 16-byte aligned), then the product. Up
-// to 32 rows on the skinny TMA kernel (gemm_skinny_bulk_sm90.cu), whose ring keeps ~200 KB of
-// weights in flight an SM where CUTLASS's fp8 tiles leave them streamed by a few dozen CTAs;
-// it waits for the quantization only after requesting its first stages (PDL), so that small
-// kernel costs little. More rows: CUTLASS.
-void fp8_linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& w_s,
-                const Tensor& bias) {
-  const char* op = "cuda.fp8_linear";
-  for (const Tensor* t : {&out, &x, &w, &w_s, &bias}) check_on_device(*t, op, "tensors");
-  const int64_t T = x.shape[0], N = w.shape[0], K = x.shape[1], groups = K / kGroup;
+}  // namespace
+
+void per_token_group_quant_fp8_rows(uint8_t* q, int64_t q_stride, float* s, int64_t s_stride,
+                                    const Tensor& x, const char* op) {
+  if (x.stride[0] % 4 != 0 || !aligned(x.data, 4 * type_traits(x.dtype).type_size))
+    fail(op, "x " + x.str() + " must start and stride on 4-element boundaries");
+  const int64_t T = x.shape[0], groups = x.shape[1] / kGroup;
+  const int64_t items = T * groups, per_block = kWarps * kItemsPerWarp;
+  const unsigned blocks = static_cast<unsigned>((items + per_block - 1) / per_block);
+  dispatch_float(x.dtype, op, [&](auto z) {
+    using TX = decltype(z);
+    launch(per_token_group_quant_fp8_kernel<TX>, blocks, kWarps * 32, 0, stream(), q, q_stride,
+           s, s_stride, x.ptr<TX>(), x.stride[0], T, groups);
+  });
+}
+
+// fp8_linear's product once its x is quantized (into scratch, grow-only: a captured graph keeps
+// its pointers; codes [T, K], K whole 128s: rows and the scales after them 16-byte aligned) by
+// quantize(q, s, s_stride). Up to 32 rows on the skinny TMA kernel (gemm_skinny_bulk_sm90.cu),
+// whose ring keeps ~200 KB of weights in flight an SM where CUTLASS's fp8 tiles leave them
+// streamed by a few dozen CTAs; it waits for the quantization only after requesting its first
+// stages (PDL), so that small kernel costs little. More rows: CUTLASS.
+void fp8_linear_quantized(const Tensor& out, int64_t T, int64_t K, const Tensor& w,
+                          const Tensor& w_s, const Tensor& bias, const Fp8Quantize& quantize,
+                          const char* op) {
+  const int64_t N = w.shape[0], groups = K / kGroup;
   if (T == 0 || N == 0) return;
   require_sm90(op);
-  if (x.dtype == DType::F32 || x.dtype != out.dtype)
-    fail(op, "x " + x.str() + " and out " + out.str() + " must be both bf16 or both f16 on " +
-                 "the GPU");
   // The skinny kernel reads the scales' rows by TMA: whole 16 bytes apart.
   const bool skinny = T <= lin::kFp8SkinnyBulkMaxT;
   const int64_t s_stride = skinny ? (T + 3) / 4 * 4 : T;
@@ -139,7 +154,7 @@ void fp8_linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tenso
       scratch.get(static_cast<size_t>(T * K + sizeof(float) * s_stride * groups)));
   auto* q = reinterpret_cast<uint8_t*>(buf);
   auto* s = reinterpret_cast<float*>(buf + T * K);
-  quant_rows(q, K, s, s_stride, x, op);
+  quantize(q, s, s_stride);
 #ifdef VLLMX_WITH_SM90_GEMM
   if (skinny) {
     lin::LinearArgs a{};
@@ -154,9 +169,26 @@ void fp8_linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tenso
   }
 #endif
   // CUTLASS reads the scales [K / 128, T] dense.
-  if (s_stride != T) quant_rows(q, K, s, T, x, op);
+  if (s_stride != T) quantize(q, s, T);
   gemm(out, q, K, s, T, w, w_s, bias, op);
   check_launch(op);
+}
+
+namespace {
+
+void fp8_linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& w_s,
+                const Tensor& bias) {
+  const char* op = "cuda.fp8_linear";
+  for (const Tensor* t : {&out, &x, &w, &w_s, &bias}) check_on_device(*t, op, "tensors");
+  if (x.dtype == DType::F32 || x.dtype != out.dtype)
+    fail(op, "x " + x.str() + " and out " + out.str() + " must be both bf16 or both f16 on " +
+                 "the GPU");
+  const int64_t K = x.shape[1];
+  fp8_linear_quantized(out, x.shape[0], K, w, w_s, bias,
+                       [&](uint8_t* q, float* s, int64_t s_stride) {
+                         per_token_group_quant_fp8_rows(q, K, s, s_stride, x, op);
+                       },
+                       op);
 }
 
 }  // namespace

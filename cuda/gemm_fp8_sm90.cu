@@ -16,9 +16,13 @@ namespace vllmx::cuda {
 
 namespace sm90 {
 
-template <typename Element, class TileShape, bool kSwap>
+// Scheduler: the stream-K one where the tiles are fewer than the SMs (K loops spread over
+// them); the persistent one, with 2-CTA clusters sharing x's tiles, for straight tiles that
+// fill the GPU more than once (prefill chunks), as vLLM's blockwise fp8 GEMM runs them.
+template <typename Element, class TileShape, bool kSwap,
+          class ClusterShape = Shape<_1, _1, _1>, class Scheduler = cutlass::gemm::StreamKScheduler>
 struct Fp8Gemm {
-  using E = Sm90Epilogue<Element, TileShape, Shape<_1, _1, _1>, kSwap>;
+  using E = Sm90Epilogue<Element, TileShape, ClusterShape, kSwap>;
   using ScaleConfig = Fp8ScaleConfig;
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
@@ -26,15 +30,13 @@ struct Fp8Gemm {
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, E8,
       cute::tuple<typename E::LayoutA, LayoutSFA>, kAlignFp8, E8,
-      cute::tuple<typename E::LayoutB, LayoutSFB>, kAlignFp8, float, TileShape,
-      Shape<_1, _1, _1>,
+      cute::tuple<typename E::LayoutB, LayoutSFB>, kAlignFp8, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename E::Epilogue::SharedStorage))>,
       cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop,
-                                                      typename E::Epilogue,
-                                                      cutlass::gemm::StreamKScheduler>;
+                                                      typename E::Epilogue, Scheduler>;
   using Adapter = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
@@ -43,9 +45,9 @@ inline std::string fp8_shapes(const Sm90Fp8GemmArgs& a) {
          std::to_string(a.N) + ", " + std::to_string(a.K) + "]";
 }
 
-template <typename Element, class TileShape, bool kSwap>
+template <typename Element, class TileShape, bool kSwap, class... Config>
 void run_fp8(const Sm90Fp8GemmArgs& a, cudaStream_t s) {
-  using G = Fp8Gemm<Element, TileShape, kSwap>;
+  using G = Fp8Gemm<Element, TileShape, kSwap, Config...>;
   using Adapter = typename G::Adapter;
   using K = typename Adapter::GemmKernel;
   const int M = kSwap ? a.N : a.T, N = kSwap ? a.T : a.N;
@@ -69,6 +71,7 @@ void run_fp8(const Sm90Fp8GemmArgs& a, cudaStream_t s) {
   args.epilogue.thread.alpha = 1.f;
   args.epilogue.thread.beta = 0.f;
   args.epilogue.thread.bias_ptr = static_cast<const Element*>(a.bias);  // null: adds zeros
+  set_schedule(args.scheduler, a.schedule);
   launch_adapter<Adapter>(args, a.num_sms, s,
                           [&](const char* what, cutlass::Status st) {
                             fail_status("scaled_mm", what, st, fp8_shapes(a));
@@ -83,8 +86,15 @@ void dispatch_fp8(const Sm90Fp8GemmArgs& a, Sm90Tile tile, cudaStream_t s) {
       return run_fp8<Element, Shape<_128, _16, _128>, true>(a, s);
     case Sm90Tile::kSwap128x64:
       return run_fp8<Element, Shape<_128, _64, _128>, true>(a, s);
-    case Sm90Tile::k128x128:
+    case Sm90Tile::k128x128: {
+      // Past a wave of tiles the persistent scheduler on clusters; within one, stream-K spreads
+      // the K loops over the SMs the tiles leave idle (T = 128, N = 4096: 32 tiles).
+      const int64_t tiles = (a.T + 127) / 128 * ((a.N + 127) / 128);
+      if (tiles > a.num_sms)
+        return run_fp8<Element, Shape<_128, _128, _128>, false, Shape<_1, _2, _1>,
+                       cutlass::gemm::PersistentScheduler>(a, s);
       return run_fp8<Element, Shape<_128, _128, _128>, false>(a, s);
+    }
     default:
       throw std::runtime_error("scaled_mm: no fp8 GEMM tile " +
                                std::to_string(static_cast<int>(tile)) + " for " + fp8_shapes(a));

@@ -131,6 +131,21 @@ auto operand_strides(int64_t ld_a, int64_t ld_b, int64_t ld_out, int M, int N) {
                          row_stride<typename K::StrideB>(ld_b, N), sd);
 }
 
+// The scheduler's arguments from sc: swizzle and raster for any scheduler, the decomposition
+// and splits where it is the stream-K one.
+template <class SchedulerArgs>
+void set_schedule(SchedulerArgs& args, const Sm90Schedule& sc) {
+  using cutlass::gemm::kernel::detail::RasterOrderOptions;
+  args.max_swizzle_size = sc.swizzle;
+  args.raster_order = static_cast<RasterOrderOptions>(sc.raster);
+  if constexpr (requires { args.decomposition_mode; }) {
+    if (sc.decomposition >= 0)
+      args.decomposition_mode =
+          static_cast<cutlass::gemm::kernel::detail::DecompositionMode>(sc.decomposition);
+    if (sc.splits > 0) args.splits = sc.splits;
+  }
+}
+
 // can_implement, the workspace, initialize and the launch on stream s; fail(what, status) throws.
 template <class Adapter, class Fail>
 void launch_adapter(typename Adapter::Arguments& args, int num_sms, cudaStream_t s,
@@ -168,10 +183,7 @@ void run(const Sm90GemmArgs& a, cudaStream_t s) {
   args.epilogue.thread.alpha = 1.f;
   args.epilogue.thread.beta = 0.f;
   args.epilogue.thread.bias_ptr = static_cast<const Element*>(a.bias);  // null: adds zeros
-  if (a.decomposition >= 0)
-    args.scheduler.decomposition_mode =
-        static_cast<cutlass::gemm::kernel::detail::DecompositionMode>(a.decomposition);
-  if (a.splits > 0) args.scheduler.splits = a.splits;
+  set_schedule(args.scheduler, a.schedule);
   launch_adapter<Adapter>(args, a.num_sms, s,
                           [&](const char* what, cutlass::Status st) {
                             fail_status("linear", what, st, shapes(a));

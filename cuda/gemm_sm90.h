@@ -1,7 +1,8 @@
 // Dense bf16/f16 GEMM for Hopper (sm_90a) through CUTLASS 3: TMA loads, warp-specialized wgmma
 // (cooperative: two consumer warpgroups share a tile), the stream-K tile scheduler, f32
-// accumulation and a fused bias; for few tokens the operands swap (cuda/gemm_sm90.cuh). cuda/linear.cu decides when and with which tile
-// (plan_linear); this header is the whole interface.
+// accumulation and a fused bias; for few tokens the operands swap (cuda/gemm_sm90.cuh).
+// cuda/linear.cu decides when and with which tile (plan_linear); this header is the whole
+// interface.
 //
 // cuda/gemm_sm90.cu is compiled only when the build targets sm_90a, and then defines
 // VLLMX_WITH_SM90_GEMM for linear.cu; elsewhere linear.cu never takes this path.
@@ -11,6 +12,24 @@
 #include <cstdint>
 
 namespace vllmx::cuda {
+
+// How the persistent tile scheduler hands out a CUTLASS GEMM's output tiles.
+// - decomposition / splits: the stream-K scheduler's cutlass DecompositionMode (-1: its
+//   heuristic) and split-K factor (0: its own);
+// - swizzle: cutlass's max_swizzle_size: consecutive CTAs take tiles in runs of `swizzle` along
+//   the raster's minor dimension, so that one wave's x and w tiles fit in L2 together (at
+//   swizzle 1 a wave of a prefill product spans all of x's tile rows: 64 MB at 8192 tokens of
+//   K = 4096, more than the L2, so x streams from memory once per wave). The scheduler rounds
+//   the tile grid up to whole runs and runs the padding tiles empty, so the planner only asks
+//   for runs that divide the grid;
+// - raster: cutlass RasterOrderOptions, 0 its heuristic (along the shorter dimension), 1 along
+//   M (T straight), 2 along N.
+struct Sm90Schedule {
+  int decomposition = -1;
+  int splits = 0;
+  int swizzle = 1;
+  int raster = 0;
+};
 
 // out[T, N] = x[T, K] @ w[N, K]^T (+ bias[N]); x, w, bias, out all bf16 (or all f16), rows
 // contiguous in K (x, w) and N (out). TMA needs x, w, out 16-byte aligned and K, N and the three
@@ -25,8 +44,7 @@ struct Sm90GemmArgs {
   int64_t x_stride, w_stride, out_stride;  // elements
   bool bf16;                               // else f16
   int num_sms;                             // the persistent grid's size
-  int decomposition = -1;                  // stream-K scheduler: cutlass DecompositionMode,
-  int splits = 0;                          // -1 / 0: its heuristic (set_linear_tuning only)
+  Sm90Schedule schedule;
 };
 
 enum class Sm90Tile {
@@ -64,6 +82,7 @@ struct Sm90Fp8GemmArgs {
   int64_t x_stride, w_stride, out_stride;  // elements
   bool bf16;                               // out and bias; else f16
   int num_sms;
+  Sm90Schedule schedule;  // decomposition and splits only for the stream-K tiles (swapped)
 };
 void sm90_fp8_gemm(const Sm90Fp8GemmArgs& a, Sm90Tile tile, cudaStream_t s);
 

@@ -265,8 +265,7 @@ struct LinearPlan {
   int max_t = 8;  // GEMV: rows handled by one launch's registers (1 or 8)
   int act = -1;   // GEMV: an Act to apply as act(gate) * up (linear_act_and_mul), or -1
   Sm90Tile sm90_tile = Sm90Tile::k128x128;
-  int sm90_decomposition = -1;  // the stream-K scheduler's (cutlass DecompositionMode): -1 its
-  int sm90_splits = 0;          // heuristic; splits for kSplitK
+  Sm90Schedule sm90_schedule;
 };
 
 // From here on the CUTLASS GEMM takes every product it can: swapped for T <= 128 (the weight
@@ -307,15 +306,17 @@ LinearTuning g_tuning;
 #ifdef VLLMX_WITH_SM90_GEMM
 // The CUTLASS tiles' extents in w rows and tokens (gemm_sm90.h), the one place that knows them:
 // the swapped tiles in order of width, which the planner takes the first wide enough from.
+// cluster_tokens / cluster_w: a cluster's CTAs along the tokens and along w's rows.
 struct Sm90Extent {
   Sm90Tile tile;
   bool swapped;
   int64_t w_rows, tokens;
+  int cluster_tokens, cluster_w;
 };
 constexpr Sm90Extent kSm90Extents[] = {
-    {Sm90Tile::kSwap128x16, true, 128, 16},   {Sm90Tile::kSwap128x32, true, 128, 32},
-    {Sm90Tile::kSwap128x64, true, 128, 64},   {Sm90Tile::kSwap128x128, true, 128, 128},
-    {Sm90Tile::k128x128, false, 128, 128},    {Sm90Tile::k128x256, false, 256, 128}};
+    {Sm90Tile::kSwap128x16, true, 128, 16, 1, 1},  {Sm90Tile::kSwap128x32, true, 128, 32, 1, 1},
+    {Sm90Tile::kSwap128x64, true, 128, 64, 1, 1},  {Sm90Tile::kSwap128x128, true, 128, 128, 1, 1},
+    {Sm90Tile::k128x128, false, 128, 128, 1, 2},   {Sm90Tile::k128x256, false, 256, 128, 2, 1}};
 constexpr const Sm90Extent& extent(Sm90Tile t) {
   for (const Sm90Extent& e : kSm90Extents)
     if (e.tile == t) return e;
@@ -337,6 +338,24 @@ bool sm90_operands_ok(const Tensor& out, const Tensor& x, const Tensor& w, int64
          aligned(out.data, 16);
 }
 
+#ifdef VLLMX_WITH_SM90_GEMM
+// The run length (Sm90Schedule::swizzle) for a product of more than a wave of straight tiles:
+// the longest of 8, 4 and 2 that divides the tile grid's both sides in whole clusters, since the
+// scheduler rounds both up to whole runs and runs the padding tiles (T = 1024 on 128x256 tiles:
+// 8 tile rows, so runs of 4). At 8192 tokens (a full prefill chunk) runs of 8 put a wave on
+// 2048 of x's rows and 8 of w's tiles, ~32 MB for K = 4096 (within the 50 MB L2), where runs of
+// one make a wave span all of x (64 MB), or, rastered along w, re-read all of w every few tile
+// rows (Llama-3-8B's qkv: 50 MB).
+int swizzle_runs(const Sm90Extent& e, int64_t T, int64_t N) {
+  if (e.swapped) return 1;
+  const int64_t tile_rows = (T + e.tokens - 1) / e.tokens;
+  const int64_t tile_cols = (N + e.w_rows - 1) / e.w_rows;
+  for (int s = 8; s > 1; s /= 2)
+    if (tile_rows % (s * e.cluster_tokens) == 0 && tile_cols % (s * e.cluster_w) == 0) return s;
+  return 1;
+}
+#endif
+
 // The stream-K scheduler's decomposition for a product on p.sm90_tile. Its heuristic splits the
 // K loop over the SMs whenever the tiles are fewer than them, and every such launch queues a
 // workspace memset and ends in a fix-up; measured on the H200 over Llama-3-8B's and Qwen3-0.6B's
@@ -355,17 +374,21 @@ void plan_sm90_schedule(LinearPlan& p, int64_t T, int64_t N, int64_t K) {
   const Sm90Extent& e = extent(p.sm90_tile);
   const int64_t tiles = (N + e.w_rows - 1) / e.w_rows * ((T + e.tokens - 1) / e.tokens);
   const int64_t k_steps = (K + 63) / 64;
-  if (tiles > num_sms()) return;
+  Sm90Schedule& sc = p.sm90_schedule;
+  if (tiles > num_sms()) {
+    sc.swizzle = lin::sm90_swizzle(p.sm90_tile, T, N, K);
+    return;
+  }
   if (k_steps > 96) {
     if (tiles <= 40 && p.sm90_tile != Sm90Tile::kSwap128x16) {
-      p.sm90_decomposition = kSplitK;
-      p.sm90_splits = 3;
+      sc.decomposition = kSplitK;
+      sc.splits = 3;
     }
   } else if (k_steps > 48 && tiles <= 40) {
-    p.sm90_decomposition = kSplitK;
-    p.sm90_splits = 2;
+    sc.decomposition = kSplitK;
+    sc.splits = 2;
   } else {
-    p.sm90_decomposition = kDataParallel;
+    sc.decomposition = kDataParallel;
   }
 #else
   (void)p, (void)T, (void)N, (void)K;
@@ -494,8 +517,7 @@ void force_plan(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor&
          (!e.swapped || T <= e.tokens);
     p.path = Path::kSm90;
     p.sm90_tile = e.tile;
-    p.sm90_decomposition = -1;  // the scheduler's heuristic unless the tuning names one
-    p.sm90_splits = 0;
+    p.sm90_schedule = {};  // the scheduler's defaults unless the tuning names others
 #else
     ok = false;
 #endif
@@ -559,8 +581,9 @@ std::string i2s(int64_t v) { return std::to_string(v); }
 namespace {
 
 // Checks a product x[T, K] @ w[N, K]^T (+ bias) into out [T, out_n] and fills its LinearArgs.
+// fp8_w: w may be fp8 codes (rms_norm_linear's fp8 path, which checks the rest).
 LinearArgs linear_args(const char* op, const Tensor& out, const Tensor& x, const Tensor& w,
-                       const Tensor& bias, int64_t out_n) {
+                       const Tensor& bias, int64_t out_n, bool fp8_w = false) {
   VLLMX_CHECK(out.defined() && x.defined() && w.defined(), op, "missing tensor");
   check_ndim(x, 2, op, "x");
   check_ndim(out, 2, op, "out");
@@ -572,7 +595,8 @@ LinearArgs linear_args(const char* op, const Tensor& out, const Tensor& x, const
   VLLMX_CHECK(xt == DType::BF16 || xt == DType::F16 || xt == DType::F32, op,
         "x must be bf16, f16 or f32, got " + x.str());
   VLLMX_CHECK(out.dtype == xt, op, "out " + out.str() + " must have x's dtype (x " + x.str() + ")");
-  VLLMX_CHECK(wt == DType::F32 || wt == DType::F16 || wt == DType::BF16 || quant_kind(wt) >= 0,
+  VLLMX_CHECK(wt == DType::F32 || wt == DType::F16 || wt == DType::BF16 || quant_kind(wt) >= 0 ||
+                  (fp8_w && wt == DType::F8_E4M3),
         op, std::string("unsupported weight dtype ") + dtype_name(wt) + " (id " +
                  i2s(static_cast<int>(wt)) + ") for w " + w.str());
   const int64_t T = x.shape[0], K = x.shape[1], N = w.shape[0];
@@ -611,11 +635,10 @@ void run_linear(const LinearPlan& p, const LinearArgs& a, DType xt, DType wt) {
   cudaStream_t s = stream();
   if (p.path == Path::kSm90) {
 #ifdef VLLMX_WITH_SM90_GEMM  // (plan_sm90 takes this path only where the GEMM was built)
-    const Sm90GemmArgs g{a.x, a.w, a.bias, a.out, a.T, a.N, a.K, a.x_stride, a.w_stride,
-                         a.out_stride, xt == DType::BF16, num_sms(),
-                         g_tuning.decomposition >= 0 ? g_tuning.decomposition
-                                                     : p.sm90_decomposition,
-                         g_tuning.splits > 0 ? g_tuning.splits : p.sm90_splits};
+    const Sm90GemmArgs g{a.x,        a.w,          a.bias,       a.out,
+                         a.T,        a.N,          a.K,          a.x_stride,
+                         a.w_stride, a.out_stride, xt == DType::BF16, num_sms(),
+                         lin::tuned_schedule(p.sm90_schedule)};
     sm90_gemm(g, p.sm90_tile, s);
 #endif
   } else if (p.path == Path::kSkinny) {
@@ -642,6 +665,32 @@ namespace lin {
 
 const LinearTuning& linear_tuning() { return g_tuning; }
 
+// Measured on an H100 at T = 8192 over Llama-3-8B's products (bench/gpu_kernels_vs_torch.py
+// --plans auto:s1,auto; bench/results/gpu_linear_swizzle_h100.json): runs of up to 8 tiles
+// against runs of one took bf16 from 0.89-0.92x cuBLAS to 0.95-0.97x and fp8 28672 x 4096
+// from 1.01x to 1.14x where K is 4096, but the 14336-deep down_proj from 0.96x to 0.90x (bf16)
+// and 0.93x to 0.91x (fp8): past kSm90SwizzleMaxK the tiles keep the scheduler's order.
+constexpr int64_t kSm90SwizzleMaxK = 8192;
+
+int sm90_swizzle(Sm90Tile tile, int64_t T, int64_t N, int64_t K) {
+#ifdef VLLMX_WITH_SM90_GEMM
+  const Sm90Extent& e = extent(tile);
+  const int64_t tiles = (N + e.w_rows - 1) / e.w_rows * ((T + e.tokens - 1) / e.tokens);
+  return tiles > num_sms() && K <= kSm90SwizzleMaxK ? swizzle_runs(e, T, N) : 1;
+#else
+  (void)tile, (void)T, (void)N, (void)K;
+  return 1;
+#endif
+}
+
+Sm90Schedule tuned_schedule(Sm90Schedule planned) {
+  if (g_tuning.decomposition >= 0) planned.decomposition = g_tuning.decomposition;
+  if (g_tuning.splits > 0) planned.splits = g_tuning.splits;
+  if (g_tuning.swizzle > 0) planned.swizzle = g_tuning.swizzle;
+  if (g_tuning.raster >= 0) planned.raster = g_tuning.raster;
+  return planned;
+}
+
 // Few rows an expert (decode, small batches): 32-row tiles waste less of each weight tile; from
 // ~96 rows an expert on, 128-row tiles read each weight tile for four times the rows.
 bool grouped_rows_many(int64_t rows, int64_t experts) { return rows >= 96 * experts; }
@@ -662,14 +711,19 @@ void launch_grouped_linear(const LinearArgs& a, DType xt, cudaStream_t s) {
 
 }  // namespace lin
 
-void set_linear_tuning(int path, int skinny_waves, int decomposition, int splits) {
+void set_linear_tuning(int path, int skinny_waves, int decomposition, int splits, int swizzle,
+                       int raster) {
+  // (swizzle: cutlass rounds it down to a power of two, at most 8)
   if (path < -1 || path >= static_cast<int>(ForcedPath::kCount) || skinny_waves < 0 ||
-      decomposition < -1 || decomposition > 3 || splits < 0)
+      decomposition < -1 || decomposition > 3 || splits < 0 || swizzle < 0 || swizzle > 8 ||
+      raster < -1 || raster > 2)
     throw std::invalid_argument("set_linear_tuning: path " + std::to_string(path) +
                                 ", skinny_waves " + std::to_string(skinny_waves) +
                                 ", decomposition " + std::to_string(decomposition) +
-                                ", splits " + std::to_string(splits) + " out of range");
-  g_tuning = LinearTuning{path, skinny_waves, decomposition, splits};
+                                ", splits " + std::to_string(splits) + ", swizzle " +
+                                std::to_string(swizzle) + ", raster " + std::to_string(raster) +
+                                " out of range");
+  g_tuning = LinearTuning{path, skinny_waves, decomposition, splits, swizzle, raster};
 }
 
 void linear(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
@@ -719,16 +773,64 @@ void linear_act_and_mul(const Tensor& out, const Tensor& x, const Tensor& w, con
 // rms_norm_linear fuses the norm into the GEMV up to this many weight elements (32 MB bf16).
 constexpr int64_t kNormFuseMaxElems = int64_t{16} << 20;
 
+// An fp8 w (its scales w_s): the normed rows quantized as fp8_linear quantizes its x, by the
+// norm's own kernel where it takes them (add_rms_norm_quant_fp8: vLLM fuses the two as well),
+// else add_rms_norm into tmp_norm and per_token_group_quant_fp8 from there; then the product
+// (and the activation from tmp_act).
+void rms_norm_fp8_linear(const Tensor& out, const Tensor& res_out, const Tensor& x,
+                         const Tensor& residual, const Tensor& norm_w, float eps, const Tensor& w,
+                         const Tensor& w_s, const Tensor& bias, const Tensor& tmp_norm,
+                         const Tensor& tmp_act, int act, const char* op) {
+  const int64_t T = x.shape[0], K = x.shape[1], N = w.shape[0];
+  VLLMX_CHECK(x.dtype != DType::F32 && K % kFp8Group == 0, op,
+              "an fp8 w " + w.str() + " takes bf16 / f16 x of whole 128-wide groups, got " +
+                  x.str());
+  VLLMX_CHECK(w_s.defined() && w_s.dtype == DType::F32 && w_s.ndim == 2 &&
+                  w_s.shape[0] == K / kFp8Group && w_s.shape[1] == N,
+              op, "an fp8 w " + w.str() + " needs its f32 scales w_s [K / 128, N], got " +
+                      w_s.str());
+  VLLMX_CHECK(w_s.stride[1] == 1 && w_s.stride[0] == N, op,
+              "w_s " + w_s.str() + " must be dense [K / 128, N]");
+  for (const Tensor* t : {&w, &w_s, &out, &tmp_norm, &tmp_act})
+    check_on_device(*t, op, "tensors");
+  // The quantization may run twice (fp8_linear_quantized): it must not read what it wrote.
+  VLLMX_CHECK(!res_out.defined() || (res_out.data != x.data && res_out.data != residual.data),
+              op, "res_out must not alias x or the residual");
+  if (N == 0) {  // no product: the residual stream still moves on
+    add_rms_norm(tmp_norm, res_out, x, residual, norm_w, eps);
+    return;
+  }
+  const Tensor& product = act < 0 ? out : tmp_act;
+  bool normed = false;  // tmp_norm holds the normed rows
+  fp8_linear_quantized(
+      product, T, K, w, w_s, bias,
+      [&](uint8_t* q, float* s, int64_t s_stride) {
+        if (!normed &&
+            add_rms_norm_quant_fp8(q, K, s, s_stride, res_out, x, residual, norm_w, eps))
+          return;
+        if (!normed) add_rms_norm(tmp_norm, res_out, x, residual, norm_w, eps);
+        normed = true;
+        per_token_group_quant_fp8_rows(q, K, s, s_stride, tmp_norm, op);
+      },
+      op);
+  if (act == static_cast<int>(Act::kSilu))
+    silu_and_mul(out, tmp_act);
+  else if (act >= 0)
+    gelu_and_mul(out, tmp_act, act == static_cast<int>(Act::kGeluTanh));
+}
+
 void rms_norm_linear(const Tensor& out, const Tensor& res_out, const Tensor& x,
                      const Tensor& residual, const Tensor& norm_w, float eps, const Tensor& w,
-                     const Tensor& bias, const Tensor& tmp_norm, const Tensor& tmp_act, int act) {
+                     const Tensor& bias, const Tensor& tmp_norm, const Tensor& tmp_act, int act,
+                     const Tensor& w_s) {
   const char* op = "rms_norm_linear";
   VLLMX_CHECK(act >= -1 && act <= 2, op, "act must be -1 (none), 0 (silu), 1 or 2 (gelu)");
   VLLMX_CHECK(w.defined() && w.ndim == 2 && (act < 0 || w.shape[0] % 2 == 0), op,
         "w " + w.str() + (act < 0 ? " must be 2-D" : " must be [2 * I, K]: gate, then up rows"));
   VLLMX_CHECK(act < 0 || !bias.defined(), op, "a gated projection takes no bias");
   const int64_t n_out = act < 0 ? w.shape[0] : w.shape[0] / 2;
-  LinearArgs a = linear_args(op, out, x, w, bias, n_out);
+  const bool fp8 = w.dtype == DType::F8_E4M3;
+  LinearArgs a = linear_args(op, out, x, w, bias, n_out, fp8);
   VLLMX_CHECK(norm_w.defined() && norm_w.dtype == DType::F32 && norm_w.ndim == 1 &&
             norm_w.shape[0] == a.K,
         op, "norm weight " + norm_w.str() + " must be f32 [" + i2s(a.K) + "]");
@@ -745,6 +847,11 @@ void rms_norm_linear(const Tensor& out, const Tensor& res_out, const Tensor& x,
                           tmp_act.shape[0] == a.T && tmp_act.shape[1] == w.shape[0]),
         op, "tmp_act " + tmp_act.str() + " must be [T, 2 * I] of x's dtype");
   if (a.T == 0) return;
+  if (fp8) {
+    rms_norm_fp8_linear(out, res_out, x, residual, norm_w, eps, w, w_s, bias, tmp_norm, tmp_act,
+                        act, op);
+    return;
+  }
   LinearPlan p = plan_linear(out, x, w, a.T, w.shape[0], a.K);
   const bool gated_ok = act < 0 || act == static_cast<int>(Act::kSilu);
   // Every CTA of the fused GEMV re-reads x, the residual and the norm weight (~1.5 bytes from

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "cuda_util.cuh"
+#include "gemm_sm90.h"
 #include "mma.cuh"
 
 namespace vllmx::cuda::lin {
@@ -420,14 +421,23 @@ void launch_gemm_skinny_quant(const LinearArgs& a, bool bf16_x, int wk, cudaStre
 
 // What set_linear_tuning (runtime.h) forces; the engine never sets it. path: -1 the planner's
 // own, else a ForcedPath (linear.cu); skinny_waves: the skinny GEMM's CTAs per SM that its
-// split-K aims at (0: two); decomposition / splits: the CUTLASS GEMM's stream-K scheduler
-// (cutlass DecompositionMode, -1 its heuristic; splits 0 its own).
+// split-K aims at (0: two); decomposition / splits / swizzle / raster: the CUTLASS GEMMs'
+// scheduler (Sm90Schedule's fields; -1, 0, 0 and -1: the planner's).
 struct LinearTuning {
   int path = -1;
   int skinny_waves = 0;
   int decomposition = -1;
   int splits = 0;
+  int swizzle = 0;
+  int raster = -1;
 };
 const LinearTuning& linear_tuning();
+// The tile run length (Sm90Schedule::swizzle) for a T x N x K product on a CUTLASS tile: longer
+// runs where its tiles fill more than a wave and K is at most kSm90SwizzleMaxK (linear.cu's
+// swizzle_runs says which).
+int sm90_swizzle(Sm90Tile tile, int64_t T, int64_t N, int64_t K);
+// A CUTLASS GEMM's schedule: the planner's, with what set_linear_tuning forces in its place
+// (cuda/fp8.cu's GEMMs take it too).
+Sm90Schedule tuned_schedule(Sm90Schedule planned);
 
 }  // namespace vllmx::cuda::lin

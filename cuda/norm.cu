@@ -4,7 +4,9 @@
 #include <algorithm>
 
 #include "core/op_table.h"
+#include "cuda_ops.h"
 #include "cuda_util.cuh"
+#include "fp8.cuh"
 
 namespace vllmx::cuda {
 
@@ -56,19 +58,68 @@ __global__ void fused_add_rms_norm_kernel(T* out, T* res_out, const T* x, const 
     orow[i] = from_f32<T>(to_f32(ro[i]) * inv * to_f32(w[i]));
 }
 
+// Where fused_add_rms_norm_vec_kernel's normed values go: stored, rounded to T (add_rms_norm).
+template <typename T>
+struct StoreRows {
+  T* out;
+  int64_t stride;
+  __device__ __forceinline__ void operator()(int64_t row, int64_t c, const Vec16<T>& v,
+                                             bool valid) const {
+    if (valid) v.store(out + row * stride + c * Vec16<T>::N);
+  }
+};
+
+// ... or quantized to fp8 e4m3 (add_rms_norm_quant_fp8): the values rounded to T as StoreRows
+// would store them, then each 128-wide group to codes as per_token_group_quant_fp8 quantizes
+// the stored row (fp8.cuh), so the codes and scales are those of the two kernels bit for bit.
+// A group is kLanes consecutive lanes' chunks (n a multiple of 128: a group is all valid or
+// all not); codes [rows, n] q_stride bytes apart, scales [n / 128][s_stride].
+template <typename T>
+struct QuantRows {
+  uint8_t* q;
+  int64_t q_stride;
+  float* s;
+  int64_t s_stride;
+  __device__ __forceinline__ void operator()(int64_t row, int64_t c, const Vec16<T>& v,
+                                             bool valid) const {
+    constexpr int V = Vec16<T>::N, kLanes = kFp8GroupValues / V;
+    const unsigned mask = __ballot_sync(0xffffffffu, valid);
+    if (!valid) return;
+    float y[V], amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      y[j] = to_f32(from_f32<T>(v.f[j]));
+      amax = fmaxf(amax, fabsf(y[j]));
+    }
+#pragma unroll
+    for (int o = kLanes / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(mask, amax, o));
+    const float scale = fp8_group_scale(amax);
+    uint32_t packed[V / 4] = {};
+#pragma unroll
+    for (int j = 0; j < V; ++j) packed[j / 4] |= fp8_code(y[j], scale) << (8 * (j % 4));
+    uint8_t* qp = q + row * q_stride + c * V;
+    if constexpr (V == 8)
+      *reinterpret_cast<uint2*>(qp) = make_uint2(packed[0], packed[1]);
+    else
+      *reinterpret_cast<uint32_t*>(qp) = packed[0];
+    if (threadIdx.x % kLanes == 0) s[c / kLanes * s_stride + row] = scale;
+  }
+};
+
 // fused_add_rms_norm_kernel's arithmetic in 16-byte vectors, a thread's chunks held in
-// registers between the two passes (kPer chunks of Vec16<T>::N at most, n a multiple of N).
-template <typename T, typename W, int kPer>
+// registers between the two passes (kPer chunks of Vec16<T>::N at most, n a multiple of N);
+// the normed chunks go to sink (every thread calls it kPer times, valid or not, so that a sink
+// may exchange values across lanes).
+template <typename T, typename W, int kPer, class Sink>
 __global__ void __launch_bounds__(1024)
-    fused_add_rms_norm_vec_kernel(T* out, T* res_out, const T* x, const T* res, const W* w,
-                                  int64_t n, int64_t out_stride, int64_t res_out_stride,
-                                  int64_t x_stride, int64_t res_stride, float eps) {
+    fused_add_rms_norm_vec_kernel(Sink sink, T* res_out, const T* x, const T* res, const W* w,
+                                  int64_t n, int64_t res_out_stride, int64_t x_stride,
+                                  int64_t res_stride, float eps) {
   constexpr int V = Vec16<T>::N;
   pdl_begin();
   const T* xr = x + blockIdx.x * x_stride;
   const T* rr = res + blockIdx.x * res_stride;
   T* ro = res_out + blockIdx.x * res_out_stride;
-  T* orow = out + blockIdx.x * out_stride;
   const int64_t chunks = n / V;
   Vec16<T> sum[kPer];
   float ss = 0.0f;
@@ -92,11 +143,33 @@ __global__ void __launch_bounds__(1024)
 #pragma unroll
   for (int p = 0; p < kPer; ++p) {
     const int64_t c = threadIdx.x + static_cast<int64_t>(p) * blockDim.x;
-    if (c >= chunks) break;
+    const bool valid = c < chunks;
+    if (valid) {
 #pragma unroll
-    for (int j = 0; j < V; ++j) sum[p].f[j] = sum[p].f[j] * inv * to_f32(w[c * V + j]);
-    sum[p].store(orow + c * V);
+      for (int j = 0; j < V; ++j) sum[p].f[j] = sum[p].f[j] * inv * to_f32(w[c * V + j]);
+    }
+    sink(blockIdx.x, c, sum[p], valid);
   }
+}
+
+// Launches fused_add_rms_norm_vec_kernel over x's rows with sink where every row takes 16-byte
+// vectors (res_out, x, res; n a multiple of Vec16<T>::N, at most 4096 of them); false otherwise.
+template <typename T, typename W, class Sink>
+bool launch_add_rms_norm_vec(const Sink& sink, const Tensor& res_out, const Tensor& x,
+                             const Tensor& res, const Tensor& w, float eps) {
+  constexpr int V = Vec16<T>::N;
+  const int64_t rows = x.shape[0], n = x.shape[1], chunks = n / V;
+  if (n % V != 0 || chunks > 4 * 1024 || !vec16_ok<T>(res_out.data, res_out.stride[0]) ||
+      !vec16_ok<T>(x.data, x.stride[0]) || !vec16_ok<T>(res.data, res.stride[0]))
+    return false;
+  // Up to 2 chunks a thread (4 past 2048 chunks).
+  const int vthreads =
+      static_cast<int>(std::min<int64_t>(1024, ((chunks + 1) / 2 + 31) / 32 * 32));
+  auto kernel = chunks <= 2 * 1024 ? fused_add_rms_norm_vec_kernel<T, W, 2, Sink>
+                                   : fused_add_rms_norm_vec_kernel<T, W, 4, Sink>;
+  launch(kernel, rows, vthreads, 0, stream(), sink, res_out.ptr<T>(), x.ptr<T>(), res.ptr<T>(),
+         w.ptr<W>(), n, res_out.stride[0], x.stride[0], res.stride[0], eps);
+  return true;
 }
 
 // ---- layer_norm ----
@@ -180,20 +253,11 @@ void norm_impl(const char* op, const Tensor& out, const Tensor& res_out, const T
     using T = decltype(xv);
     auto run = [&](auto wv) {
       using W = decltype(wv);
-      // Vectors where every row allows them: up to 2 chunks a thread (4 past 2048 chunks).
-      constexpr int V = Vec16<T>::N;
-      const int64_t chunks = n / V;
-      if (fused && n % V == 0 && chunks <= 4 * 1024 && vec16_ok<T>(out.data, out.stride[0]) &&
-          vec16_ok<T>(res_out.data, res_out.stride[0]) && vec16_ok<T>(x.data, x.stride[0]) &&
-          vec16_ok<T>(res.data, res.stride[0])) {
-        const int vthreads =
-            static_cast<int>(std::min<int64_t>(1024, ((chunks + 1) / 2 + 31) / 32 * 32));
-        auto kernel = chunks <= 2 * 1024 ? fused_add_rms_norm_vec_kernel<T, W, 2>
-                                         : fused_add_rms_norm_vec_kernel<T, W, 4>;
-        launch(kernel, rows, vthreads, 0, stream(), out.ptr<T>(), res_out.ptr<T>(), x.ptr<T>(),
-               res.ptr<T>(), w.ptr<W>(), n, out.stride[0], res_out.stride[0], x.stride[0],
-               res.stride[0], eps);
-      } else if (fused)
+      if (fused && vec16_ok<T>(out.data, out.stride[0]) &&
+          launch_add_rms_norm_vec<T, W>(StoreRows<T>{out.ptr<T>(), out.stride[0]}, res_out, x,
+                                        res, w, eps))
+        return;
+      if (fused)
         launch(fused_add_rms_norm_kernel<T, W>, rows, threads, 0, stream(), out.ptr<T>(),
                res_out.ptr<T>(), x.ptr<T>(), res.ptr<T>(), w.ptr<W>(), n, out.stride[0],
                res_out.stride[0], x.stride[0], res.stride[0], eps);
@@ -221,6 +285,26 @@ void fused_add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w
 void add_rms_norm(const Tensor& out, const Tensor& res_out, const Tensor& x, const Tensor& res,
                   const Tensor& w, float eps) {
   norm_impl("cuda.add_rms_norm", out, res_out, x, res, w, eps);
+}
+
+bool add_rms_norm_quant_fp8(uint8_t* q, int64_t q_stride, float* s, int64_t s_stride,
+                            const Tensor& res_out, const Tensor& x, const Tensor& res,
+                            const Tensor& w, float eps) {
+  if (!res.defined() || x.shape[0] == 0 || x.shape[1] % kFp8GroupValues != 0) return false;
+  bool launched = false;
+  dispatch_float(x.dtype, "cuda.add_rms_norm_quant_fp8", [&](auto xv) {
+    using T = decltype(xv);
+    auto run = [&](auto wv) {
+      launched = launch_add_rms_norm_vec<T, decltype(wv)>(QuantRows<T>{q, q_stride, s, s_stride},
+                                                          res_out, x, res, w, eps);
+    };
+    if (w.dtype == DType::F32)
+      run(float{});
+    else
+      run(T{});
+  });
+  if (launched) check_launch("add_rms_norm_quant_fp8 kernel");
+  return launched;
 }
 
 namespace {

@@ -22,8 +22,10 @@ bool sm90_kernels_in_use();
 // Benchmarks only (bench/gpu_kernels_vs_torch.py --plans): force one linear kernel, and the
 // split-K of the skinny and CUTLASS GEMMs, on every product it can take, so one build times
 // each kernel against the others and cuBLAS at the same shapes; a product the forced kernel
-// cannot take raises. path -1 and zeros / -1 elsewhere restore the planner (cuda/linear.cu).
-void set_linear_tuning(int path, int skinny_waves, int decomposition, int splits);
+// cannot take raises; swizzle and raster set the CUTLASS GEMMs' tile order (bf16 and fp8).
+// path -1 and zeros / -1 elsewhere restore the planner (cuda/linear.cu).
+void set_linear_tuning(int path, int skinny_waves, int decomposition, int splits, int swizzle,
+                       int raster);
 // Caching allocator: freed blocks are kept per size class and reused; no cudaMalloc/cudaFree
 // inside a step once warm (so steps can be captured in CUDA graphs).
 void* device_malloc(size_t bytes);

@@ -19,7 +19,9 @@ namespace {
 bool built_with_cuda() { return false; }
 bool available() { return false; }
 bool sm90_kernels_in_use() { return false; }
-void set_linear_tuning(int, int, int, int) { missing("set_linear_tuning", "cuda/linear.cu"); }
+void set_linear_tuning(int, int, int, int, int, int) {
+  missing("set_linear_tuning", "cuda/linear.cu");
+}
 int device_count() { return 0; }
 void set_device(int) { missing("set_device", "cuda/runtime.cu"); }
 std::string device_name() { missing("device_name", "cuda/runtime.cu"); }

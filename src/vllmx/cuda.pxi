@@ -10,7 +10,7 @@ cdef extern from "runtime.h" namespace "vllmx::cuda" nogil:
     bint c_cuda_available "vllmx::cuda::available"() except +
     bint c_cuda_built "vllmx::cuda::built_with_cuda"() except +
     bint c_sm90_kernels "vllmx::cuda::sm90_kernels_in_use"() except +
-    void c_set_linear_tuning "vllmx::cuda::set_linear_tuning"(int, int, int, int) except +
+    void c_set_linear_tuning "vllmx::cuda::set_linear_tuning"(int, int, int, int, int, int) except +
     int c_cuda_device_count "vllmx::cuda::device_count"() except +
     void c_cuda_set_device "vllmx::cuda::set_device"(int) except +
     string c_device_name "vllmx::cuda::device_name"() except +
@@ -65,23 +65,28 @@ def cuda_sm90_kernels():
     return c_sm90_kernels()
 
 
-# The kernels set_linear_tuning can force (cuda/linear.cu's ForcedPath, in order), and the
-# CUTLASS stream-K scheduler's decompositions (cutlass DecompositionMode, in order).
+# The kernels set_linear_tuning can force (cuda/linear.cu's ForcedPath, in order), the
+# CUTLASS stream-K scheduler's decompositions (cutlass DecompositionMode, in order) and the
+# tile schedulers' raster orders (cutlass RasterOrderOptions, in order).
 LINEAR_TUNING_PATHS = ("skinny", "swap128x16", "swap128x32", "swap128x64", "swap128x128",
                        "128x128", "128x256", "gemm_small", "gemm_large", "gemv")
 LINEAR_TUNING_DECOMPOSITIONS = ("heuristic", "data_parallel", "split_k", "stream_k")
+LINEAR_TUNING_RASTERS = ("heuristic", "along_m", "along_n")
 
 
-def cuda_linear_tuning(path=None, skinny_waves=0, decomposition=None, splits=0):
+def cuda_linear_tuning(path=None, skinny_waves=0, decomposition=None, splits=0, swizzle=0,
+                       raster=None):
     """Benchmarks only (bench/gpu_kernels_vs_torch.py --plans): every same-dtype or
-    block-quantized linear product from now on runs on the kernel `path` (a LINEAR_TUNING_PATHS name; None: the planner's
-    choice), the skinny GEMM's split-K aiming at skinny_waves CTAs per SM (0: its default) and
-    the CUTLASS GEMM's scheduler on `decomposition` with `splits` (None / 0: its heuristic). A
-    product the forced kernel cannot take raises ValueError. cuda_linear_tuning() restores the
-    defaults."""
+    block-quantized linear product from now on runs on the kernel `path` (a LINEAR_TUNING_PATHS
+    name; None: the planner's choice), the skinny GEMM's split-K aiming at skinny_waves CTAs per
+    SM (0: its default) and the CUTLASS GEMM's scheduler on `decomposition` with `splits`
+    (None / 0: the planner's); `swizzle` (1, 2, 4, 8) and `raster` (a LINEAR_TUNING_RASTERS
+    name) order the CUTLASS GEMMs' tiles, fp8's too (0 / None: the planner's). A product the
+    forced kernel cannot take raises ValueError. cuda_linear_tuning() restores the defaults."""
     code = -1 if path is None else LINEAR_TUNING_PATHS.index(path)
     mode = -1 if decomposition is None else LINEAR_TUNING_DECOMPOSITIONS.index(decomposition)
-    c_set_linear_tuning(code, skinny_waves, mode, splits)
+    order = -1 if raster is None else LINEAR_TUNING_RASTERS.index(raster)
+    c_set_linear_tuning(code, skinny_waves, mode, splits, swizzle, order)
 
 
 def cuda_device_count():

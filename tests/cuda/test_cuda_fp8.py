@@ -55,9 +55,11 @@ def _to_dev(*arrays):
 @pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
 @pytest.mark.parametrize("tnk", [(1, 256, 128), (5, 4096, 1024), (16, 1024, 4096),
                                  (17, 1024, 1024), (64, 2048, 512), (65, 1024, 1024),
-                                 (200, 3072, 1024), (1000, 512, 256)],
+                                 (200, 3072, 1024), (1000, 512, 256), (300, 1288, 512)],
                          ids=lambda v: "T{}N{}K{}".format(*v))
 def test_scaled_mm_vs_float64(tnk, with_bias, out_dtype):
+    """Both tile shapes; (300, 1288) puts an odd number of 128-row weight tiles under the
+    straight tile's two-CTA clusters."""
     if not hopper():
         pytest.skip("fp8 GEMMs run on Hopper only")
     rng = np.random.default_rng(SEED)
@@ -76,6 +78,27 @@ def test_scaled_mm_vs_float64(tnk, with_bias, out_dtype):
     tol = 2 ** (-7 if out_dtype == BF16 else -10)
     scale = np.abs(want).max()
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol * scale)
+
+
+@pytest.mark.parametrize("tuning", [{"swizzle": 8, "raster": "along_n"},
+                                    {"swizzle": 2, "raster": "along_m"}], ids=str)
+def test_scaled_mm_tile_order_vs_float64(tuning):
+    """Tiles handed out in runs (the grid rounded up to whole runs past the product's edge)
+    along either dimension give the same product."""
+    if not hopper():
+        pytest.skip("fp8 GEMMs run on Hopper only")
+    rng = np.random.default_rng(SEED + 1)
+    a, a_s, b, b_s = _operands(rng, 520, 1288, 512)
+    want = dequant(a, a_s) @ dequant(b, b_s).T
+    from vllmx import _C
+
+    _C.cuda_linear_tuning(**tuning)
+    try:
+        got = as_f32(ops.scaled_mm(*_to_dev(a, b, a_s, b_s), BF16, None).numpy(), BF16)
+    finally:
+        _C.cuda_linear_tuning()
+    tol = 2**-7
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
 
 
 def test_scaled_mm_refuses_misaligned_and_f32_out():
@@ -419,3 +442,59 @@ def _fp8_experts_forward(experts):
             out.index_add_(0, tok, (y * top_k_weights[tok, pos, None]).to(out.dtype))
         return out
     return forward
+
+
+@pytest.mark.parametrize("act", [-1, 0], ids=["none", "silu"])
+@pytest.mark.parametrize("with_res", [True, False], ids=["residual", "first_layer"])
+@pytest.mark.parametrize("T", [1, 7, 32, 33, 300])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
+def test_rms_norm_linear_fp8_is_the_separate_ops(dtype, T, with_res, act):
+    """rms_norm_linear on an fp8 w (the norm's own kernel quantizing the normed rows where
+    there is a residual) gives add_rms_norm, fp8_linear and silu_and_mul bit for bit: up to 32
+    rows on the skinny GEMM, more on CUTLASS, and the residual stream the same."""
+    if not hopper():
+        pytest.skip("fp8 GEMMs run on Hopper only")
+    from vllmx import _C
+
+    rng = np.random.default_rng([SEED, T])
+    K, n = 1024, 2 * 384
+    x = dev((rng.standard_normal((T, K)) * 3).astype(np.float32), dtype)
+    res = dev(rng.standard_normal((T, K)).astype(np.float32), dtype) if with_res else None
+    g = DeviceArray.from_numpy((1 + 0.2 * rng.standard_normal(K)).astype(np.float32))
+    b, b_s = ops.per_token_group_quant_fp8((rng.standard_normal((n, K)) / 32).astype(np.float32))
+    w, w_s = _to_dev(b, b_s)
+    n_out = n if act < 0 else n // 2
+
+    normed = DeviceArray.empty((T, K), dtype)
+    want_res = DeviceArray.empty((T, K), dtype) if with_res else None
+    _C.ops.add_rms_norm(normed, want_res, x, res, g, 1e-6)
+    product = DeviceArray.empty((T, n), dtype)
+    _C.ops.fp8_linear(product, normed, w, w_s, None)
+    want = product
+    if act == 0:
+        want = DeviceArray.empty((T, n_out), dtype)
+        _C.ops.silu_and_mul(want, product)
+
+    out = DeviceArray.empty((T, n_out), dtype)
+    res_out = DeviceArray.empty((T, K), dtype) if with_res else None
+    _C.ops.rms_norm_linear(out, res_out, x, res, g, 1e-6, w, None,
+                           DeviceArray.empty((T, K), dtype),
+                           DeviceArray.empty((T, n), dtype) if act >= 0 else None, act, w_s)
+    np.testing.assert_array_equal(out.numpy(), want.numpy())
+    if with_res:
+        np.testing.assert_array_equal(res_out.numpy(), want_res.numpy())
+
+
+def test_rms_norm_linear_fp8_refuses_missing_scales():
+    if not hopper():
+        pytest.skip("fp8 GEMMs run on Hopper only")
+    from vllmx import _C
+
+    rng = np.random.default_rng(SEED)
+    b, b_s = ops.per_token_group_quant_fp8(rng.standard_normal((256, 256)).astype(np.float32))
+    w, _ = _to_dev(b, b_s)
+    x = dev(rng.standard_normal((4, 256)).astype(np.float32), BF16)
+    g = DeviceArray.from_numpy(np.ones(256, np.float32))
+    with pytest.raises(ValueError, match="scales w_s"):
+        _C.ops.rms_norm_linear(DeviceArray.empty((4, 256), BF16), None, x, None, g, 1e-6, w, None,
+                               DeviceArray.empty((4, 256), BF16), None, -1)

@@ -150,6 +150,10 @@ TUNING_PLANS = [
     ({"path": "swap128x32", "decomposition": "data_parallel"}, 24),
     ({"path": "swap128x64", "decomposition": "split_k", "splits": 3}, 40),
     ({"path": "128x128", "decomposition": "stream_k"}, 200),
+    # tiles in runs along either dimension, the grid rounded up past the product's edge
+    ({"path": "128x256", "swizzle": 8, "raster": "along_n"}, 300),
+    ({"path": "128x128", "swizzle": 4, "raster": "along_m"}, 200),
+    ({"path": "swap128x64", "swizzle": 2}, 40),
     ({"path": "gemm_small"}, 24), ({"path": "gemm_large"}, 200),
 ]
 
@@ -184,3 +188,5 @@ def test_linear_tuning_refuses_what_a_kernel_cannot_take():
         _C.cuda_linear_tuning(skinny_waves=-1)
     with pytest.raises(ValueError):
         _C.cuda_linear_tuning(path="no-such-kernel")
+    with pytest.raises(ValueError, match="swizzle 16"):
+        _C.cuda_linear_tuning(swizzle=16)

@@ -159,11 +159,11 @@ def rms_norm_linear(x, residual, norm_w, eps: float, w, bias=None, act: str | No
     is None), y = rms_norm(h) * norm_w, out = linear(y, w, bias), or linear_act_and_mul(y, w,
     act) when act is given. Returns (out, h), h being the residual stream from here on. Without
     the fused op (the CPU) the residual is updated in place (vLLM's fused_add_rms_norm); on the
-    GPU decode rows (as in linear_act_and_mul) take one GEMV that normalizes x as it reads it."""
+    GPU decode rows (as in linear_act_and_mul) take one GEMV that normalizes x as it reads it,
+    and an fp8 w's rows are quantized by the norm's kernel (fp8_linear's bits)."""
     code = -1 if act is None else _act_code("rms_norm_linear", act)
     # (A biased gate_up (Llama's mlp_bias) is activated after its bias: the separate ops.)
-    if (not _fused("rms_norm_linear", x) or (bias is not None and act is not None)
-            or is_fp8_weight(w)):
+    if not _fused("rms_norm_linear", x) or (bias is not None and act is not None):
         if residual is None:
             h, residual = rms_norm(x, norm_w, eps), x
         else:
@@ -182,7 +182,7 @@ def rms_norm_linear(x, residual, norm_w, eps: float, w, bias=None, act: str | No
     tmp_norm = _empty(x, (t, k))  # the unfused path's buffers
     tmp_act = _empty(x, (t, n)) if code >= 0 else None
     _C.ops.rms_norm_linear(out, res_out, x, residual, norm_w, eps, _arg(w), bias, tmp_norm,
-                           tmp_act, code)
+                           tmp_act, code, w.scales if is_fp8_weight(w) else None)
     return out, (x if residual is None else res_out)
 
 
