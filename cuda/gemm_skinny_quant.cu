@@ -28,7 +28,6 @@ namespace {
 using namespace skinny;
 
 constexpr int kBK = 256;        // K per stage: one k-quant super-block
-constexpr int kStages = 4;
 constexpr int kXLds = kBK + 8;  // x's smem row stride in elements (Q4_K: XTile)
 
 // x's rows in shared memory: padded to kXLds elements; for Q4_K and Q5_K (whose reads the
@@ -42,7 +41,9 @@ struct XTile {
     return kSwizzled ? kq::x_chunk(row, c) : c;
   }
 };
-constexpr int kMinStagesPerSplit = 2;
+// Splits of fewer stages are mostly pipeline fill (Q4_K 4096 x 4096 at T = 1 on an H100: eight
+// splits of two 9.8 us, four of four 8.1).
+constexpr int kMinStagesPerSplit = 3;
 
 template <int WK>
 struct StageBytes {
@@ -52,9 +53,23 @@ struct StageBytes {
   static constexpr int kSlot = kCopies * 16;  // its smem bytes
 };
 
+// A stage's shared memory: the rows' block bytes and x's rows.
 template <int WK, int NT>
-constexpr int kSmemBytes =
-    kStages * (kRows * StageBytes<WK>::kSlot + 8 * NT * XTile<WK>::kLds * 2);
+constexpr int kStageBytes = kRows * StageBytes<WK>::kSlot + 8 * NT * XTile<WK>::kLds * 2;
+
+// Pipeline stages: four for wider token tiles; for one (decode at batch <= 8) as many as let
+// four CTAs share an SM's 227 KB (3-4; each block also costs the driver 1 KB), so that
+// registers, not shared memory, bound Q4_K's and Q5_K's. Four stages for every tile had held
+// Q4_K (57 KB) to three CTAs an SM where its 102 registers allow four: ncu on an H100, T = 1,
+// 28672 x 4096: 46 us at 1.49 TB/s (44% of DRAM), 0.8 warps eligible a cycle, 448 CTAs over
+// 396 slots ran 1.13 waves, the last 52 alone; three stages: 38.7 us, 53% of DRAM, one wave.
+// (Two stages, five Q6_K CTAs an SM, made its 28672 x 4096 product 6-13% slower.)
+template <int WK, int NT>
+constexpr int kStages =
+    NT > 1 ? 4 : std::clamp((227 * 1024 / 4 - 1024) / kStageBytes<WK, NT>, 3, 4);
+
+template <int WK, int NT>
+constexpr int kSmemBytes = kStages<WK, NT> * kStageBytes<WK, NT>;
 
 // One stage (one super-block a row) of Q4_K, the bulk of Q4_K_M files, with the codes as the
 // mma's A operand and each sub-block's scale and min applied to its product (kquant_mma.cuh:
@@ -189,7 +204,7 @@ template <typename T, int WK, int NT>
 __global__ void __launch_bounds__(kThreads)
     gemm_skinny_quant_kernel(LinearArgs a, int stages_per_split, float* partials, int* counters) {
   using SB = StageBytes<WK>;
-  constexpr int TT = 8 * NT, S = kStages;
+  constexpr int TT = 8 * NT, S = kStages<WK, NT>;
   constexpr bool kBf = std::is_same_v<T, __nv_bfloat16>;
   extern __shared__ uint4 skinny_quant_smem[];
   uint8_t* Ws = reinterpret_cast<uint8_t*>(skinny_quant_smem);  // [S][kRows][kSlot]
@@ -331,11 +346,19 @@ void launch_nt(const LinearArgs& a, const SplitK& sk, int tiles, cudaStream_t s)
 template <typename T, int WK>
 void launch_typed(const LinearArgs& a, cudaStream_t s) {
   const int tiles = (a.N + kRows - 1) / kRows;
-  // The split plan takes the widest token tile's occupancy (the fewest CTAs an SM holds) at
-  // every T, so that it is a function of N, K and the block type alone: a row's bits do not
-  // depend on the batch.
-  const SplitK sk = plan_split(tiles, a.K / kBK, ctas_per_sm<T, WK, 4>(), kMinStagesPerSplit,
-                               a.T <= 8 ? 8 : a.T <= 16 ? 16 : 32);
+  // The split plan takes one token tile's occupancy at every T (decode's, the most CTAs an SM
+  // holds), so that it is a function of N, K and the block type alone: a row's bits do not
+  // depend on the batch. (It had taken the widest tile's, two CTAs an SM: a 64-tile product
+  // such as 4096 x 4096 split four ways filled a third of the slots one token tile has.) Wider
+  // tiles then run more than a wave where the split fills one.
+  const int waves = linear_tuning().skinny_waves > 0 ? linear_tuning().skinny_waves
+                                                     : ctas_per_sm<T, WK, 1>();
+  const int tt = a.T <= 8 ? 8 : a.T <= 16 ? 16 : 32;
+  SplitK sk = plan_split(tiles, a.K / kBK, waves, kMinStagesPerSplit, tt);
+  // A small product in splits of three stages or more leaves SMs idle (1024 x 4096: 16 tiles in
+  // 4 splits, 64 CTAs; on an H100 Q8_0 at T = 2 took 10.3 us where splits of two, 128 CTAs, took
+  // 7.8): there, splits of two.
+  if (tiles * sk.splits < num_sms()) sk = plan_split(tiles, a.K / kBK, waves, 2, tt);
   if (a.T <= 8)
     launch_nt<T, WK, 1>(a, sk, tiles, s);
   else if (a.T <= 16)

@@ -420,8 +420,9 @@ constexpr int quant_skinny_min_t(int wk) {
 void launch_gemm_skinny_quant(const LinearArgs& a, bool bf16_x, int wk, cudaStream_t s);
 
 // What set_linear_tuning (runtime.h) forces; the engine never sets it. path: -1 the planner's
-// own, else a ForcedPath (linear.cu); skinny_waves: the skinny GEMM's CTAs per SM that its
-// split-K aims at (0: two); decomposition / splits / swizzle / raster: the CUTLASS GEMMs'
+// own, else a ForcedPath (linear.cu); skinny_waves: the skinny GEMMs' CTAs per SM that their
+// split-K aims at (0: two for dense weights, the one-token-tile occupancy for block weights);
+// decomposition / splits / swizzle / raster: the CUTLASS GEMMs'
 // scheduler (Sm90Schedule's fields; -1, 0, 0 and -1: the planner's).
 struct LinearTuning {
   int path = -1;

@@ -59,10 +59,15 @@ inline bool sm90_kernels() {
   return v;
 }
 
-// Raises a kernel's dynamic shared-memory limit once (needed above 48 KB).
+// Raises a kernel's dynamic shared-memory limit once: needed where the dynamic and the
+// kernel's static shared memory together pass 48 KB (the quantized skinny GEMM's Q5_K stages
+// came to exactly 48 KB beside a 16-byte static flag: launched without it, they failed with
+// cudaErrorInvalidValue).
 template <typename Kernel>
 inline void allow_smem(Kernel kernel, int bytes) {
-  if (bytes > 48 * 1024)
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess ||
+      bytes + attr.sharedSizeBytes > 48 * 1024)
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
