@@ -41,8 +41,8 @@ struct XTile {
     return kSwizzled ? kq::x_chunk(row, c) : c;
   }
 };
-// Splits of fewer stages are mostly pipeline fill (Q4_K 4096 x 4096 at T = 1 on an H100: eight
-// splits of two 9.8 us, four of four 8.1).
+// Splits of fewer stages are mostly pipeline fill (Q4_K 4096 x 4096 at T = 1, the same kernel
+// in two H100 runs: eight splits of two 9.8 us, four of four 8.1).
 constexpr int kMinStagesPerSplit = 3;
 
 template <int WK>
@@ -349,8 +349,9 @@ void launch_typed(const LinearArgs& a, cudaStream_t s) {
   // The split plan takes one token tile's occupancy at every T (decode's, the most CTAs an SM
   // holds), so that it is a function of N, K and the block type alone: a row's bits do not
   // depend on the batch. (It had taken the widest tile's, two CTAs an SM: a 64-tile product
-  // such as 4096 x 4096 split four ways filled a third of the slots one token tile has.) Wider
-  // tiles then run more than a wave where the split fills one.
+  // such as 4096 x 14336 split four ways, 256 CTAs, filled half the 528 slots one Q4_K token
+  // tile has; in eight it ran 1.28x as fast.) Wider tiles then run more than a wave where the
+  // split fills one.
   const int waves = linear_tuning().skinny_waves > 0 ? linear_tuning().skinny_waves
                                                      : ctas_per_sm<T, WK, 1>();
   const int tt = a.T <= 8 ? 8 : a.T <= 16 ? 16 : 32;
