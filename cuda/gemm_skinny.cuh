@@ -23,7 +23,7 @@ struct SplitK {
 // Splits so that the CTAs fill the GPU once (ctas_per_sm at a time; a second, partial wave would
 // leave most SMs idle at its end), each split at least min_per stages long; then no split is
 // left empty. A function of N, K and the kernel, never of T: a row's bits do not depend on the
-// batch. tt: the token tile the partials hold.
+// batch.
 inline SplitK split_k(int tiles, int k_tiles, int ctas_per_sm, int min_per) {
   SplitK p;
   p.splits = std::clamp(ctas_per_sm * num_sms() / tiles, 1, kMaxSplits);
@@ -32,15 +32,19 @@ inline SplitK split_k(int tiles, int k_tiles, int ctas_per_sm, int min_per) {
   p.splits = std::max(1, (k_tiles + p.per - 1) / p.per);
   return p;
 }
-// split_k with its scratch.
-inline SplitK plan_split(int tiles, int k_tiles, int ctas_per_sm, int min_per, int tt) {
-  SplitK p = split_k(tiles, k_tiles, ctas_per_sm, min_per);
+// p's split-K scratch, where it has splits; tt: the token tile the partials hold.
+inline void split_scratch(SplitK& p, int tiles, int tt) {
   if (p.splits > 1) {
     static GrowOnlyBuffer partial_buf, counter_buf(/*zeroed=*/true);
     p.partials = static_cast<float*>(
         partial_buf.get(static_cast<size_t>(tiles) * p.splits * kRows * tt * sizeof(float)));
     p.counters = static_cast<int*>(counter_buf.get(static_cast<size_t>(tiles) * sizeof(int)));
   }
+}
+// split_k with its scratch.
+inline SplitK plan_split(int tiles, int k_tiles, int ctas_per_sm, int min_per, int tt) {
+  SplitK p = split_k(tiles, k_tiles, ctas_per_sm, min_per);
+  split_scratch(p, tiles, tt);
   return p;
 }
 

@@ -355,11 +355,12 @@ void launch_typed(const LinearArgs& a, cudaStream_t s) {
   const int waves = linear_tuning().skinny_waves > 0 ? linear_tuning().skinny_waves
                                                      : ctas_per_sm<T, WK, 1>();
   const int tt = a.T <= 8 ? 8 : a.T <= 16 ? 16 : 32;
-  SplitK sk = plan_split(tiles, a.K / kBK, waves, kMinStagesPerSplit, tt);
+  SplitK sk = split_k(tiles, a.K / kBK, waves, kMinStagesPerSplit);
   // A small product in splits of three stages or more leaves SMs idle (1024 x 4096: 16 tiles in
   // 4 splits, 64 CTAs; on an H100 Q8_0 at T = 2 took 10.3 us where splits of two, 128 CTAs, took
   // 7.8): there, splits of two.
-  if (tiles * sk.splits < num_sms()) sk = plan_split(tiles, a.K / kBK, waves, 2, tt);
+  if (tiles * sk.splits < num_sms()) sk = split_k(tiles, a.K / kBK, waves, 2);
+  split_scratch(sk, tiles, tt);
   if (a.T <= 8)
     launch_nt<T, WK, 1>(a, sk, tiles, s);
   else if (a.T <= 16)

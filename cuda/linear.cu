@@ -317,6 +317,10 @@ constexpr Sm90Extent kSm90Extents[] = {
     {Sm90Tile::kSwap128x16, true, 128, 16, 1, 1},  {Sm90Tile::kSwap128x32, true, 128, 32, 1, 1},
     {Sm90Tile::kSwap128x64, true, 128, 64, 1, 1},  {Sm90Tile::kSwap128x128, true, 128, 128, 1, 1},
     {Sm90Tile::k128x128, false, 128, 128, 1, 2},   {Sm90Tile::k128x256, false, 256, 128, 2, 1}};
+// The output tiles of a T x N product on extent e.
+constexpr int64_t sm90_tiles(const Sm90Extent& e, int64_t T, int64_t N) {
+  return (N + e.w_rows - 1) / e.w_rows * ((T + e.tokens - 1) / e.tokens);
+}
 constexpr const Sm90Extent& extent(Sm90Tile t) {
   for (const Sm90Extent& e : kSm90Extents)
     if (e.tile == t) return e;
@@ -372,7 +376,7 @@ void plan_sm90_schedule(LinearPlan& p, int64_t T, int64_t N, int64_t K) {
 #ifdef VLLMX_WITH_SM90_GEMM
   constexpr int kDataParallel = 1, kSplitK = 2;  // cutlass DecompositionMode
   const Sm90Extent& e = extent(p.sm90_tile);
-  const int64_t tiles = (N + e.w_rows - 1) / e.w_rows * ((T + e.tokens - 1) / e.tokens);
+  const int64_t tiles = sm90_tiles(e, T, N);
   const int64_t k_steps = (K + 63) / 64;
   Sm90Schedule& sc = p.sm90_schedule;
   if (tiles > num_sms()) {
@@ -675,8 +679,7 @@ constexpr int64_t kSm90SwizzleMaxK = 8192;
 int sm90_swizzle(Sm90Tile tile, int64_t T, int64_t N, int64_t K) {
 #ifdef VLLMX_WITH_SM90_GEMM
   const Sm90Extent& e = extent(tile);
-  const int64_t tiles = (N + e.w_rows - 1) / e.w_rows * ((T + e.tokens - 1) / e.tokens);
-  return tiles > num_sms() && K <= kSm90SwizzleMaxK ? swizzle_runs(e, T, N) : 1;
+  return sm90_tiles(e, T, N) > num_sms() && K <= kSm90SwizzleMaxK ? swizzle_runs(e, T, N) : 1;
 #else
   (void)tile, (void)T, (void)N, (void)K;
   return 1;
@@ -744,6 +747,16 @@ void batched_linear(const Tensor& out, const Tensor& x, const Tensor& w) {
     linear(group_view(out, g), group_view(x, g), stacked_view(w, g), Tensor{});
 }
 
+namespace {
+// out = act(gate) * up from gated [T, 2 I] (gate columns, then up), act an Act.
+void act_and_mul(const Tensor& out, const Tensor& gated, int act) {
+  if (act == static_cast<int>(Act::kSilu))
+    silu_and_mul(out, gated);
+  else
+    gelu_and_mul(out, gated, act == static_cast<int>(Act::kGeluTanh));
+}
+}  // namespace
+
 void linear_act_and_mul(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& tmp,
                         int act) {
   const char* op = "linear_act_and_mul";
@@ -764,15 +777,13 @@ void linear_act_and_mul(const Tensor& out, const Tensor& x, const Tensor& w, con
     return;
   }
   linear(tmp, x, w, Tensor{});
-  if (act == static_cast<int>(Act::kSilu))
-    silu_and_mul(out, tmp);
-  else
-    gelu_and_mul(out, tmp, act == static_cast<int>(Act::kGeluTanh));
+  act_and_mul(out, tmp, act);
 }
 
 // rms_norm_linear fuses the norm into the GEMV up to this many weight elements (32 MB bf16).
 constexpr int64_t kNormFuseMaxElems = int64_t{16} << 20;
 
+namespace {
 // An fp8 w (its scales w_s): the normed rows quantized as fp8_linear quantizes its x, by the
 // norm's own kernel where it takes them (add_rms_norm_quant_fp8: vLLM fuses the two as well),
 // else add_rms_norm into tmp_norm and per_token_group_quant_fp8 from there; then the product
@@ -813,11 +824,9 @@ void rms_norm_fp8_linear(const Tensor& out, const Tensor& res_out, const Tensor&
         per_token_group_quant_fp8_rows(q, K, s, s_stride, tmp_norm, op);
       },
       op);
-  if (act == static_cast<int>(Act::kSilu))
-    silu_and_mul(out, tmp_act);
-  else if (act >= 0)
-    gelu_and_mul(out, tmp_act, act == static_cast<int>(Act::kGeluTanh));
+  if (act >= 0) act_and_mul(out, tmp_act, act);
 }
+}  // namespace
 
 void rms_norm_linear(const Tensor& out, const Tensor& res_out, const Tensor& x,
                      const Tensor& residual, const Tensor& norm_w, float eps, const Tensor& w,

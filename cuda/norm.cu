@@ -172,6 +172,17 @@ bool launch_add_rms_norm_vec(const Sink& sink, const Tensor& res_out, const Tens
   return true;
 }
 
+// fn(T{}, W{}) with T x's dtype and W the norm weight's: f32, or x's dtype (the ops check which).
+template <class Fn>
+void dispatch_norm(const Tensor& x, const Tensor& w, const char* op, Fn&& fn) {
+  dispatch_float(x.dtype, op, [&](auto xv) {
+    if (w.dtype == DType::F32)
+      fn(xv, float{});
+    else
+      fn(xv, decltype(xv){});
+  });
+}
+
 // ---- layer_norm ----
 // One CTA per (row, group) of d values. With res (one group per row), res_out = x + res is
 // stored first, rounded to T, and the statistics are those of what was stored (transformers
@@ -249,26 +260,20 @@ void norm_impl(const char* op, const Tensor& out, const Tensor& res_out, const T
   const int64_t rows = x.shape[0], n = x.shape[1];
   if (rows == 0 || n == 0) return;
   const int threads = threads_for(n / 4);
-  dispatch_float(x.dtype, op, [&](auto xv) {
+  dispatch_norm(x, w, op, [&](auto xv, auto wv) {
     using T = decltype(xv);
-    auto run = [&](auto wv) {
-      using W = decltype(wv);
-      if (fused && vec16_ok<T>(out.data, out.stride[0]) &&
-          launch_add_rms_norm_vec<T, W>(StoreRows<T>{out.ptr<T>(), out.stride[0]}, res_out, x,
-                                        res, w, eps))
-        return;
-      if (fused)
-        launch(fused_add_rms_norm_kernel<T, W>, rows, threads, 0, stream(), out.ptr<T>(),
-               res_out.ptr<T>(), x.ptr<T>(), res.ptr<T>(), w.ptr<W>(), n, out.stride[0],
-               res_out.stride[0], x.stride[0], res.stride[0], eps);
-      else
-        launch(rms_norm_kernel<T, W>, rows, threads, 0, stream(), out.ptr<T>(), x.ptr<T>(),
-               w.ptr<W>(), n, x.stride[0], out.stride[0], eps);
-    };
-    if (w.dtype == DType::F32)
-      run(float{});
+    using W = decltype(wv);
+    if (fused && vec16_ok<T>(out.data, out.stride[0]) &&
+        launch_add_rms_norm_vec<T, W>(StoreRows<T>{out.ptr<T>(), out.stride[0]}, res_out, x,
+                                      res, w, eps))
+      return;
+    if (fused)
+      launch(fused_add_rms_norm_kernel<T, W>, rows, threads, 0, stream(), out.ptr<T>(),
+             res_out.ptr<T>(), x.ptr<T>(), res.ptr<T>(), w.ptr<W>(), n, out.stride[0],
+             res_out.stride[0], x.stride[0], res.stride[0], eps);
     else
-      run(T{});
+      launch(rms_norm_kernel<T, W>, rows, threads, 0, stream(), out.ptr<T>(), x.ptr<T>(),
+             w.ptr<W>(), n, x.stride[0], out.stride[0], eps);
   });
   check_launch(fused ? "fused_add_rms_norm kernel" : "rms_norm kernel");
 }
@@ -292,16 +297,10 @@ bool add_rms_norm_quant_fp8(uint8_t* q, int64_t q_stride, float* s, int64_t s_st
                             const Tensor& w, float eps) {
   if (!res.defined() || x.shape[0] == 0 || x.shape[1] % kFp8GroupValues != 0) return false;
   bool launched = false;
-  dispatch_float(x.dtype, "cuda.add_rms_norm_quant_fp8", [&](auto xv) {
+  dispatch_norm(x, w, "cuda.add_rms_norm_quant_fp8", [&](auto xv, auto wv) {
     using T = decltype(xv);
-    auto run = [&](auto wv) {
-      launched = launch_add_rms_norm_vec<T, decltype(wv)>(QuantRows<T>{q, q_stride, s, s_stride},
-                                                          res_out, x, res, w, eps);
-    };
-    if (w.dtype == DType::F32)
-      run(float{});
-    else
-      run(T{});
+    launched = launch_add_rms_norm_vec<T, decltype(wv)>(QuantRows<T>{q, q_stride, s, s_stride},
+                                                        res_out, x, res, w, eps);
   });
   if (launched) check_launch("add_rms_norm_quant_fp8 kernel");
   return launched;
@@ -327,20 +326,14 @@ void layer_norm_impl(const char* op, const Tensor& out, const Tensor& res_out, c
   if (rows == 0 || d == 0) return;
   const int threads = threads_for(d / 4);
   const auto grid = static_cast<unsigned>(rows * groups);
-  dispatch_float(x.dtype, op, [&](auto xv) {
+  dispatch_norm(x, w, op, [&](auto xv, auto wv) {
     using T = decltype(xv);
-    auto run = [&](auto wv) {
-      using W = decltype(wv);
-      launch(layer_norm_kernel<T, W>, grid, threads, 0, stream(), out.ptr<T>(),
-             fused ? res_out.ptr<T>() : nullptr, x.ptr<T>(), fused ? res.ptr<T>() : nullptr,
-             w.ptr<W>(), b.defined() ? b.ptr<W>() : nullptr, d, groups,
-             w.ndim == 2 ? d : int64_t{0}, out.stride[0], fused ? res_out.stride[0] : 0,
-             x.stride[0], fused ? res.stride[0] : 0, eps);
-    };
-    if (w.dtype == DType::F32)
-      run(float{});
-    else
-      run(T{});
+    using W = decltype(wv);
+    launch(layer_norm_kernel<T, W>, grid, threads, 0, stream(), out.ptr<T>(),
+           fused ? res_out.ptr<T>() : nullptr, x.ptr<T>(), fused ? res.ptr<T>() : nullptr,
+           w.ptr<W>(), b.defined() ? b.ptr<W>() : nullptr, d, groups,
+           w.ndim == 2 ? d : int64_t{0}, out.stride[0], fused ? res_out.stride[0] : 0,
+           x.stride[0], fused ? res.stride[0] : 0, eps);
   });
   check_launch(fused ? "fused_add_layer_norm kernel" : "layer_norm kernel");
 }
