@@ -51,7 +51,7 @@ from peer_process import engine_env, worker_result
 def short(name: str) -> str:
     name = re.sub(r"<.*", "", name).replace("(anonymous namespace)", "anon")
     name = re.sub(r"\(.*", "", name)
-    return name.split("::")[-1][:48]
+    return name.split("::")[-1][:120]  # (cuBLAS names its tile, cluster and stages)
 
 
 def trace_kernels(prof, out_dir: str) -> list[dict]:

@@ -61,6 +61,18 @@ __global__ void rotary_kernel(const int32_t* positions, T* q, T* k, const float*
 // rms-normed (when weights are given) and rotated, q heads go to q_out, k and v heads to their
 // cache slot. Each stage rounds to T exactly where the separate ops (rms_norm, rotary,
 // write_kv_cache) store, so the result matches them up to the order of the norm's f32 sum.
+
+// The head's rms_norm scale from its lanes' partial sums of squares.
+__device__ __forceinline__ float head_rms_inv(float ss, int D, float eps) {
+  return 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(D) + eps);
+}
+// One normed element, rounded where rms_norm stores.
+template <typename T, typename W>
+__device__ __forceinline__ float head_normed(float x, float inv, W w) {
+  return to_f32(from_f32<T>(x * inv * to_f32(w)));
+}
+
+// Any head size: the warp's lanes stride over the head, rotary pairs meet in shared memory.
 template <typename T, typename TC, typename W>
 __global__ void qk_norm_rope_cache_kernel(T* q_out, const T* qkv, const int32_t* positions,
                                           const float* cache, int64_t max_pos, int rot_dim,
@@ -86,12 +98,10 @@ __global__ void qk_norm_rope_cache_kernel(T* q_out, const T* qkv, const int32_t*
         const float v = to_f32(x[i]);
         ss += v * v;
       }
-      ss = warp_sum(ss);
-      inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
+      inv = head_rms_inv(ss, D, eps);
     }
     for (int i = lane; i < D; i += 32)
-      row[i] = w != nullptr ? to_f32(from_f32<T>(to_f32(x[i]) * inv * to_f32(w[i])))
-                            : to_f32(x[i]);
+      row[i] = w != nullptr ? head_normed<T>(to_f32(x[i]), inv, w[i]) : to_f32(x[i]);
     __syncwarp();
     const int32_t pos = positions[t];
     if (pos >= 0 && pos < max_pos) {
@@ -116,6 +126,92 @@ __global__ void qk_norm_rope_cache_kernel(T* q_out, const T* qkv, const int32_t*
   const int kv = is_v ? h - nq - nkv : h - nq;
   TC* dst = (is_v ? value_cache : key_cache) + (slot * nkv + kv) * D;
   for (int i = lane; i < D; i += 32) dst[i] = from_f32<TC>(is_v ? to_f32(x[i]) : row[i]);
+}
+
+// V consecutive elements of T in one access (16 bytes at most each: V * sizeof(T) of 32 takes
+// two), the pointer aligned to min(16, V * sizeof(T)) bytes.
+template <typename T, int V>
+struct alignas(V * sizeof(T) < 16 ? V * sizeof(T) : 16) RegRow {
+  T e[V];
+  __device__ __forceinline__ static void load(const T* p, float* f) {
+    const RegRow r = *reinterpret_cast<const RegRow*>(p);
+#pragma unroll
+    for (int j = 0; j < V; ++j) f[j] = to_f32(r.e[j]);
+  }
+  __device__ __forceinline__ static void store(T* p, const float* f) {
+    RegRow r;
+#pragma unroll
+    for (int j = 0; j < V; ++j) r.e[j] = from_f32<T>(f[j]);
+    *reinterpret_cast<RegRow*>(p) = r;
+  }
+};
+
+// Head size 32 * V: each lane holds V consecutive elements in registers, read and written in
+// one access; a neox pair's other element sits half / V lanes away (half a multiple of V, the
+// host checks), a GPT-J pair in the lane itself. The same roundings as the kernel above, so the
+// results are identical.
+template <typename T, typename TC, typename W, int V>
+__global__ void qk_norm_rope_cache_vec_kernel(T* q_out, const T* qkv, const int32_t* positions,
+                                              const float* cache, int64_t max_pos, int rot_dim,
+                                              const W* q_w, const W* k_w, float eps,
+                                              TC* key_cache, TC* value_cache,
+                                              const int32_t* slots, int64_t num_slots, int nq,
+                                              int nkv, int /*D: 32 * V*/, int64_t qkv_stride,
+                                              int64_t q_stride, bool is_neox) {
+  pdl_begin();
+  constexpr int D = 32 * V;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, first = lane * V;
+  const int h = blockIdx.y * (blockDim.x / 32) + warp;
+  if (h >= nq + 2 * nkv) return;
+  const int64_t t = blockIdx.x;
+  float v[V];
+  RegRow<T, V>::load(qkv + t * qkv_stride + static_cast<int64_t>(h) * D + first, v);
+  const bool is_v = h >= nq + nkv;
+  if (!is_v) {
+    const W* w = h < nq ? q_w : k_w;
+    if (w != nullptr) {
+      float ss = 0.f;
+#pragma unroll
+      for (int j = 0; j < V; ++j) ss += v[j] * v[j];
+      const float inv = head_rms_inv(ss, D, eps);
+#pragma unroll
+      for (int j = 0; j < V; ++j) v[j] = head_normed<T>(v[j], inv, w[first + j]);
+    }
+    const int32_t pos = positions[t];
+    if (pos >= 0 && pos < max_pos) {
+      const int half = rot_dim / 2;
+      const float* cos = cache + static_cast<int64_t>(pos) * rot_dim;
+      if (is_neox) {
+        const int off = half / V;  // lanes between a pair's elements
+        const bool lo = lane < off, hi = !lo && lane < 2 * off;
+        const int src = lo ? lane + off : hi ? lane - off : lane;
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const float p = __shfl_sync(0xffffffffu, v[j], src);
+          const int i = first + j - (hi ? half : 0);
+          if (lo) v[j] = to_f32(from_f32<T>(rope(v[j], p, cos[i], cos[half + i]).x));
+          if (hi) v[j] = to_f32(from_f32<T>(rope(p, v[j], cos[i], cos[half + i]).y));
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < V; j += 2) {
+          const int i = (first + j) / 2;
+          if (i >= half) break;
+          const float2 r = rope(v[j], v[j + 1], cos[i], cos[half + i]);
+          v[j] = to_f32(from_f32<T>(r.x));
+          v[j + 1] = to_f32(from_f32<T>(r.y));
+        }
+      }
+    }
+    if (h < nq) {
+      RegRow<T, V>::store(q_out + t * q_stride + static_cast<int64_t>(h) * D + first, v);
+      return;
+    }
+  }
+  const int64_t slot = slots[t];
+  if (slot < 0 || slot >= num_slots) return;
+  const int kv = is_v ? h - nq - nkv : h - nq;
+  RegRow<TC, V>::store((is_v ? value_cache : key_cache) + (slot * nkv + kv) * D + first, v);
 }
 
 // ---- gated activations (activate(): cuda_util.cuh) ----
@@ -590,11 +686,20 @@ void qk_norm_rope_cache(const Tensor& q_out, const Tensor& qkv, const Tensor& po
               " must be [head_size] of f32 or qkv's dtype");
   }
   if (T == 0) return;
-  constexpr int kWarps = 4;
   const int64_t heads = num_heads + 2 * nkv;
-  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>((heads + kWarps - 1) / kWarps));
-  const size_t smem = kWarps * D * sizeof(float);
   const int64_t num_slots = key_cache.shape[0] * key_cache.shape[1];
+  // Head sizes 64, 128 and 256 in registers (qk_norm_rope_cache_vec_kernel) where the rows
+  // allow its accesses, others through shared memory.
+  const int64_t V = D % 32 == 0 ? D / 32 : 0;
+  auto aligned = [&](const Tensor& a, int64_t stride) {
+    const int64_t bytes = std::min<int64_t>(16, row_bytes(a.dtype, V));
+    return reinterpret_cast<uintptr_t>(a.data) % bytes == 0 && stride % V == 0;
+  };
+  const bool vec = (V == 2 || V == 4 || V == 8) && (!is_neox || (rot_dim / 2) % V == 0) &&
+                   aligned(qkv, qkv.stride[0]) && aligned(q_out, q_out.stride[0]) &&
+                   aligned(key_cache, D) && aligned(value_cache, D);
+  const int warps = vec ? 8 : 4;
+  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>((heads + warps - 1) / warps));
   dispatch_float(qkv.dtype, op, [&](auto xv) {
     using T_ = decltype(xv);
     dispatch_float(key_cache.dtype, op, [&](auto cv) {
@@ -603,7 +708,12 @@ void qk_norm_rope_cache(const Tensor& q_out, const Tensor& qkv, const Tensor& po
         using W = decltype(wv);
         const W* qw = q_norm.defined() ? q_norm.ptr<W>() : nullptr;
         const W* kw = k_norm.defined() ? k_norm.ptr<W>() : nullptr;
-        launch(qk_norm_rope_cache_kernel<T_, TC, W>, grid, kWarps * 32, smem, stream(),
+        auto kernel = qk_norm_rope_cache_kernel<T_, TC, W>;  // (one signature for all four)
+        if (vec)
+          kernel = V == 2   ? qk_norm_rope_cache_vec_kernel<T_, TC, W, 2>
+                   : V == 4 ? qk_norm_rope_cache_vec_kernel<T_, TC, W, 4>
+                            : qk_norm_rope_cache_vec_kernel<T_, TC, W, 8>;
+        launch(kernel, grid, warps * 32, vec ? 0 : warps * D * sizeof(float), stream(),
                q_out.ptr<T_>(), qkv.ptr<T_>(), positions.ptr<int32_t>(),
                cos_sin_cache.ptr<float>(), cos_sin_cache.shape[0], static_cast<int>(rot_dim),
                qw, kw, eps, key_cache.ptr<TC>(), value_cache.ptr<TC>(),

@@ -70,15 +70,18 @@ def fused_op(case, nq, nkv, D, dtype, cache_dtype, is_neox):
     return q.numpy(), kc.numpy(), vc.numpy()
 
 
-@pytest.mark.parametrize("heads", [(16, 8, 128), (32, 8, 128), (8, 2, 64), (4, 4, 256)],
-                         ids=lambda h: f"{h[0]}q{h[1]}kv{h[2]}")
+# (q heads, kv heads, head size, rotary dim): head sizes 64 / 128 / 256 run in registers (64
+# with partial rotary, its pairs 16 elements apart: 8 lanes), 80 and a rotary half of 50 (pairs
+# not a whole number of lanes apart, neox) through shared memory.
+@pytest.mark.parametrize("heads", [(16, 8, 128, 128), (32, 8, 128, 128), (8, 2, 64, 32),
+                                   (4, 4, 256, 256), (4, 2, 80, 80), (4, 2, 128, 100)],
+                         ids=lambda h: f"{h[0]}q{h[1]}kv{h[2]}r{h[3]}")
 @pytest.mark.parametrize("norm", [True, False], ids=["qk_norm", "no_norm"])
 @pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
 @pytest.mark.parametrize("dtype,cache_dtype", [(BF16, BF16), (F16, F16), (F32, F32), (BF16, F32)])
 @pytest.mark.parametrize("T", [1, 3, 40])
 def test_qk_norm_rope_cache(rng, T, dtype, cache_dtype, is_neox, norm, heads):
-    nq, nkv, D = heads
-    rot_dim = D if D != 64 else 32  # 64: partial rotary
+    nq, nkv, D, rot_dim = heads
     case = qkv_case(rng, T, nq, nkv, D, dtype, cache_dtype, rot_dim, 64, norm)
     want = separate_ops(case, nq, nkv, D, dtype, cache_dtype, is_neox)
     got = fused_op(case, nq, nkv, D, dtype, cache_dtype, is_neox)
