@@ -131,28 +131,36 @@ __device__ __forceinline__ float ex2(float x) {
 // Query rows f0 .. f0 + ROWS of a CTA's flattened (token, head of kv head g) rows -> rows r0 ..
 // of the swizzled Q tile of tile_rows rows, in the cache dtype (the MMA takes one type), by NT
 // threads, t this one's index among them; rows at or past R (the sequence's) are zeros.
-template <int D, int ROWS, int NT, typename KV>
+// kAsync: by cp.async, one committed group (the caller waits on it, then fences the async
+// proxy), for q already in the cache dtype.
+template <int D, int ROWS, int NT, typename KV, bool kAsync = false>
 __device__ __forceinline__ void stage_q(const AttnArgs& a, char* Qs, int tile_rows, int r0,
                                         int f0, int t, int R, int q0, int g) {
   constexpr int CPR = D / 8;  // 16-byte chunks per row
   constexpr bool kKvBf = std::is_same_v<KV, __nv_bfloat16>;
   const int G = a.G;
+  const uint16_t* q = static_cast<const uint16_t*>(a.q);
   for (int i = t; i < ROWS * CPR; i += NT) {
     const int r = i / CPR, c = i % CPR, f = f0 + r;
+    const int tok = f / G, head = g * G + f % G;
+    const uint16_t* src = q + (q0 + tok) * a.q_stride + static_cast<int64_t>(head) * D + c * 8;
+    char* dst = Qs + swizzled(r0 + r, c, tile_rows);
+    if constexpr (kAsync) {
+      cp_async16(dst, f < R ? src : q, f < R);
+      continue;
+    }
     uint4 v = make_uint4(0, 0, 0, 0);
     if (f < R) {
-      const int tok = f / G, head = g * G + f % G;
-      v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.q) +
-                                          (q0 + tok) * a.q_stride +
-                                          static_cast<int64_t>(head) * D + c * 8);
+      v = *reinterpret_cast<const uint4*>(src);
       if (a.q_bf16 != kKvBf) {
         float f8[8];
         unpack8(v, a.q_bf16, f8);
         v = pack8(f8, kKvBf);
       }
     }
-    *reinterpret_cast<uint4*>(Qs + swizzled(r0 + r, c, tile_rows)) = v;
+    *reinterpret_cast<uint4*>(dst) = v;
   }
+  if constexpr (kAsync) cp_async_commit();
 }
 
 // The prefill kernels' softmax constants: exp(scale * s) = 2^(s * mul); with a soft cap

@@ -156,10 +156,17 @@ def test_attention_window_softcap(D, window, cap):
     check_attention(seqs, (16, 8), D, BF16, BF16, window, cap, seed=window, q_scale=3.0)
 
 
+@pytest.mark.parametrize("long", [False, True], ids=["short", "long_prompts"])
 @pytest.mark.parametrize("qdt,cdt", [(BF16, F16), (F16, BF16)],
                          ids=["q_bf16_c_f16", "q_f16_c_bf16"])
-def test_attention_mixed_q_and_cache_dtypes(qdt, cdt):
-    check_attention(CHUNKED + DECODE, (16, 8), 128, qdt, cdt, seed=5)
+def test_attention_mixed_q_and_cache_dtypes(qdt, cdt, long):
+    """q converted to the cache's dtype as it is staged; long_prompts: on Hopper the long
+    prompts' kernel, whose Q then loads at each work item's start instead of ahead of it."""
+    if long:
+        check_attention([(2600, 1100), (1030, 1030), (400, 1)], (16, 8), 128, qdt, cdt, seed=6,
+                        max_query_len=1100)
+    else:
+        check_attention(CHUNKED + DECODE, (16, 8), 128, qdt, cdt, seed=5)
 
 
 @pytest.mark.parametrize("block_size", [1, 7, 32, 48, 256])
