@@ -106,25 +106,32 @@ __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
+// V consecutive elements of T in one access (16 bytes at most each: V * sizeof(T) of 32 takes
+// two), the pointer aligned to min(16, V * sizeof(T)) bytes.
+template <typename T, int V>
+struct alignas(V * sizeof(T) < 16 ? V * sizeof(T) : 16) RegRow {
+  T e[V];
+  __device__ __forceinline__ static void load(const T* p, float* f) {
+    const RegRow r = *reinterpret_cast<const RegRow*>(p);
+#pragma unroll
+    for (int j = 0; j < V; ++j) f[j] = to_f32(r.e[j]);
+  }
+  __device__ __forceinline__ static void store(T* p, const float* f) {
+    RegRow r;
+#pragma unroll
+    for (int j = 0; j < V; ++j) r.e[j] = from_f32<T>(f[j]);
+    *reinterpret_cast<RegRow*>(p) = r;
+  }
+};
+
 // 16 bytes of T (8 halves or 4 floats) in f32: one vector load or store for the memory-bound
 // kernels, which otherwise issue a 2-byte access per element and stay far below HBM bandwidth.
 template <typename T>
 struct Vec16 {
   static constexpr int N = 16 / sizeof(T);
   float f[N];
-  __device__ __forceinline__ void load(const T* p) {
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
-    const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-    for (int j = 0; j < N; ++j) f[j] = to_f32(e[j]);
-  }
-  __device__ __forceinline__ void store(T* p) const {
-    uint4 u;
-    T* e = reinterpret_cast<T*>(&u);
-#pragma unroll
-    for (int j = 0; j < N; ++j) e[j] = from_f32<T>(f[j]);
-    *reinterpret_cast<uint4*>(p) = u;
-  }
+  __device__ __forceinline__ void load(const T* p) { RegRow<T, N>::load(p, f); }
+  __device__ __forceinline__ void store(T* p) const { RegRow<T, N>::store(p, f); }
 };
 // f(r, i) for each Vec16<T> of a rows x d matrix (d a multiple of Vec16<T>::N; i the vector's
 // first column), over the grid's threads.

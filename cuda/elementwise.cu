@@ -128,24 +128,6 @@ __global__ void qk_norm_rope_cache_kernel(T* q_out, const T* qkv, const int32_t*
   for (int i = lane; i < D; i += 32) dst[i] = from_f32<TC>(is_v ? to_f32(x[i]) : row[i]);
 }
 
-// V consecutive elements of T in one access (16 bytes at most each: V * sizeof(T) of 32 takes
-// two), the pointer aligned to min(16, V * sizeof(T)) bytes.
-template <typename T, int V>
-struct alignas(V * sizeof(T) < 16 ? V * sizeof(T) : 16) RegRow {
-  T e[V];
-  __device__ __forceinline__ static void load(const T* p, float* f) {
-    const RegRow r = *reinterpret_cast<const RegRow*>(p);
-#pragma unroll
-    for (int j = 0; j < V; ++j) f[j] = to_f32(r.e[j]);
-  }
-  __device__ __forceinline__ static void store(T* p, const float* f) {
-    RegRow r;
-#pragma unroll
-    for (int j = 0; j < V; ++j) r.e[j] = from_f32<T>(f[j]);
-    *reinterpret_cast<RegRow*>(p) = r;
-  }
-};
-
 // Head size 32 * V: each lane holds V consecutive elements in registers, read and written in
 // one access; a neox pair's other element sits half / V lanes away (half a multiple of V, the
 // host checks), a GPT-J pair in the lane itself. The same roundings as the kernel above, so the
