@@ -251,7 +251,10 @@ __global__ void __launch_bounds__(1024) schedule_kernel(AttnArgs a, int bm) {
     if (tid == 0) carry += warp_sums[nwarps - 1];
     __syncthreads();
   }
-  if (tid == 0) *a.num_tiles = carry;
+  if (tid == 0) {
+    a.num_tiles[0] = carry;
+    a.num_tiles[1] = 0;
+  }
 }
 
 template <int D, typename KV>

@@ -58,7 +58,9 @@ struct AttnArgs {
   float* part_o;
   float* part_lse;
   int* done;
-  // Prefill work list: tiles[i] = (sequence, first flattened row), *num_tiles entries.
+  // Prefill work list: tiles[i] = (sequence, first flattened row), num_tiles[0] entries;
+  // num_tiles[1], zeroed with it, counts the work items the persistent long-prompt kernel's
+  // CTAs have claimed past their first (attention_prefill_ws_sm90.cu).
   int2* tiles;
   int* num_tiles;
 };

@@ -13,7 +13,11 @@
 // Persistent since 2026-12-07 (Items: a CTA an SM takes (row tile, kv head) items in turn, the
 // next one's Q and first K/V tiles loading while it finishes the last): on an H100 8 x 1024
 // tokens 222 -> 245 TFLOP/s, 32 x 1024 231 -> 291, 8192 478 -> 491 (torch SDPA 437 / 497 / 626;
-// bench/results/gpu_attention_prefill_persistent_h100.json).
+// bench/results/gpu_attention_prefill_persistent_h100.json). Items claimed from a counter since
+// (static c, c + gridDim.x, ... gave the busiest CTA 1.26x the mean work at 8 x 1024): the same
+// H100, the previous library alternated twice in one call, 8 x 1024 247 -> 278 TFLOP/s,
+// 32 x 1024 291 -> 295, 4096 409 -> 441, 8192 492 -> 518, 2 x 7936 492 -> 522 (torch SDPA
+// 446-646; bench/results/gpu_attention_prefill_claimed_h100.json).
 //
 // One item: kBM = 128 query rows of one (sequence, kv head), rows flattened (token, head of the
 // group) as in attention.cu, so a GQA group's heads share every K/V tile; three roles:
@@ -69,6 +73,7 @@ static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536, "
 constexpr int kBM = 128;                          // query rows per CTA
 constexpr int kBN = kWsPrefillKeys;               // keys per K/V tile
 constexpr int kStages = 2;                        // of K, and of V
+constexpr int kItemSlots = 4;                     // the work items' ring (ItemRing)
 static_assert(kBM == 64 * kConsumers, "one 64-row wgmma tile per consumer warpgroup");
 // Named barriers (0 is __syncthreads): each consumer's turn to issue, and each one's own.
 constexpr int kTurnBar = 1, kGroupBar = 1 + kConsumers;
@@ -76,8 +81,9 @@ constexpr int kTurnBar = 1, kGroupBar = 1 + kConsumers;
 template <int D>
 constexpr int kTileBytes = kBN * D * 2;
 template <int D>
-constexpr int smem_bytes() {  // Q, the K and V stages, their 4 barriers each; 1024: alignment
-  return kBM * D * 2 + 2 * kStages * kTileBytes<D> + 4 * kStages * 8 + 1024;
+constexpr int smem_bytes() {  // Q, the K and V stages, their 4 barriers each, the item ring's
+  // barriers and ids; 1024: alignment
+  return kBM * D * 2 + 2 * kStages * kTileBytes<D> + 4 * kStages * 8 + kItemSlots * 12 + 1024;
 }
 
 __device__ __forceinline__ void named_sync(int id, int threads) {
@@ -112,14 +118,48 @@ __device__ __forceinline__ CtaTile cta_tile(const AttnArgs& a, int2 tile, int g,
 
 // The persistent grid's work: (row tile, kv head) items, the row tiles last first (within a
 // sequence the last rows see the most keys, so the longest items start early), kv heads
-// innermost. CTA c takes items c, c + gridDim.x, ...: one CTA an SM, whose producer moves the
-// next item's first K/V tiles while the consumers finish this one's (FlashAttention 3's
-// persistent kernel; a CTA an item paid its start, its Q load and its pipeline's fill for a
-// short prompt's few tiles each time: 8 x 1024 tokens ran at half its TFLOP/s on 8192).
+// innermost. One CTA an SM, whose producer moves the next item's first K/V tiles while the
+// consumers finish this one's (FlashAttention 3's persistent kernel; a CTA an item paid its
+// start, its Q load and its pipeline's fill for a short prompt's few tiles each time: 8 x 1024
+// tokens ran at half its TFLOP/s on 8192). CTA c's first item is c; each next one it claims
+// from a counter (a.num_tiles[1]) as its producer starts the one before, as a CTA an item took
+// them from the hardware. Items c, c + gridDim.x, ... in turn gave the busiest of 132 CTAs
+// 1.26x the mean work at 8 x 1024 tokens, 1.06x at 8192 and 2 x 7936 (tile counts summed);
+// claimed as CTAs free up, 1.00-1.02x.
 struct Items {
   int count, num_tiles;
   __device__ __forceinline__ CtaTile at(const AttnArgs& a, int w, int box_rows) const {
     return cta_tile(a, a.tiles[num_tiles - 1 - w / a.nkv], w % a.nkv, box_rows);
+  }
+};
+// The producer hands each item it claims to the consumers through a ring of kItemSlots ids,
+// each slot's barrier completing once per id (the producer runs at most two items ahead: its
+// K/V stages). An id past the last item ends the CTA.
+// Its barriers sit right after the K/V stages' four kinds, its ids after them, so both are
+// fixed offsets from full_k (no registers of their own: the producer has 40).
+struct ItemRing {
+  uint64_t* full;  // full_k + 4 * kStages
+  __device__ __forceinline__ explicit ItemRing(uint64_t* full_k) : full(full_k + 4 * kStages) {}
+  // Slot s's id (shared address) and barrier.
+  __device__ __forceinline__ uint32_t id_addr(int s) const {
+    return smem_addr(full + kItemSlots) + 4 * s;
+  }
+  // One thread: the id, then the arrival (release: the id is seen by whoever sees the phase),
+  // in one asm statement. (Called at the top of the producer's item loop it put 72 bytes of
+  // the producer's locals on the stack; where lane 0 has its claim, nothing.)
+  __device__ __forceinline__ void put(int j, int w) const {
+    const int s = j % kItemSlots;
+    asm volatile(
+        "st.shared.u32 [%0], %1;\n\t"
+        "mbarrier.arrive.shared::cta.b64 _, [%2];" ::"r"(id_addr(s)),
+        "r"(w), "r"(smem_addr(&full[s])));
+  }
+  __device__ __forceinline__ int get(int j) const {
+    const int s = j % kItemSlots;
+    mbar_wait(&full[s], (j / kItemSlots) & 1);
+    int w;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(w) : "r"(id_addr(s)));
+    return w;
   }
 };
 
@@ -130,6 +170,7 @@ __device__ __forceinline__ void produce(const AttnArgs& a, const Items& items,
                                         const CUtensorMap& kmap, const CUtensorMap& vmap,
                                         int box_rows, char* Ks, char* Vs, uint64_t* full_k,
                                         uint64_t* full_v, uint64_t* empty_k, uint64_t* empty_v) {
+  const ItemRing ring(full_k);
   const int lane = threadIdx.x % 32, bs = a.block_size;
   // A TMA tile is nb = kBN / box_rows boxes (<= 16: box_rows >= 8), lane j < nb issuing box j.
   // Its cache slot comes from the block table, a global load: read by all nb lanes at once and
@@ -137,8 +178,13 @@ __device__ __forceinline__ void produce(const AttnArgs& a, const Items& items,
   // had cost the producer about twice the consumers' time per tile: ncu, 2026-12-06, the
   // consumers stalled on the full barriers 42% of their samples).
   const int nb = box_rows > 0 ? kBN / box_rows : 0;
-  int n = 0;
-  for (int w = blockIdx.x; w < items.count; w += gridDim.x) {
+  int n = 0, j = 0, w = blockIdx.x;
+  if (lane == 0) ring.put(j, w);
+  while (w < items.count) {
+    // The next item, claimed as this one starts: the atomic's round trip runs under this
+    // item's loads, its result read once they are all on their way.
+    int claimed = 0;
+    if (lane == 0) claimed = static_cast<int>(gridDim.x) + atomicAdd(a.num_tiles + 1, 1);
     const CtaTile ct = items.at(a, w, box_rows);
     const int g = ct.g, kbeg = ct.kbeg, kend = ct.kend, ntiles = ct.ntiles;
     const int32_t* bt_row = a.bt + static_cast<int64_t>(ct.b) * a.bt_stride;
@@ -195,6 +241,8 @@ __device__ __forceinline__ void produce(const AttnArgs& a, const Items& items,
       }
       __syncwarp();
     }
+    if (lane == 0) ring.put(++j, claimed);
+    w = __shfl_sync(0xffffffffu, claimed, 0);
   }
 }
 
@@ -207,6 +255,7 @@ __device__ __forceinline__ void consume(const AttnArgs& a, const Items& items, i
                                         char* Qs, uint32_t q_addr, uint32_t k_addr,
                                         uint32_t v_addr, uint64_t* full_k, uint64_t* full_v,
                                         uint64_t* empty_k, uint64_t* empty_v) {
+  const ItemRing ring(full_k);
   constexpr int NS = kBN / 2;              // S accumulators per thread (64 x kBN over 128)
   constexpr int NO = D / 2;                // O accumulators per thread
   using M = Mma<KV, kBN, D>;
@@ -228,10 +277,10 @@ __device__ __forceinline__ void consume(const AttnArgs& a, const Items& items, i
   };
   const SoftmaxScale sc(a);
 
-  int w = blockIdx.x;
-  CtaTile ct = items.at(a, w, box_rows);
+  CtaTile ct = items.at(a, ring.get(0), box_rows);  // (the first: blockIdx.x < items.count)
   stage(ct);
-  for (int n = 0; w < items.count; w += gridDim.x) {  // n: K/V tiles consumed before this item
+  bool more = true;
+  for (int j = 0, n = 0; more; ++j) {  // item j; n: K/V tiles consumed before it
     const int G = a.G, g = ct.g, R = ct.rows, q0 = ct.q0, ctx_start = ct.ctx_start;
     const int kbeg = ct.kbeg, kend = ct.kend, ntiles = ct.ntiles;
     const int row0 = ct.row_start + wg * 64;
@@ -344,8 +393,8 @@ __device__ __forceinline__ void consume(const AttnArgs& a, const Items& items, i
       rescale_and_pack(s, corr);
     }
     // Every S of this item has read the warpgroup's Q rows: the next item's may come.
-    const int next = w + static_cast<int>(gridDim.x);
-    const bool more = next < items.count;
+    const int next = ring.get(j + 1);
+    more = next < items.count;
     if (more) {
       ct = items.at(a, next, box_rows);
       if (q_async) stage(ct);
@@ -367,7 +416,7 @@ __device__ __forceinline__ void consume(const AttnArgs& a, const Items& items, i
     n += ntiles;
 
     store_rows<D>(
-        a, [&](int j, int h) { return make_float2(o[4 * j + 2 * h], o[4 * j + 2 * h + 1]); }, l,
+        a, [&](int c, int h) { return make_float2(o[4 * c + 2 * h], o[4 * c + 2 * h + 1]); }, l,
         m, sc.mul, row0 + wwarp * 16, R, G, g, q0, lane);
     if (more && !q_async) stage(ct);
   }
@@ -402,6 +451,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(&empty_k[s], kConsumerWarps);
       mbar_init(&empty_v[s], kConsumerWarps);
     }
+    for (int s = 0; s < kItemSlots; ++s) mbar_init(&ItemRing(full_k).full[s], 1);
     mbar_fence_init();
   }
   __syncthreads();
