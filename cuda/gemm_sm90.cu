@@ -16,6 +16,8 @@ void sm90_gemm(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s) {
     case Sm90Tile::kSwap128x32: sm90_gemm_swapped_narrow(a, tile, s); return;
     case Sm90Tile::kSwap128x64:
     case Sm90Tile::kSwap128x128: sm90_gemm_swapped(a, tile, s); return;
+    case Sm90Tile::kPingpong128x128:
+    case Sm90Tile::k256x128: sm90_gemm_prefill(a, tile, s); return;
     case Sm90Tile::k128x256:
       a.bf16 ? sm90::run<cutlass::bfloat16_t, T128x256, C2x1, false>(a, s)
              : sm90::run<cutlass::half_t, T128x256, C2x1, false>(a, s);

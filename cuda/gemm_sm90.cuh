@@ -39,7 +39,8 @@ using namespace cute;
 
 // The epilogue both GEMMs share (this one and gemm_fp8_sm90.cu's): D (out in Element, bf16 /
 // f16) = acc + bias in f32, rounded once; D row-major straight, column-major swapped.
-template <typename Element, class TileShape, class ClusterShape, bool kSwap>
+template <typename Element, class TileShape, class ClusterShape, bool kSwap,
+          class EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative>
 struct Sm90Epilogue {
   using LayoutA = cutlass::layout::RowMajor;     // K-major
   using LayoutB = cutlass::layout::ColumnMajor;  // K-major
@@ -56,13 +57,31 @@ struct Sm90Epilogue {
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlignD,
-      Element, LayoutD, kAlignD, cutlass::epilogue::TmaWarpSpecializedCooperative,
-      FusionOp>::CollectiveOp;
+      Element, LayoutD, kAlignD, EpilogueSchedule, FusionOp>::CollectiveOp;
 };
 
-template <typename Element, class TileShape, class ClusterShape, bool kSwap>
-struct Gemm : Sm90Epilogue<Element, TileShape, ClusterShape, kSwap> {
-  using E = Sm90Epilogue<Element, TileShape, ClusterShape, kSwap>;
+// The kernel's schedule: cooperative (two consumer warpgroups share a tile; the stream-K
+// scheduler) or ping-pong (each warpgroup a tile of its own, one's epilogue under the other's
+// MMAs; the persistent data-parallel scheduler, the only one CUTLASS gives it).
+template <bool kPingpong>
+struct Sm90Kernel {
+  using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using Epilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  using Scheduler = cutlass::gemm::StreamKScheduler;
+};
+template <>
+struct Sm90Kernel<true> {
+  using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+  using Epilogue = cutlass::epilogue::TmaWarpSpecialized;
+  using Scheduler = cutlass::gemm::PersistentScheduler;
+};
+
+template <typename Element, class TileShape, class ClusterShape, bool kSwap,
+          bool kPingpong = false>
+struct Gemm : Sm90Epilogue<Element, TileShape, ClusterShape, kSwap,
+                           typename Sm90Kernel<kPingpong>::Epilogue> {
+  using E = Sm90Epilogue<Element, TileShape, ClusterShape, kSwap,
+                         typename Sm90Kernel<kPingpong>::Epilogue>;
   using typename E::Epilogue, typename E::LayoutA, typename E::LayoutB;
   static constexpr int kAlign = E::kAlignD;  // A and B in Element too
 
@@ -72,10 +91,11 @@ struct Gemm : Sm90Epilogue<Element, TileShape, ClusterShape, kSwap> {
       LayoutB, kAlign, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+      typename Sm90Kernel<kPingpong>::Mainloop>::CollectiveOp;
 
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop,
-                                                      Epilogue, cutlass::gemm::StreamKScheduler>;
+  using Kernel =
+      cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
+                                           typename Sm90Kernel<kPingpong>::Scheduler>;
   using Adapter = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
@@ -162,9 +182,10 @@ void launch_adapter(typename Adapter::Arguments& args, int num_sms, cudaStream_t
   if ((st = gemm.run(s)) != cutlass::Status::kSuccess) fail("launch", st);
 }
 
-template <typename Element, class TileShape, class ClusterShape, bool kSwap>
+template <typename Element, class TileShape, class ClusterShape, bool kSwap,
+          bool kPingpong = false>
 void run(const Sm90GemmArgs& a, cudaStream_t s) {
-  using Adapter = typename Gemm<Element, TileShape, ClusterShape, kSwap>::Adapter;
+  using Adapter = typename Gemm<Element, TileShape, ClusterShape, kSwap, kPingpong>::Adapter;
   using K = typename Adapter::GemmKernel;
   const int M = kSwap ? a.N : a.T, N = kSwap ? a.T : a.N;
   const void* A = kSwap ? a.w : a.x;

@@ -54,6 +54,10 @@ enum class Sm90Tile {
   kSwap128x32,   // swapped, 128 weight rows x 32 tokens: T <= 32
   kSwap128x64,   // swapped, 128 weight rows x 64 tokens: T <= 64
   kSwap128x128,  // swapped, 128 weight rows x 128 tokens: T <= 128
+  kPingpong128x128,  // k128x128's extent and cluster on the ping-pong kernel (a warpgroup a
+                     // tile; data-parallel, persistent): T = 512-2047
+  k256x128,          // 256 tokens x 128 weight rows, cluster 1x2x1 (x tiles multicast to the
+                     // pair), cooperative: T >= 2048 where its tiles fill the SMs
 };
 
 // Launches on stream s: no host sync, no allocation once warm (the stream-K workspace comes
@@ -64,6 +68,8 @@ void sm90_gemm(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
 // 16- and 32-token ones (decode batches).
 void sm90_gemm_swapped(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
 void sm90_gemm_swapped_narrow(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
+// gemm_prefill_sm90.cu: kPingpong128x128 and k256x128 (prefill-sized T).
+void sm90_gemm_prefill(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
 
 // gemm_fp8_sm90.cu: out[T, N] = sum over 128-wide groups g of K of
 //   x_scale[g][t] * w_scale[g][n] * (x[t, g] . w[n, g])   (+ bias[N]),

@@ -285,6 +285,9 @@ constexpr int64_t kSm90MinT = 12;
 // H200, and T = 3-4 came with the skinny change (kSkinnyMinT) that lifted batch 4.
 constexpr int64_t kSm90WideN = 16384;
 constexpr int64_t kSm90MaxSwapT = 128;
+// The straight tiles by T (plan_sm90): the ping-pong kernel from kSm90PingpongMinT tokens, 256
+// tokens a tile from kSm90TallMinT where those give every SM one.
+constexpr int64_t kSm90PingpongMinT = 512, kSm90TallMinT = 2048;
 constexpr int64_t kSkinnyMaxElems = int64_t{4096} * 4096;
 
 // set_linear_tuning's kernels by number (bench/gpu_kernels_vs_torch.py --plans names them).
@@ -296,6 +299,8 @@ enum class ForcedPath {
   kSwap128,
   k128x128,
   k128x256,
+  kPingpong128x128,
+  k256x128,
   kGemmSmall,
   kGemmLarge,
   kGemv,
@@ -316,7 +321,9 @@ struct Sm90Extent {
 constexpr Sm90Extent kSm90Extents[] = {
     {Sm90Tile::kSwap128x16, true, 128, 16, 1, 1},  {Sm90Tile::kSwap128x32, true, 128, 32, 1, 1},
     {Sm90Tile::kSwap128x64, true, 128, 64, 1, 1},  {Sm90Tile::kSwap128x128, true, 128, 128, 1, 1},
-    {Sm90Tile::k128x128, false, 128, 128, 1, 2},   {Sm90Tile::k128x256, false, 256, 128, 2, 1}};
+    {Sm90Tile::k128x128, false, 128, 128, 1, 2},   {Sm90Tile::k128x256, false, 256, 128, 2, 1},
+    {Sm90Tile::kPingpong128x128, false, 128, 128, 1, 2},
+    {Sm90Tile::k256x128, false, 128, 256, 1, 2}};
 // The output tiles of a T x N product on extent e.
 constexpr int64_t sm90_tiles(const Sm90Extent& e, int64_t T, int64_t N) {
   return (N + e.w_rows - 1) / e.w_rows * ((T + e.tokens - 1) / e.tokens);
@@ -426,6 +433,17 @@ bool plan_sm90(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor& 
         break;
       }
     }
+  } else if (T >= kSm90TallMinT && sm90_tiles(extent(Sm90Tile::k256x128), T, N) >= num_sms()) {
+    // Prefill chunks: 256 tokens x 128 weight rows, x's tiles multicast to a 1x2 cluster. On an
+    // H100 at T = 8192 (Llama-3-8B's four products, 2026-12-07) 5.04 ms a layer against 5.32
+    // on 128x256 tiles (cuBLAS 4.89), at T = 2048 1.29 against 1.32; at T = 512 too few tiles
+    // (bench/results/gpu_linear_tiles_h100.json).
+    p.sm90_tile = Sm90Tile::k256x128;
+  } else if (T >= kSm90PingpongMinT) {
+    // k128x128's tiles on the ping-pong kernel (one warpgroup's epilogue under the other's
+    // MMAs): at T = 512 0.36 ms a layer against 0.38 on the tiles below, Llama-3-8B's qkv 51.4
+    // us against 56.9, gate_up 186 against 200 (same file).
+    p.sm90_tile = Sm90Tile::kPingpong128x128;
   } else {
     // 128x256 tiles (weight tiles shared by a 2-CTA cluster along T) once they give every SM
     // at least one tile; before that 128x128 tiles keep twice as many SMs busy.

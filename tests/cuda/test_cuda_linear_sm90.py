@@ -43,14 +43,15 @@ def bias_bits(rng, n: int, dt: int) -> np.ndarray:
     return to_bits(rng.standard_normal(n).astype(np.float32) * 0.1, dt)
 
 
-# N = 1000 and K = 1032 are not multiples of the 128/256-wide tiles or the 64-deep K step;
-# (8192, 256) at T = 1000 fills the H200's 132 SMs with 128x256 tiles (the large-tile config;
-# 256 tiles), every other case here takes 128x128 tiles.
+# N = 1000 and K = 1032 are not multiples of the 128/256-wide tiles or the 64-deep K step.
+# T = 33-128 take the swapped tiles, 512 and 1000 the ping-pong kernel; at T = 2100 (9 rows of
+# 256-token tiles, the last one partial) (4096, 576) and (8192, 256) fill an H100's or H200's
+# 132 SMs with 256x128 tiles, the other two stay on the ping-pong kernel.
 NK_SIZES = [(1000, 4096), (4096, 576), (8192, 256), (136, 1032)]
 
 
 @pytest.mark.parametrize("nk", NK_SIZES, ids=lambda s: f"N{s[0]}K{s[1]}")
-@pytest.mark.parametrize("t", [33, 48, 64, 100, 128, 512, 1000])
+@pytest.mark.parametrize("t", [33, 48, 64, 100, 128, 512, 1000, 2100])
 @pytest.mark.parametrize("dt", [BF16, F16], ids=["bf16", "f16"])
 def test_linear_gemm(dt, t, nk):
     n, k = nk
@@ -154,13 +155,16 @@ TUNING_PLANS = [
     ({"path": "128x256", "swizzle": 8, "raster": "along_n"}, 300),
     ({"path": "128x128", "swizzle": 4, "raster": "along_m"}, 200),
     ({"path": "swap128x64", "swizzle": 2}, 40),
+    # the ping-pong kernel: a tile past T's edge, and tiles in runs
+    ({"path": "pingpong128x128"}, 200), ({"path": "pingpong128x128", "swizzle": 4}, 520),
+    ({"path": "256x128"}, 300), ({"path": "256x128", "decomposition": "data_parallel"}, 600),
     ({"path": "gemm_small"}, 24), ({"path": "gemm_large"}, 200),
 ]
 
 
 @pytest.mark.parametrize("plan,t", TUNING_PLANS, ids=lambda v: str(v))
 def test_linear_tuning_forced_kernels(plan, t):
-    if not _C.cuda_sm90_kernels() and plan["path"].startswith(("swap", "128x")):
+    if not _C.cuda_sm90_kernels() and plan["path"].startswith(("swap", "128x", "256x", "pingpong")):
         pytest.skip("the CUTLASS tiles run on compute capability 9.0 only")
     rng = np.random.default_rng([t, len(plan)])
     w, w64 = make_dense(rng, 1536, 2048, BF16)
