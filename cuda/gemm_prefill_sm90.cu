@@ -12,11 +12,9 @@ void sm90_gemm_prefill(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s) {
   using T256x128 = Shape<_256, _128, _64>;
   using C1x2 = Shape<_1, _2, _1>;
   if (tile == Sm90Tile::kPingpong128x128)
-    a.bf16 ? sm90::run<cutlass::bfloat16_t, T128x128, C1x2, false, true>(a, s)
-           : sm90::run<cutlass::half_t, T128x128, C1x2, false, true>(a, s);
+    sm90::run_in_dtype<T128x128, C1x2, false, true>(a, s);
   else
-    a.bf16 ? sm90::run<cutlass::bfloat16_t, T256x128, C1x2, false>(a, s)
-           : sm90::run<cutlass::half_t, T256x128, C1x2, false>(a, s);
+    sm90::run_in_dtype<T256x128, C1x2, false>(a, s);
 }
 
 }  // namespace vllmx::cuda

@@ -19,12 +19,10 @@ void sm90_gemm(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s) {
     case Sm90Tile::kPingpong128x128:
     case Sm90Tile::k256x128: sm90_gemm_prefill(a, tile, s); return;
     case Sm90Tile::k128x256:
-      a.bf16 ? sm90::run<cutlass::bfloat16_t, T128x256, C2x1, false>(a, s)
-             : sm90::run<cutlass::half_t, T128x256, C2x1, false>(a, s);
+      sm90::run_in_dtype<T128x256, C2x1, false>(a, s);
       return;
     case Sm90Tile::k128x128:
-      a.bf16 ? sm90::run<cutlass::bfloat16_t, T128x128, C1x2, false>(a, s)
-             : sm90::run<cutlass::half_t, T128x128, C1x2, false>(a, s);
+      sm90::run_in_dtype<T128x128, C1x2, false>(a, s);
       return;
   }
 }

@@ -211,4 +211,11 @@ void run(const Sm90GemmArgs& a, cudaStream_t s) {
                           });
 }
 
+// run<> in the product's dtype: bf16 where a.bf16, else f16.
+template <class TileShape, class ClusterShape, bool kSwap, bool kPingpong = false>
+void run_in_dtype(const Sm90GemmArgs& a, cudaStream_t s) {
+  a.bf16 ? run<cutlass::bfloat16_t, TileShape, ClusterShape, kSwap, kPingpong>(a, s)
+         : run<cutlass::half_t, TileShape, ClusterShape, kSwap, kPingpong>(a, s);
+}
+
 }  // namespace vllmx::cuda::sm90

@@ -14,11 +14,9 @@ void sm90_gemm_swapped_narrow(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t
   using T128x32 = Shape<_128, _32, _64>;
   using C1x1 = Shape<_1, _1, _1>;
   if (tile == Sm90Tile::kSwap128x16)
-    a.bf16 ? sm90::run<cutlass::bfloat16_t, T128x16, C1x1, true>(a, s)
-           : sm90::run<cutlass::half_t, T128x16, C1x1, true>(a, s);
+    sm90::run_in_dtype<T128x16, C1x1, true>(a, s);
   else
-    a.bf16 ? sm90::run<cutlass::bfloat16_t, T128x32, C1x1, true>(a, s)
-           : sm90::run<cutlass::half_t, T128x32, C1x1, true>(a, s);
+    sm90::run_in_dtype<T128x32, C1x1, true>(a, s);
 }
 
 }  // namespace vllmx::cuda

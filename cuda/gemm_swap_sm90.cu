@@ -10,11 +10,9 @@ void sm90_gemm_swapped(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s) {
   using T128x128 = Shape<_128, _128, _64>;
   using C1x1 = Shape<_1, _1, _1>;
   if (tile == Sm90Tile::kSwap128x64)
-    a.bf16 ? sm90::run<cutlass::bfloat16_t, T128x64, C1x1, true>(a, s)
-           : sm90::run<cutlass::half_t, T128x64, C1x1, true>(a, s);
+    sm90::run_in_dtype<T128x64, C1x1, true>(a, s);
   else
-    a.bf16 ? sm90::run<cutlass::bfloat16_t, T128x128, C1x1, true>(a, s)
-           : sm90::run<cutlass::half_t, T128x128, C1x1, true>(a, s);
+    sm90::run_in_dtype<T128x128, C1x1, true>(a, s);
 }
 
 }  // namespace vllmx::cuda
