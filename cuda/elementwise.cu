@@ -162,11 +162,11 @@ __global__ void qk_norm_rope_cache_vec_kernel(T* q_out, const T* qkv, const int3
   const int half = rot_dim / 2, off = half / V;  // (neox: lanes between a pair's elements)
   const bool lo = is_neox && lane < off, hi = is_neox && !lo && lane < 2 * off;
   float cs[V], sn[V];
+  const float* c = cache + static_cast<int64_t>(pos) * rot_dim;
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     const int i = is_neox ? first + j - (hi ? half : 0) : (first + (j & ~1)) / 2;
     const bool used = is_neox ? lo || hi : i < half;
-    const float* c = cache + static_cast<int64_t>(pos) * rot_dim;
     cs[j] = rotate && used ? c[i] : 0.f;
     sn[j] = rotate && used ? c[half + i] : 0.f;
   }
@@ -185,7 +185,7 @@ __global__ void qk_norm_rope_cache_vec_kernel(T* q_out, const T* qkv, const int3
 #pragma unroll
         for (int j = 0; j < V; ++j) v[k][j] = head_normed<T>(v[k][j], inv, w[first + j]);
       }
-      if (pos >= 0 && pos < max_pos) {
+      if (rotate) {  // (a q or k head: h0 <= h < nq + nkv)
         if (is_neox) {
           const int src = lo ? lane + off : hi ? lane - off : lane;
 #pragma unroll
