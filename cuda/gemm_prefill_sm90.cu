@@ -1,4 +1,4 @@
-// The prefill-sized tiles (linear.cu's plan_sm90 picks them by T), instantiations of
+// The prefill-sized tiles (linear_plan.cu's plan_sm90 picks them by T), instantiations of
 // cuda/gemm_sm90.cuh in a file of their own for a parallel build: kPingpong128x128 (128 tokens
 // x 128 weight rows a warpgroup, x tiles multicast to a 1x2 cluster) and k256x128 (the
 // cooperative kernel on 256 tokens x 128 weight rows, 1x2 cluster). sm_90a only.

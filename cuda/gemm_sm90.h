@@ -1,7 +1,7 @@
 // Dense bf16/f16 GEMM for Hopper (sm_90a) through CUTLASS 3: TMA loads, warp-specialized wgmma
 // (cooperative: two consumer warpgroups share a tile), the stream-K tile scheduler, f32
 // accumulation and a fused bias; for few tokens the operands swap (cuda/gemm_sm90.cuh).
-// cuda/linear.cu decides when and with which tile (plan_linear); this header is the whole
+// cuda/linear_plan.cu decides when and with which tile (plan_linear); this header is the whole
 // interface.
 //
 // cuda/gemm_sm90.cu is compiled only when the build targets sm_90a, and then defines

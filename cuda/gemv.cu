@@ -1,5 +1,5 @@
 // linear's GEMV (T <= 4 for block weights, T <= 2 for same-dtype ones, decode; plan_linear in
-// linear.cu picks it): memory-bound, each CTA streams 4 weight rows with 16-byte loads (dense)
+// linear_plan.cu picks it): memory-bound, each CTA streams 4 weight rows with 16-byte loads (dense)
 // or 8-element chunks of GGUF blocks dequantized in registers, f32 FMAs, then a warp +
 // shared-memory reduction. Optional norm prologue (rms_norm_linear) and SwiGLU epilogue
 // (linear_act_and_mul).

@@ -1,5 +1,6 @@
-// Shared by the linear kernels (linear.cu: GEMM, the generic kernel, plan and ops; gemv.cu:
-// the GEMV): the argument block and how a weight chunk is read. Internal to the CUDA sources.
+// Shared by the linear kernels (linear.cu: GEMM, the generic kernel and ops; linear_plan.cu: the
+// plan; gemv.cu: the GEMV): the argument block, how a weight chunk is read, the mma.sync GEMM's
+// tiles and the plan. Internal to the CUDA sources.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -374,6 +375,24 @@ constexpr int kGemvMaxT = 4;
 void launch_gemv(const LinearArgs& a, bool bf16_x, int gk, int max_t, bool silu_gated,
                  cudaStream_t s);
 
+// linear.cu's mma.sync GEMM (gemm_kernel) on tiles of BM x BN outputs, BK deep, WM x WN a warp,
+// STAGES cp.async stages. Here for the planner too, which sizes GemmLarge's grid.
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_>
+struct GemmConfig {
+  static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, STAGES = STAGES_;
+  static constexpr int kWarpsM = BM / WM, kWarpsN = BN / WN;
+  static constexpr int kThreads = kWarpsM * kWarpsN * 32;
+  static constexpr int MT = WM / 16, NT = WN / 8;
+  static constexpr int LDS = BK + 8;  // smem row stride in elements: conflict-free ldmatrix
+  static constexpr int kSmemBytes = STAGES * (BM + BN) * LDS * 2;
+  static constexpr int kAChunks = BM * BK / 8 / kThreads;  // 16-byte chunks per thread
+  static constexpr int kBChunks = BN * BK / 8 / kThreads;
+  static_assert(NT % 2 == 0 && BK % 32 == 0 && STAGES >= 2, "tile shape");
+  static_assert(BM * BK / 8 % kThreads == 0 && BN * BK / 8 % kThreads == 0, "tile loads");
+};
+using GemmLarge = GemmConfig<128, 128, 32, 64, 32, 4>;  // 8 warps, 80 KB smem
+using GemmSmall = GemmConfig<32, 64, 64, 32, 16, 4>;    // 4 warps, 54 KB smem (small T / N)
+
 // linear.cu: a grouped product (a.tile_expert set) of x and w of dtype xt (bf16 / f16 / f32,
 // one dtype), in row tiles of a.tile_rows rows: the tensor-core GEMM where x is 16-bit and K a
 // multiple of 8 (tensor_cores below), else the generic kernel. grouped_tile_rows picks the tile
@@ -420,7 +439,7 @@ constexpr int quant_skinny_min_t(int wk) {
 void launch_gemm_skinny_quant(const LinearArgs& a, bool bf16_x, int wk, cudaStream_t s);
 
 // What set_linear_tuning (runtime.h) forces; the engine never sets it. path: -1 the planner's
-// own, else a ForcedPath (linear.cu); skinny_waves: the skinny GEMMs' CTAs per SM that their
+// own, else a ForcedPath (linear_plan.cu); skinny_waves: the skinny GEMMs' CTAs per SM that their
 // split-K aims at (0: two for dense weights, the one-token-tile occupancy for block weights);
 // decomposition / splits / swizzle / raster: the CUTLASS GEMMs'
 // scheduler (Sm90Schedule's fields; -1, 0, 0 and -1: the planner's).
@@ -434,11 +453,27 @@ struct LinearTuning {
 };
 const LinearTuning& linear_tuning();
 // The tile run length (Sm90Schedule::swizzle) for a T x N x K product on a CUTLASS tile: longer
-// runs where its tiles fill more than a wave and K is at most kSm90SwizzleMaxK (linear.cu's
+// runs where its tiles fill more than a wave and K is at most kSm90SwizzleMaxK (linear_plan.cu's
 // swizzle_runs says which).
 int sm90_swizzle(Sm90Tile tile, int64_t T, int64_t N, int64_t K);
 // A CUTLASS GEMM's schedule: the planner's, with what set_linear_tuning forces in its place
 // (cuda/fp8.cu's GEMMs take it too).
 Sm90Schedule tuned_schedule(Sm90Schedule planned);
+
+// linear_plan.cu's answer to which kernel takes a product, on what tile and schedule; linear.cu
+// launches it (run_linear), and its fused ops read the path to decide what they fuse.
+enum class Path { kGeneric, kGemv, kSkinny, kGemmSmall, kGemmLarge, kSm90 };
+
+struct LinearPlan {
+  Path path = Path::kGeneric;
+  int wk = kWSame;
+  int max_t = kGemvMaxT;  // GEMV: rows one launch holds in registers (1 or kGemvMaxT)
+  int act = -1;   // GEMV: an Act to apply as act(gate) * up (linear_act_and_mul), or -1
+  Sm90Tile sm90_tile = Sm90Tile::k128x128;
+  Sm90Schedule sm90_schedule;
+};
+// The plan for out[T, N] = x[T, K] @ w[N, K]^T (what set_linear_tuning forces, where it does).
+LinearPlan plan_linear(const Tensor& out, const Tensor& x, const Tensor& w, int64_t T, int64_t N,
+                       int64_t K);
 
 }  // namespace vllmx::cuda::lin

@@ -23,7 +23,7 @@ bool sm90_kernels_in_use();
 // split-K of the skinny and CUTLASS GEMMs, on every product it can take, so one build times
 // each kernel against the others and cuBLAS at the same shapes; a product the forced kernel
 // cannot take raises; swizzle and raster set the CUTLASS GEMMs' tile order (bf16 and fp8).
-// path -1 and zeros / -1 elsewhere restore the planner (cuda/linear.cu).
+// path -1 and zeros / -1 elsewhere restore the planner (cuda/linear_plan.cu).
 void set_linear_tuning(int path, int skinny_waves, int decomposition, int splits, int swizzle,
                        int raster);
 // Caching allocator: freed blocks are kept per size class and reused; no cudaMalloc/cudaFree

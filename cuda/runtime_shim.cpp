@@ -20,7 +20,7 @@ bool built_with_cuda() { return false; }
 bool available() { return false; }
 bool sm90_kernels_in_use() { return false; }
 void set_linear_tuning(int, int, int, int, int, int) {
-  missing("set_linear_tuning", "cuda/linear.cu");
+  missing("set_linear_tuning", "cuda/linear_plan.cu");
 }
 int device_count() { return 0; }
 void set_device(int) { missing("set_device", "cuda/runtime.cu"); }

@@ -65,7 +65,7 @@ def cuda_sm90_kernels():
     return c_sm90_kernels()
 
 
-# The kernels set_linear_tuning can force (cuda/linear.cu's ForcedPath, in order), the
+# The kernels set_linear_tuning can force (cuda/linear_plan.cu's ForcedPath, in order), the
 # CUTLASS stream-K scheduler's decompositions (cutlass DecompositionMode, in order) and the
 # tile schedulers' raster orders (cutlass RasterOrderOptions, in order).
 LINEAR_TUNING_PATHS = ("skinny", "swap128x16", "swap128x32", "swap128x64", "swap128x128",
