@@ -53,7 +53,8 @@ endif()
 message(STATUS "vllmx: CUTLASS sm_90a GEMM with headers from ${_cutlass_include}")
 
 add_library(vllmx_cuda_sm90 OBJECT cuda/gemm_sm90.cu cuda/gemm_swap_sm90.cu
-                                   cuda/gemm_prefill_sm90.cu cuda/gemm_swap_narrow_sm90.cu cuda/gemm_grouped_sm90.cu
+                                   cuda/gemm_prefill_sm90.cu cuda/gemm_decode_sm90.cu
+                                   cuda/gemm_swap_narrow_sm90.cu cuda/gemm_grouped_sm90.cu
                                    cuda/gemm_fp8_sm90.cu cuda/gemm_grouped_fp8_sm90.cu
                                    cuda/attention_prefill_sm90.cu
                                    cuda/attention_prefill_ws_sm90.cu cuda/gemm_skinny_bulk_sm90.cu

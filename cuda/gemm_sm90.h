@@ -58,6 +58,10 @@ enum class Sm90Tile {
                      // tile; data-parallel, persistent): T = 512-2047
   k256x128,          // 256 tokens x 128 weight rows, cluster 1x2x1 (x tiles multicast to the
                      // pair), cooperative: T >= 2048 where its tiles fill the SMs
+  k128x32,           // 128 tokens x 32 weight rows, cluster 1x2x1 (x tiles multicast to the
+                     // pair), cooperative: decode batches past the swapped tiles' 128 tokens,
+                     // where a 4096-row product then has about a tile per SM
+  k128x64,           // 128 tokens x 64 weight rows, the same
 };
 
 // Launches on stream s: no host sync, no allocation once warm (the stream-K workspace comes
@@ -70,6 +74,8 @@ void sm90_gemm_swapped(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
 void sm90_gemm_swapped_narrow(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
 // gemm_prefill_sm90.cu: kPingpong128x128 and k256x128 (prefill-sized T).
 void sm90_gemm_prefill(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
+// gemm_decode_sm90.cu: k128x32 and k128x64 (decode-sized T, narrow weight tiles).
+void sm90_gemm_decode(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
 
 // gemm_fp8_sm90.cu: out[T, N] = sum over 128-wide groups g of K of
 //   x_scale[g][t] * w_scale[g][n] * (x[t, g] . w[n, g])   (+ bias[N]),

@@ -158,6 +158,10 @@ TUNING_PLANS = [
     # the ping-pong kernel: a tile past T's edge, and tiles in runs
     ({"path": "pingpong128x128"}, 200), ({"path": "pingpong128x128", "swizzle": 4}, 520),
     ({"path": "256x128"}, 300), ({"path": "256x128", "decomposition": "data_parallel"}, 600),
+    # the narrow weight tiles for decode batches: two token tiles, and a product of exactly
+    # one token tile without the scheduler's split
+    ({"path": "128x32"}, 200), ({"path": "128x64", "decomposition": "data_parallel"}, 128),
+    ({"path": "128x32", "decomposition": "split_k", "splits": 2}, 77),
     ({"path": "gemm_small"}, 24), ({"path": "gemm_large"}, 200),
 ]
 
