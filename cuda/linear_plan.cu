@@ -16,7 +16,8 @@
 //   dequantized into shared memory as x's dtype before the mma.
 // - sm90_gemm (cuda/gemm_*sm90.cu, CUTLASS 3; builds with sm_90a only): on compute capability
 //   9.0, x and w of one 16-bit dtype, T >= kSm90MinT, TMA-friendly shapes: operands swapped up
-//   to T = 128 (16-, 32-, 64- or 128-token tiles); CUTLASS's stream-K scheduler runs each
+//   to T = 128 (16-, 32-, 64- or 128-token tiles), from T = 65 to 256 128 tokens on 32 or 64
+//   weight rows where those fit one wave (plan_sm90_narrow); CUTLASS's stream-K scheduler runs each
 //   product data-parallel, split-K or stream-K (plan_sm90_schedule). wgmma reaches several
 //   times the mma.sync kernel's rate on Hopper.
 // - linear_generic_kernel (cuda/linear.cu): one thread per output, any dtype mix (f32 x/out
@@ -58,6 +59,9 @@ constexpr int64_t kSm90MaxSwapT = 128;
 // The straight tiles by T (plan_sm90): the ping-pong kernel from kSm90PingpongMinT tokens, 256
 // tokens a tile from kSm90TallMinT where those give every SM one.
 constexpr int64_t kSm90PingpongMinT = 512, kSm90TallMinT = 2048;
+// Decode batches past the swapped 64-token tile (plan_sm90_narrow): 128 tokens on 32 or 64 weight
+// rows up to kSm90NarrowMaxT tokens.
+constexpr int64_t kSm90NarrowMaxT = 256;
 constexpr int64_t kSkinnyMaxElems = int64_t{4096} * 4096;
 
 // set_linear_tuning's kernels by number (bench/gpu_kernels_vs_torch.py --plans names them).
@@ -152,9 +156,12 @@ int swizzle_runs(const Sm90Extent& e, int64_t T, int64_t N) {
 // - deeper K (the 14336-deep down_proj) on at most 40 tiles of 32 tokens or more: split-K in
 //   three (its T = 48-128: 41-46 us -> 38-43);
 // - more than a wave of tiles, and the 16-token tile on deep K: the heuristic.
+#ifdef VLLMX_WITH_SM90_GEMM
+constexpr int kDataParallel = 1, kSplitK = 2;  // cutlass DecompositionMode
+#endif
+
 void plan_sm90_schedule(LinearPlan& p, int64_t T, int64_t N, int64_t K) {
 #ifdef VLLMX_WITH_SM90_GEMM
-  constexpr int kDataParallel = 1, kSplitK = 2;  // cutlass DecompositionMode
   const Sm90Extent& e = extent(p.sm90_tile);
   const int64_t tiles = sm90_tiles(e, T, N);
   const int64_t k_steps = (K + 63) / 64;
@@ -179,6 +186,32 @@ void plan_sm90_schedule(LinearPlan& p, int64_t T, int64_t N, int64_t K) {
 #endif
 }
 
+#ifdef VLLMX_WITH_SM90_GEMM
+// Decode batches of 65-256 tokens: 128 tokens on 32 weight rows, or 64 where 32 make more tiles
+// than SMs, each tile one whole K loop (data-parallel) -- how cuBLAS runs them (~128 tiles a
+// product, bench/results/gpu_linear_vs_cublas_h200_s42.json). Where neither fits one wave
+// (Llama-3-8B's 28672-row gate_up, its 6144-row qkv from T = 129) the wider tiles below keep
+// the product. On an H100 (bench/gpu_kernels_vs_torch.py --plans, bench/results/
+// gpu_linear_narrow_h100.json) at T = 128, us before -> after (cuBLAS): Llama-3-8B's o_proj 23.4
+// -> 18.0 (15.2), qkv 28.9 -> 23.4 (21.5), down_proj 55.6 -> 51.7 (52.4), Qwen3-0.6B's qkv
+// 10.9 -> 7.8 (5.9), o_proj 13.6 -> 8.8 (6.0); at T = 256 Llama-3-8B's o_proj 25.9 -> 21.7.
+// Not on K deeper than 96 steps past one row of tokens (the 14336-deep down_proj at T = 192:
+// 74.6 us on 128x128 tiles against 93.4), nor from 64 tokens down, where the swapped tiles are
+// narrower (o_proj at T = 64: 20.1 us against 25.2).
+bool plan_sm90_narrow(LinearPlan& p, int64_t T, int64_t N, int64_t K) {
+  if (T <= extent(Sm90Tile::kSwap128x64).tokens || T > kSm90NarrowMaxT) return false;
+  if (T > extent(Sm90Tile::k128x32).tokens && (K + 63) / 64 > 96) return false;
+  for (Sm90Tile t : {Sm90Tile::k128x32, Sm90Tile::k128x64}) {
+    if (sm90_tiles(extent(t), T, N) <= num_sms()) {
+      p.sm90_tile = t;
+      p.sm90_schedule.decomposition = kDataParallel;
+      return true;
+    }
+  }
+  return false;
+}
+#endif
+
 // Whether the CUTLASS GEMM takes this product, and with which tile.
 bool plan_sm90(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor& w, int64_t T,
                int64_t N, int64_t K) {
@@ -199,6 +232,10 @@ bool plan_sm90(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor& 
   const int bulk = skinny_bulk_ctas_per_sm(N, K);
   if (T <= kSkinnyMaxT && bulk > 0 && !(wide_shallow && bulk == 2)) return false;
   if (!sm90_operands_ok(out, x, w, N, K)) return false;
+  if (plan_sm90_narrow(p, T, N, K)) {
+    p.path = Path::kSm90;
+    return true;
+  }
   if (T <= kSm90MaxSwapT) {
     for (const Sm90Extent& e : kSm90Extents) {  // the narrowest swapped tile that holds T
       if (e.swapped && T <= e.tokens) {

@@ -1,6 +1,7 @@
 """CUDA linear on the CUTLASS sm_90a GEMM (cuda/gemm_*sm90.cu): bf16/f16 with T > 32 on compute
-capability 9.0 (operands swapped up to T = 128, stream-K), against a float64 reference; and the shapes and pointers it must hand back to the
-older kernels (K or N not a multiple of 8, misaligned data). On other GPUs the same cases run
+capability 9.0 (operands swapped up to T = 64, 128-token tiles on 32 or 64 weight rows for decode
+batches to T = 256 where those fit one wave, stream-K), against a float64 reference; and the
+shapes and pointers it must hand back to the older kernels (K or N not a multiple of 8, misaligned data). On other GPUs the same cases run
 the mma.sync kernels and must pass all the same. Skipped without a GPU."""
 from __future__ import annotations
 
@@ -44,14 +45,17 @@ def bias_bits(rng, n: int, dt: int) -> np.ndarray:
 
 
 # N = 1000 and K = 1032 are not multiples of the 128/256-wide tiles or the 64-deep K step.
-# T = 33-128 take the swapped tiles, 512 and 1000 the ping-pong kernel; at T = 2100 (9 rows of
-# 256-token tiles, the last one partial) (4096, 576) and (8192, 256) fill an H100's or H200's
-# 132 SMs with 256x128 tiles, the other two stay on the ping-pong kernel.
+# T = 33-64 take the swapped tiles; 100, 128 and 200 (one row of 128-token tiles, then two, the
+# second partial) the narrow straight ones, on 32 weight rows, 64 for N = 8192 at T = 100 and 128
+# and N = 4096 at 200, while N = 8192 at T = 200 fits neither in a wave (128x128 tiles); 512 and
+# 1000 the ping-pong kernel; at T = 2100 (9 rows of 256-token tiles, the last one partial)
+# (4096, 576) and (8192, 256) fill an H100's or H200's 132 SMs with 256x128 tiles, the other
+# two stay on the ping-pong kernel.
 NK_SIZES = [(1000, 4096), (4096, 576), (8192, 256), (136, 1032)]
 
 
 @pytest.mark.parametrize("nk", NK_SIZES, ids=lambda s: f"N{s[0]}K{s[1]}")
-@pytest.mark.parametrize("t", [33, 48, 64, 100, 128, 512, 1000, 2100])
+@pytest.mark.parametrize("t", [33, 48, 64, 100, 128, 200, 512, 1000, 2100])
 @pytest.mark.parametrize("dt", [BF16, F16], ids=["bf16", "f16"])
 def test_linear_gemm(dt, t, nk):
     n, k = nk
@@ -115,7 +119,8 @@ def test_linear_gemm_rows_of_a_larger_batch():
 @pytest.mark.parametrize("t", [40, 128, 256])
 def test_linear_gemm_stream_k(t):
     """A long K under a narrow output (Llama-3-8B's down_proj): too few tiles for the SMs, so
-    stream-K splits the K loop; swapped at T <= 128, straight above."""
+    stream-K splits the K loop; swapped at T = 40, straight at 256; at T = 128 one row of narrow
+    tiles, a whole K loop each."""
     n, k, dt = 4096, 14336, BF16
     rng = np.random.default_rng([t, n, k])
     w, w64 = make_dense(rng, n, k, dt)
