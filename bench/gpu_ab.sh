@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # A/B of kernel changes end to end in one call on the GPU machine: builds the tree as it is (A),
 # runs bench/gpu_vs_vllm.py --engines vllmx on the workloads, then for each patch applies it,
-# rebuilds incrementally, runs the same workloads and takes the patch back out. Prints one table
+# rebuilds incrementally, runs the same workloads and takes the patch back out; a variant given
+# as DIR/_C.so.xz (bench/gpu_prebuild.sh's library of other sources, say the commit before the
+# change, copied into an ignored folder and carried) runs that library in place of A's, with no
+# build on the machine, under the tag DIR's name. Prints one table
 # of decode / prefill tok/s per variant and writes one JSON ($OUT/gpu_ab.json, else
 # bench/results/gpu_ab.json): the device tool brings back only a few files from $OUT, so the
 # runs' own reports stay on the machine.
 #
 #   bash bench/gpu_ab.sh MODELS WORKLOADS [PATCH ...]
 #   bash bench/gpu_ab.sh "llama-3-8b qwen3-0.6b" "1024:128:1,4,8,32 7936:64:4" .gpu/a.patch .gpu/b.patch
+#   bash bench/gpu_ab.sh "llama-3-8b" "1024:128:64,128,256" .gpu/before/_C.so.xz
 #
 # WORKLOADS: one or more of gpu_vs_vllm.py's IN:OUT:BATCHES, space-separated. Patches are
 # `git diff` output (applied with patch -p1; the machine has no git). Runs against no vLLM:
 # compare variants with each other, and with vLLM through gpu_vs_vllm.py itself.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-[[ $# -ge 2 ]] || { sed -n 2,14p "$0"; exit 2; }
+[[ $# -ge 2 ]] || { sed -n 2,18p "$0"; exit 2; }
 MODELS=$1 WORKLOADS=$2
 shift 2
 RUNS=$(mktemp -d)
@@ -37,7 +41,23 @@ rebuild() {
 
 mkdir -p "$RUNS/A"
 run A
+lib=src/vllmx/_C$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+cp -f "$lib" "$RUNS/A.so"
+patched=0
 for p in "$@"; do
+  if [[ $p == *.so.xz ]]; then
+    tag=$(basename "$(dirname "$p")")
+    mkdir -p "$RUNS/$tag"
+    if python3 -c 'import lzma, sys; open(sys.argv[2], "wb").write(lzma.open(sys.argv[1]).read())' \
+      "$p" "$lib"; then
+      run "$tag"
+    else
+      echo "$tag: could not be unpacked"
+    fi
+    cp -f "$RUNS/A.so" "$lib"
+    continue
+  fi
+  patched=1
   tag=$(basename "$p" .patch)
   mkdir -p "$RUNS/$tag"
   if patch -p1 --forward <"$p" >/dev/null && rebuild; then
@@ -47,16 +67,21 @@ for p in "$@"; do
   fi
   patch -p1 -R <"$p" >/dev/null || { echo "$tag: could not be taken back out"; exit 1; }
 done
-rebuild || exit 1
+[[ $patched == 0 ]] || rebuild || exit 1
 
 python3 - "$RUNS" "$DEST/gpu_ab.json" A "$@" <<'EOF'
 import json
 import os
 import sys
 
-runs, dest, tags = sys.argv[1], sys.argv[2], [sys.argv[3]] + [
-    os.path.basename(p)[:-len(".patch")] if p.endswith(".patch") else os.path.basename(p)
-    for p in sys.argv[4:]]
+def tag(p):
+    if p.endswith(".so.xz"):
+        return os.path.basename(os.path.dirname(p))
+    return os.path.basename(p)[:-len(".patch")] if p.endswith(".patch") else os.path.basename(p)
+
+
+runs, dest = sys.argv[1], sys.argv[2]
+tags = [sys.argv[3]] + [tag(p) for p in sys.argv[4:]]
 report = {}
 for tag in tags:
     try:
