@@ -1,8 +1,9 @@
 // The decode-sized straight tiles (linear_plan.cu's plan_sm90), instantiations of
 // cuda/gemm_sm90.cuh in a file of their own for a parallel build: 128 tokens x 32 or 64 weight
-// rows, cooperative, x tiles multicast to a 1x2 cluster. Past the swapped tiles' 128 tokens a
-// 128-row weight tile leaves a 4096-row product 32 tiles a token tile (a quarter of the SMs,
-// or split-K's fix-ups); 32 rows make it 128, each a whole K loop. sm_90a only.
+// rows, cooperative, x tiles multicast to a 1x2 cluster, for decode batches of 65-256 tokens.
+// There a 128-row weight tile (swapped or straight) leaves a 4096-row product 32 tiles a token
+// tile (a quarter of the SMs, or split-K's fix-ups); 32 rows make it 128, each a whole K loop.
+// sm_90a only.
 #include "gemm_sm90.cuh"
 
 namespace vllmx::cuda {

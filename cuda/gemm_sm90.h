@@ -59,8 +59,8 @@ enum class Sm90Tile {
   k256x128,          // 256 tokens x 128 weight rows, cluster 1x2x1 (x tiles multicast to the
                      // pair), cooperative: T >= 2048 where its tiles fill the SMs
   k128x32,           // 128 tokens x 32 weight rows, cluster 1x2x1 (x tiles multicast to the
-                     // pair), cooperative: decode batches past the swapped tiles' 128 tokens,
-                     // where a 4096-row product then has about a tile per SM
+                     // pair), cooperative: decode batches of 65-256 tokens, where a 4096-row
+                     // product then has about a tile per SM
   k128x64,           // 128 tokens x 64 weight rows, the same
 };
 

@@ -16,10 +16,10 @@
 //   dequantized into shared memory as x's dtype before the mma.
 // - sm90_gemm (cuda/gemm_*sm90.cu, CUTLASS 3; builds with sm_90a only): on compute capability
 //   9.0, x and w of one 16-bit dtype, T >= kSm90MinT, TMA-friendly shapes: operands swapped up
-//   to T = 128 (16-, 32-, 64- or 128-token tiles), from T = 65 to 256 128 tokens on 32 or 64
-//   weight rows where those fit one wave (plan_sm90_narrow); CUTLASS's stream-K scheduler runs each
-//   product data-parallel, split-K or stream-K (plan_sm90_schedule). wgmma reaches several
-//   times the mma.sync kernel's rate on Hopper.
+//   to T = 128 (16-, 32-, 64- or 128-token tiles), except that for T = 65-256 tiles of 128
+//   tokens on 32 or 64 weight rows take the product where they fit one wave (plan_sm90_narrow);
+//   CUTLASS's stream-K scheduler runs each product data-parallel, split-K or stream-K
+//   (plan_sm90_schedule). wgmma reaches several times the mma.sync kernel's rate on Hopper.
 // - linear_generic_kernel (cuda/linear.cu): one thread per output, any dtype mix (f32 x/out
 //   too) and any alignment; the scalar twin the fast paths fall back to.
 #include <iterator>
@@ -158,19 +158,23 @@ int swizzle_runs(const Sm90Extent& e, int64_t T, int64_t N) {
 // - more than a wave of tiles, and the 16-token tile on deep K: the heuristic.
 #ifdef VLLMX_WITH_SM90_GEMM
 constexpr int kDataParallel = 1, kSplitK = 2;  // cutlass DecompositionMode
+// The CUTLASS tiles' K loop steps 64 deep; past kSm90DeepKSteps (K > 6144) a product counts as
+// deep, here and in plan_sm90_narrow.
+constexpr int64_t sm90_k_steps(int64_t K) { return (K + 63) / 64; }
+constexpr int64_t kSm90DeepKSteps = 96;
 #endif
 
 void plan_sm90_schedule(LinearPlan& p, int64_t T, int64_t N, int64_t K) {
 #ifdef VLLMX_WITH_SM90_GEMM
   const Sm90Extent& e = extent(p.sm90_tile);
   const int64_t tiles = sm90_tiles(e, T, N);
-  const int64_t k_steps = (K + 63) / 64;
+  const int64_t k_steps = sm90_k_steps(K);
   Sm90Schedule& sc = p.sm90_schedule;
   if (tiles > num_sms()) {
     sc.swizzle = lin::sm90_swizzle(p.sm90_tile, T, N, K);
     return;
   }
-  if (k_steps > 96) {
+  if (k_steps > kSm90DeepKSteps) {
     if (tiles <= 40 && p.sm90_tile != Sm90Tile::kSwap128x16) {
       sc.decomposition = kSplitK;
       sc.splits = 3;
@@ -200,7 +204,7 @@ void plan_sm90_schedule(LinearPlan& p, int64_t T, int64_t N, int64_t K) {
 // narrower (o_proj at T = 64: 20.1 us against 25.2).
 bool plan_sm90_narrow(LinearPlan& p, int64_t T, int64_t N, int64_t K) {
   if (T <= extent(Sm90Tile::kSwap128x64).tokens || T > kSm90NarrowMaxT) return false;
-  if (T > extent(Sm90Tile::k128x32).tokens && (K + 63) / 64 > 96) return false;
+  if (T > extent(Sm90Tile::k128x32).tokens && sm90_k_steps(K) > kSm90DeepKSteps) return false;
   for (Sm90Tile t : {Sm90Tile::k128x32, Sm90Tile::k128x64}) {
     if (sm90_tiles(extent(t), T, N) <= num_sms()) {
       p.sm90_tile = t;

@@ -1,8 +1,9 @@
 """CUDA linear on the CUTLASS sm_90a GEMM (cuda/gemm_*sm90.cu): bf16/f16 with T > 32 on compute
-capability 9.0 (operands swapped up to T = 64, 128-token tiles on 32 or 64 weight rows for decode
-batches to T = 256 where those fit one wave, stream-K), against a float64 reference; and the
-shapes and pointers it must hand back to the older kernels (K or N not a multiple of 8, misaligned data). On other GPUs the same cases run
-the mma.sync kernels and must pass all the same. Skipped without a GPU."""
+capability 9.0 (128-token tiles on 32 or 64 weight rows for decode batches of 65-256 tokens
+where those fit one wave, else operands swapped up to T = 128; stream-K), against a float64
+reference; and the shapes and pointers it must hand back to the older kernels (K or N not a
+multiple of 8, misaligned data). On other GPUs the same cases run the mma.sync kernels and must
+pass all the same. Skipped without a GPU."""
 from __future__ import annotations
 
 import numpy as np
