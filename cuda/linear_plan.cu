@@ -347,10 +347,13 @@ void force_plan(LinearPlan& p, const Tensor& out, const Tensor& x, const Tensor&
   } else {
 #ifdef VLLMX_WITH_SM90_GEMM
     // ForcedPath's CUTLASS tiles are kSm90Extents' in its order (same-dtype products only).
+    // A swapped tile takes any T, in several token tiles past its width, which the planner
+    // never asks of it: so that the benchmark can time tiles without a cluster's multicast,
+    // whose partial token tiles cost the multicast ones 15-40% (4096 x 4096 on 128 x 64 tiles:
+    // T = 192 31.5 us against 22.7 at 256; bench/results/gpu_linear_partial_tiles_h100.json).
     ok = p.wk == kWSame;
     const Sm90Extent& e = kSm90Extents[g_tuning.path - static_cast<int>(ForcedPath::kSwap16)];
-    ok = ok && sm90_kernels() && sm90_operands_ok(out, x, w, N, K) &&
-         (!e.swapped || T <= e.tokens);
+    ok = ok && sm90_kernels() && sm90_operands_ok(out, x, w, N, K);
     p.path = Path::kSm90;
     p.sm90_tile = e.tile;
     p.sm90_schedule = {};  // the scheduler's defaults unless the tuning names others

@@ -169,6 +169,9 @@ TUNING_PLANS = [
     ({"path": "128x32"}, 200), ({"path": "128x64", "decomposition": "data_parallel"}, 128),
     ({"path": "128x32", "decomposition": "split_k", "splits": 2}, 77),
     ({"path": "gemm_small"}, 24), ({"path": "gemm_large"}, 200),
+    # swapped tiles past their width (the benchmark's; the planner keeps them to T <= width):
+    # four token tiles, the last partial, and three of the 16-token tile
+    ({"path": "swap128x64"}, 200), ({"path": "swap128x16", "decomposition": "data_parallel"}, 40),
 ]
 
 
