@@ -19,7 +19,10 @@ void sm90_gemm(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s) {
     case Sm90Tile::kPingpong128x128:
     case Sm90Tile::k256x128: sm90_gemm_prefill(a, tile, s); return;
     case Sm90Tile::k128x32:
-    case Sm90Tile::k128x64: sm90_gemm_decode(a, tile, s); return;
+    case Sm90Tile::k128x64:
+    case Sm90Tile::k128x32c21:
+    case Sm90Tile::k128x64c21:
+    case Sm90Tile::k128x128c21: sm90_gemm_decode(a, tile, s); return;
     case Sm90Tile::k128x256:
       sm90::run_in_dtype<T128x256, C2x1, false>(a, s);
       return;

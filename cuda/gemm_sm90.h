@@ -62,6 +62,13 @@ enum class Sm90Tile {
                      // pair), cooperative: decode batches of 65-256 tokens, where a 4096-row
                      // product then has about a tile per SM
   k128x64,           // 128 tokens x 64 weight rows, the same
+  // The same three extents on a 2x1x1 cluster: two token tiles share (multicast) a weight tile
+  // and each loads its own x tile, where the 1x2 clusters above share x's. A 1x2 cluster's
+  // partial last token tile costs it 15-40% (bench/results/gpu_linear_partial_tiles_h100.json);
+  // these are timed against them (bench/gpu_kernels_vs_torch.py --plans), not yet planned.
+  k128x32c21,
+  k128x64c21,
+  k128x128c21,
 };
 
 // Launches on stream s: no host sync, no allocation once warm (the stream-K workspace comes
@@ -74,7 +81,8 @@ void sm90_gemm_swapped(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
 void sm90_gemm_swapped_narrow(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
 // gemm_prefill_sm90.cu: kPingpong128x128 and k256x128 (prefill-sized T).
 void sm90_gemm_prefill(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
-// gemm_decode_sm90.cu: k128x32 and k128x64 (decode-sized T, narrow weight tiles).
+// gemm_decode_sm90.cu: k128x32 and k128x64 (decode-sized T, narrow weight tiles) and their
+// 2x1-cluster twins, k128x128c21 too.
 void sm90_gemm_decode(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
 
 // gemm_fp8_sm90.cu: out[T, N] = sum over 128-wide groups g of K of

@@ -172,6 +172,9 @@ TUNING_PLANS = [
     # swapped tiles past their width (the benchmark's; the planner keeps them to T <= width):
     # four token tiles, the last partial, and three of the 16-token tile
     ({"path": "swap128x64"}, 200), ({"path": "swap128x16", "decomposition": "data_parallel"}, 40),
+    # the 2x1-cluster tiles: two token tiles, the second partial; three, rounded up to a pair
+    ({"path": "128x64c21"}, 200), ({"path": "128x32c21", "decomposition": "data_parallel"}, 136),
+    ({"path": "128x128c21"}, 300),
 ]
 
 
