@@ -168,11 +168,20 @@ def measure_rss(script: str, engine: str, model: str, threads: int, extra: list[
 
 
 def git_commit() -> str:
+    """The checkout's commit, `-dirty` where tracked files outside bench/results differ from it:
+    a run that wrote an earlier report there (a GPU call's copy of the tree runs several) is
+    still the commit's code. "unknown" outside a git checkout."""
+    here = os.path.dirname(os.path.abspath(__file__))
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=False).stdout.strip()
-    except OSError:
-        return ""
+        head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True,
+                              text=True, cwd=here, check=True).stdout.strip()
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ":/",
+             ":(exclude,top)bench/results"],
+            capture_output=True, text=True, cwd=here, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("-dirty" if changed else "")
 
 
 def write_result(name: str, result: dict, indent: int = 1) -> str:

@@ -52,11 +52,11 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cpu_vs_llamacpp_lib import git_commit  # noqa: E402
 from gpu_vs_transformers import SHAPES as DENSE_SHAPES  # noqa: E402
 from gpu_vs_transformers import copy_bandwidth, prompts, summarize  # noqa: E402
 from gpu_vs_vllm_serve import print_serve_table, serve_run, write_tokenizer  # noqa: E402
@@ -374,17 +374,6 @@ def save(report: dict, name: str) -> None:
         if d:
             with open(os.path.join(d, name), "w") as f:
                 json.dump(report, f, indent=1)
-
-
-def git_commit() -> str:
-    try:
-        # (-dirty: the run's tree had changes beyond the commit)
-        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"],
-                              capture_output=True,
-                              text=True, cwd=os.path.dirname(os.path.abspath(__file__)),
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def print_table(report) -> None:
