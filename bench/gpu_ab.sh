@@ -44,9 +44,11 @@ run A
 lib=src/vllmx/_C$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 cp -f "$lib" "$RUNS/A.so"
 patched=0
+tags=(A)  # the report's variants, in order
 for p in "$@"; do
   if [[ $p == *.so.xz ]]; then
     tag=$(basename "$(dirname "$p")")
+    tags+=("$tag")
     mkdir -p "$RUNS/$tag"
     if python3 -c 'import lzma, sys; open(sys.argv[2], "wb").write(lzma.open(sys.argv[1]).read())' \
       "$p" "$lib"; then
@@ -59,6 +61,7 @@ for p in "$@"; do
   fi
   patched=1
   tag=$(basename "$p" .patch)
+  tags+=("$tag")
   mkdir -p "$RUNS/$tag"
   if patch -p1 --forward <"$p" >/dev/null && rebuild; then
     run "$tag"
@@ -69,19 +72,12 @@ for p in "$@"; do
 done
 [[ $patched == 0 ]] || rebuild || exit 1
 
-python3 - "$RUNS" "$DEST/gpu_ab.json" A "$@" <<'EOF'
+python3 - "$RUNS" "$DEST/gpu_ab.json" "${tags[@]}" <<'EOF'
 import json
 import os
 import sys
 
-def tag(p):
-    if p.endswith(".so.xz"):
-        return os.path.basename(os.path.dirname(p))
-    return os.path.basename(p)[:-len(".patch")] if p.endswith(".patch") else os.path.basename(p)
-
-
-runs, dest = sys.argv[1], sys.argv[2]
-tags = [sys.argv[3]] + [tag(p) for p in sys.argv[4:]]
+runs, dest, tags = sys.argv[1], sys.argv[2], sys.argv[3:]
 report = {}
 for tag in tags:
     try:
