@@ -171,22 +171,20 @@ void run_case(const Case& c, const std::vector<int>& split_list) {
          "(%.0f GB/s)\n", c.B, c.ctx, c.nq, c.nkv, kD, kv_bytes / 1e6, us_stream,
          kv_bytes / 2 / us_stream / 1e3);
 
-  std::vector<int> splits = split_list;
-  if (splits.empty()) splits.push_back(planned_splits(c));
   const int groups = (G + kDecMaxG - 1) / kDecMaxG;
-  for (int ns : splits) {
-    ns = std::clamp(ns, 1, kMaxSplits);
+  // One kernel's run: args with `part_rows` partial rows of D floats, checked against the
+  // reference (out cleared first), then timed over the cache's copies.
+  auto run = [&](const char* label, size_t part_rows, int ctas, auto&& launch_one) {
     AttnArgs a{};
     a.q = q, a.out = out, a.kc = kc, a.vc = vc, a.bt = bt, a.qsl = qsl, a.seq_lens = lens;
     a.q_stride = size_t(c.nq) * kD, a.out_stride = a.q_stride, a.bt_stride = nblk;
     a.B = c.B, a.T = c.B, a.nq = c.nq, a.nkv = c.nkv, a.G = G, a.D = kD, a.block_size = kBs;
     a.scale = scale, a.cap = 0.f, a.window = 0, a.q_bf16 = a.out_bf16 = true;
-    a.max_splits = ns;
-    a.part_o = static_cast<float*>(device_malloc(size_t(c.B) * c.nq * ns * (kD + 1) * 4));
-    a.part_lse = a.part_o + size_t(c.B) * c.nq * ns * kD;
+    a.part_o = static_cast<float*>(device_malloc(part_rows * (kD + 1) * 4));
+    a.part_lse = a.part_o + part_rows * kD;
     a.done = done_counters(size_t(c.B) * c.nkv * groups);
-    const dim3 grid(c.nkv * groups, c.B, ns);
-    launch_decode(a, grid, kD, true, stream());
+    memset_d(out, 0, hq.size() * 2);
+    launch_one(a);
     synchronize();
     std::vector<uint16_t> hout(hq.size());
     memcpy_d2h(hout.data(), out, hout.size() * 2);
@@ -198,12 +196,29 @@ void run_case(const Case& c, const std::vector<int>& split_list) {
     const float us = time_graph([&](int r) {
       AttnArgs ar = a;
       ar.bt = bt + size_t(r % copies) * c.B * nblk;
-      launch_decode(ar, grid, kD, true, stream());
+      launch_one(ar);
     }, 200);
-    printf("  splits %3d (%4d CTAs): %7.2f us  %6.0f GB/s  max|err| %.2e (max|ref| %.2f)%s\n",
-           ns, int(grid.x * grid.y * grid.z), us, kv_bytes / us / 1e3, err, mag,
+    printf("  %s (%4d CTAs): %7.2f us  %6.0f GB/s  max|err| %.2e (max|ref| %.2f)%s\n", label,
+           ctas, us, kv_bytes / us / 1e3, err, mag,
            err > 2e-2 * std::max(1.0, mag) ? "  WRONG" : "");
     device_free(a.part_o);
+  };
+  std::vector<int> splits = split_list;
+  if (splits.empty()) splits.push_back(planned_splits(c));
+  for (int ns : splits) {
+    ns = std::clamp(ns, 1, kMaxSplits);
+    const dim3 grid(c.nkv * groups, c.B, ns);
+    char label[32];
+    snprintf(label, sizeof label, "splits %3d", ns);
+    run(label, size_t(c.B) * c.nq * ns, int(grid.x * grid.y * grid.z), [&](AttnArgs& a) {
+      a.max_splits = ns;
+      launch_decode(a, grid, kD, true, stream());
+    });
+  }
+  if (kD <= 128) {  // the balanced kernel on every resident CTA slot
+    const int C = balanced_grid(kDecCtasPerSm * num_sms(), c.nkv * groups);
+    run("balanced  ", size_t(2) * C * kDecMaxG, C,
+        [&](AttnArgs& a) { launch_decode_balanced(a, C, kD, true, stream()); });
   }
   for (void* p : {static_cast<void*>(kc), static_cast<void*>(vc), static_cast<void*>(bt),
                   static_cast<void*>(qsl), static_cast<void*>(lens), static_cast<void*>(q),

@@ -188,9 +188,11 @@ def measure(generate, reset, workloads, vocab) -> dict:
 
 
 def vllmx_worker(path, workloads, vocab, max_len, max_seqs, max_tokens, util, device,
-                 load_format, quantization=None) -> dict:
+                 load_format, quantization=None, attention_decode=None) -> dict:
     from vllmx import _C, LLM, SamplingParams
 
+    if attention_decode:  # (before the engine captures its decode graphs)
+        _C.cuda_attention_tuning(attention_decode)
     t0 = time.perf_counter()
     llm = LLM(path, load_format=load_format, skip_tokenizer_init=True, device=device,
               max_model_len=max_len, max_num_seqs=max_seqs, max_num_batched_tokens=max_tokens,
@@ -251,6 +253,8 @@ def run_worker(engine: str, args, path: str, vocab: int) -> dict:
            "--load-format", "auto" if args.random_weights else "dummy"]
     if args.quantization:
         cmd += ["--quantization", args.quantization]
+    if engine == "vllmx" and args.attention_decode:
+        cmd += ["--attention-decode", args.attention_decode]
     print(f"-- {engine}", flush=True)
     return worker_result(cmd, env, args.worker_timeout)
 
@@ -292,6 +296,9 @@ def main() -> int:
     ap.add_argument("--quantization", default=None,
                     help="vLLM's quantization argument for both engines, e.g. fp8: online fp8 of "
                          "the dense dummy weights (W8A8 on Hopper)")
+    ap.add_argument("--attention-decode", choices=["split", "balanced"], default=None,
+                    help="vllmx's decode attention kernel in place of its planner's "
+                         "(cuda_attention_tuning; benchmarks only)")
     ap.add_argument("--load-format", default="dummy", help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=list(WORKERS), help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
@@ -302,7 +309,9 @@ def main() -> int:
     if args.worker:
         res = WORKERS[args.worker](args.path, workloads, args.vocab, max_len, args.max_num_seqs,
                                    args.max_num_batched_tokens, args.gpu_memory_utilization,
-                                   args.device, args.load_format, args.quantization)
+                                   args.device, args.load_format, args.quantization,
+                                   **({"attention_decode": args.attention_decode}
+                                      if args.worker == "vllmx" else {}))
         print("RESULT " + json.dumps(res), flush=True)
         return 0
 
@@ -320,6 +329,7 @@ def main() -> int:
               "max_num_batched_tokens": args.max_num_batched_tokens,
               "gpu_memory_utilization": args.gpu_memory_utilization,
               "weights": "random safetensors" if args.random_weights else "dummy",
+              **({"attention_decode": args.attention_decode} if args.attention_decode else {}),
               "models": {}}
     earlier = None
     if args.vllm_results:

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 
@@ -376,11 +377,16 @@ struct AttnPlan {
   bool mla = false;           // multi-head latent attention's kernel (attention_mla.cu)
   int prefill_rows = kPrefillWarps * 16;  // flattened query rows per prefill CTA
   int max_splits = 1;      // decode partitions per sequence at most
+  int balanced_ctas = 0;   // > 0: the balanced decode kernel on this many CTAs
   int head_groups = 1;     // decode CTAs per kv head (kDecMaxG query heads each)
   int prefill_tiles = 0;   // upper bound on prefill CTAs along x
   size_t tiles_bytes = 0;  // scratch: tile list + its count
   size_t part_bytes = 0;   // scratch: split partials
 };
+
+// set_attention_tuning's decode kernel (-1: the planner's).
+constexpr int kDecodeSplit = 0, kDecodeBalanced = 1;
+int g_decode_kernel = -1;
 
 AttnPlan plan_attention(const Tensor& out, const Tensor& q, const Tensor& kc, const Tensor& vc,
                         const AttnArgs& a, int64_t max_ctx, int64_t max_query_len) {
@@ -446,6 +452,16 @@ AttnPlan plan_attention(const Tensor& out, const Tensor& q, const Tensor& kc, co
   const int64_t base_ctas = std::max<int64_t>(1, B * nkv * p.head_groups);
   const int64_t visible = window > 0 ? std::min(max_ctx, window) : max_ctx;
   const int64_t ctas_per_sm = D == 256 ? 1 : kDecCtasPerSm;  // (256: 207 KB a CTA)
+  // The balanced kernel (attention_decode.cu: a CTA per resident slot, each streaming an equal
+  // run of the batch's K/V tiles, so no wave runs part-empty at the end and a CTA's pipeline
+  // runs on from one item to the next) where set_attention_tuning forces it; the planner
+  // keeps the split kernel until the two are timed against each other on a GPU.
+  if (D <= 128 && g_decode_kernel == kDecodeBalanced) {
+    p.balanced_ctas = balanced_grid(static_cast<int>(ctas_per_sm * num_sms()),
+                                    static_cast<int>(nkv * p.head_groups));
+    p.part_bytes = static_cast<size_t>(2) * p.balanced_ctas * kDecMaxG * (D + 1) * sizeof(float);
+    return p;
+  }
   int64_t splits = ctas_per_sm * num_sms() / base_ctas;
   splits = std::min(splits, (visible + kMinPartition - 1) / kMinPartition);
   p.max_splits = static_cast<int>(std::clamp<int64_t>(splits, 1, kMaxSplits));
@@ -476,6 +492,10 @@ void launch_tc(const AttnPlan& p, const AttnArgs& a, int64_t cache_slots, cudaSt
       launch(prefill_kernel<D, KV>, dim3(p.prefill_tiles, a.nkv), kPrefillWarps * 32,
              kPrefillSmem, s, a);
     }
+  }
+  if (p.balanced_ctas > 0) {
+    launch_decode_balanced(a, p.balanced_ctas, D, kBf, s);
+    return;
   }
   const dim3 grid(a.nkv * p.head_groups, a.B, p.max_splits);
   launch_decode(a, grid, D, kBf, s);
@@ -579,7 +599,9 @@ void paged_attention(const Tensor& out, const Tensor& q, const Tensor& key_cache
   a.num_tiles = reinterpret_cast<int*>(buf + p.tiles_bytes - sizeof(int2));
   a.max_splits = p.max_splits;
   a.part_o = reinterpret_cast<float*>(buf + p.tiles_bytes);
-  a.part_lse = a.part_o + static_cast<size_t>(B) * nq * p.max_splits * D;
+  a.part_lse = a.part_o + (p.balanced_ctas > 0
+                               ? static_cast<size_t>(2) * p.balanced_ctas * kDecMaxG
+                               : static_cast<size_t>(B) * nq * p.max_splits) * D;
   a.done = done_counters(static_cast<size_t>(B) * nkv * p.head_groups);
   const bool bf_cache = dt == DType::BF16;
   dispatch_head_kv(static_cast<int>(D), bf_cache, [&](auto d, auto kv) {
@@ -589,5 +611,12 @@ void paged_attention(const Tensor& out, const Tensor& q, const Tensor& key_cache
 }
 
 VLLMX_KERNEL(paged_attention, kCUDA, paged_attention);
+
+void set_attention_tuning(int decode_kernel) {
+  if (decode_kernel != -1 && decode_kernel != kDecodeSplit && decode_kernel != kDecodeBalanced)
+    throw std::invalid_argument("set_attention_tuning: decode kernel " +
+                                std::to_string(decode_kernel) + " out of range (-1, 0, 1)");
+  g_decode_kernel = decode_kernel;
+}
 
 }  // namespace vllmx::cuda

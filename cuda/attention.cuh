@@ -297,6 +297,14 @@ void dispatch_head_kv(int D, bool bf16_cache, F&& f) {
 // attention_decode.cu: the decode kernel over grid (nkv * head groups, B, max_splits) for head
 // size D (64 / 128) and a bf16 (else f16) cache; the zeroed merge counters it needs.
 void launch_decode(const AttnArgs& a, dim3 grid, int D, bool bf16_cache, cudaStream_t s);
+// The balanced decode kernel (same file) for head size 64 / 128 over `ctas` CTAs, whole sets
+// of one CTA per head item (balanced_grid: as many sets as fill `slots` resident CTAs, at
+// least one); part_o / part_lse hold 2 ctas x kDecMaxG rows.
+inline int balanced_grid(int slots, int head_items) {
+  return (slots / head_items > 1 ? slots / head_items : 1) * head_items;
+}
+void launch_decode_balanced(const AttnArgs& a, int ctas, int D, bool bf16_cache,
+                            cudaStream_t s);
 int* done_counters(size_t n);
 // attention_mla.cu: multi-head latent attention's kernel (one kv head of kMlaHeadSize-wide rows,
 // the keys and the values alike) over grid (T * ceil(nq / kDecMaxG), max_splits), for a bf16

@@ -26,6 +26,9 @@ bool sm90_kernels_in_use();
 // path -1 and zeros / -1 elsewhere restore the planner (cuda/linear_plan.cu).
 void set_linear_tuning(int path, int skinny_waves, int decomposition, int splits, int swizzle,
                        int raster);
+// Benchmarks and tests only: the kernel every tensor-core decode (head size 64 / 128) runs on,
+// 0 the split-KV one, 1 the balanced one (cuda/attention_decode.cu), -1 the planner's choice.
+void set_attention_tuning(int decode_kernel);
 // Caching allocator: freed blocks are kept per size class and reused; no cudaMalloc/cudaFree
 // inside a step once warm (so steps can be captured in CUDA graphs).
 void* device_malloc(size_t bytes);

@@ -22,6 +22,7 @@ bool sm90_kernels_in_use() { return false; }
 void set_linear_tuning(int, int, int, int, int, int) {
   missing("set_linear_tuning", "cuda/linear_plan.cu");
 }
+void set_attention_tuning(int) { missing("set_attention_tuning", "cuda/attention.cu"); }
 int device_count() { return 0; }
 void set_device(int) { missing("set_device", "cuda/runtime.cu"); }
 std::string device_name() { missing("device_name", "cuda/runtime.cu"); }

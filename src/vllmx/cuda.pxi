@@ -11,6 +11,7 @@ cdef extern from "runtime.h" namespace "vllmx::cuda" nogil:
     bint c_cuda_built "vllmx::cuda::built_with_cuda"() except +
     bint c_sm90_kernels "vllmx::cuda::sm90_kernels_in_use"() except +
     void c_set_linear_tuning "vllmx::cuda::set_linear_tuning"(int, int, int, int, int, int) except +
+    void c_set_attention_tuning "vllmx::cuda::set_attention_tuning"(int) except +
     int c_cuda_device_count "vllmx::cuda::device_count"() except +
     void c_cuda_set_device "vllmx::cuda::set_device"(int) except +
     string c_device_name "vllmx::cuda::device_name"() except +
@@ -88,6 +89,19 @@ def cuda_linear_tuning(path=None, skinny_waves=0, decomposition=None, splits=0, 
     mode = -1 if decomposition is None else LINEAR_TUNING_DECOMPOSITIONS.index(decomposition)
     order = -1 if raster is None else LINEAR_TUNING_RASTERS.index(raster)
     c_set_linear_tuning(code, skinny_waves, mode, splits, swizzle, order)
+
+
+# The decode kernels set_attention_tuning can force, in order (cuda/attention_decode.cu).
+ATTENTION_DECODE_KERNELS = ("split", "balanced")
+
+
+def cuda_attention_tuning(decode=None):
+    """Benchmarks and tests only: every tensor-core decode (head size 64 or 128) from now on
+    runs on the kernel `decode` (an ATTENTION_DECODE_KERNELS name: "split", split-KV with a
+    CTA per partition of a sequence's head group; "balanced", each head's stream of the
+    batch's K/V tiles cut into equal runs, one per resident CTA); None: the planner's choice,
+    which cuda_attention_tuning() restores."""
+    c_set_attention_tuning(-1 if decode is None else ATTENTION_DECODE_KERNELS.index(decode))
 
 
 def cuda_device_count():

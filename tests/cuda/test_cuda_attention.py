@@ -185,6 +185,67 @@ def test_attention_many_decode_rows():
     check_attention(seqs, (32, 8), 128, BF16, BF16, seed=9, cpu_oracle=False)
 
 
+@pytest.fixture
+def balanced_decode():
+    """Every decode on the balanced kernel (the planner keeps the split one until the two are
+    timed on a GPU); the planner's choice again afterwards."""
+    _C.cuda_attention_tuning("balanced")
+    try:
+        yield
+    finally:
+        _C.cuda_attention_tuning()
+
+
+BALANCED = [((32, 8), 128, BF16, 0, 0.0, False), ((16, 8), 64, F16, 0, 0.0, False),
+            ((80, 4), 128, BF16, 0, 0.0, False), ((64, 4), 64, BF16, 0, 0.0, False),
+            ((32, 8), 128, BF16, 256, 30.0, False), ((16, 8), 128, F16, 0, 0.0, True)]
+
+
+@pytest.mark.parametrize("heads,D,dt,window,cap,sink", BALANCED,
+                         ids=["32q8kv", "16q8kv-d64-f16", "80q4kv-two-groups", "64q4kv-d64",
+                              "window-cap", "sinks"])
+def test_attention_balanced_decode(balanced_decode, heads, D, dt, window, cap, sink):
+    """The balanced decode kernel on batches of more CTAs than stay resident: the batch's K/V
+    tiles cut into equal runs, one a CTA, so items are cut between CTAs and merged; lengths
+    from one key to several runs' worth, beside prefilling sequences and one with no queries
+    (items of no tiles), groups of 2 to 16 query heads (the epilogue's passes of two rows) and
+    two head groups a kv head."""
+    rng = np.random.default_rng(D + heads[0] + window)
+    seqs = [(int(n), 1) for n in rng.integers(1, 900, 70)]
+    seqs += [(1, 1), (64, 1), (65, 1), (4000, 1), (300, 40), (50, 0), (2, 2)]
+    seqs = [seqs[i] for i in rng.permutation(len(seqs))]
+    nq = heads[0]
+    sinks = rng.normal(0, 2, nq).astype(np.float32) if sink else None
+    check_attention(seqs, heads, D, dt, dt, window=window, cap=cap, seed=D + nq, q_scale=2.0,
+                    cpu_oracle=False, sinks=sinks)
+    check_attention([s for s in seqs if s[1] == 1], heads, D, dt, dt, window=window, cap=cap,
+                    seed=D + nq + 1, cpu_oracle=False, sinks=sinks, max_query_len=1)
+
+
+@pytest.mark.parametrize("kind,seqs", [("decode", DECODE), ("chunked", CHUNKED)],
+                         ids=["decode", "chunked"])
+@pytest.mark.parametrize("heads", HEADS, ids=lambda h: f"{h[0]}q{h[1]}kv")
+@pytest.mark.parametrize("D", [64, 128])
+def test_attention_balanced_small_batches(balanced_decode, D, heads, kind, seqs):
+    """Fewer tiles than CTAs (one CTA a tile: every item of more than one tile cut into parts,
+    a long one into dozens) and mixed batches whose prefilling sequences add no tiles."""
+    check_attention(seqs, heads, D, BF16, BF16, seed=D + heads[0] + 1)
+
+
+def test_attention_balanced_one_long_among_short(balanced_decode):
+    """A long context among short ones: its items span many CTAs' runs (a part in each), which
+    the last of them to finish merges."""
+    rng = np.random.default_rng(12)
+    seqs = [(12000, 1)] + [(int(n), 1) for n in rng.integers(1, 300, 40)]
+    check_attention(seqs, (16, 8), 128, BF16, BF16, seed=12, q_scale=2.0, cpu_oracle=False,
+                    max_query_len=1)
+
+
+def test_attention_tuning_refuses_unknown_kernels():
+    with pytest.raises(ValueError):
+        _C.cuda_attention_tuning("no-such-kernel")
+
+
 @pytest.mark.parametrize("heads,ctx", [((32, 8), 5000), ((8, 1), 9000), ((32, 4), 1088)],
                          ids=["33-splits", "128-splits", "17-splits"])
 def test_attention_one_long_decode(heads, ctx):
