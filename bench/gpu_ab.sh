@@ -35,6 +35,11 @@ run() {  # variant tag
   echo "$1 done (${SECONDS}s)"
 }
 rebuild() {
+  # (A prebuilt library (gpu_check.sh) leaves no build/gpu to patch: prebuild the patched tree
+  # here instead, bench/gpu_prebuild.sh, and pass its _C.so.xz as a variant.)
+  [[ -f build/gpu/build.ninja ]] ||
+    { echo "no build/gpu to rebuild: A is build/gpu-prebuilt's library; pass the patched" \
+        "tree's prebuilt DIR/_C.so.xz instead of the patch"; return 1; }
   ninja -C build/gpu >"$RUNS/rebuild.log" 2>&1 || { tail -30 "$RUNS/rebuild.log"; return 1; }
   for so in build/gpu/_C*.so; do cp -f "$so" src/vllmx/; done
 }
