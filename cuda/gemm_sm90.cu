@@ -17,7 +17,9 @@ void sm90_gemm(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s) {
     case Sm90Tile::kSwap128x64:
     case Sm90Tile::kSwap128x128: sm90_gemm_swapped(a, tile, s); return;
     case Sm90Tile::kPingpong128x128:
-    case Sm90Tile::k256x128: sm90_gemm_prefill(a, tile, s); return;
+    case Sm90Tile::k256x128:
+    case Sm90Tile::kPingpong128x128c21:
+    case Sm90Tile::k256x128c21: sm90_gemm_prefill(a, tile, s); return;
     case Sm90Tile::k128x32:
     case Sm90Tile::k128x64:
     case Sm90Tile::k128x32c21:

@@ -69,6 +69,10 @@ enum class Sm90Tile {
   k128x32c21,
   k128x64c21,
   k128x128c21,
+  // And the prefill-sized ones' (kPingpong128x128, k256x128): mixed steps of a serving run
+  // take any T, rarely whole 128- or 256-token tiles.
+  kPingpong128x128c21,
+  k256x128c21,
 };
 
 // Launches on stream s: no host sync, no allocation once warm (the stream-K workspace comes
@@ -79,7 +83,8 @@ void sm90_gemm(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
 // 16- and 32-token ones (decode batches).
 void sm90_gemm_swapped(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
 void sm90_gemm_swapped_narrow(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
-// gemm_prefill_sm90.cu: kPingpong128x128 and k256x128 (prefill-sized T).
+// gemm_prefill_sm90.cu: kPingpong128x128 and k256x128 (prefill-sized T) and their 2x1-cluster
+// twins.
 void sm90_gemm_prefill(const Sm90GemmArgs& a, Sm90Tile tile, cudaStream_t s);
 // gemm_decode_sm90.cu: k128x32 and k128x64 (decode-sized T, narrow weight tiles) and their
 // 2x1-cluster twins, k128x128c21 too.

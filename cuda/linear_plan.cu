@@ -80,6 +80,8 @@ enum class ForcedPath {
   k128x32c21,
   k128x64c21,
   k128x128c21,
+  kPingpong128x128c21,
+  k256x128c21,
   kGemmSmall,
   kGemmLarge,
   kGemv,
@@ -104,7 +106,9 @@ constexpr Sm90Extent kSm90Extents[] = {
     {Sm90Tile::kPingpong128x128, false, 128, 128, 1, 2},
     {Sm90Tile::k256x128, false, 128, 256, 1, 2},  {Sm90Tile::k128x32, false, 32, 128, 1, 2},
     {Sm90Tile::k128x64, false, 64, 128, 1, 2},    {Sm90Tile::k128x32c21, false, 32, 128, 2, 1},
-    {Sm90Tile::k128x64c21, false, 64, 128, 2, 1}, {Sm90Tile::k128x128c21, false, 128, 128, 2, 1}};
+    {Sm90Tile::k128x64c21, false, 64, 128, 2, 1}, {Sm90Tile::k128x128c21, false, 128, 128, 2, 1},
+    {Sm90Tile::kPingpong128x128c21, false, 128, 128, 2, 1},
+    {Sm90Tile::k256x128c21, false, 128, 256, 2, 1}};
 // The output tiles of a T x N product on extent e.
 constexpr int64_t sm90_tiles(const Sm90Extent& e, int64_t T, int64_t N) {
   return (N + e.w_rows - 1) / e.w_rows * ((T + e.tokens - 1) / e.tokens);

@@ -71,7 +71,8 @@ def cuda_sm90_kernels():
 # tile schedulers' raster orders (cutlass RasterOrderOptions, in order).
 LINEAR_TUNING_PATHS = ("skinny", "swap128x16", "swap128x32", "swap128x64", "swap128x128",
                        "128x128", "128x256", "pingpong128x128", "256x128", "128x32", "128x64",
-                       "128x32c21", "128x64c21", "128x128c21", "gemm_small", "gemm_large", "gemv")
+                       "128x32c21", "128x64c21", "128x128c21", "pingpong128x128c21", "256x128c21",
+                       "gemm_small", "gemm_large", "gemv")
 LINEAR_TUNING_DECOMPOSITIONS = ("heuristic", "data_parallel", "split_k", "stream_k")
 LINEAR_TUNING_RASTERS = ("heuristic", "along_m", "along_n")
 

@@ -175,6 +175,8 @@ TUNING_PLANS = [
     # the 2x1-cluster tiles: two token tiles, the second partial; three, rounded up to a pair
     ({"path": "128x64c21"}, 200), ({"path": "128x32c21", "decomposition": "data_parallel"}, 136),
     ({"path": "128x128c21"}, 300),
+    # and the prefill-sized ones': a pair of token tiles past T's edge, tiles in runs
+    ({"path": "pingpong128x128c21"}, 520), ({"path": "256x128c21", "swizzle": 2}, 600),
 ]
 
 
