@@ -10,6 +10,8 @@
 // one partition writes its output directly.
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "attention.cuh"
@@ -171,6 +173,18 @@ __device__ __forceinline__ void decode_epilogue(const AttnArgs& a, const float (
   }
 }
 
+// Chunk ch (8 elements) of key pos's K and V rows for kv head g of the sequence whose
+// block-table row is bt_row -> Ks_row / Vs_row (a stage's row), by cp.async: the step's own key,
+// which the previous kernel writes, loaded after the PDL wait where the first tiles left it out.
+template <int D, typename KV>
+__device__ __forceinline__ void load_key_chunk(const AttnArgs& a, const int32_t* bt_row, int g,
+                                               int pos, KV* Ks_row, KV* Vs_row, int ch) {
+  const int64_t off = ((static_cast<int64_t>(bt_row[pos / a.block_size]) * a.block_size +
+                        pos % a.block_size) * a.nkv + g) * D + ch * 8;
+  cp_async16(Ks_row + ch * 8, static_cast<const KV*>(a.kc) + off, true);
+  cp_async16(Vs_row + ch * 8, static_cast<const KV*>(a.vc) + off, true);
+}
+
 // grid (nkv * ceil(G / kDecMaxG), B, max_splits), kDecThreads each: the kv heads of a sequence
 // are neighbours in launch order, so the CTAs running together read whole cache rows (a token's
 // K for every head is one contiguous row), not one head's slice of many rows. The G query
@@ -222,12 +236,8 @@ __global__ void __launch_bounds__(kDecThreads) decode_kernel(AttnArgs a) {
   pdl_begin();
   const int hole_tile = (pos - kbeg) / kDecKeys;
   if (pos < kend && hole_tile < NS - 1 && tid < CPR) {  // this step's key, in a first tile
-    const int64_t off =
-        ((static_cast<int64_t>(bt_row[pos / a.block_size]) * a.block_size + pos % a.block_size) *
-             a.nkv + g) * D + tid * 8;
     const int row = (hole_tile % NS) * kDecKeys + (pos - kbeg) % kDecKeys;
-    cp_async16(Ks + row * LD + tid * 8, static_cast<const KV*>(a.kc) + off, true);
-    cp_async16(Vs + row * LD + tid * 8, static_cast<const KV*>(a.vc) + off, true);
+    load_key_chunk<D>(a, bt_row, g, pos, Ks + row * LD, Vs + row * LD, tid);
   }
   cp_async_commit();
 
@@ -383,7 +393,7 @@ __global__ void __launch_bounds__(kDecThreads) decode_balanced_kernel(AttnArgs a
   constexpr int RP = 2;  // epilogue rows a pass: kDecWarps x 2 rows of f32 fit in Qs
   static_assert(kDecWarps * RP * D * 4 <= kDecMaxG * LD * 2, "the epilogue aliases Qs");
   const int groups = (a.G + kDecMaxG - 1) / kDecMaxG, X = a.nkv * groups;
-  // Runs a stream: the grid is whole sets of X CTAs (balanced_ctas).
+  // Runs a stream: the grid is whole sets of X CTAs (balanced_grid).
   const int runs = static_cast<int>(gridDim.x) / X;
   const int c = blockIdx.x, x = c % X, r = c / X;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -470,13 +480,9 @@ __global__ void __launch_bounds__(kDecThreads) decode_balanced_kernel(AttnArgs a
       while (s + u >= hw.p + hw.seq.n) hw.next(a);
       const int pos = hw.seq.pos, k0 = hw.seq.lo + static_cast<int>(s + u - hw.p) * kDecKeys;
       if (pos >= k0 && pos < k0 + kDecKeys && tid >= u * CPR && tid < (u + 1) * CPR) {
-        const int ch = tid - u * CPR;
-        const int32_t* bt_row = a.bt + static_cast<int64_t>(hw.b) * a.bt_stride;
-        const int64_t off = ((static_cast<int64_t>(bt_row[pos / a.block_size]) * a.block_size +
-                              pos % a.block_size) * a.nkv + g) * D + ch * 8;
         const int row = (u % NS) * kDecKeys + (pos - k0);
-        cp_async16(Ks + row * LD + ch * 8, static_cast<const KV*>(a.kc) + off, true);
-        cp_async16(Vs + row * LD + ch * 8, static_cast<const KV*>(a.vc) + off, true);
+        load_key_chunk<D>(a, a.bt + static_cast<int64_t>(hw.b) * a.bt_stride, g, pos,
+                          Ks + row * LD, Vs + row * LD, tid - u * CPR);
       }
     }
   }
@@ -573,8 +579,12 @@ void launch_decode(const AttnArgs& a, dim3 grid, int D, bool bf16_cache, cudaStr
 
 void launch_decode_balanced(const AttnArgs& a, int ctas, int D, bool bf16_cache,
                             cudaStream_t s) {
+  // (256: its stages take one CTA an SM, where the runs assume two; decode_kernel's)
+  if (D > 128)
+    throw std::invalid_argument("launch_decode_balanced: head size " + std::to_string(D) +
+                                " (64 or 128 only)");
   dispatch_head_kv(D, bf16_cache, [&](auto d, auto kv) {
-    if constexpr (decltype(d)::value <= 128)  // (256: one CTA an SM; decode_kernel's)
+    if constexpr (decltype(d)::value <= 128)
       launch_balanced<decltype(d)::value, decltype(kv)>(a, ctas, s);
   });
 }
